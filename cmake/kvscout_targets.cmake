@@ -1,0 +1,21 @@
+# Helpers for kvscout's own tests, benchmarks and examples (not installed).
+
+# Warnings for host code we own.
+function(kvscout_host_target target)
+  target_link_libraries(${target} PRIVATE kvscout::kvscout)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion>)
+  if(KVSCOUT_SANITIZE)
+    target_compile_options(${target} PRIVATE -fsanitize=${KVSCOUT_SANITIZE}
+                           -fno-omit-frame-pointer -fno-sanitize-recover=all)
+    target_link_options(${target} PRIVATE -fsanitize=${KVSCOUT_SANITIZE})
+  endif()
+endfunction()
+
+# CUDA targets compile for CMAKE_CUDA_ARCHITECTURES (90 unless overridden).
+function(kvscout_cuda_target target)
+  target_link_libraries(${target} PRIVATE kvscout::kvscout CUDA::cudart)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra>)
+  set_target_properties(${target} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
+endfunction()

@@ -1,0 +1,106 @@
+#pragma once
+// A fixed pool of host threads for fork-join work in the decode loop.
+//
+// Threads are started once, at construction (setup); run() then hands the same callable to every
+// thread, the calling thread included, and returns when all have finished. run() allocates
+// nothing and takes no lock while the work itself runs.
+//
+//   kvscout::thread_pool pool(2);                  // the caller + 1 worker
+//   pool.run([&](int part, int parts) { ... });    // part in [0, parts)
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "kvscout/core/error.hpp"
+
+namespace kvscout {
+
+class thread_pool {
+ public:
+  /// `threads` counts the caller: threads - 1 workers are started.
+  explicit thread_pool(int threads) : threads_(threads) {
+    KVSCOUT_EXPECTS(threads >= 1 && threads <= 1024, "threads must be in [1, 1024], got ",
+                    threads);
+    workers_.reserve(static_cast<std::size_t>(threads - 1));
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
+  }
+
+  thread_pool(const thread_pool&) = delete;
+  thread_pool& operator=(const thread_pool&) = delete;
+
+  ~thread_pool() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+      ++generation_;
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+
+  [[nodiscard]] int size() const noexcept { return threads_; }
+
+  /// Calls f(part, size()) once for every part in [0, size()); part 0 runs on the caller.
+  /// f must not throw.
+  template <class F>
+  void run(F&& f) {
+    if (threads_ == 1) {
+      f(0, 1);
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      ctx_ = static_cast<void*>(&f);
+      call_ = [](void* ctx, int part, int parts) {
+        (*static_cast<std::remove_reference_t<F>*>(ctx))(part, parts);
+      };
+      pending_ = threads_ - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    f(0, threads_);
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+  }
+
+ private:
+  void worker(int part) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      void* ctx;
+      void (*call)(void*, int, int);
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (stop_) return;
+        ctx = ctx_;
+        call = call_;
+      }
+      call(ctx, part, threads_);
+      bool last;
+      {
+        std::lock_guard lock(mutex_);
+        last = --pending_ == 0;
+      }
+      if (last) done_.notify_one();
+    }
+  }
+
+  int threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  std::uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  void* ctx_ = nullptr;
+  void (*call_)(void*, int, int) = nullptr;
+};
+
+}  // namespace kvscout

@@ -1,0 +1,32 @@
+#pragma once
+// Configuration macros shared by every kvscout header.
+//
+// KVSCOUT_HOST_DEVICE marks functions that both backends call: index math, quantisation math,
+// score math. Under nvcc they are __host__ __device__ __forceinline__; under a plain host
+// compiler they are ordinary inline functions, so the same code is tested on the CPU.
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define KVSCOUT_HOST_DEVICE __host__ __device__ __forceinline__
+#define KVSCOUT_DEVICE __device__ __forceinline__
+#define KVSCOUT_CUDA_COMPILER 1
+#else
+#define KVSCOUT_HOST_DEVICE inline
+#define KVSCOUT_DEVICE inline
+#define KVSCOUT_CUDA_COMPILER 0
+#endif
+
+// True while compiling device code (the device pass of nvcc).
+#if defined(__CUDA_ARCH__)
+#define KVSCOUT_DEVICE_PASS 1
+#else
+#define KVSCOUT_DEVICE_PASS 0
+#endif
+
+#define KVSCOUT_VERSION_MAJOR 0
+#define KVSCOUT_VERSION_MINOR 1
+#define KVSCOUT_VERSION_PATCH 0
+
+namespace kvscout {
+/// Marker for a template extent that is known only at run time (e.g. a runtime page size).
+inline constexpr int dynamic_extent = -1;
+}  // namespace kvscout

@@ -1,0 +1,50 @@
+#pragma once
+// The vocabulary between selectors (which write a selection) and prefetch executors (which move
+// what it names): per (sequence, kv_head), ascending token indices and a count, in caller-owned
+// buffers, plus the contiguous destination the executors fill.
+//
+//   indices  [num_seqs, num_kv_heads, capacity]  int32, the first counts[s, h] of a row are used,
+//                                                strictly ascending, each in [0, seq_len(s))
+//   counts   [num_seqs, num_kv_heads]            int32, in [0, capacity]
+//
+// Destination rows: the K row of the i-th selected token of (s, h) lands at byte
+//   ((s * num_kv_heads + h) * capacity + i) * k_row_bytes
+// of the K destination, and likewise for V; sparse attention reads that layout.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/core/config.hpp"
+#include "kvscout/core/span.hpp"
+
+namespace kvscout {
+
+template <class Space>
+struct selection_view {
+  span<const int32_t, Space> indices;  // [num_seqs, num_kv_heads, capacity]
+  span<const int32_t, Space> counts;   // [num_seqs, num_kv_heads]
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int capacity = 0;
+
+  KVSCOUT_HOST_DEVICE std::size_t row(int s, int h) const {
+    return static_cast<std::size_t>(s) * num_kv_heads + h;
+  }
+};
+
+/// Where an executor writes the selected rows, in the order the selection lists them.
+template <class Space>
+struct gather_destination {
+  span<std::byte, Space> k;  // [num_seqs, num_kv_heads, capacity, k_row_bytes]
+  span<std::byte, Space> v;  // [num_seqs, num_kv_heads, capacity, v_row_bytes]
+};
+
+/// A KV source: a layout and the K / V base buffers it addresses.
+template <class Layout, class Space>
+struct kv_view {
+  Layout layout;
+  span<const std::byte, Space> k;
+  span<const std::byte, Space> v;
+};
+
+}  // namespace kvscout

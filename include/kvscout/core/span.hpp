@@ -1,0 +1,105 @@
+#pragma once
+// Non-owning views whose type carries the memory space.
+//
+// A host_span<T> and a device_span<T> are different types, so passing device memory where host
+// memory is expected (or the reverse) does not compile. Element access is offered only where the
+// memory can be read: host spans from host code, device spans from device code.
+//
+//   std::vector<float> v(1024);
+//   kvscout::host_span<float> s(v.data(), v.size());
+//   kvscout::host_span<const float> c = s;          // adding const is implicit
+//   auto bytes = kvscout::as_bytes(c);              // host_span<const std::byte>
+
+#include <concepts>
+#include <cstddef>
+#include <type_traits>
+
+#include "kvscout/core/config.hpp"
+
+namespace kvscout {
+
+/// Memory reachable by the CPU (pageable or pinned).
+struct host_space {
+  static constexpr const char* name = "host";
+};
+/// Device global memory.
+struct device_space {
+  static constexpr const char* name = "device";
+};
+
+template <class T, class Space>
+class span {
+ public:
+  using element_type = T;
+  using value_type = std::remove_cv_t<T>;
+  using memory_space = Space;
+
+  KVSCOUT_HOST_DEVICE constexpr span() noexcept = default;
+  KVSCOUT_HOST_DEVICE constexpr span(T* data, std::size_t size) noexcept
+      : data_(data), size_(size) {}
+
+  /// span<T, S> -> span<const T, S>; never across memory spaces.
+  template <class U>
+    requires(!std::same_as<U, T> && std::is_convertible_v<U (*)[], T (*)[]>)
+  KVSCOUT_HOST_DEVICE constexpr span(const span<U, Space>& other) noexcept
+      : data_(other.data()), size_(other.size()) {}
+
+  KVSCOUT_HOST_DEVICE constexpr T* data() const noexcept { return data_; }
+  KVSCOUT_HOST_DEVICE constexpr std::size_t size() const noexcept { return size_; }
+  KVSCOUT_HOST_DEVICE constexpr std::size_t size_bytes() const noexcept {
+    return size_ * sizeof(T);
+  }
+  KVSCOUT_HOST_DEVICE constexpr bool empty() const noexcept { return size_ == 0; }
+
+  KVSCOUT_HOST_DEVICE constexpr span subspan(std::size_t offset, std::size_t count) const noexcept {
+    return span(data_ + offset, count);
+  }
+
+  /// Host memory is indexed from host code.
+  template <class S = Space>
+    requires std::same_as<S, host_space>
+  constexpr T& operator[](std::size_t i) const noexcept {
+    return data_[i];
+  }
+  template <class S = Space>
+    requires std::same_as<S, host_space>
+  constexpr T* begin() const noexcept {
+    return data_;
+  }
+  template <class S = Space>
+    requires std::same_as<S, host_space>
+  constexpr T* end() const noexcept {
+    return data_ + size_;
+  }
+
+#if KVSCOUT_CUDA_COMPILER
+  /// Device memory is indexed from device code.
+  template <class S = Space>
+    requires std::same_as<S, device_space>
+  __device__ __forceinline__ T& operator[](std::size_t i) const noexcept {
+    return data_[i];
+  }
+#endif
+
+ private:
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+template <class T>
+using host_span = span<T, host_space>;
+template <class T>
+using device_span = span<T, device_space>;
+
+/// The same memory as bytes.
+template <class T, class Space>
+KVSCOUT_HOST_DEVICE span<const std::byte, Space> as_bytes(span<T, Space> s) noexcept {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size_bytes()};
+}
+template <class T, class Space>
+  requires(!std::is_const_v<T>)
+KVSCOUT_HOST_DEVICE span<std::byte, Space> as_writable_bytes(span<T, Space> s) noexcept {
+  return {reinterpret_cast<std::byte*>(s.data()), s.size_bytes()};
+}
+
+}  // namespace kvscout

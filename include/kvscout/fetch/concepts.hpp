@@ -1,0 +1,48 @@
+#pragma once
+// The prefetch_executor concept: something that moves selected KV rows into a contiguous
+// destination.
+//
+// Protocol, the same for every executor (host gather, CUDA zero-copy, copy engine, staged):
+//   1. size query      E::workspace_bytes(config) -> bytes of caller-owned workspace
+//   2. setup           E e(config, workspace)      (may start threads, create events; the only
+//                                                   place an executor may allocate)
+//   3. per step        auto c = e.submit(source, selection, destination);
+//   4. completion      c.wait() blocks until the rows are in place; c.ready() polls.
+// A selection names, per (sequence, kv_head), ascending token indices and a count (see
+// core/selection.hpp); the executor neither knows nor cares why they were chosen.
+
+#include <concepts>
+#include <cstddef>
+
+namespace kvscout {
+
+template <class C>
+concept completion = requires(C& c, const C& cc) {
+  c.wait();
+  { cc.ready() } -> std::convertible_to<bool>;
+};
+
+template <class E>
+concept prefetch_executor =
+    requires {
+      typename E::config_type;
+      typename E::source_type;
+      typename E::selection_type;
+      typename E::destination_type;
+      typename E::completion_type;
+    } && completion<typename E::completion_type> &&
+    requires(E& e, const typename E::config_type& cfg, const typename E::source_type& src,
+             const typename E::selection_type& sel, const typename E::destination_type& dst) {
+      { E::workspace_bytes(cfg) } -> std::same_as<std::size_t>;
+      { e.submit(src, sel, dst) } -> std::same_as<typename E::completion_type>;
+    };
+
+/// The completion of work that is finished when submit() returns.
+struct ready_completion {
+  void wait() const noexcept {}
+  [[nodiscard]] bool ready() const noexcept { return true; }
+};
+
+static_assert(completion<ready_completion>);
+
+}  // namespace kvscout

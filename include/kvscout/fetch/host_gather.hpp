@@ -1,0 +1,212 @@
+#pragma once
+// Host gather executor: copies the selected K and V rows from a host KV cache of any layout into
+// a contiguous host destination, merging rows that are adjacent in both source and destination
+// into one copy, optionally over several threads.
+//
+//   using layout = kvscout::contiguous_layout<kvscout::half, 128, kvscout::hnd>;
+//   kvscout::host_gather_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
+//                                   .threads = 2};
+//   std::vector<std::byte> ws(kvscout::host_gather_executor<layout>::workspace_bytes(cfg));
+//   kvscout::host_gather_executor<layout> gather(cfg, {ws.data(), ws.size()});
+//   gather.submit(source, selection, destination).wait();
+//
+// submit() validates everything it is given before it writes a byte (dimensions, buffer sizes,
+// counts, every index: in range and strictly ascending) and throws kvscout::error naming the bad
+// value; it allocates nothing. The destination layout is the one core/selection.hpp describes.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/fetch/concepts.hpp"
+#include "kvscout/kv/concepts.hpp"
+#include "kvscout/kv/contiguous.hpp"
+#include "kvscout/kv/paged.hpp"
+
+namespace kvscout {
+
+struct host_gather_config {
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int capacity = 0;       // most rows selected per (sequence, kv_head)
+  int threads = 1;        // copying threads, the caller included
+  int prefetch_rows = 4;  // software prefetch distance in selected rows (0 turns it off)
+};
+
+template <kv_layout Layout>
+class host_gather_executor {
+ public:
+  using layout_type = Layout;
+  using config_type = host_gather_config;
+  using source_type = kv_view<Layout, host_space>;
+  using selection_type = selection_view<host_space>;
+  using destination_type = gather_destination<host_space>;
+  using completion_type = ready_completion;
+
+  /// Workspace: the running row count of every (sequence, kv_head), which splits the rows
+  /// evenly between the threads.
+  static std::size_t workspace_bytes(const config_type& cfg) {
+    check_config(cfg);
+    return (static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads + 1) * sizeof(std::int64_t);
+  }
+
+  host_gather_executor(const config_type& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
+    const std::size_t need = workspace_bytes(cfg);
+    KVSCOUT_EXPECTS(workspace.size() >= need, "workspace holds ", workspace.size(),
+                    " bytes, expected at least workspace_bytes(config) = ", need);
+    KVSCOUT_EXPECTS(workspace.data() != nullptr, "workspace is null");
+    KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(std::int64_t) == 0,
+                    "workspace must be ", alignof(std::int64_t), "-byte aligned");
+    prefix_ = reinterpret_cast<std::int64_t*>(workspace.data());
+    pool_ = std::make_unique<thread_pool>(cfg.threads);
+  }
+
+  [[nodiscard]] const config_type& config() const noexcept { return cfg_; }
+
+  completion_type submit(const source_type& src, const selection_type& sel,
+                         const destination_type& dst) {
+    const std::int64_t total = validate(src, sel, dst);
+    if (total == 0) return {};
+    pool_->run([&](int part, int parts) noexcept {
+      const std::int64_t first = total * part / parts;
+      const std::int64_t last = total * (part + 1) / parts;
+      copy_rows(src, sel, dst, first, last);
+    });
+    return {};
+  }
+
+ private:
+  static void check_config(const config_type& cfg) {
+    KVSCOUT_EXPECTS(cfg.num_seqs >= 0, "num_seqs must be non-negative, got ", cfg.num_seqs);
+    KVSCOUT_EXPECTS(cfg.num_kv_heads > 0, "num_kv_heads must be positive, got ",
+                    cfg.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.capacity >= 0, "capacity must be non-negative, got ", cfg.capacity);
+    KVSCOUT_EXPECTS(cfg.threads >= 1, "threads must be at least 1, got ", cfg.threads);
+    KVSCOUT_EXPECTS(cfg.prefetch_rows >= 0, "prefetch_rows must be non-negative, got ",
+                    cfg.prefetch_rows);
+  }
+
+  // Checks every input and fills prefix_ with the running row counts; returns the total.
+  std::int64_t validate(const source_type& src, const selection_type& sel,
+                        const destination_type& dst) {
+    const Layout& l = src.layout;
+    KVSCOUT_EXPECTS(sel.num_seqs == cfg_.num_seqs && sel.num_kv_heads == cfg_.num_kv_heads &&
+                        sel.capacity == cfg_.capacity,
+                    "selection shape [", sel.num_seqs, ", ", sel.num_kv_heads, ", ", sel.capacity,
+                    "] differs from the executor's [", cfg_.num_seqs, ", ", cfg_.num_kv_heads,
+                    ", ", cfg_.capacity, "]");
+    KVSCOUT_EXPECTS(l.num_seqs() == cfg_.num_seqs && l.num_kv_heads() == cfg_.num_kv_heads,
+                    "source layout has ", l.num_seqs(), " sequences x ", l.num_kv_heads(),
+                    " kv heads, the executor expects ", cfg_.num_seqs, " x ", cfg_.num_kv_heads);
+    const std::size_t pairs = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads;
+    const std::size_t slots = pairs * static_cast<std::size_t>(cfg_.capacity);
+    KVSCOUT_EXPECTS(sel.counts.data() != nullptr || pairs == 0, "selection counts is null");
+    KVSCOUT_EXPECTS(sel.counts.size() >= pairs, "selection counts holds ", sel.counts.size(),
+                    " entries, expected num_seqs * num_kv_heads = ", pairs);
+    KVSCOUT_EXPECTS(sel.indices.data() != nullptr || slots == 0, "selection indices is null");
+    KVSCOUT_EXPECTS(sel.indices.size() >= slots, "selection indices holds ", sel.indices.size(),
+                    " entries, expected num_seqs * num_kv_heads * capacity = ", slots);
+    KVSCOUT_EXPECTS(src.k.data() != nullptr && src.v.data() != nullptr,
+                    "source K or V buffer is null");
+    l.validate(src.k.size(), src.v.size());
+    const std::size_t k_need = slots * l.k_row_bytes();
+    const std::size_t v_need = slots * l.v_row_bytes();
+    KVSCOUT_EXPECTS(dst.k.data() != nullptr || k_need == 0, "destination K buffer is null");
+    KVSCOUT_EXPECTS(dst.v.data() != nullptr || v_need == 0, "destination V buffer is null");
+    KVSCOUT_EXPECTS(dst.k.size() >= k_need, "destination K buffer holds ", dst.k.size(),
+                    " bytes, expected at least ", k_need, " (", slots, " rows of ",
+                    l.k_row_bytes(), " bytes)");
+    KVSCOUT_EXPECTS(dst.v.size() >= v_need, "destination V buffer holds ", dst.v.size(),
+                    " bytes, expected at least ", v_need, " (", slots, " rows of ",
+                    l.v_row_bytes(), " bytes)");
+
+    std::int64_t total = 0;
+    prefix_[0] = 0;
+    for (int s = 0; s < cfg_.num_seqs; ++s) {
+      const int len = l.seq_len(s);
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const std::size_t r = sel.row(s, h);
+        const int n = sel.counts[r];
+        KVSCOUT_EXPECTS(n >= 0 && n <= cfg_.capacity, "count ", n, " for sequence ", s,
+                        ", kv_head ", h, " is outside [0, capacity = ", cfg_.capacity, "]");
+        const int32_t* idx = sel.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
+        int prev = -1;
+        for (int i = 0; i < n; ++i) {
+          const int t = idx[i];
+          KVSCOUT_EXPECTS(t >= 0 && t < len, "token index ", t, " (entry ", i, ") for sequence ",
+                          s, ", kv_head ", h, " is out of range [0, seq_len = ", len, ")");
+          KVSCOUT_EXPECTS(t > prev, "token indices for sequence ", s, ", kv_head ", h,
+                          " are not strictly ascending: ", prev, " then ", t, " at entry ", i);
+          prev = t;
+        }
+        total += n;
+        prefix_[r + 1] = total;
+      }
+    }
+    return total;
+  }
+
+  // Copies the selected rows [first, last) of the flattened (sequence, kv_head, entry) order.
+  void copy_rows(const source_type& src, const selection_type& sel, const destination_type& dst,
+                 std::int64_t first, std::int64_t last) const noexcept {
+    if (first >= last) return;
+    const Layout& l = src.layout;
+    const std::size_t kb = l.k_row_bytes();
+    const std::size_t vb = l.v_row_bytes();
+    const std::size_t pairs = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads;
+    // The pair holding row `first`: the last r with prefix_[r] <= first.
+    std::size_t r =
+        static_cast<std::size_t>(std::upper_bound(prefix_, prefix_ + pairs + 1, first) - prefix_) - 1;
+    const int dist = cfg_.prefetch_rows;
+    for (std::int64_t row = first; row < last; ++r) {
+      const std::int64_t pair_end = std::min<std::int64_t>(prefix_[r + 1], last);
+      if (row >= pair_end) continue;
+      const int s = static_cast<int>(r / cfg_.num_kv_heads);
+      const int h = static_cast<int>(r % cfg_.num_kv_heads);
+      const int32_t* idx = sel.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
+      const int i_end = static_cast<int>(pair_end - prefix_[r]);
+      int i = static_cast<int>(row - prefix_[r]);
+      const std::size_t slot0 = r * static_cast<std::size_t>(cfg_.capacity);
+      while (i < i_end) {
+        const int t = idx[i];
+        const int max_run = l.contiguous_rows(s, t, h, i_end - i);
+        int run = 1;
+        while (run < max_run && idx[i + run] == t + run) ++run;
+        if (dist > 0 && i + dist < i_end) prefetch(src, s, idx[i + dist], h, kb, vb);
+        std::memcpy(dst.k.data() + (slot0 + i) * kb, src.k.data() + l.k_offset(s, t, h), run * kb);
+        std::memcpy(dst.v.data() + (slot0 + i) * vb, src.v.data() + l.v_offset(s, t, h), run * vb);
+        i += run;
+      }
+      row = pair_end;
+    }
+  }
+
+  static void prefetch(const source_type& src, int s, int t, int h, std::size_t kb,
+                       std::size_t vb) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    constexpr std::size_t line = 64;
+    const std::byte* k = src.k.data() + src.layout.k_offset(s, t, h);
+    const std::byte* v = src.v.data() + src.layout.v_offset(s, t, h);
+    for (std::size_t o = 0; o < kb; o += line) __builtin_prefetch(k + o, 0, 0);
+    for (std::size_t o = 0; o < vb; o += line) __builtin_prefetch(v + o, 0, 0);
+#else
+    (void)src, (void)s, (void)t, (void)h, (void)kb, (void)vb;
+#endif
+  }
+
+  config_type cfg_;
+  std::int64_t* prefix_ = nullptr;
+  std::unique_ptr<thread_pool> pool_;
+};
+
+static_assert(prefetch_executor<host_gather_executor<contiguous_layout<half, 128, hnd>>>);
+static_assert(
+    prefetch_executor<host_gather_executor<paged_layout<float, 64, nhd, block_table, 16>>>);
+
+}  // namespace kvscout

@@ -1,0 +1,56 @@
+#pragma once
+// The kv_layout concept: a KV layout is address math, nothing more.
+//
+// A layout maps (sequence, token, kv_head) to the byte offset of that token's K row from the K
+// base pointer and of its V row from the V base pointer. It does not know where the memory lives
+// (host, device, mapped) and owns none of it; its metadata (lengths, page tables) is read through
+// pointers that must be readable where the layout is used.
+//
+// Requirements, for a const L& l, int s (sequence), t (token), h (kv head), n (row count):
+//   L::element_type                 the element type a row is made of (for attention)
+//   L::head_dim                     elements per row, a compile-time constant
+//   l.num_seqs(), l.num_kv_heads()  the batch shape
+//   l.seq_len(s)                    tokens currently in sequence s
+//   l.k_row_bytes(), l.v_row_bytes() bytes one K row / V row occupies and moves
+//   l.k_offset(s,t,h), l.v_offset(s,t,h)  byte offsets of the rows from their base pointers
+//   l.contiguous_rows(s,t,h,n)      how many of the rows of tokens t, t+1, ..., t+n-1 (head h)
+//                                   follow one another in memory from t on, in [1, n] for n >= 1;
+//                                   executors merge such runs into one copy
+//   l.validate(k_bytes, v_bytes)    host-side check of the metadata against buffers of those
+//                                   sizes; throws kvscout::error naming the bad value
+
+#include <concepts>
+#include <cstddef>
+
+namespace kvscout {
+
+template <class L>
+concept kv_layout = std::copyable<L> && requires(const L& l, int s, int t, int h, int n,
+                                                 std::size_t bytes) {
+  typename L::element_type;
+  { L::head_dim } -> std::convertible_to<int>;
+  { l.num_seqs() } -> std::same_as<int>;
+  { l.num_kv_heads() } -> std::same_as<int>;
+  { l.seq_len(s) } -> std::same_as<int>;
+  { l.k_row_bytes() } -> std::same_as<std::size_t>;
+  { l.v_row_bytes() } -> std::same_as<std::size_t>;
+  { l.k_offset(s, t, h) } -> std::same_as<std::size_t>;
+  { l.v_offset(s, t, h) } -> std::same_as<std::size_t>;
+  { l.contiguous_rows(s, t, h, n) } -> std::same_as<int>;
+  l.validate(bytes, bytes);
+};
+
+/// Order of the dimensions inside a contiguous buffer or a page.
+/// NHD: [tokens, kv_heads, head_dim]; the rows of one head are kv_heads rows apart.
+struct nhd {
+  static constexpr const char* name = "NHD";
+};
+/// HND: [kv_heads, tokens, head_dim]; the rows of one head follow one another.
+struct hnd {
+  static constexpr const char* name = "HND";
+};
+
+template <class O>
+concept kv_order = std::same_as<O, nhd> || std::same_as<O, hnd>;
+
+}  // namespace kvscout
