@@ -12,13 +12,16 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/contiguous.hpp"
@@ -29,9 +32,16 @@ constexpr std::size_t arena_bytes = std::size_t{128} << 20;  // per K and per V
 constexpr int heads = 8;
 constexpr int rotations = 4;
 
+kvscout::host_pages huge() {
+  const char* e = std::getenv("KVSCOUT_BENCH_PAGES");
+  return e && std::string(e) == "normal" ? kvscout::host_pages::normal : kvscout::host_pages::huge;
+}
+
 struct arena {
-  std::vector<std::byte> k, v, dk, dv;
-  arena() : k(arena_bytes), v(arena_bytes), dk(arena_bytes / 4 + 4096), dv(arena_bytes / 4 + 4096) {
+  kvscout::host_buffer<std::byte> k, v, dk, dv;
+  arena()
+      : k(arena_bytes, huge()), v(arena_bytes, huge()), dk(arena_bytes / 4 + 4096, huge()),
+        dv(arena_bytes / 4 + 4096, huge()) {
     // Cheap seeded non-zero fill; touches every page so first-use faults are not timed.
     std::uint32_t x = 0x9e3779b9u;
     for (std::size_t i = 0; i < arena_bytes; i += 4) {

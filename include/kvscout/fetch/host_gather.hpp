@@ -36,7 +36,7 @@ struct host_gather_config {
   int num_kv_heads = 0;
   int capacity = 0;       // most rows selected per (sequence, kv_head)
   int threads = 1;        // copying threads, the caller included
-  int prefetch_rows = 4;  // software prefetch distance in selected rows (0 turns it off)
+  int prefetch_rows = 8;  // software prefetch distance in selected rows (0 turns it off)
 };
 
 template <kv_layout Layout>
@@ -156,7 +156,16 @@ class host_gather_executor {
   void copy_rows(const source_type& src, const selection_type& sel, const destination_type& dst,
                  std::int64_t first, std::int64_t last) const noexcept {
     if (first >= last) return;
-    const Layout& l = src.layout;
+    // Locals, not references into the arguments: the copies write through std::byte pointers,
+    // which may alias anything, and would otherwise force reloads on every row.
+    const Layout l = src.layout;
+    const std::byte* const kbase = src.k.data();
+    const std::byte* const vbase = src.v.data();
+    std::byte* const kdst = dst.k.data();
+    std::byte* const vdst = dst.v.data();
+    const std::int32_t* const indices = sel.indices.data();
+    const std::size_t capacity = static_cast<std::size_t>(cfg_.capacity);
+    const int heads = cfg_.num_kv_heads;
     const std::size_t kb = l.k_row_bytes();
     const std::size_t vb = l.v_row_bytes();
     const std::size_t pairs = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads;
@@ -167,36 +176,37 @@ class host_gather_executor {
     for (std::int64_t row = first; row < last; ++r) {
       const std::int64_t pair_end = std::min<std::int64_t>(prefix_[r + 1], last);
       if (row >= pair_end) continue;
-      const int s = static_cast<int>(r / cfg_.num_kv_heads);
-      const int h = static_cast<int>(r % cfg_.num_kv_heads);
-      const int32_t* idx = sel.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
+      const int s = static_cast<int>(r / heads);
+      const int h = static_cast<int>(r % heads);
+      const int32_t* idx = indices + r * capacity;
       const int i_end = static_cast<int>(pair_end - prefix_[r]);
       int i = static_cast<int>(row - prefix_[r]);
-      const std::size_t slot0 = r * static_cast<std::size_t>(cfg_.capacity);
+      const std::size_t slot0 = r * capacity;
       while (i < i_end) {
         const int t = idx[i];
+        // Rows are scattered: keep `dist` rows of loads in flight ahead of the copies.
+        if (dist > 0 && i + dist < i_end) {
+          const int ahead = idx[i + dist];
+          prefetch_bytes(kbase + l.k_offset(s, ahead, h), kb);
+          prefetch_bytes(vbase + l.v_offset(s, ahead, h), vb);
+        }
         const int max_run = l.contiguous_rows(s, t, h, i_end - i);
         int run = 1;
         while (run < max_run && idx[i + run] == t + run) ++run;
-        if (dist > 0 && i + dist < i_end) prefetch(src, s, idx[i + dist], h, kb, vb);
-        std::memcpy(dst.k.data() + (slot0 + i) * kb, src.k.data() + l.k_offset(s, t, h), run * kb);
-        std::memcpy(dst.v.data() + (slot0 + i) * vb, src.v.data() + l.v_offset(s, t, h), run * vb);
+        std::memcpy(kdst + (slot0 + i) * kb, kbase + l.k_offset(s, t, h), run * kb);
+        std::memcpy(vdst + (slot0 + i) * vb, vbase + l.v_offset(s, t, h), run * vb);
         i += run;
       }
       row = pair_end;
     }
   }
 
-  static void prefetch(const source_type& src, int s, int t, int h, std::size_t kb,
-                       std::size_t vb) noexcept {
+  static void prefetch_bytes(const std::byte* p, std::size_t bytes) noexcept {
 #if defined(__GNUC__) || defined(__clang__)
     constexpr std::size_t line = 64;
-    const std::byte* k = src.k.data() + src.layout.k_offset(s, t, h);
-    const std::byte* v = src.v.data() + src.layout.v_offset(s, t, h);
-    for (std::size_t o = 0; o < kb; o += line) __builtin_prefetch(k + o, 0, 0);
-    for (std::size_t o = 0; o < vb; o += line) __builtin_prefetch(v + o, 0, 0);
+    for (std::size_t o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 0, 0);
 #else
-    (void)src, (void)s, (void)t, (void)h, (void)kb, (void)vb;
+    (void)p, (void)bytes;
 #endif
   }
 

@@ -1,0 +1,125 @@
+#pragma once
+// An owning, aligned host allocation for a host KV store, set up once, outside the decode loop.
+//
+// Gathering selected rows reads scattered rows of a cache far larger than the TLB reach of 4 KiB
+// pages; with 2 MiB pages one TLB entry covers 512 times as much, and the gather stops waiting on
+// page walks (docs/performance.md has the measured difference). host_pages::huge asks the kernel
+// for transparent huge pages (Linux: a 2 MiB-aligned anonymous mapping with MADV_HUGEPAGE); where
+// that is unavailable the buffer still works with normal pages and huge_pages() says so.
+// The memory can later be page-locked for the GPU (cudaHostRegister) without copying.
+//
+//   kvscout::host_buffer<kvscout::half> k(num_elems, kvscout::host_pages::huge);
+//   kvscout::host_span<kvscout::half> s = k.span();
+//
+// Contents start zeroed (anonymous mappings are). T must be trivially copyable.
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/span.hpp"
+
+namespace kvscout {
+
+enum class host_pages { normal, huge };
+
+template <class T>
+class host_buffer {
+  static_assert(std::is_trivially_copyable_v<T>,
+                "kvscout::host_buffer holds trivially copyable elements only");
+
+ public:
+  static constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
+
+  host_buffer() = default;
+
+  explicit host_buffer(std::size_t count, host_pages pages = host_pages::normal) : size_(count) {
+    KVSCOUT_EXPECTS(count <= SIZE_MAX / sizeof(T), "host_buffer of ", count,
+                    " elements overflows size_t");
+    const std::size_t bytes = count * sizeof(T);
+    if (bytes == 0) return;
+#if defined(__linux__)
+    // Round up to whole huge pages so the mapping can be backed by them.
+    mapped_ = (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
+    void* p = mmap(nullptr, mapped_ + (pages == host_pages::huge ? huge_page_bytes : 0),
+                   PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    base_ = p;
+    std::byte* start = static_cast<std::byte*>(p);
+    if (pages == host_pages::huge) {
+      // Align the start to 2 MiB inside the over-sized mapping.
+      const auto addr = reinterpret_cast<std::uintptr_t>(start);
+      start += (huge_page_bytes - addr % huge_page_bytes) % huge_page_bytes;
+      mapped_ += huge_page_bytes;
+#if defined(MADV_HUGEPAGE)
+      huge_ = madvise(start, (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes,
+                      MADV_HUGEPAGE) == 0;
+#endif
+    }
+    data_ = reinterpret_cast<T*>(start);
+#else
+    (void)pages;
+    data_ = static_cast<T*>(::operator new(bytes, std::align_val_t{64}));
+    base_ = data_;
+    for (std::size_t i = 0; i < bytes; ++i) reinterpret_cast<std::byte*>(data_)[i] = std::byte{0};
+#endif
+  }
+
+  host_buffer(host_buffer&& o) noexcept { swap(o); }
+  host_buffer& operator=(host_buffer&& o) noexcept {
+    host_buffer(std::move(o)).swap(*this);
+    return *this;
+  }
+  host_buffer(const host_buffer&) = delete;
+  host_buffer& operator=(const host_buffer&) = delete;
+  ~host_buffer() { release(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
+  /// Whether the kernel accepted the request for huge pages.
+  [[nodiscard]] bool huge_pages() const noexcept { return huge_; }
+
+  T* begin() noexcept { return data_; }
+  T* end() noexcept { return data_ + size_; }
+  T& operator[](std::size_t i) noexcept { return data_[i]; }
+  const T& operator[](std::size_t i) const noexcept { return data_[i]; }
+
+  [[nodiscard]] host_span<T> span() noexcept { return {data_, size_}; }
+  [[nodiscard]] host_span<const T> span() const noexcept { return {data_, size_}; }
+
+  void swap(host_buffer& o) noexcept {
+    std::swap(base_, o.base_);
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    std::swap(mapped_, o.mapped_);
+    std::swap(huge_, o.huge_);
+  }
+
+ private:
+  void release() noexcept {
+    if (base_ == nullptr) return;
+#if defined(__linux__)
+    munmap(base_, mapped_);
+#else
+    ::operator delete(base_, std::align_val_t{64});
+#endif
+    base_ = nullptr;
+  }
+
+  void* base_ = nullptr;
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t mapped_ = 0;
+  bool huge_ = false;
+};
+
+}  // namespace kvscout
