@@ -17,5 +17,6 @@ function(kvscout_cuda_target target)
   target_link_libraries(${target} PRIVATE kvscout::kvscout CUDA::cudart)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra>)
-  set_target_properties(${target} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
+  # nvcc 13 with CMake 3.25 has no CUDA20 dialect entry: pass the standard directly.
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
 endfunction()
