@@ -22,6 +22,8 @@
 #include <concepts>
 #include <cstddef>
 
+#include "kvscout/core/error.hpp"
+
 namespace kvscout {
 
 template <class L>
@@ -39,6 +41,26 @@ concept kv_layout = std::copyable<L> && requires(const L& l, int s, int t, int h
   { l.contiguous_rows(s, t, h, n) } -> std::same_as<int>;
   l.validate(bytes, bytes);
 };
+
+/// Byte offsets of the K and V rows of one (sequence, token, kv head).
+struct row_offsets {
+  std::size_t k;
+  std::size_t v;
+};
+
+/// The offsets of (s, t, h) after checking each index on the host; for tools and tests that
+/// address single rows. Hot paths call k_offset / v_offset directly on validated inputs.
+template <kv_layout L>
+row_offsets checked_row_offsets(const L& l, int s, int t, int h) {
+  KVSCOUT_EXPECTS(s >= 0 && s < l.num_seqs(), "sequence ", s, " is out of range [0, ",
+                  l.num_seqs(), ")");
+  KVSCOUT_EXPECTS(h >= 0 && h < l.num_kv_heads(), "kv_head ", h, " is out of range [0, ",
+                  l.num_kv_heads(), ")");
+  const int len = l.seq_len(s);
+  KVSCOUT_EXPECTS(t >= 0 && t < len, "token ", t, " is out of range [0, seq_len = ", len,
+                  ") for sequence ", s);
+  return {l.k_offset(s, t, h), l.v_offset(s, t, h)};
+}
 
 /// Order of the dimensions inside a contiguous buffer or a page.
 /// NHD: [tokens, kv_heads, head_dim]; the rows of one head are kv_heads rows apart.
