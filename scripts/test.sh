@@ -9,7 +9,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/common.sh"
-kvscout_install_deps cmake ninja-build g++ python3 catch2 libbenchmark-dev
+kvscout_install_deps cmake ninja-build g++ python3 catch2 libbenchmark-dev libeigen3-dev
 jobs=$(kvscout_jobs)
 
 echo "== kvscout: main build (build/)"

@@ -7,6 +7,7 @@
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/rope.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/concepts.hpp"

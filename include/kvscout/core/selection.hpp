@@ -32,6 +32,37 @@ struct selection_view {
   }
 };
 
+/// What a selector writes: the same layout as selection_view, writable.
+template <class Space>
+struct selection_buffers {
+  span<int32_t, Space> indices;  // [num_seqs, num_kv_heads, capacity]
+  span<int32_t, Space> counts;   // [num_seqs, num_kv_heads]
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int capacity = 0;
+
+  /// The read-only view an executor takes.
+  KVSCOUT_HOST_DEVICE selection_view<Space> view() const {
+    return {indices, counts, num_seqs, num_kv_heads, capacity};
+  }
+};
+
+/// Per-token scores a speculation policy writes and a selector reads:
+///   scores [num_seqs, num_kv_heads, stride], row (s, h) valid for t < seq_lens[s] (<= stride).
+/// Larger is more important. NaN scores are never selected by score (see select/).
+template <class Space>
+struct score_view {
+  span<const float, Space> scores;
+  span<const int32_t, Space> seq_lens;  // [num_seqs]
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int stride = 0;
+
+  KVSCOUT_HOST_DEVICE std::size_t row(int s, int h) const {
+    return (static_cast<std::size_t>(s) * num_kv_heads + h) * static_cast<std::size_t>(stride);
+  }
+};
+
 /// Where an executor writes the selected rows, in the order the selection lists them.
 template <class Space>
 struct gather_destination {

@@ -1,0 +1,79 @@
+#pragma once
+// Rotary position embedding (RoPE), written once for both backends.
+//
+// RoPE rotates each *plane* (a pair of channels) of a query or key by an angle proportional to the
+// token position: plane j with inverse frequency w_j = theta^(-2j / D) is rotated by pos * w_j.
+// Two channel conventions exist and both are supported:
+//   rope_style::half         plane j = channels (j, j + D/2)   (Hugging Face / GPT-NeoX "rotate_half")
+//   rope_style::interleaved  plane j = channels (2j, 2j + 1)   (GPT-J; llama.cpp's LLaMA "norm" mode)
+// A rotation keeps each plane's norm, so |q_plane| measured before RoPE equals |q_plane| after it;
+// RoPE-plane selection (skew/) relies on that.
+//
+//   kvscout::rope_config rope{.head_dim = 64, .theta = 10000.f, .style = kvscout::rope_style::half};
+//   kvscout::apply_rope(q, /*pos=*/17, rope);        // q: float[64], in place
+
+#include <cmath>
+
+#include "kvscout/core/config.hpp"
+
+namespace kvscout {
+
+enum class rope_style : int { half = 0, interleaved = 1 };
+
+struct rope_config {
+  int head_dim = 0;
+  float theta = 10000.f;
+  rope_style style = rope_style::half;
+};
+
+/// The two channels of plane j (0 <= j < head_dim / 2).
+struct rope_plane {
+  int a;
+  int b;
+};
+
+KVSCOUT_HOST_DEVICE rope_plane rope_plane_channels(const rope_config& c, int j) {
+  return c.style == rope_style::half ? rope_plane{j, j + c.head_dim / 2}
+                                     : rope_plane{2 * j, 2 * j + 1};
+}
+
+/// The plane a channel belongs to.
+KVSCOUT_HOST_DEVICE int rope_plane_of(const rope_config& c, int channel) {
+  return c.style == rope_style::half ? channel % (c.head_dim / 2) : channel / 2;
+}
+
+/// Rotation angle of plane j at position pos, computed in double then rounded, so that host and
+/// device agree to the last bit of the float angle.
+KVSCOUT_HOST_DEVICE double rope_angle(const rope_config& c, int j, int pos) {
+  const double inv_freq = pow(static_cast<double>(c.theta), -2.0 * j / c.head_dim);
+  return static_cast<double>(pos) * inv_freq;
+}
+
+/// Rotates the pair (x[a], x[b]) of plane j by the angle for `pos`.
+KVSCOUT_HOST_DEVICE void rope_rotate(float& xa, float& xb, double angle) {
+  const float cs = static_cast<float>(cos(angle));
+  const float sn = static_cast<float>(sin(angle));
+  const float a = xa, b = xb;
+  xa = a * cs - b * sn;
+  xb = a * sn + b * cs;
+}
+
+/// Applies RoPE at `pos` to a full head vector x[head_dim], in place.
+KVSCOUT_HOST_DEVICE void apply_rope(float* x, int pos, const rope_config& c) {
+  for (int j = 0; j < c.head_dim / 2; ++j) {
+    const rope_plane p = rope_plane_channels(c, j);
+    rope_rotate(x[p.a], x[p.b], rope_angle(c, j, pos));
+  }
+}
+
+/// Applies RoPE at `pos` to a partial vector that holds whole planes: x[2 * i] and x[2 * i + 1]
+/// are the two channels (a, b) of plane planes[i]. This is the layout of a RoPE-plane partial
+/// query / key (skew/).
+KVSCOUT_HOST_DEVICE void apply_rope_planes(float* x, const int* planes, int num_planes, int pos,
+                                           const rope_config& c) {
+  for (int i = 0; i < num_planes; ++i) {
+    rope_rotate(x[2 * i], x[2 * i + 1], rope_angle(c, planes[i], pos));
+  }
+}
+
+}  // namespace kvscout
