@@ -14,13 +14,13 @@ mkdir -p "$out"
 
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSCOUT_BUILD_TESTS=OFF \
   -DKVSCOUT_BUILD_EXAMPLES=OFF -DKVSCOUT_ENABLE_CUDA=OFF >/dev/null
-cmake --build "$build" --target kvscout_bench_host >/dev/null
+cmake --build "$build" --target kvscout_bench_gather >/dev/null
 
 reps=3 min_time=0.2
 if [[ -n "${KVSCOUT_BENCH_QUICK:-}" ]]; then reps=1 min_time=0.05; fi
 
 echo "== host gather vs memcpy (${reps} repetitions, median)" >&2
-"$build/bench/kvscout_bench_host" --benchmark_repetitions=$reps --benchmark_min_time=$min_time \
+"$build/bench/kvscout_bench_gather" --benchmark_repetitions=$reps --benchmark_min_time=$min_time \
   --benchmark_out="$out/host_gather.json" --benchmark_out_format=json >"$out/host_gather.txt"
 
 args=("$out/host_gather.json")

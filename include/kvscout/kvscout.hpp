@@ -1,8 +1,14 @@
 #pragma once
 // kvscout: speculative KV-cache prefetch for offloaded LLM decoding, as generic parts.
-// This umbrella header includes every host-compilable part (.hpp); CUDA parts (.cuh) are
+// This umbrella header includes every host-compilable part (.hpp) except skew/calibrate.hpp,
+// which needs Eigen (offline calibration: include it where you calibrate). CUDA parts (.cuh) are
 // included one by one from code compiled with nvcc.
 
+#include "kvscout/attention/decode.hpp"
+#include "kvscout/attention/rows.hpp"
+#include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/cache/host_buffer.hpp"
+#include "kvscout/cache/partial_key_cache.hpp"
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/dtype.hpp"
@@ -10,10 +16,21 @@
 #include "kvscout/core/rope.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
+#include "kvscout/eval/metrics.hpp"
 #include "kvscout/fetch/concepts.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/page_table.hpp"
 #include "kvscout/kv/paged.hpp"
-#include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/pipeline/host_pipeline.hpp"
+#include "kvscout/select/concepts.hpp"
+#include "kvscout/select/threshold.hpp"
+#include "kvscout/select/topk.hpp"
+#include "kvscout/skew/plan.hpp"
+#include "kvscout/spec/concepts.hpp"
+#include "kvscout/spec/h2o.hpp"
+#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/spec/oracle.hpp"
+#include "kvscout/spec/quest.hpp"
+#include "kvscout/spec/streaming.hpp"

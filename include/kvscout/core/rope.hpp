@@ -4,12 +4,12 @@
 // RoPE rotates each *plane* (a pair of channels) of a query or key by an angle proportional to the
 // token position: plane j with inverse frequency w_j = theta^(-2j / D) is rotated by pos * w_j.
 // Two channel conventions exist and both are supported:
-//   rope_style::half         plane j = channels (j, j + D/2)   (Hugging Face / GPT-NeoX "rotate_half")
+//   rope_style::split_half         plane j = channels (j, j + D/2)   (Hugging Face / GPT-NeoX "rotate_half")
 //   rope_style::interleaved  plane j = channels (2j, 2j + 1)   (GPT-J; llama.cpp's LLaMA "norm" mode)
 // A rotation keeps each plane's norm, so |q_plane| measured before RoPE equals |q_plane| after it;
 // RoPE-plane selection (skew/) relies on that.
 //
-//   kvscout::rope_config rope{.head_dim = 64, .theta = 10000.f, .style = kvscout::rope_style::half};
+//   kvscout::rope_config rope{.head_dim = 64, .theta = 10000.f, .style = kvscout::rope_style::split_half};
 //   kvscout::apply_rope(q, /*pos=*/17, rope);        // q: float[64], in place
 
 #include <cmath>
@@ -18,12 +18,12 @@
 
 namespace kvscout {
 
-enum class rope_style : int { half = 0, interleaved = 1 };
+enum class rope_style : int { split_half = 0, interleaved = 1 };
 
 struct rope_config {
   int head_dim = 0;
   float theta = 10000.f;
-  rope_style style = rope_style::half;
+  rope_style style = rope_style::split_half;
 };
 
 /// The two channels of plane j (0 <= j < head_dim / 2).
@@ -33,13 +33,13 @@ struct rope_plane {
 };
 
 KVSCOUT_HOST_DEVICE rope_plane rope_plane_channels(const rope_config& c, int j) {
-  return c.style == rope_style::half ? rope_plane{j, j + c.head_dim / 2}
+  return c.style == rope_style::split_half ? rope_plane{j, j + c.head_dim / 2}
                                      : rope_plane{2 * j, 2 * j + 1};
 }
 
 /// The plane a channel belongs to.
 KVSCOUT_HOST_DEVICE int rope_plane_of(const rope_config& c, int channel) {
-  return c.style == rope_style::half ? channel % (c.head_dim / 2) : channel / 2;
+  return c.style == rope_style::split_half ? channel % (c.head_dim / 2) : channel / 2;
 }
 
 /// Rotation angle of plane j at position pos, computed in double then rounded, so that host and
@@ -49,14 +49,37 @@ KVSCOUT_HOST_DEVICE double rope_angle(const rope_config& c, int j, int pos) {
   return static_cast<double>(pos) * inv_freq;
 }
 
-/// Rotates the pair (x[a], x[b]) of plane j by the angle for `pos`.
-KVSCOUT_HOST_DEVICE void rope_rotate(float& xa, float& xb, double angle) {
-  const float cs = static_cast<float>(cos(angle));
-  const float sn = static_cast<float>(sin(angle));
+/// Rotates the pair (xa, xb) by the angle whose cosine and sine are cs and sn.
+KVSCOUT_HOST_DEVICE void rope_rotate(float& xa, float& xb, float cs, float sn) {
   const float a = xa, b = xb;
   xa = a * cs - b * sn;
   xb = a * sn + b * cs;
 }
+
+/// Rotates the pair (x[a], x[b]) of plane j by the angle for `pos`.
+KVSCOUT_HOST_DEVICE void rope_rotate(float& xa, float& xb, double angle) {
+  rope_rotate(xa, xb, static_cast<float>(cos(angle)), static_cast<float>(sin(angle)));
+}
+
+/// The cosine and sine of every plane's angle at one position. A decoded token's table is
+/// computed once and shared by every head (and layer) with the same rope_config, instead of two
+/// transcendental functions per plane per head. Rotations through the table are bit-identical to
+/// rope_rotate(xa, xb, rope_angle(c, j, pos)).
+struct rope_table {
+  static constexpr int max_planes = 256;  // head_dim up to 512
+  int planes = 0;
+  float cs[max_planes];
+  float sn[max_planes];
+
+  KVSCOUT_HOST_DEVICE void fill(const rope_config& c, int pos) {
+    planes = c.head_dim / 2 < max_planes ? c.head_dim / 2 : max_planes;
+    for (int j = 0; j < planes; ++j) {
+      const double angle = rope_angle(c, j, pos);
+      cs[j] = static_cast<float>(cos(angle));
+      sn[j] = static_cast<float>(sin(angle));
+    }
+  }
+};
 
 /// Applies RoPE at `pos` to a full head vector x[head_dim], in place.
 KVSCOUT_HOST_DEVICE void apply_rope(float* x, int pos, const rope_config& c) {

@@ -1,0 +1,202 @@
+// Host selectors against their anchors, in the same run.
+//
+// Scores: 32 rows (1 sequence x 32 kv heads) of n tokens, n = 4096 / 32768 / 131072, seeded
+// normal(0, 1), allocated and filled up front (0.5 / 4 / 16 MiB in all).
+//
+//   BM_topk_radix          topk_selector_host, budget k = n / 10, no keep-set
+//   BM_topk_nth_element    per row: copy + std::nth_element + collect the same k indices in
+//                          ascending order (ties to the lowest index, as the selector does)
+//                          goal: radix >= 3x faster
+//   BM_threshold           threshold_selector_host, per_head, alpha 5, max_count n / 10 (on
+//                          normal scores about 70 % of a row is within alpha of its max, so the
+//                          cap binds and the best n / 10 are chosen)
+//   BM_threshold_logits    the same selector on logit-like rows: the same normal scores times 4
+//                          (attention logits of a trained model are peaked: alpha 5 then admits
+//                          about 2 % of a row, InfiniGen's regime, and the cap does not bind)
+//   BM_stream_pass         one streaming read of the same scores: a sum per row with 16
+//                          independent accumulators, which the compiler vectorises (the read's
+//                          own cost)
+//   BM_stream_pass_scalar  the same sum with one accumulator: bound by the add latency, not by
+//                          the read; for reference only
+//                          goal: threshold <= 1.5x stream_pass
+//
+// Reported: items_per_second (scores) and bytes_per_second (score bytes read once).
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "kvscout/select/threshold.hpp"
+#include "kvscout/select/topk.hpp"
+
+namespace {
+
+constexpr int rows = 32;
+
+struct scores {
+  int n;
+  std::vector<float> values;  // [rows, n]
+  std::vector<std::int32_t> lens;
+  scores(int tokens, float spread)
+      : n(tokens), values(static_cast<std::size_t>(rows) * tokens), lens{tokens} {
+    std::mt19937 rng(20240611u + static_cast<unsigned>(tokens));
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (float& v : values) v = spread * normal(rng);
+  }
+  kvscout::score_view<kvscout::host_space> view() const {
+    return {{values.data(), values.size()}, {lens.data(), lens.size()}, 1, rows, n};
+  }
+  const float* row(int r) const { return values.data() + static_cast<std::size_t>(r) * n; }
+};
+
+const scores& scores_for(int n, float spread = 1.f) {
+  static std::map<std::pair<int, float>, scores> cache;
+  const auto key = std::make_pair(n, spread);
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, scores(n, spread)).first;
+  return it->second;
+}
+
+struct output {
+  std::vector<std::int32_t> indices, counts;
+  int capacity;
+  explicit output(int cap)
+      : indices(static_cast<std::size_t>(rows) * cap, -1), counts(rows, 0), capacity(cap) {}
+  kvscout::selection_buffers<kvscout::host_space> buffers() {
+    return {{indices.data(), indices.size()}, {counts.data(), counts.size()}, 1, rows, capacity};
+  }
+};
+
+void set_processed(benchmark::State& state, int n) {
+  const auto items = static_cast<std::int64_t>(state.iterations()) * rows * n;
+  state.SetItemsProcessed(items);
+  state.SetBytesProcessed(items * static_cast<std::int64_t>(sizeof(float)));
+}
+
+template <class Selector>
+void run_selector(benchmark::State& state, const typename Selector::config& cfg, int n,
+                  float spread = 1.f) {
+  const scores& s = scores_for(n, spread);
+  output out(cfg.capacity);
+  std::vector<std::byte> ws(Selector::workspace_bytes(cfg));
+  Selector sel(cfg, {ws.data(), ws.size()});
+  const auto view = s.view();
+  const auto bufs = out.buffers();
+  for (auto _ : state) {
+    sel.select(view, bufs);
+    benchmark::DoNotOptimize(out.indices.data());
+    benchmark::ClobberMemory();
+  }
+  set_processed(state, n);
+  std::int64_t selected = 0;
+  for (int c : out.counts) selected += c;
+  state.counters["selected_per_row"] = static_cast<double>(selected) / rows;
+}
+
+void BM_topk_radix(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const int k = n / 10;
+  run_selector<kvscout::topk_selector_host>(state, {1, rows, n, k, k, {}}, n);
+}
+
+void BM_topk_nth_element(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const int k = n / 10;
+  const scores& s = scores_for(n);
+  output out(k);
+  std::vector<float> tmp(static_cast<std::size_t>(n));
+  for (auto _ : state) {
+    for (int r = 0; r < rows; ++r) {
+      const float* p = s.row(r);
+      std::copy(p, p + n, tmp.begin());
+      std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<float>());
+      const float kth = tmp[static_cast<std::size_t>(k - 1)];
+      int ties = k;  // the k-th and the equal ones before it are ties; the larger ones are not
+      for (int i = 0; i < k - 1; ++i)
+        ties -= static_cast<int>(tmp[static_cast<std::size_t>(i)] > kth);
+      std::int32_t* o = out.indices.data() + static_cast<std::size_t>(r) * k;
+      int c = 0;
+      for (int i = 0; i < n && c < k; ++i) {
+        bool take = p[i] > kth;
+        if (p[i] == kth) [[unlikely]] {  // the selector's emission does the same
+          take = ties > 0;
+          ties -= static_cast<int>(take);
+        }
+        o[c] = i;
+        c += static_cast<int>(take);
+      }
+      out.counts[static_cast<std::size_t>(r)] = c;
+    }
+    benchmark::DoNotOptimize(out.indices.data());
+    benchmark::ClobberMemory();
+  }
+  set_processed(state, n);
+}
+
+void BM_threshold(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const int k = n / 10;
+  run_selector<kvscout::threshold_selector_host>(
+      state, {1, rows, n, k, 5.f, k, kvscout::threshold_rule::per_head, {}}, n);
+}
+
+void BM_threshold_logits(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const int k = n / 10;
+  run_selector<kvscout::threshold_selector_host>(
+      state, {1, rows, n, k, 5.f, k, kvscout::threshold_rule::per_head, {}}, n, 4.f);
+}
+
+void BM_stream_pass(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const scores& s = scores_for(n);
+  constexpr int lanes = 16;
+  for (auto _ : state) {
+    for (int r = 0; r < rows; ++r) {
+      const float* p = s.row(r);
+      float acc[lanes] = {};
+      int i = 0;
+      for (; i + lanes <= n; i += lanes)
+        for (int j = 0; j < lanes; ++j) acc[j] += p[i + j];
+      for (; i < n; ++i) acc[0] += p[i];
+      float sum = 0.f;
+      for (float a : acc) sum += a;
+      benchmark::DoNotOptimize(sum);
+    }
+  }
+  set_processed(state, n);
+}
+
+void BM_stream_pass_scalar(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const scores& s = scores_for(n);
+  for (auto _ : state) {
+    for (int r = 0; r < rows; ++r) {
+      const float* p = s.row(r);
+      float sum = 0.f;
+      for (int i = 0; i < n; ++i) sum += p[i];
+      benchmark::DoNotOptimize(sum);
+    }
+  }
+  set_processed(state, n);
+}
+
+}  // namespace
+
+#define KVSCOUT_SELECT_BENCH(fn) \
+  BENCHMARK(fn)->ArgNames({"n"})->Arg(4096)->Arg(32768)->Arg(131072)->Unit(benchmark::kMicrosecond)
+
+KVSCOUT_SELECT_BENCH(BM_topk_radix);
+KVSCOUT_SELECT_BENCH(BM_topk_nth_element);
+KVSCOUT_SELECT_BENCH(BM_threshold);
+KVSCOUT_SELECT_BENCH(BM_threshold_logits);
+KVSCOUT_SELECT_BENCH(BM_stream_pass);
+KVSCOUT_SELECT_BENCH(BM_stream_pass_scalar);
+
+BENCHMARK_MAIN();

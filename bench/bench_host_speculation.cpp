@@ -1,0 +1,118 @@
+// InfiniGen speculation on the host: partial-query GEMV + scoring of n cached tokens against the
+// partial key cache, compared with one streaming read of the same partial-key bytes.
+//
+// Shape: SmolLM2-135M (the real model of the accuracy harness): d_model 576, 9 query heads,
+// 3 KV heads, head_dim 64, r = 16 partial channels, one sequence, n in {4k, 32k, 128k} tokens.
+// Modes: 0 = post_rope_skew (full head projection, RoPE, then A_S), 1 = rope_planes (r rows of
+// W_Q, RoPE on the planes). bytes_per_second counts the partial-key bytes read per step, so the
+// two benchmarks' rates compare directly (scripts/bench_table.py prints the ratio).
+
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kvscout/spec/infinigen.hpp"
+
+namespace {
+
+constexpr int d_model = 576, Hq = 9, H = 3, D = 64, r = 16;
+
+kvscout::skew_plan make_plan(kvscout::rope_mode mode) {
+  // A valid plan for timing: identity skew, channels 0..r-1 (planes 0..r/2-1 for rope_planes).
+  kvscout::skew_plan p;
+  p.mode = mode;
+  p.head_dim = D;
+  p.r = r;
+  p.rope = {D, 10000.f, kvscout::rope_style::split_half};
+  p.A.assign(static_cast<std::size_t>(D) * D, 0.f);
+  for (int i = 0; i < D; ++i) p.A[static_cast<std::size_t>(i) * D + i] = 1.f;
+  if (mode == kvscout::rope_mode::rope_planes) {
+    for (int j = 0; j < r / 2; ++j) {
+      p.planes.push_back(j);
+      const auto ch = kvscout::rope_plane_channels(p.rope, j);
+      p.channels.push_back(ch.a);
+      p.channels.push_back(ch.b);
+    }
+  } else {
+    for (int c = 0; c < r; ++c) p.channels.push_back(c);
+  }
+  return p;
+}
+
+struct fixture {
+  std::vector<float> wq, x, scores;
+  std::vector<int32_t> lens, pos;
+  std::unique_ptr<kvscout::infinigen_policy<>> policy;
+  int n;
+
+  fixture(int tokens, kvscout::rope_mode mode) : n(tokens) {
+    std::mt19937 rng(42);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    wq.resize(static_cast<std::size_t>(Hq) * D * d_model);
+    for (auto& w : wq) w = nd(rng) * 0.04f;
+    x.resize(d_model);
+    for (auto& v : x) v = nd(rng);
+    std::vector<kvscout::skew_plan> plans(H, make_plan(mode));
+    kvscout::infinigen_policy<>::config cfg{1, 1, H, Hq, D, d_model, n, 0.125f,
+                                            kvscout::gqa_aggregation::max_logit};
+    policy = std::make_unique<kvscout::infinigen_policy<>>(
+        cfg, std::vector<std::vector<kvscout::skew_plan>>{plans},
+        std::vector<kvscout::host_span<const float>>{{wq.data(), wq.size()}},
+        std::vector<kvscout::host_span<const float>>{{}});
+    std::vector<float> k(static_cast<std::size_t>(H) * D);
+    for (int t = 0; t < n; ++t) {
+      for (auto& v : k) v = nd(rng);
+      policy->append(0, 0, t, k.data(), k.data());
+    }
+    scores.assign(static_cast<std::size_t>(H) * n, 0.f);
+    lens = {n};
+    pos = {n};
+  }
+  std::size_t key_bytes() const { return policy->keys(0).bytes_for(n); }
+};
+
+void BM_speculation(benchmark::State& state) {
+  const auto mode = state.range(1) == 0 ? kvscout::rope_mode::post_rope_skew : kvscout::rope_mode::rope_planes;
+  fixture f(static_cast<int>(state.range(0)), mode);
+  const kvscout::spec_context ctx{{f.x.data(), f.x.size()}, {}, {f.pos.data(), 1}, {f.lens.data(), 1}};
+  const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, 1, H, f.n};
+  for (auto _ : state) {
+    f.policy->score(0, ctx, out);
+    benchmark::DoNotOptimize(f.scores.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.key_bytes()));
+  state.counters["tokens"] = f.n;
+}
+
+void BM_stream_partial_keys(benchmark::State& state) {
+  fixture f(static_cast<int>(state.range(0)), kvscout::rope_mode::post_rope_skew);
+  const float* p = f.policy->keys(0).tile(0, 0, 0);
+  const std::size_t count = f.key_bytes() / sizeof(float);
+  using vec = kvscout::detail::float_vec<16>::type;
+  for (auto _ : state) {
+    // Four independent 16-wide sums (64 bytes each): the read, not the adds, sets the pace.
+    vec acc[4] = {};
+    std::size_t i = 0;
+    for (; i + 64 <= count; i += 64)
+      for (int j = 0; j < 4; ++j) {
+        vec v;
+        std::memcpy(&v, p + i + 16 * j, sizeof v);
+        acc[j] += v;
+      }
+    benchmark::DoNotOptimize(acc);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.key_bytes()));
+}
+
+}  // namespace
+
+BENCHMARK(BM_speculation)->ArgNames({"n", "mode"})->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_stream_partial_keys)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({131072})
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();

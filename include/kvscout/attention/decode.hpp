@@ -1,0 +1,150 @@
+#pragma once
+// Decode attention on the host: one new query per (sequence, query head) against the rows of a
+// row source (attention/rows.hpp) plus, optionally, the current token's own K / V.
+//
+//   out[s, qh, :] = sum_i softmax_i(scale * q[s, qh] . k_i) v_i,   kv head h = qh / (Hq / H)
+//
+// The same routine is the dense reference (layout_rows: every cached token) and sparse attention
+// (gathered_rows: the fetched rows). KV is never expanded to query heads: each K / V row is loaded
+// once per group of up to 16 query heads and used by all of them (GQA). The softmax is computed
+// online (running max and sum), so no per-token buffer is needed and nothing is allocated.
+// Acc = double gives an fp64-accumulated reference.
+//
+//   kvscout::layout_rows rows(kv);                       // kv: kv_view<layout, host_space>
+//   kvscout::decode_attention_host(rows, kvscout::current_token<kvscout::half>{k_cur, v_cur}, q,
+//                                  out, {.num_q_heads = 9, .scale = 0.125f});
+//
+// Optional output `probs` [num_seqs, num_kv_heads, probs_stride]: the attention probability of
+// each row summed over the query heads of the group (the current token, when given, is the entry
+// after the last row). Attention-mass metrics and the h2o policy read it.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+
+#include "kvscout/attention/rows.hpp"
+#include "kvscout/core/dtype.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/span.hpp"
+
+namespace kvscout {
+
+struct attention_params {
+  int num_q_heads = 0;
+  float scale = 0.f;  // usually 1 / sqrt(head_dim)
+};
+
+/// The current token's K / V, [num_seqs, num_kv_heads, head_dim], in the cache's element type
+/// (the exact values the cache will hold). Empty spans: no current token.
+template <kv_element T>
+struct current_token {
+  host_span<const T> k;
+  host_span<const T> v;
+  [[nodiscard]] bool present() const { return k.data() != nullptr; }
+};
+
+template <class Acc = float, attention_rows Rows, kv_element T>
+void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_span<const float> q,
+                           host_span<float> out, const attention_params& p,
+                           host_span<float> probs = {}, int probs_stride = 0) {
+  constexpr int D = Rows::head_dim;
+  constexpr int chunk = 16;  // query heads sharing one load of a row
+  const int S = rows.num_seqs();
+  const int H = rows.num_kv_heads();
+  const int Hq = p.num_q_heads;
+  KVSCOUT_EXPECTS(Hq >= 1 && Hq % H == 0, "num_q_heads = ", Hq,
+                  " must be a positive multiple of num_kv_heads = ", H);
+  KVSCOUT_EXPECTS(std::isfinite(p.scale) && p.scale > 0.f, "scale must be positive and finite, got ",
+                  p.scale);
+  const std::size_t q_elems = static_cast<std::size_t>(S) * Hq * D;
+  KVSCOUT_EXPECTS(q.size() >= q_elems, "q holds ", q.size(), " floats, expected [", S, ", ", Hq,
+                  ", ", D, "] = ", q_elems);
+  KVSCOUT_EXPECTS(out.size() >= q_elems, "out holds ", out.size(), " floats, expected ", q_elems);
+  const std::size_t cur_elems = static_cast<std::size_t>(S) * H * D;
+  if (cur.present()) {
+    KVSCOUT_EXPECTS(cur.k.size() >= cur_elems && cur.v.size() >= cur_elems, "current token K / V hold ",
+                    cur.k.size(), " / ", cur.v.size(), " elements, expected [", S, ", ", H, ", ", D,
+                    "] = ", cur_elems);
+  }
+  if (probs.data() != nullptr) {
+    int most = 0;
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) most = std::max(most, rows.rows(s, h) + (cur.present() ? 1 : 0));
+    KVSCOUT_EXPECTS(probs_stride >= most, "probs_stride = ", probs_stride,
+                    " is smaller than the longest row set (", most, ")");
+    KVSCOUT_EXPECTS(probs.size() >= static_cast<std::size_t>(S) * H * probs_stride, "probs holds ",
+                    probs.size(), " floats, expected ", static_cast<std::size_t>(S) * H * probs_stride);
+  }
+
+  const int g = Hq / H;
+  float kbuf[D], vbuf[D];
+  Acc m[chunk], l[chunk], acc[chunk][D], logit[chunk];
+  for (int s = 0; s < S; ++s) {
+    for (int h = 0; h < H; ++h) {
+      const int n = rows.rows(s, h);
+      const int total = n + (cur.present() ? 1 : 0);
+      const std::size_t cur_off = (static_cast<std::size_t>(s) * H + h) * D;
+      auto load = [&](int i, bool key, float* dst) {
+        if (i < n) {
+          key ? rows.load_k(s, h, i, dst) : rows.load_v(s, h, i, dst);
+        } else {
+          const T* src = (key ? cur.k.data() : cur.v.data()) + cur_off;
+          for (int c = 0; c < D; ++c) dst[c] = to_float(src[c]);
+        }
+      };
+      float* prow = probs.data() != nullptr
+                        ? probs.data() + (static_cast<std::size_t>(s) * H + h) * probs_stride
+                        : nullptr;
+      if (prow != nullptr) std::fill(prow, prow + total, 0.f);
+      for (int j0 = 0; j0 < g; j0 += chunk) {
+        const int gj = std::min(chunk, g - j0);
+        const float* qs = q.data() + (static_cast<std::size_t>(s) * Hq + h * g + j0) * D;
+        for (int j = 0; j < gj; ++j) {
+          m[j] = -std::numeric_limits<Acc>::infinity();
+          l[j] = 0;
+          for (int c = 0; c < D; ++c) acc[j][c] = 0;
+        }
+        for (int i = 0; i < total; ++i) {
+          load(i, true, kbuf);
+          load(i, false, vbuf);
+          for (int j = 0; j < gj; ++j) {
+            Acc dot = 0;
+            const float* qj = qs + static_cast<std::size_t>(j) * D;
+            for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(kbuf[c]);
+            const Acc x = dot * static_cast<Acc>(p.scale);
+            if (x > m[j]) {
+              const Acc f = std::exp(m[j] - x);  // 0 on the first row (m = -inf)
+              l[j] = l[j] * f + 1;
+              for (int c = 0; c < D; ++c) acc[j][c] = acc[j][c] * f + vbuf[c];
+              m[j] = x;
+            } else {
+              const Acc w = std::exp(x - m[j]);
+              l[j] += w;
+              for (int c = 0; c < D; ++c) acc[j][c] += w * vbuf[c];
+            }
+          }
+        }
+        for (int j = 0; j < gj; ++j) {
+          float* o = out.data() + (static_cast<std::size_t>(s) * Hq + h * g + j0 + j) * D;
+          for (int c = 0; c < D; ++c) o[c] = total > 0 ? static_cast<float>(acc[j][c] / l[j]) : 0.f;
+        }
+        if (prow != nullptr) {
+          // Second pass over K only: each row's probability, summed over the group.
+          for (int i = 0; i < total; ++i) {
+            load(i, true, kbuf);
+            for (int j = 0; j < gj; ++j) {
+              Acc dot = 0;
+              const float* qj = qs + static_cast<std::size_t>(j) * D;
+              for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(kbuf[c]);
+              logit[j] = dot * static_cast<Acc>(p.scale);
+              prow[i] += static_cast<float>(std::exp(logit[j] - m[j]) / l[j]);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace kvscout

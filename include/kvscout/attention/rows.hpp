@@ -1,0 +1,123 @@
+#pragma once
+// Row sources for decode attention: where the K / V rows of each (sequence, kv head) come from.
+//
+// Attention reads rows only through load_k / load_v (one row into a float[head_dim] buffer), so
+// the same attention code serves the whole cache read through a layout (dense reference), the
+// contiguous rows a prefetch executor gathered (sparse attention), and, later, quantized rows that
+// are dequantised as they are read.
+//
+//   layout_rows<L>    rows of (s, h) are the cached tokens 0 .. seq_len(s)-1, read via the layout
+//   gathered_rows<T, D> rows of (s, h) are the `counts[s, h]` entries an executor wrote:
+//                     k / v [num_seqs, num_kv_heads, capacity, D] (core/selection.hpp)
+//
+// Every source answers: num_seqs(), num_kv_heads(), rows(s, h), token(s, h, i) (the cache position
+// of row i, for attention-mass bookkeeping), load_k(s, h, i, float*), load_v(s, h, i, float*).
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/core/dtype.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/kv/concepts.hpp"
+
+namespace kvscout {
+
+template <class R>
+concept attention_rows = requires(const R& r, int s, int h, int i, float* dst) {
+  { R::head_dim } -> std::convertible_to<int>;
+  { r.num_seqs() } -> std::same_as<int>;
+  { r.num_kv_heads() } -> std::same_as<int>;
+  { r.rows(s, h) } -> std::same_as<int>;
+  { r.token(s, h, i) } -> std::same_as<int>;
+  r.load_k(s, h, i, dst);
+  r.load_v(s, h, i, dst);
+};
+
+namespace detail {
+template <class T, int D>
+inline void load_row(const std::byte* p, float* dst) {
+  const T* row = reinterpret_cast<const T*>(p);
+  for (int c = 0; c < D; ++c) dst[c] = to_float(row[c]);
+}
+}  // namespace detail
+
+/// All cached tokens of a host KV cache, read through its layout.
+template <kv_layout L>
+class layout_rows {
+ public:
+  using element_type = typename L::element_type;
+  static constexpr int head_dim = L::head_dim;
+
+  explicit layout_rows(const kv_view<L, host_space>& kv) : kv_(kv) {
+    KVSCOUT_EXPECTS(kv.k.data() != nullptr && kv.v.data() != nullptr, "K or V buffer is null");
+    kv.layout.validate(kv.k.size(), kv.v.size());
+  }
+
+  int num_seqs() const { return kv_.layout.num_seqs(); }
+  int num_kv_heads() const { return kv_.layout.num_kv_heads(); }
+  int rows(int s, int /*h*/) const { return kv_.layout.seq_len(s); }
+  int token(int /*s*/, int /*h*/, int i) const { return i; }
+  void load_k(int s, int h, int i, float* dst) const {
+    detail::load_row<element_type, head_dim>(kv_.k.data() + kv_.layout.k_offset(s, i, h), dst);
+  }
+  void load_v(int s, int h, int i, float* dst) const {
+    detail::load_row<element_type, head_dim>(kv_.v.data() + kv_.layout.v_offset(s, i, h), dst);
+  }
+
+ private:
+  kv_view<L, host_space> kv_;
+};
+
+/// The rows a prefetch executor gathered for a selection.
+template <kv_element T, int HeadDim>
+class gathered_rows {
+ public:
+  using element_type = T;
+  static constexpr int head_dim = HeadDim;
+
+  gathered_rows(const selection_view<host_space>& sel, host_span<const T> k, host_span<const T> v)
+      : sel_(sel), k_(k.data()), v_(v.data()) {
+    const std::size_t slots = static_cast<std::size_t>(sel.num_seqs) * sel.num_kv_heads *
+                              static_cast<std::size_t>(sel.capacity);
+    KVSCOUT_EXPECTS(sel.counts.size() >= static_cast<std::size_t>(sel.num_seqs) * sel.num_kv_heads,
+                    "selection counts holds ", sel.counts.size(), " entries, expected ",
+                    static_cast<std::size_t>(sel.num_seqs) * sel.num_kv_heads);
+    KVSCOUT_EXPECTS(sel.indices.size() >= slots, "selection indices holds ", sel.indices.size(),
+                    " entries, expected ", slots);
+    KVSCOUT_EXPECTS(k.size() >= slots * HeadDim && v.size() >= slots * HeadDim,
+                    "gathered K / V rows hold ", k.size(), " / ", v.size(),
+                    " elements, expected at least ", slots * HeadDim, " (", slots, " rows of ",
+                    HeadDim, ")");
+    for (std::size_t r = 0; r < static_cast<std::size_t>(sel.num_seqs) * sel.num_kv_heads; ++r) {
+      KVSCOUT_EXPECTS(sel.counts[r] >= 0 && sel.counts[r] <= sel.capacity, "count ",
+                      sel.counts[r], " at (sequence, kv_head) entry ", r,
+                      " is outside [0, capacity = ", sel.capacity, "]");
+    }
+  }
+
+  int num_seqs() const { return sel_.num_seqs; }
+  int num_kv_heads() const { return sel_.num_kv_heads; }
+  int rows(int s, int h) const { return sel_.counts[sel_.row(s, h)]; }
+  int token(int s, int h, int i) const { return sel_.indices[slot(s, h, i)]; }
+  void load_k(int s, int h, int i, float* dst) const {
+    detail::load_row<T, HeadDim>(reinterpret_cast<const std::byte*>(k_ + slot(s, h, i) * HeadDim),
+                                 dst);
+  }
+  void load_v(int s, int h, int i, float* dst) const {
+    detail::load_row<T, HeadDim>(reinterpret_cast<const std::byte*>(v_ + slot(s, h, i) * HeadDim),
+                                 dst);
+  }
+
+ private:
+  std::size_t slot(int s, int h, int i) const {
+    return sel_.row(s, h) * static_cast<std::size_t>(sel_.capacity) + static_cast<std::size_t>(i);
+  }
+  selection_view<host_space> sel_;
+  const T* k_;
+  const T* v_;
+};
+
+}  // namespace kvscout

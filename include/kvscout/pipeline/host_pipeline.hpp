@@ -1,0 +1,188 @@
+#pragma once
+// The host decode pipeline: the one place that knows the order of a decode step.
+//
+// For layers below skip_layers attention is dense over the whole cache. For a layer i at or
+// above it, the rows layer i will attend to are chosen and fetched before layer i runs:
+//   speculate(i, ctx, kv_i)   during layer i-1: policy.score -> selector.select -> executor.submit
+//   attend(i, ctx, kv_i, ...)  layer i: wait for the fetch, sparse attention over the fetched rows
+//                              plus the current token
+// Policies that need layer i's own query (P::needs_query: oracle, quest) speculate inside
+// attend(). Two sets of selection / destination buffers alternate by layer parity, so layer i's
+// fetch can be in flight while layer i-1 reads its own rows (double buffering); on the host the
+// gather is synchronous, the structure is the one the CUDA pipeline keeps.
+//
+// Set-up allocates every buffer (sizes below); speculate() and attend() allocate nothing.
+//   scores        num_seqs * num_kv_heads * max_tokens floats
+//   selections    2 x (num_seqs * num_kv_heads * (capacity + 1)) int32
+//   destinations  2 x 2 x num_seqs * num_kv_heads * capacity * head_dim elements (K and V)
+//
+//   kvscout::host_decode_pipeline<layout, policy_t, selector_t> pipe(cfg, policy, selector);
+//   for (int i = 0; i < L; ++i) {
+//     if (i + 1 < L && i + 1 >= cfg.skip_layers) pipe.speculate(i + 1, ctx_next, kv[i + 1]);
+//     ... q, k, v of layer i ...
+//     pipe.attend(i, ctx_i, kv[i], {k_cur, v_cur}, out);
+//     ... append k, v to kv[i]; pipe.append(i, s, t, k_pre, k_post) ...
+//   }
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kvscout/attention/decode.hpp"
+#include "kvscout/attention/rows.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/fetch/host_gather.hpp"
+#include "kvscout/kv/concepts.hpp"
+#include "kvscout/spec/concepts.hpp"
+
+namespace kvscout {
+
+struct host_pipeline_config {
+  int num_layers = 0;
+  int skip_layers = 2;  // layers [0, skip_layers) attend densely
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int num_q_heads = 0;
+  int max_tokens = 0;  // score row stride: at least every cached length
+  int capacity = 0;    // most rows fetched per (sequence, kv head): the selector's budget
+  int threads = 1;     // gather threads
+  float scale = 0.f;   // attention scale, usually 1 / sqrt(head_dim)
+};
+
+/// Per-step statistics: rows and bytes the fetches moved, per layer.
+struct fetch_stats {
+  std::vector<std::int64_t> rows;   // [num_layers], accumulated
+  std::vector<std::int64_t> bytes;  // [num_layers], accumulated
+};
+
+template <kv_layout L, speculation_policy P, class Selector>
+class host_decode_pipeline {
+ public:
+  using element_type = typename L::element_type;
+  using policy_type = P;
+  using selector_type = Selector;
+  static constexpr int head_dim = L::head_dim;
+
+  host_decode_pipeline(const host_pipeline_config& cfg, P& policy, Selector& selector)
+      : cfg_(cfg), policy_(policy), selector_(selector) {
+    KVSCOUT_EXPECTS(cfg.num_layers > 0, "num_layers must be positive, got ", cfg.num_layers);
+    KVSCOUT_EXPECTS(cfg.skip_layers >= 0, "skip_layers must be non-negative, got ",
+                    cfg.skip_layers);
+    KVSCOUT_EXPECTS(cfg.num_seqs > 0 && cfg.num_kv_heads > 0, "num_seqs and num_kv_heads must be "
+                    "positive, got ", cfg.num_seqs, " and ", cfg.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.num_q_heads >= 1 && cfg.num_q_heads % cfg.num_kv_heads == 0,
+                    "num_q_heads = ", cfg.num_q_heads,
+                    " must be a positive multiple of num_kv_heads = ", cfg.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.capacity >= 1 && cfg.capacity <= cfg.max_tokens, "capacity = ",
+                    cfg.capacity, " must be in [1, max_tokens = ", cfg.max_tokens, "]");
+    const std::size_t pairs = static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads;
+    scores_.assign(pairs * static_cast<std::size_t>(cfg.max_tokens), 0.f);
+    for (auto& b : buffers_) {
+      b.indices.assign(pairs * static_cast<std::size_t>(cfg.capacity), 0);
+      b.counts.assign(pairs, 0);
+      b.k.assign(pairs * static_cast<std::size_t>(cfg.capacity) * head_dim, element_type{});
+      b.v.assign(b.k.size(), element_type{});
+    }
+    probs_.assign(pairs * static_cast<std::size_t>(cfg.capacity + 1), 0.f);
+    host_gather_config gc{cfg.num_seqs, cfg.num_kv_heads, cfg.capacity, cfg.threads};
+    workspace_.assign(host_gather_executor<L>::workspace_bytes(gc) / sizeof(std::int64_t) + 1, 0);
+    gather_ = std::make_unique<host_gather_executor<L>>(
+        gc, host_span<std::byte>(reinterpret_cast<std::byte*>(workspace_.data()),
+                                 workspace_.size() * sizeof(std::int64_t)));
+    stats_.rows.assign(static_cast<std::size_t>(cfg.num_layers), 0);
+    stats_.bytes.assign(static_cast<std::size_t>(cfg.num_layers), 0);
+  }
+
+  /// Scores, selects and fetches layer `layer`'s rows from its cache `kv` (during layer - 1).
+  void speculate(int layer, const spec_context& ctx, const kv_view<L, host_space>& kv) {
+    KVSCOUT_EXPECTS(layer >= cfg_.skip_layers && layer < cfg_.num_layers, "layer ", layer,
+                    " is not speculated: expected [skip_layers = ", cfg_.skip_layers,
+                    ", num_layers = ", cfg_.num_layers, ")");
+    buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
+    const score_buffer out{{scores_.data(), scores_.size()}, cfg_.num_seqs, cfg_.num_kv_heads,
+                           cfg_.max_tokens};
+    policy_.score(layer, ctx, out);
+    const score_view<host_space> view{{scores_.data(), scores_.size()}, ctx.seq_lens,
+                                      cfg_.num_seqs, cfg_.num_kv_heads, cfg_.max_tokens};
+    selector_.select(view, selection(b));
+    gather_->submit(kv, selection(b).view(),
+                    {as_writable_bytes(host_span<element_type>(b.k.data(), b.k.size())),
+                     as_writable_bytes(host_span<element_type>(b.v.data(), b.v.size()))})
+        .wait();
+    std::int64_t rows = 0;
+    for (int c : b.counts) rows += c;
+    stats_.rows[static_cast<std::size_t>(layer)] += rows;
+    stats_.bytes[static_cast<std::size_t>(layer)] +=
+        rows * static_cast<std::int64_t>(kv.layout.k_row_bytes() + kv.layout.v_row_bytes());
+    b.layer = layer;
+  }
+
+  /// Layer `layer`'s attention for the current token: dense below skip_layers, otherwise sparse
+  /// over the rows speculate() fetched (speculating now if the policy needs the query).
+  void attend(int layer, const spec_context& ctx, const kv_view<L, host_space>& kv,
+              const current_token<element_type>& cur, host_span<float> out) {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.num_layers, ")");
+    const attention_params ap{cfg_.num_q_heads, cfg_.scale};
+    if (layer < cfg_.skip_layers) {
+      decode_attention_host(layout_rows<L>(kv), cur, ctx.q, out, ap);
+      return;
+    }
+    if constexpr (P::needs_query) speculate(layer, ctx, kv);
+    buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
+    KVSCOUT_EXPECTS(b.layer == layer, "attend(", layer, ") without speculate(", layer,
+                    ") first (the buffers hold layer ", b.layer, ")");
+    const gathered_rows<element_type, head_dim> rows(
+        selection(b).view(), {b.k.data(), b.k.size()}, {b.v.data(), b.v.size()});
+    if constexpr (requires { policy_.observe(layer, ctx, rows, host_span<const float>{}, 0, true); }) {
+      decode_attention_host(rows, cur, ctx.q, out, ap, {probs_.data(), probs_.size()},
+                            cfg_.capacity + 1);
+      policy_.observe(layer, ctx, rows, {probs_.data(), probs_.size()}, cfg_.capacity + 1,
+                      cur.present());
+    } else {
+      decode_attention_host(rows, cur, ctx.q, out, ap);
+    }
+    b.layer = -1;  // consumed
+  }
+
+  /// Forwards a token's keys to the policy (partial key cache, page bounds), if it keeps any.
+  void append(int layer, int s, int t, const float* k_pre, const float* k_post) {
+    if constexpr (requires { policy_.append(layer, s, t, k_pre, k_post); })
+      policy_.append(layer, s, t, k_pre, k_post);
+  }
+
+  /// The selection of the last speculate() of `layer` (valid until the next one of its parity).
+  [[nodiscard]] selection_view<host_space> last_selection(int layer) const {
+    const buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
+    return const_cast<host_decode_pipeline*>(this)->selection(const_cast<buffer&>(b)).view();
+  }
+  /// The scores of the last speculate(): [num_seqs, num_kv_heads, max_tokens].
+  [[nodiscard]] host_span<const float> last_scores() const { return {scores_.data(), scores_.size()}; }
+  [[nodiscard]] const fetch_stats& stats() const { return stats_; }
+  [[nodiscard]] const host_pipeline_config& config() const { return cfg_; }
+
+ private:
+  struct buffer {
+    std::vector<int32_t> indices, counts;
+    std::vector<element_type> k, v;
+    int layer = -1;  // which layer's rows the buffer holds
+  };
+  selection_buffers<host_space> selection(buffer& b) {
+    return {{b.indices.data(), b.indices.size()}, {b.counts.data(), b.counts.size()},
+            cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
+  }
+
+  host_pipeline_config cfg_;
+  P& policy_;
+  Selector& selector_;
+  std::vector<float> scores_;
+  buffer buffers_[2];
+  std::vector<float> probs_;
+  std::vector<std::int64_t> workspace_;
+  std::unique_ptr<host_gather_executor<L>> gather_;
+  fetch_stats stats_;
+};
+
+}  // namespace kvscout

@@ -1,0 +1,111 @@
+#pragma once
+// The topk_selector concept, keep-sets, and the order-preserving score keys every selector
+// (host and CUDA) ranks by.
+//
+// A selector turns per-token scores into a selection: per (sequence, kv_head), strictly
+// ascending token indices and a count (core/selection.hpp). Protocol, as for the executors:
+//   1. size query   S::workspace_bytes(config)  -> bytes of caller-owned workspace
+//   2. setup        S sel(config, workspace)     (the only place a selector may allocate)
+//   3. per step     sel.select(scores, out)      writes out.indices and out.counts, returns
+//                                                nothing, allocates nothing
+// The memory space of the workspace, the scores and the buffers is S::memory_space.
+//
+//   kvscout::keep_set keep{.sinks = 4, .recent = 64};
+//   const auto [head_end, tail_begin] = kvscout::keep_bounds(keep, len);
+//   // always selected: [0, head_end) and [tail_begin, len); chosen by score: the rest
+//   static_assert(kvscout::topk_selector<kvscout::topk_selector_host>);  // select/topk.hpp
+
+#include <bit>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/core/config.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+
+namespace kvscout {
+
+/// Tokens selected whatever their score (NaN included): the first `sinks` tokens of a row
+/// (attention sinks) and the last `recent` (the local window). For a row of length len the
+/// keep-set is [0, min(sinks, len)) u [max(0, len - recent), len); the two parts may overlap.
+struct keep_set {
+  int sinks = 0;
+  int recent = 0;
+};
+
+/// The keep-set of a row of `len` tokens as two ranges: [0, head_end) and [tail_begin, len),
+/// with head_end <= tail_begin, so the tokens chosen by score are exactly [head_end, tail_begin).
+struct keep_range {
+  int head_end;
+  int tail_begin;
+
+  /// How many tokens of the row the keep-set holds.
+  KVSCOUT_HOST_DEVICE int size(int len) const { return head_end + (len - tail_begin); }
+};
+
+/// Requires sinks, recent >= 0 and len >= 0 (selectors validate them first).
+KVSCOUT_HOST_DEVICE keep_range keep_bounds(keep_set keep, int len) {
+  const int head_end = keep.sinks < len ? keep.sinks : len;
+  const int tail = len - keep.recent;
+  return {head_end, tail > head_end ? tail : head_end};
+}
+
+/// Key of a score that orders as the scores do, as an unsigned integer, so that selection can
+/// count bits (radix select) instead of comparing floats:
+///   score_key(x) < score_key(y)  iff  x < y        for non-NaN x, y (-inf and +inf included)
+///   score_key(-0.f) == score_key(+0.f)              (they compare equal as floats)
+///   score_key(NaN) == 0, below every other key      (NaN is ignored: never chosen by score)
+/// Every non-NaN score has a key >= 1, and UINT32_MAX is never a key. The key is 2^31 plus or
+/// minus the magnitude bits; it is computed without branches, because the sign of a score is
+/// as unpredictable as the score.
+KVSCOUT_HOST_DEVICE std::uint32_t score_key(float x) {
+#if KVSCOUT_DEVICE_PASS
+  const std::uint32_t b = __float_as_uint(x);
+#else
+  const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
+#endif
+  const std::uint32_t mag = b & 0x7fffffffu;
+  const std::uint32_t neg = 0u - (b >> 31);                     // all ones for a negative score
+  const std::uint32_t key = 0x80000000u + ((mag ^ neg) - neg);  // 2^31 + mag or 2^31 - mag
+  return key & (0u - static_cast<std::uint32_t>(mag <= 0x7f800000u));  // NaN -> 0
+}
+
+/// The score a non-zero key came from (+0 for the key of either zero). score_from_key(0) is a
+/// NaN.
+KVSCOUT_HOST_DEVICE float score_from_key(std::uint32_t key) {
+  const std::uint32_t b = key >= 0x80000000u ? key - 0x80000000u
+                          : key == 0         ? 0x7fc00000u
+                                             : 0x80000000u | (0x80000000u - key);
+#if KVSCOUT_DEVICE_PASS
+  return __uint_as_float(b);
+#else
+  return std::bit_cast<float>(b);
+#endif
+}
+
+/// The lowest score that is a threshold candidate in a row whose largest score is m: m - alpha
+/// (in float arithmetic), except that alpha = +inf admits every non-NaN score (also when
+/// m = +inf, where m - alpha would be NaN). m = -inf (no finite maximum) gives -inf.
+KVSCOUT_HOST_DEVICE float threshold_floor(float m, float alpha) {
+  return alpha < INFINITY ? m - alpha : -INFINITY;
+}
+
+/// A selector: turns score_view rows into selection_buffers rows, in S::memory_space.
+template <class S>
+concept topk_selector =
+    requires {
+      typename S::config_type;
+      typename S::memory_space;
+    } &&
+    std::constructible_from<S, const typename S::config_type&,
+                            span<std::byte, typename S::memory_space>> &&
+    requires(S& s, const typename S::config_type& cfg,
+             const score_view<typename S::memory_space>& scores,
+             const selection_buffers<typename S::memory_space>& out) {
+      { S::workspace_bytes(cfg) } -> std::same_as<std::size_t>;
+      s.select(scores, out);
+    };
+
+}  // namespace kvscout

@@ -1,0 +1,468 @@
+#pragma once
+// Row machinery shared by the host selectors (select/topk.hpp, select/threshold.hpp): input
+// checks, the per-row workspace, vectorised row scans, a sampled lower bound, and the exact
+// "best k of a range" pipeline built on radix select (detail/radix_select.hpp).
+//
+//   row_workspace ws = row_workspace::carve(words, stride);    // words: row_workspace::words
+//   int count = best_of_range(row, a, n, k, ws, out);          // the best k of row[a, a + n)
+//
+// How the best k of a long range are found, exactly, in one vectorised pass over it plus scans
+// of a few more than k candidates (not of the whole range):
+//   1. sample_lower_bound: a stratified sample of ~(n/2)^(2/3) scores gives L, a score that
+//      about k + 3.5 standard deviations of tokens reach;
+//   2. collect_candidates: one vectorised pass keeps the tokens >= L (and >= the running
+//      maximum - alpha for the threshold rule) and finds the maximum;
+//   3. filter_and_count: drops what a lower running maximum let in, writes the survivors'
+//      score keys, and counts the first radix digit on the way;
+//   4. radix select on the survivors (a few more than k), then one scan emits them in order.
+// If the sample misjudged (fewer than k tokens reach L), the range is redone without it, so the
+// result never depends on the sample; only the time does.
+//
+// The scans use SSE2 where the compiler targets it (every x86-64) and portable loops otherwise;
+// the portable versions are also what the tests compare the vector ones with.
+
+#include <cmath>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kvscout/core/config.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/select/concepts.hpp"
+#include "kvscout/select/detail/radix_select.hpp"
+
+#if defined(__SSE2__) && !KVSCOUT_DEVICE_PASS
+#include <emmintrin.h>
+#define KVSCOUT_SELECT_SSE2 1
+#else
+#define KVSCOUT_SELECT_SSE2 0
+#endif
+
+namespace kvscout::detail {
+
+// ---- input checks ----------------------------------------------------------------------------
+
+/// Checks the shape and budget of a selector config. `budget_name` is the config field that
+/// holds the budget ("budget", "max_count").
+inline void check_selector_config(int num_seqs, int num_kv_heads, int stride, int capacity,
+                                  const char* budget_name, int budget, keep_set keep) {
+  KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
+  KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
+  KVSCOUT_EXPECTS(stride >= 0, "stride must be non-negative, got ", stride);
+  KVSCOUT_EXPECTS(capacity >= 0, "capacity must be non-negative, got ", capacity);
+  KVSCOUT_EXPECTS(keep.sinks >= 0, "keep.sinks must be non-negative, got ", keep.sinks);
+  KVSCOUT_EXPECTS(keep.recent >= 0, "keep.recent must be non-negative, got ", keep.recent);
+  KVSCOUT_EXPECTS(budget >= 1, budget_name, " must be at least 1, got ", budget);
+  KVSCOUT_EXPECTS(budget <= capacity, budget_name, " ", budget,
+                  " is larger than the destination capacity ", capacity,
+                  " (tokens per (sequence, kv_head) the selection buffers hold)");
+  KVSCOUT_EXPECTS(static_cast<long long>(keep.sinks) + keep.recent <= budget, budget_name, " ",
+                  budget, " is smaller than the keep-set it includes: sinks ", keep.sinks,
+                  " + recent ", keep.recent);
+}
+
+/// Checks scores and output buffers against a config's shape, every size and pointer, and
+/// every sequence length, before anything is written.
+inline void check_selector_views(int num_seqs, int num_kv_heads, int stride, int capacity,
+                                 const score_view<host_space>& scores,
+                                 const selection_buffers<host_space>& out) {
+  KVSCOUT_EXPECTS(
+      scores.num_seqs == num_seqs && scores.num_kv_heads == num_kv_heads && scores.stride == stride,
+      "score view shape [num_seqs, num_kv_heads, stride] = [", scores.num_seqs, ", ",
+      scores.num_kv_heads, ", ", scores.stride, "] differs from the config's [", num_seqs, ", ",
+      num_kv_heads, ", ", stride, "]");
+  KVSCOUT_EXPECTS(
+      out.num_seqs == num_seqs && out.num_kv_heads == num_kv_heads && out.capacity == capacity,
+      "selection buffers shape [num_seqs, num_kv_heads, capacity] = [", out.num_seqs, ", ",
+      out.num_kv_heads, ", ", out.capacity, "] differs from the config's [", num_seqs, ", ",
+      num_kv_heads, ", ", capacity, "]");
+  const std::size_t rows = static_cast<std::size_t>(num_seqs) * num_kv_heads;
+  const std::size_t score_need = rows * static_cast<std::size_t>(stride);
+  const std::size_t index_need = rows * static_cast<std::size_t>(capacity);
+  const std::size_t seqs = static_cast<std::size_t>(num_seqs);
+  KVSCOUT_EXPECTS(scores.scores.data() != nullptr || score_need == 0, "scores is null");
+  KVSCOUT_EXPECTS(scores.scores.size() >= score_need, "scores holds ", scores.scores.size(),
+                  " floats, expected at least num_seqs * num_kv_heads * stride = ", score_need);
+  KVSCOUT_EXPECTS(scores.seq_lens.data() != nullptr || seqs == 0, "seq_lens is null");
+  KVSCOUT_EXPECTS(scores.seq_lens.size() >= seqs, "seq_lens holds ", scores.seq_lens.size(),
+                  " entries, expected at least num_seqs = ", seqs);
+  KVSCOUT_EXPECTS(out.indices.data() != nullptr || index_need == 0, "selection indices is null");
+  KVSCOUT_EXPECTS(out.indices.size() >= index_need, "selection indices holds ", out.indices.size(),
+                  " entries, expected at least num_seqs * num_kv_heads * ",
+                  "capacity = ", index_need);
+  KVSCOUT_EXPECTS(out.counts.data() != nullptr || rows == 0, "selection counts is null");
+  KVSCOUT_EXPECTS(out.counts.size() >= rows, "selection counts holds ", out.counts.size(),
+                  " entries, expected at least num_seqs * num_kv_heads = ", rows);
+  for (int s = 0; s < num_seqs; ++s) {
+    const int len = scores.seq_lens[static_cast<std::size_t>(s)];
+    KVSCOUT_EXPECTS(len >= 0 && len <= stride, "seq_lens[", s, "] = ", len,
+                    " is outside [0, stride = ", stride, "]");
+  }
+}
+
+/// Checks a caller-owned workspace and returns it as 32-bit words.
+inline std::uint32_t* workspace_words(host_span<std::byte> workspace, std::size_t need) {
+  KVSCOUT_EXPECTS(workspace.size() >= need, "workspace holds ", workspace.size(),
+                  " bytes, expected at least workspace_bytes(config) = ", need);
+  KVSCOUT_EXPECTS(workspace.data() != nullptr || need == 0, "workspace is null");
+  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(std::uint32_t) == 0,
+                  "workspace must be ", alignof(std::uint32_t), "-byte aligned");
+  return reinterpret_cast<std::uint32_t*>(workspace.data());
+}
+
+// ---- per-row workspace and output ------------------------------------------------------------
+
+inline constexpr int sample_max = 2048;  // sampled scores per row at most
+inline constexpr int sample_min = 128;   // fewer would not bound k well enough to pay off
+
+/// Workspace of the host selectors, in 32-bit words: what one row needs (rows run one after
+/// another).
+struct row_workspace {
+  std::uint32_t* hist;   // [radix_buckets + 1]
+  std::uint32_t* keys;   // [sample_max]  the sampled scores' keys
+  std::int32_t* pos;     // [stride]      radix candidates (a sample has at most stride / 16)
+  std::int32_t* cand;    // [stride]      a row's candidate token indices
+  std::uint32_t* ckeys;  // [stride]      their score keys
+
+  static std::size_t words(int stride) {
+    return static_cast<std::size_t>(radix_buckets) + 1 + sample_max +
+           3 * static_cast<std::size_t>(stride);
+  }
+  static row_workspace carve(std::uint32_t* w, int stride) {
+    row_workspace ws{};
+    ws.hist = w;
+    ws.keys = ws.hist + radix_buckets + 1;
+    ws.pos = reinterpret_cast<std::int32_t*>(ws.keys + sample_max);
+    ws.cand = ws.pos + stride;
+    ws.ckeys = reinterpret_cast<std::uint32_t*>(ws.cand + stride);
+    return ws;
+  }
+};
+
+/// Writes the positions begin, begin + 1, ..., end - 1 to out; returns how many.
+inline int emit_range(int begin, int end, std::int32_t* out) {
+  for (int t = begin; t < end; ++t) out[t - begin] = t;
+  return end > begin ? end - begin : 0;
+}
+
+// ---- row scans ---------------------------------------------------------------------------------
+
+/// Whether the scans below use SSE2 by default.
+inline constexpr bool select_simd = KVSCOUT_SELECT_SSE2 != 0;
+
+/// The largest non-NaN of p[0, n) and init.
+template <bool Simd = select_simd>
+float max_of(const float* p, int n, float init) {
+  int i = 0;
+  float m = init;
+#if KVSCOUT_SELECT_SSE2
+  if constexpr (Simd) {
+    // _mm_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
+    __m128 a0 = _mm_set1_ps(init), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 16 <= n; i += 16) {
+      a0 = _mm_max_ps(_mm_loadu_ps(p + i), a0);
+      a1 = _mm_max_ps(_mm_loadu_ps(p + i + 4), a1);
+      a2 = _mm_max_ps(_mm_loadu_ps(p + i + 8), a2);
+      a3 = _mm_max_ps(_mm_loadu_ps(p + i + 12), a3);
+    }
+    a0 = _mm_max_ps(_mm_max_ps(a0, a1), _mm_max_ps(a2, a3));
+    a0 = _mm_max_ps(a0, _mm_shuffle_ps(a0, a0, 0x4e));
+    a0 = _mm_max_ps(a0, _mm_shuffle_ps(a0, a0, 0xb1));
+    m = _mm_cvtss_f32(a0);
+  }
+#endif
+  for (; i < n; ++i) m = p[i] > m ? p[i] : m;
+  return m;
+}
+
+/// How many of p[0, n) are >= bound (NaN never is).
+template <bool Simd = select_simd>
+int count_at_least(const float* p, int n, float bound) {
+  int i = 0;
+  int c = 0;
+#if KVSCOUT_SELECT_SSE2
+  if constexpr (Simd) {
+    const __m128 b = _mm_set1_ps(bound);
+    // A true compare is all ones = -1: subtracting it counts.
+    __m128i c0 = _mm_setzero_si128(), c1 = c0, c2 = c0, c3 = c0;
+    for (; i + 16 <= n; i += 16) {
+      c0 = _mm_sub_epi32(c0, _mm_castps_si128(_mm_cmpge_ps(_mm_loadu_ps(p + i), b)));
+      c1 = _mm_sub_epi32(c1, _mm_castps_si128(_mm_cmpge_ps(_mm_loadu_ps(p + i + 4), b)));
+      c2 = _mm_sub_epi32(c2, _mm_castps_si128(_mm_cmpge_ps(_mm_loadu_ps(p + i + 8), b)));
+      c3 = _mm_sub_epi32(c3, _mm_castps_si128(_mm_cmpge_ps(_mm_loadu_ps(p + i + 12), b)));
+    }
+    alignas(16) std::int32_t lanes[4];
+    _mm_store_si128(reinterpret_cast<__m128i*>(lanes),
+                    _mm_add_epi32(_mm_add_epi32(c0, c1), _mm_add_epi32(c2, c3)));
+    c = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  }
+#endif
+  for (; i < n; ++i) c += static_cast<int>(p[i] >= bound);
+  return c;
+}
+
+#if KVSCOUT_SELECT_SSE2
+/// For a 4-bit compare mask: the lanes that passed, packed to the front, and how many.
+struct compress_table {
+  alignas(16) std::int32_t lanes[16][4];
+  std::int32_t count[16];
+  constexpr compress_table() : lanes{}, count{} {
+    for (int m = 0; m < 16; ++m) {
+      int c = 0;
+      for (int j = 0; j < 4; ++j)
+        if ((m >> j) & 1) lanes[m][c++] = j;
+      count[m] = c;
+    }
+  }
+};
+inline constexpr compress_table compress_lut{};
+
+/// Appends first + i for the lanes i of mask (4 bits, positions base .. base + 3) at out + c:
+/// one 16-byte store instead of four conditional ones. Writes out[c, c + 4).
+inline int compress_store(int mask, __m128i base, std::int32_t* out, int c) {
+  const __m128i lanes = _mm_load_si128(reinterpret_cast<const __m128i*>(compress_lut.lanes[mask]));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), _mm_add_epi32(base, lanes));
+  return c + compress_lut.count[mask];
+}
+
+/// Appends the positions of the 16 floats x[0..3] (4 lanes each, positions first ..
+/// first + 15) that are >= bound; returns the new count.
+inline int compress_block(const __m128 (&x)[4], int first, __m128 bound, std::int32_t* out, int c) {
+  const __m128i four = _mm_set1_epi32(4);
+  __m128i base = _mm_set1_epi32(first);
+  for (int q = 0; q < 4; ++q) {
+    c = compress_store(_mm_movemask_ps(_mm_cmpge_ps(x[q], bound)), base, out, c);
+    base = _mm_add_epi32(base, four);
+  }
+  return c;
+}
+
+inline float horizontal_max(__m128 v) {
+  v = _mm_max_ps(v, _mm_shuffle_ps(v, v, 0x4e));
+  v = _mm_max_ps(v, _mm_shuffle_ps(v, v, 0xb1));
+  return _mm_cvtss_f32(v);
+}
+#endif
+
+/// Writes first + i for every i in [0, n) with p[i] >= bound, ascending, to out; returns how
+/// many. Writes only out[0, n).
+template <bool Simd = select_simd>
+int compact_at_least(const float* p, int n, int first, float bound, std::int32_t* out) {
+  int i = 0;
+  int c = 0;
+#if KVSCOUT_SELECT_SSE2
+  if constexpr (Simd) {
+    const __m128 b = _mm_set1_ps(bound);
+    // Block i writes at most out[c, c + 16) with c <= i, inside out[0, n).
+    for (; i + 16 <= n; i += 16) {
+      const __m128 x[4] = {_mm_loadu_ps(p + i), _mm_loadu_ps(p + i + 4), _mm_loadu_ps(p + i + 8),
+                           _mm_loadu_ps(p + i + 12)};
+      c = compress_block(x, first + i, b, out, c);
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    out[c] = first + i;
+    c += static_cast<int>(p[i] >= bound);
+  }
+  return c;
+}
+
+/// One pass over p[0, n) that both finds the maximum and keeps every token that can still be a
+/// candidate: p[i] >= max(lower, threshold_floor(running max, alpha)), the running max taken
+/// at the start of each group of 64 scores (so that its reduction is paid once per 64). It only
+/// grows, so every token >= max(lower, threshold_floor(final max, alpha)) is kept (and some
+/// below, which the caller filters out). `rm` is the running max in and out (NaN ignored).
+/// Writes first + i ascending to out[0, n); returns how many. Both versions keep the same list.
+/// `limit`: give up and return -1 as soon as more than `limit` positions are kept (checked once
+/// per group; out and rm are then unspecified), for callers that only want a short list.
+template <bool Simd = select_simd>
+int collect_candidates(const float* p, int n, int first, float lower, float alpha, float& rm,
+                       std::int32_t* out, int limit = INT_MAX) {
+  constexpr int group = 64;
+  int i = 0;
+  int c = 0;
+  float m = rm;
+  float bound = lower;
+#if KVSCOUT_SELECT_SSE2
+  if constexpr (Simd) {
+    // Four running maxima, one per vector of a 16-score block: the only loop-carried chain is
+    // one max per block. _mm_max_ps(x, acc) returns acc where x is NaN: they never hold a NaN.
+    __m128 acc[4] = {_mm_set1_ps(m), _mm_set1_ps(m), _mm_set1_ps(m), _mm_set1_ps(m)};
+    __m128 bv = _mm_set1_ps(bound);
+    for (; i + 16 <= n; i += 16) {
+      if (i % group == 0) {
+        if (c > limit) return -1;
+        m = horizontal_max(_mm_max_ps(_mm_max_ps(acc[0], acc[1]), _mm_max_ps(acc[2], acc[3])));
+        const float f = threshold_floor(m, alpha);
+        bound = f > lower ? f : lower;
+        bv = _mm_set1_ps(bound);
+      }
+      const __m128 x[4] = {_mm_loadu_ps(p + i), _mm_loadu_ps(p + i + 4), _mm_loadu_ps(p + i + 8),
+                           _mm_loadu_ps(p + i + 12)};
+      // Most blocks of a peaked row hold no candidate: one test of the OR of the four compares
+      // skips the compaction. (Not a max of the block: _mm_max_ps would let a NaN lane hide a
+      // candidate; a NaN compares false, as it must.)
+      const __m128 any = _mm_or_ps(_mm_or_ps(_mm_cmpge_ps(x[0], bv), _mm_cmpge_ps(x[1], bv)),
+                                   _mm_or_ps(_mm_cmpge_ps(x[2], bv), _mm_cmpge_ps(x[3], bv)));
+      if (_mm_movemask_ps(any) != 0) c = compress_block(x, first + i, bv, out, c);
+      for (int q = 0; q < 4; ++q) acc[q] = _mm_max_ps(x[q], acc[q]);
+    }
+    m = horizontal_max(_mm_max_ps(_mm_max_ps(acc[0], acc[1]), _mm_max_ps(acc[2], acc[3])));
+  }
+#endif
+  for (; i < n; ++i) {
+    if (i % group == 0) {
+      if (c > limit) return -1;
+      const float f = threshold_floor(m, alpha);
+      bound = f > lower ? f : lower;
+    }
+    out[c] = first + i;
+    c += static_cast<int>(p[i] >= bound);
+    m = p[i] > m ? p[i] : m;
+  }
+  rm = m;
+  return c;
+}
+
+/// Keeps the positions t of list[0, n) whose score key is >= lo (for a score `bound`,
+/// score_key(bound): the scores >= bound), in order; writes their keys to keys[0, count) and
+/// counts their digit d into hist (pre-zeroed, 1 << d.bits counters and one more that takes the
+/// dropped positions), so that radix select can start from it; returns how many.
+inline int filter_and_count(const float* row, std::int32_t* list, int n, std::uint32_t lo,
+                            radix_digit d, std::uint32_t* keys, std::uint32_t* hist) {
+  const std::uint32_t dropped = std::uint32_t{1} << d.bits;
+  int c = 0;
+  for (int i = 0; i < n; ++i) {
+    const std::int32_t t = list[i];
+    const std::uint32_t key = score_key(row[t]);
+    const bool keep = key >= lo;
+    list[c] = t;
+    keys[c] = key;
+    c += static_cast<int>(keep);
+    ++hist[keep ? d.of(key) : dropped];
+  }
+  return c;
+}
+
+/// A score L such that, very likely, at least k of p[0, n) are >= L and not many more than k:
+/// the score of rank k * S / n + 3.5 standard deviations + 4 in a stratified sample of S
+/// scores (one from each of S equal segments, at a hashed offset). S ~ (n / 2)^(2/3) balances
+/// the sample's cost against that of the extra candidates a looser bound lets through (about
+/// 3.5 n sqrt(k / n / S)). -inf where no such bound helps (short rows, k close to n, NaN-heavy
+/// samples). Workspace: keys [sample_max], hist, pos [sample_max].
+inline float sample_lower_bound(const float* p, int n, int k, std::uint32_t* keys,
+                                std::uint32_t* hist, std::int32_t* pos) {
+  constexpr float none = -INFINITY;
+  const double balanced = std::cbrt(0.25 * static_cast<double>(n) * n);
+  const int samples = static_cast<int>(balanced < sample_max ? balanced : sample_max);
+  if (samples < sample_min || n / samples < 16) return none;
+  const double share = static_cast<double>(k) / n;
+  const double expect = share * samples;
+  const double rank = std::ceil(expect + 3.5 * std::sqrt(expect * (1.0 - share)) + 4.0);
+  if (rank >= 0.5 * samples) return none;  // would keep half the row: not worth a sample
+  const int segment = n / samples;
+  for (int j = 0; j < samples; ++j) {
+    // A hashed offset in [0, segment): 16 bits of a Fibonacci hash, scaled (no division).
+    const std::uint64_t h = (static_cast<std::uint32_t>(j) * 2654435761u) >> 16;
+    const int offset = static_cast<int>((h * static_cast<std::uint64_t>(segment)) >> 16);
+    keys[j] = score_key(p[j * segment + offset]);
+  }
+  const radix_cut cut = radix_select_host([keys](int i) { return keys[i]; }, samples,
+                                          static_cast<int>(rank), hist, pos);
+  return cut.key == 0 ? none : score_from_key(cut.key);
+}
+
+// ---- the best k of a range ---------------------------------------------------------------------
+
+/// The best k of row[begin, end) (NaN ignored, ties to the lowest index), ascending, to out;
+/// returns how many (fewer than k only where NaNs leave fewer). Workspace: hist [radix_buckets],
+/// pos [end - begin].
+inline int take_best_host(const float* row, int begin, int end, int k, std::uint32_t* hist,
+                          std::int32_t* pos, std::int32_t* out) {
+  const int n = end - begin;
+  if (n <= 0 || k <= 0) return 0;
+  const float* p = row + begin;
+  const radix_cut cut = radix_select_host([p](int i) { return score_key(p[i]); }, n, k, hist, pos);
+  // Emission into pos (free again; entry c <= i is written at step i, whether taken or not), so
+  // nothing past the count reaches out.
+  int ties = cut.ties;
+  int c = 0;
+  for (int i = 0; i < n; ++i) {
+    pos[c] = begin + i;
+    c += static_cast<int>(radix_take(score_key(p[i]), cut, ties));
+  }
+  std::memcpy(out, pos, sizeof(std::int32_t) * static_cast<std::size_t>(c));
+  return c;
+}
+
+/// Among the tokens [a, a + n) of a row: the candidates, scores >= threshold_floor(m, alpha)
+/// where m is the largest non-NaN score of the range and of rm (alpha = +inf: every non-NaN
+/// token), and the best k of them where there are more (ties to the lowest index). `lower` is
+/// any score, a hint that about k tokens reach it (from sample_lower_bound; -inf for none): the
+/// result is exact whatever it is, only the time depends on it. Writes the chosen token indices
+/// ascending to out; returns how many. Workspace: hist, pos, cand, ckeys of a row_workspace.
+inline int best_above_floor(const float* row, int a, int n, int k, float alpha, float rm,
+                            float lower, const row_workspace& ws, std::int32_t* out) {
+  const float* p = row + a;
+  std::int32_t* cand = ws.cand;
+  std::uint32_t* keys = ws.ckeys;
+  if (!(lower > -INFINITY)) lower = -INFINITY;  // a NaN hint is no hint
+  float m = rm;
+  int c = collect_candidates(p, n, a, lower, alpha, m, cand);
+  const float floor = threshold_floor(m, alpha);
+  // Every candidate's key lies in [lo, hi]: plan the radix digits on that range, and count the
+  // first one while dropping what a lower running maximum let in (the list is then every
+  // token >= max(lower, floor)).
+  std::uint32_t lo = score_key(lower > floor ? lower : floor);
+  const std::uint32_t hi = score_key(m);
+  int top = radix_significant_bits(lo, hi);
+  std::memset(ws.hist, 0, sizeof(std::uint32_t) * (radix_buckets + 1));
+  c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo), keys, ws.hist);
+  if (lower > floor && c < k) {
+    // The hint was too high: fewer than k tokens reach it, yet more than c may be candidates.
+    // Redo the row with the exact floor.
+    lo = score_key(floor);
+    top = radix_significant_bits(lo, hi);
+    std::memset(ws.hist, 0, sizeof(std::uint32_t) * (radix_buckets + 1));
+    c = compact_at_least(p, n, a, floor, cand);
+    c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo), keys, ws.hist);
+  }
+  if (c > k) {
+    // More candidates than slots: the best k of them. Every token equal to the k-th score is in
+    // the list, so ties still go to the lowest indices.
+    const radix_cut cut = top == 0 ? radix_cut_at(lo, k)  // all candidates score the same
+                                   : radix_select_counted([keys](int i) { return keys[i]; }, c, k,
+                                                          ws.hist, ws.pos, top, lo);
+    int ties = cut.ties;
+    int kept = 0;
+    for (int i = 0; i < c; ++i) {
+      cand[kept] = cand[i];
+      kept += static_cast<int>(radix_take(keys[i], cut, ties));
+    }
+    c = kept;
+  }
+  std::memcpy(out, cand, sizeof(std::int32_t) * static_cast<std::size_t>(c));
+  return c;
+}
+
+/// The best k non-NaN tokens of [a, a + n) of a row (ties to the lowest index), ascending, to
+/// out; returns how many. Long rows go through a sampled bound (best_above_floor with alpha =
+/// +inf), short ones straight to radix select.
+inline int best_of_range(const float* row, int a, int n, int k, const row_workspace& ws,
+                         std::int32_t* out) {
+  if (n <= 0 || k <= 0) return 0;
+  if (k >= n) {
+    const int c = compact_at_least(row + a, n, a, -INFINITY, ws.cand);  // every non-NaN
+    std::memcpy(out, ws.cand, sizeof(std::int32_t) * static_cast<std::size_t>(c));
+    return c;
+  }
+  const float lower = sample_lower_bound(row + a, n, k, ws.keys, ws.hist, ws.pos);
+  if (lower > -INFINITY) return best_above_floor(row, a, n, k, INFINITY, -INFINITY, lower, ws, out);
+  return take_best_host(row, a, a + n, k, ws.hist, ws.pos, out);
+}
+
+}  // namespace kvscout::detail

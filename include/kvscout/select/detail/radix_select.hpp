@@ -1,0 +1,200 @@
+#pragma once
+// Exact selection of the k best keys of a row by radix select (no sort, no nth_element).
+//
+// Keys are score_key() values: 32 bits, larger is better, 0 = NaN = never chosen. The bits the
+// keys can differ in are read as digits of at most 11 bits (2048 buckets), most significant
+// first. A pass counts one digit of the remaining candidates into a histogram; walking it from
+// the top bucket down finds the bucket that holds the k-th best key, and only that bucket's
+// candidates go on to the next digit. After the last digit the k-th key is known exactly, and
+// so is how many of the keys equal to it still have to be taken. A caller that knows bounds
+// [key_lo, key_hi] of its keys passes them: the digits are then those of key - key_lo, which
+// spread keys from a narrow range of scores over all the buckets (they would otherwise fall into
+// a few, the counts would serialise on them and more passes would be needed).
+//
+// The result, a radix_cut, selects: every key > cut.key, and the first cut.ties keys equal to
+// cut.key in row order. Ties at the boundary therefore go to the lowest positions, and emitting
+// the selection in ascending position order is one scan (radix_take). Fewer than k non-NaN keys:
+// the cut takes every non-NaN key ({key = 0, ties = 0}).
+//
+//   std::uint32_t hist[kvscout::detail::radix_buckets];
+//   std::vector<std::int32_t> pos(n);                         // workspace: candidate positions
+//   auto cut = kvscout::detail::radix_select_host(
+//       [&](int i) { return kvscout::score_key(row[i]); }, n, k, hist, pos.data());
+//   int ties = cut.ties, count = 0;
+//   for (int i = 0; i < n; ++i)
+//     if (kvscout::detail::radix_take(kvscout::score_key(row[i]), cut, ties)) out[count++] = i;
+//
+// The digit plan, the take rule and the bucket walk are KVSCOUT_HOST_DEVICE so that a CUDA radix
+// select (block-wide histograms) computes the same cut.
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kvscout/core/config.hpp"
+#include "kvscout/select/concepts.hpp"
+
+namespace kvscout::detail {
+
+inline constexpr int radix_bits = 11;
+inline constexpr int radix_buckets = 1 << radix_bits;  // counters of one histogram
+
+/// How many low bits the offsets key - lo of keys in [lo, hi] occupy: 0 to 32.
+KVSCOUT_HOST_DEVICE int radix_significant_bits(std::uint32_t lo, std::uint32_t hi) {
+  const std::uint32_t range = hi - lo;
+#if KVSCOUT_DEVICE_PASS
+  return 32 - __clz(static_cast<int>(range));
+#else
+  return 32 - std::countl_zero(range);
+#endif
+}
+
+/// Digit `pass` (0 = most significant) of offsets of `top` significant bits: bits
+/// [shift, shift + bits) of key - base.
+struct radix_digit {
+  int shift;
+  int bits;
+  std::uint32_t base;
+
+  KVSCOUT_HOST_DEVICE std::uint32_t of(std::uint32_t key) const {
+    return ((key - base) >> shift) & ((std::uint32_t{1} << bits) - 1u);
+  }
+};
+KVSCOUT_HOST_DEVICE radix_digit radix_plan(int top, int pass, std::uint32_t base) {
+  const int hi = top - radix_bits * pass;
+  const int lo = hi > radix_bits ? hi - radix_bits : 0;
+  return {lo, hi - lo, base};
+}
+/// Passes a plan for `top` significant bits needs.
+KVSCOUT_HOST_DEVICE int radix_passes(int top) { return (top + radix_bits - 1) / radix_bits; }
+
+/// What a selection takes: keys > key, and the first `ties` keys == key.
+struct radix_cut {
+  std::uint32_t key;
+  int ties;
+};
+
+/// Takes nothing (UINT32_MAX is never a score key).
+KVSCOUT_HOST_DEVICE radix_cut radix_cut_none() { return {0xffffffffu, 0}; }
+/// Takes every non-NaN key.
+KVSCOUT_HOST_DEVICE radix_cut radix_cut_all() { return {0u, 0}; }
+/// Takes `ties` keys equal to `key` and all above; key 0 (NaN) is never taken.
+KVSCOUT_HOST_DEVICE radix_cut radix_cut_at(std::uint32_t key, int ties) {
+  return key == 0 ? radix_cut_all() : radix_cut{key, ties};
+}
+
+/// Whether the next key in row order is taken; `ties_left` starts at cut.ties.
+KVSCOUT_HOST_DEVICE bool radix_take(std::uint32_t key, radix_cut cut, int& ties_left) {
+  if (key == cut.key) [[unlikely]] {
+    // Keys equal to the cut are rare in real scores: a branch here keeps the tie count off the
+    // path of every other key (a branch-free version would chain every key through it).
+    const bool tie = ties_left > 0;
+    ties_left -= static_cast<int>(tie);
+    return tie;
+  }
+  return key > cut.key;
+}
+
+/// The bucket of a histogram that holds the k-th largest entry (1-based k), walking down from
+/// the top, and the rank of that entry inside the bucket (k minus the entries of the buckets
+/// above). k must be in [1, sum of hist].
+struct radix_bucket {
+  int bucket;
+  int k;
+};
+KVSCOUT_HOST_DEVICE radix_bucket radix_find_bucket(const std::uint32_t* hist, int buckets, int k) {
+  // Whole groups of 16 buckets first (their sums vectorise): most buckets of a small candidate
+  // list are empty, and a walk one bucket at a time would cost more than the counting.
+  constexpr int group = 16;
+  int b = buckets - 1;
+  while (b + 1 >= 2 * group) {
+    int sum = 0;
+    for (int j = 0; j < group; ++j) sum += static_cast<int>(hist[b - j]);
+    if (k <= sum) break;
+    k -= sum;
+    b -= group;
+  }
+  for (; b > 0; --b) {
+    const int c = static_cast<int>(hist[b]);
+    if (k <= c) break;
+    k -= c;
+  }
+  return {b, k};
+}
+
+/// The rest of radix_select_host, given the histogram of digit 0 of every key (see
+/// radix_select_host): callers that read every key anyway count it on the way.
+template <class KeyAt>
+radix_cut radix_select_counted(KeyAt&& key_at, int n, int k, std::uint32_t* hist, std::int32_t* pos,
+                               int top, std::uint32_t base) {
+  const int passes = radix_passes(top);
+  radix_digit d = radix_plan(top, 0, base);
+  radix_bucket rb = radix_find_bucket(hist, 1 << d.bits, k);
+  std::uint32_t prefix = static_cast<std::uint32_t>(rb.bucket) << d.shift;  // of key - base
+  int m = static_cast<int>(hist[rb.bucket]);
+  if (passes == 1) return radix_cut_at(base + prefix, rb.k);
+
+  // Second scan: keep the positions of that bucket only (branch-free compaction).
+  {
+    const std::uint32_t want = static_cast<std::uint32_t>(rb.bucket);
+    int c = 0;
+    for (int i = 0; i < n; ++i) {
+      pos[c] = i;
+      c += static_cast<int>(d.of(key_at(i)) == want);
+    }
+  }
+
+  for (int pass = 1; pass < passes; ++pass) {
+    // Short cut: the whole bucket is taken; the cut is its smallest key.
+    if (rb.k == m) {
+      std::uint32_t lo = 0xffffffffu;
+      for (int i = 0; i < m; ++i) {
+        const std::uint32_t key = key_at(pos[i]);
+        lo = key < lo ? key : lo;
+      }
+      int ties = 0;
+      for (int i = 0; i < m; ++i) ties += static_cast<int>(key_at(pos[i]) == lo);
+      return radix_cut_at(lo, ties);
+    }
+    d = radix_plan(top, pass, base);
+    std::memset(hist, 0, sizeof(std::uint32_t) << d.bits);
+    for (int i = 0; i < m; ++i) ++hist[d.of(key_at(pos[i]))];
+    rb = radix_find_bucket(hist, 1 << d.bits, rb.k);
+    prefix |= static_cast<std::uint32_t>(rb.bucket) << d.shift;
+    // After the last digit the candidates left equal the k-th key.
+    if (pass + 1 == passes) return radix_cut_at(base + prefix, rb.k);
+    const int next = static_cast<int>(hist[rb.bucket]);
+    if (next != m) {
+      const std::uint32_t want = static_cast<std::uint32_t>(rb.bucket);
+      int c = 0;
+      for (int i = 0; i < m; ++i) {
+        const std::int32_t p = pos[i];
+        pos[c] = p;
+        c += static_cast<int>(d.of(key_at(p)) == want);
+      }
+    }
+    m = next;
+  }
+  return radix_cut_all();  // not reached: the last pass returns
+}
+
+/// The cut for the k best of the n keys key_at(0), ..., key_at(n - 1) (an invocable int ->
+/// uint32_t, called a few times per position), all of them in [key_lo, key_hi]. Workspace: hist
+/// holds radix_buckets counters, pos holds n positions (the candidates that survive the first
+/// digit). Cost: two scans of the keys, then scans of the surviving candidates only.
+template <class KeyAt>
+radix_cut radix_select_host(KeyAt&& key_at, int n, int k, std::uint32_t* hist, std::int32_t* pos,
+                            std::uint32_t key_lo = 0u, std::uint32_t key_hi = 0xffffffffu) {
+  if (k <= 0 || n <= 0) return radix_cut_none();
+  if (k >= n) return radix_cut_all();
+  const int top = radix_significant_bits(key_lo, key_hi);
+  if (top == 0) return radix_cut_at(key_lo, k);  // all keys are equal
+  // First scan: histogram of digit 0.
+  const radix_digit d = radix_plan(top, 0, key_lo);
+  std::memset(hist, 0, sizeof(std::uint32_t) << d.bits);
+  for (int i = 0; i < n; ++i) ++hist[d.of(key_at(i))];
+  return radix_select_counted(key_at, n, k, hist, pos, top, key_lo);
+}
+
+}  // namespace kvscout::detail

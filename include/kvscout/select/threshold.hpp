@@ -1,0 +1,221 @@
+#pragma once
+// Threshold selector on the host: per (sequence, kv_head), the keep-set and the tokens whose
+// score is within alpha of the row's maximum, capped at max_count tokens in all (InfiniGen's
+// "max - alpha" rule, with its cap).
+//
+//   kvscout::threshold_selector_host::config cfg{
+//       .num_seqs = 1, .num_kv_heads = 8, .stride = 4096, .capacity = 512, .alpha = 4.f,
+//       .max_count = 512, .rule = kvscout::threshold_rule::per_head,
+//       .keep = {.sinks = 4, .recent = 64}};
+//   std::vector<std::byte> ws(kvscout::threshold_selector_host::workspace_bytes(cfg));
+//   kvscout::threshold_selector_host sel(cfg, {ws.data(), ws.size()});
+//   sel.select(scores, out);  // score_view<host_space>, selection_buffers<host_space>
+//
+// Semantics, per row (s, h) of length len = seq_lens[s], keep-set K (select/concepts.hpp; always
+// selected, NaN included), k = max_count - |K| slots for the other tokens:
+//   m      = the largest non-NaN score of the row, keep-set included (-inf if none)
+//   floor  = m - alpha in float arithmetic; -inf when alpha = +inf (threshold_floor)
+//   candidates = the tokens outside K with score >= floor (so the maximum itself qualifies, also
+//            when m = +inf; when m = -inf every non-NaN token does; NaN never does)
+//   per_head:       each row takes K and its candidates; where there are more than k, the best k
+//                   of them (largest score, ties to the lowest token index).
+//   infinigen_mean: n = floor(mean over the rows with len > 0 of their candidate counts); every
+//                   row takes K and the best min(n, k) tokens outside K by score (not only its
+//                   own candidates; NaN ignored), as InfiniGen sizes one fetch for all heads.
+// max_count is a cap, not a quota: a short row (len <= max_count) still selects by threshold.
+// Output: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count; entries past
+// the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= max_count <=
+// capacity. select() validates every input before writing and allocates nothing.
+//
+// Cost, per_head: one vectorised pass over a row, plus scans of its candidates where the cap
+// binds: a strided sample of the row gives a lower bound L that about k + a few standard
+// deviations of tokens reach; the pass finds the row maximum and keeps only the tokens >=
+// max(L, running max - alpha); radix select picks the k among those (select/detail/
+// host_rows.hpp). If the sample misjudged, the row is redone exactly, so the result never
+// depends on the sample. infinigen_mean: two vectorised passes per row (maximum, count), then a
+// top-k per row. The workspace is about 12 * stride + 16 KiB bytes.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <ostream>
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/select/concepts.hpp"
+#include "kvscout/select/detail/host_rows.hpp"
+
+namespace kvscout {
+
+/// How the threshold selector turns per-row candidate counts into selections.
+enum class threshold_rule : int {
+  infinigen_mean = 0,  // every row takes the mean candidate count of all rows (InfiniGen)
+  per_head = 1,        // every row takes its own candidates, capped
+};
+
+inline std::ostream& operator<<(std::ostream& os, threshold_rule r) {
+  switch (r) {
+    case threshold_rule::infinigen_mean:
+      return os << "infinigen_mean";
+    case threshold_rule::per_head:
+      return os << "per_head";
+  }
+  return os << "threshold_rule(" << static_cast<int>(r) << ")";
+}
+
+namespace detail {
+
+/// One row of the per_head rule (semantics in the header comment); returns the count.
+inline int per_head_row(const float* row, int len, keep_set keep, int max_count, float alpha,
+                        const row_workspace& ws, std::int32_t* out) {
+  const keep_range kr = keep_bounds(keep, len);
+  const int a = kr.head_end;
+  const int n = kr.tail_begin - a;
+  const int k = max_count - kr.size(len);
+  // The keep-set's scores count for the maximum.
+  const float rm = max_of(row + kr.tail_begin, len - kr.tail_begin, max_of(row, a, -INFINITY));
+  int c = emit_range(0, a, out);
+  if (n > 0 && k > 0) {
+    if (n <= k) {
+      // Every candidate fits: the exact maximum first (a vector pass), then one compaction.
+      const float m = max_of(row + a, n, rm);
+      const int taken = compact_at_least(row + a, n, a, threshold_floor(m, alpha), ws.cand);
+      std::memcpy(out + c, ws.cand, sizeof(std::int32_t) * static_cast<std::size_t>(taken));
+      c += taken;
+    } else {
+      // Peaked rows (attention logits) have few candidates: one pass collects them with the
+      // running maximum, and if no more than k survive the final floor they are the answer.
+      // Flat rows overflow the short list early and take the sampled path below.
+      float m = rm;
+      // The short list is worth it only while it stays short: give up past 2048 (or k).
+      const int limit = k < 2048 ? k : 2048;
+      int got = collect_candidates(row + a, n, a, -INFINITY, alpha, m, ws.cand, limit);
+      if (got >= 0) {
+        const float floor = threshold_floor(m, alpha);
+        int kept = 0;
+        for (int i = 0; i < got; ++i) {
+          const std::int32_t t = ws.cand[i];
+          ws.cand[kept] = t;
+          kept += static_cast<int>(row[t] >= floor);
+        }
+        if (kept <= limit) {
+          std::memcpy(out + c, ws.cand, sizeof(std::int32_t) * static_cast<std::size_t>(kept));
+          return c + kept + emit_range(kr.tail_begin, len, out + c + kept);
+        }
+      }
+      const float lower = sample_lower_bound(row + a, n, k, ws.keys, ws.hist, ws.pos);
+      c += best_above_floor(row, a, n, k, alpha, rm, lower, ws, out + c);
+    }
+  }
+  return c + emit_range(kr.tail_begin, len, out + c);
+}
+
+}  // namespace detail
+
+class threshold_selector_host {
+ public:
+  struct config {
+    int num_seqs = 0;
+    int num_kv_heads = 0;
+    int stride = 0;     // score row stride: tokens per row, >= every seq_lens[s]
+    int capacity = 0;   // index slots per (sequence, kv_head) in the selection buffers
+    float alpha = 0.f;  // candidates score >= row max - alpha; >= 0, +inf admits all
+    int max_count = 0;  // most tokens selected per (sequence, kv_head), keep-set included
+    threshold_rule rule = threshold_rule::per_head;
+    keep_set keep{};
+  };
+  using config_type = config;
+  using memory_space = host_space;
+
+  /// Workspace: a radix histogram, a score sample, candidate lists of one row (about
+  /// 12 * stride + 16 KiB bytes).
+  static std::size_t workspace_bytes(const config& cfg) {
+    check_config(cfg);
+    return sizeof(std::uint32_t) * detail::row_workspace::words(cfg.stride);
+  }
+
+  threshold_selector_host(const config& cfg, host_span<std::byte> workspace)
+      : cfg_(cfg),
+        ws_(detail::row_workspace::carve(detail::workspace_words(workspace, workspace_bytes(cfg)),
+                                         cfg.stride)) {}
+
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+
+  /// Writes the selection of every (sequence, kv_head) row to out (see the header comment).
+  void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out) {
+    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
+                                 scores, out);
+    if (cfg_.rule == threshold_rule::per_head) {
+      select_per_head(scores, out);
+    } else {
+      select_infinigen_mean(scores, out);
+    }
+  }
+
+ private:
+  static void check_config(const config& cfg) {
+    detail::check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
+                                  "max_count", cfg.max_count, cfg.keep);
+    KVSCOUT_EXPECTS(cfg.alpha >= 0.f, "alpha must be a non-negative number, got ", cfg.alpha);
+    KVSCOUT_EXPECTS(
+        cfg.rule == threshold_rule::per_head || cfg.rule == threshold_rule::infinigen_mean, "rule ",
+        cfg.rule, " is not one of infinigen_mean, per_head");
+  }
+
+  void select_per_head(const score_view<host_space>& scores,
+                       const selection_buffers<host_space>& out) const {
+    for (int s = 0; s < cfg_.num_seqs; ++s) {
+      const int len = scores.seq_lens[static_cast<std::size_t>(s)];
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const std::size_t r = static_cast<std::size_t>(s) * cfg_.num_kv_heads + h;
+        out.counts[r] = detail::per_head_row(
+            scores.scores.data() + scores.row(s, h), len, cfg_.keep, cfg_.max_count, cfg_.alpha,
+            ws_, out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity));
+      }
+    }
+  }
+
+  void select_infinigen_mean(const score_view<host_space>& scores,
+                             const selection_buffers<host_space>& out) const {
+    // Pass 1: every row's candidate count (its maximum, then a count), for the mean.
+    long long total = 0;
+    long long rows = 0;
+    for (int s = 0; s < cfg_.num_seqs; ++s) {
+      const int len = scores.seq_lens[static_cast<std::size_t>(s)];
+      if (len == 0) continue;
+      const keep_range kr = keep_bounds(cfg_.keep, len);
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const float* row = scores.scores.data() + scores.row(s, h);
+        const float m = detail::max_of(row, len, -INFINITY);
+        total += detail::count_at_least(row + kr.head_end, kr.tail_begin - kr.head_end,
+                                        threshold_floor(m, cfg_.alpha));
+        ++rows;
+      }
+    }
+    const long long mean = rows > 0 ? total / rows : 0;
+    // Pass 2: every row takes the keep-set and its best min(mean, slots) other tokens.
+    for (int s = 0; s < cfg_.num_seqs; ++s) {
+      const int len = scores.seq_lens[static_cast<std::size_t>(s)];
+      const keep_range kr = keep_bounds(cfg_.keep, len);
+      const int slots = cfg_.max_count - kr.size(len);
+      const int k = mean < slots ? static_cast<int>(mean) : slots;
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const std::size_t r = static_cast<std::size_t>(s) * cfg_.num_kv_heads + h;
+        const float* row = scores.scores.data() + scores.row(s, h);
+        std::int32_t* o = out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
+        int c = detail::emit_range(0, kr.head_end, o);
+        c += detail::best_of_range(row, kr.head_end, kr.tail_begin - kr.head_end, k, ws_, o + c);
+        c += detail::emit_range(kr.tail_begin, len, o + c);
+        out.counts[r] = c;
+      }
+    }
+  }
+
+  config cfg_;
+  detail::row_workspace ws_;
+};
+
+static_assert(topk_selector<threshold_selector_host>);
+
+}  // namespace kvscout

@@ -1,0 +1,108 @@
+#pragma once
+// Exact top-k selector on the host: per (sequence, kv_head), the keep-set and the best-scoring
+// other tokens, `budget` tokens in all, written as ascending token indices.
+//
+//   kvscout::topk_selector_host::config cfg{.num_seqs = 1, .num_kv_heads = 8, .stride = 4096,
+//                                           .capacity = 512, .budget = 512,
+//                                           .keep = {.sinks = 4, .recent = 64}};
+//   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(cfg));
+//   kvscout::topk_selector_host topk(cfg, {ws.data(), ws.size()});
+//   topk.select(scores, out);  // score_view<host_space>, selection_buffers<host_space>
+//
+// Semantics, per row (s, h) of length len = seq_lens[s]:
+//   - len <= budget: all len tokens are selected.
+//   - otherwise: the keep-set (select/concepts.hpp: the first min(sinks, len) and the last
+//     min(recent, len) tokens, whatever their scores, NaN included) and the best
+//     budget - |keep| other tokens by score. Best = largest score; -inf is a legal (lowest)
+//     score and +inf the highest; ties at the boundary go to the lowest token indices.
+//   - NaN is ignored: a NaN score is never chosen by score, so a row with NaNs may select fewer
+//     than budget tokens.
+// Output: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count; entries past
+// the count are not written. Budget counts the keep-set: sinks + recent <= budget <= capacity.
+//
+// Exact without sorting: a sampled lower bound keeps a few more than k tokens in one vectorised
+// pass over a row, and radix select on order-preserving keys picks the k among them
+// (select/detail/host_rows.hpp, select/detail/radix_select.hpp); short rows go to radix select
+// directly. select() validates every input before writing anything, throws kvscout::error
+// naming the bad value, and allocates nothing.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/select/concepts.hpp"
+#include "kvscout/select/detail/host_rows.hpp"
+
+namespace kvscout {
+namespace detail {
+
+/// One row of top-k selection (semantics in the header comment); returns the count.
+inline int topk_row_host(const float* row, int len, keep_set keep, int budget,
+                         const row_workspace& ws, std::int32_t* out) {
+  if (len <= budget) return emit_range(0, len, out);
+  const keep_range kr = keep_bounds(keep, len);
+  int c = emit_range(0, kr.head_end, out);
+  c += best_of_range(row, kr.head_end, kr.tail_begin - kr.head_end, budget - kr.size(len), ws,
+                     out + c);
+  return c + emit_range(kr.tail_begin, len, out + c);
+}
+
+}  // namespace detail
+
+class topk_selector_host {
+ public:
+  struct config {
+    int num_seqs = 0;
+    int num_kv_heads = 0;
+    int stride = 0;    // score row stride: tokens per row, >= every seq_lens[s]
+    int capacity = 0;  // index slots per (sequence, kv_head) in the selection buffers
+    int budget = 0;    // tokens selected per (sequence, kv_head), keep-set included
+    keep_set keep{};
+  };
+  using config_type = config;
+  using memory_space = host_space;
+
+  /// Workspace: a radix histogram, a score sample, candidate lists of one row (about
+  /// 12 * stride + 16 KiB bytes).
+  static std::size_t workspace_bytes(const config& cfg) {
+    check_config(cfg);
+    return sizeof(std::uint32_t) * detail::row_workspace::words(cfg.stride);
+  }
+
+  topk_selector_host(const config& cfg, host_span<std::byte> workspace)
+      : cfg_(cfg),
+        ws_(detail::row_workspace::carve(detail::workspace_words(workspace, workspace_bytes(cfg)),
+                                         cfg.stride)) {}
+
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+
+  /// Writes the selection of every (sequence, kv_head) row to out (see the header comment).
+  void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out) {
+    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
+                                 scores, out);
+    for (int s = 0; s < cfg_.num_seqs; ++s) {
+      const int len = scores.seq_lens[static_cast<std::size_t>(s)];
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const std::size_t r = static_cast<std::size_t>(s) * cfg_.num_kv_heads + h;
+        out.counts[r] = detail::topk_row_host(
+            scores.scores.data() + scores.row(s, h), len, cfg_.keep, cfg_.budget, ws_,
+            out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity));
+      }
+    }
+  }
+
+ private:
+  static void check_config(const config& cfg) {
+    detail::check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
+                                  "budget", cfg.budget, cfg.keep);
+  }
+
+  config cfg_;
+  detail::row_workspace ws_;
+};
+
+static_assert(topk_selector<topk_selector_host>);
+
+}  // namespace kvscout

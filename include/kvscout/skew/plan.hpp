@@ -1,0 +1,351 @@
+#pragma once
+// A skew plan: how one (layer, kv head) turns a query and a key into the short partial vectors
+// whose dot product approximates the attention score (InfiniGen, OSDI'24). Built offline by
+// calibrate_skew (skew/calibrate.hpp, needs Eigen); this header needs no Eigen and is what decode
+// code includes.
+//
+// The plan holds an orthogonal D x D matrix A and a channel set S of r columns. Because A is
+// orthogonal, (q A) . (k A) = q . k exactly; skewing concentrates the query's energy in few
+// columns, so the partial dot product over S approximates the score:
+//     score(q, k) ~= sum_{i < r} q~[i] * pk[i],   q~ = (q A)[S],  pk = (k A)[S].
+// Where 1/sqrt(d) lives: nowhere in the plan. Partial queries and keys are unscaled; whoever
+// scores them (spec/) multiplies by 1/sqrt(head_dim), as attention does.
+//
+// RoPE models need the partial query rotated at the decoded position. Three modes:
+//   post_rope_skew   A from RoPE'd samples. q~ = RoPE_pos(W_head x + b) A[:, S]: the head's full
+//                    query projection is computed, rotated, then skewed. pk = RoPE_t(k) A[:, S].
+//   rope_planes      A = identity; S = whole RoPE planes (pairs of channels) with the largest
+//                    norm, r = 2 * planes. Only those r rows of W_Q are computed, then rotated
+//                    plane by plane. pk = RoPE_t(k) restricted to those channels. The partial
+//                    score is exactly the selected planes' share of the true RoPE'd q . k.
+//   pre_rope_folded  for models without RoPE: A folded into the weights, q~ = x . (W_head^T A_S)
+//                    + (b A)[S]; pk = k A[:, S] with the un-rotated key.
+//
+//   const kvscout::skew_plan& plan = plans[layer][kv_head];               // from calibrate_skew
+//   auto w = kvscout::make_partial_query_weights(plan, W_Q, b_Q, d_model, q_head);  // once
+//   std::vector<float> pk(plan.r), qp(plan.r);
+//   kvscout::project_key(plan, k_roped, pk.data());          // at prefill / append, per token
+//   kvscout::partial_query(w, x, pos, qp.data());            // at decode, per step
+//   float s = 0; for (int i = 0; i < plan.r; ++i) s += qp[i] * pk[i];   // then * 1/sqrt(D)
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/rope.hpp"
+#include "kvscout/core/span.hpp"
+
+namespace kvscout {
+
+/// How the partial query gets its position (see the header comment).
+enum class rope_mode : int { post_rope_skew = 0, rope_planes = 1, pre_rope_folded = 2 };
+
+inline const char* to_string(rope_mode m) noexcept {
+  switch (m) {
+    case rope_mode::post_rope_skew: return "post_rope_skew";
+    case rope_mode::rope_planes: return "rope_planes";
+    case rope_mode::pre_rope_folded: return "pre_rope_folded";
+  }
+  return "unknown rope_mode";
+}
+
+struct skew_options {
+  /// Partial dimension; 0 = default_partial_dim(head_dim). Must be in [1, head_dim]; even for
+  /// rope_planes (whole planes).
+  int r = 0;
+  /// Also rank columns (planes) by the keys' magnitude and mix those in. S keeps exactly r
+  /// channels: S is the first r distinct entries of q_1, k_1, q_2, k_2, ..., where q_t / k_t is the
+  /// column (plane) ranked t-th by sum |q'| / sum |k'| over the samples.
+  bool union_with_keys = false;
+  rope_mode mode = rope_mode::post_rope_skew;
+  /// RoPE of the model (post_rope_skew, rope_planes). head_dim 0 = the calibrated head_dim.
+  rope_config rope{};
+};
+
+/// Partial dimension used when none is given: head_dim / 4 rounded up to a multiple of 8 (eight
+/// halves = one 16-byte vector per partial key row), at most head_dim.
+/// 64 -> 16, 128 -> 32, 256 -> 64.
+inline int default_partial_dim(int head_dim) {
+  KVSCOUT_EXPECTS(head_dim > 0, "head_dim must be positive, got ", head_dim);
+  const int quarter = (head_dim + 3) / 4;
+  const int r = (quarter + 7) / 8 * 8;
+  return r < head_dim ? r : head_dim;
+}
+
+/// The calibrated result for one (layer, kv head).
+struct skew_plan {
+  rope_mode mode = rope_mode::post_rope_skew;
+  int head_dim = 0;
+  int r = 0;
+  /// RoPE of the model, head_dim filled in (unused by pre_rope_folded).
+  rope_config rope{};
+  /// [head_dim, head_dim] row-major, orthogonal; q' = q A, i.e. q'[j] = sum_d q[d] A[d * D + j].
+  /// Identity for rope_planes.
+  std::vector<float> A;
+  /// [r]: element i of a partial vector is channel channels[i] of the skewed vector q A.
+  /// post_rope_skew / pre_rope_folded: ascending. rope_planes: plane by plane,
+  /// (a_0, b_0, a_1, b_1, ...) of planes[0], planes[1], ..., the layout apply_rope_planes expects.
+  std::vector<int> channels;
+  /// [r / 2] ascending RoPE planes (rope_planes only; empty otherwise).
+  std::vector<int> planes;
+};
+
+namespace detail {
+
+/// O(1) consistency checks of a plan (sizes and ranges that decode code relies on).
+inline void check_plan(const skew_plan& p) {
+  KVSCOUT_EXPECTS(p.head_dim > 0, "skew_plan head_dim must be positive, got ", p.head_dim);
+  KVSCOUT_EXPECTS(p.r >= 1 && p.r <= p.head_dim, "skew_plan r = ", p.r,
+                  " must be in [1, head_dim = ", p.head_dim, "]");
+  KVSCOUT_EXPECTS(p.A.size() == static_cast<std::size_t>(p.head_dim) * p.head_dim,
+                  "skew_plan A has ", p.A.size(), " elements, expected head_dim^2 = ",
+                  static_cast<std::size_t>(p.head_dim) * p.head_dim);
+  KVSCOUT_EXPECTS(p.channels.size() == static_cast<std::size_t>(p.r), "skew_plan has ",
+                  p.channels.size(), " channels, expected r = ", p.r);
+  if (p.mode == rope_mode::rope_planes) {
+    KVSCOUT_EXPECTS(p.r % 2 == 0 && p.planes.size() == static_cast<std::size_t>(p.r / 2),
+                    "rope_planes skew_plan has ", p.planes.size(), " planes for r = ", p.r,
+                    ", expected r / 2");
+  }
+  if (p.mode != rope_mode::pre_rope_folded) {
+    KVSCOUT_EXPECTS(p.head_dim % 2 == 0, "RoPE needs an even head_dim, got ", p.head_dim,
+                    " for mode ", to_string(p.mode));
+    KVSCOUT_EXPECTS(p.rope.head_dim == p.head_dim, "skew_plan rope.head_dim = ", p.rope.head_dim,
+                    " differs from head_dim = ", p.head_dim);
+  }
+}
+
+}  // namespace detail
+
+/// The partial key as stored in the partial key cache: pk[i] = (k A)[channels[i]], pk[r].
+/// Input k[head_dim]: post_rope_skew and rope_planes take the RoPE'd key (rotated at its own
+/// position, as it is attended); pre_rope_folded takes the key as the model produces it (no RoPE).
+/// Allocates nothing. Accumulates in float.
+inline void project_key(const skew_plan& plan, const float* k, float* pk) {
+  KVSCOUT_EXPECTS(k != nullptr && pk != nullptr, "project_key: null key or output pointer");
+  KVSCOUT_EXPECTS(plan.A.size() == static_cast<std::size_t>(plan.head_dim) * plan.head_dim &&
+                      plan.channels.size() == static_cast<std::size_t>(plan.r),
+                  "project_key: inconsistent plan (head_dim ", plan.head_dim, ", r ", plan.r,
+                  ", A ", plan.A.size(), ", channels ", plan.channels.size(), ")");
+  const int D = plan.head_dim;
+  const int r = plan.r;
+  const int* ch = plan.channels.data();
+  if (plan.mode == rope_mode::rope_planes) {
+    // A is the identity: a gather of whole planes.
+    for (int i = 0; i < r; ++i) pk[i] = k[ch[i]];
+    return;
+  }
+  // pk[i] = sum_d k[d] A[d, ch[i]]; row-major A, so walk d outside for contiguous rows.
+  const float* A = plan.A.data();
+  for (int i = 0; i < r; ++i) pk[i] = 0.f;
+  for (int d = 0; d < D; ++d) {
+    const float kd = k[d];
+    const float* row = A + static_cast<std::size_t>(d) * D;
+    for (int i = 0; i < r; ++i) pk[i] += kd * row[ch[i]];
+  }
+}
+
+/// What partial_query needs for one query head, laid out for a GEMV over x[d_model]. Built once,
+/// offline, by make_partial_query_weights. `weight` is out-features x in-features, like W_Q.
+struct partial_query_weights {
+  rope_mode mode = rope_mode::post_rope_skew;
+  int d_model = 0;
+  int head_dim = 0;
+  int r = 0;
+  rope_config rope{};
+  /// [rows(), d_model] row-major.
+  ///   post_rope_skew:  the head's rows of W_Q, [head_dim, d_model].
+  ///   rope_planes:     the selected rows of W_Q in plane layout (channels order), [r, d_model].
+  ///   pre_rope_folded: (W_head^T A[:, S])^T, i.e. row i = sum_d A[d, S_i] W_head[d, :], [r, d_model].
+  std::vector<float> weight;
+  /// [rows()]: b_head, b_head[channels] or (b_head A)[S] per mode; zeros when the model has no bias.
+  std::vector<float> bias;
+  /// post_rope_skew only: A[:, S], [head_dim, r] row-major; empty otherwise.
+  std::vector<float> rotation;
+  /// rope_planes only: [r / 2], the plane of partial elements (2i, 2i + 1); empty otherwise.
+  std::vector<int> planes;
+
+  [[nodiscard]] int rows() const noexcept {
+    return mode == rope_mode::post_rope_skew ? head_dim : r;
+  }
+};
+
+/// Builds the partial query weights of query head q_head from the model's query projection.
+///   W_Q [num_q_heads * head_dim, d_model] row-major (out x in, as PyTorch / GGUF store it);
+///   b_Q [num_q_heads * head_dim] or empty. Query head qh owns rows [qh * D, (qh + 1) * D).
+/// The plan must be the one of the kv head serving q_head (q_head / group under GQA).
+inline partial_query_weights make_partial_query_weights(const skew_plan& plan,
+                                                        host_span<const float> W_Q,
+                                                        host_span<const float> b_Q, int d_model,
+                                                        int q_head) {
+  detail::check_plan(plan);
+  const int D = plan.head_dim;
+  const int r = plan.r;
+  KVSCOUT_EXPECTS(d_model > 0, "d_model must be positive, got ", d_model);
+  const std::size_t head_elems = static_cast<std::size_t>(D) * d_model;
+  KVSCOUT_EXPECTS(!W_Q.empty() && W_Q.size() % head_elems == 0, "W_Q has ", W_Q.size(),
+                  " elements, expected a positive multiple of head_dim * d_model = ", D, " * ",
+                  d_model, " = ", head_elems);
+  const std::size_t num_q_heads = W_Q.size() / head_elems;
+  KVSCOUT_EXPECTS(q_head >= 0 && static_cast<std::size_t>(q_head) < num_q_heads, "q_head ",
+                  q_head, " out of range [0, ", num_q_heads, ")");
+  KVSCOUT_EXPECTS(b_Q.empty() || b_Q.size() == num_q_heads * D, "b_Q has ", b_Q.size(),
+                  " elements, expected 0 or num_q_heads * head_dim = ", num_q_heads * D);
+
+  // The head's slice: W_h [D, d_model], b_h [D].
+  const float* W = W_Q.data() + static_cast<std::size_t>(q_head) * head_elems;
+  const float* b = b_Q.empty() ? nullptr : b_Q.data() + static_cast<std::size_t>(q_head) * D;
+  for (std::size_t i = 0; i < head_elems; ++i) {
+    KVSCOUT_EXPECTS(std::isfinite(W[i]), "W_Q of q_head ", q_head, " holds ", W[i],
+                    " at row ", i / d_model, ", column ", i % d_model);
+  }
+  for (int d = 0; b != nullptr && d < D; ++d) {
+    KVSCOUT_EXPECTS(std::isfinite(b[d]), "b_Q of q_head ", q_head, " holds ", b[d], " at ", d);
+  }
+  const auto bias_at = [&](int d) { return b == nullptr ? 0.0 : static_cast<double>(b[d]); };
+
+  partial_query_weights w;
+  w.mode = plan.mode;
+  w.d_model = d_model;
+  w.head_dim = D;
+  w.r = r;
+  w.rope = plan.rope;
+  switch (plan.mode) {
+    case rope_mode::post_rope_skew: {
+      w.weight.assign(W, W + head_elems);
+      w.bias.resize(static_cast<std::size_t>(D));
+      for (int d = 0; d < D; ++d) w.bias[d] = static_cast<float>(bias_at(d));
+      w.rotation.resize(static_cast<std::size_t>(D) * r);
+      for (int d = 0; d < D; ++d)
+        for (int i = 0; i < r; ++i)
+          w.rotation[static_cast<std::size_t>(d) * r + i] =
+              plan.A[static_cast<std::size_t>(d) * D + plan.channels[i]];
+      break;
+    }
+    case rope_mode::rope_planes: {
+      w.weight.resize(static_cast<std::size_t>(r) * d_model);
+      w.bias.resize(static_cast<std::size_t>(r));
+      for (int i = 0; i < r; ++i) {
+        const int c = plan.channels[i];
+        const float* src = W + static_cast<std::size_t>(c) * d_model;
+        std::copy(src, src + d_model, w.weight.begin() + static_cast<std::ptrdiff_t>(i) * d_model);
+        w.bias[i] = static_cast<float>(bias_at(c));
+      }
+      w.planes = plan.planes;
+      break;
+    }
+    case rope_mode::pre_rope_folded: {
+      // Folded in double, rounded once: row i = sum_d A[d, S_i] W[d, :]; bias i = sum_d b[d] A[d, S_i].
+      w.weight.resize(static_cast<std::size_t>(r) * d_model);
+      w.bias.resize(static_cast<std::size_t>(r));
+      std::vector<double> acc(static_cast<std::size_t>(d_model));
+      for (int i = 0; i < r; ++i) {
+        const int c = plan.channels[i];
+        std::fill(acc.begin(), acc.end(), 0.0);
+        double bacc = 0.0;
+        for (int d = 0; d < D; ++d) {
+          const double a = plan.A[static_cast<std::size_t>(d) * D + c];
+          const float* row = W + static_cast<std::size_t>(d) * d_model;
+          for (int j = 0; j < d_model; ++j) acc[j] += a * row[j];
+          bacc += a * bias_at(d);
+        }
+        for (int j = 0; j < d_model; ++j)
+          w.weight[static_cast<std::size_t>(i) * d_model + j] = static_cast<float>(acc[j]);
+        w.bias[i] = static_cast<float>(bacc);
+      }
+      break;
+    }
+    default:
+      KVSCOUT_FAIL("unsupported rope_mode ", static_cast<int>(plan.mode),
+                   "; supported: post_rope_skew, rope_planes, pre_rope_folded");
+  }
+  return w;
+}
+
+/// The partial query q_partial[r] of one query head at decode position `pos`, from the layer's
+/// input x[d_model] (post-norm hidden state). Allocates nothing; float accumulation.
+///   post_rope_skew:  q = W_h x + b_h, RoPE at pos, then q A[:, S] (computed plane by plane, so no
+///                    [head_dim] scratch is needed).
+///   rope_planes:     the r selected rows of W_h x + b_h, then apply_rope_planes at pos.
+///   pre_rope_folded: x . (W_h^T A_S) + (b_h A)[S]; pos is ignored.
+inline void partial_query(const partial_query_weights& w, const float* x, const rope_table& rt,
+                          float* q_partial) {
+  KVSCOUT_EXPECTS(x != nullptr && q_partial != nullptr,
+                  "partial_query: null input or output pointer");
+  KVSCOUT_EXPECTS(w.weight.size() == static_cast<std::size_t>(w.rows()) * w.d_model &&
+                      w.bias.size() == static_cast<std::size_t>(w.rows()),
+                  "partial_query: inconsistent weights (rows ", w.rows(), ", d_model ", w.d_model,
+                  ", weight ", w.weight.size(), ", bias ", w.bias.size(), ")");
+  KVSCOUT_EXPECTS(w.mode == rope_mode::pre_rope_folded || rt.planes >= w.head_dim / 2,
+                  "partial_query: the rope_table holds ", rt.planes, " planes, expected head_dim / 2 = ",
+                  w.head_dim / 2);
+  const int n = w.d_model;
+  const int r = w.r;
+  // Sixteen independent partial sums in one vector value (GCC / Clang vector extension): the
+  // GEMV vectorises and is bound by reading the weights, not by one chain of additions.
+  using vec = float __attribute__((vector_size(16 * sizeof(float))));
+  const auto row_dot = [&](int row) {
+    const float* wr = w.weight.data() + static_cast<std::size_t>(row) * n;
+    vec lanes{};
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+      vec a, b;
+      std::memcpy(&a, wr + j, sizeof a);
+      std::memcpy(&b, x + j, sizeof b);
+      lanes += a * b;
+    }
+    float acc = 0.f;
+    for (int k = 0; k < 16; ++k) acc += lanes[k];
+    for (; j < n; ++j) acc += wr[j] * x[j];
+    return acc + w.bias[row];
+  };
+  switch (w.mode) {
+    case rope_mode::post_rope_skew: {
+      KVSCOUT_EXPECTS(w.rotation.size() == static_cast<std::size_t>(w.head_dim) * r,
+                      "partial_query: rotation has ", w.rotation.size(),
+                      " elements, expected head_dim * r = ", w.head_dim * r);
+      for (int i = 0; i < r; ++i) q_partial[i] = 0.f;
+      // One RoPE plane (channels a, b) at a time: project, rotate, add its share of q A[:, S].
+      for (int j = 0; j < w.head_dim / 2; ++j) {
+        const rope_plane p = rope_plane_channels(w.rope, j);
+        float qa = row_dot(p.a);
+        float qb = row_dot(p.b);
+        rope_rotate(qa, qb, rt.cs[j], rt.sn[j]);
+        const float* ra = w.rotation.data() + static_cast<std::size_t>(p.a) * r;
+        const float* rb = w.rotation.data() + static_cast<std::size_t>(p.b) * r;
+        for (int i = 0; i < r; ++i) q_partial[i] += qa * ra[i] + qb * rb[i];
+      }
+      break;
+    }
+    case rope_mode::rope_planes: {
+      KVSCOUT_EXPECTS(w.planes.size() * 2 == static_cast<std::size_t>(r), "partial_query: ",
+                      w.planes.size(), " planes for r = ", r);
+      for (int i = 0; i < r; ++i) q_partial[i] = row_dot(i);
+      for (int i = 0; i < r / 2; ++i) {
+        const int j = w.planes[static_cast<std::size_t>(i)];
+        rope_rotate(q_partial[2 * i], q_partial[2 * i + 1], rt.cs[j], rt.sn[j]);
+      }
+      break;
+    }
+    case rope_mode::pre_rope_folded: {
+      for (int i = 0; i < r; ++i) q_partial[i] = row_dot(i);
+      break;
+    }
+    default:
+      KVSCOUT_FAIL("unsupported rope_mode ", static_cast<int>(w.mode),
+                   "; supported: post_rope_skew, rope_planes, pre_rope_folded");
+  }
+}
+
+/// As above, computing the rotation for `pos` (callers that score many heads at one position
+/// build the rope_table once and call the overload above).
+inline void partial_query(const partial_query_weights& w, const float* x, int pos, float* q_partial) {
+  rope_table rt;
+  if (w.mode != rope_mode::pre_rope_folded) rt.fill(w.rope, pos);
+  partial_query(w, x, rt, q_partial);
+}
+
+}  // namespace kvscout

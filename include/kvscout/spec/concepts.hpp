@@ -1,0 +1,78 @@
+#pragma once
+// The speculation_policy concept: something that scores every cached token of layer i, per
+// (sequence, kv head), so that a selector (select/) can choose which rows to fetch.
+//
+//   P::needs_query          false: scores are known before layer i runs (InfiniGen speculates
+//                           during layer i-1; streaming and h2o need no query at all), so the
+//                           fetch can overlap layer i-1. true: the policy needs layer i's own
+//                           query (the oracle, Quest), so it runs at the start of layer i.
+//   p.score(layer, ctx, out)  writes out.scores [num_seqs, num_kv_heads, stride] for t < seq_len.
+// Optional hooks, called by the pipeline when present:
+//   p.append(layer, s, t, k_pre_rope, k_post_rope)   a token's keys ([num_kv_heads, head_dim]
+//                                                    floats) entered the cache at position t
+//   p.observe(layer, ctx, rows, probs, stride)       attention probabilities of the rows attended
+//                                                    (attention/decode.hpp), for h2o
+//
+// Score scale: logits are q.k * scale with scale = 1 / sqrt(head_dim) (the attention's own), so a
+// threshold alpha is in logit units, as in InfiniGen.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/span.hpp"
+
+namespace kvscout {
+
+/// What a policy may read for one decode step of one layer.
+struct spec_context {
+  host_span<const float> x;            // [num_seqs, d_model] layer i-1's normalised input (InfiniGen)
+  host_span<const float> q;            // [num_seqs, num_q_heads, head_dim] layer i's query (late policies)
+  host_span<const int32_t> positions;  // [num_seqs] position of the token being decoded (RoPE)
+  host_span<const int32_t> seq_lens;   // [num_seqs] cached tokens to score (the current one excluded)
+};
+
+/// Where a policy writes its scores.
+struct score_buffer {
+  host_span<float> scores;  // [num_seqs, num_kv_heads, stride]
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int stride = 0;
+
+  float* row(int s, int h) const {
+    return scores.data() + (static_cast<std::size_t>(s) * num_kv_heads + h) * static_cast<std::size_t>(stride);
+  }
+};
+
+/// How the scores of the query heads of one GQA group become one score per KV head.
+///   max_logit  the largest logit of the group (a token matters if any head attends to it)
+///   mean_logit the mean logit
+///   sum_prob   the sum over the group of each head's softmax probability (attention mass)
+enum class gqa_aggregation { max_logit, mean_logit, sum_prob };
+
+template <class P>
+concept speculation_policy = requires(P& p, int layer, const spec_context& ctx,
+                                      const score_buffer& out) {
+  { P::needs_query } -> std::convertible_to<bool>;
+  p.score(layer, ctx, out);
+};
+
+namespace detail {
+inline void check_score_buffer(const score_buffer& out, const spec_context& ctx, int num_kv_heads) {
+  KVSCOUT_EXPECTS(out.num_kv_heads == num_kv_heads, "score buffer has ", out.num_kv_heads,
+                  " kv heads, the policy ", num_kv_heads);
+  KVSCOUT_EXPECTS(ctx.seq_lens.size() >= static_cast<std::size_t>(out.num_seqs), "seq_lens holds ",
+                  ctx.seq_lens.size(), " entries, expected num_seqs = ", out.num_seqs);
+  KVSCOUT_EXPECTS(out.scores.size() >= static_cast<std::size_t>(out.num_seqs) * out.num_kv_heads *
+                                           static_cast<std::size_t>(out.stride),
+                  "score buffer holds ", out.scores.size(), " floats, expected [", out.num_seqs,
+                  ", ", out.num_kv_heads, ", ", out.stride, "]");
+  for (int s = 0; s < out.num_seqs; ++s) {
+    KVSCOUT_EXPECTS(ctx.seq_lens[s] >= 0 && ctx.seq_lens[s] <= out.stride, "seq_lens[", s, "] = ",
+                    ctx.seq_lens[s], " is outside [0, stride = ", out.stride, "]");
+  }
+}
+}  // namespace detail
+
+}  // namespace kvscout

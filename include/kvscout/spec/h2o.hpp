@@ -1,0 +1,91 @@
+#pragma once
+// h2o: heavy hitters (H2O, Zhang et al. 2023). A token's score is the attention probability it
+// has received so far, accumulated over decode steps and summed over its GQA group; pair it with
+// a selector keep_set.recent window, as H2O does. Needs no query: the scores exist before layer i.
+//
+// Memory: one float per (layer, sequence, kv head, token slot), zeroed at construction:
+// num_layers * num_seqs * num_kv_heads * max_tokens * 4 bytes. reset(s) clears a sequence.
+//
+//   kvscout::h2o_policy h2o({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
+//                            .max_tokens = 8192});
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "kvscout/attention/rows.hpp"
+#include "kvscout/spec/concepts.hpp"
+
+namespace kvscout {
+
+class h2o_policy {
+ public:
+  struct config {
+    int num_layers = 0;
+    int num_seqs = 0;
+    int num_kv_heads = 0;
+    int max_tokens = 0;
+  };
+  static constexpr bool needs_query = false;
+
+  explicit h2o_policy(const config& cfg) : cfg_(cfg) {
+    KVSCOUT_EXPECTS(cfg.num_layers > 0 && cfg.num_seqs > 0 && cfg.num_kv_heads > 0 &&
+                        cfg.max_tokens > 0,
+                    "h2o_policy needs positive sizes, got layers ", cfg.num_layers, ", seqs ",
+                    cfg.num_seqs, ", kv heads ", cfg.num_kv_heads, ", max_tokens ", cfg.max_tokens);
+    mass_.assign(static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs * cfg.num_kv_heads *
+                     static_cast<std::size_t>(cfg.max_tokens),
+                 0.f);
+  }
+
+  void score(int layer, const spec_context& ctx, const score_buffer& out) const {
+    check_layer(layer);
+    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads);
+    for (int s = 0; s < out.num_seqs; ++s)
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const float* m = mass(layer, s, h);
+        std::copy(m, m + ctx.seq_lens[s], out.row(s, h));
+      }
+  }
+
+  /// Adds the probabilities of the rows attended at this step (and of the current token, which
+  /// sits at position seq_lens[s], when the attention had one).
+  template <attention_rows Rows>
+  void observe(int layer, const spec_context& ctx, const Rows& rows, host_span<const float> probs,
+               int stride, bool has_current = true) {
+    check_layer(layer);
+    for (int s = 0; s < rows.num_seqs(); ++s)
+      for (int h = 0; h < rows.num_kv_heads(); ++h) {
+        float* m = mass(layer, s, h);
+        const float* p = probs.data() + (static_cast<std::size_t>(s) * rows.num_kv_heads() + h) *
+                                            static_cast<std::size_t>(stride);
+        const int n = rows.rows(s, h);
+        for (int i = 0; i < n; ++i) m[rows.token(s, h, i)] += p[i];
+        if (has_current && ctx.seq_lens[s] < cfg_.max_tokens) m[ctx.seq_lens[s]] += p[n];
+      }
+  }
+
+  void reset(int s) {
+    for (int layer = 0; layer < cfg_.num_layers; ++layer)
+      for (int h = 0; h < cfg_.num_kv_heads; ++h)
+        std::fill(mass(layer, s, h), mass(layer, s, h) + cfg_.max_tokens, 0.f);
+  }
+
+ private:
+  void check_layer(int layer) const {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.num_layers, ")");
+  }
+  float* mass(int layer, int s, int h) {
+    return mass_.data() + ((static_cast<std::size_t>(layer) * cfg_.num_seqs + s) * cfg_.num_kv_heads + h) *
+                              static_cast<std::size_t>(cfg_.max_tokens);
+  }
+  const float* mass(int layer, int s, int h) const { return const_cast<h2o_policy*>(this)->mass(layer, s, h); }
+
+  config cfg_;
+  std::vector<float> mass_;  // [num_layers, num_seqs, num_kv_heads, max_tokens]
+};
+
+static_assert(speculation_policy<h2o_policy>);
+
+}  // namespace kvscout

@@ -1,0 +1,237 @@
+#pragma once
+// infinigen: InfiniGen's speculation (Lee et al., OSDI'24). During layer i-1, layer i's partial
+// query q~ is computed from layer i-1's normalised input x with layer i's partial W_Q (skew/), and
+// scored against the partial keys of every cached token (cache/partial_key_cache.hpp):
+//
+//   logit~[s, qh, t] = scale * q~[s, qh] . pk[s, h, t],   h = qh / g
+//   score[s, h, t]   = aggregate over the g query heads of the group (spec/concepts.hpp)
+//
+// Layers without plans (below skip_layers) are not tracked. Set-up allocates the partial key
+// caches and the scratch for the partial queries; append() and score() allocate nothing.
+//
+//   kvscout::infinigen_policy<> p(cfg, plans, w_q, b_q);   // plans[layer][kv_head]
+//   p.append(layer, s, t, k_pre_rope, k_post_rope);        // as tokens enter the cache
+//   p.score(layer, {.x = x, .positions = pos, .seq_lens = lens}, out);   // during layer - 1
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kvscout/cache/partial_key_cache.hpp"
+#include "kvscout/core/dispatch.hpp"
+#include "kvscout/skew/plan.hpp"
+#include "kvscout/spec/concepts.hpp"
+#include "kvscout/spec/detail/aggregate.hpp"
+
+namespace kvscout {
+
+namespace detail {
+/// N floats as one GCC / Clang vector value (the compiler maps it onto the target's registers).
+template <int N>
+struct float_vec {
+  typedef float type __attribute__((vector_size(N * sizeof(float))));
+};
+}  // namespace detail
+
+template <kv_element PkT = float>
+class infinigen_policy {
+ public:
+  struct config {
+    int num_layers = 0;
+    int num_seqs = 0;
+    int num_kv_heads = 0;
+    int num_q_heads = 0;
+    int head_dim = 0;
+    int d_model = 0;
+    int max_tokens = 0;
+    float scale = 0.f;
+    gqa_aggregation aggregation = gqa_aggregation::max_logit;
+  };
+  static constexpr bool needs_query = false;
+
+  /// plans[layer] is empty (layer not speculated) or holds one plan per KV head, all with the
+  /// same r. w_q[layer] / b_q[layer]: layer's W_Q [num_q_heads * head_dim, d_model] and bias
+  /// (may be empty); they are read here only, to build the partial weights.
+  infinigen_policy(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                   const std::vector<host_span<const float>>& w_q,
+                   const std::vector<host_span<const float>>& b_q)
+      : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.num_layers)) {
+    KVSCOUT_EXPECTS(cfg.num_layers > 0 && cfg.num_seqs > 0 && cfg.num_kv_heads > 0 &&
+                        cfg.head_dim > 0 && cfg.d_model > 0 && cfg.max_tokens > 0,
+                    "infinigen_policy needs positive sizes");
+    KVSCOUT_EXPECTS(cfg.num_q_heads >= 1 && cfg.num_q_heads % cfg.num_kv_heads == 0,
+                    "num_q_heads = ", cfg.num_q_heads,
+                    " must be a positive multiple of num_kv_heads = ", cfg.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.num_q_heads / cfg.num_kv_heads <= detail::max_group, "GQA group of ",
+                    cfg.num_q_heads / cfg.num_kv_heads, " exceeds ", detail::max_group);
+    KVSCOUT_EXPECTS(cfg.scale > 0.f, "scale must be positive, got ", cfg.scale);
+    KVSCOUT_EXPECTS(plans.size() == layers_.size() && w_q.size() == layers_.size() &&
+                        b_q.size() == layers_.size(),
+                    "expected one entry per layer (", cfg.num_layers, ") in plans (", plans.size(),
+                    "), w_q (", w_q.size(), ") and b_q (", b_q.size(), ")");
+    const int g = cfg.num_q_heads / cfg.num_kv_heads;
+    int r_max = 0;
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      const auto& pl = plans[static_cast<std::size_t>(l)];
+      if (pl.empty()) continue;
+      KVSCOUT_EXPECTS(static_cast<int>(pl.size()) == cfg.num_kv_heads, "layer ", l, " has ",
+                      pl.size(), " skew plans, expected one per kv head (", cfg.num_kv_heads, ")");
+      layer_state& st = layers_[static_cast<std::size_t>(l)];
+      st.plans = pl;
+      st.r = pl[0].r;
+      for (const auto& p : pl) {
+        detail::check_plan(p);
+        KVSCOUT_EXPECTS(p.r == st.r, "layer ", l, " mixes partial dims ", st.r, " and ", p.r);
+        KVSCOUT_EXPECTS(p.head_dim == cfg.head_dim, "layer ", l, " plan head_dim ", p.head_dim,
+                        " differs from the model's ", cfg.head_dim);
+        KVSCOUT_EXPECTS(p.mode == pl[0].mode && p.rope.head_dim == pl[0].rope.head_dim &&
+                            p.rope.theta == pl[0].rope.theta && p.rope.style == pl[0].rope.style,
+                        "layer ", l, " mixes RoPE modes or configurations across kv heads");
+      }
+      for (int qh = 0; qh < cfg.num_q_heads; ++qh)
+        st.weights.push_back(make_partial_query_weights(pl[static_cast<std::size_t>(qh / g)],
+                                                        w_q[static_cast<std::size_t>(l)],
+                                                        b_q[static_cast<std::size_t>(l)], cfg.d_model, qh));
+      st.cache = partial_key_cache<PkT>(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
+      r_max = std::max(r_max, st.r);
+    }
+    qp_.assign(static_cast<std::size_t>(cfg.num_q_heads) * std::max(r_max, 1), 0.f);
+    pk_.assign(static_cast<std::size_t>(std::max(r_max, 1)), 0.f);
+  }
+
+  [[nodiscard]] bool tracks(int layer) const {
+    return layer >= 0 && layer < cfg_.num_layers && !layers_[static_cast<std::size_t>(layer)].plans.empty();
+  }
+  [[nodiscard]] const partial_key_cache<PkT>& keys(int layer) const { return state(layer).cache; }
+
+  /// Token t of sequence s entered layer `layer`'s cache; k_pre / k_post are its keys before and
+  /// after RoPE, [num_kv_heads, head_dim] floats (equal for models without RoPE).
+  void append(int layer, int s, int t, const float* k_pre, const float* k_post) {
+    if (!tracks(layer)) return;
+    layer_state& st = state(layer);
+    for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+      const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
+      const float* k = (p.mode == rope_mode::pre_rope_folded ? k_pre : k_post) +
+                       static_cast<std::size_t>(h) * cfg_.head_dim;
+      project_key(p, k, pk_.data());
+      st.cache.append(s, h, t, pk_.data());
+    }
+  }
+
+  void score(int layer, const spec_context& ctx, const score_buffer& out) {
+    KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
+    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads);
+    layer_state& st = state(layer);
+    const int S = out.num_seqs, H = cfg_.num_kv_heads, Hq = cfg_.num_q_heads, g = Hq / H, r = st.r;
+    KVSCOUT_EXPECTS(S <= cfg_.num_seqs, "num_seqs = ", S, " exceeds the policy's ", cfg_.num_seqs);
+    KVSCOUT_EXPECTS(ctx.x.size() >= static_cast<std::size_t>(S) * cfg_.d_model, "x holds ",
+                    ctx.x.size(), " floats, expected [", S, ", ", cfg_.d_model, "]");
+    KVSCOUT_EXPECTS(ctx.positions.size() >= static_cast<std::size_t>(S), "positions holds ",
+                    ctx.positions.size(), " entries, expected ", S);
+    for (int s = 0; s < S; ++s) {
+      KVSCOUT_EXPECTS(ctx.seq_lens[s] <= cfg_.max_tokens, "seq_lens[", s, "] = ", ctx.seq_lens[s],
+                      " exceeds max_tokens = ", cfg_.max_tokens);
+      // Partial queries of every query head, pre-multiplied by the attention scale; the RoPE
+      // rotation at this position is computed once for all of them.
+      if (st.plans[0].mode != rope_mode::pre_rope_folded) rope_.fill(st.plans[0].rope, ctx.positions[s]);
+      for (int qh = 0; qh < Hq; ++qh) {
+        float* q = qp_.data() + static_cast<std::size_t>(qh) * r;
+        partial_query(st.weights[static_cast<std::size_t>(qh)],
+                      ctx.x.data() + static_cast<std::size_t>(s) * cfg_.d_model, rope_, q);
+        for (int c = 0; c < r; ++c) q[c] *= cfg_.scale;
+      }
+      for (int h = 0; h < H; ++h) score_row(st, s, h, g, ctx.seq_lens[s], out.row(s, h));
+    }
+  }
+
+ private:
+  struct layer_state {
+    std::vector<skew_plan> plans;                 // [num_kv_heads]
+    std::vector<partial_query_weights> weights;   // [num_q_heads]
+    partial_key_cache<PkT> cache;
+    int r = 0;
+  };
+
+  layer_state& state(int layer) { return layers_[static_cast<std::size_t>(layer)]; }
+  const layer_state& state(int layer) const { return layers_[static_cast<std::size_t>(layer)]; }
+
+  // One (s, h) row. The g query heads of the group are scored together over register-sized
+  // blocks of tokens: each channel block of the partial keys is loaded once and multiply-added
+  // into g accumulators (vectorised over tokens), so the loop is bound by reading the keys.
+  void score_row(const layer_state& st, int s, int h, int g, int n, float* row) const {
+    const int r = st.r;
+    const float* qg = qp_.data() + static_cast<std::size_t>(h) * g * r;
+    if (cfg_.aggregation == gqa_aggregation::sum_prob) {
+      detail::aggregate_scores(n, g, cfg_.aggregation, row, [&](int t, float* z) {
+        for (int j = 0; j < g; ++j) {
+          float d = 0;
+          for (int c = 0; c < r; ++c) d += qg[j * r + c] * to_float(st.cache.at(s, h, c, t));
+          z[j] = d;
+        }
+      });
+      return;
+    }
+    const bool use_max = cfg_.aggregation == gqa_aggregation::max_logit;
+    const float inv_g = 1.f / static_cast<float>(g);
+    // Common group sizes get a kernel with the group size known at compile time.
+    if (g <= 8) {
+      dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
+        score_tiles<decltype(G)::value>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
+      });
+    } else {
+      score_tiles<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
+    }
+  }
+
+  // G > 0: static group size; G == 0: runtime group size `g` (slower, any size).
+  // A tile of tb tokens lives in one vector value per query head (GCC / Clang vector extension:
+  // the compiler splits it into the widest registers the target has), so the g accumulators stay
+  // in registers and each tile of partial keys is read once, sequentially, for the whole group.
+  template <int G>
+  static void score_tiles(const float* qg, int r, const partial_key_cache<PkT>& cache, int s, int h,
+                          int n, bool use_max, float inv_g, float* row, int g_dyn = 0) {
+    constexpr int tb = partial_key_cache<PkT>::block_tokens;
+    using vec = typename detail::float_vec<tb>::type;
+    const int g = G > 0 ? G : g_dyn;
+    constexpr int gcap = G > 0 ? G : detail::max_group;
+    for (int t0 = 0, b = 0; t0 < n; t0 += tb, ++b) {
+      const int nb = n - t0 < tb ? n - t0 : tb;
+      const PkT* tile = cache.tile(s, h, b);
+      vec acc[gcap] = {};
+      for (int c = 0; c < r; ++c) {
+        const PkT* p = tile + static_cast<std::size_t>(c) * tb;
+        vec pv;
+        if constexpr (std::is_same_v<PkT, float>) {
+          std::memcpy(&pv, p, sizeof pv);  // a whole tile line; lanes past n are ignored
+        } else {
+          for (int t = 0; t < tb; ++t) pv[t] = to_float(p[t]);
+        }
+        for (int j = 0; j < g; ++j) acc[j] += qg[j * r + c] * pv;
+      }
+      vec a = acc[0];
+      if (use_max) {
+        for (int j = 1; j < g; ++j) a = a > acc[j] ? a : acc[j];
+      } else {
+        for (int j = 1; j < g; ++j) a += acc[j];
+        a *= inv_g;
+      }
+      if (nb == tb) {
+        std::memcpy(row + t0, &a, sizeof a);
+      } else {
+        for (int t = 0; t < nb; ++t) row[t0 + t] = a[t];
+      }
+    }
+  }
+
+  config cfg_;
+  std::vector<layer_state> layers_;
+  std::vector<float> qp_;    // [num_q_heads, r] scratch: scaled partial queries of one sequence
+  std::vector<float> pk_;    // [r] scratch
+  rope_table rope_;          // the decoded position's rotation, shared by all heads
+};
+
+static_assert(speculation_policy<infinigen_policy<>>);
+
+}  // namespace kvscout

@@ -1,0 +1,75 @@
+#pragma once
+// oracle: the true scores of layer i, from its own query and the full cached keys. The upper
+// bound every other policy is measured against (it needs what speculation does not have: layer
+// i's query and every key, so it runs at the start of layer i: needs_query = true).
+//
+//   kvscout::oracle_policy<layout> oracle({.num_q_heads = 9, .scale = 0.125f}, per_layer_kv);
+
+#include <cstddef>
+#include <vector>
+
+#include "kvscout/attention/rows.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/kv/concepts.hpp"
+#include "kvscout/spec/concepts.hpp"
+#include "kvscout/spec/detail/aggregate.hpp"
+
+namespace kvscout {
+
+template <kv_layout L>
+class oracle_policy {
+ public:
+  struct config {
+    int num_q_heads = 0;
+    float scale = 0.f;
+    gqa_aggregation aggregation = gqa_aggregation::sum_prob;
+  };
+  static constexpr bool needs_query = true;
+  static constexpr int head_dim = L::head_dim;
+
+  /// layers[i] is layer i's host cache (its metadata must stay valid while the policy is used).
+  oracle_policy(const config& cfg, std::vector<kv_view<L, host_space>> layers)
+      : cfg_(cfg), layers_(std::move(layers)) {
+    KVSCOUT_EXPECTS(!layers_.empty(), "oracle_policy needs at least one layer");
+    const int H = layers_[0].layout.num_kv_heads();
+    KVSCOUT_EXPECTS(cfg.num_q_heads >= 1 && cfg.num_q_heads % H == 0, "num_q_heads = ",
+                    cfg.num_q_heads, " must be a positive multiple of num_kv_heads = ", H);
+    KVSCOUT_EXPECTS(cfg.scale > 0.f, "scale must be positive, got ", cfg.scale);
+  }
+
+  void score(int layer, const spec_context& ctx, const score_buffer& out) const {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer ", layer,
+                    " is out of range [0, ", layers_.size(), ")");
+    const layout_rows<L> rows(layers_[layer]);
+    const int H = rows.num_kv_heads();
+    detail::check_score_buffer(out, ctx, H);
+    const int g = cfg_.num_q_heads / H;
+    KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(out.num_seqs) * cfg_.num_q_heads * head_dim,
+                    "the oracle needs layer ", layer, "'s query: q holds ", ctx.q.size(),
+                    " floats, expected [", out.num_seqs, ", ", cfg_.num_q_heads, ", ", head_dim, "]");
+    float k[head_dim];
+    for (int s = 0; s < out.num_seqs; ++s) {
+      KVSCOUT_EXPECTS(ctx.seq_lens[s] <= rows.rows(s, 0), "seq_lens[", s, "] = ", ctx.seq_lens[s],
+                      " exceeds the cache's length ", rows.rows(s, 0));
+      for (int h = 0; h < H; ++h) {
+        const float* qg =
+            ctx.q.data() + (static_cast<std::size_t>(s) * cfg_.num_q_heads + h * g) * head_dim;
+        detail::aggregate_scores(ctx.seq_lens[s], g, cfg_.aggregation, out.row(s, h),
+                                 [&](int t, float* z) {
+                                   rows.load_k(s, h, t, k);
+                                   for (int j = 0; j < g; ++j) {
+                                     float d = 0;
+                                     for (int c = 0; c < head_dim; ++c) d += qg[j * head_dim + c] * k[c];
+                                     z[j] = d * cfg_.scale;
+                                   }
+                                 });
+      }
+    }
+  }
+
+ private:
+  config cfg_;
+  std::vector<kv_view<L, host_space>> layers_;
+};
+
+}  // namespace kvscout

@@ -1,0 +1,227 @@
+// Decode attention on the host: dense (layout rows) and sparse (gathered rows) against an fp64
+// reference written from the definition; GQA groups of 1, 3, 8 and 20 (more than one chunk of
+// query heads); the current token; attention probabilities; bad input.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kvscout/attention/decode.hpp"
+#include "kvscout/fetch/host_gather.hpp"
+#include "kvscout/kv/contiguous.hpp"
+
+namespace {
+
+template <class T>
+struct attn_fixture {
+  static constexpr int D = 64;
+  using layout = kvscout::contiguous_layout<T, D, kvscout::hnd>;
+  int S, H, Hq, cap;
+  std::vector<int32_t> lens;
+  std::vector<T> k, v, kc, vc;
+  std::vector<float> q;
+  layout l;
+
+  attn_fixture(std::vector<int32_t> seq_lens, int heads, int group, std::uint32_t seed)
+      : S(static_cast<int>(seq_lens.size())), H(heads), Hq(heads * group), lens(std::move(seq_lens)) {
+    cap = 1;
+    for (int x : lens) cap = std::max(cap, x);
+    l = layout::padded(H, cap, lens.data(), S);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    const std::size_t n = static_cast<std::size_t>(S) * H * cap * D;
+    k.resize(n), v.resize(n);
+    for (auto& x : k) x = kvscout::from_float<T>(nd(rng));
+    for (auto& x : v) x = kvscout::from_float<T>(nd(rng));
+    kc.resize(static_cast<std::size_t>(S) * H * D), vc.resize(kc.size());
+    for (auto& x : kc) x = kvscout::from_float<T>(nd(rng));
+    for (auto& x : vc) x = kvscout::from_float<T>(nd(rng));
+    q.resize(static_cast<std::size_t>(S) * Hq * D);
+    for (auto& x : q) x = 2.f * nd(rng);  // sharp enough that the softmax is not uniform
+  }
+  kvscout::kv_view<layout, kvscout::host_space> view() const {
+    return {l, kvscout::as_bytes(kvscout::host_span<const T>(k.data(), k.size())),
+            kvscout::as_bytes(kvscout::host_span<const T>(v.data(), v.size()))};
+  }
+  kvscout::current_token<T> current() const { return {{kc.data(), kc.size()}, {vc.data(), vc.size()}}; }
+
+  // fp64 reference over the given token subset per (s, h) (+ current token when asked); also the
+  // probabilities summed over the group.
+  void reference(const std::vector<std::vector<int>>& tokens, bool with_current, float scale,
+                 std::vector<double>& out, std::vector<std::vector<double>>& probs) const {
+    const int g = Hq / H;
+    out.assign(q.size(), 0.0);
+    probs.assign(static_cast<std::size_t>(S) * H, {});
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) {
+        const auto& ts = tokens[static_cast<std::size_t>(s) * H + h];
+        const int n = static_cast<int>(ts.size()) + (with_current ? 1 : 0);
+        auto key = [&](int i, int c) -> double {
+          if (i < static_cast<int>(ts.size())) return kvscout::to_float(k[l.k_offset(s, ts[i], h) / sizeof(T) + c]);
+          return kvscout::to_float(kc[(static_cast<std::size_t>(s) * H + h) * D + c]);
+        };
+        auto val = [&](int i, int c) -> double {
+          if (i < static_cast<int>(ts.size())) return kvscout::to_float(v[l.v_offset(s, ts[i], h) / sizeof(T) + c]);
+          return kvscout::to_float(vc[(static_cast<std::size_t>(s) * H + h) * D + c]);
+        };
+        auto& pr = probs[static_cast<std::size_t>(s) * H + h];
+        pr.assign(n, 0.0);
+        for (int j = 0; j < g; ++j) {
+          const int qh = h * g + j;
+          const float* qq = &q[(static_cast<std::size_t>(s) * Hq + qh) * D];
+          std::vector<double> z(n);
+          double m = -INFINITY;
+          for (int i = 0; i < n; ++i) {
+            double d = 0;
+            for (int c = 0; c < D; ++c) d += static_cast<double>(qq[c]) * key(i, c);
+            z[i] = d * scale;
+            m = std::max(m, z[i]);
+          }
+          double sum = 0;
+          for (auto& x : z) sum += (x = std::exp(x - m));
+          for (int i = 0; i < n; ++i) {
+            pr[i] += z[i] / sum;
+            for (int c = 0; c < D; ++c)
+              out[(static_cast<std::size_t>(s) * Hq + qh) * D + c] += z[i] / sum * val(i, c);
+          }
+        }
+      }
+  }
+};
+
+template <class T>
+double tolerance() {
+  return 2e-5;  // the inputs are exact in float; only the float accumulation differs
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("dense decode attention matches the fp64 definition", "[attention]", float,
+                   kvscout::half, kvscout::bfloat16) {
+  for (int group : {1, 3, 8, 20}) {
+    attn_fixture<TestType> f({1, 37, 200}, 2, group, 17u + group);
+    CAPTURE(group);
+    const float scale = 1.f / 8.f;
+    std::vector<std::vector<int>> all(f.S * f.H);
+    for (int s = 0; s < f.S; ++s)
+      for (int h = 0; h < f.H; ++h)
+        for (int t = 0; t < f.lens[s]; ++t) all[s * f.H + h].push_back(t);
+    for (bool with_current : {false, true}) {
+      std::vector<double> ref;
+      std::vector<std::vector<double>> ref_probs;
+      f.reference(all, with_current, scale, ref, ref_probs);
+      std::vector<float> out(f.q.size(), -7.f);
+      const int stride = f.cap + 1;
+      std::vector<float> probs(static_cast<std::size_t>(f.S) * f.H * stride, -7.f);
+      const auto cur = with_current ? f.current() : kvscout::current_token<TestType>{};
+      kvscout::decode_attention_host(kvscout::layout_rows(f.view()), cur, {f.q.data(), f.q.size()},
+                                     {out.data(), out.size()}, {f.Hq, scale},
+                                     {probs.data(), probs.size()}, stride);
+      double worst = 0;
+      for (std::size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - ref[i]));
+      CAPTURE(with_current, worst);
+      REQUIRE(worst <= tolerance<TestType>());
+      for (int s = 0; s < f.S; ++s)
+        for (int h = 0; h < f.H; ++h) {
+          const auto& rp = ref_probs[s * f.H + h];
+          double sum = 0;
+          for (std::size_t i = 0; i < rp.size(); ++i) {
+            REQUIRE(std::abs(probs[(s * f.H + h) * stride + i] - rp[i]) <= 1e-5);
+            sum += probs[(s * f.H + h) * stride + i];
+          }
+          REQUIRE(std::abs(sum - group) <= 1e-4 * group);  // each query head's mass sums to 1
+        }
+      // fp64 accumulation is as close as the inputs allow.
+      std::vector<float> out64(f.q.size());
+      kvscout::decode_attention_host<double>(kvscout::layout_rows(f.view()), cur,
+                                             {f.q.data(), f.q.size()}, {out64.data(), out64.size()},
+                                             {f.Hq, scale});
+      double worst64 = 0;
+      for (std::size_t i = 0; i < out.size(); ++i) worst64 = std::max(worst64, std::abs(out64[i] - ref[i]));
+      REQUIRE(worst64 <= 1e-6);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition on the subset",
+                   "[attention]", float, kvscout::half) {
+  using T = TestType;
+  attn_fixture<T> f({50, 9, 130}, 3, 3, 5);
+  const float scale = 0.125f;
+  // A random ascending subset per (s, h), then gathered by the host executor.
+  std::mt19937 rng(9);
+  const int cap = f.cap;
+  std::vector<int32_t> idx(static_cast<std::size_t>(f.S) * f.H * cap, -1), counts(f.S * f.H);
+  std::vector<std::vector<int>> subset(f.S * f.H);
+  for (int s = 0; s < f.S; ++s)
+    for (int h = 0; h < f.H; ++h) {
+      auto& ts = subset[s * f.H + h];
+      for (int t = 0; t < f.lens[s]; ++t)
+        if (rng() % 3 == 0) ts.push_back(t);
+      counts[s * f.H + h] = static_cast<int32_t>(ts.size());
+      std::copy(ts.begin(), ts.end(), idx.begin() + (s * f.H + h) * cap);
+    }
+  using layout = typename attn_fixture<T>::layout;
+  kvscout::host_gather_config gc{f.S, f.H, cap, 1};
+  std::vector<std::int64_t> ws(kvscout::host_gather_executor<layout>::workspace_bytes(gc) / 8);
+  kvscout::host_gather_executor<layout> ex(gc, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  std::vector<T> dk(idx.size() * 64), dv(dk.size());
+  const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), idx.size()}, {counts.data(), counts.size()}, f.S, f.H, cap};
+  ex.submit(f.view(), sel,
+            {kvscout::as_writable_bytes(kvscout::host_span<T>(dk.data(), dk.size())),
+             kvscout::as_writable_bytes(kvscout::host_span<T>(dv.data(), dv.size()))})
+      .wait();
+  const kvscout::gathered_rows<T, 64> rows(sel, {dk.data(), dk.size()}, {dv.data(), dv.size()});
+  std::vector<float> out(f.q.size());
+  kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()}, {out.data(), out.size()},
+                                 {f.Hq, scale});
+  std::vector<double> ref;
+  std::vector<std::vector<double>> rp;
+  f.reference(subset, true, scale, ref, rp);
+  double worst = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - ref[i]));
+  CAPTURE(worst);
+  REQUIRE(worst <= 2e-5);
+  for (int s = 0; s < f.S; ++s)
+    for (int h = 0; h < f.H; ++h)
+      for (int i = 0; i < counts[s * f.H + h]; ++i) REQUIRE(rows.token(s, h, i) == subset[s * f.H + h][i]);
+
+  SECTION("every row selected: sparse equals dense exactly") {
+    for (int s = 0; s < f.S; ++s)
+      for (int h = 0; h < f.H; ++h) {
+        counts[s * f.H + h] = f.lens[s];
+        for (int t = 0; t < f.lens[s]; ++t) idx[(s * f.H + h) * cap + t] = t;
+      }
+    ex.submit(f.view(), sel,
+              {kvscout::as_writable_bytes(kvscout::host_span<T>(dk.data(), dk.size())),
+               kvscout::as_writable_bytes(kvscout::host_span<T>(dv.data(), dv.size()))})
+        .wait();
+    std::vector<float> sparse(f.q.size()), dense(f.q.size());
+    kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()}, {sparse.data(), sparse.size()}, {f.Hq, scale});
+    kvscout::decode_attention_host(kvscout::layout_rows(f.view()), f.current(), {f.q.data(), f.q.size()},
+                                   {dense.data(), dense.size()}, {f.Hq, scale});
+    REQUIRE(sparse == dense);
+  }
+}
+
+TEST_CASE("decode attention rejects bad input", "[attention][errors]") {
+  attn_fixture<float> f({4}, 2, 2, 3);
+  std::vector<float> out(f.q.size());
+  const auto rows = kvscout::layout_rows(f.view());
+  REQUIRE_THROWS_WITH(kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()},
+                                                     {out.data(), out.size()}, {3, 0.1f}),
+                      Catch::Contains("num_q_heads = 3 must be a positive multiple of num_kv_heads = 2"));
+  REQUIRE_THROWS_WITH(kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size() - 1},
+                                                     {out.data(), out.size()}, {4, 0.1f}),
+                      Catch::Contains("q holds 255 floats"));
+  REQUIRE_THROWS_WITH(kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()},
+                                                     {out.data(), out.size()}, {4, -1.f}),
+                      Catch::Contains("scale must be positive"));
+  std::vector<float> probs(100);
+  REQUIRE_THROWS_WITH(kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()},
+                                                     {out.data(), out.size()}, {4, 0.1f},
+                                                     {probs.data(), probs.size()}, 4),
+                      Catch::Contains("probs_stride = 4 is smaller than the longest row set (5)"));
+}

@@ -1,0 +1,219 @@
+// The host decode pipeline on a small Llama-shaped model (toy_model.hpp): with a budget of every
+// token, sparse decoding equals dense decoding for every policy; with a small budget only the
+// selected rows move, and the oracle's selection carries at least as much attention mass as any
+// other policy's at the same budget.
+
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <vector>
+
+#include "kvscout/eval/metrics.hpp"
+#include "kvscout/pipeline/host_pipeline.hpp"
+#include "kvscout/select/threshold.hpp"
+#include "kvscout/select/topk.hpp"
+#include "kvscout/skew/calibrate.hpp"
+#include "kvscout/spec/h2o.hpp"
+#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/spec/oracle.hpp"
+#include "kvscout/spec/quest.hpp"
+#include "kvscout/spec/streaming.hpp"
+#include "toy_model.hpp"
+
+namespace {
+
+constexpr int D = 64, L = 4, Hq = 6, H = 2, S = 2, max_tokens = 96, prompt = 48, steps = 6;
+using T = kvscout::half;
+using model = kvtest::toy_model<T, D>;
+using layout = model::layout;
+
+// Skew plans from a calibration run of the same weights on another prompt.
+std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, int r) {
+  model m(L, Hq, H, 1, max_tokens, 1234);
+  m.collect = true;
+  kvscout::streaming_policy sp({H, 4});
+  kvscout::topk_selector_host::config sc{1, H, max_tokens, 8, 8, {}};
+  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
+  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
+  kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host> pipe(
+      {L, L, 1, H, Hq, max_tokens, 8, 1, 0.125f}, sp, sel);
+  std::vector<float> hs;
+  for (int t = 0; t < 64; ++t) m.step(pipe, hs, m.embedding(9000u + t), true);
+  std::vector<std::vector<kvscout::skew_plan>> plans(L);
+  const int g = Hq / H, n = 64;
+  for (int l = 2; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      std::vector<float> qs(static_cast<std::size_t>(n) * g * D), ks(static_cast<std::size_t>(n) * D);
+      for (int t = 0; t < n; ++t) {
+        std::copy_n(&m.q_samples[l][(static_cast<std::size_t>(t) * Hq + h * g) * D], g * D, &qs[static_cast<std::size_t>(t) * g * D]);
+        std::copy_n(&m.k_samples[l][(static_cast<std::size_t>(t) * H + h) * D], D, &ks[static_cast<std::size_t>(t) * D]);
+      }
+      plans[l].push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, n, g, D,
+                                                 {r, false, mode, m.rope}));
+    }
+  return plans;
+}
+
+// Runs prompt + decode steps with `policy` and a top-k selector of `budget`; returns the final
+// residual stream and lets the caller inspect the pipeline after each step.
+template <class Policy, class Inspect>
+std::vector<float> run(model& m, Policy& policy, int budget, Inspect&& inspect) {
+  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
+  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
+  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
+  kvscout::host_decode_pipeline<layout, Policy, kvscout::topk_selector_host> pipe(
+      {L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f}, policy, sel);
+  std::vector<float> hs;
+  for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
+  for (int t = 0; t < steps; ++t) {
+    m.step(pipe, hs, m.embedding(500u + t));
+    inspect(pipe);
+  }
+  return hs;
+}
+
+std::vector<float> run_dense() {
+  model m(L, Hq, H, S, max_tokens, 77);
+  kvscout::streaming_policy p({H, 4});
+  std::vector<float> hs;
+  kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
+  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
+  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
+  kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host> pipe(
+      {L, L, S, H, Hq, max_tokens, 8, 1, 0.125f}, p, sel);
+  for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
+  for (int t = 0; t < steps; ++t) m.step(pipe, hs, m.embedding(500u + t), true);
+  return hs;
+}
+
+auto no_inspect = [](auto&) {};
+
+}  // namespace
+
+TEST_CASE("with a budget of every token the pipeline equals dense decoding", "[pipeline]") {
+  const std::vector<float> dense = run_dense();
+  auto check = [&](const std::vector<float>& hs, const char* name) {
+    CAPTURE(name);
+    const double err = kvscout::relative_error({hs.data(), hs.size()}, {dense.data(), dense.size()});
+    CAPTURE(err);
+    REQUIRE(err <= 1e-6);  // same rows, same order, same arithmetic
+  };
+  {
+    model m(L, Hq, H, S, max_tokens, 77);
+    kvscout::streaming_policy p({H, 4});
+    check(run(m, p, max_tokens, no_inspect), "streaming");
+  }
+  {
+    model m(L, Hq, H, S, max_tokens, 77);
+    kvscout::h2o_policy p({L, S, H, max_tokens});
+    check(run(m, p, max_tokens, no_inspect), "h2o");
+  }
+  {
+    model m(L, Hq, H, S, max_tokens, 77);
+    kvscout::quest_policy<D> p({L, S, H, Hq, max_tokens, 16, 0.125f});
+    check(run(m, p, max_tokens, no_inspect), "quest");
+  }
+  {
+    model m(L, Hq, H, S, max_tokens, 77);
+    std::vector<kvscout::kv_view<layout, kvscout::host_space>> views;
+    for (int l = 0; l < L; ++l) views.push_back(m.view(l));
+    kvscout::oracle_policy<layout> p({Hq, 0.125f}, views);
+    check(run(m, p, max_tokens, no_inspect), "oracle");
+  }
+  for (auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes}) {
+    model m(L, Hq, H, S, max_tokens, 77);
+    const auto plans = calibrate(mode, 16);
+    std::vector<kvscout::host_span<const float>> wq, bq(L);
+    for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
+    kvscout::infinigen_policy<> p({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+    check(run(m, p, max_tokens, no_inspect), kvscout::to_string(mode));
+  }
+}
+
+TEST_CASE("a small budget moves only the selected rows; the oracle carries the most mass",
+          "[pipeline]") {
+  constexpr int budget = 12;
+  model m(L, Hq, H, S, max_tokens, 77);
+  const auto plans = calibrate(kvscout::rope_mode::post_rope_skew, 16);
+  std::vector<kvscout::host_span<const float>> wq, bq(L);
+  for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
+  kvscout::infinigen_policy<> ig({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  // At every speculated layer of every decode step: the true attention probabilities of the
+  // cached tokens (dense, on the state the pipeline is decoding), the oracle's top-budget set by
+  // those probabilities, and the mass each set covers.
+  std::vector<kvscout::kv_view<layout, kvscout::host_space>> views;
+  for (int l = 0; l < L; ++l) views.push_back(m.view(l));
+  kvscout::oracle_policy<layout> oracle({Hq, 0.125f, kvscout::gqa_aggregation::sum_prob}, views);
+  kvscout::topk_selector_host::config oc{S, H, max_tokens, budget, budget, {}};
+  std::vector<std::byte> ows(kvscout::topk_selector_host::workspace_bytes(oc));
+  kvscout::topk_selector_host oracle_sel(oc, {ows.data(), ows.size()});
+  std::vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens), probs(static_cast<std::size_t>(S) * H * (max_tokens + 1));
+  std::vector<int32_t> oidx(static_cast<std::size_t>(S) * H * budget), ocnt(S * H);
+  std::vector<float> out(static_cast<std::size_t>(S) * Hq * D);
+  double ig_mass = 0, oracle_mass = 0, random_mass = 0;
+  int samples = 0;
+  const kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy<>, kvscout::topk_selector_host>* live = nullptr;
+  m.on_attend = [&](int l, const kvscout::spec_context& ctx, const kvscout::current_token<T>&) {
+    if (live == nullptr || l < 2) return;
+    kvscout::decode_attention_host(kvscout::layout_rows(m.view(l)), kvscout::current_token<T>{}, ctx.q,
+                                   {out.data(), out.size()}, {Hq, 0.125f}, {probs.data(), probs.size()},
+                                   max_tokens + 1);
+    oracle.score(l, ctx, {{scores.data(), scores.size()}, S, H, max_tokens});
+    oracle_sel.select({{scores.data(), scores.size()}, ctx.seq_lens, S, H, max_tokens},
+                      {{oidx.data(), oidx.size()}, {ocnt.data(), ocnt.size()}, S, H, budget});
+    const auto sel = live->last_selection(l);
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) {
+        const float* p = &probs[(static_cast<std::size_t>(s) * H + h) * (max_tokens + 1)];
+        const int n = ctx.seq_lens[s], r = s * H + h;
+        REQUIRE(sel.counts[r] == budget);
+        const double mi = kvscout::attention_mass_recall(p, n, &sel.indices[static_cast<std::size_t>(r) * budget], budget);
+        const double mo = kvscout::attention_mass_recall(p, n, &oidx[static_cast<std::size_t>(r) * budget], ocnt[r]);
+        REQUIRE(mo >= mi - 1e-6);  // top-k by true mass maximises the mass
+        ig_mass += mi, oracle_mass += mo, random_mass += static_cast<double>(budget) / n;
+        ++samples;
+      }
+  };
+  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
+  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
+  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
+  kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy<>, kvscout::topk_selector_host> pipe(
+      {L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f}, ig, sel);
+  std::vector<float> hs;
+  for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
+  live = &pipe;
+  for (int t = 0; t < steps; ++t) m.step(pipe, hs, m.embedding(500u + t));
+  REQUIRE(samples == steps * (L - 2) * S * H);
+  // Only the selected rows moved: budget rows per (sequence, kv head) per step, K and V.
+  for (int l = 2; l < L; ++l) {
+    REQUIRE(pipe.stats().rows[l] == static_cast<std::int64_t>(steps) * S * H * budget);
+    REQUIRE(pipe.stats().bytes[l] == pipe.stats().rows[l] * 2 * D * static_cast<std::int64_t>(sizeof(T)));
+  }
+  REQUIRE(pipe.stats().rows[0] == 0);
+  ig_mass /= samples, oracle_mass /= samples, random_mass /= samples;
+  INFO("attention mass at budget " << budget << ": infinigen " << ig_mass << ", oracle " << oracle_mass
+                                   << ", uniform expectation " << random_mass);
+  CHECK(ig_mass > 1.5 * random_mass);
+  CHECK(ig_mass <= oracle_mass + 1e-9);
+}
+
+TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
+  model m(L, Hq, H, S, max_tokens, 5);
+  kvscout::streaming_policy p({H, 4});
+  kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
+  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
+  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
+  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  pipe_t pipe({L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f}, p, sel);
+  std::vector<float> q(S * Hq * D, 1.f), out(q.size());
+  std::vector<int32_t> pos(S, 0);
+  const kvscout::spec_context ctx{{}, {q.data(), q.size()}, {pos.data(), pos.size()}, {m.lens.data(), m.lens.size()}};
+  REQUIRE_THROWS_WITH(pipe.attend(3, ctx, m.view(3), {}, {out.data(), out.size()}),
+                      Catch::Contains("attend(3) without speculate(3) first"));
+  REQUIRE_THROWS_WITH(pipe.speculate(1, ctx, m.view(1)),
+                      Catch::Contains("layer 1 is not speculated: expected [skip_layers = 2, num_layers = 4)"));
+  REQUIRE_THROWS_WITH(pipe_t({L, 2, S, H, Hq, max_tokens, max_tokens + 1, 1, 0.125f}, p, sel),
+                      Catch::Contains("capacity = 97 must be in [1, max_tokens = 96]"));
+  REQUIRE_THROWS_WITH(pipe_t({L, 2, S, H, 5, max_tokens, 8, 1, 0.125f}, p, sel),
+                      Catch::Contains("num_q_heads = 5"));
+}

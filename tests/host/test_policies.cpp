@@ -1,0 +1,237 @@
+// Speculation policies on constructed inputs: each scores what its definition says, and the
+// scores select what they should (upper bounds hold, sinks and windows, heavy hitters).
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kvscout/kv/contiguous.hpp"
+#include "kvscout/skew/calibrate.hpp"
+#include "kvscout/spec/h2o.hpp"
+#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/spec/oracle.hpp"
+#include "kvscout/spec/quest.hpp"
+#include "kvscout/spec/streaming.hpp"
+
+namespace {
+
+constexpr int D = 64;
+using layout = kvscout::contiguous_layout<float, D, kvscout::hnd>;
+
+struct cache_fixture {
+  int S = 2, H = 2, g, Hq, cap = 80;
+  std::vector<int32_t> lens{80, 33};
+  std::vector<float> k, v, q;
+  layout l;
+  explicit cache_fixture(int group, std::uint32_t seed) : g(group), Hq(2 * group) {
+    l = layout::padded(H, cap, lens.data(), S);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    k.resize(static_cast<std::size_t>(S) * H * cap * D);
+    v.resize(k.size());
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    q.resize(static_cast<std::size_t>(S) * Hq * D);
+    for (auto& x : q) x = nd(rng);
+  }
+  kvscout::kv_view<layout, kvscout::host_space> view() const {
+    return {l, kvscout::as_bytes(kvscout::host_span<const float>(k.data(), k.size())),
+            kvscout::as_bytes(kvscout::host_span<const float>(v.data(), v.size()))};
+  }
+  const float* key(int s, int h, int t) const { return &k[l.k_offset(s, t, h) / sizeof(float)]; }
+  double logit(int s, int qh, int t, float scale) const {
+    double d = 0;
+    for (int c = 0; c < D; ++c) d += static_cast<double>(q[(static_cast<std::size_t>(s) * Hq + qh) * D + c]) * key(s, qh / g, t)[c];
+    return d * scale;
+  }
+};
+
+kvscout::score_buffer buffer_for(std::vector<float>& scores, int S, int H, int stride) {
+  scores.assign(static_cast<std::size_t>(S) * H * stride, std::numeric_limits<float>::quiet_NaN());
+  return {{scores.data(), scores.size()}, S, H, stride};
+}
+
+}  // namespace
+
+TEST_CASE("oracle scores are the true logits aggregated over the group", "[spec][oracle]") {
+  for (int g : {1, 3, 8}) {
+    cache_fixture f(g, 40u + g);
+    const float scale = 0.125f;
+    for (auto agg : {kvscout::gqa_aggregation::max_logit, kvscout::gqa_aggregation::mean_logit,
+                     kvscout::gqa_aggregation::sum_prob}) {
+      CAPTURE(g, static_cast<int>(agg));
+      kvscout::oracle_policy<layout> oracle({f.Hq, scale, agg}, {f.view()});
+      std::vector<float> scores;
+      const auto out = buffer_for(scores, f.S, f.H, f.cap);
+      const kvscout::spec_context ctx{{}, {f.q.data(), f.q.size()}, {}, {f.lens.data(), f.lens.size()}};
+      oracle.score(0, ctx, out);
+      for (int s = 0; s < f.S; ++s)
+        for (int h = 0; h < f.H; ++h) {
+          const int n = f.lens[s];
+          std::vector<double> want(n, 0.0);
+          for (int j = 0; j < g; ++j) {
+            std::vector<double> z(n);
+            double m = -INFINITY, sum = 0;
+            for (int t = 0; t < n; ++t) m = std::max(m, z[t] = f.logit(s, h * g + j, t, scale));
+            for (int t = 0; t < n; ++t) sum += std::exp(z[t] - m);
+            for (int t = 0; t < n; ++t) {
+              if (agg == kvscout::gqa_aggregation::max_logit) want[t] = j == 0 ? z[t] : std::max(want[t], z[t]);
+              else if (agg == kvscout::gqa_aggregation::mean_logit) want[t] += z[t] / g;
+              else want[t] += std::exp(z[t] - m) / sum;
+            }
+          }
+          for (int t = 0; t < n; ++t) REQUIRE(out.row(s, h)[t] == Approx(want[t]).margin(1e-5).epsilon(1e-4));
+          if (n < f.cap) REQUIRE(std::isnan(out.row(s, h)[n]));  // nothing written past seq_len
+        }
+    }
+  }
+}
+
+TEST_CASE("streaming scores keep the sinks and the most recent tokens on top", "[spec][streaming]") {
+  kvscout::streaming_policy p({2, 4});
+  std::vector<int32_t> lens{10, 3};
+  std::vector<float> scores;
+  const auto out = buffer_for(scores, 2, 2, 12);
+  p.score(0, {{}, {}, {}, {lens.data(), lens.size()}}, out);
+  for (int h = 0; h < 2; ++h) {
+    for (int t = 0; t < 4; ++t) REQUIRE(std::isinf(out.row(0, h)[t]));
+    for (int t = 4; t < 10; ++t) REQUIRE(out.row(0, h)[t] == static_cast<float>(t));
+    for (int t = 0; t < 3; ++t) REQUIRE(std::isinf(out.row(1, h)[t]));
+  }
+}
+
+TEST_CASE("h2o scores are the accumulated attention mass", "[spec][h2o]") {
+  kvscout::h2o_policy p({2, 1, 1, 16});
+  std::vector<int32_t> lens{5};
+  // Step 1 attended tokens {1, 3} and the current token (position 5); step 2 tokens {0, 1}.
+  std::vector<int32_t> idx{1, 3, 0, 0}, counts{2};
+  std::vector<float> rows_k(4 * D, 1.f), rows_v(4 * D, 1.f);
+  const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), idx.size()}, {counts.data(), counts.size()}, 1, 1, 4};
+  const kvscout::gathered_rows<float, D> rows(sel, {rows_k.data(), rows_k.size()}, {rows_v.data(), rows_v.size()});
+  std::vector<float> probs{0.5f, 0.25f, 0.25f, 0.f, 0.f};
+  const kvscout::spec_context ctx{{}, {}, {}, {lens.data(), lens.size()}};
+  p.observe(1, ctx, rows, {probs.data(), probs.size()}, 5, true);
+  idx = {0, 1, 0, 0};
+  probs = {0.125f, 0.375f, 0.5f, 0.f, 0.f};
+  lens[0] = 6;
+  p.observe(1, ctx, rows, {probs.data(), probs.size()}, 5, true);
+  std::vector<float> scores;
+  const auto out = buffer_for(scores, 1, 1, 16);
+  lens[0] = 7;
+  p.score(1, ctx, out);
+  const std::vector<float> want{0.125f, 0.875f, 0.f, 0.25f, 0.f, 0.25f, 0.5f};
+  for (int t = 0; t < 7; ++t) REQUIRE(out.row(0, 0)[t] == want[t]);
+  p.score(0, ctx, out);  // another layer saw nothing
+  for (int t = 0; t < 7; ++t) REQUIRE(out.row(0, 0)[t] == 0.f);
+  REQUIRE_THROWS_WITH(p.score(2, ctx, out), Catch::Contains("layer 2 is out of range [0, 2)"));
+}
+
+TEST_CASE("quest page bounds never underestimate a key's score", "[spec][quest]") {
+  for (int g : {1, 3}) {
+    cache_fixture f(g, 70u + g);
+    const float scale = 0.125f;
+    kvscout::quest_policy<D> quest({1, f.S, f.H, f.Hq, f.cap, 16, scale, kvscout::gqa_aggregation::max_logit});
+    std::vector<float> k_post(static_cast<std::size_t>(f.H) * D);
+    for (int s = 0; s < f.S; ++s)
+      for (int t = 0; t < f.lens[s]; ++t) {
+        for (int h = 0; h < f.H; ++h) std::copy_n(f.key(s, h, t), D, &k_post[static_cast<std::size_t>(h) * D]);
+        quest.append(0, s, t, nullptr, k_post.data());
+      }
+    std::vector<float> scores;
+    const auto out = buffer_for(scores, f.S, f.H, f.cap);
+    quest.score(0, {{}, {f.q.data(), f.q.size()}, {}, {f.lens.data(), f.lens.size()}}, out);
+    for (int s = 0; s < f.S; ++s)
+      for (int h = 0; h < f.H; ++h)
+        for (int t = 0; t < f.lens[s]; ++t) {
+          double best = -INFINITY;
+          for (int j = 0; j < g; ++j) best = std::max(best, f.logit(s, h * g + j, t, scale));
+          REQUIRE(out.row(s, h)[t] >= best - 1e-4);                          // an upper bound
+          REQUIRE(out.row(s, h)[t] == out.row(s, h)[(t / 16) * 16]);         // page-granular
+        }
+  }
+  SECTION("the page holding the aligned key ranks first") {
+    kvscout::quest_policy<D> quest({1, 1, 1, 1, 64, 8, 0.125f});
+    std::vector<float> key(D);
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.f, 0.1f);
+    std::vector<float> q(D);
+    for (auto& x : q) x = nd(rng);
+    for (int t = 0; t < 64; ++t) {
+      for (auto& x : key) x = nd(rng);
+      if (t == 37) for (int c = 0; c < D; ++c) key[c] = 5.f * q[c];  // strongly aligned with q
+      quest.append(0, 0, t, nullptr, key.data());
+    }
+    std::vector<int32_t> lens{64};
+    std::vector<float> scores;
+    const auto out = buffer_for(scores, 1, 1, 64);
+    quest.score(0, {{}, {q.data(), q.size()}, {}, {lens.data(), lens.size()}}, out);
+    const float* row = out.row(0, 0);
+    REQUIRE(std::max_element(row, row + 64) - row == 32);  // page 4 = tokens 32..39
+  }
+}
+
+TEST_CASE("infinigen with a full partial dimension scores exactly like the oracle", "[spec][infinigen]") {
+  // One layer; with r = D the partial score is the full score, for every mode and group size
+  // (group sizes 1 and 3 take the static-group kernel, 12 the generic one).
+  for (const int g : {1, 3, 12}) {
+  const int H = 2, Hq = H * g, d_model = 128, n = 60;
+  CAPTURE(g);
+  std::mt19937 rng(11u + g);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> wq(static_cast<std::size_t>(Hq) * D * d_model), x(d_model), bq(Hq * D);
+  for (auto& w : wq) w = nd(rng) / 16.f;
+  for (auto& w : x) w = nd(rng);
+  for (auto& w : bq) w = 0.1f * nd(rng);
+  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  for (auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes}) {
+    CAPTURE(kvscout::to_string(mode));
+    // Calibration samples: random post-RoPE queries / keys.
+    std::vector<float> qs(static_cast<std::size_t>(200) * g * D), ks(static_cast<std::size_t>(200) * D);
+    for (auto& v : qs) v = nd(rng);
+    for (auto& v : ks) v = nd(rng);
+    std::vector<kvscout::skew_plan> plans;
+    for (int h = 0; h < H; ++h)
+      plans.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200, g, D,
+                                              {D, false, mode, rope}));
+    kvscout::infinigen_policy<> p({1, 1, H, Hq, D, d_model, 128, 0.125f, kvscout::gqa_aggregation::max_logit},
+                                  {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}});
+    // Keys of n tokens (pre-RoPE random; post-RoPE = rotated at their positions).
+    std::vector<float> kpre(static_cast<std::size_t>(n) * H * D), kpost(kpre.size());
+    for (auto& v : kpre) v = nd(rng);
+    kpost = kpre;
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < H; ++h) kvscout::apply_rope(&kpost[(static_cast<std::size_t>(t) * H + h) * D], t, rope);
+    for (int t = 0; t < n; ++t) p.append(0, 0, t, &kpre[static_cast<std::size_t>(t) * H * D], &kpost[static_cast<std::size_t>(t) * H * D]);
+    // The true query of the decoded token at position n.
+    std::vector<float> q(static_cast<std::size_t>(Hq) * D);
+    for (int qh = 0; qh < Hq; ++qh) {
+      for (int c = 0; c < D; ++c) {
+        double a = bq[qh * D + c];
+        for (int i = 0; i < d_model; ++i) a += static_cast<double>(wq[(static_cast<std::size_t>(qh) * D + c) * d_model + i]) * x[i];
+        q[static_cast<std::size_t>(qh) * D + c] = static_cast<float>(a);
+      }
+      kvscout::apply_rope(&q[static_cast<std::size_t>(qh) * D], n, rope);
+    }
+    std::vector<int32_t> lens{n}, pos{n};
+    std::vector<float> scores;
+    const auto out = buffer_for(scores, 1, H, 128);
+    p.score(0, {{x.data(), x.size()}, {}, {pos.data(), pos.size()}, {lens.data(), lens.size()}}, out);
+    for (int h = 0; h < H; ++h)
+      for (int t = 0; t < n; ++t) {
+        double best = -INFINITY;
+        for (int j = 0; j < g; ++j) {
+          double d = 0;
+          for (int c = 0; c < D; ++c) d += static_cast<double>(q[(h * g + j) * D + c]) * kpost[(static_cast<std::size_t>(t) * H + h) * D + c];
+          best = std::max(best, d * 0.125);
+        }
+        REQUIRE(out.row(0, h)[t] == Approx(best).margin(2e-3));
+      }
+    REQUIRE(p.keys(0).r() == D);
+    REQUIRE_THROWS_WITH(p.score(1, {{x.data(), x.size()}, {}, {pos.data(), pos.size()}, {lens.data(), lens.size()}}, out),
+                        Catch::Contains("layer 1 has no skew plans"));
+  }
+  }
+}

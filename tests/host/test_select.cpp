@@ -1,0 +1,846 @@
+// select/: score keys, radix select, the exact top-k and threshold selectors.
+//
+// Both selectors are compared, row by row and exactly, with naive references written here from
+// the definitions in the headers: a full std::stable_sort by (score desc, index asc) over the
+// non-NaN tokens outside the keep-set. Data: seeded random rows with many ties, +-inf, NaN,
+// signed zeros and trends; lengths 0, 1, 3, budget - 1, budget, budget + 1 and random ones;
+// overlapping keep-sets; several sequences and heads. Outputs are poisoned first, so a write
+// past a count shows; score rows are padded with +inf past their length, so a read past it does.
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <catch2/catch.hpp>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvscout/select/concepts.hpp"
+#include "kvscout/select/detail/radix_select.hpp"
+#include "kvscout/select/threshold.hpp"
+#include "kvscout/select/topk.hpp"
+
+namespace {
+
+using kvscout::keep_set;
+using kvscout::threshold_rule;
+using kvscout::threshold_selector_host;
+using kvscout::topk_selector_host;
+
+constexpr float pinf = std::numeric_limits<float>::infinity();
+constexpr float qnan = std::numeric_limits<float>::quiet_NaN();
+constexpr std::int32_t index_poison = -7;
+constexpr std::int32_t count_poison = 0x7fffffff;
+
+static_assert(kvscout::topk_selector<topk_selector_host>);
+static_assert(kvscout::topk_selector<threshold_selector_host>);
+
+// Types that are not selectors: no select(), or select() on device views.
+struct no_select {
+  struct config_type {};
+  using memory_space = kvscout::host_space;
+  static std::size_t workspace_bytes(const config_type&) { return 0; }
+  no_select(const config_type&, kvscout::host_span<std::byte>) {}
+};
+struct wrong_space {
+  struct config_type {};
+  using memory_space = kvscout::host_space;
+  static std::size_t workspace_bytes(const config_type&) { return 0; }
+  wrong_space(const config_type&, kvscout::host_span<std::byte>) {}
+  void select(const kvscout::score_view<kvscout::device_space>&,
+              const kvscout::selection_buffers<kvscout::device_space>&) {}
+};
+static_assert(!kvscout::topk_selector<no_select>);
+static_assert(!kvscout::topk_selector<wrong_space>);
+static_assert(!kvscout::topk_selector<int>);
+
+// ---- data -----------------------------------------------------------------------------------
+
+enum class data_kind {
+  normal,
+  ties,
+  specials,
+  ties_specials,
+  signed_zeros,
+  all_nan,
+  constant,
+  increasing,
+  decreasing
+};
+constexpr data_kind all_kinds[] = {
+    data_kind::normal,        data_kind::ties,         data_kind::specials,
+    data_kind::ties_specials, data_kind::signed_zeros, data_kind::all_nan,
+    data_kind::constant,      data_kind::increasing,   data_kind::decreasing};
+
+const char* name(data_kind k) {
+  switch (k) {
+    case data_kind::normal:
+      return "normal";
+    case data_kind::ties:
+      return "ties";
+    case data_kind::specials:
+      return "specials";
+    case data_kind::ties_specials:
+      return "ties_specials";
+    case data_kind::signed_zeros:
+      return "signed_zeros";
+    case data_kind::all_nan:
+      return "all_nan";
+    case data_kind::constant:
+      return "constant";
+    case data_kind::increasing:
+      return "increasing";
+    case data_kind::decreasing:
+      return "decreasing";
+  }
+  return "?";
+}
+
+float special(std::mt19937& rng, float otherwise) {
+  const auto r = rng() % 100;
+  if (r < 4) return pinf;
+  if (r < 8) return -pinf;
+  if (r < 14) return qnan;
+  if (r < 15) return FLT_MAX;
+  if (r < 16) return -FLT_MAX;
+  if (r < 17) return FLT_TRUE_MIN;
+  return otherwise;
+}
+
+void fill_row(float* row, int len, data_kind kind, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  constexpr float few[] = {-2.f, -0.5f, 0.25f, 1.f, 3.f};
+  for (int t = 0; t < len; ++t) {
+    const float tie = few[rng() % 5];
+    switch (kind) {
+      case data_kind::normal:
+        row[t] = normal(rng);
+        break;
+      case data_kind::ties:
+        row[t] = tie;
+        break;
+      case data_kind::specials:
+        row[t] = special(rng, normal(rng));
+        break;
+      case data_kind::ties_specials:
+        row[t] = special(rng, tie);
+        break;
+      case data_kind::signed_zeros: {
+        constexpr float z[] = {-0.f, 0.f, 1.f, -1.f};
+        row[t] = z[rng() % 4];
+        break;
+      }
+      case data_kind::all_nan:
+        row[t] = qnan;
+        break;
+      case data_kind::constant:
+        row[t] = 1.5f;
+        break;
+      case data_kind::increasing:
+        row[t] = 0.01f * static_cast<float>(t) + 0.1f * normal(rng);
+        break;
+      case data_kind::decreasing:
+        row[t] = -0.01f * static_cast<float>(t) + 0.1f * normal(rng);
+        break;
+    }
+  }
+}
+
+// A batch: scores [num_seqs, heads, stride] (padded with +inf past each length), lengths, and
+// poisoned selection buffers [num_seqs, heads, capacity].
+struct batch {
+  int num_seqs, heads, stride, capacity;
+  std::vector<float> scores;
+  std::vector<std::int32_t> lens, indices, counts;
+
+  batch(std::vector<std::int32_t> l, int h, int cap, const std::vector<data_kind>& kinds,
+        std::mt19937& rng)
+      : num_seqs(static_cast<int>(l.size())),
+        heads(h),
+        stride(0),
+        capacity(cap),
+        lens(std::move(l)) {
+    for (int len : lens) stride = std::max(stride, len);
+    stride += static_cast<int>(rng() % 3);  // some padding past the longest row
+    scores.assign(static_cast<std::size_t>(num_seqs) * heads * stride, pinf);
+    for (int s = 0; s < num_seqs; ++s)
+      for (int hh = 0; hh < heads; ++hh)
+        fill_row(row(s, hh), lens[s], kinds[(s * heads + hh) % kinds.size()], rng);
+    indices.assign(static_cast<std::size_t>(num_seqs) * heads * capacity, index_poison);
+    counts.assign(static_cast<std::size_t>(num_seqs) * heads, count_poison);
+  }
+  float* row(int s, int h) {
+    return scores.data() + (static_cast<std::size_t>(s) * heads + h) * stride;
+  }
+  const float* row(int s, int h) const {
+    return scores.data() + (static_cast<std::size_t>(s) * heads + h) * stride;
+  }
+  kvscout::score_view<kvscout::host_space> view() const {
+    return {{scores.data(), scores.size()}, {lens.data(), lens.size()}, num_seqs, heads, stride};
+  }
+  kvscout::selection_buffers<kvscout::host_space> buffers() {
+    return {{indices.data(), indices.size()},
+            {counts.data(), counts.size()},
+            num_seqs,
+            heads,
+            capacity};
+  }
+  bool untouched() const {
+    return std::all_of(indices.begin(), indices.end(), [](int v) { return v == index_poison; }) &&
+           std::all_of(counts.begin(), counts.end(), [](int v) { return v == count_poison; });
+  }
+};
+
+// ---- references, from the definitions --------------------------------------------------------
+
+bool in_keep(int t, int len, keep_set keep) { return t < keep.sinks || t >= len - keep.recent; }
+
+// The best k of `tokens` (non-NaN only) by (score desc, index asc).
+std::vector<int> ref_best(const float* row, std::vector<int> tokens, long long k) {
+  tokens.erase(
+      std::remove_if(tokens.begin(), tokens.end(), [&](int t) { return std::isnan(row[t]); }),
+      tokens.end());
+  std::stable_sort(tokens.begin(), tokens.end(), [&](int a, int b) { return row[a] > row[b]; });
+  if (static_cast<long long>(tokens.size()) > k) tokens.resize(static_cast<std::size_t>(k));
+  return tokens;
+}
+
+std::vector<int> ref_keep(int len, keep_set keep) {
+  std::vector<int> r;
+  for (int t = 0; t < len; ++t)
+    if (in_keep(t, len, keep)) r.push_back(t);
+  return r;
+}
+std::vector<int> ref_others(int len, keep_set keep) {
+  std::vector<int> r;
+  for (int t = 0; t < len; ++t)
+    if (!in_keep(t, len, keep)) r.push_back(t);
+  return r;
+}
+std::vector<int> merged(std::vector<int> a, const std::vector<int>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  std::sort(a.begin(), a.end());
+  return a;
+}
+
+std::vector<int> ref_topk(const float* row, int len, keep_set keep, int budget) {
+  std::vector<int> all(static_cast<std::size_t>(len));
+  std::iota(all.begin(), all.end(), 0);
+  if (len <= budget) return all;
+  const std::vector<int> kept = ref_keep(len, keep);
+  const long long k = budget - static_cast<long long>(kept.size());
+  return merged(kept, ref_best(row, ref_others(len, keep), k));
+}
+
+float ref_floor(const float* row, int len, float alpha) {
+  float m = -pinf;
+  for (int t = 0; t < len; ++t)
+    if (!std::isnan(row[t])) m = std::max(m, row[t]);
+  return std::isinf(alpha) ? -pinf : m - alpha;
+}
+std::vector<int> ref_candidates(const float* row, int len, keep_set keep, float alpha) {
+  const float floor = ref_floor(row, len, alpha);
+  std::vector<int> c;
+  for (int t : ref_others(len, keep))
+    if (row[t] >= floor) c.push_back(t);
+  return c;
+}
+
+std::vector<int> ref_per_head(const float* row, int len, keep_set keep, int max_count,
+                              float alpha) {
+  const std::vector<int> kept = ref_keep(len, keep);
+  const long long k = max_count - static_cast<long long>(kept.size());
+  return merged(kept, ref_best(row, ref_candidates(row, len, keep, alpha), k));
+}
+
+// Expected selections of a whole batch, row (s, h) at s * heads + h.
+std::vector<std::vector<int>> ref_infinigen(const batch& b, keep_set keep, int max_count,
+                                            float alpha) {
+  long long total = 0, rows = 0;
+  for (int s = 0; s < b.num_seqs; ++s)
+    for (int h = 0; h < b.heads; ++h)
+      if (b.lens[s] > 0) {
+        total += static_cast<long long>(ref_candidates(b.row(s, h), b.lens[s], keep, alpha).size());
+        ++rows;
+      }
+  const long long n = rows > 0 ? total / rows : 0;
+  std::vector<std::vector<int>> out;
+  for (int s = 0; s < b.num_seqs; ++s)
+    for (int h = 0; h < b.heads; ++h) {
+      const int len = b.lens[s];
+      const std::vector<int> kept = ref_keep(len, keep);
+      const long long k = std::min<long long>(n, max_count - static_cast<long long>(kept.size()));
+      out.push_back(merged(kept, ref_best(b.row(s, h), ref_others(len, keep), k)));
+    }
+  return out;
+}
+
+// Every row's count and indices equal the expected ones; nothing past a count was written.
+void check_rows(const batch& b, const std::vector<std::vector<int>>& expected) {
+  for (int s = 0; s < b.num_seqs; ++s)
+    for (int h = 0; h < b.heads; ++h) {
+      const std::size_t r = static_cast<std::size_t>(s) * b.heads + h;
+      CAPTURE(s, h, b.lens[s]);
+      const std::vector<int>& want = expected[r];
+      REQUIRE(b.counts[r] == static_cast<int>(want.size()));
+      const std::int32_t* got = b.indices.data() + r * b.capacity;
+      const std::vector<int> got_used(got, got + b.counts[r]);
+      REQUIRE(got_used == want);
+      const bool rest_poisoned = std::all_of(got + b.counts[r], got + b.capacity,
+                                             [](std::int32_t v) { return v == index_poison; });
+      REQUIRE(rest_poisoned);
+    }
+}
+
+std::vector<std::byte> workspace_for(std::size_t bytes) { return std::vector<std::byte>(bytes); }
+
+// Lengths for a budget: the edges around it and random ones up to a few thousand.
+std::vector<std::int32_t> edge_lengths(int budget, std::mt19937& rng) {
+  std::vector<std::int32_t> l = {0, 1, 3, std::max(0, budget - 1), budget, budget + 1};
+  for (int i = 0; i < 4; ++i) l.push_back(static_cast<std::int32_t>(rng() % 3000));
+  return l;
+}
+
+}  // namespace
+
+// ---- keys and radix select ---------------------------------------------------------------------
+
+TEST_CASE("score_key orders like the scores; NaN maps to 0, below everything", "[select][key]") {
+  using kvscout::score_key;
+  const std::vector<float> ascending = {-pinf,         -FLT_MAX, -1e10f,       -1.f,    -FLT_MIN,
+                                        -FLT_TRUE_MIN, 0.f,      FLT_TRUE_MIN, FLT_MIN, 0.5f,
+                                        1.f,           3.f,      FLT_MAX,      pinf};
+  for (std::size_t i = 0; i + 1 < ascending.size(); ++i) {
+    CAPTURE(ascending[i], ascending[i + 1]);
+    CHECK(score_key(ascending[i]) < score_key(ascending[i + 1]));
+    CHECK(score_key(ascending[i]) >= 1u);
+  }
+  CHECK(score_key(-0.f) == score_key(0.f));
+  CHECK(score_key(qnan) == 0u);
+  CHECK(score_key(-qnan) == 0u);
+  CHECK(score_key(std::bit_cast<float>(0x7f800001u)) == 0u);  // a signalling NaN
+  CHECK(score_key(pinf) < 0xffffffffu);
+  CHECK(std::isnan(kvscout::score_from_key(0)));
+
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (int i = 0; i < 20000; ++i) {
+    const float x = std::bit_cast<float>(bits(rng));
+    const float y = std::bit_cast<float>(bits(rng));
+    CAPTURE(x, y);
+    if (std::isnan(x) || std::isnan(y)) continue;
+    REQUIRE((score_key(x) < score_key(y)) == (x < y));
+    REQUIRE((score_key(x) == score_key(y)) == (x == y));
+    // Round trip (the zeros come back as +0).
+    REQUIRE(kvscout::score_from_key(score_key(x)) == x);
+    REQUIRE(score_key(kvscout::score_from_key(score_key(x))) == score_key(x));
+  }
+}
+
+TEST_CASE("radix_select_host finds the k-th key and the ties to take", "[select][radix]") {
+  std::mt19937 rng(12);
+  std::vector<std::uint32_t> hist(kvscout::detail::radix_buckets);
+  for (int iter = 0; iter < 400; ++iter) {
+    const int n = static_cast<int>(rng() % 3000) + (iter % 2 == 0 ? 0 : 1);
+    const int mode = iter % 4;
+    std::vector<std::uint32_t> keys(static_cast<std::size_t>(n));
+    for (auto& k : keys) {
+      // full range, few distinct, shared top digits (deep passes), some NaN (0)
+      k = mode == 0   ? static_cast<std::uint32_t>(rng())
+          : mode == 1 ? 0x80000000u + static_cast<std::uint32_t>(rng() % 4)
+          : mode == 2
+              ? 0xbf800000u + static_cast<std::uint32_t>(rng() % 5000)
+              : (rng() % 5 == 0 ? 0u : 0x3f000000u + static_cast<std::uint32_t>(rng() % 64));
+      if (k == 0xffffffffu) k = 1;
+    }
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(n) + 1);
+    for (int k : {0, 1, 2, n / 3, n / 2, n - 1, n, n + 5}) {
+      CAPTURE(iter, n, k, mode);
+      const auto cut = kvscout::detail::radix_select_host([&](int i) { return keys[i]; }, n, k,
+                                                          hist.data(), pos.data());
+      std::vector<int> got;
+      int ties = cut.ties;
+      for (int i = 0; i < n; ++i)
+        if (kvscout::detail::radix_take(keys[i], cut, ties)) got.push_back(i);
+      // Reference: stable sort by key desc, NaN (0) never taken.
+      std::vector<int> order(static_cast<std::size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      order.erase(std::remove_if(order.begin(), order.end(), [&](int i) { return keys[i] == 0; }),
+                  order.end());
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return keys[a] > keys[b]; });
+      if (static_cast<int>(order.size()) > std::max(k, 0))
+        order.resize(static_cast<std::size_t>(std::max(k, 0)));
+      std::sort(order.begin(), order.end());
+      REQUIRE(got == order);
+    }
+  }
+}
+
+// ---- top-k -------------------------------------------------------------------------------------
+
+TEST_CASE("topk_selector_host matches a full stable sort", "[select][topk]") {
+  std::mt19937 rng(21);
+  const keep_set keeps[] = {{0, 0}, {1, 0}, {0, 2}, {4, 16}, {3, 3}, {40, 40}};
+  int cases = 0;
+  for (int heads : {1, 3, 8}) {
+    for (int budget : {1, 2, 7, 64, 300}) {
+      for (const keep_set keep : keeps) {
+        if (keep.sinks + keep.recent > budget) continue;
+        for (const data_kind kind : all_kinds) {
+          CAPTURE(heads, budget, keep.sinks, keep.recent, name(kind));
+          const int capacity = budget + static_cast<int>(rng() % 3);
+          std::vector<data_kind> kinds = {kind, data_kind::ties_specials};
+          batch b(edge_lengths(budget, rng), heads, capacity, kinds, rng);
+          const topk_selector_host::config cfg{b.num_seqs, heads, b.stride, capacity, budget, keep};
+          auto ws = workspace_for(topk_selector_host::workspace_bytes(cfg));
+          topk_selector_host topk(cfg, {ws.data(), ws.size()});
+          topk.select(b.view(), b.buffers());
+          std::vector<std::vector<int>> want;
+          for (int s = 0; s < b.num_seqs; ++s)
+            for (int h = 0; h < heads; ++h)
+              want.push_back(ref_topk(b.row(s, h), b.lens[s], keep, budget));
+          check_rows(b, want);
+          ++cases;
+        }
+      }
+    }
+  }
+  CHECK(cases > 100);
+}
+
+TEST_CASE("topk_selector_host: k = 1, k = len, keep-sets covering the row", "[select][topk]") {
+  std::mt19937 rng(22);
+  for (int len : {1, 2, 3, 17, 500, 2500}) {
+    for (const data_kind kind : all_kinds) {
+      // budget 1 (k = 1), budget len - 1 (every token but one), budget len (all), keep-sets
+      // larger than the row (sinks + recent > len, overlapping).
+      for (int budget : {1, std::max(1, len - 1), len, len + 10}) {
+        for (const keep_set keep : {keep_set{0, 0}, keep_set{0, budget}, keep_set{budget, 0},
+                                    keep_set{budget / 2, budget - budget / 2}}) {
+          CAPTURE(len, name(kind), budget, keep.sinks, keep.recent);
+          batch b({len}, 2, budget, {kind}, rng);
+          const topk_selector_host::config cfg{1, 2, b.stride, budget, budget, keep};
+          auto ws = workspace_for(topk_selector_host::workspace_bytes(cfg));
+          topk_selector_host topk(cfg, {ws.data(), ws.size()});
+          topk.select(b.view(), b.buffers());
+          check_rows(b, {ref_topk(b.row(0, 0), len, keep, budget),
+                         ref_topk(b.row(0, 1), len, keep, budget)});
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("topk_selector_host on long rows (sampled lower bound)", "[select][topk]") {
+  // Long rows take the sampled path; trends, ties and NaN runs test the sample's assumptions.
+  std::mt19937 rng(24);
+  for (const data_kind kind : all_kinds) {
+    for (int budget : {16, 300, 1500, 7000}) {
+      CAPTURE(name(kind), budget);
+      batch b({20000, 4099, 8191}, 3, budget, {kind, data_kind::normal}, rng);
+      const topk_selector_host::config cfg{3, 3, b.stride, budget, budget, {4, 8}};
+      auto ws = workspace_for(topk_selector_host::workspace_bytes(cfg));
+      topk_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
+      std::vector<std::vector<int>> want;
+      for (int s = 0; s < 3; ++s)
+        for (int h = 0; h < 3; ++h)
+          want.push_back(ref_topk(b.row(s, h), b.lens[s], {4, 8}, budget));
+      check_rows(b, want);
+    }
+  }
+}
+
+TEST_CASE("topk_selector_host: -inf is selectable, +inf first, NaN ignored", "[select][topk]") {
+  // [NaN, -inf, 2, NaN, +inf, -inf, 2]: budget 4 takes +inf, both 2s, then the first -inf.
+  std::mt19937 rng(23);
+  batch b({7}, 1, 6, {data_kind::normal}, rng);
+  const float row[] = {qnan, -pinf, 2.f, qnan, pinf, -pinf, 2.f};
+  std::copy(std::begin(row), std::end(row), b.row(0, 0));
+  for (const auto& [budget, want] : std::vector<std::pair<int, std::vector<int>>>{
+           {1, {4}}, {3, {2, 4, 6}}, {4, {1, 2, 4, 6}}, {6, {1, 2, 4, 5, 6}}}) {
+    CAPTURE(budget);
+    std::fill(b.indices.begin(), b.indices.end(), index_poison);
+    const topk_selector_host::config cfg{1, 1, b.stride, 6, budget, {}};
+    auto ws = workspace_for(topk_selector_host::workspace_bytes(cfg));
+    topk_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
+    check_rows(b, {want});  // budget 6: only five are not NaN
+  }
+}
+
+// ---- threshold
+// -----------------------------------------------------------------------------------
+
+TEST_CASE("threshold_selector_host per_head matches its definition", "[select][threshold]") {
+  std::mt19937 rng(31);
+  const keep_set keeps[] = {{0, 0}, {2, 0}, {1, 5}, {30, 30}};
+  int cases = 0;
+  for (int heads : {1, 3, 8}) {
+    for (int max_count : {1, 5, 64, 400}) {
+      for (const keep_set keep : keeps) {
+        if (keep.sinks + keep.recent > max_count) continue;
+        for (float alpha : {0.f, 0.3f, 1.f, 5.f, pinf}) {
+          for (const data_kind kind : all_kinds) {
+            CAPTURE(heads, max_count, keep.sinks, keep.recent, alpha, name(kind));
+            const int capacity = max_count + static_cast<int>(rng() % 3);
+            batch b(edge_lengths(max_count, rng), heads, capacity, {kind, data_kind::specials},
+                    rng);
+            const threshold_selector_host::config cfg{
+                b.num_seqs, heads, b.stride, capacity, alpha, max_count, threshold_rule::per_head,
+                keep};
+            auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
+            threshold_selector_host sel(cfg, {ws.data(), ws.size()});
+            sel.select(b.view(), b.buffers());
+            std::vector<std::vector<int>> want;
+            for (int s = 0; s < b.num_seqs; ++s)
+              for (int h = 0; h < heads; ++h)
+                want.push_back(ref_per_head(b.row(s, h), b.lens[s], keep, max_count, alpha));
+            check_rows(b, want);
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  CHECK(cases > 300);
+}
+
+TEST_CASE("threshold_selector_host per_head on long rows (sampled lower bound)",
+          "[select][threshold]") {
+  // Rows long enough, and caps small enough, that the sampled bound is used; the trends make the
+  // sample misjudge some rows, which must then be redone exactly.
+  std::mt19937 rng(32);
+  for (const data_kind kind : {data_kind::normal, data_kind::ties, data_kind::specials,
+                               data_kind::increasing, data_kind::decreasing}) {
+    for (float alpha : {0.f, 0.5f, 3.f, 5.f, 100.f}) {
+      for (int max_count : {16, 300, 1500}) {
+        CAPTURE(name(kind), alpha, max_count);
+        batch b({20000, 4099, 8191}, 3, max_count, {kind}, rng);
+        const threshold_selector_host::config cfg{
+            3, 3, b.stride, max_count, alpha, max_count, threshold_rule::per_head, {4, 8}};
+        auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
+        threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
+        std::vector<std::vector<int>> want;
+        for (int s = 0; s < 3; ++s)
+          for (int h = 0; h < 3; ++h)
+            want.push_back(ref_per_head(b.row(s, h), b.lens[s], {4, 8}, max_count, alpha));
+        check_rows(b, want);
+      }
+    }
+  }
+}
+
+TEST_CASE("best_above_floor is exact whatever the lower-bound hint", "[select][threshold]") {
+  // The hint only saves time: too high (forcing the exact redo), too low, inside the data, NaN.
+  std::mt19937 rng(33);
+  const int stride = 6000;
+  std::vector<std::byte> ws(sizeof(std::uint32_t) * kvscout::detail::row_workspace::words(stride));
+  const auto w =
+      kvscout::detail::row_workspace::carve(reinterpret_cast<std::uint32_t*>(ws.data()), stride);
+  std::vector<float> row(stride);
+  std::vector<std::int32_t> out(stride + 1);
+  for (int iter = 0; iter < 200; ++iter) {
+    const int len = 1 + static_cast<int>(rng() % stride);
+    const data_kind kind = all_kinds[iter % std::size(all_kinds)];
+    fill_row(row.data(), len, kind, rng);
+    const int k = 1 + static_cast<int>(rng() % len);
+    const float alpha = std::array<float, 4>{0.f, 0.5f, 2.f, pinf}[iter % 4];
+    const float hint =
+        std::array<float, 6>{-pinf, pinf, qnan, 0.f, 1.f, row[rng() % len]}[iter % 6];
+    CAPTURE(iter, len, name(kind), k, alpha, hint);
+    const int count =
+        kvscout::detail::best_above_floor(row.data(), 0, len, k, alpha, -pinf, hint, w, out.data());
+    const std::vector<int> want = ref_per_head(row.data(), len, {}, k, alpha);
+    REQUIRE(std::vector<int>(out.begin(), out.begin() + count) == want);
+  }
+}
+
+TEST_CASE("threshold_selector_host infinigen_mean matches its definition", "[select][threshold]") {
+  std::mt19937 rng(34);
+  int cases = 0;
+  for (int heads : {1, 3, 8}) {
+    for (int max_count : {1, 6, 80, 700}) {
+      for (const keep_set keep : {keep_set{0, 0}, keep_set{1, 2}, keep_set{0, 5}}) {
+        if (keep.sinks + keep.recent > max_count) continue;
+        for (float alpha : {0.f, 0.5f, 2.f, pinf}) {
+          for (const data_kind kind : all_kinds) {
+            CAPTURE(heads, max_count, keep.sinks, keep.recent, alpha, name(kind));
+            batch b(edge_lengths(max_count, rng), heads, max_count,
+                    {kind, data_kind::normal, data_kind::ties_specials}, rng);
+            const threshold_selector_host::config cfg{b.num_seqs,
+                                                      heads,
+                                                      b.stride,
+                                                      max_count,
+                                                      alpha,
+                                                      max_count,
+                                                      threshold_rule::infinigen_mean,
+                                                      keep};
+            auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
+            threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
+            check_rows(b, ref_infinigen(b, keep, max_count, alpha));
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  CHECK(cases > 300);
+}
+
+TEST_CASE("threshold edge cases: the max qualifies at +inf, all qualify at -inf",
+          "[select][threshold]") {
+  std::mt19937 rng(35);
+  batch b({6, 6, 6}, 1, 6, {data_kind::normal}, rng);
+  const float rows[3][6] = {{1.f, pinf, qnan, pinf, 3.f, -pinf},       // m = +inf: both +inf
+                            {-pinf, qnan, -pinf, -pinf, qnan, -pinf},  // m = -inf: every -inf
+                            {qnan, qnan, qnan, qnan, qnan, qnan}};     // no candidate at all
+  for (int s = 0; s < 3; ++s) std::copy(rows[s], rows[s] + 6, b.row(s, 0));
+  for (const threshold_rule rule : {threshold_rule::per_head, threshold_rule::infinigen_mean}) {
+    CAPTURE(rule);
+    std::fill(b.indices.begin(), b.indices.end(), index_poison);
+    const threshold_selector_host::config cfg{3, 1, b.stride, 6, 1.f, 6, rule, {}};
+    auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
+    threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
+    if (rule == threshold_rule::per_head) {
+      check_rows(b, {{1, 3}, {0, 2, 3, 5}, {}});
+    } else {
+      // n = floor((2 + 4 + 0) / 3) = 2: every row takes its best 2 non-NaN tokens.
+      check_rows(b, {{1, 3}, {0, 2}, {}});
+    }
+  }
+}
+
+// ---- the row scans: vector and portable versions agree
+// --------------------------------------------
+
+TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
+  namespace d = kvscout::detail;
+  std::mt19937 rng(41);
+  std::vector<float> row(300);
+  std::vector<std::int32_t> a(300), b(300);
+  for (int iter = 0; iter < 2000; ++iter) {
+    const int n = static_cast<int>(rng() % 290);  // several groups of 64, partial blocks
+    const int off = static_cast<int>(rng() % 4);  // unaligned starts
+    fill_row(row.data() + off, n, all_kinds[iter % std::size(all_kinds)], rng);
+    const float* p = row.data() + off;
+    const float bound = std::array<float, 5>{-pinf, 0.f, 1.f, pinf, qnan}[iter % 5];
+    const float init = std::array<float, 3>{-pinf, 0.5f, pinf}[iter % 3];
+    CAPTURE(iter, n, off, bound, init);
+    const float m1 = d::max_of<true>(p, n, init), m2 = d::max_of<false>(p, n, init);
+    REQUIRE(std::bit_cast<std::uint32_t>(m1) == std::bit_cast<std::uint32_t>(m2));
+    REQUIRE(d::count_at_least<true>(p, n, bound) == d::count_at_least<false>(p, n, bound));
+    const int c1 = d::compact_at_least<true>(p, n, 10, bound, a.data());
+    const int c2 = d::compact_at_least<false>(p, n, 10, bound, b.data());
+    REQUIRE(c1 == c2);
+    REQUIRE(std::equal(a.begin(), a.begin() + c1, b.begin()));
+    float r1 = init, r2 = init;
+    const int k1 = d::collect_candidates<true>(p, n, 0, bound, 1.f, r1, a.data());
+    const int k2 = d::collect_candidates<false>(p, n, 0, bound, 1.f, r2, b.data());
+    REQUIRE(k1 == k2);
+    REQUIRE(std::equal(a.begin(), a.begin() + k1, b.begin()));
+    REQUIRE(std::bit_cast<std::uint32_t>(r1) == std::bit_cast<std::uint32_t>(r2));
+  }
+}
+
+// ---- bad input
+// -------------------------------------------------------------------------------------
+
+TEST_CASE("selectors reject bad configs, naming the value", "[select][errors]") {
+  using Catch::Contains;
+  using tcfg = topk_selector_host::config;
+  using hcfg = threshold_selector_host::config;
+  const auto topk_bytes = [](tcfg c) { return topk_selector_host::workspace_bytes(c); };
+  const auto thr_bytes = [](hcfg c) { return threshold_selector_host::workspace_bytes(c); };
+  const tcfg good{2, 3, 100, 16, 16, {2, 4}};
+  CHECK(topk_bytes(good) > 0);
+  auto t = good;
+  t.budget = 0;
+  REQUIRE_THROWS_WITH(topk_bytes(t), Contains("budget must be at least 1, got 0"));
+  t = good, t.budget = 17;
+  REQUIRE_THROWS_WITH(topk_bytes(t),
+                      Contains("budget 17 is larger than the destination capacity 16"));
+  t = good, t.budget = 5;
+  REQUIRE_THROWS_WITH(topk_bytes(t), Contains("budget 5 is smaller than the keep-set it includes: "
+                                              "sinks 2 + recent 4"));
+  t = good, t.keep.sinks = -1;
+  REQUIRE_THROWS_WITH(topk_bytes(t), Contains("keep.sinks must be non-negative, got -1"));
+  t = good, t.keep.recent = -3;
+  REQUIRE_THROWS_WITH(topk_bytes(t), Contains("keep.recent must be non-negative, got -3"));
+  t = good, t.num_kv_heads = 0;
+  REQUIRE_THROWS_WITH(topk_bytes(t), Contains("num_kv_heads must be positive, got 0"));
+  t = good, t.num_seqs = -2;
+  REQUIRE_THROWS_WITH(topk_bytes(t), Contains("num_seqs must be non-negative, got -2"));
+  t = good, t.stride = -1;
+  REQUIRE_THROWS_WITH(topk_bytes(t), Contains("stride must be non-negative, got -1"));
+
+  const hcfg hgood{2, 3, 100, 16, 2.f, 16, threshold_rule::per_head, {2, 4}};
+  CHECK(thr_bytes(hgood) > 0);
+  auto h = hgood;
+  h.alpha = -0.5f;
+  REQUIRE_THROWS_WITH(thr_bytes(h), Contains("alpha must be a non-negative number, got -0.5"));
+  h = hgood, h.alpha = qnan;
+  REQUIRE_THROWS_WITH(thr_bytes(h), Contains("alpha must be a non-negative number, got nan"));
+  h = hgood, h.max_count = 0;
+  REQUIRE_THROWS_WITH(thr_bytes(h), Contains("max_count must be at least 1, got 0"));
+  h = hgood, h.max_count = 40;
+  REQUIRE_THROWS_WITH(thr_bytes(h),
+                      Contains("max_count 40 is larger than the destination capacity 16"));
+  h = hgood, h.max_count = 3;
+  REQUIRE_THROWS_WITH(thr_bytes(h), Contains("max_count 3 is smaller than the keep-set"));
+  h = hgood, h.rule = static_cast<threshold_rule>(7);
+  REQUIRE_THROWS_WITH(thr_bytes(h), Contains("rule threshold_rule(7) is not one of"));
+  h = hgood, h.alpha = pinf;  // admits every token: legal
+  CHECK(thr_bytes(h) > 0);
+
+  // The constructors check the config and the workspace.
+  std::vector<std::uint32_t> words(topk_bytes(good) / 4 + 1);
+  auto* bytes = reinterpret_cast<std::byte*>(words.data());
+  REQUIRE_THROWS_WITH(topk_selector_host(t, {bytes, words.size() * 4}),
+                      Contains("stride must be non-negative"));
+  REQUIRE_THROWS_WITH(topk_selector_host(good, {bytes, topk_bytes(good) - 4}),
+                      Contains("workspace holds " + std::to_string(topk_bytes(good) - 4) +
+                               " bytes, expected at least workspace_bytes(config) = " +
+                               std::to_string(topk_bytes(good))));
+  REQUIRE_THROWS_WITH(topk_selector_host(good, {bytes + 1, topk_bytes(good)}),
+                      Contains("workspace must be 4-byte aligned"));
+  REQUIRE_THROWS_WITH(topk_selector_host(good, {nullptr, topk_bytes(good)}),
+                      Contains("workspace is null"));
+  REQUIRE_THROWS_WITH(threshold_selector_host(hgood, {bytes, 8}), Contains("workspace holds 8"));
+}
+
+TEST_CASE("select() rejects bad views before writing anything", "[select][errors]") {
+  using Catch::Contains;
+  std::mt19937 rng(51);
+  batch b({50, 30}, 3, 16, {data_kind::normal}, rng);
+  const topk_selector_host::config tcfg{2, 3, b.stride, 16, 10, {1, 1}};
+  const threshold_selector_host::config hcfg{
+      2, 3, b.stride, 16, 1.f, 10, threshold_rule::infinigen_mean, {1, 1}};
+  auto tws = workspace_for(topk_selector_host::workspace_bytes(tcfg));
+  auto hws = workspace_for(threshold_selector_host::workspace_bytes(hcfg));
+  topk_selector_host topk(tcfg, {tws.data(), tws.size()});
+  threshold_selector_host thr(hcfg, {hws.data(), hws.size()});
+
+  const auto expect_error = [&](auto view, auto bufs, const std::string& what) {
+    CAPTURE(what);
+    REQUIRE_THROWS_WITH(topk.select(view, bufs), Contains(what));
+    REQUIRE_THROWS_WITH(thr.select(view, bufs), Contains(what));
+    REQUIRE(b.untouched());
+  };
+  {
+    auto v = b.view();
+    v.num_kv_heads = 4;
+    expect_error(v, b.buffers(),
+                 "score view shape [num_seqs, num_kv_heads, stride] = [2, 4, " +
+                     std::to_string(b.stride) + "] differs from the config's [2, 3, " +
+                     std::to_string(b.stride) + "]");
+    v = b.view();
+    v.stride += 1;
+    expect_error(v, b.buffers(), "score view shape");
+    v = b.view();
+    v.num_seqs = 1;
+    expect_error(v, b.buffers(), "score view shape");
+  }
+  {
+    auto o = b.buffers();
+    o.capacity = 15;
+    expect_error(b.view(), o,
+                 "selection buffers shape [num_seqs, num_kv_heads, capacity] = [2, 3, "
+                 "15] differs from the config's [2, 3, 16]");
+  }
+  {
+    auto v = b.view();
+    v.scores = {b.scores.data(), b.scores.size() - 1};
+    expect_error(v, b.buffers(),
+                 "scores holds " + std::to_string(b.scores.size() - 1) +
+                     " floats, expected at least num_seqs * num_kv_heads * stride");
+    v = b.view();
+    v.scores = {nullptr, b.scores.size()};
+    expect_error(v, b.buffers(), "scores is null");
+    v = b.view();
+    v.seq_lens = {b.lens.data(), 1};
+    expect_error(v, b.buffers(), "seq_lens holds 1 entries, expected at least num_seqs = 2");
+    v = b.view();
+    v.seq_lens = {nullptr, 2};
+    expect_error(v, b.buffers(), "seq_lens is null");
+  }
+  {
+    auto o = b.buffers();
+    o.indices = {b.indices.data(), b.indices.size() - 1};
+    expect_error(b.view(), o, "selection indices holds " + std::to_string(b.indices.size() - 1));
+    o = b.buffers();
+    o.indices = {nullptr, b.indices.size()};
+    expect_error(b.view(), o, "selection indices is null");
+    o = b.buffers();
+    o.counts = {b.counts.data(), 5};
+    expect_error(b.view(), o,
+                 "selection counts holds 5 entries, expected at least num_seqs * "
+                 "num_kv_heads = 6");
+    o = b.buffers();
+    o.counts = {nullptr, 6};
+    expect_error(b.view(), o, "selection counts is null");
+  }
+  {
+    // The second sequence's length is checked before the first row is written.
+    std::vector<std::int32_t> lens = {50, b.stride + 1};
+    auto v = b.view();
+    v.seq_lens = {lens.data(), lens.size()};
+    expect_error(v, b.buffers(),
+                 "seq_lens[1] = " + std::to_string(b.stride + 1) +
+                     " is outside [0, stride = " + std::to_string(b.stride) + "]");
+    lens = {50, -1};
+    expect_error(v, b.buffers(), "seq_lens[1] = -1 is outside [0, stride = ");
+  }
+  // And the same views, corrected, are accepted.
+  topk.select(b.view(), b.buffers());
+  CHECK_FALSE(b.untouched());
+}
+
+TEST_CASE("the header examples compile and run", "[select][example]") {
+  // select/topk.hpp and select/threshold.hpp: 1 sequence, 8 kv heads, 4096 tokens.
+  std::mt19937 rng(61);
+  batch b({4096}, 8, 512, {data_kind::normal}, rng);
+  const auto scores = b.view();
+  const auto out = b.buffers();
+  {
+    kvscout::topk_selector_host::config cfg{.num_seqs = 1,
+                                            .num_kv_heads = 8,
+                                            .stride = b.stride,
+                                            .capacity = 512,
+                                            .budget = 512,
+                                            .keep = {.sinks = 4, .recent = 64}};
+    std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(cfg));
+    kvscout::topk_selector_host topk(cfg, {ws.data(), ws.size()});
+    topk.select(scores, out);  // score_view<host_space>, selection_buffers<host_space>
+    CHECK(b.counts[0] == 512);
+  }
+  {
+    kvscout::threshold_selector_host::config cfg{.num_seqs = 1,
+                                                 .num_kv_heads = 8,
+                                                 .stride = b.stride,
+                                                 .capacity = 512,
+                                                 .alpha = 4.f,
+                                                 .max_count = 512,
+                                                 .rule = kvscout::threshold_rule::per_head,
+                                                 .keep = {.sinks = 4, .recent = 64}};
+    std::vector<std::byte> ws(kvscout::threshold_selector_host::workspace_bytes(cfg));
+    kvscout::threshold_selector_host sel(cfg, {ws.data(), ws.size()});
+    sel.select(scores, out);
+    CHECK(b.counts[0] >= 68);
+  }
+  {
+    // select/concepts.hpp
+    const int len = 100;
+    kvscout::keep_set keep{.sinks = 4, .recent = 64};
+    const auto [head_end, tail_begin] = kvscout::keep_bounds(keep, len);
+    CHECK(head_end == 4);
+    CHECK(tail_begin == 36);
+    CHECK(kvscout::keep_bounds(keep, len).size(len) == 68);
+    CHECK(kvscout::keep_bounds({10, 10}, 15).head_end == 10);
+    CHECK(kvscout::keep_bounds({10, 10}, 15).tail_begin == 10);
+    CHECK(kvscout::keep_bounds({10, 10}, 15).size(15) == 15);
+  }
+}
