@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Builds the host benchmarks (Release), runs them, and prints the tables with the ratio of each
-# measurement to its anchor from the same run. The last lines are one per target:
+# Builds the host benchmarks (Release, -march=native), runs them, and prints the tables with the
+# ratio of each measurement to its anchor from the same run. The last lines are one per target:
 #   <target-name> <measured> <goal> <met|missed>
 #
-#   bash scripts/bench_report.sh                 # full run (a few minutes on 2 cores)
-#   KVSCOUT_BENCH_QUICK=1 bash scripts/bench_report.sh   # one repetition, shorter runs
-#   KVSCOUT_BENCH_MD=out.md bash scripts/bench_report.sh # also write the tables as markdown
+#   bash scripts/bench_report.sh                          # full run (a few minutes on 2 cores)
+#   KVSCOUT_BENCH_QUICK=1 bash scripts/bench_report.sh    # one repetition, shorter runs
+#   KVSCOUT_BENCH_MD=out.md bash scripts/bench_report.sh  # also write the tables as markdown
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVSCOUT_BENCH_BUILD:-$root/build-bench}
@@ -14,15 +14,17 @@ mkdir -p "$out"
 
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSCOUT_BUILD_TESTS=OFF \
   -DKVSCOUT_BUILD_EXAMPLES=OFF -DKVSCOUT_ENABLE_CUDA=OFF >/dev/null
-cmake --build "$build" --target kvscout_bench_gather >/dev/null
+cmake --build "$build" --target kvscout_bench_gather kvscout_bench_select kvscout_bench_speculation >/dev/null
 
 reps=3 min_time=0.2
 if [[ -n "${KVSCOUT_BENCH_QUICK:-}" ]]; then reps=1 min_time=0.05; fi
 
-echo "== host gather vs memcpy (${reps} repetitions, median)" >&2
-"$build/bench/kvscout_bench_gather" --benchmark_repetitions=$reps --benchmark_min_time=$min_time \
-  --benchmark_out="$out/host_gather.json" --benchmark_out_format=json >"$out/host_gather.txt"
+for b in gather select speculation; do
+  echo "== kvscout_bench_$b (${reps} repetitions, median)" >&2
+  "$build/bench/kvscout_bench_$b" --benchmark_repetitions=$reps --benchmark_min_time=$min_time \
+    --benchmark_out="$out/host_$b.json" --benchmark_out_format=json >"$out/host_$b.txt"
+done
 
-args=("$out/host_gather.json")
+args=("$out")
 if [[ -n "${KVSCOUT_BENCH_MD:-}" ]]; then args+=(--markdown "$KVSCOUT_BENCH_MD"); fi
 python3 "$root/scripts/bench_table.py" "${args[@]}"

@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
-"""Turns Google Benchmark JSON from kvscout's benchmarks into tables and target lines.
+"""Turns kvscout's Google Benchmark JSON into tables and target lines.
 
-usage: bench_table.py RESULTS.json [--markdown OUT.md]
+usage: bench_table.py DIR [--markdown OUT.md]
 
-Prints a table per benchmark family (median over repetitions), the ratio of every measurement to
-its anchor from the same run, and ends with one line per target:
+DIR holds host_gather.json, host_select.json and host_speculation.json (any may be missing).
+Prints one table per benchmark family (median over repetitions) with every measurement's ratio
+to its anchor from the same run, and ends with one line per target:
     <target-name> <measured> <goal> <met|missed>
 """
 import json
+import os
 import re
 import statistics
 import sys
 
 
 def parse_name(name):
-    # BM_host_gather/row:256/density:10/hnd:1/threads:1/real_time
     parts = name.split("/")
     fields = {}
     for p in parts[1:]:
@@ -25,22 +26,95 @@ def parse_name(name):
 
 
 def load(path):
+    if not os.path.exists(path):
+        return {}, []
     with open(path) as f:
         data = json.load(f)
     runs = {}
     for b in data["benchmarks"]:
         if b.get("run_type") == "aggregate":
             continue
-        base = b.get("run_name", b["name"])
-        runs.setdefault(base, []).append(b)
-    out = {}
+        runs.setdefault(b.get("run_name", b["name"]), []).append(b)
+    out = []
     for base, bs in runs.items():
         family, fields = parse_name(base)
-        bps = statistics.median(x["bytes_per_second"] for x in bs if "bytes_per_second" in x)
-        t = statistics.median(x["real_time"] for x in bs)
-        out[base] = {"family": family, "fields": fields, "gbps": bps / 1e9, "time": t,
-                     "unit": bs[0].get("time_unit", "ns"), "reps": len(bs)}
+        bps = [x["bytes_per_second"] for x in bs if "bytes_per_second" in x]
+        out.append({"family": family, "fields": fields,
+                    "gbps": statistics.median(bps) / 1e9 if bps else float("nan"),
+                    "time": statistics.median(x["real_time"] for x in bs)})
     return data.get("context", {}), out
+
+
+def find(res, family, **fields):
+    for r in res:
+        if r["family"] == family and all(r["fields"].get(k) == v for k, v in fields.items()):
+            return r
+    return None
+
+
+def gather_section(res):
+    lines = ["### Host gather vs memcpy", "",
+             "| row bytes | density % | order | threads | gather GB/s | memcpy GB/s | ratio |",
+             "|---:|---:|:--|---:|---:|---:|---:|"]
+    targets = []
+    rows = []
+    for r in res:
+        if r["family"] != "BM_host_gather":
+            continue
+        f = r["fields"]
+        a = find(res, "BM_memcpy", row=f["row"], density=f["density"], threads=f["threads"])
+        ratio = r["gbps"] / a["gbps"] if a else float("nan")
+        rows.append((f["row"], f["density"], "HND" if f["hnd"] else "NHD", f["threads"], r["gbps"],
+                     a["gbps"] if a else float("nan"), ratio))
+    for row, d, order, th, g, m, ratio in sorted(rows):
+        lines.append(f"| {row} | {d} | {order} | {th} | {g:.2f} | {m:.2f} | {ratio:.2f} |")
+    key = [x for x in rows if x[:4] == (256, 10, "HND", 1)]
+    if key:
+        targets.append(("host_gather_vs_memcpy", key[0][6], ">=", 0.70))
+    return lines, targets
+
+
+def select_section(res):
+    lines = ["### Selection vs its anchors", "",
+             "| n | top-k radix us | nth_element us | speed-up | threshold (flat) us | "
+             "threshold (logits) us | stream pass us | flat / pass | logits / pass |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    speedups, logit_ratios = [], []
+    for n in sorted({r["fields"].get("n") for r in res if "n" in r["fields"]}):
+        rad, nth = find(res, "BM_topk_radix", n=n), find(res, "BM_topk_nth_element", n=n)
+        thr, thl = find(res, "BM_threshold", n=n), find(res, "BM_threshold_logits", n=n)
+        pas = find(res, "BM_stream_pass", n=n)
+        if not (rad and nth and thr and thl and pas):
+            continue
+        sp = nth["time"] / rad["time"]
+        speedups.append(sp)
+        logit_ratios.append(thl["time"] / pas["time"])
+        lines.append(f"| {n} | {rad['time']:.1f} | {nth['time']:.1f} | {sp:.1f}x | {thr['time']:.1f} | "
+                     f"{thl['time']:.1f} | {pas['time']:.2f} | {thr['time'] / pas['time']:.1f}x | "
+                     f"{thl['time'] / pas['time']:.1f}x |")
+    targets = []
+    if speedups:
+        targets.append(("host_topk_vs_nth_element", min(speedups), ">=", 3.0))
+        targets.append(("host_threshold_vs_pass", max(logit_ratios), "<=", 1.5))
+    return lines, targets
+
+
+def speculation_section(res):
+    lines = ["### Speculation (partial-query GEMV + scoring) vs streaming the partial keys", "",
+             "| n | post_rope_skew GB/s | rope_planes GB/s | stream GB/s | post_rope / stream | "
+             "rope_planes / stream |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    ratios = []
+    for n in sorted({r["fields"].get("n") for r in res if "n" in r["fields"]}):
+        m0, m1 = find(res, "BM_speculation", n=n, mode=0), find(res, "BM_speculation", n=n, mode=1)
+        st = find(res, "BM_stream_partial_keys", n=n)
+        if not (m0 and m1 and st):
+            continue
+        ratios.append(m0["gbps"] / st["gbps"])
+        lines.append(f"| {n} | {m0['gbps']:.1f} | {m1['gbps']:.1f} | {st['gbps']:.1f} | "
+                     f"{m0['gbps'] / st['gbps']:.2f} | {m1['gbps'] / st['gbps']:.2f} |")
+    targets = [("host_speculation_vs_stream", min(ratios), ">=", 0.7)] if ratios else []
+    return lines, targets
 
 
 def main():
@@ -53,43 +127,33 @@ def main():
         i = args.index("--markdown")
         md_out = args[i + 1]
         del args[i:i + 2]
-    context, res = load(args[0])
-
-    memcpy = {(r["fields"]["row"], r["fields"]["density"], r["fields"]["threads"]): r
-              for r in res.values() if r["family"] == "BM_memcpy"}
-    rows = []
-    for r in res.values():
-        if r["family"] != "BM_host_gather":
+    root = args[0]
+    sections, targets, context = [], [], {}
+    for fname, fn in (("host_gather.json", gather_section), ("host_select.json", select_section),
+                      ("host_speculation.json", speculation_section)):
+        ctx, res = load(os.path.join(root, fname))
+        if not res:
             continue
-        f = r["fields"]
-        anchor = memcpy.get((f["row"], f["density"], f["threads"]))
-        ratio = r["gbps"] / anchor["gbps"] if anchor else float("nan")
-        rows.append((f["row"], f["density"], "HND" if f["hnd"] else "NHD", f["threads"],
-                     r["gbps"], anchor["gbps"] if anchor else float("nan"), ratio))
-    rows.sort()
-    lines = ["| row bytes | density % | order | threads | gather GB/s | memcpy GB/s | ratio |",
-             "|---:|---:|:--|---:|---:|---:|---:|"]
-    for row, d, order, th, g, m, ratio in rows:
-        lines.append(f"| {row} | {d} | {order} | {th} | {g:.2f} | {m:.2f} | {ratio:.2f} |")
-    table = "\n".join(lines)
-    print(table)
-
-    targets = []
-    key = [x for x in rows if x[0] == 256 and x[1] == 10 and x[2] == "HND" and x[3] == 1]
-    if key:
-        ratio = key[0][6]
-        targets.append(("host_gather_vs_memcpy", ratio, 0.70, ratio >= 0.70, ">="))
+        context = context or ctx
+        lines, t = fn(res)
+        sections.append("\n".join(lines))
+        targets += t
+    text = "\n\n".join(sections)
+    print(text)
     print()
-    for name, measured, goal, met, _ in targets:
-        print(f"{name} {measured:.3f} {goal:.2f} {'met' if met else 'missed'}")
+    target_lines = []
+    for name, measured, op, goal in targets:
+        met = measured >= goal if op == ">=" else measured <= goal
+        target_lines.append(f"{name} {measured:.3f} {goal:.2f} {'met' if met else 'missed'}")
+    print("\n".join(target_lines))
     if md_out:
         with open(md_out, "w") as f:
-            cpu = context.get("num_cpus", "?")
-            f.write(f"Machine: {cpu} CPUs, {context.get('mhz_per_cpu', '?')} MHz; "
-                    f"date {context.get('date', '?')}\n\n{table}\n\n")
-            for name, measured, goal, met, op in targets:
-                f.write(f"- `{name}`: {measured:.3f} (goal {op} {goal:.2f}): "
-                        f"{'met' if met else 'missed'}\n")
+            f.write(f"Machine: {context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz; "
+                    f"run {context.get('date', '?')}\n\n{text}\n\n")
+            f.write("| target | measured | goal | status |\n|---|---:|---:|:--|\n")
+            for name, measured, op, goal in targets:
+                met = measured >= goal if op == ">=" else measured <= goal
+                f.write(f"| `{name}` | {measured:.3f} | {op} {goal:.2f} | {'met' if met else 'missed'} |\n")
     return 0
 
 

@@ -130,7 +130,7 @@ TEST_CASE("with a budget of every token the pipeline equals dense decoding", "[p
   }
 }
 
-TEST_CASE("a small budget moves only the selected rows; the oracle carries the most mass",
+TEST_CASE("a small budget moves only the selected rows and the oracle carries the most mass",
           "[pipeline]") {
   constexpr int budget = 12;
   model m(L, Hq, H, S, max_tokens, 77);

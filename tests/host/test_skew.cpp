@@ -238,7 +238,7 @@ TEST_CASE("A is orthogonal and skewing preserves q . k", "[skew]") {
   CHECK(worst_rel < 1e-5);
 }
 
-TEST_CASE("channels are the r largest column sums of |qA|, ascending; GQA rows are stacked",
+TEST_CASE("channels are the r largest column sums of |qA|, ascending, with GQA rows stacked",
           "[skew]") {
   const int g = GENERATE(1, 3, 8);
   const auto mode = GENERATE(rope_mode::post_rope_skew, rope_mode::pre_rope_folded);
@@ -456,7 +456,7 @@ TEST_CASE("skew helps: low-rank queries rank tokens much better in the skewed ba
   CHECK(recall_skew >= recall_raw + 0.3);
 }
 
-TEST_CASE("post_rope_skew: partial query = (RoPE(Wx + b)) A_S; r = D gives the full RoPE'd q . k",
+TEST_CASE("post_rope_skew: partial query = (RoPE(Wx + b)) A_S, and r = D gives the full RoPE'd q . k",
           "[skew]") {
   const auto style = GENERATE(rope_style::split_half, rope_style::interleaved);
   const int D = 64, d_model = 48, g = 3, n = 64;
@@ -626,7 +626,7 @@ TEST_CASE("rope_planes: the partial score is exactly the selected planes' share 
   }
 }
 
-TEST_CASE("pre_rope_folded: partial query = (Wx + b) A_S from folded weights; r = D gives q . k",
+TEST_CASE("pre_rope_folded: partial query = (Wx + b) A_S from folded weights, and r = D gives q . k",
           "[skew]") {
   const int D = GENERATE(64, 24);
   const int d_model = 56, g = 2, n = 60;
