@@ -14,12 +14,13 @@ mkdir -p "$out"
 
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSCOUT_BUILD_TESTS=OFF \
   -DKVSCOUT_BUILD_EXAMPLES=OFF -DKVSCOUT_ENABLE_CUDA=OFF >/dev/null
-cmake --build "$build" --target kvscout_bench_gather kvscout_bench_select kvscout_bench_speculation >/dev/null
+cmake --build "$build" --target kvscout_bench_gather kvscout_bench_select kvscout_bench_speculation \
+  kvscout_bench_kivi >/dev/null
 
 reps=3 min_time=0.2
 if [[ -n "${KVSCOUT_BENCH_QUICK:-}" ]]; then reps=1 min_time=0.05; fi
 
-for b in gather select speculation; do
+for b in gather select speculation kivi; do
   echo "== kvscout_bench_$b (${reps} repetitions, median)" >&2
   "$build/bench/kvscout_bench_$b" --benchmark_repetitions=$reps --benchmark_min_time=$min_time \
     --benchmark_out="$out/host_$b.json" --benchmark_out_format=json >"$out/host_$b.txt"

@@ -3,7 +3,8 @@
 
 usage: bench_table.py DIR [--markdown OUT.md]
 
-DIR holds host_gather.json, host_select.json and host_speculation.json (any may be missing).
+DIR holds host_gather.json, host_select.json, host_speculation.json and host_kivi.json (any
+may be missing).
 Prints one table per benchmark family (median over repetitions) with every measurement's ratio
 to its anchor from the same run, and ends with one line per target:
     <target-name> <measured> <goal> <met|missed>
@@ -39,9 +40,13 @@ def load(path):
     for base, bs in runs.items():
         family, fields = parse_name(base)
         bps = [x["bytes_per_second"] for x in bs if "bytes_per_second" in x]
+        ips = [x["items_per_second"] for x in bs if "items_per_second" in x]
+        counters = {k: v for k, v in bs[0].items() if isinstance(v, (int, float))}
         out.append({"family": family, "fields": fields,
                     "gbps": statistics.median(bps) / 1e9 if bps else float("nan"),
-                    "time": statistics.median(x["real_time"] for x in bs)})
+                    "ips": statistics.median(ips) if ips else float("nan"),
+                    "time": statistics.median(x["real_time"] for x in bs),
+                    "unit": bs[0].get("time_unit", "ns"), "counters": counters})
     return data.get("context", {}), out
 
 
@@ -117,6 +122,34 @@ def speculation_section(res):
     return lines, targets
 
 
+def kivi_section(res):
+    names = {16: "fp16", 4: "KIVI-4", 2: "KIVI-2"}
+    lines = ["### KIVI-quantized rows", "",
+             "| head_dim | bits | scales | bytes per row (K + V) | vs fp16 |", "|---:|---:|:--|---:|---:|"]
+    for r in sorted((r for r in res if r["family"] == "BM_kivi_bytes_per_row"),
+                    key=lambda r: (r["fields"]["head_dim"], r["fields"]["bits"], r["fields"]["scale"])):
+        f, c = r["fields"], r["counters"]
+        lines.append(f"| {f['head_dim']} | {f['bits']} | fp{f['scale']} | {c['bytes_per_row']:.0f} | "
+                     f"{c['ratio']:.3f} |")
+    lines += ["", "| rows | threads | gather GB/s | M rows/s |", "|:--|---:|---:|---:|"]
+    for r in sorted((r for r in res if r["family"] == "BM_gather"),
+                    key=lambda r: (-r["fields"]["bits"], r["fields"]["threads"])):
+        f = r["fields"]
+        lines.append(f"| {names.get(f['bits'], f['bits'])} | {f['threads']} | {r['gbps']:.2f} | "
+                     f"{r['ips'] / 1e6:.1f} |")
+    lines += ["", "| rows (4096 per KV head, 8 KV heads, 32 query heads) | sparse attention time |",
+              "|:--|---:|"]
+    for r in (r for r in res if r["family"] == "BM_sparse_attention"):
+        f = r["fields"]
+        lines.append(f"| {names.get(f['bits'], f['bits'])}, fp{f['scale']} scales | "
+                     f"{r['time']:.0f} {r['unit']} |")
+    targets = []
+    k2 = find(res, "kivi2_bytes_per_row_vs_fp16")
+    if k2:
+        targets.append(("kivi2_bytes_per_row_vs_fp16", k2["counters"]["ratio"], "<=", 0.25))
+    return lines, targets
+
+
 def main():
     args = sys.argv[1:]
     if not args:
@@ -130,7 +163,7 @@ def main():
     root = args[0]
     sections, targets, context = [], [], {}
     for fname, fn in (("host_gather.json", gather_section), ("host_select.json", select_section),
-                      ("host_speculation.json", speculation_section)):
+                      ("host_speculation.json", speculation_section), ("host_kivi.json", kivi_section)):
         ctx, res = load(os.path.join(root, fname))
         if not res:
             continue

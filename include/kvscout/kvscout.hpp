@@ -5,6 +5,7 @@
 // included one by one from code compiled with nvcc.
 
 #include "kvscout/attention/decode.hpp"
+#include "kvscout/attention/kivi_rows.hpp"
 #include "kvscout/attention/rows.hpp"
 #include "kvscout/backend/host/thread_pool.hpp"
 #include "kvscout/cache/host_buffer.hpp"
@@ -21,6 +22,7 @@
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/kv/contiguous.hpp"
+#include "kvscout/kv/kivi.hpp"
 #include "kvscout/kv/page_table.hpp"
 #include "kvscout/kv/paged.hpp"
 #include "kvscout/pipeline/host_pipeline.hpp"

@@ -34,7 +34,7 @@ class span {
   using value_type = std::remove_cv_t<T>;
   using memory_space = Space;
 
-  KVSCOUT_HOST_DEVICE constexpr span() noexcept = default;
+  constexpr span() noexcept = default;  // defaulted: callable on host and device alike
   KVSCOUT_HOST_DEVICE constexpr span(T* data, std::size_t size) noexcept
       : data_(data), size_(size) {}
 

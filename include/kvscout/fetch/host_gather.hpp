@@ -205,6 +205,8 @@ class host_gather_executor {
 #if defined(__GNUC__) || defined(__clang__)
     constexpr std::size_t line = 64;
     for (std::size_t o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 0, 0);
+    // A row that does not start on a line may end on one more (e.g. 48-byte KIVI-2 records).
+    if (bytes % line != 0) __builtin_prefetch(p + bytes - 1, 0, 0);
 #else
     (void)p, (void)bytes;
 #endif

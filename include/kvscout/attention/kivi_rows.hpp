@@ -1,0 +1,197 @@
+#pragma once
+// Row sources for decode attention over a KIVI cache (kv/kivi.hpp). A quantised row is
+// dequantised into attention's float buffer as it is read (keys with the per-channel parameters
+// of the token's key group, values with the per-group parameters carried in the record); the
+// residual window is read in full precision. No full-precision copy of a quantised row exists
+// anywhere, so only the quantised bytes ever cross the link.
+//
+//   kivi_layout_rows<L>    every token of (s, h) in cache order: the quantised tokens
+//                          [0, quantized_len) from the cache's records, then the residual window
+//                          [quantized_len, len). The dense reference over the quantised cache.
+//   kivi_gathered_rows<L>  the counts[s, h] records an executor gathered for a selection (the
+//                          destination layout of core/selection.hpp, row sizes k_row_bytes /
+//                          v_row_bytes), then the whole residual window, which is resident and
+//                          never fetched: rows(s, h) = counts[s, h] + residual_len(s).
+// token(s, h, i) is the cache position of row i in both, so rows stay in ascending token order.
+//
+//   using layout = kvscout::kivi_layout<kvscout::half, 128, 2>;
+//   auto kv = store.buffers().view(l);                            // kivi_view<layout, host_space>
+//   gather.submit(kv.quantized(), selection, destination).wait(); // host_gather_executor<layout>
+//   kvscout::kivi_gathered_rows rows(l, selection, destination, kv.resident);
+//   kvscout::decode_attention_host(rows, current, q, out, {.num_q_heads = 32, .scale = 0.088f});
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/attention/rows.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/kv/detail/kivi_pack.hpp"
+#include "kvscout/kv/kivi.hpp"
+
+namespace kvscout {
+namespace detail {
+
+// Key row of quantised token t of (s, h) from its record [k_row_bytes]: parameters of key group
+// t / G from the resident k_params.
+template <kivi_quantized_layout L>
+inline void kivi_load_key(const L& l, const std::byte* record, const std::byte* k_params, int s,
+                          int t, int h, float* dst) {
+  using S = typename L::scale_type;
+  const S* scale = reinterpret_cast<const S*>(k_params + l.k_params_offset(s, t / l.group(), h));
+  kivi_dequantize_key_row<L::bits, S>(reinterpret_cast<const std::uint8_t*>(record), scale,
+                                      scale + L::head_dim, L::head_dim, dst);
+}
+
+// Value row from its record [v_row_bytes]: codes, then scales[D / G], zeros[D / G].
+template <kivi_quantized_layout L>
+inline void kivi_load_value(const L& l, const std::byte* record, float* dst) {
+  using S = typename L::scale_type;
+  kivi_dequantize_value_row<L::bits, S>(
+      reinterpret_cast<const std::uint8_t*>(record),
+      reinterpret_cast<const S*>(record + l.v_scales_offset()),
+      reinterpret_cast<const S*>(record + l.v_zeros_offset()), L::head_dim, l.group(), dst);
+}
+
+}  // namespace detail
+
+/// Every token of a KIVI cache, quantised ones dequantised on the fly.
+template <kivi_quantized_layout L>
+class kivi_layout_rows {
+ public:
+  using element_type = typename L::element_type;
+  static constexpr int head_dim = L::head_dim;
+
+  explicit kivi_layout_rows(const kivi_view<L, host_space>& kv) : kv_(kv) { kv.validate(); }
+
+  int num_seqs() const { return kv_.layout.num_seqs(); }
+  int num_kv_heads() const { return kv_.layout.num_kv_heads(); }
+  int rows(int s, int /*h*/) const { return kv_.layout.total_len(s); }
+  int token(int /*s*/, int /*h*/, int i) const { return i; }
+
+  void load_k(int s, int h, int i, float* dst) const {
+    const L& l = kv_.layout;
+    if (i < l.seq_len(s)) {
+      detail::kivi_load_key(l, kv_.k_codes.data() + l.k_offset(s, i, h),
+                            kv_.resident.k_params.data(), s, i, h, dst);
+    } else {
+      detail::load_row<element_type, head_dim>(
+          kv_.resident.k_residual.data() + l.residual_offset(s, i, h), dst);
+    }
+  }
+  void load_v(int s, int h, int i, float* dst) const {
+    const L& l = kv_.layout;
+    if (i < l.seq_len(s)) {
+      detail::kivi_load_value(l, kv_.v_records.data() + l.v_offset(s, i, h), dst);
+    } else {
+      detail::load_row<element_type, head_dim>(
+          kv_.resident.v_residual.data() + l.residual_offset(s, i, h), dst);
+    }
+  }
+
+ private:
+  kivi_view<L, host_space> kv_;
+};
+
+/// The quantised rows an executor gathered for a selection, then each sequence's residual window.
+template <kivi_quantized_layout L>
+class kivi_gathered_rows {
+ public:
+  using element_type = typename L::element_type;
+  static constexpr int head_dim = L::head_dim;
+
+  /// k / v: the gathered records, [num_seqs, num_kv_heads, capacity, k_row_bytes / v_row_bytes].
+  /// Checks the selection against the layout (every listed token must be quantised: the
+  /// key group parameters are looked up by token), the record buffers and the resident buffers.
+  kivi_gathered_rows(const L& layout, const selection_view<host_space>& sel,
+                     host_span<const std::byte> k, host_span<const std::byte> v,
+                     const kivi_resident_view<host_space>& resident)
+      : l_(layout), sel_(sel), k_(k.data()), v_(v.data()), resident_(resident) {
+    KVSCOUT_EXPECTS(sel.num_seqs == layout.num_seqs() && sel.num_kv_heads == layout.num_kv_heads(),
+                    "selection shape [", sel.num_seqs, ", ", sel.num_kv_heads,
+                    "] differs from the layout's [", layout.num_seqs(), ", ",
+                    layout.num_kv_heads(), "]");
+    KVSCOUT_EXPECTS(sel.capacity >= 0, "selection capacity must be non-negative, got ",
+                    sel.capacity);
+    layout.validate_lengths();
+    const std::size_t pairs = static_cast<std::size_t>(sel.num_seqs) * sel.num_kv_heads;
+    const std::size_t slots = pairs * static_cast<std::size_t>(sel.capacity);
+    KVSCOUT_EXPECTS(sel.counts.size() >= pairs, "selection counts holds ", sel.counts.size(),
+                    " entries, expected ", pairs);
+    KVSCOUT_EXPECTS(sel.indices.size() >= slots, "selection indices holds ", sel.indices.size(),
+                    " entries, expected ", slots);
+    detail::kivi_check_buffer(k.data(), k.size(), slots * layout.k_row_bytes(),
+                              "gathered K records");
+    detail::kivi_check_buffer(v.data(), v.size(), slots * layout.v_row_bytes(),
+                              "gathered V records");
+    resident.validate(layout);
+    for (int s = 0; s < sel.num_seqs; ++s) {
+      const int q = layout.seq_len(s);
+      for (int h = 0; h < sel.num_kv_heads; ++h) {
+        const int n = sel.counts[sel.row(s, h)];
+        KVSCOUT_EXPECTS(n >= 0 && n <= sel.capacity, "count ", n, " for sequence ", s,
+                        ", kv_head ", h, " is outside [0, capacity = ", sel.capacity, "]");
+        for (int i = 0; i < n; ++i) {
+          const int t = sel.indices[slot(s, h, i)];
+          KVSCOUT_EXPECTS(t >= 0 && t < q, "token index ", t, " (entry ", i, ") for sequence ",
+                          s, ", kv_head ", h, " is not a quantised token [0, quantized_len = ",
+                          q, ")");
+        }
+      }
+    }
+  }
+
+  /// Same, reading the destination a prefetch executor wrote.
+  kivi_gathered_rows(const L& layout, const selection_view<host_space>& sel,
+                     const gather_destination<host_space>& gathered,
+                     const kivi_resident_view<host_space>& resident)
+      : kivi_gathered_rows(layout, sel, host_span<const std::byte>(gathered.k),
+                           host_span<const std::byte>(gathered.v), resident) {}
+
+  int num_seqs() const { return sel_.num_seqs; }
+  int num_kv_heads() const { return sel_.num_kv_heads; }
+  int rows(int s, int h) const { return sel_.counts[sel_.row(s, h)] + l_.residual_len(s); }
+  int token(int s, int h, int i) const {
+    const int n = sel_.counts[sel_.row(s, h)];
+    return i < n ? sel_.indices[slot(s, h, i)] : l_.seq_len(s) + (i - n);
+  }
+
+  void load_k(int s, int h, int i, float* dst) const {
+    const int n = sel_.counts[sel_.row(s, h)];
+    if (i < n) {
+      const std::size_t at = slot(s, h, i);
+      detail::kivi_load_key(l_, k_ + at * l_.k_row_bytes(), resident_.k_params.data(), s,
+                            sel_.indices[at], h, dst);
+    } else {
+      const int t = l_.seq_len(s) + (i - n);
+      detail::load_row<element_type, head_dim>(
+          resident_.k_residual.data() + l_.residual_offset(s, t, h), dst);
+    }
+  }
+  void load_v(int s, int h, int i, float* dst) const {
+    const int n = sel_.counts[sel_.row(s, h)];
+    if (i < n) {
+      detail::kivi_load_value(l_, v_ + slot(s, h, i) * l_.v_row_bytes(), dst);
+    } else {
+      const int t = l_.seq_len(s) + (i - n);
+      detail::load_row<element_type, head_dim>(
+          resident_.v_residual.data() + l_.residual_offset(s, t, h), dst);
+    }
+  }
+
+ private:
+  std::size_t slot(int s, int h, int i) const {
+    return sel_.row(s, h) * static_cast<std::size_t>(sel_.capacity) + static_cast<std::size_t>(i);
+  }
+  L l_;
+  selection_view<host_space> sel_;
+  const std::byte* k_;
+  const std::byte* v_;
+  kivi_resident_view<host_space> resident_;
+};
+
+static_assert(attention_rows<kivi_layout_rows<kivi_layout<half, 128, 2>>>);
+static_assert(attention_rows<kivi_gathered_rows<kivi_layout<half, 128, 4, float>>>);
+
+}  // namespace kvscout

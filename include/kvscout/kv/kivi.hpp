@@ -1,0 +1,532 @@
+#pragma once
+// KIVI-quantised KV layout (Liu et al., ICML'24): 2- or 4-bit asymmetric quantisation, keys per
+// channel over groups of G tokens, values per token over groups of G channels, the most recent
+// tokens kept in full precision in a residual window. Plus the host writer that appends tokens
+// and quantises whole groups as they leave the window.
+//
+//   using layout = kvscout::kivi_layout<kvscout::half, 128, /*Bits=*/2>;   // fp16 scales / zeros
+//   std::vector<int32_t> lens = {0, 0};                                    // tokens per sequence
+//   auto l = layout::padded(/*num_kv_heads=*/8, /*capacity=*/4096, lens.data(), /*num_seqs=*/2,
+//                           {.group = 32, .residual = 128});
+//   kvscout::kivi_host_storage store(l);                     // or any 16-byte aligned buffers
+//   kvscout::kivi_host_writer<layout> w(l, store.buffers(), lens.data());
+//   w.append(/*s=*/0, k_token, v_token);                     // [8, 128] each; lens[0] becomes 1
+//   auto kv = store.buffers().view(l);                       // kivi_view: what attention reads
+//   executor.submit(kv.quantized(), selection, destination); // fetches K codes and V records only
+//
+// ## Which tokens are quantised (the residual-window rule)
+// With len = seq_lens[s] tokens, tokens [0, quantized_len) are quantised and [quantized_len, len)
+// stay in full precision, where
+//   quantized_len = G * floor(max(0, len - R) / G).
+// So the window always holds the R most recent tokens (all of them while len <= R) and at most
+// R + G - 1: whenever an append brings it to R + G tokens, its oldest G tokens (one whole key
+// group) are quantised and leave it. quantized_len is a function of len alone, so the layout
+// needs no metadata beyond the lengths. With R = 0 a group is quantised as soon as it is full.
+//
+// ## What executors and selectors see
+// As a kv_layout, seq_len(s) is quantized_len(s): executors fetch, and selectors choose among,
+// quantised tokens only. The residual window is never fetched: it is resident where attention
+// runs (the device, in an offloaded cache) and attention reads all of it, in full precision, after
+// the selected rows (attention/kivi_rows.hpp). total_len(s) and residual_len(s) give the rest.
+// A selector's score_view therefore carries quantized lengths (fill_quantized_lens).
+//
+// ## Buffers (per (sequence, kv head) slices, preallocated to `capacity` tokens, like
+// contiguous_layout::padded; every buffer 16-byte aligned). Qc = quantized_capacity =
+// quantized_len(capacity), W = R + G residual slots.
+//   k_codes     [num_seqs, H, Qc, k_row_bytes]         the key record of token t: packed codes of
+//                                                      its D channels, zero-padded to 16 bytes
+//   v_records   [num_seqs, H, Qc, v_row_bytes]         the value record of token t:
+//                 [0, D*Bits/8)                          packed codes
+//                 then scales[D / G], then zeros[D / G]  (Scale), then zero padding to 16 bytes
+//   k_params    [num_seqs, H, Qc / G, 2, D]  Scale     key group j: scale[D] then zero[D]
+//   k_residual  [num_seqs, H, W, D]          T         token t (quantized_len <= t < len) in slot
+//   v_residual  [num_seqs, H, W, D]          T         t % W: a ring, nothing moves on quantising
+// The executors move k_codes and v_records (k_row_bytes / v_row_bytes per row); k_params and the
+// residual stay resident: the key group parameters are shared by G tokens, so fetching them with
+// each row would multiply their traffic, and keeping them costs 2 * D * sizeof(Scale) / G bytes
+// per token (16 B for D = 128, G = 32, fp16), well under the smallest record.
+// Codes are packed as detail/kivi_pack.hpp documents (element c in byte c / (8 / Bits), bits
+// (c % (8 / Bits)) * Bits, element 0 lowest).
+//
+// Record sizes (bytes moved per selected (token, kv head) row, G = 32; fp16 rows move 4 * D):
+//   D = 64,  2 bits: K 16 + V 32 (fp16 scales) / 32 (fp32)    4 bits: K 32 + V 48 / 48
+//   D = 128, 2 bits: K 32 + V 48 (fp16 scales) / 64 (fp32)    4 bits: K 64 + V 80 / 96
+//
+// ## Error bound
+// For a group with minimum mn, maximum mx, exact scale s* = (mx - mn) / L, stored scale s and
+// zero z (L = 2^Bits - 1), every element x of the group dequantises to x' with
+//   |x - x'| <= max(s / 2, |z - mn| + L * |s - s*|)
+//            <= s / 2 + u * (|mn| + L * s*) + float round-off,
+// u the unit round-off of Scale (2^-11 for fp16 plus an absolute 2^-25 below fp16's normal range,
+// 2^-24 for fp32). Inside the grid q = round((x - z) / s) is within half a step; below it (x < z,
+// only when rounding moved z above mn) x' = z and x >= mn; above it x' = z + L s and x <= mx.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <type_traits>
+
+#include "kvscout/core/config.hpp"
+#include "kvscout/core/dispatch.hpp"
+#include "kvscout/core/dtype.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/kv/concepts.hpp"
+#include "kvscout/kv/detail/kivi_pack.hpp"
+
+namespace kvscout {
+
+/// The bit widths kivi_layout supports, for dispatch at the outermost API.
+inline constexpr value_list<2, 4> supported_kivi_bits{};
+
+/// Alignment of every KIVI buffer and size granule of every record: one 16-byte vector load.
+inline constexpr std::size_t kivi_alignment = 16;
+
+/// Runtime shape of the quantisation: G and R.
+struct kivi_options {
+  int group = 32;      // G: tokens per key group, channels per value group (must divide head_dim)
+  int residual = 128;  // R: recent tokens that always stay in full precision
+};
+
+template <kv_element T, int HeadDim, int Bits, class Scale = half>
+class kivi_layout {
+  static_assert(Bits == 2 || Bits == 4,
+                "kvscout::kivi_layout: Bits must be 2 or 4 (KIVI-2 or KIVI-4)");
+  static_assert(kivi_scale_type<Scale>,
+                "kvscout::kivi_layout: Scale (the type of scales and zeros) must be kvscout::half "
+                "or float");
+  static_assert(HeadDim > 0 && HeadDim % 16 == 0,
+                "kvscout::kivi_layout: HeadDim must be a positive multiple of 16, so that the "
+                "packed codes of a row fill whole 32-bit words");
+
+  static constexpr std::size_t align_up(std::size_t n) {
+    return (n + kivi_alignment - 1) / kivi_alignment * kivi_alignment;
+  }
+
+ public:
+  using element_type = T;  // residual rows, the current token, and what attention computes in
+  using scale_type = Scale;
+  static constexpr int head_dim = HeadDim;
+  static constexpr int bits = Bits;
+  /// Packed codes of one row (K or V): D * Bits / 8 bytes.
+  static constexpr std::size_t code_bytes = detail::kivi_code_bytes<Bits>(HeadDim);
+  /// A key record: the codes, padded to 16 bytes.
+  static constexpr std::size_t k_record_bytes = align_up(code_bytes);
+
+  kivi_layout() = default;
+
+  /// Padded batch: each (sequence, kv head) owns `capacity` token slots (quantised records for
+  /// quantized_capacity() of them, W = R + G residual slots). seq_lens[num_seqs] holds the total
+  /// tokens of each sequence and must stay readable where the layout is used.
+  static kivi_layout padded(int num_kv_heads, int capacity, const int32_t* seq_lens, int num_seqs,
+                            kivi_options opt = {}) {
+    KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
+    KVSCOUT_EXPECTS(capacity >= 0, "capacity must be non-negative, got ", capacity);
+    KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
+    KVSCOUT_EXPECTS(seq_lens != nullptr || num_seqs == 0, "seq_lens is null for ", num_seqs,
+                    " sequences");
+    KVSCOUT_EXPECTS(opt.group > 0, "group size G must be positive, got G = ", opt.group);
+    KVSCOUT_EXPECTS(HeadDim % opt.group == 0, "group size G = ", opt.group,
+                    " must divide head_dim = ", HeadDim, " (values are quantised over groups of G "
+                    "channels)");
+    KVSCOUT_EXPECTS(opt.residual >= 0, "residual window R must be non-negative, got R = ",
+                    opt.residual);
+    kivi_layout l;
+    l.num_seqs_ = num_seqs;
+    l.num_kv_heads_ = num_kv_heads;
+    l.capacity_ = capacity;
+    l.group_ = opt.group;
+    l.residual_ = opt.residual;
+    l.lens_ = seq_lens;
+    l.quantized_capacity_ = l.quantized_len_for(capacity);
+    l.v_record_bytes_ = align_up(code_bytes + 2 * static_cast<std::size_t>(HeadDim / opt.group) *
+                                                  sizeof(Scale));
+    return l;
+  }
+
+  KVSCOUT_HOST_DEVICE int num_seqs() const { return num_seqs_; }
+  KVSCOUT_HOST_DEVICE int num_kv_heads() const { return num_kv_heads_; }
+  KVSCOUT_HOST_DEVICE int group() const { return group_; }
+  KVSCOUT_HOST_DEVICE int residual() const { return residual_; }
+  /// Most tokens per sequence.
+  KVSCOUT_HOST_DEVICE int capacity() const { return capacity_; }
+  /// Quantised record slots per (sequence, kv head): quantized_len_for(capacity()).
+  KVSCOUT_HOST_DEVICE int quantized_capacity() const { return quantized_capacity_; }
+  /// Key groups per (sequence, kv head): quantized_capacity() / G.
+  KVSCOUT_HOST_DEVICE int key_groups() const { return quantized_capacity_ / group_; }
+  /// Residual ring slots per (sequence, kv head): R + G.
+  KVSCOUT_HOST_DEVICE int residual_slots() const { return residual_ + group_; }
+  KVSCOUT_HOST_DEVICE const int32_t* seq_lens() const { return lens_; }
+
+  /// Quantised tokens of a sequence of `len` tokens: G * floor(max(0, len - R) / G).
+  KVSCOUT_HOST_DEVICE int quantized_len_for(int len) const {
+    const int over = len - residual_;
+    return over > 0 ? over / group_ * group_ : 0;
+  }
+  /// All tokens of sequence s.
+  KVSCOUT_HOST_DEVICE int total_len(int s) const { return lens_[s]; }
+  /// The tokens executors and selectors see: the quantised ones.
+  KVSCOUT_HOST_DEVICE int seq_len(int s) const { return quantized_len_for(lens_[s]); }
+  /// Tokens of sequence s in the full-precision window: total_len(s) - seq_len(s).
+  KVSCOUT_HOST_DEVICE int residual_len(int s) const {
+    return lens_[s] - quantized_len_for(lens_[s]);
+  }
+
+  KVSCOUT_HOST_DEVICE std::size_t k_row_bytes() const { return k_record_bytes; }
+  KVSCOUT_HOST_DEVICE std::size_t v_row_bytes() const { return v_record_bytes_; }
+
+  /// Byte offsets of the key record / value record of quantised token t (t < seq_len(s)).
+  KVSCOUT_HOST_DEVICE std::size_t k_offset(int s, int t, int h) const {
+    return record_index(s, t, h) * k_record_bytes;
+  }
+  KVSCOUT_HOST_DEVICE std::size_t v_offset(int s, int t, int h) const {
+    return record_index(s, t, h) * v_record_bytes_;
+  }
+
+  /// The records of one (sequence, kv head) follow one another: a run extends to the end of the
+  /// quantised tokens.
+  KVSCOUT_HOST_DEVICE int contiguous_rows(int s, int t, int /*h*/, int n) const {
+    const int left = seq_len(s) - t;
+    return n < left ? n : left;
+  }
+
+  /// Inside a value record: byte offsets of scales[D / G] and of zeros[D / G].
+  KVSCOUT_HOST_DEVICE std::size_t v_scales_offset() const { return code_bytes; }
+  KVSCOUT_HOST_DEVICE std::size_t v_zeros_offset() const {
+    return code_bytes + static_cast<std::size_t>(HeadDim / group_) * sizeof(Scale);
+  }
+
+  /// Bytes of one key group's parameters: scale[D] then zero[D].
+  static constexpr std::size_t k_params_group_bytes = 2 * sizeof(Scale) * HeadDim;
+  /// Byte offset, in k_params, of the scales of key group j (tokens [j * G, (j + 1) * G)); its
+  /// zeros follow HeadDim * sizeof(Scale) bytes later.
+  KVSCOUT_HOST_DEVICE std::size_t k_params_offset(int s, int j, int h) const {
+    return ((static_cast<std::size_t>(s) * num_kv_heads_ + h) * key_groups() + j) *
+           k_params_group_bytes;
+  }
+
+  /// Byte offset, in k_residual / v_residual, of the row of residual token t
+  /// (seq_len(s) <= t < total_len(s)): slot t % (R + G).
+  KVSCOUT_HOST_DEVICE std::size_t residual_offset(int s, int t, int h) const {
+    const int w = residual_slots();
+    return ((static_cast<std::size_t>(s) * num_kv_heads_ + h) * w + t % w) * HeadDim * sizeof(T);
+  }
+
+  std::size_t required_k_bytes() const { return slots() * quantized_capacity_ * k_record_bytes; }
+  std::size_t required_v_bytes() const { return slots() * quantized_capacity_ * v_record_bytes_; }
+  std::size_t required_k_params_bytes() const {
+    return slots() * key_groups() * k_params_group_bytes;
+  }
+  /// Bytes of each of k_residual and v_residual.
+  std::size_t required_residual_bytes() const {
+    return slots() * residual_slots() * HeadDim * sizeof(T);
+  }
+
+  /// Host-side check of every length against the capacity.
+  void validate_lengths() const {
+    for (int s = 0; s < num_seqs_; ++s) {
+      KVSCOUT_EXPECTS(lens_[s] >= 0 && lens_[s] <= capacity_, "seq_lens[", s, "] = ", lens_[s],
+                      " is outside [0, capacity = ", capacity_, "]");
+    }
+  }
+
+  /// The kv_layout check: lengths, and the sizes of the K code and V record buffers.
+  void validate(std::size_t k_bytes, std::size_t v_bytes) const {
+    validate_lengths();
+    KVSCOUT_EXPECTS(k_bytes >= required_k_bytes(), "K code buffer holds ", k_bytes,
+                    " bytes but the layout needs ", required_k_bytes(), " (", num_seqs_,
+                    " sequences, ", num_kv_heads_, " kv heads, ", quantized_capacity_,
+                    " quantised slots of ", k_record_bytes, " bytes)");
+    KVSCOUT_EXPECTS(v_bytes >= required_v_bytes(), "V record buffer holds ", v_bytes,
+                    " bytes but the layout needs ", required_v_bytes(), " (", num_seqs_,
+                    " sequences, ", num_kv_heads_, " kv heads, ", quantized_capacity_,
+                    " quantised slots of ", v_record_bytes_, " bytes)");
+  }
+
+  /// Sizes of the resident buffers: key group parameters and the two residual windows.
+  void validate_resident(std::size_t k_params_bytes, std::size_t k_residual_bytes,
+                         std::size_t v_residual_bytes) const {
+    KVSCOUT_EXPECTS(k_params_bytes >= required_k_params_bytes(), "key parameter buffer holds ",
+                    k_params_bytes, " bytes but the layout needs ", required_k_params_bytes(),
+                    " (", key_groups(), " groups of ", k_params_group_bytes, " bytes per head)");
+    KVSCOUT_EXPECTS(k_residual_bytes >= required_residual_bytes(), "K residual buffer holds ",
+                    k_residual_bytes, " bytes but the layout needs ", required_residual_bytes(),
+                    " (", residual_slots(), " slots of ", HeadDim, " x ", dtype_traits<T>::name,
+                    " per head)");
+    KVSCOUT_EXPECTS(v_residual_bytes >= required_residual_bytes(), "V residual buffer holds ",
+                    v_residual_bytes, " bytes but the layout needs ", required_residual_bytes());
+  }
+
+  /// Writes quantized_len(s) for every sequence: the lengths a selector's score_view carries.
+  void fill_quantized_lens(host_span<int32_t> out) const {
+    KVSCOUT_EXPECTS(out.size() >= static_cast<std::size_t>(num_seqs_), "output holds ", out.size(),
+                    " entries, expected num_seqs = ", num_seqs_);
+    for (int s = 0; s < num_seqs_; ++s) out[s] = seq_len(s);
+  }
+
+ private:
+  std::size_t slots() const {
+    return static_cast<std::size_t>(num_seqs_) * static_cast<std::size_t>(num_kv_heads_);
+  }
+  KVSCOUT_HOST_DEVICE std::size_t record_index(int s, int t, int h) const {
+    return (static_cast<std::size_t>(s) * num_kv_heads_ + h) * quantized_capacity_ + t;
+  }
+
+  int num_seqs_ = 0;
+  int num_kv_heads_ = 0;
+  int capacity_ = 0;
+  int quantized_capacity_ = 0;
+  int group_ = 32;  // never 0, so a default-constructed layout's length math is defined
+  int residual_ = 128;
+  const int32_t* lens_ = nullptr;
+  std::size_t v_record_bytes_ = 0;
+};
+
+static_assert(kv_layout<kivi_layout<half, 128, 2>>);
+static_assert(kv_layout<kivi_layout<half, 64, 4, float>>);
+static_assert(kv_layout<kivi_layout<bfloat16, 128, 4, half>>);
+static_assert(kv_layout<kivi_layout<float, 256, 2, float>>);
+
+template <class L>
+struct is_kivi_layout : std::false_type {};
+template <kv_element T, int D, int B, class S>
+struct is_kivi_layout<kivi_layout<T, D, B, S>> : std::true_type {};
+
+/// A kivi_layout instantiation.
+template <class L>
+concept kivi_quantized_layout = is_kivi_layout<L>::value && kv_layout<L>;
+
+namespace detail {
+inline void kivi_check_buffer(const std::byte* p, std::size_t size, std::size_t need, const char* what) {
+  KVSCOUT_EXPECTS(p != nullptr || need == 0, what, " is null but ", need, " bytes are needed");
+  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(p) % kivi_alignment == 0, what, " at address ",
+                  static_cast<const void*>(p), " is not ", kivi_alignment, "-byte aligned");
+  KVSCOUT_EXPECTS(size >= need, what, " holds ", size, " bytes, expected at least ", need);
+}
+}  // namespace detail
+
+/// The resident part of a KIVI cache: what stays where attention runs and is never fetched.
+template <class Space>
+struct kivi_resident_view {
+  span<const std::byte, Space> k_params;    // [num_seqs, H, Qc / G, 2, D] Scale
+  span<const std::byte, Space> k_residual;  // [num_seqs, H, R + G, D] T
+  span<const std::byte, Space> v_residual;  // [num_seqs, H, R + G, D] T
+
+  /// Null / alignment / size checks against a layout.
+  template <kivi_quantized_layout L>
+  void validate(const L& l) const {
+    detail::kivi_check_buffer(k_params.data(), k_params.size(), l.required_k_params_bytes(),
+                                     "key parameter buffer (k_params)");
+    detail::kivi_check_buffer(k_residual.data(), k_residual.size(),
+                                     l.required_residual_bytes(), "K residual buffer");
+    detail::kivi_check_buffer(v_residual.data(), v_residual.size(),
+                                     l.required_residual_bytes(), "V residual buffer");
+  }
+};
+
+/// A whole KIVI cache: the layout and its five buffers (shapes in the header comment).
+template <class Layout, class Space>
+struct kivi_view {
+  Layout layout;
+  span<const std::byte, Space> k_codes;     // [num_seqs, H, Qc, k_row_bytes]   fetched
+  span<const std::byte, Space> v_records;   // [num_seqs, H, Qc, v_row_bytes]   fetched
+  kivi_resident_view<Space> resident;       // key parameters, residual windows: not fetched
+
+  /// What a prefetch executor takes: the layout over the K codes and V records.
+  KVSCOUT_HOST_DEVICE kv_view<Layout, Space> quantized() const { return {layout, k_codes, v_records}; }
+
+  /// Lengths, and null / alignment / size checks of all five buffers.
+  void validate() const {
+    layout.validate(k_codes.size(), v_records.size());
+    detail::kivi_check_buffer(k_codes.data(), k_codes.size(), layout.required_k_bytes(),
+                                     "K code buffer");
+    detail::kivi_check_buffer(v_records.data(), v_records.size(),
+                                     layout.required_v_bytes(), "V record buffer");
+    resident.validate(layout);
+  }
+};
+
+/// The five buffers of a KIVI cache, writable.
+template <class Space>
+struct kivi_buffers {
+  span<std::byte, Space> k_codes;
+  span<std::byte, Space> v_records;
+  span<std::byte, Space> k_params;
+  span<std::byte, Space> k_residual;
+  span<std::byte, Space> v_residual;
+
+  template <kivi_quantized_layout L>
+  kivi_view<L, Space> view(const L& l) const {
+    return {l, k_codes, v_records, {k_params, k_residual, v_residual}};
+  }
+};
+
+/// Owning host storage for a layout's five buffers, 16-byte aligned, zero-filled. For tests,
+/// benchmarks and examples; engines bring their own memory (pinned host store, device buffers).
+class kivi_host_storage {
+ public:
+  template <kivi_quantized_layout L>
+  explicit kivi_host_storage(const L& l)
+      : k_codes_(alloc(l.required_k_bytes())),
+        v_records_(alloc(l.required_v_bytes())),
+        k_params_(alloc(l.required_k_params_bytes())),
+        k_residual_(alloc(l.required_residual_bytes())),
+        v_residual_(alloc(l.required_residual_bytes())),
+        sizes_{l.required_k_bytes(), l.required_v_bytes(), l.required_k_params_bytes(),
+               l.required_residual_bytes(), l.required_residual_bytes()} {}
+
+  kivi_buffers<host_space> buffers() const {
+    return {{k_codes_.get(), sizes_[0]},
+            {v_records_.get(), sizes_[1]},
+            {k_params_.get(), sizes_[2]},
+            {k_residual_.get(), sizes_[3]},
+            {v_residual_.get(), sizes_[4]}};
+  }
+
+ private:
+  struct aligned_delete {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kivi_alignment}); }
+  };
+  using owned = std::unique_ptr<std::byte[], aligned_delete>;
+  static owned alloc(std::size_t bytes) {
+    // One extra granule so that even an empty buffer has a valid, aligned address.
+    const std::size_t n = bytes + kivi_alignment;
+    owned p(static_cast<std::byte*>(::operator new[](n, std::align_val_t{kivi_alignment})));
+    std::memset(p.get(), 0, n);
+    return p;
+  }
+  owned k_codes_, v_records_, k_params_, k_residual_, v_residual_;
+  std::size_t sizes_[5];
+};
+
+/// Appends tokens to a host KIVI cache: each token enters the residual window; when the window
+/// reaches R + G tokens its oldest G are quantised (keys per channel as one group, values per
+/// token) and packed into their records, and the window moves on (see the rule above). The
+/// writer increments seq_lens[s], the array the layout reads.
+///
+/// Validation happens before anything is written: sequence index, capacity, input sizes, finite
+/// inputs, and (fp16 scales) |x| <= 65504 so that no scale or zero can overflow. Not
+/// thread-safe per sequence; different sequences may be appended from different threads.
+/// An append writes only what no reader of the current lengths can see: the new token's free
+/// ring slot, and the records / parameters of tokens [q, q + G) before seq_lens[s] grows to
+/// cover them (a concurrent reader on another thread still needs the caller's synchronisation).
+template <kivi_quantized_layout Layout>
+class kivi_host_writer {
+ public:
+  using element_type = typename Layout::element_type;
+  using scale_type = typename Layout::scale_type;
+  static constexpr int head_dim = Layout::head_dim;
+
+  kivi_host_writer(const Layout& l, const kivi_buffers<host_space>& b, int32_t* seq_lens)
+      : l_(l), b_(b), lens_(seq_lens) {
+    KVSCOUT_EXPECTS(seq_lens != nullptr && seq_lens == l.seq_lens(),
+                    "seq_lens must be the (writable) array the layout reads: got ",
+                    static_cast<const void*>(seq_lens), ", the layout reads ",
+                    static_cast<const void*>(l.seq_lens()));
+    b.view(l).validate();
+  }
+
+  /// Appends one token to sequence s: k, v [num_kv_heads, head_dim].
+  void append(int s, host_span<const element_type> k, host_span<const element_type> v) {
+    append(s, 1, k, v);
+  }
+
+  /// Appends n tokens to sequence s: k, v [n, num_kv_heads, head_dim] (prefill).
+  void append(int s, int n, host_span<const element_type> k, host_span<const element_type> v) {
+    KVSCOUT_EXPECTS(s >= 0 && s < l_.num_seqs(), "sequence ", s, " is out of range [0, ",
+                    l_.num_seqs(), ")");
+    KVSCOUT_EXPECTS(n >= 0, "token count must be non-negative, got ", n);
+    const int len = lens_[s];
+    KVSCOUT_EXPECTS(len >= 0 && len <= l_.capacity() - n, "appending ", n,
+                    " token(s) to sequence ", s, " of length ", len, " exceeds capacity = ",
+                    l_.capacity());
+    const int H = l_.num_kv_heads();
+    const std::size_t elems = static_cast<std::size_t>(n) * H * head_dim;
+    KVSCOUT_EXPECTS(k.size() >= elems && v.size() >= elems, "token K / V hold ", k.size(), " / ",
+                    v.size(), " elements, expected [", n, ", ", H, ", ", head_dim, "] = ", elems);
+    KVSCOUT_EXPECTS(elems == 0 || (k.data() != nullptr && v.data() != nullptr),
+                    "token K or V is null");
+    check_values(k.data(), elems, "K");
+    check_values(v.data(), elems, "V");
+    for (int i = 0; i < n; ++i) {
+      const std::size_t tok = static_cast<std::size_t>(i) * H * head_dim;
+      append_one(s, k.data() + tok, v.data() + tok);
+    }
+  }
+
+ private:
+  using T = element_type;
+  using S = scale_type;
+  static constexpr int Bits = Layout::bits;
+
+  static void check_values(const T* x, std::size_t n, const char* what) {
+    // fp16 scales: zero = min and scale = (max - min) / L stay finite when |x| <= 65504.
+    // fp32 scales: half the float range, so that max - min cannot overflow either.
+    const float limit =
+        std::is_same_v<S, half> ? 65504.f : 0.5f * std::numeric_limits<float>::max();
+    for (std::size_t i = 0; i < n; ++i) {
+      const float f = to_float(x[i]);
+      KVSCOUT_EXPECTS(std::isfinite(f) && std::abs(f) <= limit, what, " element ", i, " = ", f,
+                      " is not finite or exceeds the range of the scale type (|x| <= ", limit,
+                      ")");
+    }
+  }
+
+  void append_one(int s, const T* k, const T* v) {
+    const int len = lens_[s];
+    const int H = l_.num_kv_heads();
+    constexpr std::size_t row = head_dim * sizeof(T);
+    for (int h = 0; h < H; ++h) {
+      const std::size_t off = l_.residual_offset(s, len, h);
+      std::memcpy(b_.k_residual.data() + off, k + static_cast<std::size_t>(h) * head_dim, row);
+      std::memcpy(b_.v_residual.data() + off, v + static_cast<std::size_t>(h) * head_dim, row);
+    }
+    const int q0 = l_.quantized_len_for(len), q1 = l_.quantized_len_for(len + 1);
+    if (q1 > q0) quantise_group(s, q0);  // q1 - q0 == G: tokens [q0, q0 + G) leave the window
+    lens_[s] = len + 1;
+  }
+
+  // Quantises tokens [q0, q0 + G) of every head from their residual slots into their records.
+  void quantise_group(int s, int q0) {
+    const int G = l_.group();
+    const int H = l_.num_kv_heads();
+    constexpr int max_group = head_dim;  // G divides head_dim
+    const T* rows[max_group];
+    std::byte* const kres = b_.k_residual.data();
+    std::byte* const vres = b_.v_residual.data();
+    for (int h = 0; h < H; ++h) {
+      // The group's key records are adjacent; zero them so that padding bytes are deterministic.
+      std::memset(b_.k_codes.data() + l_.k_offset(s, q0, h), 0,
+                  static_cast<std::size_t>(G) * l_.k_row_bytes());
+      for (int i = 0; i < G; ++i)
+        rows[i] = reinterpret_cast<const T*>(kres + l_.residual_offset(s, q0 + i, h));
+      std::byte* params = b_.k_params.data() + l_.k_params_offset(s, q0 / G, h);
+      S* scale = reinterpret_cast<S*>(params);
+      S* zero = scale + head_dim;
+      auto* records = reinterpret_cast<std::uint8_t*>(b_.k_codes.data() + l_.k_offset(s, q0, h));
+      detail::kivi_quantize_key_group<Bits, S, T>(rows, G, head_dim, scale, zero, records,
+                                                  l_.k_row_bytes());
+      for (int i = 0; i < G; ++i) {
+        const T* x = reinterpret_cast<const T*>(vres + l_.residual_offset(s, q0 + i, h));
+        auto* rec = reinterpret_cast<std::uint8_t*>(b_.v_records.data() +
+                                                    l_.v_offset(s, q0 + i, h));
+        std::memset(rec, 0, l_.v_row_bytes());  // padding bytes are zero, records deterministic
+        detail::kivi_quantize_value_row<Bits, S, T>(
+            x, head_dim, G, rec, reinterpret_cast<S*>(rec + l_.v_scales_offset()),
+            reinterpret_cast<S*>(rec + l_.v_zeros_offset()));
+      }
+    }
+  }
+
+  Layout l_;
+  kivi_buffers<host_space> b_;
+  int32_t* lens_;
+};
+
+}  // namespace kvscout
