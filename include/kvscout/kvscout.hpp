@@ -16,6 +16,7 @@
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/simd.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/fetch/concepts.hpp"

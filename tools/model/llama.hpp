@@ -25,6 +25,7 @@
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/backend/host/thread_pool.hpp"
 #include "kvscout/core/rope.hpp"
+#include "kvscout/core/simd.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/spec/concepts.hpp"
 #include "model/gguf.hpp"
@@ -96,24 +97,9 @@ inline llama_weights load_llama(const gguf_file& f) {
 }
 
 namespace detail {
-/// y[o] = sum_i W[o, i] x[i] for rows [r0, r1); 16 partial sums in one vector value.
+/// y[o] = sum_i W[o, i] x[i] for rows [r0, r1).
 inline void matvec_rows(const float* W, const float* x, int in, int r0, int r1, float* y) {
-  using vec = float __attribute__((vector_size(16 * sizeof(float))));
-  for (int o = r0; o < r1; ++o) {
-    const float* w = W + static_cast<std::size_t>(o) * in;
-    vec acc{};
-    int i = 0;
-    for (; i + 16 <= in; i += 16) {
-      vec a, b;
-      std::memcpy(&a, w + i, sizeof a);
-      std::memcpy(&b, x + i, sizeof b);
-      acc += a * b;
-    }
-    float s = 0.f;
-    for (int k = 0; k < 16; ++k) s += acc[k];
-    for (; i < in; ++i) s += w[i] * x[i];
-    y[o] = s;
-  }
+  for (int o = r0; o < r1; ++o) y[o] = kvscout::detail::dot(W + static_cast<std::size_t>(o) * in, x, in);
 }
 }  // namespace detail
 

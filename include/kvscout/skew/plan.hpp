@@ -36,6 +36,7 @@
 
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/rope.hpp"
+#include "kvscout/core/simd.hpp"
 #include "kvscout/core/span.hpp"
 
 namespace kvscout {
@@ -284,22 +285,9 @@ inline void partial_query(const partial_query_weights& w, const float* x, const 
                   w.head_dim / 2);
   const int n = w.d_model;
   const int r = w.r;
-  // Sixteen independent partial sums in one vector value (GCC / Clang vector extension): the
-  // GEMV vectorises and is bound by reading the weights, not by one chain of additions.
-  using vec = float __attribute__((vector_size(16 * sizeof(float))));
+  // detail::dot keeps 16 partial sums: the GEMV is bound by reading the weights.
   const auto row_dot = [&](int row) {
-    const float* wr = w.weight.data() + static_cast<std::size_t>(row) * n;
-    vec lanes{};
-    int j = 0;
-    for (; j + 16 <= n; j += 16) {
-      vec a, b;
-      std::memcpy(&a, wr + j, sizeof a);
-      std::memcpy(&b, x + j, sizeof b);
-      lanes += a * b;
-    }
-    float acc = 0.f;
-    for (int k = 0; k < 16; ++k) acc += lanes[k];
-    for (; j < n; ++j) acc += wr[j] * x[j];
+    const float acc = detail::dot(w.weight.data() + static_cast<std::size_t>(row) * n, x, n);
     return acc + w.bias[row];
   };
   switch (w.mode) {

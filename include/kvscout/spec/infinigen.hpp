@@ -21,19 +21,12 @@
 
 #include "kvscout/cache/partial_key_cache.hpp"
 #include "kvscout/core/dispatch.hpp"
+#include "kvscout/core/simd.hpp"
 #include "kvscout/skew/plan.hpp"
 #include "kvscout/spec/concepts.hpp"
 #include "kvscout/spec/detail/aggregate.hpp"
 
 namespace kvscout {
-
-namespace detail {
-/// N floats as one GCC / Clang vector value (the compiler maps it onto the target's registers).
-template <int N>
-struct float_vec {
-  typedef float type __attribute__((vector_size(N * sizeof(float))));
-};
-}  // namespace detail
 
 template <kv_element PkT = float>
 class infinigen_policy {
