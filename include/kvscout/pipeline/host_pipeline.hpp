@@ -72,9 +72,7 @@ class host_decode_pipeline {
                     cfg.skip_layers);
     KVSCOUT_EXPECTS(cfg.num_seqs > 0 && cfg.num_kv_heads > 0, "num_seqs and num_kv_heads must be "
                     "positive, got ", cfg.num_seqs, " and ", cfg.num_kv_heads);
-    KVSCOUT_EXPECTS(cfg.num_q_heads >= 1 && cfg.num_q_heads % cfg.num_kv_heads == 0,
-                    "num_q_heads = ", cfg.num_q_heads,
-                    " must be a positive multiple of num_kv_heads = ", cfg.num_kv_heads);
+    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
     KVSCOUT_EXPECTS(cfg.capacity >= 1 && cfg.capacity <= cfg.max_tokens, "capacity = ",
                     cfg.capacity, " must be in [1, max_tokens = ", cfg.max_tokens, "]");
     const std::size_t pairs = static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads;
@@ -156,7 +154,8 @@ class host_decode_pipeline {
   /// The selection of the last speculate() of `layer` (valid until the next one of its parity).
   [[nodiscard]] selection_view<host_space> last_selection(int layer) const {
     const buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
-    return const_cast<host_decode_pipeline*>(this)->selection(const_cast<buffer&>(b)).view();
+    return {{b.indices.data(), b.indices.size()}, {b.counts.data(), b.counts.size()},
+            cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
   }
   /// The scores of the last speculate(): [num_seqs, num_kv_heads, max_tokens].
   [[nodiscard]] host_span<const float> last_scores() const { return {scores_.data(), scores_.size()}; }

@@ -59,6 +59,22 @@ concept speculation_policy = requires(P& p, int layer, const spec_context& ctx,
 };
 
 namespace detail {
+/// The shape checks every policy's constructor makes, in one place.
+inline void check_policy_sizes(const char* policy, int num_layers, int num_seqs, int num_kv_heads,
+                               int max_tokens) {
+  KVSCOUT_EXPECTS(num_layers > 0 && num_seqs > 0 && num_kv_heads > 0 && max_tokens > 0, policy,
+                  " needs positive sizes, got layers ", num_layers, ", seqs ", num_seqs,
+                  ", kv heads ", num_kv_heads, ", max_tokens ", max_tokens);
+}
+inline void check_gqa(int num_q_heads, int num_kv_heads) {
+  KVSCOUT_EXPECTS(num_q_heads >= 1 && num_kv_heads >= 1 && num_q_heads % num_kv_heads == 0,
+                  "num_q_heads = ", num_q_heads, " must be a positive multiple of num_kv_heads = ",
+                  num_kv_heads);
+}
+inline void check_scale(float scale) {
+  KVSCOUT_EXPECTS(scale > 0.f, "scale must be positive, got ", scale);
+}
+
 inline void check_score_buffer(const score_buffer& out, const spec_context& ctx, int num_kv_heads) {
   KVSCOUT_EXPECTS(out.num_kv_heads == num_kv_heads, "score buffer has ", out.num_kv_heads,
                   " kv heads, the policy ", num_kv_heads);

@@ -29,10 +29,8 @@ class h2o_policy {
   static constexpr bool needs_query = false;
 
   explicit h2o_policy(const config& cfg) : cfg_(cfg) {
-    KVSCOUT_EXPECTS(cfg.num_layers > 0 && cfg.num_seqs > 0 && cfg.num_kv_heads > 0 &&
-                        cfg.max_tokens > 0,
-                    "h2o_policy needs positive sizes, got layers ", cfg.num_layers, ", seqs ",
-                    cfg.num_seqs, ", kv heads ", cfg.num_kv_heads, ", max_tokens ", cfg.max_tokens);
+    detail::check_policy_sizes("h2o_policy", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+                               cfg.max_tokens);
     mass_.assign(static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs * cfg.num_kv_heads *
                      static_cast<std::size_t>(cfg.max_tokens),
                  0.f);

@@ -51,15 +51,14 @@ class infinigen_policy {
                    const std::vector<host_span<const float>>& w_q,
                    const std::vector<host_span<const float>>& b_q)
       : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.num_layers)) {
-    KVSCOUT_EXPECTS(cfg.num_layers > 0 && cfg.num_seqs > 0 && cfg.num_kv_heads > 0 &&
-                        cfg.head_dim > 0 && cfg.d_model > 0 && cfg.max_tokens > 0,
-                    "infinigen_policy needs positive sizes");
-    KVSCOUT_EXPECTS(cfg.num_q_heads >= 1 && cfg.num_q_heads % cfg.num_kv_heads == 0,
-                    "num_q_heads = ", cfg.num_q_heads,
-                    " must be a positive multiple of num_kv_heads = ", cfg.num_kv_heads);
+    detail::check_policy_sizes("infinigen_policy", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+                               cfg.max_tokens);
+    KVSCOUT_EXPECTS(cfg.head_dim > 0 && cfg.d_model > 0, "head_dim and d_model must be positive, got ",
+                    cfg.head_dim, " and ", cfg.d_model);
+    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
     KVSCOUT_EXPECTS(cfg.num_q_heads / cfg.num_kv_heads <= detail::max_group, "GQA group of ",
                     cfg.num_q_heads / cfg.num_kv_heads, " exceeds ", detail::max_group);
-    KVSCOUT_EXPECTS(cfg.scale > 0.f, "scale must be positive, got ", cfg.scale);
+    detail::check_scale(cfg.scale);
     KVSCOUT_EXPECTS(plans.size() == layers_.size() && w_q.size() == layers_.size() &&
                         b_q.size() == layers_.size(),
                     "expected one entry per layer (", cfg.num_layers, ") in plans (", plans.size(),

@@ -32,9 +32,8 @@ class oracle_policy {
       : cfg_(cfg), layers_(std::move(layers)) {
     KVSCOUT_EXPECTS(!layers_.empty(), "oracle_policy needs at least one layer");
     const int H = layers_[0].layout.num_kv_heads();
-    KVSCOUT_EXPECTS(cfg.num_q_heads >= 1 && cfg.num_q_heads % H == 0, "num_q_heads = ",
-                    cfg.num_q_heads, " must be a positive multiple of num_kv_heads = ", H);
-    KVSCOUT_EXPECTS(cfg.scale > 0.f, "scale must be positive, got ", cfg.scale);
+    detail::check_gqa(cfg.num_q_heads, H);
+    detail::check_scale(cfg.scale);
   }
 
   void score(int layer, const spec_context& ctx, const score_buffer& out) const {

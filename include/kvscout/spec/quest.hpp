@@ -37,15 +37,11 @@ class quest_policy {
   static constexpr int head_dim = HeadDim;
 
   explicit quest_policy(const config& cfg) : cfg_(cfg) {
-    KVSCOUT_EXPECTS(cfg.num_layers > 0 && cfg.num_seqs > 0 && cfg.num_kv_heads > 0 &&
-                        cfg.max_tokens > 0,
-                    "quest_policy needs positive sizes, got layers ", cfg.num_layers, ", seqs ",
-                    cfg.num_seqs, ", kv heads ", cfg.num_kv_heads, ", max_tokens ", cfg.max_tokens);
+    detail::check_policy_sizes("quest_policy", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+                               cfg.max_tokens);
     KVSCOUT_EXPECTS(cfg.page_size >= 1, "page_size must be positive, got ", cfg.page_size);
-    KVSCOUT_EXPECTS(cfg.num_q_heads >= 1 && cfg.num_q_heads % cfg.num_kv_heads == 0,
-                    "num_q_heads = ", cfg.num_q_heads, " must be a positive multiple of num_kv_heads = ",
-                    cfg.num_kv_heads);
-    KVSCOUT_EXPECTS(cfg.scale > 0.f, "scale must be positive, got ", cfg.scale);
+    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
+    detail::check_scale(cfg.scale);
     max_pages_ = (cfg.max_tokens + cfg.page_size - 1) / cfg.page_size;
     bounds_.assign(static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs * cfg.num_kv_heads *
                        max_pages_ * 2 * HeadDim,
