@@ -4,6 +4,7 @@
 // which needs Eigen (offline calibration: include it where you calibrate). CUDA parts (.cuh) are
 // included one by one from code compiled with nvcc.
 
+#include "kvscout/attention/cache_rows.hpp"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/attention/kivi_rows.hpp"
 #include "kvscout/attention/rows.hpp"

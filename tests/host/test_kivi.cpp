@@ -21,6 +21,9 @@
 #include "kvscout/kv/detail/kivi_pack.hpp"
 #include "kvscout/kv/kivi.hpp"
 #include "kvscout/select/topk.hpp"
+#include "kvscout/spec/h2o.hpp"
+#include "kvscout/spec/oracle.hpp"
+#include "kvscout/spec/streaming.hpp"
 
 namespace {
 
@@ -931,6 +934,96 @@ TEST_CASE("kivi composes with a top-k selector over the quantised tokens", "[kiv
   kvscout::decode_attention_host(rows, kvscout::current_token<half>{}, {q.data(), q.size()},
                                  {out.data(), out.size()}, {Hq, 0.125f});
   for (float x : out) REQUIRE(std::isfinite(x));
+}
+
+TEMPLATE_TEST_CASE("kivi: the oracle policy scores a KIVI cache by its dequantised keys",
+                   "[kivi][policy]", (kvscout::kivi_layout<half, 64, 2>),
+                   (kvscout::kivi_layout<half, 128, 4, float>)) {
+  // Every logit the oracle writes equals the fp64 logit of the query against the key attention
+  // will read: dequantised for quantised tokens, full precision in the residual window.
+  using L = TestType;
+  constexpr int D = L::head_dim;
+  const int H = 2, g = 3, Hq = H * g;
+  kivi_fixture<L> f({300, 77}, H, {.group = 16, .residual = 32}, 41);
+  f.fill(true);
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> q(static_cast<std::size_t>(f.num_seqs) * Hq * D);
+  for (auto& x : q) x = nd(rng);
+  const int stride = f.cap;
+  std::vector<int32_t> lens(f.lens.begin(), f.lens.end()), pos(lens);
+  for (auto agg : {kvscout::gqa_aggregation::max_logit, kvscout::gqa_aggregation::mean_logit}) {
+    CAPTURE(static_cast<int>(agg));
+    kvscout::oracle_policy<L> oracle({Hq, scale, agg}, {f.view()});
+    std::vector<float> scores(static_cast<std::size_t>(f.num_seqs) * H * stride, -7.f);
+    oracle.score(0, {.q = {q.data(), q.size()}, .positions = {pos.data(), pos.size()},
+                     .seq_lens = {lens.data(), lens.size()}},
+                 {{scores.data(), scores.size()}, f.num_seqs, H, stride});
+    double worst = 0;
+    for (int s = 0; s < f.num_seqs; ++s)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < lens[s]; ++t) {
+          double agg_ref = agg == kvscout::gqa_aggregation::max_logit ? -INFINITY : 0.0;
+          double magnitude = 0;  // sum of |q_c k_c| * scale: what float rounding is relative to
+          for (int j = 0; j < g; ++j) {
+            const float* qj = &q[(static_cast<std::size_t>(s) * Hq + h * g + j) * D];
+            double d = 0;
+            for (int c = 0; c < D; ++c) {
+              const double k = f.deq_key(s, t, h, c);
+              d += static_cast<double>(qj[c]) * k;
+              magnitude += std::abs(static_cast<double>(qj[c]) * k) * scale;
+            }
+            d *= scale;
+            agg_ref = agg == kvscout::gqa_aggregation::max_logit ? std::max(agg_ref, d)
+                                                                 : agg_ref + d / g;
+          }
+          const double got = scores[(static_cast<std::size_t>(s) * H + h) * stride + t];
+          // float accumulation over D products: within D * 2^-24 of the magnitude, with margin
+          worst = std::max(worst, std::abs(got - agg_ref) / (D * 0x1p-24 * magnitude + 1e-7));
+        }
+    CAPTURE(worst);
+    REQUIRE(worst <= 1.0);  // in units of the rounding bound
+  }
+}
+
+TEST_CASE("kivi: h2o accumulates the attention paid to a KIVI cache's rows", "[kivi][policy]") {
+  // Dense attention over the quantised cache reports per-row probabilities; h2o adds them to the
+  // tokens the rows stand for (residual-window rows included), so its scores sum to the group size.
+  using L = kvscout::kivi_layout<half, 64, 2>;
+  constexpr int D = 64;
+  const int H = 2, g = 3, Hq = H * g;
+  kivi_fixture<L> f({300, 77}, H, {.group = 16, .residual = 32}, 43);
+  f.fill(false);
+  const kvscout::kivi_layout_rows<L> rows(f.view());
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> q(static_cast<std::size_t>(f.num_seqs) * Hq * D), out(q.size());
+  for (auto& x : q) x = nd(rng);
+  const int stride = f.cap + 1;
+  std::vector<float> probs(static_cast<std::size_t>(f.num_seqs) * H * stride, -1.f);
+  kvscout::decode_attention_host(rows, kvscout::current_token<half>{}, {q.data(), q.size()},
+                                 {out.data(), out.size()}, {Hq, 0.125f}, {probs.data(), probs.size()},
+                                 stride);
+  std::vector<int32_t> lens(f.lens.begin(), f.lens.end());
+  kvscout::h2o_policy h2o({.num_layers = 1, .num_seqs = 2, .num_kv_heads = H, .max_tokens = stride});
+  const kvscout::spec_context ctx{.seq_lens = {lens.data(), lens.size()}};
+  h2o.observe(0, ctx, rows, {probs.data(), probs.size()}, stride, /*has_current=*/false);
+  std::vector<float> scores(probs.size(), -7.f);
+  h2o.score(0, ctx, {{scores.data(), scores.size()}, 2, H, stride});
+  for (int s = 0; s < 2; ++s)
+    for (int h = 0; h < H; ++h) {
+      CAPTURE(s, h);
+      REQUIRE(rows.rows(s, h) == lens[s]);
+      double sum = 0;
+      for (int t = 0; t < lens[s]; ++t) {
+        const std::size_t at = (static_cast<std::size_t>(s) * H + h) * stride + t;
+        REQUIRE(scores[at] == probs[at]);
+        REQUIRE(scores[at] >= 0.f);
+        sum += scores[at];
+      }
+      REQUIRE(sum == Approx(g).epsilon(1e-4));
+    }
 }
 
 // ---- the usage examples of the headers -------------------------------------------------------

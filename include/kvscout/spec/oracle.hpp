@@ -3,12 +3,17 @@
 // bound every other policy is measured against (it needs what speculation does not have: layer
 // i's query and every key, so it runs at the start of layer i: needs_query = true).
 //
+// Keys are read as attention reads them (attention/cache_rows.hpp): through the layout, or, for a
+// KIVI cache, dequantised, then the residual window in full precision. So on a quantised cache the
+// oracle ranks by the logits attention will actually compute.
+//
 //   kvscout::oracle_policy<layout> oracle({.num_q_heads = 9, .scale = 0.125f}, per_layer_kv);
+//   // per_layer_kv: std::vector<kvscout::cache_view_t<layout>>, one per layer
 
 #include <cstddef>
 #include <vector>
 
-#include "kvscout/attention/rows.hpp"
+#include "kvscout/attention/cache_rows.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/spec/concepts.hpp"
@@ -27,8 +32,10 @@ class oracle_policy {
   static constexpr bool needs_query = true;
   static constexpr int head_dim = L::head_dim;
 
+  using view_type = cache_view_t<L>;
+
   /// layers[i] is layer i's host cache (its metadata must stay valid while the policy is used).
-  oracle_policy(const config& cfg, std::vector<kv_view<L, host_space>> layers)
+  oracle_policy(const config& cfg, std::vector<view_type> layers)
       : cfg_(cfg), layers_(std::move(layers)) {
     KVSCOUT_EXPECTS(!layers_.empty(), "oracle_policy needs at least one layer");
     const int H = layers_[0].layout.num_kv_heads();
@@ -39,7 +46,7 @@ class oracle_policy {
   void score(int layer, const spec_context& ctx, const score_buffer& out) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer ", layer,
                     " is out of range [0, ", layers_.size(), ")");
-    const layout_rows<L> rows(layers_[layer]);
+    const cache_rows_t<L> rows(layers_[static_cast<std::size_t>(layer)]);
     const int H = rows.num_kv_heads();
     detail::check_score_buffer(out, ctx, H);
     const int g = cfg_.num_q_heads / H;
@@ -68,7 +75,7 @@ class oracle_policy {
 
  private:
   config cfg_;
-  std::vector<kv_view<L, host_space>> layers_;
+  std::vector<view_type> layers_;
 };
 
 }  // namespace kvscout
