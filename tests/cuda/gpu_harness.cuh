@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <functional>
@@ -58,5 +59,74 @@ inline int run_all(const char* suite, const std::vector<test_case>& cases) {
               failed_cases);
   return failed_cases == 0 ? 0 : 1;
 }
+
+}  // namespace gpu_test
+
+// ---- small RAII helpers for tests (tests own their memory; the library never allocates) ----------
+#include <cstddef>
+#include <cstring>
+#include <cuda_runtime.h>
+
+#include "kvscout/core/cuda_check.hpp"
+
+namespace gpu_test {
+
+/// Device memory for a test, poisoned with 0xff bytes on allocation.
+template <class T>
+class device_vector {
+ public:
+  explicit device_vector(std::size_t n) : n_(n) {
+    KVSCOUT_CUDA_CHECK(cudaMalloc(&p_, bytes() ? bytes() : 1));
+    KVSCOUT_CUDA_CHECK(cudaMemset(p_, 0xff, bytes() ? bytes() : 1));
+  }
+  explicit device_vector(const std::vector<T>& host) : device_vector(host.size()) { upload(host); }
+  device_vector(const device_vector&) = delete;
+  device_vector& operator=(const device_vector&) = delete;
+  ~device_vector() { KVSCOUT_CUDA_CHECK_NO_THROW(cudaFree(p_)); }
+
+  void upload(const std::vector<T>& host) {
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(p_, host.data(), std::min(host.size(), n_) * sizeof(T),
+                                  cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(host.data(), p_, bytes(), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  void poison() { KVSCOUT_CUDA_CHECK(cudaMemset(p_, 0xff, bytes() ? bytes() : 1)); }
+  T* data() const { return p_; }
+  std::size_t size() const { return n_; }
+  std::size_t bytes() const { return n_ * sizeof(T); }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+/// Pinned, mapped host memory (cudaHostAllocMapped): the host pointer and the device alias.
+template <class T>
+class pinned_vector {
+ public:
+  explicit pinned_vector(std::size_t n) : n_(n) {
+    KVSCOUT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&p_), bytes() ? bytes() : 1,
+                                     cudaHostAllocMapped));
+    std::memset(static_cast<void*>(p_), 0xff, bytes());
+    KVSCOUT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_), p_, 0));
+  }
+  pinned_vector(const pinned_vector&) = delete;
+  pinned_vector& operator=(const pinned_vector&) = delete;
+  ~pinned_vector() { KVSCOUT_CUDA_CHECK_NO_THROW(cudaFreeHost(p_)); }
+
+  T* data() const { return p_; }         // host address
+  T* device_data() const { return d_; }  // the same memory as the device sees it
+  std::size_t size() const { return n_; }
+  std::size_t bytes() const { return n_ * sizeof(T); }
+  T& operator[](std::size_t i) { return p_[i]; }
+
+ private:
+  T* p_ = nullptr;
+  T* d_ = nullptr;
+  std::size_t n_ = 0;
+};
 
 }  // namespace gpu_test
