@@ -166,18 +166,30 @@ int main(int argc, char** argv) try {
 
   // ---- per-layer report -------------------------------------------------------------------------
   const std::size_t row_bytes = 2 * 64 * sizeof(half);
-  std::printf("\nlayer  fetched rows / cached rows   bytes moved vs dense\n");
-  std::int64_t moved = 0, full = 0;
+  // "re-selected": the share of fetched rows that the layer's previous step had fetched too; a
+  // device-side row cache keeps those, so they need not cross the link again.
+  std::printf("\nlayer  fetched rows / cached rows   bytes moved vs dense       re-selected\n");
+  std::int64_t moved = 0, full = 0, reused = 0, speculated = 0;
   for (int l = 0; l < c.n_layers; ++l) {
-    const std::int64_t rows = l < skip ? dense_rows : pipe.stats().rows[static_cast<std::size_t>(l)];
+    const auto li = static_cast<std::size_t>(l);
+    const std::int64_t rows = l < skip ? dense_rows : pipe.stats().rows[li];
     moved += rows;
     full += dense_rows;
-    std::printf("%5d  %26.3f   %6.1f MiB vs %6.1f MiB%s\n", l,
+    if (l >= skip) reused += pipe.stats().reused[li], speculated += rows;
+    char reuse[32] = "";
+    if (l >= skip && rows > 0)
+      std::snprintf(reuse, sizeof reuse, "%11.3f",
+                    static_cast<double>(pipe.stats().reused[li]) / static_cast<double>(rows));
+    std::printf("%5d  %26.3f   %6.1f MiB vs %6.1f MiB  %s%s\n", l,
                 static_cast<double>(rows) / static_cast<double>(dense_rows),
                 static_cast<double>(rows) * row_bytes / (1 << 20),
-                static_cast<double>(dense_rows) * row_bytes / (1 << 20), l < skip ? "  (dense layer)" : "");
+                static_cast<double>(dense_rows) * row_bytes / (1 << 20), reuse,
+                l < skip ? "  (dense layer)" : "");
   }
-  std::printf("all layers: %.3f of the dense bytes moved\n", static_cast<double>(moved) / static_cast<double>(full));
+  std::printf("all layers: %.3f of the dense bytes moved; %.3f of the fetched rows were fetched at the "
+              "previous step too (a device row cache would not move them again)\n",
+              static_cast<double>(moved) / static_cast<double>(full),
+              speculated > 0 ? static_cast<double>(reused) / static_cast<double>(speculated) : 0.0);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());

@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <iterator>
 #include <memory>
 #include <vector>
 
@@ -152,6 +154,9 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   std::vector<float> out(static_cast<std::size_t>(S) * Hq * D);
   double ig_mass = 0, oracle_mass = 0, random_mass = 0;
   int samples = 0;
+  // Rows each layer re-selects from its previous step, counted independently of the pipeline.
+  std::vector<std::vector<std::vector<int32_t>>> previous(L, std::vector<std::vector<int32_t>>(S * H));
+  std::vector<std::int64_t> reused(L, 0);
   const kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy<>, kvscout::topk_selector_host>* live = nullptr;
   m.on_attend = [&](int l, const kvscout::spec_context& ctx, const kvscout::current_token<T>&) {
     if (live == nullptr || l < 2) return;
@@ -170,6 +175,12 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
         const double mi = kvscout::attention_mass_recall(p, n, &sel.indices[static_cast<std::size_t>(r) * budget], budget);
         const double mo = kvscout::attention_mass_recall(p, n, &oidx[static_cast<std::size_t>(r) * budget], ocnt[r]);
         REQUIRE(mo >= mi - 1e-6);  // top-k by true mass maximises the mass
+        const int32_t* cur = &sel.indices[static_cast<std::size_t>(r) * budget];
+        std::vector<int32_t> both;
+        std::set_intersection(previous[l][r].begin(), previous[l][r].end(), cur, cur + budget,
+                              std::back_inserter(both));
+        reused[l] += static_cast<std::int64_t>(both.size());
+        previous[l][r].assign(cur, cur + budget);
         ig_mass += mi, oracle_mass += mo, random_mass += static_cast<double>(budget) / n;
         ++samples;
       }
@@ -190,6 +201,16 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
     REQUIRE(pipe.stats().bytes[l] == pipe.stats().rows[l] * 2 * D * static_cast<std::int64_t>(sizeof(T)));
   }
   REQUIRE(pipe.stats().rows[0] == 0);
+  // Reuse: the pipeline's count equals the independent one, and consecutive steps share rows.
+  std::int64_t reused_total = 0;
+  for (int l = 0; l < L; ++l) {
+    CAPTURE(l);
+    REQUIRE(pipe.stats().reused[l] == reused[l]);
+    reused_total += reused[l];
+  }
+  INFO("rows re-selected from the previous step: " << reused_total << " of "
+                                                    << steps * (L - 2) * S * H * budget);
+  CHECK(reused_total > 0);
   ig_mass /= samples, oracle_mass /= samples, random_mass /= samples;
   INFO("attention mass at budget " << budget << ": infinigen " << ig_mass << ", oracle " << oracle_mass
                                    << ", uniform expectation " << random_mass);

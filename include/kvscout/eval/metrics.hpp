@@ -5,6 +5,8 @@
 //   overlap                share of a reference set (the oracle's top-k) that a selection found
 //   relative_error         ||out - ref|| / ||ref|| in fp64, e.g. sparse against dense attention
 //   bytes_fetched          bytes a selection moves across the link (K + V rows)
+//   common_count           |a ∩ b| of two ascending index lists (rows a step re-selects: what a
+//                          device row cache would not fetch again)
 
 #include <cmath>
 #include <cstddef>
@@ -30,15 +32,20 @@ inline double attention_mass_recall(const float* probs, int n, const int32_t* se
   return total > 0 ? kept / total : 1.0;
 }
 
-/// |a ∩ b| / |b| for ascending index lists (1 when b is empty).
-inline double overlap(const int32_t* a, int na, const int32_t* b, int nb) {
+/// |a ∩ b| for ascending index lists.
+inline int common_count(const int32_t* a, int na, const int32_t* b, int nb) {
   int i = 0, j = 0, both = 0;
   while (i < na && j < nb) {
     if (a[i] == b[j]) ++both, ++i, ++j;
     else if (a[i] < b[j]) ++i;
     else ++j;
   }
-  return nb > 0 ? static_cast<double>(both) / nb : 1.0;
+  return both;
+}
+
+/// |a ∩ b| / |b| for ascending index lists (1 when b is empty).
+inline double overlap(const int32_t* a, int na, const int32_t* b, int nb) {
+  return nb > 0 ? static_cast<double>(common_count(a, na, b, nb)) / nb : 1.0;
 }
 
 inline double relative_error(host_span<const float> out, host_span<const float> ref) {

@@ -15,6 +15,11 @@
 //   scores        num_seqs * num_kv_heads * max_tokens floats
 //   selections    2 x (num_seqs * num_kv_heads * (capacity + 1)) int32
 //   destinations  2 x 2 x num_seqs * num_kv_heads * capacity * head_dim elements (K and V)
+//   previous      num_layers x num_seqs * num_kv_heads * (capacity + 1) int32 (track_reuse only)
+//
+// Reuse: with track_reuse, stats().reused[i] counts the rows layer i selected that its previous
+// step had selected too, per (sequence, kv head): the rows a device-side row cache keeps and need
+// not cross the link again (the CUDA pipeline's row cache; measured here on the host).
 //
 //   kvscout::host_decode_pipeline<layout, policy_t, selector_t> pipe(cfg, policy, selector);
 //   for (int i = 0; i < L; ++i) {
@@ -24,6 +29,7 @@
 //     ... append k, v to kv[i]; pipe.append(i, s, t, k_pre, k_post) ...
 //   }
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -33,6 +39,7 @@
 #include "kvscout/attention/rows.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/eval/metrics.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/spec/concepts.hpp"
@@ -49,12 +56,14 @@ struct host_pipeline_config {
   int capacity = 0;    // most rows fetched per (sequence, kv head): the selector's budget
   int threads = 1;     // gather threads
   float scale = 0.f;   // attention scale, usually 1 / sqrt(head_dim)
+  bool track_reuse = true;  // count rows re-selected from the previous step (fetch_stats::reused)
 };
 
 /// Per-step statistics: rows and bytes the fetches moved, per layer.
 struct fetch_stats {
-  std::vector<std::int64_t> rows;   // [num_layers], accumulated
-  std::vector<std::int64_t> bytes;  // [num_layers], accumulated
+  std::vector<std::int64_t> rows;    // [num_layers], accumulated
+  std::vector<std::int64_t> bytes;   // [num_layers], accumulated
+  std::vector<std::int64_t> reused;  // [num_layers], accumulated: rows also selected the step before
 };
 
 template <kv_layout L, speculation_policy P, class Selector>
@@ -91,6 +100,11 @@ class host_decode_pipeline {
                                  workspace_.size() * sizeof(std::int64_t)));
     stats_.rows.assign(static_cast<std::size_t>(cfg.num_layers), 0);
     stats_.bytes.assign(static_cast<std::size_t>(cfg.num_layers), 0);
+    stats_.reused.assign(static_cast<std::size_t>(cfg.num_layers), 0);
+    if (cfg.track_reuse) {
+      previous_.assign(static_cast<std::size_t>(cfg.num_layers) * pairs *
+                           static_cast<std::size_t>(cfg.capacity + 1), 0);  // counts start at 0
+    }
   }
 
   /// Scores, selects and fetches layer `layer`'s rows from its cache `kv` (during layer - 1).
@@ -112,6 +126,7 @@ class host_decode_pipeline {
     std::int64_t rows = 0;
     for (int c : b.counts) rows += c;
     stats_.rows[static_cast<std::size_t>(layer)] += rows;
+    if (cfg_.track_reuse) count_reuse(layer, b);
     stats_.bytes[static_cast<std::size_t>(layer)] +=
         rows * static_cast<std::int64_t>(kv.layout.k_row_bytes() + kv.layout.v_row_bytes());
     b.layer = layer;
@@ -168,6 +183,23 @@ class host_decode_pipeline {
     std::vector<element_type> k, v;
     int layer = -1;  // which layer's rows the buffer holds
   };
+  // Per (sequence, kv head): rows of this selection that layer's previous one held; then keep
+  // this one as the previous. previous_ row r of a layer: [count, indices...].
+  void count_reuse(int layer, const buffer& b) {
+    const std::size_t pairs = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads;
+    const std::size_t row = static_cast<std::size_t>(cfg_.capacity) + 1;
+    std::int64_t reused = 0;
+    for (std::size_t r = 0; r < pairs; ++r) {
+      int32_t* prev = previous_.data() + (static_cast<std::size_t>(layer) * pairs + r) * row;
+      const int32_t* cur = b.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
+      const int n = b.counts[r];
+      reused += common_count(prev + 1, prev[0], cur, n);
+      prev[0] = n;
+      std::copy(cur, cur + n, prev + 1);
+    }
+    stats_.reused[static_cast<std::size_t>(layer)] += reused;
+  }
+
   selection_buffers<host_space> selection(buffer& b) {
     return {{b.indices.data(), b.indices.size()}, {b.counts.data(), b.counts.size()},
             cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
@@ -181,6 +213,7 @@ class host_decode_pipeline {
   std::vector<float> probs_;
   std::vector<std::int64_t> workspace_;
   std::unique_ptr<host_gather_executor<L>> gather_;
+  std::vector<int32_t> previous_;  // [num_layers, num_seqs * num_kv_heads, 1 + capacity]
   fetch_stats stats_;
 };
 

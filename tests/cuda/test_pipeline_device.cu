@@ -1,0 +1,208 @@
+// pipeline/cuda_pipeline.hpp on a device: the ordering it promises, checked by stages that stamp
+// what they saw, eagerly and inside a captured CUDA graph.
+//
+// The fake step: for every layer, speculate(i, b) writes stamp(step, i) into selection slot b;
+// fetch(i, b), deliberately slow, copies the slot into row buffer b (from mapped host memory, as
+// a zero-copy fetch would); the compute stream's "attention" of layer i checks row buffer slot(i)
+// holds stamp(step, i) and counts mismatches; the step ends by advancing the step counter on the
+// compute stream (as the sequence lengths advance). Without the pipeline's waits the check fails
+// (a control case shows the test can fail).
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gpu_harness.cuh"
+#include "kvscout/pipeline/cuda_pipeline.hpp"
+
+namespace {
+
+__device__ int stamp(int step, int layer) { return step * 1000 + layer + 1; }
+
+__device__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+__global__ void speculate_kernel(const int* step, int layer, int* selection) {
+  spin(20000);
+  *selection = stamp(*step, layer);
+}
+
+// Reads the selection through a host-mapped mirror of the host-side cache row (`host_row`),
+// which stands for the offloaded cache the fetch reads.
+__global__ void fetch_kernel(const int* selection, const int* host_row, int* rows, long long cycles) {
+  spin(cycles);
+  rows[0] = *selection;
+  rows[1] = *host_row;
+}
+
+__global__ void attention_kernel(const int* step, int layer, const int* rows, int* errors,
+                                 int* host_row, bool check_host) {
+  if (rows[0] != stamp(*step, layer)) atomicAdd(errors, 1);
+  // The host row the fetch read was written by the previous step's append (or the set-up).
+  if (check_host && rows[1] != stamp(*step, layer)) atomicAdd(errors, 1);
+  // The append of this layer's new token: rewrites the host row the next fetch of this layer
+  // reads. The fetch in flight (layer + 1) reads another layer's row.
+  if (host_row != nullptr) *host_row = stamp(*step + 1, layer);
+  spin(5000);
+}
+
+__global__ void advance_kernel(int* step) { *step += 1; }
+
+struct fake_stages {
+  int* step;
+  int* selection;       // [2]
+  int* rows;            // [2][2]
+  const int* host_rows; // [L] device alias of mapped host memory
+  long long fetch_cycles;
+  void speculate(int layer, int slot, cudaStream_t s) {
+    speculate_kernel<<<1, 1, 0, s>>>(step, layer, selection + slot);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+  }
+  void fetch(int layer, int slot, cudaStream_t s) {
+    fetch_kernel<<<1, 1, 0, s>>>(selection + slot, host_rows + layer, rows + 2 * slot, fetch_cycles);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+  }
+};
+static_assert(kvscout::cuda_pipeline_stages<fake_stages>);
+
+struct fixture {
+  static constexpr int L = 8;
+  gpu_test::device_vector<int> step{1}, selection{2}, rows{4}, errors{1};
+  gpu_test::pinned_vector<int> host_rows{L};
+  cudaStream_t compute{}, side{}, copy{};
+  fixture() {
+    KVSCOUT_CUDA_CHECK(cudaMemset(step.data(), 0, sizeof(int)));
+    KVSCOUT_CUDA_CHECK(cudaMemset(errors.data(), 0, sizeof(int)));
+    for (int i = 0; i < L; ++i) host_rows[i] = i + 1;  // stamp(0, i): as if appended before step 0
+    KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
+  }
+  ~fixture() {
+    KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(compute));
+    KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(side));
+    KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(copy));
+  }
+  fake_stages stages(long long fetch_cycles) {
+    return {step.data(), selection.data(), rows.data(), host_rows.device_data(), fetch_cycles};
+  }
+  int read_errors() {
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    return errors.download()[0];
+  }
+};
+
+// One step, enqueued. `wait` false skips wait_rows (the control case).
+template <class Pipe>
+void enqueue_step(Pipe& pipe, fixture& f, int skip, bool wait, bool check_host) {
+  for (int i = 0; i < fixture::L; ++i) {
+    pipe.input_ready(i);
+    if (wait) pipe.wait_rows(i);
+    if (i >= skip) {
+      // the host row of layer i was last written at the previous step's attention(i): stamp(step, i)
+      attention_kernel<<<1, 1, 0, f.compute>>>(f.step.data(), i, f.rows.data() + 2 * Pipe::slot(i),
+                                                f.errors.data(), f.host_rows.device_data() + i,
+                                                check_host);
+      KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    }
+  }
+  advance_kernel<<<1, 1, 0, f.compute>>>(f.step.data());
+  KVSCOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+void ordered_eagerly() {
+  for (int skip : {0, 1, 2}) {
+    fixture f;
+    kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = skip},
+                                       {f.compute, f.side, f.copy}, f.stages(200000));
+    for (int step = 0; step < 6; ++step) {
+      if (skip == 0) pipe.speculate_first();
+      enqueue_step(pipe, f, skip, true, false);
+    }
+    const int e = f.read_errors();
+    if (e != 0) std::fprintf(stderr, "skip_layers %d: %d mismatches\n", skip, e);
+    GPU_CHECK(e == 0);
+  }
+}
+
+void serial_mode_is_ordered() {
+  fixture f;
+  kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = 2, .overlap = false},
+                                     {f.compute, f.compute, f.compute}, f.stages(20000));
+  for (int step = 0; step < 4; ++step) enqueue_step(pipe, f, 2, true, false);
+  GPU_CHECK(f.read_errors() == 0);
+}
+
+void control_without_waits_fails() {
+  // The same step without wait_rows: attention reads row buffers the slow fetch has not written.
+  fixture f;
+  kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = 2},
+                                     {f.compute, f.side, f.copy}, f.stages(2000000));
+  for (int step = 0; step < 3; ++step) enqueue_step(pipe, f, 2, false, false);
+  const int e = f.read_errors();
+  std::printf("control: %d mismatches without the waits (expected > 0)\n", e);
+  GPU_CHECK(e > 0);
+}
+
+void append_during_fetch_does_not_race() {
+  // attention(i) rewrites layer i's host row (the append) while fetch(i + 1) is in flight; every
+  // fetch must still see the row as the previous step left it.
+  fixture f;
+  kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = 1},
+                                     {f.compute, f.side, f.copy}, f.stages(200000));
+  for (int step = 0; step < 5; ++step) enqueue_step(pipe, f, 1, true, true);
+  GPU_CHECK(f.read_errors() == 0);
+}
+
+void captured_in_a_graph() {
+  fixture f;
+  kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = 2},
+                                     {f.compute, f.side, f.copy}, f.stages(100000));
+  cudaGraph_t graph{};
+  KVSCOUT_CUDA_CHECK(cudaStreamBeginCapture(f.compute, cudaStreamCaptureModeThreadLocal));
+  enqueue_step(pipe, f, 2, true, false);
+  KVSCOUT_CUDA_CHECK(cudaStreamEndCapture(f.compute, &graph));
+  cudaGraphExec_t exec{};
+  KVSCOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int step = 0; step < 10; ++step) KVSCOUT_CUDA_CHECK(cudaGraphLaunch(exec, f.compute));
+  GPU_CHECK(f.read_errors() == 0);
+  GPU_CHECK(f.step.download()[0] == 10);
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaGraphExecDestroy(exec));
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaGraphDestroy(graph));
+}
+
+void bad_config_throws() {
+  fixture f;
+  bool thrown = false;
+  try {
+    kvscout::cuda_decode_pipeline pipe({.num_layers = 4, .skip_layers = 5},
+                                       {f.compute, f.side, f.copy}, f.stages(0));
+  } catch (const kvscout::error& e) {
+    thrown = std::string(e.what()).find("skip_layers = 5") != std::string::npos;
+  }
+  GPU_CHECK(thrown);
+  thrown = false;
+  try {
+    kvscout::cuda_decode_pipeline pipe({.num_layers = 4}, {f.compute, f.compute, f.copy},
+                                       f.stages(0));
+  } catch (const kvscout::error& e) {
+    thrown = std::string(e.what()).find("three distinct streams") != std::string::npos;
+  }
+  GPU_CHECK(thrown);
+}
+
+}  // namespace
+
+int main() {
+  return gpu_test::run_all("pipeline_device",
+                           {{"ordered_eagerly", ordered_eagerly},
+                            {"serial_mode_is_ordered", serial_mode_is_ordered},
+                            {"control_without_waits_fails", control_without_waits_fails},
+                            {"append_during_fetch_does_not_race", append_during_fetch_does_not_race},
+                            {"captured_in_a_graph", captured_in_a_graph},
+                            {"bad_config_throws", bad_config_throws}});
+}
