@@ -957,7 +957,7 @@ TEMPLATE_TEST_CASE("kivi: the oracle policy scores a KIVI cache by its dequantis
     CAPTURE(static_cast<int>(agg));
     kvscout::oracle_policy<L> oracle({Hq, scale, agg}, {f.view()});
     std::vector<float> scores(static_cast<std::size_t>(f.num_seqs) * H * stride, -7.f);
-    oracle.score(0, {.q = {q.data(), q.size()}, .positions = {pos.data(), pos.size()},
+    oracle.score(0, {.x = {}, .q = {q.data(), q.size()}, .positions = {pos.data(), pos.size()},
                      .seq_lens = {lens.data(), lens.size()}},
                  {{scores.data(), scores.size()}, f.num_seqs, H, stride});
     double worst = 0;
@@ -1007,7 +1007,7 @@ TEST_CASE("kivi: h2o accumulates the attention paid to a KIVI cache's rows", "[k
                                  stride);
   std::vector<int32_t> lens(f.lens.begin(), f.lens.end());
   kvscout::h2o_policy h2o({.num_layers = 1, .num_seqs = 2, .num_kv_heads = H, .max_tokens = stride});
-  const kvscout::spec_context ctx{.seq_lens = {lens.data(), lens.size()}};
+  const kvscout::spec_context ctx{.x = {}, .q = {}, .positions = {}, .seq_lens = {lens.data(), lens.size()}};
   h2o.observe(0, ctx, rows, {probs.data(), probs.size()}, stride, /*has_current=*/false);
   std::vector<float> scores(probs.size(), -7.f);
   h2o.score(0, ctx, {{scores.data(), scores.size()}, 2, H, stride});
