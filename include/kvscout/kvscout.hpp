@@ -35,6 +35,7 @@
 #include "kvscout/spec/concepts.hpp"
 #include "kvscout/spec/h2o.hpp"
 #include "kvscout/spec/infinigen.hpp"
+#include "kvscout/spec/infinigen_device.hpp"
 #include "kvscout/spec/oracle.hpp"
 #include "kvscout/spec/quest.hpp"
 #include "kvscout/spec/streaming.hpp"

@@ -61,6 +61,14 @@ KVSCOUT_HOST_DEVICE void rope_rotate(float& xa, float& xb, double angle) {
   rope_rotate(xa, xb, static_cast<float>(cos(angle)), static_cast<float>(sin(angle)));
 }
 
+/// The cosine and sine of plane j's angle at `pos`, rounded to float: what rope_table holds
+/// (the device speculation computes its tables with the same function).
+KVSCOUT_HOST_DEVICE void rope_cos_sin(const rope_config& c, int j, int pos, float& cs, float& sn) {
+  const double angle = rope_angle(c, j, pos);
+  cs = static_cast<float>(cos(angle));
+  sn = static_cast<float>(sin(angle));
+}
+
 /// The cosine and sine of every plane's angle at one position. A decoded token's table is
 /// computed once and shared by every head (and layer) with the same rope_config, instead of two
 /// transcendental functions per plane per head. Rotations through the table are bit-identical to
@@ -73,11 +81,7 @@ struct rope_table {
 
   KVSCOUT_HOST_DEVICE void fill(const rope_config& c, int pos) {
     planes = c.head_dim / 2 < max_planes ? c.head_dim / 2 : max_planes;
-    for (int j = 0; j < planes; ++j) {
-      const double angle = rope_angle(c, j, pos);
-      cs[j] = static_cast<float>(cos(angle));
-      sn[j] = static_cast<float>(sin(angle));
-    }
+    for (int j = 0; j < planes; ++j) rope_cos_sin(c, j, pos, cs[j], sn[j]);
   }
 };
 

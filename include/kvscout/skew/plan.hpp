@@ -119,6 +119,43 @@ inline void check_plan(const skew_plan& p) {
   }
 }
 
+/// sum_d k[d] * a[d * stride] over d = 0 .. n - 1, ascending, float accumulation: element i of
+/// a partial key, with a = &A[0, channels[i]] (stride head_dim) or a column of a packed
+/// A[:, S] (stride r). Written once for project_key and the device append. The device pass rounds
+/// every product and sum on its own (no FMA contraction), so it gives the bits of a host build
+/// that does not contract either (the default x86-64 target).
+KVSCOUT_HOST_DEVICE float skew_dot(const float* k, const float* a, int n, std::size_t stride) {
+  float acc = 0.f;
+  for (int d = 0; d < n; ++d) {
+#if KVSCOUT_DEVICE_PASS
+    acc = __fadd_rn(acc, __fmul_rn(k[d], a[static_cast<std::size_t>(d) * stride]));
+#else
+    acc += k[d] * a[static_cast<std::size_t>(d) * stride];
+#endif
+  }
+  return acc;
+}
+
+/// Element i of a post_rope_skew partial query, from the head's projected query y[head_dim]
+/// (W_h x + b_h, not yet rotated): every plane j, ascending, is rotated by (cs[j], sn[j]) and its
+/// share of (RoPE(y) A[:, S])[i] is added. rotation = A[:, S], [head_dim, r] row-major. Written
+/// once for partial_query and the device speculation.
+KVSCOUT_HOST_DEVICE float post_rope_skew_element(const float* y, const rope_config& rope,
+                                                 const float* cs, const float* sn,
+                                                 const float* rotation, int head_dim, int r,
+                                                 int i) {
+  float acc = 0.f;
+  for (int j = 0; j < head_dim / 2; ++j) {
+    const rope_plane p = rope_plane_channels(rope, j);
+    float qa = y[p.a];
+    float qb = y[p.b];
+    rope_rotate(qa, qb, cs[j], sn[j]);
+    acc += qa * rotation[static_cast<std::size_t>(p.a) * r + i] +
+           qb * rotation[static_cast<std::size_t>(p.b) * r + i];
+  }
+  return acc;
+}
+
 }  // namespace detail
 
 /// The partial key as stored in the partial key cache: pk[i] = (k A)[channels[i]], pk[r].
@@ -139,14 +176,9 @@ inline void project_key(const skew_plan& plan, const float* k, float* pk) {
     for (int i = 0; i < r; ++i) pk[i] = k[ch[i]];
     return;
   }
-  // pk[i] = sum_d k[d] A[d, ch[i]]; row-major A, so walk d outside for contiguous rows.
+  // pk[i] = sum_d k[d] A[d, ch[i]], d ascending (detail::skew_dot, shared with the device).
   const float* A = plan.A.data();
-  for (int i = 0; i < r; ++i) pk[i] = 0.f;
-  for (int d = 0; d < D; ++d) {
-    const float kd = k[d];
-    const float* row = A + static_cast<std::size_t>(d) * D;
-    for (int i = 0; i < r; ++i) pk[i] += kd * row[ch[i]];
-  }
+  for (int i = 0; i < r; ++i) pk[i] = detail::skew_dot(k, A + ch[i], D, static_cast<std::size_t>(D));
 }
 
 /// What partial_query needs for one query head, laid out for a GEMV over x[d_model]. Built once,
@@ -295,17 +327,15 @@ inline void partial_query(const partial_query_weights& w, const float* x, const 
       KVSCOUT_EXPECTS(w.rotation.size() == static_cast<std::size_t>(w.head_dim) * r,
                       "partial_query: rotation has ", w.rotation.size(),
                       " elements, expected head_dim * r = ", w.head_dim * r);
-      for (int i = 0; i < r; ++i) q_partial[i] = 0.f;
-      // One RoPE plane (channels a, b) at a time: project, rotate, add its share of q A[:, S].
-      for (int j = 0; j < w.head_dim / 2; ++j) {
-        const rope_plane p = rope_plane_channels(w.rope, j);
-        float qa = row_dot(p.a);
-        float qb = row_dot(p.b);
-        rope_rotate(qa, qb, rt.cs[j], rt.sn[j]);
-        const float* ra = w.rotation.data() + static_cast<std::size_t>(p.a) * r;
-        const float* rb = w.rotation.data() + static_cast<std::size_t>(p.b) * r;
-        for (int i = 0; i < r; ++i) q_partial[i] += qa * ra[i] + qb * rb[i];
-      }
+      KVSCOUT_EXPECTS(w.head_dim <= 2 * rope_table::max_planes, "partial_query: head_dim ",
+                      w.head_dim, " exceeds ", 2 * rope_table::max_planes);
+      // The head's query W_h x + b_h (stack scratch, head_dim <= 512), then per element:
+      // rotate plane by plane and add each plane's share of q A[:, S] (shared with the device).
+      float y[2 * rope_table::max_planes];
+      for (int d = 0; d < w.head_dim; ++d) y[d] = row_dot(d);
+      for (int i = 0; i < r; ++i)
+        q_partial[i] = detail::post_rope_skew_element(y, w.rope, rt.cs, rt.sn, w.rotation.data(),
+                                                      w.head_dim, r, i);
       break;
     }
     case rope_mode::rope_planes: {

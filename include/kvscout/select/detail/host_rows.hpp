@@ -32,6 +32,7 @@
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/select/concepts.hpp"
+#include "kvscout/select/detail/checks.hpp"
 #include "kvscout/select/detail/radix_select.hpp"
 
 #if defined(__SSE2__) && !KVSCOUT_DEVICE_PASS
@@ -61,66 +62,6 @@
 #endif
 
 namespace kvscout::detail {
-
-// ---- input checks ----------------------------------------------------------------------------
-
-/// Checks the shape and budget of a selector config. `budget_name` is the config field that
-/// holds the budget ("budget", "max_count").
-inline void check_selector_config(int num_seqs, int num_kv_heads, int stride, int capacity,
-                                  const char* budget_name, int budget, keep_set keep) {
-  KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
-  KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
-  KVSCOUT_EXPECTS(stride >= 0, "stride must be non-negative, got ", stride);
-  KVSCOUT_EXPECTS(capacity >= 0, "capacity must be non-negative, got ", capacity);
-  KVSCOUT_EXPECTS(keep.sinks >= 0, "keep.sinks must be non-negative, got ", keep.sinks);
-  KVSCOUT_EXPECTS(keep.recent >= 0, "keep.recent must be non-negative, got ", keep.recent);
-  KVSCOUT_EXPECTS(budget >= 1, budget_name, " must be at least 1, got ", budget);
-  KVSCOUT_EXPECTS(budget <= capacity, budget_name, " ", budget,
-                  " is larger than the destination capacity ", capacity,
-                  " (tokens per (sequence, kv_head) the selection buffers hold)");
-  KVSCOUT_EXPECTS(static_cast<long long>(keep.sinks) + keep.recent <= budget, budget_name, " ",
-                  budget, " is smaller than the keep-set it includes: sinks ", keep.sinks,
-                  " + recent ", keep.recent);
-}
-
-/// Checks scores and output buffers against a config's shape, every size and pointer, and
-/// every sequence length, before anything is written.
-inline void check_selector_views(int num_seqs, int num_kv_heads, int stride, int capacity,
-                                 const score_view<host_space>& scores,
-                                 const selection_buffers<host_space>& out) {
-  KVSCOUT_EXPECTS(
-      scores.num_seqs == num_seqs && scores.num_kv_heads == num_kv_heads && scores.stride == stride,
-      "score view shape [num_seqs, num_kv_heads, stride] = [", scores.num_seqs, ", ",
-      scores.num_kv_heads, ", ", scores.stride, "] differs from the config's [", num_seqs, ", ",
-      num_kv_heads, ", ", stride, "]");
-  KVSCOUT_EXPECTS(
-      out.num_seqs == num_seqs && out.num_kv_heads == num_kv_heads && out.capacity == capacity,
-      "selection buffers shape [num_seqs, num_kv_heads, capacity] = [", out.num_seqs, ", ",
-      out.num_kv_heads, ", ", out.capacity, "] differs from the config's [", num_seqs, ", ",
-      num_kv_heads, ", ", capacity, "]");
-  const std::size_t rows = static_cast<std::size_t>(num_seqs) * num_kv_heads;
-  const std::size_t score_need = rows * static_cast<std::size_t>(stride);
-  const std::size_t index_need = rows * static_cast<std::size_t>(capacity);
-  const std::size_t seqs = static_cast<std::size_t>(num_seqs);
-  KVSCOUT_EXPECTS(scores.scores.data() != nullptr || score_need == 0, "scores is null");
-  KVSCOUT_EXPECTS(scores.scores.size() >= score_need, "scores holds ", scores.scores.size(),
-                  " floats, expected at least num_seqs * num_kv_heads * stride = ", score_need);
-  KVSCOUT_EXPECTS(scores.seq_lens.data() != nullptr || seqs == 0, "seq_lens is null");
-  KVSCOUT_EXPECTS(scores.seq_lens.size() >= seqs, "seq_lens holds ", scores.seq_lens.size(),
-                  " entries, expected at least num_seqs = ", seqs);
-  KVSCOUT_EXPECTS(out.indices.data() != nullptr || index_need == 0, "selection indices is null");
-  KVSCOUT_EXPECTS(out.indices.size() >= index_need, "selection indices holds ", out.indices.size(),
-                  " entries, expected at least num_seqs * num_kv_heads * ",
-                  "capacity = ", index_need);
-  KVSCOUT_EXPECTS(out.counts.data() != nullptr || rows == 0, "selection counts is null");
-  KVSCOUT_EXPECTS(out.counts.size() >= rows, "selection counts holds ", out.counts.size(),
-                  " entries, expected at least num_seqs * num_kv_heads = ", rows);
-  for (int s = 0; s < num_seqs; ++s) {
-    const int len = scores.seq_lens[static_cast<std::size_t>(s)];
-    KVSCOUT_EXPECTS(len >= 0 && len <= stride, "seq_lens[", s, "] = ", len,
-                    " is outside [0, stride = ", stride, "]");
-  }
-}
 
 /// Checks a caller-owned workspace and returns it as 32-bit words.
 inline std::uint32_t* workspace_words(host_span<std::byte> workspace, std::size_t need) {

@@ -1,0 +1,298 @@
+// Device speculation and selection for one layer of a Llama-7B-shaped model: 32 KV heads,
+// 32 query heads (g = 1), head_dim 128, r = 32 (post_rope_skew, fp16 partial keys), d_model 4096,
+// one sequence of {8k, 32k, 128k} cached tokens, budget 10 % of the tokens.
+//
+//   spec/<n>        infinigen_speculator_cuda::score: partial-query GEMV (64 MiB of W_Q rows),
+//                   RoPE + skew, scoring of 32 x n partial keys
+//   topk/<n>        topk_selector_cuda::select on 32 rows of n scores
+//   threshold/<n>   threshold_selector_cuda::select, per_head, alpha 4 (cap = budget)
+//   spec_topk/<n>   both, back to back on one stream (what a decode step does per layer)
+//   cub_sort/<n>    the anchor: cub::DeviceSegmentedRadixSort::SortPairsDescending of the same
+//                   32 x n scores with their token indices (a full sort per row, 32-bit keys;
+//                   nothing else: no keep-set, no compaction); the top 10 % would be its first
+//                   n / 10 entries. topk/<n> also times the same sort inside its own run and
+//                   reports the ratio as the counter x_vs_cub_sort (> 1: top-k is faster).
+// Counters: tokens/s (rows * n scored or selected per second), bytes/s (partial keys + W_Q
+// read by spec; scores read once by selection). Inputs rotate over copies that together exceed
+// twice the L2 size (gpu_bench::rotation_copies, at most 64 copies), timed with CUDA events
+// (UseManualTime).
+
+#include <cub/device/device_segmented_radix_sort.cuh>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gpu_bench.cuh"
+#include "kvscout/select/threshold.cuh"
+#include "kvscout/select/topk.cuh"
+#include "kvscout/spec/infinigen.cuh"
+
+namespace {
+
+constexpr int H = 32, Hq = 32, D = 128, R = 32, d_model = 4096;
+using pk_type = kvscout::half;
+using spec = kvscout::infinigen_speculator_cuda<pk_type>;
+
+template <class T>
+struct device_buffer {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit device_buffer(std::size_t count) : n(count) {
+    KVSCOUT_CUDA_CHECK(cudaMalloc(&p, sizeof(T) * (count ? count : 1)));
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { KVSCOUT_CUDA_CHECK_NO_THROW(cudaFree(p)); }
+  void upload(const std::vector<T>& v) {
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice));
+  }
+};
+
+/// Deterministic pseudo-random fill (a hash of the index), on the device.
+template <class T>
+__global__ void fill_random(T* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float u = static_cast<float>(h >> 8) * (1.f / 16777216.f);  // [0, 1)
+    p[i] = kvscout::from_float<T>(4.f * u - 2.f);
+  }
+}
+
+template <class T>
+void fill(T* p, std::size_t n, std::uint32_t seed) {
+  fill_random<<<1024, 256>>>(p, n, seed);
+  KVSCOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+kvscout::infinigen_cuda_config spec_config(int n) {
+  return {1, H, Hq, D, d_model, n, R, kvscout::rope_mode::post_rope_skew,
+          1.f / std::sqrt(static_cast<float>(D)), kvscout::gqa_aggregation::max_logit};
+}
+
+/// One speculator with its own workspace, keys filled (a copy for the L2 rotation).
+struct spec_copy {
+  device_buffer<std::byte> ws;
+  std::unique_ptr<spec> sp;
+  spec_copy(const kvscout::infinigen_cuda_config& cfg, const std::vector<kvscout::skew_plan>& plans,
+            const std::vector<float>& w_q, std::uint32_t seed)
+      : ws(spec::workspace_bytes(cfg)) {
+    sp = std::make_unique<spec>(cfg, plans, kvscout::host_span<const float>(w_q.data(), w_q.size()),
+                                kvscout::host_span<const float>{},
+                                kvscout::device_span<std::byte>(ws.p, ws.n));
+    const auto keys = sp->keys();
+    fill(keys.data.data(), keys.data.size(), seed);
+  }
+};
+
+struct spec_fixture {
+  int n;
+  std::vector<std::unique_ptr<spec_copy>> copies;
+  device_buffer<float> x;
+  device_buffer<std::int32_t> pos, lens;
+  device_buffer<float> scores;
+
+  explicit spec_fixture(int tokens)
+      : n(tokens), x(d_model), pos(1), lens(1), scores(static_cast<std::size_t>(H) * tokens) {
+    const auto cfg = spec_config(n);
+    kvscout::skew_plan plan;  // identity skew, the first r channels: the values do not matter
+    plan.mode = kvscout::rope_mode::post_rope_skew;
+    plan.head_dim = D;
+    plan.r = R;
+    plan.rope = {D, 10000.f, kvscout::rope_style::split_half};
+    plan.A.assign(static_cast<std::size_t>(D) * D, 0.f);
+    for (int d = 0; d < D; ++d) plan.A[static_cast<std::size_t>(d) * D + d] = 1.f;
+    for (int i = 0; i < R; ++i) plan.channels.push_back(i * (D / R));
+    const std::vector<kvscout::skew_plan> plans(H, plan);
+    std::vector<float> w_q(static_cast<std::size_t>(Hq) * D * d_model);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd(0.f, 1.f / 64.f);
+    for (auto& v : w_q) v = nd(rng);
+    const std::size_t key_bytes = sizeof(pk_type) * static_cast<std::size_t>(H) * n * R;
+    const int k = gpu_bench::rotation_copies(key_bytes);
+    for (int c = 0; c < k; ++c) copies.push_back(std::make_unique<spec_copy>(cfg, plans, w_q, 7u + c));
+    fill(x.p, x.n, 3u);
+    pos.upload({n});
+    lens.upload({n});
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  void score(int copy, cudaStream_t stream) {
+    copies[static_cast<std::size_t>(copy) % copies.size()]->sp->score(
+        {{x.p, x.n}, {pos.p, 1}, {lens.p, 1}, n}, {{scores.p, scores.n}, 1, H, n}, stream);
+  }
+  kvscout::score_view<kvscout::device_space> view() const {
+    return {{scores.p, scores.n}, {lens.p, 1}, 1, H, n};
+  }
+};
+
+/// Rotated copies of a [H, n] score matrix, one sequence of length n.
+struct score_fixture {
+  int n;
+  int copies;
+  device_buffer<float> scores;
+  device_buffer<std::int32_t> lens;
+  device_buffer<std::int32_t> indices, counts;
+  explicit score_fixture(int tokens)
+      : n(tokens),
+        copies(gpu_bench::rotation_copies(sizeof(float) * static_cast<std::size_t>(H) * tokens)),
+        scores(static_cast<std::size_t>(copies) * H * tokens),
+        lens(1),
+        indices(static_cast<std::size_t>(H) * (tokens / 10)),
+        counts(H) {
+    fill(scores.p, scores.n, 11u);
+    lens.upload({n});
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  kvscout::score_view<kvscout::device_space> view(int copy) const {
+    const std::size_t row = static_cast<std::size_t>(H) * n;
+    return {{scores.p + static_cast<std::size_t>(copy % copies) * row, row}, {lens.p, 1}, 1, H, n};
+  }
+  kvscout::selection_buffers<kvscout::device_space> out() const {
+    return {{indices.p, indices.n}, {counts.p, counts.n}, 1, H, n / 10};
+  }
+};
+
+/// The CUB anchor: a segmented descending radix sort of [H, n] scores with their indices.
+struct cub_sort {
+  int n;
+  device_buffer<float> keys_out;
+  device_buffer<std::int32_t> values_in, values_out, offsets;
+  std::size_t temp_bytes = 0;
+  std::unique_ptr<device_buffer<std::byte>> temp;
+  explicit cub_sort(int tokens)
+      : n(tokens),
+        keys_out(static_cast<std::size_t>(H) * tokens),
+        values_in(static_cast<std::size_t>(H) * tokens),
+        values_out(static_cast<std::size_t>(H) * tokens),
+        offsets(H + 1) {
+    std::vector<std::int32_t> iota(static_cast<std::size_t>(H) * n), off(H + 1);
+    for (std::size_t i = 0; i < iota.size(); ++i) iota[i] = static_cast<std::int32_t>(i % n);
+    for (int h = 0; h <= H; ++h) off[h] = h * n;
+    values_in.upload(iota);
+    offsets.upload(off);
+    KVSCOUT_CUDA_CHECK(run(nullptr, nullptr));
+    temp = std::make_unique<device_buffer<std::byte>>(temp_bytes);
+  }
+  cudaError_t run(const float* keys_in, cudaStream_t stream) {
+    return cub::DeviceSegmentedRadixSort::SortPairsDescending(
+        temp ? temp->p : nullptr, temp_bytes, keys_in, keys_out.p, values_in.p, values_out.p,
+        H * n, H, offsets.p, offsets.p + 1, 0, 32, stream);
+  }
+};
+
+void set_counters(benchmark::State& st, double tokens, double bytes) {
+  st.counters["tokens_per_s"] = benchmark::Counter(tokens, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["bytes_per_s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate,
+                                                  benchmark::Counter::kIs1024);
+}
+
+void bm_spec(benchmark::State& st) {
+  const int n = static_cast<int>(st.range(0));
+  spec_fixture f(n);
+  gpu_bench::event_timer timer;
+  int copy = 0;
+  for (auto _ : st) {
+    timer.start(nullptr);
+    f.score(copy++, nullptr);
+    st.SetIterationTime(timer.stop(nullptr));
+  }
+  set_counters(st, static_cast<double>(H) * n,
+               static_cast<double>(H) * n * R * sizeof(pk_type) + 4.0 * Hq * D * d_model);
+}
+
+void bm_topk(benchmark::State& st) {
+  const int n = static_cast<int>(st.range(0));
+  score_fixture f(n);
+  cub_sort anchor(n);
+  const kvscout::topk_selector_cuda::config cfg{1, H, n, n / 10, n / 10, {4, 64}};
+  kvscout::topk_selector_cuda sel(cfg, {});
+  gpu_bench::event_timer timer;
+  double ours = 0, cub_time = 0;
+  int copy = 0;
+  for (auto _ : st) {
+    timer.start(nullptr);
+    sel.select(f.view(copy), f.out(), nullptr);
+    const double t = timer.stop(nullptr);
+    st.SetIterationTime(t);
+    ours += t;
+    // The anchor, same run, same (next) input copy; not part of the reported time.
+    timer.start(nullptr);
+    KVSCOUT_CUDA_CHECK(anchor.run(f.view(copy + 1).scores.data(), nullptr));
+    cub_time += timer.stop(nullptr);
+    ++copy;
+  }
+  set_counters(st, static_cast<double>(H) * n, 4.0 * H * n);
+  st.counters["cub_sort_us"] = 1e6 * cub_time / static_cast<double>(st.iterations());
+  st.counters["x_vs_cub_sort"] = ours > 0 ? cub_time / ours : 0.0;
+}
+
+void bm_threshold(benchmark::State& st) {
+  const int n = static_cast<int>(st.range(0));
+  score_fixture f(n);
+  const kvscout::threshold_selector_cuda::config cfg{
+      1, H, n, n / 10, 4.f, n / 10, kvscout::threshold_rule::per_head, {4, 64}};
+  kvscout::threshold_selector_cuda sel(cfg, {});
+  gpu_bench::event_timer timer;
+  int copy = 0;
+  for (auto _ : st) {
+    timer.start(nullptr);
+    sel.select(f.view(copy++), f.out(), nullptr);
+    st.SetIterationTime(timer.stop(nullptr));
+  }
+  set_counters(st, static_cast<double>(H) * n, 4.0 * H * n);
+}
+
+void bm_spec_topk(benchmark::State& st) {
+  const int n = static_cast<int>(st.range(0));
+  spec_fixture f(n);
+  device_buffer<std::int32_t> indices(static_cast<std::size_t>(H) * (n / 10)), counts(H);
+  const kvscout::topk_selector_cuda::config cfg{1, H, n, n / 10, n / 10, {4, 64}};
+  kvscout::topk_selector_cuda sel(cfg, {});
+  const kvscout::selection_buffers<kvscout::device_space> out{{indices.p, indices.n}, {counts.p, counts.n}, 1, H, n / 10};
+  gpu_bench::event_timer timer;
+  int copy = 0;
+  for (auto _ : st) {
+    timer.start(nullptr);
+    f.score(copy++, nullptr);
+    sel.select(f.view(), out, nullptr);
+    st.SetIterationTime(timer.stop(nullptr));
+  }
+  set_counters(st, static_cast<double>(H) * n,
+               static_cast<double>(H) * n * (R * sizeof(pk_type) + 8.0) + 4.0 * Hq * D * d_model);
+}
+
+void bm_cub_sort(benchmark::State& st) {
+  const int n = static_cast<int>(st.range(0));
+  score_fixture f(n);
+  cub_sort anchor(n);
+  gpu_bench::event_timer timer;
+  int copy = 0;
+  for (auto _ : st) {
+    timer.start(nullptr);
+    KVSCOUT_CUDA_CHECK(anchor.run(f.view(copy++).scores.data(), nullptr));
+    st.SetIterationTime(timer.stop(nullptr));
+  }
+  set_counters(st, static_cast<double>(H) * n, 16.0 * H * n);
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+  for (int n : {8192, 32768, 131072}) b->Arg(n);
+  b->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+BENCHMARK(bm_spec)->Name("spec")->Apply(sizes);
+BENCHMARK(bm_topk)->Name("topk")->Apply(sizes);
+BENCHMARK(bm_threshold)->Name("threshold")->Apply(sizes);
+BENCHMARK(bm_spec_topk)->Name("spec_topk")->Apply(sizes);
+BENCHMARK(bm_cub_sort)->Name("cub_sort")->Apply(sizes);
+
+}  // namespace
+
+KVSCOUT_GPU_BENCHMARK_MAIN();

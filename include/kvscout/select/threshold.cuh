@@ -1,0 +1,95 @@
+#pragma once
+// Threshold selector on the device: the semantics of threshold_selector_host
+// (select/threshold.hpp), both rules, the same indices, ties included.
+//   per_head        one kernel, one block per row: the row maximum (block reduction), then the
+//                   best max_count - |keep| candidates >= max - alpha (radix select, ordered
+//                   compaction: select/detail/radix_select.cuh)
+//   infinigen_mean  two kernels, no host round trip: every row's candidate count into the
+//                   workspace, then every block sums the counts itself (rows are few) for the
+//                   mean and selects its row's best min(mean, slots)
+//
+//   kvscout::threshold_selector_cuda::config cfg{
+//       .num_seqs = 1, .num_kv_heads = 8, .stride = 4096, .capacity = 512, .alpha = 4.f,
+//       .max_count = 512, .rule = kvscout::threshold_rule::infinigen_mean,
+//       .keep = {.sinks = 4, .recent = 64}};
+//   void* ws;  cudaMalloc(&ws, kvscout::threshold_selector_cuda::workspace_bytes(cfg));
+//   kvscout::threshold_selector_cuda sel(cfg, {static_cast<std::byte*>(ws), bytes});
+//   sel.select(scores, out, stream);
+//
+// select() checks what the host knows and throws kvscout::error naming the bad value; it
+// launches on `stream`, allocates nothing, never synchronises and reads nothing back. seq_lens
+// are read on the device and clamped to [0, stride].
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/select/concepts.hpp"
+#include "kvscout/select/detail/device_config.hpp"
+#include "kvscout/select/detail/radix_select.cuh"
+#include "kvscout/select/threshold.hpp"
+
+namespace kvscout {
+
+class threshold_selector_cuda {
+ public:
+  /// The host selector's config: the same fields, the same meaning.
+  using config = threshold_selector_host::config;
+  using config_type = config;
+  using memory_space = device_space;
+
+  /// Bytes of device workspace: [num_seqs * num_kv_heads] int32 for infinigen_mean, else 0.
+  static std::size_t workspace_bytes(const config& cfg) {
+    return detail::threshold_cuda_workspace_bytes(cfg);
+  }
+
+  threshold_selector_cuda(const config& cfg, device_span<std::byte> workspace)
+      : cfg_(cfg), row_counts_(reinterpret_cast<std::int32_t*>(workspace.data())) {
+    detail::check_device_workspace(workspace, workspace_bytes(cfg));
+  }
+
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+
+  /// Writes the selection of every (sequence, kv_head) row to out, on `stream`.
+  void select(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
+              cudaStream_t stream = nullptr) {
+    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
+                                 scores, out);
+    const long long rows = static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
+    if (rows == 0) return;
+    detail::select_params p{};
+    p.scores = scores.scores.data();
+    p.seq_lens = scores.seq_lens.data();
+    p.indices = out.indices.data();
+    p.counts = out.counts.data();
+    p.row_counts = row_counts_;
+    p.num_seqs = cfg_.num_seqs;
+    p.num_kv_heads = cfg_.num_kv_heads;
+    p.stride = cfg_.stride;
+    p.capacity = cfg_.capacity;
+    p.budget = cfg_.max_count;
+    p.alpha = cfg_.alpha;
+    p.keep = cfg_.keep;
+    const unsigned grid = static_cast<unsigned>(rows);
+    if (cfg_.rule == threshold_rule::per_head) {
+      detail::threshold_rows<><<<grid, detail::select_block_threads, 0, stream>>>(p);
+    } else {
+      detail::threshold_mean_counts<><<<grid, detail::select_block_threads, 0, stream>>>(p);
+      KVSCOUT_CUDA_CHECK(cudaGetLastError());
+      detail::threshold_mean_rows<><<<grid, detail::select_block_threads, 0, stream>>>(p);
+    }
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  config cfg_;
+  std::int32_t* row_counts_;
+};
+
+static_assert(topk_selector<threshold_selector_cuda>);
+
+}  // namespace kvscout

@@ -1,0 +1,77 @@
+#pragma once
+// Exact top-k selector on the device: the semantics of topk_selector_host (select/topk.hpp), the
+// same indices, ties included, written by one thread block per (sequence, kv_head) row with a
+// radix select over score keys and an order-preserving compaction
+// (select/detail/radix_select.cuh).
+//
+//   kvscout::topk_selector_cuda::config cfg{.num_seqs = 1, .num_kv_heads = 8, .stride = 4096,
+//                                           .capacity = 512, .budget = 512,
+//                                           .keep = {.sinks = 4, .recent = 64}};
+//   // workspace_bytes(cfg) is 0 for top-k: an empty span will do
+//   kvscout::topk_selector_cuda topk(cfg, {});
+//   topk.select(scores, out, stream);  // score_view<device_space>, selection_buffers<device_space>
+//
+// select() checks what the host knows (config and view shapes, sizes, pointers) and throws
+// kvscout::error naming the bad value; it launches one kernel on `stream`, allocates nothing,
+// never synchronises and reads nothing back. seq_lens are read on the device and clamped to
+// [0, stride]. Counts stay on the device (out.counts).
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/select/concepts.hpp"
+#include "kvscout/select/detail/device_config.hpp"
+#include "kvscout/select/detail/radix_select.cuh"
+#include "kvscout/select/topk.hpp"
+
+namespace kvscout {
+
+class topk_selector_cuda {
+ public:
+  /// The host selector's config: the same fields, the same meaning.
+  using config = topk_selector_host::config;
+  using config_type = config;
+  using memory_space = device_space;
+
+  /// Bytes of device workspace (none: 0).
+  static std::size_t workspace_bytes(const config& cfg) { return detail::topk_cuda_workspace_bytes(cfg); }
+
+  topk_selector_cuda(const config& cfg, device_span<std::byte> workspace) : cfg_(cfg) {
+    detail::check_device_workspace(workspace, workspace_bytes(cfg));
+  }
+
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+
+  /// Writes the selection of every (sequence, kv_head) row to out, on `stream`.
+  void select(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
+              cudaStream_t stream = nullptr) {
+    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
+                                 scores, out);
+    const long long rows = static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
+    if (rows == 0) return;
+    detail::select_params p{};
+    p.scores = scores.scores.data();
+    p.seq_lens = scores.seq_lens.data();
+    p.indices = out.indices.data();
+    p.counts = out.counts.data();
+    p.num_seqs = cfg_.num_seqs;
+    p.num_kv_heads = cfg_.num_kv_heads;
+    p.stride = cfg_.stride;
+    p.capacity = cfg_.capacity;
+    p.budget = cfg_.budget;
+    p.keep = cfg_.keep;
+    detail::topk_rows<><<<static_cast<unsigned>(rows), detail::select_block_threads, 0, stream>>>(p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  config cfg_;
+};
+
+static_assert(topk_selector<topk_selector_cuda>);
+
+}  // namespace kvscout

@@ -1,0 +1,245 @@
+#pragma once
+// InfiniGen's speculation on the device, for one layer: the partial query of every query head
+// (a GEMV of x with the partial W_Q rows, bias, RoPE at the decoded position, the skew rotation),
+// the scores of every cached token of every (sequence, kv head) aggregated over the GQA group,
+// and the device partial key cache they are scored against. Mirrors infinigen_policy
+// (spec/infinigen.hpp), which is the reference the GPU tests compare with.
+//
+//   using spec = kvscout::infinigen_speculator_cuda<kvscout::half>;
+//   // setup (once per layer): the only place anything is copied synchronously
+//   void* ws;  cudaMalloc(&ws, spec::workspace_bytes(cfg));
+//   spec sp(cfg, plans /* [num_kv_heads] */, w_q, b_q,
+//           {static_cast<std::byte*>(ws), spec::workspace_bytes(cfg)});
+//   // as tokens enter the cache (keys: [count, num_kv_heads, head_dim] floats, RoPE'd unless
+//   // the mode is pre_rope_folded; token n goes to (seq_ids[n], token_ids[n]))
+//   sp.append(keys, seq_ids, token_ids, count, stream);
+//   // per decode step, during layer i - 1
+//   sp.score({.x = x, .positions = pos, .seq_lens = lens, .max_seq_len = bound},
+//            {.scores = scores, .num_seqs = S, .num_kv_heads = H, .stride = stride}, stream);
+//
+// score() and append() validate what the host knows (sizes, pointers, the length bound), throw
+// kvscout::error naming the bad value, launch on `stream`, allocate nothing, never synchronise
+// and read nothing back. Device-side data is never trusted for addressing: seq_lens are clamped
+// to [0, max_seq_len] and append pairs outside [0, num_seqs) x [0, max_tokens) are skipped.
+// Scores are logits times cfg.scale (as the host policy's), row (s, h) written for
+// t < seq_lens[s] only. Kernels and launch shapes: spec/detail/infinigen_kernels.cuh.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/dtype.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/skew/plan.hpp"
+#include "kvscout/spec/detail/infinigen_kernels.cuh"
+#include "kvscout/spec/infinigen_device.hpp"
+
+namespace kvscout {
+
+template <kv_element PkT = float>
+class infinigen_speculator_cuda {
+ public:
+  using config = infinigen_cuda_config;
+  using config_type = config;
+  using memory_space = device_space;
+
+  /// Bytes of device workspace: weights, scratch and the partial key cache
+  /// (layout: detail::infinigen_cuda_layout).
+  static std::size_t workspace_bytes(const config& cfg) {
+    return detail::infinigen_cuda_layout_of<PkT>(cfg).total;
+  }
+
+  /// plans: one per kv head (mode, r, head_dim as in cfg); w_q [num_q_heads * head_dim, d_model],
+  /// b_q [num_q_heads * head_dim] or empty: the layer's query projection, read here only.
+  /// Builds the partial weights on the host (make_partial_query_weights) and copies them into the
+  /// workspace with a synchronous cudaMemcpy (setup only). The cache is not cleared: a token
+  /// must be appended before a length covers it.
+  infinigen_speculator_cuda(const config& cfg, const std::vector<skew_plan>& plans,
+                            host_span<const float> w_q, host_span<const float> b_q,
+                            device_span<std::byte> workspace)
+      : cfg_(cfg), layout_(detail::infinigen_cuda_layout_of<PkT>(cfg)) {
+    detail::check_infinigen_cuda_workspace(workspace, layout_.total);
+    detail::check_infinigen_cuda_plans(cfg, plans, w_q, b_q);
+    base_ = workspace.data();
+    rope_ = plans[0].rope;
+    const int H = cfg.num_kv_heads, Hq = cfg.num_q_heads, g = Hq / H, D = cfg.head_dim, r = cfg.r;
+    const std::size_t rows = static_cast<std::size_t>(layout_.rows);
+    const std::size_t dm = static_cast<std::size_t>(cfg.d_model);
+    std::vector<float> weights(static_cast<std::size_t>(Hq) * rows * dm);
+    std::vector<float> bias(static_cast<std::size_t>(Hq) * rows);
+    for (int qh = 0; qh < Hq; ++qh) {
+      const partial_query_weights w =
+          make_partial_query_weights(plans[static_cast<std::size_t>(qh / g)], w_q, b_q, cfg.d_model, qh);
+      std::memcpy(weights.data() + static_cast<std::size_t>(qh) * rows * dm, w.weight.data(),
+                  sizeof(float) * rows * dm);
+      std::memcpy(bias.data() + static_cast<std::size_t>(qh) * rows, w.bias.data(),
+                  sizeof(float) * rows);
+    }
+    std::vector<std::int32_t> channels(static_cast<std::size_t>(H) * r);
+    std::vector<std::int32_t> planes;
+    std::vector<float> rotation;
+    if (cfg.mode != rope_mode::rope_planes) rotation.resize(static_cast<std::size_t>(H) * D * r);
+    for (int h = 0; h < H; ++h) {
+      const skew_plan& p = plans[static_cast<std::size_t>(h)];
+      for (int i = 0; i < r; ++i) {
+        channels[static_cast<std::size_t>(h) * r + i] = p.channels[static_cast<std::size_t>(i)];
+      }
+      if (cfg.mode == rope_mode::rope_planes) {
+        planes.insert(planes.end(), p.planes.begin(), p.planes.end());
+      } else {
+        for (int d = 0; d < D; ++d)
+          for (int i = 0; i < r; ++i)
+            rotation[(static_cast<std::size_t>(h) * D + d) * r + i] =
+                p.A[static_cast<std::size_t>(d) * D + p.channels[static_cast<std::size_t>(i)]];
+      }
+    }
+    upload(layout_.weights, weights);
+    upload(layout_.bias, bias);
+    upload(layout_.rotation, rotation);
+    upload(layout_.channels, channels);
+    upload(layout_.planes, planes);
+  }
+
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+  /// Whether append() takes keys after RoPE (post_rope_skew, rope_planes) or before it.
+  [[nodiscard]] bool rotated_keys() const noexcept { return cfg_.mode != rope_mode::pre_rope_folded; }
+
+  /// The partial key cache (device memory inside the workspace).
+  [[nodiscard]] partial_key_view<PkT> keys() const noexcept {
+    return {device_span<PkT>(at<PkT>(layout_.keys), layout_.key_elements), cfg_.num_seqs,
+            cfg_.num_kv_heads, cfg_.r, cfg_.max_tokens};
+  }
+  /// The scaled partial queries of the last score() call, [num_seqs, num_q_heads, r].
+  [[nodiscard]] device_span<const float> partial_queries() const noexcept {
+    return {at<float>(layout_.q),
+            static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_q_heads * static_cast<std::size_t>(cfg_.r)};
+  }
+
+  /// Projects and stores `count` tokens' partial keys: keys [count, num_kv_heads, head_dim]
+  /// floats (RoPE'd at their own positions unless the mode is pre_rope_folded); token n of the
+  /// batch goes to sequence seq_ids[n], position token_ids[n] (both device memory; pairs out of
+  /// range are skipped on the device).
+  void append(device_span<const float> keys, device_span<const int32_t> seq_ids,
+              device_span<const int32_t> token_ids, int count, cudaStream_t stream = nullptr) {
+    detail::check_infinigen_cuda_append(cfg_, keys, seq_ids, token_ids, count);
+    if (count == 0) return;
+    detail::append_params<PkT> p{};
+    p.rotation = at<float>(layout_.rotation);
+    p.channels = at<std::int32_t>(layout_.channels);
+    p.keys = this->keys();
+    p.k = keys.data();
+    p.seq_ids = seq_ids.data();
+    p.token_ids = token_ids.data();
+    p.num_kv_heads = cfg_.num_kv_heads;
+    p.head_dim = cfg_.head_dim;
+    p.r = cfg_.r;
+    p.mode = cfg_.mode;
+    detail::append_keys<PkT><<<dim3(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads)),
+                                detail::spec_append_threads, 0, stream>>>(p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+  }
+
+  /// Writes out.scores[s, h, t] for t < seq_lens[s] (see the header comment). max_seq_len = 0
+  /// launches nothing (partial_queries() then keeps the previous call's values).
+  void score(const device_spec_context& ctx, const device_score_buffer& out,
+             cudaStream_t stream = nullptr) {
+    detail::check_infinigen_cuda_score(cfg_, ctx, out);
+    if (ctx.max_seq_len == 0) return;  // nothing to score
+    const detail::infinigen_params<PkT> p = params(ctx, out);
+    const int total_rows = p.num_q_heads * p.rows;
+    const unsigned gemv_blocks =
+        static_cast<unsigned>((total_rows + detail::spec_gemv_warps - 1) / detail::spec_gemv_warps);
+    detail::partial_query_gemv<PkT><<<gemv_blocks, detail::spec_block_threads, 0, stream>>>(p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    detail::partial_query_finish<PkT>
+        <<<static_cast<unsigned>(p.num_seqs), detail::spec_block_threads, 0, stream>>>(p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    const int chunks = (p.max_len + detail::spec_tokens_per_block - 1) / detail::spec_tokens_per_block;
+    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(p.num_kv_heads),
+                    static_cast<unsigned>(p.num_seqs));
+    const std::size_t q_bytes = sizeof(float) * static_cast<std::size_t>(p.group) * p.r;
+    with_group(p.group, [&](auto G) {
+      constexpr int g = decltype(G)::value;
+      if (cfg_.aggregation == gqa_aggregation::sum_prob) {
+        detail::softmax_stats<PkT, g><<<grid, detail::spec_block_threads, q_bytes, stream>>>(p);
+        KVSCOUT_CUDA_CHECK(cudaGetLastError());
+        detail::score_sum_prob<PkT, g><<<grid, detail::spec_block_threads,
+                                         q_bytes + 2 * sizeof(float) * p.group, stream>>>(p);
+      } else {
+        detail::score_group<PkT, g><<<grid, detail::spec_block_threads, q_bytes, stream>>>(p);
+      }
+      KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    });
+  }
+
+ private:
+  template <class T>
+  T* at(std::size_t offset) const {
+    return reinterpret_cast<T*>(base_ + offset);
+  }
+
+  template <class T>
+  void upload(std::size_t offset, const std::vector<T>& v) {
+    if (v.empty()) return;
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(at<T>(offset), v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice));
+  }
+
+  /// Group sizes 1, 2, 4 and 8 get kernels with the size static; others go 8 heads at a time.
+  template <class F>
+  static void with_group(int g, F&& f) {
+    switch (g) {
+      case 1: f(std::integral_constant<int, 1>{}); break;
+      case 2: f(std::integral_constant<int, 2>{}); break;
+      case 4: f(std::integral_constant<int, 4>{}); break;
+      case 8: f(std::integral_constant<int, 8>{}); break;
+      default: f(std::integral_constant<int, 0>{}); break;
+    }
+  }
+
+  detail::infinigen_params<PkT> params(const device_spec_context& ctx,
+                                       const device_score_buffer& out) const {
+    detail::infinigen_params<PkT> p{};
+    p.weights = at<float>(layout_.weights);
+    p.bias = at<float>(layout_.bias);
+    p.rotation = at<float>(layout_.rotation);
+    p.channels = at<std::int32_t>(layout_.channels);
+    p.planes = at<std::int32_t>(layout_.planes);
+    p.y = at<float>(layout_.y);
+    p.q = at<float>(layout_.q);
+    p.stats = at<float2>(layout_.stats);
+    p.keys = keys();
+    p.x = ctx.x.data();
+    p.positions = ctx.positions.data();
+    p.seq_lens = ctx.seq_lens.data();
+    p.scores = out.scores.data();
+    p.num_seqs = out.num_seqs;
+    p.num_kv_heads = cfg_.num_kv_heads;
+    p.num_q_heads = cfg_.num_q_heads;
+    p.group = cfg_.num_q_heads / cfg_.num_kv_heads;
+    p.head_dim = cfg_.head_dim;
+    p.d_model = cfg_.d_model;
+    p.r = cfg_.r;
+    p.rows = layout_.rows;
+    p.stride = out.stride;
+    p.max_len = ctx.max_seq_len;  // validated <= stride and <= max_tokens
+    p.max_chunks = layout_.chunks;
+    p.rope = rope_;
+    p.mode = cfg_.mode;
+    p.aggregation = cfg_.aggregation;
+    p.scale = cfg_.scale;
+    return p;
+  }
+
+  config cfg_;
+  detail::infinigen_cuda_layout layout_;
+  std::byte* base_ = nullptr;
+  rope_config rope_{};
+};
+
+}  // namespace kvscout

@@ -1,0 +1,302 @@
+// select/ on the device: topk_selector_cuda and threshold_selector_cuda (both rules) against the
+// host selectors, row by row and exactly (counts and every index: the host's tie rule, lowest
+// index first, is deterministic, and the device implements the same cut).
+//
+// Data: seeded random rows (normal, many ties, +-inf and NaN, signed zeros, all NaN, constant,
+// monotone), never all zeros; lengths 0, 1, 3, budget - 1, budget, budget + 1, random, 128k;
+// k = 1, k = len, k > len; keep-sets that overlap or cover the row; several sequences with
+// different lengths. Scores past a row's length are +inf (a read past it would select them),
+// outputs are poisoned first and entries past a count must stay poisoned. Bad input throws
+// kvscout::error naming the value; bad lengths on the device are clamped to [0, stride].
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_harness.cuh"
+#include "kvscout/select/threshold.cuh"
+#include "kvscout/select/topk.cuh"
+
+namespace {
+
+using kvscout::keep_set;
+using kvscout::threshold_rule;
+
+constexpr float pinf = std::numeric_limits<float>::infinity();
+constexpr float qnan = std::numeric_limits<float>::quiet_NaN();
+
+enum class data_kind { normal, ties, specials, signed_zeros, all_nan, constant, increasing };
+constexpr data_kind all_kinds[] = {data_kind::normal,       data_kind::ties,
+                                   data_kind::specials,     data_kind::signed_zeros,
+                                   data_kind::all_nan,      data_kind::constant,
+                                   data_kind::increasing};
+
+void fill_row(float* row, int len, data_kind kind, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  constexpr float few[] = {-2.f, -0.5f, 0.25f, 1.f, 3.f};
+  for (int t = 0; t < len; ++t) {
+    float v = normal(rng);
+    switch (kind) {
+      case data_kind::normal: break;
+      case data_kind::ties: v = few[rng() % 5]; break;
+      case data_kind::specials: {
+        const auto r = rng() % 100;
+        v = r < 5 ? pinf : r < 10 ? -pinf : r < 18 ? qnan : r < 19 ? FLT_MAX : r < 20 ? -FLT_MAX
+                                                                                       : few[rng() % 5];
+        break;
+      }
+      case data_kind::signed_zeros: v = (rng() % 3 == 0) ? ((rng() & 1) ? 0.f : -0.f) : few[rng() % 5]; break;
+      case data_kind::all_nan: v = qnan; break;
+      case data_kind::constant: v = 1.5f; break;
+      case data_kind::increasing: v = static_cast<float>(t) * 0.25f - 7.f; break;
+    }
+    row[t] = v;
+  }
+}
+
+/// One problem: scores [S, H, stride] (+inf past each length), seq_lens [S].
+struct problem {
+  int S = 0, H = 0, stride = 0;
+  std::vector<float> scores;
+  std::vector<std::int32_t> lens;
+};
+
+problem make_problem(const std::vector<int>& lens, int H, int stride, data_kind kind, std::uint32_t seed) {
+  problem p;
+  p.S = static_cast<int>(lens.size());
+  p.H = H;
+  p.stride = stride;
+  p.lens.assign(lens.begin(), lens.end());
+  p.scores.assign(static_cast<std::size_t>(p.S) * H * stride, pinf);
+  std::mt19937 rng(seed);
+  for (int s = 0; s < p.S; ++s)
+    for (int h = 0; h < H; ++h)
+      fill_row(p.scores.data() + (static_cast<std::size_t>(s) * H + h) * stride, lens[s], kind, rng);
+  return p;
+}
+
+constexpr std::int32_t index_poison = -1;  // 0xffffffff: what device_vector::poison writes
+
+struct result {
+  std::vector<std::int32_t> indices, counts;
+};
+
+/// Runs a host selector (S = topk_selector_host or threshold_selector_host).
+template <class Sel>
+result run_host(const typename Sel::config& cfg, const problem& p) {
+  std::vector<std::byte> ws(Sel::workspace_bytes(cfg));
+  Sel sel(cfg, {ws.data(), ws.size()});
+  result r;
+  r.indices.assign(static_cast<std::size_t>(p.S) * p.H * cfg.capacity, index_poison);
+  r.counts.assign(static_cast<std::size_t>(p.S) * p.H, index_poison);
+  sel.select({{p.scores.data(), p.scores.size()}, {p.lens.data(), p.lens.size()}, p.S, p.H, p.stride},
+             {{r.indices.data(), r.indices.size()}, {r.counts.data(), r.counts.size()}, p.S, p.H,
+              cfg.capacity});
+  return r;
+}
+
+/// Runs a device selector on the same problem; device_lens replaces the lengths the device reads.
+template <class Sel>
+result run_device(const typename Sel::config& cfg, const problem& p,
+                  const std::vector<std::int32_t>* device_lens = nullptr) {
+  gpu_test::device_vector<float> scores(p.scores);
+  gpu_test::device_vector<std::int32_t> lens(device_lens ? *device_lens : p.lens);
+  gpu_test::device_vector<std::int32_t> indices(static_cast<std::size_t>(p.S) * p.H * cfg.capacity);
+  gpu_test::device_vector<std::int32_t> counts(static_cast<std::size_t>(p.S) * p.H);
+  const std::size_t ws_bytes = Sel::workspace_bytes(cfg);
+  gpu_test::device_vector<std::byte> ws(ws_bytes);
+  Sel sel(cfg, {ws.data(), ws_bytes});
+  cudaStream_t stream;
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&stream));
+  sel.select({{scores.data(), scores.size()}, {lens.data(), lens.size()}, p.S, p.H, p.stride},
+             {{indices.data(), indices.size()}, {counts.data(), counts.size()}, p.S, p.H, cfg.capacity},
+             stream);
+  KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  KVSCOUT_CUDA_CHECK(cudaStreamDestroy(stream));
+  return {indices.download(), counts.download()};
+}
+
+/// Every count and every index equal; entries past a count still poisoned on the device.
+bool same(const result& host, const result& dev, int capacity, const char* what) {
+  int bad = 0;
+  for (std::size_t row = 0; row < host.counts.size(); ++row) {
+    const int c = host.counts[row];
+    if (dev.counts[row] != c) {
+      if (bad++ < 5)
+        std::fprintf(stderr, "%s: row %zu count device %d host %d\n", what, row, dev.counts[row], c);
+      continue;
+    }
+    for (int i = 0; i < capacity; ++i) {
+      const std::size_t at = row * static_cast<std::size_t>(capacity) + i;
+      const std::int32_t want = i < c ? host.indices[at] : index_poison;
+      if (dev.indices[at] != want && bad++ < 5)
+        std::fprintf(stderr, "%s: row %zu entry %d device %d expected %d\n", what, row, i,
+                     dev.indices[at], want);
+    }
+  }
+  return bad == 0;
+}
+
+void check_topk(const problem& p, int budget, keep_set keep, int capacity, const char* what) {
+  kvscout::topk_selector_cuda::config cfg{p.S, p.H, p.stride, capacity, budget, keep};
+  const result h = run_host<kvscout::topk_selector_host>(cfg, p);
+  const result d = run_device<kvscout::topk_selector_cuda>(cfg, p);
+  GPU_CHECK(same(h, d, capacity, what));
+}
+
+void check_threshold(const problem& p, int max_count, float alpha, threshold_rule rule,
+                     keep_set keep, int capacity, const char* what) {
+  kvscout::threshold_selector_cuda::config cfg{p.S, p.H, p.stride, capacity, alpha, max_count, rule, keep};
+  const result h = run_host<kvscout::threshold_selector_host>(cfg, p);
+  const result d = run_device<kvscout::threshold_selector_cuda>(cfg, p);
+  GPU_CHECK(same(h, d, capacity, what));
+}
+
+// ---- cases -----------------------------------------------------------------------------------
+
+void topk_edge_lengths() {
+  const int budget = 40;
+  const std::vector<int> lens = {0, 1, 3, budget - 1, budget, budget + 1, 97, 1000, 4099};
+  std::uint32_t seed = 1;
+  for (data_kind kind : all_kinds) {
+    for (keep_set keep : {keep_set{0, 0}, keep_set{4, 8}, keep_set{20, 20}, keep_set{0, 40}}) {
+      const problem p = make_problem(lens, 3, 4100, kind, seed++);
+      check_topk(p, budget, keep, budget + 5, "topk_edge_lengths");
+    }
+  }
+}
+
+void topk_k_one_and_k_len() {
+  std::uint32_t seed = 100;
+  for (data_kind kind : {data_kind::normal, data_kind::ties, data_kind::specials}) {
+    const problem p = make_problem({1, 2, 50, 777}, 2, 800, kind, seed++);
+    check_topk(p, 1, {}, 1, "topk_k1");
+    check_topk(p, 777, {}, 777, "topk_k_len");        // k = the longest length
+    check_topk(p, 800, {}, 900, "topk_k_gt_len");      // k > every length
+    check_topk(p, 776, {3, 5}, 780, "topk_k_len_minus_1_keep");
+  }
+}
+
+void topk_long_rows() {
+  // 128k tokens, several sequences with different lengths, budget 10 %.
+  const int stride = 131072;
+  std::uint32_t seed = 200;
+  for (data_kind kind : {data_kind::normal, data_kind::ties, data_kind::specials}) {
+    const problem p = make_problem({stride, 65537, 1}, 2, stride, kind, seed++);
+    check_topk(p, stride / 10, {4, 64}, stride / 10, "topk_long_rows");
+  }
+}
+
+void threshold_per_head_cases() {
+  const std::vector<int> lens = {0, 1, 3, 39, 40, 41, 97, 1000, 4099};
+  std::uint32_t seed = 300;
+  for (data_kind kind : all_kinds) {
+    for (float alpha : {0.f, 0.5f, 2.f, pinf}) {
+      for (keep_set keep : {keep_set{0, 0}, keep_set{4, 8}, keep_set{20, 20}}) {
+        const problem p = make_problem(lens, 2, 4100, kind, seed++);
+        check_threshold(p, 40, alpha, threshold_rule::per_head, keep, 48, "threshold_per_head");
+      }
+    }
+  }
+  // Peaked long rows: few candidates; flat long rows: the cap binds.
+  for (data_kind kind : {data_kind::normal, data_kind::ties}) {
+    const problem p = make_problem({131072, 5000}, 2, 131072, kind, seed++);
+    check_threshold(p, 13107, 1.f, threshold_rule::per_head, {4, 64}, 13107, "threshold_per_head_long");
+    check_threshold(p, 13107, 8.f, threshold_rule::per_head, {4, 64}, 13107, "threshold_per_head_long_cap");
+  }
+}
+
+void threshold_mean_cases() {
+  const std::vector<int> lens = {0, 1, 3, 39, 40, 41, 97, 1000, 4099};
+  std::uint32_t seed = 400;
+  for (data_kind kind : all_kinds) {
+    for (float alpha : {0.f, 0.5f, 2.f, pinf}) {
+      for (keep_set keep : {keep_set{0, 0}, keep_set{4, 8}, keep_set{20, 20}}) {
+        const problem p = make_problem(lens, 3, 4100, kind, seed++);
+        check_threshold(p, 40, alpha, threshold_rule::infinigen_mean, keep, 40, "threshold_mean");
+      }
+    }
+  }
+  const problem p = make_problem({131072, 70000, 0}, 4, 131072, data_kind::normal, seed++);
+  check_threshold(p, 13107, 1.5f, threshold_rule::infinigen_mean, {4, 64}, 13107, "threshold_mean_long");
+  // Only empty rows: the mean is 0, every count 0.
+  const problem e = make_problem({0, 0}, 2, 16, data_kind::normal, seed++);
+  check_threshold(e, 8, 1.f, threshold_rule::infinigen_mean, {1, 1}, 8, "threshold_mean_empty");
+}
+
+void device_lengths_are_clamped() {
+  // The device reads lengths the host cannot check: -5 acts as 0, stride + 100 as stride.
+  const problem p = make_problem({0, 300}, 2, 300, data_kind::normal, 500);
+  const std::vector<std::int32_t> bad = {-5, 400};
+  kvscout::topk_selector_cuda::config cfg{p.S, p.H, p.stride, 32, 32, {2, 2}};
+  const result h = run_host<kvscout::topk_selector_host>(cfg, p);
+  const result d = run_device<kvscout::topk_selector_cuda>(cfg, p, &bad);
+  GPU_CHECK(same(h, d, 32, "clamped_topk"));
+  kvscout::threshold_selector_cuda::config tc{p.S, p.H, p.stride, 32, 1.f, 32, threshold_rule::infinigen_mean, {2, 2}};
+  const result th = run_host<kvscout::threshold_selector_host>(tc, p);
+  const result td = run_device<kvscout::threshold_selector_cuda>(tc, p, &bad);
+  GPU_CHECK(same(th, td, 32, "clamped_threshold"));
+}
+
+template <class F>
+bool throws_with(F&& f, const std::string& needle) {
+  try {
+    f();
+  } catch (const kvscout::error& e) {
+    const bool ok = std::string(e.what()).find(needle) != std::string::npos;
+    if (!ok) std::fprintf(stderr, "message lacks '%s': %s\n", needle.c_str(), e.what());
+    return ok;
+  }
+  std::fprintf(stderr, "no kvscout::error (expected one naming '%s')\n", needle.c_str());
+  return false;
+}
+
+void bad_input_throws() {
+  using topk = kvscout::topk_selector_cuda;
+  using thr = kvscout::threshold_selector_cuda;
+  GPU_CHECK(throws_with([] { (void)topk::workspace_bytes({1, 1, 100, 10, 11, {}}); }, "budget 11"));
+  GPU_CHECK(throws_with([] { (void)topk::workspace_bytes({1, 1, 100, 10, 8, {5, 5}}); }, "sinks 5"));
+  GPU_CHECK(throws_with([] { (void)thr::workspace_bytes({1, 1, 100, 10, -1.f, 8, threshold_rule::per_head, {}}); },
+                        "-1"));
+  // Views that do not match the config, before anything is launched.
+  gpu_test::device_vector<float> scores(2 * 100);
+  gpu_test::device_vector<std::int32_t> lens(2), idx(2 * 10), counts(2);
+  topk sel({2, 1, 100, 10, 10, {}}, {});
+  GPU_CHECK(throws_with(
+      [&] {
+        sel.select({{scores.data(), 150}, {lens.data(), 2}, 2, 1, 100},
+                   {{idx.data(), idx.size()}, {counts.data(), 2}, 2, 1, 10});
+      },
+      "scores holds 150"));
+  GPU_CHECK(throws_with(
+      [&] {
+        sel.select({{scores.data(), scores.size()}, {lens.data(), 2}, 2, 1, 99},
+                   {{idx.data(), idx.size()}, {counts.data(), 2}, 2, 1, 10});
+      },
+      "99"));
+  GPU_CHECK(throws_with(
+      [&] {
+        sel.select({{scores.data(), scores.size()}, {lens.data(), 2}, 2, 1, 100},
+                   {{idx.data(), 7}, {counts.data(), 2}, 2, 1, 10});
+      },
+      "selection indices holds 7"));
+  const thr::config mean{2, 1, 100, 10, 1.f, 10, threshold_rule::infinigen_mean, {}};
+  GPU_CHECK(throws_with([&] { thr t(mean, {}); }, "workspace holds 0"));
+}
+
+}  // namespace
+
+int main() {
+  return gpu_test::run_all("select_device", {{"topk_edge_lengths", topk_edge_lengths},
+                                             {"topk_k_one_and_k_len", topk_k_one_and_k_len},
+                                             {"topk_long_rows", topk_long_rows},
+                                             {"threshold_per_head", threshold_per_head_cases},
+                                             {"threshold_infinigen_mean", threshold_mean_cases},
+                                             {"device_lengths_are_clamped", device_lengths_are_clamped},
+                                             {"bad_input_throws", bad_input_throws}});
+}

@@ -1,0 +1,420 @@
+// spec/ on the device: infinigen_speculator_cuda against the host infinigen_policy, on seeded
+// random plans, weights, keys and inputs (never zeros), for every rope mode, every GQA
+// aggregation, fp16 and float partial keys, head_dim 64 and 128, group sizes 1, 3 and 12 (the
+// generic kernels), 4 and 8, several sequences of different lengths (0, 1, a partial tile, several blocks)
+// and one 128k-token row.
+//
+// Checked, every element:
+//   partial keys   device cache vs host partial_key_cache: equal up to one unit in the last place
+//                  of the element type (skew_dot is the same function; the device does not
+//                  contract to FMA, so the bits are expected equal)
+//   partial query  device vs host partial_query (* scale): |d - h| <= 1e-5 * (1 + sum |w x|)
+//                  (the GEMV sums in another order)
+//   scores         device vs host policy: max/mean logits within 1e-5 * (1 + b) (+ 1e-3 * b for
+//                  fp16 keys, one rounding of a key), b = scale * sum_c |q_c| |pk_c| the largest
+//                  over the group; sum_prob relative 4 * (logit tolerance of the row) + 1e-4
+//   untouched      scores past each length keep their poison (NaN bits)
+// Bad setup and call arguments throw kvscout::error naming the value.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_harness.cuh"
+#include "kvscout/spec/infinigen.cuh"
+#include "kvscout/spec/infinigen.hpp"
+
+namespace {
+
+using kvscout::gqa_aggregation;
+using kvscout::rope_mode;
+
+struct shape {
+  int H, g, D, r, d_model;
+  rope_mode mode;
+  kvscout::rope_style style;
+  gqa_aggregation agg;
+  std::vector<int> lens;
+  bool bias = true;
+};
+
+/// A random orthogonal D x D matrix (Gram-Schmidt in double on a normal matrix), row-major.
+std::vector<float> random_orthogonal(int D, std::mt19937& rng) {
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<double> a(static_cast<std::size_t>(D) * D);
+  for (auto& v : a) v = nd(rng);
+  // Orthonormalise the columns.
+  for (int j = 0; j < D; ++j) {
+    for (int k = 0; k < j; ++k) {
+      double dot = 0;
+      for (int i = 0; i < D; ++i) dot += a[i * D + j] * a[i * D + k];
+      for (int i = 0; i < D; ++i) a[i * D + j] -= dot * a[i * D + k];
+    }
+    double n = 0;
+    for (int i = 0; i < D; ++i) n += a[i * D + j] * a[i * D + j];
+    n = std::sqrt(n);
+    for (int i = 0; i < D; ++i) a[i * D + j] /= n;
+  }
+  return {a.begin(), a.end()};
+}
+
+kvscout::skew_plan random_plan(const shape& sh, std::mt19937& rng) {
+  kvscout::skew_plan p;
+  p.mode = sh.mode;
+  p.head_dim = sh.D;
+  p.r = sh.r;
+  p.rope = {sh.D, 10000.f, sh.style};
+  if (sh.mode == rope_mode::rope_planes) {
+    p.A.assign(static_cast<std::size_t>(sh.D) * sh.D, 0.f);
+    for (int d = 0; d < sh.D; ++d) p.A[static_cast<std::size_t>(d) * sh.D + d] = 1.f;
+    std::vector<int> all(sh.D / 2);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    p.planes.assign(all.begin(), all.begin() + sh.r / 2);
+    std::sort(p.planes.begin(), p.planes.end());
+    for (int j : p.planes) {
+      const kvscout::rope_plane pl = kvscout::rope_plane_channels(p.rope, j);
+      p.channels.push_back(pl.a);
+      p.channels.push_back(pl.b);
+    }
+  } else {
+    p.A = random_orthogonal(sh.D, rng);
+    std::vector<int> all(sh.D);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    p.channels.assign(all.begin(), all.begin() + sh.r);
+    std::sort(p.channels.begin(), p.channels.end());
+  }
+  return p;
+}
+
+/// Whether a float still holds device_vector's poison (every bit set: a NaN).
+bool poisoned(float a) {
+  std::uint32_t b;
+  std::memcpy(&b, &a, sizeof b);
+  return b == 0xffffffffu;
+}
+
+template <class PkT>
+void run_case(const shape& sh, std::uint32_t seed) {
+  const int S = static_cast<int>(sh.lens.size());
+  const int H = sh.H, Hq = sh.H * sh.g, D = sh.D, r = sh.r, dm = sh.d_model;
+  const int max_len = *std::max_element(sh.lens.begin(), sh.lens.end());
+  const int max_tokens = max_len + 7;
+  const int stride = max_len + 3;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+
+  std::vector<kvscout::skew_plan> plans;
+  for (int h = 0; h < H; ++h) plans.push_back(random_plan(sh, rng));
+  std::vector<float> w_q(static_cast<std::size_t>(Hq) * D * dm), b_q;
+  for (auto& v : w_q) v = nd(rng) / std::sqrt(static_cast<float>(dm));
+  if (sh.bias) {
+    b_q.resize(static_cast<std::size_t>(Hq) * D);
+    for (auto& v : b_q) v = 0.1f * nd(rng);
+  }
+  std::vector<float> x(static_cast<std::size_t>(S) * dm);
+  for (auto& v : x) v = nd(rng);
+  std::vector<std::int32_t> positions(S), lens(sh.lens.begin(), sh.lens.end());
+  for (int s = 0; s < S; ++s) positions[s] = lens[s] + 3 * s;
+
+  // Host reference.
+  using policy = kvscout::infinigen_policy<PkT>;
+  typename policy::config hc{1, S, H, Hq, D, dm, max_tokens, scale, sh.agg};
+  policy host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{b_q.data(), b_q.size()}});
+
+  // Device.
+  kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, sh.mode, scale, sh.agg};
+  using spec = kvscout::infinigen_speculator_cuda<PkT>;
+  const std::size_t ws_bytes = spec::workspace_bytes(dc);
+  gpu_test::device_vector<std::byte> ws(ws_bytes);
+  spec dev(dc, plans, {w_q.data(), w_q.size()}, {b_q.data(), b_q.size()}, {ws.data(), ws_bytes});
+  cudaStream_t stream;
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&stream));
+
+  // Keys: k_pre random, k_post = RoPE at the token's position. Appended in batches of up to
+  // 4096 tokens (prefill-like), in random order inside a batch.
+  std::vector<float> k_pre(static_cast<std::size_t>(H) * D), k_post(k_pre.size());
+  const int batch = 4096;
+  std::vector<float> keys;
+  std::vector<std::int32_t> seq_ids, token_ids;
+  const auto flush = [&] {
+    const int n = static_cast<int>(seq_ids.size());
+    if (n == 0) return;
+    gpu_test::device_vector<float> dk(keys);
+    gpu_test::device_vector<std::int32_t> ds(seq_ids), dt(token_ids);
+    dev.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()}, n, stream);
+    KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    keys.clear();
+    seq_ids.clear();
+    token_ids.clear();
+  };
+  for (int s = 0; s < S; ++s) {
+    for (int t = 0; t < lens[s]; ++t) {
+      for (auto& v : k_pre) v = nd(rng);
+      k_post = k_pre;
+      for (int h = 0; h < H; ++h) kvscout::apply_rope(k_post.data() + static_cast<std::size_t>(h) * D, t, plans[0].rope);
+      host.append(0, s, t, k_pre.data(), k_post.data());
+      const std::vector<float>& k = sh.mode == rope_mode::pre_rope_folded ? k_pre : k_post;
+      keys.insert(keys.end(), k.begin(), k.end());
+      seq_ids.push_back(s);
+      token_ids.push_back(t);
+      if (static_cast<int>(seq_ids.size()) == batch) flush();
+    }
+  }
+  flush();
+
+  // Partial keys: same bits expected, one ulp of PkT allowed.
+  {
+    const kvscout::partial_key_view<PkT> view = dev.keys();
+    std::vector<PkT> cache(view.data.size());
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(cache.data(), view.data.data(), sizeof(PkT) * cache.size(),
+                                  cudaMemcpyDeviceToHost));
+    const double ulp = 2 * kvscout::dtype_traits<PkT>::epsilon;
+    int bad = 0;
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h)
+        for (int c = 0; c < r; ++c)
+          for (int t = 0; t < lens[s]; ++t) {
+            const float d = kvscout::to_float(cache[view.offset(s, h, c, t)]);
+            const float e = kvscout::to_float(host.keys(0).at(s, h, c, t));
+            if (!(std::fabs(d - e) <= ulp * std::fabs(e) + 1e-30) && bad++ < 5)
+              std::fprintf(stderr, "pk (%d,%d,%d,%d): device %g host %g\n", s, h, c, t, d, e);
+          }
+    GPU_CHECK(bad == 0);
+  }
+
+  // Score, host and device.
+  std::vector<float> host_scores(static_cast<std::size_t>(S) * H * stride, 0.f);
+  host.score(0, {{x.data(), x.size()}, {}, {positions.data(), positions.size()}, {lens.data(), lens.size()}},
+             {{host_scores.data(), host_scores.size()}, S, H, stride});
+  gpu_test::device_vector<float> dx(x);
+  gpu_test::device_vector<std::int32_t> dpos(positions), dlens(lens);
+  gpu_test::device_vector<float> dscores(host_scores.size());  // poisoned: NaN bits
+  dev.score({{dx.data(), dx.size()}, {dpos.data(), dpos.size()}, {dlens.data(), dlens.size()}, max_len},
+            {{dscores.data(), dscores.size()}, S, H, stride}, stream);
+  KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  KVSCOUT_CUDA_CHECK(cudaStreamDestroy(stream));
+  const std::vector<float> scores = dscores.download();
+
+  // Partial queries against the host's partial_query.
+  std::vector<float> qd(static_cast<std::size_t>(S) * Hq * r);
+  KVSCOUT_CUDA_CHECK(cudaMemcpy(qd.data(), dev.partial_queries().data(), sizeof(float) * qd.size(),
+                                cudaMemcpyDeviceToHost));
+  std::vector<float> qh(qd.size());
+  {
+    int bad = 0;
+    for (int qi = 0; qi < Hq; ++qi) {
+      const kvscout::partial_query_weights w = kvscout::make_partial_query_weights(
+          plans[qi / sh.g], {w_q.data(), w_q.size()}, {b_q.data(), b_q.size()}, dm, qi);
+      for (int s = 0; s < S; ++s) {
+        double sum_abs = 0;  // the largest sum |w x| of a row: the GEMV's rounding scale
+        for (int row = 0; row < w.rows(); ++row) {
+          double a = 0;
+          for (int j = 0; j < dm; ++j)
+            a += std::fabs(w.weight[static_cast<std::size_t>(row) * dm + j] * x[static_cast<std::size_t>(s) * dm + j]);
+          sum_abs = std::max(sum_abs, a);
+        }
+        float* q = qh.data() + (static_cast<std::size_t>(s) * Hq + qi) * r;
+        kvscout::partial_query(w, x.data() + static_cast<std::size_t>(s) * dm, positions[s], q);
+        for (int c = 0; c < r; ++c) {
+          q[c] *= scale;
+          const float d = qd[(static_cast<std::size_t>(s) * Hq + qi) * r + c];
+          const double tol = 1e-5 * (1.0 + sum_abs * std::sqrt(static_cast<double>(D)));
+          if (!(std::fabs(d - q[c]) <= tol) && bad++ < 5)
+            std::fprintf(stderr, "q~ (s %d, qh %d, c %d): device %g host %g\n", s, qi, c, d, q[c]);
+        }
+      }
+    }
+    GPU_CHECK(bad == 0);
+  }
+
+  // Scores.
+  int bad = 0;
+  for (int s = 0; s < S; ++s) {
+    for (int h = 0; h < H; ++h) {
+      const std::size_t base = (static_cast<std::size_t>(s) * H + h) * stride;
+      // Logit tolerance per token: b = scale * max_j sum_c |q_jc| |pk_c| (host data).
+      std::vector<double> tol(static_cast<std::size_t>(lens[s]));
+      double row_tol = 0;
+      for (int t = 0; t < lens[s]; ++t) {
+        double b = 0;
+        for (int j = 0; j < sh.g; ++j) {
+          const float* q = qh.data() + (static_cast<std::size_t>(s) * Hq + h * sh.g + j) * r;
+          double a = 0;
+          for (int c = 0; c < r; ++c)
+            a += std::fabs(q[c] * kvscout::to_float(host.keys(0).at(s, h, c, t)));
+          b = std::max(b, a);  // q is scaled already
+        }
+        const bool half = sizeof(PkT) == 2;
+        tol[t] = 1e-5 * (1 + b) + (half ? 1e-3 * b : 0.0);
+        row_tol = std::max(row_tol, tol[t]);
+      }
+      for (int t = 0; t < stride; ++t) {
+        const float d = scores[base + t];
+        if (t >= lens[s]) {
+          if (!poisoned(d) && bad++ < 5)
+            std::fprintf(stderr, "score (%d,%d,%d) past the length was written: %g\n", s, h, t, d);
+          continue;
+        }
+        const float e = host_scores[base + t];
+        const double allowed = sh.agg == gqa_aggregation::sum_prob
+                                   ? 1e-7 + std::fabs(e) * (4 * row_tol + 1e-4)
+                                   : tol[t];
+        if (!(std::fabs(d - e) <= allowed) && bad++ < 5)
+          std::fprintf(stderr, "score (%d,%d,%d): device %.9g host %.9g (allowed %g)\n", s, h, t, d, e, allowed);
+      }
+    }
+  }
+  GPU_CHECK(bad == 0);
+}
+
+std::vector<shape> shapes() {
+  std::vector<shape> v;
+  const std::vector<int> lens = {0, 1, 77, 1024, 2500};
+  for (rope_mode mode : {rope_mode::post_rope_skew, rope_mode::rope_planes, rope_mode::pre_rope_folded})
+    for (gqa_aggregation agg : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob})
+      for (int D : {64, 128}) {
+        const int r = D == 64 ? 16 : 32;
+        const auto style = D == 64 ? kvscout::rope_style::split_half : kvscout::rope_style::interleaved;
+        v.push_back({2, 4, D, r, 256, mode, style, agg, lens, true});
+        v.push_back({3, 1, D, r, 192, mode, style, agg, {5, 1500}, false});
+        v.push_back({1, 3, D, r, 128, mode, style, agg, {33, 0, 1025}, true});  // generic group
+        // G = 8 (static), and a generic group of 12: two chunks of 8 heads, the second partial
+        // (the j0 loop of score_group / softmax_stats / score_sum_prob).
+        v.push_back({1, 8, D, r, 64, mode, style, agg, {1100}, true});
+        v.push_back({1, 12, D, r, 64, mode, style, agg, {5, 1300}, false});
+      }
+  return v;
+}
+
+template <class PkT>
+void all_shapes() {
+  std::uint32_t seed = sizeof(PkT) * 1000;
+  for (const shape& sh : shapes()) {
+    run_case<PkT>(sh, seed++);
+  }
+}
+
+void long_row() {
+  // 128k tokens (128 scoring blocks), GQA group of 4, every aggregation.
+  for (gqa_aggregation agg : {gqa_aggregation::max_logit, gqa_aggregation::sum_prob})
+    run_case<kvscout::half>({1, 4, 128, 32, 128, rope_mode::post_rope_skew, kvscout::rope_style::split_half,
+                             agg, {131072, 3}, true},
+                            77);
+}
+
+template <class F>
+bool throws_with(F&& f, const std::string& needle) {
+  try {
+    f();
+  } catch (const kvscout::error& e) {
+    const bool ok = std::string(e.what()).find(needle) != std::string::npos;
+    if (!ok) std::fprintf(stderr, "message lacks '%s': %s\n", needle.c_str(), e.what());
+    return ok;
+  }
+  std::fprintf(stderr, "no kvscout::error (expected one naming '%s')\n", needle.c_str());
+  return false;
+}
+
+void bad_input_throws() {
+  const shape sh{2, 2, 64, 16, 64, rope_mode::post_rope_skew, kvscout::rope_style::split_half,
+                 gqa_aggregation::max_logit, {10}, true};
+  std::mt19937 rng(9);
+  std::vector<kvscout::skew_plan> plans = {random_plan(sh, rng), random_plan(sh, rng)};
+  std::vector<float> w_q(4 * 64 * 64, 0.01f), b_q;
+  kvscout::infinigen_cuda_config cfg{1, 2, 4, 64, 64, 100, 16, rope_mode::post_rope_skew, 0.125f,
+                                     gqa_aggregation::max_logit};
+  using spec = kvscout::infinigen_speculator_cuda<float>;
+  const std::size_t bytes = spec::workspace_bytes(cfg);
+  gpu_test::device_vector<std::byte> ws(bytes);
+  const kvscout::device_span<std::byte> wsp(ws.data(), bytes);
+  GPU_CHECK(throws_with([&] { spec s(cfg, {plans[0]}, {w_q.data(), w_q.size()}, {}, wsp); }, "got 1 skew plans"));
+  GPU_CHECK(throws_with([&] { spec s(cfg, plans, {w_q.data(), 100}, {}, wsp); }, "W_Q holds 100"));
+  GPU_CHECK(throws_with([&] { spec s(cfg, plans, {w_q.data(), w_q.size()}, {}, {ws.data(), bytes - 1}); },
+                        std::to_string(bytes - 1)));
+  auto bad = cfg;
+  bad.r = 65;
+  GPU_CHECK(throws_with([&] { (void)spec::workspace_bytes(bad); }, "r = 65"));
+  spec s(cfg, plans, {w_q.data(), w_q.size()}, {}, wsp);
+  gpu_test::device_vector<float> x(64), out(2 * 50);
+  gpu_test::device_vector<std::int32_t> pos(1), lens(1);
+  const kvscout::device_spec_context ctx{{x.data(), 64}, {pos.data(), 1}, {lens.data(), 1}, 101};
+  GPU_CHECK(throws_with([&] { s.score(ctx, {{out.data(), out.size()}, 1, 2, 50}); }, "max_seq_len = 101"));
+  const kvscout::device_spec_context ok{{x.data(), 64}, {pos.data(), 1}, {lens.data(), 1}, 50};
+  GPU_CHECK(throws_with([&] { s.score(ok, {{out.data(), out.size()}, 1, 3, 50}); }, "has 3 kv heads"));
+  GPU_CHECK(throws_with([&] { s.score(ok, {{out.data(), 60}, 1, 2, 50}); }, "holds 60"));
+}
+
+void lengths_on_device_are_clamped() {
+  // seq_lens beyond the bound are clamped to it; negative ones score nothing.
+  const shape sh{1, 2, 64, 16, 64, rope_mode::rope_planes, kvscout::rope_style::interleaved,
+                 gqa_aggregation::sum_prob, {40}, true};
+  std::mt19937 rng(11);
+  std::vector<kvscout::skew_plan> plans = {random_plan(sh, rng)};
+  std::vector<float> w_q(2 * 64 * 64);
+  std::normal_distribution<float> nd(0.f, 0.1f);
+  for (auto& v : w_q) v = nd(rng);
+  kvscout::infinigen_cuda_config cfg{2, 1, 2, 64, 64, 64, 16, rope_mode::rope_planes, 0.125f,
+                                     gqa_aggregation::sum_prob};
+  using spec = kvscout::infinigen_speculator_cuda<float>;
+  gpu_test::device_vector<std::byte> ws(spec::workspace_bytes(cfg));
+  spec s(cfg, plans, {w_q.data(), w_q.size()}, {}, {ws.data(), ws.size()});
+  std::vector<float> keys(64 * 64);
+  for (auto& v : keys) v = nd(rng);
+  std::vector<std::int32_t> sid(64), tid(64);
+  for (int t = 0; t < 64; ++t) sid[t] = t % 2, tid[t] = t / 2;
+  gpu_test::device_vector<float> dk(keys);
+  gpu_test::device_vector<std::int32_t> ds(sid), dt(tid);
+  s.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()}, 64);
+  // Pairs outside [0, num_seqs) x [0, max_tokens) are skipped on the device: no fault, and the
+  // cache keeps every byte.
+  {
+    const kvscout::partial_key_view<float> view = s.keys();
+    std::vector<float> before(view.data.size()), after(view.data.size());
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(before.data(), view.data.data(), sizeof(float) * before.size(),
+                                  cudaMemcpyDeviceToHost));
+    gpu_test::device_vector<std::int32_t> bs(std::vector<std::int32_t>{-1, 2, 0, 1});
+    gpu_test::device_vector<std::int32_t> bt(std::vector<std::int32_t>{0, 0, 64, -1});
+    s.append({dk.data(), dk.size()}, {bs.data(), bs.size()}, {bt.data(), bt.size()}, 4);
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(after.data(), view.data.data(), sizeof(float) * after.size(),
+                                  cudaMemcpyDeviceToHost));
+    GPU_CHECK(std::memcmp(before.data(), after.data(), sizeof(float) * before.size()) == 0);
+  }
+  std::vector<float> x(2 * 64, 0.5f);
+  gpu_test::device_vector<float> dx(x), out(2 * 40);
+  gpu_test::device_vector<std::int32_t> pos(std::vector<std::int32_t>{5, 6}), lens(std::vector<std::int32_t>{1000, -3});
+  s.score({{dx.data(), dx.size()}, {pos.data(), 2}, {lens.data(), 2}, 20}, {{out.data(), out.size()}, 2, 1, 40});
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> o = out.download();
+  int written0 = 0, written1 = 0;
+  double mass = 0;
+  for (int t = 0; t < 40; ++t) {
+    const bool w0 = !poisoned(o[t]);
+    written0 += w0;
+    if (w0) mass += o[t];
+    written1 += !poisoned(o[40 + t]);
+  }
+  GPU_CHECK(written0 == 20);                 // clamped to the bound
+  GPU_CHECK(std::fabs(mass - 2.0) < 1e-4);   // sum_prob over 2 query heads: mass 2
+  GPU_CHECK(written1 == 0);                  // negative: nothing
+}
+
+}  // namespace
+
+int main() {
+  return gpu_test::run_all("spec_device", {{"float_keys", all_shapes<float>},
+                                           {"half_keys", all_shapes<kvscout::half>},
+                                           {"long_row_128k", long_row},
+                                           {"lengths_on_device_are_clamped", lengths_on_device_are_clamped},
+                                           {"bad_input_throws", bad_input_throws}});
+}
