@@ -1,0 +1,89 @@
+#pragma once
+// Host-side half of the CUDA decode attention (attention/decode.cuh): the device current-token
+// view and the validation of everything the host knows (shapes, sizes, parameters). Plain C++,
+// so the error messages are tested without a GPU (tests/host/test_cuda_facades_fetch.cpp).
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/attention/decode.hpp"
+#include "kvscout/core/dtype.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+
+namespace kvscout {
+
+/// The current token's K / V on the device, [num_seqs, num_kv_heads, head_dim] of the cache's
+/// element type. Empty spans: no current token.
+template <kv_element T>
+struct device_current_token {
+  device_span<const T> k;
+  device_span<const T> v;
+  [[nodiscard]] bool present() const { return k.data() != nullptr; }
+};
+
+namespace detail {
+
+/// Largest query-head group one block handles; larger groups use several blocks (grid.y).
+inline constexpr int decode_device_max_group = 8;
+
+/// The head dims the device attention supports: a multiple of 32 (one warp spans a row) up to 256.
+template <int D>
+inline constexpr bool decode_device_head_dim_ok = D % 32 == 0 && D >= 32 && D <= 256;
+
+inline void check_decode_device(int num_seqs, int num_kv_heads, int head_dim,
+                                const attention_params& p, std::size_t q_size,
+                                const void* q_data, std::size_t out_size, const void* out_data,
+                                bool cur_present, std::size_t cur_k_size, std::size_t cur_v_size,
+                                bool cur_v_null) {
+  const int Hq = p.num_q_heads;
+  KVSCOUT_EXPECTS(num_kv_heads >= 1, "num_kv_heads must be positive, got ", num_kv_heads);
+  KVSCOUT_EXPECTS(Hq >= 1 && Hq % num_kv_heads == 0, "num_q_heads = ", Hq,
+                  " must be a positive multiple of num_kv_heads = ", num_kv_heads);
+  KVSCOUT_EXPECTS(std::isfinite(p.scale) && p.scale > 0.f,
+                  "scale must be positive and finite, got ", p.scale);
+  const std::size_t q_elems = static_cast<std::size_t>(num_seqs) * Hq * head_dim;
+  KVSCOUT_EXPECTS(q_size >= q_elems, "q holds ", q_size, " floats, expected [", num_seqs, ", ",
+                  Hq, ", ", head_dim, "] = ", q_elems);
+  KVSCOUT_EXPECTS(out_size >= q_elems, "out holds ", out_size, " floats, expected ", q_elems);
+  KVSCOUT_EXPECTS(q_elems == 0 || (q_data != nullptr && out_data != nullptr), "q or out is null");
+  const std::size_t cur_elems = static_cast<std::size_t>(num_seqs) * num_kv_heads * head_dim;
+  if (cur_present) {
+    KVSCOUT_EXPECTS(!cur_v_null, "current token K is given but V is null");
+    KVSCOUT_EXPECTS(cur_k_size >= cur_elems && cur_v_size >= cur_elems,
+                    "current token K / V hold ", cur_k_size, " / ", cur_v_size,
+                    " elements, expected [", num_seqs, ", ", num_kv_heads, ", ", head_dim,
+                    "] = ", cur_elems);
+  }
+  KVSCOUT_EXPECTS(static_cast<long long>(num_seqs) * num_kv_heads <= 0x7fffffffLL,
+                  "num_seqs * num_kv_heads = ", static_cast<long long>(num_seqs) * num_kv_heads,
+                  " exceeds the grid limit");
+}
+
+/// A device selection and the gathered rows (row_bytes each, K and V) it indexes.
+inline void check_gathered_device(const selection_view<device_space>& sel, std::size_t k_bytes,
+                                  const void* k, std::size_t v_bytes, const void* v,
+                                  std::size_t k_row_bytes, std::size_t v_row_bytes) {
+  KVSCOUT_EXPECTS(sel.num_seqs >= 0 && sel.num_kv_heads >= 1 && sel.capacity >= 0,
+                  "selection shape [", sel.num_seqs, ", ", sel.num_kv_heads, ", ", sel.capacity,
+                  "] is invalid");
+  const std::size_t pairs = static_cast<std::size_t>(sel.num_seqs) * sel.num_kv_heads;
+  const std::size_t slots = pairs * static_cast<std::size_t>(sel.capacity);
+  KVSCOUT_EXPECTS(sel.counts.size() >= pairs && (pairs == 0 || sel.counts.data() != nullptr),
+                  "selection counts holds ", sel.counts.size(), " entries, expected ", pairs);
+  KVSCOUT_EXPECTS(sel.indices.size() >= slots && (slots == 0 || sel.indices.data() != nullptr),
+                  "selection indices holds ", sel.indices.size(), " entries, expected ", slots);
+  KVSCOUT_EXPECTS(k_bytes >= slots * k_row_bytes && v_bytes >= slots * v_row_bytes,
+                  "gathered K / V rows hold ", k_bytes, " / ", v_bytes,
+                  " bytes, expected at least ", slots * k_row_bytes, " / ", slots * v_row_bytes,
+                  " (", slots, " rows)");
+  KVSCOUT_EXPECTS(slots == 0 || (k != nullptr && v != nullptr), "gathered K or V is null");
+  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(k) % 16 == 0 &&
+                      reinterpret_cast<std::uintptr_t>(v) % 16 == 0,
+                  "gathered K / V at ", k, " / ", v, " must be 16-byte aligned");
+}
+
+}  // namespace detail
+}  // namespace kvscout

@@ -1,0 +1,78 @@
+#pragma once
+// Completion of stream-ordered GPU work: one CUDA event, recorded on the caller's stream after
+// the work. wait() blocks the host thread (cudaEventSynchronize); ready() polls (cudaEventQuery).
+// A pipeline does neither: it makes its compute stream wait on event() (cudaStreamWaitEvent), so
+// nothing blocks the host and the whole step stays capturable in a CUDA graph.
+//
+//   kvscout::cuda_event ev;                                   // setup: created once
+//   ... enqueue work on stream ...
+//   ev.record(stream);
+//   kvscout::event_completion c{ev.get()};
+//   cudaStreamWaitEvent(compute_stream, c.event(), 0);        // or c.wait() / c.ready()
+//
+// Builds with a plain host compiler (CUDA runtime headers only).
+
+#include <cuda_runtime_api.h>
+
+#include "kvscout/core/cuda_check.hpp"
+#include "kvscout/fetch/concepts.hpp"
+
+namespace kvscout {
+
+/// An owned CUDA event (timing disabled), created at setup and destroyed with its owner.
+class cuda_event {
+ public:
+  cuda_event() { KVSCOUT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  cuda_event(const cuda_event&) = delete;
+  cuda_event& operator=(const cuda_event&) = delete;
+  cuda_event(cuda_event&& o) noexcept : event_(o.event_) { o.event_ = nullptr; }
+  cuda_event& operator=(cuda_event&& o) noexcept {
+    if (this != &o) {
+      reset();
+      event_ = o.event_;
+      o.event_ = nullptr;
+    }
+    return *this;
+  }
+  ~cuda_event() { reset(); }
+
+  void record(cudaStream_t stream) { KVSCOUT_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+  [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
+
+ private:
+  void reset() noexcept {
+    if (event_ != nullptr) KVSCOUT_CUDA_CHECK_NO_THROW(cudaEventDestroy(event_));
+    event_ = nullptr;
+  }
+  cudaEvent_t event_ = nullptr;
+};
+
+/// The completion of work enqueued before an event record. Valid until the event is recorded
+/// again (an executor re-records its event on the next submit).
+class event_completion {
+ public:
+  event_completion() = default;
+  explicit event_completion(cudaEvent_t e) noexcept : event_(e) {}
+
+  /// Blocks until the work is done (no-op for a default-constructed completion).
+  void wait() const {
+    if (event_ != nullptr) KVSCOUT_CUDA_CHECK(cudaEventSynchronize(event_));
+  }
+  /// True once the work is done; throws kvscout::error if the work failed.
+  [[nodiscard]] bool ready() const {
+    if (event_ == nullptr) return true;
+    const cudaError_t st = cudaEventQuery(event_);
+    if (st == cudaErrorNotReady) return false;
+    KVSCOUT_CUDA_CHECK(st);
+    return true;
+  }
+  /// The event, for cudaStreamWaitEvent.
+  [[nodiscard]] cudaEvent_t event() const noexcept { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+static_assert(completion<event_completion>);
+
+}  // namespace kvscout

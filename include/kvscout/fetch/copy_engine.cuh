@@ -1,0 +1,150 @@
+#pragma once
+// Copy-engine executor: the selected rows move as DMA copies (the GPU's copy engines, no SM
+// time), one copy per run of rows that are adjacent in the source and consecutive in the
+// selection, issued as one cudaMemcpyBatchAsync (CUDA >= 12.8) or one cudaMemcpyAsync per run.
+//
+//   kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
+//                                   .stream = stream};
+//   std::vector<std::byte> ws(kvscout::copy_engine_executor<layout>::workspace_bytes(cfg));
+//   kvscout::copy_engine_executor<layout> fetch(cfg, {ws.data(), ws.size()});
+//   auto c = fetch.submit(pinned_kv, host_selection, device_destination);
+//
+// The honest constraint: a run list is built from the selection, and memcpy APIs are called by
+// the host; a device kernel could emit run descriptors but cannot launch the copies (no device
+// side memcpy API reaches the copy engines). So this executor takes a host-visible selection
+// (selection_view<host_space>: computed on the host, or copied back from the device by a caller
+// who accepts that D2H and its synchronisation). Its selection_type says so; a device selection
+// does not compile. Use zero_copy_executor when the selection is on the device.
+//
+// The source is the host KV store addressed by host pointers (kv_view<Layout, host_space>; its
+// metadata is read on the host); it should be pinned (cudaHostAlloc / cudaHostRegister),
+// otherwise the driver stages pageable copies and they are neither asynchronous nor fast.
+// submit() validates everything first (as host_gather_executor: shapes, sizes, the layout's
+// metadata, every count and index in range and strictly ascending) and throws kvscout::error
+// naming the bad value; then builds the copy list in the caller's workspace (no allocation) and
+// enqueues it on config.stream. The host thread does the run building and the API calls; it never
+// waits for the device. The batch API needs a stream other than the legacy default stream; with
+// the default stream (or use_batch_api = false, or an older runtime) copies go one by one.
+//
+// Completion: an event recorded on config.stream after the copies (event_completion). Once
+// submit() returns, the selection and the workspace may be reused (the copy list was consumed by
+// the API calls); the source must stay unchanged until the event completes.
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/backend/cuda/event_completion.hpp"
+#include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/fetch/concepts.hpp"
+#include "kvscout/fetch/detail/cuda_fetch_checks.hpp"
+#include "kvscout/kv/concepts.hpp"
+#include "kvscout/kv/contiguous.hpp"
+#include "kvscout/kv/kivi.hpp"
+#include "kvscout/kv/paged.hpp"
+
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12080
+#define KVSCOUT_HAS_MEMCPY_BATCH 1
+#else
+#define KVSCOUT_HAS_MEMCPY_BATCH 0
+#endif
+
+namespace kvscout {
+
+template <kv_layout Layout>
+class copy_engine_executor {
+ public:
+  using layout_type = Layout;
+  using config_type = copy_engine_config;
+  using source_type = kv_view<Layout, host_space>;
+  using selection_type = selection_view<host_space>;  // host-visible: see the header comment
+  using destination_type = gather_destination<device_space>;
+  using completion_type = event_completion;
+
+  /// Host workspace: the running row counts and the copy list (2 * slots copies at most).
+  static std::size_t workspace_bytes(const config_type& cfg) {
+    return detail::copy_engine_workspace_bytes(cfg);
+  }
+
+  /// Whether this build can batch (CUDA runtime >= 12.8).
+  static constexpr bool batch_api_available = KVSCOUT_HAS_MEMCPY_BATCH != 0;
+
+  copy_engine_executor(const config_type& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
+    const std::size_t need = workspace_bytes(cfg);
+    detail::check_workspace(workspace.data(), workspace.size(), need, alignof(std::int64_t),
+                            "workspace");
+    const std::size_t pairs = detail::fetch_pairs(cfg.num_seqs, cfg.num_kv_heads);
+    const std::size_t copies = 2 * pairs * static_cast<std::size_t>(cfg.capacity);
+    std::byte* p = workspace.data();
+    prefix_ = reinterpret_cast<std::int64_t*>(p);
+    p += (pairs + 1) * sizeof(std::int64_t);
+    dsts_ = reinterpret_cast<void**>(p);
+    p += copies * sizeof(void*);
+    srcs_ = reinterpret_cast<const void**>(p);
+    p += copies * sizeof(void*);
+    sizes_ = reinterpret_cast<std::size_t*>(p);
+  }
+
+  [[nodiscard]] const config_type& config() const noexcept { return cfg_; }
+  void set_stream(cudaStream_t stream) noexcept { cfg_.stream = stream; }
+  [[nodiscard]] cudaEvent_t event() const noexcept { return event_.get(); }
+  /// Copies the last submit issued (K and V counted separately), for statistics.
+  [[nodiscard]] std::size_t last_copy_count() const noexcept { return last_copies_; }
+
+  completion_type submit(const source_type& src, const selection_type& sel,
+                         const destination_type& dst) {
+    detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
+                              /*vector_aligned=*/false);
+    detail::check_host_selection(src, sel, prefix_);
+    const std::size_t n =
+        detail::build_copy_runs(src.layout, src.k.data(), src.v.data(), dst.k.data(),
+                                dst.v.data(), sel, dsts_, srcs_, sizes_);
+    last_copies_ = n;
+    if (n > 0) enqueue(n);
+    event_.record(cfg_.stream);
+    return completion_type{event_.get()};
+  }
+
+ private:
+  void enqueue(std::size_t n) {
+#if KVSCOUT_HAS_MEMCPY_BATCH
+    // The legacy default stream is not allowed for batches (and per-thread default streams are
+    // not distinguishable here), so only an explicit stream batches.
+    if (cfg_.use_batch_api && cfg_.stream != nullptr && cfg_.stream != cudaStreamLegacy) {
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // the store may change between steps
+      std::size_t attr_index = 0;
+#if CUDART_VERSION >= 13000
+      KVSCOUT_CUDA_CHECK(cudaMemcpyBatchAsync(dsts_, srcs_, sizes_, n, &attr, &attr_index, 1,
+                                              cfg_.stream));
+#else
+      std::size_t fail_index = 0;
+      KVSCOUT_CUDA_CHECK(cudaMemcpyBatchAsync(dsts_, const_cast<void**>(srcs_), sizes_, n, &attr,
+                                              &attr_index, 1, &fail_index, cfg_.stream));
+#endif
+      return;
+    }
+#endif
+    for (std::size_t c = 0; c < n; ++c) {
+      KVSCOUT_CUDA_CHECK(
+          cudaMemcpyAsync(dsts_[c], srcs_[c], sizes_[c], cudaMemcpyHostToDevice, cfg_.stream));
+    }
+  }
+
+  config_type cfg_;
+  cuda_event event_;
+  std::int64_t* prefix_ = nullptr;
+  void** dsts_ = nullptr;
+  const void** srcs_ = nullptr;
+  std::size_t* sizes_ = nullptr;
+  std::size_t last_copies_ = 0;
+};
+
+static_assert(prefetch_executor<copy_engine_executor<contiguous_layout<half, 128, hnd>>>);
+static_assert(prefetch_executor<copy_engine_executor<kivi_layout<half, 128, 4>>>);
+
+}  // namespace kvscout

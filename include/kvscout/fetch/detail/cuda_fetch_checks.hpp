@@ -1,0 +1,263 @@
+#pragma once
+// Host-side half of the CUDA prefetch executors (fetch/zero_copy.cuh, fetch/copy_engine.cuh,
+// fetch/staged.cuh): their configs, workspace sizes, the validation of everything the host knows
+// (shapes, buffer sizes, alignment; for host-visible selections every count and index too), and
+// the run list of the copy-engine executor. Plain C++ (CUDA runtime headers only), so the error
+// messages and the run merging are tested on machines without a GPU
+// (tests/host/test_cuda_facades_fetch.cpp).
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/kv/concepts.hpp"
+
+namespace kvscout {
+
+/// Zero-copy gather: a kernel reads the selected rows from mapped pinned host memory.
+struct zero_copy_config {
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int capacity = 0;               // most rows selected per (sequence, kv_head)
+  cudaStream_t stream = nullptr;  // the caller's stream; submit() enqueues on it
+  int max_blocks = 0;             // grid bound; 0: 2 per SM of the current device (setup query)
+  int threads_per_block = 256;    // a multiple of 32 in [32, 1024]
+  int* device_status = nullptr;   // optional device int, see backend/cuda/device_status.hpp
+};
+
+/// Copy engine: one copy per run of adjacent rows, batched (cudaMemcpyBatchAsync) where the
+/// runtime has it. The selection must be host-visible.
+struct copy_engine_config {
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int capacity = 0;
+  cudaStream_t stream = nullptr;  // must not be the legacy default stream for the batch API
+  bool use_batch_api = true;      // false: one cudaMemcpyAsync per run
+};
+
+/// Staged: host threads gather into pinned staging, one bulk copy, a device scatter kernel.
+/// The selection must be host-visible.
+struct staged_config {
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int capacity = 0;
+  std::size_t k_row_bytes = 0;    // the layout's k_row_bytes() / v_row_bytes() (sizes staging)
+  std::size_t v_row_bytes = 0;
+  cudaStream_t stream = nullptr;
+  int threads = 1;                // gathering threads, the caller included
+  int prefetch_rows = 8;          // software prefetch distance (0: off)
+  int stages = 2;                 // staging buffers in rotation; submit() waits only for a stage
+                                  // whose copy from `stages` submits ago is still running
+};
+
+namespace detail {
+
+inline constexpr std::size_t fetch_vector_bytes = 16;
+
+inline std::size_t fetch_pairs(int num_seqs, int num_kv_heads) {
+  return static_cast<std::size_t>(num_seqs) * static_cast<std::size_t>(num_kv_heads);
+}
+
+inline void check_fetch_shape(int num_seqs, int num_kv_heads, int capacity) {
+  KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
+  KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
+  KVSCOUT_EXPECTS(capacity >= 0, "capacity must be non-negative, got ", capacity);
+}
+
+inline void check_zero_copy_config(const zero_copy_config& cfg) {
+  check_fetch_shape(cfg.num_seqs, cfg.num_kv_heads, cfg.capacity);
+  KVSCOUT_EXPECTS(cfg.max_blocks >= 0, "max_blocks must be non-negative (0: 2 per SM), got ",
+                  cfg.max_blocks);
+  KVSCOUT_EXPECTS(cfg.threads_per_block >= 32 && cfg.threads_per_block <= 1024 &&
+                      cfg.threads_per_block % 32 == 0,
+                  "threads_per_block must be a multiple of 32 in [32, 1024], got ",
+                  cfg.threads_per_block);
+}
+
+inline void check_copy_engine_config(const copy_engine_config& cfg) {
+  check_fetch_shape(cfg.num_seqs, cfg.num_kv_heads, cfg.capacity);
+}
+
+inline void check_staged_config(const staged_config& cfg) {
+  check_fetch_shape(cfg.num_seqs, cfg.num_kv_heads, cfg.capacity);
+  KVSCOUT_EXPECTS(cfg.k_row_bytes > 0 && cfg.k_row_bytes % fetch_vector_bytes == 0,
+                  "k_row_bytes must be a positive multiple of ", fetch_vector_bytes, ", got ",
+                  cfg.k_row_bytes);
+  KVSCOUT_EXPECTS(cfg.v_row_bytes > 0 && cfg.v_row_bytes % fetch_vector_bytes == 0,
+                  "v_row_bytes must be a positive multiple of ", fetch_vector_bytes, ", got ",
+                  cfg.v_row_bytes);
+  KVSCOUT_EXPECTS(cfg.threads >= 1, "threads must be at least 1, got ", cfg.threads);
+  KVSCOUT_EXPECTS(cfg.prefetch_rows >= 0, "prefetch_rows must be non-negative, got ",
+                  cfg.prefetch_rows);
+  KVSCOUT_EXPECTS(cfg.stages >= 1, "stages must be at least 1, got ", cfg.stages);
+}
+
+/// Copy engine workspace (host memory): prefix[pairs + 1] int64, then three arrays of
+/// 2 * slots entries (one K and one V copy per run at most): destinations, sources, sizes.
+inline std::size_t copy_engine_workspace_bytes(const copy_engine_config& cfg) {
+  check_copy_engine_config(cfg);
+  const std::size_t pairs = fetch_pairs(cfg.num_seqs, cfg.num_kv_heads);
+  const std::size_t copies = 2 * pairs * static_cast<std::size_t>(cfg.capacity);
+  return (pairs + 1) * sizeof(std::int64_t) + copies * (2 * sizeof(void*) + sizeof(std::size_t));
+}
+
+/// Staged: bytes of one stage. [prefix[pairs + 1] int64, padded to 16 B][K rows, compact]
+/// [V rows, compact]; the rows of a step are packed in (sequence, kv_head, entry) order.
+inline std::size_t staged_header_bytes(const staged_config& cfg) {
+  const std::size_t pairs = fetch_pairs(cfg.num_seqs, cfg.num_kv_heads);
+  const std::size_t h = (pairs + 1) * sizeof(std::int64_t);
+  return (h + fetch_vector_bytes - 1) / fetch_vector_bytes * fetch_vector_bytes;
+}
+inline std::size_t staged_stage_bytes(const staged_config& cfg) {
+  check_staged_config(cfg);
+  const std::size_t slots =
+      fetch_pairs(cfg.num_seqs, cfg.num_kv_heads) * static_cast<std::size_t>(cfg.capacity);
+  return staged_header_bytes(cfg) + slots * (cfg.k_row_bytes + cfg.v_row_bytes);
+}
+/// Pinned host workspace: `stages` stages.
+inline std::size_t staged_workspace_bytes(const staged_config& cfg) {
+  return staged_stage_bytes(cfg) * static_cast<std::size_t>(cfg.stages);
+}
+/// Device workspace: one stage (the landing area of the bulk copy).
+inline std::size_t staged_device_workspace_bytes(const staged_config& cfg) {
+  return staged_stage_bytes(cfg);
+}
+
+inline void check_workspace(const void* p, std::size_t size, std::size_t need,
+                            std::size_t align, const char* what) {
+  KVSCOUT_EXPECTS(size >= need, what, " holds ", size, " bytes, expected at least ", need);
+  KVSCOUT_EXPECTS(p != nullptr || need == 0, what, " is null");
+  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(p) % align == 0, what, " at address ", p,
+                  " must be ", align, "-byte aligned");
+}
+
+/// Shapes, null pointers, buffer sizes and (for kernels that move 16-byte vectors) alignment:
+/// everything a CUDA executor can check without reading the selection or the layout's metadata
+/// (either may live in device memory).
+template <kv_layout L, class SrcSpace, class SelSpace, class DstSpace>
+void check_fetch_views(int num_seqs, int num_kv_heads, int capacity,
+                       const kv_view<L, SrcSpace>& src, const selection_view<SelSpace>& sel,
+                       const gather_destination<DstSpace>& dst, bool vector_aligned) {
+  const L& l = src.layout;
+  KVSCOUT_EXPECTS(sel.num_seqs == num_seqs && sel.num_kv_heads == num_kv_heads &&
+                      sel.capacity == capacity,
+                  "selection shape [", sel.num_seqs, ", ", sel.num_kv_heads, ", ", sel.capacity,
+                  "] differs from the executor's [", num_seqs, ", ", num_kv_heads, ", ", capacity,
+                  "]");
+  KVSCOUT_EXPECTS(l.num_seqs() == num_seqs && l.num_kv_heads() == num_kv_heads,
+                  "source layout has ", l.num_seqs(), " sequences x ", l.num_kv_heads(),
+                  " kv heads, the executor expects ", num_seqs, " x ", num_kv_heads);
+  const std::size_t pairs = fetch_pairs(num_seqs, num_kv_heads);
+  const std::size_t slots = pairs * static_cast<std::size_t>(capacity);
+  KVSCOUT_EXPECTS(sel.counts.data() != nullptr || pairs == 0, "selection counts is null");
+  KVSCOUT_EXPECTS(sel.counts.size() >= pairs, "selection counts holds ", sel.counts.size(),
+                  " entries, expected num_seqs * num_kv_heads = ", pairs);
+  KVSCOUT_EXPECTS(sel.indices.data() != nullptr || slots == 0, "selection indices is null");
+  KVSCOUT_EXPECTS(sel.indices.size() >= slots, "selection indices holds ", sel.indices.size(),
+                  " entries, expected num_seqs * num_kv_heads * capacity = ", slots);
+  KVSCOUT_EXPECTS(src.k.data() != nullptr && src.v.data() != nullptr,
+                  "source K or V buffer is null");
+  const std::size_t kb = l.k_row_bytes(), vb = l.v_row_bytes();
+  const std::size_t k_need = slots * kb, v_need = slots * vb;
+  KVSCOUT_EXPECTS(dst.k.data() != nullptr || k_need == 0, "destination K buffer is null");
+  KVSCOUT_EXPECTS(dst.v.data() != nullptr || v_need == 0, "destination V buffer is null");
+  KVSCOUT_EXPECTS(dst.k.size() >= k_need, "destination K buffer holds ", dst.k.size(),
+                  " bytes, expected at least ", k_need, " (", slots, " rows of ", kb, " bytes)");
+  KVSCOUT_EXPECTS(dst.v.size() >= v_need, "destination V buffer holds ", dst.v.size(),
+                  " bytes, expected at least ", v_need, " (", slots, " rows of ", vb, " bytes)");
+  if (vector_aligned) {
+    constexpr std::size_t a = fetch_vector_bytes;
+    KVSCOUT_EXPECTS(kb % a == 0 && vb % a == 0, "row sizes K ", kb, " / V ", vb,
+                    " bytes must be multiples of ", a, " (rows move as 16-byte vectors)");
+    auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; };
+    KVSCOUT_EXPECTS(aligned(src.k.data()) && aligned(src.v.data()), "source K / V at ",
+                    static_cast<const void*>(src.k.data()), " / ",
+                    static_cast<const void*>(src.v.data()), " must be ", a, "-byte aligned");
+    KVSCOUT_EXPECTS(aligned(dst.k.data()) && aligned(dst.v.data()), "destination K / V at ",
+                    static_cast<const void*>(dst.k.data()), " / ",
+                    static_cast<const void*>(dst.v.data()), " must be ", a, "-byte aligned");
+  }
+}
+
+/// A host-visible selection, checked in full against a host-readable layout (every count and
+/// index, strictly ascending, the layout's metadata against the source sizes), as
+/// host_gather_executor does; fills prefix[pairs + 1] with the running row counts and returns the
+/// total. Nothing is written anywhere else.
+template <kv_layout L>
+std::int64_t check_host_selection(const kv_view<L, host_space>& src,
+                                  const selection_view<host_space>& sel, std::int64_t* prefix) {
+  const L& l = src.layout;
+  l.validate(src.k.size(), src.v.size());
+  std::int64_t total = 0;
+  prefix[0] = 0;
+  const std::size_t capacity = static_cast<std::size_t>(sel.capacity);
+  for (int s = 0; s < sel.num_seqs; ++s) {
+    const int len = l.seq_len(s);
+    for (int h = 0; h < sel.num_kv_heads; ++h) {
+      const std::size_t r = sel.row(s, h);
+      const int n = sel.counts[r];
+      KVSCOUT_EXPECTS(n >= 0 && n <= sel.capacity, "count ", n, " for sequence ", s,
+                      ", kv_head ", h, " is outside [0, capacity = ", sel.capacity, "]");
+      const std::int32_t* idx = sel.indices.data() + r * capacity;
+      int prev = -1;
+      for (int i = 0; i < n; ++i) {
+        const int t = idx[i];
+        KVSCOUT_EXPECTS(t >= 0 && t < len, "token index ", t, " (entry ", i, ") for sequence ",
+                        s, ", kv_head ", h, " is out of range [0, seq_len = ", len, ")");
+        KVSCOUT_EXPECTS(t > prev, "token indices for sequence ", s, ", kv_head ", h,
+                        " are not strictly ascending: ", prev, " then ", t, " at entry ", i);
+        prev = t;
+      }
+      total += n;
+      prefix[r + 1] = total;
+    }
+  }
+  return total;
+}
+
+/// The copy list of a validated host selection: one K copy and one V copy per run of rows that
+/// are adjacent in the source (layout.contiguous_rows) and consecutive in the selection (hence
+/// adjacent in the destination). Copy c moves sizes[c] bytes from srcs[c] to dsts[c]; K and V
+/// copies alternate. Returns the number of copies (even). The arrays hold 2 * slots entries.
+template <kv_layout L>
+std::size_t build_copy_runs(const L& l, const std::byte* k_src, const std::byte* v_src,
+                            std::byte* k_dst, std::byte* v_dst,
+                            const selection_view<host_space>& sel, void** dsts,
+                            const void** srcs, std::size_t* sizes) {
+  const std::size_t kb = l.k_row_bytes(), vb = l.v_row_bytes();
+  const std::size_t capacity = static_cast<std::size_t>(sel.capacity);
+  std::size_t c = 0;
+  for (int s = 0; s < sel.num_seqs; ++s) {
+    for (int h = 0; h < sel.num_kv_heads; ++h) {
+      const std::size_t r = sel.row(s, h);
+      const int n = sel.counts[r];
+      const std::int32_t* idx = sel.indices.data() + r * capacity;
+      const std::size_t slot0 = r * capacity;
+      for (int i = 0; i < n;) {
+        const int t = idx[i];
+        const int max_run = l.contiguous_rows(s, t, h, n - i);
+        int run = 1;
+        while (run < max_run && idx[i + run] == t + run) ++run;
+        const std::size_t slot = slot0 + static_cast<std::size_t>(i);
+        const std::size_t rows = static_cast<std::size_t>(run);
+        dsts[c] = k_dst + slot * kb;
+        srcs[c] = k_src + l.k_offset(s, t, h);
+        sizes[c] = rows * kb;
+        ++c;
+        dsts[c] = v_dst + slot * vb;
+        srcs[c] = v_src + l.v_offset(s, t, h);
+        sizes[c] = rows * vb;
+        ++c;
+        i += run;
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace detail
+}  // namespace kvscout

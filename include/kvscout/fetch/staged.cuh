@@ -1,0 +1,267 @@
+#pragma once
+// Staged executor: host threads gather the selected rows into a pinned staging buffer, packed
+// back to back; one bulk cudaMemcpyAsync moves exactly those bytes (plus the row counts) to a
+// device landing area; a small device kernel scatters them into the destination laid out as
+// core/selection.hpp says (device-to-device, at HBM bandwidth, a small fraction of the link time).
+// The link carries one large transfer per step instead of one per run, at the price of a host
+// pass over the rows (host memory bandwidth, see docs/performance.md for the host gather rates).
+//
+//   kvscout::staged_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
+//                              .k_row_bytes = l.k_row_bytes(), .v_row_bytes = l.v_row_bytes(),
+//                              .stream = stream, .threads = 2};
+//   // pinned host workspace (cudaHostAlloc) and device workspace, sized by the executor:
+//   //   staged_executor<layout>::workspace_bytes(cfg), ::device_workspace_bytes(cfg)
+//   kvscout::staged_executor<layout> fetch(cfg, pinned_ws, device_ws);
+//   auto c = fetch.submit(host_kv, host_selection, device_destination);
+//
+// Like the copy engine, it needs a host-visible selection (selection_type is
+// selection_view<host_space>): the host threads must know which rows to gather. Use
+// zero_copy_executor for a device selection.
+//
+// Staging rotates over config.stages buffers (default 2). A submit first makes sure the bulk copy
+// that last read its stage has finished (cudaEventSynchronize on that stage's event: a wait only
+// when `stages` submits are still in flight, never a device-wide synchronisation), then
+// validates (as host_gather_executor, throwing kvscout::error before anything is written),
+// gathers with config.threads threads (thread_pool, started at setup), and enqueues the bulk copy
+// and the scatter kernel on config.stream. The device landing area is a single stage: submits
+// must all use config.stream (stream order keeps a scatter ahead of the next bulk copy).
+// Completion: the stage's event, recorded after the scatter kernel.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kvscout/backend/cuda/event_completion.hpp"
+#include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/fetch/concepts.hpp"
+#include "kvscout/fetch/detail/cuda_fetch_checks.hpp"
+#include "kvscout/kv/concepts.hpp"
+#include "kvscout/kv/contiguous.hpp"
+#include "kvscout/kv/kivi.hpp"
+#include "kvscout/kv/paged.hpp"
+
+namespace kvscout {
+namespace detail {
+
+struct staged_scatter_params {
+  const std::byte* landing;  // [prefix (pairs + 1) int64 | pad to 16][K rows][V rows]
+  std::size_t header_bytes;
+  std::byte* k_dst;
+  std::byte* v_dst;
+  std::size_t k_row_bytes;
+  std::size_t v_row_bytes;
+  long long pairs;
+  int capacity;
+};
+
+// One block per (sequence, kv_head) pair at a time (grid-stride): rows [prefix[r], prefix[r+1])
+// of the packed landing area go to destination slots r * capacity + 0, 1, ...
+// (A template only so that the header can be included by several translation units.)
+template <int Unused = 0>
+__global__ void staged_scatter_kernel(const __grid_constant__ staged_scatter_params p) {
+  constexpr std::size_t V = fetch_vector_bytes;
+  const auto* prefix = reinterpret_cast<const std::int64_t*>(p.landing);
+  const std::int64_t total = prefix[p.pairs];
+  const std::byte* const k_rows = p.landing + p.header_bytes;
+  const std::byte* const v_rows = k_rows + static_cast<std::size_t>(total) * p.k_row_bytes;
+  const int nk = static_cast<int>(p.k_row_bytes / V), nv = static_cast<int>(p.v_row_bytes / V);
+  const int per_row = nk + nv;
+  for (long long r = blockIdx.x; r < p.pairs; r += gridDim.x) {
+    const std::int64_t g0 = prefix[r];
+    const long long n = prefix[r + 1] - g0;
+    const long long vectors = n * per_row;
+    const std::size_t slot0 = static_cast<std::size_t>(r) * p.capacity;
+    for (long long j = threadIdx.x; j < vectors; j += blockDim.x) {
+      const long long i = j / per_row;
+      const int c = static_cast<int>(j - i * per_row);
+      const std::size_t g = static_cast<std::size_t>(g0 + i);
+      const std::size_t slot = slot0 + static_cast<std::size_t>(i);
+      if (c < nk) {
+        *reinterpret_cast<uint4*>(p.k_dst + slot * p.k_row_bytes + c * V) =
+            *reinterpret_cast<const uint4*>(k_rows + g * p.k_row_bytes + c * V);
+      } else {
+        *reinterpret_cast<uint4*>(p.v_dst + slot * p.v_row_bytes + (c - nk) * V) =
+            *reinterpret_cast<const uint4*>(v_rows + g * p.v_row_bytes + (c - nk) * V);
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+template <kv_layout Layout>
+class staged_executor {
+ public:
+  using layout_type = Layout;
+  using config_type = staged_config;
+  using source_type = kv_view<Layout, host_space>;
+  using selection_type = selection_view<host_space>;  // host-visible: see the header comment
+  using destination_type = gather_destination<device_space>;
+  using completion_type = event_completion;
+
+  /// Pinned host workspace: `stages` staging buffers.
+  static std::size_t workspace_bytes(const config_type& cfg) {
+    return detail::staged_workspace_bytes(cfg);
+  }
+  /// Device workspace: the landing area of one stage.
+  static std::size_t device_workspace_bytes(const config_type& cfg) {
+    return detail::staged_device_workspace_bytes(cfg);
+  }
+
+  /// Setup: checks both workspaces (sizes, 16-byte alignment, the host one pinned), starts the
+  /// threads, creates one event per stage.
+  staged_executor(const config_type& cfg, host_span<std::byte> pinned_workspace,
+                  device_span<std::byte> device_workspace)
+      : cfg_(cfg) {
+    stage_bytes_ = detail::staged_stage_bytes(cfg);
+    detail::check_workspace(pinned_workspace.data(), pinned_workspace.size(),
+                            workspace_bytes(cfg), detail::fetch_vector_bytes,
+                            "pinned staging workspace");
+    detail::check_workspace(device_workspace.data(), device_workspace.size(),
+                            device_workspace_bytes(cfg), detail::fetch_vector_bytes,
+                            "device workspace");
+    cudaPointerAttributes attr{};
+    KVSCOUT_CUDA_CHECK(cudaPointerGetAttributes(&attr, pinned_workspace.data()));
+    KVSCOUT_EXPECTS(attr.type == cudaMemoryTypeHost,
+                    "the staging workspace must be pinned host memory (cudaHostAlloc or "
+                    "cudaHostRegister); cudaPointerGetAttributes reports memory type ",
+                    static_cast<int>(attr.type));
+    staging_ = pinned_workspace.data();
+    landing_ = device_workspace.data();
+    pool_ = std::make_unique<thread_pool>(cfg.threads);
+    events_.resize(static_cast<std::size_t>(cfg.stages));
+    used_.assign(static_cast<std::size_t>(cfg.stages), false);
+  }
+
+  [[nodiscard]] const config_type& config() const noexcept { return cfg_; }
+  /// The event the last submit recorded.
+  [[nodiscard]] cudaEvent_t event() const noexcept { return events_[last_stage_].get(); }
+
+  completion_type submit(const source_type& src, const selection_type& sel,
+                         const destination_type& dst) {
+    const Layout& l = src.layout;
+    detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
+                              /*vector_aligned=*/false);
+    KVSCOUT_EXPECTS(l.k_row_bytes() == cfg_.k_row_bytes && l.v_row_bytes() == cfg_.v_row_bytes,
+                    "the layout's rows (K ", l.k_row_bytes(), ", V ", l.v_row_bytes(),
+                    " bytes) differ from the config's k_row_bytes = ", cfg_.k_row_bytes,
+                    ", v_row_bytes = ", cfg_.v_row_bytes);
+    constexpr std::size_t a = detail::fetch_vector_bytes;
+    KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(dst.k.data()) % a == 0 &&
+                        reinterpret_cast<std::uintptr_t>(dst.v.data()) % a == 0,
+                    "destination K / V at ", static_cast<const void*>(dst.k.data()), " / ",
+                    static_cast<const void*>(dst.v.data()), " must be ", a, "-byte aligned");
+    const std::size_t stage = next_stage_;
+    std::byte* const base = staging_ + stage * stage_bytes_;
+    // The copy that last read this stage must be done before the threads overwrite it.
+    if (used_[stage]) KVSCOUT_CUDA_CHECK(cudaEventSynchronize(events_[stage].get()));
+    auto* const prefix = reinterpret_cast<std::int64_t*>(base);
+    const std::int64_t total = detail::check_host_selection(src, sel, prefix);
+    const std::size_t header = detail::staged_header_bytes(cfg_);
+    const std::size_t kb = cfg_.k_row_bytes, vb = cfg_.v_row_bytes;
+    std::byte* const k_stage = base + header;
+    std::byte* const v_stage = k_stage + static_cast<std::size_t>(total) * kb;
+    if (total > 0) {
+      pool_->run([&](int part, int parts) noexcept {
+        const std::int64_t first = total * part / parts;
+        const std::int64_t last = total * (part + 1) / parts;
+        gather(src, sel, prefix, first, last, k_stage, v_stage);
+      });
+      const std::size_t bytes = header + static_cast<std::size_t>(total) * (kb + vb);
+      KVSCOUT_CUDA_CHECK(
+          cudaMemcpyAsync(landing_, base, bytes, cudaMemcpyHostToDevice, cfg_.stream));
+      const long long pairs = static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
+      detail::staged_scatter_params p{landing_, header,       dst.k.data(),  dst.v.data(),
+                                      kb,       vb,           pairs,         cfg_.capacity};
+      const long long grid = std::min<long long>(pairs, 1024);
+      detail::staged_scatter_kernel<><<<static_cast<unsigned>(grid), 256, 0, cfg_.stream>>>(p);
+      KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    }
+    events_[stage].record(cfg_.stream);
+    used_[stage] = true;
+    last_stage_ = stage;
+    next_stage_ = (stage + 1) % events_.size();
+    return completion_type{events_[stage].get()};
+  }
+
+ private:
+  // Packs rows [first, last) of the flattened (sequence, kv_head, entry) order at k_stage +
+  // row * kb (and likewise V), merging runs adjacent in the source.
+  void gather(const source_type& src, const selection_type& sel, const std::int64_t* prefix,
+              std::int64_t first, std::int64_t last, std::byte* k_stage,
+              std::byte* v_stage) const noexcept {
+    if (first >= last) return;
+    const Layout l = src.layout;
+    const std::byte* const kbase = src.k.data();
+    const std::byte* const vbase = src.v.data();
+    const std::int32_t* const indices = sel.indices.data();
+    const std::size_t capacity = static_cast<std::size_t>(cfg_.capacity);
+    const int heads = cfg_.num_kv_heads;
+    const std::size_t kb = l.k_row_bytes(), vb = l.v_row_bytes();
+    const std::size_t pairs = detail::fetch_pairs(cfg_.num_seqs, cfg_.num_kv_heads);
+    std::size_t r = static_cast<std::size_t>(std::upper_bound(prefix, prefix + pairs + 1, first) -
+                                             prefix) -
+                    1;
+    const int dist = cfg_.prefetch_rows;
+    for (std::int64_t row = first; row < last; ++r) {
+      const std::int64_t pair_end = std::min<std::int64_t>(prefix[r + 1], last);
+      if (row >= pair_end) continue;
+      const int s = static_cast<int>(r / static_cast<std::size_t>(heads));
+      const int h = static_cast<int>(r % static_cast<std::size_t>(heads));
+      const std::int32_t* idx = indices + r * capacity;
+      const int i_end = static_cast<int>(pair_end - prefix[r]);
+      int i = static_cast<int>(row - prefix[r]);
+      while (i < i_end) {
+        const int t = idx[i];
+        if (dist > 0 && i + dist < i_end) {
+          const int ahead = idx[i + dist];
+          prefetch_bytes(kbase + l.k_offset(s, ahead, h), kb);
+          prefetch_bytes(vbase + l.v_offset(s, ahead, h), vb);
+        }
+        const int max_run = l.contiguous_rows(s, t, h, i_end - i);
+        int run = 1;
+        while (run < max_run && idx[i + run] == t + run) ++run;
+        const std::size_t g = static_cast<std::size_t>(prefix[r] + i);
+        const std::size_t rows = static_cast<std::size_t>(run);
+        std::memcpy(k_stage + g * kb, kbase + l.k_offset(s, t, h), rows * kb);
+        std::memcpy(v_stage + g * vb, vbase + l.v_offset(s, t, h), rows * vb);
+        i += run;
+      }
+      row = pair_end;
+    }
+  }
+
+  static void prefetch_bytes(const std::byte* p, std::size_t bytes) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    constexpr std::size_t line = 64;
+    for (std::size_t o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 0, 0);
+    if (bytes % line != 0) __builtin_prefetch(p + bytes - 1, 0, 0);
+#else
+    (void)p, (void)bytes;
+#endif
+  }
+
+  config_type cfg_;
+  std::size_t stage_bytes_ = 0;
+  std::byte* staging_ = nullptr;
+  std::byte* landing_ = nullptr;
+  std::unique_ptr<thread_pool> pool_;
+  std::vector<cuda_event> events_;
+  std::vector<bool> used_;
+  std::size_t next_stage_ = 0;
+  std::size_t last_stage_ = 0;
+};
+
+static_assert(prefetch_executor<staged_executor<contiguous_layout<half, 128, hnd>>>);
+static_assert(prefetch_executor<staged_executor<kivi_layout<half, 128, 2>>>);
+
+}  // namespace kvscout

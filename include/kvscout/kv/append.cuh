@@ -1,0 +1,383 @@
+#pragma once
+// Appending the new token's K / V on the device, into buffers that may be mapped host memory
+// (device aliases) or device memory.
+//
+//   // contiguous / paged layouts: row of token positions[s] (or seq_len(s) when positions is
+//   // null) of every (sequence, kv head); the caller updates the lengths / page tables after.
+//   kvscout::append_token_device(layout, k_cache, v_cache, k_new, v_new, d_positions, stream);
+//
+//   // KIVI: the device twin of kivi_host_writer::append for one token per sequence. The token
+//   // enters the residual ring; when the window reaches R + G tokens its oldest G are quantised
+//   // (keys per channel as one group, values per token) into their records and the key group
+//   // parameters, and seq_lens[s] (device-resident, the array the layout reads) is incremented.
+//   kvscout::kivi_append_device(layout, device_buffers, d_seq_lens, k_new, v_new, stream);
+//
+// k_new / v_new: [num_seqs, num_kv_heads, head_dim] device arrays of float or of the cache's
+// element type T (float input is rounded to T first, as a host caller would).
+//
+// KIVI quantisation calls the same KVSCOUT_HOST_DEVICE functions as the host writer
+// (kv/detail/kivi_pack.hpp: kivi_make_affine, kivi_quantize, kivi_quantize_value_row) in the same
+// order of operations; every float operation involved is an IEEE-rounded add, subtract, divide or
+// a min / max (nvcc's default -prec-div=true; no fast math), and the conversions to half are
+// round-to-nearest-even on both sides, so codes, scales and zeros are bit-identical to
+// kivi_host_writer's (tested: tests/cuda/test_append_device.cu compares every byte). Compiling
+// with --use_fast_math would break this (approximate division).
+//
+// Launch: one block (256 threads) per sequence. Generic: threads over (kv head, 16-byte vector).
+// KIVI: (1) threads write the new token's residual rows; __syncthreads (global-memory writes of
+// a block are visible to the block after the barrier, mapped memory included); (2) if a group
+// leaves the window: threads over (kv head, code byte) compute the key parameters of their
+// channels and write the key code bytes of the G tokens; threads over (kv head, token) build each
+// value record in registers (kivi_quantize_value_row) and store it whole; (3) thread 0 bumps
+// seq_lens[s] after a final barrier.
+//
+// Device checks (generic): the position t must be a slot sequence s owns, otherwise the sequence
+// is skipped (nothing written, bad_index); then a row outside the buffers (bad page id) is skipped
+// (out_of_bounds) and a row not 16-byte aligned (misaligned). What "owns" means, per layout
+// (detail::append_room; checked before any page table entry is read):
+//   contiguous padded   0 <= t < capacity (t == capacity would be the next sequence's slot 0, or
+//                       for HND the next head's)
+//   contiguous ragged   t < seq_len(s) (its own slots: the next sequence starts at indptr[s+1]);
+//                       only the last sequence may grow past its tokens, up to total_tokens
+//   paged, FlashInfer   t / page_size < its page count indptr[s+1] - indptr[s] (a page must be in
+//                       its table before a token is written into it)
+//   paged, block table  t / page_size < max_blocks_per_seq (the row's width). Entries past the
+//                       first ceil(seq_len / page_size) cannot be told from stale ids: the caller
+//                       must have stored the new page's id before the append; a negative or
+//                       out-of-range id is caught by the buffer bounds (out_of_bounds).
+//   other kv_layouts    unknown to kvscout: only the buffer bounds are checked.
+// For KIVI a full sequence (seq_lens[s] >= capacity) or input that is not finite or exceeds the
+// scale type's range (as kivi_host_writer rejects) skips the whole sequence
+// (bad_index / bad_value): nothing is written and its length is unchanged. Bits go to the
+// optional device status word (backend/cuda/device_status.hpp). Host-known shapes and buffer
+// sizes throw kvscout::error first.
+//
+// Concurrency: an append must not race an in-flight fetch of the same rows; order them on
+// streams (the appended token is never a fetched one in the same step, but a quantised group's
+// records become visible to fetches only after seq_lens grows, which happens last, in stream
+// order).
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/dtype.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/kv/concepts.hpp"
+#include "kvscout/kv/contiguous.hpp"
+#include "kvscout/kv/detail/append_checks.hpp"
+#include "kvscout/kv/detail/kivi_pack.hpp"
+#include "kvscout/kv/kivi.hpp"
+#include "kvscout/kv/page_table.hpp"
+#include "kvscout/kv/paged.hpp"
+
+namespace kvscout {
+namespace detail {
+
+KVSCOUT_DEVICE void append_raise(int* status, int bits) {
+#if KVSCOUT_DEVICE_PASS
+  if (status != nullptr) atomicOr(status, bits);
+#else
+  (void)status, (void)bits;
+#endif
+}
+
+inline constexpr int append_threads = 256;
+
+// Which slots a sequence owns, for the generic device append (the table in the header comment).
+// make() runs on the host (it may use host-only layout queries); owns(l, s, t), for t >= 0, runs
+// on the device before any of the layout's page table entries for t is read.
+// Primary template: a layout kvscout does not know; only the buffer bounds apply.
+template <class L>
+struct append_room {
+  static append_room make(const L&) { return {}; }
+  KVSCOUT_DEVICE bool owns(const L&, int, int) const { return true; }
+};
+
+template <kv_element T, int D, kv_order O>
+struct append_room<contiguous_layout<T, D, O>> {
+  using layout = contiguous_layout<T, D, O>;
+  // Padded: slots per sequence (the capacity); ragged: total_tokens. The layout keeps both
+  // private; required_bytes() = (padded ? num_seqs : 1) * slots * num_kv_heads * row.
+  long long slots = 0;
+
+  static append_room make(const layout& l) {
+    const std::size_t per_token = static_cast<std::size_t>(l.num_kv_heads()) * l.k_row_bytes();
+    const std::size_t seqs =
+        l.is_ragged() || l.num_seqs() <= 0 ? 1 : static_cast<std::size_t>(l.num_seqs());
+    return {per_token == 0 ? 0 : static_cast<long long>(l.required_bytes() / per_token / seqs)};
+  }
+  KVSCOUT_DEVICE bool owns(const layout& l, int s, int t) const {
+    if (!l.is_ragged()) return t < slots;
+    if (t < l.seq_len(s)) return true;  // its own slots [indptr[s], indptr[s+1])
+    if (s != l.num_seqs() - 1) return false;  // slot indptr[s+1] + ... belongs to a later one
+    // The last sequence may grow into the free tail [indptr[num_seqs], total_tokens). Its first
+    // slot indptr[s] is k_offset(s, 0, 0) over the bytes between consecutive tokens of a head.
+    const std::size_t token_bytes =
+        l.k_row_bytes() * (std::is_same_v<O, nhd> ? static_cast<std::size_t>(l.num_kv_heads()) : 1);
+    const long long first = static_cast<long long>(l.k_offset(s, 0, 0) / token_bytes);
+    return first + t < slots;
+  }
+};
+
+template <kv_element T, int D, kv_order O, int P>
+struct append_room<paged_layout<T, D, O, flashinfer_page_table, P>> {
+  using layout = paged_layout<T, D, O, flashinfer_page_table, P>;
+  static append_room make(const layout&) { return {}; }
+  KVSCOUT_DEVICE bool owns(const layout& l, int s, int t) const {
+    return t / l.page_size() < l.table().num_pages(s);
+  }
+};
+
+template <kv_element T, int D, kv_order O, int P>
+struct append_room<paged_layout<T, D, O, block_table, P>> {
+  using layout = paged_layout<T, D, O, block_table, P>;
+  static append_room make(const layout&) { return {}; }
+  KVSCOUT_DEVICE bool owns(const layout& l, int /*s*/, int t) const {
+    return t / l.page_size() < l.table().max_blocks_per_seq;
+  }
+};
+
+template <class L, class In>
+struct append_params {
+  L layout;
+  append_room<L> room;
+  std::byte* k;
+  std::byte* v;
+  std::size_t k_bytes;
+  std::size_t v_bytes;
+  const In* k_new;  // [num_seqs, num_kv_heads, head_dim]
+  const In* v_new;
+  const std::int32_t* positions;  // [num_seqs] or null: seq_len(s)
+  int* status;
+};
+
+template <class L, class In>
+__global__ void __launch_bounds__(append_threads)
+    append_token_kernel(const __grid_constant__ append_params<L, In> p) {
+  using T = typename L::element_type;
+  constexpr int D = L::head_dim;
+  constexpr int VW = vec_width<T>;  // elements per 16-byte vector
+  constexpr int nvec = D / VW;
+  const L& l = p.layout;
+  const int s = static_cast<int>(blockIdx.x);
+  const int H = l.num_kv_heads();
+  const int t = p.positions != nullptr ? p.positions[s] : l.seq_len(s);
+  // Uniform across the block (every thread reads the same t and metadata).
+  if (t < 0 || !p.room.owns(l, s, t)) {
+    if (threadIdx.x == 0) append_raise(p.status, device_status::bad_index);
+    return;
+  }
+  constexpr std::size_t row = sizeof(T) * D;
+  for (int x = threadIdx.x; x < H * nvec; x += blockDim.x) {
+    const int h = x / nvec, j = x - (x / nvec) * nvec;
+    const std::size_t ko = l.k_offset(s, t, h), vo = l.v_offset(s, t, h);
+    if (ko > p.k_bytes || row > p.k_bytes - ko || vo > p.v_bytes || row > p.v_bytes - vo) {
+      if (j == 0) append_raise(p.status, device_status::out_of_bounds);
+      continue;
+    }
+    if ((ko | vo) % 16 != 0) {
+      if (j == 0) append_raise(p.status, device_status::misaligned);
+      continue;
+    }
+    const std::size_t in = (static_cast<std::size_t>(s) * H + h) * D + static_cast<std::size_t>(j) * VW;
+    alignas(16) T kt[VW];
+    alignas(16) T vt[VW];
+#pragma unroll
+    for (int e = 0; e < VW; ++e) {
+      kt[e] = convert<T>(p.k_new[in + e]);
+      vt[e] = convert<T>(p.v_new[in + e]);
+    }
+    *reinterpret_cast<uint4*>(p.k + ko + j * 16) = *reinterpret_cast<const uint4*>(kt);
+    *reinterpret_cast<uint4*>(p.v + vo + j * 16) = *reinterpret_cast<const uint4*>(vt);
+  }
+}
+
+template <class L, class In>
+struct kivi_append_params {
+  L layout;
+  std::byte* k_codes;
+  std::byte* v_records;
+  std::byte* k_params;
+  std::byte* k_residual;
+  std::byte* v_residual;
+  std::int32_t* seq_lens;  // == layout.seq_lens(), device-readable and writable
+  const In* k_new;         // [num_seqs, num_kv_heads, head_dim]
+  const In* v_new;
+  int* status;
+};
+
+template <class L>
+inline constexpr std::size_t kivi_max_v_record_bytes =
+    (L::code_bytes + 2 * static_cast<std::size_t>(L::head_dim) * sizeof(typename L::scale_type) +
+     15) / 16 * 16;  // G = 1: one scale and zero per channel
+
+template <class L, class In>
+__global__ void __launch_bounds__(append_threads)
+    kivi_append_kernel(const __grid_constant__ kivi_append_params<L, In> p) {
+  using T = typename L::element_type;
+  using S = typename L::scale_type;
+  constexpr int D = L::head_dim;
+  constexpr int Bits = L::bits;
+  constexpr int per = kivi_codes_per_byte<Bits>;
+  constexpr int code_bytes = static_cast<int>(L::code_bytes);
+  const L& l = p.layout;
+  const int s = static_cast<int>(blockIdx.x);
+  const int H = l.num_kv_heads();
+  const int len = p.seq_lens[s];  // every thread reads the same value: the exits are uniform
+  if (len < 0 || len >= l.capacity()) {
+    if (threadIdx.x == 0) append_raise(p.status, device_status::bad_index);
+    return;
+  }
+  // The host writer's input check, before anything is written.
+  const std::size_t in0 = static_cast<std::size_t>(s) * H * D;
+  bool bad = false;
+  for (int x = threadIdx.x; x < H * D; x += blockDim.x) {
+    const float kf = to_float(convert<T>(p.k_new[in0 + x]));
+    const float vf = to_float(convert<T>(p.v_new[in0 + x]));
+    const float lim = kivi_append_limit<S>();
+    bad |= !(isfinite(kf) && fabsf(kf) <= lim) || !(isfinite(vf) && fabsf(vf) <= lim);
+  }
+  if (__syncthreads_or(bad)) {
+    if (threadIdx.x == 0) append_raise(p.status, device_status::bad_value);
+    return;
+  }
+  // (1) The new token enters its ring slot.
+  for (int x = threadIdx.x; x < H * D; x += blockDim.x) {
+    const int h = x / D, c = x - (x / D) * D;
+    const std::size_t off = l.residual_offset(s, len, h);
+    reinterpret_cast<T*>(p.k_residual + off)[c] = convert<T>(p.k_new[in0 + x]);
+    reinterpret_cast<T*>(p.v_residual + off)[c] = convert<T>(p.v_new[in0 + x]);
+  }
+  __syncthreads();
+  const int q0 = l.quantized_len_for(len), q1 = l.quantized_len_for(len + 1);
+  if (q1 > q0) {  // tokens [q0, q0 + G) leave the window
+    const int G = l.group();
+    // (2a) Keys: per (head, code byte): the parameters of its `per` channels over the G tokens,
+    // then that byte of each token's record.
+    for (int x = threadIdx.x; x < H * code_bytes; x += blockDim.x) {
+      const int h = x / code_bytes, b = x - (x / code_bytes) * code_bytes;
+      S* scale = reinterpret_cast<S*>(p.k_params + l.k_params_offset(s, q0 / G, h));
+      S* zero = scale + D;
+      float sc[per], z[per];
+#pragma unroll
+      for (int k = 0; k < per; ++k) {
+        const int c = b * per + k;
+        float mn = to_float(reinterpret_cast<const T*>(p.k_residual + l.residual_offset(s, q0, h))[c]);
+        float mx = mn;
+        for (int i = 1; i < G; ++i) {
+          const float v =
+              to_float(reinterpret_cast<const T*>(p.k_residual + l.residual_offset(s, q0 + i, h))[c]);
+          mn = v < mn ? v : mn;
+          mx = v > mx ? v : mx;
+        }
+        const kivi_affine<S> a = kivi_make_affine<Bits, S>(mn, mx);
+        scale[c] = a.scale;
+        zero[c] = a.zero;
+        sc[k] = kivi_to_float(a.scale);
+        z[k] = kivi_to_float(a.zero);
+      }
+      for (int i = 0; i < G; ++i) {
+        const T* xrow = reinterpret_cast<const T*>(p.k_residual + l.residual_offset(s, q0 + i, h));
+        std::uint32_t byte = 0;
+#pragma unroll
+        for (int k = 0; k < per; ++k)
+          byte |= kivi_quantize<Bits>(to_float(xrow[b * per + k]), sc[k], z[k]) << (k * Bits);
+        reinterpret_cast<std::uint8_t*>(p.k_codes + l.k_offset(s, q0 + i, h))[b] =
+            static_cast<std::uint8_t>(byte);
+      }
+    }
+    // Key record padding (bytes [code_bytes, k_row_bytes)) is zero, as the host writer's.
+    const int k_pad = static_cast<int>(l.k_row_bytes()) - code_bytes;
+    if (k_pad > 0) {
+      for (int x = threadIdx.x; x < H * G * k_pad; x += blockDim.x) {
+        const int hi = x / k_pad, b = code_bytes + (x - hi * k_pad);
+        const int h = hi / G, i = hi - (hi / G) * G;
+        reinterpret_cast<std::uint8_t*>(p.k_codes + l.k_offset(s, q0 + i, h))[b] = 0;
+      }
+    }
+    // (2b) Values: per (head, token), the whole record built in registers, then stored in
+    // 16-byte pieces (padding zero).
+    constexpr std::size_t max_rec = kivi_max_v_record_bytes<L>;
+    const int vrec = static_cast<int>(l.v_row_bytes());
+    for (int x = threadIdx.x; x < H * G; x += blockDim.x) {
+      const int h = x / G, i = x - (x / G) * G;
+      alignas(16) std::uint8_t rec[max_rec];
+      for (std::size_t b = 0; b < max_rec; ++b) rec[b] = 0;
+      const T* xrow = reinterpret_cast<const T*>(p.v_residual + l.residual_offset(s, q0 + i, h));
+      kivi_quantize_value_row<Bits, S, T>(xrow, D, G, rec,
+                                          reinterpret_cast<S*>(rec + l.v_scales_offset()),
+                                          reinterpret_cast<S*>(rec + l.v_zeros_offset()));
+      uint4* dst = reinterpret_cast<uint4*>(p.v_records + l.v_offset(s, q0 + i, h));
+      for (int u = 0; u < vrec / 16; ++u) dst[u] = reinterpret_cast<const uint4*>(rec)[u];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) p.seq_lens[s] = len + 1;
+}
+
+}  // namespace detail
+
+/// Writes the new token of every sequence at position positions[s] (device array; null:
+/// layout.seq_len(s)) into a contiguous or paged layout. Lengths / page tables are the caller's
+/// to update afterwards (a new page must be in the table before). A position outside the slots
+/// the sequence owns skips that sequence (bad_index; see the header comment). In: float or the
+/// layout's element type.
+template <kv_layout L, class In>
+  requires(!kivi_quantized_layout<L>)
+void append_token_device(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
+                         device_span<const In> k_new, device_span<const In> v_new,
+                         const std::int32_t* positions, cudaStream_t stream,
+                         int* device_status = nullptr) {
+  using T = typename L::element_type;
+  static_assert(detail::append_input_ok<In, T>,
+                "kvscout::append_token_device: new K / V must be float or the cache's element type");
+  detail::check_append_layout(layout, k.data(), v.data());
+  detail::check_append_inputs(layout.num_seqs(), layout.num_kv_heads(), L::head_dim, k_new.size(),
+                              k_new.data(), v_new.size(), v_new.data());
+  if (layout.num_seqs() == 0) return;
+  detail::append_params<L, In> p{layout,
+                                 detail::append_room<L>::make(layout),
+                                 k.data(),
+                                 v.data(),
+                                 k.size(),
+                                 v.size(),
+                                 k_new.data(),
+                                 v_new.data(),
+                                 positions,
+                                 device_status};
+  detail::append_token_kernel<L, In>
+      <<<static_cast<unsigned>(layout.num_seqs()), detail::append_threads, 0, stream>>>(p);
+  KVSCOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Appends one token to every sequence of a KIVI cache on the device (see the header comment).
+/// seq_lens: the device array the layout reads, incremented per sequence appended.
+template <kivi_quantized_layout L, class In>
+void kivi_append_device(const L& layout, const kivi_buffers<device_space>& b,
+                        std::int32_t* seq_lens, device_span<const In> k_new,
+                        device_span<const In> v_new, cudaStream_t stream,
+                        int* device_status = nullptr) {
+  using T = typename L::element_type;
+  static_assert(detail::append_input_ok<In, T>,
+                "kvscout::kivi_append_device: new K / V must be float or the cache's element type");
+  detail::check_kivi_append(layout, b, seq_lens);
+  detail::check_append_inputs(layout.num_seqs(), layout.num_kv_heads(), L::head_dim, k_new.size(),
+                              k_new.data(), v_new.size(), v_new.data());
+  if (layout.num_seqs() == 0) return;
+  detail::kivi_append_params<L, In> p{layout,       b.k_codes.data(),    b.v_records.data(),
+                                      b.k_params.data(), b.k_residual.data(), b.v_residual.data(),
+                                      seq_lens,     k_new.data(),        v_new.data(),
+                                      device_status};
+  detail::kivi_append_kernel<L, In>
+      <<<static_cast<unsigned>(layout.num_seqs()), detail::append_threads, 0, stream>>>(p);
+  KVSCOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace kvscout

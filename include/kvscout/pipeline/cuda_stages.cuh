@@ -1,0 +1,211 @@
+#pragma once
+// kvscout's own device kernels as the two stages of cuda_decode_pipeline (pipeline/cuda_pipeline.hpp):
+//
+//   speculate(i, b, stream)  infinigen_speculator_cuda of layer i scores every cached token from
+//                            the layer input in slot b (x_{i-1}), then the selector writes slot b's
+//                            selection                         (spec/infinigen.cuh, select/*.cuh)
+//   fetch(i, b, stream)      the zero-copy executor moves the rows slot b names from layer i's
+//                            host cache into slot b's row buffers               (fetch/zero_copy.cuh)
+//
+// Everything is caller-owned and set up once: one speculator per speculated layer (its partial
+// key cache is part of its workspace), one selector and one executor shared by all layers, one
+// score buffer (speculation and selection both run on the side stream, in order), per slot the
+// layer input, and the selections and row buffers: two sets (by slot), or two per layer when
+// rows fetched at the previous step are reused (cuda_stage_buffering::row_cache). Nothing here allocates, synchronises or reads
+// device memory on the host, so a step through the pipeline can be captured in a CUDA graph.
+//
+//   kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda> stages(
+//       speculators, selector, fetch, sources, scores, {positions, seq_lens, max_tokens},
+//       {x0, x1}, buffer_sets);
+//   kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = 2}, streams,
+//                                      kvscout::cuda_stages_ref<decltype(stages)>{&stages});
+//   // layer i: write x_i into stages.x(pipe.slot(i + 1)), pipe.input_ready(i), pipe.wait_rows(i),
+//   //          attention over stages.buffers(i, pipe.slot(i)) ...
+//
+// The sequence lengths and positions are device arrays the compute stream advances after a step's
+// appends; max_seq_len (host-known, e.g. max_tokens) sizes the scoring grid.
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/fetch/zero_copy.cuh"
+#include "kvscout/kv/concepts.hpp"
+#include "kvscout/pipeline/cuda_pipeline.hpp"
+#include "kvscout/select/concepts.hpp"
+#include "kvscout/spec/infinigen.cuh"
+
+namespace kvscout {
+
+/// A selection and the rows fetched for it (device memory, caller-owned).
+struct cuda_stage_buffers {
+  selection_buffers<device_space> selection;  // what the selector writes, the executor reads
+  gather_destination<device_space> rows;      // where the executor writes the selected rows
+};
+
+/// The per-step device arrays the stages read.
+struct cuda_stage_lengths {
+  device_span<const int32_t> positions;  // [num_seqs] position of the decoded token (RoPE)
+  device_span<const int32_t> seq_lens;   // [num_seqs] cached tokens (the current one excluded)
+  int max_seq_len = 0;                   // host-known bound on every seq_lens[s]
+};
+
+/// Where the selections and rows live.
+///   slots      two buffer sets, by the pipeline's slot (layer parity): the least memory
+///   row_cache  two buffer sets per layer, by step parity: layer i's fetch at step t finds the
+///              rows it fetched at step t - 1 in the other set and copies those on the device
+///              instead of across the link (the device row cache; zero_copy_executor's
+///              submit with a row_cache_view). Call next_step() after each step's last layer;
+///              a captured graph holds one parity, so capture two (even and odd steps).
+enum class cuda_stage_buffering { slots, row_cache };
+
+template <kv_layout L, class Selector, kv_element PkT = float>
+  requires topk_selector<Selector>
+class infinigen_cuda_stages {
+ public:
+  using speculator_type = infinigen_speculator_cuda<PkT>;
+  using executor_type = zero_copy_executor<L>;
+
+  /// speculators[i]: layer i's speculator, or null for layers that are not speculated (below
+  /// skip_layers). sources[i]: layer i's host cache as the device sees it (mapped aliases).
+  /// x[b]: the layer input slot b's speculation reads ([num_seqs, d_model]). sets: 2 buffer sets
+  /// (slots) or 2 per layer, set 2 i + parity for layer i (row_cache). hits: optional device
+  /// counter of rows the row cache served.
+  infinigen_cuda_stages(std::vector<speculator_type*> speculators, Selector& selector,
+                        executor_type& fetch, std::vector<kv_view<L, device_space>> sources,
+                        const device_score_buffer& scores, const cuda_stage_lengths& lengths,
+                        const std::array<device_span<const float>, 2>& x,
+                        std::vector<cuda_stage_buffers> sets,
+                        cuda_stage_buffering buffering = cuda_stage_buffering::slots,
+                        unsigned long long* hits = nullptr)
+      : speculators_(std::move(speculators)),
+        selector_(&selector),
+        fetch_(&fetch),
+        sources_(std::move(sources)),
+        scores_(scores),
+        lengths_(lengths),
+        x_(x),
+        sets_(std::move(sets)),
+        buffering_(buffering),
+        hits_(hits) {
+    KVSCOUT_EXPECTS(!speculators_.empty(), "infinigen_cuda_stages needs at least one layer");
+    KVSCOUT_EXPECTS(sources_.size() == speculators_.size(), "sources has ", sources_.size(),
+                    " layers, speculators ", speculators_.size());
+    KVSCOUT_EXPECTS(lengths.max_seq_len >= 0, "max_seq_len must be non-negative, got ",
+                    lengths.max_seq_len);
+    KVSCOUT_EXPECTS(lengths.seq_lens.data() != nullptr && lengths.positions.data() != nullptr,
+                    "seq_lens and positions must be device arrays, got null");
+    KVSCOUT_EXPECTS(x[0].data() != nullptr && x[1].data() != nullptr,
+                    "the layer inputs x[0] / x[1] must be device arrays, got null");
+    const std::size_t want = buffering == cuda_stage_buffering::slots ? 2 : 2 * speculators_.size();
+    KVSCOUT_EXPECTS(sets_.size() == want, "got ", sets_.size(), " buffer sets, expected ", want,
+                    buffering == cuda_stage_buffering::slots ? " (two slots)" : " (two per layer)");
+    if (buffering_ == cuda_stage_buffering::row_cache) {
+      // Set-up: nothing is cached yet (the first step's "previous" selections are empty).
+      reset_cache(nullptr);
+      KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    }
+  }
+
+  /// row_cache: forget every cached row (a new batch of sequences), enqueued on `stream`.
+  void reset_cache(cudaStream_t stream) {
+    if (buffering_ != cuda_stage_buffering::row_cache) return;
+    for (const auto& set : sets_) {
+      KVSCOUT_CUDA_CHECK(cudaMemsetAsync(set.selection.counts.data(), 0,
+                                         set.selection.counts.size() * sizeof(int32_t), stream));
+    }
+  }
+
+  [[nodiscard]] int num_layers() const noexcept { return static_cast<int>(speculators_.size()); }
+  [[nodiscard]] cuda_stage_buffering buffering() const noexcept { return buffering_; }
+
+  /// The buffers layer i's attention reads at this step (pass the pipeline's slot(i)).
+  [[nodiscard]] const cuda_stage_buffers& buffers(int layer, int slot) const {
+    return sets_[set_index(layer, slot, parity_)];
+  }
+  /// Its selection as sparse attention reads it.
+  [[nodiscard]] selection_view<device_space> selection(int layer, int slot) const {
+    return buffers(layer, slot).selection.view();
+  }
+  /// The input slot b's speculation reads (write x_i into x(slot(i + 1)) before input_ready(i)).
+  [[nodiscard]] device_span<const float> x(int b) const { return x_[check_slot(b)]; }
+
+  /// A bound on the lengths for the steps to come (sizes the scoring grid).
+  void set_max_seq_len(int n) {
+    KVSCOUT_EXPECTS(n >= 0, "max_seq_len must be non-negative, got ", n);
+    lengths_.max_seq_len = n;
+  }
+  /// row_cache: the step is over; the next one fetches into the other set of each layer.
+  void next_step() noexcept { parity_ ^= 1; }
+  [[nodiscard]] int step_parity() const noexcept { return parity_; }
+
+  void speculate(int layer, int b, cudaStream_t stream) {
+    speculator_type* spec = speculator(layer);
+    const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
+    spec->score({x_[check_slot(b)], lengths_.positions, lengths_.seq_lens, lengths_.max_seq_len},
+                scores_, stream);
+    selector_->select(scores_.view(lengths_.seq_lens), cur.selection, stream);
+  }
+
+  void fetch(int layer, int b, cudaStream_t stream) {
+    (void)speculator(layer);  // range check
+    const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
+    fetch_->set_stream(stream);
+    if (buffering_ == cuda_stage_buffering::row_cache) {
+      const cuda_stage_buffers& prev = sets_[set_index(layer, b, parity_ ^ 1)];
+      (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows,
+                           row_cache_view{prev.selection.view(), prev.rows, hits_});
+    } else {
+      (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows);
+    }
+  }
+
+ private:
+  speculator_type* speculator(int layer) const {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < num_layers(), "layer ", layer,
+                    " is out of range [0, ", num_layers(), ")");
+    speculator_type* p = speculators_[static_cast<std::size_t>(layer)];
+    KVSCOUT_EXPECTS(p != nullptr, "layer ", layer, " has no speculator (is it below skip_layers?)");
+    return p;
+  }
+  static std::size_t check_slot(int b) {
+    KVSCOUT_EXPECTS(b == 0 || b == 1, "slot ", b, " is not 0 or 1");
+    return static_cast<std::size_t>(b);
+  }
+  std::size_t set_index(int layer, int slot, int parity) const {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < num_layers(), "layer ", layer,
+                    " is out of range [0, ", num_layers(), ")");
+    return buffering_ == cuda_stage_buffering::slots
+               ? check_slot(slot)
+               : 2 * static_cast<std::size_t>(layer) + static_cast<std::size_t>(parity);
+  }
+
+  std::vector<speculator_type*> speculators_;
+  Selector* selector_;
+  executor_type* fetch_;
+  std::vector<kv_view<L, device_space>> sources_;
+  device_score_buffer scores_;
+  cuda_stage_lengths lengths_;
+  std::array<device_span<const float>, 2> x_;
+  std::vector<cuda_stage_buffers> sets_;
+  cuda_stage_buffering buffering_;
+  unsigned long long* hits_;
+  int parity_ = 0;
+};
+
+/// A reference to stages, so the pipeline can drive stages the caller keeps (std::ref).
+template <class S>
+  requires cuda_pipeline_stages<S>
+struct cuda_stages_ref {
+  S* stages;
+  void speculate(int layer, int slot, cudaStream_t s) { stages->speculate(layer, slot, s); }
+  void fetch(int layer, int slot, cudaStream_t s) { stages->fetch(layer, slot, s); }
+};
+
+}  // namespace kvscout

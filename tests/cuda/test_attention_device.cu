@@ -1,0 +1,227 @@
+// Device decode attention (attention/decode.cuh) against decode_attention_host: sparse over
+// gathered rows (fp16 / bf16 / fp32; head_dim 64 / 128 / 256; GQA groups 1, 4 and 12, the last
+// spanning two blocks), with and without the current token, empty row sets; KIVI-2 / KIVI-4
+// records dequantised on the fly plus the residual window (vs kivi_gathered_rows); the dense
+// anchor over a device layout (vs layout_rows); and the status word on a bad KIVI index.
+// Tolerance |a - b| <= 2e-5 + 2e-4 |b| (fp32 accumulation in a different order); the worst
+// element is printed.
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fetch_fixtures.cuh"
+#include "kvscout/attention/decode.cuh"
+#include "kvscout/attention/decode.hpp"
+#include "kvscout/attention/kivi_rows.hpp"
+#include "kvscout/fetch/host_gather.hpp"
+
+using namespace fetch_test;
+using kvscout::bfloat16;
+using kvscout::half;
+
+namespace {
+
+std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+void compare(const std::string& name, const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0.0;
+  std::size_t at = 0;
+  int bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double tol = 2e-5 + 2e-4 * std::fabs(want[i]);
+    if (!(err <= tol)) ++bad;
+    if (!(err <= worst)) worst = err, at = i;
+  }
+  std::printf("  %-44s worst |err| %.3g at %zu (got %.7g, want %.7g)%s\n", name.c_str(), worst,
+              at, want.empty() ? 0.0 : got[at], want.empty() ? 0.0 : want[at],
+              bad ? "  <-- FAIL" : "");
+  GPU_CHECK(bad == 0);
+}
+
+// Sparse attention over random gathered T rows.
+template <class T, int D>
+void gathered_case(int S, int H, int g, bool with_current, double density, std::uint32_t seed) {
+  const int cap = 96, Hq = H * g;
+  std::mt19937 rng(seed);
+  std::vector<int> lens;
+  for (int s = 0; s < S; ++s) lens.push_back(s == 1 ? 0 : 200 + 37 * s);
+  host_selection sel(lens, H, cap, density, rng);
+  const std::size_t slots = static_cast<std::size_t>(S) * H * cap;
+  auto k = random_values<T>(slots * D, seed + 1), v = random_values<T>(slots * D, seed + 2);
+  auto ck = random_values<T>(static_cast<std::size_t>(S) * H * D, seed + 3);
+  auto cv = random_values<T>(static_cast<std::size_t>(S) * H * D, seed + 4);
+  auto q = random_floats(static_cast<std::size_t>(S) * Hq * D, seed + 5);
+  const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
+
+  std::vector<float> want(q.size(), -1.f);
+  kvscout::gathered_rows<T, D> rows(sel.view(), {k.data(), k.size()}, {v.data(), v.size()});
+  kvscout::current_token<T> cur{};
+  if (with_current) cur = {{ck.data(), ck.size()}, {cv.data(), cv.size()}};
+  kvscout::decode_attention_host(rows, cur, {q.data(), q.size()}, {want.data(), want.size()}, p);
+
+  device_selection dsel(sel);
+  device_vector<T> dk(k), dv(v), dck(ck), dcv(cv);
+  device_vector<float> dq(q), dout(q.size());
+  device_vector<int> status(1);
+  clear_status(status);
+  kvscout::gathered_rows_device<T, D> drows(dsel.view(), {dk.data(), dk.size()},
+                                            {dv.data(), dv.size()});
+  kvscout::device_current_token<T> dcur{};
+  if (with_current) dcur = {{dck.data(), dck.size()}, {dcv.data(), dcv.size()}};
+  kvscout::decode_attention_device(drows, dcur, {dq.data(), dq.size()}, {dout.data(), dout.size()},
+                                   p, nullptr, status.data());
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  compare(std::string(kvscout::dtype_traits<T>::name) + "/d" + std::to_string(D) + " S" +
+              std::to_string(S) + " H" + std::to_string(H) + " g" + std::to_string(g) +
+              (with_current ? " +cur" : "") + " p" + std::to_string(density),
+          dout.download(), want);
+  GPU_CHECK(read_status(status) == 0);
+}
+
+// KIVI: gather records on the host, attend on the device over records + resident window.
+template <class L>
+void kivi_case(double density, std::uint32_t seed, bool corrupt = false) {
+  using T = typename L::element_type;
+  constexpr int D = L::head_dim;
+  const int H = 2, g = 3, Hq = H * g, cap = 64;
+  const std::vector<int32_t> lens = {420, 70, 333};
+  kivi_cache<L> cache(lens, H, 512, {.group = 32, .residual = 64}, seed);
+  std::vector<int> qlens;
+  for (int s = 0; s < 3; ++s) qlens.push_back(cache.layout.seq_len(s));
+  std::mt19937 rng(seed);
+  host_selection sel(qlens, H, cap, density, rng);
+  const std::size_t slots = 3ull * H * cap;
+  const std::size_t kb = cache.layout.k_row_bytes(), vb = cache.layout.v_row_bytes();
+  std::vector<std::byte> gk(slots * kb + 16), gv(slots * vb + 16);
+  // 16-byte aligned views into the vectors
+  auto align16 = [](std::vector<std::byte>& b) {
+    auto p = reinterpret_cast<std::uintptr_t>(b.data());
+    return b.data() + ((16 - p % 16) % 16);
+  };
+  std::byte* gkp = align16(gk);
+  std::byte* gvp = align16(gv);
+  kvscout::host_gather_config hc{.num_seqs = 3, .num_kv_heads = H, .capacity = cap};
+  std::vector<std::byte> ws(kvscout::host_gather_executor<L>::workspace_bytes(hc));
+  kvscout::host_gather_executor<L> gather(hc, {ws.data(), ws.size()});
+  const auto b = cache.store.buffers();
+  const auto view = b.view(cache.layout);
+  gather.submit(view.quantized(), sel.view(), {{gkp, slots * kb}, {gvp, slots * vb}});
+
+  auto ck = random_values<T>(3ull * H * D, seed + 3), cv = random_values<T>(3ull * H * D, seed + 4);
+  auto q = random_floats(3ull * Hq * D, seed + 5);
+  const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
+  std::vector<float> want(q.size());
+  kvscout::kivi_gathered_rows<L> rows(cache.layout, sel.view(),
+                                      kvscout::host_span<const std::byte>(gkp, slots * kb),
+                                      kvscout::host_span<const std::byte>(gvp, slots * vb),
+                                      view.resident);
+  kvscout::decode_attention_host(rows, kvscout::current_token<T>{{ck.data(), ck.size()}, {cv.data(), cv.size()}},
+                                 {q.data(), q.size()}, {want.data(), want.size()}, p);
+
+  // Device copies: lengths, selection, gathered records, resident buffers.
+  device_vector<int32_t> dlens(cache.lens);
+  const L dl = L::padded(H, 512, dlens.data(), 3, {.group = 32, .residual = 64});
+  host_selection bad_sel = sel;
+  if (corrupt) {  // an index past the quantised tokens of sequence 0, head 0
+    bad_sel.indices[0] = qlens[0] + 5;
+    if (bad_sel.counts[0] == 0) bad_sel.counts[0] = 1;
+  }
+  device_selection dsel(corrupt ? bad_sel : sel);
+  auto up = [](const std::byte* p0, std::size_t n) {
+    return device_vector<std::byte>(std::vector<std::byte>(p0, p0 + n));
+  };
+  auto dgk = up(gkp, slots * kb), dgv = up(gvp, slots * vb);
+  auto dkp = up(b.k_params.data(), b.k_params.size());
+  auto dkr = up(b.k_residual.data(), b.k_residual.size());
+  auto dvr = up(b.v_residual.data(), b.v_residual.size());
+  device_vector<T> dck(ck), dcv(cv);
+  device_vector<float> dq(q), dout(q.size());
+  device_vector<int> status(1);
+  clear_status(status);
+  kvscout::kivi_gathered_rows_device<L> drows(
+      dl, dsel.view(), {{dgk.data(), dgk.bytes()}, {dgv.data(), dgv.bytes()}},
+      {{dkp.data(), dkp.bytes()}, {dkr.data(), dkr.bytes()}, {dvr.data(), dvr.bytes()}});
+  kvscout::decode_attention_device(drows, kvscout::device_current_token<T>{{dck.data(), dck.size()}, {dcv.data(), dcv.size()}},
+                                   {dq.data(), dq.size()}, {dout.data(), dout.size()}, p, nullptr,
+                                   status.data());
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::string name = "kivi" + std::to_string(L::bits) + "/" +
+                           std::string(kvscout::dtype_traits<T>::name) + "/d" + std::to_string(D) +
+                           " p" + std::to_string(density);
+  if (!corrupt) {
+    compare(name, dout.download(), want);
+    GPU_CHECK(read_status(status) == 0);
+  } else {
+    GPU_CHECK(read_status(status) == kvscout::device_status::bad_index);
+    auto out = dout.download();
+    bool finite = true;
+    for (float x : out) finite = finite && std::isfinite(x);
+    GPU_CHECK(finite);
+  }
+}
+
+// Dense anchor: a whole device-resident contiguous cache.
+template <class T, int D>
+void dense_case(std::uint32_t seed) {
+  using L = kvscout::contiguous_layout<T, D, kvscout::hnd>;
+  const int H = 2, g = 4, Hq = H * g, cap = 300;
+  std::vector<int32_t> lens = {300, 17};
+  const L hl = L::padded(H, cap, lens.data(), 2);
+  const std::size_t n = hl.required_bytes() / sizeof(T);
+  auto k = random_values<T>(n, seed), v = random_values<T>(n, seed + 1);
+  auto q = random_floats(2ull * Hq * D, seed + 2);
+  const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
+  std::vector<float> want(q.size());
+  kvscout::layout_rows<L> rows({hl, kvscout::as_bytes(kvscout::host_span<const T>(k.data(), n)),
+                                kvscout::as_bytes(kvscout::host_span<const T>(v.data(), n))});
+  kvscout::decode_attention_host(rows, kvscout::current_token<T>{}, {q.data(), q.size()},
+                                 {want.data(), want.size()}, p);
+  device_vector<int32_t> dlens(lens);
+  const L dl = L::padded(H, cap, dlens.data(), 2);
+  device_vector<T> dk(k), dv(v);
+  device_vector<float> dq(q), dout(q.size());
+  kvscout::layout_rows_device<L> drows(
+      {dl, {reinterpret_cast<const std::byte*>(dk.data()), dk.bytes()},
+       {reinterpret_cast<const std::byte*>(dv.data()), dv.bytes()}});
+  kvscout::decode_attention_device(drows, kvscout::device_current_token<T>{}, {dq.data(), dq.size()},
+                                   {dout.data(), dout.size()}, p, nullptr);
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  compare(std::string("dense ") + std::string(kvscout::dtype_traits<T>::name) + "/d" + std::to_string(D),
+          dout.download(), want);
+}
+
+}  // namespace
+
+int main() {
+  return gpu_test::run_all(
+      "attention_device",
+      {
+          {"gathered_f16_d128_gqa4", [] {
+             for (double d : {0.05, 0.10, 0.25}) gathered_case<half, 128>(3, 2, 4, true, d, 1);
+             gathered_case<half, 128>(3, 2, 4, false, 0.25, 2);
+           }},
+          {"gathered_f16_d64_gqa12_two_blocks", [] { gathered_case<half, 64>(2, 1, 12, true, 0.1, 3); }},
+          {"gathered_bf16_d128_mha", [] { gathered_case<bfloat16, 128>(2, 4, 1, true, 0.25, 4); }},
+          {"gathered_f32_d256", [] { gathered_case<float, 256>(2, 2, 2, true, 0.1, 5); }},
+          {"gathered_empty_rows", [] {
+             gathered_case<half, 128>(2, 2, 4, true, 0.0, 6);   // current token only
+             gathered_case<half, 128>(2, 2, 4, false, 0.0, 7);  // nothing: output 0
+           }},
+          {"kivi2_f16_d128", [] { for (double d : {0.05, 0.25}) kivi_case<kvscout::kivi_layout<half, 128, 2>>(d, 8); }},
+          {"kivi4_f16_d128", [] { kivi_case<kvscout::kivi_layout<half, 128, 4>>(0.1, 9); }},
+          {"kivi4_bf16_d64_f32_scales", [] { kivi_case<kvscout::kivi_layout<bfloat16, 64, 4, float>>(0.25, 10); }},
+          {"kivi_bad_index_sets_status", [] { kivi_case<kvscout::kivi_layout<half, 128, 2>>(0.25, 11, true); }},
+          {"dense_anchor_f16_d128", [] { dense_case<half, 128>(12); }},
+          {"dense_anchor_f32_d64", [] { dense_case<float, 64>(13); }},
+      });
+}

@@ -1,0 +1,402 @@
+// One decode step through cuda_decode_pipeline with kvscout's own kernels (pipeline/cuda_stages.cuh):
+// device speculation + top-k on the side stream, zero-copy fetch from mapped host caches on the
+// copy stream, sparse attention on the compute stream, overlapped, then the same step captured in
+// a CUDA graph. Checked against the host backend layer by layer:
+//   - the device selection of every speculated layer equals the host's (infinigen_policy +
+//     topk_selector_host on the same inputs), except for tokens whose host score ties the cut
+//     within float rounding;
+//   - the device attention output equals decode_attention_host over the rows the host gathers for
+//     the device's selection (so this checks the wiring and the ordering, not only each kernel);
+//   - the graph replay gives the same bits as the eager step.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <memory>
+#include <random>
+#include <type_traits>
+#include <vector>
+
+#include "gpu_harness.cuh"
+#include "kvscout/attention/decode.cuh"
+#include "kvscout/attention/decode.hpp"
+#include "kvscout/attention/rows.hpp"
+#include "kvscout/fetch/host_gather.hpp"
+#include "kvscout/kv/contiguous.hpp"
+#include "kvscout/pipeline/cuda_pipeline.hpp"
+#include "kvscout/pipeline/cuda_stages.cuh"
+#include "kvscout/select/topk.cuh"
+#include "kvscout/select/topk.hpp"
+#include "kvscout/spec/infinigen.hpp"
+
+namespace {
+
+using kvscout::half;
+constexpr int L = 4, skip = 1, S = 2, H = 2, g = 2, Hq = H * g, D = 64, dm = 128, r = 16;
+constexpr int max_tokens = 512, budget = 32;
+using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;
+const float scale = 0.125f;
+const kvscout::keep_set keep{4, 8};
+
+// A RoPE-plane plan: planes chosen at random, identity skew (spec/ and skew/ test the others).
+kvscout::skew_plan plane_plan(std::mt19937& rng) {
+  kvscout::skew_plan p;
+  p.mode = kvscout::rope_mode::rope_planes;
+  p.head_dim = D;
+  p.r = r;
+  p.rope = {D, 10000.f, kvscout::rope_style::interleaved};
+  p.A.assign(static_cast<std::size_t>(D) * D, 0.f);
+  for (int d = 0; d < D; ++d) p.A[static_cast<std::size_t>(d) * D + d] = 1.f;
+  std::vector<int> all(D / 2);
+  for (int i = 0; i < D / 2; ++i) all[i] = i;
+  std::shuffle(all.begin(), all.end(), rng);
+  p.planes.assign(all.begin(), all.begin() + r / 2);
+  std::sort(p.planes.begin(), p.planes.end());
+  for (int j : p.planes) {
+    const kvscout::rope_plane pl = kvscout::rope_plane_channels(p.rope, j);
+    p.channels.push_back(pl.a);
+    p.channels.push_back(pl.b);
+  }
+  return p;
+}
+
+template <class T>
+kvscout::device_span<T> dspan(const gpu_test::device_vector<std::remove_const_t<T>>& v) {
+  return {v.data(), v.size()};
+}
+
+struct world {
+  std::mt19937 rng{2024};
+  std::vector<int32_t> lens_init = {300, 170};
+  gpu_test::pinned_vector<int32_t> lens{S};  // layout metadata: host and device read it
+  std::vector<std::unique_ptr<gpu_test::pinned_vector<half>>> k, v;  // per layer, mapped
+  std::vector<std::vector<float>> w_q;                                // per layer
+  std::vector<std::vector<kvscout::skew_plan>> plans;                 // per layer
+  std::vector<float> x, q;           // [L, S, dm], [L, S, Hq, D]
+  std::vector<half> k_cur, v_cur;    // [L, S, H, D]
+  layout host_layout, dev_layout;
+
+  world() {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int s = 0; s < S; ++s) lens[s] = lens_init[s];
+    host_layout = layout::padded(H, max_tokens, lens.data(), S);
+    dev_layout = layout::padded(H, max_tokens, lens.device_data(), S);
+    const std::size_t cache = static_cast<std::size_t>(S) * H * max_tokens * D;
+    for (int l = 0; l < L; ++l) {
+      k.push_back(std::make_unique<gpu_test::pinned_vector<half>>(cache));
+      v.push_back(std::make_unique<gpu_test::pinned_vector<half>>(cache));
+      // Keys with a few strong channels so that attention is peaked, as in real models.
+      for (std::size_t i = 0; i < cache; ++i) {
+        (*k.back())[i] = kvscout::from_float<half>(nd(rng) * (i % D < 8 ? 3.f : 1.f));
+        (*v.back())[i] = kvscout::from_float<half>(nd(rng));
+      }
+      w_q.emplace_back(static_cast<std::size_t>(Hq) * D * dm);
+      for (auto& w : w_q.back()) w = nd(rng) / std::sqrt(static_cast<float>(dm));
+      plans.emplace_back();
+      if (l >= skip)
+        for (int h = 0; h < H; ++h) plans.back().push_back(plane_plan(rng));
+    }
+    x.resize(static_cast<std::size_t>(L) * S * dm);
+    q.resize(static_cast<std::size_t>(L) * S * Hq * D);
+    for (auto& e : x) e = nd(rng);
+    for (auto& e : q) e = nd(rng);
+    k_cur.resize(static_cast<std::size_t>(L) * S * H * D);
+    v_cur.resize(k_cur.size());
+    for (auto& e : k_cur) e = kvscout::from_float<half>(nd(rng));
+    for (auto& e : v_cur) e = kvscout::from_float<half>(nd(rng));
+  }
+
+  // The cached keys of layer l as floats, [num_kv_heads, head_dim] for token t of sequence s.
+  std::vector<float> key_row(int l, int s, int t) const {
+    std::vector<float> out(static_cast<std::size_t>(H) * D);
+    for (int h = 0; h < H; ++h) {
+      const half* row = k[l]->data() + host_layout.k_offset(s, t, h) / sizeof(half);
+      for (int c = 0; c < D; ++c) out[static_cast<std::size_t>(h) * D + c] = kvscout::to_float(row[c]);
+    }
+    return out;
+  }
+};
+
+// The host's selection and scores of layer l, from x of layer l - 1.
+struct host_selection {
+  std::vector<int32_t> idx, cnt;
+  std::vector<float> scores;
+};
+
+host_selection host_select(const world& w, int l) {
+  std::vector<kvscout::host_span<const float>> wq, bq(L);
+  for (int i = 0; i < L; ++i) wq.push_back({w.w_q[i].data(), w.w_q[i].size()});
+  kvscout::infinigen_policy<float> policy({L, S, H, Hq, D, dm, max_tokens, scale,
+                                           kvscout::gqa_aggregation::max_logit},
+                                          w.plans, wq, bq);
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < w.lens_init[s]; ++t) {
+      const auto kr = w.key_row(l, s, t);
+      policy.append(l, s, t, kr.data(), kr.data());
+    }
+  std::vector<int32_t> lens(w.lens_init), pos(w.lens_init);
+  host_selection out;
+  out.scores.assign(static_cast<std::size_t>(S) * H * max_tokens, 0.f);
+  policy.score(l, {.x = {&w.x[static_cast<std::size_t>(l - 1) * S * dm], static_cast<std::size_t>(S) * dm},
+                   .q = {}, .positions = {pos.data(), pos.size()}, .seq_lens = {lens.data(), lens.size()}},
+               {{out.scores.data(), out.scores.size()}, S, H, max_tokens});
+  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, keep};
+  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
+  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
+  out.idx.assign(static_cast<std::size_t>(S) * H * budget, -1);
+  out.cnt.assign(S * H, -1);
+  sel.select({{out.scores.data(), out.scores.size()}, {lens.data(), lens.size()}, S, H, max_tokens},
+             {{out.idx.data(), out.idx.size()}, {out.cnt.data(), out.cnt.size()}, S, H, budget});
+  return out;
+}
+
+void step_matches_host() {
+  world w;
+  cudaStream_t compute{}, side{}, copy{};
+  KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
+
+  // ---- device set-up: speculators (partial key caches filled from the host caches) ------------
+  kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, kvscout::rope_mode::rope_planes,
+                                    scale, kvscout::gqa_aggregation::max_logit};
+  using spec_t = kvscout::infinigen_speculator_cuda<float>;
+  std::vector<std::unique_ptr<gpu_test::device_vector<std::byte>>> spec_ws;
+  std::vector<std::unique_ptr<spec_t>> specs;
+  std::vector<spec_t*> spec_ptrs(L, nullptr);
+  for (int l = skip; l < L; ++l) {
+    spec_ws.push_back(std::make_unique<gpu_test::device_vector<std::byte>>(spec_t::workspace_bytes(dc)));
+    specs.push_back(std::make_unique<spec_t>(
+        dc, w.plans[l], kvscout::host_span<const float>(w.w_q[l].data(), w.w_q[l].size()),
+        kvscout::host_span<const float>{},
+        kvscout::device_span<std::byte>(spec_ws.back()->data(), spec_ws.back()->size())));
+    spec_ptrs[l] = specs.back().get();
+    std::vector<float> keys;
+    std::vector<int32_t> sid, tid;
+    for (int s = 0; s < S; ++s)
+      for (int t = 0; t < w.lens_init[s]; ++t) {
+        const auto kr = w.key_row(l, s, t);
+        keys.insert(keys.end(), kr.begin(), kr.end());
+        sid.push_back(s);
+        tid.push_back(t);
+      }
+    gpu_test::device_vector<float> dk(keys);
+    gpu_test::device_vector<int32_t> ds(sid), dt(tid);
+    specs.back()->append(dspan<const float>(dk), dspan<const int32_t>(ds), dspan<const int32_t>(dt),
+                         static_cast<int>(sid.size()), compute);
+    KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+  }
+
+  // ---- selector, executor, buffers --------------------------------------------------------------
+  kvscout::topk_selector_cuda::config sc{S, H, max_tokens, budget, budget, keep};
+  gpu_test::device_vector<std::byte> sel_ws(std::max<std::size_t>(1, kvscout::topk_selector_cuda::workspace_bytes(sc)));
+  kvscout::topk_selector_cuda selector(sc, {sel_ws.data(), kvscout::topk_selector_cuda::workspace_bytes(sc)});
+  gpu_test::device_vector<int> status(1);
+  KVSCOUT_CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(int)));
+  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget,
+                                             .stream = copy, .device_status = status.data()});
+  std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
+  const std::size_t cache_bytes = static_cast<std::size_t>(S) * H * max_tokens * D * sizeof(half);
+  for (int l = 0; l < L; ++l)
+    sources.push_back({w.dev_layout,
+                       {reinterpret_cast<const std::byte*>(w.k[l]->device_data()), cache_bytes},
+                       {reinterpret_cast<const std::byte*>(w.v[l]->device_data()), cache_bytes}});
+  gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens);
+  std::vector<int32_t> pos_host(w.lens_init);
+  gpu_test::device_vector<int32_t> positions(pos_host), dev_lens(w.lens_init);
+  const std::size_t slots_n = static_cast<std::size_t>(S) * H * budget;
+  gpu_test::device_vector<float> x_slot0(static_cast<std::size_t>(S) * dm), x_slot1(x_slot0.size());
+  // Buffer sets: two (by slot) for the eager / graph step, two per layer for the row cache.
+  std::vector<std::unique_ptr<gpu_test::device_vector<int32_t>>> idx_store, cnt_store;
+  std::vector<std::unique_ptr<gpu_test::device_vector<half>>> row_store;
+  auto make_set = [&]() {
+    idx_store.push_back(std::make_unique<gpu_test::device_vector<int32_t>>(slots_n));
+    cnt_store.push_back(std::make_unique<gpu_test::device_vector<int32_t>>(S * H));
+    row_store.push_back(std::make_unique<gpu_test::device_vector<half>>(slots_n * D));
+    auto& rk = *row_store.back();
+    row_store.push_back(std::make_unique<gpu_test::device_vector<half>>(slots_n * D));
+    auto& rv = *row_store.back();
+    return kvscout::cuda_stage_buffers{
+        {{idx_store.back()->data(), slots_n}, {cnt_store.back()->data(), static_cast<std::size_t>(S * H)}, S, H, budget},
+        {{reinterpret_cast<std::byte*>(rk.data()), rk.bytes()}, {reinterpret_cast<std::byte*>(rv.data()), rv.bytes()}}};
+  };
+  std::vector<kvscout::cuda_stage_buffers> slot_sets, layer_sets;
+  for (int i = 0; i < 2; ++i) slot_sets.push_back(make_set());
+  for (int i = 0; i < 2 * L; ++i) layer_sets.push_back(make_set());
+  gpu_test::device_vector<unsigned long long> hits(1);
+  KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
+  using stages_t = kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda>;
+  const kvscout::device_score_buffer score_buf{{scores.data(), scores.size()}, S, H, max_tokens};
+  const kvscout::cuda_stage_lengths lengths{dspan<const int32_t>(positions), dspan<const int32_t>(dev_lens), max_tokens};
+  const std::array<kvscout::device_span<const float>, 2> x_in{dspan<const float>(x_slot0), dspan<const float>(x_slot1)};
+  stages_t slot_stages(spec_ptrs, selector, fetch, sources, score_buf, lengths, x_in, slot_sets);
+  stages_t cache_stages(spec_ptrs, selector, fetch, sources, score_buf, lengths, x_in, layer_sets,
+                        kvscout::cuda_stage_buffering::row_cache, hits.data());
+  kvscout::cuda_decode_pipeline slot_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                          kvscout::cuda_stages_ref<stages_t>{&slot_stages});
+  kvscout::cuda_decode_pipeline cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                           kvscout::cuda_stages_ref<stages_t>{&cache_stages});
+  using pipe_t = decltype(slot_pipe);
+
+  // Per-layer inputs and records on the device.
+  gpu_test::device_vector<float> x_all(w.x), q_all(w.q);
+  gpu_test::device_vector<half> kc_all(w.k_cur), vc_all(w.v_cur);
+  gpu_test::device_vector<float> out_all(static_cast<std::size_t>(L) * S * Hq * D);
+  gpu_test::device_vector<int32_t> rec_idx(static_cast<std::size_t>(L) * slots_n), rec_cnt(static_cast<std::size_t>(L) * S * H);
+  float* x_slots[2] = {x_slot0.data(), x_slot1.data()};
+
+  auto enqueue_step = [&](pipe_t& pipe, stages_t& stages) {
+    for (int i = 0; i < L; ++i) {
+      // x_i is what layer i + 1 is speculated from: into slot(i + 1).
+      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(x_slots[pipe_t::slot(i + 1)],
+                                         x_all.data() + static_cast<std::size_t>(i) * S * dm,
+                                         sizeof(float) * S * dm, cudaMemcpyDeviceToDevice, compute));
+      pipe.input_ready(i);
+      pipe.wait_rows(i);
+      if (i < skip) continue;
+      const kvscout::cuda_stage_buffers& buf = stages.buffers(i, pipe_t::slot(i));
+      const auto sel = buf.selection.view();
+      const kvscout::gathered_rows_device<half, D> rows(
+          sel, {reinterpret_cast<const half*>(buf.rows.k.data()), slots_n * D},
+          {reinterpret_cast<const half*>(buf.rows.v.data()), slots_n * D});
+      const std::size_t cur = static_cast<std::size_t>(i) * S * H * D;
+      kvscout::decode_attention_device(
+          rows, kvscout::device_current_token<half>{{kc_all.data() + cur, static_cast<std::size_t>(S) * H * D},
+                                                    {vc_all.data() + cur, static_cast<std::size_t>(S) * H * D}},
+          {q_all.data() + static_cast<std::size_t>(i) * S * Hq * D, static_cast<std::size_t>(S) * Hq * D},
+          {out_all.data() + static_cast<std::size_t>(i) * S * Hq * D, static_cast<std::size_t>(S) * Hq * D},
+          {Hq, scale}, compute, status.data());
+      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_idx.data() + static_cast<std::size_t>(i) * slots_n, sel.indices.data(),
+                                         slots_n * sizeof(int32_t), cudaMemcpyDeviceToDevice, compute));
+      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_cnt.data() + static_cast<std::size_t>(i) * S * H, sel.counts.data(),
+                                         S * H * sizeof(int32_t), cudaMemcpyDeviceToDevice, compute));
+    }
+    stages.next_step();
+  };
+
+  enqueue_step(slot_pipe, slot_stages);
+  KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+  GPU_CHECK(status.download()[0] == 0);
+  const std::vector<int32_t> d_idx = rec_idx.download(), d_cnt = rec_cnt.download();
+  const std::vector<float> d_out = out_all.download();
+
+  // ---- check every speculated layer against the host ---------------------------------------------
+  int selection_mismatches = 0, tie_differences = 0, attention_failures = 0;
+  double worst_attention = 0;
+  for (int l = skip; l < L; ++l) {
+    const host_selection hs = host_select(w, l);
+    const int32_t* li = d_idx.data() + static_cast<std::size_t>(l) * slots_n;
+    const int32_t* lc = d_cnt.data() + static_cast<std::size_t>(l) * S * H;
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) {
+        const int row = s * H + h;
+        if (lc[row] != hs.cnt[row]) {
+          ++selection_mismatches;
+          std::fprintf(stderr, "layer %d (s %d, h %d): device count %d, host %d\n", l, s, h, lc[row], hs.cnt[row]);
+          continue;
+        }
+        const int32_t* a = li + static_cast<std::size_t>(row) * budget;
+        const int32_t* b = hs.idx.data() + static_cast<std::size_t>(row) * budget;
+        std::vector<int32_t> diff;
+        std::set_symmetric_difference(a, a + lc[row], b, b + lc[row], std::back_inserter(diff));
+        if (diff.empty()) continue;
+        // Allowed only where the host scores of the differing tokens tie within float rounding.
+        const float* sc = hs.scores.data() + static_cast<std::size_t>(row) * max_tokens;
+        float lo = INFINITY, hi = -INFINITY;
+        for (int32_t t : diff) lo = std::min(lo, sc[t]), hi = std::max(hi, sc[t]);
+        if (hi - lo <= 1e-4f * (1.f + std::abs(hi))) {
+          ++tie_differences;
+        } else {
+          ++selection_mismatches;
+          std::fprintf(stderr, "layer %d (s %d, h %d): %zu tokens differ, scores %g .. %g\n", l, s, h,
+                       diff.size(), lo, hi);
+        }
+      }
+    // Attention: the host over the rows the host gathers for the device's selection.
+    std::vector<int32_t> sel_i(li, li + slots_n), sel_c(lc, lc + S * H);
+    const kvscout::selection_view<kvscout::host_space> hv{{sel_i.data(), sel_i.size()}, {sel_c.data(), sel_c.size()}, S, H, budget};
+    std::vector<half> gk(slots_n * D), gv(slots_n * D);
+    kvscout::host_gather_config gc{S, H, budget, 1};
+    std::vector<std::int64_t> gws(kvscout::host_gather_executor<layout>::workspace_bytes(gc) / 8 + 1);
+    kvscout::host_gather_executor<layout> gather(gc, {reinterpret_cast<std::byte*>(gws.data()), gws.size() * 8});
+    gather.submit({w.host_layout, {reinterpret_cast<const std::byte*>(w.k[l]->data()), cache_bytes},
+                   {reinterpret_cast<const std::byte*>(w.v[l]->data()), cache_bytes}},
+                  hv, {{reinterpret_cast<std::byte*>(gk.data()), gk.size() * sizeof(half)},
+                       {reinterpret_cast<std::byte*>(gv.data()), gv.size() * sizeof(half)}}).wait();
+    const kvscout::gathered_rows<half, D> rows(hv, {gk.data(), gk.size()}, {gv.data(), gv.size()});
+    const std::size_t cur = static_cast<std::size_t>(l) * S * H * D, qo = static_cast<std::size_t>(l) * S * Hq * D;
+    std::vector<float> ref(static_cast<std::size_t>(S) * Hq * D);
+    kvscout::decode_attention_host(rows, kvscout::current_token<half>{{&w.k_cur[cur], static_cast<std::size_t>(S) * H * D},
+                                                                      {&w.v_cur[cur], static_cast<std::size_t>(S) * H * D}},
+                                   {&w.q[qo], ref.size()}, {ref.data(), ref.size()}, {Hq, scale});
+    for (std::size_t e = 0; e < ref.size(); ++e) {
+      const double err = std::abs(static_cast<double>(d_out[qo + e]) - ref[e]);
+      worst_attention = std::max(worst_attention, err);
+      if (!(err <= 2e-5 + 2e-4 * std::abs(ref[e]))) ++attention_failures;
+    }
+  }
+  std::printf("decode step: %d selection mismatches, %d rows differing only on tied scores, "
+              "%d attention elements out of tolerance (worst %.3g)\n",
+              selection_mismatches, tie_differences, attention_failures, worst_attention);
+  GPU_CHECK(selection_mismatches == 0);
+  GPU_CHECK(attention_failures == 0);
+
+  // ---- the same step captured in a graph gives the same bits -------------------------------------
+  out_all.poison();
+  rec_idx.poison();
+  cudaGraph_t graph{};
+  KVSCOUT_CUDA_CHECK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
+  enqueue_step(slot_pipe, slot_stages);
+  KVSCOUT_CUDA_CHECK(cudaStreamEndCapture(compute, &graph));
+  cudaGraphExec_t exec{};
+  KVSCOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  KVSCOUT_CUDA_CHECK(cudaGraphLaunch(exec, compute));
+  KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+  const std::vector<float> g_out = out_all.download();
+  const std::vector<int32_t> g_idx = rec_idx.download();
+  int graph_diffs = 0;
+  for (int l = skip; l < L; ++l) {
+    const std::size_t qo = static_cast<std::size_t>(l) * S * Hq * D;
+    graph_diffs += std::memcmp(&g_out[qo], &d_out[qo], sizeof(float) * S * Hq * D) != 0;
+    graph_diffs += std::memcmp(&g_idx[static_cast<std::size_t>(l) * slots_n], &d_idx[static_cast<std::size_t>(l) * slots_n],
+                               sizeof(int32_t) * slots_n) != 0;
+  }
+  GPU_CHECK(graph_diffs == 0);
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaGraphExecDestroy(exec));
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaGraphDestroy(graph));
+
+  // ---- the row cache: the first step fetches everything, the second (same inputs, so the same
+  // selections) finds every row in the device cache; both give the eager step's bits -------------
+  std::int64_t selected_rows = 0;
+  for (int l = skip; l < L; ++l)
+    for (int e = 0; e < S * H; ++e) selected_rows += d_cnt[static_cast<std::size_t>(l) * S * H + e];
+  for (int step = 0; step < 2; ++step) {
+    out_all.poison();
+    KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
+    enqueue_step(cache_pipe, cache_stages);
+    KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+    const std::vector<float> c_out = out_all.download();
+    const unsigned long long h = hits.download()[0];
+    int diffs = 0;
+    for (int l = skip; l < L; ++l) {
+      const std::size_t qo = static_cast<std::size_t>(l) * S * Hq * D;
+      diffs += std::memcmp(&c_out[qo], &d_out[qo], sizeof(float) * S * Hq * D) != 0;
+    }
+    std::printf("row cache, step %d: %llu of %lld rows served from the device\n", step, h,
+                static_cast<long long>(selected_rows));
+    GPU_CHECK(diffs == 0);
+    GPU_CHECK(h == (step == 0 ? 0ull : static_cast<unsigned long long>(selected_rows)));
+  }
+  GPU_CHECK(status.download()[0] == 0);
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(compute));
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(side));
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(copy));
+}
+
+}  // namespace
+
+int main() {
+  return gpu_test::run_all("decode_step_device", {{"step_matches_host", step_matches_host}});
+}

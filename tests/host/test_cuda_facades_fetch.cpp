@@ -1,0 +1,271 @@
+// The host-side halves of the CUDA executors, attention and append (fetch/detail/
+// cuda_fetch_checks.hpp, attention/detail/decode_device_checks.hpp, kv/detail/append_checks.hpp,
+// backend/cuda/device_status.hpp): error messages naming the bad value, workspace sizes, and the
+// copy-engine run list, which is replayed with memcpy on the host and must equal
+// host_gather_executor's output byte for byte. No GPU needed.
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kv_fixtures.hpp"
+#include "kvscout/attention/detail/decode_device_checks.hpp"
+#include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/fetch/detail/cuda_fetch_checks.hpp"
+#include "kvscout/fetch/host_gather.hpp"
+#include "kvscout/kv/detail/append_checks.hpp"
+#include "kvscout/kv/kivi.hpp"
+
+using Catch::Matchers::Contains;
+using namespace kvscout;
+
+namespace {
+
+struct sel_store {
+  std::vector<int32_t> indices, counts;
+  int S, H, cap;
+  sel_store(int s, int h, int c) : indices(static_cast<std::size_t>(s) * h * c, 0),
+                                   counts(static_cast<std::size_t>(s) * h, 0), S(s), H(h), cap(c) {}
+  selection_view<host_space> view() const {
+    return {{indices.data(), indices.size()}, {counts.data(), counts.size()}, S, H, cap};
+  }
+};
+
+template <class Case>
+void check_runs_replay(std::uint32_t seed, double density) {
+  using layout = typename Case::layout;
+  CAPTURE(Case::name(), seed, density);
+  std::mt19937 rng(seed);
+  const std::vector<int32_t> lens = {37, 0, 100};
+  const int heads = 3, capacity = 64;
+  kvtest::layout_fixture<Case> f(lens, heads, rng);
+  std::vector<std::byte> k(f.bytes), v(f.bytes);
+  kvtest::fill_random(k, seed);
+  kvtest::fill_random(v, seed + 1);
+  sel_store sel(3, heads, capacity);
+  std::bernoulli_distribution take(density);
+  for (int s = 0; s < 3; ++s)
+    for (int h = 0; h < heads; ++h) {
+      const std::size_t r = static_cast<std::size_t>(s) * heads + h;
+      int n = 0;
+      for (int t = 0; t < lens[s] && n < capacity; ++t)
+        if (take(rng)) sel.indices[r * capacity + n++] = t;
+      sel.counts[r] = n;
+    }
+  const std::size_t row = f.layout.k_row_bytes();
+  const std::size_t dst_bytes = 3 * heads * capacity * row;
+  std::vector<std::byte> ref_k(dst_bytes, std::byte{0xCD}), ref_v(dst_bytes, std::byte{0xCD});
+  std::vector<std::byte> got_k(dst_bytes, std::byte{0xCD}), got_v(dst_bytes, std::byte{0xCD});
+  kv_view<layout, host_space> src{f.layout, {k.data(), k.size()}, {v.data(), v.size()}};
+
+  host_gather_config hc{.num_seqs = 3, .num_kv_heads = heads, .capacity = capacity};
+  std::vector<std::byte> ws(host_gather_executor<layout>::workspace_bytes(hc));
+  host_gather_executor<layout> gather(hc, {ws.data(), ws.size()});
+  gather.submit(src, sel.view(), {{ref_k.data(), dst_bytes}, {ref_v.data(), dst_bytes}});
+
+  copy_engine_config cc{.num_seqs = 3, .num_kv_heads = heads, .capacity = capacity};
+  REQUIRE(detail::copy_engine_workspace_bytes(cc) ==
+          (9 + 1) * 8 + 2 * 9 * 64 * (2 * sizeof(void*) + sizeof(std::size_t)));
+  std::vector<std::int64_t> prefix(10);
+  const std::int64_t total = detail::check_host_selection(src, sel.view(), prefix.data());
+  std::int64_t sum = 0;
+  for (int c : sel.counts) sum += c;
+  REQUIRE(total == sum);
+  REQUIRE(prefix[9] == sum);
+  const std::size_t max_copies = 2 * 9 * 64;
+  std::vector<void*> dsts(max_copies);
+  std::vector<const void*> srcs(max_copies);
+  std::vector<std::size_t> sizes(max_copies);
+  const std::size_t n = detail::build_copy_runs(f.layout, k.data(), v.data(), got_k.data(),
+                                                got_v.data(), sel.view(), dsts.data(),
+                                                srcs.data(), sizes.data());
+  REQUIRE(n % 2 == 0);
+  REQUIRE(n <= 2 * static_cast<std::size_t>(sum));
+  std::size_t moved = 0;
+  for (std::size_t c = 0; c < n; ++c) {
+    std::memcpy(dsts[c], srcs[c], sizes[c]);
+    moved += sizes[c];
+  }
+  REQUIRE(moved == 2 * static_cast<std::size_t>(sum) * row);
+  REQUIRE(got_k == ref_k);
+  REQUIRE(got_v == ref_v);
+  // Runs merge where rows are adjacent: HND always (for consecutive tokens).
+  if (std::is_same_v<typename Case::order, hnd> && density > 0.9 &&
+      Case::layout_kind != kvtest::kind::vllm && Case::layout_kind != kvtest::kind::flashinfer) {
+    REQUIRE(n <= 2 * 9);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device status bits are described", "[cuda][facade]") {
+  REQUIRE(describe_device_status(0) == "ok");
+  REQUIRE_THAT(describe_device_status(device_status::bad_index | device_status::bad_count),
+               Contains("token index out of range") && Contains("count outside"));
+  REQUIRE_THAT(describe_device_status(1 << 20), Contains("unknown bits"));
+}
+
+TEST_CASE("CUDA executor configs are validated with the bad value named", "[cuda][facade]") {
+  zero_copy_config z{.num_seqs = 1, .num_kv_heads = 2, .capacity = 8};
+  REQUIRE_NOTHROW(detail::check_zero_copy_config(z));
+  z.threads_per_block = 100;
+  REQUIRE_THROWS_WITH(detail::check_zero_copy_config(z),
+                      Contains("threads_per_block must be a multiple of 32") && Contains("100"));
+  z.threads_per_block = 256;
+  z.max_blocks = -3;
+  REQUIRE_THROWS_WITH(detail::check_zero_copy_config(z), Contains("max_blocks") && Contains("-3"));
+  z.max_blocks = 0;
+  z.num_kv_heads = 0;
+  REQUIRE_THROWS_WITH(detail::check_zero_copy_config(z), Contains("num_kv_heads must be positive"));
+
+  copy_engine_config c{.num_seqs = -1, .num_kv_heads = 2, .capacity = 8};
+  REQUIRE_THROWS_WITH(detail::copy_engine_workspace_bytes(c), Contains("num_seqs") && Contains("-1"));
+
+  staged_config s{.num_seqs = 2, .num_kv_heads = 3, .capacity = 5, .k_row_bytes = 256,
+                  .v_row_bytes = 48};
+  // header: (6 + 1) * 8 = 56 -> 64; rows: 30 * (256 + 48)
+  REQUIRE(detail::staged_stage_bytes(s) == 64 + 30 * (256 + 48));
+  REQUIRE(detail::staged_workspace_bytes(s) == 2 * (64 + 30 * (256 + 48)));
+  REQUIRE(detail::staged_device_workspace_bytes(s) == 64 + 30 * (256 + 48));
+  s.v_row_bytes = 40;
+  REQUIRE_THROWS_WITH(detail::staged_stage_bytes(s),
+                      Contains("v_row_bytes must be a positive multiple of 16") && Contains("40"));
+  s.v_row_bytes = 48;
+  s.stages = 0;
+  REQUIRE_THROWS_WITH(detail::staged_stage_bytes(s), Contains("stages must be at least 1"));
+  s.stages = 2;
+  s.threads = 0;
+  REQUIRE_THROWS_WITH(detail::staged_stage_bytes(s), Contains("threads must be at least 1"));
+
+  std::vector<std::byte> small(8);
+  REQUIRE_THROWS_WITH(detail::check_workspace(small.data(), small.size(), 64, 8, "workspace"),
+                      Contains("workspace holds 8 bytes, expected at least 64"));
+  REQUIRE_THROWS_WITH(detail::check_workspace(small.data() + 1, 64, 64, 16, "device workspace"),
+                      Contains("must be 16-byte aligned"));
+}
+
+TEST_CASE("CUDA executor views are checked without reading device data", "[cuda][facade]") {
+  using layout = contiguous_layout<half, 128, hnd>;
+  std::vector<int32_t> lens = {10, 20};
+  const auto l = layout::padded(2, 32, lens.data(), 2);
+  alignas(16) static std::byte k[2 * 2 * 32 * 256], v[2 * 2 * 32 * 256];
+  alignas(16) static std::byte dk[2 * 2 * 8 * 256], dv[2 * 2 * 8 * 256];
+  sel_store sel(2, 2, 8);
+  kv_view<layout, device_space> src{l, {k, sizeof k}, {v, sizeof v}};
+  gather_destination<device_space> dst{{dk, sizeof dk}, {dv, sizeof dv}};
+  auto sv = [&](const sel_store& x) {
+    return selection_view<device_space>{{x.indices.data(), x.indices.size()},
+                                        {x.counts.data(), x.counts.size()}, x.S, x.H, x.cap};
+  };
+  REQUIRE_NOTHROW(detail::check_fetch_views(2, 2, 8, src, sv(sel), dst, true));
+  REQUIRE_THROWS_WITH(detail::check_fetch_views(2, 2, 9, src, sv(sel), dst, true),
+                      Contains("selection shape [2, 2, 8] differs from the executor's [2, 2, 9]"));
+  gather_destination<device_space> small{{dk, 100}, {dv, sizeof dv}};
+  REQUIRE_THROWS_WITH(detail::check_fetch_views(2, 2, 8, src, sv(sel), small, true),
+                      Contains("destination K buffer holds 100 bytes") && Contains("8192"));
+  kv_view<layout, device_space> odd{l, {k + 8, sizeof k - 8}, {v, sizeof v}};
+  REQUIRE_THROWS_WITH(detail::check_fetch_views(2, 2, 8, odd, sv(sel), dst, true),
+                      Contains("must be 16-byte aligned"));
+  REQUIRE_NOTHROW(detail::check_fetch_views(2, 2, 8, odd, sv(sel), dst, false));
+  sel_store short_sel(2, 2, 8);
+  short_sel.counts.resize(3);
+  REQUIRE_THROWS_WITH(detail::check_fetch_views(2, 2, 8, src, sv(short_sel), dst, true),
+                      Contains("selection counts holds 3 entries"));
+}
+
+TEST_CASE("host-visible selections are checked in full for the copy engine and staging",
+          "[cuda][facade]") {
+  using layout = contiguous_layout<half, 64, nhd>;
+  std::vector<int32_t> lens = {10, 4};
+  const auto l = layout::padded(1, 16, lens.data(), 2);
+  std::vector<std::byte> k(l.required_bytes()), v(l.required_bytes());
+  kv_view<layout, host_space> src{l, {k.data(), k.size()}, {v.data(), v.size()}};
+  sel_store sel(2, 1, 4);
+  std::vector<std::int64_t> prefix(3);
+  sel.counts = {2, 1};
+  sel.indices = {3, 7, 0, 0, 2, 0, 0, 0};
+  REQUIRE(detail::check_host_selection(src, sel.view(), prefix.data()) == 3);
+  REQUIRE(prefix == std::vector<std::int64_t>{0, 2, 3});
+  sel.indices[4] = 4;  // seq_len(1) = 4
+  REQUIRE_THROWS_WITH(detail::check_host_selection(src, sel.view(), prefix.data()),
+                      Contains("token index 4 (entry 0) for sequence 1") &&
+                          Contains("[0, seq_len = 4)"));
+  sel.indices[4] = 2;
+  sel.indices[1] = 3;
+  REQUIRE_THROWS_WITH(detail::check_host_selection(src, sel.view(), prefix.data()),
+                      Contains("not strictly ascending: 3 then 3"));
+  sel.indices[1] = 7;
+  sel.counts[0] = 5;
+  REQUIRE_THROWS_WITH(detail::check_host_selection(src, sel.view(), prefix.data()),
+                      Contains("count 5 for sequence 0") && Contains("capacity = 4"));
+}
+
+TEMPLATE_TEST_CASE("copy-engine runs replayed with memcpy equal the host gather", "[cuda][facade]",
+                   (kvtest::layout_case<kvtest::kind::padded, nhd, half, 128>),
+                   (kvtest::layout_case<kvtest::kind::padded, hnd, half, 128>),
+                   (kvtest::layout_case<kvtest::kind::ragged, hnd, float, 128>),
+                   (kvtest::layout_case<kvtest::kind::flashinfer, nhd, half, 256>),
+                   (kvtest::layout_case<kvtest::kind::flashinfer, hnd, half, 128>),
+                   (kvtest::layout_case<kvtest::kind::vllm, hnd, bfloat16, 128>),
+                   (kvtest::layout_case<kvtest::kind::vllm, nhd, float, 128>)) {
+  for (double density : {0.05, 0.1, 0.25, 1.0})
+    for (std::uint32_t seed : {1u, 2u}) check_runs_replay<TestType>(seed, density);
+}
+
+TEST_CASE("device attention inputs are validated on the host", "[cuda][facade]") {
+  attention_params p{.num_q_heads = 6, .scale = 0.125f};
+  const float q = 0.f;
+  REQUIRE_NOTHROW(detail::check_decode_device(2, 3, 64, p, 2 * 6 * 64, &q, 2 * 6 * 64, &q, false,
+                                              0, 0, true));
+  p.num_q_heads = 7;
+  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 10000, &q, 10000, &q, false, 0, 0,
+                                                  true),
+                      Contains("num_q_heads = 7 must be a positive multiple of num_kv_heads = 3"));
+  p.num_q_heads = 6;
+  p.scale = -1.f;
+  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 10000, &q, 10000, &q, false, 0, 0,
+                                                  true),
+                      Contains("scale must be positive"));
+  p.scale = 0.125f;
+  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 100, &q, 10000, &q, false, 0, 0,
+                                                  true),
+                      Contains("q holds 100 floats") && Contains("768"));
+  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 768, &q, 768, &q, true, 384, 10,
+                                                  false),
+                      Contains("current token K / V hold 384 / 10"));
+  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 768, &q, 768, &q, true, 384, 384,
+                                                  true),
+                      Contains("V is null"));
+
+  sel_store sel(2, 3, 4);
+  selection_view<device_space> sv{{sel.indices.data(), sel.indices.size()},
+                                  {sel.counts.data(), sel.counts.size()}, 2, 3, 4};
+  alignas(16) static std::byte rows[24 * 256];
+  REQUIRE_NOTHROW(detail::check_gathered_device(sv, sizeof rows, rows, sizeof rows, rows, 256, 256));
+  REQUIRE_THROWS_WITH(detail::check_gathered_device(sv, 1000, rows, sizeof rows, rows, 256, 256),
+                      Contains("gathered K / V rows hold 1000") && Contains("6144"));
+}
+
+TEST_CASE("device append inputs are validated on the host", "[cuda][facade]") {
+  using L = kivi_layout<half, 64, 2>;
+  std::vector<int32_t> lens = {0, 0}, other = {0, 0};
+  const auto l = L::padded(2, 256, lens.data(), 2, {.group = 32, .residual = 32});
+  kivi_host_storage store(l);
+  REQUIRE_NOTHROW(detail::check_kivi_append(l, store.buffers(), lens.data()));
+  REQUIRE_THROWS_WITH(detail::check_kivi_append(l, store.buffers(), other.data()),
+                      Contains("seq_lens must be the (writable) array the layout reads"));
+  auto b = store.buffers();
+  b.k_params = b.k_params.subspan(0, 10);
+  REQUIRE_THROWS_WITH(detail::check_kivi_append(l, b, lens.data()),
+                      Contains("key parameter buffer (k_params) holds 10 bytes"));
+  const float x = 0.f;
+  REQUIRE_THROWS_WITH(detail::check_append_inputs(2, 2, 64, 256, &x, 100, &x),
+                      Contains("new K / V hold 256 / 100 elements") && Contains("256"));
+  using C = contiguous_layout<float, 64, nhd>;
+  const auto c = C::padded(2, 8, lens.data(), 2);
+  alignas(16) static std::byte buf[64];
+  REQUIRE_THROWS_WITH(detail::check_append_layout(c, buf + 4, buf), Contains("16-byte aligned"));
+  REQUIRE(detail::kivi_append_limit<half>() == 65504.f);
+}
