@@ -7,7 +7,8 @@
 #   bash scripts/gpu_check.sh           # there: sm_90 (CMAKE_CUDA_ARCHITECTURES overrides)
 #
 # Google Benchmark: the system's if CMake finds one, else built from third_party/ (carried with
-# the tree). Without either, the tests still run and the benchmarks are skipped (said in the table).
+# the tree; third_party/ is git-ignored, so carry it explicitly). Without either, the tests still
+# run and the benchmarks are skipped (said in the table).
 # Output: build-gpu/gpu_tests.log, build-gpu/bench/*.json, and the table on stdout (also
 # build-gpu/gpu_check.md).
 set -uo pipefail
@@ -53,23 +54,30 @@ echo "== configure + build (sm_$arch, $jobs jobs)"
 cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVSCOUT_GPU_ONLY=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" "${bench_args[@]}" >/dev/null || exit 1
 cmake --build "$build" -j "$jobs" || exit 1
-echo "build: $(( $(date +%s) - start )) s"
+built=$(date +%s)
+echo "build: $(( built - start )) s"
 
 # ---- tests ----------------------------------------------------------------------------------------
 log="$build/gpu_tests.log"
-(cd "$build" && ctest -L gpu --output-on-failure --timeout 300) | tee "$log"
+(cd "$build" && ctest -L gpu --output-on-failure --timeout "${KVSCOUT_TEST_TIMEOUT:-120}") | tee "$log"
 rc=${PIPESTATUS[0]}
+tested=$(date +%s)
 
 # ---- benchmarks -----------------------------------------------------------------------------------
 mkdir -p "$build/bench"
+limit=()
+command -v timeout >/dev/null && limit=(timeout "${KVSCOUT_BENCH_TIMEOUT:-180}")
 rm -f "$build"/bench/*.json
 for exe in "$build"/bench/cuda/kvscout_gpu_bench_*; do
   [[ -x "$exe" ]] || continue
   name=$(basename "$exe")
   echo "== $name"
-  "$exe" --benchmark_min_time="$min_time" --benchmark_out="$build/bench/$name.json" \
-    --benchmark_out_format=json || rc=1
+  # A hung binary must not eat the session: each gets KVSCOUT_BENCH_TIMEOUT seconds; a JSON cut
+  # short by a crash or the timeout is still tabulated up to where it stopped (gpu_table.py).
+  "${limit[@]}" "$exe" --benchmark_min_time="$min_time" \
+    --benchmark_out="$build/bench/$name.json" --benchmark_out_format=json || rc=1
 done
+benched=$(date +%s)
 
 # ---- table ----------------------------------------------------------------------------------------
 {
@@ -79,14 +87,14 @@ done
     sed 's/^/device: /'
   echo "nvcc: $(nvcc --version | tail -1)"
   echo
-  echo "| test | result |"
-  echo "|:--|:--|"
+  echo "| test | result | time |"
+  echo "|:--|:--|--:|"
   grep -E "^ *[0-9]+/[0-9]+ Test +#[0-9]+: " "$log" |
-    sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) [ .*]*(Passed|\*\*\*Failed|\*\*\*Skipped|Skipped|Not Run|\*\*\*Exception.*)?.*/| \1 | \2 |/'
+    sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) [.]*(.*[^ ]) +([0-9.]+ sec)$/| \1 | \2 | \3 |/; s/\*\*\*/ /g; s/\| +/| /g'
   echo
   python3 "$root/scripts/gpu_table.py" "$build"/bench/*.json 2>/dev/null ||
     echo "(no GPU benchmark results: Google Benchmark missing or no benchmark ran)"
   echo
-  echo "elapsed: $(( $(date +%s) - start )) s"
+  echo "elapsed: $(( $(date +%s) - start )) s (build $(( built - start )), tests $(( tested - built )), benchmarks $(( benched - tested )))"
 } | tee "$build/gpu_check.md"
 exit "$rc"

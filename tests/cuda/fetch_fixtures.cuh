@@ -125,6 +125,7 @@ inline long long first_mismatch(const std::vector<std::byte>& a, const std::vect
 inline int read_status(const device_vector<int>& st) { return st.download()[0]; }
 inline void clear_status(device_vector<int>& st) {
   KVSCOUT_CUDA_CHECK(cudaMemset(st.data(), 0, sizeof(int)));
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 /// A KIVI cache filled by kivi_host_writer with random tokens.

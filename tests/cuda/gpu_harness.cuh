@@ -71,13 +71,16 @@ inline int run_all(const char* suite, const std::vector<test_case>& cases) {
 
 namespace gpu_test {
 
-/// Device memory for a test, poisoned with 0xff bytes on allocation.
+/// Device memory for a test, poisoned with 0xff bytes on allocation. Every fill and copy waits
+/// for the device: cudaMemset / cudaMemcpy run on the legacy stream and may return early, and a
+/// test's own streams must not overtake them.
 template <class T>
 class device_vector {
  public:
   explicit device_vector(std::size_t n) : n_(n) {
     KVSCOUT_CUDA_CHECK(cudaMalloc(&p_, bytes() ? bytes() : 1));
     KVSCOUT_CUDA_CHECK(cudaMemset(p_, 0xff, bytes() ? bytes() : 1));
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   }
   explicit device_vector(const std::vector<T>& host) : device_vector(host.size()) { upload(host); }
   device_vector(const device_vector&) = delete;
@@ -87,13 +90,18 @@ class device_vector {
   void upload(const std::vector<T>& host) {
     KVSCOUT_CUDA_CHECK(cudaMemcpy(p_, host.data(), std::min(host.size(), n_) * sizeof(T),
                                   cudaMemcpyHostToDevice));
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<T> host(n_);
     KVSCOUT_CUDA_CHECK(cudaMemcpy(host.data(), p_, bytes(), cudaMemcpyDeviceToHost));
     return host;
   }
-  void poison() { KVSCOUT_CUDA_CHECK(cudaMemset(p_, 0xff, bytes() ? bytes() : 1)); }
+  void poison() {
+    KVSCOUT_CUDA_CHECK(cudaMemset(p_, 0xff, bytes() ? bytes() : 1));
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   T* data() const { return p_; }
   std::size_t size() const { return n_; }
   std::size_t bytes() const { return n_ * sizeof(T); }

@@ -155,9 +155,9 @@ host_selection host_select(const world& w, int l) {
 void step_matches_host() {
   world w;
   cudaStream_t compute{}, side{}, copy{};
-  KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-  KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&compute));
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&side));
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&copy));
 
   // ---- device set-up: speculators (partial key caches filled from the host caches) ------------
   kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, kvscout::rope_mode::rope_planes,
@@ -346,6 +346,8 @@ void step_matches_host() {
   // ---- the same step captured in a graph gives the same bits -------------------------------------
   out_all.poison();
   rec_idx.poison();
+  // cudaMemset runs on the legacy stream, which the non-blocking streams do not wait for.
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   cudaGraph_t graph{};
   KVSCOUT_CUDA_CHECK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
   enqueue_step(slot_pipe, slot_stages);
@@ -375,6 +377,7 @@ void step_matches_host() {
   for (int step = 0; step < 2; ++step) {
     out_all.poison();
     KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets before the non-blocking streams
     enqueue_step(cache_pipe, cache_stages);
     KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
     const std::vector<float> c_out = out_all.download();

@@ -27,7 +27,7 @@ constexpr std::byte poison{0xff};  // device_vector's poison
 
 struct stream_holder {
   cudaStream_t s{};
-  stream_holder() { KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  stream_holder() { KVSCOUT_CUDA_CHECK(cudaStreamCreate(&s)); }
   ~stream_holder() { KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(s)); }
 };
 
@@ -244,13 +244,14 @@ void row_cache_serves_hits_from_device() {
       dl.layout, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}};
   ex.submit(src, da.view(), {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}}).wait();
   const std::vector<std::byte> old_k(k.data(), k.data() + k.bytes());
+  const std::vector<std::byte> old_v(v.data(), v.data() + v.bytes());
   fill_random_bytes(k.data(), k.bytes(), 13);  // the source changes: hits must not read it
   fill_random_bytes(v.data(), v.bytes(), 14);
   const kvscout::row_cache_view cache{da.view(), {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}},
                                       hits.data()};
   ex.submit(src, db.view(), {{bk.data(), bk.bytes()}, {bv.data(), bv.bytes()}}, cache).wait();
   GPU_CHECK(read_status(status) == 0);
-  std::vector<std::byte> want(slots * row, poison);
+  std::vector<std::byte> want(slots * row, poison), want_v(slots * row, poison);
   unsigned long long common = 0;
   for (int s = 0; s < S; ++s)
     for (int h = 0; h < heads; ++h) {
@@ -262,12 +263,15 @@ void row_cache_serves_hits_from_device() {
         common += in_a;
         const std::byte* from = (in_a ? old_k.data() : k.data()) + f.layout.k_offset(s, t, h);
         std::memcpy(&want[(r * cap + i) * row], from, row);
+        const std::byte* from_v = (in_a ? old_v.data() : v.data()) + f.layout.v_offset(s, t, h);
+        std::memcpy(&want_v[(r * cap + i) * row], from_v, row);
       }
     }
   std::printf("  row cache: %llu of %lld rows were cached\n", common, static_cast<long long>(b.total()));
   GPU_CHECK(common > 0 && common < static_cast<unsigned long long>(b.total()));  // both paths run
   GPU_CHECK(hits.download()[0] == common);
   expect_same("row cache K", bk.download(), want);
+  expect_same("row cache V", bv.download(), want_v);
   // An overlapping cache is refused on the host.
   bool thrown = false;
   try {

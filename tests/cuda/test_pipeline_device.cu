@@ -78,9 +78,11 @@ struct fixture {
     KVSCOUT_CUDA_CHECK(cudaMemset(step.data(), 0, sizeof(int)));
     KVSCOUT_CUDA_CHECK(cudaMemset(errors.data(), 0, sizeof(int)));
     for (int i = 0; i < L; ++i) host_rows[i] = i + 1;  // stamp(0, i): as if appended before step 0
-    KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
+    KVSCOUT_CUDA_CHECK(cudaStreamCreate(&compute));
+    KVSCOUT_CUDA_CHECK(cudaStreamCreate(&side));
+    KVSCOUT_CUDA_CHECK(cudaStreamCreate(&copy));
+    // The memsets ran on the legacy stream, which the non-blocking streams do not wait for.
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   }
   ~fixture() {
     KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(compute));
@@ -191,6 +193,19 @@ void bad_config_throws() {
                                        f.stages(0));
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("three distinct streams") != std::string::npos;
+  }
+  GPU_CHECK(thrown);
+  // Waiting for a layer that was never launched is refused (it would wait on a stale event).
+  thrown = false;
+  try {
+    kvscout::cuda_decode_pipeline pipe({.num_layers = 4, .skip_layers = 2},
+                                       {f.compute, f.side, f.copy}, f.stages(0));
+    pipe.input_ready(0);
+    pipe.input_ready(1);  // launches layer 2
+    pipe.wait_rows(2);
+    pipe.wait_rows(3);    // layer 3 was not launched: input_ready(2) is missing
+  } catch (const kvscout::error& e) {
+    thrown = std::string(e.what()).find("call input_ready(2)") != std::string::npos;
   }
   GPU_CHECK(thrown);
 }

@@ -46,6 +46,7 @@
 #include <cuda_runtime_api.h>
 
 #include <concepts>
+#include <string>
 #include <utility>
 
 #include "kvscout/core/cuda_check.hpp"
@@ -132,11 +133,21 @@ class cuda_decode_pipeline {
   }
 
   /// Makes the compute stream wait until layer i's rows are in row buffer slot(i). A no-op for
-  /// dense layers.
+  /// dense layers. Throws if layer i was not launched (input_ready(i - 1) not called this step).
   void wait_rows(int layer) {
     check_layer(layer);
     if (!sparse(layer)) return;
+    const int b = slot(layer);
+    KVSCOUT_EXPECTS(launched_[b] == layer, "wait_rows(", layer, "): slot ", b,
+                    launched_[b] < 0 ? std::string(" holds no launched layer")
+                                     : " was last launched for layer " + std::to_string(launched_[b]),
+                    "; call input_ready(", layer - 1, ") (or speculate_first() for layer 0) first");
+    launched_[b] = -1;  // consumed: the next wait on this slot needs a new launch
     if (cfg_.overlap) {
+      // fetched implies selected; the wait on selected is redundant for ordering but joins the
+      // speculate stream into the compute stream directly, so a captured step never leaves a fork
+      // joined only through the copy stream (cudaErrorStreamCaptureUnjoined is not risked).
+      KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(streams_.compute, selected_[slot(layer)], 0));
       KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(streams_.compute, fetched_[slot(layer)], 0));
     }
   }
@@ -144,6 +155,7 @@ class cuda_decode_pipeline {
  private:
   void launch(int layer) {
     const int b = slot(layer);
+    launched_[b] = layer;
     if (!cfg_.overlap) {  // in line, on the compute stream: the serial baseline
       stages_.speculate(layer, b, streams_.compute);
       stages_.fetch(layer, b, streams_.compute);
@@ -179,6 +191,7 @@ class cuda_decode_pipeline {
   cudaEvent_t input_ready_ = nullptr;
   cudaEvent_t selected_[slots] = {nullptr, nullptr};
   cudaEvent_t fetched_[slots] = {nullptr, nullptr};
+  int launched_[slots] = {-1, -1};  // host-side: the layer each slot was last launched for
 };
 
 }  // namespace kvscout
