@@ -1,0 +1,442 @@
+// kvscout_accuracy: the accuracy harness (issue 6). Teacher-forced perplexity of SmolLM2-135M-
+// Instruct on real text when attention at layers >= 2 reads only the rows a speculation policy
+// selected, for policies x budgets x KV formats, with per-layer attention-mass recall and overlap
+// with the oracle's top-k. Layer-major evaluation (tools/model/llama_eval.hpp); the policies,
+// selectors, skew calibration, KIVI layout / writer / rows and metrics are kvscout's.
+//
+// Stages (each row of the CSV is written and flushed as soon as it is measured):
+//   sweep   InfiniGen's knobs at a 10 % budget on the long text (fp16): partial dim r, GQA
+//           aggregation, selector (exact top-k at the cap vs threshold max - alpha, capped); the
+//           best by perplexity become the defaults of the later stages
+//   matrix  {dense, oracle, infinigen x 3 RoPE modes, quest, h2o, streaming} x budgets x formats
+//           on the long text, fp16 on the second text
+//
+//   kvscout_accuracy --model M.gguf --long /usr/share/common-licenses/GPL-3
+//                    --short ../shared/data/pg19_firstbook.txt --out docs [--quick]
+
+#include <kvscout/kvscout.hpp>
+#include <kvscout/skew/calibrate.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "model/llama_eval.hpp"
+#include "model/tokenizer_gguf.hpp"
+
+namespace {
+
+using namespace kvscout;
+using model::eval_options;
+using model::eval_policy;
+using model::eval_result;
+using model::kv_format;
+using model::to_string;
+
+std::string arg(int argc, char** argv, const char* name, const char* fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return fallback;
+}
+bool flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return true;
+  return false;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  KVSCOUT_EXPECTS(in.good(), "cannot read ", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Calibration samples of one text chunk, per layer: RoPE'd and raw queries [n, Hq, D] and keys
+// [n, H, D].
+struct samples {
+  int n = 0;
+  std::vector<std::vector<float>> q_post, k_post, q_pre, k_pre;
+};
+
+samples collect(const model::llama_weights& w, const std::vector<int32_t>& ids) {
+  samples s;
+  s.n = static_cast<int>(ids.size());
+  const auto L = static_cast<std::size_t>(w.cfg.n_layers);
+  s.q_post.resize(L), s.k_post.resize(L), s.q_pre.resize(L), s.k_pre.resize(L);
+  model::layer_major_eval ev(w, ids);
+  using M = model::layer_major_eval::row_matrix;
+  ev.on_qk = [&](int l, const M& qp, const M& kp, const M& qr, const M& kr) {
+    const auto i = static_cast<std::size_t>(l);
+    s.q_post[i].assign(qp.data(), qp.data() + qp.size());
+    s.k_post[i].assign(kp.data(), kp.data() + kp.size());
+    s.q_pre[i].assign(qr.data(), qr.data() + qr.size());
+    s.k_pre[i].assign(kr.data(), kr.data() + kr.size());
+  };
+  ev.run({});
+  return s;
+}
+
+// Skew plans of every layer >= skip for one (mode, r), calibrated on the samples.
+std::vector<std::vector<skew_plan>> calibrate(const model::llama_weights& w, const samples& s, int skip,
+                                              rope_mode mode, int r) {
+  const auto& c = w.cfg;
+  const int D = c.head_dim, H = c.n_kv_heads, Hq = c.n_heads, g = Hq / H, n = s.n;
+  const bool raw = mode == rope_mode::pre_rope_folded;
+  std::vector<std::vector<skew_plan>> plans(static_cast<std::size_t>(c.n_layers));
+  for (int l = skip; l < c.n_layers; ++l) {
+    const auto& qs = raw ? s.q_pre[static_cast<std::size_t>(l)] : s.q_post[static_cast<std::size_t>(l)];
+    const auto& ks = raw ? s.k_pre[static_cast<std::size_t>(l)] : s.k_post[static_cast<std::size_t>(l)];
+    for (int h = 0; h < H; ++h) {
+      std::vector<float> q(static_cast<std::size_t>(n) * g * D), k(static_cast<std::size_t>(n) * D);
+      for (int t = 0; t < n; ++t) {
+        std::copy_n(&qs[(static_cast<std::size_t>(t) * Hq + h * g) * D], g * D, &q[static_cast<std::size_t>(t) * g * D]);
+        std::copy_n(&ks[(static_cast<std::size_t>(t) * H + h) * D], D, &k[static_cast<std::size_t>(t) * D]);
+      }
+      skew_options opt;
+      opt.r = r;
+      opt.mode = mode;
+      opt.rope = {D, c.rope_theta, c.rope};
+      plans[static_cast<std::size_t>(l)].push_back(
+          calibrate_skew({q.data(), q.size()}, {k.data(), k.size()}, n, g, D, opt));
+    }
+  }
+  return plans;
+}
+
+struct infinigen_knobs {
+  rope_mode mode = rope_mode::post_rope_skew;
+  int r = 16;
+  gqa_aggregation aggregation = gqa_aggregation::max_logit;
+  float alpha = -1.f;  // < 0: top-k
+  threshold_rule rule = threshold_rule::per_head;
+};
+
+std::string selector_name(const infinigen_knobs& k) {
+  if (k.alpha < 0) return "topk";
+  char b[64];
+  std::snprintf(b, sizeof b, "threshold_a%g_%s", static_cast<double>(k.alpha),
+                k.rule == threshold_rule::per_head ? "per_head" : "infinigen_mean");
+  return b;
+}
+
+struct text_run {
+  std::string name;
+  std::unique_ptr<model::layer_major_eval> ev;
+  int tokens = 0, score_from = 0;
+  std::map<int, double> dense_ppl;  // per kv_format
+};
+
+class harness {
+ public:
+  harness(const model::llama_weights& w, const samples& cal, std::string out_dir, int skip, bool append)
+      : w_(w), cal_(cal), skip_(skip) {
+    const auto mode = append ? std::ios::app : std::ios::trunc;
+    csv_.open(out_dir + "/accuracy.csv", std::ios::out | mode);
+    layers_.open(out_dir + "/accuracy_layers.csv", std::ios::out | mode);
+    KVSCOUT_EXPECTS(csv_.good() && layers_.good(), "cannot write the CSV files under ", out_dir);
+    if (append) return;
+    csv_ << "stage,text,tokens,scored_from,scored,format,policy,rope_mode,r,aggregation,selector,"
+            "budget_pct,ppl,ppl_vs_dense_fp16,ppl_vs_dense_format,fetch_fraction,row_bytes,"
+            "bytes_per_step,bytes_vs_dense_fp16,recall,recall_oracle,recall_ratio,overlap,"
+            "metric_samples,seconds\n";
+    layers_ << "stage,text,format,policy,rope_mode,r,aggregation,selector,budget_pct,layer,"
+               "fetch_fraction,recall,recall_oracle,overlap,samples\n";
+  }
+
+  const std::vector<std::vector<skew_plan>>& plans(rope_mode m, int r) {
+    const auto key = std::make_pair(static_cast<int>(m), r);
+    auto it = plans_.find(key);
+    if (it == plans_.end()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      it = plans_.emplace(key, calibrate(w_, cal_, skip_, m, r)).first;
+      std::printf("  calibrated %s r=%d in %.1f s\n", to_string(m), r, seconds_since(t0));
+    }
+    return it->second;
+  }
+
+  eval_result run(const std::string& stage, text_run& tx, kv_format f, eval_policy p, double budget,
+                  const infinigen_knobs& k) {
+    eval_options o;
+    o.policy = p;
+    o.format = f;
+    o.budget = p == eval_policy::dense ? 1.0 : budget;
+    o.score_from = tx.score_from;
+    o.metric_every = metric_every;
+    o.metric_from = tx.score_from;
+    o.check_oracle_every = p == eval_policy::oracle && f == kv_format::fp16 ? 997 : 0;
+    o.kivi_residual = kivi_residual;
+    o.kivi_group = kivi_group;
+    o.quest_page = quest_page;
+    o.aggregation = p == eval_policy::infinigen ? k.aggregation : gqa_aggregation::max_logit;
+    if (p == eval_policy::infinigen) {
+      o.plans = &plans(k.mode, k.r);
+      o.alpha = k.alpha;
+      o.rule = k.rule;
+    }
+    const eval_result r = tx.ev->run(o);
+    if (p == eval_policy::dense) tx.dense_ppl[static_cast<int>(f)] = r.ppl();
+    write(stage, tx, o, k, r);
+    ++done_;
+    const double el = seconds_since(start_);
+    std::printf("[%3d] %-6s %-5s %-9s %-16s r=%-2d %-10s %-28s %5.1f%%  ppl %8.4f  fetch %.3f  recall %.3f "
+                "(oracle %.3f)  %5.1f s  (elapsed %.0f s)\n",
+                done_, stage.c_str(), to_string(f), to_string(p),
+                p == eval_policy::infinigen ? to_string(k.mode) : "-", p == eval_policy::infinigen ? k.r : 0,
+                p == eval_policy::infinigen ? to_string(k.aggregation) : "-",
+                p == eval_policy::infinigen ? selector_name(k).c_str() : "topk", 100 * o.budget, r.ppl(),
+                r.fetch_fraction(skip_), r.mean_of(r.recall, skip_), r.mean_of(r.recall_oracle, skip_),
+                r.seconds, el);
+    if (r.oracle_checks > 0)
+      std::printf("      oracle_policy cross-check: %d steps, largest relative score difference %.3g\n",
+                  r.oracle_checks, r.oracle_check_max_rel);
+    std::fflush(stdout);
+    return r;
+  }
+
+  int metric_every = 8;
+  int kivi_residual = 128, kivi_group = 32, quest_page = 16;
+
+ private:
+  void write(const std::string& stage, text_run& tx, const eval_options& o, const infinigen_knobs& k,
+             const eval_result& r) {
+    const bool ig = o.policy == eval_policy::infinigen;
+    const double dense16 = tx.dense_ppl.count(static_cast<int>(kv_format::fp16))
+                               ? tx.dense_ppl[static_cast<int>(kv_format::fp16)] : 0.0;
+    const double densef = tx.dense_ppl.count(static_cast<int>(o.format)) ? tx.dense_ppl[static_cast<int>(o.format)] : 0.0;
+    // Bytes per decode step over all layers (the dense layers below skip fetch every row).
+    double rows = 0, rows_dense = 0;
+    for (std::size_t l = 0; l < r.rows_fetched.size(); ++l) rows += r.rows_fetched[l], rows_dense += r.rows_dense[l];
+    const double steps = r.scored > 0 ? r.scored : 1;
+    const double bytes = rows * r.row_bytes / steps;
+    eval_options o16 = o;
+    o16.format = kv_format::fp16;
+    // A dense fp16 step fetches every cached token of every layer: the fp16 row bytes times the
+    // cached tokens (rows_dense counts visible rows, which for KIVI excludes the residual window).
+    double dense16_rows = 0;
+    for (int t = tx.score_from; t < tx.tokens - 1; ++t) dense16_rows += static_cast<double>(t);
+    const double dense16_bytes = dense16_rows * w_.cfg.n_kv_heads * w_.cfg.n_layers *
+                                 static_cast<double>(tx.ev->row_bytes(o16)) / steps;
+    char b[1024];
+    const double rec = r.mean_of(r.recall, skip_), reco = r.mean_of(r.recall_oracle, skip_);
+    int samples = 0;
+    for (int s : r.samples) samples += s;
+    std::snprintf(b, sizeof b,
+                  "%s,%s,%d,%d,%d,%s,%s,%s,%d,%s,%s,%g,%.6f,%.6f,%.6f,%.6f,%g,%.1f,%.6f,%.6f,%.6f,%.6f,%.6f,%d,%.2f\n",
+                  stage.c_str(), tx.name.c_str(), tx.tokens, tx.score_from, r.scored, to_string(o.format),
+                  to_string(o.policy), ig ? to_string(k.mode) : "", ig ? k.r : 0,
+                  ig ? to_string(k.aggregation) : "", ig ? selector_name(k).c_str() : (o.policy == eval_policy::dense ? "" : "topk"),
+                  100 * o.budget, r.ppl(), dense16 > 0 ? r.ppl() / dense16 : 0.0, densef > 0 ? r.ppl() / densef : 0.0,
+                  r.fetch_fraction(skip_), r.row_bytes, bytes, dense16_bytes > 0 ? bytes / dense16_bytes : 0.0, rec, reco,
+                  reco > 0 ? rec / reco : 0.0, r.mean_of(r.overlap, skip_), samples, r.seconds);
+    csv_ << b;
+    csv_.flush();
+    for (std::size_t l = 0; l < r.rows_fetched.size(); ++l) {
+      const int n = r.samples[l];
+      std::snprintf(b, sizeof b, "%s,%s,%s,%s,%s,%d,%s,%s,%g,%zu,%.6f,%.6f,%.6f,%.6f,%d\n", stage.c_str(),
+                    tx.name.c_str(), to_string(o.format), to_string(o.policy), ig ? to_string(k.mode) : "",
+                    ig ? k.r : 0, ig ? to_string(k.aggregation) : "",
+                    ig ? selector_name(k).c_str() : (o.policy == eval_policy::dense ? "" : "topk"), 100 * o.budget, l,
+                    r.rows_dense[l] > 0 ? r.rows_fetched[l] / r.rows_dense[l] : 0.0, n > 0 ? r.recall[l] / n : 0.0,
+                    n > 0 ? r.recall_oracle[l] / n : 0.0, n > 0 ? r.overlap[l] / n : 0.0, n);
+      layers_ << b;
+    }
+    layers_.flush();
+  }
+
+  const model::llama_weights& w_;
+  const samples& cal_;
+  int skip_;
+  std::map<std::pair<int, int>, std::vector<std::vector<skew_plan>>> plans_;
+  std::ofstream csv_, layers_;
+  int done_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const std::string model_path = arg(argc, argv, "--model", "");
+  const std::string long_path = arg(argc, argv, "--long", "/usr/share/common-licenses/GPL-3");
+  const std::string short_path = arg(argc, argv, "--short", "");
+  const std::string out_dir = arg(argc, argv, "--out", "docs");
+  const bool quick = flag(argc, argv, "--quick");
+  const int n_long = std::atoi(arg(argc, argv, "--tokens", quick ? "1024" : "4096").c_str());
+  const int n_short = std::atoi(arg(argc, argv, "--short-tokens", quick ? "512" : "2048").c_str());
+  const int n_cal = std::atoi(arg(argc, argv, "--calibration", quick ? "256" : "512").c_str());
+  const std::string formats_arg = arg(argc, argv, "--formats", "fp16,kivi4,kivi2");
+  // Stages to run (all by default); without the sweep, InfiniGen's knobs are --r with max_logit
+  // and top-k. --append adds rows to existing CSVs.
+  const std::string stages = arg(argc, argv, "--stages", "sweep,matrix,planes,kivi_rest");
+  const bool append = flag(argc, argv, "--append");
+  const int r_default = std::atoi(arg(argc, argv, "--r", "32").c_str());
+  constexpr int skip = 2;
+  KVSCOUT_EXPECTS(!model_path.empty(), "usage: --model PATH.gguf [--long FILE] [--short FILE] [--out DIR] [--quick]");
+
+  const auto t_all = std::chrono::steady_clock::now();
+  model::gguf_file file(model_path);
+  const model::llama_weights w = model::load_llama(file);
+  const model::bpe_tokenizer tok = model::tokenizer_from_gguf(file);
+  std::printf("model: %s; %d layers, %d query / %d KV heads, head_dim %d\n",
+              file.get_string("general.name").c_str(), w.cfg.n_layers, w.cfg.n_heads, w.cfg.n_kv_heads,
+              w.cfg.head_dim);
+
+  // ---- texts: calibration on the first n_cal tokens of the long text, evaluation after them ----
+  const std::vector<int32_t> long_ids = tok.encode(read_text(long_path));
+  KVSCOUT_EXPECTS(static_cast<int>(long_ids.size()) >= n_cal + n_long, long_path, " has ", long_ids.size(),
+                  " tokens, need ", n_cal + n_long);
+  std::printf("long text %s: %zu tokens; calibration [0, %d), evaluation [%d, %d)\n", long_path.c_str(),
+              long_ids.size(), n_cal, n_cal, n_cal + n_long);
+  const auto t_cal = std::chrono::steady_clock::now();
+  const samples cal = collect(w, std::vector<int32_t>(long_ids.begin(), long_ids.begin() + n_cal));
+  std::printf("calibration samples collected in %.1f s\n", seconds_since(t_cal));
+
+  harness hz(w, cal, out_dir, skip, append);
+  text_run lt;
+  lt.name = long_path.substr(long_path.find_last_of('/') + 1);
+  lt.tokens = n_long;
+  lt.score_from = n_long / 2;
+  lt.ev = std::make_unique<model::layer_major_eval>(
+      w, std::vector<int32_t>(long_ids.begin() + n_cal, long_ids.begin() + n_cal + n_long), skip);
+
+  // ---- stage 1: InfiniGen's knobs at 10 % on the long text, fp16 ----------------------------------
+  const double b10 = 0.10;
+  infinigen_knobs best;
+  best.r = r_default;
+  double best_ppl = 1e300;
+  if (stages.find("sweep") != std::string::npos) {
+    hz.run("sweep", lt, kv_format::fp16, eval_policy::dense, 1.0, {});
+    best = {};
+    auto consider = [&](const infinigen_knobs& k) {
+      const double p = hz.run("sweep", lt, kv_format::fp16, eval_policy::infinigen, b10, k).ppl();
+      if (p < best_ppl) best_ppl = p, best = k;
+    };
+    for (int r : quick ? std::vector<int>{16} : std::vector<int>{8, 16, 32}) {
+      infinigen_knobs k;
+      k.r = r;
+      consider(k);
+    }
+    if (!quick) {
+      for (gqa_aggregation a : {gqa_aggregation::mean_logit, gqa_aggregation::sum_prob}) {
+        infinigen_knobs k = best;
+        k.aggregation = a;
+        consider(k);
+      }
+      const infinigen_knobs topk = best;
+      for (float alpha : {2.f, 4.f, 6.f, 8.f}) {
+        infinigen_knobs k = topk;
+        k.alpha = alpha;
+        consider(k);
+      }
+      infinigen_knobs k = topk;
+      k.alpha = 4.f;
+      k.rule = threshold_rule::infinigen_mean;
+      consider(k);
+    }
+    std::printf("defaults from the sweep: r = %d, aggregation %s, selector %s (ppl %.4f at 10 %%)\n", best.r,
+                to_string(best.aggregation), selector_name(best).c_str(), best_ppl);
+  }
+
+  // ---- stage 2: the matrix -------------------------------------------------------------------------
+  const std::vector<double> budgets = {0.02, 0.05, 0.10, 0.20, 0.50};
+  // The full policy set runs on fp16; the KIVI formats run the oracle, InfiniGen in the RoPE
+  // mode that did best at 10 % on fp16, Quest and streaming (compute: see docs/accuracy.md).
+  rope_mode best_mode = best.mode;
+  double best_mode_ppl = 1e300;
+  auto matrix = [&](text_run& tx, kv_format f) {
+    const bool full_set = f == kv_format::fp16;
+    if (!tx.dense_ppl.count(static_cast<int>(f))) hz.run("matrix", tx, f, eval_policy::dense, 1.0, {});
+    for (double b : budgets) {
+      hz.run("matrix", tx, f, eval_policy::oracle, b, {});
+      for (rope_mode m : {rope_mode::post_rope_skew, rope_mode::rope_planes, rope_mode::pre_rope_folded}) {
+        if (!full_set && m != best_mode) continue;
+        infinigen_knobs k = best;
+        k.mode = m;
+        const double p = hz.run("matrix", tx, f, eval_policy::infinigen, b, k).ppl();
+        if (&tx == &lt && f == kv_format::fp16 && b == 0.10 && p < best_mode_ppl) best_mode_ppl = p, best_mode = m;
+      }
+      hz.run("matrix", tx, f, eval_policy::quest, b, {});
+      if (full_set) hz.run("matrix", tx, f, eval_policy::h2o, b, {});
+      hz.run("matrix", tx, f, eval_policy::streaming, b, {});
+    }
+  };
+  std::vector<kv_format> formats;
+  for (const char* f : {"fp16", "kivi4", "kivi2"})
+    if (formats_arg.find(f) != std::string::npos)
+      formats.push_back(std::strcmp(f, "fp16") == 0 ? kv_format::fp16
+                        : std::strcmp(f, "kivi4") == 0 ? kv_format::kivi4 : kv_format::kivi2);
+  const bool run_matrix = stages.find("matrix") != std::string::npos;
+  if (run_matrix && !formats.empty() && formats[0] == kv_format::fp16) {
+    matrix(lt, kv_format::fp16);
+    std::printf("default RoPE mode (best InfiniGen perplexity at 10 %% on fp16): %s\n", to_string(best_mode));
+  }
+  if (run_matrix && !short_path.empty()) {
+    const std::vector<int32_t> ids = tok.encode(read_text(short_path));
+    KVSCOUT_EXPECTS(static_cast<int>(ids.size()) >= n_short, short_path, " has ", ids.size(), " tokens, need ",
+                    n_short);
+    std::printf("short text %s: %zu tokens; evaluation [0, %d) (skew calibrated on the long text)\n",
+                short_path.c_str(), ids.size(), n_short);
+    text_run st;
+    st.name = short_path.substr(short_path.find_last_of('/') + 1);
+    st.tokens = n_short;
+    st.score_from = n_short / 2;
+    st.ev = std::make_unique<model::layer_major_eval>(w, std::vector<int32_t>(ids.begin(), ids.begin() + n_short), skip);
+    matrix(st, kv_format::fp16);
+  }
+  for (kv_format f : formats)
+    if (run_matrix && f != kv_format::fp16) matrix(lt, f);
+
+  // ---- stage 3: the RoPE-plane mode's own knobs at 10 % (the sweep ran in InfiniGen's
+  // post-RoPE skew mode; the matrix showed rope_planes ahead) ----------------------------------------
+  if (stages.find("planes") != std::string::npos) {
+    if (!lt.dense_ppl.count(static_cast<int>(kv_format::fp16)))
+      hz.run("planes", lt, kv_format::fp16, eval_policy::dense, 1.0, {});
+    infinigen_knobs base = best;
+    base.mode = rope_mode::rope_planes;
+    for (int r : {8, 16, 64}) {
+      if (r == base.r) continue;
+      infinigen_knobs k = base;
+      k.r = r;
+      hz.run("planes", lt, kv_format::fp16, eval_policy::infinigen, b10, k);
+    }
+    infinigen_knobs k = base;
+    k.aggregation = gqa_aggregation::mean_logit;
+    hz.run("planes", lt, kv_format::fp16, eval_policy::infinigen, b10, k);
+    k = base;
+    k.alpha = 8.f;
+    hz.run("planes", lt, kv_format::fp16, eval_policy::infinigen, b10, k);
+  }
+  // ---- stage 4: the rest of the KIVI matrix (the matrix ran the KIVI formats with the oracle,
+  // InfiniGen in the chosen mode, Quest and streaming): InfiniGen's other RoPE modes and H2O ------
+  if (stages.find("kivi_rest") != std::string::npos) {
+    for (kv_format f : formats) {
+      if (f == kv_format::fp16) continue;
+      if (!lt.dense_ppl.count(static_cast<int>(f))) hz.run("kivi_rest", lt, f, eval_policy::dense, 1.0, {});
+      for (double b : budgets) {
+        for (rope_mode m : {rope_mode::post_rope_skew, rope_mode::pre_rope_folded}) {
+          infinigen_knobs k = best;
+          k.mode = m;
+          hz.run("kivi_rest", lt, f, eval_policy::infinigen, b, k);
+        }
+        hz.run("kivi_rest", lt, f, eval_policy::h2o, b, {});
+      }
+    }
+  }
+  std::printf("done in %.1f s\n", seconds_since(t_all));
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "%s\n", e.what());
+  return 2;
+}
