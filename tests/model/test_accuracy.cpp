@@ -14,28 +14,13 @@
 #include "kvscout/skew/calibrate.hpp"
 #include "model/llama_eval.hpp"
 #include "model/tokenizer_gguf.hpp"
+#include "smollm2.hpp"
 
 namespace {
 
-std::string model_path() {
-  const char* dir = std::getenv("KVSCOUT_MODEL_DIR");
-  const std::string base = dir != nullptr ? dir : std::string(std::getenv("HOME") ? std::getenv("HOME") : "") + "/.cache/kvscout";
-  return base + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
-struct loaded {
-  kvscout::model::gguf_file file;
-  kvscout::model::llama_weights weights;
-  kvscout::model::bpe_tokenizer tok;
-  explicit loaded(const std::string& p)
-      : file(p), weights(kvscout::model::load_llama(file)), tok(kvscout::model::tokenizer_from_gguf(file)) {}
-};
-
-loaded* model() {
-  static std::unique_ptr<loaded> m;
-  if (!m && std::filesystem::exists(model_path())) m = std::make_unique<loaded>(model_path());
-  return m.get();
-}
+using smollm2::loaded;
+using smollm2::model;
+using smollm2::model_path;
 
 // ~330 tokens of English prose (the harness reads long texts from disk; this one is inline so
 // the test does not depend on what a machine installed).

@@ -24,6 +24,7 @@
 
 #include "kvscout/core/error.hpp"
 #include "model/gguf.hpp"
+#include "smollm2.hpp"
 
 namespace {
 
@@ -306,17 +307,7 @@ bytes small_valid_file() {
   return build_gguf(meta, tensors);
 }
 
-std::string model_path() {
-  const char* dir = std::getenv("KVSCOUT_MODEL_DIR");
-  std::string d;
-  if (dir != nullptr && *dir != '\0') {
-    d = dir;
-  } else {
-    const char* home = std::getenv("HOME");
-    d = std::string(home != nullptr ? home : "") + "/.cache/kvscout";
-  }
-  return d + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+using smollm2::model_path;
 
 }  // namespace
 

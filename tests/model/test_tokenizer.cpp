@@ -29,6 +29,7 @@
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 #include "model/tokenizer_gguf.hpp"
+#include "smollm2.hpp"
 
 namespace {
 
@@ -193,17 +194,7 @@ gguf_writer tiny_gguf(std::string_view model, std::string_view pre) {
 
 // ---- the real model -----------------------------------------------------------------------------
 
-fs::path model_path() {
-  const char* dir = std::getenv("KVSCOUT_MODEL_DIR");
-  fs::path base;
-  if (dir != nullptr && *dir != '\0') {
-    base = dir;
-  } else {
-    const char* home = std::getenv("HOME");
-    base = fs::path(home != nullptr ? home : "/nonexistent") / ".cache" / "kvscout";
-  }
-  return base / "SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+fs::path model_path() { return smollm2::model_path(); }
 
 /// pg19_firstbook.txt from ${KVSCOUT_DATA_DIR}, else shared/data beside the repository (found
 /// from this source file's path), else /work/shared/data; empty when none has it.

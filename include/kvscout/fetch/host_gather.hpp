@@ -31,6 +31,69 @@
 
 namespace kvscout {
 
+namespace detail {
+
+inline void prefetch_bytes(const std::byte* p, std::size_t bytes) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  constexpr std::size_t line = 64;
+  for (std::size_t o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 0, 0);
+  // A row that does not start on a line may end on one more (e.g. 48-byte KIVI-2 records).
+  if (bytes % line != 0) __builtin_prefetch(p + bytes - 1, 0, 0);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+/// Copies the selected rows [first, last) of the flattened (sequence, kv_head, entry) order, where
+/// prefix[r] is the number of selected rows before pair r, merging runs adjacent in the source
+/// and prefetching `dist` rows ahead. Entry i of pair r lands at destination row
+/// r * capacity + i (Packed = false: the layout of core/selection.hpp) or prefix[r] + i
+/// (Packed = true: back to back, the staged executor's staging buffer). Arguments are taken by
+/// value: the copies write through std::byte pointers, which may alias anything, and references
+/// into the caller's structs would force reloads on every row.
+template <bool Packed, kv_layout Layout>
+void gather_row_range(const Layout l, const std::byte* const kbase, const std::byte* const vbase,
+                      const std::int32_t* const indices, const std::int64_t* const prefix,
+                      const std::size_t pairs, const int heads, const std::size_t capacity,
+                      const int dist, std::byte* const kdst, std::byte* const vdst,
+                      const std::int64_t first, const std::int64_t last) noexcept {
+  if (first >= last) return;
+  const std::size_t kb = l.k_row_bytes();
+  const std::size_t vb = l.v_row_bytes();
+  // The pair holding row `first`: the last r with prefix[r] <= first.
+  std::size_t r =
+      static_cast<std::size_t>(std::upper_bound(prefix, prefix + pairs + 1, first) - prefix) - 1;
+  for (std::int64_t row = first; row < last; ++r) {
+    const std::int64_t pair_end = std::min<std::int64_t>(prefix[r + 1], last);
+    if (row >= pair_end) continue;
+    const int s = static_cast<int>(r / static_cast<std::size_t>(heads));
+    const int h = static_cast<int>(r % static_cast<std::size_t>(heads));
+    const std::int32_t* idx = indices + r * capacity;
+    const int i_end = static_cast<int>(pair_end - prefix[r]);
+    int i = static_cast<int>(row - prefix[r]);
+    const std::size_t dst0 = Packed ? static_cast<std::size_t>(prefix[r]) : r * capacity;
+    while (i < i_end) {
+      const int t = idx[i];
+      // Rows are scattered: keep `dist` rows of loads in flight ahead of the copies.
+      if (dist > 0 && i + dist < i_end) {
+        const int ahead = idx[i + dist];
+        prefetch_bytes(kbase + l.k_offset(s, ahead, h), kb);
+        prefetch_bytes(vbase + l.v_offset(s, ahead, h), vb);
+      }
+      const int max_run = l.contiguous_rows(s, t, h, i_end - i);
+      int run = 1;
+      while (run < max_run && idx[i + run] == t + run) ++run;
+      const std::size_t at = dst0 + static_cast<std::size_t>(i);
+      std::memcpy(kdst + at * kb, kbase + l.k_offset(s, t, h), static_cast<std::size_t>(run) * kb);
+      std::memcpy(vdst + at * vb, vbase + l.v_offset(s, t, h), static_cast<std::size_t>(run) * vb);
+      i += run;
+    }
+    row = pair_end;
+  }
+}
+
+}  // namespace detail
+
 struct host_gather_config {
   int num_seqs = 0;
   int num_kv_heads = 0;
@@ -155,61 +218,11 @@ class host_gather_executor {
   // Copies the selected rows [first, last) of the flattened (sequence, kv_head, entry) order.
   void copy_rows(const source_type& src, const selection_type& sel, const destination_type& dst,
                  std::int64_t first, std::int64_t last) const noexcept {
-    if (first >= last) return;
-    // Locals, not references into the arguments: the copies write through std::byte pointers,
-    // which may alias anything, and would otherwise force reloads on every row.
-    const Layout l = src.layout;
-    const std::byte* const kbase = src.k.data();
-    const std::byte* const vbase = src.v.data();
-    std::byte* const kdst = dst.k.data();
-    std::byte* const vdst = dst.v.data();
-    const std::int32_t* const indices = sel.indices.data();
-    const std::size_t capacity = static_cast<std::size_t>(cfg_.capacity);
-    const int heads = cfg_.num_kv_heads;
-    const std::size_t kb = l.k_row_bytes();
-    const std::size_t vb = l.v_row_bytes();
-    const std::size_t pairs = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads;
-    // The pair holding row `first`: the last r with prefix_[r] <= first.
-    std::size_t r =
-        static_cast<std::size_t>(std::upper_bound(prefix_, prefix_ + pairs + 1, first) - prefix_) - 1;
-    const int dist = cfg_.prefetch_rows;
-    for (std::int64_t row = first; row < last; ++r) {
-      const std::int64_t pair_end = std::min<std::int64_t>(prefix_[r + 1], last);
-      if (row >= pair_end) continue;
-      const int s = static_cast<int>(r / heads);
-      const int h = static_cast<int>(r % heads);
-      const int32_t* idx = indices + r * capacity;
-      const int i_end = static_cast<int>(pair_end - prefix_[r]);
-      int i = static_cast<int>(row - prefix_[r]);
-      const std::size_t slot0 = r * capacity;
-      while (i < i_end) {
-        const int t = idx[i];
-        // Rows are scattered: keep `dist` rows of loads in flight ahead of the copies.
-        if (dist > 0 && i + dist < i_end) {
-          const int ahead = idx[i + dist];
-          prefetch_bytes(kbase + l.k_offset(s, ahead, h), kb);
-          prefetch_bytes(vbase + l.v_offset(s, ahead, h), vb);
-        }
-        const int max_run = l.contiguous_rows(s, t, h, i_end - i);
-        int run = 1;
-        while (run < max_run && idx[i + run] == t + run) ++run;
-        std::memcpy(kdst + (slot0 + i) * kb, kbase + l.k_offset(s, t, h), run * kb);
-        std::memcpy(vdst + (slot0 + i) * vb, vbase + l.v_offset(s, t, h), run * vb);
-        i += run;
-      }
-      row = pair_end;
-    }
-  }
-
-  static void prefetch_bytes(const std::byte* p, std::size_t bytes) noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-    constexpr std::size_t line = 64;
-    for (std::size_t o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 0, 0);
-    // A row that does not start on a line may end on one more (e.g. 48-byte KIVI-2 records).
-    if (bytes % line != 0) __builtin_prefetch(p + bytes - 1, 0, 0);
-#else
-    (void)p, (void)bytes;
-#endif
+    detail::gather_row_range<false>(
+        src.layout, src.k.data(), src.v.data(), sel.indices.data(), prefix_,
+        static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads, cfg_.num_kv_heads,
+        static_cast<std::size_t>(cfg_.capacity), cfg_.prefetch_rows, dst.k.data(), dst.v.data(),
+        first, last);
   }
 
   config_type cfg_;

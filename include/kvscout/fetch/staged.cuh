@@ -44,6 +44,7 @@
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/concepts.hpp"
 #include "kvscout/fetch/detail/cuda_fetch_checks.hpp"
+#include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/kivi.hpp"
@@ -195,59 +196,14 @@ class staged_executor {
 
  private:
   // Packs rows [first, last) of the flattened (sequence, kv_head, entry) order at k_stage +
-  // row * kb (and likewise V), merging runs adjacent in the source.
+  // row * kb (and likewise V), merging runs adjacent in the source (the host gather's loop).
   void gather(const source_type& src, const selection_type& sel, const std::int64_t* prefix,
               std::int64_t first, std::int64_t last, std::byte* k_stage,
               std::byte* v_stage) const noexcept {
-    if (first >= last) return;
-    const Layout l = src.layout;
-    const std::byte* const kbase = src.k.data();
-    const std::byte* const vbase = src.v.data();
-    const std::int32_t* const indices = sel.indices.data();
-    const std::size_t capacity = static_cast<std::size_t>(cfg_.capacity);
-    const int heads = cfg_.num_kv_heads;
-    const std::size_t kb = l.k_row_bytes(), vb = l.v_row_bytes();
-    const std::size_t pairs = detail::fetch_pairs(cfg_.num_seqs, cfg_.num_kv_heads);
-    std::size_t r = static_cast<std::size_t>(std::upper_bound(prefix, prefix + pairs + 1, first) -
-                                             prefix) -
-                    1;
-    const int dist = cfg_.prefetch_rows;
-    for (std::int64_t row = first; row < last; ++r) {
-      const std::int64_t pair_end = std::min<std::int64_t>(prefix[r + 1], last);
-      if (row >= pair_end) continue;
-      const int s = static_cast<int>(r / static_cast<std::size_t>(heads));
-      const int h = static_cast<int>(r % static_cast<std::size_t>(heads));
-      const std::int32_t* idx = indices + r * capacity;
-      const int i_end = static_cast<int>(pair_end - prefix[r]);
-      int i = static_cast<int>(row - prefix[r]);
-      while (i < i_end) {
-        const int t = idx[i];
-        if (dist > 0 && i + dist < i_end) {
-          const int ahead = idx[i + dist];
-          prefetch_bytes(kbase + l.k_offset(s, ahead, h), kb);
-          prefetch_bytes(vbase + l.v_offset(s, ahead, h), vb);
-        }
-        const int max_run = l.contiguous_rows(s, t, h, i_end - i);
-        int run = 1;
-        while (run < max_run && idx[i + run] == t + run) ++run;
-        const std::size_t g = static_cast<std::size_t>(prefix[r] + i);
-        const std::size_t rows = static_cast<std::size_t>(run);
-        std::memcpy(k_stage + g * kb, kbase + l.k_offset(s, t, h), rows * kb);
-        std::memcpy(v_stage + g * vb, vbase + l.v_offset(s, t, h), rows * vb);
-        i += run;
-      }
-      row = pair_end;
-    }
-  }
-
-  static void prefetch_bytes(const std::byte* p, std::size_t bytes) noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-    constexpr std::size_t line = 64;
-    for (std::size_t o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 0, 0);
-    if (bytes % line != 0) __builtin_prefetch(p + bytes - 1, 0, 0);
-#else
-    (void)p, (void)bytes;
-#endif
+    detail::gather_row_range<true>(src.layout, src.k.data(), src.v.data(), sel.indices.data(),
+                                   prefix, detail::fetch_pairs(cfg_.num_seqs, cfg_.num_kv_heads),
+                                   cfg_.num_kv_heads, static_cast<std::size_t>(cfg_.capacity),
+                                   cfg_.prefetch_rows, k_stage, v_stage, first, last);
   }
 
   config_type cfg_;
