@@ -25,6 +25,7 @@
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/concepts.hpp"
+#include "kvscout/fetch/detail/checks.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/paged.hpp"
@@ -158,61 +159,9 @@ class host_gather_executor {
   // Checks every input and fills prefix_ with the running row counts; returns the total.
   std::int64_t validate(const source_type& src, const selection_type& sel,
                         const destination_type& dst) {
-    const Layout& l = src.layout;
-    KVSCOUT_EXPECTS(sel.num_seqs == cfg_.num_seqs && sel.num_kv_heads == cfg_.num_kv_heads &&
-                        sel.capacity == cfg_.capacity,
-                    "selection shape [", sel.num_seqs, ", ", sel.num_kv_heads, ", ", sel.capacity,
-                    "] differs from the executor's [", cfg_.num_seqs, ", ", cfg_.num_kv_heads,
-                    ", ", cfg_.capacity, "]");
-    KVSCOUT_EXPECTS(l.num_seqs() == cfg_.num_seqs && l.num_kv_heads() == cfg_.num_kv_heads,
-                    "source layout has ", l.num_seqs(), " sequences x ", l.num_kv_heads(),
-                    " kv heads, the executor expects ", cfg_.num_seqs, " x ", cfg_.num_kv_heads);
-    const std::size_t pairs = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads;
-    const std::size_t slots = pairs * static_cast<std::size_t>(cfg_.capacity);
-    KVSCOUT_EXPECTS(sel.counts.data() != nullptr || pairs == 0, "selection counts is null");
-    KVSCOUT_EXPECTS(sel.counts.size() >= pairs, "selection counts holds ", sel.counts.size(),
-                    " entries, expected num_seqs * num_kv_heads = ", pairs);
-    KVSCOUT_EXPECTS(sel.indices.data() != nullptr || slots == 0, "selection indices is null");
-    KVSCOUT_EXPECTS(sel.indices.size() >= slots, "selection indices holds ", sel.indices.size(),
-                    " entries, expected num_seqs * num_kv_heads * capacity = ", slots);
-    KVSCOUT_EXPECTS(src.k.data() != nullptr && src.v.data() != nullptr,
-                    "source K or V buffer is null");
-    l.validate(src.k.size(), src.v.size());
-    const std::size_t k_need = slots * l.k_row_bytes();
-    const std::size_t v_need = slots * l.v_row_bytes();
-    KVSCOUT_EXPECTS(dst.k.data() != nullptr || k_need == 0, "destination K buffer is null");
-    KVSCOUT_EXPECTS(dst.v.data() != nullptr || v_need == 0, "destination V buffer is null");
-    KVSCOUT_EXPECTS(dst.k.size() >= k_need, "destination K buffer holds ", dst.k.size(),
-                    " bytes, expected at least ", k_need, " (", slots, " rows of ",
-                    l.k_row_bytes(), " bytes)");
-    KVSCOUT_EXPECTS(dst.v.size() >= v_need, "destination V buffer holds ", dst.v.size(),
-                    " bytes, expected at least ", v_need, " (", slots, " rows of ",
-                    l.v_row_bytes(), " bytes)");
-
-    std::int64_t total = 0;
-    prefix_[0] = 0;
-    for (int s = 0; s < cfg_.num_seqs; ++s) {
-      const int len = l.seq_len(s);
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
-        const std::size_t r = sel.row(s, h);
-        const int n = sel.counts[r];
-        KVSCOUT_EXPECTS(n >= 0 && n <= cfg_.capacity, "count ", n, " for sequence ", s,
-                        ", kv_head ", h, " is outside [0, capacity = ", cfg_.capacity, "]");
-        const int32_t* idx = sel.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
-        int prev = -1;
-        for (int i = 0; i < n; ++i) {
-          const int t = idx[i];
-          KVSCOUT_EXPECTS(t >= 0 && t < len, "token index ", t, " (entry ", i, ") for sequence ",
-                          s, ", kv_head ", h, " is out of range [0, seq_len = ", len, ")");
-          KVSCOUT_EXPECTS(t > prev, "token indices for sequence ", s, ", kv_head ", h,
-                          " are not strictly ascending: ", prev, " then ", t, " at entry ", i);
-          prev = t;
-        }
-        total += n;
-        prefix_[r + 1] = total;
-      }
-    }
-    return total;
+    detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
+                              /*vector_aligned=*/false);
+    return detail::check_host_selection(src, sel, prefix_);
   }
 
   // Copies the selected rows [first, last) of the flattened (sequence, kv_head, entry) order.
