@@ -52,7 +52,8 @@ void bm_pipeline_step(benchmark::State& st) {
   const bool overlap = st.range(0) != 0;
   const std::size_t fetch_bytes = static_cast<std::size_t>(st.range(1)) << 20;  // MiB per layer
   const std::size_t weight_bytes = std::size_t{400} << 20;                       // per layer
-  const std::size_t partial_bytes = std::size_t{16} << 20;
+  // 128 MiB: larger than the L2 of an H100 / H200 (50 to 60 MB), so speculation reads HBM.
+  const std::size_t partial_bytes = std::size_t{128} << 20;
   const int L = 32;
   int dev = 0, sms = 0;
   KVSCOUT_CUDA_CHECK(cudaGetDevice(&dev));
