@@ -36,22 +36,6 @@
 #include <string>
 #include <vector>
 
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#pragma GCC diagnostic ignored "-Wsign-conversion"
-#pragma GCC diagnostic ignored "-Wshadow"
-#pragma GCC diagnostic ignored "-Wpedantic"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
-#if !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#endif
-#include <Eigen/Dense>
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
-
 #include "kvscout/attention/kivi_rows.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/eval/metrics.hpp"
@@ -59,6 +43,7 @@
 #include "kvscout/kv/kivi.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
+#include "kvscout/skew/detail/eigen.hpp"
 #include "kvscout/skew/plan.hpp"
 #include "kvscout/spec/h2o.hpp"
 #include "kvscout/spec/infinigen.hpp"

@@ -26,27 +26,10 @@
 #include <numeric>
 #include <vector>
 
-// Eigen's own headers trip our warning flags (conversions, shadowing, a -O2 false positive of
-// -Wmaybe-uninitialized); they are not ours to fix, so silence them for Eigen only.
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#pragma GCC diagnostic ignored "-Wsign-conversion"
-#pragma GCC diagnostic ignored "-Wshadow"
-#pragma GCC diagnostic ignored "-Wpedantic"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
-#if !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#endif
-#include <Eigen/Dense>
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
-
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/core/span.hpp"
+#include "kvscout/skew/detail/eigen.hpp"
 #include "kvscout/skew/plan.hpp"
 
 namespace kvscout {
