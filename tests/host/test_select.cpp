@@ -620,10 +620,12 @@ TEST_CASE("threshold edge cases: the max qualifies at +inf, all qualify at -inf"
 TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
   namespace d = kvscout::detail;
   std::mt19937 rng(41);
-  std::vector<float> row(300);
-  std::vector<std::int32_t> a(300), b(300);
+  std::vector<float> row(1700);
+  std::vector<std::int32_t> a(1700), b(1700);
   for (int iter = 0; iter < 2000; ++iter) {
-    const int n = static_cast<int>(rng() % 290);  // several groups of 64, partial blocks
+    // Several groups of 64 and partial blocks; past the 512-score prefix and several 256-score
+    // windows of collect_candidates every fourth row.
+    const int n = static_cast<int>(iter % 4 == 3 ? 512 + rng() % 1180 : rng() % 290);
     const int off = static_cast<int>(rng() % 4);  // unaligned starts
     fill_row(row.data() + off, n, all_kinds[iter % std::size(all_kinds)], rng);
     const float* p = row.data() + off;
@@ -643,6 +645,24 @@ TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
     REQUIRE(k1 == k2);
     REQUIRE(std::equal(a.begin(), a.begin() + k1, b.begin()));
     REQUIRE(std::bit_cast<std::uint32_t>(r1) == std::bit_cast<std::uint32_t>(r2));
+    // The list holds every token at or above the final floor, and only tokens at or above the
+    // bound (NaN never).
+    const float floor = std::max(bound, kvscout::threshold_floor(r1, 1.f));
+    int at_floor = 0;
+    for (int i = 0; i < n; ++i) at_floor += static_cast<int>(p[i] >= floor);
+    const int kept1 = d::filter_at_least<true>(p, a.data(), k1, floor);
+    const int kept2 = d::filter_at_least<false>(p, b.data(), k2, floor);
+    REQUIRE(kept1 == kept2);
+    REQUIRE(kept1 == at_floor);
+    REQUIRE(std::equal(a.begin(), a.begin() + kept1, b.begin()));
+    for (int j = 0; j < kept1; ++j) REQUIRE(p[a[static_cast<std::size_t>(j)]] >= floor);
+    // A short-list limit gives up in both versions alike.
+    if (k1 > 8) {
+      float l1 = init, l2 = init;
+      const int g1 = d::collect_candidates<true>(p, n, 0, bound, 1.f, l1, a.data(), 8);
+      const int g2 = d::collect_candidates<false>(p, n, 0, bound, 1.f, l2, b.data(), 8);
+      REQUIRE(g1 == g2);
+    }
   }
 }
 

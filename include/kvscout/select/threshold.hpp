@@ -92,13 +92,7 @@ inline int per_head_row(const float* row, int len, keep_set keep, int max_count,
       const int limit = k < 2048 ? k : 2048;
       int got = collect_candidates(row + a, n, a, -INFINITY, alpha, m, ws.cand, limit);
       if (got >= 0) {
-        const float floor = threshold_floor(m, alpha);
-        int kept = 0;
-        for (int i = 0; i < got; ++i) {
-          const std::int32_t t = ws.cand[i];
-          ws.cand[kept] = t;
-          kept += static_cast<int>(row[t] >= floor);
-        }
+        const int kept = filter_at_least(row, ws.cand, got, threshold_floor(m, alpha));
         if (kept <= limit) {
           std::memcpy(out + c, ws.cand, sizeof(std::int32_t) * static_cast<std::size_t>(kept));
           return c + kept + emit_range(kr.tail_begin, len, out + c + kept);

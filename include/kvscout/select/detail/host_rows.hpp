@@ -118,7 +118,19 @@ template <bool Simd = select_simd>
 float max_of(const float* p, int n, float init) {
   int i = 0;
   float m = init;
-#if KVSCOUT_SELECT_SSE2
+#if KVSCOUT_SELECT_AVX512
+  if constexpr (Simd) {
+    // _mm512_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
+    __m512 a0 = _mm512_set1_ps(init), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 64 <= n; i += 64) {
+      a0 = _mm512_max_ps(_mm512_loadu_ps(p + i), a0);
+      a1 = _mm512_max_ps(_mm512_loadu_ps(p + i + 16), a1);
+      a2 = _mm512_max_ps(_mm512_loadu_ps(p + i + 32), a2);
+      a3 = _mm512_max_ps(_mm512_loadu_ps(p + i + 48), a3);
+    }
+    m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3)));
+  }
+#elif KVSCOUT_SELECT_SSE2
   if constexpr (Simd) {
     // _mm_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
     __m128 a0 = _mm_set1_ps(init), a1 = a0, a2 = a0, a3 = a0;
@@ -232,43 +244,67 @@ int compact_at_least(const float* p, int n, int first, float bound, std::int32_t
 }
 
 /// One pass over p[0, n) that both finds the maximum and keeps every token that can still be a
-/// candidate: p[i] >= max(lower, threshold_floor(running max, alpha)), the running max taken
-/// at the positions refresh_at() names (so that its reduction is paid rarely). It only
-/// grows, so every token >= max(lower, threshold_floor(final max, alpha)) is kept (and some
-/// below, which the caller filters out). `rm` is the running max in and out (NaN ignored).
-/// Writes first + i ascending to out[0, n); returns how many. Both versions keep the same list.
-/// Where collect_candidates refreshes its bound from the running maximum (and checks `limit`):
-/// at the start, after the first 64 scores (so that a row does not start with a stale bound for
-/// long), then every 256 scores (a horizontal reduction costs about as much as scanning 64
-/// scores; a stale, lower bound only keeps a few more candidates). Every version uses this rule,
-/// so all keep the same list.
-constexpr bool refresh_at(int i) { return i == 0 || i == 64 || i % 256 == 0; }
+/// candidate: p[i] >= max(lower, threshold_floor(M(i), alpha)), where M(i) is a maximum known
+/// at i, never above the row's. It only grows, so every token >= max(lower, threshold_floor(final
+/// max, alpha)) is kept (and some below, which the caller filters out: filter_at_least). `rm` is
+/// the running max in and out (NaN ignored). Writes first + i ascending to out[0, n); returns
+/// how many. Every version keeps the same list, because M(i) is defined by positions only:
+///   m0   = max(rm, p[0, min(n, collect_prefix)))   a short exact prefix, so that a row does not
+///                                                   start with a bound of -inf
+///   M(i) = max(m0, p[0, 256 (w - 1)))  for i in window w = [256 w, 256 w + 256), w >= 1
+///   M(i) = m0                          for i in window 0
+/// The bound of a window is the maximum of what came before the previous window: the vector
+/// versions start that reduction a window before they need it, so the compares never wait on
+/// it (a horizontal reduction costs about as much as scanning 64 scores).
+inline constexpr int collect_prefix = 512;
+inline constexpr int collect_window = 256;
 
-/// `limit`: give up and return -1 as soon as more than `limit` positions are kept (checked once
-/// at each refresh; out and rm are then unspecified), for callers that only want a short list.
+/// `limit`: give up and return -1 as soon as more than `limit` positions are kept (checked at the
+/// start of each window; out and rm are then unspecified), for callers that only want a short
+/// list.
 template <bool Simd = select_simd>
 int collect_candidates(const float* p, int n, int first, float lower, float alpha, float& rm,
                        std::int32_t* out, int limit = INT_MAX) {
+  const int prefix = n < collect_prefix ? n : collect_prefix;
+  const float m0 = max_of<Simd>(p, prefix, rm);
   int i = 0;
   int c = 0;
-  float m = rm;
+  float m = m0;       // the maximum of m0 and p[0, i)
+  float pend = m0;    // the maximum the next window's bound comes from
   float bound = lower;
+  const auto window_bound = [lower, alpha](float known) {
+    const float f = threshold_floor(known, alpha);
+    return f > lower ? f : lower;
+  };
 #if KVSCOUT_SELECT_AVX512
   if constexpr (Simd) {
-    // Four running maxima, one per 16-score vector of a 64-score group, so no loop-carried chain
-    // is longer than one max per group. _mm512_max_ps(x, acc) returns acc where x is NaN: acc
-    // never holds a NaN; a NaN compares false (ordered compare), so it is never kept.
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 acc[4] = {_mm512_set1_ps(m), _mm512_set1_ps(m), _mm512_set1_ps(m), _mm512_set1_ps(m)};
+    // Four running maxima, one per 16-score vector of a 64-score group. _mm512_max_ps(x, acc)
+    // returns acc where x is NaN: acc never holds a NaN; a NaN compares false (ordered compare),
+    // so it is never kept.
+    __m512 acc[4] = {_mm512_set1_ps(m0), _mm512_set1_ps(m0), _mm512_set1_ps(m0),
+                     _mm512_set1_ps(m0)};
     __m512 bv = _mm512_set1_ps(bound);
     constexpr int group = 64;  // four vectors per step
+#if defined(__AVX512VBMI2__)
+    // The 64 compare bits of a group compress the byte offsets 0..63 in one instruction (four
+    // 16-lane compresses before); the first 16 are widened and stored, the rest only when a
+    // group holds more than 16 (rare after the first windows). Groups without a candidate skip
+    // it: on long peaked rows that branch is almost never taken and predicts well; on 4k rows
+    // about half the groups hold one, and measured, the branch still beats none (bench_select).
+    const __m512i offsets = _mm512_set_epi8(
+        63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42, 41,
+        40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
+        17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+#else
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#endif
     for (; i + group <= n; i += group) {
-      if (refresh_at(i)) {
+      if (i % collect_window == 0) {
         if (c > limit) return -1;
-        m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
-        const float f = threshold_floor(m, alpha);
-        bound = f > lower ? f : lower;
+        bound = window_bound(pend);
         bv = _mm512_set1_ps(bound);
+        pend = _mm512_reduce_max_ps(
+            _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
       }
       __m512 x[4];
       __mmask16 keep[4];
@@ -277,32 +313,52 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
         keep[q] = _mm512_cmp_ps_mask(x[q], bv, _CMP_GE_OQ);
         acc[q] = _mm512_max_ps(x[q], acc[q]);
       }
+      // Every store below writes inside out[c, c + 64) with c <= i: inside out[0, n).
+#if defined(__AVX512VBMI2__)
+      const __mmask64 all = _mm512_kunpackd(_mm512_kunpackw(keep[3], keep[2]),
+                                            _mm512_kunpackw(keep[1], keep[0]));
+      if (all == 0) continue;
+      const __m512i packed = _mm512_maskz_compress_epi8(all, offsets);
+      const __m512i base = _mm512_set1_epi32(first + i);
+      _mm512_storeu_si512(out + c,
+                          _mm512_add_epi32(base, _mm512_cvtepu8_epi32(_mm512_castsi512_si128(packed))));
+      const int taken = __builtin_popcountll(static_cast<unsigned long long>(all));
+      if (taken > 16) [[unlikely]] {
+        _mm512_storeu_si512(out + c + 16, _mm512_add_epi32(base, _mm512_cvtepu8_epi32(
+                                                                   _mm512_extracti32x4_epi32(packed, 1))));
+        _mm512_storeu_si512(out + c + 32, _mm512_add_epi32(base, _mm512_cvtepu8_epi32(
+                                                                   _mm512_extracti32x4_epi32(packed, 2))));
+        _mm512_storeu_si512(out + c + 48, _mm512_add_epi32(base, _mm512_cvtepu8_epi32(
+                                                                   _mm512_extracti32x4_epi32(packed, 3))));
+      }
+      c += taken;
+#else
       if ((keep[0] | keep[1] | keep[2] | keep[3]) != 0) {
         for (int q = 0; q < 4; ++q) {
-          if (keep[q] == 0) continue;
           // Compress in a register, then one full store: the memory form of compress is
-          // microcoded on some CPUs. Writes out[c, c + 16), inside out[0, n) since c <= i + 16q.
+          // microcoded on some CPUs.
           const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32(first + i + 16 * q), lane);
           _mm512_storeu_si512(out + c, _mm512_maskz_compress_epi32(keep[q], pos));
           c += __builtin_popcount(static_cast<unsigned>(keep[q]));
         }
       }
+#endif
     }
-    m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
+    m = _mm512_reduce_max_ps(
+        _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
   }
 #elif KVSCOUT_SELECT_SSE2
   if constexpr (Simd) {
-    // Four running maxima, one per vector of a 16-score block: the only loop-carried chain is
-    // one max per block. _mm_max_ps(x, acc) returns acc where x is NaN: they never hold a NaN.
-    __m128 acc[4] = {_mm_set1_ps(m), _mm_set1_ps(m), _mm_set1_ps(m), _mm_set1_ps(m)};
+    // Four running maxima, one per vector of a 16-score block. _mm_max_ps(x, acc) returns acc
+    // where x is NaN: they never hold a NaN.
+    __m128 acc[4] = {_mm_set1_ps(m0), _mm_set1_ps(m0), _mm_set1_ps(m0), _mm_set1_ps(m0)};
     __m128 bv = _mm_set1_ps(bound);
     for (; i + 16 <= n; i += 16) {
-      if (refresh_at(i)) {
+      if (i % collect_window == 0) {
         if (c > limit) return -1;
-        m = horizontal_max(_mm_max_ps(_mm_max_ps(acc[0], acc[1]), _mm_max_ps(acc[2], acc[3])));
-        const float f = threshold_floor(m, alpha);
-        bound = f > lower ? f : lower;
+        bound = window_bound(pend);
         bv = _mm_set1_ps(bound);
+        pend = horizontal_max(_mm_max_ps(_mm_max_ps(acc[0], acc[1]), _mm_max_ps(acc[2], acc[3])));
       }
       const __m128 x[4] = {_mm_loadu_ps(p + i), _mm_loadu_ps(p + i + 4), _mm_loadu_ps(p + i + 8),
                            _mm_loadu_ps(p + i + 12)};
@@ -318,16 +374,42 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
   }
 #endif
   for (; i < n; ++i) {
-    if (refresh_at(i)) {
+    if (i % collect_window == 0) {
       if (c > limit) return -1;
-      const float f = threshold_floor(m, alpha);
-      bound = f > lower ? f : lower;
+      bound = window_bound(pend);
+      pend = m;
     }
     out[c] = first + i;
     c += static_cast<int>(p[i] >= bound);
     m = p[i] > m ? p[i] : m;
   }
   rm = m;
+  return c;
+}
+
+/// Keeps the positions t of list[0, n) with row[t] >= floor (NaN never is), in order; returns
+/// how many. The AVX-512 version gathers 16 scores at a time.
+template <bool Simd = select_simd>
+int filter_at_least(const float* row, std::int32_t* list, int n, float floor) {
+  int i = 0;
+  int c = 0;
+#if KVSCOUT_SELECT_AVX512
+  if constexpr (Simd) {
+    const __m512 f = _mm512_set1_ps(floor);
+    // list[c, c + 16) with c <= i: the store never passes what has been read.
+    for (; i + 16 <= n; i += 16) {
+      const __m512i t = _mm512_loadu_si512(list + i);
+      const __mmask16 k = _mm512_cmp_ps_mask(_mm512_i32gather_ps(t, row, 4), f, _CMP_GE_OQ);
+      _mm512_storeu_si512(list + c, _mm512_maskz_compress_epi32(k, t));
+      c += __builtin_popcount(static_cast<unsigned>(k));
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    const std::int32_t t = list[i];
+    list[c] = t;
+    c += static_cast<int>(row[t] >= floor);
+  }
   return c;
 }
 
