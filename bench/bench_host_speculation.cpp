@@ -5,7 +5,13 @@
 // 3 KV heads, head_dim 64, r = 16 partial channels, one sequence, n in {4k, 32k, 128k} tokens.
 // Modes: 0 = post_rope_skew (full head projection, RoPE, then A_S), 1 = rope_planes (r rows of
 // W_Q, RoPE on the planes). bytes_per_second counts the partial-key bytes read per step, so the
-// two benchmarks' rates compare directly (scripts/bench_table.py prints the ratio).
+// benchmarks' rates compare directly (scripts/bench_table.py prints the ratios).
+//
+//   BM_speculation          the policy's score(): partial-query GEMV + scoring, max_logit
+//   BM_stream_partial_keys  one vectorised read of the same bytes, with a software prefetch
+//                           0 / 4 / 8 / 16 KiB ahead (the table takes the fastest: the anchor)
+//   BM_fma_roof             scoring's multiply-adds alone, operands in registers: the compute
+//                           bound, which at 4k (L2-resident keys) lies below the stream
 
 #include <benchmark/benchmark.h>
 
@@ -14,6 +20,8 @@
 #include <random>
 #include <vector>
 
+#include "kvscout/cache/partial_key_cache.hpp"
+#include "kvscout/core/simd.hpp"
 #include "kvscout/spec/infinigen.hpp"
 
 namespace {
@@ -88,31 +96,74 @@ void BM_speculation(benchmark::State& state) {
   state.counters["tokens"] = f.n;
 }
 
+// One pass over the partial keys: four independent 16-wide sums (64 bytes each), so the read, not
+// the adds, sets the pace; with a software prefetch `ahead` bytes ahead of the read where ahead > 0
+// (from memory the hardware prefetchers alone leave bandwidth unused; the scoring loop prefetches
+// too, so the anchor is given the same help: the table takes the fastest distance).
+template <bool Prefetch>
+void stream_once(const float* p, std::size_t count, std::size_t ahead) {
+  using vec = kvscout::detail::float_vec<16>::type;
+  vec acc[4] = {};
+  for (std::size_t i = 0; i + 64 <= count; i += 64)
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (Prefetch) __builtin_prefetch(p + i + 16 * j + ahead);
+      vec v;
+      std::memcpy(&v, p + i + 16 * j, sizeof v);
+      acc[j] += v;
+    }
+  benchmark::DoNotOptimize(acc);
+}
+
 void BM_stream_partial_keys(benchmark::State& state) {
+  const auto ahead = static_cast<std::size_t>(state.range(1)) / sizeof(float);
   fixture f(static_cast<int>(state.range(0)), kvscout::rope_mode::post_rope_skew);
   const float* p = f.policy->keys(0).tile(0, 0, 0);
   const std::size_t count = f.key_bytes() / sizeof(float);
-  using vec = kvscout::detail::float_vec<16>::type;
   for (auto _ : state) {
-    // Four independent 16-wide sums (64 bytes each): the read, not the adds, sets the pace.
-    vec acc[4] = {};
-    std::size_t i = 0;
-    for (; i + 64 <= count; i += 64)
-      for (int j = 0; j < 4; ++j) {
-        vec v;
-        std::memcpy(&v, p + i + 16 * j, sizeof v);
-        acc[j] += v;
-      }
-    benchmark::DoNotOptimize(acc);
+    if (ahead > 0) {
+      stream_once<true>(p, count, ahead);
+    } else {
+      stream_once<false>(p, count, 0);
+    }
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.key_bytes()));
 }
 
+// The compute roof of scoring: exactly the multiply-adds that scoring does with max_logit (r * g
+// per 16-token tile of every kv head, 16 lanes each, the same vector type), with every operand in
+// registers and 12 independent accumulators, so only the multiply-add throughput limits it. Its
+// bytes_per_second counts the same partial-key bytes: speculation / min(stream, roof) is how
+// close speculation gets to what this core can do at all (the GEMV not counted in the roof).
+void BM_fma_roof(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  using vec = kvscout::detail::float_vec<16>::type;
+  constexpr int tb = kvscout::partial_key_cache<float>::block_tokens;
+  static_assert(tb == 16, "one float_vec<16> per tile line");
+  const long long fmas = static_cast<long long>(H) * ((n + tb - 1) / tb) * r * (Hq / H);
+  constexpr int chains = 12;
+  const std::size_t key_bytes = static_cast<std::size_t>(H) * ((n + tb - 1) / tb) * r * tb * 4;
+  vec acc[chains];
+  vec k, q;
+  for (int j = 0; j < 16; ++j) k[j] = 1e-3f * static_cast<float>(j + 1), q[j] = 0.999f;
+  for (auto _ : state) {
+    for (auto& a : acc) a = vec{} + 1.f;
+    benchmark::DoNotOptimize(k);
+    benchmark::DoNotOptimize(q);
+    for (long long i = 0; i + chains <= fmas; i += chains)
+      for (int c = 0; c < chains; ++c) acc[c] = acc[c] * q + k;
+    benchmark::DoNotOptimize(acc);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * key_bytes));
+  state.counters["fmas"] = static_cast<double>(fmas);
+}
+
 }  // namespace
 
+BENCHMARK(BM_fma_roof)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({131072})
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_speculation)->ArgNames({"n", "mode"})->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_stream_partial_keys)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({131072})
+BENCHMARK(BM_stream_partial_keys)->ArgNames({"n", "ahead"})->ArgsProduct({{4096, 32768, 131072}, {0, 4096, 8192, 16384}})
     ->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

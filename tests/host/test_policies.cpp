@@ -3,7 +3,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
@@ -234,4 +237,104 @@ TEST_CASE("infinigen with a full partial dimension scores exactly like the oracl
                         Catch::Contains("layer 1 has no skew plans"));
   }
   }
+}
+
+namespace {
+
+// A valid identity plan in rope_planes mode: channels 0..r-1 are the first r/2 planes.
+kvscout::skew_plan identity_planes(int r) {
+  kvscout::skew_plan p;
+  p.mode = kvscout::rope_mode::rope_planes;
+  p.head_dim = D;
+  p.r = r;
+  p.rope = {D, 10000.f, kvscout::rope_style::split_half};
+  p.A.assign(static_cast<std::size_t>(D) * D, 0.f);
+  for (int i = 0; i < D; ++i) p.A[static_cast<std::size_t>(i) * D + i] = 1.f;
+  for (int j = 0; j < r / 2; ++j) {
+    p.planes.push_back(j);
+    const auto ch = kvscout::rope_plane_channels(p.rope, j);
+    p.channels.push_back(ch.a);
+    p.channels.push_back(ch.b);
+  }
+  return p;
+}
+
+template <class PkT>
+void check_tiles_agree(int g, kvscout::gqa_aggregation agg) {
+  // Scoring takes several tiles at a time where they are whole and one at a time after; every
+  // token's sum is formed in the same order either way. So a row scored at length n must be the
+  // same bits as the first n tokens of the row scored at full length, whatever n leaves to the
+  // tail, and both must be the partial logits (fp64 reference from the cache's own contents).
+  const int H = 2, Hq = H * g, d_model = 64, r = 16, full = 300;
+  std::mt19937 rng(100u + static_cast<unsigned>(g) * 7u + static_cast<unsigned>(agg));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> wq(static_cast<std::size_t>(Hq) * D * d_model), x(d_model);
+  for (auto& w : wq) w = nd(rng) / 8.f;
+  for (auto& w : x) w = nd(rng);
+  std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
+  kvscout::infinigen_policy<PkT> p({1, 1, H, Hq, D, d_model, full, 0.125f, agg}, {plans},
+                                   {{wq.data(), wq.size()}}, {{}});
+  std::vector<float> k(static_cast<std::size_t>(H) * D);
+  for (int t = 0; t < full; ++t) {
+    for (auto& v : k) v = nd(rng);
+    p.append(0, 0, t, k.data(), k.data());
+  }
+  std::vector<int32_t> pos{full};
+  const auto score_at = [&](int n, std::vector<float>& scores) {
+    std::vector<int32_t> lens{n};
+    const auto out = buffer_for(scores, 1, H, full);
+    p.score(0, {{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}}, out);
+  };
+  std::vector<float> ref;
+  score_at(full, ref);
+  // The partial queries, from the same weights: rope_planes with identity planes is rows 0..r-1
+  // of each head's W_Q, rotated plane by plane at position `full`.
+  kvscout::rope_table rt;
+  rt.fill(plans[0].rope, full);
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < full; ++t) {
+      double agg_want = agg == kvscout::gqa_aggregation::max_logit ? -INFINITY : 0.0;
+      for (int j = 0; j < g; ++j) {
+        const int qh = h * g + j;
+        std::vector<double> q(r);
+        for (int c = 0; c < r; ++c) {
+          double a = 0;
+          for (int i = 0; i < d_model; ++i)
+            a += static_cast<double>(wq[(static_cast<std::size_t>(qh) * D + plans[0].channels[c]) * d_model + i]) * x[i];
+          q[c] = a;
+        }
+        for (int i = 0; i < r / 2; ++i) {
+          const double c0 = rt.cs[i], s0 = rt.sn[i], a = q[2 * i], b = q[2 * i + 1];
+          q[2 * i] = a * c0 - b * s0;
+          q[2 * i + 1] = a * s0 + b * c0;
+        }
+        double d = 0;
+        for (int c = 0; c < r; ++c) d += q[c] * static_cast<double>(kvscout::to_float(p.keys(0).at(0, h, c, t)));
+        d *= 0.125;
+        agg_want = agg == kvscout::gqa_aggregation::max_logit ? std::max(agg_want, d) : agg_want + d / g;
+      }
+      REQUIRE(ref[static_cast<std::size_t>(h) * full + t] == Approx(agg_want).margin(1e-4).epsilon(1e-4));
+    }
+  for (int n : {1, 15, 16, 17, 31, 47, 48, 49, 63, 64, 65, 100, 127, 128, 129, 200, 257, 299}) {
+    CAPTURE(g, n);
+    std::vector<float> got;
+    score_at(n, got);
+    for (int h = 0; h < H; ++h) {
+      const float* a = got.data() + static_cast<std::size_t>(h) * full;
+      const float* b = ref.data() + static_cast<std::size_t>(h) * full;
+      for (int t = 0; t < n; ++t) REQUIRE(std::bit_cast<std::uint32_t>(a[t]) == std::bit_cast<std::uint32_t>(b[t]));
+      if (n < full) REQUIRE(std::isnan(a[n]));  // nothing written past seq_len
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("infinigen scores the same bits whether a tile is scored alone or with its neighbours",
+          "[spec][infinigen]") {
+  for (int g : {1, 2, 3, 4, 5, 8})
+    for (auto agg : {kvscout::gqa_aggregation::max_logit, kvscout::gqa_aggregation::mean_logit}) {
+      check_tiles_agree<float>(g, agg);
+      check_tiles_agree<kvscout::half>(g, agg);
+    }
 }

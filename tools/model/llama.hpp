@@ -99,7 +99,8 @@ inline llama_weights load_llama(const gguf_file& f) {
 namespace detail {
 /// y[o] = sum_i W[o, i] x[i] for rows [r0, r1).
 inline void matvec_rows(const float* W, const float* x, int in, int r0, int r1, float* y) {
-  for (int o = r0; o < r1; ++o) y[o] = kvscout::detail::dot(W + static_cast<std::size_t>(o) * in, x, in);
+  kvscout::detail::dot_rows(W + static_cast<std::size_t>(r0) * in, static_cast<std::size_t>(in), x,
+                            in, r1 - r0, y + r0);
 }
 }  // namespace detail
 

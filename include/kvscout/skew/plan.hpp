@@ -317,10 +317,11 @@ inline void partial_query(const partial_query_weights& w, const float* x, const 
                   w.head_dim / 2);
   const int n = w.d_model;
   const int r = w.r;
-  // detail::dot keeps 16 partial sums: the GEMV is bound by reading the weights.
-  const auto row_dot = [&](int row) {
-    const float acc = detail::dot(w.weight.data() + static_cast<std::size_t>(row) * n, x, n);
-    return acc + w.bias[row];
+  // out[i] = W[i, :] . x + bias[i] for the first `rows` rows; detail::dot_rows runs 8 rows at a
+  // time with 16 partial sums each, so the GEMV is bound by reading the weights.
+  const auto gemv = [&](int rows, float* out) {
+    detail::dot_rows(w.weight.data(), static_cast<std::size_t>(n), x, n, rows, out);
+    for (int i = 0; i < rows; ++i) out[i] += w.bias[static_cast<std::size_t>(i)];
   };
   switch (w.mode) {
     case rope_mode::post_rope_skew: {
@@ -332,7 +333,7 @@ inline void partial_query(const partial_query_weights& w, const float* x, const 
       // The head's query W_h x + b_h (stack scratch, head_dim <= 512), then per element:
       // rotate plane by plane and add each plane's share of q A[:, S] (shared with the device).
       float y[2 * rope_table::max_planes];
-      for (int d = 0; d < w.head_dim; ++d) y[d] = row_dot(d);
+      gemv(w.head_dim, y);
       for (int i = 0; i < r; ++i)
         q_partial[i] = detail::post_rope_skew_element(y, w.rope, rt.cs, rt.sn, w.rotation.data(),
                                                       w.head_dim, r, i);
@@ -341,7 +342,7 @@ inline void partial_query(const partial_query_weights& w, const float* x, const 
     case rope_mode::rope_planes: {
       KVSCOUT_EXPECTS(w.planes.size() * 2 == static_cast<std::size_t>(r), "partial_query: ",
                       w.planes.size(), " planes for r = ", r);
-      for (int i = 0; i < r; ++i) q_partial[i] = row_dot(i);
+      gemv(r, q_partial);
       for (int i = 0; i < r / 2; ++i) {
         const int j = w.planes[static_cast<std::size_t>(i)];
         rope_rotate(q_partial[2 * i], q_partial[2 * i + 1], rt.cs[j], rt.sn[j]);
@@ -349,7 +350,7 @@ inline void partial_query(const partial_query_weights& w, const float* x, const 
       break;
     }
     case rope_mode::pre_rope_folded: {
-      for (int i = 0; i < r; ++i) q_partial[i] = row_dot(i);
+      gemv(r, q_partial);
       break;
     }
     default:

@@ -188,7 +188,50 @@ class infinigen_policy {
     using vec = typename detail::float_vec<tb>::type;
     const int g = G > 0 ? G : g_dyn;
     constexpr int gcap = G > 0 ? G : detail::max_group;
-    for (int t0 = 0, b = 0; t0 < n; t0 += tb, ++b) {
+    int t0 = 0, b = 0;
+    if constexpr (G > 0) {
+      // T whole tiles at a time: T * G independent multiply-add chains (one tile's G chains, r
+      // deep, leave the FMA units waiting on their latency), and each query element is
+      // broadcast once for T tiles. Each sum is formed in the same order as in the loop below.
+      // T tiles read side by side are T streams to the hardware prefetchers, which then leave
+      // memory bandwidth unused: every line of the group score_prefetch_bytes ahead is
+      // prefetched, in address order, one per line read (a hint: past the end it loads nothing).
+      constexpr int T = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 3 : 2;
+      static_assert(tb * sizeof(PkT) == 64, "a tile line is 64 bytes");
+      for (; t0 + T * tb <= n; t0 += T * tb, b += T) {
+        const PkT* tiles[T];
+        for (int u = 0; u < T; ++u) tiles[u] = cache.tile(s, h, b + u);
+        const char* ahead = reinterpret_cast<const char*>(tiles[0]) + score_prefetch_bytes;
+        vec acc[T][G] = {};
+        for (int c = 0; c < r; ++c) {
+          vec pv[T];
+          for (int u = 0; u < T; ++u) {
+            __builtin_prefetch(ahead + static_cast<std::size_t>(c * T + u) * 64);
+            const PkT* p = tiles[u] + static_cast<std::size_t>(c) * tb;
+            if constexpr (std::is_same_v<PkT, float>) {
+              std::memcpy(&pv[u], p, sizeof pv[u]);
+            } else {
+              for (int t = 0; t < tb; ++t) pv[u][t] = to_float(p[t]);
+            }
+          }
+          for (int j = 0; j < G; ++j) {
+            const float qc = qg[j * r + c];
+            for (int u = 0; u < T; ++u) acc[u][j] += qc * pv[u];
+          }
+        }
+        for (int u = 0; u < T; ++u) {
+          vec a = acc[u][0];
+          if (use_max) {
+            for (int j = 1; j < G; ++j) a = a > acc[u][j] ? a : acc[u][j];
+          } else {
+            for (int j = 1; j < G; ++j) a += acc[u][j];
+            a *= inv_g;
+          }
+          std::memcpy(row + t0 + u * tb, &a, sizeof a);
+        }
+      }
+    }
+    for (; t0 < n; t0 += tb, ++b) {
       const int nb = n - t0 < tb ? n - t0 : tb;
       const PkT* tile = cache.tile(s, h, b);
       vec acc[gcap] = {};
@@ -216,6 +259,11 @@ class infinigen_policy {
       }
     }
   }
+
+  // How far ahead of the read the scoring loop prefetches: about the bytes that must be in flight
+  // to keep one core's memory stream busy (latency ~150 ns x ~60 GB/s); measured best among 4 to
+  // 16 KiB on the development machine (bench_host_speculation, docs/performance.md).
+  static constexpr std::size_t score_prefetch_bytes = 12288;
 
   config cfg_;
   std::vector<layer_state> layers_;
