@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <cstring>
 
 #include "kv_fixtures.hpp"
@@ -69,12 +70,36 @@ void naive_gather(const Layout& l, const std::vector<std::byte>& k, const std::v
     }
 }
 
+// A destination buffer whose data() sits `misalign` bytes past a 64-byte boundary, so that the
+// streaming stores are taken (0) or refused for a plain copy (8; 16 takes SSE2's 16-byte stores).
+struct dest_buffer {
+  std::vector<std::byte> storage;
+  std::byte* p;
+  std::size_t n;
+  dest_buffer(std::size_t bytes, std::size_t misalign) : storage(bytes + 128, poison), n(bytes) {
+    const auto base = reinterpret_cast<std::uintptr_t>(storage.data());
+    p = storage.data() + ((64 - base % 64) % 64) + misalign;
+  }
+  std::byte* data() { return p; }
+  std::size_t size() const { return n; }
+  void fill(std::byte b) { std::fill(p, p + n, b); }
+  // Nothing written before or after [p, p + n).
+  bool guards_intact() const {
+    for (const std::byte* q = storage.data(); q < p; ++q)
+      if (*q != poison) return false;
+    for (const std::byte* q = p + n; q < storage.data() + storage.size(); ++q)
+      if (*q != poison) return false;
+    return true;
+  }
+};
+
 template <class Case>
 void check_gather(const std::vector<int32_t>& lens, int heads, int capacity, int threads,
-                  std::uint32_t seed) {
+                  std::uint32_t seed, kvscout::gather_stores stores = kvscout::gather_stores::cached,
+                  std::size_t misalign = 0) {
   using layout = typename Case::layout;
   using executor = kvscout::host_gather_executor<layout>;
-  CAPTURE(Case::name(), heads, capacity, threads, seed);
+  CAPTURE(Case::name(), heads, capacity, threads, seed, stores, misalign);
   std::mt19937 rng(seed);
   layout_fixture<Case> f(lens, heads, rng);
   std::vector<std::byte> k(f.bytes), v(f.bytes);
@@ -84,11 +109,12 @@ void check_gather(const std::vector<int32_t>& lens, int heads, int capacity, int
 
   const int n = static_cast<int>(lens.size());
   kvscout::host_gather_config cfg{n, heads, capacity, threads};
+  cfg.stores = stores;
   std::vector<std::int64_t> ws_storage(executor::workspace_bytes(cfg) / 8 + 1);
   executor ex(cfg, {reinterpret_cast<std::byte*>(ws_storage.data()), ws_storage.size() * 8});
 
   const std::size_t dst_bytes = static_cast<std::size_t>(n) * heads * capacity * f.row;
-  std::vector<std::byte> dk(dst_bytes, poison), dv(dst_bytes, poison);
+  dest_buffer dk(dst_bytes, misalign), dv(dst_bytes, misalign);
   std::vector<std::byte> ek(dst_bytes, poison), ev(dst_bytes, poison);
   naive_gather(f.layout, k, v, sel, ek, ev);
 
@@ -100,8 +126,10 @@ void check_gather(const std::vector<int32_t>& lens, int heads, int capacity, int
   // Bit-exact, and every slot past a count is still poison (ek / ev keep poison there).
   REQUIRE(std::memcmp(dk.data(), ek.data(), dst_bytes) == 0);
   REQUIRE(std::memcmp(dv.data(), ev.data(), dst_bytes) == 0);
+  REQUIRE(dk.guards_intact());
+  REQUIRE(dv.guards_intact());
   // Run it again on the same executor: no state leaks between steps.
-  std::fill(dk.begin(), dk.end(), poison);
+  dk.fill(poison);
   ex.submit(src, sel.view(), {{dk.data(), dk.size()}, {dv.data(), dv.size()}}).wait();
   REQUIRE(std::memcmp(dk.data(), ek.data(), dst_bytes) == 0);
 }
@@ -114,6 +142,25 @@ TEMPLATE_LIST_TEST_CASE("host gather is bit-exact against a naive loop", "[fetch
   for (int threads : {1, 2, 3}) check_gather<TestType>(lens, 3, 24, threads, 100 + threads);
   check_gather<TestType>({33}, 1, 33, 2, 7);  // k = n: everything selected, one big run
   check_gather<TestType>({9, 0}, 2, 1, 1, 8);  // k = 1
+}
+
+TEMPLATE_LIST_TEST_CASE("host gather is bit-exact with streaming stores, aligned or not",
+                        "[fetch][gather]", all_layout_cases) {
+  // Streaming (non-temporal) stores where the destination rows are aligned to the store width,
+  // plain copies where they are not; automatic streams only past gather_streaming_bytes, which
+  // these small gathers never reach. Every mode must write exactly what the naive loop writes.
+  const std::vector<int32_t> lens = {15, 16, 17, 0, 1, 6, 7, 8, 40};
+  using kvscout::gather_stores;
+  for (const gather_stores stores : {gather_stores::streaming, gather_stores::automatic})
+    for (const std::size_t misalign : {0, 8, 16})
+      for (int threads : {1, 2}) check_gather<TestType>(lens, 3, 24, threads, 200 + threads, stores, misalign);
+}
+
+TEST_CASE("host gather streams past the automatic threshold and still matches", "[fetch][gather]") {
+  // 8 heads, each selecting a quarter to all of 4200 tokens (at most 4096) of 256-B rows, K and
+  // V: past gather_streaming_bytes, so automatic streams (the decision is tested below).
+  using Case = layout_case<kind::padded, kvscout::hnd, kvscout::half, 128>;
+  check_gather<Case>({4200}, 8, 4096, 2, 77, kvscout::gather_stores::automatic, 0);
 }
 
 TEST_CASE("host gather merges adjacent rows and still matches", "[fetch][gather]") {
@@ -220,5 +267,22 @@ TEST_CASE("host gather rejects bad input before writing", "[fetch][gather][error
     p.cfg.threads = 0;
     REQUIRE_THROWS_WITH(p.submit(), Catch::Contains("threads must be at least 1, got 0"));
   }
+  SECTION("unknown store mode") {
+    p.cfg.stores = static_cast<kvscout::gather_stores>(7);
+    REQUIRE_THROWS_WITH(p.submit(), Catch::Contains("stores gather_stores(7) is not one of "
+                                                    "automatic, cached, streaming"));
+  }
   REQUIRE(p.destination_untouched());
+}
+
+TEST_CASE("host gather streams where it is asked to, or past the threshold", "[fetch][gather]") {
+  using kvscout::gather_stores;
+  using kvscout::detail::gather_streams;
+  constexpr std::size_t at = kvscout::gather_streaming_bytes;
+  constexpr bool can = kvscout::detail::gather_can_stream;
+  REQUIRE(gather_streams(gather_stores::automatic, at) == can);
+  REQUIRE(gather_streams(gather_stores::automatic, 10 * at) == can);
+  REQUIRE_FALSE(gather_streams(gather_stores::automatic, at - 1));
+  REQUIRE(gather_streams(gather_stores::streaming, 1) == can);
+  REQUIRE_FALSE(gather_streams(gather_stores::cached, 10 * at));
 }
