@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
 #include <memory>
 #include <vector>
@@ -59,12 +60,14 @@ std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, 
 // Runs prompt + decode steps with `policy` and a top-k selector of `budget`; returns the final
 // residual stream and lets the caller inspect the pipeline after each step.
 template <class Policy, class Inspect>
-std::vector<float> run(model& m, Policy& policy, int budget, Inspect&& inspect) {
+std::vector<float> run(model& m, Policy& policy, int budget, Inspect&& inspect,
+                       kvscout::gather_stores stores = kvscout::gather_stores::automatic) {
   kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  kvscout::host_decode_pipeline<layout, Policy, kvscout::topk_selector_host> pipe(
-      {L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f}, policy, sel);
+  kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
+  pc.stores = stores;
+  kvscout::host_decode_pipeline<layout, Policy, kvscout::topk_selector_host> pipe(pc, policy, sel);
   std::vector<float> hs;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
   for (int t = 0; t < steps; ++t) {
@@ -237,4 +240,20 @@ TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
                       Catch::Contains("capacity = 97 must be in [1, max_tokens = 96]"));
   REQUIRE_THROWS_WITH(pipe_t({L, 2, S, H, 5, max_tokens, 8, 1, 0.125f}, p, sel),
                       Catch::Contains("num_q_heads = 5"));
+}
+
+TEST_CASE("the pipeline decodes the same bits with cached and streaming gather stores",
+          "[pipeline]") {
+  // The store mode changes how the fetched rows are written, never what: the residual stream
+  // after prompt + decode must be identical.
+  const auto final_state = [](kvscout::gather_stores stores) {
+    model m(L, Hq, H, S, max_tokens, 77);
+    kvscout::streaming_policy p({H, 4});
+    return run(m, p, 12, [](const auto&) {}, stores);
+  };
+  const std::vector<float> cached = final_state(kvscout::gather_stores::cached);
+  const std::vector<float> streaming = final_state(kvscout::gather_stores::streaming);
+  REQUIRE(cached.size() == streaming.size());
+  REQUIRE_FALSE(cached.empty());
+  REQUIRE(std::memcmp(cached.data(), streaming.data(), cached.size() * sizeof(float)) == 0);
 }

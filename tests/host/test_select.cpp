@@ -622,6 +622,7 @@ TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
   std::mt19937 rng(41);
   std::vector<float> row(1700);
   std::vector<std::int32_t> a(1700), b(1700);
+  int gave_up = 0;
   for (int iter = 0; iter < 2000; ++iter) {
     // Several groups of 64 and partial blocks; past the 512-score prefix and several 256-score
     // windows of collect_candidates every fourth row.
@@ -656,14 +657,21 @@ TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
     REQUIRE(kept1 == at_floor);
     REQUIRE(std::equal(a.begin(), a.begin() + kept1, b.begin()));
     for (int j = 0; j < kept1; ++j) REQUIRE(p[a[static_cast<std::size_t>(j)]] >= floor);
-    // A short-list limit gives up in both versions alike.
+    // A short-list limit gives up in both versions alike, and where neither gives up they keep
+    // the same list.
     if (k1 > 8) {
       float l1 = init, l2 = init;
       const int g1 = d::collect_candidates<true>(p, n, 0, bound, 1.f, l1, a.data(), 8);
       const int g2 = d::collect_candidates<false>(p, n, 0, bound, 1.f, l2, b.data(), 8);
       REQUIRE(g1 == g2);
+      gave_up += static_cast<int>(g1 == -1);
+      if (g1 >= 0) {
+        REQUIRE(std::equal(a.begin(), a.begin() + g1, b.begin()));
+        REQUIRE(std::bit_cast<std::uint32_t>(l1) == std::bit_cast<std::uint32_t>(l2));
+      }
     }
   }
+  REQUIRE(gave_up > 0);  // the early exit was exercised
 }
 
 // ---- bad input

@@ -30,16 +30,12 @@
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/core/config.hpp"
+#include "kvscout/core/detail/x86_intrinsics.hpp"
 #include "kvscout/kv/paged.hpp"
 
 // Streaming (non-temporal) stores for large gathers: 64-byte ones where the compiler targets
 // AVX-512, 16-byte ones on any other x86-64 (SSE2), plain copies elsewhere.
-#if defined(__SSE2__) && !KVSCOUT_DEVICE_PASS
-#include <immintrin.h>
-#define KVSCOUT_GATHER_STREAM 1
-#else
-#define KVSCOUT_GATHER_STREAM 0
-#endif
+#define KVSCOUT_GATHER_STREAM KVSCOUT_HOST_SSE2
 
 namespace kvscout {
 
@@ -68,7 +64,7 @@ namespace detail {
 
 /// Whether streaming stores are compiled in, and the destination alignment they need.
 inline constexpr bool gather_can_stream = KVSCOUT_GATHER_STREAM != 0;
-#if KVSCOUT_GATHER_STREAM && defined(__AVX512F__)
+#if KVSCOUT_HOST_AVX512
 inline constexpr std::size_t gather_stream_width = 64;
 #else
 inline constexpr std::size_t gather_stream_width = 16;
@@ -82,7 +78,7 @@ inline void copy_row_bytes(std::byte* dst, const std::byte* src, std::size_t n) 
   if constexpr (Streaming) {
     constexpr std::size_t w = gather_stream_width;
     if (reinterpret_cast<std::uintptr_t>(dst) % w == 0 && n % w == 0) {
-#if defined(__AVX512F__)
+#if KVSCOUT_HOST_AVX512
       using reg = __m512i;
       const auto load = [](const std::byte* p) { return _mm512_loadu_si512(p); };
       const auto store = [](std::byte* p, reg x) { _mm512_stream_si512(reinterpret_cast<reg*>(p), x); };

@@ -57,6 +57,10 @@ struct host_pipeline_config {
   int threads = 1;     // gather threads
   float scale = 0.f;   // attention scale, usually 1 / sqrt(head_dim)
   bool track_reuse = true;  // count rows re-selected from the previous step (fetch_stats::reused)
+  // How the gather writes the fetched rows (fetch/host_gather.hpp). automatic streams a layer's
+  // fetch of 4 MiB or more past the cache; cached keeps it there for the attention that reads it
+  // next, which pays where a layer's fetch fits in the last-level cache.
+  gather_stores stores = gather_stores::automatic;
 };
 
 /// Per-step statistics: rows and bytes the fetches moved, per layer.
@@ -94,6 +98,7 @@ class host_decode_pipeline {
     }
     probs_.assign(pairs * static_cast<std::size_t>(cfg.capacity + 1), 0.f);
     host_gather_config gc{cfg.num_seqs, cfg.num_kv_heads, cfg.capacity, cfg.threads};
+    gc.stores = cfg.stores;
     workspace_.assign(host_gather_executor<L>::workspace_bytes(gc) / sizeof(std::int64_t) + 1, 0);
     gather_ = std::make_unique<host_gather_executor<L>>(
         gc, host_span<std::byte>(reinterpret_cast<std::byte*>(workspace_.data()),

@@ -196,7 +196,10 @@ class infinigen_policy {
       // T tiles read side by side are T streams to the hardware prefetchers, which then leave
       // memory bandwidth unused: every line of the group score_prefetch_bytes ahead is
       // prefetched, in address order, one per line read (a hint: past the end it loads nothing).
-      constexpr int T = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 3 : 2;
+      // T * (G + 1) vector values live at once; a tile line of 2-byte keys widens to two
+      // registers' worth of floats, so those take half as many tiles.
+      constexpr int T_float = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 3 : 2;
+      constexpr int T = sizeof(PkT) >= 4 ? T_float : (T_float / 2 > 0 ? T_float / 2 : 1);
       static_assert(tb * sizeof(PkT) == 64, "a tile line is 64 bytes");
       for (; t0 + T * tb <= n; t0 += T * tb, b += T) {
         const PkT* tiles[T];

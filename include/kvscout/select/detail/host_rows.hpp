@@ -28,6 +28,7 @@
 #include <cstring>
 
 #include "kvscout/core/config.hpp"
+#include "kvscout/core/detail/x86_intrinsics.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
@@ -35,31 +36,12 @@
 #include "kvscout/select/detail/checks.hpp"
 #include "kvscout/select/detail/radix_select.hpp"
 
-#if defined(__SSE2__) && !KVSCOUT_DEVICE_PASS
-#include <emmintrin.h>
-#define KVSCOUT_SELECT_SSE2 1
-#else
-#define KVSCOUT_SELECT_SSE2 0
-#endif
-
-// AVX-512 versions of the hottest scan where the compiler targets it (-march=native on a CPU
-// that has it): 16 scores per compare, a mask test per block, compress-store of the rare
-// candidates. The SSE2 and portable versions stay, and the tests compare them.
-#if defined(__AVX512F__) && KVSCOUT_SELECT_SSE2 && !defined(__CUDACC__)
-// GCC 12 reports a false "may be used uninitialized" inside its own _mm512_reduce_max_ps.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
-#define KVSCOUT_SELECT_AVX512 1
-#else
-#define KVSCOUT_SELECT_AVX512 0
-#endif
+// The scans use SSE2 where the compiler targets it, and AVX-512 versions of the hottest scans
+// where it targets that too (-march=native on a CPU that has it): 16 scores per compare, a mask
+// test per block, compress of the rare candidates. The SSE2 and portable versions stay, and the
+// tests compare them.
+#define KVSCOUT_SELECT_SSE2 KVSCOUT_HOST_SSE2
+#define KVSCOUT_SELECT_AVX512 KVSCOUT_HOST_AVX512
 
 namespace kvscout::detail {
 

@@ -1,0 +1,41 @@
+#pragma once
+// The x86 intrinsics kvscout's host scans and copies use, included in one place:
+//   KVSCOUT_HOST_SSE2    1 where the host compiler targets SSE2 (every x86-64), outside the
+//                        device pass of nvcc: <emmintrin.h>
+//   KVSCOUT_HOST_AVX512  1 where it also targets AVX-512F (e.g. -march=native on such a CPU),
+//                        and the file is not compiled by nvcc: <immintrin.h>
+// GCC 12 reports a false "may be used uninitialized" inside its own _mm512_reduce_max_ps; the
+// warning is issued at the intrinsic's definition, so the header is included here, once, with
+// that warning silenced, before anything else can include it without.
+//
+// Every translation unit of a program that includes kvscout should be compiled for the same
+// target: the vector paths are chosen at compile time, and inline functions compiled for
+// different targets are different definitions of one function.
+
+#include "kvscout/core/config.hpp"
+
+#if defined(__SSE2__) && !KVSCOUT_DEVICE_PASS
+#define KVSCOUT_HOST_SSE2 1
+#else
+#define KVSCOUT_HOST_SSE2 0
+#endif
+
+#if KVSCOUT_HOST_SSE2 && defined(__AVX512F__) && !defined(__CUDACC__)
+#define KVSCOUT_HOST_AVX512 1
+#else
+#define KVSCOUT_HOST_AVX512 0
+#endif
+
+#if KVSCOUT_HOST_AVX512
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
+#elif KVSCOUT_HOST_SSE2
+#include <emmintrin.h>
+#endif
