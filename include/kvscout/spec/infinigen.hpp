@@ -91,6 +91,7 @@ class infinigen_policy {
     }
     qp_.assign(static_cast<std::size_t>(cfg.num_q_heads) * std::max(r_max, 1), 0.f);
     pk_.assign(static_cast<std::size_t>(std::max(r_max, 1)), 0.f);
+    qm_.assign(static_cast<std::size_t>(std::max(r_max, 1)), 0.f);
   }
 
   [[nodiscard]] bool tracks(int layer) const {
@@ -152,7 +153,7 @@ class infinigen_policy {
   // One (s, h) row. The g query heads of the group are scored together over register-sized
   // blocks of tokens: each channel block of the partial keys is loaded once and multiply-added
   // into g accumulators (vectorised over tokens), so the loop is bound by reading the keys.
-  void score_row(const layer_state& st, int s, int h, int g, int n, float* row) const {
+  void score_row(const layer_state& st, int s, int h, int g, int n, float* row) {
     const int r = st.r;
     const float* qg = qp_.data() + static_cast<std::size_t>(h) * g * r;
     if (cfg_.aggregation == gqa_aggregation::sum_prob) {
@@ -167,6 +168,18 @@ class infinigen_policy {
     }
     const bool use_max = cfg_.aggregation == gqa_aggregation::max_logit;
     const float inv_g = 1.f / static_cast<float>(g);
+    if (!use_max && g > 1) {
+      // mean_logit: the mean of the group's dot products is the dot product with the group's mean
+      // query, so one multiply-add chain per tile instead of g (rounding differs only in order).
+      float* qm = qm_.data();
+      for (int c = 0; c < r; ++c) {
+        float sum = 0.f;
+        for (int j = 0; j < g; ++j) sum += qg[j * r + c];
+        qm[c] = sum * inv_g;
+      }
+      score_tiles<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
+      return;
+    }
     // Common group sizes get a kernel with the group size known at compile time.
     if (g <= 8) {
       dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
@@ -272,6 +285,7 @@ class infinigen_policy {
   std::vector<layer_state> layers_;
   std::vector<float> qp_;    // [num_q_heads, r] scratch: scaled partial queries of one sequence
   std::vector<float> pk_;    // [r] scratch
+  std::vector<float> qm_;    // [r] scratch: a group's mean partial query (mean_logit)
   rope_table rope_;          // the decoded position's rotation, shared by all heads
 };
 

@@ -196,8 +196,9 @@ KVSCOUT_DEVICE void load_group(const infinigen_params<PkT>& p, int s, int h, flo
   for (int e = static_cast<int>(threadIdx.x); e < n; e += blockDim.x) qs[e] = src[e];
 }
 
-/// max_logit / mean_logit: score = max or mean over the group, as the host's score_tiles folds
-/// (max: a > z ? a : z; mean: sum in head order, times 1 / g).
+/// max_logit / mean_logit: score = max or mean over the group (max: a > z ? a : z, as the host's
+/// score_tiles folds; mean: sum in head order, times 1 / g, where the host scores the group's mean
+/// query instead: the same value up to the order of rounding, inside the GPU test's tolerance).
 /// G > 0: the group size, static; G == 0: any group size, 8 heads at a time.
 template <class PkT, int G>
 __global__ void __launch_bounds__(spec_block_threads)
