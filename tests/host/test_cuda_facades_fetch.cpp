@@ -138,6 +138,11 @@ TEST_CASE("CUDA executor configs are validated with the bad value named", "[cuda
   s.stages = 2;
   s.threads = 0;
   REQUIRE_THROWS_WITH(detail::staged_stage_bytes(s), Contains("threads must be at least 1"));
+  s.threads = 1;
+  REQUIRE(s.stores == gather_stores::streaming);  // nothing on the host reads the staging again
+  s.stores = static_cast<gather_stores>(9);
+  REQUIRE_THROWS_WITH(detail::staged_stage_bytes(s),
+                      Contains("stores gather_stores(9) is not one of automatic, cached, streaming"));
 
   std::vector<std::byte> small(8);
   REQUIRE_THROWS_WITH(detail::check_workspace(small.data(), small.size(), 64, 8, "workspace"),

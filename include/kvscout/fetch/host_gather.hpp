@@ -19,18 +19,18 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <ostream>
 
 #include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/core/config.hpp"
+#include "kvscout/core/detail/x86_intrinsics.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/concepts.hpp"
 #include "kvscout/fetch/detail/checks.hpp"
+#include "kvscout/fetch/stores.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/kv/contiguous.hpp"
-#include "kvscout/core/config.hpp"
-#include "kvscout/core/detail/x86_intrinsics.hpp"
 #include "kvscout/kv/paged.hpp"
 
 // Streaming (non-temporal) stores for large gathers: 64-byte ones where the compiler targets
@@ -38,27 +38,6 @@
 #define KVSCOUT_GATHER_STREAM KVSCOUT_HOST_SSE2
 
 namespace kvscout {
-
-/// How a host gather writes its destination.
-///   cached:    ordinary stores (memcpy): the rows stay in the cache for whoever reads them next.
-///   streaming: non-temporal stores where the destination row is aligned to the store width
-///              (64 B with AVX-512, else 16 B; memcpy otherwise): the destination lines are not
-///              read first and do not evict the cache, which pays once a gather is larger than
-///              the cache (memcpy does the same for large copies).
-///   automatic: streaming when a submit moves at least gather_streaming_bytes, cached otherwise.
-enum class gather_stores : int { automatic = 0, cached = 1, streaming = 2 };
-
-/// automatic's threshold: about what one core's share of a last-level cache holds.
-inline constexpr std::size_t gather_streaming_bytes = std::size_t{4} << 20;
-
-inline std::ostream& operator<<(std::ostream& os, gather_stores s) {
-  switch (s) {
-    case gather_stores::automatic: return os << "automatic";
-    case gather_stores::cached: return os << "cached";
-    case gather_stores::streaming: return os << "streaming";
-  }
-  return os << "gather_stores(" << static_cast<int>(s) << ")";
-}
 
 namespace detail {
 

@@ -172,10 +172,16 @@ class staged_executor {
     std::byte* const k_stage = base + header;
     std::byte* const v_stage = k_stage + static_cast<std::size_t>(total) * kb;
     if (total > 0) {
+      const bool streaming =
+          detail::gather_streams(cfg_.stores, static_cast<std::size_t>(total) * (kb + vb));
       pool_->run([&](int part, int parts) noexcept {
         const std::int64_t first = total * part / parts;
         const std::int64_t last = total * (part + 1) / parts;
-        gather(src, sel, prefix, first, last, k_stage, v_stage);
+        if (streaming) {
+          gather<true>(src, sel, prefix, first, last, k_stage, v_stage);
+        } else {
+          gather<false>(src, sel, prefix, first, last, k_stage, v_stage);
+        }
       });
       const std::size_t bytes = header + static_cast<std::size_t>(total) * (kb + vb);
       KVSCOUT_CUDA_CHECK(
@@ -196,14 +202,16 @@ class staged_executor {
 
  private:
   // Packs rows [first, last) of the flattened (sequence, kv_head, entry) order at k_stage +
-  // row * kb (and likewise V), merging runs adjacent in the source (the host gather's loop).
+  // row * kb (and likewise V): the host gather's loop (streaming stores end with a fence, before
+  // the bulk copy is enqueued).
+  template <bool Streaming>
   void gather(const source_type& src, const selection_type& sel, const std::int64_t* prefix,
               std::int64_t first, std::int64_t last, std::byte* k_stage,
               std::byte* v_stage) const noexcept {
-    detail::gather_row_range<true>(src.layout, src.k.data(), src.v.data(), sel.indices.data(),
-                                   prefix, detail::fetch_pairs(cfg_.num_seqs, cfg_.num_kv_heads),
-                                   cfg_.num_kv_heads, static_cast<std::size_t>(cfg_.capacity),
-                                   cfg_.prefetch_rows, k_stage, v_stage, first, last);
+    detail::gather_row_range<true, Streaming>(
+        src.layout, src.k.data(), src.v.data(), sel.indices.data(), prefix,
+        detail::fetch_pairs(cfg_.num_seqs, cfg_.num_kv_heads), cfg_.num_kv_heads,
+        static_cast<std::size_t>(cfg_.capacity), cfg_.prefetch_rows, k_stage, v_stage, first, last);
   }
 
   config_type cfg_;

@@ -15,6 +15,7 @@
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/detail/checks.hpp"
+#include "kvscout/fetch/stores.hpp"
 #include "kvscout/kv/concepts.hpp"
 
 namespace kvscout {
@@ -53,6 +54,9 @@ struct staged_config {
   int prefetch_rows = 8;          // software prefetch distance (0: off)
   int stages = 2;                 // staging buffers in rotation; submit() waits only for a stage
                                   // whose copy from `stages` submits ago is still running
+  // How the host threads write the staging buffer: streaming by default, since nothing on the
+  // host reads it again (the bulk copy reads it from memory); fetch/stores.hpp.
+  gather_stores stores = gather_stores::streaming;
 };
 
 namespace detail {
@@ -89,6 +93,9 @@ inline void check_staged_config(const staged_config& cfg) {
   KVSCOUT_EXPECTS(cfg.prefetch_rows >= 0, "prefetch_rows must be non-negative, got ",
                   cfg.prefetch_rows);
   KVSCOUT_EXPECTS(cfg.stages >= 1, "stages must be at least 1, got ", cfg.stages);
+  KVSCOUT_EXPECTS(cfg.stores == gather_stores::automatic || cfg.stores == gather_stores::cached ||
+                      cfg.stores == gather_stores::streaming,
+                  "stores ", cfg.stores, " is not one of automatic, cached, streaming");
 }
 
 /// Copy engine workspace (host memory): prefix[pairs + 1] int64, then three arrays of
