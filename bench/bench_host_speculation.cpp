@@ -8,6 +8,7 @@
 // benchmarks' rates compare directly (scripts/bench_table.py prints the ratios).
 //
 //   BM_speculation          the policy's score(): partial-query GEMV + scoring, max_logit
+//   BM_speculation_mean     the same, RoPE planes, mean_logit (the group folded into one query)
 //   BM_stream_partial_keys  one vectorised read of the same bytes, with a software prefetch
 //                           0 / 4 / 8 / 16 KiB ahead (the table takes the fastest: the anchor)
 //   BM_fma_roof             scoring's multiply-adds alone, operands in registers: the compute
@@ -56,7 +57,9 @@ struct fixture {
   std::unique_ptr<kvscout::infinigen_policy<>> policy;
   int n;
 
-  fixture(int tokens, kvscout::rope_mode mode) : n(tokens) {
+  fixture(int tokens, kvscout::rope_mode mode,
+          kvscout::gqa_aggregation agg = kvscout::gqa_aggregation::max_logit)
+      : n(tokens) {
     std::mt19937 rng(42);
     std::normal_distribution<float> nd(0.f, 1.f);
     wq.resize(static_cast<std::size_t>(Hq) * D * d_model);
@@ -65,7 +68,7 @@ struct fixture {
     for (auto& v : x) v = nd(rng);
     std::vector<kvscout::skew_plan> plans(H, make_plan(mode));
     kvscout::infinigen_policy<>::config cfg{1, 1, H, Hq, D, d_model, n, 0.125f,
-                                            kvscout::gqa_aggregation::max_logit};
+                                            agg};
     policy = std::make_unique<kvscout::infinigen_policy<>>(
         cfg, std::vector<std::vector<kvscout::skew_plan>>{plans},
         std::vector<kvscout::host_span<const float>>{{wq.data(), wq.size()}},
@@ -82,9 +85,8 @@ struct fixture {
   std::size_t key_bytes() const { return policy->keys(0).bytes_for(n); }
 };
 
-void BM_speculation(benchmark::State& state) {
-  const auto mode = state.range(1) == 0 ? kvscout::rope_mode::post_rope_skew : kvscout::rope_mode::rope_planes;
-  fixture f(static_cast<int>(state.range(0)), mode);
+void run_speculation(benchmark::State& state, kvscout::rope_mode mode, kvscout::gqa_aggregation agg) {
+  fixture f(static_cast<int>(state.range(0)), mode, agg);
   const kvscout::spec_context ctx{{f.x.data(), f.x.size()}, {}, {f.pos.data(), 1}, {f.lens.data(), 1}};
   const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, 1, H, f.n};
   for (auto _ : state) {
@@ -94,6 +96,17 @@ void BM_speculation(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.key_bytes()));
   state.counters["tokens"] = f.n;
+}
+
+void BM_speculation(benchmark::State& state) {
+  const auto mode = state.range(1) == 0 ? kvscout::rope_mode::post_rope_skew : kvscout::rope_mode::rope_planes;
+  run_speculation(state, mode, kvscout::gqa_aggregation::max_logit);
+}
+
+// The same with mean_logit, RoPE planes: the group is folded into its mean partial query, one
+// multiply-add chain per tile instead of g = 3.
+void BM_speculation_mean(benchmark::State& state) {
+  run_speculation(state, kvscout::rope_mode::rope_planes, kvscout::gqa_aggregation::mean_logit);
 }
 
 // One pass over the partial keys: four independent 16-wide sums (64 bytes each), so the read, not
@@ -160,6 +173,8 @@ void BM_fma_roof(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_fma_roof)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({131072})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_speculation_mean)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({131072})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_speculation)->ArgNames({"n", "mode"})->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);

@@ -109,10 +109,10 @@ def speculation_section(res):
              "The stream anchor is the fastest of its software-prefetch distances (0 = none) in "
              "this run; the FMA roof is scoring's multiply-adds with every operand in registers.",
              "",
-             "| n | post_rope_skew GB/s | rope_planes GB/s | stream GB/s (best ahead) | "
-             "FMA roof GB/s | post_rope / stream | rope_planes / stream | rope_planes / "
-             "min(stream, roof) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| n | post_rope_skew GB/s | rope_planes GB/s | rope_planes, mean_logit GB/s | "
+             "stream GB/s (best ahead) | FMA roof GB/s | post_rope / stream | rope_planes / "
+             "stream | rope_planes / min(stream, roof) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ratios = []
     for n in sorted({r["fields"].get("n") for r in res if "n" in r["fields"]}):
         m0, m1 = find(res, "BM_speculation", n=n, mode=0), find(res, "BM_speculation", n=n, mode=1)
@@ -125,7 +125,9 @@ def speculation_section(res):
         ratios.append(m0["gbps"] / st["gbps"])
         attainable = min(st["gbps"], roof["gbps"]) if roof else st["gbps"]
         roof_txt = f"{roof['gbps']:.1f}" if roof else "-"
-        lines.append(f"| {n} | {m0['gbps']:.1f} | {m1['gbps']:.1f} | {st['gbps']:.1f} "
+        mean = find(res, "BM_speculation_mean", n=n)
+        mean_txt = f"{mean['gbps']:.1f}" if mean else "-"
+        lines.append(f"| {n} | {m0['gbps']:.1f} | {m1['gbps']:.1f} | {mean_txt} | {st['gbps']:.1f} "
                      f"({st['fields'].get('ahead', 0)}) | {roof_txt} | "
                      f"{m0['gbps'] / st['gbps']:.2f} | {m1['gbps'] / st['gbps']:.2f} | "
                      f"{m1['gbps'] / attainable:.2f} |")
