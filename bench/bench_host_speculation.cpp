@@ -18,7 +18,9 @@
 
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kvscout/cache/partial_key_cache.hpp"
@@ -31,23 +33,21 @@ constexpr int d_model = 576, Hq = 9, H = 3, D = 64, r = 16;
 
 kvscout::skew_plan make_plan(kvscout::rope_mode mode) {
   // A valid plan for timing: identity skew, channels 0..r-1 (planes 0..r/2-1 for rope_planes).
+  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  if (mode == kvscout::rope_mode::rope_planes) {
+    std::vector<int> planes(r / 2);
+    std::iota(planes.begin(), planes.end(), 0);
+    return kvscout::rope_planes_plan(rope, std::move(planes));
+  }
   kvscout::skew_plan p;
   p.mode = mode;
   p.head_dim = D;
   p.r = r;
-  p.rope = {D, 10000.f, kvscout::rope_style::split_half};
+  p.rope = rope;
   p.A.assign(static_cast<std::size_t>(D) * D, 0.f);
   for (int i = 0; i < D; ++i) p.A[static_cast<std::size_t>(i) * D + i] = 1.f;
-  if (mode == kvscout::rope_mode::rope_planes) {
-    for (int j = 0; j < r / 2; ++j) {
-      p.planes.push_back(j);
-      const auto ch = kvscout::rope_plane_channels(p.rope, j);
-      p.channels.push_back(ch.a);
-      p.channels.push_back(ch.b);
-    }
-  } else {
-    for (int c = 0; c < r; ++c) p.channels.push_back(c);
-  }
+  p.channels.resize(r);
+  std::iota(p.channels.begin(), p.channels.end(), 0);
   return p;
 }
 

@@ -17,6 +17,7 @@
 #include <memory>
 #include <random>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gpu_harness.cuh"
@@ -42,24 +43,12 @@ const kvscout::keep_set keep{4, 8};
 
 // A RoPE-plane plan: planes chosen at random, identity skew (spec/ and skew/ test the others).
 kvscout::skew_plan plane_plan(std::mt19937& rng) {
-  kvscout::skew_plan p;
-  p.mode = kvscout::rope_mode::rope_planes;
-  p.head_dim = D;
-  p.r = r;
-  p.rope = {D, 10000.f, kvscout::rope_style::interleaved};
-  p.A.assign(static_cast<std::size_t>(D) * D, 0.f);
-  for (int d = 0; d < D; ++d) p.A[static_cast<std::size_t>(d) * D + d] = 1.f;
   std::vector<int> all(D / 2);
   for (int i = 0; i < D / 2; ++i) all[i] = i;
   std::shuffle(all.begin(), all.end(), rng);
-  p.planes.assign(all.begin(), all.begin() + r / 2);
-  std::sort(p.planes.begin(), p.planes.end());
-  for (int j : p.planes) {
-    const kvscout::rope_plane pl = kvscout::rope_plane_channels(p.rope, j);
-    p.channels.push_back(pl.a);
-    p.channels.push_back(pl.b);
-  }
-  return p;
+  all.resize(r / 2);
+  std::sort(all.begin(), all.end());
+  return kvscout::rope_planes_plan({D, 10000.f, kvscout::rope_style::interleaved}, std::move(all));
 }
 
 template <class T>

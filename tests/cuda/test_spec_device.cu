@@ -24,6 +24,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_harness.cuh"
@@ -71,18 +72,12 @@ kvscout::skew_plan random_plan(const shape& sh, std::mt19937& rng) {
   p.r = sh.r;
   p.rope = {sh.D, 10000.f, sh.style};
   if (sh.mode == rope_mode::rope_planes) {
-    p.A.assign(static_cast<std::size_t>(sh.D) * sh.D, 0.f);
-    for (int d = 0; d < sh.D; ++d) p.A[static_cast<std::size_t>(d) * sh.D + d] = 1.f;
     std::vector<int> all(sh.D / 2);
     std::iota(all.begin(), all.end(), 0);
     std::shuffle(all.begin(), all.end(), rng);
-    p.planes.assign(all.begin(), all.begin() + sh.r / 2);
-    std::sort(p.planes.begin(), p.planes.end());
-    for (int j : p.planes) {
-      const kvscout::rope_plane pl = kvscout::rope_plane_channels(p.rope, j);
-      p.channels.push_back(pl.a);
-      p.channels.push_back(pl.b);
-    }
+    all.resize(sh.r / 2);
+    std::sort(all.begin(), all.end());
+    return kvscout::rope_planes_plan(p.rope, std::move(all));
   } else {
     p.A = random_orthogonal(sh.D, rng);
     std::vector<int> all(sh.D);

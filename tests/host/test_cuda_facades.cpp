@@ -9,8 +9,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvscout/cache/partial_key_cache.hpp"
@@ -46,22 +48,21 @@ T* fake(std::size_t offset = 0) {
 }
 
 kvscout::skew_plan identity_plan(int D, int r, rope_mode mode) {
+  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  if (mode == rope_mode::rope_planes) {
+    std::vector<int> planes(static_cast<std::size_t>(r / 2));
+    std::iota(planes.begin(), planes.end(), 0);
+    return kvscout::rope_planes_plan(rope, std::move(planes));
+  }
   kvscout::skew_plan p;
   p.mode = mode;
   p.head_dim = D;
   p.r = r;
-  p.rope = {D, 10000.f, kvscout::rope_style::split_half};
+  p.rope = rope;
   p.A.assign(static_cast<std::size_t>(D) * D, 0.f);
   for (int d = 0; d < D; ++d) p.A[static_cast<std::size_t>(d) * D + d] = 1.f;
-  if (mode == rope_mode::rope_planes) {
-    for (int j = 0; j < r / 2; ++j) {
-      p.planes.push_back(j);
-      p.channels.push_back(j);
-      p.channels.push_back(j + D / 2);
-    }
-  } else {
-    for (int i = 0; i < r; ++i) p.channels.push_back(i);
-  }
+  p.channels.resize(static_cast<std::size_t>(r));
+  std::iota(p.channels.begin(), p.channels.end(), 0);
   return p;
 }
 

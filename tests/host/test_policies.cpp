@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kvscout/core/simd.hpp"
@@ -242,22 +244,11 @@ TEST_CASE("infinigen with a full partial dimension scores exactly like the oracl
 
 namespace {
 
-// A valid identity plan in rope_planes mode: channels 0..r-1 are the first r/2 planes.
+// A valid identity plan in rope_planes mode: the first r/2 planes.
 kvscout::skew_plan identity_planes(int r) {
-  kvscout::skew_plan p;
-  p.mode = kvscout::rope_mode::rope_planes;
-  p.head_dim = D;
-  p.r = r;
-  p.rope = {D, 10000.f, kvscout::rope_style::split_half};
-  p.A.assign(static_cast<std::size_t>(D) * D, 0.f);
-  for (int i = 0; i < D; ++i) p.A[static_cast<std::size_t>(i) * D + i] = 1.f;
-  for (int j = 0; j < r / 2; ++j) {
-    p.planes.push_back(j);
-    const auto ch = kvscout::rope_plane_channels(p.rope, j);
-    p.channels.push_back(ch.a);
-    p.channels.push_back(ch.b);
-  }
-  return p;
+  std::vector<int> planes(r / 2);
+  std::iota(planes.begin(), planes.end(), 0);
+  return kvscout::rope_planes_plan({D, 10000.f, kvscout::rope_style::split_half}, std::move(planes));
 }
 
 template <class PkT>

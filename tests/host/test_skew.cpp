@@ -734,3 +734,32 @@ TEST_CASE("the usage examples of skew/calibrate.hpp and skew/plan.hpp run", "[sk
     CHECK(std::isfinite(s));
   }
 }
+
+TEST_CASE("rope_planes_plan keeps the given planes and checks them", "[skew]") {
+  using Catch::Contains;
+  for (const auto style : {kvscout::rope_style::split_half, kvscout::rope_style::interleaved}) {
+    const kvscout::rope_config rope{64, 10000.f, style};
+    const kvscout::skew_plan p = kvscout::rope_planes_plan(rope, {1, 5, 31});
+    REQUIRE(p.mode == rope_mode::rope_planes);
+    REQUIRE(p.head_dim == 64);
+    REQUIRE(p.r == 6);
+    REQUIRE(p.planes == std::vector<int>{1, 5, 31});
+    for (int i = 0; i < 3; ++i) {
+      const kvscout::rope_plane ch = kvscout::rope_plane_channels(rope, p.planes[i]);
+      REQUIRE(p.channels[2 * i] == ch.a);
+      REQUIRE(p.channels[2 * i + 1] == ch.b);
+    }
+    for (int d = 0; d < 64; ++d)
+      for (int e = 0; e < 64; ++e) REQUIRE(p.A[static_cast<std::size_t>(d) * 64 + e] == (d == e ? 1.f : 0.f));
+    kvscout::detail::check_plan(p);  // what decode code relies on
+  }
+  const kvscout::rope_config rope{64, 10000.f, kvscout::rope_style::split_half};
+  REQUIRE_THROWS_WITH(kvscout::rope_planes_plan(rope, {}), Contains("no planes given"));
+  REQUIRE_THROWS_WITH(kvscout::rope_planes_plan(rope, {3, 32}),
+                      Contains("plane 32 (entry 1) is outside [0, 32)"));
+  REQUIRE_THROWS_WITH(kvscout::rope_planes_plan(rope, {-1}), Contains("plane -1 (entry 0)"));
+  REQUIRE_THROWS_WITH(kvscout::rope_planes_plan(rope, {4, 4}),
+                      Contains("strictly ascending: 4 then 4"));
+  REQUIRE_THROWS_WITH(kvscout::rope_planes_plan({63, 10000.f, kvscout::rope_style::split_half}, {0}),
+                      Contains("head_dim must be a positive even number, got 63"));
+}

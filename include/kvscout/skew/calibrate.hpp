@@ -149,16 +149,7 @@ inline skew_plan calibrate_skew(host_span<const float> q_samples, host_span<cons
         opts.union_with_keys
             ? detail::rank_by_score(plane_scores(k_samples.data(), static_cast<std::size_t>(n)))
             : std::vector<int>{};
-    plan.planes = detail::pick_top(q_rank, k_rank, r / 2);
-    plan.channels.reserve(static_cast<std::size_t>(r));
-    for (int j : plan.planes) {
-      const rope_plane p = rope_plane_channels(plan.rope, j);
-      plan.channels.push_back(p.a);
-      plan.channels.push_back(p.b);
-    }
-    plan.A.assign(D * D, 0.f);
-    for (std::size_t d = 0; d < D; ++d) plan.A[d * D + d] = 1.f;
-    return plan;
+    return rope_planes_plan(plan.rope, detail::pick_top(q_rank, k_rank, r / 2));
   }
 
   // Skew modes. Q [n * g, D] in double; only V is needed, never U (which would be [n * g]^2).

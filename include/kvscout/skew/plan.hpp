@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kvscout/core/error.hpp"
@@ -93,6 +94,39 @@ struct skew_plan {
   /// [r / 2] ascending RoPE planes (rope_planes only; empty otherwise).
   std::vector<int> planes;
 };
+
+/// The rope_planes plan that keeps the given RoPE planes (each a pair of channels, in the model's
+/// channel convention): A = identity, channels (a_0, b_0, a_1, b_1, ...) of planes[0], planes[1],
+/// .... calibrate_skew uses it with the planes it ranks; an engine that picks planes another way
+/// builds its plan here. rope.head_dim is the head dimension; planes must be strictly ascending,
+/// in [0, head_dim / 2), and at least one.
+inline skew_plan rope_planes_plan(const rope_config& rope, std::vector<int> planes) {
+  const int D = rope.head_dim;
+  KVSCOUT_EXPECTS(D >= 2 && D % 2 == 0, "rope_planes_plan: head_dim must be a positive even number, got ",
+                  D);
+  KVSCOUT_EXPECTS(!planes.empty(), "rope_planes_plan: no planes given");
+  for (std::size_t i = 0; i < planes.size(); ++i) {
+    KVSCOUT_EXPECTS(planes[i] >= 0 && planes[i] < D / 2, "rope_planes_plan: plane ", planes[i],
+                    " (entry ", i, ") is outside [0, ", D / 2, ")");
+    KVSCOUT_EXPECTS(i == 0 || planes[i - 1] < planes[i], "rope_planes_plan: planes must be strictly ascending: ",
+                    planes[i - 1], " then ", planes[i]);
+  }
+  skew_plan plan;
+  plan.mode = rope_mode::rope_planes;
+  plan.head_dim = D;
+  plan.r = 2 * static_cast<int>(planes.size());
+  plan.rope = rope;
+  plan.A.assign(static_cast<std::size_t>(D) * D, 0.f);
+  for (int d = 0; d < D; ++d) plan.A[static_cast<std::size_t>(d) * D + d] = 1.f;
+  plan.channels.reserve(static_cast<std::size_t>(plan.r));
+  for (int j : planes) {
+    const rope_plane p = rope_plane_channels(rope, j);
+    plan.channels.push_back(p.a);
+    plan.channels.push_back(p.b);
+  }
+  plan.planes = std::move(planes);
+  return plan;
+}
 
 namespace detail {
 
