@@ -33,16 +33,14 @@
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/paged.hpp"
 
-// Streaming (non-temporal) stores for large gathers: 64-byte ones where the compiler targets
-// AVX-512, 16-byte ones on any other x86-64 (SSE2), plain copies elsewhere.
-#define KVSCOUT_GATHER_STREAM KVSCOUT_HOST_SSE2
-
 namespace kvscout {
 
 namespace detail {
 
-/// Whether streaming stores are compiled in, and the destination alignment they need.
-inline constexpr bool gather_can_stream = KVSCOUT_GATHER_STREAM != 0;
+/// Whether streaming (non-temporal) stores are compiled in: 64-byte ones where the compiler
+/// targets AVX-512, 16-byte ones on any other x86-64 (SSE2), plain copies elsewhere; and the
+/// destination alignment they need.
+inline constexpr bool gather_can_stream = KVSCOUT_HOST_SSE2 != 0;
 #if KVSCOUT_HOST_AVX512
 inline constexpr std::size_t gather_stream_width = 64;
 #else
@@ -53,7 +51,7 @@ inline constexpr std::size_t gather_stream_width = 16;
 /// fences once at the end: stream_fence).
 template <bool Streaming>
 inline void copy_row_bytes(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
-#if KVSCOUT_GATHER_STREAM
+#if KVSCOUT_HOST_SSE2
   if constexpr (Streaming) {
     constexpr std::size_t w = gather_stream_width;
     if (reinterpret_cast<std::uintptr_t>(dst) % w == 0 && n % w == 0) {
@@ -88,7 +86,7 @@ inline void copy_row_bytes(std::byte* dst, const std::byte* src, std::size_t n) 
 /// Orders the streaming stores before whatever the caller does next (they are weakly ordered).
 template <bool Streaming>
 inline void stream_fence() noexcept {
-#if KVSCOUT_GATHER_STREAM
+#if KVSCOUT_HOST_SSE2
   if constexpr (Streaming) _mm_sfence();
 #endif
 }

@@ -36,12 +36,10 @@
 #include "kvscout/select/detail/checks.hpp"
 #include "kvscout/select/detail/radix_select.hpp"
 
-// The scans use SSE2 where the compiler targets it, and AVX-512 versions of the hottest scans
-// where it targets that too (-march=native on a CPU that has it): 16 scores per compare, a mask
-// test per block, compress of the rare candidates. The SSE2 and portable versions stay, and the
-// tests compare them.
-#define KVSCOUT_SELECT_SSE2 KVSCOUT_HOST_SSE2
-#define KVSCOUT_SELECT_AVX512 KVSCOUT_HOST_AVX512
+// The scans use SSE2 where the compiler targets it (KVSCOUT_HOST_SSE2), and AVX-512 versions of
+// the hottest scans where it targets that too (KVSCOUT_HOST_AVX512, -march=native on a CPU that
+// has it): 16 scores per compare, a mask test per block, compress of the rare candidates. The
+// SSE2 and portable versions stay, and the tests compare them.
 
 namespace kvscout::detail {
 
@@ -93,14 +91,14 @@ inline int emit_range(int begin, int end, std::int32_t* out) {
 // ---- row scans ---------------------------------------------------------------------------------
 
 /// Whether the scans below use SSE2 by default.
-inline constexpr bool select_simd = KVSCOUT_SELECT_SSE2 != 0;
+inline constexpr bool select_simd = KVSCOUT_HOST_SSE2 != 0;
 
 /// The largest non-NaN of p[0, n) and init.
 template <bool Simd = select_simd>
 float max_of(const float* p, int n, float init) {
   int i = 0;
   float m = init;
-#if KVSCOUT_SELECT_AVX512
+#if KVSCOUT_HOST_AVX512
   if constexpr (Simd) {
     // _mm512_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
     __m512 a0 = _mm512_set1_ps(init), a1 = a0, a2 = a0, a3 = a0;
@@ -112,7 +110,7 @@ float max_of(const float* p, int n, float init) {
     }
     m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3)));
   }
-#elif KVSCOUT_SELECT_SSE2
+#elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
     // _mm_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
     __m128 a0 = _mm_set1_ps(init), a1 = a0, a2 = a0, a3 = a0;
@@ -137,7 +135,7 @@ template <bool Simd = select_simd>
 int count_at_least(const float* p, int n, float bound) {
   int i = 0;
   int c = 0;
-#if KVSCOUT_SELECT_SSE2
+#if KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
     const __m128 b = _mm_set1_ps(bound);
     // A true compare is all ones = -1: subtracting it counts.
@@ -158,7 +156,7 @@ int count_at_least(const float* p, int n, float bound) {
   return c;
 }
 
-#if KVSCOUT_SELECT_SSE2
+#if KVSCOUT_HOST_SSE2
 /// For a 4-bit compare mask: the lanes that passed, packed to the front, and how many.
 struct compress_table {
   alignas(16) std::int32_t lanes[16][4];
@@ -207,7 +205,7 @@ template <bool Simd = select_simd>
 int compact_at_least(const float* p, int n, int first, float bound, std::int32_t* out) {
   int i = 0;
   int c = 0;
-#if KVSCOUT_SELECT_SSE2
+#if KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
     const __m128 b = _mm_set1_ps(bound);
     // Block i writes at most out[c, c + 16) with c <= i, inside out[0, n).
@@ -258,7 +256,7 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
     const float f = threshold_floor(known, alpha);
     return f > lower ? f : lower;
   };
-#if KVSCOUT_SELECT_AVX512
+#if KVSCOUT_HOST_AVX512
   if constexpr (Simd) {
     // Four running maxima, one per 16-score vector of a 64-score group. _mm512_max_ps(x, acc)
     // returns acc where x is NaN: acc never holds a NaN; a NaN compares false (ordered compare),
@@ -329,7 +327,7 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
     m = _mm512_reduce_max_ps(
         _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
   }
-#elif KVSCOUT_SELECT_SSE2
+#elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
     // Four running maxima, one per vector of a 16-score block. _mm_max_ps(x, acc) returns acc
     // where x is NaN: they never hold a NaN.
@@ -375,7 +373,7 @@ template <bool Simd = select_simd>
 int filter_at_least(const float* row, std::int32_t* list, int n, float floor) {
   int i = 0;
   int c = 0;
-#if KVSCOUT_SELECT_AVX512
+#if KVSCOUT_HOST_AVX512
   if constexpr (Simd) {
     const __m512 f = _mm512_set1_ps(floor);
     // list[c, c + 16) with c <= i: the store never passes what has been read.
