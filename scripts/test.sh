@@ -2,7 +2,8 @@
 # Sets up a fresh Debian machine and runs every test kvscout has:
 #   1. the main build (host tests, compile-fail tests, packaging tests, examples; CUDA targets
 #      compiled for sm_90 when nvcc exists, GPU tests skipped without a device),
-#   2. the host tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+#   2. the host tests (the CUDA kernels on the SIMT emulator included) again under
+#      AddressSanitizer + UndefinedBehaviorSanitizer.
 # Exits non-zero on any failure.
 #
 #   bash scripts/test.sh
@@ -29,5 +30,5 @@ echo "== kvscout: host tests under address,undefined sanitizers (build-asan/)"
 cmake -S "$root" -B "$root/build-asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DKVSCOUT_SANITIZE=address,undefined -DKVSCOUT_ENABLE_CUDA=OFF -DKVSCOUT_BUILD_BENCHMARKS=OFF
 cmake --build "$root/build-asan" -j "$jobs" --target kvscout_host_tests kvscout_select_tests_native \
-  kvscout_model_tests kvscout_readme_example 00_host_gather
+  kvscout_model_tests kvscout_readme_example 00_host_gather kvscout_simt_tests
 (cd "$root/build-asan" && ctest -j "$jobs" --output-on-failure -L "host|model" -LE compile_fail)

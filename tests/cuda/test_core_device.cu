@@ -8,6 +8,7 @@
 
 #include "gpu_harness.cuh"
 #include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/kvscout.hpp"
 
 namespace {
@@ -30,7 +31,7 @@ void check_round_trip() {
   KVSCOUT_CUDA_CHECK(cudaMalloc(&d_out, n * sizeof(float)));
   KVSCOUT_CUDA_CHECK(cudaMemcpy(d_in, in.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   KVSCOUT_CUDA_CHECK(cudaMemset(d_out, 0xff, n * sizeof(float)));  // poison
-  round_trip_kernel<T><<<(n + 255) / 256, 256>>>(d_in, d_out, n);
+  kvscout::detail::launch(round_trip_kernel<T>, (n + 255) / 256, 256, 0, nullptr, d_in, d_out, n);
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
   KVSCOUT_CUDA_CHECK(cudaMemcpy(out.data(), d_out, n * sizeof(float), cudaMemcpyDeviceToHost));
   int mismatches = 0;
@@ -62,7 +63,8 @@ void check_layout_math_on_device() {
   KVSCOUT_CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), 4, cudaMemcpyHostToDevice));
   paged host_l({table.data(), lens.data(), blocks, 1}, heads);
   paged dev_l({d_table, d_lens, blocks, 1}, heads);  // same math, device-resident metadata
-  offsets_kernel<<<(len * heads + 127) / 128, 128>>>(dev_l, d_out, len, heads);
+  kvscout::detail::launch(offsets_kernel, (len * heads + 127) / 128, 128, 0, nullptr, dev_l, d_out,
+                          len, heads);
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
   std::vector<std::size_t> out(len * heads);
   KVSCOUT_CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size() * sizeof(std::size_t),

@@ -29,6 +29,7 @@
 
 #include <cstddef>
 
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/attention/detail/decode_device_checks.hpp"
 #include "kvscout/attention/detail/decode_kernel.cuh"
@@ -75,7 +76,7 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
                                             p.scale,
                                             device_status};
   const dim3 grid(static_cast<unsigned>(S * H), static_cast<unsigned>((g + G - 1) / G));
-  detail::decode_attention_kernel<Rows, T, W><<<grid, W * 32, 0, stream>>>(prm);
+  detail::launch(detail::decode_attention_kernel<Rows, T, W>, grid, W * 32, 0, stream, prm);
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -5,7 +5,13 @@
 // score math. Under nvcc they are __host__ __device__ __forceinline__; under a plain host
 // compiler they are ordinary inline functions, so the same code is tested on the CPU.
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
+#if defined(KVSCOUT_SIMT_HOST)
+// The host SIMT emulator of the tests (tests/simt): device code compiled by the host compiler and
+// run on the CPU, with the device paths (intrinsics, atomics) taken.
+#define KVSCOUT_HOST_DEVICE inline
+#define KVSCOUT_DEVICE inline
+#define KVSCOUT_CUDA_COMPILER 1
+#elif defined(__CUDACC__) || defined(__HIPCC__)
 #define KVSCOUT_HOST_DEVICE __host__ __device__ __forceinline__
 #define KVSCOUT_DEVICE __device__ __forceinline__
 #define KVSCOUT_CUDA_COMPILER 1
@@ -15,8 +21,8 @@
 #define KVSCOUT_CUDA_COMPILER 0
 #endif
 
-// True while compiling device code (the device pass of nvcc).
-#if defined(__CUDA_ARCH__)
+// True while compiling device code (the device pass of nvcc, or the SIMT emulator).
+#if defined(__CUDA_ARCH__) || defined(KVSCOUT_SIMT_HOST)
 #define KVSCOUT_DEVICE_PASS 1
 #else
 #define KVSCOUT_DEVICE_PASS 0

@@ -36,6 +36,7 @@
 #include <memory>
 #include <vector>
 
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/backend/cuda/event_completion.hpp"
 #include "kvscout/backend/host/thread_pool.hpp"
 #include "kvscout/core/cuda_check.hpp"
@@ -190,7 +191,8 @@ class staged_executor {
       detail::staged_scatter_params p{landing_, header,       dst.k.data(),  dst.v.data(),
                                       kb,       vb,           pairs,         cfg_.capacity};
       const long long grid = std::min<long long>(pairs, 1024);
-      detail::staged_scatter_kernel<><<<static_cast<unsigned>(grid), 256, 0, cfg_.stream>>>(p);
+      detail::launch(detail::staged_scatter_kernel<>, static_cast<unsigned>(grid), 256, 0,
+                     cfg_.stream, p);
       KVSCOUT_CUDA_CHECK(cudaGetLastError());
     }
     events_[stage].record(cfg_.stream);

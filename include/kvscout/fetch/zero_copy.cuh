@@ -47,6 +47,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/backend/cuda/device_status.hpp"
 #include "kvscout/backend/cuda/event_completion.hpp"
 #include "kvscout/core/cuda_check.hpp"
@@ -301,9 +302,8 @@ class zero_copy_executor {
                                          cache ? cache->rows.v.data() : nullptr,
                                          cache ? cache->hits : nullptr};
       const long long grid = items < cfg_.max_blocks ? items : cfg_.max_blocks;
-      detail::zero_copy_gather_kernel<Layout>
-          <<<static_cast<unsigned>(grid), static_cast<unsigned>(cfg_.threads_per_block), 0,
-             cfg_.stream>>>(p);
+      detail::launch(detail::zero_copy_gather_kernel<Layout>, static_cast<unsigned>(grid),
+                     static_cast<unsigned>(cfg_.threads_per_block), 0, cfg_.stream, p);
       KVSCOUT_CUDA_CHECK(cudaGetLastError());
     }
     event_.record(cfg_.stream);

@@ -65,6 +65,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/backend/cuda/device_status.hpp"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/dtype.hpp"
@@ -352,8 +353,8 @@ void append_token_device(const L& layout, device_span<std::byte> k, device_span<
                                  v_new.data(),
                                  positions,
                                  device_status};
-  detail::append_token_kernel<L, In>
-      <<<static_cast<unsigned>(layout.num_seqs()), detail::append_threads, 0, stream>>>(p);
+  detail::launch(detail::append_token_kernel<L, In>, static_cast<unsigned>(layout.num_seqs()),
+                 detail::append_threads, 0, stream, p);
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -375,8 +376,8 @@ void kivi_append_device(const L& layout, const kivi_buffers<device_space>& b,
                                       b.k_params.data(), b.k_residual.data(), b.v_residual.data(),
                                       seq_lens,     k_new.data(),        v_new.data(),
                                       device_status};
-  detail::kivi_append_kernel<L, In>
-      <<<static_cast<unsigned>(layout.num_seqs()), detail::append_threads, 0, stream>>>(p);
+  detail::launch(detail::kivi_append_kernel<L, In>, static_cast<unsigned>(layout.num_seqs()),
+                 detail::append_threads, 0, stream, p);
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
@@ -76,11 +77,13 @@ class threshold_selector_cuda {
     p.keep = cfg_.keep;
     const unsigned grid = static_cast<unsigned>(rows);
     if (cfg_.rule == threshold_rule::per_head) {
-      detail::threshold_rows<><<<grid, detail::select_block_threads, 0, stream>>>(p);
+      detail::launch(detail::threshold_rows<>, grid, detail::select_block_threads, 0, stream, p);
     } else {
-      detail::threshold_mean_counts<><<<grid, detail::select_block_threads, 0, stream>>>(p);
+      detail::launch(detail::threshold_mean_counts<>, grid, detail::select_block_threads, 0, stream,
+                     p);
       KVSCOUT_CUDA_CHECK(cudaGetLastError());
-      detail::threshold_mean_rows<><<<grid, detail::select_block_threads, 0, stream>>>(p);
+      detail::launch(detail::threshold_mean_rows<>, grid, detail::select_block_threads, 0, stream,
+                     p);
     }
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }

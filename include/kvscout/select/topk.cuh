@@ -20,6 +20,7 @@
 
 #include <cstddef>
 
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
@@ -64,7 +65,8 @@ class topk_selector_cuda {
     p.capacity = cfg_.capacity;
     p.budget = cfg_.budget;
     p.keep = cfg_.keep;
-    detail::topk_rows<><<<static_cast<unsigned>(rows), detail::select_block_threads, 0, stream>>>(p);
+    detail::launch(detail::topk_rows<>, static_cast<unsigned>(rows), detail::select_block_threads,
+                   0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
 

@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
@@ -140,8 +141,9 @@ class infinigen_speculator_cuda {
     p.head_dim = cfg_.head_dim;
     p.r = cfg_.r;
     p.mode = cfg_.mode;
-    detail::append_keys<PkT><<<dim3(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads)),
-                                detail::spec_append_threads, 0, stream>>>(p);
+    detail::launch(detail::append_keys<PkT>,
+                   dim3(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads)),
+                   detail::spec_append_threads, 0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -155,10 +157,11 @@ class infinigen_speculator_cuda {
     const int total_rows = p.num_q_heads * p.rows;
     const unsigned gemv_blocks =
         static_cast<unsigned>((total_rows + detail::spec_gemv_warps - 1) / detail::spec_gemv_warps);
-    detail::partial_query_gemv<PkT><<<gemv_blocks, detail::spec_block_threads, 0, stream>>>(p);
+    detail::launch(detail::partial_query_gemv<PkT>, gemv_blocks, detail::spec_block_threads, 0,
+                   stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
-    detail::partial_query_finish<PkT>
-        <<<static_cast<unsigned>(p.num_seqs), detail::spec_block_threads, 0, stream>>>(p);
+    detail::launch(detail::partial_query_finish<PkT>, static_cast<unsigned>(p.num_seqs),
+                   detail::spec_block_threads, 0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
     const int chunks = (p.max_len + detail::spec_tokens_per_block - 1) / detail::spec_tokens_per_block;
     const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(p.num_kv_heads),
@@ -167,12 +170,14 @@ class infinigen_speculator_cuda {
     with_group(p.group, [&](auto G) {
       constexpr int g = decltype(G)::value;
       if (cfg_.aggregation == gqa_aggregation::sum_prob) {
-        detail::softmax_stats<PkT, g><<<grid, detail::spec_block_threads, q_bytes, stream>>>(p);
+        detail::launch(detail::softmax_stats<PkT, g>, grid, detail::spec_block_threads, q_bytes,
+                       stream, p);
         KVSCOUT_CUDA_CHECK(cudaGetLastError());
-        detail::score_sum_prob<PkT, g><<<grid, detail::spec_block_threads,
-                                         q_bytes + 2 * sizeof(float) * p.group, stream>>>(p);
+        detail::launch(detail::score_sum_prob<PkT, g>, grid, detail::spec_block_threads,
+                       q_bytes + 2 * sizeof(float) * p.group, stream, p);
       } else {
-        detail::score_group<PkT, g><<<grid, detail::spec_block_threads, q_bytes, stream>>>(p);
+        detail::launch(detail::score_group<PkT, g>, grid, detail::spec_block_threads, q_bytes,
+                       stream, p);
       }
       KVSCOUT_CUDA_CHECK(cudaGetLastError());
     });

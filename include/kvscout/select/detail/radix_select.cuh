@@ -62,17 +62,17 @@ struct select_params {
 template <int Threads, int Items>
 struct select_shared {
   static_assert(radix_buckets % Threads == 0, "each thread owns whole buckets");
-  using load = cub::BlockLoad<float, Threads, Items, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-  using scan64 = cub::BlockScan<unsigned long long, Threads>;
-  using scan32 = cub::BlockScan<int, Threads>;
-  using reduce_f = cub::BlockReduce<float, Threads>;
-  using reduce_ll = cub::BlockReduce<long long, Threads>;
+  using load_t = cub::BlockLoad<float, Threads, Items, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  using scan64_t = cub::BlockScan<unsigned long long, Threads>;
+  using scan32_t = cub::BlockScan<int, Threads>;
+  using reduce_f_t = cub::BlockReduce<float, Threads>;
+  using reduce_ll_t = cub::BlockReduce<long long, Threads>;
   union {
-    typename load::TempStorage load;
-    typename scan64::TempStorage scan64;
-    typename scan32::TempStorage scan32;
-    typename reduce_f::TempStorage reduce_f;
-    typename reduce_ll::TempStorage reduce_ll;
+    typename load_t::TempStorage load;
+    typename scan64_t::TempStorage scan64;
+    typename scan32_t::TempStorage scan32;
+    typename reduce_f_t::TempStorage reduce_f;
+    typename reduce_ll_t::TempStorage reduce_ll;
   } temp;
   std::uint32_t hist[radix_buckets];
   int found_bucket;
@@ -95,7 +95,7 @@ template <int Threads>
 KVSCOUT_DEVICE float block_row_max(const float* row, int n, select_smem& sm) {
   float m = -INFINITY;
   for (int i = static_cast<int>(threadIdx.x); i < n; i += Threads) m = fmaxf(m, row[i]);
-  const float total = select_smem::reduce_f(sm.temp.reduce_f).Reduce(m, max_op{});
+  const float total = select_smem::reduce_f_t(sm.temp.reduce_f).Reduce(m, max_op{});
   if (threadIdx.x == 0) sm.broadcast_f = total;
   __syncthreads();
   const float r = sm.broadcast_f;
@@ -109,7 +109,7 @@ KVSCOUT_DEVICE long long block_count_at_least(const float* row, int a, int b, fl
                                               select_smem& sm) {
   long long c = 0;
   for (int i = a + static_cast<int>(threadIdx.x); i < b; i += Threads) c += row[i] >= bound ? 1 : 0;
-  const long long total = select_smem::reduce_ll(sm.temp.reduce_ll).Reduce(c, sum_op{});
+  const long long total = select_smem::reduce_ll_t(sm.temp.reduce_ll).Reduce(c, sum_op{});
   if (threadIdx.x == 0) sm.broadcast_ll = total;
   __syncthreads();
   const long long r = sm.broadcast_ll;
@@ -149,7 +149,7 @@ KVSCOUT_DEVICE radix_cut block_radix_cut(const float* row, int a, int b, std::ui
       sum += cnt[q];
     }
     int above = 0, total = 0;
-    select_smem::scan32(sm.temp.scan32).ExclusiveSum(sum, above, total);
+    select_smem::scan32_t(sm.temp.scan32).ExclusiveSum(sum, above, total);
     if (pass == 0 && total <= kk) {
       __syncthreads();
       return radix_cut{lo - 1u, 0};  // every key >= lo fits
@@ -186,7 +186,7 @@ KVSCOUT_DEVICE int block_compact(const float* row, int a, int b, radix_cut cut, 
     float v[Items];
     // Past the range: NaN, key 0, never taken (cut.key >= 0 and a key-0 tie needs cut.ties > 0,
     // which radix_cut_at never gives key 0).
-    select_smem::load(sm.temp.load).Load(row + t0, v, valid, __int_as_float(0x7fc00000));
+    select_smem::load_t(sm.temp.load).Load(row + t0, v, valid, __int_as_float(0x7fc00000));
     __syncthreads();
     std::uint32_t key[Items];
     unsigned gt = 0, eq = 0;
@@ -198,7 +198,7 @@ KVSCOUT_DEVICE int block_compact(const float* row, int a, int b, radix_cut cut, 
     }
     const unsigned long long packed = (static_cast<unsigned long long>(eq) << 32) | gt;
     unsigned long long before = 0, total = 0;
-    select_smem::scan64(sm.temp.scan64).ExclusiveSum(packed, before, total);
+    select_smem::scan64_t(sm.temp.scan64).ExclusiveSum(packed, before, total);
     __syncthreads();
     unsigned long long g_before = gt_base + (before & 0xffffffffull);
     unsigned long long e_before = eq_base + (before >> 32);
@@ -314,12 +314,12 @@ __global__ void __launch_bounds__(Threads)
     total += c >= 0 ? c : 0;
     nonempty += c >= 0 ? 1 : 0;
   }
-  total = select_smem::reduce_ll(sm.temp.reduce_ll).Reduce(total, sum_op{});
+  total = select_smem::reduce_ll_t(sm.temp.reduce_ll).Reduce(total, sum_op{});
   if (threadIdx.x == 0) sm.broadcast_ll = total;
   __syncthreads();
   total = sm.broadcast_ll;
   __syncthreads();
-  nonempty = select_smem::reduce_ll(sm.temp.reduce_ll).Reduce(nonempty, sum_op{});
+  nonempty = select_smem::reduce_ll_t(sm.temp.reduce_ll).Reduce(nonempty, sum_op{});
   if (threadIdx.x == 0) sm.broadcast_ll = nonempty;
   __syncthreads();
   nonempty = sm.broadcast_ll;

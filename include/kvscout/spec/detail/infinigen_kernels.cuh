@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/skew/plan.hpp"
@@ -203,7 +204,7 @@ KVSCOUT_DEVICE void load_group(const infinigen_params<PkT>& p, int s, int h, flo
 template <class PkT, int G>
 __global__ void __launch_bounds__(spec_block_threads)
     score_group(const __grid_constant__ infinigen_params<PkT> p) {
-  extern __shared__ float qs[];  // [g, r]
+  float* const qs = dynamic_shared<float>();  // [g, r]
   constexpr int GC = G > 0 ? G : 8;
   const int s = static_cast<int>(blockIdx.z);
   const int h = static_cast<int>(blockIdx.y);
@@ -253,7 +254,7 @@ struct softmax_stats_merge {
 template <class PkT, int G>
 __global__ void __launch_bounds__(spec_block_threads)
     softmax_stats(const __grid_constant__ infinigen_params<PkT> p) {
-  extern __shared__ float qs[];  // [g, r]
+  float* const qs = dynamic_shared<float>();  // [g, r]
   using reduce = cub::BlockReduce<float2, spec_block_threads>;
   __shared__ typename reduce::TempStorage temp;
   constexpr int GC = G > 0 ? G : 8;
@@ -293,7 +294,7 @@ __global__ void __launch_bounds__(spec_block_threads)
 template <class PkT, int G>
 __global__ void __launch_bounds__(spec_block_threads)
     score_sum_prob(const __grid_constant__ infinigen_params<PkT> p) {
-  extern __shared__ float qs[];  // [g, r], then m [g], l [g]
+  float* const qs = dynamic_shared<float>();  // [g, r], then m [g], l [g]
   constexpr int GC = G > 0 ? G : 8;
   const int s = static_cast<int>(blockIdx.z);
   const int h = static_cast<int>(blockIdx.y);

@@ -1,0 +1,45 @@
+#pragma once
+// How kvscout launches a kernel and reaches its dynamic shared memory. Every
+// launch site calls detail::launch instead of writing <<<>>>, and every kernel
+// that takes dynamic shared memory asks detail::dynamic_shared for it. Under
+// nvcc these are exactly the launch and the `extern __shared__` array; under
+// the host SIMT emulator of the tests (tests/simt, which defines
+// KVSCOUT_SIMT_HOST) the same kernels run on the CPU, so CI executes every
+// kernel even though it has no GPU.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "kvscout/core/config.hpp"
+
+namespace kvscout::detail {
+
+/// kernel<<<grid, block, smem, stream>>>(args...). The arguments convert to the
+/// kernel's parameter types here, as they would at the launch.
+template <class... Params, class... Args>
+inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block,
+                   std::size_t smem, cudaStream_t stream, Args &&...args) {
+  static_assert(sizeof...(Params) == sizeof...(Args),
+                "a kernel launch with the wrong argument count");
+#if defined(KVSCOUT_SIMT_HOST)
+  ::kvscout_simt::launch(kernel, grid, block, smem, stream,
+                         std::forward<Args>(args)...);
+#else
+  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+#endif
+}
+
+/// The block's dynamic shared memory (the launch's `smem` bytes), 16-byte
+/// aligned.
+template <class T> KVSCOUT_DEVICE T *dynamic_shared() {
+#if defined(KVSCOUT_SIMT_HOST)
+  return static_cast<T *>(::kvscout_simt::detail::dynamic_shared());
+#else
+  extern __shared__ __align__(16) unsigned char kvscout_dynamic_shared[];
+  return reinterpret_cast<T *>(kvscout_dynamic_shared);
+#endif
+}
+
+} // namespace kvscout::detail

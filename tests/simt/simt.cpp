@@ -1,0 +1,774 @@
+// The host SIMT emulator (see kvscout_simt/prelude.hpp): the fiber scheduler that runs a grid, and
+// the subset of the CUDA runtime API that kvscout and its GPU tests call, so that those tests link
+// and run without libcudart or a device.
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "kvscout_simt/prelude.hpp"
+
+// ---- the opaque handle types of the runtime, completed here ---------------------------------------
+struct CUstream_st {
+  bool capturing = false;
+};
+struct CUevent_st {
+  unsigned long long captured_in = 0;  // the capture it was recorded in (0: none)
+  CUstream_st* stream = nullptr;       // ... on this stream,
+  std::size_t covers = 0;              // ... after this many captured operations
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> ops;
+};
+
+namespace kvscout_simt::detail {
+namespace {
+
+[[noreturn]] void fatal(const char* what) {
+  std::fprintf(stderr, "simt: %s\n", what);
+  std::abort();
+}
+
+// ---- fibers -------------------------------------------------------------------------------------
+// On x86-64 a fiber switch saves the callee-saved registers and the FP control words on the old
+// stack and swaps stack pointers (no system call, unlike swapcontext, which also switches the
+// signal mask); AddressSanitizer is told of each switch. Elsewhere, ucontext.
+#if defined(__x86_64__)
+#define KVSCOUT_SIMT_ASM_SWITCH 1
+#else
+#define KVSCOUT_SIMT_ASM_SWITCH 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) && KVSCOUT_SIMT_ASM_SWITCH
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define KVSCOUT_SIMT_ASAN 1
+#else
+#define KVSCOUT_SIMT_ASAN 0
+#endif
+
+constexpr std::size_t stack_bytes = 256 * 1024;
+
+#if KVSCOUT_SIMT_ASM_SWITCH
+// kvscout_simt_switch(&save, next): pushes rbp, rbx, r12-r15 and the MXCSR / x87 control words,
+// stores the stack pointer in *save, loads `next` and pops the same from there.
+extern "C" void kvscout_simt_switch(void** save, void* next);
+asm(R"(
+  .text
+  .p2align 4
+  .globl kvscout_simt_switch
+  .hidden kvscout_simt_switch
+  .type kvscout_simt_switch, @function
+kvscout_simt_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size kvscout_simt_switch, .-kvscout_simt_switch
+)");
+#endif
+
+struct fiber {
+#if KVSCOUT_SIMT_ASM_SWITCH
+  void* sp = nullptr;
+  void* fake_stack = nullptr;  // AddressSanitizer's, while switched out
+#else
+  ucontext_t ctx{};
+#endif
+  std::unique_ptr<char[]> stack;
+  thread_state state{};
+  unsigned linear = 0;
+  bool done = false;
+  unsigned warp_ops = 0;  // shuffles done so far: the parity picks the exchange buffer
+};
+
+struct warp_state {
+  unsigned live = 0;
+  unsigned arrived = 0;
+  unsigned long long gen = 0;
+  std::uint64_t values[2][32] = {};
+};
+
+struct block_run {
+  const std::function<void()>* body = nullptr;
+  std::vector<fiber>* fibers = nullptr;
+  unsigned count = 0;  // threads in the block
+  unsigned live = 0;
+  unsigned arrived = 0;
+  unsigned long long gen = 0;
+  int acc_or = 0, acc_count = 0;
+  const char* site = nullptr;  // the __syncthreads the first arrival of this generation waits at
+  int result_or[2] = {0, 0}, result_count[2] = {0, 0};
+  std::vector<warp_state> warps;
+  std::vector<unsigned char> dynamic;
+#if KVSCOUT_SIMT_ASM_SWITCH
+  void* scheduler = nullptr;
+#else
+  ucontext_t scheduler{};
+#endif
+  fiber* current = nullptr;
+  unsigned long long progress = 0;
+};
+
+block_run* g_block = nullptr;
+#if KVSCOUT_SIMT_ASAN
+const void* g_scheduler_bottom = nullptr;  // the scheduler's stack, as AddressSanitizer reports it
+std::size_t g_scheduler_size = 0;
+void* g_scheduler_fake = nullptr;
+#endif
+std::vector<fiber> g_fibers;  // reused between launches (the stacks are the cost)
+
+// From a fiber to the scheduler, and back.
+void yield() {
+#if KVSCOUT_SIMT_ASM_SWITCH
+  fiber& f = *g_block->current;
+#if KVSCOUT_SIMT_ASAN
+  __sanitizer_start_switch_fiber(&f.fake_stack, g_scheduler_bottom, g_scheduler_size);
+#endif
+  kvscout_simt_switch(&f.sp, g_block->scheduler);
+#if KVSCOUT_SIMT_ASAN
+  __sanitizer_finish_switch_fiber(f.fake_stack, &g_scheduler_bottom, &g_scheduler_size);
+#endif
+#else
+  swapcontext(&g_block->current->ctx, &g_block->scheduler);
+#endif
+}
+
+// From the scheduler into a fiber, until it yields or ends.
+void resume(fiber& f) {
+  g_block->current = &f;
+#if KVSCOUT_SIMT_ASM_SWITCH
+#if KVSCOUT_SIMT_ASAN
+  __sanitizer_start_switch_fiber(&g_scheduler_fake, f.stack.get(), stack_bytes);
+#endif
+  kvscout_simt_switch(&g_block->scheduler, f.sp);
+#if KVSCOUT_SIMT_ASAN
+  __sanitizer_finish_switch_fiber(g_scheduler_fake, nullptr, nullptr);
+#endif
+#else
+  swapcontext(&g_block->scheduler, &f.ctx);
+#endif
+}
+
+void release_block(block_run& b) {
+  b.result_or[b.gen & 1] = b.acc_or;
+  b.result_count[b.gen & 1] = b.acc_count;
+  b.acc_or = 0;
+  b.acc_count = 0;
+  b.arrived = 0;
+  b.site = nullptr;
+  ++b.gen;
+  ++b.progress;
+}
+
+void release_warp(block_run& b, warp_state& w) {
+  w.arrived = 0;
+  ++w.gen;
+  ++b.progress;
+}
+
+void fiber_entry() {
+#if KVSCOUT_SIMT_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &g_scheduler_bottom, &g_scheduler_size);
+#endif
+  block_run& b = *g_block;
+  (*b.body)();
+  fiber& f = *b.current;
+  f.done = true;
+  ++b.progress;
+  --b.live;
+  if (b.arrived > 0 && b.arrived == b.live) release_block(b);
+  warp_state& w = b.warps[f.linear / 32];
+  // Every running lane is named in a shuffle's mask (warp_exchange checks): leaving while the
+  // others wait at one is a hang on a device.
+  if (w.arrived > 0) fatal("a thread exited while the other threads of its warp wait at a shuffle that names it");
+  --w.live;
+  if (w.arrived > 0 && w.arrived == w.live) release_warp(b, w);
+#if KVSCOUT_SIMT_ASM_SWITCH
+  void* unused = nullptr;
+#if KVSCOUT_SIMT_ASAN
+  __sanitizer_start_switch_fiber(nullptr, g_scheduler_bottom, g_scheduler_size);  // stack is done
+#endif
+  kvscout_simt_switch(&unused, b.scheduler);  // never comes back: the fiber is done
+  std::abort();
+#endif
+  // ucontext: returning resumes uc_link, the scheduler
+}
+
+// A fiber's first stack: the frame kvscout_simt_switch pops, returning into fiber_entry as if
+// it had been called (the stack 16-byte aligned before the call).
+void start_fiber(fiber& f, block_run& b) {
+#if KVSCOUT_SIMT_ASM_SWITCH
+  (void)b;
+#if KVSCOUT_SIMT_ASAN
+  // The frames of the fiber that used this stack before were never popped (it switched away).
+  ASAN_UNPOISON_MEMORY_REGION(f.stack.get(), stack_bytes);
+#endif
+  auto top = reinterpret_cast<std::uintptr_t>(f.stack.get() + stack_bytes) & ~std::uintptr_t{15};
+  auto* words = reinterpret_cast<std::uint64_t*>(top);
+  words[-1] = 0;                                                  // fiber_entry's "return address"
+  words[-2] = reinterpret_cast<std::uint64_t>(&fiber_entry);      // where the switch returns to
+  for (int i = 3; i <= 8; ++i) words[-i] = 0;                     // rbp, rbx, r12 .. r15
+  std::uint32_t mxcsr = 0;
+  std::uint16_t fcw = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fcw));
+  words[-9] = static_cast<std::uint64_t>(mxcsr) | (static_cast<std::uint64_t>(fcw) << 32);
+  f.sp = &words[-9];
+#else
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = f.stack.get();
+  f.ctx.uc_stack.ss_size = stack_bytes;
+  f.ctx.uc_link = &b.scheduler;
+  makecontext(&f.ctx, fiber_entry, 0);
+#endif
+}
+
+// Block-wide barrier: returns the generation it waited for.
+unsigned long long block_barrier(const char* site) {
+  if (g_block == nullptr) fatal("__syncthreads called outside a kernel");
+  block_run& b = *g_block;
+  if (b.site == nullptr) {
+    b.site = site;
+  } else if (std::strcmp(b.site, site) != 0) {
+    std::fprintf(stderr, "simt: threads of one block wait at different barriers: %s and %s\n",
+                 b.site, site);
+    std::abort();
+  }
+  const unsigned long long mine = b.gen;
+  ++b.arrived;
+  ++b.progress;
+  if (b.arrived == b.live) release_block(b);
+  while (b.gen == mine) yield();
+  return mine;
+}
+
+std::uint64_t warp_exchange(unsigned mask, std::uint64_t bits, int src_of_lane(int lane, int arg, int width),
+                            int arg, int width) {
+  if (g_block == nullptr) fatal("a warp shuffle called outside a kernel");
+  block_run& b = *g_block;
+  fiber& f = *b.current;
+  const unsigned warp = f.linear / 32;
+  const int lane = static_cast<int>(f.linear % 32);
+  warp_state& w = b.warps[warp];
+  // Every thread of the warp that is still running must take part, and be named in the mask.
+  unsigned live_mask = 0;
+  for (unsigned l = 0; l < 32 && warp * 32 + l < b.count; ++l)
+    if (!(*b.fibers)[warp * 32 + l].done) live_mask |= 1u << l;
+  if ((mask & live_mask) != live_mask)
+    fatal("a warp shuffle's mask leaves out threads of the warp that are still running");
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0) fatal("a shuffle width must be a power of two <= 32");
+  const unsigned parity = f.warp_ops++ & 1u;
+  w.values[parity][lane] = bits;
+  const unsigned long long mine = w.gen;
+  ++w.arrived;
+  ++b.progress;
+  if (w.arrived == w.live) release_warp(b, w);
+  while (w.gen == mine) yield();
+  const int src = src_of_lane(lane, arg, width);
+  if (!((live_mask >> src) & 1u)) fatal("a warp shuffle read a lane that does not take part");
+  return w.values[parity][src];
+}
+
+int xor_source(int lane, int lane_mask, int width) {
+  const int src = lane ^ lane_mask;
+  return (src / width) == (lane / width) ? src : lane;
+}
+int direct_source(int lane, int src_lane, int width) {
+  return (lane / width) * width + (src_lane % width);
+}
+
+// ---- the runtime's state -------------------------------------------------------------------------
+thread_local cudaError_t g_last_error = cudaSuccess;
+
+cudaError_t set_error(cudaError_t e) {
+  if (e != cudaSuccess) g_last_error = e;
+  return e;
+}
+
+enum class memory_kind { device, host_mapped, host };
+struct allocation {
+  std::size_t bytes;
+  memory_kind kind;
+};
+std::map<const unsigned char*, allocation>& allocations() {
+  static std::map<const unsigned char*, allocation> m;
+  return m;
+}
+const std::pair<const unsigned char* const, allocation>* find_allocation(const void* p) {
+  auto& m = allocations();
+  const auto* c = static_cast<const unsigned char*>(p);
+  auto it = m.upper_bound(c);
+  if (it == m.begin()) return nullptr;
+  --it;
+  return c < it->first + std::max<std::size_t>(it->second.bytes, 1) ? &*it : nullptr;
+}
+
+// 256-byte alignment, as cudaMalloc gives; ASan still sees the allocation's bounds. Null where a
+// device could not hold it (an H200's 141 GB) or the host cannot.
+void* allocate(std::size_t bytes, memory_kind kind) {
+  if (kind == memory_kind::device && bytes > (std::size_t{141} << 30)) return nullptr;
+  void* p = ::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{256}, std::nothrow);
+  if (p != nullptr) allocations()[static_cast<const unsigned char*>(p)] = allocation{bytes, kind};
+  return p;
+}
+
+cudaError_t release(void* p, bool host) {
+  if (p == nullptr) return cudaSuccess;
+  auto& m = allocations();
+  auto it = m.find(static_cast<const unsigned char*>(p));
+  if (it == m.end() || (it->second.kind == memory_kind::device) == host)
+    return set_error(cudaErrorInvalidValue);
+  m.erase(it);
+  ::operator delete(p, std::align_val_t{256});
+  return cudaSuccess;
+}
+
+struct capture_state {
+  unsigned long long id = 0;
+  CUstream_st* origin = nullptr;
+  std::vector<CUstream_st*> streams;
+  std::vector<std::function<void()>> ops;
+  std::map<CUstream_st*, std::size_t> last_op;  // ops.size() after the stream's last operation
+  std::map<CUstream_st*, std::size_t> joined;   // how far another captured stream waited on it
+  bool invalidated = false;
+};
+std::unique_ptr<capture_state> g_capture;
+unsigned long long g_capture_ids = 0;
+
+bool stream_capturing(cudaStream_t s) {
+  return g_capture && s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread &&
+         s->capturing;
+}
+
+// A synchronous call (legacy stream, host synchronisation) while a capture is active: CUDA
+// refuses it and invalidates the capture.
+cudaError_t refuse_during_capture() {
+  if (!g_capture) return cudaSuccess;
+  g_capture->invalidated = true;
+  return set_error(cudaErrorStreamCaptureImplicit);
+}
+
+}  // namespace
+
+// ---- the scheduler --------------------------------------------------------------------------------
+const thread_state& current() {
+  if (g_block == nullptr) fatal("threadIdx / blockIdx read outside a kernel");
+  return g_block->current->state;
+}
+
+void* dynamic_shared() {
+  if (g_block == nullptr) fatal("dynamic shared memory used outside a kernel");
+  return g_block->dynamic.data();
+}
+
+void syncthreads(const char* site) { (void)block_barrier(site); }
+
+int syncthreads_or(int predicate, const char* site) {
+  if (g_block == nullptr) fatal("__syncthreads_or called outside a kernel");
+  g_block->acc_or |= predicate != 0 ? 1 : 0;
+  const unsigned long long gen = block_barrier(site);
+  return g_block->result_or[gen & 1];
+}
+
+int syncthreads_count(int predicate, const char* site) {
+  if (g_block == nullptr) fatal("__syncthreads_count called outside a kernel");
+  g_block->acc_count += predicate != 0 ? 1 : 0;
+  const unsigned long long gen = block_barrier(site);
+  return g_block->result_count[gen & 1];
+}
+
+std::uint64_t shfl_xor(unsigned mask, std::uint64_t bits, int lane_mask, int width) {
+  return warp_exchange(mask, bits, xor_source, lane_mask, width);
+}
+std::uint64_t shfl(unsigned mask, std::uint64_t bits, int src_lane, int width) {
+  return warp_exchange(mask, bits, direct_source, src_lane, width);
+}
+
+long long clock() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool check_launch(dim3 grid, dim3 block, std::size_t smem) {
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  const bool ok = grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.y <= 65535 && grid.z <= 65535 &&
+                  block.x >= 1 && block.y >= 1 && block.z >= 1 && block.x <= 1024 &&
+                  block.y <= 1024 && block.z <= 64 && threads <= 1024;
+  if (!ok) {
+    set_error(cudaErrorInvalidConfiguration);
+    return false;
+  }
+  if (smem > 48 * 1024) {  // more needs cudaFuncSetAttribute, which kvscout does not call
+    set_error(cudaErrorInvalidValue);
+    return false;
+  }
+  return true;
+}
+
+void enqueue(cudaStream_t stream, std::function<void()> op) {
+  if (stream_capturing(stream)) {
+    g_capture->ops.push_back(std::move(op));
+    g_capture->last_op[stream] = g_capture->ops.size();
+    return;
+  }
+  if (g_capture && (stream == nullptr || stream == cudaStreamLegacy)) {
+    (void)refuse_during_capture();
+    return;
+  }
+  op();
+}
+
+void run_grid(dim3 grid, dim3 block, std::size_t smem, const std::function<void()>& body) {
+  if (g_block != nullptr) fatal("a kernel launched from inside a kernel");
+  const unsigned count = block.x * block.y * block.z;
+  if (g_fibers.size() < count) g_fibers.resize(count);
+  block_run b;
+  b.body = &body;
+  b.fibers = &g_fibers;
+  b.count = count;
+  b.warps.resize((count + 31) / 32);
+  b.dynamic.assign(std::max<std::size_t>(smem, 16), 0xff);  // poisoned: unset floats are NaN
+  g_block = &b;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        b.live = count;
+        b.arrived = 0;
+        b.site = nullptr;
+        b.acc_or = b.acc_count = 0;
+        for (unsigned w = 0; w < b.warps.size(); ++w) {
+          b.warps[w] = warp_state{};
+          b.warps[w].live = std::min(32u, count - 32 * w);
+        }
+        std::fill(b.dynamic.begin(), b.dynamic.end(), static_cast<unsigned char>(0xff));
+        for (unsigned t = 0; t < count; ++t) {
+          fiber& f = g_fibers[t];
+          if (!f.stack) f.stack.reset(new char[stack_bytes]);
+          f.done = false;
+          f.warp_ops = 0;
+          f.linear = t;
+          f.state.thread_idx = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+          f.state.block_idx = uint3{bx, by, bz};
+          f.state.block_dim = block;
+          f.state.grid_dim = grid;
+          start_fiber(f, b);
+        }
+        for (;;) {
+          bool any = false;
+          const unsigned long long before = b.progress;
+          for (unsigned t = 0; t < count; ++t) {
+            fiber& f = g_fibers[t];
+            if (f.done) continue;
+            any = true;
+            resume(f);
+          }
+          if (!any) break;
+          if (b.progress == before) {
+            std::fprintf(stderr,
+                         "simt: deadlock in block (%u, %u, %u): %u of %u threads wait at a barrier "
+                         "that the others never reach\n",
+                         bx, by, bz, b.arrived, b.live);
+            std::abort();
+          }
+        }
+      }
+  g_block = nullptr;
+}
+
+}  // namespace kvscout_simt::detail
+
+// ---- the CUDA runtime subset ----------------------------------------------------------------------
+using namespace kvscout_simt::detail;
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return set_error(cudaErrorInvalidValue);
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return set_error(cudaErrorInvalidValue);
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr || device != 0) return set_error(cudaErrorInvalidValue);
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = 132; break;  // an H100 / H200
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrCanMapHostMemory: *value = 1; break;
+    case cudaDevAttrUnifiedAddressing: *value = 1; break;
+    default: *value = 0; break;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = g_last_error;
+  g_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return g_last_error; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    default: return "cudaError (simt)";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    default: return cudaGetErrorName(e);
+  }
+}
+
+cudaError_t cudaDeviceSynchronize(void) { return refuse_during_capture(); }
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (p == nullptr) return set_error(cudaErrorInvalidValue);
+  *p = allocate(bytes, memory_kind::device);
+  return *p != nullptr ? cudaSuccess : set_error(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFree(void* p) { return release(p, false); }
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
+  if (p == nullptr) return set_error(cudaErrorInvalidValue);
+  *p = allocate(bytes, (flags & cudaHostAllocMapped) ? memory_kind::host_mapped : memory_kind::host);
+  return *p != nullptr ? cudaSuccess : set_error(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFreeHost(void* p) { return release(p, true); }
+cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int flags) {
+  if (device == nullptr || flags != 0) return set_error(cudaErrorInvalidValue);
+  const auto* a = find_allocation(host);
+  if (a == nullptr || a->second.kind != memory_kind::host_mapped) return set_error(cudaErrorInvalidValue);
+  *device = host;
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
+  if (attr == nullptr) return set_error(cudaErrorInvalidValue);
+  *attr = cudaPointerAttributes{};
+  const auto* a = find_allocation(p);
+  if (a == nullptr) {
+    attr->type = cudaMemoryTypeUnregistered;
+    attr->hostPointer = const_cast<void*>(p);
+    return cudaSuccess;
+  }
+  attr->device = 0;
+  if (a->second.kind == memory_kind::device) {
+    attr->type = cudaMemoryTypeDevice;
+    attr->devicePointer = const_cast<void*>(p);
+  } else {
+    attr->type = cudaMemoryTypeHost;
+    attr->hostPointer = const_cast<void*>(p);
+    attr->devicePointer = a->second.kind == memory_kind::host_mapped ? const_cast<void*>(p) : nullptr;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (g_capture) return refuse_during_capture();
+  if (bytes > 0 && (dst == nullptr || src == nullptr)) return set_error(cudaErrorInvalidValue);
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (g_capture) return refuse_during_capture();
+  if (bytes > 0 && dst == nullptr) return set_error(cudaErrorInvalidValue);
+  if (bytes > 0) std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
+  if (bytes > 0 && (dst == nullptr || src == nullptr)) return set_error(cudaErrorInvalidValue);
+  enqueue(s, [=] {
+    if (bytes > 0) std::memmove(dst, src, bytes);
+  });
+  return g_capture && g_capture->invalidated ? cudaErrorStreamCaptureImplicit : cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {
+  if (bytes > 0 && dst == nullptr) return set_error(cudaErrorInvalidValue);
+  enqueue(s, [=] {
+    if (bytes > 0) std::memset(dst, value, bytes);
+  });
+  return g_capture && g_capture->invalidated ? cudaErrorStreamCaptureImplicit : cudaSuccess;
+}
+cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                                 size_t count, cudaMemcpyAttributes* attrs, size_t* attr_idxs,
+                                 size_t num_attrs, cudaStream_t s) {
+  if (count == 0 || dsts == nullptr || srcs == nullptr || sizes == nullptr || attrs == nullptr ||
+      attr_idxs == nullptr || num_attrs == 0 || num_attrs > count || attr_idxs[0] != 0)
+    return set_error(cudaErrorInvalidValue);
+  if (s == nullptr || s == cudaStreamLegacy) return set_error(cudaErrorInvalidValue);
+  for (size_t a = 1; a < num_attrs; ++a)
+    if (attr_idxs[a] <= attr_idxs[a - 1] || attr_idxs[a] >= count) return set_error(cudaErrorInvalidValue);
+  for (size_t a = 0; a < num_attrs; ++a)
+    if (attrs[a].srcAccessOrder == cudaMemcpySrcAccessOrderInvalid) return set_error(cudaErrorInvalidValue);
+  std::vector<void*> d(dsts, dsts + count);
+  std::vector<const void*> sr(srcs, srcs + count);
+  std::vector<size_t> n(sizes, sizes + count);
+  enqueue(s, [d = std::move(d), sr = std::move(sr), n = std::move(n)] {
+    for (size_t i = 0; i < n.size(); ++i)
+      if (n[i] > 0) std::memmove(d[i], sr[i], n[i]);
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  if (s == nullptr) return set_error(cudaErrorInvalidValue);
+  *s = new CUstream_st{};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return set_error(cudaErrorInvalidValue);
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (g_capture && (stream_capturing(s) || s == nullptr || s == cudaStreamLegacy)) return refuse_during_capture();
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  if (e == nullptr) return set_error(cudaErrorInvalidValue);
+  *e = new CUevent_st{};
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (e == nullptr) return set_error(cudaErrorInvalidValue);
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (e == nullptr) return set_error(cudaErrorInvalidValue);
+  e->captured_in = stream_capturing(s) ? g_capture->id : 0;
+  e->stream = s;
+  e->covers = g_capture ? g_capture->ops.size() : 0;
+  if (g_capture && !stream_capturing(s) && (s == nullptr || s == cudaStreamLegacy)) return refuse_during_capture();
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e == nullptr) return set_error(cudaErrorInvalidValue);
+  if (g_capture && e->captured_in == g_capture->id) return set_error(cudaErrorStreamCaptureUnsupported);
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  if (ms == nullptr) return set_error(cudaErrorInvalidValue);
+  *ms = 0.f;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  if (e == nullptr) return set_error(cudaErrorInvalidValue);
+  // A stream that waits on an event recorded inside the capture joins the capture.
+  if (g_capture && e->captured_in == g_capture->id && s != nullptr && s != cudaStreamLegacy &&
+      s != cudaStreamPerThread) {
+    if (!s->capturing) {
+      s->capturing = true;
+      g_capture->streams.push_back(s);
+    }
+    std::size_t& j = g_capture->joined[e->stream];
+    j = std::max(j, e->covers);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return set_error(cudaErrorStreamCaptureUnsupported);
+  if (g_capture) return set_error(cudaErrorIllegalState);
+  g_capture = std::make_unique<capture_state>();
+  g_capture->id = ++g_capture_ids;
+  g_capture->origin = s;
+  s->capturing = true;
+  g_capture->streams.push_back(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  if (graph == nullptr) return set_error(cudaErrorInvalidValue);
+  if (!g_capture || g_capture->origin != s) return set_error(cudaErrorIllegalState);
+  for (CUstream_st* c : g_capture->streams) c->capturing = false;
+  // Work on a forked stream that the origin never waited for: CUDA refuses to end the capture.
+  bool unjoined = false;
+  for (CUstream_st* c : g_capture->streams) {
+    if (c == g_capture->origin) continue;
+    const auto last = g_capture->last_op.find(c);
+    if (last != g_capture->last_op.end() && last->second > g_capture->joined[c]) unjoined = true;
+  }
+  const bool bad = g_capture->invalidated;
+  auto* g = new CUgraph_st{};
+  g->ops = std::move(g_capture->ops);
+  g_capture.reset();
+  if (bad || unjoined) {
+    delete g;
+    *graph = nullptr;
+    return set_error(bad ? cudaErrorStreamCaptureInvalidated : cudaErrorStreamCaptureUnjoined);
+  }
+  *graph = g;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (exec == nullptr || graph == nullptr) return set_error(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->ops};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (exec == nullptr) return set_error(cudaErrorInvalidValue);
+  for (const auto& op : exec->ops) enqueue(s, op);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+}  // extern "C"
