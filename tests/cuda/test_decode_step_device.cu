@@ -292,9 +292,9 @@ void step_matches_host() {
         std::set_symmetric_difference(a, a + lc[row], b, b + lc[row], std::back_inserter(diff));
         if (diff.empty()) continue;
         // Allowed only where the host scores of the differing tokens tie within float rounding.
-        const float* sc = hs.scores.data() + static_cast<std::size_t>(row) * max_tokens;
+        const float* row_scores = hs.scores.data() + static_cast<std::size_t>(row) * max_tokens;
         float lo = INFINITY, hi = -INFINITY;
-        for (int32_t t : diff) lo = std::min(lo, sc[t]), hi = std::max(hi, sc[t]);
+        for (int32_t t : diff) lo = std::min(lo, row_scores[t]), hi = std::max(hi, row_scores[t]);
         if (hi - lo <= 1e-4f * (1.f + std::abs(hi))) {
           ++tie_differences;
         } else {

@@ -1,10 +1,18 @@
 // The host SIMT emulator (see kvscout_simt/prelude.hpp): the fiber scheduler that runs a grid, and
 // the subset of the CUDA runtime API that kvscout and its GPU tests call, so that those tests link
 // and run without libcudart or a device.
+//
+// KVSCOUT_SIMT_ORDER picks the order in which the threads of a block run between barriers:
+// `forward` (thread 0 first; the default), `reverse`, or `shuffle[:SEED]` (a new seeded order for
+// every round). ctest runs every emulated test forward and reverse: a read that lacks its barrier
+// sees stale data in one of the two whichever thread writes.
 
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -12,18 +20,26 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <numeric>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "kvscout_simt/prelude.hpp"
 
 // ---- the opaque handle types of the runtime, completed here ---------------------------------------
+// A capture's "clock" of a stream: how many of the capture's operations, counted when each was
+// enqueued, a stream has seen complete (its own, and through event waits, other streams').
+using capture_clock = std::map<CUstream_st*, std::size_t>;
+
 struct CUstream_st {
   bool capturing = false;
+  bool non_blocking = false;
+  capture_clock clock;  // while capturing
 };
 struct CUevent_st {
-  unsigned long long captured_in = 0;  // the capture it was recorded in (0: none)
-  CUstream_st* stream = nullptr;       // ... on this stream,
-  std::size_t covers = 0;              // ... after this many captured operations
+  unsigned long long captured_in = 0;  // the capture it was last recorded in (0: none)
+  capture_clock clock;                 // the recording stream's clock at the record
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
@@ -35,8 +51,8 @@ struct CUgraphExec_st {
 namespace kvscout_simt::detail {
 namespace {
 
-[[noreturn]] void fatal(const char* what) {
-  std::fprintf(stderr, "simt: %s\n", what);
+[[noreturn]] void fatal(const std::string& what) {
+  std::fprintf(stderr, "simt: %s\n", what.c_str());
   std::abort();
 }
 
@@ -57,7 +73,7 @@ namespace {
 #define KVSCOUT_SIMT_ASAN 0
 #endif
 
-constexpr std::size_t stack_bytes = 256 * 1024;
+constexpr std::size_t stack_bytes = 256 * 1024;  // usable; one more page below is a guard
 
 #if KVSCOUT_SIMT_ASM_SWITCH
 // kvscout_simt_switch(&save, next): pushes rbp, rbx, r12-r15 and the MXCSR / x87 control words,
@@ -95,6 +111,27 @@ kvscout_simt_switch:
 )");
 #endif
 
+/// A fiber stack with a PROT_NONE guard page below it: an overflow faults instead of corrupting.
+class fiber_stack {
+ public:
+  fiber_stack() {
+    page_ = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    void* p = mmap(nullptr, stack_bytes + page_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) fatal("could not map a fiber stack");
+    mprotect(p, page_, PROT_NONE);
+    base_ = static_cast<char*>(p);
+  }
+  fiber_stack(const fiber_stack&) = delete;
+  fiber_stack& operator=(const fiber_stack&) = delete;
+  ~fiber_stack() { munmap(base_, stack_bytes + page_); }
+  char* bottom() const { return base_ + page_; }
+
+ private:
+  char* base_ = nullptr;
+  std::size_t page_ = 0;
+};
+
 struct fiber {
 #if KVSCOUT_SIMT_ASM_SWITCH
   void* sp = nullptr;
@@ -102,7 +139,7 @@ struct fiber {
 #else
   ucontext_t ctx{};
 #endif
-  std::unique_ptr<char[]> stack;
+  std::unique_ptr<fiber_stack> stack;
   thread_state state{};
   unsigned linear = 0;
   bool done = false;
@@ -110,8 +147,11 @@ struct fiber {
 };
 
 struct warp_state {
-  unsigned live = 0;
-  unsigned arrived = 0;
+  unsigned lanes = 0;      // the lanes this warp has (a block's last warp may be partial)
+  unsigned exited = 0;     // lanes that have returned
+  unsigned arrived = 0;    // lanes waiting at the pending shuffle
+  unsigned mask = 0;       // the pending shuffle's mask
+  const char* site = nullptr;
   unsigned long long gen = 0;
   std::uint64_t values[2][32] = {};
 };
@@ -124,8 +164,9 @@ struct block_run {
   unsigned arrived = 0;
   unsigned long long gen = 0;
   int acc_or = 0, acc_count = 0;
-  const char* site = nullptr;  // the __syncthreads the first arrival of this generation waits at
   int result_or[2] = {0, 0}, result_count[2] = {0, 0};
+  const char* site = nullptr;  // the __syncthreads the first arrival of this generation waits at
+  bool collective = false;     // the barrier is inside a CUB collective: no thread may be missing
   std::vector<warp_state> warps;
   std::vector<unsigned char> dynamic;
 #if KVSCOUT_SIMT_ASM_SWITCH
@@ -138,12 +179,40 @@ struct block_run {
 };
 
 block_run* g_block = nullptr;
+std::vector<fiber> g_fibers;  // reused between launches (the stacks are the cost)
 #if KVSCOUT_SIMT_ASAN
 const void* g_scheduler_bottom = nullptr;  // the scheduler's stack, as AddressSanitizer reports it
 std::size_t g_scheduler_size = 0;
 void* g_scheduler_fake = nullptr;
 #endif
-std::vector<fiber> g_fibers;  // reused between launches (the stacks are the cost)
+
+// ---- the order threads run in ---------------------------------------------------------------------
+enum class order_kind { forward, reverse, shuffle };
+struct order_setting {
+  order_kind kind = order_kind::forward;
+  std::mt19937 rng{1};
+};
+order_setting parse_order(const std::string& v) {
+    order_setting s;
+    if (v == "forward") {
+      s.kind = order_kind::forward;
+    } else if (v == "reverse") {
+      s.kind = order_kind::reverse;
+    } else if (v.rfind("shuffle", 0) == 0) {
+      s.kind = order_kind::shuffle;
+      if (v.size() > 8 && v[7] == ':') s.rng.seed(static_cast<unsigned>(std::stoul(v.substr(8))));
+    } else {
+      fatal("the thread order is '" + v + "'; expected forward, reverse or shuffle[:SEED]");
+    }
+    return s;
+}
+order_setting& order() {
+  static order_setting o = [] {
+    const char* env = std::getenv("KVSCOUT_SIMT_ORDER");
+    return parse_order(env != nullptr ? env : "forward");
+  }();
+  return o;
+}
 
 // From a fiber to the scheduler, and back.
 void yield() {
@@ -166,7 +235,7 @@ void resume(fiber& f) {
   g_block->current = &f;
 #if KVSCOUT_SIMT_ASM_SWITCH
 #if KVSCOUT_SIMT_ASAN
-  __sanitizer_start_switch_fiber(&g_scheduler_fake, f.stack.get(), stack_bytes);
+  __sanitizer_start_switch_fiber(&g_scheduler_fake, f.stack->bottom(), stack_bytes);
 #endif
   kvscout_simt_switch(&g_block->scheduler, f.sp);
 #if KVSCOUT_SIMT_ASAN
@@ -178,6 +247,9 @@ void resume(fiber& f) {
 }
 
 void release_block(block_run& b) {
+  if (b.collective && b.live != b.count)
+    fatal(std::string("a CUB block primitive ran after threads of the block returned (") + b.site + ")");
+  b.collective = false;
   b.result_or[b.gen & 1] = b.acc_or;
   b.result_count[b.gen & 1] = b.acc_count;
   b.acc_or = 0;
@@ -190,6 +262,8 @@ void release_block(block_run& b) {
 
 void release_warp(block_run& b, warp_state& w) {
   w.arrived = 0;
+  w.mask = 0;
+  w.site = nullptr;
   ++w.gen;
   ++b.progress;
 }
@@ -206,11 +280,10 @@ void fiber_entry() {
   --b.live;
   if (b.arrived > 0 && b.arrived == b.live) release_block(b);
   warp_state& w = b.warps[f.linear / 32];
-  // Every running lane is named in a shuffle's mask (warp_exchange checks): leaving while the
-  // others wait at one is a hang on a device.
-  if (w.arrived > 0) fatal("a thread exited while the other threads of its warp wait at a shuffle that names it");
-  --w.live;
-  if (w.arrived > 0 && w.arrived == w.live) release_warp(b, w);
+  if (w.arrived > 0 && ((w.mask >> (f.linear % 32)) & 1u))
+    fatal("a thread exited while other threads of its warp wait at a shuffle (" +
+          std::string(w.site) + ") whose mask names it");
+  w.exited |= 1u << (f.linear % 32);
 #if KVSCOUT_SIMT_ASM_SWITCH
   void* unused = nullptr;
 #if KVSCOUT_SIMT_ASAN
@@ -225,17 +298,18 @@ void fiber_entry() {
 // A fiber's first stack: the frame kvscout_simt_switch pops, returning into fiber_entry as if
 // it had been called (the stack 16-byte aligned before the call).
 void start_fiber(fiber& f, block_run& b) {
+  if (!f.stack) f.stack = std::make_unique<fiber_stack>();
 #if KVSCOUT_SIMT_ASM_SWITCH
   (void)b;
 #if KVSCOUT_SIMT_ASAN
   // The frames of the fiber that used this stack before were never popped (it switched away).
-  ASAN_UNPOISON_MEMORY_REGION(f.stack.get(), stack_bytes);
+  ASAN_UNPOISON_MEMORY_REGION(f.stack->bottom(), stack_bytes);
 #endif
-  auto top = reinterpret_cast<std::uintptr_t>(f.stack.get() + stack_bytes) & ~std::uintptr_t{15};
+  auto top = reinterpret_cast<std::uintptr_t>(f.stack->bottom() + stack_bytes) & ~std::uintptr_t{15};
   auto* words = reinterpret_cast<std::uint64_t*>(top);
-  words[-1] = 0;                                                  // fiber_entry's "return address"
-  words[-2] = reinterpret_cast<std::uint64_t>(&fiber_entry);      // where the switch returns to
-  for (int i = 3; i <= 8; ++i) words[-i] = 0;                     // rbp, rbx, r12 .. r15
+  words[-1] = 0;                                               // fiber_entry's "return address"
+  words[-2] = reinterpret_cast<std::uint64_t>(&fiber_entry);   // where the switch returns to
+  for (int i = 3; i <= 8; ++i) words[-i] = 0;                  // rbp, rbx, r12 .. r15
   std::uint32_t mxcsr = 0;
   std::uint16_t fcw = 0;
   asm volatile("stmxcsr %0" : "=m"(mxcsr));
@@ -244,65 +318,73 @@ void start_fiber(fiber& f, block_run& b) {
   f.sp = &words[-9];
 #else
   getcontext(&f.ctx);
-  f.ctx.uc_stack.ss_sp = f.stack.get();
+  f.ctx.uc_stack.ss_sp = f.stack->bottom();
   f.ctx.uc_stack.ss_size = stack_bytes;
   f.ctx.uc_link = &b.scheduler;
   makecontext(&f.ctx, fiber_entry, 0);
 #endif
 }
 
-// Block-wide barrier: returns the generation it waited for.
+// Block-wide barrier: returns the generation it waited for. Even the thread that completes the
+// barrier yields, so that after every barrier the threads go on in the order setting's order.
 unsigned long long block_barrier(const char* site) {
   if (g_block == nullptr) fatal("__syncthreads called outside a kernel");
   block_run& b = *g_block;
   if (b.site == nullptr) {
     b.site = site;
   } else if (std::strcmp(b.site, site) != 0) {
-    std::fprintf(stderr, "simt: threads of one block wait at different barriers: %s and %s\n",
-                 b.site, site);
-    std::abort();
+    fatal(std::string("threads of one block wait at different barriers: ") + b.site + " and " + site);
   }
   const unsigned long long mine = b.gen;
   ++b.arrived;
   ++b.progress;
   if (b.arrived == b.live) release_block(b);
-  while (b.gen == mine) yield();
+  do yield();
+  while (b.gen == mine);
   return mine;
 }
 
-std::uint64_t warp_exchange(unsigned mask, std::uint64_t bits, int src_of_lane(int lane, int arg, int width),
-                            int arg, int width) {
+// The lane a shuffle reads (PTX shfl.bfly / shfl.idx with a segment of `width` lanes).
+int xor_source(int lane, int lane_mask, int width) {
+  const int first = lane & ~(width - 1);
+  const int src = lane ^ lane_mask;
+  return src <= first + width - 1 ? src : lane;  // past the segment: the lane's own value
+}
+int direct_source(int lane, int src_lane, int width) {
+  return (lane & ~(width - 1)) | (src_lane & (width - 1));
+}
+
+std::uint64_t warp_exchange(unsigned mask, std::uint64_t bits, bool butterfly, int arg, int width,
+                            const char* site) {
   if (g_block == nullptr) fatal("a warp shuffle called outside a kernel");
   block_run& b = *g_block;
   fiber& f = *b.current;
   const unsigned warp = f.linear / 32;
   const int lane = static_cast<int>(f.linear % 32);
   warp_state& w = b.warps[warp];
-  // Every thread of the warp that is still running must take part, and be named in the mask.
-  unsigned live_mask = 0;
-  for (unsigned l = 0; l < 32 && warp * 32 + l < b.count; ++l)
-    if (!(*b.fibers)[warp * 32 + l].done) live_mask |= 1u << l;
-  if ((mask & live_mask) != live_mask)
-    fatal("a warp shuffle's mask leaves out threads of the warp that are still running");
-  if (width <= 0 || width > 32 || (width & (width - 1)) != 0) fatal("a shuffle width must be a power of two <= 32");
+  const unsigned have = w.lanes & ~w.exited;
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
+    fatal("a shuffle's width must be a power of two <= 32");
+  if (!((mask >> lane) & 1u)) fatal(std::string("a lane calls a shuffle whose mask leaves it out: ") + site);
+  if ((mask & have) != mask)
+    fatal(std::string("a shuffle's mask names lanes that have exited or do not exist: ") + site);
+  if (w.arrived == 0) {
+    w.mask = mask;
+    w.site = site;
+  } else if (w.mask != mask || std::strcmp(w.site, site) != 0) {
+    fatal(std::string("lanes of a warp wait at different shuffles (or masks): ") + w.site + " and " + site);
+  }
   const unsigned parity = f.warp_ops++ & 1u;
   w.values[parity][lane] = bits;
   const unsigned long long mine = w.gen;
   ++w.arrived;
   ++b.progress;
-  if (w.arrived == w.live) release_warp(b, w);
-  while (w.gen == mine) yield();
-  const int src = src_of_lane(lane, arg, width);
-  if (!((live_mask >> src) & 1u)) fatal("a warp shuffle read a lane that does not take part");
+  if (w.arrived == static_cast<unsigned>(std::popcount(mask))) release_warp(b, w);
+  do yield();
+  while (w.gen == mine);
+  const int src = butterfly ? xor_source(lane, arg, width) : direct_source(lane, arg, width);
+  if (!((mask >> src) & 1u)) fatal(std::string("a shuffle reads a lane its mask leaves out: ") + site);
   return w.values[parity][src];
-}
-
-int xor_source(int lane, int lane_mask, int width) {
-  const int src = lane ^ lane_mask;
-  return (src / width) == (lane / width) ? src : lane;
-}
-int direct_source(int lane, int src_lane, int width) {
-  return (lane / width) * width + (src_lane % width);
 }
 
 // ---- the runtime's state -------------------------------------------------------------------------
@@ -332,9 +414,9 @@ const std::pair<const unsigned char* const, allocation>* find_allocation(const v
 }
 
 // 256-byte alignment, as cudaMalloc gives; ASan still sees the allocation's bounds. Null where a
-// device could not hold it (an H200's 141 GB) or the host cannot.
+// device could not hold it (more than an H200's 141 GB) or the host cannot.
 void* allocate(std::size_t bytes, memory_kind kind) {
-  if (kind == memory_kind::device && bytes > (std::size_t{141} << 30)) return nullptr;
+  if (kind == memory_kind::device && bytes > std::size_t{141'000'000'000}) return nullptr;
   void* p = ::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{256}, std::nothrow);
   if (p != nullptr) allocations()[static_cast<const unsigned char*>(p)] = allocation{bytes, kind};
   return p;
@@ -354,27 +436,48 @@ cudaError_t release(void* p, bool host) {
 struct capture_state {
   unsigned long long id = 0;
   CUstream_st* origin = nullptr;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   std::vector<CUstream_st*> streams;
   std::vector<std::function<void()>> ops;
   std::map<CUstream_st*, std::size_t> last_op;  // ops.size() after the stream's last operation
-  std::map<CUstream_st*, std::size_t> joined;   // how far another captured stream waited on it
   bool invalidated = false;
+  bool all_non_blocking = true;  // of the capturing streams
 };
 std::unique_ptr<capture_state> g_capture;
 unsigned long long g_capture_ids = 0;
 
-bool stream_capturing(cudaStream_t s) {
-  return g_capture && s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread &&
-         s->capturing;
+bool is_legacy(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy; }
+bool is_special(cudaStream_t s) { return is_legacy(s) || s == cudaStreamPerThread; }
+
+bool stream_capturing(cudaStream_t s) { return g_capture && !is_special(s) && s->capturing; }
+
+// An operation CUDA refuses while a capture is active: it invalidates the capture.
+cudaError_t refuse_during_capture(cudaError_t e) {
+  g_capture->invalidated = true;
+  return set_error(e);
 }
 
-// A synchronous call (legacy stream, host synchronisation) while a capture is active: CUDA
-// refuses it and invalidates the capture.
-cudaError_t refuse_during_capture() {
-  if (!g_capture) return cudaSuccess;
-  g_capture->invalidated = true;
-  return set_error(cudaErrorStreamCaptureImplicit);
+// An operation on the legacy stream while a capture is active: it would wait for the capturing
+// streams unless they are all non-blocking.
+bool legacy_conflicts_with_capture(cudaStream_t s) {
+  return g_capture && is_legacy(s) && !g_capture->all_non_blocking;
 }
+
+// Potentially unsafe calls (allocation, synchronisation) are refused in the capturing thread,
+// except in relaxed mode.
+bool unsafe_refused() { return g_capture && g_capture->mode != cudaStreamCaptureModeRelaxed; }
+
+void merge(capture_clock& into, const capture_clock& from) {
+  for (const auto& [s, n] : from) into[s] = std::max(into[s], n);
+}
+
+// RAII: the running block, reset however run_grid leaves.
+struct block_scope {
+  explicit block_scope(block_run* b) { g_block = b; }
+  ~block_scope() { g_block = nullptr; }
+  block_scope(const block_scope&) = delete;
+  block_scope& operator=(const block_scope&) = delete;
+};
 
 }  // namespace
 
@@ -384,12 +487,22 @@ const thread_state& current() {
   return g_block->current->state;
 }
 
+void set_order(const char* setting) { order() = parse_order(setting); }
+
+bool block_intact() { return g_block != nullptr && g_block->live == g_block->count; }
+
 void* dynamic_shared() {
   if (g_block == nullptr) fatal("dynamic shared memory used outside a kernel");
   return g_block->dynamic.data();
 }
 
 void syncthreads(const char* site) { (void)block_barrier(site); }
+
+void collective_syncthreads(const char* site) {
+  if (g_block == nullptr) fatal("a CUB block primitive called outside a kernel");
+  g_block->collective = true;
+  (void)block_barrier(site);
+}
 
 int syncthreads_or(int predicate, const char* site) {
   if (g_block == nullptr) fatal("__syncthreads_or called outside a kernel");
@@ -405,11 +518,11 @@ int syncthreads_count(int predicate, const char* site) {
   return g_block->result_count[gen & 1];
 }
 
-std::uint64_t shfl_xor(unsigned mask, std::uint64_t bits, int lane_mask, int width) {
-  return warp_exchange(mask, bits, xor_source, lane_mask, width);
+std::uint64_t shfl_xor(unsigned mask, std::uint64_t bits, int lane_mask, int width, const char* site) {
+  return warp_exchange(mask, bits, true, lane_mask, width, site);
 }
-std::uint64_t shfl(unsigned mask, std::uint64_t bits, int src_lane, int width) {
-  return warp_exchange(mask, bits, direct_source, src_lane, width);
+std::uint64_t shfl(unsigned mask, std::uint64_t bits, int src_lane, int width, const char* site) {
+  return warp_exchange(mask, bits, false, src_lane, width, site);
 }
 
 long long clock() {
@@ -423,25 +536,24 @@ bool check_launch(dim3 grid, dim3 block, std::size_t smem) {
   const bool ok = grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.y <= 65535 && grid.z <= 65535 &&
                   block.x >= 1 && block.y >= 1 && block.z >= 1 && block.x <= 1024 &&
                   block.y <= 1024 && block.z <= 64 && threads <= 1024;
-  if (!ok) {
-    set_error(cudaErrorInvalidConfiguration);
-    return false;
-  }
-  if (smem > 48 * 1024) {  // more needs cudaFuncSetAttribute, which kvscout does not call
-    set_error(cudaErrorInvalidValue);
-    return false;
-  }
-  return true;
+  cudaError_t e = cudaSuccess;
+  if (!ok) e = cudaErrorInvalidConfiguration;
+  else if (smem > 48 * 1024) e = cudaErrorInvalidValue;  // more needs cudaFuncSetAttribute
+  if (e == cudaSuccess) return true;
+  if (g_capture) g_capture->invalidated = true;
+  set_error(e);
+  return false;
 }
 
 void enqueue(cudaStream_t stream, std::function<void()> op) {
   if (stream_capturing(stream)) {
     g_capture->ops.push_back(std::move(op));
     g_capture->last_op[stream] = g_capture->ops.size();
+    stream->clock[stream] = g_capture->ops.size();
     return;
   }
-  if (g_capture && (stream == nullptr || stream == cudaStreamLegacy)) {
-    (void)refuse_during_capture();
+  if (legacy_conflicts_with_capture(stream)) {
+    (void)refuse_during_capture(cudaErrorStreamCaptureImplicit);
     return;
   }
   op();
@@ -457,22 +569,25 @@ void run_grid(dim3 grid, dim3 block, std::size_t smem, const std::function<void(
   b.count = count;
   b.warps.resize((count + 31) / 32);
   b.dynamic.assign(std::max<std::size_t>(smem, 16), 0xff);  // poisoned: unset floats are NaN
-  g_block = &b;
+  block_scope scope(&b);
+  order_setting& ord = order();
+  std::vector<unsigned> sequence(count);
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         b.live = count;
         b.arrived = 0;
         b.site = nullptr;
+        b.collective = false;
         b.acc_or = b.acc_count = 0;
         for (unsigned w = 0; w < b.warps.size(); ++w) {
           b.warps[w] = warp_state{};
-          b.warps[w].live = std::min(32u, count - 32 * w);
+          const unsigned n = std::min(32u, count - 32 * w);
+          b.warps[w].lanes = n == 32 ? 0xffffffffu : (1u << n) - 1u;
         }
         std::fill(b.dynamic.begin(), b.dynamic.end(), static_cast<unsigned char>(0xff));
         for (unsigned t = 0; t < count; ++t) {
           fiber& f = g_fibers[t];
-          if (!f.stack) f.stack.reset(new char[stack_bytes]);
           f.done = false;
           f.warp_ops = 0;
           f.linear = t;
@@ -482,10 +597,13 @@ void run_grid(dim3 grid, dim3 block, std::size_t smem, const std::function<void(
           f.state.grid_dim = grid;
           start_fiber(f, b);
         }
+        std::iota(sequence.begin(), sequence.end(), 0u);
+        if (ord.kind == order_kind::reverse) std::reverse(sequence.begin(), sequence.end());
         for (;;) {
+          if (ord.kind == order_kind::shuffle) std::shuffle(sequence.begin(), sequence.end(), ord.rng);
           bool any = false;
           const unsigned long long before = b.progress;
-          for (unsigned t = 0; t < count; ++t) {
+          for (const unsigned t : sequence) {
             fiber& f = g_fibers[t];
             if (f.done) continue;
             any = true;
@@ -493,21 +611,28 @@ void run_grid(dim3 grid, dim3 block, std::size_t smem, const std::function<void(
           }
           if (!any) break;
           if (b.progress == before) {
-            std::fprintf(stderr,
-                         "simt: deadlock in block (%u, %u, %u): %u of %u threads wait at a barrier "
-                         "that the others never reach\n",
-                         bx, by, bz, b.arrived, b.live);
-            std::abort();
+            fatal("deadlock in block (" + std::to_string(bx) + ", " + std::to_string(by) + ", " +
+                  std::to_string(bz) + "): " + std::to_string(b.arrived) + " of " +
+                  std::to_string(b.live) +
+                  " running threads wait at a barrier, the others at a shuffle that cannot complete");
           }
         }
       }
-  g_block = nullptr;
 }
 
 }  // namespace kvscout_simt::detail
 
 // ---- the CUDA runtime subset ----------------------------------------------------------------------
 using namespace kvscout_simt::detail;
+
+namespace {
+// An asynchronous call's status: the capture it invalidated, or one invalidated before it.
+cudaError_t async_status(cudaStream_t s, bool invalid_before) {
+  if (!g_capture || !g_capture->invalidated) return cudaSuccess;
+  if (!invalid_before) return cudaErrorStreamCaptureImplicit;  // this call invalidated it
+  return stream_capturing(s) ? set_error(cudaErrorStreamCaptureInvalidated) : cudaSuccess;
+}
+}  // namespace
 
 extern "C" {
 
@@ -553,6 +678,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
     default: return "cudaError (simt)";
@@ -564,26 +690,41 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureUnjoined: return "capture sequence contains a fork that was not joined to the primary stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
     default: return cudaGetErrorName(e);
   }
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return refuse_during_capture(); }
+cudaError_t cudaDeviceSynchronize(void) {
+  if (g_capture) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
+  return cudaSuccess;
+}
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (p == nullptr) return set_error(cudaErrorInvalidValue);
+  if (unsafe_refused()) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
   *p = allocate(bytes, memory_kind::device);
   return *p != nullptr ? cudaSuccess : set_error(cudaErrorMemoryAllocation);
 }
-cudaError_t cudaFree(void* p) { return release(p, false); }
+cudaError_t cudaFree(void* p) {
+  if (unsafe_refused()) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
+  return release(p, false);
+}
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
   if (p == nullptr) return set_error(cudaErrorInvalidValue);
+  if (unsafe_refused()) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
   *p = allocate(bytes, (flags & cudaHostAllocMapped) ? memory_kind::host_mapped : memory_kind::host);
   return *p != nullptr ? cudaSuccess : set_error(cudaErrorMemoryAllocation);
 }
-cudaError_t cudaFreeHost(void* p) { return release(p, true); }
+cudaError_t cudaFreeHost(void* p) {
+  if (unsafe_refused()) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
+  return release(p, true);
+}
 cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int flags) {
   if (device == nullptr || flags != 0) return set_error(cudaErrorInvalidValue);
   const auto* a = find_allocation(host);
@@ -612,31 +753,34 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p)
   return cudaSuccess;
 }
 
+// The synchronous copies and fills run on the legacy stream and wait for it.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
-  if (g_capture) return refuse_during_capture();
+  if (unsafe_refused()) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
   if (bytes > 0 && (dst == nullptr || src == nullptr)) return set_error(cudaErrorInvalidValue);
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
-  if (g_capture) return refuse_during_capture();
+  if (unsafe_refused()) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
   if (bytes > 0 && dst == nullptr) return set_error(cudaErrorInvalidValue);
   if (bytes > 0) std::memset(dst, value, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
   if (bytes > 0 && (dst == nullptr || src == nullptr)) return set_error(cudaErrorInvalidValue);
+  const bool before = g_capture && g_capture->invalidated;
   enqueue(s, [=] {
     if (bytes > 0) std::memmove(dst, src, bytes);
   });
-  return g_capture && g_capture->invalidated ? cudaErrorStreamCaptureImplicit : cudaSuccess;
+  return async_status(s, before);
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {
   if (bytes > 0 && dst == nullptr) return set_error(cudaErrorInvalidValue);
+  const bool before = g_capture && g_capture->invalidated;
   enqueue(s, [=] {
     if (bytes > 0) std::memset(dst, value, bytes);
   });
-  return g_capture && g_capture->invalidated ? cudaErrorStreamCaptureImplicit : cudaSuccess;
+  return async_status(s, before);
 }
 cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const size_t* sizes,
                                  size_t count, cudaMemcpyAttributes* attrs, size_t* attr_idxs,
@@ -644,7 +788,7 @@ cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, con
   if (count == 0 || dsts == nullptr || srcs == nullptr || sizes == nullptr || attrs == nullptr ||
       attr_idxs == nullptr || num_attrs == 0 || num_attrs > count || attr_idxs[0] != 0)
     return set_error(cudaErrorInvalidValue);
-  if (s == nullptr || s == cudaStreamLegacy) return set_error(cudaErrorInvalidValue);
+  if (is_legacy(s)) return set_error(cudaErrorInvalidValue);
   for (size_t a = 1; a < num_attrs; ++a)
     if (attr_idxs[a] <= attr_idxs[a - 1] || attr_idxs[a] >= count) return set_error(cudaErrorInvalidValue);
   for (size_t a = 0; a < num_attrs; ++a)
@@ -652,11 +796,12 @@ cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, con
   std::vector<void*> d(dsts, dsts + count);
   std::vector<const void*> sr(srcs, srcs + count);
   std::vector<size_t> n(sizes, sizes + count);
+  const bool before = g_capture && g_capture->invalidated;
   enqueue(s, [d = std::move(d), sr = std::move(sr), n = std::move(n)] {
     for (size_t i = 0; i < n.size(); ++i)
       if (n[i] > 0) std::memmove(d[i], sr[i], n[i]);
   });
-  return cudaSuccess;
+  return async_status(s, before);
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
@@ -664,14 +809,20 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) {
   *s = new CUstream_st{};
   return cudaSuccess;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  if (s == nullptr) return set_error(cudaErrorInvalidValue);
+  *s = new CUstream_st{};
+  (*s)->non_blocking = (flags & cudaStreamNonBlocking) != 0;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return set_error(cudaErrorInvalidValue);
+  if (is_special(s)) return set_error(cudaErrorInvalidValue);
   delete s;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  if (g_capture && (stream_capturing(s) || s == nullptr || s == cudaStreamLegacy)) return refuse_during_capture();
+  if (stream_capturing(s)) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
+  if (legacy_conflicts_with_capture(s)) return refuse_during_capture(cudaErrorStreamCaptureImplicit);
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
@@ -687,15 +838,19 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (e == nullptr) return set_error(cudaErrorInvalidValue);
-  e->captured_in = stream_capturing(s) ? g_capture->id : 0;
-  e->stream = s;
-  e->covers = g_capture ? g_capture->ops.size() : 0;
-  if (g_capture && !stream_capturing(s) && (s == nullptr || s == cudaStreamLegacy)) return refuse_during_capture();
+  if (stream_capturing(s)) {
+    e->captured_in = g_capture->id;
+    e->clock = s->clock;
+    return cudaSuccess;
+  }
+  if (legacy_conflicts_with_capture(s)) return refuse_during_capture(cudaErrorStreamCaptureImplicit);
+  e->captured_in = 0;
+  e->clock.clear();
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (e == nullptr) return set_error(cudaErrorInvalidValue);
-  if (g_capture && e->captured_in == g_capture->id) return set_error(cudaErrorStreamCaptureUnsupported);
+  if (g_capture && e->captured_in == g_capture->id) return set_error(cudaErrorCapturedEvent);
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
@@ -706,50 +861,59 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   if (e == nullptr) return set_error(cudaErrorInvalidValue);
-  // A stream that waits on an event recorded inside the capture joins the capture.
-  if (g_capture && e->captured_in == g_capture->id && s != nullptr && s != cudaStreamLegacy &&
-      s != cudaStreamPerThread) {
+  // A stream that waits on an event recorded inside the capture joins the capture, and from then
+  // on knows everything the recording stream knew.
+  if (g_capture && e->captured_in == g_capture->id && !is_special(s)) {
     if (!s->capturing) {
       s->capturing = true;
+      s->clock.clear();
       g_capture->streams.push_back(s);
+      g_capture->all_non_blocking = g_capture->all_non_blocking && s->non_blocking;
     }
-    std::size_t& j = g_capture->joined[e->stream];
-    j = std::max(j, e->covers);
+    merge(s->clock, e->clock);
   }
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
-  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return set_error(cudaErrorStreamCaptureUnsupported);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+  if (is_special(s)) return set_error(cudaErrorStreamCaptureUnsupported);
   if (g_capture) return set_error(cudaErrorIllegalState);
   g_capture = std::make_unique<capture_state>();
   g_capture->id = ++g_capture_ids;
   g_capture->origin = s;
+  g_capture->mode = mode;
+  g_capture->all_non_blocking = s->non_blocking;
   s->capturing = true;
+  s->clock.clear();
   g_capture->streams.push_back(s);
   return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
   if (graph == nullptr) return set_error(cudaErrorInvalidValue);
   if (!g_capture || g_capture->origin != s) return set_error(cudaErrorIllegalState);
-  for (CUstream_st* c : g_capture->streams) c->capturing = false;
-  // Work on a forked stream that the origin never waited for: CUDA refuses to end the capture.
+  // Every forked stream's last operation must be joined back into the origin stream, directly
+  // or through other streams' waits.
   bool unjoined = false;
   for (CUstream_st* c : g_capture->streams) {
-    if (c == g_capture->origin) continue;
+    if (c == s) continue;
     const auto last = g_capture->last_op.find(c);
-    if (last != g_capture->last_op.end() && last->second > g_capture->joined[c]) unjoined = true;
+    const auto seen = s->clock.find(c);
+    if (last != g_capture->last_op.end() && (seen == s->clock.end() || seen->second < last->second))
+      unjoined = true;
+  }
+  for (CUstream_st* c : g_capture->streams) {
+    c->capturing = false;
+    c->clock.clear();
   }
   const bool bad = g_capture->invalidated;
-  auto* g = new CUgraph_st{};
+  auto g = std::make_unique<CUgraph_st>();
   g->ops = std::move(g_capture->ops);
   g_capture.reset();
   if (bad || unjoined) {
-    delete g;
     *graph = nullptr;
     return set_error(bad ? cudaErrorStreamCaptureInvalidated : cudaErrorStreamCaptureUnjoined);
   }
-  *graph = g;
+  *graph = g.release();
   return cudaSuccess;
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {

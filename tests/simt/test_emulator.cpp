@@ -203,6 +203,54 @@ void bad_launches_are_errors() {
   GPU_CHECK(cudaGetLastError() == cudaSuccess);
 }
 
+// Shuffle edge semantics (PTX shfl.bfly / shfl.idx): a butterfly past its segment keeps the
+// lane's own value, one below reads the earlier segment; a source lane wraps within the segment;
+// a mask that names half a warp is fine while the other half has left.
+__global__ void shuffle_edges(int* out) {
+  const int lane = static_cast<int>(threadIdx.x);
+  out[lane] = __shfl_xor_sync(0xffffffffu, lane, 16, 16);
+  out[32 + lane] = __shfl_sync(0xffffffffu, lane, -1, 8);
+  if (lane >= 16) return;
+  out[64 + lane] = __shfl_xor_sync(0x0000ffffu, lane, 1);
+}
+
+void shuffle_edge_semantics() {
+  gpu_test::device_vector<int> out(80);
+  launch(shuffle_edges, 1, 32, 0, nullptr, out.data());
+  const auto o = out.download();
+  for (int lane = 0; lane < 32; ++lane) {
+    const int first = lane & ~15, src = lane ^ 16;
+    GPU_CHECK(o[lane] == (src <= first + 15 ? src : lane));
+    GPU_CHECK(o[32 + lane] == ((lane & ~7) | 7));
+  }
+  for (int lane = 0; lane < 16; ++lane) GPU_CHECK(o[64 + lane] == (lane ^ 1));
+}
+
+// Thread 0 publishes a value that the others read without a barrier: right in forward order
+// (thread 0 runs first), stale in reverse, which is why ctest runs every emulated test both ways.
+__global__ void missing_barrier(int* out, int round) {
+  __shared__ int s;
+  if (threadIdx.x == 0) s = round;
+  __syncthreads();
+  if (threadIdx.x == 0) s = round + 1000;  // a second publication, without a barrier after it
+  out[threadIdx.x] = s;
+}
+
+void thread_order_exposes_missing_barriers() {
+  gpu_test::device_vector<int> out(64);
+  int stale[2] = {0, 0};
+  const char* orders[2] = {"forward", "reverse"};
+  for (int o = 0; o < 2; ++o) {
+    kvscout_simt::detail::set_order(orders[o]);
+    launch(missing_barrier, 1, 64, 0, nullptr, out.data(), 7);
+    for (int v : out.download()) stale[o] += v != 1007 ? 1 : 0;
+  }
+  kvscout_simt::detail::set_order("forward");
+  std::printf("  stale reads: %d forward, %d reverse (of 64)\n", stale[0], stale[1]);
+  GPU_CHECK(stale[0] == 0);
+  GPU_CHECK(stale[1] == 63);
+}
+
 // ---- cases that must abort --------------------------------------------------------------------
 __global__ void divergent_barrier(int* p) {
   if (threadIdx.x < 16) {
@@ -225,12 +273,30 @@ __global__ void partial_warp_shuffle(float* p) {
   if (threadIdx.x < 16) p[threadIdx.x] = __shfl_xor_sync(0xffffffffu, p[threadIdx.x], 1);
 }
 
+// Lanes of one warp at two different shuffle call sites.
+__global__ void divergent_shuffle(float* p) {
+  if (threadIdx.x < 16) {
+    p[threadIdx.x] = __shfl_xor_sync(0xffffffffu, p[threadIdx.x], 1);
+  } else {
+    p[threadIdx.x] = __shfl_xor_sync(0xffffffffu, p[threadIdx.x], 2);
+  }
+}
+// A CUB block primitive after some threads have returned: undefined with CUB.
+__global__ void cub_after_return(int* p) {
+  using reduce = cub::BlockReduce<int, 64>;
+  __shared__ typename reduce::TempStorage temp;
+  if (threadIdx.x >= 40) return;
+  p[0] = reduce(temp).Sum(1);
+}
+
 void launch_fault(const std::string& name) {
   gpu_test::device_vector<float> f(64);
   gpu_test::device_vector<int> d(64);
   if (name == "divergent_barrier") launch(divergent_barrier, 1, 32, 0, nullptr, d.data());
   if (name == "deadlock") launch(deadlock, 1, 32, 0, nullptr, f.data());
   if (name == "partial_warp_shuffle") launch(partial_warp_shuffle, 1, 32, 0, nullptr, f.data());
+  if (name == "divergent_shuffle") launch(divergent_shuffle, 1, 32, 0, nullptr, f.data());
+  if (name == "cub_after_return") launch(cub_after_return, 1, 64, 0, nullptr, d.data());
 }
 
 // Runs the faulty kernel in a child process: it must abort with `message` on stderr.
@@ -259,7 +325,9 @@ void stops_on(const std::string& name, const char* message) {
 void stops_on_faults() {
   stops_on("divergent_barrier", "wait at different barriers");
   stops_on("deadlock", "deadlock");
-  stops_on("partial_warp_shuffle", "exited while the other threads of its warp wait at a shuffle");
+  stops_on("partial_warp_shuffle", "exited while other threads of its warp wait at a shuffle");
+  stops_on("divergent_shuffle", "lanes of a warp wait at different shuffles");
+  stops_on("cub_after_return", "CUB block primitive ran after threads of the block returned");
 }
 
 }  // namespace
@@ -271,5 +339,8 @@ int main() {
                                              {"cub_stand_ins", cub_stand_ins},
                                              {"graph_capture_and_replay", graph_capture_and_replay},
                                              {"bad_launches_are_errors", bad_launches_are_errors},
+                                             {"shuffle_edge_semantics", shuffle_edge_semantics},
+                                             {"thread_order_exposes_missing_barriers",
+                                              thread_order_exposes_missing_barriers},
                                              {"stops_on_faults", stops_on_faults}});
 }

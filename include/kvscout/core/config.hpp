@@ -21,11 +21,21 @@
 #define KVSCOUT_CUDA_COMPILER 0
 #endif
 
-// True while compiling device code (the device pass of nvcc, or the SIMT emulator).
-#if defined(__CUDA_ARCH__) || defined(KVSCOUT_SIMT_HOST)
+// True while compiling device code (the device pass of nvcc). KVSCOUT_HOST_DEVICE functions
+// choose their host or device form with it; under the SIMT emulator it is 0, so the host
+// references a GPU test compares against keep their host form.
+#if defined(__CUDA_ARCH__)
 #define KVSCOUT_DEVICE_PASS 1
 #else
 #define KVSCOUT_DEVICE_PASS 0
+#endif
+
+// True where device-only code (KVSCOUT_DEVICE functions: device atomics) is compiled: the device
+// pass of nvcc and the SIMT emulator.
+#if defined(__CUDA_ARCH__) || defined(KVSCOUT_SIMT_HOST)
+#define KVSCOUT_DEVICE_CODE 1
+#else
+#define KVSCOUT_DEVICE_CODE 0
 #endif
 
 #define KVSCOUT_VERSION_MAJOR 0

@@ -104,7 +104,7 @@ KVSCOUT_HOST_DEVICE int find_sorted(const std::int32_t* row, int n, int t) {
 }
 
 KVSCOUT_DEVICE void raise_status(int* status, int bits) {
-#if KVSCOUT_DEVICE_PASS
+#if KVSCOUT_DEVICE_CODE
   if (status != nullptr) atomicOr(status, bits);
 #else
   (void)status, (void)bits;

@@ -32,7 +32,7 @@ namespace kvscout {
 namespace detail {
 
 KVSCOUT_DEVICE void raise_device_status(int* status, int bits) {
-#if KVSCOUT_DEVICE_PASS
+#if KVSCOUT_DEVICE_CODE
   if (status != nullptr) atomicOr(status, bits);
 #else
   (void)status, (void)bits;

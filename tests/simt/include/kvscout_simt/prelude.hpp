@@ -2,17 +2,18 @@
 // The host SIMT emulator's prelude: force-included (-include) before anything else in a
 // translation unit that compiles kvscout's CUDA sources (.cuh headers, the GPU tests) with the
 // host C++ compiler. The kernels' source is unchanged: every CUDA thread of a block runs as a
-// fiber on the calling thread, __syncthreads and warp shuffles are cooperative barriers, blocks run
-// one after another, __shared__ variables are function statics (so one block's threads share
-// them), streams run each operation when it is enqueued and graph capture records operations to
+// fiber on the calling thread (in the order KVSCOUT_SIMT_ORDER names: forward, reverse or
+// shuffle[:SEED]), __syncthreads and warp shuffles are cooperative barriers, blocks run one
+// after another, __shared__ variables are function statics (so one block's threads share them),
+// streams run each operation when it is enqueued and graph capture records operations to
 // replay. The subset of the CUDA runtime that kvscout and its GPU tests call is implemented in
 // simt.cpp; link it instead of libcudart.
 //
-// What it checks: indexing, bounds, the arithmetic and the block-level algorithms of every kernel,
-// missing __syncthreads in the order the fibers run (thread 0 first), reads of CUB results outside
-// the threads that own them (poisoned), shuffles from partial warps and barriers that not every
-// thread reaches (aborts). What it cannot check: races between streams (everything is in order),
-// timing, memory models, real graph capture rules. Those need a GPU (scripts/gpu_check.sh).
+// docs/testing.md lists what this shows (indexing, arithmetic, block algorithms, missing
+// barriers of the write-then-read kind, CUB misuse, divergent barriers and shuffles, deadlocks,
+// capture structure) and what it cannot (races inside a kernel or between streams, uninitialised
+// static shared memory, host / device address confusion, resources, timing, the device's
+// rounding). Those need a GPU (scripts/gpu_check.sh).
 
 #define KVSCOUT_SIMT_HOST 1
 
@@ -52,8 +53,16 @@ void* dynamic_shared();
 void syncthreads(const char* site);
 int syncthreads_or(int predicate, const char* site);
 int syncthreads_count(int predicate, const char* site);
-std::uint64_t shfl_xor(unsigned mask, std::uint64_t bits, int lane_mask, int width);
-std::uint64_t shfl(unsigned mask, std::uint64_t bits, int src_lane, int width);
+std::uint64_t shfl_xor(unsigned mask, std::uint64_t bits, int lane_mask, int width, const char* site);
+std::uint64_t shfl(unsigned mask, std::uint64_t bits, int src_lane, int width, const char* site);
+/// The order in which a block's threads run between barriers: "forward", "reverse" or
+/// "shuffle[:SEED]" (the default comes from KVSCOUT_SIMT_ORDER, else forward).
+void set_order(const char* setting);
+/// No thread of the running block has returned.
+bool block_intact();
+/// The barrier inside a CUB block collective: like __syncthreads, but every thread of the block
+/// must arrive (one that has returned is an error, not an arrival).
+void collective_syncthreads(const char* site);
 long long clock();
 /// Runs (or, while a capture is active, records) an operation of `stream`.
 void enqueue(cudaStream_t stream, std::function<void()> op);
@@ -96,26 +105,26 @@ inline void __threadfence_system() {}
 inline long long clock64() { return ::kvscout_simt::detail::clock(); }
 inline void __nanosleep(unsigned) {}
 
+namespace kvscout_simt::detail {
 template <class T>
-inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+inline T shuffle(bool butterfly, unsigned mask, T v, int arg, int width, const char* site) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8);
   std::uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  bits = ::kvscout_simt::detail::shfl_xor(mask, bits, lane_mask, width);
+  bits = butterfly ? shfl_xor(mask, bits, arg, width, site) : shfl(mask, bits, arg, width, site);
   T out;
   std::memcpy(&out, &bits, sizeof(T));
   return out;
 }
-template <class T>
-inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
-  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8);
-  std::uint64_t bits = 0;
-  std::memcpy(&bits, &v, sizeof(T));
-  bits = ::kvscout_simt::detail::shfl(mask, bits, src_lane, width);
-  T out;
-  std::memcpy(&out, &bits, sizeof(T));
-  return out;
-}
+inline int shuffle_width(int width = 32) { return width; }
+}  // namespace kvscout_simt::detail
+// Every lane of a shuffle must call the same one (the call site is part of the check).
+#define __shfl_xor_sync(mask, v, lane_mask, ...)                                              \
+  ::kvscout_simt::detail::shuffle(true, (mask), (v), (lane_mask),                             \
+                                  ::kvscout_simt::detail::shuffle_width(__VA_ARGS__), KVSCOUT_SIMT_SITE)
+#define __shfl_sync(mask, v, src_lane, ...)                                                   \
+  ::kvscout_simt::detail::shuffle(false, (mask), (v), (src_lane),                             \
+                                  ::kvscout_simt::detail::shuffle_width(__VA_ARGS__), KVSCOUT_SIMT_SITE)
 
 // Fibers of one grid run on one host thread and switch only at barriers: a read-modify-write is
 // atomic as written.

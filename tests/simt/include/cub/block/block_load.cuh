@@ -1,7 +1,8 @@
 #pragma once
 // The host SIMT emulator's stand-in for cub::BlockLoad (tests/simt): every algorithm yields CUB's
 // blocked arrangement (thread t holds items t * Items ... t * Items + Items - 1); guarded loads
-// fill the items past `valid` with the default.
+// fill the items past `valid` with the default, or poison. Unlike CUB's transposing loads it
+// does not use its TempStorage, so a missing barrier before reusing that storage is not seen here.
 #include "kvscout_simt/block_common.hpp"
 
 namespace cub {
@@ -28,12 +29,12 @@ class BlockLoad {
     const int t = kvscout_simt::block_linear_thread(BlockThreads);
     for (int i = 0; i < Items; ++i) items[i] = in[t * Items + i];
   }
+  // CUB leaves the items past `valid` unassigned: they are poisoned here.
   template <class It>
   void Load(It in, T (&items)[Items], int valid) {
     const int t = kvscout_simt::block_linear_thread(BlockThreads);
-    for (int i = 0; i < Items; ++i) {
-      if (t * Items + i < valid) items[i] = in[t * Items + i];
-    }
+    for (int i = 0; i < Items; ++i)
+      items[i] = t * Items + i < valid ? static_cast<T>(in[t * Items + i]) : kvscout_simt::poisoned<T>();
   }
   template <class It, class D>
   void Load(It in, T (&items)[Items], int valid, D oob_default) {

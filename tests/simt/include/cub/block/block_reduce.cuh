@@ -24,7 +24,7 @@ class BlockReduce {
   T Reduce(T input, Op op, int num_valid) {
     const int t = kvscout_simt::block_linear_thread(BlockThreads);
     temp_.values[t] = input;
-    __syncthreads();
+    KVSCOUT_SIMT_CUB_BARRIER();
     if (t != 0) return kvscout_simt::poisoned<T>();
     T acc = temp_.values[0];
     for (int i = 1; i < num_valid; ++i) acc = op(acc, temp_.values[i]);

@@ -20,7 +20,7 @@ class BlockScan {
   void ExclusiveSum(T input, T& output, T& aggregate) {
     const int t = kvscout_simt::block_linear_thread(BlockThreads);
     temp_.values[t] = input;
-    __syncthreads();
+    KVSCOUT_SIMT_CUB_BARRIER();
     T before{};
     T total{};
     for (int i = 0; i < BlockThreads; ++i) {
