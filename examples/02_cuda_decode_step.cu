@@ -1,0 +1,235 @@
+// One decode step of one attention layer on the CUDA backend, with the layer's KV cache offloaded
+// to host memory (pinned and mapped, so the GPU can read it over the link). Following InfiniGen,
+// the step guesses which cached tokens layer i will attend to and moves only their K/V rows:
+//
+//   1. speculate  infinigen_speculator_cuda: a partial query (r of head_dim channels) from the
+//                 hidden state, scored against a partial key cache that stays on the device
+//   2. select     topk_selector_cuda: the best `budget` tokens per (sequence, KV head); indices
+//                 and counts stay on the device, nothing is read back
+//   3. fetch      zero_copy_executor: the GPU reads only the selected rows from host memory
+//   4. attend     decode_attention_device over the fetched rows and the new token
+//
+// All memory is allocated at set-up, each part sized by its own workspace query; the step only
+// enqueues work on one stream, so it could be captured in a CUDA graph. An engine runs 1-3 on side
+// streams during layer i-1 (pipeline/cuda_stages.cuh, docs/cuda_pipeline.md). The result is checked
+// against the host backend on the same selection. Exit code: 0 ok, 1 mismatch or error, 77 no CUDA
+// device (ctest: skipped). Built by g++ for the host SIMT emulator (tests/simt, KVSCOUT_SIMT_HOST),
+// the emulator is the device, so it runs on any machine.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "kvscout/kvscout.hpp"  // every host-compilable part; the CUDA parts one by one:
+#include "kvscout/attention/decode.cuh"
+#include "kvscout/fetch/zero_copy.cuh"
+#include "kvscout/select/topk.cuh"
+#include "kvscout/spec/infinigen.cuh"
+
+namespace {
+
+using kvscout::from_float, kvscout::half, kvscout::to_float;
+using std::size_t;
+
+// A small model shape: 2 sequences, 2 KV heads of 4 query heads each (GQA), head_dim 64.
+constexpr int S = 2, H = 2, Hq = 8, D = 64, d_model = 256;
+constexpr int max_tokens = 1024;  // cache slots per sequence
+constexpr int r = 16;             // partial dimension: 8 of the 32 RoPE planes
+constexpr int budget = 64;        // rows fetched per (sequence, KV head), keep-set included
+constexpr float scale = 0.125f;   // 1 / sqrt(head_dim)
+using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;  // [S, H, max_tokens, D]
+
+// The example's memory, freed when it goes out of scope (an engine has its own allocators).
+struct cuda_memory {
+  std::vector<std::unique_ptr<void, cudaError_t (*)(void*)>> blocks;
+  template <class T> kvscout::device_span<T> alloc(size_t n) {
+    void* p = nullptr;
+    KVSCOUT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    blocks.emplace_back(p, cudaFree);
+    return {static_cast<T*>(p), n};
+  }
+  template <class T> kvscout::device_span<T> upload(const std::vector<T>& v) {
+    const kvscout::device_span<T> d = alloc<T>(v.size());
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(d.data(), v.data(), d.size_bytes(), cudaMemcpyHostToDevice));
+    return d;
+  }
+  // Pinned host memory mapped into the device's address space: the host's and the device's view.
+  template <class T> std::pair<kvscout::host_span<T>, kvscout::device_span<T>> mapped(size_t n) {
+    void *h = nullptr, *d = nullptr;
+    KVSCOUT_CUDA_CHECK(cudaHostAlloc(&h, n * sizeof(T), cudaHostAllocMapped));
+    blocks.emplace_back(h, cudaFreeHost);
+    KVSCOUT_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
+    return {{static_cast<T*>(h), n}, {static_cast<T*>(d), n}};
+  }
+};
+template <class T> std::vector<T> download(kvscout::device_span<T> d) {
+  std::vector<T> v(d.size());
+  KVSCOUT_CUDA_CHECK(cudaMemcpy(v.data(), d.data(), d.size_bytes(), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+int run() {
+  std::mt19937 rng(2025);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  cuda_memory mem;
+
+  // ---- layer i's offloaded KV cache, in mapped pinned host memory -------------------------------
+  const std::vector<int32_t> lens = {1000, 613};  // cached tokens per sequence
+  const kvscout::device_span<int32_t> d_lens = mem.upload(lens);
+  const layout host_layout = layout::padded(H, max_tokens, lens.data(), S);
+  const layout dev_layout = layout::padded(H, max_tokens, d_lens.data(), S);  // device-read lengths
+  const size_t cache_n = size_t(S) * H * max_tokens * D;
+  const auto [k_host, k_dev] = mem.mapped<half>(cache_n);
+  const auto [v_host, v_dev] = mem.mapped<half>(cache_n);
+  // Keys with a few large channels (0-7 and 32-39, i.e. RoPE planes 0-7), as real keys have.
+  for (size_t e = 0; e < cache_n; ++e) {
+    k_host[e] = from_float<half>(normal(rng) * (e % 32 < 8 ? 3.f : 1.f));
+    v_host[e] = from_float<half>(normal(rng));
+  }
+
+  // ---- the layer's weights and this step's inputs -----------------------------------------------
+  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  std::vector<float> w_q(size_t(Hq) * D * d_model), x(size_t(S) * d_model);
+  for (float& w : w_q) w = normal(rng) / 16.f;  // 1 / sqrt(d_model)
+  for (float& e : x) e = normal(rng);
+  // The attention query, RoPE(W_Q x) at the new token's position. An engine computes it from
+  // layer i's own input; this example reuses x, the hidden state the speculation reads.
+  std::vector<float> q(size_t(S) * Hq * D, 0.f);
+  for (int s = 0; s < S; ++s)
+    for (int qh = 0; qh < Hq; ++qh) {
+      float* head = &q[(size_t(s) * Hq + qh) * D];
+      for (int d = 0; d < D; ++d)
+        for (int c = 0; c < d_model; ++c)
+          head[d] += w_q[(size_t(qh) * D + d) * d_model + c] * x[size_t(s) * d_model + c];
+      kvscout::apply_rope(head, lens[s], rope);
+    }
+  // The new token's K / V: attention reads them directly (appending them is another step).
+  std::vector<half> k_new(size_t(S) * H * D), v_new(k_new.size());
+  for (half& e : k_new) e = from_float<half>(normal(rng));
+  for (half& e : v_new) e = from_float<half>(normal(rng));
+  // The RoPE planes the partial query keeps, per KV head: calibrate_skew ranks them offline on
+  // real activations; here planes 0-7, where the keys are large.
+  const std::vector<kvscout::skew_plan> plans(
+      H, kvscout::rope_planes_plan(rope, {0, 1, 2, 3, 4, 5, 6, 7}));
+
+  // ---- set-up: ask each part for its workspace size, allocate once, build the views -------------
+  cudaStream_t stream{};
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&stream));
+  using speculator_t = kvscout::infinigen_speculator_cuda<float>;
+  const kvscout::infinigen_cuda_config spec_cfg{S, H, Hq, D, d_model, max_tokens, r,
+                                                kvscout::rope_mode::rope_planes, scale,
+                                                kvscout::gqa_aggregation::max_logit};
+  speculator_t spec(spec_cfg, plans, {w_q.data(), w_q.size()}, {},
+                    mem.alloc<std::byte>(speculator_t::workspace_bytes(spec_cfg)));
+  // Prefill: the speculator's partial key cache takes its r channels of every cached key.
+  std::vector<float> keys;  // [tokens, H, D]
+  std::vector<int32_t> seq_ids, token_ids;
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < lens[s]; ++t) {
+      seq_ids.push_back(s);
+      token_ids.push_back(t);
+      for (int h = 0; h < H; ++h)  // k_offset: the layout's address math, in bytes
+        for (size_t c = 0; c < D; ++c)
+          keys.push_back(to_float(k_host[host_layout.k_offset(s, t, h) / sizeof(half) + c]));
+    }
+  spec.append(mem.upload(keys), mem.upload(seq_ids), mem.upload(token_ids), int(seq_ids.size()),
+              stream);
+
+  // Top-k keeps 4 attention sinks and the 16 most recent tokens, and fills the budget by score.
+  const kvscout::topk_selector_cuda::config sel_cfg{S, H, max_tokens, budget, budget, {4, 16}};
+  kvscout::topk_selector_cuda selector(
+      sel_cfg, mem.alloc<std::byte>(kvscout::topk_selector_cuda::workspace_bytes(sel_cfg)));
+  // Kernels flag bad device data (say, an index past a length) in a status word that kvscout never
+  // reads back. The zero-copy executor needs no workspace (its workspace_bytes is 0).
+  const kvscout::device_span<int> status = mem.upload(std::vector<int>{0});
+  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget,
+                                             .stream = stream, .device_status = status.data()});
+
+  const size_t slots = size_t(S) * H * budget;
+  const auto d_x = mem.upload(x), d_q = mem.upload(q), out = mem.alloc<float>(q.size());
+  const auto d_positions = mem.upload(lens);  // the new token's position is its sequence length
+  const kvscout::device_score_buffer scores{mem.alloc<float>(size_t(S) * H * max_tokens), S, H,
+                                            max_tokens};
+  const kvscout::selection_buffers<kvscout::device_space> selection{
+      mem.alloc<int32_t>(slots), mem.alloc<int32_t>(size_t(S) * H), S, H, budget};
+  const auto rows_k = mem.alloc<half>(slots * D), rows_v = mem.alloc<half>(slots * D);
+  const kvscout::kv_view<layout, kvscout::device_space> source{  // the host cache, GPU view
+      dev_layout, kvscout::as_bytes(k_dev), kvscout::as_bytes(v_dev)};
+  const kvscout::gather_destination<kvscout::device_space> fetched{
+      kvscout::as_writable_bytes(rows_k), kvscout::as_writable_bytes(rows_v)};
+  const kvscout::gathered_rows_device<half, D> rows(selection.view(), rows_k, rows_v);
+  const kvscout::device_current_token<half> current{mem.upload(k_new), mem.upload(v_new)};
+
+  // ---- the decode step: four enqueues on one stream; no allocation, no host synchronisation -----
+  spec.score({d_x, d_positions, d_lens, max_tokens}, scores, stream);
+  selector.select(scores.view(d_lens), selection, stream);
+  (void)fetch.submit(source, selection.view(), fetched);  // returns an event recorded on `stream`
+  kvscout::decode_attention_device(rows, current, d_q, out, {Hq, scale}, stream, status.data());
+  KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));  // only to look at the results
+
+  // ---- what crossed the link --------------------------------------------------------------------
+  const std::vector<int32_t> idx = download(selection.indices), cnt = download(selection.counts);
+  long long fetched_rows = 0, total_rows = 0;
+  for (int c : cnt) fetched_rows += c;
+  for (int n : lens) total_rows += static_cast<long long>(n) * H;
+  const long long row_bytes = 2LL * D * sizeof(half);  // a K row and a V row
+  const double share = 100.0 * double(fetched_rows) / double(total_rows);
+  std::printf("rows fetched: %lld of %lld cached rows (%.1f%%), %d per (sequence, KV head)\n",
+              fetched_rows, total_rows, share, budget);
+  std::printf("bytes moved:  %lld of %lld for a dense fetch (%.1f%%)\n", fetched_rows * row_bytes,
+              total_rows * row_bytes, share);
+
+  // ---- the host backend on the device's selection: gather the rows, then attention --------------
+  const kvscout::selection_view<kvscout::host_space> host_sel{
+      {idx.data(), idx.size()}, {cnt.data(), cnt.size()}, S, H, budget};
+  using gather_t = kvscout::host_gather_executor<layout>;
+  const kvscout::host_gather_config gather_cfg{S, H, budget};
+  std::vector<std::int64_t> gather_ws(gather_t::workspace_bytes(gather_cfg) / 8 + 1);
+  gather_t gather(gather_cfg,
+                  {reinterpret_cast<std::byte*>(gather_ws.data()), gather_ws.size() * 8});
+  std::vector<half> gk(slots * D), gv(slots * D);
+  gather.submit({host_layout, kvscout::as_bytes(k_host), kvscout::as_bytes(v_host)}, host_sel,
+                {kvscout::as_writable_bytes(kvscout::host_span<half>(gk.data(), gk.size())),
+                 kvscout::as_writable_bytes(kvscout::host_span<half>(gv.data(), gv.size()))})
+      .wait();
+  std::vector<float> ref(q.size());
+  kvscout::decode_attention_host(
+      kvscout::gathered_rows<half, D>(host_sel, {gk.data(), gk.size()}, {gv.data(), gv.size()}),
+      kvscout::current_token<half>{{k_new.data(), k_new.size()}, {v_new.data(), v_new.size()}},
+      {q.data(), q.size()}, {ref.data(), ref.size()}, {Hq, scale});
+  const std::vector<float> got = download(out);
+  double max_err = 0;
+  for (size_t e = 0; e < ref.size(); ++e)
+    max_err = std::max(max_err, std::abs(double(got[e]) - ref[e]));
+  const double tolerance = 1e-4;  // the device sums in another order: float rounding differs
+  const int bits = download(status)[0];
+  std::printf("attention, device vs host: max abs error %.3g (tolerance %.0e)\n", max_err,
+              tolerance);
+  std::printf("device status: %s\n", kvscout::device_status::describe(bits).c_str());
+  KVSCOUT_CUDA_CHECK(cudaStreamDestroy(stream));
+  return max_err <= tolerance && bits == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    std::printf("02_cuda_decode_step: no CUDA device found, nothing to run (skipped)\n");
+    return 77;
+  }
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "02_cuda_decode_step: %s\n", e.what());
+    return 1;
+  }
+}
