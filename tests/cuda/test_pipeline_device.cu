@@ -6,12 +6,13 @@
 // a zero-copy fetch would); the compute stream's "attention" of layer i checks row buffer slot(i)
 // holds stamp(step, i) and counts mismatches; the step ends by advancing the step counter on the
 // compute stream (as the sequence lengths advance). Without the pipeline's waits the check fails
-// (a control case shows the test can fail). On the host SIMT emulator (tests/simt), where streams
-// run in enqueue order, this checks the order in which the pipeline enqueues the stages and the
-// graph capture's forks and joins; the control case needs a device.
+// (a control case shows the test can fail). On the host SIMT emulator (tests/simt) streams run
+// at synchronisation points, honouring only event waits, in the order its setting gives: the
+// same checks then show the pipeline's waits are the ones that order the stages.
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -146,16 +147,20 @@ void serial_mode_is_ordered() {
 void control_without_waits_fails() {
   // The same step without wait_rows: attention reads row buffers the slow fetch has not written.
 #if defined(KVSCOUT_SIMT_HOST)
-  // The host SIMT emulator runs every operation when it is enqueued, so nothing can overtake
-  // anything: this control needs a device.
-  std::printf("control: skipped on the SIMT emulator (streams run in enqueue order)\n");
-  return;
+  // On the host SIMT emulator streams run at the next synchronisation, one after another in the
+  // thread-order setting's order. Forward runs the compute stream (created first) before the
+  // side and copy streams, so without the waits attention overtakes the fetch, as on a device.
+  kvscout_simt::detail::set_order("forward");
 #endif
   fixture f;
   kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = 2},
                                      {f.compute, f.side, f.copy}, f.stages(2000000));
   for (int step = 0; step < 3; ++step) enqueue_step(pipe, f, 2, false, false);
   const int e = f.read_errors();
+#if defined(KVSCOUT_SIMT_HOST)
+  const char* order = std::getenv("KVSCOUT_SIMT_ORDER");
+  kvscout_simt::detail::set_order(order != nullptr ? order : "forward");
+#endif
   std::printf("control: %d mismatches without the waits (expected > 0)\n", e);
   GPU_CHECK(e > 0);
 }

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <new>
@@ -32,14 +33,28 @@
 // enqueued, a stream has seen complete (its own, and through event waits, other streams').
 using capture_clock = std::map<CUstream_st*, std::size_t>;
 
+struct CUevent_st;
+
+// One operation waiting in a stream: work (a kernel, a copy), an event record, or a wait for one.
+struct stream_op {
+  std::function<void()> work;
+  CUevent_st* record = nullptr;  // completes this record of the event
+  CUevent_st* wait = nullptr;    // runnable once this record of the event has completed
+  unsigned long long generation = 0;
+};
+
 struct CUstream_st {
+  unsigned long long id = 0;  // creation order: the thread-order setting orders streams by it
   bool capturing = false;
   bool non_blocking = false;
   capture_clock clock;  // while capturing
+  std::deque<stream_op> queue;  // enqueued, not yet run
 };
 struct CUevent_st {
   unsigned long long captured_in = 0;  // the capture it was last recorded in (0: none)
   capture_clock clock;                 // the recording stream's clock at the record
+  unsigned long long recorded = 0;     // records enqueued
+  unsigned long long completed = 0;    // the latest record that has run
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
@@ -471,6 +486,50 @@ void merge(capture_clock& into, const capture_clock& from) {
   for (const auto& [s, n] : from) into[s] = std::max(into[s], n);
 }
 
+// ---- streams: operations wait in their stream until the host synchronises -------------------------
+// A stream runs nothing when work is enqueued. At a synchronisation point (a stream, event or
+// device synchronize, a synchronous copy, a free, work on the legacy stream) the emulator runs
+// queued operations, one stream at a time for as long as its next operation can run, choosing
+// streams in the thread-order setting's order (forward: the earliest-created stream first;
+// reverse: the latest; shuffle: at random). Event waits are honoured, nothing else: work that the
+// code forgot to order runs in whichever order the setting gives, and one of forward and reverse
+// exposes it.
+std::vector<CUstream_st*> g_streams;  // live streams, in creation order
+unsigned long long g_stream_ids = 0;
+
+bool runnable(const stream_op& op) { return op.wait == nullptr || op.wait->completed >= op.generation; }
+
+void run_op(CUstream_st* s) {
+  stream_op op = std::move(s->queue.front());
+  s->queue.pop_front();
+  if (op.work) op.work();
+  if (op.record != nullptr) op.record->completed = std::max(op.record->completed, op.generation);
+}
+
+// Runs queued operations until `done` holds; fatal if nothing can run before it does.
+template <class Done>
+void drain_until(Done done) {
+  order_setting& ord = order();
+  while (!done()) {
+    std::vector<CUstream_st*> ready;
+    for (CUstream_st* s : g_streams)
+      if (!s->queue.empty() && runnable(s->queue.front())) ready.push_back(s);
+    if (ready.empty()) fatal("streams wait on event records that never run (a wait on a later record?)");
+    CUstream_st* s = ready.front();
+    if (ord.kind == order_kind::reverse) s = ready.back();
+    if (ord.kind == order_kind::shuffle) s = ready[std::uniform_int_distribution<std::size_t>(0, ready.size() - 1)(ord.rng)];
+    while (!s->queue.empty() && runnable(s->queue.front()) && !done()) run_op(s);
+  }
+}
+
+void drain_all() {
+  drain_until([] {
+    for (CUstream_st* s : g_streams)
+      if (!s->queue.empty()) return false;
+    return true;
+  });
+}
+
 // RAII: the running block, reset however run_grid leaves.
 struct block_scope {
   explicit block_scope(block_run* b) { g_block = b; }
@@ -556,7 +615,12 @@ void enqueue(cudaStream_t stream, std::function<void()> op) {
     (void)refuse_during_capture(cudaErrorStreamCaptureImplicit);
     return;
   }
-  op();
+  if (is_special(stream)) {  // the legacy stream waits for every stream (it over-waits for
+    drain_all();             // non-blocking ones), and runs now
+    op();
+    return;
+  }
+  stream->queue.push_back(stream_op{std::move(op)});
 }
 
 void run_grid(dim3 grid, dim3 block, std::size_t smem, const std::function<void()>& body) {
@@ -632,6 +696,9 @@ cudaError_t async_status(cudaStream_t s, bool invalid_before) {
   if (!invalid_before) return cudaErrorStreamCaptureImplicit;  // this call invalidated it
   return stream_capturing(s) ? set_error(cudaErrorStreamCaptureInvalidated) : cudaSuccess;
 }
+// Pageable host memory (not from cudaHostAlloc / cudaMalloc): CUDA stages a pageable source
+// before the call returns, and returns from a copy into pageable memory only once it is done.
+bool pageable(const void* p) { return find_allocation(p) == nullptr; }
 }  // namespace
 
 extern "C" {
@@ -702,6 +769,7 @@ const char* cudaGetErrorString(cudaError_t e) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   if (g_capture) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
+  drain_all();
   return cudaSuccess;
 }
 
@@ -713,6 +781,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (unsafe_refused()) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
+  drain_all();  // cudaFree waits for the device
   return release(p, false);
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
@@ -723,6 +792,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
 }
 cudaError_t cudaFreeHost(void* p) {
   if (unsafe_refused()) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
+  drain_all();
   return release(p, true);
 }
 cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int flags) {
@@ -757,21 +827,31 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p)
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   if (unsafe_refused()) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
   if (bytes > 0 && (dst == nullptr || src == nullptr)) return set_error(cudaErrorInvalidValue);
+  drain_all();
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   if (unsafe_refused()) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
   if (bytes > 0 && dst == nullptr) return set_error(cudaErrorInvalidValue);
+  drain_all();
   if (bytes > 0) std::memset(dst, value, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
   if (bytes > 0 && (dst == nullptr || src == nullptr)) return set_error(cudaErrorInvalidValue);
   const bool before = g_capture && g_capture->invalidated;
-  enqueue(s, [=] {
-    if (bytes > 0) std::memmove(dst, src, bytes);
-  });
+  if (bytes > 0 && pageable(src) && !stream_capturing(s)) {
+    auto staged = std::make_shared<std::vector<unsigned char>>(
+        static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + bytes);
+    enqueue(s, [=] { std::memcpy(dst, staged->data(), bytes); });
+  } else {
+    enqueue(s, [=] {
+      if (bytes > 0) std::memmove(dst, src, bytes);
+    });
+  }
+  if (bytes > 0 && pageable(dst) && !is_special(s) && !stream_capturing(s))
+    drain_until([s] { return s->queue.empty(); });
   return async_status(s, before);
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {
@@ -796,6 +876,9 @@ cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, con
   std::vector<void*> d(dsts, dsts + count);
   std::vector<const void*> sr(srcs, srcs + count);
   std::vector<size_t> n(sizes, sizes + count);
+  for (size_t i = 0; i < count; ++i)
+    if (n[i] > 0 && (pageable(sr[i]) || pageable(d[i])))
+      return set_error(cudaErrorInvalidValue);  // kvscout batches pinned / device memory only
   const bool before = g_capture && g_capture->invalidated;
   enqueue(s, [d = std::move(d), sr = std::move(sr), n = std::move(n)] {
     for (size_t i = 0; i < n.size(); ++i)
@@ -804,25 +887,27 @@ cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, con
   return async_status(s, before);
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  if (s == nullptr) return set_error(cudaErrorInvalidValue);
-  *s = new CUstream_st{};
-  return cudaSuccess;
-}
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   if (s == nullptr) return set_error(cudaErrorInvalidValue);
   *s = new CUstream_st{};
+  (*s)->id = ++g_stream_ids;
   (*s)->non_blocking = (flags & cudaStreamNonBlocking) != 0;
+  g_streams.push_back(*s);
   return cudaSuccess;
 }
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (is_special(s)) return set_error(cudaErrorInvalidValue);
+  drain_until([s] { return s->queue.empty(); });  // its work still completes
+  g_streams.erase(std::find(g_streams.begin(), g_streams.end(), s));
   delete s;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (stream_capturing(s)) return refuse_during_capture(cudaErrorStreamCaptureUnsupported);
   if (legacy_conflicts_with_capture(s)) return refuse_during_capture(cudaErrorStreamCaptureImplicit);
+  if (is_special(s)) drain_all();
+  else drain_until([s] { return s->queue.empty(); });
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
@@ -833,6 +918,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) {
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (e == nullptr) return set_error(cudaErrorInvalidValue);
+  drain_all();  // queued records and waits name it
   delete e;
   return cudaSuccess;
 }
@@ -846,11 +932,20 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (legacy_conflicts_with_capture(s)) return refuse_during_capture(cudaErrorStreamCaptureImplicit);
   e->captured_in = 0;
   e->clock.clear();
+  const unsigned long long generation = ++e->recorded;
+  if (is_special(s)) {
+    drain_all();
+    e->completed = generation;
+  } else {
+    s->queue.push_back(stream_op{{}, e, nullptr, generation});
+  }
   return cudaSuccess;
 }
+// A query runs what the record waits for and reports it done (so a polling loop ends).
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (e == nullptr) return set_error(cudaErrorInvalidValue);
   if (g_capture && e->captured_in == g_capture->id) return set_error(cudaErrorCapturedEvent);
+  drain_until([e] { return e->completed >= e->recorded; });
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
@@ -871,6 +966,13 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
       g_capture->all_non_blocking = g_capture->all_non_blocking && s->non_blocking;
     }
     merge(s->clock, e->clock);
+    return cudaSuccess;
+  }
+  if (e->recorded == 0 || stream_capturing(s)) return cudaSuccess;  // nothing to wait for
+  if (is_special(s)) {
+    drain_until([e, g = e->recorded] { return e->completed >= g; });
+  } else {
+    s->queue.push_back(stream_op{{}, nullptr, e, e->recorded});
   }
   return cudaSuccess;
 }

@@ -251,6 +251,46 @@ void thread_order_exposes_missing_barriers() {
   GPU_CHECK(stale[1] == 63);
 }
 
+__global__ void write_value(int* p, int v) { *p = v; }
+__global__ void copy_value(const int* from, int* to) { *to = *from; }
+
+// Streams run at synchronisation points, honouring event waits only: without a wait the consumer
+// on the earlier-created stream overtakes the producer in forward order; with one it never does.
+// A copy from pageable memory takes the source as it was at the call.
+void streams_run_at_synchronisation() {
+  gpu_test::device_vector<int> a(1), b(1);
+  cudaStream_t consumer{}, producer{};
+  cudaEvent_t made{};
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&consumer));
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&producer));
+  KVSCOUT_CUDA_CHECK(cudaEventCreateWithFlags(&made, cudaEventDisableTiming));
+  int got[2][2];
+  const char* orders[2] = {"forward", "reverse"};
+  for (int o = 0; o < 2; ++o) {
+    kvscout_simt::detail::set_order(orders[o]);
+    for (int waited = 0; waited < 2; ++waited) {
+      KVSCOUT_CUDA_CHECK(cudaMemset(a.data(), 0, 4));
+      launch(write_value, 1, 1, 0, producer, a.data(), 42);
+      KVSCOUT_CUDA_CHECK(cudaEventRecord(made, producer));
+      if (waited) KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(consumer, made, 0));
+      launch(copy_value, 1, 1, 0, consumer, a.data(), b.data());
+      got[o][waited] = b.download()[0];
+    }
+  }
+  kvscout_simt::detail::set_order("forward");
+  std::printf("  consumer read: forward %d without the wait, %d with; reverse %d, %d\n", got[0][0],
+              got[0][1], got[1][0], got[1][1]);
+  GPU_CHECK(got[0][0] == 0 && got[0][1] == 42 && got[1][0] == 42 && got[1][1] == 42);
+
+  std::vector<int> pageable = {7};
+  KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(a.data(), pageable.data(), 4, cudaMemcpyHostToDevice, consumer));
+  pageable[0] = 8;  // allowed: the call has staged the source
+  GPU_CHECK(a.download()[0] == 7);
+  KVSCOUT_CUDA_CHECK(cudaEventDestroy(made));
+  KVSCOUT_CUDA_CHECK(cudaStreamDestroy(consumer));
+  KVSCOUT_CUDA_CHECK(cudaStreamDestroy(producer));
+}
+
 // ---- cases that must abort --------------------------------------------------------------------
 __global__ void divergent_barrier(int* p) {
   if (threadIdx.x < 16) {
@@ -342,5 +382,7 @@ int main() {
                                              {"shuffle_edge_semantics", shuffle_edge_semantics},
                                              {"thread_order_exposes_missing_barriers",
                                               thread_order_exposes_missing_barriers},
+                                             {"streams_run_at_synchronisation",
+                                              streams_run_at_synchronisation},
                                              {"stops_on_faults", stops_on_faults}});
 }

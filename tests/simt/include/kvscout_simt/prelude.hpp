@@ -5,15 +5,15 @@
 // fiber on the calling thread (in the order KVSCOUT_SIMT_ORDER names: forward, reverse or
 // shuffle[:SEED]), __syncthreads and warp shuffles are cooperative barriers, blocks run one
 // after another, __shared__ variables are function statics (so one block's threads share them),
-// streams run each operation when it is enqueued and graph capture records operations to
-// replay. The subset of the CUDA runtime that kvscout and its GPU tests call is implemented in
+// streams queue their operations and run them at synchronisation points (honouring event waits
+// only, streams in the same order setting), and graph capture records operations to replay. The subset of the CUDA runtime that kvscout and its GPU tests call is implemented in
 // simt.cpp; link it instead of libcudart.
 //
 // docs/testing.md lists what this shows (indexing, arithmetic, block algorithms, missing
 // barriers of the write-then-read kind, CUB misuse, divergent barriers and shuffles, deadlocks,
-// capture structure) and what it cannot (races inside a kernel or between streams, uninitialised
-// static shared memory, host / device address confusion, resources, timing, the device's
-// rounding). Those need a GPU (scripts/gpu_check.sh).
+// missing event waits, capture structure) and what it cannot (races inside a kernel,
+// interleavings, uninitialised static shared memory, host / device address confusion, resources,
+// timing, the device's rounding). Those need a GPU (scripts/gpu_check.sh).
 
 #define KVSCOUT_SIMT_HOST 1
 
@@ -64,7 +64,7 @@ bool block_intact();
 /// must arrive (one that has returned is an error, not an arrival).
 void collective_syncthreads(const char* site);
 long long clock();
-/// Runs (or, while a capture is active, records) an operation of `stream`.
+/// Queues (on the legacy stream: runs; while a capture is active: records) an operation.
 void enqueue(cudaStream_t stream, std::function<void()> op);
 /// Checks a launch configuration; records the error as the last error and returns false if bad.
 bool check_launch(dim3 grid, dim3 block, std::size_t smem);
