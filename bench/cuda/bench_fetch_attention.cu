@@ -111,7 +111,7 @@ struct fetch_fixture {
       KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(dst_k, anchor_src, moved_bytes() / 2, cudaMemcpyHostToDevice, stream));
       KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(dst_v, anchor_src + moved_bytes() / 2, moved_bytes() / 2,
                                          cudaMemcpyHostToDevice, stream));
-      r.push_back(moved_bytes() / t.stop(stream) * 1e-9);
+      r.push_back(static_cast<double>(moved_bytes()) / t.stop(stream) * 1e-9);
     }
     std::sort(r.begin(), r.end());
     return r[2];
@@ -302,7 +302,7 @@ void bm_sparse_attention(benchmark::State& st) {
     t.start(f.stream);
     KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(d2d, f.dst_k, slots * f.row, cudaMemcpyDeviceToDevice, f.stream));
     KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(d2d + slots * f.row, f.dst_v, slots * f.row, cudaMemcpyDeviceToDevice, f.stream));
-    r.push_back(f.moved_bytes() / t.stop(f.stream) * 1e-9);
+    r.push_back(static_cast<double>(f.moved_bytes()) / t.stop(f.stream) * 1e-9);
   }
   std::sort(r.begin(), r.end());
   const double anchor = r[2];

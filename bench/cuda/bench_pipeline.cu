@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpu_bench.cuh"
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 
 namespace {
@@ -38,7 +39,7 @@ struct synthetic_stages {
   int* sink;
   int grid;
   void speculate(int, int, cudaStream_t s) {
-    stream_read<<<grid / 4, 256, 0, s>>>(partial_keys, partial_bytes / 16, sink);
+    kvscout::detail::launch(stream_read, grid / 4, 256, 0, s, partial_keys, partial_bytes / 16, sink);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
   void fetch(int layer, int slot, cudaStream_t s) {
@@ -84,8 +85,8 @@ void bm_pipeline_step(benchmark::State& st) {
       for (int i = 0; i < L; ++i) {
         pipe.input_ready(i);
         pipe.wait_rows(i);
-        stream_read<<<sms * 4, 256, 0, compute>>>(weights + (i % 2) * (weight_bytes / 16),
-                                                   weight_bytes / 16, sink);
+        kvscout::detail::launch(stream_read, sms * 4, 256, 0, compute,
+                                weights + (i % 2) * (weight_bytes / 16), weight_bytes / 16, sink);
       }
       st.SetIterationTime(timer.stop(compute));
     }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "gpu_bench.cuh"
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/select/threshold.cuh"
 #include "kvscout/select/topk.cuh"
 #include "kvscout/spec/infinigen.cuh"
@@ -68,7 +69,7 @@ __global__ void fill_random(T* p, std::size_t n, std::uint32_t seed) {
 
 template <class T>
 void fill(T* p, std::size_t n, std::uint32_t seed) {
-  fill_random<<<1024, 256>>>(p, n, seed);
+  kvscout::detail::launch(fill_random<T>, 1024, 256, 0, nullptr, p, n, seed);
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -55,6 +55,7 @@ struct CUevent_st {
   capture_clock clock;                 // the recording stream's clock at the record
   unsigned long long recorded = 0;     // records enqueued
   unsigned long long completed = 0;    // the latest record that has run
+  std::chrono::steady_clock::time_point at{};  // ... when it ran (for cudaEventElapsedTime)
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
@@ -503,7 +504,10 @@ void run_op(CUstream_st* s) {
   stream_op op = std::move(s->queue.front());
   s->queue.pop_front();
   if (op.work) op.work();
-  if (op.record != nullptr) op.record->completed = std::max(op.record->completed, op.generation);
+  if (op.record != nullptr) {
+    op.record->completed = std::max(op.record->completed, op.generation);
+    op.record->at = std::chrono::steady_clock::now();
+  }
 }
 
 // Runs queued operations until `done` holds; fatal if nothing can run before it does.
@@ -936,6 +940,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (is_special(s)) {
     drain_all();
     e->completed = generation;
+    e->at = std::chrono::steady_clock::now();
   } else {
     s->queue.push_back(stream_op{{}, e, nullptr, generation});
   }
@@ -949,9 +954,12 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
-  if (ms == nullptr) return set_error(cudaErrorInvalidValue);
-  *ms = 0.f;
+// The host time between the two records' runs: emulated work, not a device's speed, but never
+// zero, so a benchmark's manual timing terminates.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  if (ms == nullptr || a == nullptr || b == nullptr) return set_error(cudaErrorInvalidValue);
+  if (a->completed == 0 || b->completed == 0) return set_error(cudaErrorInvalidResourceHandle);
+  *ms = std::max(1e-6f, std::chrono::duration<float, std::milli>(b->at - a->at).count());
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
