@@ -455,7 +455,6 @@ struct capture_state {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   std::vector<CUstream_st*> streams;
   std::vector<std::function<void()>> ops;
-  std::map<CUstream_st*, std::size_t> last_op;  // ops.size() after the stream's last operation
   bool invalidated = false;
   bool all_non_blocking = true;  // of the capturing streams
 };
@@ -567,25 +566,19 @@ void collective_syncthreads(const char* site) {
   (void)block_barrier(site);
 }
 
-int syncthreads_or(int predicate, const char* site) {
-  if (g_block == nullptr) fatal("__syncthreads_or called outside a kernel");
-  g_block->acc_or |= predicate != 0 ? 1 : 0;
+int syncthreads_vote(int predicate, bool count, const char* site) {
+  if (g_block == nullptr) fatal("__syncthreads_or / _count called outside a kernel");
+  if (predicate != 0) {
+    g_block->acc_or = 1;
+    ++g_block->acc_count;
+  }
   const unsigned long long gen = block_barrier(site);
-  return g_block->result_or[gen & 1];
+  return count ? g_block->result_count[gen & 1] : g_block->result_or[gen & 1];
 }
 
-int syncthreads_count(int predicate, const char* site) {
-  if (g_block == nullptr) fatal("__syncthreads_count called outside a kernel");
-  g_block->acc_count += predicate != 0 ? 1 : 0;
-  const unsigned long long gen = block_barrier(site);
-  return g_block->result_count[gen & 1];
-}
-
-std::uint64_t shfl_xor(unsigned mask, std::uint64_t bits, int lane_mask, int width, const char* site) {
-  return warp_exchange(mask, bits, true, lane_mask, width, site);
-}
-std::uint64_t shfl(unsigned mask, std::uint64_t bits, int src_lane, int width, const char* site) {
-  return warp_exchange(mask, bits, false, src_lane, width, site);
+std::uint64_t shuffle_bits(bool butterfly, unsigned mask, std::uint64_t bits, int arg, int width,
+                           const char* site) {
+  return warp_exchange(mask, bits, butterfly, arg, width, site);
 }
 
 long long clock() {
@@ -611,7 +604,6 @@ bool check_launch(dim3 grid, dim3 block, std::size_t smem) {
 void enqueue(cudaStream_t stream, std::function<void()> op) {
   if (stream_capturing(stream)) {
     g_capture->ops.push_back(std::move(op));
-    g_capture->last_op[stream] = g_capture->ops.size();
     stream->clock[stream] = g_capture->ops.size();
     return;
   }
@@ -1006,9 +998,10 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
   bool unjoined = false;
   for (CUstream_st* c : g_capture->streams) {
     if (c == s) continue;
-    const auto last = g_capture->last_op.find(c);
+    // A stream's own entry in its clock is where its last operation lies.
+    const auto last = c->clock.find(c);
     const auto seen = s->clock.find(c);
-    if (last != g_capture->last_op.end() && (seen == s->clock.end() || seen->second < last->second))
+    if (last != c->clock.end() && (seen == s->clock.end() || seen->second < last->second))
       unjoined = true;
   }
   for (CUstream_st* c : g_capture->streams) {
