@@ -13,6 +13,9 @@
 //   BM_threshold_logits    the same selector on logit-like rows: the same normal scores times 4
 //                          (attention logits of a trained model are peaked: alpha 5 then admits
 //                          about 2 % of a row, InfiniGen's regime, and the cap does not bind)
+//   BM_threshold_uncapped  the same logit-like rows with max_count = n: the cap cannot bind, so
+//                          the selector takes its exact path (a max pass, then one compaction
+//                          against the final floor); for reference, no goal
 //   BM_stream_pass         one streaming read of the same scores: a sum per row with 16
 //                          independent accumulators, which the compiler vectorises (the read's
 //                          own cost)
@@ -153,6 +156,12 @@ void BM_threshold_logits(benchmark::State& state) {
       state, {1, rows, n, k, 5.f, k, kvscout::threshold_rule::per_head, {}}, n, 4.f);
 }
 
+void BM_threshold_uncapped(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  run_selector<kvscout::threshold_selector_host>(
+      state, {1, rows, n, n, 5.f, n, kvscout::threshold_rule::per_head, {}}, n, 4.f);
+}
+
 void BM_stream_pass(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const scores& s = scores_for(n);
@@ -196,6 +205,7 @@ KVSCOUT_SELECT_BENCH(BM_topk_radix);
 KVSCOUT_SELECT_BENCH(BM_topk_nth_element);
 KVSCOUT_SELECT_BENCH(BM_threshold);
 KVSCOUT_SELECT_BENCH(BM_threshold_logits);
+KVSCOUT_SELECT_BENCH(BM_threshold_uncapped);
 KVSCOUT_SELECT_BENCH(BM_stream_pass);
 KVSCOUT_SELECT_BENCH(BM_stream_pass_scalar);
 

@@ -519,13 +519,15 @@ TEST_CASE("threshold_selector_host per_head on long rows (sampled lower bound)",
     for (float alpha : {0.f, 0.5f, 3.f, 5.f, 100.f}) {
       for (int max_count : {16, 300, 1500}) {
         CAPTURE(name(kind), alpha, max_count);
-        batch b({20000, 4099, 8191}, 3, max_count, {kind}, rng);
+        // 4099 and 4108 tokens leave 4087 and 4096 outside the keep-set: the short-row path
+        // (detail::short_row), with its own give-up; 8191 and 20000 take the one-pass path.
+        batch b({20000, 4099, 8191, 4108}, 3, max_count, {kind}, rng);
         const threshold_selector_host::config cfg{
-            3, 3, b.stride, max_count, alpha, max_count, threshold_rule::per_head, {4, 8}};
+            4, 3, b.stride, max_count, alpha, max_count, threshold_rule::per_head, {4, 8}};
         auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
         threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
         std::vector<std::vector<int>> want;
-        for (int s = 0; s < 3; ++s)
+        for (int s = 0; s < 4; ++s)
           for (int h = 0; h < 3; ++h)
             want.push_back(ref_per_head(b.row(s, h), b.lens[s], {4, 8}, max_count, alpha));
         check_rows(b, want);
@@ -623,6 +625,7 @@ TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
   std::vector<float> row(1700);
   std::vector<std::int32_t> a(1700), b(1700);
   int gave_up = 0;
+  int compact_gave_up = 0;
   for (int iter = 0; iter < 2000; ++iter) {
     // Several groups of 64 and partial blocks; past the 512-score prefix and several 256-score
     // windows of collect_candidates every fourth row.
@@ -640,6 +643,14 @@ TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
     const int c2 = d::compact_at_least<false>(p, n, 10, bound, b.data());
     REQUIRE(c1 == c2);
     REQUIRE(std::equal(a.begin(), a.begin() + c1, b.begin()));
+    if (c1 > 8) {
+      // A limit gives up in both versions alike (checked at the same positions), or neither.
+      const int g1 = d::compact_at_least<true>(p, n, 10, bound, a.data(), 8);
+      const int g2 = d::compact_at_least<false>(p, n, 10, bound, b.data(), 8);
+      REQUIRE(g1 == g2);
+      compact_gave_up += static_cast<int>(g1 == -1);
+      if (g1 >= 0) REQUIRE(g1 == c1);
+    }
     float r1 = init, r2 = init;
     const int k1 = d::collect_candidates<true>(p, n, 0, bound, 1.f, r1, a.data());
     const int k2 = d::collect_candidates<false>(p, n, 0, bound, 1.f, r2, b.data());
@@ -671,7 +682,8 @@ TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
       }
     }
   }
-  REQUIRE(gave_up > 0);  // the early exit was exercised
+  REQUIRE(gave_up > 0);  // the early exits were exercised
+  REQUIRE(compact_gave_up > 0);
 }
 
 // ---- bad input

@@ -199,17 +199,87 @@ inline float horizontal_max(__m128 v) {
 }
 #endif
 
+#if KVSCOUT_HOST_AVX512
+/// The compare bits (ordered >=: NaN never passes) of the 64 scores x[0..3] against b, bit j
+/// for score j.
+inline __mmask64 at_least_mask64(const __m512 (&x)[4], __m512 b) {
+  const __mmask16 k0 = _mm512_cmp_ps_mask(x[0], b, _CMP_GE_OQ);
+  const __mmask16 k1 = _mm512_cmp_ps_mask(x[1], b, _CMP_GE_OQ);
+  const __mmask16 k2 = _mm512_cmp_ps_mask(x[2], b, _CMP_GE_OQ);
+  const __mmask16 k3 = _mm512_cmp_ps_mask(x[3], b, _CMP_GE_OQ);
+  return _mm512_kunpackd(_mm512_kunpackw(k3, k2), _mm512_kunpackw(k1, k0));
+}
+
+/// Appends first + j for every set bit j of `bits` (a group of 64 positions), ascending, at
+/// out + c; returns the new count. Writes inside out[c, c + 64).
+inline int emit_bits64(__mmask64 bits, int first, std::int32_t* out, int c) {
+  const __m512i base = _mm512_set1_epi32(first);
+#if defined(__AVX512VBMI2__)
+  // The 64 bits compress the byte offsets 0..63 in one instruction; the first 16 are widened
+  // and stored, the rest only when the group holds more than 16.
+  const __m512i offsets = _mm512_set_epi8(
+      63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42, 41,
+      40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
+      17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i packed = _mm512_maskz_compress_epi8(bits, offsets);
+  _mm512_storeu_si512(out + c,
+                      _mm512_add_epi32(base, _mm512_cvtepu8_epi32(_mm512_castsi512_si128(packed))));
+  const int taken = __builtin_popcountll(static_cast<unsigned long long>(bits));
+  if (taken > 16) [[unlikely]] {
+    _mm512_storeu_si512(out + c + 16, _mm512_add_epi32(base, _mm512_cvtepu8_epi32(
+                                                               _mm512_extracti32x4_epi32(packed, 1))));
+    _mm512_storeu_si512(out + c + 32, _mm512_add_epi32(base, _mm512_cvtepu8_epi32(
+                                                               _mm512_extracti32x4_epi32(packed, 2))));
+    _mm512_storeu_si512(out + c + 48, _mm512_add_epi32(base, _mm512_cvtepu8_epi32(
+                                                               _mm512_extracti32x4_epi32(packed, 3))));
+  }
+  return c + taken;
+#else
+  // Four 16-lane compresses in registers, each with one full store: the memory form of
+  // compress is microcoded on some CPUs.
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int q = 0; q < 4; ++q) {
+    const auto k = static_cast<__mmask16>(bits >> (16 * q));
+    const __m512i pos = _mm512_add_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(16 * q)), lane);
+    _mm512_storeu_si512(out + c, _mm512_maskz_compress_epi32(k, pos));
+    c += __builtin_popcount(static_cast<unsigned>(k));
+  }
+  return c;
+#endif
+}
+#endif
+
+/// Positions where the row scans check a caller's limit on their list.
+inline constexpr int collect_window = 256;
+
 /// Writes first + i for every i in [0, n) with p[i] >= bound, ascending, to out; returns how
-/// many. Writes only out[0, n).
+/// many. Writes only out[0, n). `limit`: give up and return -1 as soon as more than `limit` are
+/// written (checked every collect_window positions, alike in every version; out is then
+/// unspecified).
 template <bool Simd = select_simd>
-int compact_at_least(const float* p, int n, int first, float bound, std::int32_t* out) {
+int compact_at_least(const float* p, int n, int first, float bound, std::int32_t* out,
+                     int limit = INT_MAX) {
   int i = 0;
   int c = 0;
-#if KVSCOUT_HOST_SSE2
+#if KVSCOUT_HOST_AVX512
+  if constexpr (Simd) {
+    // Group i writes inside out[c, c + 64) with c <= i: inside out[0, n). A group without a
+    // token at the bound costs its compares and a branch.
+    const __m512 b = _mm512_set1_ps(bound);
+    for (; i + 64 <= n; i += 64) {
+      if (i % collect_window == 0 && c > limit) return -1;
+      const __m512 x[4] = {_mm512_loadu_ps(p + i), _mm512_loadu_ps(p + i + 16),
+                           _mm512_loadu_ps(p + i + 32), _mm512_loadu_ps(p + i + 48)};
+      const __mmask64 bits = at_least_mask64(x, b);
+      if (bits != 0) c = emit_bits64(bits, first + i, out, c);
+    }
+  }
+#elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
     const __m128 b = _mm_set1_ps(bound);
     // Block i writes at most out[c, c + 16) with c <= i, inside out[0, n).
     for (; i + 16 <= n; i += 16) {
+      if (i % collect_window == 0 && c > limit) return -1;
       const __m128 x[4] = {_mm_loadu_ps(p + i), _mm_loadu_ps(p + i + 4), _mm_loadu_ps(p + i + 8),
                            _mm_loadu_ps(p + i + 12)};
       c = compress_block(x, first + i, b, out, c);
@@ -217,6 +287,7 @@ int compact_at_least(const float* p, int n, int first, float bound, std::int32_t
   }
 #endif
   for (; i < n; ++i) {
+    if (i % collect_window == 0 && c > limit) return -1;
     out[c] = first + i;
     c += static_cast<int>(p[i] >= bound);
   }
@@ -237,7 +308,6 @@ int compact_at_least(const float* p, int n, int first, float bound, std::int32_t
 /// versions start that reduction a window before they need it, so the compares never wait on
 /// it (a horizontal reduction costs about as much as scanning 64 scores).
 inline constexpr int collect_prefix = 512;
-inline constexpr int collect_window = 256;
 
 /// `limit`: give up and return -1 as soon as more than `limit` positions are kept (checked at the
 /// start of each window; out and rm are then unspecified), for callers that only want a short
@@ -264,21 +334,7 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
     __m512 acc[4] = {_mm512_set1_ps(m0), _mm512_set1_ps(m0), _mm512_set1_ps(m0),
                      _mm512_set1_ps(m0)};
     __m512 bv = _mm512_set1_ps(bound);
-    constexpr int group = 64;  // four vectors per step
-#if defined(__AVX512VBMI2__)
-    // The 64 compare bits of a group compress the byte offsets 0..63 in one instruction (four
-    // 16-lane compresses before); the first 16 are widened and stored, the rest only when a
-    // group holds more than 16 (rare after the first windows). Groups without a candidate skip
-    // it: on long peaked rows that branch is almost never taken and predicts well; on 4k rows
-    // about half the groups hold one, and measured, the branch still beats none (bench_select).
-    const __m512i offsets = _mm512_set_epi8(
-        63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42, 41,
-        40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
-        17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-#else
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-#endif
-    for (; i + group <= n; i += group) {
+    for (; i + 64 <= n; i += 64) {
       if (i % collect_window == 0) {
         if (c > limit) return -1;
         bound = window_bound(pend);
@@ -287,42 +343,16 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
             _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
       }
       __m512 x[4];
-      __mmask16 keep[4];
       for (int q = 0; q < 4; ++q) {
         x[q] = _mm512_loadu_ps(p + i + 16 * q);
-        keep[q] = _mm512_cmp_ps_mask(x[q], bv, _CMP_GE_OQ);
         acc[q] = _mm512_max_ps(x[q], acc[q]);
       }
-      // Every store below writes inside out[c, c + 64) with c <= i: inside out[0, n).
-#if defined(__AVX512VBMI2__)
-      const __mmask64 all = _mm512_kunpackd(_mm512_kunpackw(keep[3], keep[2]),
-                                            _mm512_kunpackw(keep[1], keep[0]));
-      if (all == 0) continue;
-      const __m512i packed = _mm512_maskz_compress_epi8(all, offsets);
-      const __m512i base = _mm512_set1_epi32(first + i);
-      _mm512_storeu_si512(out + c,
-                          _mm512_add_epi32(base, _mm512_cvtepu8_epi32(_mm512_castsi512_si128(packed))));
-      const int taken = __builtin_popcountll(static_cast<unsigned long long>(all));
-      if (taken > 16) [[unlikely]] {
-        _mm512_storeu_si512(out + c + 16, _mm512_add_epi32(base, _mm512_cvtepu8_epi32(
-                                                                   _mm512_extracti32x4_epi32(packed, 1))));
-        _mm512_storeu_si512(out + c + 32, _mm512_add_epi32(base, _mm512_cvtepu8_epi32(
-                                                                   _mm512_extracti32x4_epi32(packed, 2))));
-        _mm512_storeu_si512(out + c + 48, _mm512_add_epi32(base, _mm512_cvtepu8_epi32(
-                                                                   _mm512_extracti32x4_epi32(packed, 3))));
-      }
-      c += taken;
-#else
-      if ((keep[0] | keep[1] | keep[2] | keep[3]) != 0) {
-        for (int q = 0; q < 4; ++q) {
-          // Compress in a register, then one full store: the memory form of compress is
-          // microcoded on some CPUs.
-          const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32(first + i + 16 * q), lane);
-          _mm512_storeu_si512(out + c, _mm512_maskz_compress_epi32(keep[q], pos));
-          c += __builtin_popcount(static_cast<unsigned>(keep[q]));
-        }
-      }
-#endif
+      // Groups without a candidate skip the emission: on long peaked rows that branch is almost
+      // never taken and predicts well; on 4k rows about half the groups hold one, and measured,
+      // the branch still beats none (bench_select). Every store writes inside out[c, c + 64)
+      // with c <= i: inside out[0, n).
+      const __mmask64 bits = at_least_mask64(x, bv);
+      if (bits != 0) c = emit_bits64(bits, first + i, out, c);
     }
     m = _mm512_reduce_max_ps(
         _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
