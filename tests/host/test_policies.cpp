@@ -350,3 +350,255 @@ TEST_CASE("dot_rows gives every row the bits of dot", "[spec][gemv]") {
       REQUIRE(got[rows] == -1.f);  // nothing written past the rows
     }
 }
+
+// ---- bad input: every policy throws before it writes a score (or adds to its state) ----------
+
+namespace {
+
+// Scores a rejected call must leave as they were.
+constexpr float poison = -7.25f;
+
+kvscout::score_buffer poisoned(std::vector<float>& scores, int S, int H, int stride) {
+  scores.assign(static_cast<std::size_t>(S) * H * stride, poison);
+  return {{scores.data(), scores.size()}, S, H, stride};
+}
+
+bool untouched(const std::vector<float>& scores) {
+  return std::all_of(scores.begin(), scores.end(), [](float x) { return x == poison; });
+}
+
+// A row source with any token positions, also ones no selection would hold.
+struct token_rows {
+  static constexpr int head_dim = D;
+  std::vector<int32_t> tokens;  // [seqs, heads, n]
+  int seqs = 1, heads = 1, n = 0;
+  int num_seqs() const { return seqs; }
+  int num_kv_heads() const { return heads; }
+  int rows(int, int) const { return n; }
+  int token(int s, int h, int i) const {
+    return tokens[(static_cast<std::size_t>(s) * heads + h) * n + i];
+  }
+  void load_k(int, int, int, float*) const {}
+  void load_v(int, int, int, float*) const {}
+};
+static_assert(kvscout::attention_rows<token_rows>);
+
+}  // namespace
+
+TEST_CASE("quest rejects sequences its page bounds do not hold", "[spec][quest][errors]") {
+  // 2 sequences of at most 64 tokens; a third sequence or a longer one would read past them.
+  kvscout::quest_policy<D> quest({1, 2, 1, 1, 64, 8, 0.125f});
+  std::vector<float> key(D, 1.f), q(static_cast<std::size_t>(3) * D, 1.f), scores;
+  for (int s = 0; s < 2; ++s)
+    for (int t = 0; t < 64; ++t) quest.append(0, s, t, nullptr, key.data());
+  SECTION("more sequences than the policy's num_seqs") {
+    std::vector<int32_t> lens{8, 8, 8};
+    const auto out = poisoned(scores, 3, 1, 64);
+    REQUIRE_THROWS_WITH(quest.score(0, {{}, {q.data(), q.size()}, {}, {lens.data(), 3}}, out),
+                        Catch::Contains("score buffer num_seqs = 3 exceeds the policy's "
+                                        "num_seqs = 2"));
+    REQUIRE(untouched(scores));
+  }
+  SECTION("a sequence longer than max_tokens, after a valid one") {
+    std::vector<int32_t> lens{8, 70};
+    const auto out = poisoned(scores, 2, 1, 80);
+    REQUIRE_THROWS_WITH(quest.score(0, {{}, {q.data(), q.size()}, {}, {lens.data(), 2}}, out),
+                        Catch::Contains("seq_lens[1] = 70 exceeds the policy's max_tokens = 64"));
+    REQUIRE(untouched(scores));
+  }
+  SECTION("a query too short for the buffer's sequences") {
+    std::vector<int32_t> lens{8, 8};
+    const auto out = poisoned(scores, 2, 1, 64);
+    REQUIRE_THROWS_WITH(quest.score(0, {{}, {q.data(), D}, {}, {lens.data(), 2}}, out),
+                        Catch::Contains("q holds 64 floats, expected [2, 1, 64]"));
+    REQUIRE(untouched(scores));
+  }
+}
+
+TEST_CASE("h2o score rejects sequences its mass does not hold", "[spec][h2o][errors]") {
+  kvscout::h2o_policy p({1, 1, 1, 16});
+  std::vector<float> scores;
+  SECTION("more sequences than the policy's num_seqs") {
+    std::vector<int32_t> lens{4, 4};
+    const auto out = poisoned(scores, 2, 1, 16);
+    REQUIRE_THROWS_WITH(p.score(0, {{}, {}, {}, {lens.data(), 2}}, out),
+                        Catch::Contains("score buffer num_seqs = 2 exceeds the policy's "
+                                        "num_seqs = 1"));
+    REQUIRE(untouched(scores));
+  }
+  SECTION("a sequence longer than max_tokens (the stride allows it)") {
+    std::vector<int32_t> lens{20};
+    const auto out = poisoned(scores, 1, 1, 32);
+    REQUIRE_THROWS_WITH(p.score(0, {{}, {}, {}, {lens.data(), 1}}, out),
+                        Catch::Contains("seq_lens[0] = 20 exceeds the policy's max_tokens = 16"));
+    REQUIRE(untouched(scores));
+  }
+  SECTION("a sequence to reset that the policy does not hold") {
+    REQUIRE_THROWS_WITH(p.reset(1), Catch::Contains("sequence 1 is out of range [0, 1)"));
+    REQUIRE_THROWS_WITH(p.reset(-1), Catch::Contains("sequence -1 is out of range [0, 1)"));
+  }
+}
+
+TEST_CASE("h2o observe rejects rows and probabilities past its mass", "[spec][h2o][errors]") {
+  // Each bad call comes after a good row (token 1), so a check made while adding would already
+  // have changed the mass; the scores afterwards show it unchanged.
+  kvscout::h2o_policy p({1, 1, 1, 16});
+  std::vector<int32_t> lens{5};
+  std::vector<float> probs{0.5f, 0.25f, 0.25f, 0.f, 0.f};
+  const kvscout::spec_context ctx{{}, {}, {}, {lens.data(), lens.size()}};
+  const kvscout::host_span<const float> pr{probs.data(), probs.size()};
+  token_rows rows{{1, 3}, 1, 1, 2};
+  p.observe(0, ctx, rows, pr, 5, true);  // token 1: 0.5, token 3: 0.25, current (5): 0.25
+  std::vector<float> before, after;
+  p.score(0, ctx, buffer_for(before, 1, 1, 16));
+  REQUIRE(before[1] == 0.5f);
+
+  SECTION("a token at max_tokens") {
+    rows.tokens = {1, 16};
+    REQUIRE_THROWS_WITH(p.observe(0, ctx, rows, pr, 5, true),
+                        Catch::Contains("row 1 of (s, h) = (0, 0) is token 16, out of range "
+                                        "[0, max_tokens = 16)"));
+  }
+  SECTION("a negative token") {
+    rows.tokens = {1, -1};
+    REQUIRE_THROWS_WITH(p.observe(0, ctx, rows, pr, 5, true),
+                        Catch::Contains("row 1 of (s, h) = (0, 0) is token -1, out of range "
+                                        "[0, max_tokens = 16)"));
+  }
+  SECTION("more sequences than the policy's num_seqs") {
+    rows = {{1, 3, 1, 3}, 2, 1, 2};
+    std::vector<int32_t> lens2{5, 5};
+    std::vector<float> probs2(10, 0.1f);
+    const kvscout::spec_context ctx2{{}, {}, {}, {lens2.data(), 2}};
+    REQUIRE_THROWS_WITH(p.observe(0, ctx2, rows, {probs2.data(), 10}, 5, true),
+                        Catch::Contains("rows hold 2 sequences, expected "
+                                        "[0, the policy's num_seqs = 1]"));
+  }
+  SECTION("other kv heads than the policy's") {
+    rows = {{1, 3, 1, 3}, 1, 2, 2};
+    std::vector<float> probs2(10, 0.1f);
+    REQUIRE_THROWS_WITH(p.observe(0, ctx, rows, {probs2.data(), 10}, 5, true),
+                        Catch::Contains("rows have 2 kv heads, the policy 1"));
+  }
+  SECTION("probs shorter than [num_seqs, num_kv_heads, stride]") {
+    REQUIRE_THROWS_WITH(p.observe(0, ctx, rows, {probs.data(), 4}, 5, true),
+                        Catch::Contains("probs holds 4 floats, expected [1, 1, 5] = 5"));
+  }
+  SECTION("a stride too short for the rows and the current token") {
+    REQUIRE_THROWS_WITH(p.observe(0, ctx, rows, pr, 2, true),
+                        Catch::Contains("(s, h) = (0, 0) has 2 rows and the current token, "
+                                        "expected at most stride = 2 probabilities"));
+    REQUIRE_THROWS_WITH(p.observe(0, ctx, rows, pr, -1, false),
+                        Catch::Contains("stride must be non-negative, got -1"));
+  }
+  SECTION("no seq_lens for the current token's position") {
+    REQUIRE_THROWS_WITH(p.observe(0, kvscout::spec_context{}, rows, pr, 5, true),
+                        Catch::Contains("seq_lens holds 0 entries, expected num_seqs = 1"));
+    std::vector<int32_t> neg{-1};
+    REQUIRE_THROWS_WITH(p.observe(0, {{}, {}, {}, {neg.data(), 1}}, rows, pr, 5, true),
+                        Catch::Contains("seq_lens[0] = -1 is negative "
+                                        "(the current token's position)"));
+  }
+  SECTION("a layer out of range") {
+    REQUIRE_THROWS_WITH(p.observe(1, ctx, rows, pr, 5, true),
+                        Catch::Contains("layer 1 is out of range [0, 1)"));
+  }
+  p.score(0, ctx, buffer_for(after, 1, 1, 16));
+  for (int t = 0; t < 5; ++t) REQUIRE(after[t] == before[t]);
+}
+
+TEST_CASE("oracle rejects sequences its cache does not hold", "[spec][oracle][errors]") {
+  cache_fixture f(1, 9u);  // 2 sequences of 80 and 33 tokens
+  kvscout::oracle_policy<layout> oracle({f.Hq, 0.125f}, {f.view()});
+  std::vector<float> q(static_cast<std::size_t>(3) * f.Hq * D, 1.f), scores;
+  SECTION("more sequences than the cache's") {
+    std::vector<int32_t> lens{8, 8, 8};
+    const auto out = poisoned(scores, 3, f.H, f.cap);
+    REQUIRE_THROWS_WITH(oracle.score(0, {{}, {q.data(), q.size()}, {}, {lens.data(), 3}}, out),
+                        Catch::Contains("score buffer num_seqs = 3 exceeds the policy's "
+                                        "num_seqs = 2"));
+    REQUIRE(untouched(scores));
+  }
+  SECTION("a sequence longer than the cache's, after a valid one") {
+    std::vector<int32_t> lens{80, 40};
+    const auto out = poisoned(scores, 2, f.H, f.cap);
+    REQUIRE_THROWS_WITH(oracle.score(0, {{}, {q.data(), q.size()}, {}, {lens.data(), 2}}, out),
+                        Catch::Contains("seq_lens[1] = 40 exceeds the cache's length 33"));
+    REQUIRE(untouched(scores));
+  }
+}
+
+TEST_CASE("streaming rejects a malformed score buffer", "[spec][streaming][errors]") {
+  kvscout::streaming_policy p({2, 4});
+  std::vector<float> scores;
+  SECTION("a sequence longer than the stride, after a valid one") {
+    std::vector<int32_t> lens2{10, 13};
+    const auto out = poisoned(scores, 2, 2, 12);
+    REQUIRE_THROWS_WITH(p.score(0, {{}, {}, {}, {lens2.data(), 2}}, out),
+                        Catch::Contains("seq_lens[1] = 13 is outside [0, stride = 12]"));
+    REQUIRE(untouched(scores));
+  }
+  // One sequence of 3 tokens into a buffer of the given shape over `floats` poisoned floats.
+  std::vector<int32_t> lens{3};
+  const auto score_into = [&](std::size_t floats, int S, int H, int stride) {
+    p.score(0, {{}, {}, {}, {lens.data(), 1}}, {{scores.data(), floats}, S, H, stride});
+  };
+  SECTION("negative sizes") {
+    poisoned(scores, 1, 2, 12);
+    REQUIRE_THROWS_WITH(score_into(scores.size(), -1, 2, 12),
+                        Catch::Contains("score buffer num_seqs = -1 and stride = 12 must be "
+                                        "non-negative"));
+    REQUIRE_THROWS_WITH(score_into(scores.size(), 1, 2, -4),
+                        Catch::Contains("score buffer num_seqs = 1 and stride = -4 must be "
+                                        "non-negative"));
+    REQUIRE(untouched(scores));
+  }
+  SECTION("other kv heads, or a buffer too small") {
+    poisoned(scores, 1, 2, 12);
+    REQUIRE_THROWS_WITH(score_into(scores.size(), 1, 3, 8),
+                        Catch::Contains("score buffer has 3 kv heads, the policy 2"));
+    REQUIRE_THROWS_WITH(score_into(23, 1, 2, 12),
+                        Catch::Contains("score buffer holds 23 floats, expected [1, 2, 12]"));
+    REQUIRE(untouched(scores));
+  }
+}
+
+TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][infinigen][errors]") {
+  // Layer 0 is dense (no plans, not tracked), layer 1 speculated; 1 sequence of at most 32 tokens.
+  const int d_model = 64, r = 16;
+  std::vector<float> wq(static_cast<std::size_t>(D) * d_model, 0.01f), x(2 * d_model, 1.f);
+  kvscout::infinigen_policy<> p({2, 1, 1, 1, D, d_model, 32, 0.125f},
+                                {{}, {identity_planes(r)}}, {{}, {wq.data(), wq.size()}}, {{}, {}});
+  std::vector<float> k(D, 1.f), scores;
+  for (int t = 0; t < 8; ++t) p.append(1, 0, t, k.data(), k.data());
+  SECTION("append: an untracked layer keeps nothing, a layer out of range throws") {
+    p.append(0, 0, 0, k.data(), k.data());
+    REQUIRE(p.keys(0).bytes() == 0);
+    REQUIRE_THROWS_WITH(p.append(2, 0, 0, k.data(), k.data()),
+                        Catch::Contains("layer 2 is out of range [0, 2)"));
+    REQUIRE_THROWS_WITH(p.append(-1, 0, 0, k.data(), k.data()),
+                        Catch::Contains("layer -1 is out of range [0, 2)"));
+    REQUIRE_THROWS_WITH(p.keys(2), Catch::Contains("layer 2 is out of range [0, 2)"));
+    REQUIRE_THROWS_WITH(p.append(1, 1, 0, k.data(), k.data()),
+                        Catch::Contains("sequence 1 is out of range [0, 1)"));
+    REQUIRE_THROWS_WITH(p.append(1, 0, 32, k.data(), k.data()),
+                        Catch::Contains("token 32 is out of range [0, max_tokens = 32)"));
+  }
+  SECTION("score: more sequences than the policy's num_seqs") {
+    std::vector<int32_t> lens{8, 8}, pos{8, 8};
+    const auto out = poisoned(scores, 2, 1, 32);
+    const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), 2}, {lens.data(), 2}};
+    REQUIRE_THROWS_WITH(p.score(1, ctx, out),
+                        Catch::Contains("score buffer num_seqs = 2 exceeds the policy's "
+                                        "num_seqs = 1"));
+    REQUIRE(untouched(scores));
+  }
+  SECTION("score: a sequence longer than max_tokens (the stride allows it)") {
+    std::vector<int32_t> lens{40}, pos{40};
+    const auto out = poisoned(scores, 1, 1, 64);
+    const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}};
+    REQUIRE_THROWS_WITH(p.score(1, ctx, out),
+                        Catch::Contains("seq_lens[0] = 40 exceeds the policy's max_tokens = 32"));
+    REQUIRE(untouched(scores));
+  }
+}

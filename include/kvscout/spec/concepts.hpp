@@ -7,6 +7,8 @@
 //                           fetch can overlap layer i-1. true: the policy needs layer i's own
 //                           query (the oracle, Quest), so it runs at the start of layer i.
 //   p.score(layer, ctx, out)  writes out.scores [num_seqs, num_kv_heads, stride] for t < seq_len.
+// Every policy checks its inputs (detail::check_score_buffer) and throws kvscout::error before it
+// writes a score, so bad input leaves out.scores as it was.
 // Optional hooks, called by the pipeline when present:
 //   p.append(layer, s, t, k_pre_rope, k_post_rope)   a token's keys ([num_kv_heads, head_dim]
 //                                                    floats) entered the cache at position t
@@ -19,6 +21,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/span.hpp"
@@ -75,18 +78,32 @@ inline void check_scale(float scale) {
   KVSCOUT_EXPECTS(scale > 0.f, "scale must be positive, got ", scale);
 }
 
-inline void check_score_buffer(const score_buffer& out, const spec_context& ctx, int num_kv_heads) {
+/// The checks every policy's score() makes before it writes a score. Beyond the buffer's own
+/// shape, a policy with per-sequence state (page bounds, partial keys, attention mass) passes how
+/// many sequences and tokens per sequence that state holds: a score buffer or seq_lens past them
+/// would make the policy read past its state. Streaming keeps no state and passes no limits.
+inline void check_score_buffer(const score_buffer& out, const spec_context& ctx, int num_kv_heads,
+                               int max_seqs = std::numeric_limits<int>::max(),
+                               int max_tokens = std::numeric_limits<int>::max()) {
+  KVSCOUT_EXPECTS(out.num_seqs >= 0 && out.stride >= 0, "score buffer num_seqs = ", out.num_seqs,
+                  " and stride = ", out.stride, " must be non-negative");
   KVSCOUT_EXPECTS(out.num_kv_heads == num_kv_heads, "score buffer has ", out.num_kv_heads,
                   " kv heads, the policy ", num_kv_heads);
+  KVSCOUT_EXPECTS(out.num_seqs <= max_seqs, "score buffer num_seqs = ", out.num_seqs,
+                  " exceeds the policy's num_seqs = ", max_seqs);
   KVSCOUT_EXPECTS(ctx.seq_lens.size() >= static_cast<std::size_t>(out.num_seqs), "seq_lens holds ",
                   ctx.seq_lens.size(), " entries, expected num_seqs = ", out.num_seqs);
-  KVSCOUT_EXPECTS(out.scores.size() >= static_cast<std::size_t>(out.num_seqs) * out.num_kv_heads *
-                                           static_cast<std::size_t>(out.stride),
-                  "score buffer holds ", out.scores.size(), " floats, expected [", out.num_seqs,
-                  ", ", out.num_kv_heads, ", ", out.stride, "]");
+  const std::size_t need = static_cast<std::size_t>(out.num_seqs) * out.num_kv_heads *
+                           static_cast<std::size_t>(out.stride);
+  KVSCOUT_EXPECTS(out.scores.size() >= need, "score buffer holds ", out.scores.size(),
+                  " floats, expected [", out.num_seqs, ", ", out.num_kv_heads, ", ", out.stride,
+                  "]");
+  KVSCOUT_EXPECTS(out.scores.data() != nullptr || need == 0, "score buffer is null");
   for (int s = 0; s < out.num_seqs; ++s) {
     KVSCOUT_EXPECTS(ctx.seq_lens[s] >= 0 && ctx.seq_lens[s] <= out.stride, "seq_lens[", s, "] = ",
                     ctx.seq_lens[s], " is outside [0, stride = ", out.stride, "]");
+    KVSCOUT_EXPECTS(ctx.seq_lens[s] <= max_tokens, "seq_lens[", s, "] = ", ctx.seq_lens[s],
+                    " exceeds the policy's max_tokens = ", max_tokens);
   }
 }
 }  // namespace detail

@@ -38,7 +38,8 @@ class h2o_policy {
 
   void score(int layer, const spec_context& ctx, const score_buffer& out) const {
     check_layer(layer);
-    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads);
+    // The mass holds cfg_.num_seqs sequences of cfg_.max_tokens tokens.
+    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
     for (int s = 0; s < out.num_seqs; ++s)
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
         const float* m = mass(layer, s, h);
@@ -47,11 +48,13 @@ class h2o_policy {
   }
 
   /// Adds the probabilities of the rows attended at this step (and of the current token, which
-  /// sits at position seq_lens[s], when the attention had one).
+  /// sits at position seq_lens[s], when the attention had one; one at or past max_tokens is not
+  /// kept). probs is [rows.num_seqs(), num_kv_heads, stride], as decode_attention_host writes it.
   template <attention_rows Rows>
   void observe(int layer, const spec_context& ctx, const Rows& rows, host_span<const float> probs,
                int stride, bool has_current = true) {
     check_layer(layer);
+    check_observe(ctx, rows, probs, stride, has_current);
     for (int s = 0; s < rows.num_seqs(); ++s)
       for (int h = 0; h < rows.num_kv_heads(); ++h) {
         float* m = mass(layer, s, h);
@@ -64,6 +67,8 @@ class h2o_policy {
   }
 
   void reset(int s) {
+    KVSCOUT_EXPECTS(s >= 0 && s < cfg_.num_seqs, "sequence ", s, " is out of range [0, ",
+                    cfg_.num_seqs, ")");
     for (int layer = 0; layer < cfg_.num_layers; ++layer)
       for (int h = 0; h < cfg_.num_kv_heads; ++h)
         std::fill(mass(layer, s, h), mass(layer, s, h) + cfg_.max_tokens, 0.f);
@@ -73,6 +78,41 @@ class h2o_policy {
   void check_layer(int layer) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
                     " is out of range [0, ", cfg_.num_layers, ")");
+  }
+  // Everything observe() reads or adds to, checked before the first addition, so bad input
+  // leaves the mass as it was.
+  template <attention_rows Rows>
+  void check_observe(const spec_context& ctx, const Rows& rows, host_span<const float> probs,
+                     int stride, bool has_current) const {
+    const int S = rows.num_seqs(), H = rows.num_kv_heads();
+    KVSCOUT_EXPECTS(S >= 0 && S <= cfg_.num_seqs, "rows hold ", S,
+                    " sequences, expected [0, the policy's num_seqs = ", cfg_.num_seqs, "]");
+    KVSCOUT_EXPECTS(H == cfg_.num_kv_heads, "rows have ", H, " kv heads, the policy ",
+                    cfg_.num_kv_heads);
+    KVSCOUT_EXPECTS(stride >= 0, "stride must be non-negative, got ", stride);
+    const std::size_t need = static_cast<std::size_t>(S) * H * static_cast<std::size_t>(stride);
+    KVSCOUT_EXPECTS(probs.size() >= need && (probs.data() != nullptr || need == 0), "probs holds ",
+                    probs.size(), " floats, expected [", S, ", ", H, ", ", stride, "] = ", need);
+    if (has_current)
+      KVSCOUT_EXPECTS(ctx.seq_lens.size() >= static_cast<std::size_t>(S), "seq_lens holds ",
+                      ctx.seq_lens.size(), " entries, expected num_seqs = ", S);
+    for (int s = 0; s < S; ++s) {
+      if (has_current)
+        KVSCOUT_EXPECTS(ctx.seq_lens[s] >= 0, "seq_lens[", s, "] = ", ctx.seq_lens[s],
+                        " is negative (the current token's position)");
+      for (int h = 0; h < H; ++h) {
+        const int n = rows.rows(s, h);
+        KVSCOUT_EXPECTS(n >= 0 && n + (has_current ? 1 : 0) <= stride, "(s, h) = (", s, ", ", h,
+                        ") has ", n, " rows", has_current ? " and the current token" : "",
+                        ", expected at most stride = ", stride, " probabilities");
+        for (int i = 0; i < n; ++i) {
+          const int t = rows.token(s, h, i);
+          KVSCOUT_EXPECTS(t >= 0 && t < cfg_.max_tokens, "row ", i, " of (s, h) = (", s, ", ", h,
+                          ") is token ", t, ", out of range [0, max_tokens = ", cfg_.max_tokens,
+                          ")");
+        }
+      }
+    }
   }
   float* mass(int layer, int s, int h) {
     return mass_.data() + ((static_cast<std::size_t>(layer) * cfg_.num_seqs + s) * cfg_.num_kv_heads + h) *

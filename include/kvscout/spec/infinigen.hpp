@@ -6,8 +6,9 @@
 //   logit~[s, qh, t] = scale * q~[s, qh] . pk[s, h, t],   h = qh / g
 //   score[s, h, t]   = aggregate over the g query heads of the group (spec/concepts.hpp)
 //
-// Layers without plans (below skip_layers) are not tracked. Set-up allocates the partial key
-// caches and the scratch for the partial queries; append() and score() allocate nothing.
+// Layers without plans (below skip_layers) are not tracked: append() to them does nothing, score()
+// of them throws. Set-up allocates the partial key caches and the scratch for the partial
+// queries; append() and score() allocate nothing.
 //
 //   kvscout::infinigen_policy<> p(cfg, plans, w_q, b_q);   // plans[layer][kv_head]
 //   p.append(layer, s, t, k_pre_rope, k_post_rope);        // as tokens enter the cache
@@ -97,11 +98,17 @@ class infinigen_policy {
   [[nodiscard]] bool tracks(int layer) const {
     return layer >= 0 && layer < cfg_.num_layers && !layers_[static_cast<std::size_t>(layer)].plans.empty();
   }
-  [[nodiscard]] const partial_key_cache<PkT>& keys(int layer) const { return state(layer).cache; }
+  [[nodiscard]] const partial_key_cache<PkT>& keys(int layer) const {
+    check_layer(layer);
+    return state(layer).cache;
+  }
 
   /// Token t of sequence s entered layer `layer`'s cache; k_pre / k_post are its keys before and
-  /// after RoPE, [num_kv_heads, head_dim] floats (equal for models without RoPE).
+  /// after RoPE, [num_kv_heads, head_dim] floats (equal for models without RoPE). A layer without
+  /// plans keeps no keys, so appending to it does nothing: the pipeline appends every layer's
+  /// tokens, the dense ones below skip_layers too. A layer outside [0, num_layers) throws.
   void append(int layer, int s, int t, const float* k_pre, const float* k_post) {
+    check_layer(layer);
     if (!tracks(layer)) return;
     layer_state& st = state(layer);
     for (int h = 0; h < cfg_.num_kv_heads; ++h) {
@@ -115,17 +122,15 @@ class infinigen_policy {
 
   void score(int layer, const spec_context& ctx, const score_buffer& out) {
     KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
-    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads);
+    // The partial key caches hold cfg_.num_seqs sequences of cfg_.max_tokens tokens.
+    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
     layer_state& st = state(layer);
     const int S = out.num_seqs, H = cfg_.num_kv_heads, Hq = cfg_.num_q_heads, g = Hq / H, r = st.r;
-    KVSCOUT_EXPECTS(S <= cfg_.num_seqs, "num_seqs = ", S, " exceeds the policy's ", cfg_.num_seqs);
     KVSCOUT_EXPECTS(ctx.x.size() >= static_cast<std::size_t>(S) * cfg_.d_model, "x holds ",
                     ctx.x.size(), " floats, expected [", S, ", ", cfg_.d_model, "]");
     KVSCOUT_EXPECTS(ctx.positions.size() >= static_cast<std::size_t>(S), "positions holds ",
                     ctx.positions.size(), " entries, expected ", S);
     for (int s = 0; s < S; ++s) {
-      KVSCOUT_EXPECTS(ctx.seq_lens[s] <= cfg_.max_tokens, "seq_lens[", s, "] = ", ctx.seq_lens[s],
-                      " exceeds max_tokens = ", cfg_.max_tokens);
       // Partial queries of every query head, pre-multiplied by the attention scale; the RoPE
       // rotation at this position is computed once for all of them.
       if (st.plans[0].mode != rope_mode::pre_rope_folded) rope_.fill(st.plans[0].rope, ctx.positions[s]);
@@ -147,6 +152,10 @@ class infinigen_policy {
     int r = 0;
   };
 
+  void check_layer(int layer) const {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.num_layers, ")");
+  }
   layer_state& state(int layer) { return layers_[static_cast<std::size_t>(layer)]; }
   const layer_state& state(int layer) const { return layers_[static_cast<std::size_t>(layer)]; }
 

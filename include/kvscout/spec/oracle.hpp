@@ -48,15 +48,18 @@ class oracle_policy {
                     " is out of range [0, ", layers_.size(), ")");
     const cache_rows_t<L> rows(layers_[static_cast<std::size_t>(layer)]);
     const int H = rows.num_kv_heads();
-    detail::check_score_buffer(out, ctx, H);
+    // The cache holds rows.num_seqs() sequences, each with its own length (checked below).
+    detail::check_score_buffer(out, ctx, H, rows.num_seqs());
     const int g = cfg_.num_q_heads / H;
     KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(out.num_seqs) * cfg_.num_q_heads * head_dim,
                     "the oracle needs layer ", layer, "'s query: q holds ", ctx.q.size(),
                     " floats, expected [", out.num_seqs, ", ", cfg_.num_q_heads, ", ", head_dim, "]");
-    float k[head_dim];
-    for (int s = 0; s < out.num_seqs; ++s) {
+    // Every sequence's length before the first score is written, so a bad one leaves out as it was.
+    for (int s = 0; s < out.num_seqs; ++s)
       KVSCOUT_EXPECTS(ctx.seq_lens[s] <= rows.rows(s, 0), "seq_lens[", s, "] = ", ctx.seq_lens[s],
                       " exceeds the cache's length ", rows.rows(s, 0));
+    float k[head_dim];
+    for (int s = 0; s < out.num_seqs; ++s) {
       for (int h = 0; h < H; ++h) {
         const float* qg =
             ctx.q.data() + (static_cast<std::size_t>(s) * cfg_.num_q_heads + h * g) * head_dim;

@@ -71,14 +71,15 @@ class quest_policy {
   void score(int layer, const spec_context& ctx, const score_buffer& out) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer, " is out of range [0, ",
                     cfg_.num_layers, ")");
-    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads);
+    // The page bounds hold cfg_.num_seqs sequences of cfg_.max_tokens tokens.
+    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
     const int g = cfg_.num_q_heads / cfg_.num_kv_heads;
     KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(out.num_seqs) * cfg_.num_q_heads * HeadDim,
-                    "quest needs layer ", layer, "'s query: q holds ", ctx.q.size(), " floats");
+                    "quest needs layer ", layer, "'s query: q holds ", ctx.q.size(),
+                    " floats, expected [", out.num_seqs, ", ", cfg_.num_q_heads, ", ", HeadDim,
+                    "]");
     for (int s = 0; s < out.num_seqs; ++s) {
       const int len = ctx.seq_lens[s];
-      KVSCOUT_EXPECTS(len <= cfg_.max_tokens, "seq_lens[", s, "] = ", len, " exceeds max_tokens = ",
-                      cfg_.max_tokens);
       const int pages = (len + cfg_.page_size - 1) / cfg_.page_size;
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
         const float* qg = ctx.q.data() + (static_cast<std::size_t>(s) * cfg_.num_q_heads + h * g) * HeadDim;
