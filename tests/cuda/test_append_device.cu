@@ -115,8 +115,8 @@ void kivi_rejects() {
   device_vector<int> status(1);
   clear_status(status);
   const auto before = kr.download();
-  kvscout::kivi_append_device(l, b, dlens.data(), kvscout::device_span<const float>(dk.data(), k.size()),
-                              kvscout::device_span<const float>(dv.data(), v.size()), nullptr,
+  kvscout::kivi_append_device(l, b, dlens.data(), kvscout::device_span<float>(dk.data(), k.size()),
+                              kvscout::device_span<float>(dv.data(), v.size()), nullptr,
                               status.data());
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   GPU_CHECK(dlens.download() == lens);
@@ -148,8 +148,8 @@ void generic_case(const std::string& name, const L& host_l, const L& dev_l, std:
   clear_status(status);
   kvscout::append_token_device(dev_l, kvscout::device_span<std::byte>(k.device_data(), bytes),
                                kvscout::device_span<std::byte>(v.data(), bytes),
-                               kvscout::device_span<const In>(dk.data(), tok),
-                               kvscout::device_span<const In>(dv.data(), tok),
+                               kvscout::device_span<In>(dk.data(), tok),  // non-const spans
+                               kvscout::device_span<In>(dv.data(), tok),  // deduce too
                                positions ? dpos.data() : nullptr, nullptr, status.data());
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<std::byte> want_k = init, want_v = init;

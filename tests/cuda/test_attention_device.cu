@@ -2,7 +2,8 @@
 // gathered rows (fp16 / bf16 / fp32; head_dim 64 / 128 / 256; GQA groups 1, 4 and 12, the last
 // spanning two blocks), with and without the current token, empty row sets; KIVI-2 / KIVI-4
 // records dequantised on the fly plus the residual window (vs kivi_gathered_rows); the dense
-// anchor over a device layout (vs layout_rows); and the status word on a bad KIVI index.
+// anchor over a device layout (vs layout_rows); the status word on a bad KIVI index and on
+// misaligned rows.
 // Tolerance |a - b| <= 2e-5 + 2e-4 |b| (fp32 accumulation in a different order); the worst
 // element is printed.
 
@@ -200,6 +201,48 @@ void dense_case(std::uint32_t seed) {
           dout.download(), want);
 }
 
+// A layout that places every row one element past where contiguous_layout would (as a page
+// stride of one page + 1 element does): the dense anchor must skip each row with `misaligned`
+// rather than fault on a vector load.
+template <class T, int D>
+struct shifted_layout : kvscout::contiguous_layout<T, D, kvscout::hnd> {
+  using base = kvscout::contiguous_layout<T, D, kvscout::hnd>;
+  shifted_layout() = default;
+  explicit shifted_layout(const base& b) : base(b) {}
+  KVSCOUT_HOST_DEVICE std::size_t k_offset(int s, int t, int h) const {
+    return base::k_offset(s, t, h) + sizeof(T);
+  }
+  KVSCOUT_HOST_DEVICE std::size_t v_offset(int s, int t, int h) const {
+    return base::v_offset(s, t, h) + sizeof(T);
+  }
+};
+
+void dense_misaligned_case() {
+  using T = half;
+  constexpr int D = 128;
+  using L = shifted_layout<T, D>;
+  const int H = 2, Hq = 4, cap = 40;
+  std::vector<int32_t> lens = {40, 9};
+  device_vector<int32_t> dlens(lens);
+  const L dl(L::base::padded(H, cap, dlens.data(), 2));
+  // One spare row, so that the shift alone is wrong (no row runs past the buffers).
+  const std::size_t n = dl.required_bytes() / sizeof(T) + D;
+  device_vector<T> dk(random_values<T>(n, 21)), dv(random_values<T>(n, 22));
+  const auto q = random_floats(2ull * Hq * D, 23);
+  device_vector<float> dq(q), dout(q.size());
+  device_vector<int> status(1);
+  clear_status(status);
+  kvscout::layout_rows_device<L> drows(
+      {dl, {reinterpret_cast<const std::byte*>(dk.data()), dk.bytes()},
+       {reinterpret_cast<const std::byte*>(dv.data()), dv.bytes()}});
+  const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
+  kvscout::decode_attention_device(drows, kvscout::device_current_token<T>{},
+                                   {dq.data(), dq.size()}, {dout.data(), dout.size()}, p, nullptr,
+                                   status.data());
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  GPU_CHECK(read_status(status) == kvscout::device_status::misaligned);
+}
+
 }  // namespace
 
 int main() {
@@ -223,5 +266,6 @@ int main() {
           {"kivi_bad_index_sets_status", [] { kivi_case<kvscout::kivi_layout<half, 128, 2>>(0.25, 11, true); }},
           {"dense_anchor_f16_d128", [] { dense_case<half, 128>(12); }},
           {"dense_anchor_f32_d64", [] { dense_case<float, 64>(13); }},
+          {"dense_misaligned_rows_set_status", [] { dense_misaligned_case(); }},
       });
 }

@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <random>
+#include <type_traits>
 #include <vector>
 
+#include "kvscout/attention/cache_rows.hpp"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/contiguous.hpp"
@@ -97,6 +99,16 @@ double tolerance() {
 }
 
 }  // namespace
+
+// layout_rows reads full-precision rows through a layout; a KIVI layout's rows are packed codes,
+// so it is refused at compile time (cache_rows_t picks kivi_layout_rows for it), as is the host
+// pipeline over a KIVI cache.
+template <class L>
+concept has_layout_rows = requires { typename kvscout::layout_rows<L>; };
+static_assert(has_layout_rows<kvscout::contiguous_layout<float, 64, kvscout::hnd>>);
+static_assert(!has_layout_rows<kvscout::kivi_layout<kvscout::half, 64, 2>>);
+static_assert(std::is_same_v<kvscout::cache_rows_t<kvscout::kivi_layout<kvscout::half, 64, 2>>,
+                             kvscout::kivi_layout_rows<kvscout::kivi_layout<kvscout::half, 64, 2>>>);
 
 TEMPLATE_TEST_CASE("dense decode attention matches the fp64 definition", "[attention]", float,
                    kvscout::half, kvscout::bfloat16) {

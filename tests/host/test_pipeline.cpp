@@ -30,6 +30,15 @@ using T = kvscout::half;
 using model = kvtest::toy_model<T, D>;
 using layout = model::layout;
 
+// The host pipeline is for full-precision layouts; over a KIVI cache it does not compile (its
+// rows would be read as full-precision elements).
+template <class Lay>
+concept host_pipeline_for =
+    requires { typename kvscout::host_decode_pipeline<Lay, kvscout::streaming_policy,
+                                                      kvscout::topk_selector_host>; };
+static_assert(host_pipeline_for<layout>);
+static_assert(!host_pipeline_for<kvscout::kivi_layout<T, D, 2>>);
+
 // Skew plans from a calibration run of the same weights on another prompt.
 std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, int r) {
   model m(L, Hq, H, 1, max_tokens, 1234);

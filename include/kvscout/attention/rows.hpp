@@ -22,6 +22,7 @@
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/kv/concepts.hpp"
+#include "kvscout/kv/kivi.hpp"
 
 namespace kvscout {
 
@@ -44,8 +45,11 @@ inline void load_row(const std::byte* p, float* dst) {
 }
 }  // namespace detail
 
-/// All cached tokens of a host KV cache, read through its layout.
+/// All cached tokens of a host KV cache, read through its layout. Not for KIVI layouts, whose
+/// rows are packed codes: their row source is kivi_layout_rows (cache_rows_t<L> picks the right
+/// one, attention/cache_rows.hpp).
 template <kv_layout L>
+  requires(!kivi_quantized_layout<L>)
 class layout_rows {
  public:
   using element_type = typename L::element_type;

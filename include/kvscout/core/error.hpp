@@ -1,10 +1,15 @@
 #pragma once
 // Errors. Host facades validate their inputs and throw kvscout::error; nothing in include/
-// calls exit() or abort(). The message names the function, the source location, the failed
-// condition and the offending values, e.g.
+// calls exit() or abort(). The message names the offending values and what was expected, then
+// the failed condition, the function that checked it and its source location, e.g. (from
+// host_gather_executor::submit, whose selection checks are shared with the other executors):
 //
-//   kvscout::error: gather_host: token index 4096 out of range [0, 4096) for sequence 1, kv_head 0
-//     (condition `t < len` failed at include/kvscout/fetch/host_gather.hpp:120)
+//   kvscout::error: check_host_selection: token index 4096 (entry 3) for sequence 1, kv_head 0
+//     is out of range [0, seq_len = 4096) [expected `t >= 0 && t < len`]
+//     (at include/kvscout/fetch/detail/checks.hpp:94)
+//
+// The function is the one that checked, which may be a checker shared by several facades; the
+// message alone (error::message()) says what was wrong.
 //
 // KVSCOUT_EXPECTS(cond, parts...) streams `parts` (any mix of strings and values with an
 // operator<<) into the message when `cond` is false.

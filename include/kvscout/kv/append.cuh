@@ -329,14 +329,18 @@ __global__ void __launch_bounds__(append_threads)
 /// layout.seq_len(s)) into a contiguous or paged layout. Lengths / page tables are the caller's
 /// to update afterwards (a new page must be in the table before). A position outside the slots
 /// the sequence owns skips that sequence (bad_index; see the header comment). In: float or the
-/// layout's element type.
-template <kv_layout L, class In>
+/// layout's element type, const or not (deduced from the spans, which must agree).
+template <kv_layout L, class InSpan>
   requires(!kivi_quantized_layout<L>)
 void append_token_device(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
-                         device_span<const In> k_new, device_span<const In> v_new,
+                         device_span<InSpan> k_new, device_span<InSpan> v_new,
                          const std::int32_t* positions, cudaStream_t stream,
                          int* device_status = nullptr) {
   using T = typename L::element_type;
+  static_assert(kernel_passable_layout<L>,
+                "kvscout: a layout used on the device must be trivially copyable and "
+                "default-constructible (kernels take it by value; docs/layouts.md)");
+  using In = std::remove_const_t<InSpan>;
   static_assert(detail::append_input_ok<In, T>,
                 "kvscout::append_token_device: new K / V must be float or the cache's element type");
   detail::check_append_layout(layout, k.data(), v.data());
@@ -360,12 +364,14 @@ void append_token_device(const L& layout, device_span<std::byte> k, device_span<
 
 /// Appends one token to every sequence of a KIVI cache on the device (see the header comment).
 /// seq_lens: the device array the layout reads, incremented per sequence appended.
-template <kivi_quantized_layout L, class In>
+/// In: float or the layout's element type, const or not.
+template <kivi_quantized_layout L, class InSpan>
 void kivi_append_device(const L& layout, const kivi_buffers<device_space>& b,
-                        std::int32_t* seq_lens, device_span<const In> k_new,
-                        device_span<const In> v_new, cudaStream_t stream,
+                        std::int32_t* seq_lens, device_span<InSpan> k_new,
+                        device_span<InSpan> v_new, cudaStream_t stream,
                         int* device_status = nullptr) {
   using T = typename L::element_type;
+  using In = std::remove_const_t<InSpan>;
   static_assert(detail::append_input_ok<In, T>,
                 "kvscout::kivi_append_device: new K / V must be float or the cache's element type");
   detail::check_kivi_append(layout, b, seq_lens);

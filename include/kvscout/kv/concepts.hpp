@@ -18,9 +18,13 @@
 //                                   executors merge such runs into one copy
 //   l.validate(k_bytes, v_bytes)    host-side check of the metadata against buffers of those
 //                                   sizes; throws kvscout::error naming the bad value
+// For the CUDA backend the queries and offsets must also be KVSCOUT_HOST_DEVICE, and the layout
+// trivially copyable and default-constructible (kernels take it by value): docs/layouts.md,
+// "Writing your own".
 
 #include <concepts>
 #include <cstddef>
+#include <type_traits>
 
 #include "kvscout/core/error.hpp"
 
@@ -41,6 +45,13 @@ concept kv_layout = std::copyable<L> && requires(const L& l, int s, int t, int h
   { l.contiguous_rows(s, t, h, n) } -> std::same_as<int>;
   l.validate(bytes, bytes);
 };
+
+/// What a layout must also be for kernels to take it by value (the CUDA backend checks this
+/// with a static_assert; its member functions must also be KVSCOUT_HOST_DEVICE, which no
+/// concept can check).
+template <class L>
+inline constexpr bool kernel_passable_layout =
+    std::is_trivially_copyable_v<L> && std::is_default_constructible_v<L>;
 
 /// Byte offsets of the K and V rows of one (sequence, token, kv head).
 struct row_offsets {

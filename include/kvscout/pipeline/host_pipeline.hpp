@@ -70,7 +70,11 @@ struct fetch_stats {
   std::vector<std::int64_t> reused;  // [num_layers], accumulated: rows also selected the step before
 };
 
+/// L: a full-precision layout. A KIVI cache is not supported here yet (its fetched rows are
+/// records that attention dequantises with the resident parameters and residual window:
+/// kivi_gathered_rows); compose kivi_gathered_rows with a selector and the gather directly.
 template <kv_layout L, speculation_policy P, class Selector>
+  requires(!kivi_quantized_layout<L>)
 class host_decode_pipeline {
  public:
   using element_type = typename L::element_type;

@@ -127,6 +127,9 @@ template <kv_layout L>
   requires(!kivi_quantized_layout<L>)
 class layout_rows_device {
  public:
+  static_assert(kernel_passable_layout<L>,
+                "kvscout: a layout used on the device must be trivially copyable and "
+                "default-constructible (kernels take it by value; docs/layouts.md)");
   using element_type = typename L::element_type;
   static constexpr int head_dim = L::head_dim;
 
@@ -153,6 +156,15 @@ class layout_rows_device {
     const std::size_t ko = l_.k_offset(s, i, h), vo = l_.v_offset(s, i, h);
     if (ko > k_bytes_ || row > k_bytes_ - ko || vo > v_bytes_ || row > v_bytes_ - vo) {
       detail::raise_device_status(status, device_status::out_of_bounds);
+      return false;
+    }
+    // load_row_part reads E elements with 16- or 8-byte loads where their size allows; a row
+    // the layout places off that alignment (a user layout, a page stride that is not a multiple
+    // of it) is skipped with `misaligned` instead of faulting on the load.
+    constexpr std::size_t part = sizeof(element_type) * E;
+    constexpr std::size_t align = part % 16 == 0 ? 16 : (part % 8 == 0 ? 8 : sizeof(element_type));
+    if ((ko | vo) % align != 0) {
+      detail::raise_device_status(status, device_status::misaligned);
       return false;
     }
     detail::load_row_part<element_type, E>(
