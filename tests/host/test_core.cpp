@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -146,4 +148,28 @@ TEST_CASE("spans carry their memory space in the type", "[core][span]") {
   CHECK(bytes.size() == 16);
   CHECK(std::memcmp(bytes.data(), v.data(), 16) == 0);
   CHECK(kvscout::as_writable_bytes(s).size() == 16);
+}
+
+TEST_CASE("host spans view contiguous host containers", "[core][span]") {
+  using kvscout::host_span;
+  // From lvalue containers whose elements convert; never from a temporary, never to a device
+  // span, never dropping const or changing the element type.
+  static_assert(std::is_convertible_v<std::vector<float>&, host_span<float>>);
+  static_assert(std::is_convertible_v<std::vector<float>&, host_span<const float>>);
+  static_assert(std::is_convertible_v<const std::vector<float>&, host_span<const float>>);
+  static_assert(std::is_convertible_v<std::array<int, 3>&, host_span<int>>);
+  static_assert(!std::is_convertible_v<const std::vector<float>&, host_span<float>>);
+  static_assert(!std::is_convertible_v<std::vector<float>&&, host_span<const float>>);
+  static_assert(!std::is_convertible_v<std::vector<double>&, host_span<float>>);
+  static_assert(!std::is_convertible_v<std::vector<float>&, kvscout::device_span<float>>);
+  static_assert(!std::is_constructible_v<kvscout::device_span<float>, std::vector<float>&>);
+  std::vector<float> v = {1.f, 2.f, 3.f};
+  host_span<float> s = v;
+  CHECK(s.data() == v.data());
+  CHECK(s.size() == 3);
+  s[1] = 5.f;
+  CHECK(v[1] == 5.f);
+  const std::array<std::int32_t, 2> a = {7, 8};
+  const host_span<const std::int32_t> c = a;
+  CHECK((c.data() == a.data() && c.size() == 2));
 }

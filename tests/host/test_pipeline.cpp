@@ -249,6 +249,11 @@ TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
                       Catch::Contains("capacity = 97 must be in [1, max_tokens = 96]"));
   REQUIRE_THROWS_WITH(pipe_t({L, 2, S, H, 5, max_tokens, 8, 1, 0.125f}, p, sel),
                       Catch::Contains("num_q_heads = 5"));
+  // A selector configured for another shape is refused when the pipeline is built.
+  REQUIRE_THROWS_WITH(pipe_t({L, 2, S, H, Hq, max_tokens, 16, 1, 0.125f}, p, sel),
+                      Catch::Contains("selector configured for [num_seqs, num_kv_heads, stride, "
+                                      "capacity] = [2, 2, 96, 8], expected the pipeline's [2, 2, "
+                                      "96 (max_tokens), 16]"));
 }
 
 TEST_CASE("the pipeline decodes the same bits with cached and streaming gather stores",

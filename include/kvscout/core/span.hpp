@@ -7,11 +7,13 @@
 //
 //   std::vector<float> v(1024);
 //   kvscout::host_span<float> s(v.data(), v.size());
+//   kvscout::host_span<float> t = v;                // from a contiguous host container
 //   kvscout::host_span<const float> c = s;          // adding const is implicit
 //   auto bytes = kvscout::as_bytes(c);              // host_span<const std::byte>
 
 #include <concepts>
 #include <cstddef>
+#include <ranges>
 #include <type_traits>
 
 #include "kvscout/core/config.hpp"
@@ -26,6 +28,16 @@ struct host_space {
 struct device_space {
   static constexpr const char* name = "device";
 };
+
+template <class T, class Space>
+class span;
+
+namespace detail {
+template <class X>
+inline constexpr bool is_kvscout_span = false;
+template <class T, class Space>
+inline constexpr bool is_kvscout_span<span<T, Space>> = true;
+}  // namespace detail
 
 template <class T, class Space>
 class span {
@@ -43,6 +55,17 @@ class span {
     requires(!std::same_as<U, T> && std::is_convertible_v<U (*)[], T (*)[]>)
   KVSCOUT_HOST_DEVICE constexpr span(const span<U, Space>& other) noexcept
       : data_(other.data()), size_(other.size()) {}
+
+  /// A host span over a contiguous host container (std::vector, std::array, std::span, ...):
+  /// its data() and size(). Host spans only, because a container's memory space is not in its
+  /// type; lvalues only, so that a span never outlives a temporary it was made from.
+  template <class R, class S = Space>
+    requires std::same_as<S, host_space> && (!detail::is_kvscout_span<std::remove_cv_t<R>>) &&
+             std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
+             std::is_convertible_v<std::remove_reference_t<std::ranges::range_reference_t<R>> (*)[],
+                                   T (*)[]>
+  constexpr span(R& range) noexcept  // NOLINT(google-explicit-constructor): as std::span
+      : data_(std::ranges::data(range)), size_(static_cast<std::size_t>(std::ranges::size(range))) {}
 
   KVSCOUT_HOST_DEVICE constexpr T* data() const noexcept { return data_; }
   KVSCOUT_HOST_DEVICE constexpr std::size_t size() const noexcept { return size_; }

@@ -14,6 +14,9 @@
 #include <concepts>
 #include <cstddef>
 
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+
 namespace kvscout {
 
 template <class C>
@@ -36,6 +39,19 @@ concept prefetch_executor =
       { E::workspace_bytes(cfg) } -> std::same_as<std::size_t>;
       { e.submit(src, sel, dst) } -> std::same_as<typename E::completion_type>;
     };
+
+/// Whether an executor fits a device decode step that never waits for the device and can be
+/// captured in a CUDA graph (the library's hot-path rule): its selection is device-resident, so
+/// a device selector's output needs no copy back, and its submit() does not block the calling
+/// thread on the device. An executor whose submit() may block declares
+/// `static constexpr bool submit_blocks_host = true` (the staged executor: it waits for the copy
+/// that last read a staging buffer); the copy engine and the staged executor read the selection
+/// on the host (selection_view<host_space>). Pipelines static_assert it.
+template <class E>
+inline constexpr bool device_step_executor =
+    prefetch_executor<E> &&
+    std::same_as<typename E::selection_type, selection_view<device_space>> &&
+    !requires { requires E::submit_blocks_host; };
 
 /// The completion of work that is finished when submit() returns.
 struct ready_completion {

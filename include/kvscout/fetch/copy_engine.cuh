@@ -146,5 +146,6 @@ class copy_engine_executor {
 
 static_assert(prefetch_executor<copy_engine_executor<contiguous_layout<half, 128, hnd>>>);
 static_assert(prefetch_executor<copy_engine_executor<kivi_layout<half, 128, 4>>>);
+static_assert(!device_step_executor<copy_engine_executor<contiguous_layout<half, 128, hnd>>>);
 
 }  // namespace kvscout

@@ -266,6 +266,7 @@ class host_gather_executor {
 };
 
 static_assert(prefetch_executor<host_gather_executor<contiguous_layout<half, 128, hnd>>>);
+static_assert(!device_step_executor<host_gather_executor<contiguous_layout<half, 128, hnd>>>);
 static_assert(
     prefetch_executor<host_gather_executor<paged_layout<float, 64, nhd, block_table, 16>>>);
 

@@ -107,6 +107,9 @@ class staged_executor {
   using config_type = staged_config;
   using source_type = kv_view<Layout, host_space>;
   using selection_type = selection_view<host_space>;  // host-visible: see the header comment
+  /// submit() waits for the copy that last read a staging buffer before reusing it
+  /// (fetch/concepts.hpp, device_step_executor).
+  static constexpr bool submit_blocks_host = true;
   using destination_type = gather_destination<device_space>;
   using completion_type = event_completion;
 
@@ -229,5 +232,6 @@ class staged_executor {
 
 static_assert(prefetch_executor<staged_executor<contiguous_layout<half, 128, hnd>>>);
 static_assert(prefetch_executor<staged_executor<kivi_layout<half, 128, 2>>>);
+static_assert(!device_step_executor<staged_executor<contiguous_layout<half, 128, hnd>>>);
 
 }  // namespace kvscout

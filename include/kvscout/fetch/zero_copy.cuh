@@ -355,5 +355,6 @@ static_assert(prefetch_executor<zero_copy_executor<contiguous_layout<half, 128, 
 static_assert(
     prefetch_executor<zero_copy_executor<paged_layout<half, 128, nhd, flashinfer_page_table, 16>>>);
 static_assert(prefetch_executor<zero_copy_executor<kivi_layout<half, 128, 2>>>);
+static_assert(device_step_executor<zero_copy_executor<contiguous_layout<half, 128, hnd>>>);
 
 }  // namespace kvscout

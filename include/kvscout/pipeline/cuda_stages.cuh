@@ -71,6 +71,8 @@ class infinigen_cuda_stages {
  public:
   using speculator_type = infinigen_speculator_cuda<PkT>;
   using executor_type = zero_copy_executor<L>;
+  static_assert(device_step_executor<executor_type>,
+                "the pipeline's fetch must take a device selection and never block the host");
 
   /// speculators[i]: layer i's speculator, or null for layers that are not speculated (below
   /// skip_layers). sources[i]: layer i's host cache as the device sees it (mapped aliases).

@@ -30,6 +30,7 @@
 //   }
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -42,6 +43,7 @@
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/concepts.hpp"
+#include "kvscout/select/concepts.hpp"
 #include "kvscout/spec/concepts.hpp"
 
 namespace kvscout {
@@ -73,8 +75,8 @@ struct fetch_stats {
 /// L: a full-precision layout. A KIVI cache is not supported here yet (its fetched rows are
 /// records that attention dequantises with the resident parameters and residual window:
 /// kivi_gathered_rows); compose kivi_gathered_rows with a selector and the gather directly.
-template <kv_layout L, speculation_policy P, class Selector>
-  requires(!kivi_quantized_layout<L>)
+template <kv_layout L, speculation_policy P, topk_selector Selector>
+  requires(!kivi_quantized_layout<L> && std::same_as<typename Selector::memory_space, host_space>)
 class host_decode_pipeline {
  public:
   using element_type = typename L::element_type;
@@ -92,6 +94,18 @@ class host_decode_pipeline {
     detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
     KVSCOUT_EXPECTS(cfg.capacity >= 1 && cfg.capacity <= cfg.max_tokens, "capacity = ",
                     cfg.capacity, " must be in [1, max_tokens = ", cfg.max_tokens, "]");
+    if constexpr (requires { selector.configuration().capacity; }) {
+      // The pipeline hands the selector [num_seqs, num_kv_heads, max_tokens] scores and
+      // [.., capacity] selections: a selector configured otherwise would throw at the first
+      // speculate(); say so here, in the pipeline's terms.
+      const auto& sc = selector.configuration();
+      KVSCOUT_EXPECTS(sc.num_seqs == cfg.num_seqs && sc.num_kv_heads == cfg.num_kv_heads &&
+                          sc.stride == cfg.max_tokens && sc.capacity == cfg.capacity,
+                      "selector configured for [num_seqs, num_kv_heads, stride, capacity] = [",
+                      sc.num_seqs, ", ", sc.num_kv_heads, ", ", sc.stride, ", ", sc.capacity,
+                      "], expected the pipeline's [", cfg.num_seqs, ", ", cfg.num_kv_heads, ", ",
+                      cfg.max_tokens, " (max_tokens), ", cfg.capacity, "]");
+    }
     const std::size_t pairs = static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads;
     scores_.assign(pairs * static_cast<std::size_t>(cfg.max_tokens), 0.f);
     for (auto& b : buffers_) {
@@ -125,9 +139,7 @@ class host_decode_pipeline {
     const score_buffer out{{scores_.data(), scores_.size()}, cfg_.num_seqs, cfg_.num_kv_heads,
                            cfg_.max_tokens};
     policy_.score(layer, ctx, out);
-    const score_view<host_space> view{{scores_.data(), scores_.size()}, ctx.seq_lens,
-                                      cfg_.num_seqs, cfg_.num_kv_heads, cfg_.max_tokens};
-    selector_.select(view, selection(b));
+    selector_.select(out.view(ctx.seq_lens), selection(b));
     gather_->submit(kv, selection(b).view(),
                     {as_writable_bytes(host_span<element_type>(b.k.data(), b.k.size())),
                      as_writable_bytes(host_span<element_type>(b.v.data(), b.v.size()))})

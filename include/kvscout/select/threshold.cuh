@@ -12,7 +12,8 @@
 //       .num_seqs = 1, .num_kv_heads = 8, .stride = 4096, .capacity = 512, .alpha = 4.f,
 //       .max_count = 512, .rule = kvscout::threshold_rule::infinigen_mean,
 //       .keep = {.sinks = 4, .recent = 64}};
-//   void* ws;  cudaMalloc(&ws, kvscout::threshold_selector_cuda::workspace_bytes(cfg));
+//   const std::size_t bytes = kvscout::threshold_selector_cuda::workspace_bytes(cfg);
+//   void* ws;  cudaMalloc(&ws, bytes);
 //   kvscout::threshold_selector_cuda sel(cfg, {static_cast<std::byte*>(ws), bytes});
 //   sel.select(scores, out, stream);
 //

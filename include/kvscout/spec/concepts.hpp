@@ -12,8 +12,10 @@
 // Optional hooks, called by the pipeline when present:
 //   p.append(layer, s, t, k_pre_rope, k_post_rope)   a token's keys ([num_kv_heads, head_dim]
 //                                                    floats) entered the cache at position t
-//   p.observe(layer, ctx, rows, probs, stride)       attention probabilities of the rows attended
-//                                                    (attention/decode.hpp), for h2o
+//   p.observe(layer, ctx, rows, probs, stride, has_current)
+//                                                    attention probabilities of the rows attended
+//                                                    (attention/decode.hpp) and, when
+//                                                    has_current, of the current token; for h2o
 //
 // Score scale: logits are q.k * scale with scale = 1 / sqrt(head_dim) (the attention's own), so a
 // threshold alpha is in logit units, as in InfiniGen.
@@ -24,6 +26,7 @@
 #include <limits>
 
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 
 namespace kvscout {
@@ -45,6 +48,11 @@ struct score_buffer {
 
   float* row(int s, int h) const {
     return scores.data() + (static_cast<std::size_t>(s) * num_kv_heads + h) * static_cast<std::size_t>(stride);
+  }
+  /// What a selector reads: these scores with the sequences' lengths (a policy writes
+  /// t < seq_lens[s] of each row; the selector looks at no more).
+  [[nodiscard]] score_view<host_space> view(host_span<const std::int32_t> seq_lens) const {
+    return {scores, seq_lens, num_seqs, num_kv_heads, stride};
   }
 };
 
