@@ -3,7 +3,7 @@
 // spanning two blocks), with and without the current token, empty row sets; KIVI-2 / KIVI-4
 // records dequantised on the fly plus the residual window (vs kivi_gathered_rows); the dense
 // anchor over a device layout (vs layout_rows); the status word on a bad KIVI index and on
-// misaligned rows.
+// misaligned rows; q and out in half / bfloat16.
 // Tolerance |a - b| <= 2e-5 + 2e-4 |b| (fp32 accumulation in a different order); the worst
 // element is printed.
 
@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fetch_fixtures.cuh"
@@ -87,6 +88,55 @@ void gathered_case(int S, int H, int g, bool with_current, double density, std::
               (with_current ? " +cur" : "") + " p" + std::to_string(density),
           dout.download(), want);
   GPU_CHECK(read_status(status) == 0);
+}
+
+// An engine's own query and output types: q and out in Q / O (half or bfloat16) instead of
+// float. The reference attends with the query as the device reads it (rounded to Q, widened);
+// the device output is rounded once to O, so the tolerance is O's half ulp on top.
+template <class T, int D, class Q, class O>
+void typed_q_out_case(std::uint32_t seed) {
+  const int S = 2, H = 2, g = 4, cap = 64, Hq = H * g;
+  std::mt19937 rng(seed);
+  host_selection sel({150, 90}, H, cap, 0.25, rng);
+  const std::size_t slots = static_cast<std::size_t>(S) * H * cap;
+  auto k = random_values<T>(slots * D, seed + 1), v = random_values<T>(slots * D, seed + 2);
+  const auto qf = random_floats(static_cast<std::size_t>(S) * Hq * D, seed + 3);
+  std::vector<Q> q(qf.size());
+  std::vector<float> q_read(qf.size());  // the query the device reads
+  for (std::size_t i = 0; i < qf.size(); ++i) {
+    q[i] = kvscout::from_float<Q>(qf[i]);
+    q_read[i] = kvscout::to_float(q[i]);
+  }
+  const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
+  std::vector<float> want(q.size());
+  kvscout::gathered_rows<T, D> rows(sel.view(), {k.data(), k.size()}, {v.data(), v.size()});
+  kvscout::decode_attention_host(rows, kvscout::current_token<T>{}, {q_read.data(), q_read.size()},
+                                 {want.data(), want.size()}, p);
+  device_selection dsel(sel);
+  device_vector<T> dk(k), dv(v);
+  device_vector<Q> dq(q);
+  device_vector<O> dout(std::vector<O>(q.size(), kvscout::from_float<O>(-7.f)));  // poisoned
+  kvscout::gathered_rows_device<T, D> drows(dsel.view(), {dk.data(), dk.size()},
+                                            {dv.data(), dv.size()});
+  kvscout::decode_attention_device(drows, kvscout::device_current_token<T>{},
+                                   kvscout::device_span<const Q>(dq.data(), dq.size()),
+                                   kvscout::device_span<O>(dout.data(), dout.size()), p, nullptr);
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<O> got = dout.download();
+  // O's relative half ulp: 2^-11 (half) or 2^-8 (bfloat16).
+  const double ulp = std::is_same_v<O, bfloat16> ? 1.0 / 256 : 1.0 / 2048;
+  int bad = 0;
+  double worst = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(kvscout::to_float(got[i])) - want[i]);
+    if (!(err <= 2e-5 + (2e-4 + ulp) * std::fabs(want[i]))) ++bad;
+    if (!(err <= worst)) worst = err;
+  }
+  std::printf("  q %s / out %s over %s rows: worst |err| %.3g%s\n",
+              std::string(kvscout::dtype_traits<Q>::name).c_str(),
+              std::string(kvscout::dtype_traits<O>::name).c_str(),
+              std::string(kvscout::dtype_traits<T>::name).c_str(), worst, bad ? "  <-- FAIL" : "");
+  GPU_CHECK(bad == 0);
 }
 
 // KIVI: gather records on the host, attend on the device over records + resident window.
@@ -267,5 +317,8 @@ int main() {
           {"dense_anchor_f16_d128", [] { dense_case<half, 128>(12); }},
           {"dense_anchor_f32_d64", [] { dense_case<float, 64>(13); }},
           {"dense_misaligned_rows_set_status", [] { dense_misaligned_case(); }},
+          {"q_out_half", [] { typed_q_out_case<half, 128, half, half>(31); }},
+          {"q_out_bf16_q_float_out", [] { typed_q_out_case<bfloat16, 64, bfloat16, float>(32); }},
+          {"q_float_out_bf16", [] { typed_q_out_case<half, 64, float, bfloat16>(33); }},
       });
 }

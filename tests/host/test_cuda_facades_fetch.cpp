@@ -236,7 +236,7 @@ TEST_CASE("device attention inputs are validated on the host", "[cuda][facade]")
   p.scale = 0.125f;
   REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 100, &q, 10000, &q, false, 0, 0,
                                                   true),
-                      Contains("q holds 100 floats") && Contains("768"));
+                      Contains("q holds 100 elements") && Contains("768"));
   REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 768, &q, 768, &q, true, 384, 10,
                                                   false),
                       Contains("current token K / V hold 384 / 10"));

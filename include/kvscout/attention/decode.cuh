@@ -15,7 +15,8 @@
 //                                   resident residual window (mirrors kivi_gathered_rows)
 //   layout_rows_device<L>           every token of a device-resident cache (dense anchor)
 // Element types float / half / bfloat16; head_dim a multiple of 32 up to 256 (64 / 128 / 256),
-// static from the row source. q and out are float [num_seqs, num_q_heads, head_dim].
+// static from the row source. q and out are [num_seqs, num_q_heads, head_dim], float by default
+// or any of the element types (an fp16 / bf16 engine passes its own query and output buffers).
 //
 // Launch: one block of 4 warps per (sequence, kv head, group of up to 8 query heads), split-K
 // over the warps, combined in shared memory (detail/decode_kernel.cuh). Nothing is allocated and
@@ -49,9 +50,12 @@ concept device_attention_rows = std::copyable<R> && requires(const R& r) {
   { r.num_kv_heads() } -> std::same_as<int>;
 };
 
-template <device_attention_rows Rows, kv_element T>
+/// Q, O: the element types of q and out (float by default, so braced {ptr, size} arguments mean
+/// float; pass device_span<const half> / device_span<half> etc. for an engine's own types). The
+/// query is widened to float as it is read and the output rounded once as it is written.
+template <device_attention_rows Rows, kv_element T, kv_element Q = float, kv_element O = float>
 void decode_attention_device(const Rows& rows, const device_current_token<T>& cur,
-                             device_span<const float> q, device_span<float> out,
+                             device_span<const Q> q, device_span<O> out,
                              const attention_params& p, cudaStream_t stream,
                              int* device_status = nullptr) {
   constexpr int D = Rows::head_dim;
@@ -66,7 +70,7 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
   const int g = p.num_q_heads / H;
   constexpr int G = detail::decode_device_max_group;
   constexpr int W = detail::decode_device_warps;
-  detail::decode_device_params<Rows, T> prm{rows,
+  detail::decode_device_params<Rows, T, Q, O> prm{rows,
                                             cur.present() ? cur.k.data() : nullptr,
                                             cur.present() ? cur.v.data() : nullptr,
                                             q.data(),
@@ -76,7 +80,7 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
                                             p.scale,
                                             device_status};
   const dim3 grid(static_cast<unsigned>(S * H), static_cast<unsigned>((g + G - 1) / G));
-  detail::launch(detail::decode_attention_kernel<Rows, T, W>, grid, W * 32, 0, stream, prm);
+  detail::launch(detail::decode_attention_kernel<Rows, T, Q, O, W>, grid, W * 32, 0, stream, prm);
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -45,9 +45,9 @@ inline void check_decode_device(int num_seqs, int num_kv_heads, int head_dim,
   KVSCOUT_EXPECTS(std::isfinite(p.scale) && p.scale > 0.f,
                   "scale must be positive and finite, got ", p.scale);
   const std::size_t q_elems = static_cast<std::size_t>(num_seqs) * Hq * head_dim;
-  KVSCOUT_EXPECTS(q_size >= q_elems, "q holds ", q_size, " floats, expected [", num_seqs, ", ",
+  KVSCOUT_EXPECTS(q_size >= q_elems, "q holds ", q_size, " elements, expected [", num_seqs, ", ",
                   Hq, ", ", head_dim, "] = ", q_elems);
-  KVSCOUT_EXPECTS(out_size >= q_elems, "out holds ", out_size, " floats, expected ", q_elems);
+  KVSCOUT_EXPECTS(out_size >= q_elems, "out holds ", out_size, " elements, expected ", q_elems);
   KVSCOUT_EXPECTS(q_elems == 0 || (q_data != nullptr && out_data != nullptr), "q or out is null");
   const std::size_t cur_elems = static_cast<std::size_t>(num_seqs) * num_kv_heads * head_dim;
   if (cur_present) {

@@ -26,22 +26,22 @@ namespace kvscout::detail {
 
 inline constexpr int decode_device_warps = 4;
 
-template <class Rows, kv_element T>
+template <class Rows, kv_element T, kv_element Q = float, kv_element O = float>
 struct decode_device_params {
   Rows rows;
   const T* cur_k;  // [num_seqs, num_kv_heads, head_dim] or null
   const T* cur_v;
-  const float* q;  // [num_seqs, num_q_heads, head_dim]
-  float* out;      // [num_seqs, num_q_heads, head_dim]
+  const Q* q;      // [num_seqs, num_q_heads, head_dim]
+  O* out;          // [num_seqs, num_q_heads, head_dim]
   int num_q_heads;
   int group;  // g = num_q_heads / num_kv_heads
   float scale;
   int* status;
 };
 
-template <class Rows, kv_element T, int Warps>
+template <class Rows, kv_element T, kv_element Q, kv_element O, int Warps>
 __global__ void __launch_bounds__(Warps * 32)
-    decode_attention_kernel(const __grid_constant__ decode_device_params<Rows, T> p) {
+    decode_attention_kernel(const __grid_constant__ decode_device_params<Rows, T, Q, O> p) {
   constexpr int D = Rows::head_dim;
   constexpr int E = D / 32;
   constexpr int G = decode_device_max_group;
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(Warps * 32)
   const std::size_t qh0 = static_cast<std::size_t>(s) * p.num_q_heads +
                           static_cast<std::size_t>(h) * p.group + j0;  // first query head row
 
-  for (int x = threadIdx.x; x < gj * D; x += blockDim.x) q_s[x / D][x % D] = p.q[qh0 * D + x];
+  for (int x = threadIdx.x; x < gj * D; x += blockDim.x) q_s[x / D][x % D] = to_float(p.q[qh0 * D + x]);
   __syncthreads();
 
   const int n = p.rows.rows(s, h, warp == 0 && lane == 0 ? p.status : nullptr);
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(Warps * 32)
       }
       o = a / L;
     }
-    p.out[(qh0 + j) * D + c] = o;
+    p.out[(qh0 + j) * D + c] = from_float<O>(o);
   }
 }
 
