@@ -406,10 +406,58 @@ void lengths_on_device_are_clamped() {
 
 }  // namespace
 
+// Keys in the engine's own element type: appending bf16 / half keys stores the same partial
+// keys, bit for bit, as appending the same values widened to float (post-RoPE skew: the
+// rotation; RoPE planes: the gather).
+template <class K>
+void typed_keys_match_float(rope_mode mode) {
+  const shape sh{1, 2, 64, 16, 64, mode, kvscout::rope_style::interleaved,
+                 gqa_aggregation::sum_prob, {40}, true};
+  std::mt19937 rng(12);
+  std::vector<kvscout::skew_plan> plans = {random_plan(sh, rng)};
+  std::vector<float> w_q(2 * 64 * 64);
+  std::normal_distribution<float> nd(0.f, 0.5f);
+  for (auto& v : w_q) v = nd(rng);
+  kvscout::infinigen_cuda_config cfg{2, 1, 2, 64, 64, 64, 16, mode, 0.125f,
+                                     gqa_aggregation::sum_prob};
+  using spec = kvscout::infinigen_speculator_cuda<float>;
+  gpu_test::device_vector<std::byte> ws_a(spec::workspace_bytes(cfg)), ws_b(ws_a.size());
+  spec a(cfg, plans, {w_q.data(), w_q.size()}, {}, {ws_a.data(), ws_a.size()});
+  spec b(cfg, plans, {w_q.data(), w_q.size()}, {}, {ws_b.data(), ws_b.size()});
+  std::vector<K> keys(64 * 64);
+  std::vector<float> widened(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    keys[i] = kvscout::from_float<K>(nd(rng));
+    widened[i] = kvscout::to_float(keys[i]);
+  }
+  std::vector<std::int32_t> sid(64), tid(64);
+  for (int t = 0; t < 64; ++t) sid[t] = t % 2, tid[t] = t / 2;
+  gpu_test::device_vector<K> dk(keys);
+  gpu_test::device_vector<float> dw(widened);
+  gpu_test::device_vector<std::int32_t> ds(sid), dt(tid);
+  a.append(kvscout::device_span<const K>(dk.data(), dk.size()), {ds.data(), ds.size()},
+           {dt.data(), dt.size()}, 64);
+  b.append({dw.data(), dw.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()}, 64);
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto download = [](const kvscout::partial_key_view<float>& v) {
+    std::vector<float> h(v.data.size());
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(h.data(), v.data.data(), sizeof(float) * h.size(),
+                                  cudaMemcpyDeviceToHost));
+    return h;
+  };
+  const std::vector<float> ka = download(a.keys()), kb = download(b.keys());
+  GPU_CHECK(std::memcmp(ka.data(), kb.data(), sizeof(float) * ka.size()) == 0);
+  int stored = 0;  // and something was stored: 64 tokens x 16 channels, none of them zero
+  for (float v : ka) stored += v != 0.f;
+  GPU_CHECK(stored >= 64 * 16 - 4);
+}
+
 int main() {
   return gpu_test::run_all("spec_device", {{"float_keys", all_shapes<float>},
                                            {"half_keys", all_shapes<kvscout::half>},
                                            {"long_row_128k", long_row},
                                            {"lengths_on_device_are_clamped", lengths_on_device_are_clamped},
-                                           {"bad_input_throws", bad_input_throws}});
+                                           {"bad_input_throws", bad_input_throws},
+                                           {"bf16_keys_post_rope_skew", [] { typed_keys_match_float<kvscout::bfloat16>(rope_mode::post_rope_skew); }},
+                                           {"half_keys_rope_planes", [] { typed_keys_match_float<kvscout::half>(rope_mode::rope_planes); }}});
 }

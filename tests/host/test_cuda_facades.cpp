@@ -232,9 +232,15 @@ TEST_CASE("infinigen_cuda setup and call checks name the bad value", "[cuda_faca
   using kvscout::detail::check_infinigen_cuda_append;
   const device_span<const float> keys(fake<const float>(), 3 * 2 * 64);
   const device_span<const int32_t> ids(fake<const int32_t>(), 3);
-  REQUIRE_NOTHROW(check_infinigen_cuda_append(c, keys, ids, ids, 3));
-  CHECK_THAT(error_of([&] { check_infinigen_cuda_append(c, keys, ids, ids, 4); }), Catch::Contains("keys holds 384"));
-  CHECK_THAT(error_of([&] { check_infinigen_cuda_append(c, keys, ids, ids, -1); }), Catch::Contains("-1"));
+  const auto append_check = [&](int count) {
+    check_infinigen_cuda_append(c, keys.size(), keys.data() != nullptr, ids, ids, count);
+  };
+  REQUIRE_NOTHROW(append_check(3));
+  CHECK_THAT(error_of([&] { append_check(4); }),
+             Catch::Contains("keys holds 384 elements, expected count * num_kv_heads * head_dim = 512"));
+  CHECK_THAT(error_of([&] { append_check(-1); }), Catch::Contains("-1"));
+  CHECK_THAT(error_of([&] { check_infinigen_cuda_append(c, 384, false, ids, ids, 3); }),
+             Catch::Contains("keys holds 384 elements"));
 
   // The workspace.
   using kvscout::detail::check_infinigen_cuda_workspace;

@@ -123,14 +123,17 @@ class infinigen_speculator_cuda {
   }
 
   /// Projects and stores `count` tokens' partial keys: keys [count, num_kv_heads, head_dim]
-  /// floats (RoPE'd at their own positions unless the mode is pre_rope_folded); token n of the
-  /// batch goes to sequence seq_ids[n], position token_ids[n] (both device memory; pairs out of
-  /// range are skipped on the device).
-  void append(device_span<const float> keys, device_span<const int32_t> seq_ids,
+  /// (RoPE'd at their own positions unless the mode is pre_rope_folded) in float (the default)
+  /// or the cache's half / bfloat16, widened as read; token n of the batch goes to sequence
+  /// seq_ids[n], position token_ids[n] (both device memory; pairs out of range are skipped on
+  /// the device).
+  template <kv_element K = float>
+  void append(device_span<const K> keys, device_span<const int32_t> seq_ids,
               device_span<const int32_t> token_ids, int count, cudaStream_t stream = nullptr) {
-    detail::check_infinigen_cuda_append(cfg_, keys, seq_ids, token_ids, count);
+    detail::check_infinigen_cuda_append(cfg_, keys.size(), keys.data() != nullptr, seq_ids,
+                                        token_ids, count);
     if (count == 0) return;
-    detail::append_params<PkT> p{};
+    detail::append_params<PkT, K> p{};
     p.rotation = at<float>(layout_.rotation);
     p.channels = at<std::int32_t>(layout_.channels);
     p.keys = this->keys();
@@ -141,7 +144,7 @@ class infinigen_speculator_cuda {
     p.head_dim = cfg_.head_dim;
     p.r = cfg_.r;
     p.mode = cfg_.mode;
-    detail::launch(detail::append_keys<PkT>,
+    detail::launch(detail::append_keys<PkT, K>,
                    dim3(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads)),
                    detail::spec_append_threads, 0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());

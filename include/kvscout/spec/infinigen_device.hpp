@@ -276,15 +276,15 @@ inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
 
 /// The checks of an append() call: `count` keys [count, num_kv_heads, head_dim] for the
 /// (seq_ids[n], token_ids[n]) pairs.
-inline void check_infinigen_cuda_append(const infinigen_cuda_config& c,
-                                        device_span<const float> keys,
-                                        device_span<const int32_t> seq_ids,
+inline void check_infinigen_cuda_append(const infinigen_cuda_config& c, std::size_t key_elements,
+                                        bool keys_present, device_span<const int32_t> seq_ids,
                                         device_span<const int32_t> token_ids, int count) {
   KVSCOUT_EXPECTS(count >= 0, "count must be non-negative, got ", count);
   const std::size_t n = static_cast<std::size_t>(count);
   const std::size_t key_need = n * c.num_kv_heads * static_cast<std::size_t>(c.head_dim);
-  KVSCOUT_EXPECTS(keys.size() >= key_need && (keys.data() != nullptr || n == 0), "keys holds ",
-                  keys.size(), " floats, expected count * num_kv_heads * head_dim = ", key_need);
+  KVSCOUT_EXPECTS(key_elements >= key_need && (keys_present || n == 0), "keys holds ",
+                  key_elements, " elements, expected count * num_kv_heads * head_dim = ",
+                  key_need);
   KVSCOUT_EXPECTS(seq_ids.size() >= n && (seq_ids.data() != nullptr || n == 0), "seq_ids holds ",
                   seq_ids.size(), " entries, expected count = ", n);
   KVSCOUT_EXPECTS(token_ids.size() >= n && (token_ids.data() != nullptr || n == 0),

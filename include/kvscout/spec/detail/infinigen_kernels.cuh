@@ -80,12 +80,12 @@ struct infinigen_params {
 };
 
 /// Everything append_keys reads.
-template <class PkT>
+template <class PkT, class K = float>
 struct append_params {
   const float* rotation;          // [H, D, r]
   const std::int32_t* channels;   // [H, r]
   partial_key_view<PkT> keys;
-  const float* k;                 // [count, H, D]
+  const K* k;                     // [count, H, D]
   const std::int32_t* seq_ids;    // [count]
   const std::int32_t* token_ids;  // [count]
   int num_kv_heads;
@@ -341,9 +341,9 @@ __global__ void __launch_bounds__(spec_block_threads)
 
 inline constexpr int spec_append_threads = 128;
 
-template <class PkT>
+template <class PkT, class K>
 __global__ void __launch_bounds__(spec_append_threads)
-    append_keys(const __grid_constant__ append_params<PkT> p) {
+    append_keys(const __grid_constant__ append_params<PkT, K> p) {
   __shared__ float ks[2 * rope_table::max_planes];
   const int n = static_cast<int>(blockIdx.x);
   const int h = static_cast<int>(blockIdx.y);
@@ -352,8 +352,8 @@ __global__ void __launch_bounds__(spec_append_threads)
   // Bad pairs on the device are skipped (nothing written), never out of bounds.
   if (s < 0 || s >= p.keys.num_seqs || t < 0 || t >= p.keys.max_tokens) return;
   const int D = p.head_dim;
-  const float* k = p.k + (static_cast<std::size_t>(n) * p.num_kv_heads + h) * D;
-  for (int d = static_cast<int>(threadIdx.x); d < D; d += blockDim.x) ks[d] = k[d];
+  const K* k = p.k + (static_cast<std::size_t>(n) * p.num_kv_heads + h) * D;
+  for (int d = static_cast<int>(threadIdx.x); d < D; d += blockDim.x) ks[d] = to_float(k[d]);
   __syncthreads();
   PkT* dst = p.keys.data.data();
   for (int i = static_cast<int>(threadIdx.x); i < p.r; i += blockDim.x) {
