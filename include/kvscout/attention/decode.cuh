@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <type_traits>
 
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/attention/decode.hpp"
@@ -50,14 +51,19 @@ concept device_attention_rows = std::copyable<R> && requires(const R& r) {
   { r.num_kv_heads() } -> std::same_as<int>;
 };
 
-/// Q, O: the element types of q and out (float by default, so braced {ptr, size} arguments mean
-/// float; pass device_span<const half> / device_span<half> etc. for an engine's own types). The
-/// query is widened to float as it is read and the output rounded once as it is written.
-template <device_attention_rows Rows, kv_element T, kv_element Q = float, kv_element O = float>
+/// q and out: float by default (braced {ptr, size} arguments mean float), or any element type,
+/// deduced from the spans (device_span<const half> or device_span<half> for q, device_span<half>
+/// for out, ...). The query is widened to float as it is read and the output rounded once as it
+/// is written.
+template <device_attention_rows Rows, kv_element T, class QSpan = const float, class O = float>
 void decode_attention_device(const Rows& rows, const device_current_token<T>& cur,
-                             device_span<const Q> q, device_span<O> out,
+                             device_span<QSpan> q, device_span<O> out,
                              const attention_params& p, cudaStream_t stream,
                              int* device_status = nullptr) {
+  using Q = std::remove_const_t<QSpan>;
+  static_assert(kv_element<Q> && kv_element<O>,
+                "kvscout::decode_attention_device: q and out must be float, half or bfloat16 "
+                "(out not const)");
   constexpr int D = Rows::head_dim;
   static_assert(detail::decode_device_head_dim_ok<D>,
                 "kvscout::decode_attention_device: head_dim must be a multiple of 32 in [32, 256]");

@@ -127,9 +127,12 @@ class infinigen_speculator_cuda {
   /// or the cache's half / bfloat16, widened as read; token n of the batch goes to sequence
   /// seq_ids[n], position token_ids[n] (both device memory; pairs out of range are skipped on
   /// the device).
-  template <kv_element K = float>
-  void append(device_span<const K> keys, device_span<const int32_t> seq_ids,
+  template <class KSpan = const float>
+  void append(device_span<KSpan> keys, device_span<const int32_t> seq_ids,
               device_span<const int32_t> token_ids, int count, cudaStream_t stream = nullptr) {
+    using K = std::remove_const_t<KSpan>;
+    static_assert(kv_element<K>, "kvscout::infinigen_speculator_cuda::append: keys must be float, "
+                                 "half or bfloat16");
     detail::check_infinigen_cuda_append(cfg_, keys.size(), keys.data() != nullptr, seq_ids,
                                         token_ids, count);
     if (count == 0) return;
