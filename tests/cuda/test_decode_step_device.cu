@@ -247,9 +247,7 @@ void step_matches_host() {
       if (i < skip) continue;
       const kvscout::cuda_stage_buffers& buf = stages.buffers(i, pipe_t::slot(i));
       const auto sel = buf.selection.view();
-      const kvscout::gathered_rows_device<half, D> rows(
-          sel, {reinterpret_cast<const half*>(buf.rows.k.data()), slots_n * D},
-          {reinterpret_cast<const half*>(buf.rows.v.data()), slots_n * D});
+      const kvscout::gathered_rows_device<half, D> rows(sel, buf.rows);  // the executor's bytes
       const std::size_t cur = static_cast<std::size_t>(i) * S * H * D;
       kvscout::decode_attention_device(
           rows, kvscout::device_current_token<half>{{kc_all.data() + cur, static_cast<std::size_t>(S) * H * D},

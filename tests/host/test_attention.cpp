@@ -181,11 +181,33 @@ TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition o
   kvscout::host_gather_executor<layout> ex(gc, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
   std::vector<T> dk(idx.size() * 64), dv(dk.size());
   const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), idx.size()}, {counts.data(), counts.size()}, f.S, f.H, cap};
-  ex.submit(f.view(), sel,
-            {kvscout::as_writable_bytes(kvscout::host_span<T>(dk.data(), dk.size())),
-             kvscout::as_writable_bytes(kvscout::host_span<T>(dv.data(), dv.size()))})
-      .wait();
+  const kvscout::gather_destination<kvscout::host_space> dst{
+      kvscout::as_writable_bytes(kvscout::host_span<T>(dk)),
+      kvscout::as_writable_bytes(kvscout::host_span<T>(dv))};
+  ex.submit(f.view(), sel, dst).wait();
   const kvscout::gathered_rows<T, 64> rows(sel, {dk.data(), dk.size()}, {dv.data(), dv.size()});
+  {
+    // The same rows read through the executor's own byte destination.
+    const kvscout::gathered_rows<T, 64> same(sel, dst);
+    float a[64], b[64];
+    for (int s = 0; s < f.S; ++s)
+      for (int h = 0; h < f.H; ++h)
+        for (int i = 0; i < same.rows(s, h); ++i) {
+          rows.load_v(s, h, i, a);
+          same.load_v(s, h, i, b);
+          REQUIRE(std::equal(a, a + 64, b));
+        }
+    if constexpr (alignof(T) > 1) {
+      const kvscout::gather_destination<kvscout::host_space> off{dst.k.subspan(1, dst.k.size() - 1),
+                                                                dst.v};
+      REQUIRE_THROWS_WITH((kvscout::gathered_rows<T, 64>(sel, off)),
+                          Catch::Contains("-byte aligned for their element type"));
+    }
+    const kvscout::gather_destination<kvscout::host_space> small{dst.k.subspan(0, sizeof(T) * 64),
+                                                                 dst.v};
+    REQUIRE_THROWS_WITH((kvscout::gathered_rows<T, 64>(sel, small)),
+                        Catch::Contains("gathered K / V rows hold 64 / "));
+  }
   std::vector<float> out(f.q.size());
   kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()}, {out.data(), out.size()},
                                  {f.Hq, scale});

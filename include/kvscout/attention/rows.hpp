@@ -102,6 +102,11 @@ class gathered_rows {
     }
   }
 
+  /// The same over the byte buffers an executor wrote (the gather_destination it was given),
+  /// read as T rows: checks that they are aligned for T, then the sizes as above.
+  gathered_rows(const selection_view<host_space>& sel, const gather_destination<host_space>& rows)
+      : gathered_rows(sel, typed(rows.k, "K"), typed(rows.v, "V")) {}
+
   int num_seqs() const { return sel_.num_seqs; }
   int num_kv_heads() const { return sel_.num_kv_heads; }
   int rows(int s, int h) const { return sel_.counts[sel_.row(s, h)]; }
@@ -116,6 +121,12 @@ class gathered_rows {
   }
 
  private:
+  static host_span<const T> typed(host_span<std::byte> b, const char* what) {
+    KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(b.data()) % alignof(T) == 0, "gathered ",
+                    what, " rows at ", static_cast<const void*>(b.data()), " must be ",
+                    alignof(T), "-byte aligned for their element type");
+    return {reinterpret_cast<const T*>(b.data()), b.size() / sizeof(T)};
+  }
   std::size_t slot(int s, int h, int i) const {
     return sel_.row(s, h) * static_cast<std::size_t>(sel_.capacity) + static_cast<std::size_t>(i);
   }

@@ -66,7 +66,7 @@ class copy_engine_executor {
   using completion_type = event_completion;
 
   /// Host workspace: the running row counts and the copy list (2 * slots copies at most).
-  static std::size_t workspace_bytes(const config_type& cfg) {
+  [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
     return detail::copy_engine_workspace_bytes(cfg);
   }
 

@@ -190,7 +190,7 @@ class host_gather_executor {
 
   /// Workspace: the running row count of every (sequence, kv_head), which splits the rows
   /// evenly between the threads.
-  static std::size_t workspace_bytes(const config_type& cfg) {
+  [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
     check_config(cfg);
     return (static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads + 1) * sizeof(std::int64_t);
   }

@@ -114,11 +114,11 @@ class staged_executor {
   using completion_type = event_completion;
 
   /// Pinned host workspace: `stages` staging buffers.
-  static std::size_t workspace_bytes(const config_type& cfg) {
+  [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
     return detail::staged_workspace_bytes(cfg);
   }
   /// Device workspace: the landing area of one stage.
-  static std::size_t device_workspace_bytes(const config_type& cfg) {
+  [[nodiscard]] static std::size_t device_workspace_bytes(const config_type& cfg) {
     return detail::staged_device_workspace_bytes(cfg);
   }
 

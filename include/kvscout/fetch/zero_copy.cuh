@@ -244,7 +244,7 @@ class zero_copy_executor {
   using completion_type = event_completion;
 
   /// No workspace: the kernel needs none.
-  static std::size_t workspace_bytes(const config_type& cfg) {
+  [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
     detail::check_zero_copy_config(cfg);
     return 0;
   }

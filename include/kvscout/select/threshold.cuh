@@ -45,7 +45,7 @@ class threshold_selector_cuda {
   using memory_space = device_space;
 
   /// Bytes of device workspace: [num_seqs * num_kv_heads] int32 for infinigen_mean, else 0.
-  static std::size_t workspace_bytes(const config& cfg) {
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return detail::threshold_cuda_workspace_bytes(cfg);
   }
 

@@ -39,7 +39,7 @@ class topk_selector_cuda {
   using memory_space = device_space;
 
   /// Bytes of device workspace (none: 0).
-  static std::size_t workspace_bytes(const config& cfg) { return detail::topk_cuda_workspace_bytes(cfg); }
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) { return detail::topk_cuda_workspace_bytes(cfg); }
 
   topk_selector_cuda(const config& cfg, device_span<std::byte> workspace) : cfg_(cfg) {
     detail::check_device_workspace(workspace, workspace_bytes(cfg));

@@ -66,7 +66,7 @@ class topk_selector_host {
 
   /// Workspace: a radix histogram, a score sample, candidate lists of one row (about
   /// 12 * stride + 16 KiB bytes).
-  static std::size_t workspace_bytes(const config& cfg) {
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
     return sizeof(std::uint32_t) * detail::row_workspace::words(cfg.stride);
   }

@@ -52,7 +52,7 @@ class infinigen_speculator_cuda {
 
   /// Bytes of device workspace: weights, scratch and the partial key cache
   /// (layout: detail::infinigen_cuda_layout).
-  static std::size_t workspace_bytes(const config& cfg) {
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return detail::infinigen_cuda_layout_of<PkT>(cfg).total;
   }
 

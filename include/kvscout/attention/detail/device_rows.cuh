@@ -88,6 +88,11 @@ class gathered_rows_device {
     detail::check_gathered_device(sel, k.size_bytes(), k.data(), v.size_bytes(), v.data(),
                                   HeadDim * sizeof(T), HeadDim * sizeof(T));
   }
+  /// The same over the byte buffers an executor wrote (the gather_destination it was given),
+  /// read as T rows; the same checks (sizes, 16-byte alignment).
+  gathered_rows_device(const selection_view<device_space>& sel,
+                       const gather_destination<device_space>& rows)
+      : gathered_rows_device(sel, typed(rows.k), typed(rows.v)) {}
 
   KVSCOUT_HOST_DEVICE int num_seqs() const { return num_seqs_; }
   KVSCOUT_HOST_DEVICE int num_kv_heads() const { return num_kv_heads_; }
@@ -119,6 +124,11 @@ class gathered_rows_device {
   const T* k_ = nullptr;
   const T* v_ = nullptr;
   int num_seqs_ = 0, num_kv_heads_ = 0, capacity_ = 0;
+
+  static device_span<const T> typed(device_span<std::byte> b) {
+    // Whole elements only; the alignment is checked with the sizes.
+    return {reinterpret_cast<const T*>(b.data()), b.size() / sizeof(T)};
+  }
 };
 
 /// Every cached token of a device-resident (or mapped) cache read through its layout: the dense
