@@ -515,7 +515,7 @@ TEST_CASE("oracle rejects sequences its cache does not hold", "[spec][oracle][er
     std::vector<int32_t> lens{8, 8, 8};
     const auto out = poisoned(scores, 3, f.H, f.cap);
     REQUIRE_THROWS_WITH(oracle.score(0, {{}, {q.data(), q.size()}, {}, {lens.data(), 3}}, out),
-                        Catch::Contains("score buffer num_seqs = 3 exceeds the policy's "
+                        Catch::Contains("score buffer num_seqs = 3 exceeds the cache's "
                                         "num_seqs = 2"));
     REQUIRE(untouched(scores));
   }

@@ -90,15 +90,17 @@ inline void check_scale(float scale) {
 /// shape, a policy with per-sequence state (page bounds, partial keys, attention mass) passes how
 /// many sequences and tokens per sequence that state holds: a score buffer or seq_lens past them
 /// would make the policy read past its state. Streaming keeps no state and passes no limits.
+/// `holder` names whose state the limits are ("the policy's", or the oracle's "the cache's").
 inline void check_score_buffer(const score_buffer& out, const spec_context& ctx, int num_kv_heads,
                                int max_seqs = std::numeric_limits<int>::max(),
-                               int max_tokens = std::numeric_limits<int>::max()) {
+                               int max_tokens = std::numeric_limits<int>::max(),
+                               const char* holder = "the policy's") {
   KVSCOUT_EXPECTS(out.num_seqs >= 0 && out.stride >= 0, "score buffer num_seqs = ", out.num_seqs,
                   " and stride = ", out.stride, " must be non-negative");
   KVSCOUT_EXPECTS(out.num_kv_heads == num_kv_heads, "score buffer has ", out.num_kv_heads,
                   " kv heads, the policy ", num_kv_heads);
   KVSCOUT_EXPECTS(out.num_seqs <= max_seqs, "score buffer num_seqs = ", out.num_seqs,
-                  " exceeds the policy's num_seqs = ", max_seqs);
+                  " exceeds ", holder, " num_seqs = ", max_seqs);
   KVSCOUT_EXPECTS(ctx.seq_lens.size() >= static_cast<std::size_t>(out.num_seqs), "seq_lens holds ",
                   ctx.seq_lens.size(), " entries, expected num_seqs = ", out.num_seqs);
   const std::size_t need = static_cast<std::size_t>(out.num_seqs) * out.num_kv_heads *
@@ -111,7 +113,7 @@ inline void check_score_buffer(const score_buffer& out, const spec_context& ctx,
     KVSCOUT_EXPECTS(ctx.seq_lens[s] >= 0 && ctx.seq_lens[s] <= out.stride, "seq_lens[", s, "] = ",
                     ctx.seq_lens[s], " is outside [0, stride = ", out.stride, "]");
     KVSCOUT_EXPECTS(ctx.seq_lens[s] <= max_tokens, "seq_lens[", s, "] = ", ctx.seq_lens[s],
-                    " exceeds the policy's max_tokens = ", max_tokens);
+                    " exceeds ", holder, " max_tokens = ", max_tokens);
   }
 }
 }  // namespace detail

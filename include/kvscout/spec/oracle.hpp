@@ -11,6 +11,7 @@
 //   // per_layer_kv: std::vector<kvscout::cache_view_t<layout>>, one per layer
 
 #include <cstddef>
+#include <limits>
 #include <vector>
 
 #include "kvscout/attention/cache_rows.hpp"
@@ -49,7 +50,8 @@ class oracle_policy {
     const cache_rows_t<L> rows(layers_[static_cast<std::size_t>(layer)]);
     const int H = rows.num_kv_heads();
     // The cache holds rows.num_seqs() sequences, each with its own length (checked below).
-    detail::check_score_buffer(out, ctx, H, rows.num_seqs());
+    detail::check_score_buffer(out, ctx, H, rows.num_seqs(), std::numeric_limits<int>::max(),
+                               "the cache's");
     const int g = cfg_.num_q_heads / H;
     KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(out.num_seqs) * cfg_.num_q_heads * head_dim,
                     "the oracle needs layer ", layer, "'s query: q holds ", ctx.q.size(),
