@@ -348,20 +348,31 @@ void bad_input_throws() {
   GPU_CHECK(throws_with([&] { s.score(ok, {{out.data(), 60}, 1, 2, 50}); }, "holds 60"));
 }
 
+// A small speculator set-up (2 sequences, 1 kv head, 2 query heads, head_dim 64, d_model 64,
+// 64 tokens, r 16) with a random plan and W_Q of normal(0, sigma) entries, drawn from rng.
+struct small_setup {
+  std::vector<kvscout::skew_plan> plans;
+  std::vector<float> w_q;
+  kvscout::infinigen_cuda_config cfg;
+};
+small_setup small_speculator(rope_mode mode, float sigma, std::mt19937& rng) {
+  const shape sh{1, 2, 64, 16, 64, mode, kvscout::rope_style::interleaved,
+                 gqa_aggregation::sum_prob, {40}, true};
+  small_setup u{{random_plan(sh, rng)}, std::vector<float>(2 * 64 * 64),
+                {2, 1, 2, 64, 64, 64, 16, mode, 0.125f, gqa_aggregation::sum_prob}};
+  std::normal_distribution<float> nd(0.f, sigma);
+  for (auto& v : u.w_q) v = nd(rng);
+  return u;
+}
+
 void lengths_on_device_are_clamped() {
   // seq_lens beyond the bound are clamped to it; negative ones score nothing.
-  const shape sh{1, 2, 64, 16, 64, rope_mode::rope_planes, kvscout::rope_style::interleaved,
-                 gqa_aggregation::sum_prob, {40}, true};
   std::mt19937 rng(11);
-  std::vector<kvscout::skew_plan> plans = {random_plan(sh, rng)};
-  std::vector<float> w_q(2 * 64 * 64);
+  const small_setup u = small_speculator(rope_mode::rope_planes, 0.1f, rng);
   std::normal_distribution<float> nd(0.f, 0.1f);
-  for (auto& v : w_q) v = nd(rng);
-  kvscout::infinigen_cuda_config cfg{2, 1, 2, 64, 64, 64, 16, rope_mode::rope_planes, 0.125f,
-                                     gqa_aggregation::sum_prob};
   using spec = kvscout::infinigen_speculator_cuda<float>;
-  gpu_test::device_vector<std::byte> ws(spec::workspace_bytes(cfg));
-  spec s(cfg, plans, {w_q.data(), w_q.size()}, {}, {ws.data(), ws.size()});
+  gpu_test::device_vector<std::byte> ws(spec::workspace_bytes(u.cfg));
+  spec s(u.cfg, u.plans, {u.w_q.data(), u.w_q.size()}, {}, {ws.data(), ws.size()});
   std::vector<float> keys(64 * 64);
   for (auto& v : keys) v = nd(rng);
   std::vector<std::int32_t> sid(64), tid(64);
@@ -411,19 +422,13 @@ void lengths_on_device_are_clamped() {
 // rotation; RoPE planes: the gather).
 template <class K>
 void typed_keys_match_float(rope_mode mode) {
-  const shape sh{1, 2, 64, 16, 64, mode, kvscout::rope_style::interleaved,
-                 gqa_aggregation::sum_prob, {40}, true};
   std::mt19937 rng(12);
-  std::vector<kvscout::skew_plan> plans = {random_plan(sh, rng)};
-  std::vector<float> w_q(2 * 64 * 64);
+  const small_setup u = small_speculator(mode, 0.5f, rng);
   std::normal_distribution<float> nd(0.f, 0.5f);
-  for (auto& v : w_q) v = nd(rng);
-  kvscout::infinigen_cuda_config cfg{2, 1, 2, 64, 64, 64, 16, mode, 0.125f,
-                                     gqa_aggregation::sum_prob};
   using spec = kvscout::infinigen_speculator_cuda<float>;
-  gpu_test::device_vector<std::byte> ws_a(spec::workspace_bytes(cfg)), ws_b(ws_a.size());
-  spec a(cfg, plans, {w_q.data(), w_q.size()}, {}, {ws_a.data(), ws_a.size()});
-  spec b(cfg, plans, {w_q.data(), w_q.size()}, {}, {ws_b.data(), ws_b.size()});
+  gpu_test::device_vector<std::byte> ws_a(spec::workspace_bytes(u.cfg)), ws_b(ws_a.size());
+  spec a(u.cfg, u.plans, {u.w_q.data(), u.w_q.size()}, {}, {ws_a.data(), ws_a.size()});
+  spec b(u.cfg, u.plans, {u.w_q.data(), u.w_q.size()}, {}, {ws_b.data(), ws_b.size()});
   std::vector<K> keys(64 * 64);
   std::vector<float> widened(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {

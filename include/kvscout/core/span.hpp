@@ -65,7 +65,8 @@ class span {
              std::is_convertible_v<std::remove_reference_t<std::ranges::range_reference_t<R>> (*)[],
                                    T (*)[]>
   constexpr span(R& range) noexcept  // NOLINT(google-explicit-constructor): as std::span
-      : data_(std::ranges::data(range)), size_(static_cast<std::size_t>(std::ranges::size(range))) {}
+      : data_(std::ranges::data(range)),
+        size_(static_cast<std::size_t>(std::ranges::size(range))) {}
 
   KVSCOUT_HOST_DEVICE constexpr T* data() const noexcept { return data_; }
   KVSCOUT_HOST_DEVICE constexpr std::size_t size() const noexcept { return size_; }

@@ -232,9 +232,7 @@ struct row_cache_view {
 template <kv_layout Layout>
 class zero_copy_executor {
  public:
-  static_assert(kernel_passable_layout<Layout>,
-                "kvscout: a layout used on the device must be trivially copyable and "
-                "default-constructible (kernels take it by value; docs/layouts.md)");
+  static_assert(detail::layout_passes_to_kernels<Layout>());
   using layout_type = Layout;
   using config_type = zero_copy_config;
   /// The device aliases of mapped host memory (or device memory); metadata device-readable.

@@ -337,9 +337,7 @@ void append_token_device(const L& layout, device_span<std::byte> k, device_span<
                          const std::int32_t* positions, cudaStream_t stream,
                          int* device_status = nullptr) {
   using T = typename L::element_type;
-  static_assert(kernel_passable_layout<L>,
-                "kvscout: a layout used on the device must be trivially copyable and "
-                "default-constructible (kernels take it by value; docs/layouts.md)");
+  static_assert(detail::layout_passes_to_kernels<L>());
   using In = std::remove_const_t<InSpan>;
   static_assert(detail::append_input_ok<In, T>,
                 "kvscout::append_token_device: new K / V must be float or the cache's element type");

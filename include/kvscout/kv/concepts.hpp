@@ -53,6 +53,18 @@ template <class L>
 inline constexpr bool kernel_passable_layout =
     std::is_trivially_copyable_v<L> && std::is_default_constructible_v<L>;
 
+namespace detail {
+/// The device entry points' check, with its one message:
+/// static_assert(detail::layout_passes_to_kernels<L>()).
+template <class L>
+consteval bool layout_passes_to_kernels() {
+  static_assert(kernel_passable_layout<L>,
+                "kvscout: a layout used on the device must be trivially copyable and "
+                "default-constructible (kernels take it by value; docs/layouts.md)");
+  return true;
+}
+}  // namespace detail
+
 /// Byte offsets of the K and V rows of one (sequence, token, kv head).
 struct row_offsets {
   std::size_t k;

@@ -62,7 +62,8 @@ __global__ void __launch_bounds__(Warps * 32)
   const std::size_t qh0 = static_cast<std::size_t>(s) * p.num_q_heads +
                           static_cast<std::size_t>(h) * p.group + j0;  // first query head row
 
-  for (int x = threadIdx.x; x < gj * D; x += blockDim.x) q_s[x / D][x % D] = to_float(p.q[qh0 * D + x]);
+  for (int x = threadIdx.x; x < gj * D; x += blockDim.x)
+    q_s[x / D][x % D] = to_float(p.q[qh0 * D + x]);
   __syncthreads();
 
   const int n = p.rows.rows(s, h, warp == 0 && lane == 0 ? p.status : nullptr);

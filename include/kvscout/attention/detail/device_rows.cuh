@@ -137,9 +137,7 @@ template <kv_layout L>
   requires(!kivi_quantized_layout<L>)
 class layout_rows_device {
  public:
-  static_assert(kernel_passable_layout<L>,
-                "kvscout: a layout used on the device must be trivially copyable and "
-                "default-constructible (kernels take it by value; docs/layouts.md)");
+  static_assert(detail::layout_passes_to_kernels<L>());
   using element_type = typename L::element_type;
   static constexpr int head_dim = L::head_dim;
 

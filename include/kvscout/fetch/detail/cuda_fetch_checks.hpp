@@ -2,9 +2,9 @@
 // Host-side half of the CUDA prefetch executors (fetch/zero_copy.cuh, fetch/copy_engine.cuh,
 // fetch/staged.cuh; their configs are public, in fetch/cuda_config.hpp): workspace sizes, the
 // validation of everything the host knows (shapes, buffer sizes, alignment; for host-visible
-// selections every count and index too), and the run list of the copy-engine executor. Plain C++ (CUDA runtime headers only), so the error
-// messages and the run merging are tested on machines without a GPU
-// (tests/host/test_cuda_facades_fetch.cpp).
+// selections every count and index too), and the run list of the copy-engine executor. Plain
+// C++ (CUDA runtime headers only), so the error messages and the run merging are tested on
+// machines without a GPU (tests/host/test_cuda_facades_fetch.cpp).
 
 #include <cuda_runtime_api.h>
 
