@@ -238,6 +238,15 @@ class infinigen_policy {
             } else {
               for (int t = 0; t < tb; ++t) pv[u][t] = to_float(p[t]);
             }
+#if defined(__AVX512F__)
+            // Each key line feeds G multiply-adds. Left alone, GCC folds the load into every one
+            // of them (G loads of the same line instead of one), and the loads, not the
+            // multiply-adds, set the pace; the empty asm pins the value in a register (one
+            // 64-byte register, hence AVX-512 only). With G = 1 the folded load is the one load,
+            // so it is left to the compiler (measured: docs/performance.md, "Reading the
+            // speculation and selection tables").
+            if constexpr (G > 1 && sizeof(vec) == 64) asm("" : "+v"(pv[u]));
+#endif
           }
           for (int j = 0; j < G; ++j) {
             const float qc = qg[j * r + c];
