@@ -7,6 +7,10 @@
 //   topk/<n>        topk_selector_cuda::select on 32 rows of n scores
 //   threshold/<n>   threshold_selector_cuda::select, per_head, alpha 4 (cap = budget)
 //   spec_topk/<n>   both, back to back on one stream (what a decode step does per layer)
+//   streaming/<n>   streaming_policy_cuda::score (sinks 4): writes 32 x n scores, reads nothing
+//                   but the length; the counter x_vs_memset is cudaMemsetAsync of the same bytes
+//                   into the next rotated buffer, timed in the same run, over its own time
+//                   (1: as fast as a memset)
 //   cub_sort/<n>    the anchor: cub::DeviceSegmentedRadixSort::SortPairsDescending of the same
 //                   32 x n scores with their token indices (a full sort per row, 32-bit keys;
 //                   nothing else: no keep-set, no compaction); the top 10 % would be its first
@@ -31,6 +35,7 @@
 #include "kvscout/select/threshold.cuh"
 #include "kvscout/select/topk.cuh"
 #include "kvscout/spec/infinigen.cuh"
+#include "kvscout/spec/streaming.cuh"
 
 namespace {
 
@@ -269,6 +274,32 @@ void bm_spec_topk(benchmark::State& st) {
                static_cast<double>(H) * n * (R * sizeof(pk_type) + 8.0) + 4.0 * Hq * D * d_model);
 }
 
+void bm_streaming(benchmark::State& st) {
+  const int n = static_cast<int>(st.range(0));
+  score_fixture f(n);  // its rotated score buffers are the destinations
+  const kvscout::streaming_policy_cuda policy({.num_kv_heads = H, .sinks = 4});
+  const std::size_t row = static_cast<std::size_t>(H) * n;
+  auto dst = [&](int copy) { return f.scores.p + static_cast<std::size_t>(copy % f.copies) * row; };
+  gpu_bench::event_timer timer;
+  double ours = 0, memset_time = 0;
+  int copy = 0;
+  for (auto _ : st) {
+    timer.start(nullptr);
+    policy.score({{}, {}, {f.lens.p, 1}, n}, {{dst(copy), row}, 1, H, n}, nullptr);
+    const double t = timer.stop(nullptr);
+    st.SetIterationTime(t);
+    ours += t;
+    // The anchor, same run, the next buffer; not part of the reported time.
+    timer.start(nullptr);
+    KVSCOUT_CUDA_CHECK(cudaMemsetAsync(dst(copy + 1), 0, row * sizeof(float), nullptr));
+    memset_time += timer.stop(nullptr);
+    ++copy;
+  }
+  set_counters(st, static_cast<double>(H) * n, 4.0 * H * n);
+  st.counters["memset_us"] = 1e6 * memset_time / static_cast<double>(st.iterations());
+  st.counters["x_vs_memset"] = ours > 0 ? memset_time / ours : 0.0;
+}
+
 void bm_cub_sort(benchmark::State& st) {
   const int n = static_cast<int>(st.range(0));
   score_fixture f(n);
@@ -292,6 +323,7 @@ BENCHMARK(bm_spec)->Name("spec")->Apply(sizes);
 BENCHMARK(bm_topk)->Name("topk")->Apply(sizes);
 BENCHMARK(bm_threshold)->Name("threshold")->Apply(sizes);
 BENCHMARK(bm_spec_topk)->Name("spec_topk")->Apply(sizes);
+BENCHMARK(bm_streaming)->Name("streaming")->Apply(sizes);
 BENCHMARK(bm_cub_sort)->Name("cub_sort")->Apply(sizes);
 
 }  // namespace

@@ -1,22 +1,26 @@
 #pragma once
-// kvscout's own device kernels as the two stages of cuda_decode_pipeline (pipeline/cuda_pipeline.hpp):
+// Device parts as the two stages of cuda_decode_pipeline (pipeline/cuda_pipeline.hpp):
 //
-//   speculate(i, b, stream)  infinigen_speculator_cuda of layer i scores every cached token from
-//                            the layer input in slot b (x_{i-1}), then the selector writes slot b's
-//                            selection                         (spec/infinigen.cuh, select/*.cuh)
+//   speculate(i, b, stream)  layer i's speculation policy (any device_speculation_policy,
+//                            spec/device_concepts.hpp: kvscout's infinigen_speculator_cuda or
+//                            streaming_policy_cuda, or the engine's own) scores every cached token
+//                            from the layer input in slot b (x_{i-1}), then the selector writes
+//                            slot b's selection       (spec/infinigen.cuh, select/*.cuh)
 //   fetch(i, b, stream)      the zero-copy executor moves the rows slot b names from layer i's
 //                            host cache into slot b's row buffers               (fetch/zero_copy.cuh)
 //
-// Everything is caller-owned and set up once: one speculator per speculated layer (its partial
-// key cache is part of its workspace), one selector and one executor shared by all layers, one
-// score buffer (speculation and selection both run on the side stream, in order), per slot the
-// layer input, and the selections and row buffers: two sets (by slot), or two per layer when
-// rows fetched at the previous step are reused (cuda_stage_buffering::row_cache). Nothing here allocates, synchronises or reads
+// Everything is caller-owned and set up once: a policy per speculated layer (InfiniGen's partial
+// key cache is part of its workspace; a stateless policy may serve every layer), one selector
+// and one executor shared by all layers, one score buffer (speculation and selection both run on
+// the side stream, in order), per slot the layer input, and the selections and row buffers: two
+// sets (by slot), or two per layer when rows fetched at the previous step are reused
+// (cuda_stage_buffering::row_cache). Nothing here allocates, synchronises or reads
 // device memory on the host, so a step through the pipeline can be captured in a CUDA graph.
 //
 //   kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda> stages(
 //       speculators, selector, fetch, sources, scores, {positions, seq_lens, max_tokens},
 //       {x0, x1}, buffer_sets);
+//   // any other policy: cuda_speculation_stages<layout, Policy, Selector>, same arguments
 //   kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = 2}, streams,
 //                                      kvscout::cuda_stages_ref<decltype(stages)>{&stages});
 //   // layer i: write x_i into stages.x(pipe.slot(i + 1)), pipe.input_ready(i), pipe.wait_rows(i),
@@ -39,6 +43,7 @@
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/select/concepts.hpp"
+#include "kvscout/spec/device_concepts.hpp"
 #include "kvscout/spec/infinigen.cuh"
 
 namespace kvscout {
@@ -65,27 +70,28 @@ struct cuda_stage_lengths {
 ///              a captured graph holds one parity, so capture two (even and odd steps).
 enum class cuda_stage_buffering { slots, row_cache };
 
-template <kv_layout L, class Selector, kv_element PkT = float>
-  requires topk_selector<Selector>
-class infinigen_cuda_stages {
+template <kv_layout L, class Policy, class Selector>
+  requires device_speculation_policy<Policy> && topk_selector<Selector>
+class cuda_speculation_stages {
  public:
-  using speculator_type = infinigen_speculator_cuda<PkT>;
+  using speculator_type = Policy;
   using executor_type = zero_copy_executor<L>;
   static_assert(device_step_executor<executor_type>,
                 "the pipeline's fetch must take a device selection and never block the host");
 
-  /// speculators[i]: layer i's speculator, or null for layers that are not speculated (below
-  /// skip_layers). sources[i]: layer i's host cache as the device sees it (mapped aliases).
+  /// speculators[i]: layer i's policy, or null for layers that are not speculated (below
+  /// skip_layers); one policy may serve several layers. sources[i]: layer i's host cache as the
+  /// device sees it (mapped aliases).
   /// x[b]: the layer input slot b's speculation reads ([num_seqs, d_model]). sets: 2 buffer sets
   /// (slots) or 2 per layer, set 2 i + parity for layer i (row_cache). hits: optional device
   /// counter of rows the row cache served.
-  infinigen_cuda_stages(std::vector<speculator_type*> speculators, Selector& selector,
-                        executor_type& fetch, std::vector<kv_view<L, device_space>> sources,
-                        const device_score_buffer& scores, const cuda_stage_lengths& lengths,
-                        const std::array<device_span<const float>, 2>& x,
-                        std::vector<cuda_stage_buffers> sets,
-                        cuda_stage_buffering buffering = cuda_stage_buffering::slots,
-                        unsigned long long* hits = nullptr)
+  cuda_speculation_stages(std::vector<speculator_type*> speculators, Selector& selector,
+                          executor_type& fetch, std::vector<kv_view<L, device_space>> sources,
+                          const device_score_buffer& scores, const cuda_stage_lengths& lengths,
+                          const std::array<device_span<const float>, 2>& x,
+                          std::vector<cuda_stage_buffers> sets,
+                          cuda_stage_buffering buffering = cuda_stage_buffering::slots,
+                          unsigned long long* hits = nullptr)
       : speculators_(std::move(speculators)),
         selector_(&selector),
         fetch_(&fetch),
@@ -96,7 +102,7 @@ class infinigen_cuda_stages {
         sets_(std::move(sets)),
         buffering_(buffering),
         hits_(hits) {
-    KVSCOUT_EXPECTS(!speculators_.empty(), "infinigen_cuda_stages needs at least one layer");
+    KVSCOUT_EXPECTS(!speculators_.empty(), "cuda_speculation_stages needs at least one layer");
     KVSCOUT_EXPECTS(sources_.size() == speculators_.size(), "sources has ", sources_.size(),
                     " layers, speculators ", speculators_.size());
     KVSCOUT_EXPECTS(lengths.max_seq_len >= 0, "max_seq_len must be non-negative, got ",
@@ -173,7 +179,7 @@ class infinigen_cuda_stages {
     KVSCOUT_EXPECTS(layer >= 0 && layer < num_layers(), "layer ", layer,
                     " is out of range [0, ", num_layers(), ")");
     speculator_type* p = speculators_[static_cast<std::size_t>(layer)];
-    KVSCOUT_EXPECTS(p != nullptr, "layer ", layer, " has no speculator (is it below skip_layers?)");
+    KVSCOUT_EXPECTS(p != nullptr, "layer ", layer, " has no speculation policy (is it below skip_layers?)");
     return p;
   }
   static std::size_t check_slot(int b) {
@@ -200,6 +206,10 @@ class infinigen_cuda_stages {
   unsigned long long* hits_;
   int parity_ = 0;
 };
+
+/// kvscout's InfiniGen speculator as the policy of every speculated layer.
+template <kv_layout L, class Selector, kv_element PkT = float>
+using infinigen_cuda_stages = cuda_speculation_stages<L, infinigen_speculator_cuda<PkT>, Selector>;
 
 /// A reference to stages, so the pipeline can drive stages the caller keeps (std::ref).
 template <class S>

@@ -29,6 +29,7 @@
 #include "kvscout/core/span.hpp"
 #include "kvscout/skew/plan.hpp"
 #include "kvscout/spec/concepts.hpp"
+#include "kvscout/spec/device_context.hpp"
 #include "kvscout/spec/detail/aggregate.hpp"
 
 namespace kvscout {
@@ -77,30 +78,6 @@ struct partial_key_view {
   KVSCOUT_HOST_DEVICE std::size_t offset(int s, int h, int c, int t) const {
     return tile_offset(s, h, t / block_tokens) + static_cast<std::size_t>(c) * block_tokens +
            t % block_tokens;
-  }
-};
-
-/// What the device speculation reads for one decode step (all device memory).
-struct device_spec_context {
-  device_span<const float> x;            // [num_seqs, d_model] layer i-1's normalised input
-  device_span<const int32_t> positions;  // [num_seqs] position of the decoded token (RoPE)
-  device_span<const int32_t> seq_lens;   // [num_seqs] cached tokens to score
-  /// A host-known bound on every seq_lens[s] (e.g. the longest sequence, or max_tokens): it sizes
-  /// the grid. Lengths above it (or above the cache or the stride) are clamped on the device.
-  int max_seq_len = 0;
-};
-
-/// Where the device speculation writes its scores: [num_seqs, num_kv_heads, stride] floats, row
-/// (s, h) written for t < seq_lens[s]. view() is what a device selector reads.
-struct device_score_buffer {
-  device_span<float> scores;
-  int num_seqs = 0;
-  int num_kv_heads = 0;
-  int stride = 0;
-
-  [[nodiscard]] score_view<device_space> view(device_span<const int32_t> seq_lens) const {
-    return {device_span<const float>(scores.data(), scores.size()), seq_lens, num_seqs,
-            num_kv_heads, stride};
   }
 };
 
@@ -236,14 +213,18 @@ inline void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
                   " floats, expected 0 or num_q_heads * head_dim = ", b_need);
 }
 
-/// Checks a caller-owned device workspace (size, null, 256-byte alignment; its contents are not
-/// read).
+/// The speculator's workspace alignment: its parts start on 256-byte boundaries.
+inline constexpr std::size_t infinigen_workspace_alignment = 256;
+
+/// Checks a caller-owned device workspace (size, null, alignment; its contents are not read).
 inline void check_infinigen_cuda_workspace(device_span<std::byte> workspace, std::size_t need) {
   KVSCOUT_EXPECTS(workspace.size() >= need, "workspace holds ", workspace.size(),
                   " bytes, expected at least workspace_bytes(config) = ", need);
   KVSCOUT_EXPECTS(workspace.data() != nullptr, "workspace is null but ", need, " bytes are needed");
-  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % 256 == 0,
-                  "workspace must be 256-byte aligned (cudaMalloc is), got address ",
+  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) %
+                          infinigen_workspace_alignment == 0,
+                  "workspace must be ", infinigen_workspace_alignment,
+                  "-byte aligned (cudaMalloc is), got address ",
                   static_cast<const void*>(workspace.data()));
 }
 
@@ -254,24 +235,15 @@ inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
   const int S = out.num_seqs;
   KVSCOUT_EXPECTS(S >= 1 && S <= c.num_seqs, "score buffer num_seqs = ", S,
                   " is outside [1, config num_seqs = ", c.num_seqs, "]");
-  KVSCOUT_EXPECTS(out.num_kv_heads == c.num_kv_heads, "score buffer has ", out.num_kv_heads,
-                  " kv heads, the config ", c.num_kv_heads);
   KVSCOUT_EXPECTS(ctx.max_seq_len >= 0 && ctx.max_seq_len <= c.max_tokens, "max_seq_len = ",
                   ctx.max_seq_len, " is outside [0, max_tokens = ", c.max_tokens, "]");
-  KVSCOUT_EXPECTS(ctx.max_seq_len <= out.stride, "max_seq_len = ", ctx.max_seq_len,
-                  " exceeds the score buffer's stride ", out.stride);
+  check_device_score_call(c.num_kv_heads, ctx, out);
   const std::size_t s = static_cast<std::size_t>(S);
-  const std::size_t score_need = s * c.num_kv_heads * static_cast<std::size_t>(out.stride);
-  KVSCOUT_EXPECTS(out.scores.size() >= score_need, "score buffer holds ", out.scores.size(),
-                  " floats, expected num_seqs * num_kv_heads * stride = ", score_need);
-  KVSCOUT_EXPECTS(out.scores.data() != nullptr || score_need == 0, "score buffer is null");
   const std::size_t x_need = s * static_cast<std::size_t>(c.d_model);
   KVSCOUT_EXPECTS(ctx.x.size() >= x_need && ctx.x.data() != nullptr, "x holds ", ctx.x.size(),
                   " floats, expected num_seqs * d_model = ", x_need);
   KVSCOUT_EXPECTS(ctx.positions.size() >= s && ctx.positions.data() != nullptr,
                   "positions holds ", ctx.positions.size(), " entries, expected num_seqs = ", s);
-  KVSCOUT_EXPECTS(ctx.seq_lens.size() >= s && ctx.seq_lens.data() != nullptr, "seq_lens holds ",
-                  ctx.seq_lens.size(), " entries, expected num_seqs = ", s);
 }
 
 /// The checks of an append() call: `count` keys [count, num_kv_heads, head_dim] for the

@@ -1,0 +1,38 @@
+#pragma once
+// The device_speculation_policy concept: what the CUDA pipeline's stages need of a speculation
+// policy (pipeline/cuda_stages.cuh), so that an engine's own GPU policy plugs in beside
+// kvscout's infinigen_speculator_cuda (spec/infinigen.cuh) and streaming_policy_cuda
+// (spec/streaming.cuh).
+//
+//   p.score(ctx, out, stream)   enqueues, on `stream` only, the work that writes out.scores
+//                               [num_seqs, num_kv_heads, stride] for t < seq_lens[s] (read on the
+//                               device, clamped to [0, ctx.max_seq_len]); larger scores are kept
+//                               first by the selectors (select/concepts.hpp)
+//
+// One policy object serves one layer, or several: the stages hold a pointer per layer and may
+// repeat one. What the contract asks beyond the signature (the compiler cannot check it):
+//   - score() allocates nothing, never synchronises and reads nothing back from the device, so
+//     a step can be captured in a CUDA graph;
+//   - it checks what the host knows (shapes, sizes, pointers) and throws kvscout::error naming
+//     the bad value before it enqueues anything (detail::check_device_score_call holds the checks
+//     every policy shares);
+//   - device data is never trusted for addressing: lengths above max_seq_len are clamped.
+// Per-token state (InfiniGen's partial keys) is the policy's own business: the stages do not
+// append; the engine does, on the compute stream, as for its KV cache.
+
+#include <cuda_runtime_api.h>
+
+#include <concepts>
+
+#include "kvscout/spec/device_context.hpp"
+
+namespace kvscout {
+
+template <class P>
+concept device_speculation_policy =
+    requires(P& p, const device_spec_context& ctx, const device_score_buffer& out,
+             cudaStream_t stream) {
+      p.score(ctx, out, stream);
+    };
+
+}  // namespace kvscout

@@ -1,0 +1,282 @@
+// streaming_policy_cuda (spec/streaming.cuh) and a policy other than InfiniGen in the CUDA
+// pipeline's stages (cuda_speculation_stages, pipeline/cuda_stages.cuh):
+//   - its scores equal the host streaming_policy's bit for bit, lengths clamped on the device and
+//     nothing written past a row's length;
+//   - bad calls throw kvscout::error naming the bad value and leave the scores as they were;
+//   - through cuda_decode_pipeline with top-k and the zero-copy executor, every speculated layer
+//     selects the sinks and the most recent tokens (worked out here from the lengths alone), and
+//     the rows fetched from the mapped host caches are the bytes the host gather copies for the
+//     same selection.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "gpu_harness.cuh"
+#include "kvscout/fetch/host_gather.hpp"
+#include "kvscout/kv/contiguous.hpp"
+#include "kvscout/pipeline/cuda_pipeline.hpp"
+#include "kvscout/pipeline/cuda_stages.cuh"
+#include "kvscout/select/topk.cuh"
+#include "kvscout/spec/streaming.cuh"
+#include "kvscout/spec/streaming.hpp"
+
+namespace {
+
+using kvscout::half;
+
+template <class T>
+kvscout::device_span<T> dspan(const gpu_test::device_vector<std::remove_const_t<T>>& v) {
+  return {v.data(), v.size()};
+}
+
+template <class F>
+bool throws_with(F&& f, const std::string& needle) {
+  try {
+    f();
+  } catch (const kvscout::error& e) {
+    const bool ok = std::string(e.what()).find(needle) != std::string::npos;
+    if (!ok) std::fprintf(stderr, "message lacks '%s': %s\n", needle.c_str(), e.what());
+    return ok;
+  }
+  std::fprintf(stderr, "no kvscout::error (expected one naming '%s')\n", needle.c_str());
+  return false;
+}
+
+// The host policy's scores for these lengths, [S, H, stride], untouched entries left as `fill`.
+std::vector<float> host_scores(int H, int sinks, const std::vector<int32_t>& lens, int stride,
+                               float fill) {
+  const int S = static_cast<int>(lens.size());
+  std::vector<float> out(static_cast<std::size_t>(S) * H * stride, fill);
+  kvscout::streaming_policy p({.num_kv_heads = H, .sinks = sinks});
+  p.score(0, {.x = {}, .q = {}, .positions = {}, .seq_lens = {lens.data(), lens.size()}},
+          {{out.data(), out.size()}, S, H, stride});
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      std::fprintf(stderr, "element %zu: device %g, expected %g\n", i, a[i], b[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+float poison_value() {
+  const unsigned bits = 0xffffffffu;  // what device_vector::poison writes: a NaN
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+void scores_match_host() {
+  constexpr int H = 3, stride = 1400;
+  // A row longer than a block's 1024 tokens, a row shorter than the sinks, an empty row.
+  const std::vector<int32_t> lens = {1300, 3, 0, 517};
+  const int S = static_cast<int>(lens.size());
+  for (int sinks : {0, 4, 2000}) {
+    kvscout::streaming_policy_cuda p({.num_kv_heads = H, .sinks = sinks});
+    gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
+    gpu_test::device_vector<int32_t> dl(lens);
+    scores.poison();
+    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 1300},
+            {{scores.data(), scores.size()}, S, H, stride});
+    GPU_CHECK(same_bits(scores.download(), host_scores(H, sinks, lens, stride, poison_value())));
+  }
+  // Lengths beyond max_seq_len are clamped to it, negative ones to 0: the device's lengths are
+  // never trusted for addressing.
+  {
+    kvscout::streaming_policy_cuda p({.num_kv_heads = H, .sinks = 4});
+    const std::vector<int32_t> bad = {5000, -7, 600, 100};
+    gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
+    gpu_test::device_vector<int32_t> dl(bad);
+    scores.poison();
+    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 600},
+            {{scores.data(), scores.size()}, S, H, stride});
+    GPU_CHECK(same_bits(scores.download(),
+                        host_scores(H, 4, {600, 0, 600, 100}, stride, poison_value())));
+  }
+}
+
+void bad_input_throws() {
+  using policy = kvscout::streaming_policy_cuda;
+  GPU_CHECK(throws_with([] { policy p({.num_kv_heads = 0, .sinks = 4}); }, "num_kv_heads must be positive, got 0"));
+  GPU_CHECK(throws_with([] { policy p({.num_kv_heads = 2, .sinks = -1}); }, "sinks must be non-negative, got -1"));
+  constexpr int S = 2, H = 2, stride = 64;
+  policy p({.num_kv_heads = H, .sinks = 4});
+  gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
+  gpu_test::device_vector<int32_t> dl(std::vector<int32_t>{40, 50});
+  scores.poison();
+  const kvscout::device_spec_context ctx{{}, {}, dspan<const int32_t>(dl), 50};
+  const kvscout::device_score_buffer out{{scores.data(), scores.size()}, S, H, stride};
+  auto with = [&](kvscout::device_spec_context c, kvscout::device_score_buffer o) {
+    return [&p, c, o] { p.score(c, o); };
+  };
+  GPU_CHECK(throws_with(with(ctx, {out.scores, S, 3, stride}), "score buffer has 3 kv heads, the config 2"));
+  GPU_CHECK(throws_with(with(ctx, {out.scores, 0, H, stride}), "score buffer num_seqs = 0"));
+  GPU_CHECK(throws_with(with({{}, {}, ctx.seq_lens, 65}, out), "max_seq_len = 65 exceeds the score buffer's stride 64"));
+  GPU_CHECK(throws_with(with({{}, {}, ctx.seq_lens, -1}, out), "max_seq_len = -1"));
+  GPU_CHECK(throws_with(with(ctx, {{scores.data(), scores.size() - 1}, S, H, stride}),
+                        "score buffer holds 255 floats, expected num_seqs * num_kv_heads * stride = 256"));
+  GPU_CHECK(throws_with(with({{}, {}, {dl.data(), 1}, 50}, out), "seq_lens holds 1 entries, expected num_seqs = 2"));
+  GPU_CHECK(throws_with(with({{}, {}, {}, 50}, out), "seq_lens holds 0 entries"));
+  // Nothing was written by the calls that threw.
+  const std::vector<float> after = scores.download();
+  GPU_CHECK(std::all_of(after.begin(), after.end(), [](float v) { return std::isnan(v); }));
+}
+
+// ---- the pipeline with the streaming policy -----------------------------------------------------
+
+constexpr int L = 3, skip = 1, S = 2, H = 2, D = 64, max_tokens = 512, budget = 32, sinks = 4;
+using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;
+
+void pipeline_selects_sinks_and_recent() {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const std::vector<int32_t> lens_init = {300, 20};  // the second is shorter than the budget
+  gpu_test::pinned_vector<int32_t> lens(S);  // layout metadata: host and device read it
+  for (int s = 0; s < S; ++s) lens[s] = lens_init[s];
+  const layout host_layout = layout::padded(H, max_tokens, lens.data(), S);
+  const layout dev_layout = layout::padded(H, max_tokens, lens.device_data(), S);
+  const std::size_t cache = static_cast<std::size_t>(S) * H * max_tokens * D;
+  std::vector<std::unique_ptr<gpu_test::pinned_vector<half>>> k, v;
+  for (int l = 0; l < L; ++l) {
+    k.push_back(std::make_unique<gpu_test::pinned_vector<half>>(cache));
+    v.push_back(std::make_unique<gpu_test::pinned_vector<half>>(cache));
+    for (std::size_t i = 0; i < cache; ++i) {
+      (*k.back())[i] = kvscout::from_float<half>(nd(rng));
+      (*v.back())[i] = kvscout::from_float<half>(nd(rng));
+    }
+  }
+  cudaStream_t compute{}, side{}, copy{};
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&compute));
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&side));
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&copy));
+
+  kvscout::streaming_policy_cuda policy({.num_kv_heads = H, .sinks = sinks});
+  std::vector<kvscout::streaming_policy_cuda*> per_layer(L, &policy);  // one object, every layer
+  per_layer[0] = nullptr;                                               // below skip_layers
+  kvscout::topk_selector_cuda::config sc{S, H, max_tokens, budget, budget, {sinks, 8}};
+  kvscout::topk_selector_cuda selector(sc, {});
+  gpu_test::device_vector<int> status(1);
+  KVSCOUT_CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(int)));
+  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget,
+                                             .stream = copy, .device_status = status.data()});
+  const std::size_t cache_bytes = cache * sizeof(half);
+  std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
+  for (int l = 0; l < L; ++l)
+    sources.push_back({dev_layout,
+                       {reinterpret_cast<const std::byte*>(k[l]->device_data()), cache_bytes},
+                       {reinterpret_cast<const std::byte*>(v[l]->device_data()), cache_bytes}});
+  gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens);
+  gpu_test::device_vector<int32_t> dev_lens(lens_init);
+  gpu_test::device_vector<float> x0(8), x1(8);  // the policy reads no input; the stages want slots
+  const std::size_t slots_n = static_cast<std::size_t>(S) * H * budget;
+  std::vector<std::unique_ptr<gpu_test::device_vector<int32_t>>> ints;
+  std::vector<std::unique_ptr<gpu_test::device_vector<half>>> halves;
+  std::vector<kvscout::cuda_stage_buffers> sets;
+  for (int b = 0; b < 2; ++b) {
+    auto& idx = *ints.emplace_back(std::make_unique<gpu_test::device_vector<int32_t>>(slots_n));
+    auto& cnt = *ints.emplace_back(std::make_unique<gpu_test::device_vector<int32_t>>(S * H));
+    auto& rk = *halves.emplace_back(std::make_unique<gpu_test::device_vector<half>>(slots_n * D));
+    auto& rv = *halves.emplace_back(std::make_unique<gpu_test::device_vector<half>>(slots_n * D));
+    sets.push_back({{{idx.data(), slots_n}, {cnt.data(), static_cast<std::size_t>(S * H)}, S, H, budget},
+                    {{reinterpret_cast<std::byte*>(rk.data()), rk.bytes()},
+                     {reinterpret_cast<std::byte*>(rv.data()), rv.bytes()}}});
+  }
+  using stages_t = kvscout::cuda_speculation_stages<layout, kvscout::streaming_policy_cuda,
+                                                    kvscout::topk_selector_cuda>;
+  stages_t stages(per_layer, selector, fetch, sources,
+                  {{scores.data(), scores.size()}, S, H, max_tokens},
+                  {dspan<const int32_t>(dev_lens), dspan<const int32_t>(dev_lens), max_tokens},
+                  {dspan<const float>(x0), dspan<const float>(x1)}, sets);
+  kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                     kvscout::cuda_stages_ref<stages_t>{&stages});
+  using pipe_t = decltype(pipe);
+
+  // Per layer, on the compute stream once the rows are there: the selection and the rows.
+  gpu_test::device_vector<int32_t> rec_idx(L * slots_n), rec_cnt(L * S * H);
+  gpu_test::device_vector<half> rec_k(L * slots_n * D), rec_v(L * slots_n * D);
+  for (int i = 0; i < L; ++i) {
+    pipe.input_ready(i);
+    pipe.wait_rows(i);
+    if (i < skip) continue;
+    const kvscout::cuda_stage_buffers& buf = stages.buffers(i, pipe_t::slot(i));
+    KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_idx.data() + i * slots_n, buf.selection.indices.data(),
+                                       slots_n * sizeof(int32_t), cudaMemcpyDeviceToDevice, compute));
+    KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_cnt.data() + i * S * H, buf.selection.counts.data(),
+                                       S * H * sizeof(int32_t), cudaMemcpyDeviceToDevice, compute));
+    KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_k.data() + i * slots_n * D, buf.rows.k.data(),
+                                       slots_n * D * sizeof(half), cudaMemcpyDeviceToDevice, compute));
+    KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_v.data() + i * slots_n * D, buf.rows.v.data(),
+                                       slots_n * D * sizeof(half), cudaMemcpyDeviceToDevice, compute));
+  }
+  KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+  GPU_CHECK(status.download()[0] == 0);
+  const std::vector<int32_t> d_idx = rec_idx.download(), d_cnt = rec_cnt.download();
+  const std::vector<half> d_k = rec_k.download(), d_v = rec_v.download();
+
+  int wrong_selections = 0, wrong_rows = 0;
+  for (int l = skip; l < L; ++l) {
+    const int32_t* li = d_idx.data() + l * slots_n;
+    const int32_t* lc = d_cnt.data() + l * S * H;
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) {
+        // The sinks and the budget - sinks most recent tokens, or every token of a short row.
+        const int n = lens_init[s];
+        std::vector<int32_t> want;
+        for (int t = 0; t < n; ++t)
+          if (n <= budget || t < sinks || t >= n - (budget - sinks)) want.push_back(t);
+        const int row = s * H + h;
+        const bool ok = lc[row] == static_cast<int>(want.size()) &&
+                        std::equal(want.begin(), want.end(), li + row * budget);
+        if (!ok) {
+          ++wrong_selections;
+          std::fprintf(stderr, "layer %d (s %d, h %d): count %d, expected %zu\n", l, s, h, lc[row],
+                       want.size());
+        }
+      }
+    // The rows: what the host gather copies for the device's selection, byte for byte.
+    std::vector<int32_t> sel_i(li, li + slots_n), sel_c(lc, lc + S * H);
+    const kvscout::selection_view<kvscout::host_space> hv{{sel_i.data(), sel_i.size()}, {sel_c.data(), sel_c.size()}, S, H, budget};
+    std::vector<half> gk(slots_n * D), gv(slots_n * D);
+    kvscout::host_gather_config gc{S, H, budget, 1};
+    std::vector<std::int64_t> gws(kvscout::host_gather_executor<layout>::workspace_bytes(gc) / 8 + 1);
+    kvscout::host_gather_executor<layout> gather(gc, {reinterpret_cast<std::byte*>(gws.data()), gws.size() * 8});
+    gather.submit({host_layout, {reinterpret_cast<const std::byte*>(k[l]->data()), cache_bytes},
+                   {reinterpret_cast<const std::byte*>(v[l]->data()), cache_bytes}},
+                  hv, {{reinterpret_cast<std::byte*>(gk.data()), gk.size() * sizeof(half)},
+                       {reinterpret_cast<std::byte*>(gv.data()), gv.size() * sizeof(half)}}).wait();
+    for (int row = 0; row < S * H; ++row) {
+      const std::size_t off = static_cast<std::size_t>(row) * budget * D;
+      const std::size_t bytes = static_cast<std::size_t>(sel_c[row]) * D * sizeof(half);
+      wrong_rows += std::memcmp(&d_k[l * slots_n * D + off], &gk[off], bytes) != 0;
+      wrong_rows += std::memcmp(&d_v[l * slots_n * D + off], &gv[off], bytes) != 0;
+    }
+  }
+  std::printf("streaming through the pipeline: %d wrong selections, %d wrong row blocks\n",
+              wrong_selections, wrong_rows);
+  GPU_CHECK(wrong_selections == 0);
+  GPU_CHECK(wrong_rows == 0);
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(compute));
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(side));
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(copy));
+}
+
+}  // namespace
+
+int main() {
+  return gpu_test::run_all("streaming_device", {{"scores_match_host", scores_match_host},
+                                                {"bad_input_throws", bad_input_throws},
+                                                {"pipeline_selects_sinks_and_recent",
+                                                 pipeline_selects_sinks_and_recent}});
+}
