@@ -275,6 +275,20 @@ TEST_CASE("host gather rejects bad input before writing", "[fetch][gather][error
   REQUIRE(p.destination_untouched());
 }
 
+TEST_CASE("the host gather's workspace alignment is the one it declares", "[fetch][gather][errors]") {
+  using executor = gather_problem::executor;
+  gather_problem p;
+  constexpr std::size_t a = executor::workspace_alignment;
+  STATIC_REQUIRE(a == alignof(std::int64_t));
+  const std::size_t need = executor::workspace_bytes(p.cfg);
+  std::vector<std::int64_t> storage(need / 8 + 2);
+  auto* base = reinterpret_cast<std::byte*>(storage.data());
+  REQUIRE_NOTHROW(executor(p.cfg, {base + a, need}));
+  for (std::size_t off = 1; off < a; ++off)
+    REQUIRE_THROWS_WITH(executor(p.cfg, {base + off, need}),
+                        Catch::Contains("workspace must be " + std::to_string(a) + "-byte aligned"));
+}
+
 TEST_CASE("host gather streams where it is asked to, or past the threshold", "[fetch][gather]") {
   using kvscout::gather_stores;
   using kvscout::detail::gather_streams;

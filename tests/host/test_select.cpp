@@ -752,6 +752,26 @@ TEST_CASE("selectors reject bad configs, naming the value", "[select][errors]") 
   REQUIRE_THROWS_WITH(threshold_selector_host(hgood, {bytes, 8}), Contains("workspace holds 8"));
 }
 
+TEST_CASE("the host selectors' workspace alignment is the one they declare", "[select][errors]") {
+  using Catch::Contains;
+  const topk_selector_host::config t{2, 3, 64, 16, 10, {1, 1}};
+  const threshold_selector_host::config h{2, 3, 64, 16, 2.f, 10, threshold_rule::per_head, {1, 1}};
+  STATIC_REQUIRE(topk_selector_host::workspace_alignment == alignof(std::uint32_t));
+  STATIC_REQUIRE(threshold_selector_host::workspace_alignment == alignof(std::uint32_t));
+  const std::size_t need = std::max(topk_selector_host::workspace_bytes(t),
+                                    threshold_selector_host::workspace_bytes(h));
+  std::vector<std::uint64_t> storage(need / 8 + 2);
+  auto* base = reinterpret_cast<std::byte*>(storage.data());
+  constexpr std::size_t a = topk_selector_host::workspace_alignment;
+  REQUIRE_NOTHROW(topk_selector_host(t, {base + a, need}));
+  REQUIRE_NOTHROW(threshold_selector_host(h, {base + a, need}));
+  for (std::size_t off = 1; off < a; ++off) {
+    const std::string msg = "workspace must be " + std::to_string(a) + "-byte aligned";
+    REQUIRE_THROWS_WITH(topk_selector_host(t, {base + off, need}), Contains(msg));
+    REQUIRE_THROWS_WITH(threshold_selector_host(h, {base + off, need}), Contains(msg));
+  }
+}
+
 TEST_CASE("select() rejects bad views before writing anything", "[select][errors]") {
   using Catch::Contains;
   std::mt19937 rng(51);

@@ -69,13 +69,15 @@ class copy_engine_executor {
   [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
     return detail::copy_engine_workspace_bytes(cfg);
   }
+  /// The alignment the workspace's address must have (it holds 64-bit counts).
+  static constexpr std::size_t workspace_alignment = alignof(std::int64_t);
 
   /// Whether this build can batch (CUDA runtime >= 12.8).
   static constexpr bool batch_api_available = KVSCOUT_HAS_MEMCPY_BATCH != 0;
 
   copy_engine_executor(const config_type& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
     const std::size_t need = workspace_bytes(cfg);
-    detail::check_workspace(workspace.data(), workspace.size(), need, alignof(std::int64_t),
+    detail::check_workspace(workspace.data(), workspace.size(), need, workspace_alignment,
                             "workspace");
     const std::size_t pairs = detail::fetch_pairs(cfg.num_seqs, cfg.num_kv_heads);
     const std::size_t copies = 2 * pairs * static_cast<std::size_t>(cfg.capacity);

@@ -194,14 +194,17 @@ class host_gather_executor {
     check_config(cfg);
     return (static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads + 1) * sizeof(std::int64_t);
   }
+  /// The alignment the workspace's address must have (it holds 64-bit counts).
+  static constexpr std::size_t workspace_alignment = alignof(std::int64_t);
 
   host_gather_executor(const config_type& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
     const std::size_t need = workspace_bytes(cfg);
     KVSCOUT_EXPECTS(workspace.size() >= need, "workspace holds ", workspace.size(),
                     " bytes, expected at least workspace_bytes(config) = ", need);
     KVSCOUT_EXPECTS(workspace.data() != nullptr, "workspace is null");
-    KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(std::int64_t) == 0,
-                    "workspace must be ", alignof(std::int64_t), "-byte aligned");
+    KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % workspace_alignment == 0,
+                    "workspace must be ", workspace_alignment, "-byte aligned, got address ",
+                    static_cast<const void*>(workspace.data()));
     prefix_ = reinterpret_cast<std::int64_t*>(workspace.data());
     pool_ = std::make_unique<thread_pool>(cfg.threads);
   }

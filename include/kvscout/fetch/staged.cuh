@@ -121,6 +121,8 @@ class staged_executor {
   [[nodiscard]] static std::size_t device_workspace_bytes(const config_type& cfg) {
     return detail::staged_device_workspace_bytes(cfg);
   }
+  /// The alignment both workspaces' addresses must have (the copies move 16-byte vectors).
+  static constexpr std::size_t workspace_alignment = detail::fetch_vector_bytes;
 
   /// Setup: checks both workspaces (sizes, 16-byte alignment, the host one pinned), starts the
   /// threads, creates one event per stage.
@@ -129,10 +131,10 @@ class staged_executor {
       : cfg_(cfg) {
     stage_bytes_ = detail::staged_stage_bytes(cfg);
     detail::check_workspace(pinned_workspace.data(), pinned_workspace.size(),
-                            workspace_bytes(cfg), detail::fetch_vector_bytes,
+                            workspace_bytes(cfg), workspace_alignment,
                             "pinned staging workspace");
     detail::check_workspace(device_workspace.data(), device_workspace.size(),
-                            device_workspace_bytes(cfg), detail::fetch_vector_bytes,
+                            device_workspace_bytes(cfg), workspace_alignment,
                             "device workspace");
     cudaPointerAttributes attr{};
     KVSCOUT_CUDA_CHECK(cudaPointerGetAttributes(&attr, pinned_workspace.data()));

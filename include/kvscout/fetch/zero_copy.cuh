@@ -241,7 +241,8 @@ class zero_copy_executor {
   using destination_type = gather_destination<device_space>;
   using completion_type = event_completion;
 
-  /// No workspace: the kernel needs none.
+  /// No workspace: the kernel needs none (any address will do).
+  static constexpr std::size_t workspace_alignment = 1;
   [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
     detail::check_zero_copy_config(cfg);
     return 0;

@@ -48,6 +48,8 @@ class threshold_selector_cuda {
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return detail::threshold_cuda_workspace_bytes(cfg);
   }
+  /// The alignment the workspace's address must have (cudaMalloc gives 256).
+  static constexpr std::size_t workspace_alignment = detail::device_selector_workspace_alignment;
 
   threshold_selector_cuda(const config& cfg, device_span<std::byte> workspace)
       : cfg_(cfg), row_counts_(reinterpret_cast<std::int32_t*>(workspace.data())) {

@@ -142,6 +142,8 @@ class threshold_selector_host {
     check_config(cfg);
     return sizeof(std::uint32_t) * detail::row_workspace::words(cfg.stride);
   }
+  /// The alignment the workspace's address must have.
+  static constexpr std::size_t workspace_alignment = detail::row_workspace_alignment;
 
   threshold_selector_host(const config& cfg, host_span<std::byte> workspace)
       : cfg_(cfg),

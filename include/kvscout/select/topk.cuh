@@ -40,6 +40,8 @@ class topk_selector_cuda {
 
   /// Bytes of device workspace (none: 0).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) { return detail::topk_cuda_workspace_bytes(cfg); }
+  /// The alignment the workspace's address must have (cudaMalloc gives 256).
+  static constexpr std::size_t workspace_alignment = detail::device_selector_workspace_alignment;
 
   topk_selector_cuda(const config& cfg, device_span<std::byte> workspace) : cfg_(cfg) {
     detail::check_device_workspace(workspace, workspace_bytes(cfg));

@@ -55,6 +55,8 @@ class infinigen_speculator_cuda {
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return detail::infinigen_cuda_layout_of<PkT>(cfg).total;
   }
+  /// The alignment the workspace's address must have (cudaMalloc's 256).
+  static constexpr std::size_t workspace_alignment = detail::infinigen_workspace_alignment;
 
   /// plans: one per kv head (mode, r, head_dim as in cfg); w_q [num_q_heads * head_dim, d_model],
   /// b_q [num_q_heads * head_dim] or empty: the layer's query projection, read here only.

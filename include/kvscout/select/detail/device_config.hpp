@@ -65,15 +65,19 @@ inline std::size_t threshold_cuda_workspace_bytes(const threshold_selector_host:
          static_cast<std::size_t>(cfg.num_kv_heads);
 }
 
-/// Checks a caller-owned device workspace (size, null, 4-byte alignment; its contents are not
-/// read).
+/// The device selectors' workspace alignment.
+inline constexpr std::size_t device_selector_workspace_alignment = 16;
+
+/// Checks a caller-owned device workspace (size, null, alignment; its contents are not read).
 inline void check_device_workspace(span<std::byte, device_space> workspace, std::size_t need) {
   KVSCOUT_EXPECTS(workspace.size() >= need, "workspace holds ", workspace.size(),
                   " bytes, expected at least workspace_bytes(config) = ", need);
   KVSCOUT_EXPECTS(workspace.data() != nullptr || need == 0, "workspace is null but ", need,
                   " bytes are needed");
-  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % 16 == 0,
-                  "workspace must be 16-byte aligned, got address ",
+  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) %
+                          device_selector_workspace_alignment == 0,
+                  "workspace must be ", device_selector_workspace_alignment,
+                  "-byte aligned, got address ",
                   static_cast<const void*>(workspace.data()));
 }
 

@@ -43,13 +43,17 @@
 
 namespace kvscout::detail {
 
+/// The host selectors' workspace alignment: it is used as 32-bit words.
+inline constexpr std::size_t row_workspace_alignment = alignof(std::uint32_t);
+
 /// Checks a caller-owned workspace and returns it as 32-bit words.
 inline std::uint32_t* workspace_words(host_span<std::byte> workspace, std::size_t need) {
   KVSCOUT_EXPECTS(workspace.size() >= need, "workspace holds ", workspace.size(),
                   " bytes, expected at least workspace_bytes(config) = ", need);
   KVSCOUT_EXPECTS(workspace.data() != nullptr || need == 0, "workspace is null");
-  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(std::uint32_t) == 0,
-                  "workspace must be ", alignof(std::uint32_t), "-byte aligned");
+  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % row_workspace_alignment == 0,
+                  "workspace must be ", row_workspace_alignment, "-byte aligned, got address ",
+                  static_cast<const void*>(workspace.data()));
   return reinterpret_cast<std::uint32_t*>(workspace.data());
 }
 
