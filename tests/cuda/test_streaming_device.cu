@@ -165,7 +165,8 @@ void pipeline_selects_sinks_and_recent() {
   kvscout::streaming_policy_cuda policy({.num_kv_heads = H, .sinks = sinks});
   std::vector<kvscout::streaming_policy_cuda*> per_layer(L, &policy);  // one object, every layer
   per_layer[0] = nullptr;                                               // below skip_layers
-  kvscout::topk_selector_cuda::config sc{S, H, max_tokens, budget, budget, {sinks, 8}};
+  // No keep-set: what is selected is the policy's scores alone.
+  kvscout::topk_selector_cuda::config sc{S, H, max_tokens, budget, budget, {0, 0}};
   kvscout::topk_selector_cuda selector(sc, {});
   gpu_test::device_vector<int> status(1);
   KVSCOUT_CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(int)));

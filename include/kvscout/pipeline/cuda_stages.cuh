@@ -156,8 +156,9 @@ class cuda_speculation_stages {
   void speculate(int layer, int b, cudaStream_t stream) {
     speculator_type* spec = speculator(layer);
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
-    spec->score({x_[check_slot(b)], lengths_.positions, lengths_.seq_lens, lengths_.max_seq_len},
-                scores_, stream);
+    const device_spec_context ctx{x_[check_slot(b)], lengths_.positions, lengths_.seq_lens,
+                                  lengths_.max_seq_len};
+    spec->score(ctx, scores_, stream);
     selector_->select(scores_.view(lengths_.seq_lens), cur.selection, stream);
   }
 

@@ -39,6 +39,7 @@
 #include "kvscout/core/span.hpp"
 #include "kvscout/skew/plan.hpp"
 #include "kvscout/spec/detail/infinigen_kernels.cuh"
+#include "kvscout/spec/device_concepts.hpp"
 #include "kvscout/spec/infinigen_device.hpp"
 
 namespace kvscout {
@@ -254,5 +255,8 @@ class infinigen_speculator_cuda {
   std::byte* base_ = nullptr;
   rope_config rope_{};
 };
+
+static_assert(device_speculation_policy<infinigen_speculator_cuda<float>>);
+static_assert(device_speculation_policy<infinigen_speculator_cuda<half>>);
 
 }  // namespace kvscout

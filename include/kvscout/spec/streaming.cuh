@@ -4,7 +4,9 @@
 //
 //   score[s, h, t] = +inf for t < sinks, float(t) otherwise,   t < seq_lens[s]
 //
-// so any top-k selector with budget B keeps the sinks and the B - sinks most recent tokens. It
+// so a top-k selector with budget B keeps the sinks and the B - sinks most recent tokens. (A
+// threshold selector is no use here: with sinks the row maximum is +inf, so it keeps only the
+// sinks and its keep-set.) It
 // needs no query, no keys and no workspace, and one object serves every layer. It is also the
 // smallest example of a device_speculation_policy (spec/device_concepts.hpp): a policy an engine
 // writes for itself has this shape.
@@ -18,6 +20,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +48,8 @@ struct streaming_params {
 
 // grid (chunks of block_threads * tokens_per_thread tokens, num_kv_heads, num_seqs); each thread
 // writes tokens_per_thread tokens, block_threads apart (coalesced stores).
+// (A template only so that the header can be included by several translation units.)
+template <int Unused = 0>
 __global__ void __launch_bounds__(streaming_block_threads)
     streaming_scores(const __grid_constant__ streaming_params p) {
   const int s = static_cast<int>(blockIdx.z);
@@ -83,13 +88,16 @@ class streaming_policy_cuda {
   void score(const device_spec_context& ctx, const device_score_buffer& out,
              cudaStream_t stream = nullptr) const {
     detail::check_device_score_call(cfg_.num_kv_heads, ctx, out);
+    constexpr int per_block = detail::streaming_block_threads * detail::streaming_tokens_per_thread;
     KVSCOUT_EXPECTS(out.num_seqs <= 65535, "score buffer num_seqs = ", out.num_seqs,
                     " exceeds the grid's 65535");
+    // Token indices stay below max_seq_len + per_block, which must fit an int.
+    KVSCOUT_EXPECTS(ctx.max_seq_len <= INT_MAX - per_block, "max_seq_len = ", ctx.max_seq_len,
+                    " exceeds ", INT_MAX - per_block);
     if (ctx.max_seq_len == 0) return;
-    constexpr int per_block = detail::streaming_block_threads * detail::streaming_tokens_per_thread;
     const dim3 grid(static_cast<unsigned>((ctx.max_seq_len + per_block - 1) / per_block),
                     static_cast<unsigned>(cfg_.num_kv_heads), static_cast<unsigned>(out.num_seqs));
-    detail::launch(detail::streaming_scores, grid, detail::streaming_block_threads, 0, stream,
+    detail::launch(detail::streaming_scores<>, grid, detail::streaming_block_threads, 0, stream,
                    detail::streaming_params{out.scores.data(), ctx.seq_lens.data(),
                                             cfg_.num_kv_heads, out.stride, ctx.max_seq_len,
                                             cfg_.sinks});
