@@ -4,12 +4,12 @@
 //
 //   score[s, h, t] = +inf for t < sinks, float(t) otherwise,   t < seq_lens[s]
 //
-// so a top-k selector with budget B keeps the sinks and the B - sinks most recent tokens. (A
-// threshold selector is no use here: with sinks the row maximum is +inf, so it keeps only the
-// sinks and its keep-set.) It
-// needs no query, no keys and no workspace, and one object serves every layer. It is also the
-// smallest example of a device_speculation_policy (spec/device_concepts.hpp): a policy an engine
-// writes for itself has this shape.
+// so a top-k selector with budget B keeps the sinks and the B - sinks most recent tokens (float(t)
+// is exact below 2^24 tokens; past that, neighbours tie and the lower index wins). A threshold
+// selector is no use here: with sinks the row maximum is +inf, so it keeps only the sinks and its
+// keep-set. The policy needs no query, no keys and no workspace, and one object serves every
+// layer. It is also the smallest example of a device_speculation_policy
+// (spec/device_concepts.hpp): a policy an engine writes for itself has this shape.
 //
 //   kvscout::streaming_policy_cuda p({.num_kv_heads = 8, .sinks = 4});
 //   p.score({.seq_lens = lens, .max_seq_len = max_len}, scores, stream);
