@@ -331,6 +331,40 @@ TEST_CASE("infinigen scores the same bits whether a tile is scored alone or with
     }
 }
 
+TEST_CASE("infinigen scores the same bits on rows past the register-pinning bound", "[spec][infinigen]") {
+  // Rows of up to 4 MiB of partial keys pin each key line in a register on AVX-512 builds,
+  // longer rows do not (infinigen_policy::pin_row_bytes); both must form the same sums. With
+  // r = 16 floats the bound is 65536 tokens: a row of 69632 scored whole and its first 65536
+  // tokens scored alone must agree bit for bit.
+  const int H = 1, g = 3, Hq = H * g, d_model = 32, r = 16, full = 65536 + 4096, cut = 65536;
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> wq(static_cast<std::size_t>(Hq) * D * d_model), x(d_model);
+  for (auto& w : wq) w = nd(rng) / 8.f;
+  for (auto& w : x) w = nd(rng);
+  std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
+  kvscout::infinigen_policy<float> p({1, 1, H, Hq, D, d_model, full, 0.125f,
+                                      kvscout::gqa_aggregation::max_logit},
+                                     {plans}, {{wq.data(), wq.size()}}, {{}});
+  std::vector<float> k(static_cast<std::size_t>(H) * D);
+  for (int t = 0; t < full; ++t) {
+    for (auto& v : k) v = nd(rng);
+    p.append(0, 0, t, k.data(), k.data());
+  }
+  std::vector<int32_t> pos{full};
+  std::vector<float> whole, part;
+  for (auto [n, scores] : {std::pair{full, &whole}, std::pair{cut, &part}}) {
+    std::vector<int32_t> lens{n};
+    const auto out = buffer_for(*scores, 1, H, full);
+    p.score(0, {{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}}, out);
+  }
+  int differ = 0;
+  for (int t = 0; t < cut; ++t)
+    differ += std::bit_cast<std::uint32_t>(whole[t]) != std::bit_cast<std::uint32_t>(part[t]);
+  REQUIRE(differ == 0);
+  REQUIRE(std::isnan(part[cut]));  // nothing written past seq_len
+}
+
 TEST_CASE("dot_rows gives every row the bits of dot", "[spec][gemv]") {
   // partial_query's GEMV runs 8 rows at a time; each row must be the same sum, in the same
   // order, as detail::dot (so the partial queries did not change when the GEMV was blocked).

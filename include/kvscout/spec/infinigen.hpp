@@ -189,21 +189,36 @@ class infinigen_policy {
       score_tiles<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
       return;
     }
-    // Common group sizes get a kernel with the group size known at compile time.
+    // Common group sizes get a kernel with the group size known at compile time. Rows whose
+    // partial keys are cache-sized pin each key line in a register (see score_tiles).
+    const bool pin = static_cast<std::size_t>(n) * static_cast<std::size_t>(r) * sizeof(PkT) <=
+                     pin_row_bytes;
     if (g <= 8) {
       dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
-        score_tiles<decltype(G)::value>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
+        constexpr int gv = decltype(G)::value;
+        if (pin) {
+          score_tiles<gv, true>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
+        } else {
+          score_tiles<gv, false>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
+        }
       });
     } else {
       score_tiles<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
     }
   }
 
-  // G > 0: static group size; G == 0: runtime group size `g` (slower, any size).
+  // The row size up to which scoring pins its key lines (Pin below). Measured on the development
+  // machine (docs/performance.md): pinning is faster for rows that sit in the caches (RoPE
+  // planes, 256 KiB rows: 12.2 to 12.6 -> 11.3 to 12.0 us for 4k tokens; 2 MiB rows: 2 % faster)
+  // and slower for rows read from memory (8 MiB rows: 10 to 15 % slower at 128k tokens).
+  static constexpr std::size_t pin_row_bytes = std::size_t{4} << 20;
+
+  // G > 0: static group size; G == 0: runtime group size `g` (slower, any size). Pin: hold each
+  // key line in a register for the G multiply-adds that use it.
   // A tile of tb tokens lives in one vector value per query head (GCC / Clang vector extension:
   // the compiler splits it into the widest registers the target has), so the g accumulators stay
   // in registers and each tile of partial keys is read once, sequentially, for the whole group.
-  template <int G>
+  template <int G, bool Pin = false>
   static void score_tiles(const float* qg, int r, const partial_key_cache<PkT>& cache, int s, int h,
                           int n, bool use_max, float inv_g, float* row, int g_dyn = 0) {
     constexpr int tb = partial_key_cache<PkT>::block_tokens;
@@ -240,12 +255,12 @@ class infinigen_policy {
             }
 #if defined(__AVX512F__)
             // Each key line feeds G multiply-adds. Left alone, GCC folds the load into every one
-            // of them (G loads of the same line instead of one), and the loads, not the
-            // multiply-adds, set the pace; the empty asm pins the value in a register (one
-            // 64-byte register, hence AVX-512 only). With G = 1 the folded load is the one load,
-            // so it is left to the compiler (measured: docs/performance.md, "Reading the
-            // speculation and selection tables").
-            if constexpr (G > 1 && sizeof(vec) == 64) asm("" : "+v"(pv[u]));
+            // of them (G loads of the same line instead of one), and from the caches the loads,
+            // not the multiply-adds, set the pace; the empty asm pins the value in a register
+            // (one 64-byte register, hence AVX-512 only). With G = 1 the folded load is the one
+            // load, so it is left to the compiler; rows read from memory are faster without the
+            // pin (measured: docs/performance.md, "Reading the speculation and selection tables").
+            if constexpr (Pin && G > 1 && sizeof(vec) == 64) asm("" : "+v"(pv[u]));
 #endif
           }
           for (int j = 0; j < G; ++j) {
