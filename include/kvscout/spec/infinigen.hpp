@@ -209,8 +209,8 @@ class infinigen_policy {
 
   // The row size up to which scoring pins its key lines (Pin below). Measured on the development
   // machine (docs/performance.md): pinning is faster for rows that sit in the caches (RoPE
-  // planes, 256 KiB rows: 12.2 to 12.6 -> 11.3 to 12.0 us for 4k tokens; 2 MiB rows: 2 % faster)
-  // and slower for rows read from memory (8 MiB rows: 10 to 15 % slower at 128k tokens).
+  // planes, 256 KiB rows at 4k tokens: 12.2 to 12.4 -> 11.0 to 11.3 us; 2 MiB rows at 32k: about
+  // 7 % faster) and slower for rows read from memory (8 MiB rows at 128k: 10 to 15 % slower).
   static constexpr std::size_t pin_row_bytes = std::size_t{4} << 20;
 
   // G > 0: static group size; G == 0: runtime group size `g` (slower, any size). Pin: hold each
