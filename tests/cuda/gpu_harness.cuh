@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "kvscout/core/error.hpp"
+
 namespace gpu_test {
 
 inline int& failures() {
@@ -58,6 +60,20 @@ inline int run_all(const char* suite, const std::vector<test_case>& cases) {
   std::printf("%d passed, %d failed\n", static_cast<int>(cases.size()) - failed_cases,
               failed_cases);
   return failed_cases == 0 ? 0 : 1;
+}
+
+/// Whether f() throws a kvscout::error whose message contains `needle` (says what it got if not).
+template <class F>
+bool throws_with(F&& f, const std::string& needle) {
+  try {
+    f();
+  } catch (const kvscout::error& e) {
+    const bool ok = std::string(e.what()).find(needle) != std::string::npos;
+    if (!ok) std::fprintf(stderr, "message lacks '%s': %s\n", needle.c_str(), e.what());
+    return ok;
+  }
+  std::fprintf(stderr, "no kvscout::error (expected one naming '%s')\n", needle.c_str());
+  return false;
 }
 
 }  // namespace gpu_test

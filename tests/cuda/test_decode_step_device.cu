@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
+#include "host_gather_reference.cuh"
 #include "kvscout/attention/decode.cuh"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/attention/rows.hpp"
-#include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/pipeline/cuda_stages.cuh"
@@ -304,14 +304,7 @@ void step_matches_host() {
     // Attention: the host over the rows the host gathers for the device's selection.
     std::vector<int32_t> sel_i(li, li + slots_n), sel_c(lc, lc + S * H);
     const kvscout::selection_view<kvscout::host_space> hv{{sel_i.data(), sel_i.size()}, {sel_c.data(), sel_c.size()}, S, H, budget};
-    std::vector<half> gk(slots_n * D), gv(slots_n * D);
-    kvscout::host_gather_config gc{S, H, budget, 1};
-    std::vector<std::int64_t> gws(kvscout::host_gather_executor<layout>::workspace_bytes(gc) / 8 + 1);
-    kvscout::host_gather_executor<layout> gather(gc, {reinterpret_cast<std::byte*>(gws.data()), gws.size() * 8});
-    gather.submit({w.host_layout, {reinterpret_cast<const std::byte*>(w.k[l]->data()), cache_bytes},
-                   {reinterpret_cast<const std::byte*>(w.v[l]->data()), cache_bytes}},
-                  hv, {{reinterpret_cast<std::byte*>(gk.data()), gk.size() * sizeof(half)},
-                       {reinterpret_cast<std::byte*>(gv.data()), gv.size() * sizeof(half)}}).wait();
+    const auto [gk, gv] = gpu_test::host_gather_rows(w.host_layout, w.k[l]->data(), w.v[l]->data(), cache_bytes, hv);
     const kvscout::gathered_rows<half, D> rows(hv, {gk.data(), gk.size()}, {gv.data(), gv.size()});
     const std::size_t cur = static_cast<std::size_t>(l) * S * H * D, qo = static_cast<std::size_t>(l) * S * Hq * D;
     std::vector<float> ref(static_cast<std::size_t>(S) * Hq * D);

@@ -243,18 +243,7 @@ void device_lengths_are_clamped() {
   GPU_CHECK(same(th, td, 32, "clamped_threshold"));
 }
 
-template <class F>
-bool throws_with(F&& f, const std::string& needle) {
-  try {
-    f();
-  } catch (const kvscout::error& e) {
-    const bool ok = std::string(e.what()).find(needle) != std::string::npos;
-    if (!ok) std::fprintf(stderr, "message lacks '%s': %s\n", needle.c_str(), e.what());
-    return ok;
-  }
-  std::fprintf(stderr, "no kvscout::error (expected one naming '%s')\n", needle.c_str());
-  return false;
-}
+using gpu_test::throws_with;
 
 void bad_input_throws() {
   using topk = kvscout::topk_selector_cuda;

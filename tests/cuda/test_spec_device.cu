@@ -306,18 +306,7 @@ void long_row() {
                             77);
 }
 
-template <class F>
-bool throws_with(F&& f, const std::string& needle) {
-  try {
-    f();
-  } catch (const kvscout::error& e) {
-    const bool ok = std::string(e.what()).find(needle) != std::string::npos;
-    if (!ok) std::fprintf(stderr, "message lacks '%s': %s\n", needle.c_str(), e.what());
-    return ok;
-  }
-  std::fprintf(stderr, "no kvscout::error (expected one naming '%s')\n", needle.c_str());
-  return false;
-}
+using gpu_test::throws_with;
 
 void bad_input_throws() {
   const shape sh{2, 2, 64, 16, 64, rope_mode::post_rope_skew, kvscout::rope_style::split_half,

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
-#include "kvscout/fetch/host_gather.hpp"
+#include "host_gather_reference.cuh"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/pipeline/cuda_stages.cuh"
@@ -36,18 +36,7 @@ kvscout::device_span<T> dspan(const gpu_test::device_vector<std::remove_const_t<
   return {v.data(), v.size()};
 }
 
-template <class F>
-bool throws_with(F&& f, const std::string& needle) {
-  try {
-    f();
-  } catch (const kvscout::error& e) {
-    const bool ok = std::string(e.what()).find(needle) != std::string::npos;
-    if (!ok) std::fprintf(stderr, "message lacks '%s': %s\n", needle.c_str(), e.what());
-    return ok;
-  }
-  std::fprintf(stderr, "no kvscout::error (expected one naming '%s')\n", needle.c_str());
-  return false;
-}
+using gpu_test::throws_with;
 
 // The host policy's scores for these lengths, [S, H, stride], untouched entries left as `fill`.
 std::vector<float> host_scores(int H, int sinks, const std::vector<int32_t>& lens, int stride,
@@ -249,14 +238,7 @@ void pipeline_selects_sinks_and_recent() {
     // The rows: what the host gather copies for the device's selection, byte for byte.
     std::vector<int32_t> sel_i(li, li + slots_n), sel_c(lc, lc + S * H);
     const kvscout::selection_view<kvscout::host_space> hv{{sel_i.data(), sel_i.size()}, {sel_c.data(), sel_c.size()}, S, H, budget};
-    std::vector<half> gk(slots_n * D), gv(slots_n * D);
-    kvscout::host_gather_config gc{S, H, budget, 1};
-    std::vector<std::int64_t> gws(kvscout::host_gather_executor<layout>::workspace_bytes(gc) / 8 + 1);
-    kvscout::host_gather_executor<layout> gather(gc, {reinterpret_cast<std::byte*>(gws.data()), gws.size() * 8});
-    gather.submit({host_layout, {reinterpret_cast<const std::byte*>(k[l]->data()), cache_bytes},
-                   {reinterpret_cast<const std::byte*>(v[l]->data()), cache_bytes}},
-                  hv, {{reinterpret_cast<std::byte*>(gk.data()), gk.size() * sizeof(half)},
-                       {reinterpret_cast<std::byte*>(gv.data()), gv.size() * sizeof(half)}}).wait();
+    const auto [gk, gv] = gpu_test::host_gather_rows(host_layout, k[l]->data(), v[l]->data(), cache_bytes, hv);
     for (int row = 0; row < S * H; ++row) {
       const std::size_t off = static_cast<std::size_t>(row) * budget * D;
       const std::size_t bytes = static_cast<std::size_t>(sel_c[row]) * D * sizeof(half);
