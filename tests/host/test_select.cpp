@@ -12,6 +12,7 @@
 #include <bit>
 #include <catch2/catch.hpp>
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -626,6 +627,8 @@ TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
   std::vector<std::int32_t> a(1700), b(1700);
   int gave_up = 0;
   int compact_gave_up = 0;
+  int ahead_gave_up = 0;
+  std::vector<float> other(2000);
   for (int iter = 0; iter < 2000; ++iter) {
     // Several groups of 64 and partial blocks; past the 512-score prefix and several 256-score
     // windows of collect_candidates every fourth row.
@@ -650,6 +653,30 @@ TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
       REQUIRE(g1 == g2);
       compact_gave_up += static_cast<int>(g1 == -1);
       if (g1 >= 0) REQUIRE(g1 == c1);
+    }
+    {
+      // The compaction that reads another row's maximum along: the same list (or the same give
+      // up) as compact_at_least, and max_of's bits for the other row, whether it is shorter,
+      // longer or empty, also where the compaction gives up.
+      const int longer = n + 1 + static_cast<int>(rng() % 200);
+      const int qn = std::array<int, 4>{0, n / 2, n, longer}[iter % 4];
+      fill_row(other.data(), qn, all_kinds[(iter + 3) % std::size(all_kinds)], rng);
+      const int limit = std::array<int, 3>{INT_MAX, 8, 0}[iter % 3];
+      const int want = d::compact_at_least<false>(p, n, 10, bound, b.data(), limit);
+      const float want_max = d::max_of<false>(other.data(), qn, -pinf);
+      for (const bool simd : {true, false}) {
+        CAPTURE(qn, limit, simd);
+        float got_max = qnan;
+        const int got =
+            simd ? d::compact_at_least_and_max<true>(p, n, 10, bound, a.data(), limit,
+                                                     other.data(), qn, &got_max)
+                 : d::compact_at_least_and_max<false>(p, n, 10, bound, a.data(), limit,
+                                                      other.data(), qn, &got_max);
+        REQUIRE(got == want);
+        if (got >= 0) REQUIRE(std::equal(a.begin(), a.begin() + got, b.begin()));
+        REQUIRE(std::bit_cast<std::uint32_t>(got_max) == std::bit_cast<std::uint32_t>(want_max));
+        ahead_gave_up += static_cast<int>(got == -1 && qn > 64);
+      }
     }
     float r1 = init, r2 = init;
     const int k1 = d::collect_candidates<true>(p, n, 0, bound, 1.f, r1, a.data());
@@ -684,6 +711,7 @@ TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
   }
   REQUIRE(gave_up > 0);  // the early exits were exercised
   REQUIRE(compact_gave_up > 0);
+  REQUIRE(ahead_gave_up > 0);
 }
 
 // ---- bad input

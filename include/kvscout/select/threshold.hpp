@@ -27,17 +27,20 @@
 // the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= max_count <=
 // capacity. select() validates every input before writing and allocates nothing.
 //
-// Cost, per_head: one vectorised pass over a row, plus scans of its candidates where the cap
-// binds: a strided sample of the row gives a lower bound L that about k + a few standard
-// deviations of tokens reach; the pass finds the row maximum and keeps only the tokens >=
-// max(L, running max - alpha); radix select picks the k among those (select/detail/
-// host_rows.hpp). If the sample misjudged, the row is redone exactly, so the result never
-// depends on the sample. infinigen_mean: two vectorised passes per row (maximum, count), then a
-// top-k per row. The workspace is about 12 * stride + 16 KiB bytes.
+// Cost, per_head: rows of up to 4096 tokens outside the keep-set, a maximum and a compaction,
+// the maximum read during the previous row's compaction; longer rows one vectorised pass, plus
+// scans of their candidates where the cap binds: a strided sample of the row gives a lower
+// bound L that about k + a few standard deviations of tokens reach; the pass finds the row
+// maximum and keeps only the tokens >= max(L, running max - alpha); radix select picks the k
+// among those (select/detail/host_rows.hpp). If the sample misjudged, the row is redone
+// exactly, so the result never depends on the sample. infinigen_mean: two vectorised passes
+// per row (maximum, count), then a top-k per row. The workspace is about 12 * stride + 16 KiB
+// bytes.
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <ostream>
 
 #include "kvscout/core/error.hpp"
@@ -68,25 +71,46 @@ namespace detail {
 
 /// Rows up to this many tokens (16 KiB of scores) take two passes, a maximum and a compaction,
 /// instead of one with a running floor: measured on logit-like rows (bench_select), the two
-/// passes win at 4096 tokens (5.9 against 6.9 us for 32 rows) and lose from 8192 on (13.8
-/// against 12.8 us), where the second pass no longer reads from L1.
+/// passes win at 4096 tokens (5.9 against 6.9 us for 32 rows, before row_lookahead) and lose
+/// from 8192 on (13.8 against 12.8 us), where the second pass no longer reads from L1.
 inline constexpr int short_row = 4096;
+
+/// What per_head_row hands on to the next row: the next row's maximum, read during this row's
+/// compaction, so that its L2 read overlaps this row's L1-bound compaction (measured on 4096-token
+/// logit rows, bench_select BM_threshold_logits: 5.3 to 5.5 against 5.8 to 5.9 us for 32 rows).
+struct row_lookahead {
+  std::optional<float> known;     // in: this row's maximum over all its len scores, if read
+  const float* next = nullptr;    // in: the next row, or null
+  int next_len = 0;               // in: its length
+  std::optional<float> next_max;  // out: the next row's maximum, where this row read it
+};
 
 /// One row of the per_head rule (semantics in the header comment); returns the count.
 inline int per_head_row(const float* row, int len, keep_set keep, int max_count, float alpha,
-                        const row_workspace& ws, std::int32_t* out) {
+                        const row_workspace& ws, std::int32_t* out, row_lookahead& la) {
   const keep_range kr = keep_bounds(keep, len);
   const int a = kr.head_end;
   const int n = kr.tail_begin - a;
   const int k = max_count - kr.size(len);
-  // The keep-set's scores count for the maximum.
-  const float rm = max_of(row + kr.tail_begin, len - kr.tail_begin, max_of(row, a, -INFINITY));
+  // The keep-set's scores count for the maximum. The row's maximum (the keep-set's included)
+  // may be known already; a compaction reads the next row's maximum along where there is one.
+  const auto keep_max = [&] {
+    return max_of(row + kr.tail_begin, len - kr.tail_begin, max_of(row, a, -INFINITY));
+  };
+  const auto row_max = [&] { return la.known ? *la.known : max_of(row + a, n, keep_max()); };
+  const auto compact = [&](float floor, int limit) {
+    if (la.next == nullptr) return compact_at_least(row + a, n, a, floor, ws.cand, limit);
+    float next_max = 0.f;
+    const int got = compact_at_least_and_max(row + a, n, a, floor, ws.cand, limit, la.next,
+                                             la.next_len, &next_max);
+    la.next_max = next_max;
+    return got;
+  };
   int c = emit_range(0, a, out);
   if (n > 0 && k > 0) {
     if (n <= k) {
       // Every candidate fits: the exact maximum first (a vector pass), then one compaction.
-      const float m = max_of(row + a, n, rm);
-      const int taken = compact_at_least(row + a, n, a, threshold_floor(m, alpha), ws.cand);
+      const int taken = compact(threshold_floor(row_max(), alpha), INT_MAX);
       std::memcpy(out + c, ws.cand, sizeof(std::int32_t) * static_cast<std::size_t>(taken));
       c += taken;
     } else {
@@ -99,12 +123,11 @@ inline int per_head_row(const float* row, int len, keep_set keep, int max_count,
       if (n <= short_row) {
         // A short row stays in the L1 cache: the exact maximum, then one compaction against
         // the final floor, costs less than the one pass with a running floor below.
-        const float m = max_of(row + a, n, rm);
-        kept = compact_at_least(row + a, n, a, threshold_floor(m, alpha), ws.cand, limit);
+        kept = compact(threshold_floor(row_max(), alpha), limit);
       } else {
         // One pass collects the candidates of the running maximum; the final floor then
         // filters the few that a lower running maximum let in.
-        float m = rm;
+        float m = keep_max();
         const int got = collect_candidates(row + a, n, a, -INFINITY, alpha, m, ws.cand, limit);
         if (got >= 0) kept = filter_at_least(row, ws.cand, got, threshold_floor(m, alpha));
       }
@@ -113,7 +136,7 @@ inline int per_head_row(const float* row, int len, keep_set keep, int max_count,
         return c + kept + emit_range(kr.tail_begin, len, out + c + kept);
       }
       const float lower = sample_lower_bound(row + a, n, k, ws.keys, ws.hist, ws.pos);
-      c += best_above_floor(row, a, n, k, alpha, rm, lower, ws, out + c);
+      c += best_above_floor(row, a, n, k, alpha, keep_max(), lower, ws, out + c);
     }
   }
   return c + emit_range(kr.tail_begin, len, out + c);
@@ -175,14 +198,27 @@ class threshold_selector_host {
 
   void select_per_head(const score_view<host_space>& scores,
                        const selection_buffers<host_space>& out) const {
-    for (int s = 0; s < cfg_.num_seqs; ++s) {
+    // Rows in order, each handing the next its maximum where it read it (row_lookahead). Only
+    // short rows use a known maximum (detail::short_row), so only they are read ahead.
+    const int rows = cfg_.num_seqs * cfg_.num_kv_heads;
+    detail::row_lookahead la;
+    for (int r = 0; r < rows; ++r) {
+      const int s = r / cfg_.num_kv_heads;
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
-        const std::size_t r = static_cast<std::size_t>(s) * cfg_.num_kv_heads + h;
-        out.counts[r] = detail::per_head_row(
-            scores.scores.data() + scores.row(s, h), len, cfg_.keep, cfg_.max_count, cfg_.alpha,
-            ws_, out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity));
+      la.next = nullptr;
+      if (r + 1 < rows) {
+        const int ns = (r + 1) / cfg_.num_kv_heads;
+        la.next_len = scores.seq_lens[static_cast<std::size_t>(ns)];
+        const keep_range nk = keep_bounds(cfg_.keep, la.next_len);
+        if (nk.tail_begin - nk.head_end <= detail::short_row)
+          la.next = scores.scores.data() + scores.row(ns, (r + 1) % cfg_.num_kv_heads);
       }
+      out.counts[static_cast<std::size_t>(r)] = detail::per_head_row(
+          scores.scores.data() + scores.row(s, r % cfg_.num_kv_heads), len, cfg_.keep,
+          cfg_.max_count, cfg_.alpha, ws_,
+          out.indices.data() + static_cast<std::size_t>(r) * cfg_.capacity, la);
+      la.known = la.next_max;
+      la.next_max.reset();
     }
   }
 

@@ -256,22 +256,65 @@ inline int emit_bits64(__mmask64 bits, int first, std::int32_t* out, int c) {
 /// Positions where the row scans check a caller's limit on their list.
 inline constexpr int collect_window = 256;
 
+/// max_of(q, qn, -inf), read 64 scores at a time inside another scan's loop (step at i = 0, 64,
+/// 128, ...), then finished (result): max_of's accumulators in max_of's order, so its bits.
+template <bool Simd>
+struct max_carry {
+#if KVSCOUT_HOST_AVX512
+  __m512 a[4] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY),
+                 _mm512_set1_ps(-INFINITY)};
+  int j = 0;  // q[0, j) is in a
+  void step(const float* q, int qn, int i) {
+    if (Simd && i + 64 <= qn) {
+      for (int v = 0; v < 4; ++v) a[v] = _mm512_max_ps(_mm512_loadu_ps(q + i + 16 * v), a[v]);
+      j = i + 64;
+    }
+  }
+  float result(const float* q, int qn) {
+    if constexpr (!Simd) {
+      return max_of<false>(q, qn, -INFINITY);
+    } else {
+      while (j + 64 <= qn) step(q, qn, j);  // step advances j
+      float m = _mm512_reduce_max_ps(
+          _mm512_max_ps(_mm512_max_ps(a[0], a[1]), _mm512_max_ps(a[2], a[3])));
+      for (; j < qn; ++j) m = q[j] > m ? q[j] : m;
+      return m;
+    }
+  }
+#else
+  void step(const float*, int, int) {}
+  float result(const float* q, int qn) const { return max_of<Simd>(q, qn, -INFINITY); }
+#endif
+};
+
 /// Writes first + i for every i in [0, n) with p[i] >= bound, ascending, to out; returns how
 /// many. Writes only out[0, n). `limit`: give up and return -1 as soon as more than `limit` are
 /// written (checked every collect_window positions, alike in every version; out is then
 /// unspecified).
-template <bool Simd = select_simd>
-int compact_at_least(const float* p, int n, int first, float bound, std::int32_t* out,
-                     int limit = INT_MAX) {
+///
+/// With Ahead, the same loop also reads another row q[0, qn) and sets *qmax to max_of(q, qn,
+/// -inf), also where it gives up. A short row's compaction reads from L1 and is bound by its
+/// compares and stores; the next row's maximum pass reads from L2 and is bound by the read: in
+/// one loop the two overlap (per_head_row).
+template <bool Simd = select_simd, bool Ahead = false>
+int compact_at_least_impl(const float* p, int n, int first, float bound, std::int32_t* out,
+                          int limit, [[maybe_unused]] const float* q, [[maybe_unused]] int qn,
+                          [[maybe_unused]] float* qmax) {
   int i = 0;
   int c = 0;
+  bool gave_up = false;
+  [[maybe_unused]] max_carry<Simd> ahead;
 #if KVSCOUT_HOST_AVX512
   if constexpr (Simd) {
     // Group i writes inside out[c, c + 64) with c <= i: inside out[0, n). A group without a
     // token at the bound costs its compares and a branch.
     const __m512 b = _mm512_set1_ps(bound);
     for (; i + 64 <= n; i += 64) {
-      if (i % collect_window == 0 && c > limit) return -1;
+      if (i % collect_window == 0 && c > limit) {
+        gave_up = true;
+        break;
+      }
+      if constexpr (Ahead) ahead.step(q, qn, i);
       const __m512 x[4] = {_mm512_loadu_ps(p + i), _mm512_loadu_ps(p + i + 16),
                            _mm512_loadu_ps(p + i + 32), _mm512_loadu_ps(p + i + 48)};
       const __mmask64 bits = at_least_mask64(x, b);
@@ -283,19 +326,40 @@ int compact_at_least(const float* p, int n, int first, float bound, std::int32_t
     const __m128 b = _mm_set1_ps(bound);
     // Block i writes at most out[c, c + 16) with c <= i, inside out[0, n).
     for (; i + 16 <= n; i += 16) {
-      if (i % collect_window == 0 && c > limit) return -1;
+      if (i % collect_window == 0 && c > limit) {
+        gave_up = true;
+        break;
+      }
       const __m128 x[4] = {_mm_loadu_ps(p + i), _mm_loadu_ps(p + i + 4), _mm_loadu_ps(p + i + 8),
                            _mm_loadu_ps(p + i + 12)};
       c = compress_block(x, first + i, b, out, c);
     }
   }
 #endif
-  for (; i < n; ++i) {
-    if (i % collect_window == 0 && c > limit) return -1;
+  for (; !gave_up && i < n; ++i) {
+    if (i % collect_window == 0 && c > limit) {
+      gave_up = true;
+      break;
+    }
     out[c] = first + i;
     c += static_cast<int>(p[i] >= bound);
   }
-  return c;
+  if constexpr (Ahead) *qmax = ahead.result(q, qn);
+  return gave_up ? -1 : c;
+}
+
+/// compact_at_least_impl without a second row.
+template <bool Simd = select_simd>
+int compact_at_least(const float* p, int n, int first, float bound, std::int32_t* out,
+                     int limit = INT_MAX) {
+  return compact_at_least_impl<Simd, false>(p, n, first, bound, out, limit, nullptr, 0, nullptr);
+}
+
+/// compact_at_least, and *qmax = max_of(q, qn, -inf) read in the same loop.
+template <bool Simd = select_simd>
+int compact_at_least_and_max(const float* p, int n, int first, float bound, std::int32_t* out,
+                             int limit, const float* q, int qn, float* qmax) {
+  return compact_at_least_impl<Simd, true>(p, n, first, bound, out, limit, q, qn, qmax);
 }
 
 /// One pass over p[0, n) that both finds the maximum and keeps every token that can still be a
