@@ -14,6 +14,7 @@
 #include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/cache/partial_key_cache.hpp"
 #include "kvscout/core/config.hpp"
+#include "kvscout/core/configured.hpp"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/dtype.hpp"

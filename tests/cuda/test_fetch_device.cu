@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fetch_fixtures.cuh"
+#include "kvscout/core/configured.hpp"
 #include "kvscout/fetch/copy_engine.cuh"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/fetch/staged.cuh"
@@ -20,6 +21,12 @@
 using namespace fetch_test;
 using kvscout::bfloat16;
 using kvscout::half;
+
+// The executors hand back their configuration the way every configured component does.
+using configured_layout = kvscout::contiguous_layout<half, 64, kvscout::hnd>;
+static_assert(kvscout::configured<kvscout::copy_engine_executor<configured_layout>>);
+static_assert(kvscout::configured<kvscout::staged_executor<configured_layout>>);
+static_assert(kvscout::configured<kvscout::zero_copy_executor<configured_layout>>);
 
 namespace {
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
+#include "kvscout/core/configured.hpp"
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 
@@ -73,6 +74,7 @@ struct fake_stages {
   }
 };
 static_assert(kvscout::cuda_pipeline_stages<fake_stages>);
+static_assert(kvscout::configured<kvscout::cuda_decode_pipeline<fake_stages>>);
 
 struct fixture {
   static constexpr int L = 8;

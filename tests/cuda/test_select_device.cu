@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
+#include "kvscout/core/configured.hpp"
 #include "kvscout/select/threshold.cuh"
 #include "kvscout/select/topk.cuh"
 
@@ -26,6 +27,9 @@ namespace {
 
 using kvscout::keep_set;
 using kvscout::threshold_rule;
+
+static_assert(kvscout::configured<kvscout::topk_selector_cuda>);
+static_assert(kvscout::configured<kvscout::threshold_selector_cuda>);
 
 constexpr float pinf = std::numeric_limits<float>::infinity();
 constexpr float qnan = std::numeric_limits<float>::quiet_NaN();

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
+#include "kvscout/core/configured.hpp"
 #include "kvscout/spec/infinigen.cuh"
 #include "kvscout/spec/infinigen.hpp"
 
@@ -35,6 +36,8 @@ namespace {
 
 using kvscout::gqa_aggregation;
 using kvscout::rope_mode;
+
+static_assert(kvscout::configured<kvscout::infinigen_speculator_cuda<float>>);
 
 struct shape {
   int H, g, D, r, d_model;

@@ -20,6 +20,7 @@
 
 #include "gpu_harness.cuh"
 #include "host_gather_reference.cuh"
+#include "kvscout/core/configured.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/pipeline/cuda_stages.cuh"
@@ -30,6 +31,8 @@
 namespace {
 
 using kvscout::half;
+
+static_assert(kvscout::configured<kvscout::streaming_policy_cuda>);
 
 template <class T>
 kvscout::device_span<T> dspan(const gpu_test::device_vector<std::remove_const_t<T>>& v) {

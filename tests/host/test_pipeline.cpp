@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "kvscout/core/configured.hpp"
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/pipeline/host_pipeline.hpp"
 #include "kvscout/select/threshold.hpp"
@@ -38,6 +39,19 @@ concept host_pipeline_for =
                                                       kvscout::topk_selector_host>; };
 static_assert(host_pipeline_for<layout>);
 static_assert(!host_pipeline_for<kvscout::kivi_layout<T, D, 2>>);
+
+// Every configured host component hands back its configuration the same way.
+static_assert(kvscout::configured<kvscout::host_decode_pipeline<layout, kvscout::streaming_policy,
+                                                                kvscout::topk_selector_host>>);
+static_assert(kvscout::configured<kvscout::topk_selector_host>);
+static_assert(kvscout::configured<kvscout::threshold_selector_host>);
+static_assert(kvscout::configured<kvscout::host_gather_executor<layout>>);
+static_assert(kvscout::configured<kvscout::streaming_policy>);
+static_assert(kvscout::configured<kvscout::h2o_policy>);
+static_assert(kvscout::configured<kvscout::quest_policy<D>>);
+static_assert(kvscout::configured<kvscout::oracle_policy<layout>>);
+static_assert(kvscout::configured<kvscout::infinigen_policy<>>);
+static_assert(!kvscout::configured<int>);
 
 // Skew plans from a calibration run of the same weights on another prompt.
 std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, int r) {

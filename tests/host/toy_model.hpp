@@ -80,7 +80,7 @@ struct toy_model {
   template <class Pipe>
   void step(Pipe& pipe, std::vector<float>& hs, const std::vector<float>& embed, bool dense_only = false) {
     using Policy = typename Pipe::policy_type;
-    const int skip = dense_only ? L : pipe.config().skip_layers;
+    const int skip = dense_only ? L : pipe.configuration().skip_layers;
     std::vector<float> xn(static_cast<std::size_t>(S) * d), q(static_cast<std::size_t>(S) * Hq * D),
         kpre(static_cast<std::size_t>(S) * H * D), kpost(kpre.size()), v(kpre.size()), out(q.size()), o(d);
     std::vector<T> kcur(kpre.size()), vcur(kpre.size());

@@ -180,7 +180,7 @@ class llama_session {
       const spec_context early{{xn_.data(), xn_.size()}, {}, {&pos, 1}, {lens_.data(), 1}};
       if constexpr (!std::is_void_v<Pipe>) {
         if (pipe != nullptr && !Pipe::policy_type::needs_query && l + 1 < c_.n_layers &&
-            l + 1 >= pipe->config().skip_layers)
+            l + 1 >= pipe->configuration().skip_layers)
           pipe->speculate(l + 1, early, view(l + 1));
       }
       matvec(L.wq, xn_.data(), Hq * HeadDim, d, q_.data());

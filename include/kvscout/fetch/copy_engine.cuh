@@ -91,7 +91,7 @@ class copy_engine_executor {
     sizes_ = reinterpret_cast<std::size_t*>(p);
   }
 
-  [[nodiscard]] const config_type& config() const noexcept { return cfg_; }
+  [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }
   void set_stream(cudaStream_t stream) noexcept { cfg_.stream = stream; }
   [[nodiscard]] cudaEvent_t event() const noexcept { return event_.get(); }
   /// Copies the last submit issued (K and V counted separately), for statistics.

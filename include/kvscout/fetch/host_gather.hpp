@@ -209,7 +209,7 @@ class host_gather_executor {
     pool_ = std::make_unique<thread_pool>(cfg.threads);
   }
 
-  [[nodiscard]] const config_type& config() const noexcept { return cfg_; }
+  [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }
 
   completion_type submit(const source_type& src, const selection_type& sel,
                          const destination_type& dst) {

@@ -149,7 +149,7 @@ class staged_executor {
     used_.assign(static_cast<std::size_t>(cfg.stages), false);
   }
 
-  [[nodiscard]] const config_type& config() const noexcept { return cfg_; }
+  [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }
   /// The event the last submit recorded.
   [[nodiscard]] cudaEvent_t event() const noexcept { return events_[last_stage_].get(); }
 

@@ -256,7 +256,7 @@ class zero_copy_executor {
     if (cfg_.max_blocks == 0) cfg_.max_blocks = detail::default_max_blocks();
   }
 
-  [[nodiscard]] const config_type& config() const noexcept { return cfg_; }
+  [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }
   /// Later submits enqueue on `stream`.
   void set_stream(cudaStream_t stream) noexcept { cfg_.stream = stream; }
   /// The event the last submit recorded.

@@ -78,6 +78,7 @@ struct cuda_pipeline_streams {
 template <cuda_pipeline_stages Stages>
 class cuda_decode_pipeline {
  public:
+  using config_type = cuda_pipeline_config;
   static constexpr int slots = 2;
 
   /// Validates the configuration and creates the events (the only allocation).
@@ -107,7 +108,7 @@ class cuda_decode_pipeline {
   cuda_decode_pipeline& operator=(const cuda_decode_pipeline&) = delete;
   ~cuda_decode_pipeline() { destroy(); }
 
-  [[nodiscard]] const cuda_pipeline_config& config() const noexcept { return cfg_; }
+  [[nodiscard]] const cuda_pipeline_config& configuration() const noexcept { return cfg_; }
   [[nodiscard]] Stages& stages() noexcept { return stages_; }
 
   /// The selection slot and row buffer layer i uses.

@@ -79,6 +79,7 @@ template <kv_layout L, speculation_policy P, topk_selector Selector>
   requires(!kivi_quantized_layout<L> && std::same_as<typename Selector::memory_space, host_space>)
 class host_decode_pipeline {
  public:
+  using config_type = host_pipeline_config;
   using element_type = typename L::element_type;
   using policy_type = P;
   using selector_type = Selector;
@@ -196,7 +197,7 @@ class host_decode_pipeline {
   /// The scores of the last speculate(): [num_seqs, num_kv_heads, max_tokens].
   [[nodiscard]] host_span<const float> last_scores() const { return {scores_.data(), scores_.size()}; }
   [[nodiscard]] const fetch_stats& stats() const { return stats_; }
-  [[nodiscard]] const host_pipeline_config& config() const { return cfg_; }
+  [[nodiscard]] const host_pipeline_config& configuration() const noexcept { return cfg_; }
 
  private:
   struct buffer {

@@ -26,6 +26,7 @@ class h2o_policy {
     int num_kv_heads = 0;
     int max_tokens = 0;
   };
+  using config_type = config;
   static constexpr bool needs_query = false;
 
   explicit h2o_policy(const config& cfg) : cfg_(cfg) {
@@ -73,6 +74,9 @@ class h2o_policy {
       for (int h = 0; h < cfg_.num_kv_heads; ++h)
         std::fill(mass(layer, s, h), mass(layer, s, h) + cfg_.max_tokens, 0.f);
   }
+
+  /// The configuration this policy was built with.
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:
   void check_layer(int layer) const {

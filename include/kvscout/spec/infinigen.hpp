@@ -43,6 +43,7 @@ class infinigen_policy {
     float scale = 0.f;
     gqa_aggregation aggregation = gqa_aggregation::max_logit;
   };
+  using config_type = config;
   static constexpr bool needs_query = false;
 
   /// plans[layer] is empty (layer not speculated) or holds one plan per KV head, all with the
@@ -143,6 +144,9 @@ class infinigen_policy {
       for (int h = 0; h < H; ++h) score_row(st, s, h, g, ctx.seq_lens[s], out.row(s, h));
     }
   }
+
+  /// The configuration this policy was built with.
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:
   struct layer_state {

@@ -30,6 +30,7 @@ class oracle_policy {
     float scale = 0.f;
     gqa_aggregation aggregation = gqa_aggregation::sum_prob;
   };
+  using config_type = config;
   static constexpr bool needs_query = true;
   static constexpr int head_dim = L::head_dim;
 
@@ -77,6 +78,9 @@ class oracle_policy {
       }
     }
   }
+
+  /// The configuration this policy was built with.
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:
   config cfg_;

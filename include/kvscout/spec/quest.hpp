@@ -33,6 +33,7 @@ class quest_policy {
     float scale = 0.f;
     gqa_aggregation aggregation = gqa_aggregation::max_logit;
   };
+  using config_type = config;
   static constexpr bool needs_query = true;
   static constexpr int head_dim = HeadDim;
 
@@ -109,6 +110,9 @@ class quest_policy {
   }
 
   [[nodiscard]] int page_size() const { return cfg_.page_size; }
+
+  /// The configuration this policy was built with.
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:
   float* page(int layer, int s, int h, int p) {

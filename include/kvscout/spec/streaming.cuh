@@ -73,6 +73,7 @@ class streaming_policy_cuda {
     int num_kv_heads = 0;
     int sinks = 4;
   };
+  using config_type = config;
 
   explicit streaming_policy_cuda(const config& cfg) : cfg_(cfg) {
     KVSCOUT_EXPECTS(cfg.num_kv_heads > 0, "num_kv_heads must be positive, got ", cfg.num_kv_heads);

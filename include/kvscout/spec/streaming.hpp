@@ -18,6 +18,7 @@ class streaming_policy {
     int num_kv_heads = 0;
     int sinks = 4;
   };
+  using config_type = config;
   static constexpr bool needs_query = false;
 
   explicit streaming_policy(const config& cfg) : cfg_(cfg) {
@@ -35,6 +36,9 @@ class streaming_policy {
       }
     }
   }
+
+  /// The configuration this policy was built with.
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:
   config cfg_;
