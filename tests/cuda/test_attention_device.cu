@@ -24,6 +24,42 @@ using namespace fetch_test;
 using kvscout::bfloat16;
 using kvscout::half;
 
+// Not in the unnamed namespace: nvcc warns about its unused members there.
+namespace rows_concept {
+
+// The concept names all the kernel calls: the library's row sources model it, and a source that
+// lacks one of the device calls, or returns the wrong thing from one, does not.
+static_assert(kvscout::device_attention_rows<kvscout::gathered_rows_device<half, 128>>);
+static_assert(kvscout::device_attention_rows<
+              kvscout::layout_rows_device<kvscout::contiguous_layout<half, 64, kvscout::hnd>>>);
+static_assert(kvscout::device_attention_rows<
+              kvscout::kivi_gathered_rows_device<kvscout::kivi_layout<half, 128, 2>>>);
+struct rows_without_load_v {
+  using element_type = half;
+  static constexpr int head_dim = 64;
+  int num_seqs() const { return 1; }
+  int num_kv_heads() const { return 1; }
+  int rows(int, int, int*) const { return 0; }
+  template <int E>
+  bool load_k(int, int, int, int, float (&)[E], int*) const { return true; }
+};
+struct rows_with_void_load_k : rows_without_load_v {
+  template <int E>
+  void load_k(int, int, int, int, float (&)[E], int*) const {}
+  template <int E>
+  void load_v(int, int, int, int, float (&)[E]) const {}
+};
+struct complete_rows : rows_without_load_v {
+  template <int E>
+  void load_v(int, int, int, int, float (&)[E]) const {}
+};
+static_assert(kvscout::device_attention_rows<complete_rows>);
+static_assert(!kvscout::device_attention_rows<rows_without_load_v>);
+static_assert(!kvscout::device_attention_rows<rows_with_void_load_k>);
+static_assert(!kvscout::device_attention_rows<int>);
+
+}  // namespace rows_concept
+
 namespace {
 
 std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float scale = 1.f) {

@@ -42,14 +42,24 @@
 
 namespace kvscout {
 
-/// A row source decode_attention_device reads (see attention/detail/device_rows.cuh).
+/// A row source decode_attention_device reads: copied by value into the kernel, shapes on the
+/// host, and the three device calls the kernel makes, with E = head_dim / 32 elements per lane
+/// (contract in attention/detail/device_rows.cuh: rows() clamps its count, load_k() returns false
+/// for a row to skip, load_v() only after load_k() returned true). An engine's own row source
+/// (its quantised or paged format read in place) models this to reuse the kernel.
 template <class R>
-concept device_attention_rows = std::copyable<R> && requires(const R& r) {
-  typename R::element_type;
-  { R::head_dim } -> std::convertible_to<int>;
-  { r.num_seqs() } -> std::same_as<int>;
-  { r.num_kv_heads() } -> std::same_as<int>;
-};
+concept device_attention_rows =
+    std::copyable<R> &&
+    requires(const R& r, int s, int h, int i, int c0, int* status,
+             float (&part)[R::head_dim / 32]) {
+      typename R::element_type;
+      { R::head_dim } -> std::convertible_to<int>;
+      { r.num_seqs() } -> std::same_as<int>;
+      { r.num_kv_heads() } -> std::same_as<int>;
+      { r.rows(s, h, status) } -> std::same_as<int>;
+      { r.template load_k<R::head_dim / 32>(s, h, i, c0, part, status) } -> std::same_as<bool>;
+      r.template load_v<R::head_dim / 32>(s, h, i, c0, part);
+    };
 
 /// q and out: float by default (braced {ptr, size} arguments mean float), or any element type,
 /// deduced from the spans (device_span<const half> or device_span<half> for q, device_span<half>
