@@ -7,7 +7,8 @@
 // k = 1, k = len, k > len; keep-sets that overlap or cover the row; several sequences with
 // different lengths. Scores past a row's length are +inf (a read past it would select them),
 // outputs are poisoned first and entries past a count must stay poisoned. Bad input throws
-// kvscout::error naming the value; bad lengths on the device are clamped to [0, stride].
+// kvscout::error naming the value; bad lengths on the device are clamped to [0, stride] and
+// raise device_status::bad_length.
 
 #include <cfloat>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
+#include "kvscout/backend/cuda/device_status.hpp"
 #include "kvscout/core/configured.hpp"
 #include "kvscout/select/threshold.cuh"
 #include "kvscout/select/topk.cuh"
@@ -88,6 +90,7 @@ constexpr std::int32_t index_poison = -1;  // 0xffffffff: what device_vector::po
 
 struct result {
   std::vector<std::int32_t> indices, counts;
+  int status = 0;  // the device status word after a device run
 };
 
 /// Runs a host selector (S = topk_selector_host or threshold_selector_host).
@@ -115,14 +118,15 @@ result run_device(const typename Sel::config& cfg, const problem& p,
   const std::size_t ws_bytes = Sel::workspace_bytes(cfg);
   gpu_test::device_vector<std::byte> ws(ws_bytes);
   Sel sel(cfg, {ws.data(), ws_bytes});
+  gpu_test::device_vector<int> status(std::vector<int>{0});
   cudaStream_t stream;
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&stream));
   sel.select({{scores.data(), scores.size()}, {lens.data(), lens.size()}, p.S, p.H, p.stride},
              {{indices.data(), indices.size()}, {counts.data(), counts.size()}, p.S, p.H, cfg.capacity},
-             stream);
+             stream, status.data());
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
   KVSCOUT_CUDA_CHECK(cudaStreamDestroy(stream));
-  return {indices.download(), counts.download()};
+  return {indices.download(), counts.download(), status.download()[0]};
 }
 
 /// Every count and every index equal; entries past a count still poisoned on the device.
@@ -151,6 +155,7 @@ void check_topk(const problem& p, int budget, keep_set keep, int capacity, const
   const result h = run_host<kvscout::topk_selector_host>(cfg, p);
   const result d = run_device<kvscout::topk_selector_cuda>(cfg, p);
   GPU_CHECK(same(h, d, capacity, what));
+  GPU_CHECK(d.status == 0);  // lengths in [0, stride], the stride itself included, are good
 }
 
 void check_threshold(const problem& p, int max_count, float alpha, threshold_rule rule,
@@ -159,6 +164,7 @@ void check_threshold(const problem& p, int max_count, float alpha, threshold_rul
   const result h = run_host<kvscout::threshold_selector_host>(cfg, p);
   const result d = run_device<kvscout::threshold_selector_cuda>(cfg, p);
   GPU_CHECK(same(h, d, capacity, what));
+  GPU_CHECK(d.status == 0);
 }
 
 // ---- cases -----------------------------------------------------------------------------------
@@ -241,10 +247,19 @@ void device_lengths_are_clamped() {
   const result h = run_host<kvscout::topk_selector_host>(cfg, p);
   const result d = run_device<kvscout::topk_selector_cuda>(cfg, p, &bad);
   GPU_CHECK(same(h, d, 32, "clamped_topk"));
-  kvscout::threshold_selector_cuda::config tc{p.S, p.H, p.stride, 32, 1.f, 32, threshold_rule::infinigen_mean, {2, 2}};
-  const result th = run_host<kvscout::threshold_selector_host>(tc, p);
-  const result td = run_device<kvscout::threshold_selector_cuda>(tc, p, &bad);
-  GPU_CHECK(same(th, td, 32, "clamped_threshold"));
+  GPU_CHECK(d.status == kvscout::device_status::bad_length);  // and reported
+  for (const threshold_rule rule : {threshold_rule::infinigen_mean, threshold_rule::per_head}) {
+    kvscout::threshold_selector_cuda::config tc{p.S, p.H, p.stride, 32, 1.f, 32, rule, {2, 2}};
+    const result th = run_host<kvscout::threshold_selector_host>(tc, p);
+    const result td = run_device<kvscout::threshold_selector_cuda>(tc, p, &bad);
+    GPU_CHECK(same(th, td, 32, "clamped_threshold"));
+    GPU_CHECK(td.status == kvscout::device_status::bad_length);
+  }
+  // One bad length is enough to raise it; the good row's selection is its own.
+  const std::vector<std::int32_t> one_bad = {0, 301};
+  const result o = run_device<kvscout::topk_selector_cuda>(cfg, p, &one_bad);
+  GPU_CHECK(same(h, o, 32, "clamped_topk_one"));
+  GPU_CHECK(o.status == kvscout::device_status::bad_length);
 }
 
 using gpu_test::throws_with;

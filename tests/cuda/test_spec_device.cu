@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
+#include "kvscout/backend/cuda/device_status.hpp"
 #include "kvscout/core/configured.hpp"
 #include "kvscout/spec/infinigen.cuh"
 #include "kvscout/spec/infinigen.hpp"
@@ -358,7 +359,8 @@ small_setup small_speculator(rope_mode mode, float sigma, std::mt19937& rng) {
 }
 
 void lengths_on_device_are_clamped() {
-  // seq_lens beyond the bound are clamped to it; negative ones score nothing.
+  // seq_lens beyond the bound are clamped to it; negative ones score nothing; both are reported
+  // as device_status::bad_length.
   std::mt19937 rng(11);
   const small_setup u = small_speculator(rope_mode::rope_planes, 0.1f, rng);
   std::normal_distribution<float> nd(0.f, 0.1f);
@@ -371,7 +373,13 @@ void lengths_on_device_are_clamped() {
   for (int t = 0; t < 64; ++t) sid[t] = t % 2, tid[t] = t / 2;
   gpu_test::device_vector<float> dk(keys);
   gpu_test::device_vector<std::int32_t> ds(sid), dt(tid);
-  s.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()}, 64);
+  {
+    gpu_test::device_vector<int> status(std::vector<int>{0});
+    s.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()}, 64, nullptr,
+             status.data());
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(status.download()[0] == 0);  // good pairs: nothing reported
+  }
   // Pairs outside [0, num_seqs) x [0, max_tokens) are skipped on the device: no fault, and the
   // cache keeps every byte.
   {
@@ -382,8 +390,11 @@ void lengths_on_device_are_clamped() {
                                   cudaMemcpyDeviceToHost));
     gpu_test::device_vector<std::int32_t> bs(std::vector<std::int32_t>{-1, 2, 0, 1});
     gpu_test::device_vector<std::int32_t> bt(std::vector<std::int32_t>{0, 0, 64, -1});
-    s.append({dk.data(), dk.size()}, {bs.data(), bs.size()}, {bt.data(), bt.size()}, 4);
+    gpu_test::device_vector<int> status(std::vector<int>{0});
+    s.append({dk.data(), dk.size()}, {bs.data(), bs.size()}, {bt.data(), bt.size()}, 4, nullptr,
+             status.data());
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(status.download()[0] == kvscout::device_status::bad_index);  // and reported
     KVSCOUT_CUDA_CHECK(cudaMemcpy(after.data(), view.data.data(), sizeof(float) * after.size(),
                                   cudaMemcpyDeviceToHost));
     GPU_CHECK(std::memcmp(before.data(), after.data(), sizeof(float) * before.size()) == 0);
@@ -391,8 +402,21 @@ void lengths_on_device_are_clamped() {
   std::vector<float> x(2 * 64, 0.5f);
   gpu_test::device_vector<float> dx(x), out(2 * 40);
   gpu_test::device_vector<std::int32_t> pos(std::vector<std::int32_t>{5, 6}), lens(std::vector<std::int32_t>{1000, -3});
-  s.score({{dx.data(), dx.size()}, {pos.data(), 2}, {lens.data(), 2}, 20}, {{out.data(), out.size()}, 2, 1, 40});
+  gpu_test::device_vector<int> status(std::vector<int>{0});
+  s.score({{dx.data(), dx.size()}, {pos.data(), 2}, {lens.data(), 2}, 20, status.data()},
+          {{out.data(), out.size()}, 2, 1, 40});
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);  // reported
+  {
+    // Lengths at the bound and 0 are good: nothing reported.
+    gpu_test::device_vector<std::int32_t> good(std::vector<std::int32_t>{20, 0});
+    gpu_test::device_vector<int> quiet(std::vector<int>{0});
+    gpu_test::device_vector<float> scratch(2 * 40);
+    s.score({{dx.data(), dx.size()}, {pos.data(), 2}, {good.data(), 2}, 20, quiet.data()},
+            {{scratch.data(), scratch.size()}, 2, 1, 40});
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(quiet.download()[0] == 0);
+  }
   const std::vector<float> o = out.download();
   int written0 = 0, written1 = 0;
   double mass = 0;

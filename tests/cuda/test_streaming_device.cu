@@ -1,6 +1,7 @@
 // streaming_policy_cuda (spec/streaming.cuh) and a policy other than InfiniGen in the CUDA
 // pipeline's stages (cuda_speculation_stages, pipeline/cuda_stages.cuh):
-//   - its scores equal the host streaming_policy's bit for bit, lengths clamped on the device and
+//   - its scores equal the host streaming_policy's bit for bit, lengths clamped on the device (and
+//     reported as device_status::bad_length) and
 //     nothing written past a row's length;
 //   - bad calls throw kvscout::error naming the bad value and leave the scores as they were;
 //   - through cuda_decode_pipeline with top-k and the zero-copy executor, every speculated layer
@@ -20,6 +21,7 @@
 
 #include "gpu_harness.cuh"
 #include "host_gather_reference.cuh"
+#include "kvscout/backend/cuda/device_status.hpp"
 #include "kvscout/core/configured.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
@@ -79,10 +81,13 @@ void scores_match_host() {
     kvscout::streaming_policy_cuda p({.num_kv_heads = H, .sinks = sinks});
     gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
     gpu_test::device_vector<int32_t> dl(lens);
+    gpu_test::device_vector<int> status(std::vector<int>{0});
     scores.poison();
-    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 1300},
+    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 1300,
+             .device_status = status.data()},
             {{scores.data(), scores.size()}, S, H, stride});
     GPU_CHECK(same_bits(scores.download(), host_scores(H, sinks, lens, stride, poison_value())));
+    GPU_CHECK(status.download()[0] == 0);  // 1300 = max_seq_len is a good length
   }
   // Lengths beyond max_seq_len are clamped to it, negative ones to 0: the device's lengths are
   // never trusted for addressing.
@@ -91,11 +96,14 @@ void scores_match_host() {
     const std::vector<int32_t> bad = {5000, -7, 600, 100};
     gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
     gpu_test::device_vector<int32_t> dl(bad);
+    gpu_test::device_vector<int> status(std::vector<int>{0});
     scores.poison();
-    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 600},
+    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 600,
+             .device_status = status.data()},
             {{scores.data(), scores.size()}, S, H, stride});
     GPU_CHECK(same_bits(scores.download(),
                         host_scores(H, 4, {600, 0, 600, 100}, stride, poison_value())));
+    GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);  // and reported
   }
 }
 
@@ -192,6 +200,7 @@ void pipeline_selects_sinks_and_recent() {
                   {{scores.data(), scores.size()}, S, H, max_tokens},
                   {dspan<const int32_t>(dev_lens), dspan<const int32_t>(dev_lens), max_tokens},
                   {dspan<const float>(x0), dspan<const float>(x1)}, sets);
+  stages.set_device_status(status.data());  // the policy and the selector report there too
   kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
                                      kvscout::cuda_stages_ref<stages_t>{&stages});
   using pipe_t = decltype(pipe);
@@ -253,6 +262,14 @@ void pipeline_selects_sinks_and_recent() {
               wrong_selections, wrong_rows);
   GPU_CHECK(wrong_selections == 0);
   GPU_CHECK(wrong_rows == 0);
+  // The stages hand their status word to the policy and the selector: a length past the bound,
+  // read on the device, is reported there.
+  std::vector<int32_t> too_long = lens_init;
+  too_long[0] = max_tokens + 5;
+  dev_lens.upload(too_long);
+  stages.speculate(skip, 0, compute);
+  KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+  GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);
   KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(compute));
   KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(side));
   KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(copy));

@@ -103,14 +103,6 @@ KVSCOUT_HOST_DEVICE int find_sorted(const std::int32_t* row, int n, int t) {
   return lo < n && row[lo] == t ? lo : -1;
 }
 
-KVSCOUT_DEVICE void raise_status(int* status, int bits) {
-#if KVSCOUT_DEVICE_CODE
-  if (status != nullptr) atomicOr(status, bits);
-#else
-  (void)status, (void)bits;
-#endif
-}
-
 template <class L>
 __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params<L> p) {
   constexpr int R = zero_copy_rows_per_item;
@@ -129,7 +121,7 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
     // Every thread reads the same count, so the skip below is uniform across the block.
     int n = p.counts[pair];
     if (n < 0 || n > p.capacity) {
-      if (threadIdx.x == 0 && first == 0) raise_status(p.status, device_status::bad_count);
+      if (threadIdx.x == 0 && first == 0) raise_device_status(p.status, device_status::bad_count);
       n = n < 0 ? 0 : p.capacity;
     }
     const int rows = n - first < R ? n - first : R;
@@ -144,7 +136,7 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
       if (p.cached_indices != nullptr && t >= 0 && t < l.seq_len(s)) {
         int nc = p.cached_counts[pair];
         if (nc < 0 || nc > p.capacity) {
-          raise_status(p.status, device_status::bad_count);
+          raise_device_status(p.status, device_status::bad_count);
           nc = 0;
         }
         const std::size_t row0 = static_cast<std::size_t>(pair) * p.capacity;
@@ -159,14 +151,14 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
       if (hit) {
         // served from the cache: offsets set above
       } else if (t < 0 || t >= l.seq_len(s)) {
-        raise_status(p.status, device_status::bad_index);
+        raise_device_status(p.status, device_status::bad_index);
       } else {
         const std::size_t k = l.k_offset(s, t, h), v = l.v_offset(s, t, h);
         if (k > p.k_src_bytes || kb > p.k_src_bytes - k || v > p.v_src_bytes ||
             vb > p.v_src_bytes - v) {
-          raise_status(p.status, device_status::out_of_bounds);
+          raise_device_status(p.status, device_status::out_of_bounds);
         } else if ((k | v) % V != 0) {
-          raise_status(p.status, device_status::misaligned);
+          raise_device_status(p.status, device_status::misaligned);
         } else {
           ko = k;
           vo = v;

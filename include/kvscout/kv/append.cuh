@@ -81,14 +81,6 @@
 namespace kvscout {
 namespace detail {
 
-KVSCOUT_DEVICE void append_raise(int* status, int bits) {
-#if KVSCOUT_DEVICE_CODE
-  if (status != nullptr) atomicOr(status, bits);
-#else
-  (void)status, (void)bits;
-#endif
-}
-
 inline constexpr int append_threads = 256;
 
 // Which slots a sequence owns, for the generic device append (the table in the header comment).
@@ -172,7 +164,7 @@ __global__ void __launch_bounds__(append_threads)
   const int t = p.positions != nullptr ? p.positions[s] : l.seq_len(s);
   // Uniform across the block (every thread reads the same t and metadata).
   if (t < 0 || !p.room.owns(l, s, t)) {
-    if (threadIdx.x == 0) append_raise(p.status, device_status::bad_index);
+    if (threadIdx.x == 0) raise_device_status(p.status, device_status::bad_index);
     return;
   }
   constexpr std::size_t row = sizeof(T) * D;
@@ -180,11 +172,11 @@ __global__ void __launch_bounds__(append_threads)
     const int h = x / nvec, j = x - (x / nvec) * nvec;
     const std::size_t ko = l.k_offset(s, t, h), vo = l.v_offset(s, t, h);
     if (ko > p.k_bytes || row > p.k_bytes - ko || vo > p.v_bytes || row > p.v_bytes - vo) {
-      if (j == 0) append_raise(p.status, device_status::out_of_bounds);
+      if (j == 0) raise_device_status(p.status, device_status::out_of_bounds);
       continue;
     }
     if ((ko | vo) % 16 != 0) {
-      if (j == 0) append_raise(p.status, device_status::misaligned);
+      if (j == 0) raise_device_status(p.status, device_status::misaligned);
       continue;
     }
     const std::size_t in = (static_cast<std::size_t>(s) * H + h) * D + static_cast<std::size_t>(j) * VW;
@@ -233,7 +225,7 @@ __global__ void __launch_bounds__(append_threads)
   const int H = l.num_kv_heads();
   const int len = p.seq_lens[s];  // every thread reads the same value: the exits are uniform
   if (len < 0 || len >= l.capacity()) {
-    if (threadIdx.x == 0) append_raise(p.status, device_status::bad_index);
+    if (threadIdx.x == 0) raise_device_status(p.status, device_status::bad_index);
     return;
   }
   // The host writer's input check, before anything is written.
@@ -246,7 +238,7 @@ __global__ void __launch_bounds__(append_threads)
     bad |= !(isfinite(kf) && fabsf(kf) <= lim) || !(isfinite(vf) && fabsf(vf) <= lim);
   }
   if (__syncthreads_or(bad)) {
-    if (threadIdx.x == 0) append_raise(p.status, device_status::bad_value);
+    if (threadIdx.x == 0) raise_device_status(p.status, device_status::bad_value);
     return;
   }
   // (1) The new token enters its ring slot.

@@ -149,6 +149,10 @@ class cuda_speculation_stages {
     KVSCOUT_EXPECTS(n >= 0, "max_seq_len must be non-negative, got ", n);
     lengths_.max_seq_len = n;
   }
+  /// The device status word (backend/cuda/device_status.hpp) the policies and the selector raise
+  /// bits in (a clamped length: device_status::bad_length), or null. The executor reports through
+  /// its own config's device_status (give it the same word to read one).
+  void set_device_status(int* status) noexcept { status_ = status; }
   /// row_cache: the step is over; the next one fetches into the other set of each layer.
   void next_step() noexcept { parity_ ^= 1; }
   [[nodiscard]] int step_parity() const noexcept { return parity_; }
@@ -157,9 +161,14 @@ class cuda_speculation_stages {
     speculator_type* spec = speculator(layer);
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
     const device_spec_context ctx{x_[check_slot(b)], lengths_.positions, lengths_.seq_lens,
-                                  lengths_.max_seq_len};
+                                  lengths_.max_seq_len, status_};
     spec->score(ctx, scores_, stream);
-    selector_->select(scores_.view(lengths_.seq_lens), cur.selection, stream);
+    const auto view = scores_.view(lengths_.seq_lens);
+    if constexpr (requires { selector_->select(view, cur.selection, stream, status_); }) {
+      selector_->select(view, cur.selection, stream, status_);
+    } else {
+      selector_->select(view, cur.selection, stream);  // a selector without a status word
+    }
   }
 
   void fetch(int layer, int b, cudaStream_t stream) {
@@ -205,6 +214,7 @@ class cuda_speculation_stages {
   std::vector<cuda_stage_buffers> sets_;
   cuda_stage_buffering buffering_;
   unsigned long long* hits_;
+  int* status_ = nullptr;
   int parity_ = 0;
 };
 

@@ -19,7 +19,8 @@
 //
 // select() checks what the host knows and throws kvscout::error naming the bad value; it
 // launches on `stream`, allocates nothing, never synchronises and reads nothing back. seq_lens
-// are read on the device and clamped to [0, stride].
+// are read on the device and clamped to [0, stride] (device_status::bad_length where a status
+// word is passed).
 
 #include <cuda_runtime.h>
 
@@ -58,9 +59,10 @@ class threshold_selector_cuda {
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
-  /// Writes the selection of every (sequence, kv_head) row to out, on `stream`.
+  /// Writes the selection of every (sequence, kv_head) row to out, on `stream`. A length
+  /// outside [0, stride] raises device_status::bad_length in *device_status (null: not reported).
   void select(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
-              cudaStream_t stream = nullptr) {
+              cudaStream_t stream = nullptr, int* device_status = nullptr) {
     detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
                                  scores, out);
     const long long rows = static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
@@ -78,6 +80,7 @@ class threshold_selector_cuda {
     p.budget = cfg_.max_count;
     p.alpha = cfg_.alpha;
     p.keep = cfg_.keep;
+    p.status = device_status;
     const unsigned grid = static_cast<unsigned>(rows);
     if (cfg_.rule == threshold_rule::per_head) {
       detail::launch(detail::threshold_rows<>, grid, detail::select_block_threads, 0, stream, p);

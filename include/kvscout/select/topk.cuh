@@ -14,7 +14,8 @@
 // select() checks what the host knows (config and view shapes, sizes, pointers) and throws
 // kvscout::error naming the bad value; it launches one kernel on `stream`, allocates nothing,
 // never synchronises and reads nothing back. seq_lens are read on the device and clamped to
-// [0, stride]. Counts stay on the device (out.counts).
+// [0, stride] (device_status::bad_length where a status word is passed). Counts stay on the
+// device (out.counts).
 
 #include <cuda_runtime.h>
 
@@ -49,9 +50,10 @@ class topk_selector_cuda {
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
-  /// Writes the selection of every (sequence, kv_head) row to out, on `stream`.
+  /// Writes the selection of every (sequence, kv_head) row to out, on `stream`. A length
+  /// outside [0, stride] raises device_status::bad_length in *device_status (null: not reported).
   void select(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
-              cudaStream_t stream = nullptr) {
+              cudaStream_t stream = nullptr, int* device_status = nullptr) {
     detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
                                  scores, out);
     const long long rows = static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
@@ -67,6 +69,7 @@ class topk_selector_cuda {
     p.capacity = cfg_.capacity;
     p.budget = cfg_.budget;
     p.keep = cfg_.keep;
+    p.status = device_status;
     detail::launch(detail::topk_rows<>, static_cast<unsigned>(rows), detail::select_block_threads,
                    0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());

@@ -21,6 +21,9 @@ struct device_spec_context {
   /// A host-known bound on every seq_lens[s] (e.g. the longest sequence, or max_tokens): it sizes
   /// the grid. Lengths above it (or above the cache or the stride) are clamped on the device.
   int max_seq_len = 0;
+  /// The device status word (backend/cuda/device_status.hpp), or null: a clamped length raises
+  /// device_status::bad_length.
+  int* device_status = nullptr;
 };
 
 /// Where the device speculation writes its scores: [num_seqs, num_kv_heads, stride] floats, row

@@ -129,10 +129,11 @@ class infinigen_speculator_cuda {
   /// (RoPE'd at their own positions unless the mode is pre_rope_folded) in float (the default)
   /// or the cache's half / bfloat16, widened as read; token n of the batch goes to sequence
   /// seq_ids[n], position token_ids[n] (both device memory; pairs out of range are skipped on
-  /// the device).
+  /// the device and raise device_status::bad_index in *device_status, where given).
   template <class KSpan = const float>
   void append(device_span<KSpan> keys, device_span<const int32_t> seq_ids,
-              device_span<const int32_t> token_ids, int count, cudaStream_t stream = nullptr) {
+              device_span<const int32_t> token_ids, int count, cudaStream_t stream = nullptr,
+              int* device_status = nullptr) {
     using K = std::remove_const_t<KSpan>;
     static_assert(kv_element<K>, "kvscout::infinigen_speculator_cuda::append: keys must be float, "
                                  "half or bfloat16");
@@ -150,6 +151,7 @@ class infinigen_speculator_cuda {
     p.head_dim = cfg_.head_dim;
     p.r = cfg_.r;
     p.mode = cfg_.mode;
+    p.status = device_status;
     detail::launch(detail::append_keys<PkT, K>,
                    dim3(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads)),
                    detail::spec_append_threads, 0, stream, p);
@@ -242,6 +244,7 @@ class infinigen_speculator_cuda {
     p.rows = layout_.rows;
     p.stride = out.stride;
     p.max_len = ctx.max_seq_len;  // validated <= stride and <= max_tokens
+    p.status = ctx.device_status;
     p.max_chunks = layout_.chunks;
     p.rope = rope_;
     p.mode = cfg_.mode;

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "kvscout/core/cuda_check.hpp"
+#include "kvscout/backend/cuda/device_status.hpp"
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/error.hpp"
 #include "kvscout/spec/device_concepts.hpp"
@@ -44,6 +45,7 @@ struct streaming_params {
   int stride;
   int max_len;
   int sinks;
+  int* status;  // the device status word, or null
 };
 
 // grid (chunks of block_threads * tokens_per_thread tokens, num_kv_heads, num_seqs); each thread
@@ -55,6 +57,8 @@ __global__ void __launch_bounds__(streaming_block_threads)
   const int s = static_cast<int>(blockIdx.z);
   const int h = static_cast<int>(blockIdx.y);
   const int n = p.seq_lens[s];
+  const bool bad = n < 0 || n > p.max_len;
+  if (bad && threadIdx.x == 0) detail::raise_device_status(p.status, device_status::bad_length);
   const int len = n < 0 ? 0 : (n > p.max_len ? p.max_len : n);
   const int t0 = static_cast<int>(blockIdx.x) * streaming_block_threads * streaming_tokens_per_thread;
   float* row = p.scores + (static_cast<std::size_t>(s) * p.num_kv_heads + h) * p.stride;
@@ -84,8 +88,8 @@ class streaming_policy_cuda {
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
-  /// Writes out.scores[s, h, t] for t < seq_lens[s] (clamped to max_seq_len). max_seq_len = 0
-  /// launches nothing.
+  /// Writes out.scores[s, h, t] for t < seq_lens[s] (clamped to max_seq_len, raising
+  /// device_status::bad_length in ctx.device_status). max_seq_len = 0 launches nothing.
   void score(const device_spec_context& ctx, const device_score_buffer& out,
              cudaStream_t stream = nullptr) const {
     detail::check_device_score_call(cfg_.num_kv_heads, ctx, out);
@@ -101,7 +105,7 @@ class streaming_policy_cuda {
     detail::launch(detail::streaming_scores<>, grid, detail::streaming_block_threads, 0, stream,
                    detail::streaming_params{out.scores.data(), ctx.seq_lens.data(),
                                             cfg_.num_kv_heads, out.stride, ctx.max_seq_len,
-                                            cfg_.sinks});
+                                            cfg_.sinks, ctx.device_status});
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
 

@@ -31,14 +31,6 @@
 namespace kvscout {
 namespace detail {
 
-KVSCOUT_DEVICE void raise_device_status(int* status, int bits) {
-#if KVSCOUT_DEVICE_CODE
-  if (status != nullptr) atomicOr(status, bits);
-#else
-  (void)status, (void)bits;
-#endif
-}
-
 /// E consecutive elements at p (aligned to E * sizeof(T), or 16 bytes if that is more) as float,
 /// with the widest loads that alignment allows (element loads when E * sizeof(T) is not a
 /// multiple of 8, e.g. 16-bit rows of head_dim 96 / 160 / 224).

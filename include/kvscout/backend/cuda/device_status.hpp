@@ -8,13 +8,20 @@
 // reads it whenever it likes (e.g. once per step, after the step's event, or only in debug
 // builds); kvscout never does. A null status pointer turns the reporting off, not the checks.
 //
+// Where it is passed: executors in their config (`cfg.device_status`, since submit() is shared
+// with the host executors); attention, append and the device selectors as the argument after
+// the stream; device speculation policies in `device_spec_context::device_status`; the CUDA
+// pipeline stages hand theirs (`set_device_status`) to their policies and selector.
+//
 //   int* status;                          // cudaMalloc'd, zeroed by the caller
-//   cfg.device_status = status;           // executors, attention and append take it
+//   cfg.device_status = status;           // e.g. an executor
 //   ...
 //   int bits = 0; cudaMemcpy(&bits, status, sizeof bits, cudaMemcpyDeviceToHost);  // off the hot path
 //   if (bits) std::puts(kvscout::describe_device_status(bits).c_str());
 
 #include <string>
+
+#include "kvscout/core/config.hpp"
 
 namespace kvscout::device_status {
 
@@ -32,6 +39,10 @@ inline constexpr int misaligned = 1 << 3;
 /// Append input that is not finite or exceeds the range of the KIVI scale type: the sequence's
 /// append was skipped (the host writer would have thrown).
 inline constexpr int bad_value = 1 << 4;
+/// A sequence length read on the device outside [0, bound] (the selector's stride; the
+/// policy's max_seq_len, stride or cache length): clamped into it, so the row was scored or
+/// selected over fewer tokens than the length said.
+inline constexpr int bad_length = 1 << 5;
 
 /// Human-readable list of the bits set in `bits`.
 inline std::string describe(int bits) {
@@ -47,7 +58,8 @@ inline std::string describe(int bits) {
   add(out_of_bounds, "row outside its buffer (skipped)");
   add(misaligned, "row not 16-byte aligned (skipped)");
   add(bad_value, "non-finite or out-of-range append input (append skipped)");
-  const int known = bad_index | bad_count | out_of_bounds | misaligned | bad_value;
+  add(bad_length, "sequence length outside [0, bound] (clamped)");
+  const int known = bad_index | bad_count | out_of_bounds | misaligned | bad_value | bad_length;
   if ((bits & ~known) != 0) {
     if (!s.empty()) s += ", ";
     s += "unknown bits " + std::to_string(bits & ~known);
@@ -58,6 +70,18 @@ inline std::string describe(int bits) {
 }  // namespace kvscout::device_status
 
 namespace kvscout {
+namespace detail {
+/// ORs `bits` into *status from device code (every kernel reports through this); a null status
+/// turns the reporting off. A no-op where the code is compiled for the host.
+KVSCOUT_DEVICE void raise_device_status(int* status, int bits) {
+#if KVSCOUT_DEVICE_CODE
+  if (status != nullptr) atomicOr(status, bits);
+#else
+  (void)status, (void)bits;
+#endif
+}
+}  // namespace detail
+
 /// See kvscout::device_status.
 inline std::string describe_device_status(int bits) { return device_status::describe(bits); }
 }  // namespace kvscout

@@ -31,6 +31,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "kvscout/backend/cuda/device_status.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/detail/device_config.hpp"
 #include "kvscout/select/detail/radix_select.hpp"
@@ -51,11 +52,15 @@ struct select_params {
   int budget;  // top-k: budget; threshold: max_count
   float alpha;
   keep_set keep;
+  int* status;  // the device status word, or null
 
-  /// seq_lens[s] clamped to [0, stride]: a bad length on the device never reads past a row.
+  /// seq_lens[s] clamped to [0, stride]: a bad length on the device never reads past a row; it
+  /// raises device_status::bad_length (once per block).
   __device__ __forceinline__ int length(int s) const {
     const int n = seq_lens[s];
-    return n < 0 ? 0 : (n > stride ? stride : n);
+    if (n >= 0 && n <= stride) return n;
+    if (threadIdx.x == 0) raise_device_status(status, device_status::bad_length);
+    return n < 0 ? 0 : stride;
   }
 };
 

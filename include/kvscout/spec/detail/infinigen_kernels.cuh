@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 
+#include "kvscout/backend/cuda/device_status.hpp"
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/rope.hpp"
@@ -71,11 +72,15 @@ struct infinigen_params {
   gqa_aggregation aggregation;
   float scale;
 
+  int* status;      // the device status word, or null
+
   /// seq_lens[s] clamped to [0, max_len]: bad lengths on the device never read or write out of
-  /// bounds.
+  /// bounds; they raise device_status::bad_length (once per block).
   __device__ __forceinline__ int length(int s) const {
     const int n = seq_lens[s];
-    return n < 0 ? 0 : (n > max_len ? max_len : n);
+    if (n >= 0 && n <= max_len) return n;
+    if (threadIdx.x == 0) raise_device_status(status, device_status::bad_length);
+    return n < 0 ? 0 : max_len;
   }
 };
 
@@ -92,6 +97,7 @@ struct append_params {
   int head_dim;
   int r;
   rope_mode mode;
+  int* status;  // the device status word, or null
 };
 
 KVSCOUT_DEVICE float warp_sum(float v) {
@@ -349,8 +355,11 @@ __global__ void __launch_bounds__(spec_append_threads)
   const int h = static_cast<int>(blockIdx.y);
   const int s = p.seq_ids[n];
   const int t = p.token_ids[n];
-  // Bad pairs on the device are skipped (nothing written), never out of bounds.
-  if (s < 0 || s >= p.keys.num_seqs || t < 0 || t >= p.keys.max_tokens) return;
+  // Bad pairs on the device are skipped (nothing written), never out of bounds, and reported.
+  if (s < 0 || s >= p.keys.num_seqs || t < 0 || t >= p.keys.max_tokens) {
+    if (h == 0 && threadIdx.x == 0) raise_device_status(p.status, device_status::bad_index);
+    return;
+  }
   const int D = p.head_dim;
   const K* k = p.k + (static_cast<std::size_t>(n) * p.num_kv_heads + h) * D;
   for (int d = static_cast<int>(threadIdx.x); d < D; d += blockDim.x) ks[d] = to_float(k[d]);
