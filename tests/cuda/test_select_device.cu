@@ -255,11 +255,17 @@ void device_lengths_are_clamped() {
     GPU_CHECK(same(th, td, 32, "clamped_threshold"));
     GPU_CHECK(td.status == kvscout::device_status::bad_length);
   }
-  // One bad length is enough to raise it; the good row's selection is its own.
-  const std::vector<std::int32_t> one_bad = {0, 301};
-  const result o = run_device<kvscout::topk_selector_cuda>(cfg, p, &one_bad);
-  GPU_CHECK(same(h, o, 32, "clamped_topk_one"));
-  GPU_CHECK(o.status == kvscout::device_status::bad_length);
+  // One bad length is enough to raise it, too long or negative; the good row's selection is its
+  // own.
+  for (const std::vector<std::int32_t>& one_bad :
+       {std::vector<std::int32_t>{0, 301}, std::vector<std::int32_t>{-1, 300}}) {
+    const result o = run_device<kvscout::topk_selector_cuda>(cfg, p, &one_bad);
+    GPU_CHECK(same(h, o, 32, "clamped_topk_one"));
+    GPU_CHECK(o.status == kvscout::device_status::bad_length);
+    const result ot = run_device<kvscout::threshold_selector_cuda>(
+        {p.S, p.H, p.stride, 32, 1.f, 32, threshold_rule::per_head, {2, 2}}, p, &one_bad);
+    GPU_CHECK(ot.status == kvscout::device_status::bad_length);
+  }
 }
 
 using gpu_test::throws_with;

@@ -416,6 +416,12 @@ void lengths_on_device_are_clamped() {
             {{scratch.data(), scratch.size()}, 2, 1, 40});
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
     GPU_CHECK(quiet.download()[0] == 0);
+    // A negative length alone raises it.
+    gpu_test::device_vector<std::int32_t> negative(std::vector<std::int32_t>{20, -1});
+    s.score({{dx.data(), dx.size()}, {pos.data(), 2}, {negative.data(), 2}, 20, quiet.data()},
+            {{scratch.data(), scratch.size()}, 2, 1, 40});
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(quiet.download()[0] == kvscout::device_status::bad_length);
   }
   const std::vector<float> o = out.download();
   int written0 = 0, written1 = 0;

@@ -105,6 +105,17 @@ void scores_match_host() {
                         host_scores(H, 4, {600, 0, 600, 100}, stride, poison_value())));
     GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);  // and reported
   }
+  // A negative length alone raises it too.
+  {
+    kvscout::streaming_policy_cuda p({.num_kv_heads = H, .sinks = 4});
+    gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
+    gpu_test::device_vector<int32_t> dl(std::vector<int32_t>{600, -1, 0, 100});
+    gpu_test::device_vector<int> status(std::vector<int>{0});
+    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 600,
+             .device_status = status.data()},
+            {{scores.data(), scores.size()}, S, H, stride});
+    GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);
+  }
 }
 
 void bad_input_throws() {
@@ -262,11 +273,19 @@ void pipeline_selects_sinks_and_recent() {
               wrong_selections, wrong_rows);
   GPU_CHECK(wrong_selections == 0);
   GPU_CHECK(wrong_rows == 0);
-  // The stages hand their status word to the policy and the selector: a length past the bound,
-  // read on the device, is reported there.
+  // The stages hand their status word to the policy and to the selector; each reports a length
+  // past its own bound.
   std::vector<int32_t> too_long = lens_init;
-  too_long[0] = max_tokens + 5;
+  too_long[0] = max_tokens + 5;  // past the selector's stride (max_tokens)
   dev_lens.upload(too_long);
+  stages.set_max_seq_len(0);  // the policy launches nothing: only the selector reads lengths
+  stages.speculate(skip, 0, compute);
+  KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+  GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);
+  status.upload(std::vector<int>{0});
+  too_long[0] = max_tokens - 1;  // within the stride, past the policy's bound below
+  dev_lens.upload(too_long);
+  stages.set_max_seq_len(max_tokens - 2);
   stages.speculate(skip, 0, compute);
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
   GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);

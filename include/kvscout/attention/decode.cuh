@@ -44,16 +44,20 @@ namespace kvscout {
 
 /// A row source decode_attention_device reads: copied by value into the kernel, shapes on the
 /// host, and the three device calls the kernel makes, with E = head_dim / 32 elements per lane
-/// (contract in attention/detail/device_rows.cuh: rows() clamps its count, load_k() returns false
-/// for a row to skip, load_v() only after load_k() returned true). An engine's own row source
-/// (its quantised or paged format read in place) models this to reuse the kernel.
+/// (contract in attention/detail/device_rows.cuh: rows() returns a count the source trusts or
+/// has clamped, load_k() returns false for a row to skip, load_v() only after load_k() returned
+/// true). An engine's own row source (its quantised or paged format read in place) models this
+/// to reuse the kernel. (head_dim is checked first, so the per-lane array type below is only
+/// formed for types that have one.)
 template <class R>
 concept device_attention_rows =
     std::copyable<R> &&
-    requires(const R& r, int s, int h, int i, int c0, int* status,
-             float (&part)[R::head_dim / 32]) {
+    requires {
       typename R::element_type;
       { R::head_dim } -> std::convertible_to<int>;
+    } &&
+    requires(const R& r, int s, int h, int i, int c0, int* status,
+             float (&part)[R::head_dim / 32]) {
       { r.num_seqs() } -> std::same_as<int>;
       { r.num_kv_heads() } -> std::same_as<int>;
       { r.rows(s, h, status) } -> std::same_as<int>;

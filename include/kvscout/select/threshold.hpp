@@ -28,14 +28,14 @@
 // capacity. select() validates every input before writing and allocates nothing.
 //
 // Cost, per_head: rows of up to 4096 tokens outside the keep-set, a maximum and a compaction,
-// the maximum read during the previous row's compaction; longer rows one vectorised pass, plus
-// scans of their candidates where the cap binds: a strided sample of the row gives a lower
-// bound L that about k + a few standard deviations of tokens reach; the pass finds the row
-// maximum and keeps only the tokens >= max(L, running max - alpha); radix select picks the k
-// among those (select/detail/host_rows.hpp). If the sample misjudged, the row is redone
-// exactly, so the result never depends on the sample. infinigen_mean: two vectorised passes
-// per row (maximum, count), then a top-k per row. The workspace is about 12 * stride + 16 KiB
-// bytes.
+// the maximum read during the previous row's compaction (AVX-512 builds); longer rows one
+// vectorised pass, plus scans of their candidates where the cap binds: a strided sample of the
+// row gives a lower bound L that about k + a few standard deviations of tokens reach; the pass
+// finds the row maximum and keeps only the tokens >= max(L, running max - alpha); radix select
+// picks the k among those (select/detail/host_rows.hpp). If the sample misjudged, the row is
+// redone exactly, so the result never depends on the sample. infinigen_mean: two vectorised
+// passes per row (maximum, count), then a top-k per row. The workspace is about 12 * stride +
+// 16 KiB bytes.
 
 #include <cstddef>
 #include <cstdint>
@@ -76,8 +76,9 @@ namespace detail {
 inline constexpr int short_row = 4096;
 
 /// What per_head_row hands on to the next row: the next row's maximum, read during this row's
-/// compaction, so that its L2 read overlaps this row's L1-bound compaction (measured on 4096-token
-/// logit rows, bench_select BM_threshold_logits: 5.3 to 5.5 against 5.8 to 5.9 us for 32 rows).
+/// compaction, so that on AVX-512 builds its L2 read overlaps this row's L1-bound compaction
+/// (measured on 4096-token logit rows, bench_select BM_threshold_logits: 5.3 to 5.5 against 5.8
+/// to 5.9 us for 32 rows). Elsewhere the maximum is read after the compaction, as before.
 struct row_lookahead {
   std::optional<float> known;     // in: this row's maximum over all its len scores, if read
   const float* next = nullptr;    // in: the next row, or null
@@ -94,8 +95,11 @@ inline int per_head_row(const float* row, int len, keep_set keep, int max_count,
   const int k = max_count - kr.size(len);
   // The keep-set's scores count for the maximum. The row's maximum (the keep-set's included)
   // may be known already; a compaction reads the next row's maximum along where there is one.
+  std::optional<float> keep_max_value;
   const auto keep_max = [&] {
-    return max_of(row + kr.tail_begin, len - kr.tail_begin, max_of(row, a, -INFINITY));
+    if (!keep_max_value)
+      keep_max_value = max_of(row + kr.tail_begin, len - kr.tail_begin, max_of(row, a, -INFINITY));
+    return *keep_max_value;
   };
   const auto row_max = [&] { return la.known ? *la.known : max_of(row + a, n, keep_max()); };
   const auto compact = [&](float floor, int limit) {
@@ -198,27 +202,31 @@ class threshold_selector_host {
 
   void select_per_head(const score_view<host_space>& scores,
                        const selection_buffers<host_space>& out) const {
-    // Rows in order, each handing the next its maximum where it read it (row_lookahead). Only
-    // short rows use a known maximum (detail::short_row), so only they are read ahead.
-    const int rows = cfg_.num_seqs * cfg_.num_kv_heads;
+    // Rows in order, each handing the next its maximum where it read it (row_lookahead). Rows
+    // of up to short_row tokens outside the keep-set are read ahead: they compact against a
+    // known maximum. (A longer row whose candidates all fit, n <= k, compacts too, but is not
+    // read ahead: its own maximum pass no longer fits L1, so the overlap would not pay.)
+    const int H = cfg_.num_kv_heads;
     detail::row_lookahead la;
-    for (int r = 0; r < rows; ++r) {
-      const int s = r / cfg_.num_kv_heads;
+    for (int s = 0; s < cfg_.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
-      la.next = nullptr;
-      if (r + 1 < rows) {
-        const int ns = (r + 1) / cfg_.num_kv_heads;
-        la.next_len = scores.seq_lens[static_cast<std::size_t>(ns)];
-        const keep_range nk = keep_bounds(cfg_.keep, la.next_len);
-        if (nk.tail_begin - nk.head_end <= detail::short_row)
-          la.next = scores.scores.data() + scores.row(ns, (r + 1) % cfg_.num_kv_heads);
+      for (int h = 0; h < H; ++h) {
+        const int ns = h + 1 < H ? s : s + 1;
+        const int nh = h + 1 < H ? h + 1 : 0;
+        la.next = nullptr;
+        if (ns < cfg_.num_seqs) {
+          la.next_len = scores.seq_lens[static_cast<std::size_t>(ns)];
+          const keep_range nk = keep_bounds(cfg_.keep, la.next_len);
+          if (nk.tail_begin - nk.head_end <= detail::short_row)
+            la.next = scores.scores.data() + scores.row(ns, nh);
+        }
+        const std::size_t r = static_cast<std::size_t>(s) * H + h;
+        out.counts[r] = detail::per_head_row(
+            scores.scores.data() + scores.row(s, h), len, cfg_.keep, cfg_.max_count, cfg_.alpha,
+            ws_, out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity), la);
+        la.known = la.next_max;
+        la.next_max.reset();
       }
-      out.counts[static_cast<std::size_t>(r)] = detail::per_head_row(
-          scores.scores.data() + scores.row(s, r % cfg_.num_kv_heads), len, cfg_.keep,
-          cfg_.max_count, cfg_.alpha, ws_,
-          out.indices.data() + static_cast<std::size_t>(r) * cfg_.capacity, la);
-      la.known = la.next_max;
-      la.next_max.reset();
     }
   }
 

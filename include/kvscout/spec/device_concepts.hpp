@@ -6,8 +6,8 @@
 //
 //   p.score(ctx, out, stream)   enqueues, on `stream` only, the work that writes out.scores
 //                               [num_seqs, num_kv_heads, stride] for t < seq_lens[s] (read on the
-//                               device, clamped to [0, ctx.max_seq_len]); larger scores are kept
-//                               first by the selectors (select/concepts.hpp)
+//                               device, clamped to [0, ctx.max_seq_len] and reported); larger
+//                               scores are kept first by the selectors (select/concepts.hpp)
 //
 // One policy object serves one layer, or several: the stages hold a pointer per layer and may
 // repeat one. What the contract asks beyond the signature (the compiler cannot check it):
@@ -16,7 +16,9 @@
 //   - it checks what the host knows (shapes, sizes, pointers) and throws kvscout::error naming
 //     the bad value before it enqueues anything (detail::check_device_score_call holds the checks
 //     every policy shares);
-//   - device data is never trusted for addressing: lengths above max_seq_len are clamped.
+//   - device data is never trusted for addressing: lengths outside [0, max_seq_len] are clamped
+//     and raise device_status::bad_length in ctx.device_status where it is not null
+//     (detail::raise_device_status, backend/cuda/device_status.hpp).
 // Per-token state (InfiniGen's partial keys) is the policy's own business: the stages do not
 // append; the engine does, on the compute stream, as for its KV cache.
 

@@ -22,7 +22,7 @@ struct device_spec_context {
   /// the grid. Lengths above it (or above the cache or the stride) are clamped on the device.
   int max_seq_len = 0;
   /// The device status word (backend/cuda/device_status.hpp), or null: a clamped length raises
-  /// device_status::bad_length.
+  /// device_status::bad_length. (max_seq_len = 0 launches nothing: no length is read.)
   int* device_status = nullptr;
 };
 

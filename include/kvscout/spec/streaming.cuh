@@ -25,8 +25,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kvscout/core/cuda_check.hpp"
 #include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/error.hpp"
 #include "kvscout/spec/device_concepts.hpp"

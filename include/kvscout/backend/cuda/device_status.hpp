@@ -25,8 +25,9 @@
 
 namespace kvscout::device_status {
 
-/// A selected token index outside [0, seq_len(s)) (or, for KIVI rows, outside the quantised
-/// tokens): the row was skipped.
+/// A token index outside its range: a selected index outside [0, seq_len(s)) (for KIVI rows,
+/// outside the quantised tokens), or an append's (sequence, position) outside the cache: the row
+/// or the append was skipped.
 inline constexpr int bad_index = 1 << 0;
 /// A count outside [0, capacity]: clamped into it.
 inline constexpr int bad_count = 1 << 1;

@@ -97,23 +97,39 @@ inline int emit_range(int begin, int end, std::int32_t* out) {
 /// Whether the scans below use SSE2 by default.
 inline constexpr bool select_simd = KVSCOUT_HOST_SSE2 != 0;
 
+#if KVSCOUT_HOST_AVX512
+/// The largest non-NaN of q[0, qn) and init, 64 scores at a time: step() reads the next group
+/// (called from another scan's loop, the two share it), result() reads the rest and reduces.
+/// max_of's AVX-512 path is this type, so a maximum carried along another scan has its bits.
+struct max_carry512 {
+  __m512 a[4];
+  int j = 0;  // q[0, j) is in a
+  explicit max_carry512(float init)
+      : a{_mm512_set1_ps(init), _mm512_set1_ps(init), _mm512_set1_ps(init),
+          _mm512_set1_ps(init)} {}
+  void step(const float* q, int qn) {
+    if (j + 64 > qn) return;
+    // _mm512_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
+    for (int v = 0; v < 4; ++v) a[v] = _mm512_max_ps(_mm512_loadu_ps(q + j + 16 * v), a[v]);
+    j += 64;
+  }
+  float result(const float* q, int qn) {
+    while (j + 64 <= qn) step(q, qn);
+    float m = _mm512_reduce_max_ps(
+        _mm512_max_ps(_mm512_max_ps(a[0], a[1]), _mm512_max_ps(a[2], a[3])));
+    for (; j < qn; ++j) m = q[j] > m ? q[j] : m;
+    return m;
+  }
+};
+#endif
+
 /// The largest non-NaN of p[0, n) and init.
 template <bool Simd = select_simd>
 float max_of(const float* p, int n, float init) {
   int i = 0;
   float m = init;
 #if KVSCOUT_HOST_AVX512
-  if constexpr (Simd) {
-    // _mm512_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
-    __m512 a0 = _mm512_set1_ps(init), a1 = a0, a2 = a0, a3 = a0;
-    for (; i + 64 <= n; i += 64) {
-      a0 = _mm512_max_ps(_mm512_loadu_ps(p + i), a0);
-      a1 = _mm512_max_ps(_mm512_loadu_ps(p + i + 16), a1);
-      a2 = _mm512_max_ps(_mm512_loadu_ps(p + i + 32), a2);
-      a3 = _mm512_max_ps(_mm512_loadu_ps(p + i + 48), a3);
-    }
-    m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3)));
-  }
+  if constexpr (Simd) return max_carry512(init).result(p, n);
 #elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
     // _mm_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
@@ -256,33 +272,22 @@ inline int emit_bits64(__mmask64 bits, int first, std::int32_t* out, int c) {
 /// Positions where the row scans check a caller's limit on their list.
 inline constexpr int collect_window = 256;
 
-/// max_of(q, qn, -inf), read 64 scores at a time inside another scan's loop (step at i = 0, 64,
-/// 128, ...), then finished (result): max_of's accumulators in max_of's order, so its bits.
+/// max_of(q, qn, -inf) carried along another scan's loop (step once per 64 scores of that
+/// scan), then finished (result). Only AVX-512 builds read inside the loop; elsewhere result()
+/// is a max_of pass after it.
 template <bool Simd>
 struct max_carry {
 #if KVSCOUT_HOST_AVX512
-  __m512 a[4] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY),
-                 _mm512_set1_ps(-INFINITY)};
-  int j = 0;  // q[0, j) is in a
-  void step(const float* q, int qn, int i) {
-    if (Simd && i + 64 <= qn) {
-      for (int v = 0; v < 4; ++v) a[v] = _mm512_max_ps(_mm512_loadu_ps(q + i + 16 * v), a[v]);
-      j = i + 64;
-    }
+  max_carry512 c{-INFINITY};
+  void step(const float* q, int qn) {
+    if constexpr (Simd) c.step(q, qn);
   }
   float result(const float* q, int qn) {
-    if constexpr (!Simd) {
-      return max_of<false>(q, qn, -INFINITY);
-    } else {
-      while (j + 64 <= qn) step(q, qn, j);  // step advances j
-      float m = _mm512_reduce_max_ps(
-          _mm512_max_ps(_mm512_max_ps(a[0], a[1]), _mm512_max_ps(a[2], a[3])));
-      for (; j < qn; ++j) m = q[j] > m ? q[j] : m;
-      return m;
-    }
+    if constexpr (Simd) return c.result(q, qn);
+    return max_of<false>(q, qn, -INFINITY);
   }
 #else
-  void step(const float*, int, int) {}
+  void step(const float*, int) {}
   float result(const float* q, int qn) const { return max_of<Simd>(q, qn, -INFINITY); }
 #endif
 };
@@ -292,10 +297,10 @@ struct max_carry {
 /// written (checked every collect_window positions, alike in every version; out is then
 /// unspecified).
 ///
-/// With Ahead, the same loop also reads another row q[0, qn) and sets *qmax to max_of(q, qn,
-/// -inf), also where it gives up. A short row's compaction reads from L1 and is bound by its
-/// compares and stores; the next row's maximum pass reads from L2 and is bound by the read: in
-/// one loop the two overlap (per_head_row).
+/// With Ahead, it also sets *qmax to max_of(q, qn, -inf) of another row q, also where it gives
+/// up; AVX-512 builds read q inside the same loop. A short row's compaction reads from L1 and is
+/// bound by its compares and stores; the next row's maximum pass reads from L2 and is bound by
+/// the read: in one loop the two overlap (per_head_row). Elsewhere q is read after the loop.
 template <bool Simd = select_simd, bool Ahead = false>
 int compact_at_least_impl(const float* p, int n, int first, float bound, std::int32_t* out,
                           int limit, [[maybe_unused]] const float* q, [[maybe_unused]] int qn,
@@ -314,7 +319,7 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
         gave_up = true;
         break;
       }
-      if constexpr (Ahead) ahead.step(q, qn, i);
+      if constexpr (Ahead) ahead.step(q, qn);
       const __m512 x[4] = {_mm512_loadu_ps(p + i), _mm512_loadu_ps(p + i + 16),
                            _mm512_loadu_ps(p + i + 32), _mm512_loadu_ps(p + i + 48)};
       const __mmask64 bits = at_least_mask64(x, b);
@@ -355,7 +360,7 @@ int compact_at_least(const float* p, int n, int first, float bound, std::int32_t
   return compact_at_least_impl<Simd, false>(p, n, first, bound, out, limit, nullptr, 0, nullptr);
 }
 
-/// compact_at_least, and *qmax = max_of(q, qn, -inf) read in the same loop.
+/// compact_at_least, and *qmax = max_of(q, qn, -inf) (read in the same loop on AVX-512).
 template <bool Simd = select_simd>
 int compact_at_least_and_max(const float* p, int n, int first, float bound, std::int32_t* out,
                              int limit, const float* q, int qn, float* qmax) {

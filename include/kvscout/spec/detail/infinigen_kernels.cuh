@@ -71,8 +71,7 @@ struct infinigen_params {
   rope_mode mode;
   gqa_aggregation aggregation;
   float scale;
-
-  int* status;      // the device status word, or null
+  int* status;  // the device status word, or null
 
   /// seq_lens[s] clamped to [0, max_len]: bad lengths on the device never read or write out of
   /// bounds; they raise device_status::bad_length (once per block).
