@@ -77,8 +77,8 @@ inline constexpr int short_row = 4096;
 
 /// What per_head_row hands on to the next row: the next row's maximum, read during this row's
 /// compaction, so that on AVX-512 builds its L2 read overlaps this row's L1-bound compaction
-/// (measured on 4096-token logit rows, bench_select BM_threshold_logits: 5.3 to 5.5 against 5.8
-/// to 5.9 us for 32 rows). Elsewhere the maximum is read after the compaction, as before.
+/// (measured on 4096-token logit rows, bench_select BM_threshold_logits: 5.0 to 5.3 against 5.6
+/// to 6.1 us for 32 rows). Elsewhere the maximum is read after the compaction, as before.
 struct row_lookahead {
   std::optional<float> known;     // in: this row's maximum over all its len scores, if read
   const float* next = nullptr;    // in: the next row, or null
