@@ -2,7 +2,8 @@
 // partial key cache, compared with one streaming read of the same partial-key bytes.
 //
 // Shape: SmolLM2-135M (the real model of the accuracy harness): d_model 576, 9 query heads,
-// 3 KV heads, head_dim 64, r = 16 partial channels, one sequence, n in {4k, 32k, 128k} tokens.
+// 3 KV heads, head_dim 64, r = 16 partial channels, one sequence (or a batch of 8), n in
+// {4k, 32k, 128k} tokens.
 // Modes: 0 = post_rope_skew (full head projection, RoPE, then A_S), 1 = rope_planes (r rows of
 // W_Q, RoPE on the planes). bytes_per_second counts the partial-key bytes read per step, so the
 // benchmarks' rates compare directly (scripts/bench_table.py prints the ratios).
@@ -13,6 +14,9 @@
 //                           0 / 4 / 8 / 16 KiB ahead (the table takes the fastest: the anchor)
 //   BM_fma_roof             scoring's multiply-adds alone, operands in registers: the compute
 //                           bound, which at 4k (L2-resident keys) lies below the stream
+//   BM_speculation_batch    score() of a batch of 8 sequences of 4k tokens in one call (each
+//                           head's weights read once for the batch), both modes
+//   BM_stream_batch         its anchor: one read of the batch's partial keys, 0 / 16 KiB ahead
 
 #include <benchmark/benchmark.h>
 
@@ -55,40 +59,43 @@ struct fixture {
   std::vector<float> wq, x, scores;
   std::vector<int32_t> lens, pos;
   std::unique_ptr<kvscout::infinigen_policy<>> policy;
-  int n;
+  int n, seqs;
 
   fixture(int tokens, kvscout::rope_mode mode,
-          kvscout::gqa_aggregation agg = kvscout::gqa_aggregation::max_logit)
-      : n(tokens) {
+          kvscout::gqa_aggregation agg = kvscout::gqa_aggregation::max_logit, int num_seqs = 1)
+      : n(tokens), seqs(num_seqs) {
     std::mt19937 rng(42);
     std::normal_distribution<float> nd(0.f, 1.f);
     wq.resize(static_cast<std::size_t>(Hq) * D * d_model);
     for (auto& w : wq) w = nd(rng) * 0.04f;
-    x.resize(d_model);
+    x.resize(static_cast<std::size_t>(seqs) * d_model);
     for (auto& v : x) v = nd(rng);
     std::vector<kvscout::skew_plan> plans(H, make_plan(mode));
-    kvscout::infinigen_policy<>::config cfg{1, 1, H, Hq, D, d_model, n, 0.125f,
-                                            agg};
+    kvscout::infinigen_policy<>::config cfg{1, seqs, H, Hq, D, d_model, n, 0.125f, agg};
     policy = std::make_unique<kvscout::infinigen_policy<>>(
         cfg, std::vector<std::vector<kvscout::skew_plan>>{plans},
         std::vector<kvscout::host_span<const float>>{{wq.data(), wq.size()}},
         std::vector<kvscout::host_span<const float>>{{}});
     std::vector<float> k(static_cast<std::size_t>(H) * D);
-    for (int t = 0; t < n; ++t) {
-      for (auto& v : k) v = nd(rng);
-      policy->append(0, 0, t, k.data(), k.data());
-    }
-    scores.assign(static_cast<std::size_t>(H) * n, 0.f);
-    lens = {n};
-    pos = {n};
+    for (int s = 0; s < seqs; ++s)
+      for (int t = 0; t < n; ++t) {
+        for (auto& v : k) v = nd(rng);
+        policy->append(0, s, t, k.data(), k.data());
+      }
+    scores.assign(static_cast<std::size_t>(seqs) * H * n, 0.f);
+    lens.assign(static_cast<std::size_t>(seqs), n);
+    pos.resize(static_cast<std::size_t>(seqs));
+    for (int s = 0; s < seqs; ++s) pos[static_cast<std::size_t>(s)] = n + 17 * s;
   }
   std::size_t key_bytes() const { return policy->keys(0).bytes_for(n); }
 };
 
-void run_speculation(benchmark::State& state, kvscout::rope_mode mode, kvscout::gqa_aggregation agg) {
-  fixture f(static_cast<int>(state.range(0)), mode, agg);
-  const kvscout::spec_context ctx{{f.x.data(), f.x.size()}, {}, {f.pos.data(), 1}, {f.lens.data(), 1}};
-  const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, 1, H, f.n};
+void run_speculation(benchmark::State& state, kvscout::rope_mode mode, kvscout::gqa_aggregation agg,
+                     int seqs = 1) {
+  fixture f(static_cast<int>(state.range(0)), mode, agg, seqs);
+  const auto S = static_cast<std::size_t>(seqs);
+  const kvscout::spec_context ctx{{f.x.data(), f.x.size()}, {}, {f.pos.data(), S}, {f.lens.data(), S}};
+  const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, seqs, H, f.n};
   for (auto _ : state) {
     f.policy->score(0, ctx, out);
     benchmark::DoNotOptimize(f.scores.data());
@@ -96,11 +103,21 @@ void run_speculation(benchmark::State& state, kvscout::rope_mode mode, kvscout::
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.key_bytes()));
   state.counters["tokens"] = f.n;
+  state.counters["seqs"] = seqs;
 }
 
 void BM_speculation(benchmark::State& state) {
   const auto mode = state.range(1) == 0 ? kvscout::rope_mode::post_rope_skew : kvscout::rope_mode::rope_planes;
   run_speculation(state, mode, kvscout::gqa_aggregation::max_logit);
+}
+
+// A batch of `seqs` sequences of n tokens each in one score() call, as a decode step of a batched
+// engine runs it: each head's weights are read once per 8 sequences (infinigen_policy's query
+// block), the partial keys of every sequence once. Its anchor, BM_stream_batch, reads the same
+// seqs x n tokens of partial keys.
+void BM_speculation_batch(benchmark::State& state) {
+  const auto mode = state.range(2) == 0 ? kvscout::rope_mode::post_rope_skew : kvscout::rope_mode::rope_planes;
+  run_speculation(state, mode, kvscout::gqa_aggregation::max_logit, static_cast<int>(state.range(1)));
 }
 
 // The same with mean_logit, RoPE planes: the group is folded into its mean partial query, one
@@ -127,10 +144,11 @@ void stream_once(const float* p, std::size_t count, std::size_t ahead) {
   benchmark::DoNotOptimize(acc);
 }
 
-void BM_stream_partial_keys(benchmark::State& state) {
-  const auto ahead = static_cast<std::size_t>(state.range(1)) / sizeof(float);
-  fixture f(static_cast<int>(state.range(0)), kvscout::rope_mode::post_rope_skew);
-  const float* p = f.policy->keys(0).tile(0, 0, 0);
+void stream_keys(benchmark::State& state, int seqs, std::size_t ahead_bytes) {
+  const auto ahead = ahead_bytes / sizeof(float);
+  fixture f(static_cast<int>(state.range(0)), kvscout::rope_mode::post_rope_skew,
+            kvscout::gqa_aggregation::max_logit, seqs);
+  const float* p = f.policy->keys(0).tile(0, 0, 0);  // the seqs x H rows of n tokens, contiguous
   const std::size_t count = f.key_bytes() / sizeof(float);
   for (auto _ : state) {
     if (ahead > 0) {
@@ -140,6 +158,14 @@ void BM_stream_partial_keys(benchmark::State& state) {
     }
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.key_bytes()));
+}
+
+void BM_stream_partial_keys(benchmark::State& state) {
+  stream_keys(state, 1, static_cast<std::size_t>(state.range(1)));
+}
+
+void BM_stream_batch(benchmark::State& state) {
+  stream_keys(state, static_cast<int>(state.range(1)), static_cast<std::size_t>(state.range(2)));
 }
 
 // The compute roof of scoring: exactly the multiply-adds that scoring does with max_logit (r * g
@@ -177,6 +203,10 @@ BENCHMARK(BM_fma_roof)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({1310
 BENCHMARK(BM_speculation_mean)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({131072})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_speculation)->ArgNames({"n", "mode"})->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_speculation_batch)->ArgNames({"n", "seqs", "mode"})->ArgsProduct({{4096}, {8}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_stream_batch)->ArgNames({"n", "seqs", "ahead"})->ArgsProduct({{4096}, {8}, {0, 16384}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_stream_partial_keys)->ArgNames({"n", "ahead"})->ArgsProduct({{4096, 32768, 131072}, {0, 4096, 8192, 16384}})
     ->Unit(benchmark::kMicrosecond);

@@ -131,6 +131,27 @@ def speculation_section(res):
                      f"({st['fields'].get('ahead', 0)}) | {roof_txt} | "
                      f"{m0['gbps'] / st['gbps']:.2f} | {m1['gbps'] / st['gbps']:.2f} | "
                      f"{m1['gbps'] / attainable:.2f} |")
+    batch = sorted({r["fields"]["seqs"] for r in res if r["family"] == "BM_speculation_batch"})
+    if batch:
+        lines += ["", "A decode step over a batch of sequences (one score() call, each head's "
+                  "weights read once per 8 sequences), against one read of the batch's partial "
+                  "keys; the 1-sequence row is the table above at that n.", "",
+                  "| n | sequences | post_rope_skew us | rope_planes us | stream us | "
+                  "post_rope / stream | rope_planes / stream |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for n in sorted({r["fields"]["n"] for r in res if r["family"] == "BM_speculation_batch"}):
+            rows = [(1, find(res, "BM_speculation", n=n, mode=0), find(res, "BM_speculation", n=n, mode=1),
+                     [r for r in res if r["family"] == "BM_stream_partial_keys"
+                      and r["fields"].get("n") == n])]
+            rows += [(b, find(res, "BM_speculation_batch", n=n, seqs=b, mode=0),
+                      find(res, "BM_speculation_batch", n=n, seqs=b, mode=1),
+                      [r for r in res if r["family"] == "BM_stream_batch"
+                       and r["fields"].get("n") == n and r["fields"].get("seqs") == b]) for b in batch]
+            for b, m0, m1, streams in rows:
+                if not (m0 and m1 and streams):
+                    continue
+                st = max(streams, key=lambda r: r["gbps"])
+                lines.append(f"| {n} | {b} | {m0['time']:.1f} | {m1['time']:.1f} | {st['time']:.1f} | "
+                             f"{m0['gbps'] / st['gbps']:.2f} | {m1['gbps'] / st['gbps']:.2f} |")
     targets = [("host_speculation_vs_stream", min(ratios), ">=", 0.7)] if ratios else []
     return lines, targets
 

@@ -385,6 +385,97 @@ TEST_CASE("dot_rows gives every row the bits of dot", "[spec][gemv]") {
     }
 }
 
+TEST_CASE("dot_rows_multi gives every (row, vector) the bits of dot", "[spec][gemv]") {
+  // The batched GEMV of partial_queries: 4 vectors at a time, then 3, 2 or 1; each output must be
+  // dot()'s sum of that row and that vector, and nothing past the rows or the vectors written.
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const int n : {1, 16, 17, 576})
+    for (const int rows : {1, 3, 4, 5, 9, 64})
+      for (const int count : {1, 2, 3, 4, 5, 7, 8, 9}) {
+        CAPTURE(n, rows, count);
+        const std::size_t lda = static_cast<std::size_t>(n) + 5, ldb = static_cast<std::size_t>(n) + 2;
+        const std::size_t ldo = static_cast<std::size_t>(rows) + 3;
+        std::vector<float> a(lda * rows), b(ldb * count), got(ldo * count + 1, -1.f);
+        for (auto& x : a) x = nd(rng);
+        for (auto& x : b) x = nd(rng);
+        kvscout::detail::dot_rows_multi(a.data(), lda, b.data(), ldb, count, n, rows, got.data(), ldo);
+        for (int v = 0; v < count; ++v) {
+          for (int j = 0; j < rows; ++j)
+            REQUIRE(std::bit_cast<std::uint32_t>(got[v * ldo + j]) ==
+                    std::bit_cast<std::uint32_t>(kvscout::detail::dot(a.data() + j * lda,
+                                                                      b.data() + v * ldb, n)));
+          for (std::size_t j = rows; j < ldo; ++j) REQUIRE(got[v * ldo + j] == -1.f);
+        }
+        REQUIRE(got[ldo * count] == -1.f);
+      }
+}
+
+TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone", "[spec][infinigen]") {
+  // score() computes the partial queries of up to 8 sequences together (each head's weights read
+  // once for them) and partial_queries runs them 4 at a time. 11 sequences (a block of 8 = 4 + 4,
+  // then one of 3), each with its own input, position and length, must give every sequence the
+  // scores that a policy holding that sequence alone gives it, bit for bit, in every RoPE mode.
+  const int S = 11, H = 2, g = 3, Hq = H * g, d_model = 96, r = 16, cap = 70;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> wq(static_cast<std::size_t>(Hq) * D * d_model), bq(Hq * D);
+  std::vector<float> x(static_cast<std::size_t>(S) * d_model);
+  for (auto& w : wq) w = nd(rng) / 8.f;
+  for (auto& w : bq) w = 0.1f * nd(rng);
+  for (auto& w : x) w = nd(rng);
+  std::vector<int32_t> lens(S), pos(S);
+  for (int s = 0; s < S; ++s) lens[s] = 20 + 4 * s, pos[s] = 1000 + 37 * s;
+  std::vector<float> kpre(static_cast<std::size_t>(S) * cap * H * D), kpost(kpre.size());
+  for (auto& v : kpre) v = nd(rng);
+  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  kpost = kpre;
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < cap; ++t)
+      for (int h = 0; h < H; ++h)
+        kvscout::apply_rope(&kpost[((static_cast<std::size_t>(s) * cap + t) * H + h) * D], t, rope);
+  std::vector<float> qs(static_cast<std::size_t>(200) * g * D), ks(static_cast<std::size_t>(200) * D);
+  for (auto& v : qs) v = nd(rng);
+  for (auto& v : ks) v = nd(rng);
+  using policy = kvscout::infinigen_policy<>;
+  for (auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes,
+                    kvscout::rope_mode::pre_rope_folded}) {
+    CAPTURE(kvscout::to_string(mode));
+    std::vector<kvscout::skew_plan> plans;
+    for (int h = 0; h < H; ++h)
+      plans.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200,
+                                              g, D, {r, false, mode, rope}));
+    const auto make = [&](int seqs) {
+      return policy({1, seqs, H, Hq, D, d_model, cap, 0.125f, kvscout::gqa_aggregation::max_logit},
+                    {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}});
+    };
+    const auto key = [&](const std::vector<float>& k, int s, int t) {
+      return &k[(static_cast<std::size_t>(s) * cap + t) * H * D];
+    };
+    policy all = make(S);
+    for (int s = 0; s < S; ++s)
+      for (int t = 0; t < lens[s]; ++t) all.append(0, s, t, key(kpre, s, t), key(kpost, s, t));
+    std::vector<float> batch;
+    const auto out = buffer_for(batch, S, H, cap);
+    all.score(0, {{x.data(), x.size()}, {}, {pos.data(), pos.size()}, {lens.data(), lens.size()}}, out);
+    for (int s = 0; s < S; ++s) {
+      CAPTURE(s);
+      policy one = make(1);
+      for (int t = 0; t < lens[s]; ++t) one.append(0, 0, t, key(kpre, s, t), key(kpost, s, t));
+      std::vector<float> alone;
+      const auto out1 = buffer_for(alone, 1, H, cap);
+      one.score(0, {{x.data() + static_cast<std::size_t>(s) * d_model, static_cast<std::size_t>(d_model)},
+                    {}, {pos.data() + s, 1}, {lens.data() + s, 1}}, out1);
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < lens[s]; ++t) {
+          CAPTURE(h, t);
+          REQUIRE(std::bit_cast<std::uint32_t>(out.row(s, h)[t]) ==
+                  std::bit_cast<std::uint32_t>(out1.row(0, h)[t]));
+        }
+    }
+  }
+}
+
 // ---- bad input: every policy throws before it writes a score (or adds to its state) ----------
 
 namespace {

@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -697,6 +699,93 @@ TEST_CASE("pre_rope_folded: partial query = (Wx + b) A_S from folded weights, an
     CHECK(worst_nobias < 1e-5);
     CHECK(worst_score < 1e-5);
   }
+}
+
+TEST_CASE("partial_queries: a batch of sequences gets the bits partial_query gives each alone",
+          "[skew]") {
+  // The batched GEMV reads the weights once per 4 sequences (then 3, 2 or 1); every sequence has
+  // its own input (row stride past d_model), its own position and an output stride past r. The
+  // post_rope_skew rows must also be post_rope_skew_element's sums (the device's form).
+  const int D = 64, d_model = 40, g = 2, n = 60;
+  std::mt19937 rng(17);
+  const auto WQ = normal_vec(static_cast<std::size_t>(g) * D * d_model, rng, 0.2);
+  const auto bQ = normal_vec(static_cast<std::size_t>(g) * D, rng, 0.5, 0.2);
+  const auto qs = normal_vec(static_cast<std::size_t>(n) * g * D, rng);
+  const auto ks = normal_vec(static_cast<std::size_t>(n) * D, rng);
+  const kvscout::rope_config rope{D, 10000.f, rope_style::interleaved};
+  for (auto mode : {rope_mode::post_rope_skew, rope_mode::rope_planes, rope_mode::pre_rope_folded}) {
+    CAPTURE(kvscout::to_string(mode));
+    const auto p = calibrate(qs, ks, n, g, D, {.r = 16, .mode = mode, .rope = rope});
+    const auto w = kvscout::make_partial_query_weights(p, {WQ.data(), WQ.size()},
+                                                       {bQ.data(), bQ.size()}, d_model, 1);
+    for (const int count : {1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+      CAPTURE(count);
+      const std::size_t ldx = d_model + 3, ldq = static_cast<std::size_t>(p.r) + 5;
+      const auto x = normal_vec(ldx * count, rng, 1.0, 0.1);
+      std::vector<kvscout::rope_table> rt(static_cast<std::size_t>(count));
+      for (int v = 0; v < count; ++v) rt[v].fill(p.rope, 100 + 977 * v);
+      std::vector<float> q(ldq * count + 1, poison), one(static_cast<std::size_t>(p.r));
+      kvscout::partial_queries(w, x.data(), ldx, count, rt.data(), q.data(), ldq);
+      for (int v = 0; v < count; ++v) {
+        kvscout::partial_query(w, x.data() + v * ldx, rt[v], one.data());
+        for (int i = 0; i < p.r; ++i) REQUIRE(std::bit_cast<std::uint32_t>(q[v * ldq + i]) ==
+                                              std::bit_cast<std::uint32_t>(one[i]));
+        for (std::size_t i = p.r; i < ldq; ++i) REQUIRE(std::isnan(q[v * ldq + i]));
+      }
+      REQUIRE(std::isnan(q[ldq * count]));
+    }
+    if (mode == rope_mode::post_rope_skew) {
+      const auto y = normal_vec(static_cast<std::size_t>(D), rng, 1.0, 0.1);
+      kvscout::rope_table rt;
+      rt.fill(p.rope, 4321);
+      std::vector<float> row(static_cast<std::size_t>(p.r));
+      kvscout::detail::post_rope_skew_row(y.data(), p.rope, rt.cs, rt.sn, w.rotation.data(), D,
+                                          p.r, row.data());
+      for (int i = 0; i < p.r; ++i) {
+        const float e = kvscout::detail::post_rope_skew_element(y.data(), p.rope, rt.cs, rt.sn,
+                                                                w.rotation.data(), D, p.r, i);
+        // The same sums in the same order; a build that contracts the vector and the scalar
+        // form differently into FMAs may differ in the last bits.
+        REQUIRE(row[i] == Approx(e).margin(1e-6 * norm64(y)));
+      }
+    }
+  }
+}
+
+TEST_CASE("partial_queries rejects bad counts, strides and rotations, naming the value", "[skew]") {
+  const int D = 64, d_model = 24, n = 8;
+  std::mt19937 rng(4);
+  const auto q = normal_vec(static_cast<std::size_t>(n) * D, rng);
+  const auto k = normal_vec(static_cast<std::size_t>(n) * D, rng);
+  const auto W = normal_vec(static_cast<std::size_t>(D) * d_model, rng);
+  const auto x = normal_vec(static_cast<std::size_t>(d_model) * 4, rng);
+  const auto p = calibrate(q, k, n, 1, D, {.r = 16, .mode = rope_mode::rope_planes});
+  const auto w = kvscout::make_partial_query_weights(p, {W.data(), W.size()}, {}, d_model, 0);
+  std::vector<kvscout::rope_table> rt(2);
+  rt[0].fill(p.rope, 5);
+  rt[1].fill(p.rope, 6);
+  std::vector<float> out(64, poison);
+  const auto untouched = [&] {
+    return std::all_of(out.begin(), out.end(), [](float v) { return std::isnan(v); });
+  };
+  CHECK_THROWS_WITH(kvscout::partial_queries(w, x.data(), d_model, -1, rt.data(), out.data(), 16),
+                    Catch::Contains("count must be >= 0, got -1"));
+  CHECK_NOTHROW(kvscout::partial_queries(w, x.data(), d_model, 0, nullptr, nullptr, 0));
+  CHECK_THROWS_WITH(kvscout::partial_queries(w, x.data(), d_model - 1, 2, rt.data(), out.data(), 16),
+                    Catch::Contains("ldx = 23"));
+  CHECK_THROWS_WITH(kvscout::partial_queries(w, x.data(), d_model, 2, rt.data(), out.data(), 15),
+                    Catch::Contains("ldq = 15"));
+  CHECK_THROWS_WITH(kvscout::partial_queries(w, x.data(), d_model, 2, nullptr, out.data(), 16),
+                    Catch::Contains("needs one rope_table per sequence"));
+  rt[1].planes = 3;
+  CHECK_THROWS_WITH(kvscout::partial_queries(w, x.data(), d_model, 2, rt.data(), out.data(), 16),
+                    Catch::Contains("rope_table 1 holds 3 planes, expected head_dim / 2 = 32"));
+  CHECK(untouched());
+  // pre_rope_folded has no RoPE: no tables needed.
+  const auto pf = calibrate(q, k, n, 1, D, {.r = 16, .mode = rope_mode::pre_rope_folded});
+  const auto wf = kvscout::make_partial_query_weights(pf, {W.data(), W.size()}, {}, d_model, 0);
+  CHECK_NOTHROW(kvscout::partial_queries(wf, x.data(), d_model, 2, nullptr, out.data(), 16));
+  CHECK(std::none_of(out.begin(), out.begin() + 32, [](float v) { return std::isnan(v); }));
 }
 
 TEST_CASE("the usage examples of skew/calibrate.hpp and skew/plan.hpp run", "[skew]") {

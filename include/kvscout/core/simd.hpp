@@ -5,6 +5,7 @@
 //
 //   float d = kvscout::detail::dot(a, b, n);   // 16 independent partial sums, then a reduction
 //   kvscout::detail::dot_rows(W, ld, x, n, rows, y);   // y[j] = dot(W + j * ld, x, n), same bits
+//   kvscout::detail::dot_rows_multi(W, ld, X, ldx, count, n, rows, Y, ldy);   // count x's at once
 
 #include <cstddef>
 #include <cstring>
@@ -35,35 +36,69 @@ inline float dot(const float* a, const float* b, int n) {
   return s;
 }
 
-/// out[j] = dot(a + j * lda, b, n) for j in [0, rows): the same operations in the same order per
-/// row, so the same bits as dot(), but R rows at a time share each load of b and give the FMA
-/// units R independent chains (one dot is a single chain, bound by the multiply-add latency).
-template <int R = 8>
-void dot_rows(const float* a, std::size_t lda, const float* b, int n, int rows, float* out) {
+/// out[v * ldo + j] = dot(a + j * lda, b + v * ldb, n) for j in [0, rows) and v in [0, B): the
+/// same operations in the same order per (row, vector), so the same bits as dot(), but R rows and
+/// B vectors at a time: each load of a row feeds B chains, each load of a vector R chains, and
+/// the FMA units get R * B independent chains (one dot is a single chain, bound by the
+/// multiply-add latency). Rows past the last whole group of R take dot() one by one.
+template <int R, int B>
+void dot_rows_block(const float* a, std::size_t lda, const float* b, std::size_t ldb, int n,
+                    int rows, float* out, std::size_t ldo) {
   using vec = float_vec<16>::type;
   int j = 0;
   for (; j + R <= rows; j += R) {
     const float* aj = a + static_cast<std::size_t>(j) * lda;
-    vec lanes[R] = {};
+    vec lanes[B][R] = {};
     int i = 0;
     for (; i + 16 <= n; i += 16) {
-      vec y;
-      std::memcpy(&y, b + i, sizeof y);
+      vec y[B];
+      for (int v = 0; v < B; ++v)
+        std::memcpy(&y[v], b + static_cast<std::size_t>(v) * ldb + i, sizeof y[v]);
       for (int u = 0; u < R; ++u) {
         vec x;
         std::memcpy(&x, aj + static_cast<std::size_t>(u) * lda + i, sizeof x);
-        lanes[u] += x * y;
+        for (int v = 0; v < B; ++v) lanes[v][u] += x * y[v];
       }
     }
-    for (int u = 0; u < R; ++u) {
-      const float* au = aj + static_cast<std::size_t>(u) * lda;
-      float s = 0.f;
-      for (int k = 0; k < 16; ++k) s += lanes[u][k];
-      for (int t = i; t < n; ++t) s += au[t] * b[t];
-      out[j + u] = s;
+    for (int v = 0; v < B; ++v) {
+      const float* bv = b + static_cast<std::size_t>(v) * ldb;
+      for (int u = 0; u < R; ++u) {
+        const float* au = aj + static_cast<std::size_t>(u) * lda;
+        float s = 0.f;
+        for (int k = 0; k < 16; ++k) s += lanes[v][u][k];
+        for (int t = i; t < n; ++t) s += au[t] * bv[t];
+        out[static_cast<std::size_t>(v) * ldo + j + u] = s;
+      }
     }
   }
-  for (; j < rows; ++j) out[j] = dot(a + static_cast<std::size_t>(j) * lda, b, n);
+  for (; j < rows; ++j)
+    for (int v = 0; v < B; ++v)
+      out[static_cast<std::size_t>(v) * ldo + j] =
+          dot(a + static_cast<std::size_t>(j) * lda, b + static_cast<std::size_t>(v) * ldb, n);
+}
+
+/// out[j] = dot(a + j * lda, b, n) for j in [0, rows): dot()'s bits, 8 rows at a time.
+inline void dot_rows(const float* a, std::size_t lda, const float* b, int n, int rows, float* out) {
+  dot_rows_block<8, 1>(a, lda, b, 0, n, rows, out, 0);
+}
+
+/// out[v * ldo + j] = dot(a + j * lda, b + v * ldb, n) for j in [0, rows), v in [0, count): a GEMV
+/// of `count` vectors against the same rows, dot()'s bits for each, reading the rows once per 4
+/// vectors (a GEMM with a thin right-hand side: the rows are the bytes that cost).
+inline void dot_rows_multi(const float* a, std::size_t lda, const float* b, std::size_t ldb,
+                           int count, int n, int rows, float* out, std::size_t ldo) {
+  int v = 0;
+  for (; v + 4 <= count; v += 4)
+    dot_rows_block<4, 4>(a, lda, b + static_cast<std::size_t>(v) * ldb, ldb, n, rows,
+                         out + static_cast<std::size_t>(v) * ldo, ldo);
+  const float* bv = b + static_cast<std::size_t>(v) * ldb;
+  float* ov = out + static_cast<std::size_t>(v) * ldo;
+  switch (count - v) {
+    case 3: dot_rows_block<4, 3>(a, lda, bv, ldb, n, rows, ov, ldo); break;
+    case 2: dot_rows_block<4, 2>(a, lda, bv, ldb, n, rows, ov, ldo); break;
+    case 1: dot_rows_block<8, 1>(a, lda, bv, ldb, n, rows, ov, ldo); break;
+    default: break;
+  }
 }
 
 }  // namespace kvscout::detail

@@ -172,8 +172,9 @@ KVSCOUT_HOST_DEVICE float skew_dot(const float* k, const float* a, int n, std::s
 
 /// Element i of a post_rope_skew partial query, from the head's projected query y[head_dim]
 /// (W_h x + b_h, not yet rotated): every plane j, ascending, is rotated by (cs[j], sn[j]) and its
-/// share of (RoPE(y) A[:, S])[i] is added. rotation = A[:, S], [head_dim, r] row-major. Written
-/// once for partial_query and the device speculation.
+/// share of (RoPE(y) A[:, S])[i] is added. rotation = A[:, S], [head_dim, r] row-major. The
+/// device speculation computes one element per thread with it; the host computes whole rows with
+/// post_rope_skew_row, the same sums in the same order (tested against this function).
 KVSCOUT_HOST_DEVICE float post_rope_skew_element(const float* y, const rope_config& rope,
                                                  const float* cs, const float* sn,
                                                  const float* rotation, int head_dim, int r,
@@ -332,65 +333,117 @@ inline partial_query_weights make_partial_query_weights(const skew_plan& plan,
   return w;
 }
 
-/// The partial query q_partial[r] of one query head at decode position `pos`, from the layer's
-/// input x[d_model] (post-norm hidden state). Allocates nothing; float accumulation.
-///   post_rope_skew:  q = W_h x + b_h, RoPE at pos, then q A[:, S] (computed plane by plane, so no
-///                    [head_dim] scratch is needed).
-///   rope_planes:     the r selected rows of W_h x + b_h, then apply_rope_planes at pos.
-///   pre_rope_folded: x . (W_h^T A_S) + (b_h A)[S]; pos is ignored.
-inline void partial_query(const partial_query_weights& w, const float* x, const rope_table& rt,
-                          float* q_partial) {
-  KVSCOUT_EXPECTS(x != nullptr && q_partial != nullptr,
-                  "partial_query: null input or output pointer");
+namespace detail {
+
+/// A post_rope_skew partial query from the head's projected query y[head_dim]: out[i] =
+/// post_rope_skew_element(y, ..., i) for every i < r, each formed in the same order (plane j
+/// ascending), with each plane rotated once for all r elements and the r sums vectorised over i
+/// (row j of A[:, S] is contiguous). Host only; the device computes one element per thread.
+inline void post_rope_skew_row(const float* y, const rope_config& rope, const float* cs,
+                               const float* sn, const float* rotation, int head_dim, int r,
+                               float* out) {
+  for (int i = 0; i < r; ++i) out[i] = 0.f;
+  for (int j = 0; j < head_dim / 2; ++j) {
+    const rope_plane p = rope_plane_channels(rope, j);
+    float qa = y[p.a];
+    float qb = y[p.b];
+    rope_rotate(qa, qb, cs[j], sn[j]);
+    const float* ra = rotation + static_cast<std::size_t>(p.a) * r;
+    const float* rb = rotation + static_cast<std::size_t>(p.b) * r;
+    for (int i = 0; i < r; ++i) out[i] += qa * ra[i] + qb * rb[i];
+  }
+}
+
+}  // namespace detail
+
+/// The partial queries of one query head for `count` sequences: q[v * ldq + i], i < r, from the
+/// layer input x[v * ldx + :] (post-norm hidden state, d_model floats) at the decode position
+/// whose rotation rt[v] holds (rt may be null for pre_rope_folded, which has no RoPE). Allocates
+/// nothing; float accumulation.
+///   post_rope_skew:  q = W_h x + b_h, RoPE at pos, then q A[:, S] (plane by plane).
+///   rope_planes:     the r selected rows of W_h x + b_h, then each plane rotated at pos.
+///   pre_rope_folded: x . (W_h^T A_S) + (b_h A)[S].
+/// The GEMV reads the head's weights once per 4 sequences (detail::dot_rows_multi): with a batch
+/// of sequences the weights, not the inputs, are the bytes that cost. Each sequence gets the bits
+/// partial_query gives it alone.
+inline void partial_queries(const partial_query_weights& w, const float* x, std::size_t ldx,
+                            int count, const rope_table* rt, float* q, std::size_t ldq) {
+  KVSCOUT_EXPECTS(count >= 0, "partial_queries: count must be >= 0, got ", count);
+  if (count == 0) return;
+  KVSCOUT_EXPECTS(x != nullptr && q != nullptr,
+                  "partial_queries: null input or output pointer");
   KVSCOUT_EXPECTS(w.weight.size() == static_cast<std::size_t>(w.rows()) * w.d_model &&
                       w.bias.size() == static_cast<std::size_t>(w.rows()),
-                  "partial_query: inconsistent weights (rows ", w.rows(), ", d_model ", w.d_model,
-                  ", weight ", w.weight.size(), ", bias ", w.bias.size(), ")");
-  KVSCOUT_EXPECTS(w.mode == rope_mode::pre_rope_folded || rt.planes >= w.head_dim / 2,
-                  "partial_query: the rope_table holds ", rt.planes, " planes, expected head_dim / 2 = ",
-                  w.head_dim / 2);
+                  "partial_queries: inconsistent weights (rows ", w.rows(), ", d_model ",
+                  w.d_model, ", weight ", w.weight.size(), ", bias ", w.bias.size(), ")");
+  KVSCOUT_EXPECTS(count == 1 || (ldx >= static_cast<std::size_t>(w.d_model) &&
+                                 ldq >= static_cast<std::size_t>(w.r)),
+                  "partial_queries: strides ldx = ", ldx, " and ldq = ", ldq,
+                  " must be at least d_model = ", w.d_model, " and r = ", w.r);
+  if (w.mode != rope_mode::pre_rope_folded) {
+    KVSCOUT_EXPECTS(rt != nullptr, "partial_queries: mode ", to_string(w.mode),
+                    " needs one rope_table per sequence, got none");
+    for (int v = 0; v < count; ++v)
+      KVSCOUT_EXPECTS(rt[v].planes >= w.head_dim / 2, "partial_queries: rope_table ", v,
+                      " holds ", rt[v].planes, " planes, expected head_dim / 2 = ", w.head_dim / 2);
+  }
   const int n = w.d_model;
   const int r = w.r;
-  // out[i] = W[i, :] . x + bias[i] for the first `rows` rows; detail::dot_rows runs 8 rows at a
-  // time with 16 partial sums each, so the GEMV is bound by reading the weights.
-  const auto gemv = [&](int rows, float* out) {
-    detail::dot_rows(w.weight.data(), static_cast<std::size_t>(n), x, n, rows, out);
-    for (int i = 0; i < rows; ++i) out[i] += w.bias[static_cast<std::size_t>(i)];
-  };
+  const float* W = w.weight.data();
+  const float* bias = w.bias.data();
   switch (w.mode) {
     case rope_mode::post_rope_skew: {
       KVSCOUT_EXPECTS(w.rotation.size() == static_cast<std::size_t>(w.head_dim) * r,
-                      "partial_query: rotation has ", w.rotation.size(),
+                      "partial_queries: rotation has ", w.rotation.size(),
                       " elements, expected head_dim * r = ", w.head_dim * r);
-      KVSCOUT_EXPECTS(w.head_dim <= 2 * rope_table::max_planes, "partial_query: head_dim ",
+      KVSCOUT_EXPECTS(w.head_dim <= 2 * rope_table::max_planes, "partial_queries: head_dim ",
                       w.head_dim, " exceeds ", 2 * rope_table::max_planes);
-      // The head's query W_h x + b_h (stack scratch, head_dim <= 512), then per element:
-      // rotate plane by plane and add each plane's share of q A[:, S] (shared with the device).
-      float y[2 * rope_table::max_planes];
-      gemv(w.head_dim, y);
-      for (int i = 0; i < r; ++i)
-        q_partial[i] = detail::post_rope_skew_element(y, w.rope, rt.cs, rt.sn, w.rotation.data(),
-                                                      w.head_dim, r, i);
-      break;
-    }
-    case rope_mode::rope_planes: {
-      KVSCOUT_EXPECTS(w.planes.size() * 2 == static_cast<std::size_t>(r), "partial_query: ",
-                      w.planes.size(), " planes for r = ", r);
-      gemv(r, q_partial);
-      for (int i = 0; i < r / 2; ++i) {
-        const int j = w.planes[static_cast<std::size_t>(i)];
-        rope_rotate(q_partial[2 * i], q_partial[2 * i + 1], rt.cs[j], rt.sn[j]);
+      // The heads' queries W_h x + b_h of up to `block` sequences (stack scratch, head_dim <=
+      // 512), then each one rotated and skewed.
+      constexpr int block = 4;
+      float y[block][2 * rope_table::max_planes];
+      const int D = w.head_dim;
+      for (int v0 = 0; v0 < count; v0 += block) {
+        const int c = std::min(block, count - v0);
+        detail::dot_rows_multi(W, static_cast<std::size_t>(n), x + v0 * ldx, ldx, c, n, D, y[0],
+                               2 * rope_table::max_planes);
+        for (int v = 0; v < c; ++v) {
+          for (int d = 0; d < D; ++d) y[v][d] += bias[d];
+          detail::post_rope_skew_row(y[v], w.rope, rt[v0 + v].cs, rt[v0 + v].sn,
+                                     w.rotation.data(), D, r, q + (v0 + v) * ldq);
+        }
       }
       break;
     }
+    case rope_mode::rope_planes:
     case rope_mode::pre_rope_folded: {
-      gemv(r, q_partial);
+      const bool planes = w.mode == rope_mode::rope_planes;
+      KVSCOUT_EXPECTS(!planes || w.planes.size() * 2 == static_cast<std::size_t>(r),
+                      "partial_queries: ", w.planes.size(), " planes for r = ", r);
+      detail::dot_rows_multi(W, static_cast<std::size_t>(n), x, ldx, count, n, r, q, ldq);
+      for (int v = 0; v < count; ++v) {
+        float* qv = q + v * ldq;
+        for (int i = 0; i < r; ++i) qv[i] += bias[i];
+        if (!planes) continue;
+        for (int i = 0; i < r / 2; ++i) {
+          const int j = w.planes[static_cast<std::size_t>(i)];
+          rope_rotate(qv[2 * i], qv[2 * i + 1], rt[v].cs[j], rt[v].sn[j]);
+        }
+      }
       break;
     }
     default:
       KVSCOUT_FAIL("unsupported rope_mode ", static_cast<int>(w.mode),
                    "; supported: post_rope_skew, rope_planes, pre_rope_folded");
   }
+}
+
+/// The partial query q_partial[r] of one query head for one sequence, at the position whose
+/// rotation rt holds (unused by pre_rope_folded): partial_queries with count 1.
+inline void partial_query(const partial_query_weights& w, const float* x, const rope_table& rt,
+                          float* q_partial) {
+  partial_queries(w, x, static_cast<std::size_t>(w.d_model), 1, &rt, q_partial,
+                  static_cast<std::size_t>(w.r));
 }
 
 /// As above, computing the rotation for `pos` (callers that score many heads at one position

@@ -91,7 +91,8 @@ class infinigen_policy {
       st.cache = partial_key_cache<PkT>(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
       r_max = std::max(r_max, st.r);
     }
-    qp_.assign(static_cast<std::size_t>(cfg.num_q_heads) * std::max(r_max, 1), 0.f);
+    qp_.assign(static_cast<std::size_t>(query_block) * cfg.num_q_heads * std::max(r_max, 1), 0.f);
+    rope_.resize(static_cast<std::size_t>(query_block));
     pk_.assign(static_cast<std::size_t>(std::max(r_max, 1)), 0.f);
     qm_.assign(static_cast<std::size_t>(std::max(r_max, 1)), 0.f);
   }
@@ -131,17 +132,29 @@ class infinigen_policy {
                     ctx.x.size(), " floats, expected [", S, ", ", cfg_.d_model, "]");
     KVSCOUT_EXPECTS(ctx.positions.size() >= static_cast<std::size_t>(S), "positions holds ",
                     ctx.positions.size(), " entries, expected ", S);
-    for (int s = 0; s < S; ++s) {
-      // Partial queries of every query head, pre-multiplied by the attention scale; the RoPE
-      // rotation at this position is computed once for all of them.
-      if (st.plans[0].mode != rope_mode::pre_rope_folded) rope_.fill(st.plans[0].rope, ctx.positions[s]);
+    // Sequences in blocks of query_block: the partial queries of the whole block first, every
+    // query head's weights read once for the block (partial_queries), then the block's rows.
+    // Each sequence's RoPE rotation is computed once for all heads.
+    const bool rope = st.plans[0].mode != rope_mode::pre_rope_folded;
+    const std::size_t ldq = static_cast<std::size_t>(Hq) * r;
+    for (int s0 = 0; s0 < S; s0 += query_block) {
+      const int count = std::min(query_block, S - s0);
+      if (rope)
+        for (int v = 0; v < count; ++v)
+          rope_[static_cast<std::size_t>(v)].fill(st.plans[0].rope, ctx.positions[s0 + v]);
+      const float* x = ctx.x.data() + static_cast<std::size_t>(s0) * cfg_.d_model;
       for (int qh = 0; qh < Hq; ++qh) {
+        // Pre-multiplied by the attention scale.
         float* q = qp_.data() + static_cast<std::size_t>(qh) * r;
-        partial_query(st.weights[static_cast<std::size_t>(qh)],
-                      ctx.x.data() + static_cast<std::size_t>(s) * cfg_.d_model, rope_, q);
-        for (int c = 0; c < r; ++c) q[c] *= cfg_.scale;
+        partial_queries(st.weights[static_cast<std::size_t>(qh)], x,
+                        static_cast<std::size_t>(cfg_.d_model), count, rope_.data(), q, ldq);
+        for (int v = 0; v < count; ++v)
+          for (int c = 0; c < r; ++c) q[v * ldq + static_cast<std::size_t>(c)] *= cfg_.scale;
       }
-      for (int h = 0; h < H; ++h) score_row(st, s, h, g, ctx.seq_lens[s], out.row(s, h));
+      for (int v = 0; v < count; ++v)
+        for (int h = 0; h < H; ++h)
+          score_row(st, qp_.data() + v * ldq + static_cast<std::size_t>(h) * g * r, s0 + v, h, g,
+                    ctx.seq_lens[s0 + v], out.row(s0 + v, h));
     }
   }
 
@@ -166,9 +179,9 @@ class infinigen_policy {
   // One (s, h) row. The g query heads of the group are scored together over register-sized
   // blocks of tokens: each channel block of the partial keys is loaded once and multiply-added
   // into g accumulators (vectorised over tokens), so the loop is bound by reading the keys.
-  void score_row(const layer_state& st, int s, int h, int g, int n, float* row) {
+  // qg: the group's g partial queries, [g, r].
+  void score_row(const layer_state& st, const float* qg, int s, int h, int g, int n, float* row) {
     const int r = st.r;
-    const float* qg = qp_.data() + static_cast<std::size_t>(h) * g * r;
     if (cfg_.aggregation == gqa_aggregation::sum_prob) {
       detail::aggregate_scores(n, g, cfg_.aggregation, row, [&](int t, float* z) {
         for (int j = 0; j < g; ++j) {
@@ -318,12 +331,16 @@ class infinigen_policy {
   // 16 KiB on the development machine (bench_host_speculation, docs/performance.md).
   static constexpr std::size_t score_prefetch_bytes = 12288;
 
+  // How many sequences' partial queries are computed together (each head's weights are read
+  // once for them; partial_queries reads them once per 4 sequences, from L2 after the first).
+  static constexpr int query_block = 8;
+
   config cfg_;
   std::vector<layer_state> layers_;
-  std::vector<float> qp_;    // [num_q_heads, r] scratch: scaled partial queries of one sequence
+  std::vector<float> qp_;    // [query_block, num_q_heads, r] scratch: scaled partial queries
   std::vector<float> pk_;    // [r] scratch
   std::vector<float> qm_;    // [r] scratch: a group's mean partial query (mean_logit)
-  rope_table rope_;          // the decoded position's rotation, shared by all heads
+  std::vector<rope_table> rope_;   // [query_block]: each sequence's rotation, shared by all heads
 };
 
 static_assert(speculation_policy<infinigen_policy<>>);
