@@ -156,6 +156,15 @@ void BM_threshold_logits(benchmark::State& state) {
       state, {1, rows, n, k, 5.f, k, kvscout::threshold_rule::per_head, {}}, n, 4.f);
 }
 
+// InfiniGen's own rule on the same logit rows: one count (the mean over the rows of how many
+// scores lie within alpha of their row's maximum), then that many per row by exact top-k.
+void BM_threshold_infinigen_logits(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const int k = n / 10;
+  run_selector<kvscout::threshold_selector_host>(
+      state, {1, rows, n, k, 5.f, k, kvscout::threshold_rule::infinigen_mean, {}}, n, 4.f);
+}
+
 void BM_threshold_uncapped(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   run_selector<kvscout::threshold_selector_host>(
@@ -205,6 +214,7 @@ KVSCOUT_SELECT_BENCH(BM_topk_radix);
 KVSCOUT_SELECT_BENCH(BM_topk_nth_element);
 KVSCOUT_SELECT_BENCH(BM_threshold);
 KVSCOUT_SELECT_BENCH(BM_threshold_logits);
+KVSCOUT_SELECT_BENCH(BM_threshold_infinigen_logits);
 KVSCOUT_SELECT_BENCH(BM_threshold_uncapped);
 KVSCOUT_SELECT_BENCH(BM_stream_pass);
 KVSCOUT_SELECT_BENCH(BM_stream_pass_scalar);

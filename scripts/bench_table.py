@@ -82,8 +82,9 @@ def gather_section(res):
 def select_section(res):
     lines = ["### Selection vs its anchors", "",
              "| n | top-k radix us | nth_element us | speed-up | threshold (flat) us | "
-             "threshold (logits) us | stream pass us | flat / pass | logits / pass |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "threshold (logits) us | InfiniGen rule (logits) us | stream pass us | flat / pass | "
+             "logits / pass | InfiniGen rule / pass |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     speedups, logit_ratios = [], []
     for n in sorted({r["fields"].get("n") for r in res if "n" in r["fields"]}):
         rad, nth = find(res, "BM_topk_radix", n=n), find(res, "BM_topk_nth_element", n=n)
@@ -94,9 +95,12 @@ def select_section(res):
         sp = nth["time"] / rad["time"]
         speedups.append(sp)
         logit_ratios.append(thl["time"] / pas["time"])
+        ig = find(res, "BM_threshold_infinigen_logits", n=n)
+        ig_time = f"{ig['time']:.1f}" if ig else "-"
+        ig_ratio = f"{ig['time'] / pas['time']:.1f}x" if ig else "-"
         lines.append(f"| {n} | {rad['time']:.1f} | {nth['time']:.1f} | {sp:.1f}x | {thr['time']:.1f} | "
-                     f"{thl['time']:.1f} | {pas['time']:.2f} | {thr['time'] / pas['time']:.1f}x | "
-                     f"{thl['time'] / pas['time']:.1f}x |")
+                     f"{thl['time']:.1f} | {ig_time} | {pas['time']:.2f} | "
+                     f"{thr['time'] / pas['time']:.1f}x | {thl['time'] / pas['time']:.1f}x | {ig_ratio} |")
     targets = []
     if speedups:
         targets.append(("host_topk_vs_nth_element", min(speedups), ">=", 3.0))

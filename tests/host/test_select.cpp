@@ -360,10 +360,18 @@ TEST_CASE("radix_select_host finds the k-th key and the ties to take", "[select]
       if (k == 0xffffffffu) k = 1;
     }
     std::vector<std::int32_t> pos(static_cast<std::size_t>(n) + 1);
+    // The keys' own range or the whole of uint32; digits of radix_bits, or narrower (the host
+    // takes 8 for short lists), or an odd width.
+    std::uint32_t lo = 0u, hi = 0xffffffffu;
+    if (iter % 3 == 1 && n > 0) {
+      lo = *std::min_element(keys.begin(), keys.end());
+      hi = *std::max_element(keys.begin(), keys.end());
+    }
+    const int bits = std::array<int, 3>{kvscout::detail::radix_bits, 8, 5}[(iter / 3) % 3];
     for (int k : {0, 1, 2, n / 3, n / 2, n - 1, n, n + 5}) {
-      CAPTURE(iter, n, k, mode);
+      CAPTURE(iter, n, k, mode, lo, hi, bits);
       const auto cut = kvscout::detail::radix_select_host([&](int i) { return keys[i]; }, n, k,
-                                                          hist.data(), pos.data());
+                                                          hist.data(), pos.data(), lo, hi, bits);
       std::vector<int> got;
       int ties = cut.ties;
       for (int i = 0; i < n; ++i)
@@ -592,6 +600,27 @@ TEST_CASE("threshold_selector_host infinigen_mean matches its definition", "[sel
     }
   }
   CHECK(cases > 300);
+}
+
+TEST_CASE("threshold_selector_host infinigen_mean on long rows", "[select][threshold]") {
+  // Rows where the mean count is at most the row's own candidates (picked from those, known
+  // maximum), more than them (the sampled bound, redone exactly where it misjudges), and rows
+  // of more than 2048 candidates (flat rows, alpha 100: the sampled path too).
+  std::mt19937 rng(36);
+  for (const data_kind kind : {data_kind::normal, data_kind::ties, data_kind::specials,
+                               data_kind::increasing, data_kind::decreasing}) {
+    for (float alpha : {0.f, 0.5f, 3.f, 5.f, 100.f}) {
+      for (int max_count : {16, 300, 4000}) {
+        CAPTURE(name(kind), alpha, max_count);
+        batch b({20000, 4099, 8191, 4108, 0, 6000}, 3, max_count, {kind, data_kind::normal}, rng);
+        const threshold_selector_host::config cfg{
+            6, 3, b.stride, max_count, alpha, max_count, threshold_rule::infinigen_mean, {4, 8}};
+        auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
+        threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
+        check_rows(b, ref_infinigen(b, {4, 8}, max_count, alpha));
+      }
+    }
+  }
 }
 
 TEST_CASE("threshold edge cases: the max qualifies at +inf, all qualify at -inf",

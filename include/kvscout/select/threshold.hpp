@@ -34,8 +34,10 @@
 // finds the row maximum and keeps only the tokens >= max(L, running max - alpha); radix select
 // picks the k among those (select/detail/host_rows.hpp). If the sample misjudged, the row is
 // redone exactly, so the result never depends on the sample. infinigen_mean: two vectorised
-// passes per row (maximum, count), then a top-k per row. The workspace is about 12 * stride +
-// 16 KiB bytes.
+// passes per row (maximum, count), then a top-k per row: a row with at least k candidates (at
+// most 2048) picks its k among them, collected against its known maximum; the others take the
+// sampled top-k. The workspace is about 12 * stride + 16 KiB bytes, plus 8 bytes per row for
+// infinigen_mean (each row's maximum and count, from the first pass to the second).
 
 #include <cstddef>
 #include <cstdint>
@@ -164,10 +166,10 @@ class threshold_selector_host {
   using memory_space = host_space;
 
   /// Workspace: a radix histogram, a score sample, candidate lists of one row (about
-  /// 12 * stride + 16 KiB bytes).
+  /// 12 * stride + 16 KiB bytes), and for infinigen_mean 8 bytes per row.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
-    return sizeof(std::uint32_t) * detail::row_workspace::words(cfg.stride);
+    return sizeof(std::uint32_t) * (detail::row_workspace::words(cfg.stride) + stats_words(cfg));
   }
   /// The alignment the workspace's address must have.
   static constexpr std::size_t workspace_alignment = detail::row_workspace_alignment;
@@ -175,7 +177,14 @@ class threshold_selector_host {
   threshold_selector_host(const config& cfg, host_span<std::byte> workspace)
       : cfg_(cfg),
         ws_(detail::row_workspace::carve(detail::workspace_words(workspace, workspace_bytes(cfg)),
-                                         cfg.stride)) {}
+                                         cfg.stride)) {
+    if (stats_words(cfg) > 0) {
+      std::uint32_t* stats = reinterpret_cast<std::uint32_t*>(workspace.data()) +
+                             detail::row_workspace::words(cfg.stride);
+      row_max_ = reinterpret_cast<float*>(stats);
+      row_count_ = reinterpret_cast<std::int32_t*>(stats) + rows(cfg);
+    }
+  }
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
@@ -191,6 +200,14 @@ class threshold_selector_host {
   }
 
  private:
+  static std::size_t rows(const config& cfg) {
+    return static_cast<std::size_t>(cfg.num_seqs) * static_cast<std::size_t>(cfg.num_kv_heads);
+  }
+  // infinigen_mean keeps each row's floor and candidate count from pass 1 for pass 2.
+  static std::size_t stats_words(const config& cfg) {
+    return cfg.rule == threshold_rule::infinigen_mean ? 2 * rows(cfg) : 0;
+  }
+
   static void check_config(const config& cfg) {
     detail::check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
                                   "max_count", cfg.max_count, cfg.keep);
@@ -232,34 +249,51 @@ class threshold_selector_host {
 
   void select_infinigen_mean(const score_view<host_space>& scores,
                              const selection_buffers<host_space>& out) const {
-    // Pass 1: every row's candidate count (its maximum, then a count), for the mean.
+    // Pass 1: every row's candidate count (its maximum, then a count), for the mean; each row's
+    // floor and count are kept for pass 2.
+    const int H = cfg_.num_kv_heads;
     long long total = 0;
     long long rows = 0;
     for (int s = 0; s < cfg_.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
-      if (len == 0) continue;
       const keep_range kr = keep_bounds(cfg_.keep, len);
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+      for (int h = 0; h < H; ++h) {
+        const std::size_t r = static_cast<std::size_t>(s) * H + h;
+        row_max_[r] = -INFINITY;
+        row_count_[r] = 0;
+        if (len == 0) continue;
         const float* row = scores.scores.data() + scores.row(s, h);
-        const float m = detail::max_of(row, len, -INFINITY);
-        total += detail::count_at_least(row + kr.head_end, kr.tail_begin - kr.head_end,
-                                        threshold_floor(m, cfg_.alpha));
+        row_max_[r] = detail::max_of(row, len, -INFINITY);
+        row_count_[r] = detail::count_at_least(row + kr.head_end, kr.tail_begin - kr.head_end,
+                                               threshold_floor(row_max_[r], cfg_.alpha));
+        total += row_count_[r];
         ++rows;
       }
     }
     const long long mean = rows > 0 ? total / rows : 0;
-    // Pass 2: every row takes the keep-set and its best min(mean, slots) other tokens.
+    // Pass 2: every row takes the keep-set and its best min(mean, slots) other tokens. Where the
+    // row has at least that many candidates, the best are among them (the k-th best score is at
+    // least the floor): a short list of them is collected against the known maximum and radix
+    // select picks the k, as per_head does, instead of sampling the row for a bound.
+    constexpr int short_list = 2048;
     for (int s = 0; s < cfg_.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       const keep_range kr = keep_bounds(cfg_.keep, len);
+      const int a = kr.head_end;
+      const int n = kr.tail_begin - kr.head_end;
       const int slots = cfg_.max_count - kr.size(len);
       const int k = mean < slots ? static_cast<int>(mean) : slots;
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
-        const std::size_t r = static_cast<std::size_t>(s) * cfg_.num_kv_heads + h;
+      for (int h = 0; h < H; ++h) {
+        const std::size_t r = static_cast<std::size_t>(s) * H + h;
         const float* row = scores.scores.data() + scores.row(s, h);
         std::int32_t* o = out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
-        int c = detail::emit_range(0, kr.head_end, o);
-        c += detail::best_of_range(row, kr.head_end, kr.tail_begin - kr.head_end, k, ws_, o + c);
+        int c = detail::emit_range(0, a, o);
+        if (n > 0 && k > 0 && k <= row_count_[r] && row_count_[r] <= short_list) {
+          c += detail::best_above_floor(row, a, n, k, cfg_.alpha, row_max_[r], -INFINITY, ws_,
+                                        o + c);
+        } else {
+          c += detail::best_of_range(row, a, n, k, ws_, o + c);
+        }
         c += detail::emit_range(kr.tail_begin, len, o + c);
         out.counts[r] = c;
       }
@@ -268,6 +302,8 @@ class threshold_selector_host {
 
   config cfg_;
   detail::row_workspace ws_;
+  float* row_max_ = nullptr;         // [num_seqs * num_kv_heads], infinigen_mean only
+  std::int32_t* row_count_ = nullptr;  // [num_seqs * num_kv_heads], infinigen_mean only
 };
 
 static_assert(topk_selector<threshold_selector_host>);

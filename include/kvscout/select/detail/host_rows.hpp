@@ -516,6 +516,12 @@ inline int filter_and_count(const float* row, std::int32_t* list, int n, std::ui
   return c;
 }
 
+/// Candidate lists up to this long are radix-selected with short_digit_bits-wide digits: a pass
+/// clears and walks a histogram of 1 << bits counters however short the list (2048 for
+/// radix_bits), which on lists of about a hundred candidates cost more than the list itself.
+inline constexpr int short_digit_list = 1024;
+inline constexpr int short_digit_bits = 8;
+
 /// A score L such that, very likely, at least k of p[0, n) are >= L and not many more than k:
 /// the score of rank k * S / n + 3.5 standard deviations + 4 in a stratified sample of S
 /// scores (one from each of S equal segments, at a hashed offset). S ~ (n / 2)^(2/3) balances
@@ -533,14 +539,21 @@ inline float sample_lower_bound(const float* p, int n, int k, std::uint32_t* key
   const double rank = std::ceil(expect + 3.5 * std::sqrt(expect * (1.0 - share)) + 4.0);
   if (rank >= 0.5 * samples) return none;  // would keep half the row: not worth a sample
   const int segment = n / samples;
+  std::uint32_t key_lo = 0xffffffffu, key_hi = 0u;
   for (int j = 0; j < samples; ++j) {
     // A hashed offset in [0, segment): 16 bits of a Fibonacci hash, scaled (no division).
     const std::uint64_t h = (static_cast<std::uint32_t>(j) * 2654435761u) >> 16;
     const int offset = static_cast<int>((h * static_cast<std::uint64_t>(segment)) >> 16);
-    keys[j] = score_key(p[j * segment + offset]);
+    const std::uint32_t key = score_key(p[j * segment + offset]);
+    keys[j] = key;
+    key_lo = key < key_lo ? key : key_lo;
+    key_hi = key > key_hi ? key : key_hi;
   }
+  // The sample is a short list: its keys' own range and narrow digits (short_digit_list).
   const radix_cut cut = radix_select_host([keys](int i) { return keys[i]; }, samples,
-                                          static_cast<int>(rank), hist, pos);
+                                          static_cast<int>(rank), hist, pos, key_lo, key_hi,
+                                          samples <= short_digit_list ? short_digit_bits
+                                                                      : radix_bits);
   return cut.key == 0 ? none : score_from_key(cut.key);
 }
 
@@ -588,23 +601,27 @@ inline int best_above_floor(const float* row, int a, int n, int k, float alpha, 
   std::uint32_t lo = score_key(lower > floor ? lower : floor);
   const std::uint32_t hi = score_key(m);
   int top = radix_significant_bits(lo, hi);
-  std::memset(ws.hist, 0, sizeof(std::uint32_t) * (radix_buckets + 1));
-  c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo), keys, ws.hist);
+  // Short lists take narrower digits (more passes, each over a 16x smaller histogram).
+  const auto digit_bits = [](int listed) { return listed <= short_digit_list ? short_digit_bits : radix_bits; };
+  int bits = digit_bits(c);
+  std::memset(ws.hist, 0, sizeof(std::uint32_t) * ((std::size_t{1} << bits) + 1));
+  c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo, bits), keys, ws.hist);
   if (lower > floor && c < k) {
     // The hint was too high: fewer than k tokens reach it, yet more than c may be candidates.
     // Redo the row with the exact floor.
     lo = score_key(floor);
     top = radix_significant_bits(lo, hi);
-    std::memset(ws.hist, 0, sizeof(std::uint32_t) * (radix_buckets + 1));
     c = compact_at_least(p, n, a, floor, cand);
-    c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo), keys, ws.hist);
+    bits = digit_bits(c);
+    std::memset(ws.hist, 0, sizeof(std::uint32_t) * ((std::size_t{1} << bits) + 1));
+    c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo, bits), keys, ws.hist);
   }
   if (c > k) {
     // More candidates than slots: the best k of them. Every token equal to the k-th score is in
     // the list, so ties still go to the lowest indices.
     const radix_cut cut = top == 0 ? radix_cut_at(lo, k)  // all candidates score the same
                                    : radix_select_counted([keys](int i) { return keys[i]; }, c, k,
-                                                          ws.hist, ws.pos, top, lo);
+                                                          ws.hist, ws.pos, top, lo, bits);
     int ties = cut.ties;
     int kept = 0;
     for (int i = 0; i < c; ++i) {

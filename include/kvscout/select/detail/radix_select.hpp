@@ -61,13 +61,18 @@ struct radix_digit {
     return ((key - base) >> shift) & ((std::uint32_t{1} << bits) - 1u);
   }
 };
-KVSCOUT_HOST_DEVICE radix_digit radix_plan(int top, int pass, std::uint32_t base) {
-  const int hi = top - radix_bits * pass;
-  const int lo = hi > radix_bits ? hi - radix_bits : 0;
+/// Digits are radix_bits wide unless `bits` says otherwise (the host takes narrower digits for
+/// short candidate lists: a pass costs a histogram of 1 << bits counters whatever the list).
+KVSCOUT_HOST_DEVICE radix_digit radix_plan(int top, int pass, std::uint32_t base,
+                                           int bits = radix_bits) {
+  const int hi = top - bits * pass;
+  const int lo = hi > bits ? hi - bits : 0;
   return {lo, hi - lo, base};
 }
 /// Passes a plan for `top` significant bits needs.
-KVSCOUT_HOST_DEVICE int radix_passes(int top) { return (top + radix_bits - 1) / radix_bits; }
+KVSCOUT_HOST_DEVICE int radix_passes(int top, int bits = radix_bits) {
+  return (top + bits - 1) / bits;
+}
 
 /// What a selection takes: keys > key, and the first `ties` keys == key.
 struct radix_cut {
@@ -124,12 +129,13 @@ KVSCOUT_HOST_DEVICE radix_bucket radix_find_bucket(const std::uint32_t* hist, in
 }
 
 /// The rest of radix_select_host, given the histogram of digit 0 of every key (see
-/// radix_select_host): callers that read every key anyway count it on the way.
+/// radix_select_host; digits `bits` wide, radix_plan): callers that read every key anyway count
+/// it on the way.
 template <class KeyAt>
 radix_cut radix_select_counted(KeyAt&& key_at, int n, int k, std::uint32_t* hist, std::int32_t* pos,
-                               int top, std::uint32_t base) {
-  const int passes = radix_passes(top);
-  radix_digit d = radix_plan(top, 0, base);
+                               int top, std::uint32_t base, int bits = radix_bits) {
+  const int passes = radix_passes(top, bits);
+  radix_digit d = radix_plan(top, 0, base, bits);
   radix_bucket rb = radix_find_bucket(hist, 1 << d.bits, k);
   std::uint32_t prefix = static_cast<std::uint32_t>(rb.bucket) << d.shift;  // of key - base
   int m = static_cast<int>(hist[rb.bucket]);
@@ -157,7 +163,7 @@ radix_cut radix_select_counted(KeyAt&& key_at, int n, int k, std::uint32_t* hist
       for (int i = 0; i < m; ++i) ties += static_cast<int>(key_at(pos[i]) == lo);
       return radix_cut_at(lo, ties);
     }
-    d = radix_plan(top, pass, base);
+    d = radix_plan(top, pass, base, bits);
     std::memset(hist, 0, sizeof(std::uint32_t) << d.bits);
     for (int i = 0; i < m; ++i) ++hist[d.of(key_at(pos[i]))];
     rb = radix_find_bucket(hist, 1 << d.bits, rb.k);
@@ -185,16 +191,17 @@ radix_cut radix_select_counted(KeyAt&& key_at, int n, int k, std::uint32_t* hist
 /// digit). Cost: two scans of the keys, then scans of the surviving candidates only.
 template <class KeyAt>
 radix_cut radix_select_host(KeyAt&& key_at, int n, int k, std::uint32_t* hist, std::int32_t* pos,
-                            std::uint32_t key_lo = 0u, std::uint32_t key_hi = 0xffffffffu) {
+                            std::uint32_t key_lo = 0u, std::uint32_t key_hi = 0xffffffffu,
+                            int bits = radix_bits) {
   if (k <= 0 || n <= 0) return radix_cut_none();
   if (k >= n) return radix_cut_all();
   const int top = radix_significant_bits(key_lo, key_hi);
   if (top == 0) return radix_cut_at(key_lo, k);  // all keys are equal
   // First scan: histogram of digit 0.
-  const radix_digit d = radix_plan(top, 0, key_lo);
+  const radix_digit d = radix_plan(top, 0, key_lo, bits);
   std::memset(hist, 0, sizeof(std::uint32_t) << d.bits);
   for (int i = 0; i < n; ++i) ++hist[d.of(key_at(i))];
-  return radix_select_counted(key_at, n, k, hist, pos, top, key_lo);
+  return radix_select_counted(key_at, n, k, hist, pos, top, key_lo, bits);
 }
 
 }  // namespace kvscout::detail
