@@ -14,6 +14,25 @@ using namespace kvtest;
 
 namespace {
 
+// The executor concept needs the workspace alignment as well as its size: a type with
+// everything else is not an executor.
+struct executor_without_alignment {
+  using config_type = int;
+  using source_type = int;
+  using selection_type = kvscout::selection_view<kvscout::host_space>;
+  using destination_type = int;
+  using completion_type = kvscout::ready_completion;
+  static std::size_t workspace_bytes(const config_type&) { return 0; }
+  completion_type submit(const source_type&, const selection_type&, const destination_type&) {
+    return {};
+  }
+};
+struct executor_with_alignment : executor_without_alignment {
+  static constexpr std::size_t workspace_alignment = 8;
+};
+static_assert(!kvscout::prefetch_executor<executor_without_alignment>);
+static_assert(kvscout::prefetch_executor<executor_with_alignment>);
+
 constexpr std::byte poison{0xCD};
 
 // A seeded random selection: per (s, h) a count in [0, min(capacity, len)] of ascending tokens,

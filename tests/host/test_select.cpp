@@ -56,6 +56,21 @@ struct wrong_space {
   void select(const kvscout::score_view<kvscout::device_space>&,
               const kvscout::selection_buffers<kvscout::device_space>&) {}
 };
+// Everything but the workspace alignment: a caller could not allocate its workspace right.
+struct no_alignment {
+  struct config_type {};
+  using memory_space = kvscout::host_space;
+  static std::size_t workspace_bytes(const config_type&) { return 0; }
+  no_alignment(const config_type&, kvscout::host_span<std::byte>) {}
+  void select(const kvscout::score_view<kvscout::host_space>&,
+              const kvscout::selection_buffers<kvscout::host_space>&) {}
+};
+struct with_alignment : no_alignment {
+  using no_alignment::no_alignment;
+  static constexpr std::size_t workspace_alignment = 4;
+};
+static_assert(!kvscout::topk_selector<no_alignment>);
+static_assert(kvscout::topk_selector<with_alignment>);
 static_assert(!kvscout::topk_selector<no_select>);
 static_assert(!kvscout::topk_selector<wrong_space>);
 static_assert(!kvscout::topk_selector<int>);

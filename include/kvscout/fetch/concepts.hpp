@@ -3,7 +3,8 @@
 // destination.
 //
 // Protocol, the same for every executor (host gather, CUDA zero-copy, copy engine, staged):
-//   1. size query      E::workspace_bytes(config) -> bytes of caller-owned workspace
+//   1. size query      E::workspace_bytes(config) -> bytes of caller-owned workspace, whose
+//                      address must be a multiple of E::workspace_alignment (checked at setup)
 //   2. setup           E e(config, workspace)      (may start threads, create events; the only
 //                                                   place an executor may allocate)
 //   3. per step        auto c = e.submit(source, selection, destination);
@@ -37,6 +38,7 @@ concept prefetch_executor =
     requires(E& e, const typename E::config_type& cfg, const typename E::source_type& src,
              const typename E::selection_type& sel, const typename E::destination_type& dst) {
       { E::workspace_bytes(cfg) } -> std::same_as<std::size_t>;
+      { E::workspace_alignment } -> std::convertible_to<std::size_t>;
       { e.submit(src, sel, dst) } -> std::same_as<typename E::completion_type>;
     };
 

@@ -4,7 +4,8 @@
 //
 // A selector turns per-token scores into a selection: per (sequence, kv_head), strictly
 // ascending token indices and a count (core/selection.hpp). Protocol, as for the executors:
-//   1. size query   S::workspace_bytes(config)  -> bytes of caller-owned workspace
+//   1. size query   S::workspace_bytes(config)  -> bytes of caller-owned workspace, whose address
+//                   must be a multiple of S::workspace_alignment (the constructor checks it)
 //   2. setup        S sel(config, workspace)     (the only place a selector may allocate)
 //   3. per step     sel.select(scores, out)      writes out.indices and out.counts, returns
 //                                                nothing, allocates nothing
@@ -105,6 +106,7 @@ concept topk_selector =
              const score_view<typename S::memory_space>& scores,
              const selection_buffers<typename S::memory_space>& out) {
       { S::workspace_bytes(cfg) } -> std::same_as<std::size_t>;
+      { S::workspace_alignment } -> std::convertible_to<std::size_t>;
       s.select(scores, out);
     };
 
