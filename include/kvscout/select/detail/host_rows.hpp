@@ -155,7 +155,23 @@ template <bool Simd = select_simd>
 int count_at_least(const float* p, int n, float bound) {
   int i = 0;
   int c = 0;
-#if KVSCOUT_HOST_SSE2
+#if KVSCOUT_HOST_AVX512
+  if constexpr (Simd) {
+    // Four lane counters, one per 16-score vector of a 64-score group: an ordered compare (NaN
+    // never counts) and a masked subtract of -1 per vector.
+    const __m512 b = _mm512_set1_ps(bound);
+    const __m512i minus_one = _mm512_set1_epi32(-1);
+    __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                      _mm512_setzero_si512()};
+    for (; i + 64 <= n; i += 64)
+      for (int v = 0; v < 4; ++v)
+        acc[v] = _mm512_mask_sub_epi32(
+            acc[v], _mm512_cmp_ps_mask(_mm512_loadu_ps(p + i + 16 * v), b, _CMP_GE_OQ), acc[v],
+            minus_one);
+    c = _mm512_reduce_add_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3])));
+  }
+#elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
     const __m128 b = _mm_set1_ps(bound);
     // A true compare is all ones = -1: subtracting it counts.
