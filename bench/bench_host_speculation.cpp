@@ -15,7 +15,7 @@
 //   BM_fma_roof             scoring's multiply-adds alone, operands in registers: the compute
 //                           bound, which at 4k (L2-resident keys) lies below the stream
 //   BM_speculation_batch    score() of a batch of 8 sequences of 4k tokens in one call (each
-//                           head's weights read once for the batch), both modes
+//                           head's weights brought in once for the batch), both modes
 //   BM_stream_batch         its anchor: one read of the batch's partial keys, 0 / 16 KiB ahead
 
 #include <benchmark/benchmark.h>
@@ -94,7 +94,8 @@ void run_speculation(benchmark::State& state, kvscout::rope_mode mode, kvscout::
                      int seqs = 1) {
   fixture f(static_cast<int>(state.range(0)), mode, agg, seqs);
   const auto S = static_cast<std::size_t>(seqs);
-  const kvscout::spec_context ctx{{f.x.data(), f.x.size()}, {}, {f.pos.data(), S}, {f.lens.data(), S}};
+  const kvscout::spec_context ctx{
+      {f.x.data(), f.x.size()}, {}, {f.pos.data(), S}, {f.lens.data(), S}};
   const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, seqs, H, f.n};
   for (auto _ : state) {
     f.policy->score(0, ctx, out);
@@ -112,12 +113,14 @@ void BM_speculation(benchmark::State& state) {
 }
 
 // A batch of `seqs` sequences of n tokens each in one score() call, as a decode step of a batched
-// engine runs it: each head's weights are read once per 8 sequences (infinigen_policy's query
-// block), the partial keys of every sequence once. Its anchor, BM_stream_batch, reads the same
-// seqs x n tokens of partial keys.
+// engine runs it: each head's weights come from memory once per 8 sequences (infinigen_policy's
+// query block), the partial keys of every sequence once. Its anchor, BM_stream_batch, reads the
+// same seqs x n tokens of partial keys.
 void BM_speculation_batch(benchmark::State& state) {
-  const auto mode = state.range(2) == 0 ? kvscout::rope_mode::post_rope_skew : kvscout::rope_mode::rope_planes;
-  run_speculation(state, mode, kvscout::gqa_aggregation::max_logit, static_cast<int>(state.range(1)));
+  const auto mode = state.range(2) == 0 ? kvscout::rope_mode::post_rope_skew
+                                        : kvscout::rope_mode::rope_planes;
+  run_speculation(state, mode, kvscout::gqa_aggregation::max_logit,
+                  static_cast<int>(state.range(1)));
 }
 
 // The same with mean_logit, RoPE planes: the group is folded into its mean partial query, one
@@ -204,9 +207,13 @@ BENCHMARK(BM_speculation_mean)->ArgNames({"n"})->Args({4096})->Args({32768})->Ar
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_speculation)->ArgNames({"n", "mode"})->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_speculation_batch)->ArgNames({"n", "seqs", "mode"})->ArgsProduct({{4096}, {8}, {0, 1}})
+BENCHMARK(BM_speculation_batch)
+    ->ArgNames({"n", "seqs", "mode"})
+    ->ArgsProduct({{4096}, {8}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_stream_batch)->ArgNames({"n", "seqs", "ahead"})->ArgsProduct({{4096}, {8}, {0, 16384}})
+BENCHMARK(BM_stream_batch)
+    ->ArgNames({"n", "seqs", "ahead"})
+    ->ArgsProduct({{4096}, {8}, {0, 16384}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_stream_partial_keys)->ArgNames({"n", "ahead"})->ArgsProduct({{4096, 32768, 131072}, {0, 4096, 8192, 16384}})
     ->Unit(benchmark::kMicrosecond);

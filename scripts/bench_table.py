@@ -100,7 +100,8 @@ def select_section(res):
         ig_ratio = f"{ig['time'] / pas['time']:.1f}x" if ig else "-"
         lines.append(f"| {n} | {rad['time']:.1f} | {nth['time']:.1f} | {sp:.1f}x | {thr['time']:.1f} | "
                      f"{thl['time']:.1f} | {ig_time} | {pas['time']:.2f} | "
-                     f"{thr['time'] / pas['time']:.1f}x | {thl['time'] / pas['time']:.1f}x | {ig_ratio} |")
+                     f"{thr['time'] / pas['time']:.1f}x | {thl['time'] / pas['time']:.1f}x | "
+                     f"{ig_ratio} |")
     targets = []
     if speedups:
         targets.append(("host_topk_vs_nth_element", min(speedups), ">=", 3.0))
@@ -137,24 +138,28 @@ def speculation_section(res):
                      f"{m1['gbps'] / attainable:.2f} |")
     batch = sorted({r["fields"]["seqs"] for r in res if r["family"] == "BM_speculation_batch"})
     if batch:
-        lines += ["", "A decode step over a batch of sequences (one score() call, each head's "
-                  "weights read once per 8 sequences), against one read of the batch's partial "
-                  "keys; the 1-sequence row is the table above at that n.", "",
+        lines += ["", "A decode step over a batch of sequences (one score() call, each head's",
+                  "weights brought in once per 8 sequences), against one read of the batch's",
+                  "partial keys; the 1-sequence row is the table above at that n.", "",
                   "| n | sequences | post_rope_skew us | rope_planes us | stream us | "
-                  "post_rope / stream | rope_planes / stream |", "|---:|---:|---:|---:|---:|---:|---:|"]
+                  "post_rope / stream | rope_planes / stream |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
         for n in sorted({r["fields"]["n"] for r in res if r["family"] == "BM_speculation_batch"}):
-            rows = [(1, find(res, "BM_speculation", n=n, mode=0), find(res, "BM_speculation", n=n, mode=1),
+            rows = [(1, find(res, "BM_speculation", n=n, mode=0),
+                     find(res, "BM_speculation", n=n, mode=1),
                      [r for r in res if r["family"] == "BM_stream_partial_keys"
                       and r["fields"].get("n") == n])]
             rows += [(b, find(res, "BM_speculation_batch", n=n, seqs=b, mode=0),
                       find(res, "BM_speculation_batch", n=n, seqs=b, mode=1),
                       [r for r in res if r["family"] == "BM_stream_batch"
-                       and r["fields"].get("n") == n and r["fields"].get("seqs") == b]) for b in batch]
+                       and r["fields"].get("n") == n and r["fields"].get("seqs") == b])
+                     for b in batch]
             for b, m0, m1, streams in rows:
                 if not (m0 and m1 and streams):
                     continue
                 st = max(streams, key=lambda r: r["gbps"])
-                lines.append(f"| {n} | {b} | {m0['time']:.1f} | {m1['time']:.1f} | {st['time']:.1f} | "
+                lines.append(f"| {n} | {b} | {m0['time']:.1f} | {m1['time']:.1f} | "
+                             f"{st['time']:.1f} | "
                              f"{m0['gbps'] / st['gbps']:.2f} | {m1['gbps'] / st['gbps']:.2f} |")
     targets = [("host_speculation_vs_stream", min(ratios), ">=", 0.7)] if ratios else []
     return lines, targets

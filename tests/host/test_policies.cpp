@@ -394,12 +394,14 @@ TEST_CASE("dot_rows_multi gives every (row, vector) the bits of dot", "[spec][ge
     for (const int rows : {1, 3, 4, 5, 9, 64})
       for (const int count : {1, 2, 3, 4, 5, 7, 8, 9}) {
         CAPTURE(n, rows, count);
-        const std::size_t lda = static_cast<std::size_t>(n) + 5, ldb = static_cast<std::size_t>(n) + 2;
+        const std::size_t lda = static_cast<std::size_t>(n) + 5;
+        const std::size_t ldb = static_cast<std::size_t>(n) + 2;
         const std::size_t ldo = static_cast<std::size_t>(rows) + 3;
         std::vector<float> a(lda * rows), b(ldb * count), got(ldo * count + 1, -1.f);
         for (auto& x : a) x = nd(rng);
         for (auto& x : b) x = nd(rng);
-        kvscout::detail::dot_rows_multi(a.data(), lda, b.data(), ldb, count, n, rows, got.data(), ldo);
+        kvscout::detail::dot_rows_multi(a.data(), lda, b.data(), ldb, count, n, rows, got.data(),
+                                        ldo);
         for (int v = 0; v < count; ++v) {
           for (int j = 0; j < rows; ++j)
             REQUIRE(std::bit_cast<std::uint32_t>(got[v * ldo + j]) ==
@@ -411,7 +413,8 @@ TEST_CASE("dot_rows_multi gives every (row, vector) the bits of dot", "[spec][ge
       }
 }
 
-TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone", "[spec][infinigen]") {
+TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
+          "[spec][infinigen]") {
   // score() computes the partial queries of up to 8 sequences together (each head's weights read
   // once for them) and partial_queries runs them 4 at a time. 11 sequences (a block of 8 = 4 + 4,
   // then one of 3), each with its own input, position and length, must give every sequence the
@@ -434,7 +437,8 @@ TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
     for (int t = 0; t < cap; ++t)
       for (int h = 0; h < H; ++h)
         kvscout::apply_rope(&kpost[((static_cast<std::size_t>(s) * cap + t) * H + h) * D], t, rope);
-  std::vector<float> qs(static_cast<std::size_t>(200) * g * D), ks(static_cast<std::size_t>(200) * D);
+  std::vector<float> qs(static_cast<std::size_t>(200) * g * D);
+  std::vector<float> ks(static_cast<std::size_t>(200) * D);
   for (auto& v : qs) v = nd(rng);
   for (auto& v : ks) v = nd(rng);
   using policy = kvscout::infinigen_policy<>;
@@ -457,15 +461,17 @@ TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
       for (int t = 0; t < lens[s]; ++t) all.append(0, s, t, key(kpre, s, t), key(kpost, s, t));
     std::vector<float> batch;
     const auto out = buffer_for(batch, S, H, cap);
-    all.score(0, {{x.data(), x.size()}, {}, {pos.data(), pos.size()}, {lens.data(), lens.size()}}, out);
+    all.score(0, {{x.data(), x.size()}, {}, {pos.data(), pos.size()}, {lens.data(), lens.size()}},
+              out);
     for (int s = 0; s < S; ++s) {
       CAPTURE(s);
       policy one = make(1);
       for (int t = 0; t < lens[s]; ++t) one.append(0, 0, t, key(kpre, s, t), key(kpost, s, t));
       std::vector<float> alone;
       const auto out1 = buffer_for(alone, 1, H, cap);
-      one.score(0, {{x.data() + static_cast<std::size_t>(s) * d_model, static_cast<std::size_t>(d_model)},
-                    {}, {pos.data() + s, 1}, {lens.data() + s, 1}}, out1);
+      const float* xs = x.data() + static_cast<std::size_t>(s) * d_model;
+      one.score(0, {{xs, static_cast<std::size_t>(d_model)}, {}, {pos.data() + s, 1},
+                    {lens.data() + s, 1}}, out1);
       for (int h = 0; h < H; ++h)
         for (int t = 0; t < lens[s]; ++t) {
           CAPTURE(h, t);

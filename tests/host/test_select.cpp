@@ -19,6 +19,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvscout/select/concepts.hpp"
@@ -274,9 +275,8 @@ std::vector<int> ref_per_head(const float* row, int len, keep_set keep, int max_
   return merged(kept, ref_best(row, ref_candidates(row, len, keep, alpha), k));
 }
 
-// Expected selections of a whole batch, row (s, h) at s * heads + h.
-std::vector<std::vector<int>> ref_infinigen(const batch& b, keep_set keep, int max_count,
-                                            float alpha) {
+// infinigen_mean's count: the mean over the non-empty rows of their candidate counts.
+long long ref_mean_count(const batch& b, keep_set keep, float alpha) {
   long long total = 0, rows = 0;
   for (int s = 0; s < b.num_seqs; ++s)
     for (int h = 0; h < b.heads; ++h)
@@ -284,7 +284,13 @@ std::vector<std::vector<int>> ref_infinigen(const batch& b, keep_set keep, int m
         total += static_cast<long long>(ref_candidates(b.row(s, h), b.lens[s], keep, alpha).size());
         ++rows;
       }
-  const long long n = rows > 0 ? total / rows : 0;
+  return rows > 0 ? total / rows : 0;
+}
+
+// Expected selections of a whole batch, row (s, h) at s * heads + h.
+std::vector<std::vector<int>> ref_infinigen(const batch& b, keep_set keep, int max_count,
+                                            float alpha) {
+  const long long n = ref_mean_count(b, keep, alpha);
   std::vector<std::vector<int>> out;
   for (int s = 0; s < b.num_seqs; ++s)
     for (int h = 0; h < b.heads; ++h) {
@@ -617,11 +623,38 @@ TEST_CASE("threshold_selector_host infinigen_mean matches its definition", "[sel
   CHECK(cases > 300);
 }
 
+namespace {
+
+// How many non-empty rows of a batch take infinigen_mean's two pass-2 paths: the best among the
+// row's own candidates (k <= count <= detail::short_list_max), or the sampled top-k (the rest
+// with k > 0 and tokens outside the keep-set).
+std::pair<int, int> infinigen_paths(const batch& b, keep_set keep, int max_count, float alpha) {
+  const long long mean = ref_mean_count(b, keep, alpha);
+  int own = 0, sampled = 0;
+  for (int s = 0; s < b.num_seqs; ++s) {
+    const int len = b.lens[s];
+    const auto kept = static_cast<long long>(ref_keep(len, keep).size());
+    const long long k = std::min<long long>(mean, max_count - kept);
+    if (len - kept == 0 || k <= 0) continue;
+    for (int h = 0; h < b.heads; ++h) {
+      const auto c = static_cast<long long>(ref_candidates(b.row(s, h), len, keep, alpha).size());
+      const bool from_own = k <= c && c <= kvscout::detail::short_list_max;
+      own += static_cast<int>(from_own);
+      sampled += static_cast<int>(!from_own);
+    }
+  }
+  return {own, sampled};
+}
+
+}  // namespace
+
 TEST_CASE("threshold_selector_host infinigen_mean on long rows", "[select][threshold]") {
   // Rows where the mean count is at most the row's own candidates (picked from those, known
   // maximum), more than them (the sampled bound, redone exactly where it misjudges), and rows
-  // of more than 2048 candidates (flat rows, alpha 100: the sampled path too).
+  // of more than 2048 candidates (flat rows, alpha 100: the sampled path too). Both paths must
+  // be taken by many rows.
   std::mt19937 rng(36);
+  int own_rows = 0, sampled_rows = 0;
   for (const data_kind kind : {data_kind::normal, data_kind::ties, data_kind::specials,
                                data_kind::increasing, data_kind::decreasing}) {
     for (float alpha : {0.f, 0.5f, 3.f, 5.f, 100.f}) {
@@ -633,9 +666,15 @@ TEST_CASE("threshold_selector_host infinigen_mean on long rows", "[select][thres
         auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
         threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
         check_rows(b, ref_infinigen(b, {4, 8}, max_count, alpha));
+        // Which path each row took: from its own candidates (k <= count <= 2048) or sampled.
+        const auto [own, sampled] = infinigen_paths(b, {4, 8}, max_count, alpha);
+        own_rows += own;
+        sampled_rows += sampled;
       }
     }
   }
+  CHECK(own_rows > 100);
+  CHECK(sampled_rows > 100);
 }
 
 TEST_CASE("threshold edge cases: the max qualifies at +inf, all qualify at -inf",
@@ -824,6 +863,18 @@ TEST_CASE("selectors reject bad configs, naming the value", "[select][errors]") 
   REQUIRE_THROWS_WITH(topk_selector_host(good, {nullptr, topk_bytes(good)}),
                       Contains("workspace is null"));
   REQUIRE_THROWS_WITH(threshold_selector_host(hgood, {bytes, 8}), Contains("workspace holds 8"));
+
+  // infinigen_mean also keeps each row's maximum and count (8 bytes per row): a workspace sized
+  // for per_head is too small for it, and says so.
+  h = hgood, h.rule = threshold_rule::infinigen_mean;
+  REQUIRE(thr_bytes(h) == thr_bytes(hgood) + 8 * 2 * 3);
+  std::vector<std::uint32_t> thr_words(thr_bytes(h) / 4);
+  auto* thr_ws = reinterpret_cast<std::byte*>(thr_words.data());
+  REQUIRE_THROWS_WITH(threshold_selector_host(h, {thr_ws, thr_bytes(hgood)}),
+                      Contains("workspace holds " + std::to_string(thr_bytes(hgood)) +
+                               " bytes, expected at least workspace_bytes(config) = " +
+                               std::to_string(thr_bytes(h))));
+  REQUIRE_NOTHROW(threshold_selector_host(h, {thr_ws, thr_bytes(h)}));
 }
 
 TEST_CASE("the host selectors' workspace alignment is the one they declare", "[select][errors]") {

@@ -713,7 +713,8 @@ TEST_CASE("partial_queries: a batch of sequences gets the bits partial_query giv
   const auto qs = normal_vec(static_cast<std::size_t>(n) * g * D, rng);
   const auto ks = normal_vec(static_cast<std::size_t>(n) * D, rng);
   const kvscout::rope_config rope{D, 10000.f, rope_style::interleaved};
-  for (auto mode : {rope_mode::post_rope_skew, rope_mode::rope_planes, rope_mode::pre_rope_folded}) {
+  for (auto mode :
+       {rope_mode::post_rope_skew, rope_mode::rope_planes, rope_mode::pre_rope_folded}) {
     CAPTURE(kvscout::to_string(mode));
     const auto p = calibrate(qs, ks, n, g, D, {.r = 16, .mode = mode, .rope = rope});
     const auto w = kvscout::make_partial_query_weights(p, {WQ.data(), WQ.size()},
@@ -771,14 +772,15 @@ TEST_CASE("partial_queries rejects bad counts, strides and rotations, naming the
   CHECK_THROWS_WITH(kvscout::partial_queries(w, x.data(), d_model, -1, rt.data(), out.data(), 16),
                     Catch::Contains("count must be >= 0, got -1"));
   CHECK_NOTHROW(kvscout::partial_queries(w, x.data(), d_model, 0, nullptr, nullptr, 0));
-  CHECK_THROWS_WITH(kvscout::partial_queries(w, x.data(), d_model - 1, 2, rt.data(), out.data(), 16),
-                    Catch::Contains("ldx = 23"));
-  CHECK_THROWS_WITH(kvscout::partial_queries(w, x.data(), d_model, 2, rt.data(), out.data(), 15),
-                    Catch::Contains("ldq = 15"));
-  CHECK_THROWS_WITH(kvscout::partial_queries(w, x.data(), d_model, 2, nullptr, out.data(), 16),
+  const auto batch = [&](std::size_t ldx, const kvscout::rope_table* tables, std::size_t ldq) {
+    kvscout::partial_queries(w, x.data(), ldx, 2, tables, out.data(), ldq);
+  };
+  CHECK_THROWS_WITH(batch(d_model - 1, rt.data(), 16), Catch::Contains("ldx = 23"));
+  CHECK_THROWS_WITH(batch(d_model, rt.data(), 15), Catch::Contains("ldq = 15"));
+  CHECK_THROWS_WITH(batch(d_model, nullptr, 16),
                     Catch::Contains("needs one rope_table per sequence"));
   rt[1].planes = 3;
-  CHECK_THROWS_WITH(kvscout::partial_queries(w, x.data(), d_model, 2, rt.data(), out.data(), 16),
+  CHECK_THROWS_WITH(batch(d_model, rt.data(), 16),
                     Catch::Contains("rope_table 1 holds 3 planes, expected head_dim / 2 = 32"));
   CHECK(untouched());
   // pre_rope_folded has no RoPE: no tables needed.
@@ -821,6 +823,18 @@ TEST_CASE("the usage examples of skew/calibrate.hpp and skew/plan.hpp run", "[sk
     float s = 0; for (int i = 0; i < plan.r; ++i) s += qp[i] * pk[i];   // then * 1/sqrt(D)
     CHECK(plan.r == 16);
     CHECK(std::isfinite(s));
+    // The batch form: two copies of x at pos, so both rows are qp.
+    const int count = 2;
+    const auto ldx = static_cast<std::size_t>(d_model);
+    const auto ldq = static_cast<std::size_t>(plan.r);
+    std::vector<float> Xv(x, x + d_model), Q(ldq * count);
+    Xv.insert(Xv.end(), x, x + d_model);
+    const float* X = Xv.data();
+    std::vector<kvscout::rope_table> tables(count);
+    for (auto& t : tables) t.fill(plan.rope, pos);
+    kvscout::partial_queries(w, X, ldx, count, tables.data(), Q.data(), ldq);
+    CHECK(std::equal(qp.begin(), qp.end(), Q.begin()));
+    CHECK(std::equal(qp.begin(), qp.end(), Q.begin() + plan.r));
   }
 }
 

@@ -310,8 +310,13 @@ class layer_major_eval {
       e.assign(static_cast<std::size_t>(g) * (T + 1), 0.f);
       probs.assign(static_cast<std::size_t>(T) + 1, 0.f);
       oscore.assign(static_cast<std::size_t>(T) + 1, 0.f);
+      // Either selector runs in this workspace: the larger of the two (infinigen_mean also keeps
+      // 8 bytes per row).
       const topk_selector_host::config sc{1, H, T, T, T, {}};
-      sel_ws.resize(topk_selector_host::workspace_bytes(sc) + 64);
+      const threshold_selector_host::config tc{1, H, T, T, 0.f, T,
+                                               threshold_rule::infinigen_mean, {}};
+      sel_ws.resize(std::max(topk_selector_host::workspace_bytes(sc),
+                             threshold_selector_host::workspace_bytes(tc)));
       lg.resize(static_cast<std::size_t>(H));
       for (auto& m : lg) m.resize(block * g, T);
       const float scale = 1.f / std::sqrt(static_cast<float>(D));

@@ -83,10 +83,13 @@ inline void dot_rows(const float* a, std::size_t lda, const float* b, int n, int
 }
 
 /// out[v * ldo + j] = dot(a + j * lda, b + v * ldb, n) for j in [0, rows), v in [0, count): a GEMV
-/// of `count` vectors against the same rows, dot()'s bits for each, reading the rows once per 4
-/// vectors (a GEMM with a thin right-hand side: the rows are the bytes that cost).
+/// of `count` vectors against the same rows, dot()'s bits for each. With AVX-512 it reads the rows
+/// once per 4 vectors (a GEMM with a thin right-hand side: the rows are the bytes that cost); its
+/// 16 accumulators, 4 vectors and a row fill 21 of the 32 vector registers. Narrower targets would
+/// spill them (16 registers, two or four per 16-float value), so there each vector takes dot_rows.
 inline void dot_rows_multi(const float* a, std::size_t lda, const float* b, std::size_t ldb,
                            int count, int n, int rows, float* out, std::size_t ldo) {
+#if defined(__AVX512F__)
   int v = 0;
   for (; v + 4 <= count; v += 4)
     dot_rows_block<4, 4>(a, lda, b + static_cast<std::size_t>(v) * ldb, ldb, n, rows,
@@ -99,6 +102,11 @@ inline void dot_rows_multi(const float* a, std::size_t lda, const float* b, std:
     case 1: dot_rows_block<8, 1>(a, lda, bv, ldb, n, rows, ov, ldo); break;
     default: break;
   }
+#else
+  for (int v = 0; v < count; ++v)
+    dot_rows(a, lda, b + static_cast<std::size_t>(v) * ldb, n, rows,
+             out + static_cast<std::size_t>(v) * ldo);
+#endif
 }
 
 }  // namespace kvscout::detail

@@ -123,8 +123,8 @@ inline int per_head_row(const float* row, int len, keep_set keep, int max_count,
       // Peaked rows (attention logits) have few candidates, and if no more than k reach the
       // final floor they are the answer. Flat rows overflow the short list early and take the
       // sampled path below. The short list is worth it only while it stays short: give up past
-      // 2048 (or k).
-      const int limit = k < 2048 ? k : 2048;
+      // short_list_max (or k).
+      const int limit = k < short_list_max ? k : short_list_max;
       int kept = -1;
       if (n <= short_row) {
         // A short row stays in the L1 cache: the exact maximum, then one compaction against
@@ -203,7 +203,7 @@ class threshold_selector_host {
   static std::size_t rows(const config& cfg) {
     return static_cast<std::size_t>(cfg.num_seqs) * static_cast<std::size_t>(cfg.num_kv_heads);
   }
-  // infinigen_mean keeps each row's floor and candidate count from pass 1 for pass 2.
+  // infinigen_mean keeps each row's maximum and candidate count from pass 1 for pass 2.
   static std::size_t stats_words(const config& cfg) {
     return cfg.rule == threshold_rule::infinigen_mean ? 2 * rows(cfg) : 0;
   }
@@ -250,10 +250,10 @@ class threshold_selector_host {
   void select_infinigen_mean(const score_view<host_space>& scores,
                              const selection_buffers<host_space>& out) const {
     // Pass 1: every row's candidate count (its maximum, then a count), for the mean; each row's
-    // floor and count are kept for pass 2.
+    // maximum and count are kept for pass 2.
     const int H = cfg_.num_kv_heads;
     long long total = 0;
-    long long rows = 0;
+    long long nonempty_rows = 0;
     for (int s = 0; s < cfg_.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       const keep_range kr = keep_bounds(cfg_.keep, len);
@@ -267,15 +267,14 @@ class threshold_selector_host {
         row_count_[r] = detail::count_at_least(row + kr.head_end, kr.tail_begin - kr.head_end,
                                                threshold_floor(row_max_[r], cfg_.alpha));
         total += row_count_[r];
-        ++rows;
+        ++nonempty_rows;
       }
     }
-    const long long mean = rows > 0 ? total / rows : 0;
+    const long long mean = nonempty_rows > 0 ? total / nonempty_rows : 0;
     // Pass 2: every row takes the keep-set and its best min(mean, slots) other tokens. Where the
     // row has at least that many candidates, the best are among them (the k-th best score is at
     // least the floor): a short list of them is collected against the known maximum and radix
     // select picks the k, as per_head does, instead of sampling the row for a bound.
-    constexpr int short_list = 2048;
     for (int s = 0; s < cfg_.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       const keep_range kr = keep_bounds(cfg_.keep, len);
@@ -288,7 +287,7 @@ class threshold_selector_host {
         const float* row = scores.scores.data() + scores.row(s, h);
         std::int32_t* o = out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
         int c = detail::emit_range(0, a, o);
-        if (n > 0 && k > 0 && k <= row_count_[r] && row_count_[r] <= short_list) {
+        if (n > 0 && k > 0 && k <= row_count_[r] && row_count_[r] <= detail::short_list_max) {
           c += detail::best_above_floor(row, a, n, k, cfg_.alpha, row_max_[r], -INFINITY, ws_,
                                         o + c);
         } else {

@@ -26,6 +26,8 @@
 //   std::vector<float> pk(plan.r), qp(plan.r);
 //   kvscout::project_key(plan, k_roped, pk.data());          // at prefill / append, per token
 //   kvscout::partial_query(w, x, pos, qp.data());            // at decode, per step
+//   // or a batch: X [count, ldx], one rope_table per sequence (its position), Q [count, ldq]
+//   kvscout::partial_queries(w, X, ldx, count, tables.data(), Q.data(), ldq);
 //   float s = 0; for (int i = 0; i < plan.r; ++i) s += qp[i] * pk[i];   // then * 1/sqrt(D)
 
 #include <algorithm>

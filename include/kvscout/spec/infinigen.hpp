@@ -132,8 +132,9 @@ class infinigen_policy {
                     ctx.x.size(), " floats, expected [", S, ", ", cfg_.d_model, "]");
     KVSCOUT_EXPECTS(ctx.positions.size() >= static_cast<std::size_t>(S), "positions holds ",
                     ctx.positions.size(), " entries, expected ", S);
-    // Sequences in blocks of query_block: the partial queries of the whole block first, every
-    // query head's weights read once for the block (partial_queries), then the block's rows.
+    // Sequences in blocks of query_block: the partial queries of the whole block first, head by
+    // head, so each head's weights come from memory once per block (partial_queries reads them
+    // once per 4 sequences, the second time from L2), then the block's rows.
     // Each sequence's RoPE rotation is computed once for all heads.
     const bool rope = st.plans[0].mode != rope_mode::pre_rope_folded;
     const std::size_t ldq = static_cast<std::size_t>(Hq) * r;

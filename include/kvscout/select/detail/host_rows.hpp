@@ -538,6 +538,15 @@ inline int filter_and_count(const float* row, std::int32_t* list, int n, std::ui
 inline constexpr int short_digit_list = 1024;
 inline constexpr int short_digit_bits = 8;
 
+/// The radix digit width for a list of n keys.
+inline int digit_bits_for(int n) {
+  return n <= short_digit_list ? short_digit_bits : radix_bits;
+}
+
+/// A row's candidates are worth collecting into a short list while there are at most this many;
+/// past it the selectors bound the row by a sample instead.
+inline constexpr int short_list_max = 2048;
+
 /// A score L such that, very likely, at least k of p[0, n) are >= L and not many more than k:
 /// the score of rank k * S / n + 3.5 standard deviations + 4 in a stratified sample of S
 /// scores (one from each of S equal segments, at a hashed offset). S ~ (n / 2)^(2/3) balances
@@ -568,8 +577,7 @@ inline float sample_lower_bound(const float* p, int n, int k, std::uint32_t* key
   // The sample is a short list: its keys' own range and narrow digits (short_digit_list).
   const radix_cut cut = radix_select_host([keys](int i) { return keys[i]; }, samples,
                                           static_cast<int>(rank), hist, pos, key_lo, key_hi,
-                                          samples <= short_digit_list ? short_digit_bits
-                                                                      : radix_bits);
+                                          digit_bits_for(samples));
   return cut.key == 0 ? none : score_from_key(cut.key);
 }
 
@@ -618,8 +626,7 @@ inline int best_above_floor(const float* row, int a, int n, int k, float alpha, 
   const std::uint32_t hi = score_key(m);
   int top = radix_significant_bits(lo, hi);
   // Short lists take narrower digits (more passes, each over a 16x smaller histogram).
-  const auto digit_bits = [](int listed) { return listed <= short_digit_list ? short_digit_bits : radix_bits; };
-  int bits = digit_bits(c);
+  int bits = digit_bits_for(c);
   std::memset(ws.hist, 0, sizeof(std::uint32_t) * ((std::size_t{1} << bits) + 1));
   c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo, bits), keys, ws.hist);
   if (lower > floor && c < k) {
@@ -628,7 +635,7 @@ inline int best_above_floor(const float* row, int a, int n, int k, float alpha, 
     lo = score_key(floor);
     top = radix_significant_bits(lo, hi);
     c = compact_at_least(p, n, a, floor, cand);
-    bits = digit_bits(c);
+    bits = digit_bits_for(c);
     std::memset(ws.hist, 0, sizeof(std::uint32_t) * ((std::size_t{1} << bits) + 1));
     c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo, bits), keys, ws.hist);
   }
