@@ -133,8 +133,8 @@ class infinigen_policy {
     KVSCOUT_EXPECTS(ctx.positions.size() >= static_cast<std::size_t>(S), "positions holds ",
                     ctx.positions.size(), " entries, expected ", S);
     // Sequences in blocks of query_block: the partial queries of the whole block first, head by
-    // head, so each head's weights come from memory once per block (partial_queries reads them
-    // once per 4 sequences, the second time from L2), then the block's rows.
+    // head, so each head's weights come from memory once per block (partial_queries rereads
+    // them from L2: per 4 sequences with AVX-512, per sequence otherwise), then the block's rows.
     // Each sequence's RoPE rotation is computed once for all heads.
     const bool rope = st.plans[0].mode != rope_mode::pre_rope_folded;
     const std::size_t ldq = static_cast<std::size_t>(Hq) * r;
