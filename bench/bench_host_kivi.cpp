@@ -6,8 +6,8 @@
 //   BM_kivi_bytes_per_row        the same for head_dim 64 / 128, 2 / 4 bits, fp16 / fp32 scales,
 //                                plus the resident key-parameter bytes per cached token.
 //   BM_gather                    host_gather_executor over the same selection (10 % of 32k tokens
-//                                x 8 kv heads, head_dim 128): fp16 contiguous HND vs KIVI-2 /
-//                                KIVI-4. Each cache form is replicated until it spans >= 256 MiB
+//                                x 8 kv heads, head_dim 128): fp16 and fp8 (e4m3) contiguous HND
+//                                vs KIVI-2 / KIVI-4. Each cache form is replicated until it spans >= 256 MiB
 //                                and iterations rotate over the copies and over four selections,
 //                                so the rows read are cold for every form (a KIVI-2 cache of
 //                                this size, 20 MiB, would otherwise sit in the last-level cache).
@@ -15,7 +15,8 @@
 //                                (rows).
 //   BM_sparse_attention          decode_attention_host over 4096 rows per kv head (1 sequence,
 //                                8 kv heads, 32 query heads, head_dim 128) + the current token:
-//                                fp16 gathered_rows vs kivi_gathered_rows (3968 gathered records
+//                                fp16 and fp8 (e4m3, with k_scale / v_scale) gathered_rows vs
+//                                kivi_gathered_rows (3968 gathered records
 //                                + the 128-token residual window, so both attend 4096 rows).
 //                                Time per decoded token (one call = one token, all heads).
 //
@@ -177,16 +178,19 @@ void run_gather(benchmark::State& state, const Layout& l, std::size_t k_bytes, s
   state.counters["copies"] = copies;
 }
 
+template <class T>
+void gather_contiguous(benchmark::State& state, int threads) {
+  using L = kvscout::contiguous_layout<T, head_dim, kvscout::hnd>;
+  const int32_t len = tokens;
+  const L l = L::padded(heads, tokens, &len, 1);
+  run_gather(state, l, l.required_bytes(), l.required_bytes(), threads);
+}
+
 void BM_gather(benchmark::State& state) {
-  const int bits = static_cast<int>(state.range(0));  // 16: fp16 contiguous
+  const int bits = static_cast<int>(state.range(0));  // 16: fp16 contiguous, 8: fp8 (e4m3)
   const int threads = static_cast<int>(state.range(1));
-  if (bits == 16) {
-    using L = kvscout::contiguous_layout<half, head_dim, kvscout::hnd>;
-    const int32_t len = tokens;
-    const L l = L::padded(heads, tokens, &len, 1);
-    run_gather(state, l, l.required_bytes(), l.required_bytes(), threads);
-    return;
-  }
+  if (bits == 16) return gather_contiguous<half>(state, threads);
+  if (bits == 8) return gather_contiguous<kvscout::fp8_e4m3>(state, threads);
   kvscout::dispatch(kvscout::supported_kivi_bits, bits, "bits", [&](auto b) {
     using L = kivi<decltype(b)::value>;
     // quantized_len = tokens: the residual window holds the R newest tokens beyond them.
@@ -219,8 +223,10 @@ struct attention_inputs {
 };
 
 template <class Rows>
-void time_attention(benchmark::State& state, const Rows& rows, attention_inputs& in) {
-  const kvscout::attention_params p{q_heads, 1.f / std::sqrt(static_cast<float>(head_dim))};
+void time_attention(benchmark::State& state, const Rows& rows, attention_inputs& in,
+                    float k_scale = 1.f, float v_scale = 1.f) {
+  const kvscout::attention_params p{q_heads, 1.f / std::sqrt(static_cast<float>(head_dim)),
+                                    k_scale, v_scale};
   for (auto _ : state) {
     kvscout::decode_attention_host(rows, in.current(), {in.q.data(), in.q.size()},
                                    {in.out.data(), in.out.size()}, p);
@@ -233,20 +239,24 @@ void time_attention(benchmark::State& state, const Rows& rows, attention_inputs&
   state.counters["rows_per_head"] = static_cast<double>(rows.rows(0, 0));
 }
 
-void attention_fp16(benchmark::State& state) {
+// fp16 rows, or fp8 (e4m3) rows stored scaled as an fp8 cache holds them (x / scale, with the
+// scale that maps the largest |x| to 448) and attended with k_scale / v_scale.
+template <class T>
+void attention_rows_of(benchmark::State& state) {
   attention_inputs in;
-  std::vector<half> k(static_cast<std::size_t>(heads) * attended * head_dim), v(k.size());
+  std::vector<T> k(static_cast<std::size_t>(heads) * attended * head_dim), v(k.size());
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
-  for (auto& x : k) x = kvscout::from_float<half>(nd(rng));
-  for (auto& x : v) x = kvscout::from_float<half>(nd(rng));
+  const float scale = kvscout::is_fp8_v<T> ? 5.f / 448.f : 1.f;  // |x| < 5 here
+  for (auto& x : k) x = kvscout::from_float<T>(nd(rng) / scale);
+  for (auto& x : v) x = kvscout::from_float<T>(nd(rng) / scale);
   std::vector<int32_t> idx(static_cast<std::size_t>(heads) * attended), counts(heads, attended);
   for (int h = 0; h < heads; ++h)
     for (int i = 0; i < attended; ++i) idx[h * attended + i] = 2 * i;
   const kvscout::selection_view<kvscout::host_space> sel{
       {idx.data(), idx.size()}, {counts.data(), counts.size()}, 1, heads, attended};
-  const kvscout::gathered_rows<half, head_dim> rows(sel, {k.data(), k.size()}, {v.data(), v.size()});
-  time_attention(state, rows, in);
+  const kvscout::gathered_rows<T, head_dim> rows(sel, {k.data(), k.size()}, {v.data(), v.size()});
+  time_attention(state, rows, in, scale, scale);
 }
 
 template <class L>
@@ -286,9 +296,10 @@ void attention_kivi(benchmark::State& state) {
 }
 
 void BM_sparse_attention(benchmark::State& state) {
-  const int bits = static_cast<int>(state.range(0));  // 16: fp16 rows
+  const int bits = static_cast<int>(state.range(0));  // 16: fp16 rows, 8: fp8 (e4m3) rows
   const bool fp32_scales = state.range(1) == 32;
-  if (bits == 16) return attention_fp16(state);
+  if (bits == 16) return attention_rows_of<half>(state);
+  if (bits == 8) return attention_rows_of<kvscout::fp8_e4m3>(state);
   kvscout::dispatch(kvscout::supported_kivi_bits, bits, "bits", [&](auto b) {
     constexpr int B = decltype(b)::value;
     if (fp32_scales) {
@@ -308,12 +319,13 @@ BENCHMARK(BM_kivi_bytes_per_row)
     ->Iterations(1);
 BENCHMARK(BM_gather)
     ->ArgNames({"bits", "threads"})
-    ->ArgsProduct({{16, 4, 2}, {1, 2}})
+    ->ArgsProduct({{16, 8, 4, 2}, {1, 2}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 BENCHMARK(BM_sparse_attention)
     ->ArgNames({"bits", "scale"})
     ->Args({16, 16})
+    ->Args({8, 16})
     ->Args({4, 16})
     ->Args({2, 16})
     ->Args({2, 32})

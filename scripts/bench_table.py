@@ -166,25 +166,29 @@ def speculation_section(res):
 
 
 def kivi_section(res):
-    names = {16: "fp16", 4: "KIVI-4", 2: "KIVI-2"}
-    lines = ["### KIVI-quantized rows", "",
+    names = {16: "fp16", 8: "fp8 (e4m3)", 4: "KIVI-4", 2: "KIVI-2"}
+    lines = ["### Quantized rows: KIVI and fp8", "",
              "| head_dim | bits | scales | bytes per row (K + V) | vs fp16 |", "|---:|---:|:--|---:|---:|"]
     for r in sorted((r for r in res if r["family"] == "BM_kivi_bytes_per_row"),
                     key=lambda r: (r["fields"]["head_dim"], r["fields"]["bits"], r["fields"]["scale"])):
         f, c = r["fields"], r["counters"]
         lines.append(f"| {f['head_dim']} | {f['bits']} | fp{f['scale']} | {c['bytes_per_row']:.0f} | "
                      f"{c['ratio']:.3f} |")
-    lines += ["", "| rows | threads | gather GB/s | M rows/s |", "|:--|---:|---:|---:|"]
+    lines += ["", "| rows | bytes per row (K + V) | threads | gather GB/s | M rows/s |",
+              "|:--|---:|---:|---:|---:|"]
     for r in sorted((r for r in res if r["family"] == "BM_gather"),
                     key=lambda r: (-r["fields"]["bits"], r["fields"]["threads"])):
         f = r["fields"]
-        lines.append(f"| {names.get(f['bits'], f['bits'])} | {f['threads']} | {r['gbps']:.2f} | "
-                     f"{r['ips'] / 1e6:.1f} |")
+        row_bytes = r["counters"].get("bytes_per_row")
+        row_txt = f"{row_bytes:.0f}" if row_bytes is not None else "-"
+        lines.append(f"| {names.get(f['bits'], f['bits'])} | {row_txt} | {f['threads']} | "
+                     f"{r['gbps']:.2f} | {r['ips'] / 1e6:.1f} |")
     lines += ["", "| rows (4096 per KV head, 8 KV heads, 32 query heads) | sparse attention time |",
               "|:--|---:|"]
     for r in (r for r in res if r["family"] == "BM_sparse_attention"):
         f = r["fields"]
-        what = "fp16" if f["bits"] == 16 else f"{names.get(f['bits'], f['bits'])}, fp{f['scale']} scales"
+        what = (names[f["bits"]] if f["bits"] in (16, 8)
+                else f"{names.get(f['bits'], f['bits'])}, fp{f['scale']} scales")
         lines.append(f"| {what} | {r['time']:.0f} {r['unit']} |")
     targets = []
     k2 = find(res, "kivi2_bytes_per_row_vs_fp16")

@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fetch_fixtures.cuh"
@@ -125,13 +126,14 @@ void kivi_rejects() {
             (kvscout::device_status::bad_value | kvscout::device_status::bad_index));
 }
 
-// Generic layouts: the row at (s, position, h) holds the converted input, nothing else changes.
-// Sequences marked in `skip` must be left alone (their position is not theirs) and the status
-// must then be `want_status`.
+// Generic layouts: the row at (s, position, h) holds the converted input (float input divided by
+// `scales` first), nothing else changes. Sequences marked in `skip` must be left alone (their
+// position is not theirs) and the status must then be `want_status`.
 template <class L, class In>
 void generic_case(const std::string& name, const L& host_l, const L& dev_l, std::size_t bytes,
                   const std::vector<int32_t>* positions, std::uint32_t seed,
-                  const std::vector<bool>& skip = {}, int want_status = 0) {
+                  const std::vector<bool>& skip = {}, int want_status = 0,
+                  kvscout::kv_scales scales = {}) {
   using T = typename L::element_type;
   constexpr int D = L::head_dim;
   const int S = host_l.num_seqs(), H = host_l.num_kv_heads();
@@ -150,7 +152,8 @@ void generic_case(const std::string& name, const L& host_l, const L& dev_l, std:
                                kvscout::device_span<std::byte>(v.data(), bytes),
                                kvscout::device_span<In>(dk.data(), tok),  // non-const spans
                                kvscout::device_span<In>(dv.data(), tok),  // deduce too
-                               positions ? dpos.data() : nullptr, nullptr, status.data());
+                               positions ? dpos.data() : nullptr, nullptr, status.data(),
+                               scales);
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<std::byte> want_k = init, want_v = init;
   for (int s = 0; s < S; ++s) {
@@ -159,7 +162,13 @@ void generic_case(const std::string& name, const L& host_l, const L& dev_l, std:
     for (int h = 0; h < H; ++h)
       for (int c = 0; c < D; ++c) {
         const std::size_t in = (static_cast<std::size_t>(s) * H + h) * D + c;
-        const T kx = kvscout::convert<T>(kin[in]), vx = kvscout::convert<T>(vin[in]);
+        T kx, vx;
+        if constexpr (std::is_same_v<In, T>) {
+          kx = kin[in], vx = vin[in];  // input in T: stored as given
+        } else {
+          kx = kvscout::from_float<T>(kvscout::to_float(kin[in]) / scales.k);
+          vx = kvscout::from_float<T>(kvscout::to_float(vin[in]) / scales.v);
+        }
         std::memcpy(&want_k[host_l.k_offset(s, t, h) + c * sizeof(T)], &kx, sizeof(T));
         std::memcpy(&want_v[host_l.v_offset(s, t, h) + c * sizeof(T)], &vx, sizeof(T));
       }
@@ -180,6 +189,26 @@ void generic_contiguous() {
   const L hl = L::padded(4, 16, lens.data(), 3), dl = L::padded(4, 16, dlens.data(), 3);
   generic_case<L, float>("contiguous nhd f16 (float in)", hl, dl, hl.required_bytes(), nullptr, 1);
   generic_case<L, half>("contiguous nhd f16 (f16 in)", hl, dl, hl.required_bytes(), nullptr, 2);
+}
+
+// An fp8 cache that stores K / k_scale and V / v_scale: float input is divided by the scales
+// before rounding (saturating), fp8 input is stored as given.
+void generic_fp8() {
+  using L = kvscout::contiguous_layout<kvscout::fp8_e4m3, 128, kvscout::nhd>;
+  std::vector<int32_t> lens = {5, 0, 12};
+  device_vector<int32_t> dlens(lens);
+  const L hl = L::padded(4, 16, lens.data(), 3), dl = L::padded(4, 16, dlens.data(), 3);
+  generic_case<L, float>("contiguous nhd e4m3 (float in, scaled)", hl, dl, hl.required_bytes(),
+                         nullptr, 21, {}, 0, {0.05f, 0.011f});
+  generic_case<L, kvscout::fp8_e4m3>("contiguous nhd e4m3 (e4m3 in)", hl, dl, hl.required_bytes(),
+                                     nullptr, 22, {}, 0, {0.05f, 0.011f});
+  using Case = kvtest::layout_case<kvtest::kind::vllm, kvscout::hnd, kvscout::fp8_e5m2, 64>;
+  std::mt19937 rng(23);
+  kvtest::layout_fixture<Case> f({20, 9}, 2, rng);
+  device_layout<Case> dpl(f);
+  const std::vector<int32_t> positions = {19, 8};
+  generic_case<Case::layout, float>("paged vllm hnd e5m2 (float in, scaled)", f.layout,
+                                    dpl.layout, f.bytes, &positions, 24, {}, 0, {3.f, 0.25f});
 }
 
 void generic_paged() {
@@ -270,6 +299,7 @@ int main() {
           {"kivi_rejects_bad_input", kivi_rejects},
           {"generic_contiguous", generic_contiguous},
           {"generic_paged", generic_paged},
+          {"generic_fp8_scaled", generic_fp8},
           {"generic_rejects_foreign_slots", generic_rejects_foreign_slots},
       });
 }

@@ -88,9 +88,10 @@ void compare(const std::string& name, const std::vector<float>& got, const std::
   GPU_CHECK(bad == 0);
 }
 
-// Sparse attention over random gathered T rows.
+// Sparse attention over random gathered T rows; k_scale / v_scale as an fp8 cache passes them.
 template <class T, int D>
-void gathered_case(int S, int H, int g, bool with_current, double density, std::uint32_t seed) {
+void gathered_case(int S, int H, int g, bool with_current, double density, std::uint32_t seed,
+                   float k_scale = 1.f, float v_scale = 1.f) {
   const int cap = 96, Hq = H * g;
   std::mt19937 rng(seed);
   std::vector<int> lens;
@@ -101,7 +102,10 @@ void gathered_case(int S, int H, int g, bool with_current, double density, std::
   auto ck = random_values<T>(static_cast<std::size_t>(S) * H * D, seed + 3);
   auto cv = random_values<T>(static_cast<std::size_t>(S) * H * D, seed + 4);
   auto q = random_floats(static_cast<std::size_t>(S) * Hq * D, seed + 5);
-  const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
+  const kvscout::attention_params p{.num_q_heads = Hq,
+                                    .scale = 1.f / std::sqrt(float(D)),
+                                    .k_scale = k_scale,
+                                    .v_scale = v_scale};
 
   std::vector<float> want(q.size(), -1.f);
   kvscout::gathered_rows<T, D> rows(sel.view(), {k.data(), k.size()}, {v.data(), v.size()});
@@ -123,7 +127,8 @@ void gathered_case(int S, int H, int g, bool with_current, double density, std::
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   compare(std::string(kvscout::dtype_traits<T>::name) + "/d" + std::to_string(D) + " S" +
               std::to_string(S) + " H" + std::to_string(H) + " g" + std::to_string(g) +
-              (with_current ? " +cur" : "") + " p" + std::to_string(density),
+              (with_current ? " +cur" : "") + " p" + std::to_string(density) +
+              (k_scale != 1.f || v_scale != 1.f ? " scaled" : ""),
           dout.download(), want);
   GPU_CHECK(read_status(status) == 0);
 }
@@ -337,6 +342,10 @@ int main() {
           {"gathered_f16_d64_gqa12_two_blocks", [] { gathered_case<half, 64>(2, 1, 12, true, 0.1, 3); }},
           {"gathered_bf16_d128_mha", [] { gathered_case<bfloat16, 128>(2, 4, 1, true, 0.25, 4); }},
           {"gathered_f32_d256", [] { gathered_case<float, 256>(2, 2, 2, true, 0.1, 5); }},
+          {"gathered_fp8_scaled", [] {
+             gathered_case<kvscout::fp8_e4m3, 128>(3, 2, 4, true, 0.1, 14, 0.37f, 2.7f);
+             gathered_case<kvscout::fp8_e5m2, 64>(2, 3, 3, true, 0.25, 15, 1.9f, 0.45f);
+           }},
           {"gathered_empty_rows", [] {
              gathered_case<half, 128>(2, 2, 4, true, 0.0, 6);   // current token only
              gathered_case<half, 128>(2, 2, 4, false, 0.0, 7);  // nothing: output 0
@@ -347,6 +356,7 @@ int main() {
           {"kivi_bad_index_sets_status", [] { kivi_case<kvscout::kivi_layout<half, 128, 2>>(0.25, 11, true); }},
           {"dense_anchor_f16_d128", [] { dense_case<half, 128>(12); }},
           {"dense_anchor_f32_d64", [] { dense_case<float, 64>(13); }},
+          {"dense_anchor_fp8e4m3_d64", [] { dense_case<kvscout::fp8_e4m3, 64>(16); }},
           {"dense_misaligned_rows_set_status", [] { dense_misaligned_case(); }},
           {"q_out_half", [] { typed_q_out_case<half, 128, half, half>(31); }},
           {"q_out_bf16_q_float_out", [] { typed_q_out_case<bfloat16, 64, bfloat16, float>(32); }},

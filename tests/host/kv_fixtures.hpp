@@ -135,9 +135,10 @@ struct layout_fixture {
   layout_case<K, O, float, 64>, layout_case<K, O, float, 128>, layout_case<K, O, float, 256>,     \
       layout_case<K, O, kvscout::half, 64>, layout_case<K, O, kvscout::half, 128>,                \
       layout_case<K, O, kvscout::half, 256>, layout_case<K, O, kvscout::bfloat16, 64>,            \
-      layout_case<K, O, kvscout::bfloat16, 128>, layout_case<K, O, kvscout::bfloat16, 256>
+      layout_case<K, O, kvscout::bfloat16, 128>, layout_case<K, O, kvscout::bfloat16, 256>,       \
+      layout_case<K, O, kvscout::fp8_e4m3, 64>, layout_case<K, O, kvscout::fp8_e5m2, 128>
 
-// Every layout x dtype x head_dim.
+// Every layout x dtype x head_dim (fp8: e4m3 at 64, e5m2 at 128).
 using all_layout_cases = std::tuple<
     KVTEST_CASES_FOR(kind::padded, kvscout::nhd), KVTEST_CASES_FOR(kind::padded, kvscout::hnd),
     KVTEST_CASES_FOR(kind::ragged, kvscout::nhd), KVTEST_CASES_FOR(kind::ragged, kvscout::hnd),

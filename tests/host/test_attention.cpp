@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
+#include <utility>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -51,8 +53,10 @@ struct attn_fixture {
 
   // fp64 reference over the given token subset per (s, h) (+ current token when asked); also the
   // probabilities summed over the group.
+  // Keys and values are the stored elements times k_scale / v_scale (fp8 caches).
   void reference(const std::vector<std::vector<int>>& tokens, bool with_current, float scale,
-                 std::vector<double>& out, std::vector<std::vector<double>>& probs) const {
+                 std::vector<double>& out, std::vector<std::vector<double>>& probs,
+                 double k_scale = 1.0, double v_scale = 1.0) const {
     const int g = Hq / H;
     out.assign(q.size(), 0.0);
     probs.assign(static_cast<std::size_t>(S) * H, {});
@@ -61,12 +65,14 @@ struct attn_fixture {
         const auto& ts = tokens[static_cast<std::size_t>(s) * H + h];
         const int n = static_cast<int>(ts.size()) + (with_current ? 1 : 0);
         auto key = [&](int i, int c) -> double {
-          if (i < static_cast<int>(ts.size())) return kvscout::to_float(k[l.k_offset(s, ts[i], h) / sizeof(T) + c]);
-          return kvscout::to_float(kc[(static_cast<std::size_t>(s) * H + h) * D + c]);
+          if (i < static_cast<int>(ts.size()))
+            return k_scale * kvscout::to_float(k[l.k_offset(s, ts[i], h) / sizeof(T) + c]);
+          return k_scale * kvscout::to_float(kc[(static_cast<std::size_t>(s) * H + h) * D + c]);
         };
         auto val = [&](int i, int c) -> double {
-          if (i < static_cast<int>(ts.size())) return kvscout::to_float(v[l.v_offset(s, ts[i], h) / sizeof(T) + c]);
-          return kvscout::to_float(vc[(static_cast<std::size_t>(s) * H + h) * D + c]);
+          if (i < static_cast<int>(ts.size()))
+            return v_scale * kvscout::to_float(v[l.v_offset(s, ts[i], h) / sizeof(T) + c]);
+          return v_scale * kvscout::to_float(vc[(static_cast<std::size_t>(s) * H + h) * D + c]);
         };
         auto& pr = probs[static_cast<std::size_t>(s) * H + h];
         pr.assign(n, 0.0);
@@ -111,7 +117,7 @@ static_assert(std::is_same_v<kvscout::cache_rows_t<kvscout::kivi_layout<kvscout:
                              kvscout::kivi_layout_rows<kvscout::kivi_layout<kvscout::half, 64, 2>>>);
 
 TEMPLATE_TEST_CASE("dense decode attention matches the fp64 definition", "[attention]", float,
-                   kvscout::half, kvscout::bfloat16) {
+                   kvscout::half, kvscout::bfloat16, kvscout::fp8_e4m3, kvscout::fp8_e5m2) {
   for (int group : {1, 3, 8, 20}) {
     attn_fixture<TestType> f({1, 37, 200}, 2, group, 17u + group);
     CAPTURE(group);
@@ -158,7 +164,7 @@ TEMPLATE_TEST_CASE("dense decode attention matches the fp64 definition", "[atten
 }
 
 TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition on the subset",
-                   "[attention]", float, kvscout::half) {
+                   "[attention]", float, kvscout::half, kvscout::fp8_e4m3) {
   using T = TestType;
   attn_fixture<T> f({50, 9, 130}, 3, 3, 5);
   const float scale = 0.125f;
@@ -240,6 +246,43 @@ TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition o
   }
 }
 
+// An fp8 cache stores K / k_scale and V / v_scale; attention multiplies them back, for the cached
+// rows and the current token alike. Scales that are not powers of two, so that a scale applied
+// twice, to the wrong side, or not at all moves the output far past the tolerance.
+TEMPLATE_TEST_CASE("attention over an fp8 cache applies k_scale and v_scale", "[attention][fp8]",
+                   kvscout::fp8_e4m3, kvscout::fp8_e5m2) {
+  using T = TestType;
+  attn_fixture<T> f({3, 70, 129}, 2, 3, 23);
+  const float scale = 0.125f, k_scale = 0.37f, v_scale = 2.7f;
+  std::vector<std::vector<int>> all(f.S * f.H);
+  for (int s = 0; s < f.S; ++s)
+    for (int h = 0; h < f.H; ++h)
+      for (int t = 0; t < f.lens[s]; ++t) all[s * f.H + h].push_back(t);
+  std::vector<double> ref, unscaled;
+  std::vector<std::vector<double>> rp, rp1;
+  f.reference(all, true, scale, ref, rp, k_scale, v_scale);
+  f.reference(all, true, scale, unscaled, rp1);
+  const int stride = f.cap + 1;
+  std::vector<float> out(f.q.size()), probs(static_cast<std::size_t>(f.S) * f.H * stride);
+  kvscout::attention_params p{f.Hq, scale};
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
+  kvscout::decode_attention_host(kvscout::layout_rows(f.view()), f.current(),
+                                 {f.q.data(), f.q.size()}, {out.data(), out.size()}, p,
+                                 {probs.data(), probs.size()}, stride);
+  double worst = 0, moved = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    worst = std::max(worst, std::abs(out[i] - ref[i]));
+    moved = std::max(moved, std::abs(ref[i] - unscaled[i]));
+  }
+  CAPTURE(worst, moved);
+  REQUIRE(worst <= 5e-5);
+  REQUIRE(moved > 0.5);  // the scales matter at this tolerance
+  for (int r = 0; r < f.S * f.H; ++r)
+    for (std::size_t i = 0; i < rp[r].size(); ++i)
+      REQUIRE(std::abs(probs[r * stride + i] - rp[r][i]) <= 1e-5);
+}
+
 TEST_CASE("decode attention rejects bad input", "[attention][errors]") {
   attn_fixture<float> f({4}, 2, 2, 3);
   std::vector<float> out(f.q.size());
@@ -253,6 +296,17 @@ TEST_CASE("decode attention rejects bad input", "[attention][errors]") {
   REQUIRE_THROWS_WITH(kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()},
                                                      {out.data(), out.size()}, {4, -1.f}),
                       Catch::Contains("scale must be positive"));
+  for (auto [ks, vs] : {std::pair{0.f, 1.f}, std::pair{1.f, -2.f},
+                        std::pair{std::numeric_limits<float>::quiet_NaN(), 1.f},
+                        std::pair{1.f, std::numeric_limits<float>::infinity()}}) {
+    kvscout::attention_params p{4, 0.1f};
+    p.k_scale = ks;
+    p.v_scale = vs;
+    CAPTURE(ks, vs);
+    REQUIRE_THROWS_WITH(kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()},
+                                                       {out.data(), out.size()}, p),
+                        Catch::Contains("k_scale and v_scale must be positive and finite"));
+  }
   std::vector<float> probs(100);
   REQUIRE_THROWS_WITH(kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()},
                                                      {out.data(), out.size()}, {4, 0.1f},

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <sstream>
+#include <type_traits>
 #include <vector>
 
 #include "kvscout/core/dispatch.hpp"
@@ -79,10 +81,129 @@ TEMPLATE_TEST_CASE("dtype conversions round to nearest even and round-trip", "[c
   CHECK(std::isnan(kvscout::to_float(kvscout::from_float<T>(std::numeric_limits<float>::quiet_NaN()))));
 }
 
+namespace {
+// The OCP 8-bit float formats from their definition: sign, exponent field e, mantissa field m.
+// E4M3: bias 7, subnormals at e = 0, no infinities, NaN only at e = 15 and m = 7.
+// E5M2: bias 15, subnormals at e = 0, e = 31 holds the infinities (m = 0) and NaNs.
+double decode_e4m3(unsigned code) {
+  const int sign = (code >> 7) & 1, e = (code >> 3) & 15, m = code & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<double>::quiet_NaN();
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return sign ? -mag : mag;
+}
+double decode_e5m2(unsigned code) {
+  const int sign = (code >> 7) & 1, e = (code >> 2) & 31, m = code & 3;
+  if (e == 31) return m == 0 ? (sign ? -INFINITY : INFINITY) : std::numeric_limits<double>::quiet_NaN();
+  const double mag = e == 0 ? std::ldexp(m / 4.0, -14) : std::ldexp(1.0 + m / 4.0, e - 15);
+  return sign ? -mag : mag;
+}
+template <class T>
+double decode_ref(unsigned code) {
+  return std::is_same_v<T, kvscout::fp8_e4m3> ? decode_e4m3(code) : decode_e5m2(code);
+}
+template <class T>
+unsigned code_of(T x) {
+  unsigned char c;
+  std::memcpy(&c, &x, 1);
+  return c;
+}
+// Round to nearest, ties to the even code (mantissa LSB 0), saturating to the largest finite
+// value: a search over every finite code, independent of how the conversion is written.
+template <class T>
+double nearest_ref(double x) {
+  double best = 0, best_err = INFINITY;
+  unsigned best_code = 0;
+  for (unsigned c = 0; c < 256; ++c) {
+    const double v = decode_ref<T>(c);
+    if (!std::isfinite(v)) continue;
+    const double err = std::abs(v - x);
+    if (err < best_err || (err == best_err && (c & 1) == 0 && (best_code & 1) == 1)) {
+      best = v, best_err = err, best_code = c;
+    }
+  }
+  return best;
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("fp8 decodes every code as the OCP format defines it", "[core][dtype][fp8]",
+                   kvscout::fp8_e4m3, kvscout::fp8_e5m2) {
+  using T = TestType;
+  using traits = kvscout::dtype_traits<T>;
+  CHECK(kvscout::dtype_traits<kvscout::dtype_of_t<traits::id>>::id == traits::id);
+  CHECK(kvscout::size_of(traits::id) == 1);
+  CHECK(kvscout::vec_width<T> == 16);
+  CHECK(kvscout::is_fp8_v<T>);
+  int nans = 0;
+  for (unsigned c = 0; c < 256; ++c) {
+    T x;
+    const auto byte = static_cast<unsigned char>(c);
+    std::memcpy(&x, &byte, 1);
+    const double want = decode_ref<T>(c);
+    const float got = kvscout::to_float(x);
+    const auto cuda = static_cast<float>(x);  // CUDA's own conversion, what device code uses
+    CAPTURE(c, want, got, cuda);
+    REQUIRE(((std::isnan(got) && std::isnan(cuda)) || got == cuda));
+    if (std::isnan(want)) {
+      REQUIRE(std::isnan(got));
+      ++nans;
+    } else if (std::isinf(want)) {
+      // E5M2's infinities: decoded as such, saturated on the way back (0x7b / 0xfb = +-57344).
+      REQUIRE(got == static_cast<float>(want));
+      REQUIRE(code_of(kvscout::from_float<T>(got)) == (c & 0x80u) + 0x7bu);
+    } else {
+      REQUIRE(static_cast<double>(got) == want);
+      // Every finite code survives the trip back, -0 included.
+      REQUIRE(code_of(kvscout::from_float<T>(got)) == c);
+    }
+  }
+  CHECK(nans == (std::is_same_v<T, kvscout::fp8_e4m3> ? 2 : 6));
+}
+
+TEMPLATE_TEST_CASE("fp8 rounds to nearest even and saturates", "[core][dtype][fp8]",
+                   kvscout::fp8_e4m3, kvscout::fp8_e5m2) {
+  using T = TestType;
+  const double max = std::is_same_v<T, kvscout::fp8_e4m3> ? 448.0 : 57344.0;
+  // Seeded floats over every binade the format has and past its range, both signs.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> log2mag(-24.0, std::log2(max) + 3.0);
+  for (int i = 0; i < 20000; ++i) {
+    const float x = static_cast<float>((rng() % 2 ? -1.0 : 1.0) * std::exp2(log2mag(rng)));
+    const double want = nearest_ref<T>(x);
+    const float got = kvscout::to_float(kvscout::from_float<T>(x));
+    CAPTURE(x, want, got);
+    REQUIRE(static_cast<double>(got) == want);
+  }
+  // Every midpoint between neighbouring positive finite codes goes to the even one.
+  int ties = 0;
+  for (unsigned c = 0; c + 1 < 128; ++c) {
+    const double a = decode_ref<T>(c), b = decode_ref<T>(c + 1);
+    if (!std::isfinite(a) || !std::isfinite(b)) continue;
+    const float mid = static_cast<float>((a + b) / 2);
+    REQUIRE(static_cast<double>(mid) == (a + b) / 2);  // exact in float
+    const unsigned even = (c & 1) == 0 ? c : c + 1;
+    CAPTURE(c, mid);
+    REQUIRE(code_of(kvscout::from_float<T>(mid)) == even);
+    REQUIRE(code_of(kvscout::from_float<T>(-mid)) == (even | 0x80u));
+    ++ties;
+  }
+  CHECK(ties > 100);
+  // Saturation: past the range, infinities included, the largest finite value; NaN stays NaN.
+  for (float big : {static_cast<float>(max) * 1.5f, 1e30f, std::numeric_limits<float>::infinity()}) {
+    CHECK(kvscout::to_float(kvscout::from_float<T>(big)) == static_cast<float>(max));
+    CHECK(kvscout::to_float(kvscout::from_float<T>(-big)) == -static_cast<float>(max));
+  }
+  CHECK(std::isnan(kvscout::to_float(kvscout::from_float<T>(std::numeric_limits<float>::quiet_NaN()))));
+  // Conversions between element types go through float.
+  CHECK(kvscout::to_float(kvscout::convert<kvscout::half>(kvscout::from_float<T>(-3.5f))) == -3.5f);
+  CHECK(kvscout::to_float(kvscout::convert<T>(kvscout::from_float<kvscout::half>(0.75f))) == 0.75f);
+}
+
 TEST_CASE("dtype names print", "[core][dtype]") {
   std::ostringstream os;
-  os << kvscout::dtype::f16 << ' ' << kvscout::dtype::bf16 << ' ' << static_cast<kvscout::dtype>(9);
-  CHECK(os.str() == "f16 bf16 dtype(9)");
+  os << kvscout::dtype::f16 << ' ' << kvscout::dtype::bf16 << ' ' << kvscout::dtype::f8e4m3 << ' '
+     << kvscout::dtype::f8e5m2 << ' ' << static_cast<kvscout::dtype>(9);
+  CHECK(os.str() == "f16 bf16 f8e4m3 f8e5m2 dtype(9)");
+  CHECK(kvscout::size_of(static_cast<kvscout::dtype>(9)) == 0);
 }
 
 TEST_CASE("dispatch turns a runtime head_dim into a static one", "[core][dispatch]") {
@@ -111,7 +232,7 @@ TEST_CASE("dispatch rejects unsupported values and names the supported set", "[c
                       Catch::Contains("head_dim = 0"));
   REQUIRE_THROWS_WITH(kvscout::dispatch_dtype(static_cast<kvscout::dtype>(7), [](auto) {}),
                       Catch::Contains("unsupported dtype = dtype(7)") &&
-                          Catch::Contains("{f32, f16, bf16}"));
+                          Catch::Contains("{f32, f16, bf16, f8e4m3, f8e5m2}"));
   // A user-defined list: page sizes.
   constexpr kvscout::value_list<8, 16, 32> pages{};
   REQUIRE_THROWS_WITH(kvscout::dispatch(pages, 12, "page_size", [](auto) {}),
@@ -120,7 +241,8 @@ TEST_CASE("dispatch rejects unsupported values and names the supported set", "[c
 }
 
 TEST_CASE("dispatch_dtype hands over the element type", "[core][dispatch]") {
-  for (auto d : {kvscout::dtype::f32, kvscout::dtype::f16, kvscout::dtype::bf16}) {
+  for (auto d : {kvscout::dtype::f32, kvscout::dtype::f16, kvscout::dtype::bf16,
+                 kvscout::dtype::f8e4m3, kvscout::dtype::f8e5m2}) {
     const auto size = kvscout::dispatch_dtype(d, [](auto tag) {
       using T = typename decltype(tag)::type;
       return sizeof(T);

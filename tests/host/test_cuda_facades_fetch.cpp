@@ -6,7 +6,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstddef>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -253,6 +255,29 @@ TEST_CASE("device attention inputs are validated on the host", "[cuda][facade]")
   REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 768, &q, 768, &q, true, 384, 384,
                                                   true),
                       Contains("V is null"));
+  p.k_scale = 0.f;
+  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 768, &q, 768, &q, false, 0, 0,
+                                                  true),
+                      Contains("k_scale and v_scale must be positive and finite, got 0 and 1"));
+  p.k_scale = 1.f;
+  p.v_scale = std::numeric_limits<float>::infinity();
+  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 768, &q, 768, &q, false, 0, 0,
+                                                  true),
+                      Contains("k_scale and v_scale must be positive and finite"));
+  // Append scales divide the input: positive and finite only.
+  REQUIRE_NOTHROW(detail::check_kv_scales({0.5f, 3.f}));
+  REQUIRE_THROWS_WITH(detail::check_kv_scales({0.f, 1.f}),
+                      Contains("kv_scales must be positive and finite, got k = 0, v = 1"));
+  REQUIRE_THROWS_WITH(detail::check_kv_scales({1.f, -2.f}), Contains("v = -2"));
+  REQUIRE_THROWS_WITH(detail::check_kv_scales({std::numeric_limits<float>::quiet_NaN(), 1.f}),
+                      Contains("k = nan"));
+  // The current token's rows are read with vector loads: 16-byte aligned bases only.
+  alignas(16) static std::byte cur[64];
+  REQUIRE_NOTHROW(detail::check_current_token_alignment(cur, cur + 32));
+  REQUIRE_THROWS_WITH(detail::check_current_token_alignment(cur + 2, cur),
+                      Contains("16-byte boundaries") && Contains("remainders 2 / 0"));
+  REQUIRE_THROWS_WITH(detail::check_current_token_alignment(cur, cur + 8),
+                      Contains("remainders 0 / 8"));
 
   sel_store sel(2, 3, 4);
   selection_view<device_space> sv{{sel.indices.data(), sel.indices.size()},

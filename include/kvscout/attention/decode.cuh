@@ -86,6 +86,7 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
   detail::check_decode_device(S, H, D, p, q.size(), q.data(), out.size(), out.data(),
                               cur.present(), cur.k.size(), cur.v.size(),
                               cur.v.data() == nullptr);
+  if (cur.present()) detail::check_current_token_alignment(cur.k.data(), cur.v.data());
   if (S == 0) return;
   const int g = p.num_q_heads / H;
   constexpr int G = detail::decode_device_max_group;
@@ -97,7 +98,8 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
                                             out.data(),
                                             p.num_q_heads,
                                             g,
-                                            p.scale,
+                                            p.scale * p.k_scale,
+                                            p.v_scale,
                                             device_status};
   const dim3 grid(static_cast<unsigned>(S * H), static_cast<unsigned>((g + G - 1) / G));
   detail::launch(detail::decode_attention_kernel<Rows, T, Q, O, W>, grid, W * 32, 0, stream, prm);

@@ -4,6 +4,8 @@
 //
 //   out[s, qh, :] = sum_i softmax_i(scale * q[s, qh] . k_i) v_i,   kv head h = qh / (Hq / H)
 //
+// with k_i and v_i the stored values times k_scale and v_scale (attention_params; fp8 caches).
+//
 // The same routine is the dense reference (layout_rows: every cached token) and sparse attention
 // (gathered_rows: the fetched rows). KV is never expanded to query heads: each K / V row is loaded
 // once per group of up to 16 query heads and used by all of them (GQA). The softmax is computed
@@ -33,6 +35,12 @@ namespace kvscout {
 struct attention_params {
   int num_q_heads = 0;
   float scale = 0.f;  // usually 1 / sqrt(head_dim)
+  // Dequantisation scales of a cache that stores K / scale and V / scale (fp8 caches, vLLM's
+  // k_scale / v_scale): every key and value attention reads, the current token's included, is
+  // multiplied back. k_scale folds into the logit scale, v_scale into the output. 1 for caches
+  // that store the values themselves.
+  float k_scale = 1.f;
+  float v_scale = 1.f;
 };
 
 /// The current token's K / V, [num_seqs, num_kv_heads, head_dim], in the cache's element type
@@ -57,10 +65,19 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
                   " must be a positive multiple of num_kv_heads = ", H);
   KVSCOUT_EXPECTS(std::isfinite(p.scale) && p.scale > 0.f, "scale must be positive and finite, got ",
                   p.scale);
+  KVSCOUT_EXPECTS(std::isfinite(p.k_scale) && p.k_scale > 0.f && std::isfinite(p.v_scale) &&
+                      p.v_scale > 0.f,
+                  "k_scale and v_scale must be positive and finite, got ", p.k_scale, " and ",
+                  p.v_scale);
   const std::size_t q_elems = static_cast<std::size_t>(S) * Hq * D;
   KVSCOUT_EXPECTS(q.size() >= q_elems, "q holds ", q.size(), " floats, expected [", S, ", ", Hq,
                   ", ", D, "] = ", q_elems);
   KVSCOUT_EXPECTS(out.size() >= q_elems, "out holds ", out.size(), " floats, expected ", q_elems);
+  const auto overlap = [](const float* a, std::size_t an, const float* b, std::size_t bn) {
+    return an > 0 && bn > 0 && a < b + bn && b < a + an;
+  };
+  KVSCOUT_EXPECTS(!overlap(out.data(), q_elems, q.data(), q_elems),
+                  "out overlaps q: attention reads every query again after writing outputs");
   const std::size_t cur_elems = static_cast<std::size_t>(S) * H * D;
   if (cur.present()) {
     KVSCOUT_EXPECTS(cur.k.size() >= cur_elems && cur.v.size() >= cur_elems, "current token K / V hold ",
@@ -73,11 +90,17 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
       for (int h = 0; h < H; ++h) most = std::max(most, rows.rows(s, h) + (cur.present() ? 1 : 0));
     KVSCOUT_EXPECTS(probs_stride >= most, "probs_stride = ", probs_stride,
                     " is smaller than the longest row set (", most, ")");
-    KVSCOUT_EXPECTS(probs.size() >= static_cast<std::size_t>(S) * H * probs_stride, "probs holds ",
-                    probs.size(), " floats, expected ", static_cast<std::size_t>(S) * H * probs_stride);
+    const std::size_t probs_elems = static_cast<std::size_t>(S) * H * probs_stride;
+    KVSCOUT_EXPECTS(probs.size() >= probs_elems, "probs holds ", probs.size(), " floats, expected ",
+                    probs_elems);
+    KVSCOUT_EXPECTS(!overlap(probs.data(), probs_elems, q.data(), q_elems) &&
+                        !overlap(probs.data(), probs_elems, out.data(), q_elems),
+                    "probs overlaps q or out");
   }
 
   const int g = Hq / H;
+  const Acc logit_scale = static_cast<Acc>(p.scale) * static_cast<Acc>(p.k_scale);
+  const Acc v_scale = static_cast<Acc>(p.v_scale);
   float kbuf[D], vbuf[D];
   Acc m[chunk], l[chunk], acc[chunk][D], logit[chunk];
   for (int s = 0; s < S; ++s) {
@@ -112,7 +135,7 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
             Acc dot = 0;
             const float* qj = qs + static_cast<std::size_t>(j) * D;
             for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(kbuf[c]);
-            const Acc x = dot * static_cast<Acc>(p.scale);
+            const Acc x = dot * logit_scale;
             if (x > m[j]) {
               const Acc f = std::exp(m[j] - x);  // 0 on the first row (m = -inf)
               l[j] = l[j] * f + 1;
@@ -127,7 +150,8 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
         }
         for (int j = 0; j < gj; ++j) {
           float* o = out.data() + (static_cast<std::size_t>(s) * Hq + h * g + j0 + j) * D;
-          for (int c = 0; c < D; ++c) o[c] = total > 0 ? static_cast<float>(acc[j][c] / l[j]) : 0.f;
+          for (int c = 0; c < D; ++c)
+            o[c] = total > 0 ? static_cast<float>(acc[j][c] / l[j] * v_scale) : 0.f;
         }
         if (prow != nullptr) {
           // Second pass over K only: each row's probability, summed over the group.
@@ -137,7 +161,7 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
               Acc dot = 0;
               const float* qj = qs + static_cast<std::size_t>(j) * D;
               for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(kbuf[c]);
-              logit[j] = dot * static_cast<Acc>(p.scale);
+              logit[j] = dot * logit_scale;
               prow[i] += static_cast<float>(std::exp(logit[j] - m[j]) / l[j]);
             }
           }

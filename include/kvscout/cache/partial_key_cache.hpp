@@ -22,6 +22,7 @@
 #include <cstddef>
 
 #include "kvscout/cache/host_buffer.hpp"
+#include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
 
@@ -38,8 +39,9 @@ class partial_key_cache {
                     "partial_key_cache needs positive sizes, got num_seqs ", num_seqs,
                     ", num_kv_heads ", num_kv_heads, ", r ", r, ", max_tokens ", max_tokens);
     tiles_ = (max_tokens + block_tokens - 1) / block_tokens;
-    data_ = host_buffer<T>(static_cast<std::size_t>(num_seqs) * num_kv_heads * tiles_ * r *
-                               static_cast<std::size_t>(block_tokens),
+    data_ = host_buffer<T>(detail::checked_size("partial_key_cache elements (num_seqs x "
+                                                "num_kv_heads x tiles x r x tile tokens)",
+                                                num_seqs, num_kv_heads, tiles_, r, block_tokens),
                            pages);
   }
 
@@ -53,6 +55,7 @@ class partial_key_cache {
                     num_kv_heads_, ")");
     KVSCOUT_EXPECTS(t >= 0 && t < max_tokens_, "token ", t, " is out of range [0, max_tokens = ",
                     max_tokens_, "): the partial key cache never grows");
+    KVSCOUT_EXPECTS(pk != nullptr, "partial key of token ", t, " is null");
     T* base = data_.data() + tile_offset(s, h, t / block_tokens) + t % block_tokens;
     for (int c = 0; c < r_; ++c) base[static_cast<std::size_t>(c) * block_tokens] = from_float<T>(pk[c]);
   }

@@ -34,7 +34,8 @@ struct value_list {
 /// The head dimensions kvscout instantiates by default.
 inline constexpr value_list<64, 128, 256> supported_head_dims{};
 /// The element types kvscout instantiates by default.
-inline constexpr value_list<dtype::f32, dtype::f16, dtype::bf16> supported_dtypes{};
+inline constexpr value_list<dtype::f32, dtype::f16, dtype::bf16, dtype::f8e4m3, dtype::f8e5m2>
+    supported_dtypes{};
 
 namespace detail {
 

@@ -1,8 +1,13 @@
 #pragma once
-// Element types of a KV cache: float, half (__half) and bfloat16 (__nv_bfloat16).
+// Element types of a KV cache: float, half (__half), bfloat16 (__nv_bfloat16) and the two OCP
+// 8-bit floats, fp8_e4m3 (__nv_fp8_e4m3) and fp8_e5m2 (__nv_fp8_e5m2).
 //
-// The half types are CUDA's own, from <cuda_fp16.h> and <cuda_bf16.h>; their conversions are
-// host-callable, so every algorithm is tested on the CPU with the exact types a GPU engine uses.
+// The narrow types are CUDA's own, from <cuda_fp16.h>, <cuda_bf16.h> and <cuda_fp8.h>; their
+// conversions are host-callable, so every algorithm is tested on the CPU with the exact types a GPU
+// engine uses. from_float rounds to nearest even; into fp8 it saturates to the largest finite value
+// (CUDA's __NV_SATFINITE: +-448 for e4m3, +-57344 for e5m2, infinities included), NaN stays NaN.
+// An fp8 cache usually stores x / scale with one scale per layer for K and one for V (vLLM's
+// k_scale / v_scale): attention takes them (attention_params), appends divide by them.
 //
 //   using T = kvscout::half;
 //   static_assert(kvscout::dtype_traits<T>::id == kvscout::dtype::f16);
@@ -11,8 +16,11 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
+#include <bit>
 #include <cstddef>
+#include <limits>
 #include <ostream>
 #include <string_view>
 #include <type_traits>
@@ -23,15 +31,21 @@ namespace kvscout {
 
 using half = __half;
 using bfloat16 = __nv_bfloat16;
+/// OCP FP8 E4M3 (bias 7, no infinities, NaN = S.1111.111, largest finite 448).
+using fp8_e4m3 = __nv_fp8_e4m3;
+/// OCP FP8 E5M2 (bias 15, IEEE-style infinities and NaNs, largest finite 57344).
+using fp8_e5m2 = __nv_fp8_e5m2;
 
 /// Runtime tag of an element type; dispatched once, at the outermost host API.
-enum class dtype : int { f32 = 0, f16 = 1, bf16 = 2 };
+enum class dtype : int { f32 = 0, f16 = 1, bf16 = 2, f8e4m3 = 3, f8e5m2 = 4 };
 
 constexpr std::string_view to_string(dtype d) noexcept {
   switch (d) {
     case dtype::f32: return "f32";
     case dtype::f16: return "f16";
     case dtype::bf16: return "bf16";
+    case dtype::f8e4m3: return "f8e4m3";
+    case dtype::f8e5m2: return "f8e5m2";
   }
   return "unknown";
 }
@@ -66,6 +80,18 @@ struct dtype_traits<bfloat16> {
   static constexpr std::string_view name = "bf16";
   static constexpr double epsilon = 3.90625e-03;  // 2^-8
 };
+template <>
+struct dtype_traits<fp8_e4m3> {
+  static constexpr dtype id = dtype::f8e4m3;
+  static constexpr std::string_view name = "f8e4m3";
+  static constexpr double epsilon = 6.25e-02;  // 2^-4
+};
+template <>
+struct dtype_traits<fp8_e5m2> {
+  static constexpr dtype id = dtype::f8e5m2;
+  static constexpr std::string_view name = "f8e5m2";
+  static constexpr double epsilon = 1.25e-01;  // 2^-3
+};
 
 /// A type kvscout can store in a KV cache.
 template <class T>
@@ -88,10 +114,33 @@ template <>
 struct dtype_of<dtype::bf16> {
   using type = bfloat16;
 };
+template <>
+struct dtype_of<dtype::f8e4m3> {
+  using type = fp8_e4m3;
+};
+template <>
+struct dtype_of<dtype::f8e5m2> {
+  using type = fp8_e5m2;
+};
 template <dtype D>
 using dtype_of_t = typename dtype_of<D>::type;
 
-constexpr std::size_t size_of(dtype d) noexcept { return d == dtype::f32 ? 4 : 2; }
+/// Bytes per element; 0 for a value that names no element type.
+constexpr std::size_t size_of(dtype d) noexcept {
+  switch (d) {
+    case dtype::f32: return 4;
+    case dtype::f16:
+    case dtype::bf16: return 2;
+    case dtype::f8e4m3:
+    case dtype::f8e5m2: return 1;
+  }
+  return 0;
+}
+
+/// Whether T is one of the 8-bit floats (stored scaled: see the header comment).
+template <class T>
+inline constexpr bool is_fp8_v =
+    std::is_same_v<std::remove_cv_t<T>, fp8_e4m3> || std::is_same_v<std::remove_cv_t<T>, fp8_e5m2>;
 
 /// Elements per 16-byte vector: the natural unit of a coalesced load on the GPU and of SIMD
 /// on the CPU. Derived from sizeof(T), never hard-coded per instantiation.
@@ -102,18 +151,76 @@ inline constexpr int vec_width = static_cast<int>(16 / sizeof(T));
 KVSCOUT_HOST_DEVICE float to_float(float x) { return x; }
 KVSCOUT_HOST_DEVICE float to_float(half x) { return __half2float(x); }
 KVSCOUT_HOST_DEVICE float to_float(bfloat16 x) { return __bfloat162float(x); }
+namespace detail {
+/// Every value of an OCP 8-bit float with `mbits` mantissa bits and exponent bias `bias`, by
+/// code: the host widens fp8 with one load (cuda_fp8.h's host path converts bit by bit, several
+/// times slower than attention's arithmetic). E4M3 (mbits 3) has no infinities and one NaN per
+/// sign; E5M2 (mbits 2) has IEEE-style infinities and NaNs.
+struct fp8_values {
+  float v[256];
+  constexpr fp8_values(int mbits, int bias) : v{} {
+    const int ebits = 7 - mbits;
+    const int emax = (1 << ebits) - 1, mmax = (1 << mbits) - 1;
+    for (int c = 0; c < 256; ++c) {
+      const int e = (c >> mbits) & emax, m = c & mmax;
+      float mag;
+      if (mbits == 3 && e == emax && m == mmax) {
+        mag = std::numeric_limits<float>::quiet_NaN();
+      } else if (mbits == 2 && e == emax) {
+        mag = m == 0 ? std::numeric_limits<float>::infinity()
+                     : std::numeric_limits<float>::quiet_NaN();
+      } else {
+        // (e == 0 ? m : 2^mbits + m) * 2^(max(e, 1) - bias - mbits), exactly (powers of two).
+        float scale = 1.f;
+        const int p = (e == 0 ? 1 : e) - bias - mbits;
+        for (int i = 0; i < p; ++i) scale *= 2.f;
+        for (int i = 0; i > p; --i) scale *= 0.5f;
+        mag = static_cast<float>(e == 0 ? m : (1 << mbits) + m) * scale;
+      }
+      v[c] = (c & 0x80) != 0 ? -mag : mag;
+    }
+  }
+};
+inline constexpr fp8_values e4m3_values{3, 7};
+inline constexpr fp8_values e5m2_values{2, 15};
+}  // namespace detail
 
-/// Round-to-nearest-even conversion from float.
+KVSCOUT_HOST_DEVICE float to_float(fp8_e4m3 x) {
+#if KVSCOUT_DEVICE_PASS
+  return static_cast<float>(x);
+#else
+  return detail::e4m3_values.v[std::bit_cast<unsigned char>(x)];
+#endif
+}
+KVSCOUT_HOST_DEVICE float to_float(fp8_e5m2 x) {
+#if KVSCOUT_DEVICE_PASS
+  return static_cast<float>(x);
+#else
+  return detail::e5m2_values.v[std::bit_cast<unsigned char>(x)];
+#endif
+}
+
+/// Round-to-nearest-even conversion from float (saturating into fp8).
 template <kv_element T>
 KVSCOUT_HOST_DEVICE T from_float(float x) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else if constexpr (std::is_same_v<T, half>) {
     return __float2half_rn(x);
-  } else {
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
     return __float2bfloat16_rn(x);
+  } else {
+    static_assert(is_fp8_v<T>);
+    return T(x);  // cuda_fp8.h: round to nearest even, __NV_SATFINITE
   }
 }
+
+/// The dequantisation scales of a cache that stores K / k and V / v (fp8 caches: one pair per
+/// layer, vLLM's k_scale / v_scale); 1 for caches that store the values themselves.
+struct kv_scales {
+  float k = 1.f;
+  float v = 1.f;
+};
 
 /// Loads p[i] as float.
 template <kv_element T>

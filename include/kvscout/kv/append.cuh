@@ -13,7 +13,9 @@
 //   kvscout::kivi_append_device(layout, device_buffers, d_seq_lens, k_new, v_new, stream);
 //
 // k_new / v_new: [num_seqs, num_kv_heads, head_dim] device arrays of float or of the cache's
-// element type T (float input is rounded to T first, as a host caller would).
+// element type T (float input is rounded to T first, as a host caller would). A cache that stores
+// K / k_scale and V / v_scale (fp8 caches) passes the scales (kv_scales, last argument): float
+// input is divided by them before rounding; input already in T is stored as given.
 //
 // KIVI quantisation calls the same KVSCOUT_HOST_DEVICE functions as the host writer
 // (kv/detail/kivi_pack.hpp: kivi_make_affine, kivi_quantize, kivi_quantize_value_row) in the same
@@ -149,6 +151,7 @@ struct append_params {
   const In* v_new;
   const std::int32_t* positions;  // [num_seqs] or null: seq_len(s)
   int* status;
+  kv_scales scales;  // float input is divided by them
 };
 
 template <class L, class In>
@@ -184,8 +187,13 @@ __global__ void __launch_bounds__(append_threads)
     alignas(16) T vt[VW];
 #pragma unroll
     for (int e = 0; e < VW; ++e) {
-      kt[e] = convert<T>(p.k_new[in + e]);
-      vt[e] = convert<T>(p.v_new[in + e]);
+      if constexpr (std::is_same_v<In, T>) {
+        kt[e] = p.k_new[in + e];
+        vt[e] = p.v_new[in + e];
+      } else {
+        kt[e] = from_float<T>(to_float(p.k_new[in + e]) / p.scales.k);
+        vt[e] = from_float<T>(to_float(p.v_new[in + e]) / p.scales.v);
+      }
     }
     *reinterpret_cast<uint4*>(p.k + ko + j * 16) = *reinterpret_cast<const uint4*>(kt);
     *reinterpret_cast<uint4*>(p.v + vo + j * 16) = *reinterpret_cast<const uint4*>(vt);
@@ -327,7 +335,7 @@ template <kv_layout L, class InSpan>
 void append_token_device(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
                          device_span<InSpan> k_new, device_span<InSpan> v_new,
                          const std::int32_t* positions, cudaStream_t stream,
-                         int* device_status = nullptr) {
+                         int* device_status = nullptr, kv_scales scales = {}) {
   using T = typename L::element_type;
   static_assert(detail::layout_passes_to_kernels<L>());
   using In = std::remove_const_t<InSpan>;
@@ -336,6 +344,7 @@ void append_token_device(const L& layout, device_span<std::byte> k, device_span<
   detail::check_append_layout(layout, k.data(), v.data());
   detail::check_append_inputs(layout.num_seqs(), layout.num_kv_heads(), L::head_dim, k_new.size(),
                               k_new.data(), v_new.size(), v_new.data());
+  detail::check_kv_scales(scales);
   if (layout.num_seqs() == 0) return;
   detail::append_params<L, In> p{layout,
                                  detail::append_room<L>::make(layout),
@@ -346,7 +355,8 @@ void append_token_device(const L& layout, device_span<std::byte> k, device_span<
                                  k_new.data(),
                                  v_new.data(),
                                  positions,
-                                 device_status};
+                                 device_status,
+                                 scales};
   detail::launch(detail::append_token_kernel<L, In>, static_cast<unsigned>(layout.num_seqs()),
                  detail::append_threads, 0, stream, p);
   KVSCOUT_CUDA_CHECK(cudaGetLastError());

@@ -23,6 +23,7 @@
 
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/dtype.hpp"
+#include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/kv/concepts.hpp"
 
@@ -50,6 +51,8 @@ class contiguous_layout {
     KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
     KVSCOUT_EXPECTS(seq_lens != nullptr || num_seqs == 0, "seq_lens is null for ", num_seqs,
                     " sequences");
+    detail::checked_size("the padded K / V buffer's bytes (num_seqs x capacity x num_kv_heads x "
+                         "row bytes)", num_seqs, capacity, num_kv_heads, row_bytes);
     contiguous_layout l;
     l.num_seqs_ = num_seqs;
     l.num_kv_heads_ = num_kv_heads;
@@ -69,6 +72,8 @@ class contiguous_layout {
     KVSCOUT_EXPECTS(total_tokens >= 0, "total_tokens must be non-negative, got ", total_tokens);
     KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
     KVSCOUT_EXPECTS(indptr != nullptr, "indptr is null");
+    detail::checked_size("the ragged K / V buffer's bytes (total_tokens x num_kv_heads x row "
+                         "bytes)", total_tokens, num_kv_heads, row_bytes);
     contiguous_layout l;
     l.num_seqs_ = num_seqs;
     l.num_kv_heads_ = num_kv_heads;

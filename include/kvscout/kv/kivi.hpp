@@ -74,6 +74,7 @@
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/dtype.hpp"
+#include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
@@ -137,6 +138,8 @@ class kivi_layout {
                     "channels)");
     KVSCOUT_EXPECTS(opt.residual >= 0, "residual window R must be non-negative, got R = ",
                     opt.residual);
+    KVSCOUT_EXPECTS(opt.residual <= INT32_MAX - opt.group, "residual window R = ", opt.residual,
+                    " is too large: R + G (G = ", opt.group, ") must fit in an int");
     kivi_layout l;
     l.num_seqs_ = num_seqs;
     l.num_kv_heads_ = num_kv_heads;
@@ -147,6 +150,15 @@ class kivi_layout {
     l.quantized_capacity_ = l.quantized_len_for(capacity);
     l.v_record_bytes_ = align_up(code_bytes + 2 * static_cast<std::size_t>(HeadDim / opt.group) *
                                                   sizeof(Scale));
+    // Every buffer size below is a product of these: none may wrap.
+    const std::size_t record_max = std::max({k_record_bytes, l.v_record_bytes_,
+                                             k_params_group_bytes});
+    detail::checked_size("a KIVI record buffer's bytes (num_seqs x num_kv_heads x quantised "
+                         "capacity x record bytes)", num_seqs, num_kv_heads,
+                         l.quantized_capacity_, record_max);
+    detail::checked_size("a KIVI residual buffer's bytes (num_seqs x num_kv_heads x (R + G) x "
+                         "row bytes)", num_seqs, num_kv_heads, l.residual_slots(),
+                         HeadDim * sizeof(T));
     return l;
   }
 
@@ -365,6 +377,27 @@ struct kivi_buffers {
   kivi_view<L, Space> view(const L& l) const {
     return {l, k_codes, v_records, {k_params, k_residual, v_residual}};
   }
+
+  /// A writer fills all five: the bytes each needs for `l` must not overlap another's.
+  template <kivi_quantized_layout L>
+  void check_distinct(const L& l) const {
+    const std::byte* p[5] = {k_codes.data(), v_records.data(), k_params.data(), k_residual.data(),
+                             v_residual.data()};
+    const std::size_t n[5] = {l.required_k_bytes(), l.required_v_bytes(),
+                              l.required_k_params_bytes(), l.required_residual_bytes(),
+                              l.required_residual_bytes()};
+    constexpr const char* name[5] = {"K code buffer", "V record buffer", "key parameter buffer",
+                                     "K residual buffer", "V residual buffer"};
+    for (int i = 0; i < 5; ++i)
+      for (int j = i + 1; j < 5; ++j) {
+        const auto a = reinterpret_cast<std::uintptr_t>(p[i]);
+        const auto b = reinterpret_cast<std::uintptr_t>(p[j]);
+        KVSCOUT_EXPECTS(n[i] == 0 || n[j] == 0 || a >= b + n[j] || b >= a + n[i], "the ",
+                        name[i], " (", n[i], " bytes at ", static_cast<const void*>(p[i]),
+                        ") and the ", name[j], " (", n[j], " bytes at ",
+                        static_cast<const void*>(p[j]), ") overlap");
+      }
+  }
 };
 
 /// Owning host storage for a layout's five buffers, 16-byte aligned, zero-filled. For tests,
@@ -430,6 +463,7 @@ class kivi_host_writer {
                     static_cast<const void*>(seq_lens), ", the layout reads ",
                     static_cast<const void*>(l.seq_lens()));
     b.view(l).validate();
+    b.check_distinct(l);
   }
 
   /// Appends one token to sequence s: k, v [num_kv_heads, head_dim].

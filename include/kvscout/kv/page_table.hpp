@@ -57,6 +57,10 @@ struct flashinfer_page_table {
                         "last_page_len[", s, "] = ", last_page_len[s], " disagrees with page_size ",
                         page_size, ": expected a value in [1, ", page_size, "] for a sequence with ",
                         n, " pages");
+        // seq_len is an int: (n - 1) * page_size + last_page_len must fit.
+        const std::int64_t len = static_cast<std::int64_t>(n - 1) * page_size + last_page_len[s];
+        KVSCOUT_EXPECTS(len <= INT32_MAX, "sequence ", s, " has ", n, " pages of ", page_size,
+                        " tokens: ", len, " tokens exceed the int range of a sequence length");
       }
       for (int i = 0; i < n; ++i) {
         const int p = page(s, i);
@@ -90,7 +94,8 @@ struct block_table {
       KVSCOUT_EXPECTS(seq_lens[s] >= 0 && seq_lens[s] <= room, "seq_lens[", s, "] = ",
                       seq_lens[s], " disagrees with the block table: expected a value in [0, ",
                       room, "] (", max_blocks_per_seq, " blocks of ", page_size, " tokens)");
-      const int used = (seq_lens[s] + page_size - 1) / page_size;
+      const auto used = static_cast<int>(
+          (static_cast<std::int64_t>(seq_lens[s]) + page_size - 1) / page_size);
       for (int i = 0; i < used; ++i) {
         const int p = page(s, i);
         KVSCOUT_EXPECTS(p >= 0 && p < total_pages, "page id ", p, " (sequence ", s,

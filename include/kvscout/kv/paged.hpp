@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "kvscout/core/config.hpp"
@@ -115,7 +116,8 @@ class paged_layout {
     const std::size_t smaller = k_bytes < v_bytes ? k_bytes : v_bytes;
     // The last page needs only its used part, not the whole stride.
     const std::size_t pages = smaller < used ? 0 : (smaller - used) / page_bytes + 1;
-    table_.validate(page_size(), static_cast<int>(pages));
+    // Page ids are ints: a buffer with more pages than that still holds every id.
+    table_.validate(page_size(), pages > INT32_MAX ? INT32_MAX : static_cast<int>(pages));
   }
 
  private:
@@ -130,6 +132,12 @@ class paged_layout {
     KVSCOUT_EXPECTS(page_stride_ >= dense, "page_stride = ", page_stride_,
                     " elements is smaller than one page (page_size * kv_heads * head_dim = ", dense,
                     ")");
+    // Page offsets in bytes (page * page_stride * sizeof(T)) are 64-bit.
+    constexpr std::int64_t stride_max =
+        std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(2 * sizeof(T));
+    KVSCOUT_EXPECTS(page_stride_ <= stride_max, "page_stride = ", page_stride_,
+                    " elements is too large: at most ", stride_max,
+                    " (byte offsets of pages must fit in 64 bits)");
   }
 
   PageTable table_{};

@@ -190,6 +190,8 @@ class host_decode_pipeline {
 
   /// The selection of the last speculate() of `layer` (valid until the next one of its parity).
   [[nodiscard]] selection_view<host_space> last_selection(int layer) const {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.num_layers, ")");
     const buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
     return {{b.indices.data(), b.indices.size()}, {b.counts.data(), b.counts.size()},
             cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};

@@ -107,6 +107,8 @@ inline skew_plan rope_planes_plan(const rope_config& rope, std::vector<int> plan
   KVSCOUT_EXPECTS(D >= 2 && D % 2 == 0, "rope_planes_plan: head_dim must be a positive even number, got ",
                   D);
   KVSCOUT_EXPECTS(!planes.empty(), "rope_planes_plan: no planes given");
+  KVSCOUT_EXPECTS(std::isfinite(rope.theta) && rope.theta > 0.f,
+                  "rope_planes_plan: rope theta must be positive and finite, got ", rope.theta);
   for (std::size_t i = 0; i < planes.size(); ++i) {
     KVSCOUT_EXPECTS(planes[i] >= 0 && planes[i] < D / 2, "rope_planes_plan: plane ", planes[i],
                     " (entry ", i, ") is outside [0, ", D / 2, ")");
@@ -142,16 +144,27 @@ inline void check_plan(const skew_plan& p) {
                   static_cast<std::size_t>(p.head_dim) * p.head_dim);
   KVSCOUT_EXPECTS(p.channels.size() == static_cast<std::size_t>(p.r), "skew_plan has ",
                   p.channels.size(), " channels, expected r = ", p.r);
+  for (std::size_t i = 0; i < p.channels.size(); ++i) {
+    KVSCOUT_EXPECTS(p.channels[i] >= 0 && p.channels[i] < p.head_dim, "skew_plan channel ",
+                    p.channels[i], " (entry ", i, ") is outside [0, head_dim = ", p.head_dim, ")");
+  }
   if (p.mode == rope_mode::rope_planes) {
     KVSCOUT_EXPECTS(p.r % 2 == 0 && p.planes.size() == static_cast<std::size_t>(p.r / 2),
                     "rope_planes skew_plan has ", p.planes.size(), " planes for r = ", p.r,
                     ", expected r / 2");
+    for (std::size_t i = 0; i < p.planes.size(); ++i) {
+      KVSCOUT_EXPECTS(p.planes[i] >= 0 && p.planes[i] < p.head_dim / 2, "skew_plan plane ",
+                      p.planes[i], " (entry ", i, ") is outside [0, head_dim / 2 = ",
+                      p.head_dim / 2, ")");
+    }
   }
   if (p.mode != rope_mode::pre_rope_folded) {
     KVSCOUT_EXPECTS(p.head_dim % 2 == 0, "RoPE needs an even head_dim, got ", p.head_dim,
                     " for mode ", to_string(p.mode));
     KVSCOUT_EXPECTS(p.rope.head_dim == p.head_dim, "skew_plan rope.head_dim = ", p.rope.head_dim,
                     " differs from head_dim = ", p.head_dim);
+    KVSCOUT_EXPECTS(std::isfinite(p.rope.theta) && p.rope.theta > 0.f,
+                    "skew_plan rope theta must be positive and finite, got ", p.rope.theta);
   }
 }
 
@@ -201,10 +214,7 @@ KVSCOUT_HOST_DEVICE float post_rope_skew_element(const float* y, const rope_conf
 /// Allocates nothing. Accumulates in float.
 inline void project_key(const skew_plan& plan, const float* k, float* pk) {
   KVSCOUT_EXPECTS(k != nullptr && pk != nullptr, "project_key: null key or output pointer");
-  KVSCOUT_EXPECTS(plan.A.size() == static_cast<std::size_t>(plan.head_dim) * plan.head_dim &&
-                      plan.channels.size() == static_cast<std::size_t>(plan.r),
-                  "project_key: inconsistent plan (head_dim ", plan.head_dim, ", r ", plan.r,
-                  ", A ", plan.A.size(), ", channels ", plan.channels.size(), ")");
+  detail::check_plan(plan);
   const int D = plan.head_dim;
   const int r = plan.r;
   const int* ch = plan.channels.data();

@@ -20,11 +20,13 @@
 // Score scale: logits are q.k * scale with scale = 1 / sqrt(head_dim) (the attention's own), so a
 // threshold alpha is in logit units, as in InfiniGen.
 
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 
+#include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
@@ -71,11 +73,15 @@ concept speculation_policy = requires(P& p, int layer, const spec_context& ctx,
 
 namespace detail {
 /// The shape checks every policy's constructor makes, in one place.
+/// Positive sizes, and a state of num_layers x num_seqs x num_kv_heads x max_tokens x
+/// `per_token` floats whose size fits in size_t.
 inline void check_policy_sizes(const char* policy, int num_layers, int num_seqs, int num_kv_heads,
-                               int max_tokens) {
+                               int max_tokens, std::size_t per_token = 1) {
   KVSCOUT_EXPECTS(num_layers > 0 && num_seqs > 0 && num_kv_heads > 0 && max_tokens > 0, policy,
                   " needs positive sizes, got layers ", num_layers, ", seqs ", num_seqs,
                   ", kv heads ", num_kv_heads, ", max_tokens ", max_tokens);
+  checked_size("the policy's state in bytes (layers x seqs x kv heads x max_tokens x bytes per "
+               "token)", num_layers, num_seqs, num_kv_heads, max_tokens, per_token * sizeof(float));
 }
 inline void check_gqa(int num_q_heads, int num_kv_heads) {
   KVSCOUT_EXPECTS(num_q_heads >= 1 && num_kv_heads >= 1 && num_q_heads % num_kv_heads == 0,
@@ -83,7 +89,8 @@ inline void check_gqa(int num_q_heads, int num_kv_heads) {
                   num_kv_heads);
 }
 inline void check_scale(float scale) {
-  KVSCOUT_EXPECTS(scale > 0.f, "scale must be positive, got ", scale);
+  KVSCOUT_EXPECTS(std::isfinite(scale) && scale > 0.f, "scale must be positive and finite, got ",
+                  scale);
 }
 
 /// The checks every policy's score() makes before it writes a score. Beyond the buffer's own

@@ -129,7 +129,10 @@ class infinigen_speculator_cuda {
   /// (RoPE'd at their own positions unless the mode is pre_rope_folded) in float (the default)
   /// or the cache's half / bfloat16, widened as read; token n of the batch goes to sequence
   /// seq_ids[n], position token_ids[n] (both device memory; pairs out of range are skipped on
-  /// the device and raise device_status::bad_index in *device_status, where given).
+  /// the device and raise device_status::bad_index in *device_status, where given). The
+  /// (sequence, position) pairs of one call must be distinct: tokens run in parallel, so two
+  /// entries for one slot leave either one's partial key there (the host policy keeps the last).
+  /// The ids live on the device, so this is not checked (reading them would synchronise).
   template <class KSpan = const float>
   void append(device_span<KSpan> keys, device_span<const int32_t> seq_ids,
               device_span<const int32_t> token_ids, int count, cudaStream_t stream = nullptr,
@@ -140,7 +143,7 @@ class infinigen_speculator_cuda {
     detail::check_infinigen_cuda_append(cfg_, keys.size(), keys.data() != nullptr, seq_ids,
                                         token_ids, count);
     if (count == 0) return;
-    detail::append_params<PkT, K> p{};
+    detail::pk_append_params<PkT, K> p{};
     p.rotation = at<float>(layout_.rotation);
     p.channels = at<std::int32_t>(layout_.channels);
     p.keys = this->keys();

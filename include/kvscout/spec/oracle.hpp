@@ -40,8 +40,13 @@ class oracle_policy {
   oracle_policy(const config& cfg, std::vector<view_type> layers)
       : cfg_(cfg), layers_(std::move(layers)) {
     KVSCOUT_EXPECTS(!layers_.empty(), "oracle_policy needs at least one layer");
-    const int H = layers_[0].layout.num_kv_heads();
-    detail::check_gqa(cfg.num_q_heads, H);
+    // Every layer's group size is num_q_heads / its kv heads: each must divide.
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const int H = layers_[i].layout.num_kv_heads();
+      KVSCOUT_EXPECTS(H >= 1 && cfg.num_q_heads >= 1 && cfg.num_q_heads % H == 0,
+                      "num_q_heads = ", cfg.num_q_heads,
+                      " must be a positive multiple of layer ", i, "'s num_kv_heads = ", H);
+    }
     detail::check_scale(cfg.scale);
   }
 

@@ -43,9 +43,12 @@ class quest_policy {
     KVSCOUT_EXPECTS(cfg.page_size >= 1, "page_size must be positive, got ", cfg.page_size);
     detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
     detail::check_scale(cfg.scale);
-    max_pages_ = (cfg.max_tokens + cfg.page_size - 1) / cfg.page_size;
-    bounds_.assign(static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs * cfg.num_kv_heads *
-                       max_pages_ * 2 * HeadDim,
+    max_pages_ = static_cast<int>((static_cast<std::int64_t>(cfg.max_tokens) + cfg.page_size - 1) /
+                                  cfg.page_size);
+    bounds_.assign(detail::checked_size("quest_policy's page bounds (layers x seqs x kv heads x "
+                                        "pages x 2 x head_dim floats)",
+                                        cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+                                        max_pages_, 2 * HeadDim),
                    0.f);
   }
 
@@ -57,6 +60,7 @@ class quest_policy {
                     cfg_.num_seqs, ")");
     KVSCOUT_EXPECTS(t >= 0 && t < cfg_.max_tokens, "token ", t, " is out of range [0, max_tokens = ",
                     cfg_.max_tokens, ")");
+    KVSCOUT_EXPECTS(k_post != nullptr, "k_post is null: quest_policy bounds the post-RoPE keys");
     const bool first = t % cfg_.page_size == 0;
     for (int h = 0; h < cfg_.num_kv_heads; ++h) {
       float* mn = page(layer, s, h, t / cfg_.page_size);

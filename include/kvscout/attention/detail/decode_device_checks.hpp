@@ -44,6 +44,10 @@ inline void check_decode_device(int num_seqs, int num_kv_heads, int head_dim,
                   " must be a positive multiple of num_kv_heads = ", num_kv_heads);
   KVSCOUT_EXPECTS(std::isfinite(p.scale) && p.scale > 0.f,
                   "scale must be positive and finite, got ", p.scale);
+  KVSCOUT_EXPECTS(std::isfinite(p.k_scale) && p.k_scale > 0.f && std::isfinite(p.v_scale) &&
+                      p.v_scale > 0.f,
+                  "k_scale and v_scale must be positive and finite, got ", p.k_scale, " and ",
+                  p.v_scale);
   const std::size_t q_elems = static_cast<std::size_t>(num_seqs) * Hq * head_dim;
   KVSCOUT_EXPECTS(q_size >= q_elems, "q holds ", q_size, " elements, expected [", num_seqs, ", ",
                   Hq, ", ", head_dim, "] = ", q_elems);
@@ -60,6 +64,15 @@ inline void check_decode_device(int num_seqs, int num_kv_heads, int head_dim,
   KVSCOUT_EXPECTS(static_cast<long long>(num_seqs) * num_kv_heads <= 0x7fffffffLL,
                   "num_seqs * num_kv_heads = ", static_cast<long long>(num_seqs) * num_kv_heads,
                   " exceeds the grid limit");
+}
+
+/// The kernel reads the current token's K / V rows with vector loads of up to 16 bytes: their
+/// base addresses must be 16-byte aligned (a misaligned vector load faults the whole context).
+inline void check_current_token_alignment(const void* k, const void* v) {
+  const auto ka = reinterpret_cast<std::uintptr_t>(k), va = reinterpret_cast<std::uintptr_t>(v);
+  KVSCOUT_EXPECTS(ka % 16 == 0 && va % 16 == 0,
+                  "the current token's K / V must start on 16-byte boundaries (vector loads), got "
+                  "addresses with remainders ", ka % 16, " / ", va % 16);
 }
 
 /// A device selection and the gathered rows (row_bytes each, K and V) it indexes.

@@ -35,7 +35,8 @@ struct decode_device_params {
   O* out;          // [num_seqs, num_q_heads, head_dim]
   int num_q_heads;
   int group;  // g = num_q_heads / num_kv_heads
-  float scale;
+  float scale;    // the logit scale, k_scale folded in
+  float v_scale;  // the output's
   int* status;
 };
 
@@ -145,7 +146,7 @@ __global__ void __launch_bounds__(Warps * 32)
           a += acc_s[w][j][c] * f;
         }
       }
-      o = a / L;
+      o = a / L * p.v_scale;
     }
     p.out[(qh0 + j) * D + c] = from_float<O>(o);
   }

@@ -4,6 +4,12 @@
 // A pipeline does neither: it makes its compute stream wait on event() (cudaStreamWaitEvent), so
 // nothing blocks the host and the whole step stays capturable in a CUDA graph.
 //
+// Under capture: a completion made while its stream is being captured (an executor's submit()
+// inside cudaStreamBeginCapture) belongs to that capture. Wait on it only from another captured
+// stream of the same capture (cudaStreamWaitEvent); wait(), ready() or a wait from an uncaptured
+// stream fail with cudaErrorCapturedEvent (thrown as kvscout::error), and the event does not
+// follow later replays of the graph: after a replay, order on the replay's stream instead.
+//
 //   kvscout::cuda_event ev;                                   // setup: created once
 //   ... enqueue work on stream ...
 //   ev.record(stream);

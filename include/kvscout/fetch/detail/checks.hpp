@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
 
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
@@ -65,6 +66,23 @@ void check_fetch_views(int num_seqs, int num_kv_heads, int capacity,
     KVSCOUT_EXPECTS(aligned(dst.k.data()) && aligned(dst.v.data()), "destination K / V at ",
                     static_cast<const void*>(dst.k.data()), " / ",
                     static_cast<const void*>(dst.v.data()), " must be ", a, "-byte aligned");
+  }
+  // The rows written must not land on each other or on the cache they are read from (the source
+  // K and V may share a buffer: pages that interleave K and V).
+  const auto overlap = [](const void* a, std::size_t an, const void* b, std::size_t bn) {
+    const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+    return an > 0 && bn > 0 && x < y + bn && y < x + an;
+  };
+  KVSCOUT_EXPECTS(!overlap(dst.k.data(), k_need, dst.v.data(), v_need),
+                  "destination K and V overlap (", k_need, " bytes at ",
+                  static_cast<const void*>(dst.k.data()), ", ", v_need, " bytes at ",
+                  static_cast<const void*>(dst.v.data()), "): each needs its own rows");
+  for (const auto& [what, p, n] : {std::tuple{"K", static_cast<const void*>(dst.k.data()), k_need},
+                                   std::tuple{"V", static_cast<const void*>(dst.v.data()), v_need}}) {
+    KVSCOUT_EXPECTS(!overlap(p, n, src.k.data(), src.k.size()) &&
+                        !overlap(p, n, src.v.data(), src.v.size()),
+                    "destination ", what, " (", n, " bytes at ", p,
+                    ") overlaps the source K / V cache it gathers from");
   }
 }
 

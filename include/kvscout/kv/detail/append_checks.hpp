@@ -2,6 +2,7 @@
 // Host-side half of the device append (kv/append.cuh): validation of what the host knows.
 // Plain C++, tested without a GPU (tests/host/test_cuda_facades_fetch.cpp).
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -14,6 +15,12 @@
 #include "kvscout/kv/kivi.hpp"
 
 namespace kvscout::detail {
+
+/// Append scales divide the input: each must be positive and finite.
+inline void check_kv_scales(const kv_scales& s) {
+  KVSCOUT_EXPECTS(std::isfinite(s.k) && s.k > 0.f && std::isfinite(s.v) && s.v > 0.f,
+                  "kv_scales must be positive and finite, got k = ", s.k, ", v = ", s.v);
+}
 
 /// Append input types: float, or the cache's own element type.
 template <class In, class T>
@@ -64,6 +71,7 @@ void check_kivi_append(const L& l, const kivi_buffers<Space>& b, const std::int3
                     "K residual buffer");
   kivi_check_buffer(b.v_residual.data(), b.v_residual.size(), l.required_residual_bytes(),
                     "V residual buffer");
+  b.check_distinct(l);
 }
 
 }  // namespace kvscout::detail

@@ -85,7 +85,7 @@ struct infinigen_params {
 
 /// Everything append_keys reads.
 template <class PkT, class K = float>
-struct append_params {
+struct pk_append_params {
   const float* rotation;          // [H, D, r]
   const std::int32_t* channels;   // [H, r]
   partial_key_view<PkT> keys;
@@ -348,7 +348,7 @@ inline constexpr int spec_append_threads = 128;
 
 template <class PkT, class K>
 __global__ void __launch_bounds__(spec_append_threads)
-    append_keys(const __grid_constant__ append_params<PkT, K> p) {
+    append_keys(const __grid_constant__ pk_append_params<PkT, K> p) {
   __shared__ float ks[2 * rope_table::max_planes];
   const int n = static_cast<int>(blockIdx.x);
   const int h = static_cast<int>(blockIdx.y);

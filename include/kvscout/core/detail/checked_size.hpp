@@ -1,0 +1,31 @@
+#pragma once
+// Sizes computed from caller-given dimensions, checked: a product that does not fit in size_t is
+// an error naming what was being sized and its factors, never a wrapped (too small) size.
+
+#include <cstddef>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "kvscout/core/error.hpp"
+
+namespace kvscout::detail {
+
+/// The product of the non-negative factors as size_t; throws kvscout::error naming `what` and
+/// the factors when it does not fit.
+template <class... I>
+std::size_t checked_size(const char* what, I... factors) {
+  std::size_t r = 1;
+  bool over = false;
+  ((over = over || std::cmp_less(factors, 0) || __builtin_mul_overflow(r, static_cast<std::size_t>(factors), &r)),
+   ...);
+  if (over) {
+    std::ostringstream os;
+    bool first = true;
+    ((os << (first ? "" : " x ") << factors, first = false), ...);
+    KVSCOUT_EXPECTS(!over, what, " = ", os.str(), " does not fit in size_t");
+  }
+  return r;
+}
+
+}  // namespace kvscout::detail
