@@ -9,6 +9,7 @@
 #include <cstring>
 #include <iterator>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "kvscout/core/configured.hpp"
@@ -242,6 +243,51 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
                                    << ", uniform expectation " << random_mass);
   CHECK(ig_mass > 1.5 * random_mass);
   CHECK(ig_mass <= oracle_mass + 1e-9);
+}
+
+// An fp8 cache (K / k_scale, V / v_scale per layer): the pipeline hands the layer's scales to
+// attention, dense and sparse alike; with every row selected, sparse gives dense's bits.
+TEST_CASE("the pipeline attends an fp8 cache with the layer's scales", "[pipeline][fp8]") {
+  using F = kvscout::fp8_e4m3;
+  using Lay = kvscout::contiguous_layout<F, D, kvscout::hnd>;
+  const int n = 40, cap = 48;
+  std::vector<int32_t> lens = {n};
+  const Lay l = Lay::padded(H, cap, lens.data(), 1);
+  const kvscout::kv_scales scales{0.021f, 0.37f};
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<F> k(l.required_bytes() / sizeof(F)), v(k.size());
+  for (auto& x : k) x = kvscout::from_float<F>(nd(rng) / scales.k);
+  for (auto& x : v) x = kvscout::from_float<F>(nd(rng) / scales.v);
+  const kvscout::kv_view<Lay, kvscout::host_space> kv{
+      l, kvscout::as_bytes(kvscout::host_span<const F>(k.data(), k.size())),
+      kvscout::as_bytes(kvscout::host_span<const F>(v.data(), v.size()))};
+  std::vector<float> q(static_cast<std::size_t>(Hq) * D);
+  for (auto& x : q) x = nd(rng);
+  std::vector<int32_t> pos = {n};
+  const kvscout::spec_context ctx{{}, {q.data(), q.size()}, {pos.data(), 1}, {lens.data(), 1}};
+
+  kvscout::streaming_policy sp({H, 4});
+  const kvscout::topk_selector_host::config sc{1, H, cap, cap, cap, {}};
+  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
+  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
+  kvscout::host_decode_pipeline<Lay, kvscout::streaming_policy, kvscout::topk_selector_host> pipe(
+      {3, 2, 1, H, Hq, cap, cap, 1, 0.125f}, sp, sel);
+
+  std::vector<float> want(q.size()), unscaled(q.size()), dense(q.size()), sparse(q.size());
+  kvscout::attention_params ap{Hq, 0.125f, scales.k, scales.v};
+  kvscout::decode_attention_host(kvscout::layout_rows(kv), kvscout::current_token<F>{},
+                                 {q.data(), q.size()}, {want.data(), want.size()}, ap);
+  kvscout::decode_attention_host(kvscout::layout_rows(kv), kvscout::current_token<F>{},
+                                 {q.data(), q.size()}, {unscaled.data(), unscaled.size()},
+                                 {Hq, 0.125f});
+  pipe.attend(0, ctx, kv, {}, {dense.data(), dense.size()}, scales);  // below skip_layers
+  pipe.speculate(2, ctx, kv);
+  pipe.attend(2, ctx, kv, {}, {sparse.data(), sparse.size()}, scales);
+  CHECK(dense == want);
+  CHECK(sparse == want);
+  CHECK(kvscout::relative_error({want.data(), want.size()}, {unscaled.data(), unscaled.size()}) >
+        0.5);
 }
 
 TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {

@@ -155,12 +155,14 @@ class host_decode_pipeline {
   }
 
   /// Layer `layer`'s attention for the current token: dense below skip_layers, otherwise sparse
-  /// over the rows speculate() fetched (speculating now if the policy needs the query).
+  /// over the rows speculate() fetched (speculating now if the policy needs the query). `scales`:
+  /// the layer's k / v scales where its cache stores K / k and V / v (fp8 caches).
   void attend(int layer, const spec_context& ctx, const kv_view<L, host_space>& kv,
-              const current_token<element_type>& cur, host_span<float> out) {
+              const current_token<element_type>& cur, host_span<float> out,
+              kv_scales scales = {}) {
     KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
                     " is out of range [0, ", cfg_.num_layers, ")");
-    const attention_params ap{cfg_.num_q_heads, cfg_.scale};
+    const attention_params ap{cfg_.num_q_heads, cfg_.scale, scales.k, scales.v};
     if (layer < cfg_.skip_layers) {
       decode_attention_host(layout_rows<L>(kv), cur, ctx.q, out, ap);
       return;
