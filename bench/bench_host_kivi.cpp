@@ -7,8 +7,9 @@
 //                                plus the resident key-parameter bytes per cached token.
 //   BM_gather                    host_gather_executor over the same selection (10 % of 32k tokens
 //                                x 8 kv heads, head_dim 128): fp16 and fp8 (e4m3) contiguous HND
-//                                vs KIVI-2 / KIVI-4. Each cache form is replicated until it spans >= 256 MiB
-//                                and iterations rotate over the copies and over four selections,
+//                                vs KIVI-2 / KIVI-4. Each cache form is replicated until it
+//                                spans >= 256 MiB and iterations rotate over the copies and over
+//                                four selections,
 //                                so the rows read are cold for every form (a KIVI-2 cache of
 //                                this size, 20 MiB, would otherwise sit in the last-level cache).
 //                                Reported: bytes_per_second (bytes moved), items_per_second

@@ -163,8 +163,8 @@ void generic_case(const std::string& name, const L& host_l, const L& dev_l, std:
       for (int c = 0; c < D; ++c) {
         const std::size_t in = (static_cast<std::size_t>(s) * H + h) * D + c;
         T kx, vx;
-        if constexpr (std::is_same_v<In, T>) {
-          kx = kin[in], vx = vin[in];  // input in T: stored as given
+        if constexpr (std::is_same_v<In, T> && !std::is_same_v<In, float>) {
+          kx = kin[in], vx = vin[in];  // input in a narrower T: stored as given
         } else {
           kx = kvscout::from_float<T>(kvscout::to_float(kin[in]) / scales.k);
           vx = kvscout::from_float<T>(kvscout::to_float(vin[in]) / scales.v);
@@ -209,6 +209,11 @@ void generic_fp8() {
   const std::vector<int32_t> positions = {19, 8};
   generic_case<Case::layout, float>("paged vllm hnd e5m2 (float in, scaled)", f.layout,
                                     dpl.layout, f.bytes, &positions, 24, {}, 0, {3.f, 0.25f});
+  // A float cache with scales: the input is divided too.
+  using LF = kvscout::contiguous_layout<float, 64, kvscout::hnd>;
+  const LF hf = LF::padded(2, 16, lens.data(), 3), df = LF::padded(2, 16, dlens.data(), 3);
+  generic_case<LF, float>("contiguous hnd f32 (float in, scaled)", hf, df, hf.required_bytes(),
+                          nullptr, 25, {}, 0, {0.5f, 4.f});
 }
 
 void generic_paged() {

@@ -307,6 +307,13 @@ TEST_CASE("decode attention rejects bad input", "[attention][errors]") {
                                                        {out.data(), out.size()}, p),
                         Catch::Contains("k_scale and v_scale must be positive and finite"));
   }
+  {
+    kvscout::attention_params p{4, 1e30f};
+    p.k_scale = 1e20f;  // each finite, the product not
+    REQUIRE_THROWS_WITH(kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()},
+                                                       {out.data(), out.size()}, p),
+                        Catch::Contains("scale * k_scale = 1e+30 * 1e+20 must be positive"));
+  }
   std::vector<float> probs(100);
   REQUIRE_THROWS_WITH(kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()},
                                                      {out.data(), out.size()}, {4, 0.1f},

@@ -117,6 +117,10 @@ TEST_CASE("policy and cache state that does not fit is rejected", "[errors][spec
   REQUIRE_THROWS_WITH(kvscout::quest_policy<16>({1 << 12, 1 << 12, 1 << 8, 1 << 8, INT_MAX, 16,
                                                  0.25f}),
                       Contains("does not fit in size_t"));
+  // The page count itself: max_tokens + page_size - 1 overflowed an int before the state size
+  // was ever checked; now it is one page of INT_MAX tokens.
+  const kvscout::quest_policy<16> one_page({1, 1, 1, 1, INT_MAX, INT_MAX, 0.25f});
+  CHECK(one_page.configuration().max_tokens == INT_MAX);
   // An infinite scale made every quest score inf (the ranking lost); now every policy that takes
   // a scale wants it finite.
   REQUIRE_THROWS_WITH(kvscout::quest_policy<16>({1, 1, 1, 1, 32, 8,
@@ -265,6 +269,18 @@ TEST_CASE("attention refuses outputs that overlap its query", "[errors][attentio
   double sum = 0;
   for (float x : probs) sum += x;
   CHECK(sum == Approx(1.0));
+  // Without probs, in place is fine (each query is read before its output is written) and gives
+  // the same bits; shifted against q it is not.
+  std::vector<float> inplace = q;
+  kvscout::decode_attention_host(rows, kvscout::current_token<float>{},
+                                 {inplace.data(), inplace.size()},
+                                 {inplace.data(), inplace.size()}, p);
+  CHECK(inplace == out);
+  std::vector<float> two(8, 0.f);
+  two[1] = 1.f;
+  REQUIRE_THROWS_WITH(kvscout::decode_attention_host(rows, kvscout::current_token<float>{},
+                                                     {two.data() + 1, 4}, {two.data(), 4}, p),
+                      Contains("out overlaps q"));
 }
 
 TEST_CASE("the host pipeline's last_selection checks the layer", "[errors][pipeline]") {

@@ -93,7 +93,8 @@ double decode_e4m3(unsigned code) {
 }
 double decode_e5m2(unsigned code) {
   const int sign = (code >> 7) & 1, e = (code >> 2) & 31, m = code & 3;
-  if (e == 31) return m == 0 ? (sign ? -INFINITY : INFINITY) : std::numeric_limits<double>::quiet_NaN();
+  if (e == 31)
+    return m == 0 ? (sign ? -INFINITY : INFINITY) : std::numeric_limits<double>::quiet_NaN();
   const double mag = e == 0 ? std::ldexp(m / 4.0, -14) : std::ldexp(1.0 + m / 4.0, e - 15);
   return sign ? -mag : mag;
 }
@@ -124,6 +125,14 @@ double nearest_ref(double x) {
   return best;
 }
 }  // namespace
+
+// fp8 is a storage type of KV rows: the interfaces that take values to compute with (partial
+// keys, speculation's keys, queries and outputs) refuse it at compile time.
+static_assert(kvscout::kv_element<kvscout::fp8_e4m3> && kvscout::kv_element<kvscout::fp8_e5m2>);
+static_assert(kvscout::compute_element<float> && kvscout::compute_element<kvscout::half> &&
+              kvscout::compute_element<const kvscout::bfloat16>);
+static_assert(!kvscout::compute_element<kvscout::fp8_e4m3> &&
+              !kvscout::compute_element<const kvscout::fp8_e5m2>);
 
 TEMPLATE_TEST_CASE("fp8 decodes every code as the OCP format defines it", "[core][dtype][fp8]",
                    kvscout::fp8_e4m3, kvscout::fp8_e5m2) {
@@ -188,11 +197,13 @@ TEMPLATE_TEST_CASE("fp8 rounds to nearest even and saturates", "[core][dtype][fp
   }
   CHECK(ties > 100);
   // Saturation: past the range, infinities included, the largest finite value; NaN stays NaN.
-  for (float big : {static_cast<float>(max) * 1.5f, 1e30f, std::numeric_limits<float>::infinity()}) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float big : {static_cast<float>(max) * 1.5f, 1e30f, inf}) {
     CHECK(kvscout::to_float(kvscout::from_float<T>(big)) == static_cast<float>(max));
     CHECK(kvscout::to_float(kvscout::from_float<T>(-big)) == -static_cast<float>(max));
   }
-  CHECK(std::isnan(kvscout::to_float(kvscout::from_float<T>(std::numeric_limits<float>::quiet_NaN()))));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(std::isnan(kvscout::to_float(kvscout::from_float<T>(nan))));
   // Conversions between element types go through float.
   CHECK(kvscout::to_float(kvscout::convert<kvscout::half>(kvscout::from_float<T>(-3.5f))) == -3.5f);
   CHECK(kvscout::to_float(kvscout::convert<T>(kvscout::from_float<kvscout::half>(0.75f))) == 0.75f);

@@ -271,13 +271,20 @@ TEST_CASE("device attention inputs are validated on the host", "[cuda][facade]")
   REQUIRE_THROWS_WITH(detail::check_kv_scales({1.f, -2.f}), Contains("v = -2"));
   REQUIRE_THROWS_WITH(detail::check_kv_scales({std::numeric_limits<float>::quiet_NaN(), 1.f}),
                       Contains("k = nan"));
-  // The current token's rows are read with vector loads: 16-byte aligned bases only.
+  // The current token's rows are read with the loads of load_row_part: aligned to their width.
+  static_assert(detail::row_part_alignment<float, 4> == 16);       // float, head_dim 128
+  static_assert(detail::row_part_alignment<half, 4> == 8);         // half, head_dim 128
+  static_assert(detail::row_part_alignment<half, 3> == 2);         // half, head_dim 96
+  static_assert(detail::row_part_alignment<fp8_e4m3, 4> == 1);     // fp8, head_dim 128
+  static_assert(detail::row_part_alignment<fp8_e4m3, 8> == 8);     // fp8, head_dim 256
   alignas(16) static std::byte cur[64];
-  REQUIRE_NOTHROW(detail::check_current_token_alignment(cur, cur + 32));
-  REQUIRE_THROWS_WITH(detail::check_current_token_alignment(cur + 2, cur),
+  REQUIRE_NOTHROW(detail::check_current_token_alignment(cur, cur + 32, 16));
+  REQUIRE_NOTHROW(detail::check_current_token_alignment(cur + 8, cur + 24, 8));
+  REQUIRE_NOTHROW(detail::check_current_token_alignment(cur + 3, cur + 5, 1));
+  REQUIRE_THROWS_WITH(detail::check_current_token_alignment(cur + 2, cur, 16),
                       Contains("16-byte boundaries") && Contains("remainders 2 / 0"));
-  REQUIRE_THROWS_WITH(detail::check_current_token_alignment(cur, cur + 8),
-                      Contains("remainders 0 / 8"));
+  REQUIRE_THROWS_WITH(detail::check_current_token_alignment(cur, cur + 4, 8),
+                      Contains("8-byte boundaries") && Contains("remainders 0 / 4"));
 
   sel_store sel(2, 3, 4);
   selection_view<device_space> sv{{sel.indices.data(), sel.indices.size()},

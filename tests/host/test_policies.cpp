@@ -714,6 +714,10 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
                         Catch::Contains("sequence 1 is out of range [0, 1)"));
     REQUIRE_THROWS_WITH(p.append(1, 0, 32, k.data(), k.data()),
                         Catch::Contains("token 32 is out of range [0, max_tokens = 32)"));
+    // RoPE planes read the post-RoPE key: a null one is refused (the pre-RoPE one is not read).
+    REQUIRE_THROWS_WITH(p.append(1, 0, 9, k.data(), nullptr),
+                        Catch::Contains("k_post is null (layer 1, token 9)"));
+    REQUIRE_NOTHROW(p.append(1, 0, 9, nullptr, k.data()));
   }
   SECTION("score: more sequences than the policy's num_seqs") {
     std::vector<int32_t> lens{8, 8}, pos{8, 8};
@@ -732,4 +736,74 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
                         Catch::Contains("seq_lens[0] = 40 exceeds the policy's max_tokens = 32"));
     REQUIRE(untouched(scores));
   }
+}
+
+// Partial keys are computed values: fp8 (a scaled storage type) is refused for them.
+template <class T>
+concept partial_key_type = requires { typename kvscout::partial_key_cache<T>; };
+static_assert(partial_key_type<kvscout::half> && !partial_key_type<kvscout::fp8_e4m3>);
+template <class T>
+concept infinigen_partial_key_type = requires { typename kvscout::infinigen_policy<T>; };
+static_assert(infinigen_partial_key_type<float> &&
+              !infinigen_partial_key_type<kvscout::fp8_e5m2>);
+
+// An fp8 cache stores K / k_scale: the oracle multiplies its layer's k_scale back, so it ranks and
+// weighs (sum_prob: a softmax, not scale-free) by the logits attention computes. Against the
+// oracle over a float cache of the dequantised keys; without the scale it would be far off.
+TEST_CASE("the oracle over an fp8 cache takes each layer's k_scale", "[spec][oracle][fp8]") {
+  constexpr int D = 64, H = 2, Hq = 6, n = 50;
+  using F = kvscout::fp8_e4m3;
+  using L8 = kvscout::contiguous_layout<F, D, kvscout::hnd>;
+  using L32 = kvscout::contiguous_layout<float, D, kvscout::hnd>;
+  std::vector<int32_t> lens = {n};
+  const L8 l8 = L8::padded(H, n, lens.data(), 1);
+  const L32 l32 = L32::padded(H, n, lens.data(), 1);
+  const std::vector<float> k_scales = {0.9f, 0.013f};  // layer 1's keys stored about 77x larger
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<std::vector<F>> k8(2);
+  std::vector<std::vector<float>> k32(2);
+  for (int layer = 0; layer < 2; ++layer) {
+    k8[layer].resize(l8.required_bytes());
+    k32[layer].resize(k8[layer].size());
+    for (std::size_t i = 0; i < k8[layer].size(); ++i) {
+      k8[layer][i] = kvscout::from_float<F>(nd(rng) / k_scales[layer]);
+      k32[layer][i] = kvscout::to_float(k8[layer][i]) * k_scales[layer];
+    }
+  }
+  auto bytes = [](const auto& v) {
+    return kvscout::host_span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()),
+                                               v.size() * sizeof(v[0]));
+  };
+  std::vector<kvscout::kv_view<L8, kvscout::host_space>> v8;
+  std::vector<kvscout::kv_view<L32, kvscout::host_space>> v32;
+  for (int layer = 0; layer < 2; ++layer) {
+    v8.push_back({l8, bytes(k8[layer]), bytes(k8[layer])});
+    v32.push_back({l32, bytes(k32[layer]), bytes(k32[layer])});
+  }
+  const typename kvscout::oracle_policy<L8>::config cfg{Hq, 0.125f,
+                                                        kvscout::gqa_aggregation::sum_prob};
+  kvscout::oracle_policy<L8> scaled(cfg, v8, k_scales), unscaled(cfg, v8);
+  kvscout::oracle_policy<L32> reference({Hq, 0.125f, kvscout::gqa_aggregation::sum_prob}, v32);
+  std::vector<float> q(static_cast<std::size_t>(Hq) * D);
+  for (auto& x : q) x = nd(rng);
+  const kvscout::spec_context ctx{{}, {q.data(), q.size()}, {}, {lens.data(), 1}};
+  for (int layer = 0; layer < 2; ++layer) {
+    std::vector<float> a(H * n), b(H * n), c(H * n);
+    scaled.score(layer, ctx, {{a.data(), a.size()}, 1, H, n});
+    reference.score(layer, ctx, {{b.data(), b.size()}, 1, H, n});
+    unscaled.score(layer, ctx, {{c.data(), c.size()}, 1, H, n});
+    double worst = 0, moved = 0;
+    for (int i = 0; i < H * n; ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
+      moved = std::max(moved, static_cast<double>(std::abs(c[i] - b[i])));
+    }
+    CAPTURE(layer, worst, moved);
+    REQUIRE(worst <= 1e-5);
+    if (layer == 1) REQUIRE(moved > 0.1);
+  }
+  REQUIRE_THROWS_WITH(kvscout::oracle_policy<L8>(cfg, v8, {1.f}),
+                      Catch::Contains("1 k_scales for 2 layers"));
+  REQUIRE_THROWS_WITH(kvscout::oracle_policy<L8>(cfg, v8, {1.f, 0.f}),
+                      Catch::Contains("k_scales[1] = 0 must be positive and finite"));
 }

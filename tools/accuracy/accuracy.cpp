@@ -282,6 +282,8 @@ int main(int argc, char** argv) try {
   const std::string stages = arg(argc, argv, "--stages", "sweep,matrix,planes,kivi_rest");
   const bool append = flag(argc, argv, "--append");
   const int r_default = std::atoi(arg(argc, argv, "--r", "32").c_str());
+  // Without the fp16 matrix (which picks it), the RoPE mode the other formats' matrix runs.
+  const std::string mode_arg = arg(argc, argv, "--mode", "");
   constexpr int skip = 2;
   KVSCOUT_EXPECTS(!model_path.empty(), "usage: --model PATH.gguf [--long FILE] [--short FILE] [--out DIR] [--quick]");
 
@@ -354,6 +356,14 @@ int main(int argc, char** argv) try {
   // The full policy set runs on fp16; the KIVI formats run the oracle, InfiniGen in the RoPE
   // mode that did best at 10 % on fp16, Quest and streaming (compute: see docs/accuracy.md).
   rope_mode best_mode = best.mode;
+  if (!mode_arg.empty()) {
+    bool known = false;
+    for (rope_mode m :
+         {rope_mode::post_rope_skew, rope_mode::rope_planes, rope_mode::pre_rope_folded})
+      if (mode_arg == to_string(m)) best_mode = best.mode = m, known = true;
+    KVSCOUT_EXPECTS(known, "--mode ", mode_arg,
+                    ": expected post_rope_skew, rope_planes or pre_rope_folded");
+  }
   double best_mode_ppl = 1e300;
   auto matrix = [&](text_run& tx, kv_format f) {
     const bool full_set = f == kv_format::fp16;
@@ -373,10 +383,8 @@ int main(int argc, char** argv) try {
     }
   };
   std::vector<kv_format> formats;
-  for (const char* f : {"fp16", "kivi4", "kivi2"})
-    if (formats_arg.find(f) != std::string::npos)
-      formats.push_back(std::strcmp(f, "fp16") == 0 ? kv_format::fp16
-                        : std::strcmp(f, "kivi4") == 0 ? kv_format::kivi4 : kv_format::kivi2);
+  for (kv_format f : {kv_format::fp16, kv_format::kivi4, kv_format::kivi2, kv_format::fp8})
+    if (formats_arg.find(to_string(f)) != std::string::npos) formats.push_back(f);
   const bool run_matrix = stages.find("matrix") != std::string::npos;
   if (run_matrix && !formats.empty() && formats[0] == kv_format::fp16) {
     matrix(lt, kv_format::fp16);

@@ -55,7 +55,10 @@
 namespace kvscout::model {
 
 /// How the KV cache is stored (and therefore what attention reads and a fetch moves).
-enum class kv_format { fp16, kivi2, kivi4, fp32 };  // fp32: no rounding (validation only)
+// fp32: no rounding (validation only). fp8: e4m3 rows, one scale per layer for K and one for V,
+// the layer's largest |value| over the text mapped to 448 (a calibration on the evaluated text).
+enum class kv_format { fp16, kivi2, kivi4, fp32, fp8 };
+inline constexpr int kv_format_count = 5;
 /// Which tokens attention reads at each (step, layer >= skip_layers).
 enum class eval_policy { dense, oracle, infinigen, quest, h2o, streaming };
 
@@ -65,6 +68,7 @@ inline const char* to_string(kv_format f) {
     case kv_format::kivi2: return "kivi2";
     case kv_format::kivi4: return "kivi4";
     case kv_format::fp32: return "fp32";
+    case kv_format::fp8: return "fp8";
   }
   return "?";
 }
@@ -263,6 +267,10 @@ class layer_major_eval {
         const auto l = contiguous_layout<half, D, hnd>::padded(1, 1, &len, 1);
         return l.k_row_bytes() + l.v_row_bytes();
       }
+      case kv_format::fp8: {
+        const auto l = contiguous_layout<fp8_e4m3, D, hnd>::padded(1, 1, &len, 1);
+        return l.k_row_bytes() + l.v_row_bytes();
+      }
       case kv_format::kivi2: {
         const auto l = kivi_layout<half, D, 2>::padded(1, 0, &len, 1, ko);
         return l.k_row_bytes() + l.v_row_bytes();
@@ -346,9 +354,10 @@ class layer_major_eval {
   };
 
   // Cached tokens at step t (the current token excluded) that a selector sees: all of them for
-  // fp16, the quantised ones for KIVI (the residual window is resident and always attended).
+  // fp16, fp32 and fp8, the quantised ones for KIVI (the residual window is resident and always
+  // attended).
   [[nodiscard]] static int visible(const eval_options& o, int t) {
-    if (o.format == kv_format::fp16 || o.format == kv_format::fp32) return t;
+    if (o.format != kv_format::kivi2 && o.format != kv_format::kivi4) return t;
     const int over = t - o.kivi_residual;
     return over > 0 ? over / o.kivi_group * o.kivi_group : 0;
   }
@@ -423,7 +432,8 @@ class layer_major_eval {
       for (int h = 0; h < H; ++h) rotate(&st.kpost(t, h * D), rt);
     }
     if (on_qk) on_qk(l, st.q, st.kpost, st.qpre, st.kpre);
-    // The cache as stored: fp16 rows, [H * T, D] (head h's rows at h * T).
+    // The cache as stored: fp16 rows, [H * T, D] (head h's rows at h * T). An fp8 cache holds
+    // the fp16 rows divided by the layer's scale, rounded to e4m3; attention reads them times it.
     st.kf.resize(static_cast<Eigen::Index>(H) * T_, D);
     st.vf.resize(st.kf.rows(), D);
     for (int t = 0; t < T_; ++t)
@@ -433,6 +443,15 @@ class layer_major_eval {
           st.kf(h * T_ + t, c) = st.o.format == kv_format::fp32 ? k : to_float(from_float<half>(k));
           st.vf(h * T_ + t, c) = st.o.format == kv_format::fp32 ? v : to_float(from_float<half>(v));
         }
+    if (st.o.format == kv_format::fp8) {
+      const float ks = st.kf.cwiseAbs().maxCoeff() / 448.f;
+      const float vs = st.vf.cwiseAbs().maxCoeff() / 448.f;
+      const auto fp8 = [](float x, float scale) {
+        return scale > 0.f ? to_float(from_float<fp8_e4m3>(x / scale)) * scale : x;
+      };
+      st.kf = st.kf.unaryExpr([&](float x) { return fp8(x, ks); });
+      st.vf = st.vf.unaryExpr([&](float x) { return fp8(x, vs); });
+    }
     if (st.o.format == kv_format::kivi2) dequantised<2>(st);
     if (st.o.format == kv_format::kivi4) dequantised<4>(st);
     attention(l, st, r);
@@ -802,7 +821,7 @@ class layer_major_eval {
   int skip_;
   int T_ = 0;
   rope_config rope_;
-  prefix prefixes_[4];
+  prefix prefixes_[kv_format_count];  // by kv_format
   row_matrix final_;
   std::vector<float> obs_;
 };

@@ -75,7 +75,7 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
                              const attention_params& p, cudaStream_t stream,
                              int* device_status = nullptr) {
   using Q = std::remove_const_t<QSpan>;
-  static_assert(kv_element<Q> && kv_element<O>,
+  static_assert(compute_element<Q> && compute_element<O>,
                 "kvscout::decode_attention_device: q and out must be float, half or bfloat16 "
                 "(out not const)");
   constexpr int D = Rows::head_dim;
@@ -86,7 +86,9 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
   detail::check_decode_device(S, H, D, p, q.size(), q.data(), out.size(), out.data(),
                               cur.present(), cur.k.size(), cur.v.size(),
                               cur.v.data() == nullptr);
-  if (cur.present()) detail::check_current_token_alignment(cur.k.data(), cur.v.data());
+  if (cur.present())
+    detail::check_current_token_alignment(cur.k.data(), cur.v.data(),
+                                          detail::row_part_alignment<T, D / 32>);
   if (S == 0) return;
   const int g = p.num_q_heads / H;
   constexpr int G = detail::decode_device_max_group;

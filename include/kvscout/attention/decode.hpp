@@ -69,6 +69,9 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
                       p.v_scale > 0.f,
                   "k_scale and v_scale must be positive and finite, got ", p.k_scale, " and ",
                   p.v_scale);
+  KVSCOUT_EXPECTS(std::isfinite(p.scale * p.k_scale) && p.scale * p.k_scale > 0.f,
+                  "scale * k_scale = ", p.scale, " * ", p.k_scale,
+                  " must be positive and finite in float (it scales the logits)");
   const std::size_t q_elems = static_cast<std::size_t>(S) * Hq * D;
   KVSCOUT_EXPECTS(q.size() >= q_elems, "q holds ", q.size(), " floats, expected [", S, ", ", Hq,
                   ", ", D, "] = ", q_elems);
@@ -76,8 +79,12 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
   const auto overlap = [](const float* a, std::size_t an, const float* b, std::size_t bn) {
     return an > 0 && bn > 0 && a < b + bn && b < a + an;
   };
-  KVSCOUT_EXPECTS(!overlap(out.data(), q_elems, q.data(), q_elems),
-                  "out overlaps q: attention reads every query again after writing outputs");
+  // Each group of query heads is read before its outputs are written, so out may be q itself;
+  // not shifted against it, and not with probs (their pass reads the queries again).
+  const bool in_place = out.data() == q.data() && probs.data() == nullptr;
+  KVSCOUT_EXPECTS(in_place || !overlap(out.data(), q_elems, q.data(), q_elems),
+                  "out overlaps q: only out == q without probs is allowed (the probabilities "
+                  "pass reads the queries again)");
   const std::size_t cur_elems = static_cast<std::size_t>(S) * H * D;
   if (cur.present()) {
     KVSCOUT_EXPECTS(cur.k.size() >= cur_elems && cur.v.size() >= cur_elems, "current token K / V hold ",

@@ -28,7 +28,7 @@
 
 namespace kvscout {
 
-template <kv_element T = float>
+template <compute_element T = float>
 class partial_key_cache {
  public:
   partial_key_cache() = default;

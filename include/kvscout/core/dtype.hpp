@@ -99,6 +99,13 @@ concept kv_element = requires {
   { dtype_traits<std::remove_cv_t<T>>::id } -> std::convertible_to<dtype>;
 };
 
+/// float, half or bfloat16: the types values are computed in and handed over as (queries,
+/// outputs, keys given to speculation, partial keys). fp8 is a storage type of KV rows only: its
+/// values carry a scale that those interfaces do not take.
+template <class T>
+concept compute_element = kv_element<T> && !std::is_same_v<std::remove_cv_t<T>, __nv_fp8_e4m3> &&
+                          !std::is_same_v<std::remove_cv_t<T>, __nv_fp8_e5m2>;
+
 /// The element type for a runtime tag: dtype_of_t<dtype::f16> is half.
 template <dtype D>
 struct dtype_of;

@@ -53,10 +53,9 @@ inline void check_ascending(const int32_t* a, int n, const char* what) {
 }
 }  // namespace detail
 
-/// |a ∩ b| for ascending index lists.
-inline int common_count(const int32_t* a, int na, const int32_t* b, int nb) {
-  detail::check_ascending(a, na, "common_count: list a");
-  detail::check_ascending(b, nb, "common_count: list b");
+namespace detail {
+/// |a ∩ b| for lists known to be strictly ascending (a checked selection, step after step).
+inline int common_count_sorted(const int32_t* a, int na, const int32_t* b, int nb) {
   int i = 0, j = 0, both = 0;
   while (i < na && j < nb) {
     if (a[i] == b[j]) ++both, ++i, ++j;
@@ -64,6 +63,14 @@ inline int common_count(const int32_t* a, int na, const int32_t* b, int nb) {
     else ++j;
   }
   return both;
+}
+}  // namespace detail
+
+/// |a ∩ b| for ascending index lists (checked).
+inline int common_count(const int32_t* a, int na, const int32_t* b, int nb) {
+  detail::check_ascending(a, na, "common_count: list a");
+  detail::check_ascending(b, nb, "common_count: list b");
+  return detail::common_count_sorted(a, na, b, nb);
 }
 
 /// |a ∩ b| / |b| for ascending index lists (1 when b is empty).

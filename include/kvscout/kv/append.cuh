@@ -15,7 +15,7 @@
 // k_new / v_new: [num_seqs, num_kv_heads, head_dim] device arrays of float or of the cache's
 // element type T (float input is rounded to T first, as a host caller would). A cache that stores
 // K / k_scale and V / v_scale (fp8 caches) passes the scales (kv_scales, last argument): float
-// input is divided by them before rounding; input already in T is stored as given.
+// input is divided by them before rounding; input already in a narrower T is stored as given.
 //
 // KIVI quantisation calls the same KVSCOUT_HOST_DEVICE functions as the host writer
 // (kv/detail/kivi_pack.hpp: kivi_make_affine, kivi_quantize, kivi_quantize_value_row) in the same
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(append_threads)
     alignas(16) T vt[VW];
 #pragma unroll
     for (int e = 0; e < VW; ++e) {
-      if constexpr (std::is_same_v<In, T>) {
+      if constexpr (std::is_same_v<In, T> && !std::is_same_v<In, float>) {
         kt[e] = p.k_new[in + e];
         vt[e] = p.v_new[in + e];
       } else {

@@ -99,6 +99,9 @@ template <kv_element T, int HeadDim, int Bits, class Scale = half>
 class kivi_layout {
   static_assert(Bits == 2 || Bits == 4,
                 "kvscout::kivi_layout: Bits must be 2 or 4 (KIVI-2 or KIVI-4)");
+  static_assert(compute_element<T>,
+                "kvscout::kivi_layout: T (the residual window's rows) must be float, half or "
+                "bfloat16");
   static_assert(kivi_scale_type<Scale>,
                 "kvscout::kivi_layout: Scale (the type of scales and zeros) must be kvscout::half "
                 "or float");

@@ -72,7 +72,8 @@ struct fetch_stats {
   std::vector<std::int64_t> reused;  // [num_layers], accumulated: rows also selected the step before
 };
 
-/// L: a full-precision layout. A KIVI cache is not supported here yet (its fetched rows are
+/// L: a layout of float, half, bfloat16 or fp8 rows (fp8: attend() takes the layer's scales).
+/// A KIVI cache is not supported here yet (its fetched rows are
 /// records that attention dequantises with the resident parameters and residual window:
 /// kivi_gathered_rows); compose kivi_gathered_rows with a selector and the gather directly.
 template <kv_layout L, speculation_policy P, topk_selector Selector>
@@ -219,7 +220,8 @@ class host_decode_pipeline {
       int32_t* prev = previous_.data() + (static_cast<std::size_t>(layer) * pairs + r) * row;
       const int32_t* cur = b.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
       const int n = b.counts[r];
-      reused += common_count(prev + 1, prev[0], cur, n);
+      // Both lists passed the gather's check (strictly ascending): no second check here.
+      reused += detail::common_count_sorted(prev + 1, prev[0], cur, n);
       prev[0] = n;
       std::copy(cur, cur + n, prev + 1);
     }

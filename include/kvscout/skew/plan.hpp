@@ -134,7 +134,8 @@ inline skew_plan rope_planes_plan(const rope_config& rope, std::vector<int> plan
 
 namespace detail {
 
-/// O(1) consistency checks of a plan (sizes and ranges that decode code relies on).
+/// Consistency checks of a plan (sizes, and the ranges of its r channels and planes, that decode
+/// code relies on): O(r).
 inline void check_plan(const skew_plan& p) {
   KVSCOUT_EXPECTS(p.head_dim > 0, "skew_plan head_dim must be positive, got ", p.head_dim);
   KVSCOUT_EXPECTS(p.r >= 1 && p.r <= p.head_dim, "skew_plan r = ", p.r,
@@ -211,10 +212,13 @@ KVSCOUT_HOST_DEVICE float post_rope_skew_element(const float* y, const rope_conf
 /// The partial key as stored in the partial key cache: pk[i] = (k A)[channels[i]], pk[r].
 /// Input k[head_dim]: post_rope_skew and rope_planes take the RoPE'd key (rotated at its own
 /// position, as it is attended); pre_rope_folded takes the key as the model produces it (no RoPE).
-/// Allocates nothing. Accumulates in float.
-inline void project_key(const skew_plan& plan, const float* k, float* pk) {
-  KVSCOUT_EXPECTS(k != nullptr && pk != nullptr, "project_key: null key or output pointer");
-  detail::check_plan(plan);
+/// Allocates nothing. Accumulates in float. Checks the plan (O(r)); callers that checked it once
+/// (a policy, at construction) use detail::project_key_checked_plan per token.
+inline void project_key(const skew_plan& plan, const float* k, float* pk);
+
+namespace detail {
+/// project_key for a plan that already passed check_plan.
+inline void project_key_checked_plan(const skew_plan& plan, const float* k, float* pk) {
   const int D = plan.head_dim;
   const int r = plan.r;
   const int* ch = plan.channels.data();
@@ -225,7 +229,14 @@ inline void project_key(const skew_plan& plan, const float* k, float* pk) {
   }
   // pk[i] = sum_d k[d] A[d, ch[i]], d ascending (detail::skew_dot, shared with the device).
   const float* A = plan.A.data();
-  for (int i = 0; i < r; ++i) pk[i] = detail::skew_dot(k, A + ch[i], D, static_cast<std::size_t>(D));
+  for (int i = 0; i < r; ++i) pk[i] = skew_dot(k, A + ch[i], D, static_cast<std::size_t>(D));
+}
+}  // namespace detail
+
+inline void project_key(const skew_plan& plan, const float* k, float* pk) {
+  KVSCOUT_EXPECTS(k != nullptr && pk != nullptr, "project_key: null key or output pointer");
+  detail::check_plan(plan);
+  detail::project_key_checked_plan(plan, k, pk);
 }
 
 /// What partial_query needs for one query head, laid out for a GEMV over x[d_model]. Built once,

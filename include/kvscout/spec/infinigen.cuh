@@ -44,7 +44,7 @@
 
 namespace kvscout {
 
-template <kv_element PkT = float>
+template <compute_element PkT = float>
 class infinigen_speculator_cuda {
  public:
   using config = infinigen_cuda_config;
@@ -138,7 +138,8 @@ class infinigen_speculator_cuda {
               device_span<const int32_t> token_ids, int count, cudaStream_t stream = nullptr,
               int* device_status = nullptr) {
     using K = std::remove_const_t<KSpan>;
-    static_assert(kv_element<K>, "kvscout::infinigen_speculator_cuda::append: keys must be float, "
+    static_assert(compute_element<K>,
+                  "kvscout::infinigen_speculator_cuda::append: keys must be float, "
                                  "half or bfloat16");
     detail::check_infinigen_cuda_append(cfg_, keys.size(), keys.data() != nullptr, seq_ids,
                                         token_ids, count);

@@ -29,7 +29,7 @@
 
 namespace kvscout {
 
-template <kv_element PkT = float>
+template <compute_element PkT = float>
 class infinigen_policy {
  public:
   struct config {
@@ -113,11 +113,14 @@ class infinigen_policy {
     check_layer(layer);
     if (!tracks(layer)) return;
     layer_state& st = state(layer);
+    const bool pre = st.plans[0].mode == rope_mode::pre_rope_folded;  // one mode per layer
+    KVSCOUT_EXPECTS((pre ? k_pre : k_post) != nullptr, "infinigen_policy::append: ",
+                    pre ? "k_pre" : "k_post", " is null (layer ", layer, ", token ", t, ")");
     for (int h = 0; h < cfg_.num_kv_heads; ++h) {
       const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
-      const float* k = (p.mode == rope_mode::pre_rope_folded ? k_pre : k_post) +
-                       static_cast<std::size_t>(h) * cfg_.head_dim;
-      project_key(p, k, pk_.data());
+      const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
+      // The plans were checked at construction and are the policy's own copies.
+      detail::project_key_checked_plan(p, k, pk_.data());
       st.cache.append(s, h, t, pk_.data());
     }
   }

@@ -50,7 +50,7 @@ struct infinigen_cuda_config {
 
 /// The device partial key cache of one layer (layout in the header comment). A view: the memory
 /// is a region of the speculator's workspace.
-template <kv_element T, class Space = device_space>
+template <compute_element T, class Space = device_space>
 struct partial_key_view {
   static constexpr int block_tokens = static_cast<int>(64 / sizeof(T));
 

@@ -4,12 +4,15 @@
 // i's query and every key, so it runs at the start of layer i: needs_query = true).
 //
 // Keys are read as attention reads them (attention/cache_rows.hpp): through the layout, or, for a
-// KIVI cache, dequantised, then the residual window in full precision. So on a quantised cache the
-// oracle ranks by the logits attention will actually compute.
+// KIVI cache, dequantised, then the residual window in full precision; an fp8 cache's keys times
+// the layer's k_scale (the optional per-layer `k_scales`). So on a quantised cache the oracle
+// ranks by the logits attention will actually compute.
 //
 //   kvscout::oracle_policy<layout> oracle({.num_q_heads = 9, .scale = 0.125f}, per_layer_kv);
 //   // per_layer_kv: std::vector<kvscout::cache_view_t<layout>>, one per layer
+//   kvscout::oracle_policy<fp8_layout> o8(cfg, per_layer_kv, per_layer_k_scales);
 
+#include <cmath>
 #include <cstddef>
 #include <limits>
 #include <vector>
@@ -37,9 +40,16 @@ class oracle_policy {
   using view_type = cache_view_t<L>;
 
   /// layers[i] is layer i's host cache (its metadata must stay valid while the policy is used).
-  oracle_policy(const config& cfg, std::vector<view_type> layers)
-      : cfg_(cfg), layers_(std::move(layers)) {
+  /// k_scales: empty, or layer i's k_scale at [i] for caches that store K / k_scale (fp8).
+  oracle_policy(const config& cfg, std::vector<view_type> layers, std::vector<float> k_scales = {})
+      : cfg_(cfg), layers_(std::move(layers)), k_scales_(std::move(k_scales)) {
     KVSCOUT_EXPECTS(!layers_.empty(), "oracle_policy needs at least one layer");
+    KVSCOUT_EXPECTS(k_scales_.empty() || k_scales_.size() == layers_.size(), "oracle_policy: ",
+                    k_scales_.size(), " k_scales for ", layers_.size(),
+                    " layers (expected none or one per layer)");
+    for (std::size_t i = 0; i < k_scales_.size(); ++i)
+      KVSCOUT_EXPECTS(std::isfinite(k_scales_[i]) && k_scales_[i] > 0.f, "k_scales[", i, "] = ",
+                      k_scales_[i], " must be positive and finite");
     // Every layer's group size is num_q_heads / its kv heads: each must divide.
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const int H = layers_[i].layout.num_kv_heads();
@@ -67,6 +77,8 @@ class oracle_policy {
       KVSCOUT_EXPECTS(ctx.seq_lens[s] <= rows.rows(s, 0), "seq_lens[", s, "] = ", ctx.seq_lens[s],
                       " exceeds the cache's length ", rows.rows(s, 0));
     float k[head_dim];
+    const float logit_scale =
+        k_scales_.empty() ? cfg_.scale : cfg_.scale * k_scales_[static_cast<std::size_t>(layer)];
     for (int s = 0; s < out.num_seqs; ++s) {
       for (int h = 0; h < H; ++h) {
         const float* qg =
@@ -77,7 +89,7 @@ class oracle_policy {
                                    for (int j = 0; j < g; ++j) {
                                      float d = 0;
                                      for (int c = 0; c < head_dim; ++c) d += qg[j * head_dim + c] * k[c];
-                                     z[j] = d * cfg_.scale;
+                                     z[j] = d * logit_scale;
                                    }
                                  });
       }
@@ -90,6 +102,7 @@ class oracle_policy {
  private:
   config cfg_;
   std::vector<view_type> layers_;
+  std::vector<float> k_scales_;
 };
 
 }  // namespace kvscout

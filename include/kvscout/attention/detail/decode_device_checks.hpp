@@ -48,6 +48,9 @@ inline void check_decode_device(int num_seqs, int num_kv_heads, int head_dim,
                       p.v_scale > 0.f,
                   "k_scale and v_scale must be positive and finite, got ", p.k_scale, " and ",
                   p.v_scale);
+  KVSCOUT_EXPECTS(std::isfinite(p.scale * p.k_scale) && p.scale * p.k_scale > 0.f,
+                  "scale * k_scale = ", p.scale, " * ", p.k_scale,
+                  " must be positive and finite in float (it scales the logits)");
   const std::size_t q_elems = static_cast<std::size_t>(num_seqs) * Hq * head_dim;
   KVSCOUT_EXPECTS(q_size >= q_elems, "q holds ", q_size, " elements, expected [", num_seqs, ", ",
                   Hq, ", ", head_dim, "] = ", q_elems);
@@ -66,13 +69,20 @@ inline void check_decode_device(int num_seqs, int num_kv_heads, int head_dim,
                   " exceeds the grid limit");
 }
 
-/// The kernel reads the current token's K / V rows with vector loads of up to 16 bytes: their
-/// base addresses must be 16-byte aligned (a misaligned vector load faults the whole context).
-inline void check_current_token_alignment(const void* k, const void* v) {
+/// The alignment load_row_part needs for E elements of T: the width of the loads it makes (16 or
+/// 8 bytes where E * sizeof(T) is a multiple of that, else one element).
+template <class T, int E>
+inline constexpr std::size_t row_part_alignment =
+    (E * sizeof(T)) % 16 == 0 ? 16 : ((E * sizeof(T)) % 8 == 0 ? 8 : sizeof(T));
+
+/// The kernel reads the current token's K / V rows (head_dim / 32 elements per lane) with the
+/// loads of load_row_part: their base addresses must be aligned to row_part_alignment (a
+/// misaligned vector load faults the whole context).
+inline void check_current_token_alignment(const void* k, const void* v, std::size_t align) {
   const auto ka = reinterpret_cast<std::uintptr_t>(k), va = reinterpret_cast<std::uintptr_t>(v);
-  KVSCOUT_EXPECTS(ka % 16 == 0 && va % 16 == 0,
-                  "the current token's K / V must start on 16-byte boundaries (vector loads), got "
-                  "addresses with remainders ", ka % 16, " / ", va % 16);
+  KVSCOUT_EXPECTS(ka % align == 0 && va % align == 0, "the current token's K / V must start on ",
+                  align, "-byte boundaries (its rows are read with ", align,
+                  "-byte loads), got addresses with remainders ", ka % align, " / ", va % align);
 }
 
 /// A device selection and the gathered rows (row_bytes each, K and V) it indexes.

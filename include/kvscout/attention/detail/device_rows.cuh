@@ -31,11 +31,12 @@
 namespace kvscout {
 namespace detail {
 
-/// E consecutive elements at p (aligned to E * sizeof(T), or 16 bytes if that is more) as float,
-/// with the widest loads that alignment allows (element loads when E * sizeof(T) is not a
-/// multiple of 8, e.g. 16-bit rows of head_dim 96 / 160 / 224).
+/// E consecutive elements at p (aligned to row_part_alignment<T, E>) as float, with the widest
+/// loads that alignment allows (element loads when E * sizeof(T) is not a multiple of 8, e.g.
+/// 16-bit rows of head_dim 96 / 160 / 224, fp8 rows up to head_dim 128).
 template <kv_element T, int E>
 KVSCOUT_DEVICE void load_row_part(const T* p, float (&dst)[E]) {
+  static_assert(row_part_alignment<T, E> > 0);
   constexpr int bytes = E * static_cast<int>(sizeof(T));
   alignas(16) T tmp[E];
   if constexpr (bytes % 16 == 0) {

@@ -17,7 +17,8 @@ template <class... I>
 std::size_t checked_size(const char* what, I... factors) {
   std::size_t r = 1;
   bool over = false;
-  ((over = over || std::cmp_less(factors, 0) || __builtin_mul_overflow(r, static_cast<std::size_t>(factors), &r)),
+  ((over = over || std::cmp_less(factors, 0) ||
+           __builtin_mul_overflow(r, static_cast<std::size_t>(factors), &r)),
    ...);
   if (over) {
     std::ostringstream os;

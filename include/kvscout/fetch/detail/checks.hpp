@@ -77,8 +77,9 @@ void check_fetch_views(int num_seqs, int num_kv_heads, int capacity,
                   "destination K and V overlap (", k_need, " bytes at ",
                   static_cast<const void*>(dst.k.data()), ", ", v_need, " bytes at ",
                   static_cast<const void*>(dst.v.data()), "): each needs its own rows");
-  for (const auto& [what, p, n] : {std::tuple{"K", static_cast<const void*>(dst.k.data()), k_need},
-                                   std::tuple{"V", static_cast<const void*>(dst.v.data()), v_need}}) {
+  using written = std::tuple<const char*, const void*, std::size_t>;
+  for (const auto& [what, p, n] : {written{"K", dst.k.data(), k_need},
+                                   written{"V", dst.v.data(), v_need}}) {
     KVSCOUT_EXPECTS(!overlap(p, n, src.k.data(), src.k.size()) &&
                         !overlap(p, n, src.v.data(), src.v.size()),
                     "destination ", what, " (", n, " bytes at ", p,
