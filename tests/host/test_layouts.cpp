@@ -4,9 +4,12 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <set>
+#include <vector>
 
 #include "kv_fixtures.hpp"
+#include "kvscout/fetch/host_gather.hpp"
 
 using namespace kvtest;
 
@@ -96,6 +99,37 @@ TEST_CASE("paged layout: page_stride describes pages that interleave K and V", "
   CHECK(l.k_offset(0, 0, 0) == static_cast<std::size_t>(2 * P * H * D) * 2);
   const std::size_t bytes = static_cast<std::size_t>(2 * 2 * P * H * D) * 2;
   REQUIRE_NOTHROW(l.validate(bytes, bytes));
+
+  // A gather from such a cache (K and V views into one buffer, V half a page later) into one
+  // destination buffer, K rows then V rows: nothing overlaps what it must not, so it runs, and
+  // every row is the right half of the right page.
+  std::vector<kvscout::half> cache(bytes / 2);
+  for (std::size_t i = 0; i < cache.size(); ++i)
+    cache[i] = kvscout::from_float<kvscout::half>(static_cast<float>(i % 2039));
+  const auto all = kvscout::as_bytes(kvscout::host_span<const kvscout::half>(cache));
+  const std::size_t half_page = static_cast<std::size_t>(P * H * D) * 2;
+  const kvscout::kv_view<decltype(l), kvscout::host_space> src{
+      l, all.subspan(0, bytes), all.subspan(half_page, bytes - half_page)};
+  std::vector<int32_t> idx = {0, 9, 3, 9}, counts = {2, 2};  // (s 0, h 0): 0, 9; (h 1): 3, 9
+  const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), idx.size()},
+                                                         {counts.data(), counts.size()}, 1, H, 2};
+  const kvscout::host_gather_config cfg{1, H, 2};
+  std::vector<std::int64_t> ws(kvscout::host_gather_executor<decltype(l)>::workspace_bytes(cfg) / 8 +
+                               1);
+  kvscout::host_gather_executor<decltype(l)> g(
+      cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  constexpr std::size_t row = D * 2;
+  std::vector<std::byte> dst(2 * 4 * row);
+  const auto d = kvscout::host_span<std::byte>(dst);
+  g.submit(src, sel, {d.subspan(0, 4 * row), d.subspan(4 * row, 4 * row)}).wait();
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < 2; ++i) {
+      const int t = idx[h * 2 + i];
+      const std::size_t slot = static_cast<std::size_t>(h * 2 + i) * row;
+      CHECK(std::memcmp(dst.data() + slot, all.data() + l.k_offset(0, t, h), row) == 0);
+      CHECK(std::memcmp(dst.data() + 4 * row + slot, all.data() + half_page + l.v_offset(0, t, h),
+                        row) == 0);
+    }
 }
 
 TEST_CASE("layout metadata that disagrees is rejected with the bad value", "[kv][errors]") {

@@ -99,13 +99,6 @@ concept kv_element = requires {
   { dtype_traits<std::remove_cv_t<T>>::id } -> std::convertible_to<dtype>;
 };
 
-/// float, half or bfloat16: the types values are computed in and handed over as (queries,
-/// outputs, keys given to speculation, partial keys). fp8 is a storage type of KV rows only: its
-/// values carry a scale that those interfaces do not take.
-template <class T>
-concept compute_element = kv_element<T> && !std::is_same_v<std::remove_cv_t<T>, __nv_fp8_e4m3> &&
-                          !std::is_same_v<std::remove_cv_t<T>, __nv_fp8_e5m2>;
-
 /// The element type for a runtime tag: dtype_of_t<dtype::f16> is half.
 template <dtype D>
 struct dtype_of;
@@ -148,6 +141,12 @@ constexpr std::size_t size_of(dtype d) noexcept {
 template <class T>
 inline constexpr bool is_fp8_v =
     std::is_same_v<std::remove_cv_t<T>, fp8_e4m3> || std::is_same_v<std::remove_cv_t<T>, fp8_e5m2>;
+
+/// float, half or bfloat16: the types values are computed in and handed over as (queries,
+/// outputs, keys given to speculation, partial keys). fp8 is a storage type of KV rows only: its
+/// values carry a scale that those interfaces do not take.
+template <class T>
+concept compute_element = kv_element<T> && !is_fp8_v<T>;
 
 /// Elements per 16-byte vector: the natural unit of a coalesced load on the GPU and of SIMD
 /// on the CPU. Derived from sizeof(T), never hard-coded per instantiation.
