@@ -52,6 +52,22 @@ struct current_token {
   [[nodiscard]] bool present() const { return k.data() != nullptr; }
 };
 
+namespace detail {
+/// The scales of attention_params, host and device alike: each positive and finite, and the
+/// logit scale they make (scale * k_scale, in float) too.
+inline void check_attention_scales(const attention_params& p) {
+  KVSCOUT_EXPECTS(std::isfinite(p.scale) && p.scale > 0.f, "scale must be positive and finite, got ",
+                  p.scale);
+  KVSCOUT_EXPECTS(std::isfinite(p.k_scale) && p.k_scale > 0.f && std::isfinite(p.v_scale) &&
+                      p.v_scale > 0.f,
+                  "k_scale and v_scale must be positive and finite, got ", p.k_scale, " and ",
+                  p.v_scale);
+  KVSCOUT_EXPECTS(std::isfinite(p.scale * p.k_scale) && p.scale * p.k_scale > 0.f,
+                  "scale * k_scale = ", p.scale, " * ", p.k_scale,
+                  " must be positive and finite in float (it scales the logits)");
+}
+}  // namespace detail
+
 template <class Acc = float, attention_rows Rows, kv_element T>
 void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_span<const float> q,
                            host_span<float> out, const attention_params& p,
@@ -63,15 +79,7 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
   const int Hq = p.num_q_heads;
   KVSCOUT_EXPECTS(Hq >= 1 && Hq % H == 0, "num_q_heads = ", Hq,
                   " must be a positive multiple of num_kv_heads = ", H);
-  KVSCOUT_EXPECTS(std::isfinite(p.scale) && p.scale > 0.f, "scale must be positive and finite, got ",
-                  p.scale);
-  KVSCOUT_EXPECTS(std::isfinite(p.k_scale) && p.k_scale > 0.f && std::isfinite(p.v_scale) &&
-                      p.v_scale > 0.f,
-                  "k_scale and v_scale must be positive and finite, got ", p.k_scale, " and ",
-                  p.v_scale);
-  KVSCOUT_EXPECTS(std::isfinite(p.scale * p.k_scale) && p.scale * p.k_scale > 0.f,
-                  "scale * k_scale = ", p.scale, " * ", p.k_scale,
-                  " must be positive and finite in float (it scales the logits)");
+  detail::check_attention_scales(p);
   const std::size_t q_elems = static_cast<std::size_t>(S) * Hq * D;
   KVSCOUT_EXPECTS(q.size() >= q_elems, "q holds ", q.size(), " floats, expected [", S, ", ", Hq,
                   ", ", D, "] = ", q_elems);

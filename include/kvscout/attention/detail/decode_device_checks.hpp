@@ -42,15 +42,7 @@ inline void check_decode_device(int num_seqs, int num_kv_heads, int head_dim,
   KVSCOUT_EXPECTS(num_kv_heads >= 1, "num_kv_heads must be positive, got ", num_kv_heads);
   KVSCOUT_EXPECTS(Hq >= 1 && Hq % num_kv_heads == 0, "num_q_heads = ", Hq,
                   " must be a positive multiple of num_kv_heads = ", num_kv_heads);
-  KVSCOUT_EXPECTS(std::isfinite(p.scale) && p.scale > 0.f,
-                  "scale must be positive and finite, got ", p.scale);
-  KVSCOUT_EXPECTS(std::isfinite(p.k_scale) && p.k_scale > 0.f && std::isfinite(p.v_scale) &&
-                      p.v_scale > 0.f,
-                  "k_scale and v_scale must be positive and finite, got ", p.k_scale, " and ",
-                  p.v_scale);
-  KVSCOUT_EXPECTS(std::isfinite(p.scale * p.k_scale) && p.scale * p.k_scale > 0.f,
-                  "scale * k_scale = ", p.scale, " * ", p.k_scale,
-                  " must be positive and finite in float (it scales the logits)");
+  check_attention_scales(p);
   const std::size_t q_elems = static_cast<std::size_t>(num_seqs) * Hq * head_dim;
   KVSCOUT_EXPECTS(q_size >= q_elems, "q holds ", q_size, " elements, expected [", num_seqs, ", ",
                   Hq, ", ", head_dim, "] = ", q_elems);
