@@ -49,7 +49,9 @@ int main(int argc, char** argv) try {
   for (std::size_t s = 0, next = 0; s < lens.size(); ++s)
     for (int b = 0; b < (lens[s] + page - 1) / page; ++b) table[s * max_blocks + b] = ids[next++];
   const int num_seqs = static_cast<int>(lens.size());
-  layout l({table.data(), lens.data(), max_blocks, num_seqs}, heads);
+  layout l({.table = table.data(), .seq_lens = lens.data(), .max_blocks_per_seq = max_blocks,
+            .seqs = num_seqs},
+           heads);
 
   // The cache: [num_pages, page, heads, head_dim] for K and for V, seeded random values.
   const std::size_t elems = static_cast<std::size_t>(total_pages) * page * heads * head_dim;

@@ -213,6 +213,25 @@ TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition o
                                                                  dst.v};
     REQUIRE_THROWS_WITH((kvscout::gathered_rows<T, 64>(sel, small)),
                         Catch::Contains("gathered K / V rows hold 64 / "));
+    // The layout form takes T and head_dim from the cache's layout (a mismatch does not compile:
+    // tests/compile_fail/gathered_rows_wrong_head_dim.cpp) and checks the selection's shape.
+    const auto layout_of = f.view().layout;
+    const kvscout::gathered_rows from_layout(layout_of, sel, dst);
+    static_assert(std::is_same_v<std::remove_const_t<decltype(from_layout)>,
+                                 kvscout::gathered_rows<T, 64>>);
+    for (int s = 0; s < f.S; ++s)
+      for (int h = 0; h < f.H; ++h) {
+        REQUIRE(from_layout.rows(s, h) == rows.rows(s, h));
+        for (int i = 0; i < rows.rows(s, h); ++i) {
+          rows.load_k(s, h, i, a);
+          from_layout.load_k(s, h, i, b);
+          REQUIRE(std::equal(a, a + 64, b));
+        }
+      }
+    auto fewer = sel;
+    fewer.num_seqs = f.S - 1;
+    REQUIRE_THROWS_WITH((kvscout::gathered_rows(layout_of, fewer, dst)),
+                        Catch::Contains("selection shape [2, 3] differs from the layout's [3, 3]"));
   }
   std::vector<float> out(f.q.size());
   kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()}, {out.data(), out.size()},
@@ -243,6 +262,15 @@ TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition o
     kvscout::decode_attention_host(kvscout::layout_rows(f.view()), f.current(), {f.q.data(), f.q.size()},
                                    {dense.data(), dense.size()}, {f.Hq, scale});
     REQUIRE(sparse == dense);
+    // Without a current token, `{}` needs no element type (it defaults to the rows' own), and
+    // gives the bits of an explicitly typed empty current token.
+    std::vector<float> none(f.q.size()), typed(f.q.size());
+    kvscout::decode_attention_host(rows, {}, {f.q.data(), f.q.size()}, {none.data(), none.size()},
+                                   {f.Hq, scale});
+    kvscout::decode_attention_host(rows, kvscout::current_token<T>{}, {f.q.data(), f.q.size()},
+                                   {typed.data(), typed.size()}, {f.Hq, scale});
+    REQUIRE(none == typed);
+    REQUIRE(none != sparse);
   }
 }
 

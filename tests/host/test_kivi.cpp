@@ -679,6 +679,17 @@ TEST_CASE("kivi gather: host_gather_executor copies the selected records unchang
           REQUIRE(a == b);
         }
       }
+    // A residual token selected (the lengths a selector got were the total, not the quantised
+    // ones): refused, and the message says what a KIVI layout's seq_len counts.
+    auto bad = idx;
+    auto bad_counts = counts;
+    bad_counts[0] = 1;
+    bad[0] = f.l.seq_len(0);  // the first residual token of sequence 0
+    const kvscout::selection_view<kvscout::host_space> total_lens{
+        {bad.data(), bad.size()}, {bad_counts.data(), bad_counts.size()}, f.num_seqs, f.H, cap};
+    REQUIRE_THROWS_WITH(ex.submit(kv.quantized(), total_lens, dst),
+                        Contains("is out of range [0, seq_len = 608)") &&
+                            Contains("a KIVI layout's seq_len is its quantised length"));
   }
 }
 

@@ -161,6 +161,19 @@ TEST_CASE("layout metadata that disagrees is rejected with the bad value", "[kv]
     REQUIRE_THROWS_WITH(l.validate(2 * page_bytes, 2 * page_bytes),
                         Catch::Contains("page id 5") && Catch::Contains("[0, 2)"));
   }
+  SECTION("buffers sized for another head_dim: the message says how the page count was derived") {
+    // A vLLM cache of 4 pages at head_dim 64 given to a head_dim 128 layout holds 2 pages of it.
+    std::vector<int32_t> table = {0, 3}, lens = {20};
+    kvscout::paged_layout<kvscout::half, 128, kvscout::nhd, kvscout::block_table> l(
+        {.table = table.data(), .seq_lens = lens.data(), .max_blocks_per_seq = 2, .seqs = 1}, 2,
+        16);
+    const std::size_t b = 4 * 16 * 2 * 64 * 2;
+    REQUIRE_THROWS_WITH(l.validate(b, b),
+                        Catch::Contains("page id 3 (sequence 0, logical page 1) is outside [0, 2)") &&
+                            Catch::Contains("the K / V buffers (16384 / 16384 bytes) hold 2 pages "
+                                            "of 8192 bytes") &&
+                            Catch::Contains("page_size 16 x num_kv_heads 2 x head_dim 128"));
+  }
   SECTION("vLLM seq_lens longer than the block table row") {
     std::vector<int32_t> table = {0, 1}, lens = {15};
     kvscout::paged_layout<float, 64, kvscout::hnd, kvscout::block_table> l(

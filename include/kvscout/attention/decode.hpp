@@ -15,6 +15,7 @@
 //   kvscout::layout_rows rows(kv);                       // kv: kv_view<layout, host_space>
 //   kvscout::decode_attention_host(rows, kvscout::current_token<kvscout::half>{k_cur, v_cur}, q,
 //                                  out, {.num_q_heads = 9, .scale = 0.125f});
+//   kvscout::decode_attention_host(rows, {}, q, out, p);   // no current token
 //
 // Optional output `probs` [num_seqs, num_kv_heads, probs_stride]: the attention probability of
 // each row summed over the query heads of the group (the current token, when given, is the entry
@@ -26,6 +27,7 @@
 #include <limits>
 
 #include "kvscout/attention/rows.hpp"
+#include "kvscout/core/detail/overlap.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/span.hpp"
@@ -68,7 +70,22 @@ inline void check_attention_scales(const attention_params& p) {
 }
 }  // namespace detail
 
-template <class Acc = float, attention_rows Rows, kv_element T>
+namespace detail {
+/// The element type of a row source's rows where it names one (every kvscout source does), else
+/// float: the default type of the current token, so that `{}` (no current token) needs no type.
+template <class Rows>
+struct rows_element {
+  using type = float;
+};
+template <class Rows>
+  requires requires { typename Rows::element_type; }
+struct rows_element<Rows> {
+  using type = typename Rows::element_type;
+};
+}  // namespace detail
+
+template <class Acc = float, attention_rows Rows,
+          kv_element T = typename detail::rows_element<Rows>::type>
 void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_span<const float> q,
                            host_span<float> out, const attention_params& p,
                            host_span<float> probs = {}, int probs_stride = 0) {
@@ -85,7 +102,7 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
                   ", ", D, "] = ", q_elems);
   KVSCOUT_EXPECTS(out.size() >= q_elems, "out holds ", out.size(), " floats, expected ", q_elems);
   const auto overlap = [](const float* a, std::size_t an, const float* b, std::size_t bn) {
-    return an > 0 && bn > 0 && a < b + bn && b < a + an;
+    return detail::bytes_overlap(a, an * sizeof(float), b, bn * sizeof(float));
   };
   // Each group of query heads is read before its outputs are written, so out may be q itself;
   // not shifted against it, and not with probs (their pass reads the queries again).

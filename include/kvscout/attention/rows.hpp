@@ -3,12 +3,13 @@
 //
 // Attention reads rows only through load_k / load_v (one row into a float[head_dim] buffer), so
 // the same attention code serves the whole cache read through a layout (dense reference), the
-// contiguous rows a prefetch executor gathered (sparse attention), and, later, quantized rows that
-// are dequantised as they are read.
+// contiguous rows a prefetch executor gathered (sparse attention), and KIVI's quantized rows,
+// dequantised as they are read (attention/kivi_rows.hpp).
 //
 //   layout_rows<L>    rows of (s, h) are the cached tokens 0 .. seq_len(s)-1, read via the layout
 //   gathered_rows<T, D> rows of (s, h) are the `counts[s, h]` entries an executor wrote:
-//                     k / v [num_seqs, num_kv_heads, capacity, D] (core/selection.hpp)
+//                     k / v [num_seqs, num_kv_heads, capacity, D] (core/selection.hpp);
+//                     gathered_rows(layout, sel, dst) takes T and D from the cache's layout
 //
 // Every source answers: num_seqs(), num_kv_heads(), rows(s, h), token(s, h, i) (the cache position
 // of row i, for attention-mass bookkeeping), load_k(s, h, i, float*), load_v(s, h, i, float*).
@@ -16,6 +17,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
@@ -107,6 +109,19 @@ class gathered_rows {
   gathered_rows(const selection_view<host_space>& sel, const gather_destination<host_space>& rows)
       : gathered_rows(sel, typed(rows.k, "K"), typed(rows.v, "V")) {}
 
+  /// The rows gathered from a cache of layout `layout`: T and HeadDim are the layout's (deduced:
+  /// `gathered_rows rows(layout, sel, dst)`), so the rows cannot be read at another width; the
+  /// selection's shape must be the layout's.
+  template <kv_layout L>
+    requires(!kivi_quantized_layout<L>)
+  gathered_rows(const L& layout, const selection_view<host_space>& sel,
+                const gather_destination<host_space>& rows)
+      : gathered_rows(checked_shape(layout, sel), rows) {
+    static_assert(std::is_same_v<typename L::element_type, T> && L::head_dim == HeadDim,
+                  "gathered_rows<T, HeadDim> read from a layout of another element type or "
+                  "head_dim");
+  }
+
   int num_seqs() const { return sel_.num_seqs; }
   int num_kv_heads() const { return sel_.num_kv_heads; }
   int rows(int s, int h) const { return sel_.counts[sel_.row(s, h)]; }
@@ -127,6 +142,15 @@ class gathered_rows {
                     alignof(T), "-byte aligned for their element type");
     return {reinterpret_cast<const T*>(b.data()), b.size() / sizeof(T)};
   }
+  template <class L>
+  static const selection_view<host_space>& checked_shape(const L& layout,
+                                                         const selection_view<host_space>& sel) {
+    KVSCOUT_EXPECTS(sel.num_seqs == layout.num_seqs() && sel.num_kv_heads == layout.num_kv_heads(),
+                    "selection shape [", sel.num_seqs, ", ", sel.num_kv_heads,
+                    "] differs from the layout's [", layout.num_seqs(), ", ",
+                    layout.num_kv_heads(), "]");
+    return sel;
+  }
   std::size_t slot(int s, int h, int i) const {
     return sel_.row(s, h) * static_cast<std::size_t>(sel_.capacity) + static_cast<std::size_t>(i);
   }
@@ -134,5 +158,10 @@ class gathered_rows {
   const T* k_;
   const T* v_;
 };
+
+template <kv_layout L>
+  requires(!kivi_quantized_layout<L>)
+gathered_rows(const L&, const selection_view<host_space>&, const gather_destination<host_space>&)
+    -> gathered_rows<typename L::element_type, L::head_dim>;
 
 }  // namespace kvscout

@@ -75,6 +75,7 @@
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
+#include "kvscout/core/detail/overlap.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
@@ -393,9 +394,7 @@ struct kivi_buffers {
                                      "K residual buffer", "V residual buffer"};
     for (int i = 0; i < 5; ++i)
       for (int j = i + 1; j < 5; ++j) {
-        const auto a = reinterpret_cast<std::uintptr_t>(p[i]);
-        const auto b = reinterpret_cast<std::uintptr_t>(p[j]);
-        KVSCOUT_EXPECTS(n[i] == 0 || n[j] == 0 || a >= b + n[j] || b >= a + n[i], "the ",
+        KVSCOUT_EXPECTS(!detail::bytes_overlap(p[i], n[i], p[j], n[j]), "the ",
                         name[i], " (", n[i], " bytes at ", static_cast<const void*>(p[i]),
                         ") and the ", name[j], " (", n[j], " bytes at ",
                         static_cast<const void*>(p[j]), ") overlap");

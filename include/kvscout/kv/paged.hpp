@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <sstream>
 #include <type_traits>
 
 #include "kvscout/core/config.hpp"
@@ -117,7 +118,18 @@ class paged_layout {
     // The last page needs only its used part, not the whole stride.
     const std::size_t pages = smaller < used ? 0 : (smaller - used) / page_bytes + 1;
     // Page ids are ints: a buffer with more pages than that still holds every id.
-    table_.validate(page_size(), pages > INT32_MAX ? INT32_MAX : static_cast<int>(pages));
+    try {
+      table_.validate(page_size(), pages > INT32_MAX ? INT32_MAX : static_cast<int>(pages));
+    } catch (const error& e) {
+      // A page id past the buffers is as often buffers sized for another shape: say how the
+      // page count was derived.
+      std::ostringstream why;
+      why << e.message() << "; the K / V buffers (" << k_bytes << " / " << v_bytes
+          << " bytes) hold " << pages << " pages of " << page_bytes << " bytes (page stride "
+          << page_stride_ << " elements of " << sizeof(T) << " bytes: page_size " << page_size()
+          << " x num_kv_heads " << num_kv_heads_ << " x head_dim " << HeadDim << " when dense)";
+      throw error(why.str(), e.function(), e.file(), e.line());
+    }
   }
 
  private:

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <tuple>
 
+#include "kvscout/core/detail/overlap.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
@@ -69,19 +70,15 @@ void check_fetch_views(int num_seqs, int num_kv_heads, int capacity,
   }
   // The rows written must not land on each other or on the cache they are read from (the source
   // K and V may share a buffer: pages that interleave K and V).
-  const auto overlap = [](const void* a, std::size_t an, const void* b, std::size_t bn) {
-    const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
-    return an > 0 && bn > 0 && x < y + bn && y < x + an;
-  };
-  KVSCOUT_EXPECTS(!overlap(dst.k.data(), k_need, dst.v.data(), v_need),
+  KVSCOUT_EXPECTS(!bytes_overlap(dst.k.data(), k_need, dst.v.data(), v_need),
                   "destination K and V overlap (", k_need, " bytes at ",
                   static_cast<const void*>(dst.k.data()), ", ", v_need, " bytes at ",
                   static_cast<const void*>(dst.v.data()), "): each needs its own rows");
   using written = std::tuple<const char*, const void*, std::size_t>;
   for (const auto& [what, p, n] : {written{"K", dst.k.data(), k_need},
                                    written{"V", dst.v.data(), v_need}}) {
-    KVSCOUT_EXPECTS(!overlap(p, n, src.k.data(), src.k.size()) &&
-                        !overlap(p, n, src.v.data(), src.v.size()),
+    KVSCOUT_EXPECTS(!bytes_overlap(p, n, src.k.data(), src.k.size()) &&
+                        !bytes_overlap(p, n, src.v.data(), src.v.size()),
                     "destination ", what, " (", n, " bytes at ", p,
                     ") overlaps the source K / V cache it gathers from");
   }
@@ -96,6 +93,13 @@ std::int64_t check_host_selection(const kv_view<L, host_space>& src,
                                   const selection_view<host_space>& sel, std::int64_t* prefix) {
   const L& l = src.layout;
   l.validate(src.k.size(), src.v.size());
+  // A KIVI layout's seq_len counts its quantised tokens; the residual window is not gathered.
+  constexpr const char* quantized_hint =
+      requires(const L& x) { x.residual_len(0); }
+          ? " (a KIVI layout's seq_len is its quantised length: select among the quantised "
+            "tokens, e.g. with the lengths of fill_quantized_lens; the residual window is read "
+            "in place)"
+          : "";
   std::int64_t total = 0;
   prefix[0] = 0;
   const std::size_t capacity = static_cast<std::size_t>(sel.capacity);
@@ -111,7 +115,8 @@ std::int64_t check_host_selection(const kv_view<L, host_space>& src,
       for (int i = 0; i < n; ++i) {
         const int t = idx[i];
         KVSCOUT_EXPECTS(t >= 0 && t < len, "token index ", t, " (entry ", i, ") for sequence ",
-                        s, ", kv_head ", h, " is out of range [0, seq_len = ", len, ")");
+                        s, ", kv_head ", h, " is out of range [0, seq_len = ", len, ")",
+                        quantized_hint);
         KVSCOUT_EXPECTS(t > prev, "token indices for sequence ", s, ", kv_head ", h,
                         " are not strictly ascending: ", prev, " then ", t, " at entry ", i);
         prev = t;
