@@ -9,6 +9,8 @@
 // benchmarks' rates compare directly (scripts/bench_table.py prints the ratios).
 //
 //   BM_speculation          the policy's score(): partial-query GEMV + scoring, max_logit
+//   BM_speculation_bf16_weights  the same with the partial W_Q rows kept in bfloat16
+//                           (infinigen_policy<float, bfloat16>): half the bytes the GEMV reads
 //   BM_speculation_mean     the same, RoPE planes, mean_logit (the group folded into one query)
 //   BM_stream_partial_keys  one vectorised read of the same bytes, with a software prefetch
 //                           0 / 4 / 8 / 16 KiB ahead (the table takes the fastest: the anchor)
@@ -55,10 +57,11 @@ kvscout::skew_plan make_plan(kvscout::rope_mode mode) {
   return p;
 }
 
+template <class WT = float>
 struct fixture {
   std::vector<float> wq, x, scores;
   std::vector<int32_t> lens, pos;
-  std::unique_ptr<kvscout::infinigen_policy<>> policy;
+  std::unique_ptr<kvscout::infinigen_policy<float, WT>> policy;
   int n, seqs;
 
   fixture(int tokens, kvscout::rope_mode mode,
@@ -71,8 +74,8 @@ struct fixture {
     x.resize(static_cast<std::size_t>(seqs) * d_model);
     for (auto& v : x) v = nd(rng);
     std::vector<kvscout::skew_plan> plans(H, make_plan(mode));
-    kvscout::infinigen_policy<>::config cfg{1, seqs, H, Hq, D, d_model, n, 0.125f, agg};
-    policy = std::make_unique<kvscout::infinigen_policy<>>(
+    kvscout::infinigen_config cfg{1, seqs, H, Hq, D, d_model, n, 0.125f, agg};
+    policy = std::make_unique<kvscout::infinigen_policy<float, WT>>(
         cfg, std::vector<std::vector<kvscout::skew_plan>>{plans},
         std::vector<kvscout::host_span<const float>>{{wq.data(), wq.size()}},
         std::vector<kvscout::host_span<const float>>{{}});
@@ -90,9 +93,10 @@ struct fixture {
   std::size_t key_bytes() const { return policy->keys(0).bytes_for(n); }
 };
 
+template <class WT = float>
 void run_speculation(benchmark::State& state, kvscout::rope_mode mode, kvscout::gqa_aggregation agg,
                      int seqs = 1) {
-  fixture f(static_cast<int>(state.range(0)), mode, agg, seqs);
+  fixture<WT> f(static_cast<int>(state.range(0)), mode, agg, seqs);
   const auto S = static_cast<std::size_t>(seqs);
   const kvscout::spec_context ctx{
       {f.x.data(), f.x.size()}, {}, {f.pos.data(), S}, {f.lens.data(), S}};
@@ -110,6 +114,12 @@ void run_speculation(benchmark::State& state, kvscout::rope_mode mode, kvscout::
 void BM_speculation(benchmark::State& state) {
   const auto mode = state.range(1) == 0 ? kvscout::rope_mode::post_rope_skew : kvscout::rope_mode::rope_planes;
   run_speculation(state, mode, kvscout::gqa_aggregation::max_logit);
+}
+
+void BM_speculation_bf16_weights(benchmark::State& state) {
+  const auto mode = state.range(1) == 0 ? kvscout::rope_mode::post_rope_skew
+                                        : kvscout::rope_mode::rope_planes;
+  run_speculation<kvscout::bfloat16>(state, mode, kvscout::gqa_aggregation::max_logit);
 }
 
 // A batch of `seqs` sequences of n tokens each in one score() call, as a decode step of a batched
@@ -149,8 +159,8 @@ void stream_once(const float* p, std::size_t count, std::size_t ahead) {
 
 void stream_keys(benchmark::State& state, int seqs, std::size_t ahead_bytes) {
   const auto ahead = ahead_bytes / sizeof(float);
-  fixture f(static_cast<int>(state.range(0)), kvscout::rope_mode::post_rope_skew,
-            kvscout::gqa_aggregation::max_logit, seqs);
+  fixture<> f(static_cast<int>(state.range(0)), kvscout::rope_mode::post_rope_skew,
+              kvscout::gqa_aggregation::max_logit, seqs);
   const float* p = f.policy->keys(0).tile(0, 0, 0);  // the seqs x H rows of n tokens, contiguous
   const std::size_t count = f.key_bytes() / sizeof(float);
   for (auto _ : state) {
@@ -206,6 +216,10 @@ BENCHMARK(BM_fma_roof)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({1310
 BENCHMARK(BM_speculation_mean)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({131072})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_speculation)->ArgNames({"n", "mode"})->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_speculation_bf16_weights)
+    ->ArgNames({"n", "mode"})
+    ->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_speculation_batch)
     ->ArgNames({"n", "seqs", "mode"})

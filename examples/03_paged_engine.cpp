@@ -154,7 +154,8 @@ int main() try {
     std::vector<float> sparse(q.size());
 
     // ---- the decode step: score, select, gather, attend
-    // (.q stays empty: InfiniGen scores before layer i has a query, from layer i-1's input x.)
+    // (.q stays empty: InfiniGen scores before layer i has a query. In an engine x is layer
+    // i-1's normalised input, read while layer i-1 runs; here one x serves both, for brevity.)
     policy.score(0, {.x = x, .q = {}, .positions = positions, .seq_lens = lens}, score_rows);
     topk.select(score_rows.view(lens), sel);
     gather.submit(kv, sel.view(), rows).wait();

@@ -136,6 +136,29 @@ def speculation_section(res):
                      f"({st['fields'].get('ahead', 0)}) | {roof_txt} | "
                      f"{m0['gbps'] / st['gbps']:.2f} | {m1['gbps'] / st['gbps']:.2f} | "
                      f"{m1['gbps'] / attainable:.2f} |")
+    bf16 = [n for n in sorted({r["fields"].get("n") for r in res
+                               if r["family"] == "BM_speculation_bf16_weights"})
+            if find(res, "BM_speculation_bf16_weights", n=n, mode=0)]
+    if bf16:
+        lines += ["", "The partial W_Q rows in bfloat16 (`infinigen_policy<float, bfloat16>`, the "
+                  "model's own type: half the bytes the GEMV reads), against the float rows of "
+                  "the table above.", "",
+                  "| n | post_rope_skew us, float / bf16 | rope_planes us, float / bf16 | "
+                  "post_rope / stream, bf16 | rope_planes / stream, bf16 |",
+                  "|---:|---:|---:|---:|---:|"]
+        for n in bf16:
+            w0 = find(res, "BM_speculation_bf16_weights", n=n, mode=0)
+            w1 = find(res, "BM_speculation_bf16_weights", n=n, mode=1)
+            m0 = find(res, "BM_speculation", n=n, mode=0)
+            m1 = find(res, "BM_speculation", n=n, mode=1)
+            streams = [r for r in res if r["family"] == "BM_stream_partial_keys"
+                       and r["fields"].get("n") == n]
+            if not (w0 and w1 and m0 and m1 and streams):
+                continue
+            st = max(streams, key=lambda r: r["gbps"])
+            lines.append(f"| {n} | {m0['time']:.1f} / {w0['time']:.1f} | "
+                         f"{m1['time']:.1f} / {w1['time']:.1f} | {w0['gbps'] / st['gbps']:.2f} | "
+                         f"{w1['gbps'] / st['gbps']:.2f} |")
     batch = sorted({r["fields"]["seqs"] for r in res if r["family"] == "BM_speculation_batch"})
     if batch:
         lines += ["", "A decode step over a batch of sequences (one score() call, each head's",

@@ -30,5 +30,6 @@ echo "== kvscout: host tests under address,undefined sanitizers (build-asan/)"
 cmake -S "$root" -B "$root/build-asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DKVSCOUT_SANITIZE=address,undefined -DKVSCOUT_ENABLE_CUDA=OFF -DKVSCOUT_BUILD_BENCHMARKS=OFF
 cmake --build "$root/build-asan" -j "$jobs" --target kvscout_host_tests kvscout_select_tests_native \
-  kvscout_model_tests kvscout_readme_example 00_host_gather 03_paged_engine kvscout_simt_tests
+  kvscout_model_tests kvscout_readme_example 00_host_gather 03_paged_engine kvscout_simt_tests \
+  kvscout_widen_tests_f16c
 (cd "$root/build-asan" && ctest -j "$jobs" --output-on-failure -L "host|model" -LE compile_fail)

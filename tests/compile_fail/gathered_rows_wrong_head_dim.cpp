@@ -6,7 +6,8 @@
 
 int main() {
   const int lens[1] = {4};
-  const auto l = kvscout::contiguous_layout<kvscout::half, 128, kvscout::hnd>::padded(1, 4, lens, 1);
+  using layout = kvscout::contiguous_layout<kvscout::half, 128, kvscout::hnd>;
+  const auto l = layout::padded(1, 4, lens, 1);
   const kvscout::selection_view<kvscout::host_space> sel{};
   const kvscout::gather_destination<kvscout::host_space> dst{};
   const kvscout::gathered_rows<kvscout::half, 64> rows(l, sel, dst);

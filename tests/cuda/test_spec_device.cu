@@ -24,6 +24,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -100,7 +101,7 @@ bool poisoned(float a) {
   return b == 0xffffffffu;
 }
 
-template <class PkT>
+template <class PkT, class WT = float>
 void run_case(const shape& sh, std::uint32_t seed) {
   const int S = static_cast<int>(sh.lens.size());
   const int H = sh.H, Hq = sh.H * sh.g, D = sh.D, r = sh.r, dm = sh.d_model;
@@ -125,13 +126,13 @@ void run_case(const shape& sh, std::uint32_t seed) {
   for (int s = 0; s < S; ++s) positions[s] = lens[s] + 3 * s;
 
   // Host reference.
-  using policy = kvscout::infinigen_policy<PkT>;
+  using policy = kvscout::infinigen_policy<PkT, WT>;
   typename policy::config hc{1, S, H, Hq, D, dm, max_tokens, scale, sh.agg};
   policy host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{b_q.data(), b_q.size()}});
 
   // Device.
   kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, sh.mode, scale, sh.agg};
-  using spec = kvscout::infinigen_speculator_cuda<PkT>;
+  using spec = kvscout::infinigen_speculator_cuda<PkT, WT>;
   const std::size_t ws_bytes = spec::workspace_bytes(dc);
   gpu_test::device_vector<std::byte> ws(ws_bytes);
   spec dev(dc, plans, {w_q.data(), w_q.size()}, {b_q.data(), b_q.size()}, {ws.data(), ws_bytes});
@@ -222,7 +223,9 @@ void run_case(const shape& sh, std::uint32_t seed) {
           sum_abs = std::max(sum_abs, a);
         }
         float* q = qh.data() + (static_cast<std::size_t>(s) * Hq + qi) * r;
-        kvscout::partial_query(w, x.data() + static_cast<std::size_t>(s) * dm, positions[s], q);
+        // The host's GEMV over the same weights, rounded to WT as the speculator rounds them.
+        kvscout::partial_query(kvscout::weights_as<WT>(w),
+                               x.data() + static_cast<std::size_t>(s) * dm, positions[s], q);
         for (int c = 0; c < r; ++c) {
           q[c] *= scale;
           const float d = qd[(static_cast<std::size_t>(s) * Hq + qi) * r + c];
@@ -294,11 +297,11 @@ std::vector<shape> shapes() {
   return v;
 }
 
-template <class PkT>
+template <class PkT, class WT = float>
 void all_shapes() {
-  std::uint32_t seed = sizeof(PkT) * 1000;
+  std::uint32_t seed = sizeof(PkT) * 1000 + (std::is_same_v<WT, float> ? 0 : sizeof(WT) * 100);
   for (const shape& sh : shapes()) {
-    run_case<PkT>(sh, seed++);
+    run_case<PkT, WT>(sh, seed++);
   }
 }
 
@@ -356,6 +359,53 @@ small_setup small_speculator(rope_mode mode, float sigma, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.f, sigma);
   for (auto& v : u.w_q) v = nd(rng);
   return u;
+}
+
+void weights_in_the_model_dtype() {
+  // W_Q handed over in bfloat16 (the model's own, no float copy) builds the workspace a float W_Q
+  // holding the same values builds: the same partial queries and scores, bit for bit, every mode.
+  for (rope_mode mode : {rope_mode::post_rope_skew, rope_mode::rope_planes,
+                         rope_mode::pre_rope_folded}) {
+    std::mt19937 rng(23);
+    const small_setup u = small_speculator(mode, 0.1f, rng);
+    std::vector<kvscout::bfloat16> w16(u.w_q.size());
+    std::vector<float> w_rounded(u.w_q.size());
+    for (std::size_t i = 0; i < w16.size(); ++i) {
+      w16[i] = kvscout::from_float<kvscout::bfloat16>(u.w_q[i]);
+      w_rounded[i] = kvscout::to_float(w16[i]);
+    }
+    using spec = kvscout::infinigen_speculator_cuda<float, kvscout::bfloat16>;
+    gpu_test::device_vector<std::byte> ws_a(spec::workspace_bytes(u.cfg)),
+        ws_b(spec::workspace_bytes(u.cfg));
+    spec a(u.cfg, u.plans, kvscout::host_span<const kvscout::bfloat16>(w16.data(), w16.size()), {},
+           {ws_a.data(), ws_a.size()});
+    spec b(u.cfg, u.plans, {w_rounded.data(), w_rounded.size()}, {}, {ws_b.data(), ws_b.size()});
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> keys(2 * 64), x(2 * 64);
+    for (auto& v : keys) v = nd(rng);
+    for (auto& v : x) v = nd(rng);
+    gpu_test::device_vector<float> dk(keys), dx(x);
+    gpu_test::device_vector<std::int32_t> sid(std::vector<std::int32_t>{0, 1}),
+        tid(std::vector<std::int32_t>{0, 0}), pos(std::vector<std::int32_t>{5, 9}),
+        lens(std::vector<std::int32_t>{1, 1});
+    gpu_test::device_vector<float> sa(2 * 64), sb(2 * 64);
+    for (spec* sp : {&a, &b}) {
+      sp->append({dk.data(), dk.size()}, {sid.data(), sid.size()}, {tid.data(), tid.size()}, 2,
+                 nullptr);
+      gpu_test::device_vector<float>& out = sp == &a ? sa : sb;
+      sp->score({{dx.data(), dx.size()}, {pos.data(), pos.size()}, {lens.data(), lens.size()}, 1},
+                {{out.data(), out.size()}, 2, 1, 64}, nullptr);
+    }
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> qa(2 * 2 * 16), qb(qa.size());
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(qa.data(), a.partial_queries().data(), sizeof(float) * qa.size(),
+                                  cudaMemcpyDeviceToHost));
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(qb.data(), b.partial_queries().data(), sizeof(float) * qb.size(),
+                                  cudaMemcpyDeviceToHost));
+    GPU_CHECK(std::memcmp(qa.data(), qb.data(), sizeof(float) * qa.size()) == 0);
+    const std::vector<float> ra = sa.download(), rb = sb.download();
+    GPU_CHECK(ra[0] == rb[0] && ra[64] == rb[64] && !poisoned(ra[0]));
+  }
 }
 
 void lengths_on_device_are_clamped() {
@@ -482,8 +532,13 @@ void typed_keys_match_float(rope_mode mode) {
 int main() {
   return gpu_test::run_all("spec_device", {{"float_keys", all_shapes<float>},
                                            {"half_keys", all_shapes<kvscout::half>},
+                                           {"bf16_weights", all_shapes<float, kvscout::bfloat16>},
+                                           {"half_keys_half_weights",
+                                            all_shapes<kvscout::half, kvscout::half>},
                                            {"long_row_128k", long_row},
                                            {"lengths_on_device_are_clamped", lengths_on_device_are_clamped},
+                                           {"weights_in_the_model_dtype",
+                                            weights_in_the_model_dtype},
                                            {"bad_input_throws", bad_input_throws},
                                            {"bf16_keys_post_rope_skew", [] { typed_keys_match_float<kvscout::bfloat16>(rope_mode::post_rope_skew); }},
                                            {"half_keys_rope_planes", [] { typed_keys_match_float<kvscout::half>(rope_mode::rope_planes); }}});

@@ -192,7 +192,8 @@ TEST_CASE("a gather into overlapping buffers is rejected before it writes", "[er
   std::vector<int32_t> lens = {4};
   const auto l = L::padded(1, 4, lens.data(), 1);
   std::vector<float> k(16), v(16);
-  for (int i = 0; i < 16; ++i) k[i] = 100.f + i, v[i] = 200.f + i;
+  for (int i = 0; i < 16; ++i)
+    k[i] = 100.f + static_cast<float>(i), v[i] = 200.f + static_cast<float>(i);
   std::vector<int32_t> idx = {1, 2}, cnt = {2};
   const kvscout::host_gather_config cfg{.num_seqs = 1, .num_kv_heads = 1, .capacity = 2};
   std::vector<std::int64_t> ws(kvscout::host_gather_executor<L>::workspace_bytes(cfg) / 8 + 1);

@@ -10,6 +10,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -478,6 +479,163 @@ TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
           REQUIRE(std::bit_cast<std::uint32_t>(out.row(s, h)[t]) ==
                   std::bit_cast<std::uint32_t>(out1.row(0, h)[t]));
         }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of float weights "
+                   "holding the same values",
+                   "[spec][gemv][infinigen]", kvscout::half, kvscout::bfloat16) {
+  // The GEMV widens each 2-byte weight exactly and then does the float arithmetic, so the only
+  // change from float weights is the one rounding of the weights to W.
+  using W = TestType;
+  std::mt19937 rng(47);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const auto widened = [](const std::vector<W>& w) {
+    std::vector<float> f(w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) f[i] = kvscout::to_float(w[i]);
+    return f;
+  };
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(i, a[i], b[i]);
+      REQUIRE(std::bit_cast<std::uint32_t>(a[i]) == std::bit_cast<std::uint32_t>(b[i]));
+    }
+  };
+  SECTION("dot and dot_rows_multi over 2-byte rows") {
+    for (const int n : {1, 15, 16, 17, 576})
+      for (const int rows : {1, 5, 9})
+        for (const int count : {1, 3, 4, 5}) {
+          CAPTURE(n, rows, count);
+          const std::size_t lda = static_cast<std::size_t>(n) + 5, ldb = n + 2u, ldo = rows + 1u;
+          std::vector<W> a(lda * rows);
+          for (auto& v : a) v = kvscout::from_float<W>(nd(rng));
+          const std::vector<float> af = widened(a);
+          std::vector<float> b(ldb * count), got(ldo * count, -1.f), ref(got);
+          for (auto& v : b) v = nd(rng);
+          kvscout::detail::dot_rows_multi(a.data(), lda, b.data(), ldb, count, n, rows,
+                                          got.data(), ldo);
+          kvscout::detail::dot_rows_multi(af.data(), lda, b.data(), ldb, count, n, rows,
+                                          ref.data(), ldo);
+          same_bits(got, ref);
+          REQUIRE(std::bit_cast<std::uint32_t>(kvscout::detail::dot(a.data(), b.data(), n)) ==
+                  std::bit_cast<std::uint32_t>(kvscout::detail::dot(af.data(), b.data(), n)));
+        }
+  }
+  const int H = 2, g = 3, Hq = H * g, d_model = 80, r = 16, cap = 40, S = 5;
+  std::vector<float> wq(static_cast<std::size_t>(Hq) * D * d_model), bq(Hq * D);
+  std::vector<float> x(static_cast<std::size_t>(S) * d_model);
+  for (auto& w : wq) w = nd(rng) / 8.f;
+  for (auto& w : bq) w = 0.1f * nd(rng);
+  for (auto& w : x) w = nd(rng);
+  std::vector<float> qs(static_cast<std::size_t>(200) * g * D);
+  std::vector<float> ks(static_cast<std::size_t>(200) * D);
+  for (auto& v : qs) v = nd(rng);
+  for (auto& v : ks) v = nd(rng);
+  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  std::vector<int32_t> lens(S), pos(S);
+  for (int s = 0; s < S; ++s) lens[s] = 17 + 5 * s, pos[s] = 300 + 41 * s;
+  for (auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes,
+                    kvscout::rope_mode::pre_rope_folded}) {
+    CAPTURE(kvscout::to_string(mode));
+    std::vector<kvscout::skew_plan> plans;
+    for (int h = 0; h < H; ++h)
+      plans.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200,
+                                              g, D, {r, false, mode, rope}));
+    SECTION(std::string("partial_queries, ") + kvscout::to_string(mode)) {
+      const auto w = kvscout::make_partial_query_weights(plans[0], {wq.data(), wq.size()},
+                                                         {bq.data(), bq.size()}, d_model, 1);
+      const kvscout::basic_partial_query_weights<W> w16 = kvscout::weights_as<W>(w);
+      REQUIRE(w16.weight.size() == w.weight.size());
+      for (std::size_t i = 0; i < w.weight.size(); ++i)
+        REQUIRE(kvscout::to_float(w16.weight[i]) ==
+                kvscout::to_float(kvscout::from_float<W>(w.weight[i])));
+      kvscout::partial_query_weights wf = w;
+      wf.weight = widened(w16.weight);
+      std::vector<kvscout::rope_table> rt(S);
+      for (int s = 0; s < S; ++s) rt[s].fill(rope, pos[s]);
+      std::vector<float> q16(static_cast<std::size_t>(S) * r), qf(q16.size());
+      kvscout::partial_queries(w16, x.data(), d_model, S, rt.data(), q16.data(), r);
+      kvscout::partial_queries(wf, x.data(), d_model, S, rt.data(), qf.data(), r);
+      same_bits(q16, qf);
+      // W_Q and b_Q given in W itself (the model's own tensors) build the weights a float W_Q
+      // holding the same values builds, folded ones included.
+      std::vector<W> wq_in(wq.size()), bq_in(bq.size());
+      std::vector<float> wq_widened(wq.size()), bq_widened(bq.size());
+      for (std::size_t i = 0; i < wq.size(); ++i) {
+        wq_in[i] = kvscout::from_float<W>(wq[i]);
+        wq_widened[i] = kvscout::to_float(wq_in[i]);
+      }
+      for (std::size_t i = 0; i < bq.size(); ++i) {
+        bq_in[i] = kvscout::from_float<W>(bq[i]);
+        bq_widened[i] = kvscout::to_float(bq_in[i]);
+      }
+      const auto from_w = kvscout::make_partial_query_weights(
+          plans[1], kvscout::host_span<const W>(wq_in.data(), wq_in.size()),
+          kvscout::host_span<const W>(bq_in.data(), bq_in.size()), d_model, 4);
+      const auto from_f = kvscout::make_partial_query_weights(
+          plans[1], {wq_widened.data(), wq_widened.size()}, {bq_widened.data(), bq_widened.size()},
+          d_model, 4);
+      same_bits(from_w.weight, from_f.weight);
+      same_bits(from_w.bias, from_f.bias);
+    }
+    if (mode == kvscout::rope_mode::pre_rope_folded) continue;  // its rows are folded, not W_Q's
+    SECTION(std::string("the policy, ") + kvscout::to_string(mode)) {
+      // post_rope_skew and rope_planes keep W_Q's own rows: a policy with W weights over W_Q
+      // scores the bits of a float-weight policy over W_Q rounded to W (a model stored in W).
+      // The bias is kept in float by every policy; here it holds values W represents, so that
+      // a policy given W_Q and b_Q in W itself (the model's own tensors) can be compared too.
+      std::vector<float> wq_w(wq.size());
+      std::vector<W> wq_in(wq.size()), bq_in(bq.size());
+      for (std::size_t i = 0; i < wq.size(); ++i) {
+        wq_in[i] = kvscout::from_float<W>(wq[i]);
+        wq_w[i] = kvscout::to_float(wq_in[i]);
+      }
+      for (std::size_t i = 0; i < bq.size(); ++i) {
+        bq_in[i] = kvscout::from_float<W>(bq[i]);
+        bq[i] = kvscout::to_float(bq_in[i]);
+      }
+      const kvscout::infinigen_config cfg{1, S, H, Hq, D, d_model, cap, 0.125f,
+                                          kvscout::gqa_aggregation::max_logit};
+      using narrow_t = kvscout::infinigen_policy<float, W>;
+      using wide_t = kvscout::infinigen_policy<float, float>;
+      const std::vector<kvscout::host_span<const float>> b_f{{bq.data(), bq.size()}};
+      narrow_t narrow(cfg, {plans}, {{wq.data(), wq.size()}}, b_f);
+      wide_t wide(cfg, {plans}, {{wq_w.data(), wq_w.size()}}, b_f);
+      wide_t exact(cfg, {plans}, {{wq.data(), wq.size()}}, b_f);
+      narrow_t model_typed(cfg, {plans},
+                           std::vector<kvscout::host_span<const W>>{{wq_in.data(), wq_in.size()}},
+                           std::vector<kvscout::host_span<const W>>{{bq_in.data(), bq_in.size()}});
+      std::vector<float> k(static_cast<std::size_t>(H) * D);
+      for (int s = 0; s < S; ++s)
+        for (int t = 0; t < lens[s]; ++t) {
+          for (auto& v : k) v = nd(rng);
+          for (auto* p : {&narrow, &model_typed}) p->append(0, s, t, k.data(), k.data());
+          for (auto* p : {&wide, &exact}) p->append(0, s, t, k.data(), k.data());
+        }
+      std::vector<float> a, b, c, m;
+      const auto out_a = buffer_for(a, S, H, cap), out_b = buffer_for(b, S, H, cap);
+      const auto out_c = buffer_for(c, S, H, cap), out_m = buffer_for(m, S, H, cap);
+      const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), pos.size()},
+                                      {lens.data(), lens.size()}};
+      narrow.score(0, ctx, out_a);
+      wide.score(0, ctx, out_b);
+      exact.score(0, ctx, out_c);
+      model_typed.score(0, ctx, out_m);
+      int rounded = 0;
+      for (int s = 0; s < S; ++s)
+        for (int h = 0; h < H; ++h)
+          for (int t = 0; t < lens[s]; ++t) {
+            CAPTURE(s, h, t);
+            REQUIRE(std::bit_cast<std::uint32_t>(out_a.row(s, h)[t]) ==
+                    std::bit_cast<std::uint32_t>(out_b.row(s, h)[t]));
+            REQUIRE(std::bit_cast<std::uint32_t>(out_m.row(s, h)[t]) ==
+                    std::bit_cast<std::uint32_t>(out_b.row(s, h)[t]));
+            rounded += out_a.row(s, h)[t] != out_c.row(s, h)[t];
+          }
+      // The rounding to W is visible (the test would pass vacuously if W were float).
+      REQUIRE(rounded > 0);
     }
   }
 }

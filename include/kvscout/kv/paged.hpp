@@ -122,7 +122,9 @@ class paged_layout {
       table_.validate(page_size(), pages > INT32_MAX ? INT32_MAX : static_cast<int>(pages));
     } catch (const error& e) {
       // A page id past the buffers is as often buffers sized for another shape: say how the
-      // page count was derived.
+      // page count was derived. (Both page tables' id checks say "page id ..."; their other
+      // errors are about the table alone and pass unchanged.)
+      if (e.message().rfind("page id ", 0) != 0) throw;
       std::ostringstream why;
       why << e.message() << "; the K / V buffers (" << k_bytes << " / " << v_bytes
           << " bytes) hold " << pages << " pages of " << page_bytes << " bytes (page stride "

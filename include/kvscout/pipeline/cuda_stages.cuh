@@ -218,9 +218,11 @@ class cuda_speculation_stages {
   int parity_ = 0;
 };
 
-/// kvscout's InfiniGen speculator as the policy of every speculated layer.
-template <kv_layout L, class Selector, kv_element PkT = float>
-using infinigen_cuda_stages = cuda_speculation_stages<L, infinigen_speculator_cuda<PkT>, Selector>;
+/// kvscout's InfiniGen speculator as the policy of every speculated layer (partial keys of PkT,
+/// partial W_Q rows of WT).
+template <kv_layout L, class Selector, compute_element PkT = float, compute_element WT = float>
+using infinigen_cuda_stages =
+    cuda_speculation_stages<L, infinigen_speculator_cuda<PkT, WT>, Selector>;
 
 /// A reference to stages, so the pipeline can drive stages the caller keeps (std::ref).
 template <class S>

@@ -34,9 +34,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/core/simd.hpp"
@@ -240,8 +242,12 @@ inline void project_key(const skew_plan& plan, const float* k, float* pk) {
 }
 
 /// What partial_query needs for one query head, laid out for a GEMV over x[d_model]. Built once,
-/// offline, by make_partial_query_weights. `weight` is out-features x in-features, like W_Q.
-struct partial_query_weights {
+/// offline, by make_partial_query_weights (float); weights_as<W> keeps the weight rows in half or
+/// bfloat16 (the model's own type: half the bytes), the rest in float. `weight` is out-features x
+/// in-features, like W_Q.
+template <compute_element W = float>
+struct basic_partial_query_weights {
+  using weight_type = W;
   rope_mode mode = rope_mode::post_rope_skew;
   int d_model = 0;
   int head_dim = 0;
@@ -251,7 +257,7 @@ struct partial_query_weights {
   ///   post_rope_skew:  the head's rows of W_Q, [head_dim, d_model].
   ///   rope_planes:     the selected rows of W_Q in plane layout (channels order), [r, d_model].
   ///   pre_rope_folded: (W_head^T A[:, S])^T, i.e. row i = sum_d A[d, S_i] W_head[d, :], [r, d_model].
-  std::vector<float> weight;
+  std::vector<W> weight;
   /// [rows()]: b_head, b_head[channels] or (b_head A)[S] per mode; zeros when the model has no bias.
   std::vector<float> bias;
   /// post_rope_skew only: A[:, S], [head_dim, r] row-major; empty otherwise.
@@ -264,14 +270,33 @@ struct partial_query_weights {
   }
 };
 
-/// Builds the partial query weights of query head q_head from the model's query projection.
-///   W_Q [num_q_heads * head_dim, d_model] row-major (out x in, as PyTorch / GGUF store it);
-///   b_Q [num_q_heads * head_dim] or empty. Query head qh owns rows [qh * D, (qh + 1) * D).
-/// The plan must be the one of the kv head serving q_head (q_head / group under GQA).
-inline partial_query_weights make_partial_query_weights(const skew_plan& plan,
-                                                        host_span<const float> W_Q,
-                                                        host_span<const float> b_Q, int d_model,
-                                                        int q_head) {
+using partial_query_weights = basic_partial_query_weights<float>;
+
+/// The same weights with the rows rounded once to W (to nearest even; exact where the model's
+/// W_Q was already W, for post_rope_skew and rope_planes, whose rows are W_Q's own). Bias, rotation
+/// and planes stay as they are.
+template <compute_element W>
+basic_partial_query_weights<W> weights_as(const partial_query_weights& w) {
+  basic_partial_query_weights<W> out;
+  out.mode = w.mode;
+  out.d_model = w.d_model;
+  out.head_dim = w.head_dim;
+  out.r = w.r;
+  out.rope = w.rope;
+  out.weight.resize(w.weight.size());
+  for (std::size_t i = 0; i < w.weight.size(); ++i) out.weight[i] = from_float<W>(w.weight[i]);
+  out.bias = w.bias;
+  out.rotation = w.rotation;
+  out.planes = w.planes;
+  return out;
+}
+
+namespace detail {
+template <compute_element In>
+partial_query_weights make_partial_query_weights_from(const skew_plan& plan,
+                                                      host_span<const In> W_Q,
+                                                      host_span<const In> b_Q, int d_model,
+                                                      int q_head) {
   detail::check_plan(plan);
   const int D = plan.head_dim;
   const int r = plan.r;
@@ -287,16 +312,22 @@ inline partial_query_weights make_partial_query_weights(const skew_plan& plan,
                   " elements, expected 0 or num_q_heads * head_dim = ", num_q_heads * D);
 
   // The head's slice: W_h [D, d_model], b_h [D].
-  const float* W = W_Q.data() + static_cast<std::size_t>(q_head) * head_elems;
-  const float* b = b_Q.empty() ? nullptr : b_Q.data() + static_cast<std::size_t>(q_head) * D;
+  const In* W = W_Q.data() + static_cast<std::size_t>(q_head) * head_elems;
+  const In* b = b_Q.empty() ? nullptr : b_Q.data() + static_cast<std::size_t>(q_head) * D;
   for (std::size_t i = 0; i < head_elems; ++i) {
-    KVSCOUT_EXPECTS(std::isfinite(W[i]), "W_Q of q_head ", q_head, " holds ", W[i],
-                    " at row ", i / d_model, ", column ", i % d_model);
+    KVSCOUT_EXPECTS(std::isfinite(to_float(W[i])), "W_Q of q_head ", q_head, " holds ",
+                    to_float(W[i]), " at row ", i / d_model, ", column ", i % d_model);
   }
   for (int d = 0; b != nullptr && d < D; ++d) {
-    KVSCOUT_EXPECTS(std::isfinite(b[d]), "b_Q of q_head ", q_head, " holds ", b[d], " at ", d);
+    KVSCOUT_EXPECTS(std::isfinite(to_float(b[d])), "b_Q of q_head ", q_head, " holds ",
+                    to_float(b[d]), " at ", d);
   }
-  const auto bias_at = [&](int d) { return b == nullptr ? 0.0 : static_cast<double>(b[d]); };
+  const auto bias_at = [&](int d) {
+    return b == nullptr ? 0.0 : static_cast<double>(to_float(b[d]));
+  };
+  const auto widen = [](const In* src, std::size_t n, float* dst) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+  };
 
   partial_query_weights w;
   w.mode = plan.mode;
@@ -306,7 +337,8 @@ inline partial_query_weights make_partial_query_weights(const skew_plan& plan,
   w.rope = plan.rope;
   switch (plan.mode) {
     case rope_mode::post_rope_skew: {
-      w.weight.assign(W, W + head_elems);
+      w.weight.resize(head_elems);
+      widen(W, head_elems, w.weight.data());
       w.bias.resize(static_cast<std::size_t>(D));
       for (int d = 0; d < D; ++d) w.bias[d] = static_cast<float>(bias_at(d));
       w.rotation.resize(static_cast<std::size_t>(D) * r);
@@ -321,8 +353,8 @@ inline partial_query_weights make_partial_query_weights(const skew_plan& plan,
       w.bias.resize(static_cast<std::size_t>(r));
       for (int i = 0; i < r; ++i) {
         const int c = plan.channels[i];
-        const float* src = W + static_cast<std::size_t>(c) * d_model;
-        std::copy(src, src + d_model, w.weight.begin() + static_cast<std::ptrdiff_t>(i) * d_model);
+        widen(W + static_cast<std::size_t>(c) * d_model, static_cast<std::size_t>(d_model),
+              w.weight.data() + static_cast<std::size_t>(i) * d_model);
         w.bias[i] = static_cast<float>(bias_at(c));
       }
       w.planes = plan.planes;
@@ -339,8 +371,8 @@ inline partial_query_weights make_partial_query_weights(const skew_plan& plan,
         double bacc = 0.0;
         for (int d = 0; d < D; ++d) {
           const double a = plan.A[static_cast<std::size_t>(d) * D + c];
-          const float* row = W + static_cast<std::size_t>(d) * d_model;
-          for (int j = 0; j < d_model; ++j) acc[j] += a * row[j];
+          const In* row = W + static_cast<std::size_t>(d) * d_model;
+          for (int j = 0; j < d_model; ++j) acc[j] += a * to_float(row[j]);
           bacc += a * bias_at(d);
         }
         for (int j = 0; j < d_model; ++j)
@@ -354,6 +386,27 @@ inline partial_query_weights make_partial_query_weights(const skew_plan& plan,
                    "; supported: post_rope_skew, rope_planes, pre_rope_folded");
   }
   return w;
+}
+}  // namespace detail
+
+/// Builds the partial query weights of query head q_head from the model's query projection.
+///   W_Q [num_q_heads * head_dim, d_model] row-major (out x in, as PyTorch / GGUF store it);
+///   b_Q [num_q_heads * head_dim] or empty. Query head qh owns rows [qh * D, (qh + 1) * D).
+/// The plan must be the one of the kv head serving q_head (q_head / group under GQA). W_Q and b_Q
+/// may be float or the model's own half / bfloat16 (read as they are, widened exactly); the
+/// weights built are float (weights_as<W> narrows them).
+inline partial_query_weights make_partial_query_weights(const skew_plan& plan,
+                                                        host_span<const float> W_Q,
+                                                        host_span<const float> b_Q, int d_model,
+                                                        int q_head) {
+  return detail::make_partial_query_weights_from(plan, W_Q, b_Q, d_model, q_head);
+}
+template <compute_element In>
+  requires(!std::is_same_v<In, float>)
+partial_query_weights make_partial_query_weights(const skew_plan& plan, host_span<const In> W_Q,
+                                                 host_span<const In> b_Q, int d_model,
+                                                 int q_head) {
+  return detail::make_partial_query_weights_from(plan, W_Q, b_Q, d_model, q_head);
 }
 
 namespace detail {
@@ -389,8 +442,9 @@ inline void post_rope_skew_row(const float* y, const rope_config& rope, const fl
 /// The GEMV reads the head's weights once per 4 sequences (detail::dot_rows_multi): with a batch
 /// of sequences the weights, not the inputs, are the bytes that cost. Each sequence gets the bits
 /// partial_query gives it alone.
-inline void partial_queries(const partial_query_weights& w, const float* x, std::size_t ldx,
-                            int count, const rope_table* rt, float* q, std::size_t ldq) {
+template <compute_element W>
+void partial_queries(const basic_partial_query_weights<W>& w, const float* x, std::size_t ldx,
+                     int count, const rope_table* rt, float* q, std::size_t ldq) {
   KVSCOUT_EXPECTS(count >= 0, "partial_queries: count must be >= 0, got ", count);
   if (count == 0) return;
   KVSCOUT_EXPECTS(x != nullptr && q != nullptr,
@@ -412,7 +466,7 @@ inline void partial_queries(const partial_query_weights& w, const float* x, std:
   }
   const int n = w.d_model;
   const int r = w.r;
-  const float* W = w.weight.data();
+  const W* rows = w.weight.data();
   const float* bias = w.bias.data();
   switch (w.mode) {
     case rope_mode::post_rope_skew: {
@@ -428,7 +482,7 @@ inline void partial_queries(const partial_query_weights& w, const float* x, std:
       const int D = w.head_dim;
       for (int v0 = 0; v0 < count; v0 += block) {
         const int c = std::min(block, count - v0);
-        detail::dot_rows_multi(W, static_cast<std::size_t>(n), x + v0 * ldx, ldx, c, n, D, y[0],
+        detail::dot_rows_multi(rows, static_cast<std::size_t>(n), x + v0 * ldx, ldx, c, n, D, y[0],
                                2 * rope_table::max_planes);
         for (int v = 0; v < c; ++v) {
           for (int d = 0; d < D; ++d) y[v][d] += bias[d];
@@ -443,7 +497,7 @@ inline void partial_queries(const partial_query_weights& w, const float* x, std:
       const bool planes = w.mode == rope_mode::rope_planes;
       KVSCOUT_EXPECTS(!planes || w.planes.size() * 2 == static_cast<std::size_t>(r),
                       "partial_queries: ", w.planes.size(), " planes for r = ", r);
-      detail::dot_rows_multi(W, static_cast<std::size_t>(n), x, ldx, count, n, r, q, ldq);
+      detail::dot_rows_multi(rows, static_cast<std::size_t>(n), x, ldx, count, n, r, q, ldq);
       for (int v = 0; v < count; ++v) {
         float* qv = q + v * ldq;
         for (int i = 0; i < r; ++i) qv[i] += bias[i];
@@ -463,15 +517,18 @@ inline void partial_queries(const partial_query_weights& w, const float* x, std:
 
 /// The partial query q_partial[r] of one query head for one sequence, at the position whose
 /// rotation rt holds (unused by pre_rope_folded): partial_queries with count 1.
-inline void partial_query(const partial_query_weights& w, const float* x, const rope_table& rt,
-                          float* q_partial) {
+template <compute_element W>
+void partial_query(const basic_partial_query_weights<W>& w, const float* x, const rope_table& rt,
+                   float* q_partial) {
   partial_queries(w, x, static_cast<std::size_t>(w.d_model), 1, &rt, q_partial,
                   static_cast<std::size_t>(w.r));
 }
 
 /// As above, computing the rotation for `pos` (callers that score many heads at one position
 /// build the rope_table once and call the overload above).
-inline void partial_query(const partial_query_weights& w, const float* x, int pos, float* q_partial) {
+template <compute_element W>
+void partial_query(const basic_partial_query_weights<W>& w, const float* x, int pos,
+                   float* q_partial) {
   rope_table rt;
   if (w.mode != rope_mode::pre_rope_folded) rt.fill(w.rope, pos);
   partial_query(w, x, rt, q_partial);

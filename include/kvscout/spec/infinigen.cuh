@@ -44,7 +44,9 @@
 
 namespace kvscout {
 
-template <compute_element PkT = float>
+/// PkT: the partial keys' element type; WT: the partial query weights' (float, or the model's
+/// half / bfloat16: half the workspace and half the bytes the GEMV reads).
+template <compute_element PkT = float, compute_element WT = float>
 class infinigen_speculator_cuda {
  public:
   using config = infinigen_cuda_config;
@@ -54,20 +56,35 @@ class infinigen_speculator_cuda {
   /// Bytes of device workspace: weights, scratch and the partial key cache
   /// (layout: detail::infinigen_cuda_layout).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
-    return detail::infinigen_cuda_layout_of<PkT>(cfg).total;
+    return detail::infinigen_cuda_layout_of<PkT, WT>(cfg).total;
   }
   /// The alignment the workspace's address must have (cudaMalloc's 256).
   static constexpr std::size_t workspace_alignment = detail::infinigen_workspace_alignment;
 
   /// plans: one per kv head (mode, r, head_dim as in cfg); w_q [num_q_heads * head_dim, d_model],
-  /// b_q [num_q_heads * head_dim] or empty: the layer's query projection, read here only.
-  /// Builds the partial weights on the host (make_partial_query_weights) and copies them into the
-  /// workspace with a synchronous cudaMemcpy (setup only). The cache is not cleared: a token
-  /// must be appended before a length covers it.
+  /// b_q [num_q_heads * head_dim] or empty: the layer's query projection in float or the model's
+  /// own half / bfloat16, on the host, read here only. Builds the partial weights on the host
+  /// (make_partial_query_weights, then rounded once to WT) and copies them into the workspace
+  /// with a synchronous cudaMemcpy (setup only). The cache is not cleared: a token must be
+  /// appended before a length covers it.
   infinigen_speculator_cuda(const config& cfg, const std::vector<skew_plan>& plans,
                             host_span<const float> w_q, host_span<const float> b_q,
                             device_span<std::byte> workspace)
-      : cfg_(cfg), layout_(detail::infinigen_cuda_layout_of<PkT>(cfg)) {
+      : infinigen_speculator_cuda(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+  template <compute_element In>
+    requires(!std::is_same_v<In, float>)
+  infinigen_speculator_cuda(const config& cfg, const std::vector<skew_plan>& plans,
+                            host_span<const In> w_q, host_span<const In> b_q,
+                            device_span<std::byte> workspace)
+      : infinigen_speculator_cuda(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+
+ private:
+  struct build_tag {};
+  template <compute_element In>
+  infinigen_speculator_cuda(build_tag, const config& cfg, const std::vector<skew_plan>& plans,
+                            host_span<const In> w_q, host_span<const In> b_q,
+                            device_span<std::byte> workspace)
+      : cfg_(cfg), layout_(detail::infinigen_cuda_layout_of<PkT, WT>(cfg)) {
     detail::check_infinigen_cuda_workspace(workspace, layout_.total);
     detail::check_infinigen_cuda_plans(cfg, plans, w_q, b_q);
     base_ = workspace.data();
@@ -75,13 +92,15 @@ class infinigen_speculator_cuda {
     const int H = cfg.num_kv_heads, Hq = cfg.num_q_heads, g = Hq / H, D = cfg.head_dim, r = cfg.r;
     const std::size_t rows = static_cast<std::size_t>(layout_.rows);
     const std::size_t dm = static_cast<std::size_t>(cfg.d_model);
-    std::vector<float> weights(static_cast<std::size_t>(Hq) * rows * dm);
+    std::vector<WT> weights(static_cast<std::size_t>(Hq) * rows * dm);
     std::vector<float> bias(static_cast<std::size_t>(Hq) * rows);
     for (int qh = 0; qh < Hq; ++qh) {
-      const partial_query_weights w =
-          make_partial_query_weights(plans[static_cast<std::size_t>(qh / g)], w_q, b_q, cfg.d_model, qh);
-      std::memcpy(weights.data() + static_cast<std::size_t>(qh) * rows * dm, w.weight.data(),
-                  sizeof(float) * rows * dm);
+      const partial_query_weights w = detail::make_partial_query_weights_from(
+          plans[static_cast<std::size_t>(qh / g)], w_q, b_q, cfg.d_model, qh);
+      // Rounded once to WT, as the host policy's are.
+      const std::vector<WT> rounded = weights_as<WT>(w).weight;
+      std::memcpy(weights.data() + static_cast<std::size_t>(qh) * rows * dm, rounded.data(),
+                  sizeof(WT) * rows * dm);
       std::memcpy(bias.data() + static_cast<std::size_t>(qh) * rows, w.bias.data(),
                   sizeof(float) * rows);
     }
@@ -109,6 +128,8 @@ class infinigen_speculator_cuda {
     upload(layout_.channels, channels);
     upload(layout_.planes, planes);
   }
+
+ public:
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
   /// Whether append() takes keys after RoPE (post_rope_skew, rope_planes) or before it.
@@ -172,7 +193,7 @@ class infinigen_speculator_cuda {
     const int total_rows = p.num_q_heads * p.rows;
     const unsigned gemv_blocks =
         static_cast<unsigned>((total_rows + detail::spec_gemv_warps - 1) / detail::spec_gemv_warps);
-    detail::launch(detail::partial_query_gemv<PkT>, gemv_blocks, detail::spec_block_threads, 0,
+    detail::launch(detail::partial_query_gemv<PkT, WT>, gemv_blocks, detail::spec_block_threads, 0,
                    stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
     detail::launch(detail::partial_query_finish<PkT>, static_cast<unsigned>(p.num_seqs),
@@ -225,7 +246,7 @@ class infinigen_speculator_cuda {
   detail::infinigen_params<PkT> params(const device_spec_context& ctx,
                                        const device_score_buffer& out) const {
     detail::infinigen_params<PkT> p{};
-    p.weights = at<float>(layout_.weights);
+    p.weights = at<WT>(layout_.weights);
     p.bias = at<float>(layout_.bias);
     p.rotation = at<float>(layout_.rotation);
     p.channels = at<std::int32_t>(layout_.channels);
@@ -265,5 +286,6 @@ class infinigen_speculator_cuda {
 
 static_assert(device_speculation_policy<infinigen_speculator_cuda<float>>);
 static_assert(device_speculation_policy<infinigen_speculator_cuda<half>>);
+static_assert(device_speculation_policy<infinigen_speculator_cuda<half, bfloat16>>);
 
 }  // namespace kvscout

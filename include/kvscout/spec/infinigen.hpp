@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kvscout/cache/partial_key_cache.hpp"
@@ -29,29 +30,49 @@
 
 namespace kvscout {
 
-template <compute_element PkT = float>
+/// The shape of an infinigen_policy, whatever its element types.
+struct infinigen_config {
+  int num_layers = 0;
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int num_q_heads = 0;
+  int head_dim = 0;
+  int d_model = 0;
+  int max_tokens = 0;
+  float scale = 0.f;
+  gqa_aggregation aggregation = gqa_aggregation::max_logit;
+};
+
+/// PkT: the partial keys' element type; WT: the partial query weights' (float, or the model's
+/// half / bfloat16: half the bytes the per-step GEMV reads, and half the memory).
+template <compute_element PkT = float, compute_element WT = float>
 class infinigen_policy {
  public:
-  struct config {
-    int num_layers = 0;
-    int num_seqs = 0;
-    int num_kv_heads = 0;
-    int num_q_heads = 0;
-    int head_dim = 0;
-    int d_model = 0;
-    int max_tokens = 0;
-    float scale = 0.f;
-    gqa_aggregation aggregation = gqa_aggregation::max_logit;
-  };
+  using config = infinigen_config;
   using config_type = config;
   static constexpr bool needs_query = false;
 
   /// plans[layer] is empty (layer not speculated) or holds one plan per KV head, all with the
   /// same r. w_q[layer] / b_q[layer]: layer's W_Q [num_q_heads * head_dim, d_model] and bias
-  /// (may be empty); they are read here only, to build the partial weights.
+  /// (may be empty), float or the model's own half / bfloat16 (no float copy of the model is
+  /// needed); they are read here only, to build the partial weights.
   infinigen_policy(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
                    const std::vector<host_span<const float>>& w_q,
                    const std::vector<host_span<const float>>& b_q)
+      : infinigen_policy(build_tag{}, cfg, plans, w_q, b_q) {}
+  template <compute_element In>
+    requires(!std::is_same_v<In, float>)
+  infinigen_policy(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                   const std::vector<host_span<const In>>& w_q,
+                   const std::vector<host_span<const In>>& b_q)
+      : infinigen_policy(build_tag{}, cfg, plans, w_q, b_q) {}
+
+ private:
+  struct build_tag {};
+  template <compute_element In>
+  infinigen_policy(build_tag, const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                   const std::vector<host_span<const In>>& w_q,
+                   const std::vector<host_span<const In>>& b_q)
       : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.num_layers)) {
     detail::check_policy_sizes("infinigen_policy", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
                                cfg.max_tokens);
@@ -84,10 +105,16 @@ class infinigen_policy {
                             p.rope.theta == pl[0].rope.theta && p.rope.style == pl[0].rope.style,
                         "layer ", l, " mixes RoPE modes or configurations across kv heads");
       }
-      for (int qh = 0; qh < cfg.num_q_heads; ++qh)
-        st.weights.push_back(make_partial_query_weights(pl[static_cast<std::size_t>(qh / g)],
-                                                        w_q[static_cast<std::size_t>(l)],
-                                                        b_q[static_cast<std::size_t>(l)], cfg.d_model, qh));
+      for (int qh = 0; qh < cfg.num_q_heads; ++qh) {
+        partial_query_weights w = detail::make_partial_query_weights_from(
+            pl[static_cast<std::size_t>(qh / g)], w_q[static_cast<std::size_t>(l)],
+            b_q[static_cast<std::size_t>(l)], cfg.d_model, qh);
+        if constexpr (std::is_same_v<WT, float>) {
+          st.weights.push_back(std::move(w));
+        } else {
+          st.weights.push_back(weights_as<WT>(w));
+        }
+      }
       st.cache = partial_key_cache<PkT>(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
       r_max = std::max(r_max, st.r);
     }
@@ -96,6 +123,8 @@ class infinigen_policy {
     pk_.assign(static_cast<std::size_t>(std::max(r_max, 1)), 0.f);
     qm_.assign(static_cast<std::size_t>(std::max(r_max, 1)), 0.f);
   }
+
+ public:
 
   [[nodiscard]] bool tracks(int layer) const {
     return layer >= 0 && layer < cfg_.num_layers && !layers_[static_cast<std::size_t>(layer)].plans.empty();
@@ -168,7 +197,7 @@ class infinigen_policy {
  private:
   struct layer_state {
     std::vector<skew_plan> plans;                 // [num_kv_heads]
-    std::vector<partial_query_weights> weights;   // [num_q_heads]
+    std::vector<basic_partial_query_weights<WT>> weights;   // [num_q_heads]
     partial_key_cache<PkT> cache;
     int r = 0;
   };
@@ -348,5 +377,6 @@ class infinigen_policy {
 };
 
 static_assert(speculation_policy<infinigen_policy<>>);
+static_assert(speculation_policy<infinigen_policy<half, bfloat16>>);
 
 }  // namespace kvscout

@@ -91,7 +91,7 @@ inline constexpr int spec_max_grid_yz = 65535;    // kv heads (y) and sequences 
 inline constexpr std::size_t spec_max_group_smem = 32 * 1024;  // g * r floats in shared memory
 
 /// Where each part of the speculator's workspace lives (byte offsets, 256-byte aligned).
-///   weights   float [num_q_heads, rows, d_model]  partial W_Q rows (make_partial_query_weights)
+///   weights   WT [num_q_heads, rows, d_model]     partial W_Q rows (make_partial_query_weights)
 ///   bias      float [num_q_heads, rows]
 ///   rotation  float [num_kv_heads, head_dim, r]   A[:, S] per kv head (not for rope_planes)
 ///   channels  int32 [num_kv_heads, r]             S per kv head
@@ -150,7 +150,7 @@ inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
                   " bytes of shared memory a scoring block uses");
 }
 
-template <class PkT>
+template <class PkT, class WT = float>
 infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
   check_infinigen_cuda_config(c);
   infinigen_cuda_layout l;
@@ -169,7 +169,7 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
     return here;
   };
   const std::size_t rows = static_cast<std::size_t>(l.rows);
-  l.weights = take(sizeof(float) * Hq * rows * static_cast<std::size_t>(c.d_model));
+  l.weights = take(sizeof(WT) * Hq * rows * static_cast<std::size_t>(c.d_model));
   l.bias = take(sizeof(float) * Hq * rows);
   l.rotation = take(c.mode == rope_mode::rope_planes
                         ? 0
@@ -187,10 +187,11 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
 }
 
 /// The checks of the setup arguments: one plan per kv head, consistent with the config; W_Q and
-/// b_Q sizes (make_partial_query_weights checks their values).
-inline void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
-                                       const std::vector<skew_plan>& plans,
-                                       host_span<const float> w_q, host_span<const float> b_q) {
+/// b_Q sizes (make_partial_query_weights checks their values). In: float, half or bfloat16.
+template <class In = float>
+void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
+                                const std::vector<skew_plan>& plans, host_span<const In> w_q,
+                                host_span<const In> b_q) {
   KVSCOUT_EXPECTS(static_cast<int>(plans.size()) == c.num_kv_heads, "got ", plans.size(),
                   " skew plans, expected one per kv head (", c.num_kv_heads, ")");
   for (std::size_t h = 0; h < plans.size(); ++h) {
@@ -207,10 +208,10 @@ inline void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
   }
   const std::size_t w_need = static_cast<std::size_t>(c.num_q_heads) * c.head_dim * c.d_model;
   KVSCOUT_EXPECTS(w_q.size() == w_need, "W_Q holds ", w_q.size(),
-                  " floats, expected num_q_heads * head_dim * d_model = ", w_need);
+                  " elements, expected num_q_heads * head_dim * d_model = ", w_need);
   const std::size_t b_need = static_cast<std::size_t>(c.num_q_heads) * c.head_dim;
   KVSCOUT_EXPECTS(b_q.empty() || b_q.size() == b_need, "b_Q holds ", b_q.size(),
-                  " floats, expected 0 or num_q_heads * head_dim = ", b_need);
+                  " elements, expected 0 or num_q_heads * head_dim = ", b_need);
 }
 
 /// The speculator's workspace alignment: its parts start on 256-byte boundaries.

@@ -4,6 +4,8 @@
 //                        device pass of nvcc: <emmintrin.h>
 //   KVSCOUT_HOST_AVX512  1 where it also targets AVX-512F (e.g. -march=native on such a CPU),
 //                        and the file is not compiled by nvcc: <immintrin.h>
+//   KVSCOUT_HOST_F16C    1 where it targets F16C (x86-64-v3 and later), not under nvcc:
+//                        <immintrin.h>
 // GCC 12 reports a false "may be used uninitialized" inside its own _mm512_reduce_max_ps; the
 // warning is issued at the intrinsic's definition, so the header is included here, once, with
 // that warning silenced, before anything else can include it without.
@@ -26,7 +28,14 @@
 #define KVSCOUT_HOST_AVX512 0
 #endif
 
-#if KVSCOUT_HOST_AVX512
+// F16C (every x86-64-v3 target): the half <-> float conversions of the host GEMV.
+#if KVSCOUT_HOST_SSE2 && defined(__F16C__) && !defined(__CUDACC__)
+#define KVSCOUT_HOST_F16C 1
+#else
+#define KVSCOUT_HOST_F16C 0
+#endif
+
+#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_F16C
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

@@ -42,7 +42,9 @@ namespace kvscout::detail {
 template <class PkT>
 struct infinigen_params {
   // setup-time data (workspace)
-  const float* weights;     // [Hq, rows, d_model]
+  // [Hq, rows, d_model] of the speculator's weight type WT, which only partial_query_gemv<.., WT>
+  // reads (so the scoring kernels are not instantiated once per weight type).
+  const void* weights;
   const float* bias;        // [Hq, rows]
   const float* rotation;    // [H, D, r]
   const std::int32_t* channels;  // [H, r]
@@ -106,7 +108,7 @@ KVSCOUT_DEVICE float warp_sum(float v) {
 
 // ---- partial query ---------------------------------------------------------------------------
 
-template <class PkT>
+template <class PkT, class WT>
 __global__ void __launch_bounds__(spec_block_threads)
     partial_query_gemv(const __grid_constant__ infinigen_params<PkT> p) {
   constexpr int seq_chunk = 8;
@@ -114,14 +116,14 @@ __global__ void __launch_bounds__(spec_block_threads)
   const int row = static_cast<int>(blockIdx.x) * spec_gemv_warps + static_cast<int>(threadIdx.x) / 32;
   const int total_rows = p.num_q_heads * p.rows;
   if (row >= total_rows) return;  // whole warps leave; no block-wide synchronisation follows
-  const float* w = p.weights + static_cast<std::size_t>(row) * p.d_model;
+  const WT* w = static_cast<const WT*>(p.weights) + static_cast<std::size_t>(row) * p.d_model;
   for (int s0 = 0; s0 < p.num_seqs; s0 += seq_chunk) {
     const int ns = p.num_seqs - s0 < seq_chunk ? p.num_seqs - s0 : seq_chunk;
     float acc[seq_chunk];
 #pragma unroll
     for (int j = 0; j < seq_chunk; ++j) acc[j] = 0.f;
     for (int d = lane; d < p.d_model; d += 32) {
-      const float wv = w[d];
+      const float wv = to_float(w[d]);
 #pragma unroll
       for (int j = 0; j < seq_chunk; ++j) {
         if (j < ns) acc[j] += wv * p.x[static_cast<std::size_t>(s0 + j) * p.d_model + d];
