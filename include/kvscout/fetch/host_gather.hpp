@@ -91,12 +91,15 @@ inline void stream_fence() noexcept {
 #endif
 }
 
+// Locality 1 (prefetcht2). Every hint was within noise on an AMD EPYC; on an Intel Xeon the
+// non-temporal one (prefetchnta, used before) made the gather 2 to 3.5x slower, T0 about 25 %
+// slower, T1 the same as T2 (docs/performance.md, 2026-12-01).
 inline void prefetch_bytes(const std::byte* p, std::size_t bytes) noexcept {
 #if defined(__GNUC__) || defined(__clang__)
   constexpr std::size_t line = 64;
-  for (std::size_t o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 0, 0);
+  for (std::size_t o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 0, 1);
   // A row that does not start on a line may end on one more (e.g. 48-byte KIVI-2 records).
-  if (bytes % line != 0) __builtin_prefetch(p + bytes - 1, 0, 0);
+  if (bytes % line != 0) __builtin_prefetch(p + bytes - 1, 0, 1);
 #else
   (void)p, (void)bytes;
 #endif
