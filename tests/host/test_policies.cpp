@@ -496,6 +496,14 @@ TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of f
     for (std::size_t i = 0; i < w.size(); ++i) f[i] = kvscout::to_float(w[i]);
     return f;
   };
+  // src rounded to W (in) and those values back in float (out; may be src itself).
+  const auto round_to_w = [](const std::vector<float>& src, std::vector<W>& in,
+                             std::vector<float>& out) {
+    in.resize(src.size());
+    for (std::size_t i = 0; i < src.size(); ++i) in[i] = kvscout::from_float<W>(src[i]);
+    out.resize(src.size());
+    for (std::size_t i = 0; i < src.size(); ++i) out[i] = kvscout::to_float(in[i]);
+  };
   const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
     REQUIRE(a.size() == b.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
@@ -561,16 +569,10 @@ TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of f
       same_bits(q16, qf);
       // W_Q and b_Q given in W itself (the model's own tensors) build the weights a float W_Q
       // holding the same values builds, folded ones included.
-      std::vector<W> wq_in(wq.size()), bq_in(bq.size());
-      std::vector<float> wq_widened(wq.size()), bq_widened(bq.size());
-      for (std::size_t i = 0; i < wq.size(); ++i) {
-        wq_in[i] = kvscout::from_float<W>(wq[i]);
-        wq_widened[i] = kvscout::to_float(wq_in[i]);
-      }
-      for (std::size_t i = 0; i < bq.size(); ++i) {
-        bq_in[i] = kvscout::from_float<W>(bq[i]);
-        bq_widened[i] = kvscout::to_float(bq_in[i]);
-      }
+      std::vector<W> wq_in, bq_in;
+      std::vector<float> wq_widened, bq_widened;
+      round_to_w(wq, wq_in, wq_widened);
+      round_to_w(bq, bq_in, bq_widened);
       const auto from_w = kvscout::make_partial_query_weights(
           plans[1], kvscout::host_span<const W>(wq_in.data(), wq_in.size()),
           kvscout::host_span<const W>(bq_in.data(), bq_in.size()), d_model, 4);
@@ -586,16 +588,10 @@ TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of f
       // scores the bits of a float-weight policy over W_Q rounded to W (a model stored in W).
       // The bias is kept in float by every policy; here it holds values W represents, so that
       // a policy given W_Q and b_Q in W itself (the model's own tensors) can be compared too.
-      std::vector<float> wq_w(wq.size());
-      std::vector<W> wq_in(wq.size()), bq_in(bq.size());
-      for (std::size_t i = 0; i < wq.size(); ++i) {
-        wq_in[i] = kvscout::from_float<W>(wq[i]);
-        wq_w[i] = kvscout::to_float(wq_in[i]);
-      }
-      for (std::size_t i = 0; i < bq.size(); ++i) {
-        bq_in[i] = kvscout::from_float<W>(bq[i]);
-        bq[i] = kvscout::to_float(bq_in[i]);
-      }
+      std::vector<float> wq_w;
+      std::vector<W> wq_in, bq_in;
+      round_to_w(wq, wq_in, wq_w);
+      round_to_w(bq, bq_in, bq);  // bq itself now holds values W represents
       const kvscout::infinigen_config cfg{1, S, H, Hq, D, d_model, cap, 0.125f,
                                           kvscout::gqa_aggregation::max_logit};
       using narrow_t = kvscout::infinigen_policy<float, W>;
