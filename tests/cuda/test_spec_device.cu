@@ -301,6 +301,9 @@ template <class PkT, class WT = float>
 void all_shapes() {
   std::uint32_t seed = sizeof(PkT) * 1000 + (std::is_same_v<WT, float> ? 0 : sizeof(WT) * 100);
   for (const shape& sh : shapes()) {
+    // 2-byte weights change the GEMV only, not the scoring after it: one aggregation covers
+    // them (a third of the shapes; under ASan every case is costly).
+    if (!std::is_same_v<WT, float> && sh.agg != gqa_aggregation::max_logit) continue;
     run_case<PkT, WT>(sh, seed++);
   }
 }
