@@ -56,6 +56,18 @@ struct cache_fixture {
   }
 };
 
+// One calibrated plan per kv head from the same query / key samples (200 of each), in `mode`.
+std::vector<kvscout::skew_plan> calibrated_plans(const std::vector<float>& qs,
+                                                 const std::vector<float>& ks, int H, int g, int r,
+                                                 kvscout::rope_mode mode,
+                                                 const kvscout::rope_config& rope) {
+  std::vector<kvscout::skew_plan> plans;
+  for (int h = 0; h < H; ++h)
+    plans.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200,
+                                            g, D, {r, false, mode, rope}));
+  return plans;
+}
+
 kvscout::score_buffer buffer_for(std::vector<float>& scores, int S, int H, int stride) {
   scores.assign(static_cast<std::size_t>(S) * H * stride, std::numeric_limits<float>::quiet_NaN());
   return {{scores.data(), scores.size()}, S, H, stride};
@@ -446,10 +458,7 @@ TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
   for (auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes,
                     kvscout::rope_mode::pre_rope_folded}) {
     CAPTURE(kvscout::to_string(mode));
-    std::vector<kvscout::skew_plan> plans;
-    for (int h = 0; h < H; ++h)
-      plans.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200,
-                                              g, D, {r, false, mode, rope}));
+    const std::vector<kvscout::skew_plan> plans = calibrated_plans(qs, ks, H, g, r, mode, rope);
     const auto make = [&](int seqs) {
       return policy({1, seqs, H, Hq, D, d_model, cap, 0.125f, kvscout::gqa_aggregation::max_logit},
                     {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}});
@@ -547,10 +556,7 @@ TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of f
   for (auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes,
                     kvscout::rope_mode::pre_rope_folded}) {
     CAPTURE(kvscout::to_string(mode));
-    std::vector<kvscout::skew_plan> plans;
-    for (int h = 0; h < H; ++h)
-      plans.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200,
-                                              g, D, {r, false, mode, rope}));
+    const std::vector<kvscout::skew_plan> plans = calibrated_plans(qs, ks, H, g, r, mode, rope);
     SECTION(std::string("partial_queries, ") + kvscout::to_string(mode)) {
       const auto w = kvscout::make_partial_query_weights(plans[0], {wq.data(), wq.size()},
                                                          {bq.data(), bq.size()}, d_model, 1);
