@@ -19,6 +19,9 @@
 //   BM_speculation_batch    score() of a batch of 8 sequences of 4k tokens in one call (each
 //                           head's weights brought in once for the batch), both modes
 //   BM_stream_batch         its anchor: one read of the batch's partial keys, 0 / 16 KiB ahead
+//   BM_speculation_decode_order  score() of 30 layers in turn at 4k tokens, as a decode step
+//                           runs them (each layer's bytes evicted from L2 by the others)
+//   BM_stream_decode_order  its anchor: the 30 layers' partial keys read in turn
 
 #include <benchmark/benchmark.h>
 
@@ -37,12 +40,14 @@ namespace {
 
 constexpr int d_model = 576, Hq = 9, H = 3, D = 64, r = 16;
 
-kvscout::skew_plan make_plan(kvscout::rope_mode mode) {
-  // A valid plan for timing: identity skew, channels 0..r-1 (planes 0..r/2-1 for rope_planes).
+kvscout::skew_plan make_plan(kvscout::rope_mode mode, int kv_head) {
+  // A valid plan for timing: identity skew, channels 0..r-1; for rope_planes, kv head h keeps
+  // planes [h * r/2, (h + 1) * r/2): disjoint, so a step rotates 24 of the 32 planes (calibrated
+  // heads share some planes; this is the costlier case).
   const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
   if (mode == kvscout::rope_mode::rope_planes) {
     std::vector<int> planes(r / 2);
-    std::iota(planes.begin(), planes.end(), 0);
+    std::iota(planes.begin(), planes.end(), kv_head * (r / 2) % (D / 2));
     return kvscout::rope_planes_plan(rope, std::move(planes));
   }
   kvscout::skew_plan p;
@@ -62,29 +67,34 @@ struct fixture {
   std::vector<float> wq, x, scores;
   std::vector<int32_t> lens, pos;
   std::unique_ptr<kvscout::infinigen_policy<float, WT>> policy;
-  int n, seqs;
+  int n, seqs, layers;
 
   fixture(int tokens, kvscout::rope_mode mode,
-          kvscout::gqa_aggregation agg = kvscout::gqa_aggregation::max_logit, int num_seqs = 1)
-      : n(tokens), seqs(num_seqs) {
+          kvscout::gqa_aggregation agg = kvscout::gqa_aggregation::max_logit, int num_seqs = 1,
+          int num_layers = 1)
+      : n(tokens), seqs(num_seqs), layers(num_layers) {
     std::mt19937 rng(42);
     std::normal_distribution<float> nd(0.f, 1.f);
     wq.resize(static_cast<std::size_t>(Hq) * D * d_model);
     for (auto& w : wq) w = nd(rng) * 0.04f;
     x.resize(static_cast<std::size_t>(seqs) * d_model);
     for (auto& v : x) v = nd(rng);
-    std::vector<kvscout::skew_plan> plans(H, make_plan(mode));
-    kvscout::infinigen_config cfg{1, seqs, H, Hq, D, d_model, n, 0.125f, agg};
+    std::vector<kvscout::skew_plan> plans;
+    for (int h = 0; h < H; ++h) plans.push_back(make_plan(mode, h));
+    // Every layer builds its own partial weights and keys (its own memory) from the same W_Q.
+    const auto L = static_cast<std::size_t>(layers);
+    kvscout::infinigen_config cfg{layers, seqs, H, Hq, D, d_model, n, 0.125f, agg};
     policy = std::make_unique<kvscout::infinigen_policy<float, WT>>(
-        cfg, std::vector<std::vector<kvscout::skew_plan>>{plans},
-        std::vector<kvscout::host_span<const float>>{{wq.data(), wq.size()}},
-        std::vector<kvscout::host_span<const float>>{{}});
+        cfg, std::vector<std::vector<kvscout::skew_plan>>(L, plans),
+        std::vector<kvscout::host_span<const float>>(L, {wq.data(), wq.size()}),
+        std::vector<kvscout::host_span<const float>>(L, kvscout::host_span<const float>{}));
     std::vector<float> k(static_cast<std::size_t>(H) * D);
-    for (int s = 0; s < seqs; ++s)
-      for (int t = 0; t < n; ++t) {
-        for (auto& v : k) v = nd(rng);
-        policy->append(0, s, t, k.data(), k.data());
-      }
+    for (int l = 0; l < layers; ++l)
+      for (int s = 0; s < seqs; ++s)
+        for (int t = 0; t < n; ++t) {
+          for (auto& v : k) v = nd(rng);
+          policy->append(l, s, t, k.data(), k.data());
+        }
     scores.assign(static_cast<std::size_t>(seqs) * H * n, 0.f);
     lens.assign(static_cast<std::size_t>(seqs), n);
     pos.resize(static_cast<std::size_t>(seqs));
@@ -139,6 +149,43 @@ void BM_speculation_mean(benchmark::State& state) {
   run_speculation(state, kvscout::rope_mode::rope_planes, kvscout::gqa_aggregation::mean_logit);
 }
 
+// A decode step's speculation in the order a model runs it: score() of each of SmolLM2-135M's 30
+// layers in turn, every layer with its own partial weights and keys. Between two visits of a
+// layer the other 29 have passed through the caches, so its bytes come from L3 or memory, not
+// from L2 as in BM_speculation (30 x 1.1 MB at 4k tokens; this machine's L2 is 2 MiB per core).
+// Time and bytes are for the whole step; BM_stream_decode_order is its anchor (each layer's partial
+// keys read in turn). Arguments: n, mode, and bf16 (1: the partial W_Q rows in bfloat16).
+constexpr int decode_layers = 30;
+
+template <class WT>
+void run_decode_order(benchmark::State& state) {
+  const auto mode = state.range(1) == 0 ? kvscout::rope_mode::post_rope_skew
+                                        : kvscout::rope_mode::rope_planes;
+  fixture<WT> f(static_cast<int>(state.range(0)), mode, kvscout::gqa_aggregation::max_logit, 1,
+                decode_layers);
+  const kvscout::spec_context ctx{
+      {f.x.data(), f.x.size()}, {}, {f.pos.data(), 1}, {f.lens.data(), 1}};
+  const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, 1, H, f.n};
+  for (auto _ : state) {
+    for (int l = 0; l < decode_layers; ++l) {
+      f.policy->score(l, ctx, out);
+      benchmark::DoNotOptimize(f.scores.data());
+      benchmark::ClobberMemory();
+    }
+  }
+  state.SetBytesProcessed(
+      static_cast<std::int64_t>(state.iterations() * decode_layers * f.key_bytes()));
+  state.counters["layers"] = decode_layers;
+}
+
+void BM_speculation_decode_order(benchmark::State& state) {
+  if (state.range(2) == 0) {
+    run_decode_order<float>(state);
+  } else {
+    run_decode_order<kvscout::bfloat16>(state);
+  }
+}
+
 // One pass over the partial keys: four independent 16-wide sums (64 bytes each), so the read, not
 // the adds, sets the pace; with a software prefetch `ahead` bytes ahead of the read where ahead > 0
 // (from memory the hardware prefetchers alone leave bandwidth unused; the scoring loop prefetches
@@ -179,6 +226,26 @@ void BM_stream_partial_keys(benchmark::State& state) {
 
 void BM_stream_batch(benchmark::State& state) {
   stream_keys(state, static_cast<int>(state.range(1)), static_cast<std::size_t>(state.range(2)));
+}
+
+// BM_speculation_decode_order's anchor: the 30 layers' partial keys read in the same order.
+void BM_stream_decode_order(benchmark::State& state) {
+  const auto ahead = static_cast<std::size_t>(state.range(1)) / sizeof(float);
+  fixture<> f(static_cast<int>(state.range(0)), kvscout::rope_mode::rope_planes,
+              kvscout::gqa_aggregation::max_logit, 1, decode_layers);
+  const std::size_t count = f.key_bytes() / sizeof(float);
+  for (auto _ : state)
+    for (int l = 0; l < decode_layers; ++l) {
+      const float* p = f.policy->keys(l).tile(0, 0, 0);
+      if (ahead > 0) {
+        stream_once<true>(p, count, ahead);
+      } else {
+        stream_once<false>(p, count, 0);
+      }
+    }
+  state.SetBytesProcessed(
+      static_cast<std::int64_t>(state.iterations() * decode_layers * f.key_bytes()));
+  state.counters["layers"] = decode_layers;
 }
 
 // The compute roof of scoring: exactly the multiply-adds that scoring does with max_logit (r * g
@@ -224,6 +291,14 @@ BENCHMARK(BM_speculation_bf16_weights)
 BENCHMARK(BM_speculation_batch)
     ->ArgNames({"n", "seqs", "mode"})
     ->ArgsProduct({{4096}, {8}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_speculation_decode_order)
+    ->ArgNames({"n", "mode", "bf16"})
+    ->ArgsProduct({{4096}, {0, 1}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_stream_decode_order)
+    ->ArgNames({"n", "ahead"})
+    ->ArgsProduct({{4096}, {0, 8192}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_stream_batch)
     ->ArgNames({"n", "seqs", "ahead"})

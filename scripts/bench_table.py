@@ -184,6 +184,31 @@ def speculation_section(res):
                 lines.append(f"| {n} | {b} | {m0['time']:.1f} | {m1['time']:.1f} | "
                              f"{st['time']:.1f} | "
                              f"{m0['gbps'] / st['gbps']:.2f} | {m1['gbps'] / st['gbps']:.2f} |")
+    decode = sorted({r["fields"]["n"] for r in res
+                     if r["family"] == "BM_speculation_decode_order"})
+    if decode:
+        lines += ["", "A decode step's speculation in model order: score() of each of 30 layers in "
+                  "turn (every layer its own weights and keys, so each layer's bytes come from "
+                  "L3 or memory, not L2), against the 30 layers' partial keys read in turn "
+                  "(fastest prefetch distance). Microseconds per layer.", "",
+                  "| n | weights | post_rope_skew us | rope_planes us | stream us | "
+                  "post_rope / stream | rope_planes / stream |",
+                  "|---:|:--|---:|---:|---:|---:|---:|"]
+        for n in decode:
+            streams = [r for r in res if r["family"] == "BM_stream_decode_order"
+                       and r["fields"].get("n") == n]
+            if not streams:
+                continue
+            st = max(streams, key=lambda r: r["gbps"])
+            layers = st["counters"].get("layers", 30)
+            for bf, name in ((0, "float"), (1, "bf16")):
+                m0 = find(res, "BM_speculation_decode_order", n=n, mode=0, bf16=bf)
+                m1 = find(res, "BM_speculation_decode_order", n=n, mode=1, bf16=bf)
+                if not (m0 and m1):
+                    continue
+                lines.append(f"| {n} | {name} | {m0['time'] / layers:.1f} | "
+                             f"{m1['time'] / layers:.1f} | {st['time'] / layers:.1f} | "
+                             f"{m0['gbps'] / st['gbps']:.2f} | {m1['gbps'] / st['gbps']:.2f} |")
     targets = [("host_speculation_vs_stream", min(ratios), ">=", 0.7)] if ratios else []
     return lines, targets
 

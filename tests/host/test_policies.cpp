@@ -426,6 +426,55 @@ TEST_CASE("dot_rows_multi gives every (row, vector) the bits of dot", "[spec][ge
       }
 }
 
+TEST_CASE("infinigen, RoPE planes: each kv head's queries rotate its own planes",
+          "[spec][infinigen]") {
+  // score() computes the rotation of only the planes some kv head's plan uses (their union); a
+  // head whose planes were left out would score NaN, one given another head's angles would score
+  // wrongly. Heads with disjoint, overlapping and shared planes, against partial_query over a
+  // full rope_table and the cache's own partial keys (fp64 dot products).
+  const int H = 3, g = 2, Hq = H * g, d_model = 48, r = 8, n = 40, pos = 5000;
+  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::interleaved};
+  const std::vector<std::vector<int>> head_planes{{0, 5, 9, 31}, {2, 5, 17, 30}, {0, 5, 9, 31}};
+  std::vector<kvscout::skew_plan> plans;
+  for (const auto& hp : head_planes) plans.push_back(kvscout::rope_planes_plan(rope, hp));
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> wq(static_cast<std::size_t>(Hq) * D * d_model), bq(Hq * D), x(d_model);
+  for (auto& w : wq) w = nd(rng) / 8.f;
+  for (auto& w : bq) w = 0.1f * nd(rng);
+  for (auto& w : x) w = nd(rng);
+  const kvscout::host_span<const float> W_Q(wq.data(), wq.size()), b_Q(bq.data(), bq.size());
+  kvscout::infinigen_policy<> p({1, 1, H, Hq, D, d_model, n, 0.125f,
+                                 kvscout::gqa_aggregation::max_logit},
+                                {plans}, {W_Q}, {b_Q});
+  std::vector<float> k(static_cast<std::size_t>(H) * D);
+  for (int t = 0; t < n; ++t) {
+    for (auto& v : k) v = nd(rng);
+    p.append(0, 0, t, k.data(), k.data());
+  }
+  std::vector<int32_t> lens{n}, ps{pos};
+  std::vector<float> scores;
+  const auto out = buffer_for(scores, 1, H, n);
+  p.score(0, {{x.data(), x.size()}, {}, {ps.data(), 1}, {lens.data(), 1}}, out);
+  kvscout::rope_table rt;
+  rt.fill(rope, pos);
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < n; ++t) {
+      CAPTURE(h, t);
+      double want = -INFINITY;
+      for (int j = 0; j < g; ++j) {
+        const auto w = kvscout::make_partial_query_weights(plans[h], W_Q, b_Q, d_model, h * g + j);
+        std::vector<float> q(r);
+        kvscout::partial_query(w, x.data(), rt, q.data());
+        double d = 0;
+        for (int c = 0; c < r; ++c)
+          d += static_cast<double>(q[c]) * kvscout::to_float(p.keys(0).at(0, h, c, t));
+        want = std::max(want, d * 0.125);
+      }
+      REQUIRE(out.row(0, h)[t] == Approx(want).margin(1e-5).epsilon(1e-5));
+    }
+}
+
 TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
           "[spec][infinigen]") {
   // score() computes the partial queries of up to 8 sequences together (each head's weights read

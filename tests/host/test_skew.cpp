@@ -790,6 +790,74 @@ TEST_CASE("partial_queries rejects bad counts, strides and rotations, naming the
   CHECK(std::none_of(out.begin(), out.begin() + 32, [](float v) { return std::isnan(v); }));
 }
 
+TEST_CASE("rope_table::fill of some planes: fill()'s bits for those, NaN for the rest",
+          "[skew][rope]") {
+  for (const auto style : {rope_style::split_half, rope_style::interleaved}) {
+    const kvscout::rope_config c{.head_dim = 128, .theta = 500000.f, .style = style};
+    for (const int pos : {0, 1, 4097, 131071}) {
+      CAPTURE(static_cast<int>(style), pos);
+      kvscout::rope_table all, some;
+      all.fill(c, pos);
+      const std::vector<int> only{63, 0, 17, 17, 5};  // any order, repeats allowed
+      some.fill(c, pos, only.data(), static_cast<int>(only.size()));
+      REQUIRE(some.planes == all.planes);
+      for (int j = 0; j < all.planes; ++j) {
+        CAPTURE(j);
+        if (std::find(only.begin(), only.end(), j) != only.end()) {
+          REQUIRE(std::bit_cast<std::uint32_t>(some.cs[j]) ==
+                  std::bit_cast<std::uint32_t>(all.cs[j]));
+          REQUIRE(std::bit_cast<std::uint32_t>(some.sn[j]) ==
+                  std::bit_cast<std::uint32_t>(all.sn[j]));
+        } else {
+          REQUIRE((std::isnan(some.cs[j]) && std::isnan(some.sn[j])));
+        }
+      }
+      // A table refilled with fewer planes forgets the others.
+      const int one = 17;
+      some.fill(c, pos, &one, 1);
+      REQUIRE(std::isnan(some.cs[63]));
+      REQUIRE(std::bit_cast<std::uint32_t>(some.cs[17]) ==
+              std::bit_cast<std::uint32_t>(all.cs[17]));
+    }
+  }
+  // A table keeps its inverse frequencies while head_dim and theta stay; a change of either
+  // must recompute them: a table refilled across configurations holds a fresh table's bits.
+  {
+    const kvscout::rope_config a{.head_dim = 64, .theta = 10000.f};
+    const kvscout::rope_config b{.head_dim = 128, .theta = 10000.f};
+    const kvscout::rope_config d{.head_dim = 128, .theta = 1000000.f};
+    kvscout::rope_table reused;
+    for (const auto& c : {a, b, d, a, d, b}) {
+      CAPTURE(c.head_dim, c.theta);
+      reused.fill(c, 3001);
+      kvscout::rope_table fresh;
+      fresh.fill(c, 3001);
+      REQUIRE(reused.planes == c.head_dim / 2);
+      for (int j = 0; j < reused.planes; ++j) {
+        REQUIRE(std::bit_cast<std::uint32_t>(reused.cs[j]) ==
+                std::bit_cast<std::uint32_t>(fresh.cs[j]));
+        REQUIRE(std::bit_cast<std::uint32_t>(reused.sn[j]) ==
+                std::bit_cast<std::uint32_t>(fresh.sn[j]));
+        float cs, sn;  // and rope_cos_sin's, from rope_angle
+        kvscout::rope_cos_sin(c, j, 3001, cs, sn);
+        REQUIRE(std::bit_cast<std::uint32_t>(reused.cs[j]) == std::bit_cast<std::uint32_t>(cs));
+        REQUIRE(std::bit_cast<std::uint32_t>(reused.sn[j]) == std::bit_cast<std::uint32_t>(sn));
+      }
+    }
+  }
+  const kvscout::rope_config c{.head_dim = 64};
+  kvscout::rope_table rt;
+  const std::vector<int> bad{3, 32};
+  CHECK_THROWS_WITH(rt.fill(c, 9, bad.data(), 2),
+                    Catch::Contains("plane 32 (entry 1) is outside [0, 32)"));
+  const int neg = -1;
+  CHECK_THROWS_WITH(rt.fill(c, 9, &neg, 1), Catch::Contains("plane -1 (entry 0)"));
+  CHECK_THROWS_WITH(rt.fill(c, 9, bad.data(), -2), Catch::Contains("-2 planes"));
+  CHECK_THROWS_WITH(rt.fill(c, 9, nullptr, 2), Catch::Contains("2 planes at"));
+  CHECK_NOTHROW(rt.fill(c, 9, nullptr, 0));
+  REQUIRE(std::isnan(rt.cs[0]));
+}
+
 TEST_CASE("the usage examples of skew/calibrate.hpp and skew/plan.hpp run", "[skew]") {
   const int n = 32, g = 3, D = 64, d_model = 32, q_head = 4, kv_head = 1, layer = 0, pos = 900;
   const kvscout::rope_config model_rope{.head_dim = D, .theta = 500000.f,

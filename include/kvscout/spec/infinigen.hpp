@@ -115,6 +115,13 @@ class infinigen_policy {
           st.weights.push_back(weights_as<WT>(w));
         }
       }
+      if (st.plans[0].mode == rope_mode::rope_planes) {
+        for (const auto& p : pl) st.rope_planes.insert(st.rope_planes.end(), p.planes.begin(),
+                                                       p.planes.end());
+        std::sort(st.rope_planes.begin(), st.rope_planes.end());
+        st.rope_planes.erase(std::unique(st.rope_planes.begin(), st.rope_planes.end()),
+                             st.rope_planes.end());
+      }
       st.cache = partial_key_cache<PkT>(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
       r_max = std::max(r_max, st.r);
     }
@@ -167,14 +174,22 @@ class infinigen_policy {
     // Sequences in blocks of query_block: the partial queries of the whole block first, head by
     // head, so each head's weights come from memory once per block (partial_queries rereads
     // them from L2: per 4 sequences with AVX-512, per sequence otherwise), then the block's rows.
-    // Each sequence's RoPE rotation is computed once for all heads.
+    // Each sequence's RoPE rotation is computed once for all heads, for the planes they use.
     const bool rope = st.plans[0].mode != rope_mode::pre_rope_folded;
+    const bool some_planes = !st.rope_planes.empty();
     const std::size_t ldq = static_cast<std::size_t>(Hq) * r;
     for (int s0 = 0; s0 < S; s0 += query_block) {
       const int count = std::min(query_block, S - s0);
       if (rope)
-        for (int v = 0; v < count; ++v)
-          rope_[static_cast<std::size_t>(v)].fill(st.plans[0].rope, ctx.positions[s0 + v]);
+        for (int v = 0; v < count; ++v) {
+          rope_table& rt = rope_[static_cast<std::size_t>(v)];
+          if (some_planes) {
+            rt.fill(st.plans[0].rope, ctx.positions[s0 + v], st.rope_planes.data(),
+                    static_cast<int>(st.rope_planes.size()));
+          } else {
+            rt.fill(st.plans[0].rope, ctx.positions[s0 + v]);
+          }
+        }
       const float* x = ctx.x.data() + static_cast<std::size_t>(s0) * cfg_.d_model;
       for (int qh = 0; qh < Hq; ++qh) {
         // Pre-multiplied by the attention scale.
@@ -200,6 +215,9 @@ class infinigen_policy {
     std::vector<basic_partial_query_weights<WT>> weights;   // [num_q_heads]
     partial_key_cache<PkT> cache;
     int r = 0;
+    // rope_planes mode: the planes the kv heads' plans rotate (sorted, unique), the only ones
+    // score() computes a rotation for; empty in the other modes (every plane, or none).
+    std::vector<int> rope_planes;
   };
 
   void check_layer(int layer) const {
