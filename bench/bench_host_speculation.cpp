@@ -22,6 +22,7 @@
 //   BM_speculation_decode_order  score() of 30 layers in turn at 4k tokens, as a decode step
 //                           runs them (each layer's bytes evicted from L2 by the others)
 //   BM_stream_decode_order  its anchor: the 30 layers' partial keys read in turn
+//   BM_rope_table_fill      a step's RoPE table alone (reference: its share of the 4k step)
 
 #include <benchmark/benchmark.h>
 
@@ -39,6 +40,7 @@
 namespace {
 
 constexpr int d_model = 576, Hq = 9, H = 3, D = 64, r = 16;
+static_assert(H * (r / 2) <= D / 2, "make_plan gives the kv heads disjoint RoPE planes");
 
 kvscout::skew_plan make_plan(kvscout::rope_mode mode, int kv_head) {
   // A valid plan for timing: identity skew, channels 0..r-1; for rope_planes, kv head h keeps
@@ -47,7 +49,7 @@ kvscout::skew_plan make_plan(kvscout::rope_mode mode, int kv_head) {
   const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
   if (mode == kvscout::rope_mode::rope_planes) {
     std::vector<int> planes(r / 2);
-    std::iota(planes.begin(), planes.end(), kv_head * (r / 2) % (D / 2));
+    std::iota(planes.begin(), planes.end(), kv_head * (r / 2));
     return kvscout::rope_planes_plan(rope, std::move(planes));
   }
   kvscout::skew_plan p;
@@ -204,20 +206,23 @@ void stream_once(const float* p, std::size_t count, std::size_t ahead) {
   benchmark::DoNotOptimize(acc);
 }
 
-void stream_keys(benchmark::State& state, int seqs, std::size_t ahead_bytes) {
+// Each layer's partial keys in turn: the seqs x H rows of n tokens, contiguous per layer.
+void stream_keys(benchmark::State& state, int seqs, std::size_t ahead_bytes, int layers = 1) {
   const auto ahead = ahead_bytes / sizeof(float);
   fixture<> f(static_cast<int>(state.range(0)), kvscout::rope_mode::post_rope_skew,
-              kvscout::gqa_aggregation::max_logit, seqs);
-  const float* p = f.policy->keys(0).tile(0, 0, 0);  // the seqs x H rows of n tokens, contiguous
+              kvscout::gqa_aggregation::max_logit, seqs, layers);
   const std::size_t count = f.key_bytes() / sizeof(float);
-  for (auto _ : state) {
-    if (ahead > 0) {
-      stream_once<true>(p, count, ahead);
-    } else {
-      stream_once<false>(p, count, 0);
+  for (auto _ : state)
+    for (int l = 0; l < layers; ++l) {
+      const float* p = f.policy->keys(l).tile(0, 0, 0);
+      if (ahead > 0) {
+        stream_once<true>(p, count, ahead);
+      } else {
+        stream_once<false>(p, count, 0);
+      }
     }
-  }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.key_bytes()));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * layers * f.key_bytes()));
+  state.counters["layers"] = layers;
 }
 
 void BM_stream_partial_keys(benchmark::State& state) {
@@ -230,22 +235,34 @@ void BM_stream_batch(benchmark::State& state) {
 
 // BM_speculation_decode_order's anchor: the 30 layers' partial keys read in the same order.
 void BM_stream_decode_order(benchmark::State& state) {
-  const auto ahead = static_cast<std::size_t>(state.range(1)) / sizeof(float);
-  fixture<> f(static_cast<int>(state.range(0)), kvscout::rope_mode::rope_planes,
-              kvscout::gqa_aggregation::max_logit, 1, decode_layers);
-  const std::size_t count = f.key_bytes() / sizeof(float);
-  for (auto _ : state)
-    for (int l = 0; l < decode_layers; ++l) {
-      const float* p = f.policy->keys(l).tile(0, 0, 0);
-      if (ahead > 0) {
-        stream_once<true>(p, count, ahead);
-      } else {
-        stream_once<false>(p, count, 0);
-      }
+  stream_keys(state, 1, static_cast<std::size_t>(state.range(1)), decode_layers);
+}
+
+// A RoPE table of head_dim 64 filled for one position (advancing), every plane with its
+// inverse frequency computed in the fill (planes 32, from_config 1), every plane from
+// frequencies computed beforehand (32, 0: what the policy does in post_rope_skew), or only 24 or
+// 8 planes (what it does in rope_planes: the union of the kv heads' planes). For reference, no
+// anchor: how much of a 4k step the table costs.
+void BM_rope_table_fill(benchmark::State& state) {
+  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  const kvscout::rope_frequencies freq(rope);
+  const int planes = static_cast<int>(state.range(0));
+  std::vector<int> only(static_cast<std::size_t>(planes));
+  std::iota(only.begin(), only.end(), 0);
+  kvscout::rope_table t;
+  int pos = 4096;
+  for (auto _ : state) {
+    if (state.range(1) != 0) {
+      t.fill(rope, pos);
+    } else if (planes == D / 2) {
+      t.fill(freq, pos);
+    } else {
+      t.fill(freq, pos, only.data(), planes);
     }
-  state.SetBytesProcessed(
-      static_cast<std::int64_t>(state.iterations() * decode_layers * f.key_bytes()));
-  state.counters["layers"] = decode_layers;
+    benchmark::DoNotOptimize(t.cs);
+    benchmark::ClobberMemory();
+    ++pos;
+  }
 }
 
 // The compute roof of scoring: exactly the multiply-adds that scoring does with max_logit (r * g
@@ -300,6 +317,13 @@ BENCHMARK(BM_stream_decode_order)
     ->ArgNames({"n", "ahead"})
     ->ArgsProduct({{4096}, {0, 8192}})
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rope_table_fill)
+    ->ArgNames({"planes", "from_config"})
+    ->Args({32, 1})
+    ->Args({32, 0})
+    ->Args({24, 0})
+    ->Args({8, 0})
+    ->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_stream_batch)
     ->ArgNames({"n", "seqs", "ahead"})
     ->ArgsProduct({{4096}, {8}, {0, 16384}})

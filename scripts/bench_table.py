@@ -187,10 +187,10 @@ def speculation_section(res):
     decode = sorted({r["fields"]["n"] for r in res
                      if r["family"] == "BM_speculation_decode_order"})
     if decode:
-        lines += ["", "A decode step's speculation in model order: score() of each of 30 layers in "
-                  "turn (every layer its own weights and keys, so each layer's bytes come from "
-                  "L3 or memory, not L2), against the 30 layers' partial keys read in turn "
-                  "(fastest prefetch distance). Microseconds per layer.", "",
+        lines += ["", "A decode step's speculation in model order: score() of each of 30",
+                  "layers in turn (every layer its own weights and keys, so each layer's bytes",
+                  "come from L3 or memory, not L2), against the 30 layers' partial keys read in",
+                  "turn (fastest prefetch distance). Microseconds per layer.", "",
                   "| n | weights | post_rope_skew us | rope_planes us | stream us | "
                   "post_rope / stream | rope_planes / stream |",
                   "|---:|:--|---:|---:|---:|---:|---:|"]

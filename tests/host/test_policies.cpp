@@ -428,15 +428,24 @@ TEST_CASE("dot_rows_multi gives every (row, vector) the bits of dot", "[spec][ge
 
 TEST_CASE("infinigen, RoPE planes: each kv head's queries rotate its own planes",
           "[spec][infinigen]") {
-  // score() computes the rotation of only the planes some kv head's plan uses (their union); a
-  // head whose planes were left out would score NaN, one given another head's angles would score
-  // wrongly. Heads with disjoint, overlapping and shared planes, against partial_query over a
-  // full rope_table and the cache's own partial keys (fp64 dot products).
-  const int H = 3, g = 2, Hq = H * g, d_model = 48, r = 8, n = 40, pos = 5000;
-  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::interleaved};
-  const std::vector<std::vector<int>> head_planes{{0, 5, 9, 31}, {2, 5, 17, 30}, {0, 5, 9, 31}};
-  std::vector<kvscout::skew_plan> plans;
-  for (const auto& hp : head_planes) plans.push_back(kvscout::rope_planes_plan(rope, hp));
+  // score() computes the rotation of only the planes some kv head's plan uses (their union, per
+  // layer, from the layer's own RoPE); a head whose planes were left out would score NaN, one
+  // given another head's or another layer's angles would score wrongly. Three layers, scored in
+  // the order 0, 1, 0, 2, 1: heads with disjoint, overlapping and shared planes, two thetas and
+  // both channel styles, against partial_query over a full rope_table of the layer's RoPE and
+  // the cache's own partial keys (fp64 dot products).
+  const int L = 3, H = 3, g = 2, Hq = H * g, d_model = 48, r = 8, n = 40, pos = 5000;
+  const kvscout::rope_config ropes[L] = {{D, 10000.f, kvscout::rope_style::interleaved},
+                                         {D, 1000000.f, kvscout::rope_style::interleaved},
+                                         {D, 10000.f, kvscout::rope_style::split_half}};
+  const std::vector<std::vector<int>> head_planes[L] = {
+      {{0, 5, 9, 31}, {2, 5, 17, 30}, {0, 5, 9, 31}},
+      {{1, 2, 3, 4}, {20, 21, 22, 23}, {3, 4, 27, 28}},
+      {{6, 7, 8, 9}, {6, 7, 8, 9}, {10, 11, 12, 13}}};
+  std::vector<std::vector<kvscout::skew_plan>> plans(L);
+  for (int l = 0; l < L; ++l)
+    for (const auto& hp : head_planes[l])
+      plans[l].push_back(kvscout::rope_planes_plan(ropes[l], hp));
   std::mt19937 rng(77);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> wq(static_cast<std::size_t>(Hq) * D * d_model), bq(Hq * D), x(d_model);
@@ -444,35 +453,39 @@ TEST_CASE("infinigen, RoPE planes: each kv head's queries rotate its own planes"
   for (auto& w : bq) w = 0.1f * nd(rng);
   for (auto& w : x) w = nd(rng);
   const kvscout::host_span<const float> W_Q(wq.data(), wq.size()), b_Q(bq.data(), bq.size());
-  kvscout::infinigen_policy<> p({1, 1, H, Hq, D, d_model, n, 0.125f,
+  kvscout::infinigen_policy<> p({L, 1, H, Hq, D, d_model, n, 0.125f,
                                  kvscout::gqa_aggregation::max_logit},
-                                {plans}, {W_Q}, {b_Q});
+                                plans, {W_Q, W_Q, W_Q}, {b_Q, b_Q, b_Q});
   std::vector<float> k(static_cast<std::size_t>(H) * D);
-  for (int t = 0; t < n; ++t) {
-    for (auto& v : k) v = nd(rng);
-    p.append(0, 0, t, k.data(), k.data());
-  }
-  std::vector<int32_t> lens{n}, ps{pos};
-  std::vector<float> scores;
-  const auto out = buffer_for(scores, 1, H, n);
-  p.score(0, {{x.data(), x.size()}, {}, {ps.data(), 1}, {lens.data(), 1}}, out);
-  kvscout::rope_table rt;
-  rt.fill(rope, pos);
-  for (int h = 0; h < H; ++h)
+  for (int l = 0; l < L; ++l)
     for (int t = 0; t < n; ++t) {
-      CAPTURE(h, t);
-      double want = -INFINITY;
-      for (int j = 0; j < g; ++j) {
-        const auto w = kvscout::make_partial_query_weights(plans[h], W_Q, b_Q, d_model, h * g + j);
-        std::vector<float> q(r);
-        kvscout::partial_query(w, x.data(), rt, q.data());
-        double d = 0;
-        for (int c = 0; c < r; ++c)
-          d += static_cast<double>(q[c]) * kvscout::to_float(p.keys(0).at(0, h, c, t));
-        want = std::max(want, d * 0.125);
-      }
-      REQUIRE(out.row(0, h)[t] == Approx(want).margin(1e-5).epsilon(1e-5));
+      for (auto& v : k) v = nd(rng);
+      p.append(l, 0, t, k.data(), k.data());
     }
+  std::vector<int32_t> lens{n}, ps{pos};
+  for (const int l : {0, 1, 0, 2, 1}) {
+    std::vector<float> scores;
+    const auto out = buffer_for(scores, 1, H, n);
+    p.score(l, {{x.data(), x.size()}, {}, {ps.data(), 1}, {lens.data(), 1}}, out);
+    kvscout::rope_table rt;
+    rt.fill(ropes[l], pos);
+    for (int h = 0; h < H; ++h)
+      for (int t = 0; t < n; ++t) {
+        CAPTURE(l, h, t);
+        double want = -INFINITY;
+        for (int j = 0; j < g; ++j) {
+          const auto w =
+              kvscout::make_partial_query_weights(plans[l][h], W_Q, b_Q, d_model, h * g + j);
+          std::vector<float> q(r);
+          kvscout::partial_query(w, x.data(), rt, q.data());
+          double d = 0;
+          for (int c = 0; c < r; ++c)
+            d += static_cast<double>(q[c]) * kvscout::to_float(p.keys(l).at(0, h, c, t));
+          want = std::max(want, d * 0.125);
+        }
+        REQUIRE(out.row(0, h)[t] == Approx(want).margin(1e-5).epsilon(1e-5));
+      }
+  }
 }
 
 TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
@@ -944,6 +957,18 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
     REQUIRE_THROWS_WITH(p.score(1, ctx, out),
                         Catch::Contains("seq_lens[0] = 40 exceeds the policy's max_tokens = 32"));
     REQUIRE(untouched(scores));
+  }
+  SECTION("a head_dim past the RoPE tables' 512 is refused at construction") {
+    const int big = 1024, dm = 4;
+    const kvscout::rope_config rope{big, 10000.f, kvscout::rope_style::split_half};
+    const std::vector<float> w(static_cast<std::size_t>(big) * dm, 0.5f);
+    const std::vector<std::vector<kvscout::skew_plan>> plans{
+        {kvscout::rope_planes_plan(rope, {0, 300})}};
+    REQUIRE_THROWS_WITH(
+        kvscout::infinigen_policy<>({1, 1, 1, 1, big, dm, 8, 0.125f,
+                                     kvscout::gqa_aggregation::max_logit},
+                                    plans, {{w.data(), w.size()}}, {{}}),
+        Catch::Contains("layer 0: head_dim 1024 exceeds the RoPE modes' limit 512"));
   }
 }
 

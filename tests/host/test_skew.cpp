@@ -15,6 +15,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "kvscout/skew/calibrate.hpp"
@@ -820,26 +821,23 @@ TEST_CASE("rope_table::fill of some planes: fill()'s bits for those, NaN for the
               std::bit_cast<std::uint32_t>(all.cs[17]));
     }
   }
-  // A table keeps its inverse frequencies while head_dim and theta stay; a change of either
-  // must recompute them: a table refilled across configurations holds a fresh table's bits.
+  // Tables filled from frequencies computed beforehand, one table refilled across
+  // configurations: rope_cos_sin's bits (from rope_angle) in every plane.
   {
     const kvscout::rope_config a{.head_dim = 64, .theta = 10000.f};
     const kvscout::rope_config b{.head_dim = 128, .theta = 10000.f};
     const kvscout::rope_config d{.head_dim = 128, .theta = 1000000.f};
+    const kvscout::rope_frequencies fa(a), fb(b), fd(d);
     kvscout::rope_table reused;
-    for (const auto& c : {a, b, d, a, d, b}) {
-      CAPTURE(c.head_dim, c.theta);
-      reused.fill(c, 3001);
-      kvscout::rope_table fresh;
-      fresh.fill(c, 3001);
-      REQUIRE(reused.planes == c.head_dim / 2);
+    const std::pair<const kvscout::rope_config*, const kvscout::rope_frequencies*> order[] = {
+        {&a, &fa}, {&b, &fb}, {&d, &fd}, {&a, &fa}, {&d, &fd}, {&b, &fb}};
+    for (const auto& [c, f] : order) {
+      CAPTURE(c->head_dim, c->theta);
+      reused.fill(*f, 3001);
+      REQUIRE(reused.planes == c->head_dim / 2);
       for (int j = 0; j < reused.planes; ++j) {
-        REQUIRE(std::bit_cast<std::uint32_t>(reused.cs[j]) ==
-                std::bit_cast<std::uint32_t>(fresh.cs[j]));
-        REQUIRE(std::bit_cast<std::uint32_t>(reused.sn[j]) ==
-                std::bit_cast<std::uint32_t>(fresh.sn[j]));
-        float cs, sn;  // and rope_cos_sin's, from rope_angle
-        kvscout::rope_cos_sin(c, j, 3001, cs, sn);
+        float cs, sn;
+        kvscout::rope_cos_sin(*c, j, 3001, cs, sn);
         REQUIRE(std::bit_cast<std::uint32_t>(reused.cs[j]) == std::bit_cast<std::uint32_t>(cs));
         REQUIRE(std::bit_cast<std::uint32_t>(reused.sn[j]) == std::bit_cast<std::uint32_t>(sn));
       }

@@ -116,6 +116,7 @@ class llama_session {
     KVSCOUT_EXPECTS(max_tokens > 0 && max_tokens <= c_.context, "max_tokens = ", max_tokens,
                     " must be in [1, context_length = ", c_.context, "]");
     rope_ = {HeadDim, c_.rope_theta, c_.rope};
+    rope_freq_ = rope_frequencies(rope_);
     lens_.assign(1, 0);
     const std::size_t cache = static_cast<std::size_t>(c_.n_kv_heads) * max_tokens * HeadDim;
     for (int l = 0; l < c_.n_layers; ++l) {
@@ -187,7 +188,7 @@ class llama_session {
       matvec(L.wk, xn_.data(), H * HeadDim, d, kpre_.data());
       matvec(L.wv, xn_.data(), H * HeadDim, d, v_cur_.data());
       rope_table rt;
-      rt.fill(rope_, pos);
+      rt.fill(rope_freq_, pos);
       for (int qh = 0; qh < Hq; ++qh) rotate(q_.data() + qh * HeadDim, rt);
       kpost_ = kpre_;
       for (int h = 0; h < H; ++h) rotate(kpost_.data() + h * HeadDim, rt);
@@ -250,6 +251,7 @@ class llama_session {
   int max_tokens_;
   thread_pool pool_;
   rope_config rope_;
+  rope_frequencies rope_freq_;   // rope_'s, computed once
   std::vector<int32_t> lens_;
   std::vector<std::vector<T>> k_, v_;  // per layer [kv_heads, max_tokens, head_dim]
   std::vector<layout> layouts_;

@@ -208,6 +208,7 @@ class layer_major_eval {
     for (int id : tokens_)
       KVSCOUT_EXPECTS(id >= 0 && id < c_.vocab, "token ", id, " is out of range [0, ", c_.vocab, ")");
     rope_ = {D, c_.rope_theta, c_.rope};
+    rope_freq_ = rope_frequencies(rope_);
     T_ = static_cast<int>(tokens_.size());
   }
 
@@ -427,7 +428,7 @@ class layer_major_eval {
     st.kpost = st.kpre;
     rope_table rt;
     for (int t = 0; t < T_; ++t) {
-      rt.fill(rope_, t);
+      rt.fill(rope_freq_, t);
       for (int qh = 0; qh < Hq; ++qh) rotate(&st.q(t, qh * D), rt);
       for (int h = 0; h < H; ++h) rotate(&st.kpost(t, h * D), rt);
     }
@@ -821,6 +822,7 @@ class layer_major_eval {
   int skip_;
   int T_ = 0;
   rope_config rope_;
+  rope_frequencies rope_freq_;   // rope_'s, computed once
   prefix prefixes_[kv_format_count];  // by kv_format
   row_matrix final_;
   std::vector<float> obs_;

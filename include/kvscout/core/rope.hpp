@@ -44,13 +44,20 @@ KVSCOUT_HOST_DEVICE int rope_plane_of(const rope_config& c, int channel) {
   return c.style == rope_style::split_half ? channel % (c.head_dim / 2) : channel / 2;
 }
 
-/// Rotation angle of plane j at position pos, computed in double then rounded, so that host and
-/// device agree to the last bit of the float angle.
+/// Plane j's inverse frequency theta^(-2j / head_dim), in double.
 KVSCOUT_HOST_DEVICE double rope_inv_freq(const rope_config& c, int j) {
   return pow(static_cast<double>(c.theta), -2.0 * j / c.head_dim);
 }
+
+/// The angle at position pos of a plane whose inverse frequency is inv_freq: rope_angle's double.
+KVSCOUT_HOST_DEVICE double rope_angle_at(double inv_freq, int pos) {
+  return static_cast<double>(pos) * inv_freq;
+}
+
+/// Rotation angle of plane j at position pos, computed in double then rounded, so that host and
+/// device agree to the last bit of the float angle.
 KVSCOUT_HOST_DEVICE double rope_angle(const rope_config& c, int j, int pos) {
-  return static_cast<double>(pos) * rope_inv_freq(c, j);
+  return rope_angle_at(rope_inv_freq(c, j), pos);
 }
 
 /// Rotates the pair (xa, xb) by the angle whose cosine and sine are cs and sn.
@@ -77,56 +84,67 @@ KVSCOUT_HOST_DEVICE void rope_cos_sin(const rope_config& c, int j, int pos, floa
   rope_cos_sin(rope_angle(c, j, pos), cs, sn);
 }
 
+/// The inverse frequencies of a configuration's planes (rope_inv_freq, a pow each), computed once
+/// for every table filled from them: whoever fills a table per decoded token keeps one per
+/// configuration (infinigen_policy keeps one per layer). Host only.
+struct rope_frequencies {
+  static constexpr int max_planes = 256;  // head_dim up to 512
+  int planes = 0;                         // min(head_dim / 2, max_planes)
+  double inv_freq[max_planes];
+
+  rope_frequencies() = default;
+  explicit rope_frequencies(const rope_config& c) {
+    planes = c.head_dim / 2 < max_planes ? c.head_dim / 2 : max_planes;
+    if (planes < 0) planes = 0;
+    for (int j = 0; j < planes; ++j) inv_freq[j] = rope_inv_freq(c, j);
+  }
+};
+
 /// The cosine and sine of every plane's angle at one position. A decoded token's table is
 /// computed once and shared by every head (and layer) with the same rope_config, instead of two
 /// transcendental functions per plane per head. Rotations through the table are bit-identical to
-/// rope_rotate(xa, xb, rope_angle(c, j, pos)). A table refilled step after step keeps its planes'
-/// inverse frequencies while head_dim and theta stay the same: their pow() cost more than the
-/// cosine and sine (32 planes: 2.0 us a fill with them, 0.72 us without, on the development
-/// machine; a 4k-token speculation step takes about 17 us). Host only.
+/// rope_rotate(xa, xb, rope_angle(c, j, pos)), whichever fill made it. The struct is plain data
+/// (device code names max_planes); fill() is host only.
 struct rope_table {
-  static constexpr int max_planes = 256;  // head_dim up to 512
+  static constexpr int max_planes = rope_frequencies::max_planes;
   int planes = 0;
   float cs[max_planes];
   float sn[max_planes];
 
-  /// Every plane.
-  void fill(const rope_config& c, int pos) {
-    frequencies(c);
-    for (int j = 0; j < planes; ++j)
-      rope_cos_sin(static_cast<double>(pos) * inv_freq_[j], cs[j], sn[j]);
+  /// Every plane, its inverse frequency computed here.
+  void fill(const rope_config& c, int pos) { fill(rope_frequencies(c), pos); }
+
+  /// Every plane, from inverse frequencies computed beforehand: a cosine and a sine per plane,
+  /// no pow (the pow were about half of a fill's time, measured: docs/performance.md).
+  void fill(const rope_frequencies& f, int pos) {
+    planes = f.planes;
+    for (int j = 0; j < planes; ++j) fill_plane(f, j, pos);
   }
 
-  /// Only the planes only[0, count) (each in [0, head_dim / 2); repeats allowed), with the bits
-  /// fill() gives them: a RoPE-plane speculation rotates r / 2 planes per head. Every other plane
-  /// holds NaN, so a rotation through a plane left out shows as NaN, never as a wrong angle.
-  void fill(const rope_config& c, int pos, const int* only, int count) {
+  /// Only the planes only[0, count) (each in [0, planes); repeats allowed), with the bits the
+  /// full fill gives them: a RoPE-plane speculation rotates r / 2 planes per head. Every other
+  /// plane holds NaN, so a rotation through a plane left out shows as NaN, never as a wrong angle.
+  void fill(const rope_frequencies& f, int pos, const int* only, int count) {
     KVSCOUT_EXPECTS(count >= 0 && (count == 0 || only != nullptr), "rope_table::fill: ", count,
                     " planes at ", static_cast<const void*>(only),
                     ", expected a list of count >= 0");
-    frequencies(c);
+    planes = f.planes;
     for (int j = 0; j < planes; ++j) cs[j] = sn[j] = std::numeric_limits<float>::quiet_NaN();
     for (int i = 0; i < count; ++i) {
       const int j = only[i];
       KVSCOUT_EXPECTS(j >= 0 && j < planes, "rope_table::fill: plane ", j, " (entry ", i,
                       ") is outside [0, ", planes, ")");
-      rope_cos_sin(static_cast<double>(pos) * inv_freq_[j], cs[j], sn[j]);
+      fill_plane(f, j, pos);
     }
+  }
+  void fill(const rope_config& c, int pos, const int* only, int count) {
+    fill(rope_frequencies(c), pos, only, count);
   }
 
  private:
-  // rope_inv_freq(c, j) of every plane, for the head_dim and theta they were computed for: the
-  // angle pos * inv_freq_[j] is rope_angle's double, bit for bit.
-  void frequencies(const rope_config& c) {
-    planes = c.head_dim / 2 < max_planes ? c.head_dim / 2 : max_planes;
-    if (freq_head_dim_ == c.head_dim && freq_theta_ == c.theta) return;
-    for (int j = 0; j < planes; ++j) inv_freq_[j] = rope_inv_freq(c, j);
-    freq_head_dim_ = c.head_dim;
-    freq_theta_ = c.theta;
+  void fill_plane(const rope_frequencies& f, int j, int pos) {
+    rope_cos_sin(rope_angle_at(f.inv_freq[j], pos), cs[j], sn[j]);
   }
-  double inv_freq_[max_planes];
-  int freq_head_dim_ = 0;
-  float freq_theta_ = 0.f;
 };
 
 /// Applies RoPE at `pos` to a full head vector x[head_dim], in place.

@@ -115,6 +115,12 @@ class infinigen_policy {
           st.weights.push_back(weights_as<WT>(w));
         }
       }
+      if (st.plans[0].mode != rope_mode::pre_rope_folded) {
+        KVSCOUT_EXPECTS(cfg.head_dim <= 2 * rope_table::max_planes, "layer ", l, ": head_dim ",
+                        cfg.head_dim, " exceeds the RoPE modes' limit ",
+                        2 * rope_table::max_planes);
+        st.freq = rope_frequencies(st.plans[0].rope);
+      }
       if (st.plans[0].mode == rope_mode::rope_planes) {
         for (const auto& p : pl) st.rope_planes.insert(st.rope_planes.end(), p.planes.begin(),
                                                        p.planes.end());
@@ -184,10 +190,10 @@ class infinigen_policy {
         for (int v = 0; v < count; ++v) {
           rope_table& rt = rope_[static_cast<std::size_t>(v)];
           if (some_planes) {
-            rt.fill(st.plans[0].rope, ctx.positions[s0 + v], st.rope_planes.data(),
+            rt.fill(st.freq, ctx.positions[s0 + v], st.rope_planes.data(),
                     static_cast<int>(st.rope_planes.size()));
           } else {
-            rt.fill(st.plans[0].rope, ctx.positions[s0 + v]);
+            rt.fill(st.freq, ctx.positions[s0 + v]);
           }
         }
       const float* x = ctx.x.data() + static_cast<std::size_t>(s0) * cfg_.d_model;
@@ -218,6 +224,7 @@ class infinigen_policy {
     // rope_planes mode: the planes the kv heads' plans rotate (sorted, unique), the only ones
     // score() computes a rotation for; empty in the other modes (every plane, or none).
     std::vector<int> rope_planes;
+    rope_frequencies freq;   // the layer's RoPE (one per layer: layers may differ in theta)
   };
 
   void check_layer(int layer) const {
