@@ -105,32 +105,41 @@ struct fixture {
   std::size_t key_bytes() const { return policy->keys(0).bytes_for(n); }
 };
 
+// The benchmarks' mode argument: 0 = post_rope_skew, 1 = rope_planes.
+kvscout::rope_mode mode_arg(std::int64_t a) {
+  return a == 0 ? kvscout::rope_mode::post_rope_skew : kvscout::rope_mode::rope_planes;
+}
+
+// score() of every layer in turn, `layers` of them (each its own weights and keys): one decode
+// step's speculation. Time and bytes are for all the layers.
 template <class WT = float>
 void run_speculation(benchmark::State& state, kvscout::rope_mode mode, kvscout::gqa_aggregation agg,
-                     int seqs = 1) {
-  fixture<WT> f(static_cast<int>(state.range(0)), mode, agg, seqs);
+                     int seqs = 1, int layers = 1) {
+  fixture<WT> f(static_cast<int>(state.range(0)), mode, agg, seqs, layers);
   const auto S = static_cast<std::size_t>(seqs);
   const kvscout::spec_context ctx{
       {f.x.data(), f.x.size()}, {}, {f.pos.data(), S}, {f.lens.data(), S}};
   const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, seqs, H, f.n};
-  for (auto _ : state) {
-    f.policy->score(0, ctx, out);
-    benchmark::DoNotOptimize(f.scores.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.key_bytes()));
+  for (auto _ : state)
+    for (int l = 0; l < layers; ++l) {
+      f.policy->score(l, ctx, out);
+      benchmark::DoNotOptimize(f.scores.data());
+      benchmark::ClobberMemory();
+    }
+  state.SetBytesProcessed(
+      static_cast<std::int64_t>(state.iterations() * layers * f.key_bytes()));
   state.counters["tokens"] = f.n;
   state.counters["seqs"] = seqs;
+  state.counters["layers"] = layers;
 }
 
 void BM_speculation(benchmark::State& state) {
-  const auto mode = state.range(1) == 0 ? kvscout::rope_mode::post_rope_skew : kvscout::rope_mode::rope_planes;
+  const auto mode = mode_arg(state.range(1));
   run_speculation(state, mode, kvscout::gqa_aggregation::max_logit);
 }
 
 void BM_speculation_bf16_weights(benchmark::State& state) {
-  const auto mode = state.range(1) == 0 ? kvscout::rope_mode::post_rope_skew
-                                        : kvscout::rope_mode::rope_planes;
+  const auto mode = mode_arg(state.range(1));
   run_speculation<kvscout::bfloat16>(state, mode, kvscout::gqa_aggregation::max_logit);
 }
 
@@ -139,8 +148,7 @@ void BM_speculation_bf16_weights(benchmark::State& state) {
 // query block), the partial keys of every sequence once. Its anchor, BM_stream_batch, reads the
 // same seqs x n tokens of partial keys.
 void BM_speculation_batch(benchmark::State& state) {
-  const auto mode = state.range(2) == 0 ? kvscout::rope_mode::post_rope_skew
-                                        : kvscout::rope_mode::rope_planes;
+  const auto mode = mode_arg(state.range(2));
   run_speculation(state, mode, kvscout::gqa_aggregation::max_logit,
                   static_cast<int>(state.range(1)));
 }
@@ -159,32 +167,13 @@ void BM_speculation_mean(benchmark::State& state) {
 // keys read in turn). Arguments: n, mode, and bf16 (1: the partial W_Q rows in bfloat16).
 constexpr int decode_layers = 30;
 
-template <class WT>
-void run_decode_order(benchmark::State& state) {
-  const auto mode = state.range(1) == 0 ? kvscout::rope_mode::post_rope_skew
-                                        : kvscout::rope_mode::rope_planes;
-  fixture<WT> f(static_cast<int>(state.range(0)), mode, kvscout::gqa_aggregation::max_logit, 1,
-                decode_layers);
-  const kvscout::spec_context ctx{
-      {f.x.data(), f.x.size()}, {}, {f.pos.data(), 1}, {f.lens.data(), 1}};
-  const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, 1, H, f.n};
-  for (auto _ : state) {
-    for (int l = 0; l < decode_layers; ++l) {
-      f.policy->score(l, ctx, out);
-      benchmark::DoNotOptimize(f.scores.data());
-      benchmark::ClobberMemory();
-    }
-  }
-  state.SetBytesProcessed(
-      static_cast<std::int64_t>(state.iterations() * decode_layers * f.key_bytes()));
-  state.counters["layers"] = decode_layers;
-}
-
 void BM_speculation_decode_order(benchmark::State& state) {
+  const auto mode = mode_arg(state.range(1));
+  const auto agg = kvscout::gqa_aggregation::max_logit;
   if (state.range(2) == 0) {
-    run_decode_order<float>(state);
+    run_speculation<float>(state, mode, agg, 1, decode_layers);
   } else {
-    run_decode_order<kvscout::bfloat16>(state);
+    run_speculation<kvscout::bfloat16>(state, mode, agg, 1, decode_layers);
   }
 }
 
