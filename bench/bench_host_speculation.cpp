@@ -26,6 +26,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -67,14 +69,16 @@ kvscout::skew_plan make_plan(kvscout::rope_mode mode, int kv_head) {
 template <class WT = float>
 struct fixture {
   std::vector<float> wq, x, scores;
-  std::vector<int32_t> lens, pos;
+  std::vector<int32_t> lens, pos, seq_ids;
   std::unique_ptr<kvscout::infinigen_policy<float, WT>> policy;
-  int n, seqs, layers;
+  int n, seqs, layers, held;
 
+  // `held` > num_seqs: the policy holds `held` sequences and the step scores num_seqs of them,
+  // named by seq_ids (continuous batching): every other one, from the last down.
   fixture(int tokens, kvscout::rope_mode mode,
           kvscout::gqa_aggregation agg = kvscout::gqa_aggregation::max_logit, int num_seqs = 1,
-          int num_layers = 1)
-      : n(tokens), seqs(num_seqs), layers(num_layers) {
+          int num_layers = 1, int num_held = 0)
+      : n(tokens), seqs(num_seqs), layers(num_layers), held(std::max(num_seqs, num_held)) {
     std::mt19937 rng(42);
     std::normal_distribution<float> nd(0.f, 1.f);
     wq.resize(static_cast<std::size_t>(Hq) * D * d_model);
@@ -85,14 +89,14 @@ struct fixture {
     for (int h = 0; h < H; ++h) plans.push_back(make_plan(mode, h));
     // Every layer builds its own partial weights and keys (its own memory) from the same W_Q.
     const auto L = static_cast<std::size_t>(layers);
-    kvscout::infinigen_config cfg{layers, seqs, H, Hq, D, d_model, n, 0.125f, agg};
+    kvscout::infinigen_config cfg{layers, held, H, Hq, D, d_model, n, 0.125f, agg};
     policy = std::make_unique<kvscout::infinigen_policy<float, WT>>(
         cfg, std::vector<std::vector<kvscout::skew_plan>>(L, plans),
         std::vector<kvscout::host_span<const float>>(L, {wq.data(), wq.size()}),
         std::vector<kvscout::host_span<const float>>(L, kvscout::host_span<const float>{}));
     std::vector<float> k(static_cast<std::size_t>(H) * D);
     for (int l = 0; l < layers; ++l)
-      for (int s = 0; s < seqs; ++s)
+      for (int s = 0; s < held; ++s)
         for (int t = 0; t < n; ++t) {
           for (auto& v : k) v = nd(rng);
           policy->append(l, s, t, k.data(), k.data());
@@ -101,8 +105,11 @@ struct fixture {
     lens.assign(static_cast<std::size_t>(seqs), n);
     pos.resize(static_cast<std::size_t>(seqs));
     for (int s = 0; s < seqs; ++s) pos[static_cast<std::size_t>(s)] = n + 17 * s;
+    if (held > seqs)
+      for (int s = 0; s < seqs; ++s) seq_ids.push_back(held - 1 - 2 * s);
   }
-  std::size_t key_bytes() const { return policy->keys(0).bytes_for(n); }
+  // The partial-key bytes a step scores: the scored sequences' (not every held one's).
+  std::size_t key_bytes() const { return policy->keys(0).bytes_for(n) / held * seqs; }
 };
 
 // The benchmarks' mode argument: 0 = post_rope_skew, 1 = rope_planes.
@@ -114,11 +121,11 @@ kvscout::rope_mode mode_arg(std::int64_t a) {
 // step's speculation. Time and bytes are for all the layers.
 template <class WT = float>
 void run_speculation(benchmark::State& state, kvscout::rope_mode mode, kvscout::gqa_aggregation agg,
-                     int seqs = 1, int layers = 1) {
-  fixture<WT> f(static_cast<int>(state.range(0)), mode, agg, seqs, layers);
+                     int seqs = 1, int layers = 1, int held = 0) {
+  fixture<WT> f(static_cast<int>(state.range(0)), mode, agg, seqs, layers, held);
   const auto S = static_cast<std::size_t>(seqs);
-  const kvscout::spec_context ctx{
-      {f.x.data(), f.x.size()}, {}, {f.pos.data(), S}, {f.lens.data(), S}};
+  const kvscout::spec_context ctx{{f.x.data(), f.x.size()}, {}, {f.pos.data(), S},
+                                  {f.lens.data(), S}, {f.seq_ids.data(), f.seq_ids.size()}};
   const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, seqs, H, f.n};
   for (auto _ : state)
     for (int l = 0; l < layers; ++l) {
@@ -151,6 +158,15 @@ void BM_speculation_batch(benchmark::State& state) {
   const auto mode = mode_arg(state.range(2));
   run_speculation(state, mode, kvscout::gqa_aggregation::max_logit,
                   static_cast<int>(state.range(1)));
+}
+
+// BM_speculation_batch as continuous batching runs it: the policy holds 2 x seqs sequences and
+// the step scores seqs of them, named by spec_context::seq_ids (every other one, last first). The
+// same bytes as BM_speculation_batch, from scattered sequences.
+void BM_speculation_batch_scattered(benchmark::State& state) {
+  const auto mode = mode_arg(state.range(2));
+  const int seqs = static_cast<int>(state.range(1));
+  run_speculation(state, mode, kvscout::gqa_aggregation::max_logit, seqs, 1, 2 * seqs);
 }
 
 // The same with mean_logit, RoPE planes: the group is folded into its mean partial query, one
@@ -295,6 +311,10 @@ BENCHMARK(BM_speculation_bf16_weights)
     ->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_speculation_batch)
+    ->ArgNames({"n", "seqs", "mode"})
+    ->ArgsProduct({{4096}, {8}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_speculation_batch_scattered)
     ->ArgNames({"n", "seqs", "mode"})
     ->ArgsProduct({{4096}, {8}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);

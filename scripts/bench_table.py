@@ -163,7 +163,9 @@ def speculation_section(res):
     if batch:
         lines += ["", "A decode step over a batch of sequences (one score() call, each head's",
                   "weights brought in once per 8 sequences), against one read of the batch's",
-                  "partial keys; the 1-sequence row is the table above at that n.", "",
+                  "partial keys; the 1-sequence row is the table above at that n; \"8 of 16\": the",
+                  "8 rows are every other sequence of 16 the policy holds, named by",
+                  "spec_context::seq_ids (continuous batching).", "",
                   "| n | sequences | post_rope_skew us | rope_planes us | stream us | "
                   "post_rope / stream | rope_planes / stream |",
                   "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -174,6 +176,13 @@ def speculation_section(res):
                       and r["fields"].get("n") == n])]
             rows += [(b, find(res, "BM_speculation_batch", n=n, seqs=b, mode=0),
                       find(res, "BM_speculation_batch", n=n, seqs=b, mode=1),
+                      [r for r in res if r["family"] == "BM_stream_batch"
+                       and r["fields"].get("n") == n and r["fields"].get("seqs") == b])
+                     for b in batch]
+            # Continuous batching: the same rows named by seq_ids, scattered over 2b sequences.
+            rows += [(f"{b} of {2 * b}",
+                      find(res, "BM_speculation_batch_scattered", n=n, seqs=b, mode=0),
+                      find(res, "BM_speculation_batch_scattered", n=n, seqs=b, mode=1),
                       [r for r in res if r["family"] == "BM_stream_batch"
                        and r["fields"].get("n") == n and r["fields"].get("seqs") == b])
                      for b in batch]

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -490,6 +491,75 @@ void lengths_on_device_are_clamped() {
   GPU_CHECK(written1 == 0);                  // negative: nothing
 }
 
+void seq_ids_name_the_sequences() {
+  // Continuous batching: batch rows {2, 0} with seq_ids score as sequences 2 and 0 do in a batch of
+  // all three, bit for bit (each aggregation's kernels); a sequence id the speculator does not hold
+  // raises device_status::bad_seq_id and its row is scored -inf, the other row as before.
+  for (gqa_aggregation agg : {gqa_aggregation::max_logit, gqa_aggregation::sum_prob}) {
+    std::mt19937 rng(31);
+    small_setup u = small_speculator(rope_mode::post_rope_skew, 0.1f, rng);
+    u.cfg.num_seqs = 3;
+    u.cfg.aggregation = agg;
+    using spec = kvscout::infinigen_speculator_cuda<float>;
+    gpu_test::device_vector<std::byte> ws(spec::workspace_bytes(u.cfg));
+    spec sp(u.cfg, u.plans, {u.w_q.data(), u.w_q.size()}, {}, {ws.data(), ws.size()});
+    const std::vector<std::int32_t> lens{30, 12, 50}, pos{31, 12, 900};
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> keys, x(3 * 64);
+    std::vector<std::int32_t> sid, tid;
+    for (int s = 0; s < 3; ++s)
+      for (int t = 0; t < lens[s]; ++t) {
+        sid.push_back(s), tid.push_back(t);
+        for (int c = 0; c < 64; ++c) keys.push_back(nd(rng));
+      }
+    for (auto& v : x) v = nd(rng);
+    gpu_test::device_vector<float> dk(keys), dx(x);
+    gpu_test::device_vector<std::int32_t> ds(sid), dt(tid);
+    sp.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()},
+              static_cast<int>(sid.size()));
+    gpu_test::device_vector<std::int32_t> dpos(pos), dlens(lens);
+    gpu_test::device_vector<float> all(3 * 64);
+    sp.score({{dx.data(), dx.size()}, {dpos.data(), 3}, {dlens.data(), 3}, 50},
+             {{all.data(), all.size()}, 3, 1, 64});
+    // The batch: rows of sequences 2 and 0.
+    std::vector<float> bx(x.begin() + 2 * 64, x.end());
+    bx.insert(bx.end(), x.begin(), x.begin() + 64);
+    gpu_test::device_vector<float> dbx(bx);
+    gpu_test::device_vector<std::int32_t> bpos(std::vector<std::int32_t>{900, 31}),
+        blens(std::vector<std::int32_t>{50, 30}), seq_ids(std::vector<std::int32_t>{2, 0}),
+        bad(std::vector<std::int32_t>{2, 3});
+    gpu_test::device_vector<int> status(std::vector<int>{0});
+    gpu_test::device_vector<float> got(2 * 64), got_bad(2 * 64);  // poisoned
+    sp.score({{dbx.data(), dbx.size()}, {bpos.data(), 2}, {blens.data(), 2}, 50, status.data(),
+              {seq_ids.data(), 2}},
+             {{got.data(), got.size()}, 2, 1, 64});
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(status.download()[0] == 0);
+    sp.score({{dbx.data(), dbx.size()}, {bpos.data(), 2}, {blens.data(), 2}, 50, status.data(),
+              {bad.data(), 2}},
+             {{got_bad.data(), got_bad.size()}, 2, 1, 64});
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(status.download()[0] == kvscout::device_status::bad_seq_id);
+    const std::vector<float> a = all.download(), b = got.download(), c = got_bad.download();
+    int same = 0, minus_inf = 0;
+    for (int t = 0; t < 50; ++t) {
+      same += std::memcmp(&b[t], &a[2 * 64 + t], sizeof(float)) == 0;
+      same += std::memcmp(&c[t], &a[2 * 64 + t], sizeof(float)) == 0;
+      minus_inf += c[64 + t] == -std::numeric_limits<float>::infinity();
+    }
+    for (int t = 0; t < 30; ++t) same += std::memcmp(&b[64 + t], &a[t], sizeof(float)) == 0;
+    GPU_CHECK(same == 50 + 50 + 30);
+    GPU_CHECK(minus_inf == 30);        // the bad row's length, nothing past it
+    GPU_CHECK(!poisoned(a[2 * 64]) && poisoned(c[64 + 30]));
+    // Too few seq_ids for the rows: refused on the host, before any launch.
+    GPU_CHECK(throws_with([&] {
+      sp.score({{dbx.data(), dbx.size()}, {bpos.data(), 2}, {blens.data(), 2}, 50, nullptr,
+                {seq_ids.data(), 1}},
+               {{got.data(), got.size()}, 2, 1, 64});
+    }, "seq_ids holds 1 entries, expected num_seqs = 2"));
+  }
+}
+
 }  // namespace
 
 // Keys in the engine's own element type: appending bf16 / half keys stores the same partial
@@ -543,6 +613,8 @@ int main() {
                                            {"weights_in_the_model_dtype",
                                             weights_in_the_model_dtype},
                                            {"bad_input_throws", bad_input_throws},
+                                           {"seq_ids_name_the_sequences",
+                                            seq_ids_name_the_sequences},
                                            {"bf16_keys_post_rope_skew", [] { typed_keys_match_float<kvscout::bfloat16>(rope_mode::post_rope_skew); }},
                                            {"half_keys_rope_planes", [] { typed_keys_match_float<kvscout::half>(rope_mode::rope_planes); }}});
 }

@@ -7,7 +7,7 @@
 //   - through cuda_decode_pipeline with top-k and the zero-copy executor, every speculated layer
 //     selects the sinks and the most recent tokens (worked out here from the lengths alone), and
 //     the rows fetched from the mapped host caches are the bytes the host gather copies for the
-//     same selection.
+//     same selection; the stages hand the policy their status word and their sequence ids.
 
 #include <algorithm>
 #include <cmath>
@@ -150,6 +150,18 @@ void bad_input_throws() {
 constexpr int L = 3, skip = 1, S = 2, H = 2, D = 64, max_tokens = 512, budget = 32, sinks = 4;
 using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;
 
+// streaming_policy_cuda that records the sequence ids the stages hand it (it reads none itself).
+struct seq_id_spy : kvscout::streaming_policy_cuda {
+  using kvscout::streaming_policy_cuda::streaming_policy_cuda;
+  kvscout::device_span<const int32_t> seen{};
+  void score(const kvscout::device_spec_context& ctx, const kvscout::device_score_buffer& out,
+             cudaStream_t stream = nullptr) {
+    seen = ctx.seq_ids;
+    kvscout::streaming_policy_cuda::score(ctx, out, stream);
+  }
+};
+static_assert(kvscout::device_speculation_policy<seq_id_spy>);
+
 void pipeline_selects_sinks_and_recent() {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -173,8 +185,8 @@ void pipeline_selects_sinks_and_recent() {
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&side));
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&copy));
 
-  kvscout::streaming_policy_cuda policy({.num_kv_heads = H, .sinks = sinks});
-  std::vector<kvscout::streaming_policy_cuda*> per_layer(L, &policy);  // one object, every layer
+  seq_id_spy policy({.num_kv_heads = H, .sinks = sinks});
+  std::vector<seq_id_spy*> per_layer(L, &policy);  // one object, every layer
   per_layer[0] = nullptr;                                               // below skip_layers
   // No keep-set: what is selected is the policy's scores alone.
   kvscout::topk_selector_cuda::config sc{S, H, max_tokens, budget, budget, {0, 0}};
@@ -191,6 +203,7 @@ void pipeline_selects_sinks_and_recent() {
                        {reinterpret_cast<const std::byte*>(v[l]->device_data()), cache_bytes}});
   gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens);
   gpu_test::device_vector<int32_t> dev_lens(lens_init);
+  gpu_test::device_vector<int32_t> seq_ids(std::vector<int32_t>{1, 0});  // handed to the policy
   gpu_test::device_vector<float> x0(8), x1(8);  // the policy reads no input; the stages want slots
   const std::size_t slots_n = static_cast<std::size_t>(S) * H * budget;
   std::vector<std::unique_ptr<gpu_test::device_vector<int32_t>>> ints;
@@ -205,11 +218,12 @@ void pipeline_selects_sinks_and_recent() {
                     {{reinterpret_cast<std::byte*>(rk.data()), rk.bytes()},
                      {reinterpret_cast<std::byte*>(rv.data()), rv.bytes()}}});
   }
-  using stages_t = kvscout::cuda_speculation_stages<layout, kvscout::streaming_policy_cuda,
-                                                    kvscout::topk_selector_cuda>;
+  using stages_t =
+      kvscout::cuda_speculation_stages<layout, seq_id_spy, kvscout::topk_selector_cuda>;
   stages_t stages(per_layer, selector, fetch, sources,
                   {{scores.data(), scores.size()}, S, H, max_tokens},
-                  {dspan<const int32_t>(dev_lens), dspan<const int32_t>(dev_lens), max_tokens},
+                  {dspan<const int32_t>(dev_lens), dspan<const int32_t>(dev_lens), max_tokens,
+                   dspan<const int32_t>(seq_ids)},
                   {dspan<const float>(x0), dspan<const float>(x1)}, sets);
   stages.set_device_status(status.data());  // the policy and the selector report there too
   kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
@@ -273,6 +287,7 @@ void pipeline_selects_sinks_and_recent() {
               wrong_selections, wrong_rows);
   GPU_CHECK(wrong_selections == 0);
   GPU_CHECK(wrong_rows == 0);
+  GPU_CHECK(policy.seen.data() == seq_ids.data() && policy.seen.size() == 2);  // the stages' ids
   // The stages hand their status word to the policy and to the selector; each reports a length
   // past its own bound.
   std::vector<int32_t> too_long = lens_init;

@@ -59,6 +59,9 @@ struct cuda_stage_lengths {
   device_span<const int32_t> positions;  // [num_seqs] position of the decoded token (RoPE)
   device_span<const int32_t> seq_lens;   // [num_seqs] cached tokens (the current one excluded)
   int max_seq_len = 0;                   // host-known bound on every seq_lens[s]
+  /// [num_seqs] the sequence of the policies' state (InfiniGen's partial keys) each batch row
+  /// reads, or empty: row s is sequence s (device_spec_context::seq_ids; continuous batching).
+  device_span<const int32_t> seq_ids = {};
 };
 
 /// Where the selections and rows live.
@@ -161,7 +164,7 @@ class cuda_speculation_stages {
     speculator_type* spec = speculator(layer);
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
     const device_spec_context ctx{x_[check_slot(b)], lengths_.positions, lengths_.seq_lens,
-                                  lengths_.max_seq_len, status_};
+                                  lengths_.max_seq_len, status_, lengths_.seq_ids};
     spec->score(ctx, scores_, stream);
     const auto view = scores_.view(lengths_.seq_lens);
     if constexpr (requires { selector_->select(view, cur.selection, stream, status_); }) {

@@ -11,7 +11,8 @@
 // writes a score, so bad input leaves out.scores as it was.
 // Optional hooks, called by the pipeline when present:
 //   p.append(layer, s, t, k_pre_rope, k_post_rope)   a token's keys ([num_kv_heads, head_dim]
-//                                                    floats) entered the cache at position t
+//                                                    floats) entered sequence s's cache at
+//                                                    position t (see seq_ids below)
 //   p.observe(layer, ctx, rows, probs, stride, has_current)
 //                                                    attention probabilities of the rows attended
 //                                                    (attention/decode.hpp) and, when
@@ -39,7 +40,19 @@ struct spec_context {
   host_span<const float> q;            // [num_seqs, num_q_heads, head_dim] layer i's query (late policies)
   host_span<const int32_t> positions;  // [num_seqs] position of the token being decoded (RoPE)
   host_span<const int32_t> seq_lens;   // [num_seqs] cached tokens to score (the current one excluded)
+  /// [num_seqs] where batch row s keeps its state: the sequence index of the policy's partial
+  /// keys, attention mass or page bounds (the oracle: of its cache). Empty: row s is sequence s.
+  /// With continuous batching, a step's rows are the live sequences, in any order; seq_ids must
+  /// be distinct and below the number of sequences the policy holds (checked by every score()).
+  host_span<const int32_t> seq_ids = {};
 };
+
+namespace detail {
+/// The sequence that batch row s of `ctx` names in the policy's state (see spec_context::seq_ids).
+inline int seq_of(const spec_context& ctx, int s) {
+  return ctx.seq_ids.empty() ? s : ctx.seq_ids[s];
+}
+}  // namespace detail
 
 /// Where a policy writes its scores.
 struct score_buffer {
@@ -93,6 +106,24 @@ inline void check_scale(float scale) {
                   scale);
 }
 
+/// ctx.seq_ids, when given: num_seqs entries, each in [0, max_seqs), no two equal (two rows of one
+/// sequence would add its attention mass twice). Allocates nothing: rows are few (a batch), so
+/// the distinctness check compares pairs.
+inline void check_seq_ids(const spec_context& ctx, int num_seqs, int max_seqs,
+                          const char* holder = "the policy's") {
+  if (ctx.seq_ids.empty()) return;
+  KVSCOUT_EXPECTS(ctx.seq_ids.size() >= static_cast<std::size_t>(num_seqs), "seq_ids holds ",
+                  ctx.seq_ids.size(), " entries, expected num_seqs = ", num_seqs, " (or none)");
+  for (int s = 0; s < num_seqs; ++s) {
+    const int id = ctx.seq_ids[s];
+    KVSCOUT_EXPECTS(id >= 0 && id < max_seqs, "seq_ids[", s, "] = ", id,
+                    " is outside [0, ", holder, " num_seqs = ", max_seqs, ")");
+    for (int u = 0; u < s; ++u)
+      KVSCOUT_EXPECTS(ctx.seq_ids[u] != id, "seq_ids[", u, "] and seq_ids[", s, "] are both ", id,
+                      ": a sequence may fill one batch row");
+  }
+}
+
 /// The checks every policy's score() makes before it writes a score. Beyond the buffer's own
 /// shape, a policy with per-sequence state (page bounds, partial keys, attention mass) passes how
 /// many sequences and tokens per sequence that state holds: a score buffer or seq_lens past them
@@ -116,6 +147,7 @@ inline void check_score_buffer(const score_buffer& out, const spec_context& ctx,
                   " floats, expected [", out.num_seqs, ", ", out.num_kv_heads, ", ", out.stride,
                   "]");
   KVSCOUT_EXPECTS(out.scores.data() != nullptr || need == 0, "score buffer is null");
+  check_seq_ids(ctx, out.num_seqs, max_seqs, holder);
   for (int s = 0; s < out.num_seqs; ++s) {
     KVSCOUT_EXPECTS(ctx.seq_lens[s] >= 0 && ctx.seq_lens[s] <= out.stride, "seq_lens[", s, "] = ",
                     ctx.seq_lens[s], " is outside [0, stride = ", out.stride, "]");

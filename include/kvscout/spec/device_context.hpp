@@ -24,6 +24,11 @@ struct device_spec_context {
   /// The device status word (backend/cuda/device_status.hpp), or null: a clamped length raises
   /// device_status::bad_length. (max_seq_len = 0 launches nothing: no length is read.)
   int* device_status = nullptr;
+  /// [num_seqs] the sequence of the policy's state (partial keys) that batch row s reads, or
+  /// empty: row s is sequence s. For continuous batching (spec_context::seq_ids on the host). Host
+  /// code cannot check device values: an id outside the policy's sequences raises
+  /// device_status::bad_seq_id and its row is scored -inf.
+  device_span<const int32_t> seq_ids = {};
 };
 
 /// Where the device speculation writes its scores: [num_seqs, num_kv_heads, stride] floats, row
@@ -64,6 +69,9 @@ inline void check_device_score_call(int num_kv_heads, const device_spec_context&
   KVSCOUT_EXPECTS(out.scores.data() != nullptr || score_need == 0, "score buffer is null");
   KVSCOUT_EXPECTS(ctx.seq_lens.size() >= s && ctx.seq_lens.data() != nullptr, "seq_lens holds ",
                   ctx.seq_lens.size(), " entries, expected num_seqs = ", s);
+  KVSCOUT_EXPECTS(ctx.seq_ids.empty() || (ctx.seq_ids.size() >= s && ctx.seq_ids.data() != nullptr),
+                  "seq_ids holds ", ctx.seq_ids.size(), " entries, expected num_seqs = ", s,
+                  " (or none)");
 }
 
 }  // namespace detail

@@ -43,7 +43,7 @@ class h2o_policy {
     detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
     for (int s = 0; s < out.num_seqs; ++s)
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
-        const float* m = mass(layer, s, h);
+        const float* m = mass(layer, detail::seq_of(ctx, s), h);
         std::copy(m, m + ctx.seq_lens[s], out.row(s, h));
       }
   }
@@ -51,6 +51,7 @@ class h2o_policy {
   /// Adds the probabilities of the rows attended at this step (and of the current token, which
   /// sits at position seq_lens[s], when the attention had one; one at or past max_tokens is not
   /// kept). probs is [rows.num_seqs(), num_kv_heads, stride], as decode_attention_host writes it.
+  /// Row s adds to sequence ctx.seq_ids[s] (s when seq_ids is empty), as score() reads it.
   template <attention_rows Rows>
   void observe(int layer, const spec_context& ctx, const Rows& rows, host_span<const float> probs,
                int stride, bool has_current = true) {
@@ -58,7 +59,7 @@ class h2o_policy {
     check_observe(ctx, rows, probs, stride, has_current);
     for (int s = 0; s < rows.num_seqs(); ++s)
       for (int h = 0; h < rows.num_kv_heads(); ++h) {
-        float* m = mass(layer, s, h);
+        float* m = mass(layer, detail::seq_of(ctx, s), h);
         const float* p = probs.data() + (static_cast<std::size_t>(s) * rows.num_kv_heads() + h) *
                                             static_cast<std::size_t>(stride);
         const int n = rows.rows(s, h);
@@ -100,6 +101,7 @@ class h2o_policy {
     if (has_current)
       KVSCOUT_EXPECTS(ctx.seq_lens.size() >= static_cast<std::size_t>(S), "seq_lens holds ",
                       ctx.seq_lens.size(), " entries, expected num_seqs = ", S);
+    detail::check_seq_ids(ctx, S, cfg_.num_seqs);
     for (int s = 0; s < S; ++s) {
       if (has_current)
         KVSCOUT_EXPECTS(ctx.seq_lens[s] >= 0, "seq_lens[", s, "] = ", ctx.seq_lens[s],

@@ -258,6 +258,7 @@ class infinigen_speculator_cuda {
     p.x = ctx.x.data();
     p.positions = ctx.positions.data();
     p.seq_lens = ctx.seq_lens.data();
+    p.seq_ids = ctx.seq_ids.empty() ? nullptr : ctx.seq_ids.data();
     p.scores = out.scores.data();
     p.num_seqs = out.num_seqs;
     p.num_kv_heads = cfg_.num_kv_heads;

@@ -207,8 +207,8 @@ class infinigen_policy {
       }
       for (int v = 0; v < count; ++v)
         for (int h = 0; h < H; ++h)
-          score_row(st, qp_.data() + v * ldq + static_cast<std::size_t>(h) * g * r, s0 + v, h, g,
-                    ctx.seq_lens[s0 + v], out.row(s0 + v, h));
+          score_row(st, qp_.data() + v * ldq + static_cast<std::size_t>(h) * g * r,
+                    detail::seq_of(ctx, s0 + v), h, g, ctx.seq_lens[s0 + v], out.row(s0 + v, h));
     }
   }
 
@@ -234,9 +234,10 @@ class infinigen_policy {
   layer_state& state(int layer) { return layers_[static_cast<std::size_t>(layer)]; }
   const layer_state& state(int layer) const { return layers_[static_cast<std::size_t>(layer)]; }
 
-  // One (s, h) row. The g query heads of the group are scored together over register-sized
-  // blocks of tokens: each channel block of the partial keys is loaded once and multiply-added
-  // into g accumulators (vectorised over tokens), so the loop is bound by reading the keys.
+  // One (s, h) row (s: the sequence in the partial key cache). The g query heads of the group
+  // are scored together over register-sized blocks of tokens: each channel block of the partial
+  // keys is loaded once and multiply-added into g accumulators (vectorised over tokens), so the
+  // loop is bound by reading the keys.
   // qg: the group's g partial queries, [g, r].
   void score_row(const layer_state& st, const float* qg, int s, int h, int g, int n, float* row) {
     const int r = st.r;

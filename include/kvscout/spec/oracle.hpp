@@ -73,19 +73,24 @@ class oracle_policy {
                     "the oracle needs layer ", layer, "'s query: q holds ", ctx.q.size(),
                     " floats, expected [", out.num_seqs, ", ", cfg_.num_q_heads, ", ", head_dim, "]");
     // Every sequence's length before the first score is written, so a bad one leaves out as it was.
-    for (int s = 0; s < out.num_seqs; ++s)
-      KVSCOUT_EXPECTS(ctx.seq_lens[s] <= rows.rows(s, 0), "seq_lens[", s, "] = ", ctx.seq_lens[s],
-                      " exceeds the cache's length ", rows.rows(s, 0));
+    // Row s reads the cache's sequence seq_of(ctx, s) (checked above).
+    for (int s = 0; s < out.num_seqs; ++s) {
+      const int seq = detail::seq_of(ctx, s);
+      KVSCOUT_EXPECTS(ctx.seq_lens[s] <= rows.rows(seq, 0), "seq_lens[", s, "] = ",
+                      ctx.seq_lens[s], " exceeds the cache's length ", rows.rows(seq, 0),
+                      " (sequence ", seq, ")");
+    }
     float k[head_dim];
     const float logit_scale =
         k_scales_.empty() ? cfg_.scale : cfg_.scale * k_scales_[static_cast<std::size_t>(layer)];
     for (int s = 0; s < out.num_seqs; ++s) {
+      const int seq = detail::seq_of(ctx, s);
       for (int h = 0; h < H; ++h) {
         const float* qg =
             ctx.q.data() + (static_cast<std::size_t>(s) * cfg_.num_q_heads + h * g) * head_dim;
         detail::aggregate_scores(ctx.seq_lens[s], g, cfg_.aggregation, out.row(s, h),
                                  [&](int t, float* z) {
-                                   rows.load_k(s, h, t, k);
+                                   rows.load_k(seq, h, t, k);
                                    for (int j = 0; j < g; ++j) {
                                      float d = 0;
                                      for (int c = 0; c < head_dim; ++c) d += qg[j * head_dim + c] * k[c];

@@ -84,7 +84,7 @@ class quest_policy {
                     " floats, expected [", out.num_seqs, ", ", cfg_.num_q_heads, ", ", HeadDim,
                     "]");
     for (int s = 0; s < out.num_seqs; ++s) {
-      const int len = ctx.seq_lens[s];
+      const int len = ctx.seq_lens[s], seq = detail::seq_of(ctx, s);
       const int pages = (len + cfg_.page_size - 1) / cfg_.page_size;
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
         const float* qg = ctx.q.data() + (static_cast<std::size_t>(s) * cfg_.num_q_heads + h * g) * HeadDim;
@@ -92,7 +92,7 @@ class quest_policy {
         // Page bounds first, page p's into row[p] (pages <= len, so they fit) ...
         detail::aggregate_scores(pages, g, cfg_.aggregation, row,
                                  [&](int p, float* z) {
-                                   const float* mn = page(layer, s, h, p);
+                                   const float* mn = page(layer, seq, h, p);
                                    const float* mx = mn + HeadDim;
                                    for (int j = 0; j < g; ++j) {
                                      const float* q = qg + static_cast<std::size_t>(j) * HeadDim;

@@ -44,6 +44,9 @@ inline constexpr int bad_value = 1 << 4;
 /// policy's max_seq_len, stride or cache length): clamped into it, so the row was scored or
 /// selected over fewer tokens than the length said.
 inline constexpr int bad_length = 1 << 5;
+/// A batch row's sequence id (device_spec_context::seq_ids) outside the sequences the policy
+/// holds: the row was scored -inf for every token, so no key of another sequence was read for it.
+inline constexpr int bad_seq_id = 1 << 6;
 
 /// Human-readable list of the bits set in `bits`.
 inline std::string describe(int bits) {
@@ -60,7 +63,9 @@ inline std::string describe(int bits) {
   add(misaligned, "row not 16-byte aligned (skipped)");
   add(bad_value, "non-finite or out-of-range append input (append skipped)");
   add(bad_length, "sequence length outside [0, bound] (clamped)");
-  const int known = bad_index | bad_count | out_of_bounds | misaligned | bad_value | bad_length;
+  add(bad_seq_id, "sequence id outside the policy's sequences (row scored -inf)");
+  const int known =
+      bad_index | bad_count | out_of_bounds | misaligned | bad_value | bad_length | bad_seq_id;
   if ((bits & ~known) != 0) {
     if (!s.empty()) s += ", ";
     s += "unknown bits " + std::to_string(bits & ~known);

@@ -57,6 +57,7 @@ struct infinigen_params {
   const float* x;                 // [S, d_model]
   const std::int32_t* positions;  // [S]
   const std::int32_t* seq_lens;   // [S]
+  const std::int32_t* seq_ids;    // [S] each row's sequence in keys, or null (row s: sequence s)
   float* scores;                  // [S, H, stride]
   int num_seqs;
   int num_kv_heads;
@@ -83,7 +84,26 @@ struct infinigen_params {
     if (threadIdx.x == 0) raise_device_status(status, device_status::bad_length);
     return n < 0 ? 0 : max_len;
   }
+  /// The sequence of `keys` that batch row s reads, or -1 for an id outside [0, keys.num_seqs)
+  /// (raises device_status::bad_seq_id, once per block).
+  __device__ __forceinline__ int seq(int s) const {
+    if (seq_ids == nullptr) return s;
+    const int c = seq_ids[s];
+    if (c >= 0 && c < keys.num_seqs) return c;
+    if (threadIdx.x == 0) raise_device_status(status, device_status::bad_seq_id);
+    return -1;
+  }
 };
+
+/// A row whose sequence id is bad: -inf for the block's tokens below len (nothing was read).
+template <int Threads, int PerThread>
+__device__ __forceinline__ void score_bad_seq(float* row, int t0, int len) {
+  for (int k = 0; k < PerThread; ++k) {
+    const int t = t0 + k * Threads + static_cast<int>(threadIdx.x);
+    if (t >= len) break;
+    row[t] = -INFINITY;
+  }
+}
 
 /// Everything append_keys reads.
 template <class PkT, class K = float>
@@ -218,16 +238,21 @@ __global__ void __launch_bounds__(spec_block_threads)
   const int len = p.length(s);
   const int t0 = static_cast<int>(blockIdx.x) * spec_tokens_per_block;
   if (t0 >= len) return;  // the whole block
+  float* row = p.scores + (static_cast<std::size_t>(s) * p.num_kv_heads + h) * p.stride;
+  const int c = p.seq(s);
+  if (c < 0) {
+    score_bad_seq<spec_block_threads, spec_tokens_per_thread>(row, t0, len);
+    return;
+  }
   load_group(p, s, h, qs);
   __syncthreads();
   const int g = G > 0 ? G : p.group;
   const bool use_max = p.aggregation == gqa_aggregation::max_logit;
   const float inv_g = 1.f / static_cast<float>(g);
-  float* row = p.scores + (static_cast<std::size_t>(s) * p.num_kv_heads + h) * p.stride;
   for (int k = 0; k < spec_tokens_per_thread; ++k) {
     const int t = t0 + k * spec_block_threads + static_cast<int>(threadIdx.x);
     if (t >= len) break;
-    const PkT* pk = p.keys.data.data() + p.keys.offset(s, h, 0, t);
+    const PkT* pk = p.keys.data.data() + p.keys.offset(c, h, 0, t);
     float a = 0.f;
     for (int j0 = 0; j0 < g; j0 += GC) {
       float acc[GC];
@@ -270,6 +295,8 @@ __global__ void __launch_bounds__(spec_block_threads)
   const int len = p.length(s);
   const int t0 = static_cast<int>(blockIdx.x) * spec_tokens_per_block;
   if (t0 >= len) return;
+  const int c = p.seq(s);
+  if (c < 0) return;  // score_sum_prob scores the row -inf
   load_group(p, s, h, qs);
   __syncthreads();
   const int g = G > 0 ? G : p.group;
@@ -282,7 +309,7 @@ __global__ void __launch_bounds__(spec_block_threads)
     for (int k = 0; k < spec_tokens_per_thread; ++k) {
       const int t = t0 + k * spec_block_threads + static_cast<int>(threadIdx.x);
       if (t >= len) break;
-      const PkT* pk = p.keys.data.data() + p.keys.offset(s, h, 0, t);
+      const PkT* pk = p.keys.data.data() + p.keys.offset(c, h, 0, t);
       float acc[GC];
       group_logits<GC, (G > 0)>(pk, qs, p.r, j0, g, acc);
 #pragma unroll
@@ -308,6 +335,12 @@ __global__ void __launch_bounds__(spec_block_threads)
   const int len = p.length(s);
   const int t0 = static_cast<int>(blockIdx.x) * spec_tokens_per_block;
   if (t0 >= len) return;
+  float* row = p.scores + (static_cast<std::size_t>(s) * p.num_kv_heads + h) * p.stride;
+  const int c = p.seq(s);
+  if (c < 0) {
+    score_bad_seq<spec_block_threads, spec_tokens_per_thread>(row, t0, len);
+    return;
+  }
   const int g = G > 0 ? G : p.group;
   float* ms = qs + g * p.r;
   float* ls = ms + g;
@@ -325,11 +358,10 @@ __global__ void __launch_bounds__(spec_block_threads)
     ls[j] = l;
   }
   __syncthreads();
-  float* row = p.scores + (static_cast<std::size_t>(s) * p.num_kv_heads + h) * p.stride;
   for (int k = 0; k < spec_tokens_per_thread; ++k) {
     const int t = t0 + k * spec_block_threads + static_cast<int>(threadIdx.x);
     if (t >= len) break;
-    const PkT* pk = p.keys.data.data() + p.keys.offset(s, h, 0, t);
+    const PkT* pk = p.keys.data.data() + p.keys.offset(c, h, 0, t);
     float a = 0.f;
     for (int j0 = 0; j0 < g; j0 += GC) {
       float acc[GC];
