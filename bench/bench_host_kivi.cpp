@@ -19,7 +19,9 @@
 //                                fp16 and fp8 (e4m3, with k_scale / v_scale) gathered_rows vs
 //                                kivi_gathered_rows (3968 gathered records
 //                                + the 128-token residual window, so both attend 4096 rows).
-//                                Time per decoded token (one call = one token, all heads).
+//                                Time per decoded token (one call = one token, all heads), on
+//                                1 thread, and for fp16 and KIVI-2 also on a pool of 2 (the
+//                                8 (sequence, kv head) pairs split in two).
 //
 // Gather caches hold seeded random bytes: a copy does not look at them. The attention caches are
 // real: seeded random keys / values, quantised by kivi_host_writer.
@@ -223,14 +225,17 @@ struct attention_inputs {
   }
 };
 
+// The benchmark's third argument is the number of threads (a thread_pool, the caller's thread
+// included) the (sequence, kv head) pairs are split over.
 template <class Rows>
 void time_attention(benchmark::State& state, const Rows& rows, attention_inputs& in,
                     float k_scale = 1.f, float v_scale = 1.f) {
   const kvscout::attention_params p{q_heads, 1.f / std::sqrt(static_cast<float>(head_dim)),
                                     k_scale, v_scale};
+  kvscout::thread_pool pool(static_cast<int>(state.range(2)));
   for (auto _ : state) {
     kvscout::decode_attention_host(rows, in.current(), {in.q.data(), in.q.size()},
-                                   {in.out.data(), in.out.size()}, p);
+                                   {in.out.data(), in.out.size()}, p, {}, 0, &pool);
     benchmark::DoNotOptimize(in.out.data());
     benchmark::ClobberMemory();
   }
@@ -238,6 +243,7 @@ void time_attention(benchmark::State& state, const Rows& rows, attention_inputs&
   for (int h = 0; h < heads; ++h) n += rows.rows(0, h) + 1;
   state.SetItemsProcessed(state.iterations() * n);  // rows (kv head x token) per second
   state.counters["rows_per_head"] = static_cast<double>(rows.rows(0, 0));
+  state.counters["threads"] = pool.size();
 }
 
 // fp16 rows, or fp8 (e4m3) rows stored scaled as an fp8 cache holds them (x / scale, with the
@@ -324,12 +330,14 @@ BENCHMARK(BM_gather)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 BENCHMARK(BM_sparse_attention)
-    ->ArgNames({"bits", "scale"})
-    ->Args({16, 16})
-    ->Args({8, 16})
-    ->Args({4, 16})
-    ->Args({2, 16})
-    ->Args({2, 32})
+    ->ArgNames({"bits", "scale", "threads"})
+    ->Args({16, 16, 1})
+    ->Args({16, 16, 2})
+    ->Args({8, 16, 1})
+    ->Args({4, 16, 1})
+    ->Args({2, 16, 1})
+    ->Args({2, 16, 2})
+    ->Args({2, 32, 1})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

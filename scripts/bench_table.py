@@ -240,13 +240,16 @@ def kivi_section(res):
         row_txt = f"{row_bytes:.0f}" if row_bytes is not None else "-"
         lines.append(f"| {names.get(f['bits'], f['bits'])} | {row_txt} | {f['threads']} | "
                      f"{r['gbps']:.2f} | {r['ips'] / 1e6:.1f} |")
-    lines += ["", "| rows (4096 per KV head, 8 KV heads, 32 query heads) | sparse attention time |",
-              "|:--|---:|"]
+    lines += ["", "| rows (4096 per KV head, 8 KV heads, 32 query heads) | threads | "
+              "sparse attention time | vs 1 thread |", "|:--|---:|---:|---:|"]
     for r in (r for r in res if r["family"] == "BM_sparse_attention"):
         f = r["fields"]
         what = (names[f["bits"]] if f["bits"] in (16, 8)
                 else f"{names.get(f['bits'], f['bits'])}, fp{f['scale']} scales")
-        lines.append(f"| {what} | {r['time']:.0f} {r['unit']} |")
+        threads = f.get("threads", 1)
+        one = find(res, "BM_sparse_attention", bits=f["bits"], scale=f["scale"], threads=1)
+        speedup = f"{one['time'] / r['time']:.2f}x" if one and threads != 1 else "-"
+        lines.append(f"| {what} | {threads} | {r['time']:.0f} {r['unit']} | {speedup} |")
     targets = []
     k2 = find(res, "kivi2_bytes_per_row_vs_fp16")
     if k2:

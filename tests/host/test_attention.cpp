@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <random>
@@ -159,6 +160,45 @@ TEMPLATE_TEST_CASE("dense decode attention matches the fp64 definition", "[atten
       double worst64 = 0;
       for (std::size_t i = 0; i < out.size(); ++i) worst64 = std::max(worst64, std::abs(out64[i] - ref[i]));
       REQUIRE(worst64 <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("decode attention split over a thread pool gives the bits it gives alone",
+          "[attention][threads]") {
+  // 3 sequences x 3 kv heads = 9 (sequence, kv head) pairs over pools of 2, 4 and 16 threads
+  // (16: more threads than pairs, some get none); with and without the current token, with the
+  // probabilities, and in place (out == q). Each pair is computed as without a pool.
+  attn_fixture<kvscout::half> f({50, 9, 130}, 3, 3, 15);
+  const kvscout::layout_rows<typename attn_fixture<kvscout::half>::layout> rows(f.view());
+  const kvscout::attention_params p{f.Hq, 0.125f};
+  const int stride = f.cap + 1;
+  const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const bool with_current : {true, false}) {
+    CAPTURE(with_current);
+    const kvscout::current_token<kvscout::half> cur =
+        with_current ? f.current() : kvscout::current_token<kvscout::half>{};
+    // Probabilities past a row's count are not written: both buffers start at -1.
+    std::vector<float> out1(f.q.size()), probs1(static_cast<std::size_t>(f.S) * f.H * stride, -1.f);
+    kvscout::decode_attention_host(rows, cur, {f.q.data(), f.q.size()}, {out1.data(), out1.size()},
+                                   p, {probs1.data(), probs1.size()}, stride);
+    std::vector<float> plain1(f.q.size());
+    kvscout::decode_attention_host(rows, cur, {f.q.data(), f.q.size()},
+                                   {plain1.data(), plain1.size()}, p);
+    for (int threads : {2, 4, 16}) {
+      CAPTURE(threads);
+      kvscout::thread_pool pool(threads);
+      std::vector<float> out(f.q.size(), -1.f), probs(probs1.size(), -1.f);
+      kvscout::decode_attention_host(rows, cur, {f.q.data(), f.q.size()}, {out.data(), out.size()},
+                                     p, {probs.data(), probs.size()}, stride, &pool);
+      REQUIRE(bits_equal(out, out1));
+      REQUIRE(bits_equal(probs, probs1));
+      std::vector<float> in_place = f.q;  // out == q
+      kvscout::decode_attention_host(rows, cur, {in_place.data(), in_place.size()},
+                                     {in_place.data(), in_place.size()}, p, {}, 0, &pool);
+      REQUIRE(bits_equal(in_place, plain1));
     }
   }
 }

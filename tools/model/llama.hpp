@@ -208,7 +208,7 @@ class llama_session {
       }
       if (!done)
         decode_attention_host(layout_rows<layout>(view(l)), cur, {q_.data(), q_.size()},
-                              {attn_.data(), attn_.size()}, {Hq, scale});
+                              {attn_.data(), attn_.size()}, {Hq, scale}, {}, 0, &pool_);
       // Append the token's K / V (after attention: the cache never holds the current token
       // while it attends).
       for (int h = 0; h < H; ++h) {

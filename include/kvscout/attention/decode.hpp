@@ -20,13 +20,20 @@
 // Optional output `probs` [num_seqs, num_kv_heads, probs_stride]: the attention probability of
 // each row summed over the query heads of the group (the current token, when given, is the entry
 // after the last row). Attention-mass metrics and the h2o policy read it.
+//
+// Optional `pool` (backend/host/thread_pool.hpp): the (sequence, kv head) pairs are split over its
+// threads, each pair computed as without it (the same bits). Nothing is allocated either way. The
+// rows' loads then run on the pool's threads: they must not throw (kvscout's row sources check
+// everything when they are built).
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 
 #include "kvscout/attention/rows.hpp"
+#include "kvscout/backend/host/thread_pool.hpp"
 #include "kvscout/core/detail/overlap.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
@@ -88,7 +95,8 @@ template <class Acc = float, attention_rows Rows,
           kv_element T = typename detail::rows_element<Rows>::type>
 void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_span<const float> q,
                            host_span<float> out, const attention_params& p,
-                           host_span<float> probs = {}, int probs_stride = 0) {
+                           host_span<float> probs = {}, int probs_stride = 0,
+                           thread_pool* pool = nullptr) {
   constexpr int D = Rows::head_dim;
   constexpr int chunk = 16;  // query heads sharing one load of a row
   const int S = rows.num_seqs();
@@ -133,74 +141,86 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
   const int g = Hq / H;
   const Acc logit_scale = static_cast<Acc>(p.scale) * static_cast<Acc>(p.k_scale);
   const Acc v_scale = static_cast<Acc>(p.v_scale);
-  float kbuf[D], vbuf[D];
-  Acc m[chunk], l[chunk], acc[chunk][D], logit[chunk];
-  for (int s = 0; s < S; ++s) {
-    for (int h = 0; h < H; ++h) {
-      const int n = rows.rows(s, h);
-      const int total = n + (cur.present() ? 1 : 0);
-      const std::size_t cur_off = (static_cast<std::size_t>(s) * H + h) * D;
-      auto load = [&](int i, bool key, float* dst) {
-        if (i < n) {
-          key ? rows.load_k(s, h, i, dst) : rows.load_v(s, h, i, dst);
-        } else {
-          const T* src = (key ? cur.k.data() : cur.v.data()) + cur_off;
-          for (int c = 0; c < D; ++c) dst[c] = to_float(src[c]);
-        }
-      };
-      float* prow = probs.data() != nullptr
-                        ? probs.data() + (static_cast<std::size_t>(s) * H + h) * probs_stride
-                        : nullptr;
-      if (prow != nullptr) std::fill(prow, prow + total, 0.f);
-      for (int j0 = 0; j0 < g; j0 += chunk) {
-        const int gj = std::min(chunk, g - j0);
-        const float* qs = q.data() + (static_cast<std::size_t>(s) * Hq + h * g + j0) * D;
+  // One (sequence, kv head) pair: its rows, its query heads' outputs and probabilities. Pairs
+  // share nothing, so threads split them in contiguous ranges and each gets the bits it gets
+  // alone.
+  const auto one_pair = [&](int s, int h) {
+    float kbuf[D], vbuf[D];
+    Acc m[chunk], l[chunk], acc[chunk][D], logit[chunk];
+    const int n = rows.rows(s, h);
+    const int total = n + (cur.present() ? 1 : 0);
+    const std::size_t cur_off = (static_cast<std::size_t>(s) * H + h) * D;
+    auto load = [&](int i, bool key, float* dst) {
+      if (i < n) {
+        key ? rows.load_k(s, h, i, dst) : rows.load_v(s, h, i, dst);
+      } else {
+        const T* src = (key ? cur.k.data() : cur.v.data()) + cur_off;
+        for (int c = 0; c < D; ++c) dst[c] = to_float(src[c]);
+      }
+    };
+    float* prow = probs.data() != nullptr
+                      ? probs.data() + (static_cast<std::size_t>(s) * H + h) * probs_stride
+                      : nullptr;
+    if (prow != nullptr) std::fill(prow, prow + total, 0.f);
+    for (int j0 = 0; j0 < g; j0 += chunk) {
+      const int gj = std::min(chunk, g - j0);
+      const float* qs = q.data() + (static_cast<std::size_t>(s) * Hq + h * g + j0) * D;
+      for (int j = 0; j < gj; ++j) {
+        m[j] = -std::numeric_limits<Acc>::infinity();
+        l[j] = 0;
+        for (int c = 0; c < D; ++c) acc[j][c] = 0;
+      }
+      for (int i = 0; i < total; ++i) {
+        load(i, true, kbuf);
+        load(i, false, vbuf);
         for (int j = 0; j < gj; ++j) {
-          m[j] = -std::numeric_limits<Acc>::infinity();
-          l[j] = 0;
-          for (int c = 0; c < D; ++c) acc[j][c] = 0;
+          Acc dot = 0;
+          const float* qj = qs + static_cast<std::size_t>(j) * D;
+          for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(kbuf[c]);
+          const Acc x = dot * logit_scale;
+          if (x > m[j]) {
+            const Acc f = std::exp(m[j] - x);  // 0 on the first row (m = -inf)
+            l[j] = l[j] * f + 1;
+            for (int c = 0; c < D; ++c) acc[j][c] = acc[j][c] * f + vbuf[c];
+            m[j] = x;
+          } else {
+            const Acc w = std::exp(x - m[j]);
+            l[j] += w;
+            for (int c = 0; c < D; ++c) acc[j][c] += w * vbuf[c];
+          }
         }
+      }
+      for (int j = 0; j < gj; ++j) {
+        float* o = out.data() + (static_cast<std::size_t>(s) * Hq + h * g + j0 + j) * D;
+        for (int c = 0; c < D; ++c)
+          o[c] = total > 0 ? static_cast<float>(acc[j][c] / l[j] * v_scale) : 0.f;
+      }
+      if (prow != nullptr) {
+        // Second pass over K only: each row's probability, summed over the group.
         for (int i = 0; i < total; ++i) {
           load(i, true, kbuf);
-          load(i, false, vbuf);
           for (int j = 0; j < gj; ++j) {
             Acc dot = 0;
             const float* qj = qs + static_cast<std::size_t>(j) * D;
             for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(kbuf[c]);
-            const Acc x = dot * logit_scale;
-            if (x > m[j]) {
-              const Acc f = std::exp(m[j] - x);  // 0 on the first row (m = -inf)
-              l[j] = l[j] * f + 1;
-              for (int c = 0; c < D; ++c) acc[j][c] = acc[j][c] * f + vbuf[c];
-              m[j] = x;
-            } else {
-              const Acc w = std::exp(x - m[j]);
-              l[j] += w;
-              for (int c = 0; c < D; ++c) acc[j][c] += w * vbuf[c];
-            }
-          }
-        }
-        for (int j = 0; j < gj; ++j) {
-          float* o = out.data() + (static_cast<std::size_t>(s) * Hq + h * g + j0 + j) * D;
-          for (int c = 0; c < D; ++c)
-            o[c] = total > 0 ? static_cast<float>(acc[j][c] / l[j] * v_scale) : 0.f;
-        }
-        if (prow != nullptr) {
-          // Second pass over K only: each row's probability, summed over the group.
-          for (int i = 0; i < total; ++i) {
-            load(i, true, kbuf);
-            for (int j = 0; j < gj; ++j) {
-              Acc dot = 0;
-              const float* qj = qs + static_cast<std::size_t>(j) * D;
-              for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(kbuf[c]);
-              logit[j] = dot * logit_scale;
-              prow[i] += static_cast<float>(std::exp(logit[j] - m[j]) / l[j]);
-            }
+            logit[j] = dot * logit_scale;
+            prow[i] += static_cast<float>(std::exp(logit[j] - m[j]) / l[j]);
           }
         }
       }
     }
+  };
+  const int pairs = S * H;
+  if (pool == nullptr || pool->size() == 1 || pairs < 2) {
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) one_pair(s, h);
+    return;
   }
+  pool->run([&](int part, int parts) {
+    const int i1 = static_cast<int>(static_cast<std::int64_t>(pairs) * (part + 1) / parts);
+    for (int i = static_cast<int>(static_cast<std::int64_t>(pairs) * part / parts); i < i1; ++i)
+      one_pair(i / H, i % H);
+  });
 }
 
 }  // namespace kvscout

@@ -213,6 +213,9 @@ class host_gather_executor {
   }
 
   [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }
+  /// The executor's cfg.threads threads (the caller's included), idle between submits: the host
+  /// pipeline runs its attention on them too.
+  [[nodiscard]] thread_pool& pool() noexcept { return *pool_; }
 
   completion_type submit(const source_type& src, const selection_type& sel,
                          const destination_type& dst) {

@@ -56,7 +56,7 @@ struct host_pipeline_config {
   int num_q_heads = 0;
   int max_tokens = 0;  // score row stride: at least every cached length
   int capacity = 0;    // most rows fetched per (sequence, kv head): the selector's budget
-  int threads = 1;     // gather threads
+  int threads = 1;     // gather and attention threads (the caller's included)
   float scale = 0.f;   // attention scale, usually 1 / sqrt(head_dim)
   bool track_reuse = true;  // count rows re-selected from the previous step (fetch_stats::reused)
   // How the gather writes the fetched rows (fetch/host_gather.hpp). automatic streams a layer's
@@ -165,7 +165,7 @@ class host_decode_pipeline {
                     " is out of range [0, ", cfg_.num_layers, ")");
     const attention_params ap{cfg_.num_q_heads, cfg_.scale, scales.k, scales.v};
     if (layer < cfg_.skip_layers) {
-      decode_attention_host(layout_rows<L>(kv), cur, ctx.q, out, ap);
+      decode_attention_host(layout_rows<L>(kv), cur, ctx.q, out, ap, {}, 0, &gather_->pool());
       return;
     }
     if constexpr (P::needs_query) speculate(layer, ctx, kv);
@@ -176,11 +176,11 @@ class host_decode_pipeline {
         selection(b).view(), {b.k.data(), b.k.size()}, {b.v.data(), b.v.size()});
     if constexpr (requires { policy_.observe(layer, ctx, rows, host_span<const float>{}, 0, true); }) {
       decode_attention_host(rows, cur, ctx.q, out, ap, {probs_.data(), probs_.size()},
-                            cfg_.capacity + 1);
+                            cfg_.capacity + 1, &gather_->pool());
       policy_.observe(layer, ctx, rows, {probs_.data(), probs_.size()}, cfg_.capacity + 1,
                       cur.present());
     } else {
-      decode_attention_host(rows, cur, ctx.q, out, ap);
+      decode_attention_host(rows, cur, ctx.q, out, ap, {}, 0, &gather_->pool());
     }
     b.layer = -1;  // consumed
   }
