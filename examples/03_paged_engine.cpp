@@ -17,10 +17,10 @@
 //
 // The example checks that a budget of every token gives dense attention's bits, then prints per
 // budget the rows fetched, the output's relative error against dense attention and the share of
-// the attention mass the selected rows carry. Last, continuous batching: a step over two of the
-// three sequences, out of order, named by spec_context::seq_ids. The keys here are random, without the outlier
-// channels of a trained model's keys, so 32 of 128 channels estimate the logits only roughly;
-// docs/accuracy.md has the real model.
+// the attention mass the selected rows carry. Last, continuous batching: a score() over two of
+// the three sequences, out of order, named by spec_context::seq_ids. The keys here are random,
+// without the outlier channels of a trained model's keys, so 32 of 128 channels estimate the
+// logits only roughly; docs/accuracy.md has the real model.
 //
 //   ./examples/03_paged_engine
 

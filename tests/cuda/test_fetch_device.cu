@@ -289,6 +289,121 @@ void row_cache_serves_hits_from_device() {
   GPU_CHECK(thrown);
 }
 
+// The row cache across a reordered batch (continuous batching): the cache {A, its rows} was
+// fetched with rows 0, 1, 2 holding sequences 0, 1, 2; the next submit's rows hold sequences 2, a
+// new one, 0, and row_map = {2, -1, 0} says so. Row 0 must hit A's row 2 (the bytes fetched for
+// its sequence), row 1 nothing, row 2 A's row 0; without the map, row 0 would hit A's row 0: the
+// bytes of another sequence (the test checks that this gives other bytes, so it can tell). Then
+// an entry outside [-1, num_seqs) is served from the source and raises bad_seq_id.
+void row_cache_follows_its_row_map() {
+  using Case = kvtest::layout_case<kvtest::kind::padded, kvscout::hnd, half, 128>;
+  using Layout = Case::layout;
+  std::mt19937 rng(37);
+  const std::vector<int32_t> lens = {300, 300, 300};  // equal: a token of one row is one of any
+  const int heads = 2, cap = 128;
+  kvtest::layout_fixture<Case> f(lens, heads, rng);
+  pinned_vector<std::byte> k(f.bytes), v(f.bytes);
+  fill_random_bytes(k.data(), k.bytes(), 21);
+  fill_random_bytes(v.data(), v.bytes(), 22);
+  device_layout<Case> dl(f);
+  const std::vector<int> lens_i(lens.begin(), lens.end());
+  const host_selection a(lens_i, heads, cap, 0.3, rng);
+  const host_selection b(lens_i, heads, cap, 0.3, rng);
+  const int S = static_cast<int>(lens.size());
+  const std::size_t slots = static_cast<std::size_t>(S) * heads * cap, row = 256;
+  device_selection da(a), db(b);
+  device_vector<std::byte> ak(slots * row), av(slots * row), bk(slots * row), bv(slots * row);
+  device_vector<int> status(1);
+  clear_status(status);
+  device_vector<unsigned long long> hits(1);
+  KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
+  kvscout::zero_copy_executor<Layout> ex({.num_seqs = S, .num_kv_heads = heads, .capacity = cap,
+                                          .device_status = status.data()});
+  const kvscout::kv_view<Layout, kvscout::device_space> src{
+      dl.layout, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}};
+  ex.submit(src, da.view(), {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}}).wait();
+  const std::vector<std::byte> old_k(k.data(), k.data() + k.bytes());
+  const std::vector<std::byte> old_v(v.data(), v.data() + v.bytes());
+  fill_random_bytes(k.data(), k.bytes(), 23);  // the batch changed: the source rows are new bytes
+  fill_random_bytes(v.data(), v.bytes(), 24);
+  // What the second submit must return for a map (hits from old bytes of the mapped row).
+  auto expected = [&](const std::vector<int32_t>& map, unsigned long long& common) {
+    std::vector<std::byte> want(2 * slots * row, poison);
+    common = 0;
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < heads; ++h) {
+        const std::size_t r = static_cast<std::size_t>(s) * heads + h;
+        const int cs = map[static_cast<std::size_t>(s)] >= -1 && map[static_cast<std::size_t>(s)] < S
+                           ? map[static_cast<std::size_t>(s)]
+                           : -1;
+        for (int i = 0; i < b.counts[r]; ++i) {
+          const int t = b.indices[r * cap + i];
+          bool in_a = false;
+          if (cs >= 0) {
+            const int32_t* ar = &a.indices[(static_cast<std::size_t>(cs) * heads + h) * cap];
+            in_a = std::binary_search(ar, ar + a.counts[static_cast<std::size_t>(cs) * heads + h], t);
+          }
+          common += in_a;
+          const std::size_t ko = in_a ? f.layout.k_offset(cs, t, h) : f.layout.k_offset(s, t, h);
+          const std::size_t vo = in_a ? f.layout.v_offset(cs, t, h) : f.layout.v_offset(s, t, h);
+          std::memcpy(&want[(r * cap + i) * row], (in_a ? old_k.data() : k.data()) + ko, row);
+          std::memcpy(&want[slots * row + (r * cap + i) * row], (in_a ? old_v.data() : v.data()) + vo,
+                      row);
+        }
+      }
+    return want;
+  };
+  auto run = [&](const std::vector<int32_t>& map, bool with_map) {
+    device_vector<int32_t> dmap(map);
+    KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
+    KVSCOUT_CUDA_CHECK(cudaMemset(bk.data(), static_cast<int>(poison), bk.bytes()));
+    KVSCOUT_CUDA_CHECK(cudaMemset(bv.data(), static_cast<int>(poison), bv.bytes()));
+    kvscout::row_cache_view cache{da.view(), {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}},
+                                  hits.data()};
+    if (with_map) cache.row_map = {dmap.data(), dmap.size()};
+    ex.submit(src, db.view(), {{bk.data(), bk.bytes()}, {bv.data(), bv.bytes()}}, cache).wait();
+    std::vector<std::byte> got = bk.download(), gv = bv.download();
+    got.insert(got.end(), gv.begin(), gv.end());
+    return std::make_pair(got, hits.download()[0]);
+  };
+  const std::vector<int32_t> map = {2, -1, 0};
+  unsigned long long common = 0, common_identity = 0;
+  const std::vector<std::byte> want = expected(map, common);
+  const std::vector<std::byte> want_identity = expected({0, 1, 2}, common_identity);
+  GPU_CHECK(common > 0);
+  GPU_CHECK(want != want_identity);  // the map changes the answer: the test can tell
+  const auto [got, got_hits] = run(map, true);
+  GPU_CHECK(read_status(status) == 0);
+  std::printf("  row map {2, -1, 0}: %llu of %lld rows from the cache\n", got_hits,
+              static_cast<long long>(b.total()));
+  GPU_CHECK(got_hits == common);
+  expect_same("row map K+V", got, want);
+  // Without the map the executor takes row s for cached row s (documented): the other answer.
+  const auto [got_id, hits_id] = run(map, false);
+  GPU_CHECK(hits_id == common_identity);
+  expect_same("no row map K+V", got_id, want_identity);
+  // Entry 5 is outside [-1, 3): row 0 crosses the link; rows 1 and 2 follow their entries.
+  const std::vector<int32_t> bad = {5, 0, -1};
+  unsigned long long common_bad = 0;
+  const std::vector<std::byte> want_bad = expected(bad, common_bad);
+  const auto [got_bad, hits_bad] = run(bad, true);
+  GPU_CHECK(read_status(status) == kvscout::device_status::bad_seq_id);
+  GPU_CHECK(hits_bad == common_bad);
+  expect_same("bad row map K+V", got_bad, want_bad);
+  // A map shorter than num_seqs is refused on the host.
+  device_vector<int32_t> short_map(std::vector<int32_t>{0, 1});
+  bool thrown = false;
+  try {
+    ex.submit(src, db.view(), {{bk.data(), bk.bytes()}, {bv.data(), bv.bytes()}},
+              {da.view(), {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}}, nullptr,
+               {short_map.data(), short_map.size()}});
+  } catch (const kvscout::error& e) {
+    thrown = std::string(e.what()).find("row_map holds 2 entries, expected num_seqs = 3") !=
+             std::string::npos;
+  }
+  GPU_CHECK(thrown);
+}
+
 }  // namespace
 
 int main() {
@@ -312,5 +427,6 @@ int main() {
           {"empty_selection", [] { layout_case<kvtest::layout_case<kind::padded, hnd, half, 128>>(0.1, 9, /*empty=*/true); }},
           {"bad_device_data_sets_status", bad_device_data},
           {"row_cache_serves_hits_from_device", row_cache_serves_hits_from_device},
+          {"row_cache_follows_its_row_map", row_cache_follows_its_row_map},
       });
 }

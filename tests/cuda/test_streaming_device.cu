@@ -226,6 +226,20 @@ void pipeline_selects_sinks_and_recent() {
                    dspan<const int32_t>(seq_ids)},
                   {dspan<const float>(x0), dspan<const float>(x1)}, sets);
   stages.set_device_status(status.data());  // the policy and the selector report there too
+  // A row cache over rows named by seq_ids needs to know which row held each sequence before.
+  bool refused = false;
+  try {
+    stages_t cached(per_layer, selector, fetch, sources,
+                    {{scores.data(), scores.size()}, S, H, max_tokens},
+                    {dspan<const int32_t>(dev_lens), dspan<const int32_t>(dev_lens), max_tokens,
+                     dspan<const int32_t>(seq_ids)},
+                    {dspan<const float>(x0), dspan<const float>(x1)}, sets,
+                    kvscout::cuda_stage_buffering::row_cache);
+  } catch (const kvscout::error& e) {
+    refused = std::string(e.what()).find("row_cache buffering with seq_ids needs cached_rows") !=
+              std::string::npos;
+  }
+  GPU_CHECK(refused);
   kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
                                      kvscout::cuda_stages_ref<stages_t>{&stages});
   using pipe_t = decltype(pipe);

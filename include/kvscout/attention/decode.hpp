@@ -216,7 +216,9 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
       for (int h = 0; h < H; ++h) one_pair(s, h);
     return;
   }
-  pool->run([&](int part, int parts) {
+  // thread_pool::run requires a task that does not throw: a row source's loads must not (the
+  // shapes and buffers were checked above; kvscout's row sources check theirs at construction).
+  pool->run([&](int part, int parts) noexcept {
     const int i1 = static_cast<int>(static_cast<std::int64_t>(pairs) * (part + 1) / parts);
     for (int i = static_cast<int>(static_cast<std::int64_t>(pairs) * part / parts); i < i1; ++i)
       one_pair(i / H, i % H);

@@ -34,10 +34,15 @@
 // left in device memory (row_cache_view: that selection and its destination). A selected token
 // found in the cached selection of its (sequence, kv head) (binary search: the cached indices are
 // ascending) is copied from the cached rows, device to device, instead of across the link; the
-// others are read from the source as usual. cache.hits (optional) adds up the rows served from
-// the cache. The cached buffers must not overlap the destination (keep two sets per layer and
-// alternate them by step: pipeline/cuda_stages.cuh does). A cached count outside [0, capacity]
-// is treated as 0 and raises bad_count.
+// others are read from the source as usual. The cached selection is indexed by the previous
+// submit's batch rows: where rows changed sequence since (continuous batching),
+// cache.row_map[s] names the cached row that holds batch row s's sequence, -1 for none (a
+// sequence new to the batch: its tokens all cross the link). Without a map row s is cached row
+// s, which is right only while every row keeps its sequence. A map entry outside
+// [-1, num_seqs) is treated as -1 and raises bad_seq_id. cache.hits (optional) adds up the rows
+// served from the cache. The cached buffers must not overlap the destination (keep two sets per
+// layer and alternate them by step: pipeline/cuda_stages.cuh does). A cached count outside
+// [0, capacity] is treated as 0 and raises bad_count.
 //
 // Completion: an event recorded on config.stream after the kernel (event_completion); valid until
 // the next submit().
@@ -90,6 +95,8 @@ struct zero_copy_params {
   const std::byte* cached_k;           // [num_seqs, num_kv_heads, capacity, k_row_bytes]
   const std::byte* cached_v;
   unsigned long long* hits;            // optional: rows served from the cache
+  const std::int32_t* cached_row_map;  // [num_seqs] batch row -> cached row (-1: none), or null
+  int num_seqs;
 };
 
 // Position of token t among the first n ascending entries of `row`, or -1.
@@ -133,13 +140,23 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
       const int t = p.indices[slot];
       std::size_t ko = zero_copy_skip, vo = zero_copy_skip;
       bool hit = false;
-      if (p.cached_indices != nullptr && t >= 0 && t < l.seq_len(s)) {
-        int nc = p.cached_counts[pair];
+      // The cached row holding row s's sequence (-1: none), as the cache's pair index.
+      int cs = s;
+      if (p.cached_row_map != nullptr) {
+        cs = p.cached_row_map[s];
+        if (cs < -1 || cs >= p.num_seqs) {
+          raise_device_status(p.status, device_status::bad_seq_id);
+          cs = -1;
+        }
+      }
+      if (p.cached_indices != nullptr && cs >= 0 && t >= 0 && t < l.seq_len(s)) {
+        const long long cpair = static_cast<long long>(cs) * p.num_kv_heads + h;
+        int nc = p.cached_counts[cpair];
         if (nc < 0 || nc > p.capacity) {
           raise_device_status(p.status, device_status::bad_count);
           nc = 0;
         }
-        const std::size_t row0 = static_cast<std::size_t>(pair) * p.capacity;
+        const std::size_t row0 = static_cast<std::size_t>(cpair) * p.capacity;
         const int j = find_sorted(p.cached_indices + row0, nc, t);
         if (j >= 0) {
           hit = true;
@@ -214,11 +231,15 @@ inline int default_max_blocks() {
 }  // namespace detail
 
 /// Rows a previous submit left in device memory (zero_copy_executor's row cache): that submit's
-/// selection and destination, and an optional device counter of the rows served from them.
+/// selection and destination, an optional device counter of the rows served from them, and
+/// where batch rows changed sequence since, the map from this submit's rows to the cached ones.
 struct row_cache_view {
   selection_view<device_space> selection;
   gather_destination<device_space> rows;
   unsigned long long* hits = nullptr;
+  /// [num_seqs] for each batch row, the row of `selection` that holds the same sequence, or -1
+  /// where the cache holds none of it; empty: row s is cached row s.
+  device_span<const std::int32_t> row_map = {};
 };
 
 template <kv_layout Layout>
@@ -294,7 +315,10 @@ class zero_copy_executor {
                                          cache ? cache->selection.counts.data() : nullptr,
                                          cache ? cache->rows.k.data() : nullptr,
                                          cache ? cache->rows.v.data() : nullptr,
-                                         cache ? cache->hits : nullptr};
+                                         cache ? cache->hits : nullptr,
+                                         cache && !cache->row_map.empty() ? cache->row_map.data()
+                                                                          : nullptr,
+                                         cfg_.num_seqs};
       const long long grid = items < cfg_.max_blocks ? items : cfg_.max_blocks;
       detail::launch(detail::zero_copy_gather_kernel<Layout>, static_cast<unsigned>(grid),
                      static_cast<unsigned>(cfg_.threads_per_block), 0, cfg_.stream, p);
@@ -319,6 +343,10 @@ class zero_copy_executor {
     KVSCOUT_EXPECTS(cs.indices.size() >= slots && cs.counts.size() >= pairs,
                     "row cache selection holds ", cs.indices.size(), " indices / ",
                     cs.counts.size(), " counts, expected ", slots, " / ", pairs);
+    KVSCOUT_EXPECTS(c.row_map.empty() || (c.row_map.data() != nullptr &&
+                                          c.row_map.size() >= static_cast<std::size_t>(cfg_.num_seqs)),
+                    "row cache row_map holds ", c.row_map.size(), " entries, expected num_seqs = ",
+                    cfg_.num_seqs, " (or none)");
     const std::size_t k_need = slots * l.k_row_bytes(), v_need = slots * l.v_row_bytes();
     KVSCOUT_EXPECTS(c.rows.k.size() >= k_need && c.rows.v.size() >= v_need, "row cache rows hold ",
                     c.rows.k.size(), " / ", c.rows.v.size(), " bytes (K / V), expected ", k_need,

@@ -62,6 +62,13 @@ struct cuda_stage_lengths {
   /// [num_seqs] the sequence of the policies' state (InfiniGen's partial keys) each batch row
   /// reads, or empty: row s is sequence s (device_spec_context::seq_ids; continuous batching).
   device_span<const int32_t> seq_ids = {};
+  /// row_cache buffering: [num_seqs] for each batch row, the batch row that held its sequence at
+  /// the previous step, or -1 for a sequence new to the batch (row_cache_view::row_map); the
+  /// caller advances it with the other arrays. Empty: every row holds the sequence it held at
+  /// the previous step (else call reset_cache). Required with seq_ids: rows that can name any
+  /// sequence can change it between steps, and a cache hit would copy another sequence's rows.
+  /// Unused with slots buffering.
+  device_span<const int32_t> cached_rows = {};
 };
 
 /// Where the selections and rows live.
@@ -114,6 +121,10 @@ class cuda_speculation_stages {
                     "seq_lens and positions must be device arrays, got null");
     KVSCOUT_EXPECTS(x[0].data() != nullptr && x[1].data() != nullptr,
                     "the layer inputs x[0] / x[1] must be device arrays, got null");
+    KVSCOUT_EXPECTS(buffering != cuda_stage_buffering::row_cache || lengths.seq_ids.empty() ||
+                        !lengths.cached_rows.empty(),
+                    "row_cache buffering with seq_ids needs cached_rows (cuda_stage_lengths): "
+                    "which batch row held each row's sequence at the previous step");
     const std::size_t want = buffering == cuda_stage_buffering::slots ? 2 : 2 * speculators_.size();
     KVSCOUT_EXPECTS(sets_.size() == want, "got ", sets_.size(), " buffer sets, expected ", want,
                     buffering == cuda_stage_buffering::slots ? " (two slots)" : " (two per layer)");
@@ -181,7 +192,8 @@ class cuda_speculation_stages {
     if (buffering_ == cuda_stage_buffering::row_cache) {
       const cuda_stage_buffers& prev = sets_[set_index(layer, b, parity_ ^ 1)];
       (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows,
-                           row_cache_view{prev.selection.view(), prev.rows, hits_});
+                           row_cache_view{prev.selection.view(), prev.rows, hits_,
+                                          lengths_.cached_rows});
     } else {
       (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows);
     }

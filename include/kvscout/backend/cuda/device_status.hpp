@@ -45,7 +45,9 @@ inline constexpr int bad_value = 1 << 4;
 /// selected over fewer tokens than the length said.
 inline constexpr int bad_length = 1 << 5;
 /// A batch row's sequence id (device_spec_context::seq_ids) outside the sequences the policy
-/// holds: the row was scored -inf for every token, so no key of another sequence was read for it.
+/// holds: the row was scored -inf for every token, so no key of another sequence was read for it
+/// (reported for rows of length 0 too). Or a row cache's map entry (row_cache_view::row_map)
+/// outside [-1, num_seqs): that row's cache was not used, its rows crossed the link.
 inline constexpr int bad_seq_id = 1 << 6;
 
 /// Human-readable list of the bits set in `bits`.
@@ -63,7 +65,8 @@ inline std::string describe(int bits) {
   add(misaligned, "row not 16-byte aligned (skipped)");
   add(bad_value, "non-finite or out-of-range append input (append skipped)");
   add(bad_length, "sequence length outside [0, bound] (clamped)");
-  add(bad_seq_id, "sequence id outside the policy's sequences (row scored -inf)");
+  add(bad_seq_id, "sequence id or row-cache map entry out of range (row scored -inf / not "
+                  "served from the cache)");
   const int known =
       bad_index | bad_count | out_of_bounds | misaligned | bad_value | bad_length | bad_seq_id;
   if ((bits & ~known) != 0) {

@@ -6,7 +6,7 @@
 // nothing and takes no lock while the work itself runs.
 //
 //   kvscout::thread_pool pool(2);                  // the caller + 1 worker
-//   pool.run([&](int part, int parts) { ... });    // part in [0, parts)
+//   pool.run([&](int part, int parts) noexcept { ... });    // part in [0, parts)
 
 #include <condition_variable>
 #include <cstdint>
@@ -45,9 +45,12 @@ class thread_pool {
   [[nodiscard]] int size() const noexcept { return threads_; }
 
   /// Calls f(part, size()) once for every part in [0, size()); part 0 runs on the caller.
-  /// f must not throw.
+  /// f must not throw (checked at compile time: an exception on a worker, or one that unwinds
+  /// the caller while workers still run f, could not be handled).
   template <class F>
   void run(F&& f) {
+    static_assert(std::is_nothrow_invocable_v<std::remove_reference_t<F>&, int, int>,
+                  "thread_pool::run needs a noexcept callable: void(int part, int parts) noexcept");
     if (threads_ == 1) {
       f(0, 1);
       return;

@@ -237,7 +237,10 @@ __global__ void __launch_bounds__(spec_block_threads)
   const int h = static_cast<int>(blockIdx.y);
   const int len = p.length(s);
   const int t0 = static_cast<int>(blockIdx.x) * spec_tokens_per_block;
-  if (t0 >= len) return;  // the whole block
+  if (t0 >= len) {  // the whole block
+    if (t0 == 0) (void)p.seq(s);  // an empty row's bad id is reported too
+    return;
+  }
   float* row = p.scores + (static_cast<std::size_t>(s) * p.num_kv_heads + h) * p.stride;
   const int c = p.seq(s);
   if (c < 0) {
@@ -334,7 +337,10 @@ __global__ void __launch_bounds__(spec_block_threads)
   const int h = static_cast<int>(blockIdx.y);
   const int len = p.length(s);
   const int t0 = static_cast<int>(blockIdx.x) * spec_tokens_per_block;
-  if (t0 >= len) return;
+  if (t0 >= len) {
+    if (t0 == 0) (void)p.seq(s);  // an empty row's bad id is reported too
+    return;
+  }
   float* row = p.scores + (static_cast<std::size_t>(s) * p.num_kv_heads + h) * p.stride;
   const int c = p.seq(s);
   if (c < 0) {
