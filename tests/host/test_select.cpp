@@ -703,6 +703,18 @@ TEST_CASE("threshold edge cases: the max qualifies at +inf, all qualify at -inf"
 // ---- the row scans: vector and portable versions agree
 // --------------------------------------------
 
+TEST_CASE("the row scans take the widest vector form the target has", "[select][threshold]") {
+  // One form per build: AVX-512 where the target has it, else AVX2, else SSE2 (every x86-64).
+#if defined(__AVX512F__)
+  REQUIRE((KVSCOUT_HOST_AVX512 == 1 && KVSCOUT_HOST_AVX2 == 0));
+#elif defined(__AVX2__)
+  REQUIRE((KVSCOUT_HOST_AVX512 == 0 && KVSCOUT_HOST_AVX2 == 1));
+#else
+  REQUIRE((KVSCOUT_HOST_AVX512 == 0 && KVSCOUT_HOST_AVX2 == 0));
+#endif
+  REQUIRE(kvscout::detail::select_simd == (KVSCOUT_HOST_SSE2 != 0));
+}
+
 TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
   namespace d = kvscout::detail;
   std::mt19937 rng(41);

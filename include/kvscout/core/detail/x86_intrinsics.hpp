@@ -4,6 +4,9 @@
 //                        device pass of nvcc: <emmintrin.h>
 //   KVSCOUT_HOST_AVX512  1 where it also targets AVX-512F (e.g. -march=native on such a CPU),
 //                        and the file is not compiled by nvcc: <immintrin.h>
+//   KVSCOUT_HOST_AVX2    1 where it targets AVX2 but not AVX-512F (x86-64-v3: AMD Zen 1 to 3,
+//                        Intel Haswell to Alder Lake), not under nvcc: <immintrin.h>. The scans
+//                        that have an AVX-512 form take this one in its place.
 //   KVSCOUT_HOST_F16C    1 where it targets F16C (x86-64-v3 and later), not under nvcc:
 //                        <immintrin.h>
 // GCC 12 reports a false "may be used uninitialized" inside its own _mm512_reduce_max_ps; the
@@ -28,6 +31,12 @@
 #define KVSCOUT_HOST_AVX512 0
 #endif
 
+#if KVSCOUT_HOST_SSE2 && defined(__AVX2__) && !KVSCOUT_HOST_AVX512 && !defined(__CUDACC__)
+#define KVSCOUT_HOST_AVX2 1
+#else
+#define KVSCOUT_HOST_AVX2 0
+#endif
+
 // F16C (every x86-64-v3 target): the half <-> float conversions of the host GEMV.
 #if KVSCOUT_HOST_SSE2 && defined(__F16C__) && !defined(__CUDACC__)
 #define KVSCOUT_HOST_F16C 1
@@ -35,7 +44,7 @@
 #define KVSCOUT_HOST_F16C 0
 #endif
 
-#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_F16C
+#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_AVX2 || KVSCOUT_HOST_F16C
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

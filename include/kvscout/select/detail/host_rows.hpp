@@ -38,8 +38,11 @@
 
 // The scans use SSE2 where the compiler targets it (KVSCOUT_HOST_SSE2), and AVX-512 versions of
 // the hottest scans where it targets that too (KVSCOUT_HOST_AVX512, -march=native on a CPU that
-// has it): 16 scores per compare, a mask test per block, compress of the rare candidates. The
-// SSE2 and portable versions stay, and the tests compare them.
+// has it): 16 scores per compare, a mask test per block, compress of the rare candidates. Where
+// it targets AVX2 without AVX-512 (KVSCOUT_HOST_AVX2, x86-64-v3), the same scans in 8-lane
+// form: 32 scores per block, one branch on the block's compare bits, candidates emitted 8 lanes
+// at a time from a 2 KiB table of lane lists. The SSE2 and portable versions stay, and the tests
+// compare them.
 
 namespace kvscout::detail {
 
@@ -121,6 +124,31 @@ struct max_carry512 {
     return m;
   }
 };
+#elif KVSCOUT_HOST_AVX2
+/// max_carry512's AVX2 form: 32 scores a step, four 8-lane maxima.
+struct max_carry256 {
+  __m256 a[4];
+  int j = 0;  // q[0, j) is in a
+  explicit max_carry256(float init)
+      : a{_mm256_set1_ps(init), _mm256_set1_ps(init), _mm256_set1_ps(init),
+          _mm256_set1_ps(init)} {}
+  void step(const float* q, int qn) {
+    if (j + 32 > qn) return;
+    // _mm256_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
+    for (int v = 0; v < 4; ++v) a[v] = _mm256_max_ps(_mm256_loadu_ps(q + j + 8 * v), a[v]);
+    j += 32;
+  }
+  float result(const float* q, int qn) {
+    while (j + 32 <= qn) step(q, qn);
+    const __m256 m8 = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_shuffle_ps(m4, m4, 0x4e));
+    m4 = _mm_max_ps(m4, _mm_shuffle_ps(m4, m4, 0xb1));
+    float m = _mm_cvtss_f32(m4);
+    for (; j < qn; ++j) m = q[j] > m ? q[j] : m;
+    return m;
+  }
+};
 #endif
 
 /// The largest non-NaN of p[0, n) and init.
@@ -130,6 +158,8 @@ float max_of(const float* p, int n, float init) {
   float m = init;
 #if KVSCOUT_HOST_AVX512
   if constexpr (Simd) return max_carry512(init).result(p, n);
+#elif KVSCOUT_HOST_AVX2
+  if constexpr (Simd) return max_carry256(init).result(p, n);
 #elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
     // _mm_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
@@ -170,6 +200,23 @@ int count_at_least(const float* p, int n, float bound) {
             minus_one);
     c = _mm512_reduce_add_epi32(
         _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3])));
+  }
+#elif KVSCOUT_HOST_AVX2
+  if constexpr (Simd) {
+    // Four 8-lane counters: an ordered compare (NaN never counts) is -1 where true, subtracted.
+    const __m256 b = _mm256_set1_ps(bound);
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                      _mm256_setzero_si256()};
+    for (; i + 32 <= n; i += 32)
+      for (int v = 0; v < 4; ++v)
+        acc[v] = _mm256_sub_epi32(acc[v], _mm256_castps_si256(_mm256_cmp_ps(
+                                              _mm256_loadu_ps(p + i + 8 * v), b, _CMP_GE_OQ)));
+    const __m256i s8 =
+        _mm256_add_epi32(_mm256_add_epi32(acc[0], acc[1]), _mm256_add_epi32(acc[2], acc[3]));
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    alignas(16) std::int32_t lanes[4];
+    _mm_store_si128(reinterpret_cast<__m128i*>(lanes), s4);
+    c = lanes[0] + lanes[1] + lanes[2] + lanes[3];
   }
 #elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
@@ -285,16 +332,80 @@ inline int emit_bits64(__mmask64 bits, int first, std::int32_t* out, int c) {
 }
 #endif
 
+#if KVSCOUT_HOST_AVX2
+/// For an 8-bit compare mask: the lanes that passed, packed to the front (as bytes), and how
+/// many. 2 KiB + 256 bytes.
+struct compress_table8 {
+  alignas(64) std::uint8_t lanes[256][8];
+  std::uint8_t count[256];
+  constexpr compress_table8() : lanes{}, count{} {
+    for (int m = 0; m < 256; ++m) {
+      int c = 0;
+      for (int j = 0; j < 8; ++j)
+        if ((m >> j) & 1) lanes[m][c++] = static_cast<std::uint8_t>(j);
+      count[m] = static_cast<std::uint8_t>(c);
+    }
+  }
+};
+inline constexpr compress_table8 compress_lut8{};
+
+/// The compare bits (ordered >=: NaN never passes) of the 32 scores x[0..3] against b, bit j for
+/// score j.
+inline std::uint32_t at_least_mask32(const __m256 (&x)[4], __m256 b) {
+  std::uint32_t bits = 0;
+  for (int q = 0; q < 4; ++q)
+    bits |= static_cast<std::uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(x[q], b, _CMP_GE_OQ)))
+            << (8 * q);
+  return bits;
+}
+
+/// Appends first + j for every set bit j of `bits` (a block of 32 positions, not 0), ascending,
+/// at out + c; returns the new count. Two forms, the same result: `sparse` writes one position
+/// per set bit (a loop that ends as unpredictably as the count varies: the form for blocks of
+/// one or two candidates, as on attention logits), the dense form one 8-lane store per 8 bits
+/// from the lane table (no data-dependent branch: the form for many). Both write inside
+/// out[c, c + 32). The scans pick one per 256-score window from the density so far.
+inline int emit_bits32_sparse(std::uint32_t bits, int first, std::int32_t* out, int c) {
+  do {
+    out[c++] = first + __builtin_ctz(bits);
+    bits &= bits - 1;
+  } while (bits != 0);
+  return c;
+}
+inline int emit_bits32(std::uint32_t bits, int first, std::int32_t* out, int c) {
+  for (int q = 0; q < 4; ++q) {
+    const unsigned m = (bits >> (8 * q)) & 0xffu;
+    const __m256i lanes = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(compress_lut8.lanes[m])));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c),
+                        _mm256_add_epi32(_mm256_set1_epi32(first + 8 * q), lanes));
+    c += compress_lut8.count[m];
+  }
+  return c;
+}
+
+inline float horizontal_max256(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, 0x4e));
+  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, 0xb1));
+  return _mm_cvtss_f32(m);
+}
+#endif
+
 /// Positions where the row scans check a caller's limit on their list.
 inline constexpr int collect_window = 256;
 
-/// max_of(q, qn, -inf) carried along another scan's loop (step once per 64 scores of that
-/// scan), then finished (result). Only AVX-512 builds read inside the loop; elsewhere result()
-/// is a max_of pass after it.
+/// max_of(q, qn, -inf) carried along another scan's loop (step once per vector block of that
+/// scan: 64 scores with AVX-512, 32 with AVX2), then finished (result). Only AVX-512 and AVX2
+/// builds read inside the loop; elsewhere result() is a max_of pass after it.
 template <bool Simd>
 struct max_carry {
+#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_AVX2
 #if KVSCOUT_HOST_AVX512
   max_carry512 c{-INFINITY};
+#else
+  max_carry256 c{-INFINITY};
+#endif
   void step(const float* q, int qn) {
     if constexpr (Simd) c.step(q, qn);
   }
@@ -314,7 +425,7 @@ struct max_carry {
 /// unspecified).
 ///
 /// With Ahead, it also sets *qmax to max_of(q, qn, -inf) of another row q, also where it gives
-/// up; AVX-512 builds read q inside the same loop. A short row's compaction reads from L1 and is
+/// up; AVX-512 and AVX2 builds read q inside the same loop. A short row's compaction reads from L1 and is
 /// bound by its compares and stores; the next row's maximum pass reads from L2 and is bound by
 /// the read: in one loop the two overlap (per_head_row). Elsewhere q is read after the loop.
 template <bool Simd = select_simd, bool Ahead = false>
@@ -340,6 +451,31 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
                            _mm512_loadu_ps(p + i + 32), _mm512_loadu_ps(p + i + 48)};
       const __mmask64 bits = at_least_mask64(x, b);
       if (bits != 0) c = emit_bits64(bits, first + i, out, c);
+    }
+  }
+#elif KVSCOUT_HOST_AVX2
+  if constexpr (Simd) {
+    // Block i writes inside out[c, c + 32) with c <= i: inside out[0, n). A block without a
+    // token at the bound costs its compares and a branch.
+    const __m256 b = _mm256_set1_ps(bound);
+    // The emission's form (emit_bits32): dense once the positions kept so far average more
+    // than two per block. Measured on 4k logit rows (bench_select, minimum of 15): the sparse
+    // form 14 against 19 us for 32 rows; the dense one keeps flat rows and top-k as they were.
+    bool dense = false;
+    for (; i + 32 <= n; i += 32) {
+      if (i % collect_window == 0) {
+        if (c > limit) {
+          gave_up = true;
+          break;
+        }
+        dense = c * 16 > i;
+      }
+      if constexpr (Ahead) ahead.step(q, qn);
+      const __m256 x[4] = {_mm256_loadu_ps(p + i), _mm256_loadu_ps(p + i + 8),
+                           _mm256_loadu_ps(p + i + 16), _mm256_loadu_ps(p + i + 24)};
+      const std::uint32_t bits = at_least_mask32(x, b);
+      if (bits != 0) c = dense ? emit_bits32(bits, first + i, out, c)
+                               : emit_bits32_sparse(bits, first + i, out, c);
     }
   }
 #elif KVSCOUT_HOST_SSE2
@@ -445,6 +581,36 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
     }
     m = _mm512_reduce_max_ps(
         _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
+  }
+#elif KVSCOUT_HOST_AVX2
+  if constexpr (Simd) {
+    // The AVX-512 loop in 8-lane form: four running maxima (never NaN: _mm256_max_ps(x, acc)
+    // returns acc where x is NaN), 32 scores a block, the emission skipped where no score of the
+    // block reaches the bound. Stores write inside out[c, c + 32) with c <= i.
+    __m256 acc[4] = {_mm256_set1_ps(m0), _mm256_set1_ps(m0), _mm256_set1_ps(m0),
+                     _mm256_set1_ps(m0)};
+    __m256 bv = _mm256_set1_ps(bound);
+    bool dense = false;  // as in compact_at_least_impl
+    for (; i + 32 <= n; i += 32) {
+      if (i % collect_window == 0) {
+        if (c > limit) return -1;
+        dense = c * 16 > i;
+        bound = window_bound(pend);
+        bv = _mm256_set1_ps(bound);
+        pend = horizontal_max256(
+            _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3])));
+      }
+      __m256 x[4];
+      for (int q = 0; q < 4; ++q) {
+        x[q] = _mm256_loadu_ps(p + i + 8 * q);
+        acc[q] = _mm256_max_ps(x[q], acc[q]);
+      }
+      const std::uint32_t bits = at_least_mask32(x, bv);
+      if (bits != 0) c = dense ? emit_bits32(bits, first + i, out, c)
+                               : emit_bits32_sparse(bits, first + i, out, c);
+    }
+    m = horizontal_max256(
+        _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3])));
   }
 #elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
