@@ -18,6 +18,8 @@
 //                           bound, which at 4k (L2-resident keys) lies below the stream
 //   BM_speculation_batch    score() of a batch of 8 sequences of 4k tokens in one call (each
 //                           head's weights brought in once for the batch), both modes
+//   BM_speculation_batch_scattered  the same batch as continuous batching scores it: 8 of 16
+//                           held sequences, named by spec_context::seq_ids (every other one)
 //   BM_stream_batch         its anchor: one read of the batch's partial keys, 0 / 16 KiB ahead
 //   BM_speculation_decode_order  score() of 30 layers in turn at 4k tokens, as a decode step
 //                           runs them (each layer's bytes evicted from L2 by the others)
@@ -197,16 +199,21 @@ void BM_speculation_decode_order(benchmark::State& state) {
 // the adds, sets the pace; with a software prefetch `ahead` bytes ahead of the read where ahead > 0
 // (from memory the hardware prefetchers alone leave bandwidth unused; the scoring loop prefetches
 // too, so the anchor is given the same help: the table takes the fastest distance).
+// Vectors of the target's register width (host_float_lanes), four lines a step, one prefetch per
+// line: wider generic vectors in an array go through the stack on narrower targets.
 template <bool Prefetch>
 void stream_once(const float* p, std::size_t count, std::size_t ahead) {
-  using vec = kvscout::detail::float_vec<16>::type;
-  vec acc[4] = {};
+  constexpr int N = kvscout::detail::host_float_lanes, L = 16 / N;
+  using vec = kvscout::detail::host_vec;
+  vec acc[4 * L] = {};
   for (std::size_t i = 0; i + 64 <= count; i += 64)
     for (int j = 0; j < 4; ++j) {
       if constexpr (Prefetch) __builtin_prefetch(p + i + 16 * j + ahead);
-      vec v;
-      std::memcpy(&v, p + i + 16 * j, sizeof v);
-      acc[j] += v;
+      for (int l = 0; l < L; ++l) {
+        vec v;
+        std::memcpy(&v, p + i + 16 * j + N * l, sizeof v);
+        acc[j * L + l] += v;
+      }
     }
   benchmark::DoNotOptimize(acc);
 }
@@ -271,21 +278,25 @@ void BM_rope_table_fill(benchmark::State& state) {
 }
 
 // The compute roof of scoring: exactly the multiply-adds that scoring does with max_logit (r * g
-// per 16-token tile of every kv head, 16 lanes each, the same vector type), with every operand in
-// registers and 12 independent accumulators, so only the multiply-add throughput limits it. Its
+// per 16-token tile of every kv head, 16 lanes each, in vectors of the register width as scoring
+// does), with every operand in registers and 12 independent accumulator registers, so only the
+// multiply-add throughput limits it. Its
 // bytes_per_second counts the same partial-key bytes: speculation / min(stream, roof) is how
 // close speculation gets to what this core can do at all (the GEMV not counted in the roof).
 void BM_fma_roof(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
-  using vec = kvscout::detail::float_vec<16>::type;
+  using vec = kvscout::detail::host_vec;
   constexpr int tb = kvscout::partial_key_cache<float>::block_tokens;
-  static_assert(tb == 16, "one float_vec<16> per tile line");
-  const long long fmas = static_cast<long long>(H) * ((n + tb - 1) / tb) * r * (Hq / H);
+  static_assert(tb == 16, "16 tokens per tile line");
+  constexpr int L = tb / kvscout::detail::host_float_lanes;  // vectors per 16-lane multiply-add
+  // One per 16-lane multiply-add of scoring, in L register-wide pieces.
+  const long long fmas = static_cast<long long>(H) * ((n + tb - 1) / tb) * r * (Hq / H) * L;
   constexpr int chains = 12;
   const std::size_t key_bytes = static_cast<std::size_t>(H) * ((n + tb - 1) / tb) * r * tb * 4;
   vec acc[chains];
   vec k, q;
-  for (int j = 0; j < 16; ++j) k[j] = 1e-3f * static_cast<float>(j + 1), q[j] = 0.999f;
+  for (int j = 0; j < kvscout::detail::host_float_lanes; ++j)
+    k[j] = 1e-3f * static_cast<float>(j + 1), q[j] = 0.999f;
   for (auto _ : state) {
     for (auto& a : acc) a = vec{} + 1.f;
     benchmark::DoNotOptimize(k);

@@ -1,7 +1,8 @@
 #pragma once
-// Host vector helpers written with GCC / Clang vector extensions: the compiler maps a vector
-// value onto the widest registers the target has (SSE2, AVX2, AVX-512), so host kernels vectorise
-// for whatever the user compiles for, without intrinsics and without a code path per ISA.
+// Host vector helpers written with GCC / Clang vector extensions, in vectors of the target's
+// register width (host_float_lanes: 4 with SSE2, 8 with AVX / AVX2, 16 with AVX-512), so host
+// kernels vectorise for whatever the user compiles for, mostly without intrinsics. The sums keep
+// 16 lanes whatever the width (16 / host_float_lanes vectors), so their bits do not depend on it.
 //
 //   float d = kvscout::detail::dot(a, b, n);   // 16 independent partial sums, then a reduction
 //   kvscout::detail::dot_rows(W, ld, x, n, rows, y);   // y[j] = dot(W + j * ld, x, n), same bits
@@ -27,12 +28,68 @@ struct float_vec {
   typedef float type __attribute__((vector_size(N * sizeof(float))));
 };
 
-/// 16 consecutive elements of a float, half or bfloat16 row as 16 floats: the exact value of
-/// every element (NaN stays NaN; its payload may differ between the paths below). An output
-/// argument, not a return value: a 64-byte vector returned by value changes the ABI with the
-/// target's vector width (GCC warns), a reference does not.
+/// The floats one vector register of the target holds. GCC splits a generic vector wider than
+/// the registers into register-sized pieces in simple loops, but in loops that keep arrays of
+/// them (scoring's tiles) it passes the pieces through the stack: 16-float tiles made host
+/// scoring 10 to 25x slower on an AVX2 target than 8-float ones (docs/performance.md,
+/// 2026-12-02). Such loops use vectors of this width.
+#if defined(__AVX512F__)
+inline constexpr int host_float_lanes = 16;
+#elif defined(__AVX__)
+inline constexpr int host_float_lanes = 8;
+#else
+inline constexpr int host_float_lanes = 4;
+#endif
+
+/// The native vector of floats (host_float_lanes of them).
+using host_vec = float_vec<host_float_lanes>::type;
+
+/// acc + x * y, one rounding where the target has FMA, two where it has not, always the same:
+/// left to the compiler (-ffp-contract=fast), whether a multiply and an add are fused depends
+/// on the code around them (an accumulator kept in memory is not), and with it the bits that
+/// dot, dot_rows and scoring promise to agree on. So the kernels that promise the same bits in
+/// different loops multiply-add through these.
+inline host_vec madd(host_vec acc, host_vec x, float y) {
+#if KVSCOUT_HOST_AVX512
+  return _mm512_fmadd_ps(x, _mm512_set1_ps(y), acc);
+#elif KVSCOUT_HOST_SSE2 && defined(__FMA__) && !defined(__CUDACC__)
+  static_assert(host_float_lanes == 8, "FMA targets have AVX");
+  return _mm256_fmadd_ps(x, _mm256_set1_ps(y), acc);
+#elif defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  host_vec r = acc;
+  for (int t = 0; t < host_float_lanes; ++t) r[t] = __builtin_fmaf(x[t], y, acc[t]);
+  return r;
+#else
+  return acc + x * y;  // no fused multiply-add on the target: nothing to contract into
+#endif
+}
+inline host_vec madd(host_vec acc, host_vec x, host_vec y) {
+#if KVSCOUT_HOST_AVX512
+  return _mm512_fmadd_ps(x, y, acc);
+#elif KVSCOUT_HOST_SSE2 && defined(__FMA__) && !defined(__CUDACC__)
+  return _mm256_fmadd_ps(x, y, acc);
+#elif defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  host_vec r = acc;
+  for (int t = 0; t < host_float_lanes; ++t) r[t] = __builtin_fmaf(x[t], y[t], acc[t]);
+  return r;
+#else
+  return acc + x * y;
+#endif
+}
+inline float madd(float acc, float x, float y) {
+#if defined(__FMA__) || defined(__AVX512F__) || defined(__ARM_FEATURE_FMA)
+  return __builtin_fmaf(x, y, acc);
+#else
+  return acc + x * y;
+#endif
+}
+
+/// host_float_lanes consecutive elements of a float, half or bfloat16 row as floats: the exact
+/// value of every element (NaN stays NaN; its payload may differ between the paths below).
 template <compute_element W>
-inline void load16(const W* p, float_vec<16>::type& x) {
+inline host_vec load_lanes(const W* p) {
+  [[maybe_unused]] constexpr int N = host_float_lanes;
+  host_vec x;
   if constexpr (std::is_same_v<W, float>) {
     std::memcpy(&x, p, sizeof x);
   } else if constexpr (std::is_same_v<W, bfloat16>) {
@@ -44,12 +101,11 @@ inline void load16(const W* p, float_vec<16>::type& x) {
         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
     std::memcpy(&x, &w, sizeof x);
 #else
-    typedef std::uint16_t u16x16 __attribute__((vector_size(32)));
-    typedef std::uint32_t u32x16 __attribute__((vector_size(64)));
-    u16x16 h;
+    typedef std::uint16_t u16xN __attribute__((vector_size(N * 2)));
+    typedef std::uint32_t u32xN __attribute__((vector_size(N * 4)));
+    u16xN h;
     std::memcpy(&h, p, sizeof h);
-    u32x16 w;
-    for (int t = 0; t < 16; ++t) w[t] = static_cast<std::uint32_t>(h[t]) << 16;
+    const u32xN w = __builtin_convertvector(h, u32xN) << 16;
     std::memcpy(&x, &w, sizeof x);
 #endif
   } else {
@@ -57,10 +113,12 @@ inline void load16(const W* p, float_vec<16>::type& x) {
     const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     std::memcpy(&x, &v, sizeof x);
 #elif KVSCOUT_HOST_F16C
-    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-    std::memcpy(&x, &lo, sizeof lo);
-    std::memcpy(reinterpret_cast<char*>(&x) + sizeof lo, &hi, sizeof hi);
+    if constexpr (N == 8) {
+      const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      std::memcpy(&x, &v, sizeof x);
+    } else {
+      for (int t = 0; t < N; ++t) x[t] = to_float(p[t]);
+    }
 #elif !defined(__CUDACC__)
     // IEEE half to float in integer arithmetic, branch-free, for targets without F16C (CUDA's
     // host conversion works one element at a time: 3x slower than this, which is itself 3 to 5x
@@ -74,7 +132,7 @@ inline void load16(const W* p, float_vec<16>::type& x) {
     typedef std::int32_t i32x4 __attribute__((vector_size(16)));
     typedef float f32x4 __attribute__((vector_size(16)));
     typedef std::uint16_t u16x4 __attribute__((vector_size(8)));
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < N / 4; ++q) {
       u16x4 h;
       std::memcpy(&h, p + 4 * q, sizeof h);
       const i32x4 w = __builtin_convertvector(h, i32x4);
@@ -92,27 +150,41 @@ inline void load16(const W* p, float_vec<16>::type& x) {
       std::memcpy(reinterpret_cast<char*>(&x) + 16 * q, &bits, sizeof bits);
     }
 #else
-    for (int t = 0; t < 16; ++t) x[t] = to_float(p[t]);
+    for (int t = 0; t < N; ++t) x[t] = to_float(p[t]);
 #endif
+  }
+  return x;
+}
+
+/// 16 consecutive elements of a float, half or bfloat16 row as 16 floats (load_lanes, 16 /
+/// host_float_lanes times). An output argument, not a return value: a 64-byte vector returned by
+/// value changes the ABI with the target's vector width (GCC warns), a reference does not.
+template <compute_element W>
+inline void load16(const W* p, float_vec<16>::type& x) {
+  for (int l = 0; l < 16 / host_float_lanes; ++l) {
+    const host_vec v = load_lanes(p + l * host_float_lanes);
+    std::memcpy(reinterpret_cast<char*>(&x) + l * sizeof v, &v, sizeof v);
   }
 }
 
-/// sum_i a[i] * b[i] with 16 independent partial sums: bound by reading a and b, not by the
-/// latency of one chain of additions (the order of the additions differs from a plain loop).
+/// sum_i a[i] * b[i] with 16 independent partial sums (16 / host_float_lanes vectors): bound by
+/// reading a and b, not by the latency of one chain of additions (the order of the additions
+/// differs from a plain loop; it is the same on every target).
 template <compute_element W>
 inline float dot(const W* a, const float* b, int n) {
-  using vec = float_vec<16>::type;
-  vec lanes{};
+  constexpr int N = host_float_lanes, L = 16 / N;
+  host_vec lanes[L] = {};
   int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    vec x, y;
-    load16(a + i, x);
-    std::memcpy(&y, b + i, sizeof y);
-    lanes += x * y;
-  }
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < L; ++l) {
+      host_vec y;
+      std::memcpy(&y, b + i + l * N, sizeof y);
+      lanes[l] = madd(lanes[l], load_lanes(a + i + l * N), y);
+    }
   float s = 0.f;
-  for (int k = 0; k < 16; ++k) s += lanes[k];
-  for (; i < n; ++i) s += to_float(a[i]) * b[i];
+  for (int l = 0; l < L; ++l)
+    for (int k = 0; k < N; ++k) s += lanes[l][k];
+  for (; i < n; ++i) s = madd(s, to_float(a[i]), b[i]);
   return s;
 }
 
@@ -124,29 +196,30 @@ inline float dot(const W* a, const float* b, int n) {
 template <int R, int B, compute_element W>
 void dot_rows_block(const W* a, std::size_t lda, const float* b, std::size_t ldb, int n,
                     int rows, float* out, std::size_t ldo) {
-  using vec = float_vec<16>::type;
+  constexpr int N = host_float_lanes, L = 16 / N;
   int j = 0;
   for (; j + R <= rows; j += R) {
     const W* aj = a + static_cast<std::size_t>(j) * lda;
-    vec lanes[B][R] = {};
+    host_vec lanes[B][R][L] = {};
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
-      vec y[B];
-      for (int v = 0; v < B; ++v)
-        std::memcpy(&y[v], b + static_cast<std::size_t>(v) * ldb + i, sizeof y[v]);
-      for (int u = 0; u < R; ++u) {
-        vec x;
-        load16(aj + static_cast<std::size_t>(u) * lda + i, x);
-        for (int v = 0; v < B; ++v) lanes[v][u] += x * y[v];
+    for (; i + 16 <= n; i += 16)
+      for (int l = 0; l < L; ++l) {
+        host_vec y[B];
+        for (int v = 0; v < B; ++v)
+          std::memcpy(&y[v], b + static_cast<std::size_t>(v) * ldb + i + l * N, sizeof y[v]);
+        for (int u = 0; u < R; ++u) {
+          const host_vec x = load_lanes(aj + static_cast<std::size_t>(u) * lda + i + l * N);
+          for (int v = 0; v < B; ++v) lanes[v][u][l] = madd(lanes[v][u][l], x, y[v]);
+        }
       }
-    }
     for (int v = 0; v < B; ++v) {
       const float* bv = b + static_cast<std::size_t>(v) * ldb;
       for (int u = 0; u < R; ++u) {
         const W* au = aj + static_cast<std::size_t>(u) * lda;
         float s = 0.f;
-        for (int k = 0; k < 16; ++k) s += lanes[v][u][k];
-        for (int t = i; t < n; ++t) s += to_float(au[t]) * bv[t];
+        for (int l = 0; l < L; ++l)
+          for (int k = 0; k < N; ++k) s += lanes[v][u][l][k];
+        for (int t = i; t < n; ++t) s = madd(s, to_float(au[t]), bv[t]);
         out[static_cast<std::size_t>(v) * ldo + j + u] = s;
       }
     }
@@ -157,10 +230,15 @@ void dot_rows_block(const W* a, std::size_t lda, const float* b, std::size_t ldb
           dot(a + static_cast<std::size_t>(j) * lda, b + static_cast<std::size_t>(v) * ldb, n);
 }
 
-/// out[j] = dot(a + j * lda, b, n) for j in [0, rows): dot()'s bits, 8 rows at a time.
+/// Rows per block of dot_rows: its R * 16 / host_float_lanes accumulators, the vector's pieces
+/// and a row's fill 16 registers at most on narrower targets (AVX-512 has 32).
+inline constexpr int dot_rows_per_block = host_float_lanes == 16 ? 8 : host_float_lanes == 8 ? 4 : 2;
+
+/// out[j] = dot(a + j * lda, b, n) for j in [0, rows): dot()'s bits, dot_rows_per_block rows at
+/// a time.
 template <compute_element W>
 inline void dot_rows(const W* a, std::size_t lda, const float* b, int n, int rows, float* out) {
-  dot_rows_block<8, 1>(a, lda, b, 0, n, rows, out, 0);
+  dot_rows_block<dot_rows_per_block, 1>(a, lda, b, 0, n, rows, out, 0);
 }
 
 /// out[v * ldo + j] = dot(a + j * lda, b + v * ldb, n) for j in [0, rows), v in [0, count): a GEMV

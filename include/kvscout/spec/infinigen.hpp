@@ -291,96 +291,109 @@ class infinigen_policy {
 
   // G > 0: static group size; G == 0: runtime group size `g` (slower, any size). Pin: hold each
   // key line in a register for the G multiply-adds that use it.
-  // A tile of tb tokens lives in one vector value per query head (GCC / Clang vector extension:
-  // the compiler splits it into the widest registers the target has), so the g accumulators stay
-  // in registers and each tile of partial keys is read once, sequentially, for the whole group.
+  // A tile line of tb tokens lives in L vectors of W floats per query head (W: the target's
+  // register width, detail::host_float_lanes), so the g accumulators stay in registers and each
+  // tile of partial keys is read once, sequentially, for the whole group. Every lane's sum is
+  // formed in the same order whatever W is, so the scores' bits do not depend on the target's
+  // vector width.
   template <int G, bool Pin = false>
   static void score_tiles(const float* qg, int r, const partial_key_cache<PkT>& cache, int s, int h,
                           int n, bool use_max, float inv_g, float* row, int g_dyn = 0) {
     constexpr int tb = partial_key_cache<PkT>::block_tokens;
-    using vec = typename detail::float_vec<tb>::type;
+    constexpr int W = detail::host_float_lanes;
+    constexpr int L = tb / W;
+    static_assert(tb % W == 0, "a tile line is whole vectors");
+    using vec = detail::host_vec;
+    // By value: a vector written through a reference into an array is kept in memory, and
+    // each line then reaches the multiply-adds through a store and a reload.
+    const auto load = [](const PkT* p) {
+      vec v;
+      if constexpr (std::is_same_v<PkT, float>) {
+        std::memcpy(&v, p, sizeof v);
+      } else {
+        for (int t = 0; t < W; ++t) v[t] = to_float(p[t]);
+      }
+      return v;
+    };
+    const auto fold = [use_max, inv_g](const vec* acc, int g, int stride) {
+      vec a = acc[0];
+      if (use_max) {
+        for (int j = 1; j < g; ++j) a = a > acc[j * stride] ? a : acc[j * stride];
+      } else {
+        for (int j = 1; j < g; ++j) a += acc[j * stride];
+        a *= inv_g;
+      }
+      return a;
+    };
     const int g = G > 0 ? G : g_dyn;
     constexpr int gcap = G > 0 ? G : detail::max_group;
     int t0 = 0, b = 0;
     if constexpr (G > 0) {
-      // T whole tiles at a time: T * G independent multiply-add chains (one tile's G chains, r
-      // deep, leave the FMA units waiting on their latency), and each query element is
+      // T whole tiles at a time: T * G * L independent multiply-add chains (one tile's G chains,
+      // r deep, leave the FMA units waiting on their latency), and each query element is
       // broadcast once for T tiles. Each sum is formed in the same order as in the loop below.
       // T tiles read side by side are T streams to the hardware prefetchers, which then leave
       // memory bandwidth unused: every line of the group score_prefetch_bytes ahead is
       // prefetched, in address order, one per line read (a hint: past the end it loads nothing).
-      // T * (G + 1) vector values live at once; a tile line of 2-byte keys widens to two
-      // registers' worth of floats, so those take half as many tiles.
-      constexpr int T_float = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 3 : 2;
-      constexpr int T = sizeof(PkT) >= 4 ? T_float : (T_float / 2 > 0 ? T_float / 2 : 1);
+      // T * L * (G + 1) vector values live at once: with 32 registers (AVX-512) the counts
+      // below, measured; with 16, as many tiles as 16 registers hold.
+      constexpr int T_wide = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 3 : 2;
+      constexpr int T_fit = 16 / (L * (G + 1));
+      constexpr int T = W == 16 ? (L == 1 ? T_wide : (T_wide / 2 > 0 ? T_wide / 2 : 1))
+                                : (T_fit > 0 ? T_fit : 1);
       static_assert(tb * sizeof(PkT) == 64, "a tile line is 64 bytes");
       for (; t0 + T * tb <= n; t0 += T * tb, b += T) {
         const PkT* tiles[T];
         for (int u = 0; u < T; ++u) tiles[u] = cache.tile(s, h, b + u);
         const char* ahead = reinterpret_cast<const char*>(tiles[0]) + score_prefetch_bytes;
-        vec acc[T][G] = {};
+        vec acc[T][G][L] = {};
         for (int c = 0; c < r; ++c) {
-          vec pv[T];
+          vec pv[T][L];
           for (int u = 0; u < T; ++u) {
             __builtin_prefetch(ahead + static_cast<std::size_t>(c * T + u) * 64);
             const PkT* p = tiles[u] + static_cast<std::size_t>(c) * tb;
-            if constexpr (std::is_same_v<PkT, float>) {
-              std::memcpy(&pv[u], p, sizeof pv[u]);
-            } else {
-              for (int t = 0; t < tb; ++t) pv[u][t] = to_float(p[t]);
-            }
+            for (int l = 0; l < L; ++l) {
+              pv[u][l] = load(p + l * W);
 #if defined(__AVX512F__)
-            // Each key line feeds G multiply-adds. Left alone, GCC folds the load into every one
-            // of them (G loads of the same line instead of one), and from the caches the loads,
-            // not the multiply-adds, set the pace; the empty asm pins the value in a register
-            // (one 64-byte register, hence AVX-512 only). With G = 1 the folded load is the one
-            // load, so it is left to the compiler; rows read from memory are faster without the
-            // pin (measured: docs/performance.md, "Reading the speculation and selection tables").
-            if constexpr (Pin && G > 1 && sizeof(vec) == 64) asm("" : "+v"(pv[u]));
+              // Each key line feeds G multiply-adds. Left alone, GCC folds the load into every
+              // one of them (G loads of the same line instead of one), and from the caches the
+              // loads, not the multiply-adds, set the pace; the empty asm pins the value in a
+              // register (one 64-byte register, hence AVX-512 only). With G = 1 the folded load
+              // is the one load, so it is left to the compiler; rows read from memory are faster
+              // without the pin (measured: docs/performance.md, "Reading the speculation and
+              // selection tables").
+              if constexpr (Pin && G > 1 && sizeof(vec) == 64) asm("" : "+v"(pv[u][l]));
 #endif
+            }
           }
           for (int j = 0; j < G; ++j) {
             const float qc = qg[j * r + c];
-            for (int u = 0; u < T; ++u) acc[u][j] += qc * pv[u];
+            for (int u = 0; u < T; ++u)
+              for (int l = 0; l < L; ++l) acc[u][j][l] = detail::madd(acc[u][j][l], pv[u][l], qc);
           }
         }
-        for (int u = 0; u < T; ++u) {
-          vec a = acc[u][0];
-          if (use_max) {
-            for (int j = 1; j < G; ++j) a = a > acc[u][j] ? a : acc[u][j];
-          } else {
-            for (int j = 1; j < G; ++j) a += acc[u][j];
-            a *= inv_g;
+        for (int u = 0; u < T; ++u)
+          for (int l = 0; l < L; ++l) {
+            const vec a = fold(&acc[u][0][l], G, L);
+            std::memcpy(row + t0 + u * tb + l * W, &a, sizeof a);
           }
-          std::memcpy(row + t0 + u * tb, &a, sizeof a);
-        }
       }
     }
     for (; t0 < n; t0 += tb, ++b) {
       const int nb = n - t0 < tb ? n - t0 : tb;
       const PkT* tile = cache.tile(s, h, b);
-      vec acc[gcap] = {};
-      for (int c = 0; c < r; ++c) {
-        const PkT* p = tile + static_cast<std::size_t>(c) * tb;
-        vec pv;
-        if constexpr (std::is_same_v<PkT, float>) {
-          std::memcpy(&pv, p, sizeof pv);  // a whole tile line; lanes past n are ignored
-        } else {
-          for (int t = 0; t < tb; ++t) pv[t] = to_float(p[t]);
+      for (int l = 0; l * W < nb; ++l) {  // a whole tile line is read; lanes past n are ignored
+        vec acc[gcap] = {};
+        for (int c = 0; c < r; ++c) {
+          const vec pv = load(tile + static_cast<std::size_t>(c) * tb + l * W);
+          for (int j = 0; j < g; ++j) acc[j] = detail::madd(acc[j], pv, qg[j * r + c]);
         }
-        for (int j = 0; j < g; ++j) acc[j] += qg[j * r + c] * pv;
-      }
-      vec a = acc[0];
-      if (use_max) {
-        for (int j = 1; j < g; ++j) a = a > acc[j] ? a : acc[j];
-      } else {
-        for (int j = 1; j < g; ++j) a += acc[j];
-        a *= inv_g;
-      }
-      if (nb == tb) {
-        std::memcpy(row + t0, &a, sizeof a);
-      } else {
-        for (int t = 0; t < nb; ++t) row[t0 + t] = a[t];
+        const vec a = fold(acc, g, 1);
+        if (nb - l * W >= W) {
+          std::memcpy(row + t0 + l * W, &a, sizeof a);
+        } else {
+          for (int t = 0; t < nb - l * W; ++t) row[t0 + l * W + t] = a[t];
+        }
       }
     }
   }
