@@ -49,26 +49,15 @@ using host_vec = float_vec<host_float_lanes>::type;
 /// on the code around them (an accumulator kept in memory is not), and with it the bits that
 /// dot, dot_rows and scoring promise to agree on. So the kernels that promise the same bits in
 /// different loops multiply-add through these.
-inline host_vec madd(host_vec acc, host_vec x, float y) {
-#if KVSCOUT_HOST_AVX512
-  return _mm512_fmadd_ps(x, _mm512_set1_ps(y), acc);
-#elif KVSCOUT_HOST_SSE2 && defined(__FMA__) && !defined(__CUDACC__)
-  static_assert(host_float_lanes == 8, "FMA targets have AVX");
-  return _mm256_fmadd_ps(x, _mm256_set1_ps(y), acc);
-#elif defined(__FMA__) || defined(__ARM_FEATURE_FMA)
-  host_vec r = acc;
-  for (int t = 0; t < host_float_lanes; ++t) r[t] = __builtin_fmaf(x[t], y, acc[t]);
-  return r;
-#else
-  return acc + x * y;  // no fused multiply-add on the target: nothing to contract into
-#endif
-}
+// Fused exactly where the compiler says fmaf is fast (__FP_FAST_FMAF: the target has the
+// instruction, so it could also contract); elsewhere there is nothing to contract into.
 inline host_vec madd(host_vec acc, host_vec x, host_vec y) {
 #if KVSCOUT_HOST_AVX512
   return _mm512_fmadd_ps(x, y, acc);
-#elif KVSCOUT_HOST_SSE2 && defined(__FMA__) && !defined(__CUDACC__)
+#elif KVSCOUT_HOST_FMA
+  static_assert(host_float_lanes == 8, "FMA targets have AVX");
   return _mm256_fmadd_ps(x, y, acc);
-#elif defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#elif defined(__FP_FAST_FMAF)
   host_vec r = acc;
   for (int t = 0; t < host_float_lanes; ++t) r[t] = __builtin_fmaf(x[t], y[t], acc[t]);
   return r;
@@ -76,8 +65,11 @@ inline host_vec madd(host_vec acc, host_vec x, host_vec y) {
   return acc + x * y;
 #endif
 }
+inline host_vec madd(host_vec acc, host_vec x, float y) {
+  return madd(acc, x, y - host_vec{});  // y - 0 is y in every lane, -0 and NaN included
+}
 inline float madd(float acc, float x, float y) {
-#if defined(__FMA__) || defined(__AVX512F__) || defined(__ARM_FEATURE_FMA)
+#if defined(__FP_FAST_FMAF)
   return __builtin_fmaf(x, y, acc);
 #else
   return acc + x * y;
@@ -232,7 +224,8 @@ void dot_rows_block(const W* a, std::size_t lda, const float* b, std::size_t ldb
 
 /// Rows per block of dot_rows: its R * 16 / host_float_lanes accumulators, the vector's pieces
 /// and a row's fill 16 registers at most on narrower targets (AVX-512 has 32).
-inline constexpr int dot_rows_per_block = host_float_lanes == 16 ? 8 : host_float_lanes == 8 ? 4 : 2;
+inline constexpr int dot_rows_per_block =
+    host_float_lanes == 16 ? 8 : (host_float_lanes == 8 ? 4 : 2);
 
 /// out[j] = dot(a + j * lda, b, n) for j in [0, rows): dot()'s bits, dot_rows_per_block rows at
 /// a time.

@@ -39,7 +39,8 @@
 // cache.row_map[s] names the cached row that holds batch row s's sequence, -1 for none (a
 // sequence new to the batch: its tokens all cross the link). Without a map row s is cached row
 // s, which is right only while every row keeps its sequence. A map entry outside
-// [-1, num_seqs) is treated as -1 and raises bad_seq_id. cache.hits (optional) adds up the rows
+// [-1, num_seqs) is treated as -1 and raises bad_seq_id (read, and so reported, for rows that
+// select at least one token). cache.hits (optional) adds up the rows
 // served from the cache. The cached buffers must not overlap the destination (keep two sets per
 // layer and alternate them by step: pipeline/cuda_stages.cuh does). A cached count outside
 // [0, capacity] is treated as 0 and raises bad_count.

@@ -125,6 +125,11 @@ class cuda_speculation_stages {
                         !lengths.cached_rows.empty(),
                     "row_cache buffering with seq_ids needs cached_rows (cuda_stage_lengths): "
                     "which batch row held each row's sequence at the previous step");
+    KVSCOUT_EXPECTS(lengths.cached_rows.empty() ||
+                        (lengths.cached_rows.data() != nullptr &&
+                         lengths.cached_rows.size() >= static_cast<std::size_t>(scores.num_seqs)),
+                    "cached_rows holds ", lengths.cached_rows.size(), " entries, expected num_seqs = ",
+                    scores.num_seqs);
     const std::size_t want = buffering == cuda_stage_buffering::slots ? 2 : 2 * speculators_.size();
     KVSCOUT_EXPECTS(sets_.size() == want, "got ", sets_.size(), " buffer sets, expected ", want,
                     buffering == cuda_stage_buffering::slots ? " (two slots)" : " (two per layer)");

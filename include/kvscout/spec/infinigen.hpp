@@ -304,17 +304,9 @@ class infinigen_policy {
     constexpr int L = tb / W;
     static_assert(tb % W == 0, "a tile line is whole vectors");
     using vec = detail::host_vec;
-    // By value: a vector written through a reference into an array is kept in memory, and
-    // each line then reaches the multiply-adds through a store and a reload.
-    const auto load = [](const PkT* p) {
-      vec v;
-      if constexpr (std::is_same_v<PkT, float>) {
-        std::memcpy(&v, p, sizeof v);
-      } else {
-        for (int t = 0; t < W; ++t) v[t] = to_float(p[t]);
-      }
-      return v;
-    };
+    // By value (detail::load_lanes): a vector written through a reference into an array is kept
+    // in memory, and each line then reaches the multiply-adds through a store and a reload.
+    const auto load = [](const PkT* p) { return detail::load_lanes(p); };
     const auto fold = [use_max, inv_g](const vec* acc, int g, int stride) {
       vec a = acc[0];
       if (use_max) {
@@ -336,47 +328,50 @@ class infinigen_policy {
       // memory bandwidth unused: every line of the group score_prefetch_bytes ahead is
       // prefetched, in address order, one per line read (a hint: past the end it loads nothing).
       // T * L * (G + 1) vector values live at once: with 32 registers (AVX-512) the counts
-      // below, measured; with 16, as many tiles as 16 registers hold.
+      // below, measured; with 16, as many tiles as 16 registers hold, and where not even one
+      // tile's L * (G + 1) fit (2-byte keys with g >= 4 on AVX2), none: the loop below then
+      // scores one register-wide piece of a tile at a time (G accumulators).
       constexpr int T_wide = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 3 : 2;
-      constexpr int T_fit = 16 / (L * (G + 1));
       constexpr int T = W == 16 ? (L == 1 ? T_wide : (T_wide / 2 > 0 ? T_wide / 2 : 1))
-                                : (T_fit > 0 ? T_fit : 1);
+                                : 16 / (L * (G + 1));
       static_assert(tb * sizeof(PkT) == 64, "a tile line is 64 bytes");
-      for (; t0 + T * tb <= n; t0 += T * tb, b += T) {
-        const PkT* tiles[T];
-        for (int u = 0; u < T; ++u) tiles[u] = cache.tile(s, h, b + u);
-        const char* ahead = reinterpret_cast<const char*>(tiles[0]) + score_prefetch_bytes;
-        vec acc[T][G][L] = {};
-        for (int c = 0; c < r; ++c) {
-          vec pv[T][L];
-          for (int u = 0; u < T; ++u) {
-            __builtin_prefetch(ahead + static_cast<std::size_t>(c * T + u) * 64);
-            const PkT* p = tiles[u] + static_cast<std::size_t>(c) * tb;
-            for (int l = 0; l < L; ++l) {
-              pv[u][l] = load(p + l * W);
+      if constexpr (T > 0) {
+        for (; t0 + T * tb <= n; t0 += T * tb, b += T) {
+          const PkT* tiles[T];
+          for (int u = 0; u < T; ++u) tiles[u] = cache.tile(s, h, b + u);
+          const char* ahead = reinterpret_cast<const char*>(tiles[0]) + score_prefetch_bytes;
+          vec acc[T][G][L] = {};
+          for (int c = 0; c < r; ++c) {
+            vec pv[T][L];
+            for (int u = 0; u < T; ++u) {
+              __builtin_prefetch(ahead + static_cast<std::size_t>(c * T + u) * 64);
+              const PkT* p = tiles[u] + static_cast<std::size_t>(c) * tb;
+              for (int l = 0; l < L; ++l) {
+                pv[u][l] = load(p + l * W);
 #if defined(__AVX512F__)
-              // Each key line feeds G multiply-adds. Left alone, GCC folds the load into every
-              // one of them (G loads of the same line instead of one), and from the caches the
-              // loads, not the multiply-adds, set the pace; the empty asm pins the value in a
-              // register (one 64-byte register, hence AVX-512 only). With G = 1 the folded load
-              // is the one load, so it is left to the compiler; rows read from memory are faster
-              // without the pin (measured: docs/performance.md, "Reading the speculation and
-              // selection tables").
-              if constexpr (Pin && G > 1 && sizeof(vec) == 64) asm("" : "+v"(pv[u][l]));
+                // Each key line feeds G multiply-adds. Left alone, GCC folds the load into every
+                // one of them (G loads of the same line instead of one), and from the caches the
+                // loads, not the multiply-adds, set the pace; the empty asm pins the value in a
+                // register (one 64-byte register, hence AVX-512 only). With G = 1 the folded load
+                // is the one load, so it is left to the compiler; rows read from memory are faster
+                // without the pin (measured: docs/performance.md, "Reading the speculation and
+                // selection tables").
+                if constexpr (Pin && G > 1 && sizeof(vec) == 64) asm("" : "+v"(pv[u][l]));
 #endif
+              }
+            }
+            for (int j = 0; j < G; ++j) {
+              const float qc = qg[j * r + c];
+              for (int u = 0; u < T; ++u)
+                for (int l = 0; l < L; ++l) acc[u][j][l] = detail::madd(acc[u][j][l], pv[u][l], qc);
             }
           }
-          for (int j = 0; j < G; ++j) {
-            const float qc = qg[j * r + c];
-            for (int u = 0; u < T; ++u)
-              for (int l = 0; l < L; ++l) acc[u][j][l] = detail::madd(acc[u][j][l], pv[u][l], qc);
-          }
+          for (int u = 0; u < T; ++u)
+            for (int l = 0; l < L; ++l) {
+              const vec a = fold(&acc[u][0][l], G, L);
+              std::memcpy(row + t0 + u * tb + l * W, &a, sizeof a);
+            }
         }
-        for (int u = 0; u < T; ++u)
-          for (int l = 0; l < L; ++l) {
-            const vec a = fold(&acc[u][0][l], G, L);
-            std::memcpy(row + t0 + u * tb + l * W, &a, sizeof a);
-          }
       }
     }
     for (; t0 < n; t0 += tb, ++b) {

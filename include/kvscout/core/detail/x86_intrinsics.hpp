@@ -9,6 +9,8 @@
 //                        that have an AVX-512 form take this one in its place.
 //   KVSCOUT_HOST_F16C    1 where it targets F16C (x86-64-v3 and later), not under nvcc:
 //                        <immintrin.h>
+//   KVSCOUT_HOST_FMA     1 where it targets FMA (with AVX; x86-64-v3 and later), not under
+//                        nvcc: <immintrin.h>
 // GCC 12 reports a false "may be used uninitialized" inside its own _mm512_reduce_max_ps; the
 // warning is issued at the intrinsic's definition, so the header is included here, once, with
 // that warning silenced, before anything else can include it without.
@@ -44,7 +46,14 @@
 #define KVSCOUT_HOST_F16C 0
 #endif
 
-#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_AVX2 || KVSCOUT_HOST_F16C
+// FMA (the host kernels' explicit multiply-adds, core/simd.hpp).
+#if KVSCOUT_HOST_SSE2 && defined(__FMA__) && !defined(__CUDACC__)
+#define KVSCOUT_HOST_FMA 1
+#else
+#define KVSCOUT_HOST_FMA 0
+#endif
+
+#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_AVX2 || KVSCOUT_HOST_F16C || KVSCOUT_HOST_FMA
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

@@ -18,8 +18,9 @@
 // If the sample misjudged (fewer than k tokens reach L), the range is redone without it, so the
 // result never depends on the sample; only the time does.
 //
-// The scans use SSE2 where the compiler targets it (every x86-64) and portable loops otherwise;
-// the portable versions are also what the tests compare the vector ones with.
+// The scans use SSE2 where the compiler targets it (every x86-64), AVX2 or AVX-512 forms of the
+// hottest ones where it targets those, and portable loops otherwise; the portable versions are
+// also what the tests compare the vector ones with.
 
 #include <cmath>
 #include <climits>
@@ -125,6 +126,14 @@ struct max_carry512 {
   }
 };
 #elif KVSCOUT_HOST_AVX2
+/// The largest lane of v (running maxima: no lane holds a NaN).
+inline float horizontal_max256(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, 0x4e));
+  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, 0xb1));
+  return _mm_cvtss_f32(m);
+}
+
 /// max_carry512's AVX2 form: 32 scores a step, four 8-lane maxima.
 struct max_carry256 {
   __m256 a[4];
@@ -140,11 +149,8 @@ struct max_carry256 {
   }
   float result(const float* q, int qn) {
     while (j + 32 <= qn) step(q, qn);
-    const __m256 m8 = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-    m4 = _mm_max_ps(m4, _mm_shuffle_ps(m4, m4, 0x4e));
-    m4 = _mm_max_ps(m4, _mm_shuffle_ps(m4, m4, 0xb1));
-    float m = _mm_cvtss_f32(m4);
+    float m = horizontal_max256(
+        _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
     for (; j < qn; ++j) m = q[j] > m ? q[j] : m;
     return m;
   }
@@ -384,12 +390,6 @@ inline int emit_bits32(std::uint32_t bits, int first, std::int32_t* out, int c) 
   return c;
 }
 
-inline float horizontal_max256(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, 0x4e));
-  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, 0xb1));
-  return _mm_cvtss_f32(m);
-}
 #endif
 
 /// Positions where the row scans check a caller's limit on their list.
@@ -425,9 +425,10 @@ struct max_carry {
 /// unspecified).
 ///
 /// With Ahead, it also sets *qmax to max_of(q, qn, -inf) of another row q, also where it gives
-/// up; AVX-512 and AVX2 builds read q inside the same loop. A short row's compaction reads from L1 and is
-/// bound by its compares and stores; the next row's maximum pass reads from L2 and is bound by
-/// the read: in one loop the two overlap (per_head_row). Elsewhere q is read after the loop.
+/// up; AVX-512 and AVX2 builds read q inside the same loop. A short row's compaction reads from
+/// L1 and is bound by its compares and stores; the next row's maximum pass reads from L2 and is
+/// bound by the read: in one loop the two overlap (per_head_row). Elsewhere q is read after the
+/// loop.
 template <bool Simd = select_simd, bool Ahead = false>
 int compact_at_least_impl(const float* p, int n, int first, float bound, std::int32_t* out,
                           int limit, [[maybe_unused]] const float* q, [[maybe_unused]] int qn,
@@ -512,7 +513,7 @@ int compact_at_least(const float* p, int n, int first, float bound, std::int32_t
   return compact_at_least_impl<Simd, false>(p, n, first, bound, out, limit, nullptr, 0, nullptr);
 }
 
-/// compact_at_least, and *qmax = max_of(q, qn, -inf) (read in the same loop on AVX-512).
+/// compact_at_least, and *qmax = max_of(q, qn, -inf) (read in the same loop on AVX-512 and AVX2).
 template <bool Simd = select_simd>
 int compact_at_least_and_max(const float* p, int n, int first, float bound, std::int32_t* out,
                              int limit, const float* q, int qn, float* qmax) {
