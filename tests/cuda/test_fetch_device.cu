@@ -220,44 +220,76 @@ void bad_device_data() {
   expect_same("bad data K", dk.download(), want);
 }
 
+// What both row-cache tests share: a padded HND half cache of head_dim 128 (256-byte rows) in
+// pinned host memory, two random selections A and B, device buffers for the rows of each, and a
+// zero-copy executor. fetch_a_then_rewrite() fetches A, keeps the host bytes it read (old_k /
+// old_v) and rewrites the source with new bytes, so that a row served from the cache (old bytes)
+// and one that crossed the link (new bytes) can be told apart.
+struct row_cache_case {
+  using Case = kvtest::layout_case<kvtest::kind::padded, kvscout::hnd, half, 128>;
+  using Layout = Case::layout;
+  static constexpr std::size_t row = 256;
+  std::mt19937 rng;
+  std::vector<int32_t> lens;
+  int S, heads, cap;
+  std::size_t slots;
+  kvtest::layout_fixture<Case> f;
+  pinned_vector<std::byte> k, v;
+  device_layout<Case> dl;
+  host_selection a, b;
+  device_selection da, db;
+  device_vector<std::byte> ak, av, bk, bv;
+  device_vector<int> status;
+  device_vector<unsigned long long> hits;
+  kvscout::zero_copy_executor<Layout> ex;
+  kvscout::kv_view<Layout, kvscout::device_space> src;
+  std::vector<std::byte> old_k, old_v;
+
+  row_cache_case(std::uint32_t seed, std::vector<int32_t> seq_lens, int kv_heads, int capacity,
+                 double density)
+      : rng(seed), lens(std::move(seq_lens)), S(static_cast<int>(lens.size())), heads(kv_heads),
+        cap(capacity), slots(static_cast<std::size_t>(S) * heads * cap), f(lens, heads, rng),
+        k(f.bytes), v(f.bytes), dl(f),
+        a(std::vector<int>(lens.begin(), lens.end()), heads, cap, density, rng),
+        b(std::vector<int>(lens.begin(), lens.end()), heads, cap, density, rng), da(a), db(b),
+        ak(slots * row), av(slots * row), bk(slots * row), bv(slots * row), status(1), hits(1),
+        ex({.num_seqs = S, .num_kv_heads = heads, .capacity = cap,
+            .device_status = status.data()}),
+        src{dl.layout, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}} {
+    fill_random_bytes(k.data(), k.bytes(), seed + 1);
+    fill_random_bytes(v.data(), v.bytes(), seed + 2);
+    clear_status(status);
+    KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
+  }
+  kvscout::gather_destination<kvscout::device_space> a_rows() {
+    return {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}};
+  }
+  kvscout::gather_destination<kvscout::device_space> b_rows() {
+    return {{bk.data(), bk.bytes()}, {bv.data(), bv.bytes()}};
+  }
+  void fetch_a_then_rewrite(std::uint32_t seed) {
+    ex.submit(src, da.view(), a_rows()).wait();
+    old_k.assign(k.data(), k.data() + k.bytes());
+    old_v.assign(v.data(), v.data() + v.bytes());
+    fill_random_bytes(k.data(), k.bytes(), seed);  // the source changes: hits must not read it
+    fill_random_bytes(v.data(), v.bytes(), seed + 1);
+  }
+};
+
 // The row cache: a first submit fetches selection A; the host rows of every token are then
 // rewritten; a second submit of selection B with the cache {A, its rows} must return, for the
 // tokens of B that A holds, the bytes A fetched (from the device, old), and for the others the
 // rewritten source (across the link, new). The hit counter equals |A n B| per (seq, head), summed.
 void row_cache_serves_hits_from_device() {
-  using Case = kvtest::layout_case<kvtest::kind::padded, kvscout::hnd, half, 128>;
-  using Layout = Case::layout;
-  std::mt19937 rng(31);
-  const std::vector<int32_t> lens = {400, 3, 250};
-  const int heads = 2, cap = 64;
-  kvtest::layout_fixture<Case> f(lens, heads, rng);
-  pinned_vector<std::byte> k(f.bytes), v(f.bytes);
-  fill_random_bytes(k.data(), k.bytes(), 11);
-  fill_random_bytes(v.data(), v.bytes(), 12);
-  device_layout<Case> dl(f);
-  const host_selection a(std::vector<int>(lens.begin(), lens.end()), heads, cap, 0.12, rng);
-  const host_selection b(std::vector<int>(lens.begin(), lens.end()), heads, cap, 0.12, rng);
-  const int S = static_cast<int>(lens.size());
-  const std::size_t slots = static_cast<std::size_t>(S) * heads * cap, row = 256;
-  device_selection da(a), db(b);
-  device_vector<std::byte> ak(slots * row), av(slots * row), bk(slots * row), bv(slots * row);
-  device_vector<int> status(1);
-  clear_status(status);
-  device_vector<unsigned long long> hits(1);
-  KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
-  kvscout::zero_copy_executor<Layout> ex({.num_seqs = S, .num_kv_heads = heads, .capacity = cap,
-                                          .device_status = status.data()});
-  const kvscout::kv_view<Layout, kvscout::device_space> src{
-      dl.layout, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}};
-  ex.submit(src, da.view(), {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}}).wait();
-  const std::vector<std::byte> old_k(k.data(), k.data() + k.bytes());
-  const std::vector<std::byte> old_v(v.data(), v.data() + v.bytes());
-  fill_random_bytes(k.data(), k.bytes(), 13);  // the source changes: hits must not read it
-  fill_random_bytes(v.data(), v.bytes(), 14);
-  const kvscout::row_cache_view cache{da.view(), {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}},
-                                      hits.data()};
-  ex.submit(src, db.view(), {{bk.data(), bk.bytes()}, {bv.data(), bv.bytes()}}, cache).wait();
-  GPU_CHECK(read_status(status) == 0);
+  row_cache_case rc(31, {400, 3, 250}, 2, 64, 0.12);
+  const int S = rc.S, heads = rc.heads, cap = rc.cap;
+  const std::size_t slots = rc.slots, row = rc.row;
+  const auto& a = rc.a;
+  const auto& b = rc.b;
+  rc.fetch_a_then_rewrite(13);
+  const kvscout::row_cache_view cache{rc.da.view(), rc.a_rows(), rc.hits.data()};
+  rc.ex.submit(rc.src, rc.db.view(), rc.b_rows(), cache).wait();
+  GPU_CHECK(read_status(rc.status) == 0);
   std::vector<std::byte> want(slots * row, poison), want_v(slots * row, poison);
   unsigned long long common = 0;
   for (int s = 0; s < S; ++s)
@@ -268,21 +300,22 @@ void row_cache_serves_hits_from_device() {
         const int t = b.indices[r * cap + i];
         const bool in_a = std::binary_search(ar, ar + a.counts[r], t);
         common += in_a;
-        const std::byte* from = (in_a ? old_k.data() : k.data()) + f.layout.k_offset(s, t, h);
+        const std::byte* from = (in_a ? rc.old_k.data() : rc.k.data()) + rc.f.layout.k_offset(s, t, h);
         std::memcpy(&want[(r * cap + i) * row], from, row);
-        const std::byte* from_v = (in_a ? old_v.data() : v.data()) + f.layout.v_offset(s, t, h);
+        const std::byte* from_v =
+            (in_a ? rc.old_v.data() : rc.v.data()) + rc.f.layout.v_offset(s, t, h);
         std::memcpy(&want_v[(r * cap + i) * row], from_v, row);
       }
     }
   std::printf("  row cache: %llu of %lld rows were cached\n", common, static_cast<long long>(b.total()));
   GPU_CHECK(common > 0 && common < static_cast<unsigned long long>(b.total()));  // both paths run
-  GPU_CHECK(hits.download()[0] == common);
-  expect_same("row cache K", bk.download(), want);
-  expect_same("row cache V", bv.download(), want_v);
+  GPU_CHECK(rc.hits.download()[0] == common);
+  expect_same("row cache K", rc.bk.download(), want);
+  expect_same("row cache V", rc.bv.download(), want_v);
   // An overlapping cache is refused on the host.
   bool thrown = false;
   try {
-    ex.submit(src, db.view(), {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}}, cache);
+    rc.ex.submit(rc.src, rc.db.view(), rc.a_rows(), cache);
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("overlap") != std::string::npos;
   }
@@ -296,36 +329,22 @@ void row_cache_serves_hits_from_device() {
 // bytes of another sequence (the test checks that this gives other bytes, so it can tell). Then
 // an entry outside [-1, num_seqs) is served from the source and raises bad_seq_id.
 void row_cache_follows_its_row_map() {
-  using Case = kvtest::layout_case<kvtest::kind::padded, kvscout::hnd, half, 128>;
-  using Layout = Case::layout;
-  std::mt19937 rng(37);
-  const std::vector<int32_t> lens = {300, 300, 300};  // equal: a token of one row is one of any
-  const int heads = 2, cap = 128;
-  kvtest::layout_fixture<Case> f(lens, heads, rng);
-  pinned_vector<std::byte> k(f.bytes), v(f.bytes);
-  fill_random_bytes(k.data(), k.bytes(), 21);
-  fill_random_bytes(v.data(), v.bytes(), 22);
-  device_layout<Case> dl(f);
-  const std::vector<int> lens_i(lens.begin(), lens.end());
-  const host_selection a(lens_i, heads, cap, 0.3, rng);
-  const host_selection b(lens_i, heads, cap, 0.3, rng);
-  const int S = static_cast<int>(lens.size());
-  const std::size_t slots = static_cast<std::size_t>(S) * heads * cap, row = 256;
-  device_selection da(a), db(b);
-  device_vector<std::byte> ak(slots * row), av(slots * row), bk(slots * row), bv(slots * row);
-  device_vector<int> status(1);
-  clear_status(status);
-  device_vector<unsigned long long> hits(1);
-  KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
-  kvscout::zero_copy_executor<Layout> ex({.num_seqs = S, .num_kv_heads = heads, .capacity = cap,
-                                          .device_status = status.data()});
-  const kvscout::kv_view<Layout, kvscout::device_space> src{
-      dl.layout, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}};
-  ex.submit(src, da.view(), {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}}).wait();
-  const std::vector<std::byte> old_k(k.data(), k.data() + k.bytes());
-  const std::vector<std::byte> old_v(v.data(), v.data() + v.bytes());
-  fill_random_bytes(k.data(), k.bytes(), 23);  // the batch changed: the source rows are new bytes
-  fill_random_bytes(v.data(), v.bytes(), 24);
+  row_cache_case rc(37, {300, 300, 300}, 2, 128, 0.3);  // equal lengths: a token of one row is one of any
+  const int S = rc.S, heads = rc.heads, cap = rc.cap;
+  const std::size_t slots = rc.slots, row = rc.row;
+  const auto& a = rc.a;
+  const auto& b = rc.b;
+  const auto& f = rc.f;
+  const auto& old_k = rc.old_k;
+  const auto& old_v = rc.old_v;
+  auto& k = rc.k;
+  auto& v = rc.v;
+  auto& bk = rc.bk;
+  auto& bv = rc.bv;
+  auto& hits = rc.hits;
+  auto& status = rc.status;
+  auto& ex = rc.ex;
+  rc.fetch_a_then_rewrite(23);  // the batch changed: the source rows are new bytes
   // What the second submit must return for a map (hits from old bytes of the mapped row).
   auto expected = [&](const std::vector<int32_t>& map, unsigned long long& common) {
     std::vector<std::byte> want(2 * slots * row, poison);
@@ -358,10 +377,9 @@ void row_cache_follows_its_row_map() {
     KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
     KVSCOUT_CUDA_CHECK(cudaMemset(bk.data(), static_cast<int>(poison), bk.bytes()));
     KVSCOUT_CUDA_CHECK(cudaMemset(bv.data(), static_cast<int>(poison), bv.bytes()));
-    kvscout::row_cache_view cache{da.view(), {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}},
-                                  hits.data()};
+    kvscout::row_cache_view cache{rc.da.view(), rc.a_rows(), hits.data()};
     if (with_map) cache.row_map = {dmap.data(), dmap.size()};
-    ex.submit(src, db.view(), {{bk.data(), bk.bytes()}, {bv.data(), bv.bytes()}}, cache).wait();
+    ex.submit(rc.src, rc.db.view(), rc.b_rows(), cache).wait();
     std::vector<std::byte> got = bk.download(), gv = bv.download();
     got.insert(got.end(), gv.begin(), gv.end());
     return std::make_pair(got, hits.download()[0]);
@@ -394,9 +412,8 @@ void row_cache_follows_its_row_map() {
   device_vector<int32_t> short_map(std::vector<int32_t>{0, 1});
   bool thrown = false;
   try {
-    ex.submit(src, db.view(), {{bk.data(), bk.bytes()}, {bv.data(), bv.bytes()}},
-              {da.view(), {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}}, nullptr,
-               {short_map.data(), short_map.size()}});
+    ex.submit(rc.src, rc.db.view(), rc.b_rows(),
+              {rc.da.view(), rc.a_rows(), nullptr, {short_map.data(), short_map.size()}});
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("row_map holds 2 entries, expected num_seqs = 3") !=
              std::string::npos;

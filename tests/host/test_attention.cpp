@@ -1,6 +1,8 @@
 // Decode attention on the host: dense (layout rows) and sparse (gathered rows) against an fp64
 // reference written from the definition; GQA groups of 1, 3, 8 and 20 (more than one chunk of
-// query heads); the current token; attention probabilities; bad input.
+// query heads); row counts that are not multiples of the float path's blocks of 16; head dims
+// that are not multiples of the vector width; the current token; attention probabilities;
+// overflowing logits; bad input.
 
 #include <catch2/catch.hpp>
 
@@ -19,9 +21,9 @@
 
 namespace {
 
-template <class T>
+template <class T, int HeadDim = 64>
 struct attn_fixture {
-  static constexpr int D = 64;
+  static constexpr int D = HeadDim;
   using layout = kvscout::contiguous_layout<T, D, kvscout::hnd>;
   int S, H, Hq, cap;
   std::vector<int32_t> lens;
@@ -161,6 +163,76 @@ TEMPLATE_TEST_CASE("dense decode attention matches the fp64 definition", "[atten
       for (std::size_t i = 0; i < out.size(); ++i) worst64 = std::max(worst64, std::abs(out64[i] - ref[i]));
       REQUIRE(worst64 <= 1e-6);
     }
+  }
+}
+
+namespace {
+// Dense attention with and without the current token and probabilities at head dim D, against
+// the fp64 definition: the float path's channel loops have a tail past the last whole register
+// (D = 12: past 8 and 16 floats; D = 40: past 16) or none (D = 128).
+template <class T, int D>
+void check_head_dim() {
+  CAPTURE(D);
+  attn_fixture<T, D> f({5, 16, 33, 100}, 2, 4, 31u + D);
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  std::vector<std::vector<int>> all(f.S * f.H);
+  for (int s = 0; s < f.S; ++s)
+    for (int h = 0; h < f.H; ++h)
+      for (int t = 0; t < f.lens[s]; ++t) all[s * f.H + h].push_back(t);
+  for (const bool with_current : {false, true}) {
+    CAPTURE(with_current);
+    std::vector<double> ref;
+    std::vector<std::vector<double>> ref_probs;
+    f.reference(all, with_current, scale, ref, ref_probs);
+    const int stride = f.cap + 1;
+    std::vector<float> out(f.q.size(), -7.f), probs(static_cast<std::size_t>(f.S) * f.H * stride);
+    const auto cur = with_current ? f.current() : kvscout::current_token<T>{};
+    kvscout::decode_attention_host(kvscout::layout_rows(f.view()), cur, {f.q.data(), f.q.size()},
+                                   {out.data(), out.size()}, {f.Hq, scale},
+                                   {probs.data(), probs.size()}, stride);
+    double worst = 0, worst_p = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - ref[i]));
+    for (int r = 0; r < f.S * f.H; ++r)
+      for (std::size_t i = 0; i < ref_probs[r].size(); ++i)
+        worst_p = std::max(worst_p, std::abs(probs[r * stride + i] - ref_probs[r][i]));
+    CAPTURE(worst, worst_p);
+    REQUIRE(worst <= 2e-5);
+    REQUIRE(worst_p <= 1e-5);
+  }
+}
+}  // namespace
+
+TEST_CASE("decode attention at head dims that are not a multiple of the vector width",
+          "[attention]") {
+  check_head_dim<float, 12>();
+  check_head_dim<kvscout::half, 40>();
+  check_head_dim<kvscout::bfloat16, 128>();
+}
+
+// A logit that overflows float (q . k past 3.4e38) makes its head's output NaN in the float path,
+// never a finite wrong value; the fp64 reference, where it does not overflow, gives that row's V.
+// The other kv head's outputs are untouched.
+TEST_CASE("decode attention: an overflowing logit gives NaN, not a wrong value", "[attention]") {
+  attn_fixture<float> f({40}, 2, 2, 77);
+  const int row = 21;  // inside the second block of 16 rows
+  for (int c = 0; c < f.D; ++c) {
+    f.k[f.l.k_offset(0, row, 0) / sizeof(float) + c] = 1e30f;
+  }
+  for (int c = 0; c < f.D; ++c) f.q[c] = 1e10f;  // query head 0 (kv head 0)
+  std::vector<float> out(f.q.size()), out64(f.q.size());
+  const kvscout::attention_params p{f.Hq, 0.125f};
+  kvscout::decode_attention_host(kvscout::layout_rows(f.view()), {}, {f.q.data(), f.q.size()},
+                                 {out.data(), out.size()}, p);
+  kvscout::decode_attention_host<double>(kvscout::layout_rows(f.view()), {},
+                                         {f.q.data(), f.q.size()}, {out64.data(), out64.size()}, p);
+  const int D = f.D;
+  for (int c = 0; c < D; ++c) {
+    REQUIRE(std::isnan(out[c]));
+    REQUIRE(out64[c] == f.v[f.l.v_offset(0, row, 0) / sizeof(float) + c]);
+  }
+  for (std::size_t i = 2 * D; i < out.size(); ++i) {  // query heads 2 and 3: kv head 1
+    REQUIRE(std::isfinite(out[i]));
+    REQUIRE(std::abs(out[i] - out64[i]) <= 2e-5);
   }
 }
 

@@ -10,7 +10,15 @@
 // (gathered_rows: the fetched rows). KV is never expanded to query heads: each K / V row is loaded
 // once per group of up to 16 query heads and used by all of them (GQA). The softmax is computed
 // online (running max and sum), so no per-token buffer is needed and nothing is allocated.
-// Acc = double gives an fp64-accumulated reference.
+//
+// Acc = float (the default) works in blocks of 16 rows: the block's logits for the whole group
+// at once (detail::dot_rows_multi: 16 partial sums per dot, vectorised), one rescale of each
+// head's accumulator per block, then the block's V rows multiply-added a register of channels
+// at a time. Acc = double is the fp64-accumulated reference: one row at a time, every sum in
+// double in the plain order (tests hold the float path to it).
+//
+// Logits that overflow float (a q . k beyond 3.4e38 after scaling) make that head's output NaN
+// in the float path rather than a wrong finite value; NaN keys or queries do too.
 //
 //   kvscout::layout_rows rows(kv);                       // kv: kv_view<layout, host_space>
 //   kvscout::decode_attention_host(rows, kvscout::current_token<kvscout::half>{k_cur, v_cur}, q,
@@ -30,13 +38,16 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "kvscout/attention/rows.hpp"
 #include "kvscout/backend/host/thread_pool.hpp"
 #include "kvscout/core/detail/overlap.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/simd.hpp"
 #include "kvscout/core/span.hpp"
 
 namespace kvscout {
@@ -141,12 +152,25 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
   const int g = Hq / H;
   const Acc logit_scale = static_cast<Acc>(p.scale) * static_cast<Acc>(p.k_scale);
   const Acc v_scale = static_cast<Acc>(p.v_scale);
+  constexpr int R = 16;  // rows per block of the float path
+  // The reference's logit of query head j of the group against one row, summed in Acc.
+  const auto logit_of = [&](const float* qs, int j, const float* k) {
+    Acc dot = 0;
+    const float* qj = qs + static_cast<std::size_t>(j) * D;
+    for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(k[c]);
+    return dot * logit_scale;
+  };
   // One (sequence, kv head) pair: its rows, its query heads' outputs and probabilities. Pairs
   // share nothing, so threads split them in contiguous ranges and each gets the bits it gets
   // alone.
   const auto one_pair = [&](int s, int h) {
-    float kbuf[D], vbuf[D];
-    Acc m[chunk], l[chunk], acc[chunk][D], logit[chunk];
+    Acc m[chunk], l[chunk], acc[chunk][D];
+    // Row buffers: a block of R rows for the float path, one row for the reference.
+    alignas(64) float kblk[std::is_same_v<Acc, float> ? R : 1][D];
+    alignas(64) float vblk[std::is_same_v<Acc, float> ? R : 1][D];
+    alignas(64) float logit_blk[chunk][R];
+    float* const kbuf = kblk[0];
+    float* const vbuf = vblk[0];
     const int n = rows.rows(s, h);
     const int total = n + (cur.present() ? 1 : 0);
     const std::size_t cur_off = (static_cast<std::size_t>(s) * H + h) * D;
@@ -170,23 +194,68 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
         l[j] = 0;
         for (int c = 0; c < D; ++c) acc[j][c] = 0;
       }
-      for (int i = 0; i < total; ++i) {
-        load(i, true, kbuf);
-        load(i, false, vbuf);
-        for (int j = 0; j < gj; ++j) {
-          Acc dot = 0;
-          const float* qj = qs + static_cast<std::size_t>(j) * D;
-          for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(kbuf[c]);
-          const Acc x = dot * logit_scale;
-          if (x > m[j]) {
-            const Acc f = std::exp(m[j] - x);  // 0 on the first row (m = -inf)
-            l[j] = l[j] * f + 1;
-            for (int c = 0; c < D; ++c) acc[j][c] = acc[j][c] * f + vbuf[c];
-            m[j] = x;
-          } else {
-            const Acc w = std::exp(x - m[j]);
-            l[j] += w;
-            for (int c = 0; c < D; ++c) acc[j][c] += w * vbuf[c];
+      if constexpr (std::is_same_v<Acc, float>) {
+        // Blocks of R rows: the block's logits for the whole group through dot_rows_multi (16
+        // partial sums per dot, register-blocked over rows and heads), one rescale per head
+        // and block, then the block's V rows multiply-added into each head's accumulator a
+        // register of channels at a time.
+        for (int i0 = 0; i0 < total; i0 += R) {
+          const int nb = std::min(R, total - i0);
+          for (int b = 0; b < nb; ++b) load(i0 + b, true, kblk[b]);
+          detail::dot_rows_multi(&kblk[0][0], D, qs, D, gj, D, nb, &logit_blk[0][0], R);
+          for (int b = 0; b < nb; ++b) load(i0 + b, false, vblk[b]);
+          for (int j = 0; j < gj; ++j) {
+            float* x = logit_blk[j];
+            float bm = m[j];
+            for (int b = 0; b < nb; ++b) {
+              x[b] *= logit_scale;
+              bm = x[b] > bm ? x[b] : bm;  // a NaN logit is not a maximum (it poisons l below)
+            }
+            if (bm > m[j]) {
+              const float f = std::exp(m[j] - bm);  // 0 on the first block (m = -inf)
+              l[j] *= f;
+              for (int c = 0; c < D; ++c) acc[j][c] *= f;
+              m[j] = bm;
+            }
+            float w[R];
+            for (int b = 0; b < nb; ++b) {
+              w[b] = std::exp(x[b] - m[j]);
+              l[j] += w[b];
+            }
+            int c = 0;
+            if constexpr (D % detail::host_float_lanes == 0) {
+              for (; c < D; c += detail::host_float_lanes) {
+                detail::host_vec a;
+                std::memcpy(&a, &acc[j][c], sizeof a);
+                for (int b = 0; b < nb; ++b) {
+                  detail::host_vec v;
+                  std::memcpy(&v, &vblk[b][c], sizeof v);
+                  a = detail::madd(a, v, w[b]);
+                }
+                std::memcpy(&acc[j][c], &a, sizeof a);
+              }
+            }
+            for (; c < D; ++c)
+              for (int b = 0; b < nb; ++b) acc[j][c] = detail::madd(acc[j][c], vblk[b][c], w[b]);
+          }
+        }
+      } else {
+        // The fp64 reference: one row at a time, every sum in Acc, in the plain order.
+        for (int i = 0; i < total; ++i) {
+          load(i, true, kbuf);
+          load(i, false, vbuf);
+          for (int j = 0; j < gj; ++j) {
+            Acc x = logit_of(qs, j, kbuf);
+            if (x > m[j]) {
+              const Acc f = std::exp(m[j] - x);  // 0 on the first row (m = -inf)
+              l[j] = l[j] * f + 1;
+              for (int c = 0; c < D; ++c) acc[j][c] = acc[j][c] * f + vbuf[c];
+              m[j] = x;
+            } else {
+              const Acc w = std::exp(x - m[j]);
+              l[j] += w;
+              for (int c = 0; c < D; ++c) acc[j][c] += w * vbuf[c];
+            }
           }
         }
       }
@@ -196,15 +265,22 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
           o[c] = total > 0 ? static_cast<float>(acc[j][c] / l[j] * v_scale) : 0.f;
       }
       if (prow != nullptr) {
-        // Second pass over K only: each row's probability, summed over the group.
-        for (int i = 0; i < total; ++i) {
-          load(i, true, kbuf);
-          for (int j = 0; j < gj; ++j) {
-            Acc dot = 0;
-            const float* qj = qs + static_cast<std::size_t>(j) * D;
-            for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(kbuf[c]);
-            logit[j] = dot * logit_scale;
-            prow[i] += static_cast<float>(std::exp(logit[j] - m[j]) / l[j]);
+        // Second pass over K only: each row's probability, summed over the group, from the same
+        // logits as the first pass (the same operations in the same order).
+        if constexpr (std::is_same_v<Acc, float>) {
+          for (int i0 = 0; i0 < total; i0 += R) {
+            const int nb = std::min(R, total - i0);
+            for (int b = 0; b < nb; ++b) load(i0 + b, true, kblk[b]);
+            detail::dot_rows_multi(&kblk[0][0], D, qs, D, gj, D, nb, &logit_blk[0][0], R);
+            for (int j = 0; j < gj; ++j)
+              for (int b = 0; b < nb; ++b)
+                prow[i0 + b] += std::exp(logit_blk[j][b] * logit_scale - m[j]) / l[j];
+          }
+        } else {
+          for (int i = 0; i < total; ++i) {
+            load(i, true, kbuf);
+            for (int j = 0; j < gj; ++j)
+              prow[i] += static_cast<float>(std::exp(logit_of(qs, j, kbuf) - m[j]) / l[j]);
           }
         }
       }

@@ -17,11 +17,13 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/simd.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/kv/kivi.hpp"
@@ -40,10 +42,56 @@ concept attention_rows = requires(const R& r, int s, int h, int i, float* dst) {
 };
 
 namespace detail {
+/// One row of D elements of T as floats, each exact (to_float's value; NaN stays NaN, its
+/// payload may differ). Float, half and bfloat16 rows widen a register at a time (load_lanes:
+/// F16C where the target has it). fp8 rows too on F16C targets, through half, which holds every
+/// fp8 value: an e5m2 code is the high byte of the half of the same value; an e4m3 code, shifted
+/// into a half's exponent and mantissa, is its value times 2^-8 (subnormals included), so the
+/// float is multiplied back by 256, exactly. E4M3's NaN codes (magnitude 0x7f) become half NaNs.
+/// Elsewhere fp8 rows look up to_float's table.
 template <class T, int D>
 inline void load_row(const std::byte* p, float* dst) {
   const T* row = reinterpret_cast<const T*>(p);
-  for (int c = 0; c < D; ++c) dst[c] = to_float(row[c]);
+  int c = 0;
+  if constexpr (compute_element<T>) {
+    for (; c + host_float_lanes <= D; c += host_float_lanes) {
+      const host_vec x = load_lanes(row + c);
+      std::memcpy(dst + c, &x, sizeof x);
+    }
+  } else if constexpr (is_fp8_v<T>) {
+#if KVSCOUT_HOST_F16C
+    constexpr int N = host_float_lanes;  // 16 with AVX-512, else 8 (F16C implies AVX)
+    typedef std::uint8_t u8xN __attribute__((vector_size(N)));
+    typedef std::uint16_t u16xN __attribute__((vector_size(2 * N)));
+    for (; c + N <= D; c += N) {
+      u8xN code;
+      std::memcpy(&code, row + c, sizeof code);
+      const u16xN w = __builtin_convertvector(code, u16xN);
+      u16xN h;
+      if constexpr (std::is_same_v<T, fp8_e5m2>) {
+        h = w << 8;
+      } else {
+        const u16xN mag = w & 0x7f;
+        h = ((w & 0x80) << 8) | (mag << 7);
+        h = mag == 0x7f ? (h | 0x7c00) : h;  // exponent all ones, mantissa 0x380: NaN
+      }
+#if KVSCOUT_HOST_AVX512
+      __m256i hv;
+      std::memcpy(&hv, &h, sizeof hv);
+      __m512 x = _mm512_cvtph_ps(hv);
+      if constexpr (std::is_same_v<T, fp8_e4m3>) x = _mm512_mul_ps(x, _mm512_set1_ps(256.f));
+      _mm512_storeu_ps(dst + c, x);
+#else
+      __m128i hv;
+      std::memcpy(&hv, &h, sizeof hv);
+      __m256 x = _mm256_cvtph_ps(hv);
+      if constexpr (std::is_same_v<T, fp8_e4m3>) x = _mm256_mul_ps(x, _mm256_set1_ps(256.f));
+      _mm256_storeu_ps(dst + c, x);
+#endif
+    }
+#endif
+  }
+  for (; c < D; ++c) dst[c] = to_float(row[c]);
 }
 }  // namespace detail
 

@@ -148,17 +148,6 @@ inline host_vec load_lanes(const W* p) {
   return x;
 }
 
-/// 16 consecutive elements of a float, half or bfloat16 row as 16 floats (load_lanes, 16 /
-/// host_float_lanes times). An output argument, not a return value: a 64-byte vector returned by
-/// value changes the ABI with the target's vector width (GCC warns), a reference does not.
-template <compute_element W>
-inline void load16(const W* p, float_vec<16>::type& x) {
-  for (int l = 0; l < 16 / host_float_lanes; ++l) {
-    const host_vec v = load_lanes(p + l * host_float_lanes);
-    std::memcpy(reinterpret_cast<char*>(&x) + l * sizeof v, &v, sizeof v);
-  }
-}
-
 /// sum_i a[i] * b[i] with 16 independent partial sums (16 / host_float_lanes vectors): bound by
 /// reading a and b, not by the latency of one chain of additions (the order of the additions
 /// differs from a plain loop; it is the same on every target).

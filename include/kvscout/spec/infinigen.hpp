@@ -245,7 +245,8 @@ class infinigen_policy {
       detail::aggregate_scores(n, g, cfg_.aggregation, row, [&](int t, float* z) {
         for (int j = 0; j < g; ++j) {
           float d = 0;
-          for (int c = 0; c < r; ++c) d += qg[j * r + c] * to_float(st.cache.at(s, h, c, t));
+          for (int c = 0; c < r; ++c)
+            d = detail::madd(d, qg[j * r + c], to_float(st.cache.at(s, h, c, t)));
           z[j] = d;
         }
       });

@@ -19,6 +19,7 @@
 
 #include "kvscout/attention/cache_rows.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/simd.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/spec/concepts.hpp"
 #include "kvscout/spec/detail/aggregate.hpp"
@@ -91,11 +92,9 @@ class oracle_policy {
         detail::aggregate_scores(ctx.seq_lens[s], g, cfg_.aggregation, out.row(s, h),
                                  [&](int t, float* z) {
                                    rows.load_k(seq, h, t, k);
-                                   for (int j = 0; j < g; ++j) {
-                                     float d = 0;
-                                     for (int c = 0; c < head_dim; ++c) d += qg[j * head_dim + c] * k[c];
-                                     z[j] = d * logit_scale;
-                                   }
+                                   for (int j = 0; j < g; ++j)
+                                     z[j] = detail::dot(qg + j * head_dim, k, head_dim) *
+                                            logit_scale;
                                  });
       }
     }
