@@ -229,6 +229,7 @@ struct row_cache_case {
   using Case = kvtest::layout_case<kvtest::kind::padded, kvscout::hnd, half, 128>;
   using Layout = Case::layout;
   static constexpr std::size_t row = 256;
+  std::uint32_t seed;
   std::mt19937 rng;
   std::vector<int32_t> lens;
   int S, heads, cap;
@@ -245,9 +246,10 @@ struct row_cache_case {
   kvscout::kv_view<Layout, kvscout::device_space> src;
   std::vector<std::byte> old_k, old_v;
 
-  row_cache_case(std::uint32_t seed, std::vector<int32_t> seq_lens, int kv_heads, int capacity,
+  row_cache_case(std::uint32_t seed_, std::vector<int32_t> seq_lens, int kv_heads, int capacity,
                  double density)
-      : rng(seed), lens(std::move(seq_lens)), S(static_cast<int>(lens.size())), heads(kv_heads),
+      : seed(seed_), rng(seed_), lens(std::move(seq_lens)), S(static_cast<int>(lens.size())),
+        heads(kv_heads),
         cap(capacity), slots(static_cast<std::size_t>(S) * heads * cap), f(lens, heads, rng),
         k(f.bytes), v(f.bytes), dl(f),
         a(std::vector<int>(lens.begin(), lens.end()), heads, cap, density, rng),
@@ -267,12 +269,12 @@ struct row_cache_case {
   kvscout::gather_destination<kvscout::device_space> b_rows() {
     return {{bk.data(), bk.bytes()}, {bv.data(), bv.bytes()}};
   }
-  void fetch_a_then_rewrite(std::uint32_t seed) {
+  void fetch_a_then_rewrite() {
     ex.submit(src, da.view(), a_rows()).wait();
     old_k.assign(k.data(), k.data() + k.bytes());
     old_v.assign(v.data(), v.data() + v.bytes());
-    fill_random_bytes(k.data(), k.bytes(), seed);  // the source changes: hits must not read it
-    fill_random_bytes(v.data(), v.bytes(), seed + 1);
+    fill_random_bytes(k.data(), k.bytes(), seed + 3);  // the source changes: hits must not read it
+    fill_random_bytes(v.data(), v.bytes(), seed + 4);
   }
 };
 
@@ -286,7 +288,7 @@ void row_cache_serves_hits_from_device() {
   const std::size_t slots = rc.slots, row = rc.row;
   const auto& a = rc.a;
   const auto& b = rc.b;
-  rc.fetch_a_then_rewrite(13);
+  rc.fetch_a_then_rewrite();
   const kvscout::row_cache_view cache{rc.da.view(), rc.a_rows(), rc.hits.data()};
   rc.ex.submit(rc.src, rc.db.view(), rc.b_rows(), cache).wait();
   GPU_CHECK(read_status(rc.status) == 0);
@@ -344,7 +346,7 @@ void row_cache_follows_its_row_map() {
   auto& hits = rc.hits;
   auto& status = rc.status;
   auto& ex = rc.ex;
-  rc.fetch_a_then_rewrite(23);  // the batch changed: the source rows are new bytes
+  rc.fetch_a_then_rewrite();  // the batch changed: the source rows are new bytes
   // What the second submit must return for a map (hits from old bytes of the mapped row).
   auto expected = [&](const std::vector<int32_t>& map, unsigned long long& common) {
     std::vector<std::byte> want(2 * slots * row, poison);

@@ -54,10 +54,10 @@ TEMPLATE_TEST_CASE("load_lanes widens every 2-byte code exactly", "[gemv][dtype]
 }
 
 // Attention's row loads: every code of the format, in rows of D = 40 (not a multiple of 16: the
-// last 8 take the scalar tail on AVX-512, a whole register on AVX2) at every row offset of the
-// 256 codes, against to_float.
+// last 8 take the scalar tail on AVX-512, a whole register on AVX2), each code at every position
+// of a row, against to_float.
 TEMPLATE_TEST_CASE("load_row widens every fp8 code and half rows exactly", "[attention][dtype]",
-                   kvscout::fp8_e4m3, kvscout::fp8_e5m2, kvscout::half) {
+                   kvscout::fp8_e4m3, kvscout::fp8_e5m2, kvscout::half, kvscout::bfloat16) {
   using T = TestType;
   constexpr int D = 40;
   constexpr int codes = sizeof(T) == 1 ? 256 : 65536;
@@ -70,7 +70,7 @@ TEMPLATE_TEST_CASE("load_row widens every fp8 code and half rows exactly", "[att
     }
   }
   int mismatched = 0, nan_lost = 0, nans = 0;
-  for (int start = 0; start < codes; start += sizeof(T) == 1 ? 1 : D) {
+  for (int start = 0; start < codes; ++start) {  // every code at every position of a row
     float x[D];
     kvscout::detail::load_row<T, D>(reinterpret_cast<const std::byte*>(all.data() + start), x);
     for (int t = 0; t < D; ++t) {

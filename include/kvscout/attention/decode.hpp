@@ -14,11 +14,13 @@
 // Acc = float (the default) works in blocks of 16 rows: the block's logits for the whole group
 // at once (detail::dot_rows_multi: 16 partial sums per dot, vectorised), one rescale of each
 // head's accumulator per block, then the block's V rows multiply-added a register of channels
-// at a time. Acc = double is the fp64-accumulated reference: one row at a time, every sum in
-// double in the plain order (tests hold the float path to it).
+// at a time (the channels past the last whole register one by one). Acc = double accumulates in
+// fp64, one row at a time in the plain order. Tests hold both to an fp64 definition.
 //
-// Logits that overflow float (a q . k beyond 3.4e38 after scaling) make that head's output NaN
-// in the float path rather than a wrong finite value; NaN keys or queries do too.
+// A logit that overflows float in the float path (q . k, or q . k times the scale, past 3.4e38)
+// makes that head's output NaN rather than a wrong finite value, and with probs the group's
+// probabilities of that (sequence, kv head) too; NaN keys or queries do the same. A logit of
+// -inf only gets weight 0.
 //
 //   kvscout::layout_rows rows(kv);                       // kv: kv_view<layout, host_space>
 //   kvscout::decode_attention_host(rows, kvscout::current_token<kvscout::half>{k_cur, v_cur}, q,
@@ -205,11 +207,11 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
           detail::dot_rows_multi(&kblk[0][0], D, qs, D, gj, D, nb, &logit_blk[0][0], R);
           for (int b = 0; b < nb; ++b) load(i0 + b, false, vblk[b]);
           for (int j = 0; j < gj; ++j) {
-            float* x = logit_blk[j];
+            const float* x = logit_blk[j];  // q . k, unscaled
             float bm = m[j];
             for (int b = 0; b < nb; ++b) {
-              x[b] *= logit_scale;
-              bm = x[b] > bm ? x[b] : bm;  // a NaN logit is not a maximum (it poisons l below)
+              const float xs = x[b] * logit_scale;
+              bm = xs > bm ? xs : bm;  // a NaN logit is not a maximum (it poisons l below)
             }
             if (bm > m[j]) {
               const float f = std::exp(m[j] - bm);  // 0 on the first block (m = -inf)
@@ -219,21 +221,19 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
             }
             float w[R];
             for (int b = 0; b < nb; ++b) {
-              w[b] = std::exp(x[b] - m[j]);
+              w[b] = std::exp(detail::madd(-m[j], x[b], logit_scale));  // as the probs pass
               l[j] += w[b];
             }
             int c = 0;
-            if constexpr (D % detail::host_float_lanes == 0) {
-              for (; c < D; c += detail::host_float_lanes) {
-                detail::host_vec a;
-                std::memcpy(&a, &acc[j][c], sizeof a);
-                for (int b = 0; b < nb; ++b) {
-                  detail::host_vec v;
-                  std::memcpy(&v, &vblk[b][c], sizeof v);
-                  a = detail::madd(a, v, w[b]);
-                }
-                std::memcpy(&acc[j][c], &a, sizeof a);
+            for (; c + detail::host_float_lanes <= D; c += detail::host_float_lanes) {
+              detail::host_vec a;
+              std::memcpy(&a, &acc[j][c], sizeof a);
+              for (int b = 0; b < nb; ++b) {
+                detail::host_vec v;
+                std::memcpy(&v, &vblk[b][c], sizeof v);
+                a = detail::madd(a, v, w[b]);
               }
+              std::memcpy(&acc[j][c], &a, sizeof a);
             }
             for (; c < D; ++c)
               for (int b = 0; b < nb; ++b) acc[j][c] = detail::madd(acc[j][c], vblk[b][c], w[b]);
@@ -265,8 +265,9 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
           o[c] = total > 0 ? static_cast<float>(acc[j][c] / l[j] * v_scale) : 0.f;
       }
       if (prow != nullptr) {
-        // Second pass over K only: each row's probability, summed over the group, from the same
-        // logits as the first pass (the same operations in the same order).
+        // Second pass over K only: each row's probability, summed over the group. The float
+        // path forms each exponent as the first pass did (one explicit multiply-add of the
+        // unscaled logit, so the compiler cannot contract one pass and not the other).
         if constexpr (std::is_same_v<Acc, float>) {
           for (int i0 = 0; i0 < total; i0 += R) {
             const int nb = std::min(R, total - i0);
@@ -274,7 +275,7 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
             detail::dot_rows_multi(&kblk[0][0], D, qs, D, gj, D, nb, &logit_blk[0][0], R);
             for (int j = 0; j < gj; ++j)
               for (int b = 0; b < nb; ++b)
-                prow[i0 + b] += std::exp(logit_blk[j][b] * logit_scale - m[j]) / l[j];
+                prow[i0 + b] += std::exp(detail::madd(-m[j], logit_blk[j][b], logit_scale)) / l[j];
           }
         } else {
           for (int i = 0; i < total; ++i) {

@@ -60,7 +60,8 @@ inline void load_row(const std::byte* p, float* dst) {
     }
   } else if constexpr (is_fp8_v<T>) {
 #if KVSCOUT_HOST_F16C
-    constexpr int N = host_float_lanes;  // 16 with AVX-512, else 8 (F16C implies AVX)
+    constexpr int N = host_float_lanes;
+    static_assert(N == 8 || N == 16, "F16C implies AVX");
     typedef std::uint8_t u8xN __attribute__((vector_size(N)));
     typedef std::uint16_t u16xN __attribute__((vector_size(2 * N)));
     for (; c + N <= D; c += N) {
@@ -75,19 +76,11 @@ inline void load_row(const std::byte* p, float* dst) {
         h = ((w & 0x80) << 8) | (mag << 7);
         h = mag == 0x7f ? (h | 0x7c00) : h;  // exponent all ones, mantissa 0x380: NaN
       }
-#if KVSCOUT_HOST_AVX512
-      __m256i hv;
-      std::memcpy(&hv, &h, sizeof hv);
-      __m512 x = _mm512_cvtph_ps(hv);
-      if constexpr (std::is_same_v<T, fp8_e4m3>) x = _mm512_mul_ps(x, _mm512_set1_ps(256.f));
-      _mm512_storeu_ps(dst + c, x);
-#else
-      __m128i hv;
-      std::memcpy(&hv, &h, sizeof hv);
-      __m256 x = _mm256_cvtph_ps(hv);
-      if constexpr (std::is_same_v<T, fp8_e4m3>) x = _mm256_mul_ps(x, _mm256_set1_ps(256.f));
-      _mm256_storeu_ps(dst + c, x);
-#endif
+      half hv[N];  // widened as half rows are (load_lanes: F16C)
+      std::memcpy(static_cast<void*>(hv), &h, sizeof h);  // __half is trivially copyable
+      host_vec x = load_lanes(hv);
+      if constexpr (std::is_same_v<T, fp8_e4m3>) x *= 256.f;
+      std::memcpy(dst + c, &x, sizeof x);
     }
 #endif
   }

@@ -9,7 +9,7 @@
 // A row's logit is the warp's butterfly sum (every lane ends with the same bits), so the
 // softmax branches are warp-uniform. The warps' states are combined in shared memory:
 //   M = max_w m_w,  L = sum_w l_w e^(m_w - M),  out = sum_w acc_w e^(m_w - M) / L.
-// The update per row is the host's (attention/decode.hpp): x > m: f = e^(m - x), l = l f + 1,
+// The update per row is the host's fp64 form (attention/decode.hpp, Acc = double): x > m: f = e^(m - x), l = l f + 1,
 // acc = acc f + v, m = x; else w = e^(x - m), l += w, acc += w v. Empty row sets give 0.
 
 #include <cuda_runtime.h>
