@@ -20,18 +20,122 @@
 //   kvscout::kivi_gathered_rows rows(l, selection, destination, kv.resident);
 //   kvscout::decode_attention_host(rows, current, q, out, {.num_q_heads = 32, .scale = 0.088f});
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "kvscout/attention/rows.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/simd.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/kv/detail/kivi_pack.hpp"
 #include "kvscout/kv/kivi.hpp"
 
 namespace kvscout {
 namespace detail {
+
+// ---- host dequantisation, a register of channels at a time ----------------------------------
+// The rows dequantise exactly as kv/detail/kivi_pack.hpp's kivi_dequantize_key_row /
+// kivi_dequantize_value_row do (x' = fma(code, scale, zero), one rounding), bit for bit, a
+// host_float_lanes register at a time: the codes unpacked by shifts within one little-endian
+// word, the parameters widened by load_lanes (F16C where the target has it), one madd. The
+// scalar loops cost attention over a KIVI cache 2x its time over fp16 rows (docs/performance.md).
+//
+// madd is one rounding on FMA targets. On others it is a multiply then an add, which is still
+// the fma's value for half parameters: a code (< 16, 4 bits) times a half (11 significant bits)
+// is exact in float, so only the add rounds. Float parameters there keep the scalar fma.
+#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_FMA || defined(__FP_FAST_FMAF)
+inline constexpr bool kivi_host_fused_madd = true;
+#else
+inline constexpr bool kivi_host_fused_madd = false;
+#endif
+template <kivi_scale_type S>
+inline constexpr bool kivi_host_lanes_exact = std::is_same_v<S, half> || kivi_host_fused_madd;
+
+// The codes of the host_float_lanes channels of a packed row starting at `packed` (a channel
+// that is a multiple of the lane count, so a whole byte), as floats.
+template <int Bits>
+inline host_vec kivi_code_lanes(const std::uint8_t* packed) {
+  constexpr int N = host_float_lanes;
+  constexpr int bytes = N * Bits / 8;  // 1 to 8
+  typedef std::uint32_t u32xN __attribute__((vector_size(N * 4)));
+  typedef std::int32_t i32xN __attribute__((vector_size(N * 4)));
+  // The bytes through a scalar, then into the low lanes: a copy into a vector in memory would
+  // be a store, a narrower store and a wide reload (a store-forwarding stall per register).
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, packed, bytes);
+  u32xN w{}, word_of, shift;
+  w[0] = static_cast<std::uint32_t>(bits);
+  if constexpr (bytes > 4) w[1] = static_cast<std::uint32_t>(bits >> 32);
+  for (int t = 0; t < N; ++t) {  // lane t: bits [t * Bits % 32, + Bits) of word t * Bits / 32
+    word_of[t] = static_cast<std::uint32_t>(t * Bits / 32);
+    shift[t] = static_cast<std::uint32_t>(t * Bits % 32);
+  }
+  w = __builtin_shuffle(w, word_of);  // a broadcast or a permute
+  const u32xN q = (w >> shift) & ((1u << Bits) - 1u);
+  return __builtin_convertvector(reinterpret_cast<const i32xN&>(q), host_vec);  // q < 16
+}
+
+inline constexpr bool kivi_host_little_endian = std::endian::native == std::endian::little;
+
+// Key row of D channels: out[c] = fma(code[c], scale[c], zero[c]).
+template <int Bits, kivi_scale_type S, int D>
+inline void kivi_host_key_row(const std::uint8_t* codes, const S* scale, const S* zero,
+                              float* out) {
+  constexpr int N = host_float_lanes;
+  int c = 0;
+  if constexpr (kivi_host_lanes_exact<S> && kivi_host_little_endian) {
+    for (; c + N <= D; c += N) {
+      const host_vec x = madd(load_lanes(zero + c),
+                              kivi_code_lanes<Bits>(codes + c / kivi_codes_per_byte<Bits>),
+                              load_lanes(scale + c));
+      std::memcpy(out + c, &x, sizeof x);
+    }
+  }
+  for (; c < D; ++c)
+    out[c] = kivi_dequantize(kivi_code<Bits>(codes, c), kivi_to_float(scale[c]),
+                             kivi_to_float(zero[c]));
+}
+
+// Value row of D channels in groups of G (G divides D): out[c] = fma(code[c], scales[c / G],
+// zeros[c / G]).
+template <int Bits, kivi_scale_type S, int D>
+inline void kivi_host_value_row(const std::uint8_t* codes, const S* scales, const S* zeros, int G,
+                                float* out) {
+  constexpr int N = host_float_lanes;
+  int c = 0;
+  if constexpr (kivi_host_lanes_exact<S> && kivi_host_little_endian) {
+    const auto codes_at = [&](int ch) {
+      return kivi_code_lanes<Bits>(codes + ch / kivi_codes_per_byte<Bits>);
+    };
+    if (G % N == 0) {  // whole registers per group (and so D % N == 0): parameters broadcast
+      for (int j = 0; j < D / G; ++j) {
+        const host_vec sc = kivi_to_float(scales[j]) - host_vec{};  // x - 0 keeps -0
+        const host_vec z = kivi_to_float(zeros[j]) - host_vec{};
+        for (c = j * G; c < (j + 1) * G; c += N) {
+          const host_vec x = madd(z, codes_at(c), sc);
+          std::memcpy(out + c, &x, sizeof x);
+        }
+      }
+      return;
+    }
+    for (; c + N <= D; c += N) {  // groups narrower than a register, or straddling two
+      host_vec sc, z;
+      for (int t = 0; t < N; ++t) {
+        sc[t] = kivi_to_float(scales[(c + t) / G]);
+        z[t] = kivi_to_float(zeros[(c + t) / G]);
+      }
+      const host_vec x = madd(z, codes_at(c), sc);
+      std::memcpy(out + c, &x, sizeof x);
+    }
+  }
+  for (; c < D; ++c)
+    out[c] = kivi_dequantize(kivi_code<Bits>(codes, c), kivi_to_float(scales[c / G]),
+                             kivi_to_float(zeros[c / G]));
+}
 
 // Key row of quantised token t of (s, h) from its record [k_row_bytes]: parameters of key group
 // t / G from the resident k_params.
@@ -40,18 +144,18 @@ inline void kivi_load_key(const L& l, const std::byte* record, const std::byte* 
                           int t, int h, float* dst) {
   using S = typename L::scale_type;
   const S* scale = reinterpret_cast<const S*>(k_params + l.k_params_offset(s, t / l.group(), h));
-  kivi_dequantize_key_row<L::bits, S>(reinterpret_cast<const std::uint8_t*>(record), scale,
-                                      scale + L::head_dim, L::head_dim, dst);
+  kivi_host_key_row<L::bits, S, L::head_dim>(reinterpret_cast<const std::uint8_t*>(record), scale,
+                                             scale + L::head_dim, dst);
 }
 
 // Value row from its record [v_row_bytes]: codes, then scales[D / G], zeros[D / G].
 template <kivi_quantized_layout L>
 inline void kivi_load_value(const L& l, const std::byte* record, float* dst) {
   using S = typename L::scale_type;
-  kivi_dequantize_value_row<L::bits, S>(
+  kivi_host_value_row<L::bits, S, L::head_dim>(
       reinterpret_cast<const std::uint8_t*>(record),
       reinterpret_cast<const S*>(record + l.v_scales_offset()),
-      reinterpret_cast<const S*>(record + l.v_zeros_offset()), L::head_dim, l.group(), dst);
+      reinterpret_cast<const S*>(record + l.v_zeros_offset()), l.group(), dst);
 }
 
 }  // namespace detail

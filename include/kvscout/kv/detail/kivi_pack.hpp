@@ -2,8 +2,9 @@
 // KIVI quantisation math, written once for the host and for CUDA kernels: the affine parameters
 // of a group, quantising / dequantising one element, the bit packing of codes, and the row-level
 // loops built from them (quantise a key group, quantise a value row, dequantise a key / value
-// row). kv/kivi.hpp (layout, host writer) and attention/kivi_rows.hpp (row sources) use these;
-// a CUDA kernel calls the same functions per lane.
+// row). kv/kivi.hpp (layout, host writer) uses these; a CUDA kernel calls the same functions per
+// lane. The row loops are the definition: attention/kivi_rows.hpp dequantises host rows a
+// register at a time to the same bits (tests/host/test_kivi_rows.cpp).
 //
 //   // Four values, one group, 2 bits, fp16 scale / zero:
 //   const float x[4] = {0.f, 1.f, 2.f, 3.f};
