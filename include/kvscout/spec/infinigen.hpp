@@ -308,7 +308,11 @@ class infinigen_policy {
     // By value (detail::load_lanes): a vector written through a reference into an array is kept
     // in memory, and each line then reaches the multiply-adds through a store and a reload.
     const auto load = [](const PkT* p) { return detail::load_lanes(p); };
-    const auto fold = [use_max, inv_g](const vec* acc, int g, int stride) {
+    // Inlined whatever the compiler's budget: called out of line (as GCC did with AVX-512
+    // vectors), it takes the accumulators' address, and they then live in memory, stored and
+    // reloaded on every channel step of the loops below.
+    const auto fold = [use_max, inv_g](const vec* acc, int g, int stride)
+                          __attribute__((always_inline)) {
       vec a = acc[0];
       if (use_max) {
         for (int j = 1; j < g; ++j) a = a > acc[j * stride] ? a : acc[j * stride];
@@ -341,14 +345,19 @@ class infinigen_policy {
           const PkT* tiles[T];
           for (int u = 0; u < T; ++u) tiles[u] = cache.tile(s, h, b + u);
           const char* ahead = reinterpret_cast<const char*>(tiles[0]) + score_prefetch_bytes;
+          // The loops over u, j and l are unrolled completely (KVSCOUT_HOST_UNROLL), so that
+          // acc and pv are registers: GCC's own choice on AVX-512 targets kept them in memory,
+          // stored again on every channel step (one store per multiply-add; 2026-12-02).
           vec acc[T][G][L] = {};
           for (int c = 0; c < r; ++c) {
             vec pv[T][L];
+            KVSCOUT_HOST_UNROLL
             for (int u = 0; u < T; ++u) {
               __builtin_prefetch(ahead + static_cast<std::size_t>(c * T + u) * 64);
               const PkT* p = tiles[u] + static_cast<std::size_t>(c) * tb;
+              KVSCOUT_HOST_UNROLL
               for (int l = 0; l < L; ++l) {
-                pv[u][l] = load(p + l * W);
+                vec x = load(p + l * W);
 #if defined(__AVX512F__)
                 // Each key line feeds G multiply-adds. Left alone, GCC folds the load into every
                 // one of them (G loads of the same line instead of one), and from the caches the
@@ -357,17 +366,24 @@ class infinigen_policy {
                 // is the one load, so it is left to the compiler; rows read from memory are faster
                 // without the pin (measured: docs/performance.md, "Reading the speculation and
                 // selection tables").
-                if constexpr (Pin && G > 1 && sizeof(vec) == 64) asm("" : "+v"(pv[u][l]));
+                // (On a local: pinning the array element kept the array in memory.)
+                if constexpr (Pin && G > 1 && sizeof(vec) == 64) asm("" : "+v"(x));
 #endif
+                pv[u][l] = x;
               }
             }
+            KVSCOUT_HOST_UNROLL
             for (int j = 0; j < G; ++j) {
               const float qc = qg[j * r + c];
+              KVSCOUT_HOST_UNROLL
               for (int u = 0; u < T; ++u)
+                KVSCOUT_HOST_UNROLL
                 for (int l = 0; l < L; ++l) acc[u][j][l] = detail::madd(acc[u][j][l], pv[u][l], qc);
             }
           }
+          KVSCOUT_HOST_UNROLL
           for (int u = 0; u < T; ++u)
+            KVSCOUT_HOST_UNROLL
             for (int l = 0; l < L; ++l) {
               const vec a = fold(&acc[u][0][l], G, L);
               std::memcpy(row + t0 + u * tb + l * W, &a, sizeof a);
