@@ -2,8 +2,9 @@
 // (attention/kivi_rows.hpp: kivi_host_key_row / kivi_host_value_row). They must give, bit for bit,
 // what the scalar loops of kv/detail/kivi_pack.hpp give (the definition shared with the CUDA
 // kernels): fma(code, scale, zero) with one rounding. Tested over random codes and parameters of
-// every kind (normal, subnormal, signed zeros, infinities, NaN), at head dims with and without a
-// tail below the register width, every value group size dividing the head dim. This file is
+// every kind (normal, subnormal, signed zeros, infinities, NaN; NaN payloads may differ), at
+// head dims with and without a tail below the register width, every value group size dividing
+// the head dim, codes and parameters at unaligned addresses. This file is
 // built four times (tests/CMakeLists.txt): the default target (SSE2: no FMA, half parameters by
 // multiply + add, float ones by the scalar fma), F16C without FMA, x86-64-v3 (FMA) and
 // -march=native (AVX-512 where the machine has it).
@@ -61,13 +62,15 @@ void check_rows(std::mt19937& rng, int& compared) {
     std::vector<std::uint8_t> buf(static_cast<std::size_t>(code_bytes) + 1);
     for (auto& b : buf) b = static_cast<std::uint8_t>(rng());
     const std::uint8_t* codes = buf.data() + 1;
-    std::vector<S> scale(D), zero(D);
-    for (auto& x : scale) x = random_param<S>(rng);
-    for (auto& x : zero) x = random_param<S>(rng);
+    // The parameters too, one element off their vectors' alignment.
+    std::vector<S> scale_buf(D + 1), zero_buf(D + 1);
+    S* scale = scale_buf.data() + 1;
+    S* zero = zero_buf.data() + 1;
+    for (int c = 0; c < D; ++c) scale[c] = random_param<S>(rng), zero[c] = random_param<S>(rng);
 
     std::vector<float> want(D), got(D, -3.f);
-    kivi_dequantize_key_row<Bits, S>(codes, scale.data(), zero.data(), D, want.data());
-    kivi_host_key_row<Bits, S, D>(codes, scale.data(), zero.data(), got.data());
+    kivi_dequantize_key_row<Bits, S>(codes, scale, zero, D, want.data());
+    kivi_host_key_row<Bits, S, D>(codes, scale, zero, got.data());
     for (int c = 0; c < D; ++c) {
       CAPTURE(Bits, D, trial, c, kivi_code<Bits>(codes, c), kivi_to_float(scale[c]),
               kivi_to_float(zero[c]), want[c], got[c]);
@@ -78,8 +81,8 @@ void check_rows(std::mt19937& rng, int& compared) {
     for (int G = 1; G <= D; ++G) {
       if (D % G != 0) continue;
       std::fill(got.begin(), got.end(), -3.f);
-      kivi_dequantize_value_row<Bits, S>(codes, scale.data(), zero.data(), D, G, want.data());
-      kivi_host_value_row<Bits, S, D>(codes, scale.data(), zero.data(), G, got.data());
+      kivi_dequantize_value_row<Bits, S>(codes, scale, zero, D, G, want.data());
+      kivi_host_value_row<Bits, S, D>(codes, scale, zero, G, got.data());
       for (int c = 0; c < D; ++c) {
         CAPTURE(Bits, D, G, trial, c, kivi_code<Bits>(codes, c), kivi_to_float(scale[c / G]),
                 kivi_to_float(zero[c / G]), want[c], got[c]);
@@ -97,8 +100,14 @@ TEMPLATE_TEST_CASE("kivi host rows dequantise a register at a time to the scalar
   using S = TestType;
   std::mt19937 rng(std::is_same_v<S, half> ? 31 : 37);
   int compared = 0;
-  check_rows<2, S, 12>(rng, compared);  // 12 and 40: a tail below 8 / 16 lanes
+  // 12, 20, 24 and 40: tails below 8 or 16 lanes (20: below 4 and 8 lanes too; 12, 24, 40
+  // with 16 lanes: a register and a tail, or no register at all).
+  check_rows<2, S, 12>(rng, compared);
   check_rows<4, S, 12>(rng, compared);
+  check_rows<2, S, 20>(rng, compared);
+  check_rows<4, S, 20>(rng, compared);
+  check_rows<2, S, 24>(rng, compared);
+  check_rows<4, S, 24>(rng, compared);
   check_rows<2, S, 40>(rng, compared);
   check_rows<4, S, 40>(rng, compared);
   check_rows<2, S, 64>(rng, compared);

@@ -39,21 +39,18 @@ namespace detail {
 
 // ---- host dequantisation, a register of channels at a time ----------------------------------
 // The rows dequantise exactly as kv/detail/kivi_pack.hpp's kivi_dequantize_key_row /
-// kivi_dequantize_value_row do (x' = fma(code, scale, zero), one rounding), bit for bit, a
-// host_float_lanes register at a time: the codes unpacked by shifts within one little-endian
-// word, the parameters widened by load_lanes (F16C where the target has it), one madd. The
-// scalar loops cost attention over a KIVI cache 2x its time over fp16 rows (docs/performance.md).
+// kivi_dequantize_value_row do (x' = fma(code, scale, zero), one rounding), bit for bit (NaN
+// payloads aside: NaN stays NaN), a host_float_lanes register at a time: the codes unpacked by
+// shifts within one little-endian word, the parameters widened by load_lanes (F16C where the
+// target has it), one madd. The scalar loops cost attention over a KIVI cache 2x its time over
+// fp16 rows (docs/performance.md).
 //
-// madd is one rounding on FMA targets. On others it is a multiply then an add, which is still
-// the fma's value for half parameters: a code (< 16, 4 bits) times a half (11 significant bits)
-// is exact in float, so only the add rounds. Float parameters there keep the scalar fma.
-#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_FMA || defined(__FP_FAST_FMAF)
-inline constexpr bool kivi_host_fused_madd = true;
-#else
-inline constexpr bool kivi_host_fused_madd = false;
-#endif
+// madd is one rounding where host_madd_fused. Elsewhere it is a multiply then an add, which is
+// still the fma's value for half parameters: a code (< 16, 4 bits) times a half (11 significant
+// bits; its subnormals are normal floats) is exact in float, so only the add rounds. Float
+// parameters there keep the scalar fma.
 template <kivi_scale_type S>
-inline constexpr bool kivi_host_lanes_exact = std::is_same_v<S, half> || kivi_host_fused_madd;
+inline constexpr bool kivi_host_lanes_exact = std::is_same_v<S, half> || host_madd_fused;
 
 // The codes of the host_float_lanes channels of a packed row starting at `packed` (a channel
 // that is a multiple of the lane count, so a whole byte), as floats.
@@ -61,22 +58,26 @@ template <int Bits>
 inline host_vec kivi_code_lanes(const std::uint8_t* packed) {
   constexpr int N = host_float_lanes;
   constexpr int bytes = N * Bits / 8;  // 1 to 8
-  typedef std::uint32_t u32xN __attribute__((vector_size(N * 4)));
   typedef std::int32_t i32xN __attribute__((vector_size(N * 4)));
-  // The bytes through a scalar, then into the low lanes: a copy into a vector in memory would
-  // be a store, a narrower store and a wide reload (a store-forwarding stall per register).
+  // The bytes through a scalar, then broadcast: a copy into a vector in memory would be a
+  // store, a narrower store and a wide reload (a store-forwarding stall per register).
   std::uint64_t bits = 0;
   std::memcpy(&bits, packed, bytes);
-  u32xN w{}, word_of, shift;
-  w[0] = static_cast<std::uint32_t>(bits);
-  if constexpr (bytes > 4) w[1] = static_cast<std::uint32_t>(bits >> 32);
-  for (int t = 0; t < N; ++t) {  // lane t: bits [t * Bits % 32, + Bits) of word t * Bits / 32
-    word_of[t] = static_cast<std::uint32_t>(t * Bits / 32);
-    shift[t] = static_cast<std::uint32_t>(t * Bits % 32);
+  // Lane t holds bits [t * Bits % 32, + Bits) of word t * Bits / 32 (a second word only with
+  // 16 lanes and 4 bits): both words broadcast, each lane's picked by a constant mask.
+  i32xN high, shift;
+  for (int t = 0; t < N; ++t) {
+    high[t] = t * Bits / 32 != 0 ? -1 : 0;
+    shift[t] = t * Bits % 32;
   }
-  w = __builtin_shuffle(w, word_of);  // a broadcast or a permute
-  const u32xN q = (w >> shift) & ((1u << Bits) - 1u);
-  return __builtin_convertvector(reinterpret_cast<const i32xN&>(q), host_vec);  // q < 16
+  const i32xN lo = static_cast<std::int32_t>(static_cast<std::uint32_t>(bits)) - i32xN{};
+  i32xN w = lo;
+  if constexpr (bytes > 4) {
+    const i32xN hi = static_cast<std::int32_t>(static_cast<std::uint32_t>(bits >> 32)) - i32xN{};
+    w = (lo & ~high) | (hi & high);
+  }
+  // Arithmetic shifts: the mask clears what a set sign bit shifted in.
+  return __builtin_convertvector((w >> shift) & ((1 << Bits) - 1), host_vec);
 }
 
 inline constexpr bool kivi_host_little_endian = std::endian::native == std::endian::little;

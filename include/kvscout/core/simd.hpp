@@ -44,6 +44,13 @@ inline constexpr int host_float_lanes = 4;
 /// The native vector of floats (host_float_lanes of them).
 using host_vec = float_vec<host_float_lanes>::type;
 
+#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_FMA || defined(__FP_FAST_FMAF)
+/// Whether madd rounds once (a fused multiply-add) on this target: the #if chain of madd below.
+inline constexpr bool host_madd_fused = true;
+#else
+inline constexpr bool host_madd_fused = false;
+#endif
+
 /// acc + x * y, one rounding where the target has FMA, two where it has not, always the same:
 /// left to the compiler (-ffp-contract=fast), whether a multiply and an add are fused depends
 /// on the code around them (an accumulator kept in memory is not), and with it the bits that
