@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "kvscout/cache/partial_key_cache.hpp"
+#include "kvscout/core/config.hpp"
 #include "kvscout/core/simd.hpp"
 #include "kvscout/spec/infinigen.hpp"
 
@@ -206,16 +207,25 @@ void stream_once(const float* p, std::size_t count, std::size_t ahead) {
   constexpr int N = kvscout::detail::host_float_lanes, L = 16 / N;
   using vec = kvscout::detail::host_vec;
   vec acc[4 * L] = {};
-  for (std::size_t i = 0; i + 64 <= count; i += 64)
+  for (std::size_t i = 0; i + 64 <= count; i += 64) {
+    KVSCOUT_HOST_UNROLL
     for (int j = 0; j < 4; ++j) {
       if constexpr (Prefetch) __builtin_prefetch(p + i + 16 * j + ahead);
+      KVSCOUT_HOST_UNROLL
       for (int l = 0; l < L; ++l) {
         vec v;
         std::memcpy(&v, p + i + 16 * j + N * l, sizeof v);
         acc[j * L + l] += v;
       }
     }
-  benchmark::DoNotOptimize(acc);
+  }
+  // Only the sum escapes, after the loop: with the array itself handed to DoNotOptimize, GCC
+  // stored every accumulator on every step (-O3), and with the loops rolled (-O2) it kept them in
+  // memory; either way a store per vector read, which on a core with one store a cycle (Zen 1)
+  // bounded the "read" below the loads' own rate.
+  vec sum = acc[0];
+  for (int k = 1; k < 4 * L; ++k) sum += acc[k];
+  benchmark::DoNotOptimize(sum);
 }
 
 // Each layer's partial keys in turn: the seqs x H rows of n tokens, contiguous per layer.

@@ -1188,6 +1188,33 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
   }
 }
 
+TEST_CASE("seq_ids of a large batch: a permutation passes, a repeat is named by its two rows",
+          "[spec][seq_ids][errors]") {
+  // Both ways of finding a repeat: the bitmap (a policy holding up to seq_id_bitmap_max
+  // sequences, ids up to its last word's last bit) and pairs (more sequences than that).
+  for (const int max_seqs : {kvscout::detail::seq_id_bitmap_max, 4097, 9000}) {
+    CAPTURE(max_seqs);
+    std::vector<int32_t> ids(static_cast<std::size_t>(std::min(max_seqs, 4096)));
+    std::iota(ids.begin(), ids.end(), max_seqs - static_cast<int>(ids.size()));  // the top ids
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(20261203u));
+    kvscout::spec_context ctx{};
+    ctx.seq_ids = {ids.data(), ids.size()};
+    const int rows = static_cast<int>(ids.size());
+    REQUIRE_NOTHROW(kvscout::detail::check_seq_ids(ctx, rows, max_seqs));
+    const int32_t at17 = ids[17];
+    ids[4000] = at17;  // rows 17 and 4000 now name one sequence
+    REQUIRE_THROWS_WITH(kvscout::detail::check_seq_ids(ctx, rows, max_seqs),
+                        Catch::Contains("seq_ids[17] and seq_ids[4000] are both " +
+                                        std::to_string(at17)));
+    REQUIRE_NOTHROW(kvscout::detail::check_seq_ids(ctx, 4000, max_seqs));  // row 4000 not a row
+    ids[4000] = max_seqs;
+    REQUIRE_THROWS_WITH(kvscout::detail::check_seq_ids(ctx, rows, max_seqs),
+                        Catch::Contains("seq_ids[4000] = " + std::to_string(max_seqs) +
+                                        " is outside [0, the policy's num_seqs = " +
+                                        std::to_string(max_seqs) + ")"));
+  }
+}
+
 TEST_CASE("policies refuse seq_ids they do not hold, repeated or too few",
           "[spec][seq_ids][errors]") {
   const seq_id_fixture f;

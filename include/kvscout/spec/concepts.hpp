@@ -106,21 +106,41 @@ inline void check_scale(float scale) {
                   scale);
 }
 
+/// Where check_seq_ids finds repeated ids with a bitmap on the stack (512 bytes, the words below
+/// max_seqs cleared per call): a policy that holds up to this many sequences. Beyond, it compares
+/// pairs (the streaming policy, which holds none and so has no bound).
+inline constexpr int seq_id_bitmap_max = 4096;
+
 /// ctx.seq_ids, when given: num_seqs entries, each in [0, max_seqs), no two equal (two rows of one
-/// sequence would add its attention mass twice). Allocates nothing: rows are few (a batch), so
-/// the distinctness check compares pairs.
+/// sequence would add its attention mass twice). Allocates nothing; O(num_seqs) where max_seqs
+/// <= seq_id_bitmap_max, O(num_seqs^2) beyond.
 inline void check_seq_ids(const spec_context& ctx, int num_seqs, int max_seqs,
                           const char* holder = "the policy's") {
   if (ctx.seq_ids.empty()) return;
   KVSCOUT_EXPECTS(ctx.seq_ids.size() >= static_cast<std::size_t>(num_seqs), "seq_ids holds ",
                   ctx.seq_ids.size(), " entries, expected num_seqs = ", num_seqs, " (or none)");
+  const bool bitmap = max_seqs <= seq_id_bitmap_max;
+  std::uint64_t seen[seq_id_bitmap_max / 64];
+  if (bitmap)
+    for (int w = 0; w < (max_seqs + 63) / 64; ++w) seen[w] = 0;
   for (int s = 0; s < num_seqs; ++s) {
     const int id = ctx.seq_ids[s];
     KVSCOUT_EXPECTS(id >= 0 && id < max_seqs, "seq_ids[", s, "] = ", id,
                     " is outside [0, ", holder, " num_seqs = ", max_seqs, ")");
-    for (int u = 0; u < s; ++u)
-      KVSCOUT_EXPECTS(ctx.seq_ids[u] != id, "seq_ids[", u, "] and seq_ids[", s, "] are both ", id,
-                      ": a sequence may fill one batch row");
+    bool repeated = false;
+    if (bitmap) {
+      const std::uint64_t bit = std::uint64_t{1} << (id % 64);
+      repeated = (seen[id / 64] & bit) != 0;
+      seen[id / 64] |= bit;
+    } else {
+      for (int u = 0; u < s && !repeated; ++u) repeated = ctx.seq_ids[u] == id;
+    }
+    if (repeated) [[unlikely]] {
+      int u = 0;
+      while (ctx.seq_ids[u] != id) ++u;
+      KVSCOUT_FAIL("seq_ids[", u, "] and seq_ids[", s, "] are both ", id,
+                   ": a sequence may fill one batch row");
+    }
   }
 }
 
