@@ -372,6 +372,104 @@ void step_matches_host() {
     GPU_CHECK(diffs == 0);
     GPU_CHECK(h == (step == 0 ? 0ull : static_cast<unsigned long long>(selected_rows)));
   }
+
+  // ---- continuous batching: speculators that hold three sequences, the batch's rows naming
+  // theirs through cuda_stage_lengths::seq_ids = {2, 0}; sequence 1 holds other keys, so stages
+  // that dropped the ids would score batch row 0 against batch row 1's keys. The selections and
+  // outputs are the eager step's, bit for bit; with the row cache, cached_rows decides the hits.
+  {
+    kvscout::infinigen_cuda_config dc3 = dc;
+    dc3.num_seqs = 3;
+    const int slot_of[S] = {2, 0};
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<std::unique_ptr<gpu_test::device_vector<std::byte>>> ws3;
+    std::vector<std::unique_ptr<spec_t>> specs3;
+    std::vector<spec_t*> ptrs3(L, nullptr);
+    for (int l = skip; l < L; ++l) {
+      ws3.push_back(std::make_unique<gpu_test::device_vector<std::byte>>(spec_t::workspace_bytes(dc3)));
+      specs3.push_back(std::make_unique<spec_t>(
+          dc3, w.plans[l], kvscout::host_span<const float>(w.w_q[l].data(), w.w_q[l].size()),
+          kvscout::host_span<const float>{},
+          kvscout::device_span<std::byte>(ws3.back()->data(), ws3.back()->size())));
+      ptrs3[l] = specs3.back().get();
+      std::vector<float> keys;
+      std::vector<int32_t> sid, tid;
+      for (int s = 0; s < S; ++s)
+        for (int t = 0; t < w.lens_init[s]; ++t) {
+          const auto kr = w.key_row(l, s, t);
+          keys.insert(keys.end(), kr.begin(), kr.end());
+          sid.push_back(slot_of[s]);
+          tid.push_back(t);
+        }
+      for (int t = 0; t < w.lens_init[0]; ++t) {  // the decoy: sequence 1, as long as row 0
+        for (int e = 0; e < H * D; ++e) keys.push_back(nd(w.rng) * 3.f);
+        sid.push_back(1);
+        tid.push_back(t);
+      }
+      gpu_test::device_vector<float> dk(keys);
+      gpu_test::device_vector<int32_t> ds(sid), dt(tid);
+      specs3.back()->append(dspan<const float>(dk), dspan<const int32_t>(ds), dspan<const int32_t>(dt),
+                            static_cast<int>(sid.size()), compute);
+      KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+    }
+    gpu_test::device_vector<int32_t> ids(std::vector<int32_t>{slot_of[0], slot_of[1]});
+    gpu_test::device_vector<int32_t> prev_rows(std::vector<int32_t>{0, 1});
+    kvscout::cuda_stage_lengths lengths3 = lengths;
+    lengths3.seq_ids = dspan<const int32_t>(ids);
+    stages_t id_stages(ptrs3, selector, fetch, sources, score_buf, lengths3, x_in, slot_sets);
+    kvscout::cuda_decode_pipeline id_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                          kvscout::cuda_stages_ref<stages_t>{&id_stages});
+    out_all.poison();
+    rec_idx.poison();
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    enqueue_step(id_pipe, id_stages);
+    KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+    GPU_CHECK(status.download()[0] == 0);
+    const std::vector<float> s_out = out_all.download();
+    const std::vector<int32_t> s_idx = rec_idx.download(), s_cnt = rec_cnt.download();
+    int id_diffs = 0;
+    for (int l = skip; l < L; ++l) {
+      const std::size_t qo = static_cast<std::size_t>(l) * S * Hq * D;
+      id_diffs += std::memcmp(&s_out[qo], &d_out[qo], sizeof(float) * S * Hq * D) != 0;
+      id_diffs += std::memcmp(&s_cnt[static_cast<std::size_t>(l) * S * H], &d_cnt[static_cast<std::size_t>(l) * S * H],
+                              sizeof(int32_t) * S * H) != 0;
+      id_diffs += std::memcmp(&s_idx[static_cast<std::size_t>(l) * slots_n], &d_idx[static_cast<std::size_t>(l) * slots_n],
+                              sizeof(int32_t) * slots_n) != 0;
+    }
+    std::printf("seq_ids {2, 0}: %d layer records differ from the identity batch\n", id_diffs);
+    GPU_CHECK(id_diffs == 0);
+
+    // The row cache over rows named by seq_ids: cached_rows {0, 1} (each row held its sequence at
+    // the previous step) serves every row from the device; {-1, -1} (new sequences) serves none.
+    kvscout::cuda_stage_lengths cached3 = lengths3;
+    cached3.cached_rows = dspan<const int32_t>(prev_rows);
+    stages_t id_cache_stages(ptrs3, selector, fetch, sources, score_buf, cached3, x_in, layer_sets,
+                             kvscout::cuda_stage_buffering::row_cache, hits.data());
+    kvscout::cuda_decode_pipeline id_cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                                kvscout::cuda_stages_ref<stages_t>{&id_cache_stages});
+    const std::vector<int32_t> row_maps[3] = {{0, 1}, {0, 1}, {-1, -1}};
+    const unsigned long long want_hits[3] = {0ull, static_cast<unsigned long long>(selected_rows), 0ull};
+    for (int step = 0; step < 3; ++step) {
+      prev_rows.upload(row_maps[step]);
+      out_all.poison();
+      KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
+      KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+      enqueue_step(id_cache_pipe, id_cache_stages);
+      KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+      const std::vector<float> c_out = out_all.download();
+      const unsigned long long h = hits.download()[0];
+      int diffs = 0;
+      for (int l = skip; l < L; ++l) {
+        const std::size_t qo = static_cast<std::size_t>(l) * S * Hq * D;
+        diffs += std::memcmp(&c_out[qo], &d_out[qo], sizeof(float) * S * Hq * D) != 0;
+      }
+      std::printf("seq_ids row cache, step %d (cached_rows {%d, %d}): %llu of %lld rows served "
+                  "from the device\n", step, row_maps[step][0], row_maps[step][1], h,
+                  static_cast<long long>(selected_rows));
+      GPU_CHECK(diffs == 0);
+      GPU_CHECK(h == want_hits[step]);
+    }
+  }
   GPU_CHECK(status.download()[0] == 0);
   KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(compute));
   KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(side));

@@ -1206,7 +1206,7 @@ TEST_CASE("seq_ids of a large batch: a permutation passes, a repeat is named by 
     REQUIRE_THROWS_WITH(kvscout::detail::check_seq_ids(ctx, rows, max_seqs),
                         Catch::Contains("seq_ids[17] and seq_ids[4000] are both " +
                                         std::to_string(at17)));
-    REQUIRE_NOTHROW(kvscout::detail::check_seq_ids(ctx, 4000, max_seqs));  // row 4000 not a row
+    REQUIRE_NOTHROW(kvscout::detail::check_seq_ids(ctx, 4000, max_seqs));  // 4000 rows: the repeat is past them
     ids[4000] = max_seqs;
     REQUIRE_THROWS_WITH(kvscout::detail::check_seq_ids(ctx, rows, max_seqs),
                         Catch::Contains("seq_ids[4000] = " + std::to_string(max_seqs) +
