@@ -155,6 +155,17 @@ inline host_vec load_lanes(const W* p) {
   return x;
 }
 
+/// The sum of 16 logical lanes held in 16 / host_float_lanes vectors (lane l * N + k is
+/// v[l][k]), as a tree: lane i + lane i + 8, then + 4, + 2, + 1. Four dependent additions, not a
+/// chain of 15; on every target the same additions in the same order, so the same bits.
+inline float sum16(const host_vec* v) {
+  typedef float f32x4 __attribute__((vector_size(16)));
+  f32x4 p[4];  // lanes 0-3, 4-7, 8-11, 12-15
+  std::memcpy(p, v, sizeof p);
+  const f32x4 u = (p[0] + p[2]) + (p[1] + p[3]);
+  return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
 /// sum_i a[i] * b[i] with 16 independent partial sums (16 / host_float_lanes vectors): bound by
 /// reading a and b, not by the latency of one chain of additions (the order of the additions
 /// differs from a plain loop; it is the same on every target).
@@ -164,14 +175,12 @@ inline float dot(const W* a, const float* b, int n) {
   host_vec lanes[L] = {};
   int i = 0;
   for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < L; ++l) {
+    KVSCOUT_HOST_UNROLL for (int l = 0; l < L; ++l) {
       host_vec y;
       std::memcpy(&y, b + i + l * N, sizeof y);
       lanes[l] = madd(lanes[l], load_lanes(a + i + l * N), y);
     }
-  float s = 0.f;
-  for (int l = 0; l < L; ++l)
-    for (int k = 0; k < N; ++k) s += lanes[l][k];
+  float s = sum16(lanes);
   for (; i < n; ++i) s = madd(s, to_float(a[i]), b[i]);
   return s;
 }
@@ -190,23 +199,27 @@ void dot_rows_block(const W* a, std::size_t lda, const float* b, std::size_t ldb
     const W* aj = a + static_cast<std::size_t>(j) * lda;
     host_vec lanes[B][R][L] = {};
     int i = 0;
+    // The loops of the multiply-adds are unrolled: GCC leaves them rolled (znver1 and
+    // rocketlake alike), and rolled they keep `lanes` in memory, a store and a reload per
+    // multiply-add. The reduction's loops after them stay rolled (one store of each
+    // accumulator); unrolled, GCC 12 at -O3 warns falsely that the tail loop's second
+    // iteration "invokes undefined behavior".
     for (; i + 16 <= n; i += 16)
-      for (int l = 0; l < L; ++l) {
+      KVSCOUT_HOST_UNROLL for (int l = 0; l < L; ++l) {
         host_vec y[B];
-        for (int v = 0; v < B; ++v)
+        KVSCOUT_HOST_UNROLL for (int v = 0; v < B; ++v)
           std::memcpy(&y[v], b + static_cast<std::size_t>(v) * ldb + i + l * N, sizeof y[v]);
-        for (int u = 0; u < R; ++u) {
+        KVSCOUT_HOST_UNROLL for (int u = 0; u < R; ++u) {
           const host_vec x = load_lanes(aj + static_cast<std::size_t>(u) * lda + i + l * N);
-          for (int v = 0; v < B; ++v) lanes[v][u][l] = madd(lanes[v][u][l], x, y[v]);
+          KVSCOUT_HOST_UNROLL for (int v = 0; v < B; ++v)
+            lanes[v][u][l] = madd(lanes[v][u][l], x, y[v]);
         }
       }
     for (int v = 0; v < B; ++v) {
       const float* bv = b + static_cast<std::size_t>(v) * ldb;
       for (int u = 0; u < R; ++u) {
         const W* au = aj + static_cast<std::size_t>(u) * lda;
-        float s = 0.f;
-        for (int l = 0; l < L; ++l)
-          for (int k = 0; k < N; ++k) s += lanes[v][u][l][k];
+        float s = sum16(lanes[v][u]);
         for (int t = i; t < n; ++t) s = madd(s, to_float(au[t]), bv[t]);
         out[static_cast<std::size_t>(v) * ldo + j + u] = s;
       }
