@@ -141,6 +141,48 @@ host_selection host_select(const world& w, int l) {
   return out;
 }
 
+// The speculators of layers skip .. L - 1, their partial key caches filled from the world's
+// caches: batch row s's tokens as sequence slot_of[s]; with decoy >= 0, also as many tokens of
+// other keys as row 0 has, as sequence decoy.
+struct speculators {
+  using spec_t = kvscout::infinigen_speculator_cuda<float>;
+  std::vector<std::unique_ptr<gpu_test::device_vector<std::byte>>> ws;
+  std::vector<std::unique_ptr<spec_t>> owned;
+  std::vector<spec_t*> per_layer = std::vector<spec_t*>(L, nullptr);
+
+  speculators(world& w, const kvscout::infinigen_cuda_config& cfg, const int (&slot_of)[S], int decoy,
+              cudaStream_t stream) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int l = skip; l < L; ++l) {
+      ws.push_back(std::make_unique<gpu_test::device_vector<std::byte>>(spec_t::workspace_bytes(cfg)));
+      owned.push_back(std::make_unique<spec_t>(
+          cfg, w.plans[l], kvscout::host_span<const float>(w.w_q[l].data(), w.w_q[l].size()),
+          kvscout::host_span<const float>{},
+          kvscout::device_span<std::byte>(ws.back()->data(), ws.back()->size())));
+      per_layer[l] = owned.back().get();
+      std::vector<float> keys;
+      std::vector<int32_t> sid, tid;
+      for (int s = 0; s < S; ++s)
+        for (int t = 0; t < w.lens_init[s]; ++t) {
+          const auto kr = w.key_row(l, s, t);
+          keys.insert(keys.end(), kr.begin(), kr.end());
+          sid.push_back(slot_of[s]);
+          tid.push_back(t);
+        }
+      for (int t = 0; decoy >= 0 && t < w.lens_init[0]; ++t) {
+        for (int e = 0; e < H * D; ++e) keys.push_back(nd(w.rng) * 3.f);
+        sid.push_back(decoy);
+        tid.push_back(t);
+      }
+      gpu_test::device_vector<float> dk(keys);
+      gpu_test::device_vector<int32_t> ds(sid), dt(tid);
+      owned.back()->append(dspan<const float>(dk), dspan<const int32_t>(ds), dspan<const int32_t>(dt),
+                           static_cast<int>(sid.size()), stream);
+      KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+  }
+};
+
 void step_matches_host() {
   world w;
   cudaStream_t compute{}, side{}, copy{};
@@ -151,32 +193,9 @@ void step_matches_host() {
   // ---- device set-up: speculators (partial key caches filled from the host caches) ------------
   kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, kvscout::rope_mode::rope_planes,
                                     scale, kvscout::gqa_aggregation::max_logit};
-  using spec_t = kvscout::infinigen_speculator_cuda<float>;
-  std::vector<std::unique_ptr<gpu_test::device_vector<std::byte>>> spec_ws;
-  std::vector<std::unique_ptr<spec_t>> specs;
-  std::vector<spec_t*> spec_ptrs(L, nullptr);
-  for (int l = skip; l < L; ++l) {
-    spec_ws.push_back(std::make_unique<gpu_test::device_vector<std::byte>>(spec_t::workspace_bytes(dc)));
-    specs.push_back(std::make_unique<spec_t>(
-        dc, w.plans[l], kvscout::host_span<const float>(w.w_q[l].data(), w.w_q[l].size()),
-        kvscout::host_span<const float>{},
-        kvscout::device_span<std::byte>(spec_ws.back()->data(), spec_ws.back()->size())));
-    spec_ptrs[l] = specs.back().get();
-    std::vector<float> keys;
-    std::vector<int32_t> sid, tid;
-    for (int s = 0; s < S; ++s)
-      for (int t = 0; t < w.lens_init[s]; ++t) {
-        const auto kr = w.key_row(l, s, t);
-        keys.insert(keys.end(), kr.begin(), kr.end());
-        sid.push_back(s);
-        tid.push_back(t);
-      }
-    gpu_test::device_vector<float> dk(keys);
-    gpu_test::device_vector<int32_t> ds(sid), dt(tid);
-    specs.back()->append(dspan<const float>(dk), dspan<const int32_t>(ds), dspan<const int32_t>(dt),
-                         static_cast<int>(sid.size()), compute);
-    KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
-  }
+  const int identity[S] = {0, 1};
+  const speculators specs(w, dc, identity, -1, compute);
+  const std::vector<speculators::spec_t*>& spec_ptrs = specs.per_layer;
 
   // ---- selector, executor, buffers --------------------------------------------------------------
   kvscout::topk_selector_cuda::config sc{S, H, max_tokens, budget, budget, keep};
@@ -354,19 +373,24 @@ void step_matches_host() {
   std::int64_t selected_rows = 0;
   for (int l = skip; l < L; ++l)
     for (int e = 0; e < S * H; ++e) selected_rows += d_cnt[static_cast<std::size_t>(l) * S * H + e];
-  for (int step = 0; step < 2; ++step) {
+  // One step through a row-cache pipeline: the speculated layers whose outputs differ from the
+  // eager step's, and the rows the device cache served.
+  const auto cached_step = [&](pipe_t& pipe, stages_t& stages) {
     out_all.poison();
     KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets before the non-blocking streams
-    enqueue_step(cache_pipe, cache_stages);
+    enqueue_step(pipe, stages);
     KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
     const std::vector<float> c_out = out_all.download();
-    const unsigned long long h = hits.download()[0];
     int diffs = 0;
     for (int l = skip; l < L; ++l) {
       const std::size_t qo = static_cast<std::size_t>(l) * S * Hq * D;
       diffs += std::memcmp(&c_out[qo], &d_out[qo], sizeof(float) * S * Hq * D) != 0;
     }
+    return std::make_pair(diffs, hits.download()[0]);
+  };
+  for (int step = 0; step < 2; ++step) {
+    const auto [diffs, h] = cached_step(cache_pipe, cache_stages);
     std::printf("row cache, step %d: %llu of %lld rows served from the device\n", step, h,
                 static_cast<long long>(selected_rows));
     GPU_CHECK(diffs == 0);
@@ -381,37 +405,8 @@ void step_matches_host() {
     kvscout::infinigen_cuda_config dc3 = dc;
     dc3.num_seqs = 3;
     const int slot_of[S] = {2, 0};
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<std::unique_ptr<gpu_test::device_vector<std::byte>>> ws3;
-    std::vector<std::unique_ptr<spec_t>> specs3;
-    std::vector<spec_t*> ptrs3(L, nullptr);
-    for (int l = skip; l < L; ++l) {
-      ws3.push_back(std::make_unique<gpu_test::device_vector<std::byte>>(spec_t::workspace_bytes(dc3)));
-      specs3.push_back(std::make_unique<spec_t>(
-          dc3, w.plans[l], kvscout::host_span<const float>(w.w_q[l].data(), w.w_q[l].size()),
-          kvscout::host_span<const float>{},
-          kvscout::device_span<std::byte>(ws3.back()->data(), ws3.back()->size())));
-      ptrs3[l] = specs3.back().get();
-      std::vector<float> keys;
-      std::vector<int32_t> sid, tid;
-      for (int s = 0; s < S; ++s)
-        for (int t = 0; t < w.lens_init[s]; ++t) {
-          const auto kr = w.key_row(l, s, t);
-          keys.insert(keys.end(), kr.begin(), kr.end());
-          sid.push_back(slot_of[s]);
-          tid.push_back(t);
-        }
-      for (int t = 0; t < w.lens_init[0]; ++t) {  // the decoy: sequence 1, as long as row 0
-        for (int e = 0; e < H * D; ++e) keys.push_back(nd(w.rng) * 3.f);
-        sid.push_back(1);
-        tid.push_back(t);
-      }
-      gpu_test::device_vector<float> dk(keys);
-      gpu_test::device_vector<int32_t> ds(sid), dt(tid);
-      specs3.back()->append(dspan<const float>(dk), dspan<const int32_t>(ds), dspan<const int32_t>(dt),
-                            static_cast<int>(sid.size()), compute);
-      KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
-    }
+    const speculators specs3(w, dc3, slot_of, 1, compute);  // sequence 1: the decoy
+    const std::vector<speculators::spec_t*>& ptrs3 = specs3.per_layer;
     gpu_test::device_vector<int32_t> ids(std::vector<int32_t>{slot_of[0], slot_of[1]});
     gpu_test::device_vector<int32_t> prev_rows(std::vector<int32_t>{0, 1});
     kvscout::cuda_stage_lengths lengths3 = lengths;
@@ -451,18 +446,7 @@ void step_matches_host() {
     const unsigned long long want_hits[3] = {0ull, static_cast<unsigned long long>(selected_rows), 0ull};
     for (int step = 0; step < 3; ++step) {
       prev_rows.upload(row_maps[step]);
-      out_all.poison();
-      KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
-      KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
-      enqueue_step(id_cache_pipe, id_cache_stages);
-      KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
-      const std::vector<float> c_out = out_all.download();
-      const unsigned long long h = hits.download()[0];
-      int diffs = 0;
-      for (int l = skip; l < L; ++l) {
-        const std::size_t qo = static_cast<std::size_t>(l) * S * Hq * D;
-        diffs += std::memcmp(&c_out[qo], &d_out[qo], sizeof(float) * S * Hq * D) != 0;
-      }
+      const auto [diffs, h] = cached_step(id_cache_pipe, id_cache_stages);
       std::printf("seq_ids row cache, step %d (cached_rows {%d, %d}): %llu of %lld rows served "
                   "from the device\n", step, row_maps[step][0], row_maps[step][1], h,
                   static_cast<long long>(selected_rows));
