@@ -287,6 +287,20 @@ void step_matches_host() {
   GPU_CHECK(status.download()[0] == 0);
   const std::vector<int32_t> d_idx = rec_idx.download(), d_cnt = rec_cnt.download();
   const std::vector<float> d_out = out_all.download();
+  // Speculated layers' records that differ from this eager step's, bit for bit: the outputs, and
+  // the indices / counts where given.
+  const auto differing_layers = [&](const std::vector<float>& o, const std::vector<int32_t>* idx,
+                                    const std::vector<int32_t>* cnt) {
+    int n = 0;
+    for (int l = skip; l < L; ++l) {
+      const std::size_t qo = static_cast<std::size_t>(l) * S * Hq * D;
+      const std::size_t io = static_cast<std::size_t>(l) * slots_n, co = static_cast<std::size_t>(l) * S * H;
+      n += std::memcmp(&o[qo], &d_out[qo], sizeof(float) * S * Hq * D) != 0;
+      if (idx != nullptr) n += std::memcmp(&(*idx)[io], &d_idx[io], sizeof(int32_t) * slots_n) != 0;
+      if (cnt != nullptr) n += std::memcmp(&(*cnt)[co], &d_cnt[co], sizeof(int32_t) * S * H) != 0;
+    }
+    return n;
+  };
 
   // ---- check every speculated layer against the host ---------------------------------------------
   int selection_mismatches = 0, tie_differences = 0, attention_failures = 0;
@@ -357,14 +371,7 @@ void step_matches_host() {
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
   const std::vector<float> g_out = out_all.download();
   const std::vector<int32_t> g_idx = rec_idx.download();
-  int graph_diffs = 0;
-  for (int l = skip; l < L; ++l) {
-    const std::size_t qo = static_cast<std::size_t>(l) * S * Hq * D;
-    graph_diffs += std::memcmp(&g_out[qo], &d_out[qo], sizeof(float) * S * Hq * D) != 0;
-    graph_diffs += std::memcmp(&g_idx[static_cast<std::size_t>(l) * slots_n], &d_idx[static_cast<std::size_t>(l) * slots_n],
-                               sizeof(int32_t) * slots_n) != 0;
-  }
-  GPU_CHECK(graph_diffs == 0);
+  GPU_CHECK(differing_layers(g_out, &g_idx, nullptr) == 0);
   KVSCOUT_CUDA_CHECK_NO_THROW(cudaGraphExecDestroy(exec));
   KVSCOUT_CUDA_CHECK_NO_THROW(cudaGraphDestroy(graph));
 
@@ -381,13 +388,7 @@ void step_matches_host() {
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets before the non-blocking streams
     enqueue_step(pipe, stages);
     KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
-    const std::vector<float> c_out = out_all.download();
-    int diffs = 0;
-    for (int l = skip; l < L; ++l) {
-      const std::size_t qo = static_cast<std::size_t>(l) * S * Hq * D;
-      diffs += std::memcmp(&c_out[qo], &d_out[qo], sizeof(float) * S * Hq * D) != 0;
-    }
-    return std::make_pair(diffs, hits.download()[0]);
+    return std::make_pair(differing_layers(out_all.download(), nullptr, nullptr), hits.download()[0]);
   };
   for (int step = 0; step < 2; ++step) {
     const auto [diffs, h] = cached_step(cache_pipe, cache_stages);
@@ -416,21 +417,14 @@ void step_matches_host() {
                                           kvscout::cuda_stages_ref<stages_t>{&id_stages});
     out_all.poison();
     rec_idx.poison();
+    rec_cnt.poison();
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
     enqueue_step(id_pipe, id_stages);
     KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
     GPU_CHECK(status.download()[0] == 0);
     const std::vector<float> s_out = out_all.download();
     const std::vector<int32_t> s_idx = rec_idx.download(), s_cnt = rec_cnt.download();
-    int id_diffs = 0;
-    for (int l = skip; l < L; ++l) {
-      const std::size_t qo = static_cast<std::size_t>(l) * S * Hq * D;
-      id_diffs += std::memcmp(&s_out[qo], &d_out[qo], sizeof(float) * S * Hq * D) != 0;
-      id_diffs += std::memcmp(&s_cnt[static_cast<std::size_t>(l) * S * H], &d_cnt[static_cast<std::size_t>(l) * S * H],
-                              sizeof(int32_t) * S * H) != 0;
-      id_diffs += std::memcmp(&s_idx[static_cast<std::size_t>(l) * slots_n], &d_idx[static_cast<std::size_t>(l) * slots_n],
-                              sizeof(int32_t) * slots_n) != 0;
-    }
+    const int id_diffs = differing_layers(s_out, &s_idx, &s_cnt);
     std::printf("seq_ids {2, 0}: %d layer records differ from the identity batch\n", id_diffs);
     GPU_CHECK(id_diffs == 0);
 

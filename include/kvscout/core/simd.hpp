@@ -159,10 +159,9 @@ inline host_vec load_lanes(const W* p) {
 /// v[l][k]), as a tree: lane i + lane i + 8, then + 4, + 2, + 1. Four dependent additions, not a
 /// chain of 15; on every target the same additions in the same order, so the same bits.
 inline float sum16(const host_vec* v) {
-  typedef float f32x4 __attribute__((vector_size(16)));
-  f32x4 p[4];  // lanes 0-3, 4-7, 8-11, 12-15
+  float_vec<4>::type p[4];  // lanes 0-3, 4-7, 8-11, 12-15
   std::memcpy(p, v, sizeof p);
-  const f32x4 u = (p[0] + p[2]) + (p[1] + p[3]);
+  const float_vec<4>::type u = (p[0] + p[2]) + (p[1] + p[3]);
   return (u[0] + u[2]) + (u[1] + u[3]);
 }
 
