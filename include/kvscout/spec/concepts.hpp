@@ -21,6 +21,7 @@
 // Score scale: logits are q.k * scale with scale = 1 / sqrt(head_dim) (the attention's own), so a
 // threshold alpha is in logit units, as in InfiniGen.
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -127,20 +128,23 @@ inline void check_seq_ids(const spec_context& ctx, int num_seqs, int max_seqs,
     const int id = ctx.seq_ids[s];
     KVSCOUT_EXPECTS(id >= 0 && id < max_seqs, "seq_ids[", s, "] = ", id,
                     " is outside [0, ", holder, " num_seqs = ", max_seqs, ")");
-    bool repeated = false;
+    // The bitmap answers "seen before?" in O(1); only a repeat (an error) then looks for the
+    // earlier row to name it. Without the bitmap, one search does both.
+    const auto earlier = [&] {
+      const std::int32_t* ids = ctx.seq_ids.data();
+      return static_cast<int>(std::find(ids, ids + s, id) - ids);
+    };
+    int u = s;  // the earlier row holding id; s if none
     if (bitmap) {
       const std::uint64_t bit = std::uint64_t{1} << (id % 64);
-      repeated = (seen[id / 64] & bit) != 0;
+      if ((seen[id / 64] & bit) != 0) [[unlikely]] u = earlier();
       seen[id / 64] |= bit;
     } else {
-      for (int u = 0; u < s && !repeated; ++u) repeated = ctx.seq_ids[u] == id;
+      u = earlier();
     }
-    if (repeated) [[unlikely]] {
-      int u = 0;
-      while (ctx.seq_ids[u] != id) ++u;
+    if (u < s) [[unlikely]]
       KVSCOUT_FAIL("seq_ids[", u, "] and seq_ids[", s, "] are both ", id,
                    ": a sequence may fill one batch row");
-    }
   }
 }
 
