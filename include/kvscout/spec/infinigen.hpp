@@ -411,9 +411,18 @@ class infinigen_policy {
   }
 
   // How far ahead of the read the scoring loop prefetches: about the bytes that must be in flight
-  // to keep one core's memory stream busy (latency ~150 ns x ~60 GB/s); measured best among 4 to
-  // 16 KiB on the development machine (bench_host_speculation, docs/performance.md).
+  // to keep one core's memory stream busy (latency x bandwidth), measured (bench_host_speculation,
+  // docs/performance.md). AVX-512 builds: 12 KiB, the best of 4 to 16 KiB on an Intel AVX-512
+  // machine at 32k and 128k tokens (2026-11-30). Other builds: 4 KiB; on an AVX2 Zen 1 core
+  // 12 KiB cost 4 to 13 % at 4k tokens, in decode order (30 layers in turn, keys from memory)
+  // as well as alone, and 4 and 12 KiB were within noise of each other at 32k and 128k
+  // (2026-12-04). Too far ahead, the prefetched lines compete in the L1 cache with the score row
+  // being written (16 KiB at 4k tokens) and with the lines being read.
+#if defined(__AVX512F__)
   static constexpr std::size_t score_prefetch_bytes = 12288;
+#else
+  static constexpr std::size_t score_prefetch_bytes = 4096;
+#endif
 
   // How many sequences' partial queries are computed together (each head's weights are read
   // once for them; partial_queries reads them once per 4 sequences, from L2 after the first).
