@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/detail/x86_intrinsics.hpp"
@@ -429,6 +430,32 @@ struct max_carry {
 #endif
 };
 
+/// Runs block(i, dense) for i = 0, B, 2B, ... while i + B <= n, a window of collect_window
+/// positions at a time; returns the position reached. Before each window: if more than `limit`
+/// are written (c > limit), sets gave_up and stops; with ByDensity, dense = c * 16 > i, the
+/// density so far (the AVX2 scans pick their emission by it, once per window; without, dense is
+/// false). Checking per window, not per block, keeps the check and the choice out of the block
+/// loop, whose compares are the scan's cost.
+template <int B, bool ByDensity, class Block>
+__attribute__((always_inline)) inline int by_windows(int n, const int& c, int limit,
+                                                     bool& gave_up, Block&& block) {
+  static_assert(collect_window % B == 0, "a window is whole blocks");
+  int i = 0;
+  while (i + B <= n) {
+    if (c > limit) {
+      gave_up = true;
+      break;
+    }
+    const int stop = i + collect_window < n - (B - 1) ? i + collect_window : n - (B - 1);
+    if (ByDensity && c * 16 > i) {
+      for (; i < stop; i += B) block(i, std::true_type{});
+    } else {
+      for (; i < stop; i += B) block(i, std::false_type{});
+    }
+  }
+  return i;
+}
+
 /// Writes first + i for every i in [0, n) with p[i] >= bound, ascending, to out; returns how
 /// many. Writes only out[0, n). `limit`: give up and return -1 as soon as more than `limit` are
 /// written (checked every collect_window positions, alike in every version; out is then
@@ -452,56 +479,40 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
     // Group i writes inside out[c, c + 64) with c <= i: inside out[0, n). A group without a
     // token at the bound costs its compares and a branch.
     const __m512 b = _mm512_set1_ps(bound);
-    for (; i + 64 <= n; i += 64) {
-      if (i % collect_window == 0 && c > limit) {
-        gave_up = true;
-        break;
-      }
+    i = by_windows<64, false>(n, c, limit, gave_up, [&](int j, auto) __attribute__((always_inline)) {
       if constexpr (Ahead) ahead.step(q, qn);
-      const __m512 x[4] = {_mm512_loadu_ps(p + i), _mm512_loadu_ps(p + i + 16),
-                           _mm512_loadu_ps(p + i + 32), _mm512_loadu_ps(p + i + 48)};
+      const __m512 x[4] = {_mm512_loadu_ps(p + j), _mm512_loadu_ps(p + j + 16),
+                           _mm512_loadu_ps(p + j + 32), _mm512_loadu_ps(p + j + 48)};
       const __mmask64 bits = at_least_mask64(x, b);
-      if (bits != 0) c = emit_bits64(bits, first + i, out, c);
-    }
+      if (bits != 0) c = emit_bits64(bits, first + j, out, c);
+    });
   }
 #elif KVSCOUT_HOST_AVX2
   if constexpr (Simd) {
     // Block i writes inside out[c, c + 32) with c <= i: inside out[0, n). A block without a
-    // token at the bound costs its compares and a branch.
+    // token at the bound costs its compares and a branch. The emission's form (emit_bits32):
+    // dense once the positions kept so far average more than two per block. Measured on 4k
+    // logit rows (bench_select, minimum of 15): the sparse form 14 against 19 us for 32 rows;
+    // the dense one keeps flat rows and top-k as they were.
     const __m256 b = _mm256_set1_ps(bound);
-    // The emission's form (emit_bits32): dense once the positions kept so far average more
-    // than two per block. Measured on 4k logit rows (bench_select, minimum of 15): the sparse
-    // form 14 against 19 us for 32 rows; the dense one keeps flat rows and top-k as they were.
-    bool dense = false;
-    for (; i + 32 <= n; i += 32) {
-      if (i % collect_window == 0) {
-        if (c > limit) {
-          gave_up = true;
-          break;
-        }
-        dense = c * 16 > i;
-      }
+    i = by_windows<32, true>(n, c, limit, gave_up, [&](int j, auto dense) __attribute__((always_inline)) {
       if constexpr (Ahead) ahead.step(q, qn);
-      const __m256 x[4] = {_mm256_loadu_ps(p + i), _mm256_loadu_ps(p + i + 8),
-                           _mm256_loadu_ps(p + i + 16), _mm256_loadu_ps(p + i + 24)};
+      const __m256 x[4] = {_mm256_loadu_ps(p + j), _mm256_loadu_ps(p + j + 8),
+                           _mm256_loadu_ps(p + j + 16), _mm256_loadu_ps(p + j + 24)};
       const std::uint32_t bits = at_least_mask32(x, b);
-      if (bits != 0) c = dense ? emit_bits32(bits, first + i, out, c)
-                               : emit_bits32_sparse(bits, first + i, out, c);
-    }
+      if (bits != 0) c = decltype(dense)::value ? emit_bits32(bits, first + j, out, c)
+                                                : emit_bits32_sparse(bits, first + j, out, c);
+    });
   }
 #elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
-    const __m128 b = _mm_set1_ps(bound);
     // Block i writes at most out[c, c + 16) with c <= i, inside out[0, n).
-    for (; i + 16 <= n; i += 16) {
-      if (i % collect_window == 0 && c > limit) {
-        gave_up = true;
-        break;
-      }
-      const __m128 x[4] = {_mm_loadu_ps(p + i), _mm_loadu_ps(p + i + 4), _mm_loadu_ps(p + i + 8),
-                           _mm_loadu_ps(p + i + 12)};
-      c = compress_block(x, first + i, b, out, c);
-    }
+    const __m128 b = _mm_set1_ps(bound);
+    i = by_windows<16, false>(n, c, limit, gave_up, [&](int j, auto) __attribute__((always_inline)) {
+      const __m128 x[4] = {_mm_loadu_ps(p + j), _mm_loadu_ps(p + j + 4), _mm_loadu_ps(p + j + 8),
+                           _mm_loadu_ps(p + j + 12)};
+      c = compress_block(x, first + j, b, out, c);
+    });
   }
 #endif
   for (; !gave_up && i < n; ++i) {
