@@ -19,9 +19,13 @@
 //   BM_stream_pass         one streaming read of the same scores: a sum per row with 16
 //                          independent accumulators, which the compiler vectorises and keeps
 //                          in registers (the read's own cost)
-//   BM_stream_pass_scalar  the same sum with one accumulator: bound by the add latency, not by
-//                          the read; for reference only
 //                          goal: threshold <= 1.5x stream_pass
+//   BM_stream_pass_scalar  BM_stream_pass's sum with one accumulator: bound by the add latency,
+//                          not by the read; for reference only
+//   BM_compare_pass        the logit rows counted against each row's floor (max - 5, found up
+//                          front): one ordered compare per score, nothing written. Threshold
+//                          selection compares every score at least once, so this is about
+//                          the least it can cost on the core; for reference, no goal
 //
 // Reported: items_per_second (scores) and bytes_per_second (score bytes read once).
 
@@ -197,6 +201,29 @@ void BM_stream_pass(benchmark::State& state) {
   set_processed(state, n);
 }
 
+// The least a threshold pass that compares every score once can cost: the logit rows' scores
+// counted against each row's floor (its maximum - 5, found before the timing), an ordered
+// compare and a vector count per 8 or 16 scores, nothing written (detail::count_at_least).
+void BM_compare_pass(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const scores& s = scores_for(n, 4.f);
+  std::vector<float> floors(rows);
+  for (int r = 0; r < rows; ++r)
+    floors[static_cast<std::size_t>(r)] =
+        kvscout::threshold_floor(kvscout::detail::max_of(s.row(r), n, -INFINITY), 5.f);
+  std::int64_t counted = 0;
+  for (auto _ : state) {
+    for (int r = 0; r < rows; ++r) {
+      int c = kvscout::detail::count_at_least(s.row(r), n, floors[static_cast<std::size_t>(r)]);
+      benchmark::DoNotOptimize(c);
+      counted += c;
+    }
+  }
+  set_processed(state, n);
+  state.counters["counted_per_row"] =
+      static_cast<double>(counted) / static_cast<double>(state.iterations()) / rows;
+}
+
 void BM_stream_pass_scalar(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const scores& s = scores_for(n);
@@ -223,6 +250,7 @@ KVSCOUT_SELECT_BENCH(BM_threshold_logits);
 KVSCOUT_SELECT_BENCH(BM_threshold_infinigen_logits);
 KVSCOUT_SELECT_BENCH(BM_threshold_uncapped);
 KVSCOUT_SELECT_BENCH(BM_stream_pass);
+KVSCOUT_SELECT_BENCH(BM_compare_pass);
 KVSCOUT_SELECT_BENCH(BM_stream_pass_scalar);
 
 BENCHMARK_MAIN();

@@ -83,8 +83,8 @@ def select_section(res):
     lines = ["### Selection vs its anchors", "",
              "| n | top-k radix us | nth_element us | speed-up | threshold (flat) us | "
              "threshold (logits) us | InfiniGen rule (logits) us | stream pass us | flat / pass | "
-             "logits / pass | InfiniGen rule / pass |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "logits / pass | InfiniGen rule / pass | compare pass us | compare / pass |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     speedups, logit_ratios = [], []
     for n in sorted({r["fields"].get("n") for r in res if "n" in r["fields"]}):
         rad, nth = find(res, "BM_topk_radix", n=n), find(res, "BM_topk_nth_element", n=n)
@@ -98,10 +98,13 @@ def select_section(res):
         ig = find(res, "BM_threshold_infinigen_logits", n=n)
         ig_time = f"{ig['time']:.1f}" if ig else "-"
         ig_ratio = f"{ig['time'] / pas['time']:.1f}x" if ig else "-"
+        cmp = find(res, "BM_compare_pass", n=n)
+        cmp_time = f"{cmp['time']:.2f}" if cmp else "-"
+        cmp_ratio = f"{cmp['time'] / pas['time']:.2f}x" if cmp else "-"
         lines.append(f"| {n} | {rad['time']:.1f} | {nth['time']:.1f} | {sp:.1f}x | {thr['time']:.1f} | "
                      f"{thl['time']:.1f} | {ig_time} | {pas['time']:.2f} | "
                      f"{thr['time'] / pas['time']:.1f}x | {thl['time'] / pas['time']:.1f}x | "
-                     f"{ig_ratio} |")
+                     f"{ig_ratio} | {cmp_time} | {cmp_ratio} |")
     targets = []
     if speedups:
         targets.append(("host_topk_vs_nth_element", min(speedups), ">=", 3.0))
