@@ -479,13 +479,14 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
     // Group i writes inside out[c, c + 64) with c <= i: inside out[0, n). A group without a
     // token at the bound costs its compares and a branch.
     const __m512 b = _mm512_set1_ps(bound);
-    i = by_windows<64, false>(n, c, limit, gave_up, [&](int j, auto) __attribute__((always_inline)) {
+    const auto group = [&](int j, auto) __attribute__((always_inline)) {
       if constexpr (Ahead) ahead.step(q, qn);
       const __m512 x[4] = {_mm512_loadu_ps(p + j), _mm512_loadu_ps(p + j + 16),
                            _mm512_loadu_ps(p + j + 32), _mm512_loadu_ps(p + j + 48)};
       const __mmask64 bits = at_least_mask64(x, b);
       if (bits != 0) c = emit_bits64(bits, first + j, out, c);
-    });
+    };
+    i = by_windows<64, false>(n, c, limit, gave_up, group);
   }
 #elif KVSCOUT_HOST_AVX2
   if constexpr (Simd) {
@@ -495,24 +496,26 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
     // logit rows (bench_select, minimum of 15): the sparse form 14 against 19 us for 32 rows;
     // the dense one keeps flat rows and top-k as they were.
     const __m256 b = _mm256_set1_ps(bound);
-    i = by_windows<32, true>(n, c, limit, gave_up, [&](int j, auto dense) __attribute__((always_inline)) {
+    const auto block = [&](int j, auto dense) __attribute__((always_inline)) {
       if constexpr (Ahead) ahead.step(q, qn);
       const __m256 x[4] = {_mm256_loadu_ps(p + j), _mm256_loadu_ps(p + j + 8),
                            _mm256_loadu_ps(p + j + 16), _mm256_loadu_ps(p + j + 24)};
       const std::uint32_t bits = at_least_mask32(x, b);
       if (bits != 0) c = decltype(dense)::value ? emit_bits32(bits, first + j, out, c)
                                                 : emit_bits32_sparse(bits, first + j, out, c);
-    });
+    };
+    i = by_windows<32, true>(n, c, limit, gave_up, block);
   }
 #elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
     // Block i writes at most out[c, c + 16) with c <= i, inside out[0, n).
     const __m128 b = _mm_set1_ps(bound);
-    i = by_windows<16, false>(n, c, limit, gave_up, [&](int j, auto) __attribute__((always_inline)) {
+    const auto block = [&](int j, auto) __attribute__((always_inline)) {
       const __m128 x[4] = {_mm_loadu_ps(p + j), _mm_loadu_ps(p + j + 4), _mm_loadu_ps(p + j + 8),
                            _mm_loadu_ps(p + j + 12)};
       c = compress_block(x, first + j, b, out, c);
-    });
+    };
+    i = by_windows<16, false>(n, c, limit, gave_up, block);
   }
 #endif
   for (; !gave_up && i < n; ++i) {
