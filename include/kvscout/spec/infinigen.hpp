@@ -416,8 +416,9 @@ class infinigen_policy {
   // machine at 32k and 128k tokens (2026-11-30). Other builds: 4 KiB; on an AVX2 Zen 1 core
   // 12 KiB cost 4 to 13 % at 4k tokens, in decode order (30 layers in turn, keys from memory)
   // as well as alone, and 4 and 12 KiB were within noise of each other at 32k and 128k
-  // (2026-12-04). Too far ahead, the prefetched lines compete in the L1 cache with the score row
-  // being written (16 KiB at 4k tokens) and with the lines being read.
+  // (2026-12-04). Why a longer distance hurts there is not measured (no hardware counters on that
+  // VM); a likely cause is the prefetched lines competing in its 32 KiB L1 cache with the lines
+  // being read and the score row being written (16 KiB at 4k tokens).
 #if defined(__AVX512F__)
   static constexpr std::size_t score_prefetch_bytes = 12288;
 #else
