@@ -108,6 +108,69 @@ TEST_CASE("paged layouts reject strides and tables that overflow", "[errors][kv]
   }
 }
 
+TEST_CASE("page tables and paged layouts that describe no cache are errors, not crashes",
+          "[errors][kv][paged]") {
+  // A decreasing indptr with a null indices array: the null check passed (indptr[1] ==
+  // indptr[0]), then sequence 0's 5 pages were read from null.
+  {
+    std::vector<int32_t> indptr = {0, 5, 0}, last = {1, 1};
+    const kvscout::flashinfer_page_table pt{indptr.data(), nullptr, last.data(), 2};
+    REQUIRE_THROWS_WITH(pt.validate(4, 8), Contains("page table indices is null, but sequence 0 "
+                                                    "has 5 pages"));
+    std::vector<int32_t> down = {0, 0, 3, 1};
+    std::vector<int32_t> last3 = {1, 1, 1}, ids = {0, 1, 2};
+    const kvscout::flashinfer_page_table p2{down.data(), ids.data(), last3.data(), 3};
+    REQUIRE_THROWS_WITH(p2.validate(4, 8), Contains("indptr[2] = 3 > indptr[3] = 1"));
+    // No pages at all: indices may be null.
+    std::vector<int32_t> none = {2, 2, 2};
+    const kvscout::flashinfer_page_table p3{none.data(), nullptr, last.data(), 2};
+    CHECK_NOTHROW(p3.validate(4, 8));
+  }
+  // A block table of no blocks may be null, with empty sequences; with blocks it may not.
+  {
+    std::vector<int32_t> zero = {0, 0}, one = {0, 3};
+    CHECK_NOTHROW(kvscout::block_table{nullptr, zero.data(), 0, 2}.validate(16, 4));
+    REQUIRE_THROWS_WITH((kvscout::block_table{nullptr, one.data(), 0, 2}.validate(16, 4)),
+                        Contains("seq_lens[1] = 3 disagrees with the block table"));
+    REQUIRE_THROWS_WITH((kvscout::block_table{nullptr, zero.data(), 1, 2}.validate(16, 4)),
+                        Contains("block table is null, with 2 sequences of 1 blocks"));
+    REQUIRE_THROWS_WITH((kvscout::block_table{one.data(), nullptr, 1, 2}.validate(16, 4)),
+                        Contains("block table seq_lens is null"));
+  }
+  // A default-constructed paged layout: validate() divided by its zero page stride (SIGFPE).
+  REQUIRE_THROWS_WITH(
+      (kvscout::paged_layout<float, 4, kvscout::nhd, kvscout::block_table, 16>{}.validate(64, 64)),
+      Contains("paged_layout has page_stride 0"));
+  REQUIRE_THROWS_WITH(
+      (kvscout::paged_layout<float, 4, kvscout::hnd, kvscout::flashinfer_page_table>{}.validate(
+          64, 64)),
+      Contains("a default-constructed layout describes no cache"));
+}
+
+TEST_CASE("host buffers and partial key caches reject sizes past their arithmetic",
+          "[errors][cache]") {
+  // Rounding SIZE_MAX bytes up to huge pages wrapped: a 2 MiB mapping reported SIZE_MAX bytes.
+  for (const auto pages : {kvscout::host_pages::normal, kvscout::host_pages::huge}) {
+    REQUIRE_THROWS_WITH(kvscout::host_buffer<std::byte>(SIZE_MAX, pages),
+                        Contains("host_buffer of 18446744073709551615 elements of 1 bytes "
+                                 "overflows size_t"));
+    REQUIRE_THROWS_WITH(kvscout::host_buffer<float>(SIZE_MAX / 4 - 100, pages),
+                        Contains("overflows size_t (at most"));
+  }
+  // max_tokens near INT_MAX overflowed the tile count (signed overflow; then an error that named
+  // a negative tile count). Now the count is exact and the size check names the factors.
+  REQUIRE_THROWS_WITH(kvscout::partial_key_cache<float>(1 << 20, 1 << 10, 16, INT_MAX),
+                      Contains("x 134217728 x 16 x 16 does not fit in size_t"));
+  const kvscout::partial_key_cache<float> pkc(1, 1, 16, 100);
+  CHECK(pkc.tiles() == 7);
+  CHECK(pkc.bytes_for(100) == pkc.bytes());
+  CHECK(pkc.bytes_for(0) == 0);
+  CHECK(pkc.bytes_for(17) == 2 * 16 * 16 * sizeof(float));
+  REQUIRE_THROWS_WITH(pkc.bytes_for(101), Contains("bytes_for(101): the token count must be in "
+                                                   "[0, max_tokens = 100]"));
+  REQUIRE_THROWS_WITH(pkc.bytes_for(-1), Contains("bytes_for(-1)"));
+}
+
 TEST_CASE("policy and cache state that does not fit is rejected", "[errors][spec]") {
   REQUIRE_THROWS_WITH(kvscout::partial_key_cache<float>(1 << 16, 1 << 16, 1 << 12, (1 << 16) * 16),
                       Contains("partial_key_cache elements") && Contains("does not fit"));
@@ -222,6 +285,60 @@ TEST_CASE("a gather into overlapping buffers is rejected before it writes", "[er
   g.submit(src, sel, {all.subspan(0, 32), all.subspan(32, 32)}).wait();
   CHECK(big[0] == 104.f);
   CHECK(big[8] == 204.f);
+
+  // Over the selection it is gathered by: the first row copied overwrote the indices still to
+  // be read (a review of 2026-12-04 reached an out-of-bounds read this way).
+  {
+    std::vector<float> arena(16, -1.f);
+    auto* sel_idx = reinterpret_cast<int32_t*>(arena.data());
+    sel_idx[0] = 1, sel_idx[1] = 2;
+    auto* sel_cnt = reinterpret_cast<int32_t*>(arena.data() + 15);
+    *sel_cnt = 2;
+    const kvscout::selection_view<kvscout::host_space> in_arena{
+        {sel_idx, 2}, {sel_cnt, 1}, 1, 1, 2};
+    const auto ab = bytes_of(arena);
+    REQUIRE_THROWS_WITH(g.submit(src, in_arena, {ab.subspan(0, 32), bytes_of(dv)}),
+                        Contains("destination K (32 bytes at") &&
+                            Contains("overlaps the selection's indices or counts"));
+    REQUIRE_THROWS_WITH(g.submit(src, in_arena, {bytes_of(d), ab.subspan(32, 32)}),
+                        Contains("destination V (32 bytes at") &&
+                            Contains("overlaps the selection's indices or counts"));
+    CHECK(sel_idx[0] == 1);
+    CHECK(sel_idx[1] == 2);
+    CHECK(*sel_cnt == 2);
+    // The arena's middle holds neither: fine.
+    g.submit(src, in_arena, {ab.subspan(8, 32), bytes_of(dv)}).wait();
+    CHECK(arena[2] == 104.f);
+  }
+  // A workspace over what the submit reads or writes: the running counts it writes corrupted
+  // the copy.
+  {
+    const std::size_t wb = kvscout::host_gather_executor<L>::workspace_bytes(cfg);  // 16 bytes
+    std::vector<std::int64_t> arena(16, 0);
+    const auto ab = bytes_of(arena);
+    kvscout::host_gather_executor<L> g2(cfg, ab.subspan(0, wb));
+    REQUIRE_THROWS_WITH(g2.submit(src, sel, {ab.subspan(0, 32), ab.subspan(64, 32)}),
+                        Contains("the workspace (16 bytes at") &&
+                            Contains("overlaps the destination K rows (32 bytes at"));
+    REQUIRE_THROWS_WITH(g2.submit(src, sel, {ab.subspan(64, 32), ab.subspan(8, 32)}),
+                        Contains("overlaps the destination V rows"));
+    auto* in_ws = reinterpret_cast<int32_t*>(arena.data());
+    in_ws[0] = 1, in_ws[1] = 2;
+    const kvscout::selection_view<kvscout::host_space> over{{in_ws, 2}, {cnt.data(), 1}, 1, 1, 2};
+    REQUIRE_THROWS_WITH(g2.submit(src, over, {bytes_of(d), bytes_of(dv)}),
+                        Contains("overlaps the selection's indices (8 bytes at"));
+    CHECK(in_ws[0] == 1);
+    CHECK(in_ws[1] == 2);
+    std::vector<float> kk = k;
+    kvscout::host_gather_executor<L> g3(cfg, {reinterpret_cast<std::byte*>(kk.data()), wb});
+    REQUIRE_THROWS_WITH(
+        g3.submit({l, cbytes_of(kk), cbytes_of(v)}, sel, {bytes_of(d), bytes_of(dv)}),
+        Contains("overlaps the source K cache (64 bytes at"));
+    CHECK(kk == k);
+    // Apart from everything: fine.
+    g2.submit(src, sel, {ab.subspan(16, 32), ab.subspan(64, 32)}).wait();
+    CHECK(reinterpret_cast<const float*>(ab.subspan(16, 32).data())[0] == 104.f);
+  }
 }
 
 TEST_CASE("a KIVI writer refuses buffers that overlap", "[errors][kivi]") {

@@ -41,8 +41,11 @@ class host_buffer {
   host_buffer() = default;
 
   explicit host_buffer(std::size_t count, host_pages pages = host_pages::normal) : size_(count) {
-    KVSCOUT_EXPECTS(count <= SIZE_MAX / sizeof(T), "host_buffer of ", count,
-                    " elements overflows size_t");
+    // The mapping rounds up to whole huge pages and may take one more (for the alignment): the
+    // size must leave room for both.
+    KVSCOUT_EXPECTS(count <= (SIZE_MAX - 2 * huge_page_bytes) / sizeof(T), "host_buffer of ",
+                    count, " elements of ", sizeof(T), " bytes overflows size_t (at most ",
+                    (SIZE_MAX - 2 * huge_page_bytes) / sizeof(T), ")");
     const std::size_t bytes = count * sizeof(T);
     if (bytes == 0) return;
 #if defined(__linux__)

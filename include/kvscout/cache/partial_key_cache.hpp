@@ -38,7 +38,7 @@ class partial_key_cache {
     KVSCOUT_EXPECTS(num_seqs > 0 && num_kv_heads > 0 && r > 0 && max_tokens > 0,
                     "partial_key_cache needs positive sizes, got num_seqs ", num_seqs,
                     ", num_kv_heads ", num_kv_heads, ", r ", r, ", max_tokens ", max_tokens);
-    tiles_ = (max_tokens + block_tokens - 1) / block_tokens;
+    tiles_ = max_tokens / block_tokens + (max_tokens % block_tokens != 0 ? 1 : 0);
     data_ = host_buffer<T>(detail::checked_size("partial_key_cache elements (num_seqs x "
                                                 "num_kv_heads x tiles x r x tile tokens)",
                                                 num_seqs, num_kv_heads, tiles_, r, block_tokens),
@@ -74,8 +74,11 @@ class partial_key_cache {
   [[nodiscard]] int tiles() const { return tiles_; }
   [[nodiscard]] std::size_t bytes() const { return data_.size_bytes(); }
   /// Bytes of the tiles that hold tokens [0, n) of every (sequence, kv head): what scoring reads.
+  /// n in [0, max_tokens].
   [[nodiscard]] std::size_t bytes_for(int n) const {
-    const std::size_t t = static_cast<std::size_t>((n + block_tokens - 1) / block_tokens);
+    KVSCOUT_EXPECTS(n >= 0 && n <= max_tokens_, "bytes_for(", n,
+                    "): the token count must be in [0, max_tokens = ", max_tokens_, "]");
+    const std::size_t t = static_cast<std::size_t>(n / block_tokens + (n % block_tokens != 0));
     return static_cast<std::size_t>(num_seqs_) * num_kv_heads_ * t * r_ * block_tokens * sizeof(T);
   }
 

@@ -6,7 +6,7 @@
 //
 //   kvscout::error: check_host_selection: token index 4096 (entry 3) for sequence 1, kv_head 0
 //     is out of range [0, seq_len = 4096) [expected `t >= 0 && t < len`]
-//     (at include/kvscout/fetch/detail/checks.hpp:94)
+//     (at include/kvscout/fetch/detail/checks.hpp:<line>)
 //
 // The function is the one that checked, which may be a checker shared by several facades; the
 // message alone (error::message()) says what was wrong.

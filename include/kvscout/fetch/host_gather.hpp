@@ -11,14 +11,18 @@
 //   gather.submit(source, selection, destination).wait();
 //
 // submit() validates everything it is given before it writes a byte (dimensions, buffer sizes,
-// counts, every index: in range and strictly ascending) and throws kvscout::error naming the bad
-// value; it allocates nothing. The destination layout is the one core/selection.hpp describes.
+// counts, every index: in range and strictly ascending; no destination row over the source, the
+// selection or the workspace, and no workspace over anything it is given) and throws
+// kvscout::error naming the bad value; it allocates nothing. The layout's own metadata (a page
+// table) is not visible to it: keep the destination off it. The destination layout is the one
+// core/selection.hpp describes.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <tuple>
 
 #include "kvscout/backend/host/thread_pool.hpp"
 #include "kvscout/core/config.hpp"
@@ -255,6 +259,23 @@ class host_gather_executor {
                         const destination_type& dst) {
     detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
                               /*vector_aligned=*/false);
+    // The workspace (the running counts, written by the check below and read by the copy) must
+    // be apart from everything the submit reads or writes.
+    const std::size_t pairs = detail::fetch_pairs(cfg_.num_seqs, cfg_.num_kv_heads);
+    const std::size_t slots = pairs * static_cast<std::size_t>(cfg_.capacity);
+    using region = std::tuple<const char*, const void*, std::size_t>;
+    for (const auto& [what, p, n] :
+         {region{"the source K cache", src.k.data(), src.k.size()},
+          region{"the source V cache", src.v.data(), src.v.size()},
+          region{"the selection's indices", sel.indices.data(), slots * sizeof(std::int32_t)},
+          region{"the selection's counts", sel.counts.data(), pairs * sizeof(std::int32_t)},
+          region{"the destination K rows", dst.k.data(), slots * src.layout.k_row_bytes()},
+          region{"the destination V rows", dst.v.data(), slots * src.layout.v_row_bytes()}}) {
+      KVSCOUT_EXPECTS(!detail::bytes_overlap(prefix_, workspace_bytes(cfg_), p, n),
+                      "the workspace (", workspace_bytes(cfg_), " bytes at ",
+                      static_cast<const void*>(prefix_), ") overlaps ", what, " (", n,
+                      " bytes at ", p, ")");
+    }
     return detail::check_host_selection(src, sel, prefix_);
   }
 

@@ -47,11 +47,14 @@ struct flashinfer_page_table {
     KVSCOUT_EXPECTS(indptr != nullptr, "page table indptr is null");
     KVSCOUT_EXPECTS(seqs == 0 || last_page_len != nullptr, "page table last_page_len is null");
     KVSCOUT_EXPECTS(indptr[0] >= 0, "page table indptr[0] = ", indptr[0], " is negative");
-    KVSCOUT_EXPECTS(indices != nullptr || indptr[seqs] == indptr[0], "page table indices is null");
     for (int s = 0; s < seqs; ++s) {
       KVSCOUT_EXPECTS(indptr[s + 1] >= indptr[s], "page table indptr is not non-decreasing: "
                       "indptr[", s, "] = ", indptr[s], " > indptr[", s + 1, "] = ", indptr[s + 1]);
       const int n = num_pages(s);
+      // Checked here, after indptr[s + 1] >= indptr[s]: a decreasing indptr is reported as such.
+      KVSCOUT_EXPECTS(n == 0 || indices != nullptr, "page table indices is null, but sequence ", s,
+                      " has ", n, " pages (indptr[", s, "] = ", indptr[s], ", indptr[", s + 1,
+                      "] = ", indptr[s + 1], ")");
       if (n > 0) {
         KVSCOUT_EXPECTS(last_page_len[s] >= 1 && last_page_len[s] <= page_size,
                         "last_page_len[", s, "] = ", last_page_len[s], " disagrees with page_size ",
@@ -87,8 +90,11 @@ struct block_table {
     KVSCOUT_EXPECTS(seqs >= 0, "num_seqs must be non-negative, got ", seqs);
     KVSCOUT_EXPECTS(max_blocks_per_seq >= 0, "max_blocks_per_seq must be non-negative, got ",
                     max_blocks_per_seq);
-    KVSCOUT_EXPECTS(seqs == 0 || (table != nullptr && seq_lens != nullptr),
-                    "block table or seq_lens is null");
+    KVSCOUT_EXPECTS(seqs == 0 || seq_lens != nullptr, "block table seq_lens is null");
+    // A table of no blocks may be null: every sequence is then empty (checked below).
+    KVSCOUT_EXPECTS(seqs == 0 || max_blocks_per_seq == 0 || table != nullptr,
+                    "block table is null, with ", seqs, " sequences of ", max_blocks_per_seq,
+                    " blocks");
     const std::int64_t room = static_cast<std::int64_t>(max_blocks_per_seq) * page_size;
     for (int s = 0; s < seqs; ++s) {
       KVSCOUT_EXPECTS(seq_lens[s] >= 0 && seq_lens[s] <= room, "seq_lens[", s, "] = ",

@@ -112,6 +112,9 @@ class paged_layout {
   /// Host-side check of the page table against the page size and the number of pages the
   /// buffers hold.
   void validate(std::size_t k_bytes, std::size_t v_bytes) const {
+    KVSCOUT_EXPECTS(page_stride_ > 0, "paged_layout has page_stride ", page_stride_,
+                    ": a default-constructed layout describes no cache; build it from a page "
+                    "table");
     const std::size_t page_bytes = static_cast<std::size_t>(page_stride_) * sizeof(T);
     const std::size_t used = static_cast<std::size_t>(page_size()) * num_kv_heads_ * row_bytes;
     const std::size_t smaller = k_bytes < v_bytes ? k_bytes : v_bytes;

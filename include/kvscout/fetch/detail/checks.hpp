@@ -69,7 +69,9 @@ void check_fetch_views(int num_seqs, int num_kv_heads, int capacity,
                     static_cast<const void*>(dst.v.data()), " must be ", a, "-byte aligned");
   }
   // The rows written must not land on each other or on the cache they are read from (the source
-  // K and V may share a buffer: pages that interleave K and V).
+  // K and V may share a buffer: pages that interleave K and V), nor on the selection. (The
+  // layout's own metadata, a page table, is the caller's to keep apart: a layout does not
+  // expose it.)
   KVSCOUT_EXPECTS(!bytes_overlap(dst.k.data(), k_need, dst.v.data(), v_need),
                   "destination K and V overlap (", k_need, " bytes at ",
                   static_cast<const void*>(dst.k.data()), ", ", v_need, " bytes at ",
@@ -81,6 +83,11 @@ void check_fetch_views(int num_seqs, int num_kv_heads, int capacity,
                         !bytes_overlap(p, n, src.v.data(), src.v.size()),
                     "destination ", what, " (", n, " bytes at ", p,
                     ") overlaps the source K / V cache it gathers from");
+    // Nor on the selection: the copy reads the indices while it writes rows.
+    KVSCOUT_EXPECTS(!bytes_overlap(p, n, sel.indices.data(), slots * sizeof(std::int32_t)) &&
+                        !bytes_overlap(p, n, sel.counts.data(), pairs * sizeof(std::int32_t)),
+                    "destination ", what, " (", n, " bytes at ", p,
+                    ") overlaps the selection's indices or counts it is gathered by");
   }
 }
 
