@@ -13,10 +13,14 @@
 //   BM_threshold_logits    the same selector on logit-like rows: the same normal scores times 4
 //                          (attention logits of a trained model are peaked: alpha 5 then admits
 //                          about 2 % of a row, InfiniGen's regime, and the cap does not bind)
+//   BM_threshold_logits_row_max  BM_threshold_logits with each row's maximum handed to the
+//                          selector (score_view::row_max, found before the timing), as
+//                          infinigen_policy hands it on from scoring: one compaction per row,
+//                          the hint checked against its candidates
 //   BM_threshold_uncapped  the same logit-like rows with max_count = n: the cap cannot bind, so
 //                          the selector takes its exact path (a max pass, then one compaction
 //                          against the final floor); for reference, no goal
-//   BM_stream_pass         one streaming read of the same scores: a sum per row with 16
+//   BM_stream_pass         one streaming read of the logit rows: a sum per row with 16
 //                          independent accumulators, which the compiler vectorises and keeps
 //                          in registers (the read's own cost)
 //                          goal: threshold <= 1.5x stream_pass
@@ -87,14 +91,19 @@ void set_processed(benchmark::State& state, int n) {
   state.SetBytesProcessed(items * static_cast<std::int64_t>(sizeof(float)));
 }
 
+// with_row_max: the view carries each row's maximum (score_view::row_max), found up front.
 template <class Selector>
 void run_selector(benchmark::State& state, const typename Selector::config& cfg, int n,
-                  float spread = 1.f) {
+                  float spread = 1.f, bool with_row_max = false) {
   const scores& s = scores_for(n, spread);
   output out(cfg.capacity);
   std::vector<std::byte> ws(Selector::workspace_bytes(cfg));
   Selector sel(cfg, {ws.data(), ws.size()});
-  const auto view = s.view();
+  std::vector<float> top;
+  for (int r = 0; with_row_max && r < rows; ++r)
+    top.push_back(*std::max_element(s.row(r), s.row(r) + n));  // the rows hold no NaN
+  auto view = s.view();
+  view.row_max = {top.data(), top.size()};
   const auto bufs = out.buffers();
   for (auto _ : state) {
     sel.select(view, bufs);
@@ -161,6 +170,13 @@ void BM_threshold_logits(benchmark::State& state) {
       state, {1, rows, n, k, 5.f, k, kvscout::threshold_rule::per_head, {}}, n, 4.f);
 }
 
+void BM_threshold_logits_row_max(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const int k = n / 10;
+  run_selector<kvscout::threshold_selector_host>(
+      state, {1, rows, n, k, 5.f, k, kvscout::threshold_rule::per_head, {}}, n, 4.f, true);
+}
+
 // InfiniGen's own rule on the same logit rows: one count (the mean over the rows of how many
 // scores lie within alpha of their row's maximum), then that many per row by exact top-k.
 void BM_threshold_infinigen_logits(benchmark::State& state) {
@@ -178,7 +194,7 @@ void BM_threshold_uncapped(benchmark::State& state) {
 
 void BM_stream_pass(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
-  const scores& s = scores_for(n);
+  const scores& s = scores_for(n, 4.f);  // the logit rows, the very bytes the target selects over
   constexpr int lanes = 16;
   for (auto _ : state) {
     for (int r = 0; r < rows; ++r) {
@@ -247,6 +263,7 @@ KVSCOUT_SELECT_BENCH(BM_topk_radix);
 KVSCOUT_SELECT_BENCH(BM_topk_nth_element);
 KVSCOUT_SELECT_BENCH(BM_threshold);
 KVSCOUT_SELECT_BENCH(BM_threshold_logits);
+KVSCOUT_SELECT_BENCH(BM_threshold_logits_row_max);
 KVSCOUT_SELECT_BENCH(BM_threshold_infinigen_logits);
 KVSCOUT_SELECT_BENCH(BM_threshold_uncapped);
 KVSCOUT_SELECT_BENCH(BM_stream_pass);

@@ -14,6 +14,13 @@
 //   BM_speculation_mean     the same, RoPE planes, mean_logit (the group folded into one query)
 //   BM_stream_partial_keys  one vectorised read of the same bytes, with a software prefetch
 //                           0 / 4 / 8 / 16 KiB ahead (the table takes the fastest: the anchor)
+//   BM_stream_speculation_bytes  one read of every byte score() must read: the partial W_Q rows
+//                           the mode's GEMV reads (float; a buffer of their size) and then the
+//                           partial keys. BM_speculation against it: how close speculation runs
+//                           to the rate of a read of its own bytes; BM_stream_partial_keys
+//                           against it: the most the key-only ratio above can be, were every
+//                           byte read at the stream's rate (at 4k, post-RoPE reads 1.7x the key
+//                           bytes in weights)
 //   BM_fma_roof             scoring's multiply-adds alone, operands in registers: the compute
 //                           bound, which at 4k (L2-resident keys) lies below the stream
 //   BM_speculation_batch    score() of a batch of 8 sequences of 4k tokens in one call (each
@@ -251,6 +258,29 @@ void BM_stream_partial_keys(benchmark::State& state) {
   stream_keys(state, 1, static_cast<std::size_t>(state.range(1)));
 }
 
+// The weights the mode's GEMV reads (post-RoPE: every head's full projection, Hq * D rows; RoPE
+// planes: Hq * r rows; d_model floats each), from a buffer of their size, then the partial keys,
+// without a software prefetch (the fastest anchor at 4k, where both sit in L2). Its
+// bytes_per_second counts the partial-key bytes, like BM_speculation's, so the rates compare.
+void BM_stream_speculation_bytes(benchmark::State& state) {
+  const auto mode = mode_arg(state.range(1));
+  fixture<> f(static_cast<int>(state.range(0)), mode, kvscout::gqa_aggregation::max_logit);
+  const std::size_t rows_read =
+      static_cast<std::size_t>(Hq) * (mode == kvscout::rope_mode::post_rope_skew ? D : r);
+  std::vector<float> weights(rows_read * d_model);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& w : weights) w = nd(rng);
+  const std::size_t count = f.key_bytes() / sizeof(float);
+  for (auto _ : state) {
+    stream_once<false>(weights.data(), weights.size(), 0);
+    stream_once<false>(f.policy->keys(0).tile(0, 0, 0), count, 0);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.key_bytes()));
+  state.counters["weight_bytes"] = static_cast<double>(weights.size() * sizeof(float));
+  state.counters["key_bytes"] = static_cast<double>(f.key_bytes());
+}
+
 void BM_stream_batch(benchmark::State& state) {
   stream_keys(state, static_cast<int>(state.range(1)), static_cast<std::size_t>(state.range(2)));
 }
@@ -359,6 +389,10 @@ BENCHMARK(BM_rope_table_fill)
 BENCHMARK(BM_stream_batch)
     ->ArgNames({"n", "seqs", "ahead"})
     ->ArgsProduct({{4096}, {8}, {0, 16384}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_stream_speculation_bytes)
+    ->ArgNames({"n", "mode"})
+    ->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_stream_partial_keys)->ArgNames({"n", "ahead"})->ArgsProduct({{4096, 32768, 131072}, {0, 4096, 8192, 16384}})
     ->Unit(benchmark::kMicrosecond);

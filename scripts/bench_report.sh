@@ -17,12 +17,17 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSCOUT_BUILD
 cmake --build "$build" --target kvscout_bench_gather kvscout_bench_select kvscout_bench_speculation \
   kvscout_bench_kivi >/dev/null
 
+# Repetitions run in random order across a binary's benchmarks: the VMs this runs on change
+# speed over seconds (an L2-resident 4k stream read measured 4.0 to 6.6 us within minutes,
+# 2026-12-04), and a benchmark and its anchor measured minutes apart would carry that into their
+# ratio; interleaved, both medians come from the same stretch of time.
 reps=3 min_time=0.2
 if [[ -n "${KVSCOUT_BENCH_QUICK:-}" ]]; then reps=1 min_time=0.05; fi
 
 for b in gather select speculation kivi; do
   echo "== kvscout_bench_$b (${reps} repetitions, median)" >&2
   "$build/bench/kvscout_bench_$b" --benchmark_repetitions=$reps --benchmark_min_time=$min_time \
+    --benchmark_enable_random_interleaving=true \
     --benchmark_out="$out/host_$b.json" --benchmark_out_format=json >"$out/host_$b.txt"
 done
 

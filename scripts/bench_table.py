@@ -57,6 +57,14 @@ def find(res, family, **fields):
     return None
 
 
+def fastest(res, family, **fields):
+    """The fastest run of `family` with these fields (over its other arguments, such as the
+    prefetch distance of a stream anchor), or None."""
+    runs = [r for r in res if r["family"] == family
+            and all(r["fields"].get(k) == v for k, v in fields.items())]
+    return max(runs, key=lambda r: r["gbps"]) if runs else None
+
+
 def gather_section(res):
     lines = ["### Host gather vs memcpy", "",
              "| row bytes | density % | order | threads | gather GB/s | memcpy GB/s | ratio |",
@@ -83,9 +91,10 @@ def select_section(res):
     lines = ["### Selection vs its anchors", "",
              "| n | top-k radix us | nth_element us | speed-up | threshold (flat) us | "
              "threshold (logits) us | InfiniGen rule (logits) us | stream pass us | flat / pass | "
-             "logits / pass | InfiniGen rule / pass | compare pass us | compare / pass |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    speedups, logit_ratios = [], []
+             "logits / pass | InfiniGen rule / pass | compare pass us | compare / pass | "
+             "logits, row maxima given us | row maxima given / pass |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    speedups, logit_ratios, hinted_ratios = [], [], []
     for n in sorted({r["fields"].get("n") for r in res if "n" in r["fields"]}):
         rad, nth = find(res, "BM_topk_radix", n=n), find(res, "BM_topk_nth_element", n=n)
         thr, thl = find(res, "BM_threshold", n=n), find(res, "BM_threshold_logits", n=n)
@@ -101,14 +110,22 @@ def select_section(res):
         cmp = find(res, "BM_compare_pass", n=n)
         cmp_time = f"{cmp['time']:.2f}" if cmp else "-"
         cmp_ratio = f"{cmp['time'] / pas['time']:.2f}x" if cmp else "-"
+        hin = find(res, "BM_threshold_logits_row_max", n=n)
+        hin_time = f"{hin['time']:.1f}" if hin else "-"
+        hin_ratio = f"{hin['time'] / pas['time']:.2f}x" if hin else "-"
+        if hin:
+            hinted_ratios.append(hin["time"] / pas["time"])
         lines.append(f"| {n} | {rad['time']:.1f} | {nth['time']:.1f} | {sp:.1f}x | {thr['time']:.1f} | "
                      f"{thl['time']:.1f} | {ig_time} | {pas['time']:.2f} | "
                      f"{thr['time'] / pas['time']:.1f}x | {thl['time'] / pas['time']:.1f}x | "
-                     f"{ig_ratio} | {cmp_time} | {cmp_ratio} |")
+                     f"{ig_ratio} | {cmp_time} | {cmp_ratio} | {hin_time} | {hin_ratio} |")
     targets = []
     if speedups:
         targets.append(("host_topk_vs_nth_element", min(speedups), ">=", 3.0))
         targets.append(("host_threshold_vs_pass", max(logit_ratios), "<=", 1.5))
+    if hinted_ratios:
+        # The same selection with the rows' maxima handed on from scoring (score_view::row_max).
+        targets.append(("host_threshold_row_max_vs_pass", max(hinted_ratios), "<=", 1.5))
     return lines, targets
 
 
@@ -124,12 +141,10 @@ def speculation_section(res):
     ratios = []
     for n in sorted({r["fields"].get("n") for r in res if "n" in r["fields"]}):
         m0, m1 = find(res, "BM_speculation", n=n, mode=0), find(res, "BM_speculation", n=n, mode=1)
-        streams = [r for r in res if r["family"] == "BM_stream_partial_keys"
-                   and r["fields"].get("n") == n]
+        st = fastest(res, "BM_stream_partial_keys", n=n)
         roof = find(res, "BM_fma_roof", n=n)
-        if not (m0 and m1 and streams):
+        if not (m0 and m1 and st):
             continue
-        st = max(streams, key=lambda r: r["gbps"])
         ratios.append(m0["gbps"] / st["gbps"])
         attainable = min(st["gbps"], roof["gbps"]) if roof else st["gbps"]
         roof_txt = f"{roof['gbps']:.1f}" if roof else "-"
@@ -139,6 +154,29 @@ def speculation_section(res):
                      f"({st['fields'].get('ahead', 0)}) | {roof_txt} | "
                      f"{m0['gbps'] / st['gbps']:.2f} | {m1['gbps'] / st['gbps']:.2f} | "
                      f"{m1['gbps'] / attainable:.2f} |")
+    own = [n for n in sorted({r["fields"].get("n") for r in res
+                              if r["family"] == "BM_stream_speculation_bytes"})]
+    if own:
+        lines += ["", "Against a read of every byte score() reads (the mode's partial W_Q rows, "
+                  "float, then the partial keys: BM_stream_speculation_bytes). \"ceiling\": "
+                  "the key stream's time over that read's, the most the key-only ratio above "
+                  "can reach where every byte is read at the stream's rate.", "",
+                  "| n | mode | weight MB | key MB | read of all us | speculation us | "
+                  "speculation / read of all | ceiling of the key-only ratio |",
+                  "|---:|:--|---:|---:|---:|---:|---:|---:|"]
+        for n in own:
+            st = fastest(res, "BM_stream_partial_keys", n=n)
+            if not st:
+                continue
+            for mode, name in ((0, "post_rope_skew"), (1, "rope_planes")):
+                a = find(res, "BM_stream_speculation_bytes", n=n, mode=mode)
+                m = find(res, "BM_speculation", n=n, mode=mode)
+                if not (a and m):
+                    continue
+                lines.append(f"| {n} | {name} | {a['counters']['weight_bytes'] / 1e6:.2f} | "
+                             f"{a['counters']['key_bytes'] / 1e6:.2f} | {a['time']:.1f} | "
+                             f"{m['time']:.1f} | {a['time'] / m['time']:.2f} | "
+                             f"{st['time'] / a['time']:.2f} |")
     bf16 = [n for n in sorted({r["fields"].get("n") for r in res
                                if r["family"] == "BM_speculation_bf16_weights"})
             if find(res, "BM_speculation_bf16_weights", n=n, mode=0)]
@@ -154,11 +192,9 @@ def speculation_section(res):
             w1 = find(res, "BM_speculation_bf16_weights", n=n, mode=1)
             m0 = find(res, "BM_speculation", n=n, mode=0)
             m1 = find(res, "BM_speculation", n=n, mode=1)
-            streams = [r for r in res if r["family"] == "BM_stream_partial_keys"
-                       and r["fields"].get("n") == n]
-            if not (w0 and w1 and m0 and m1 and streams):
+            st = fastest(res, "BM_stream_partial_keys", n=n)
+            if not (w0 and w1 and m0 and m1 and st):
                 continue
-            st = max(streams, key=lambda r: r["gbps"])
             lines.append(f"| {n} | {m0['time']:.1f} / {w0['time']:.1f} | "
                          f"{m1['time']:.1f} / {w1['time']:.1f} | {w0['gbps'] / st['gbps']:.2f} | "
                          f"{w1['gbps'] / st['gbps']:.2f} |")
@@ -175,24 +211,20 @@ def speculation_section(res):
         for n in sorted({r["fields"]["n"] for r in res if r["family"] == "BM_speculation_batch"}):
             rows = [(1, find(res, "BM_speculation", n=n, mode=0),
                      find(res, "BM_speculation", n=n, mode=1),
-                     [r for r in res if r["family"] == "BM_stream_partial_keys"
-                      and r["fields"].get("n") == n])]
+                     fastest(res, "BM_stream_partial_keys", n=n))]
             rows += [(b, find(res, "BM_speculation_batch", n=n, seqs=b, mode=0),
                       find(res, "BM_speculation_batch", n=n, seqs=b, mode=1),
-                      [r for r in res if r["family"] == "BM_stream_batch"
-                       and r["fields"].get("n") == n and r["fields"].get("seqs") == b])
+                      fastest(res, "BM_stream_batch", n=n, seqs=b))
                      for b in batch]
             # Continuous batching: the same rows named by seq_ids, scattered over 2b sequences.
             rows += [(f"{b} of {2 * b}",
                       find(res, "BM_speculation_batch_scattered", n=n, seqs=b, mode=0),
                       find(res, "BM_speculation_batch_scattered", n=n, seqs=b, mode=1),
-                      [r for r in res if r["family"] == "BM_stream_batch"
-                       and r["fields"].get("n") == n and r["fields"].get("seqs") == b])
+                      fastest(res, "BM_stream_batch", n=n, seqs=b))
                      for b in batch]
-            for b, m0, m1, streams in rows:
-                if not (m0 and m1 and streams):
+            for b, m0, m1, st in rows:
+                if not (m0 and m1 and st):
                     continue
-                st = max(streams, key=lambda r: r["gbps"])
                 lines.append(f"| {n} | {b} | {m0['time']:.1f} | {m1['time']:.1f} | "
                              f"{st['time']:.1f} | "
                              f"{m0['gbps'] / st['gbps']:.2f} | {m1['gbps'] / st['gbps']:.2f} |")
@@ -207,11 +239,9 @@ def speculation_section(res):
                   "post_rope / stream | rope_planes / stream |",
                   "|---:|:--|---:|---:|---:|---:|---:|"]
         for n in decode:
-            streams = [r for r in res if r["family"] == "BM_stream_decode_order"
-                       and r["fields"].get("n") == n]
-            if not streams:
+            st = fastest(res, "BM_stream_decode_order", n=n)
+            if not st:
                 continue
-            st = max(streams, key=lambda r: r["gbps"])
             layers = st["counters"].get("layers", 30)
             for bf, name in ((0, "float"), (1, "bf16")):
                 m0 = find(res, "BM_speculation_decode_order", n=n, mode=0, bf16=bf)

@@ -73,6 +73,30 @@ kvscout::score_buffer buffer_for(std::vector<float>& scores, int S, int H, int s
   return {{scores.data(), scores.size()}, S, H, stride};
 }
 
+// score() of `layer` with row_max given writes the scores it writes without (`without`, from the
+// same context), and each row's largest non-NaN score (-inf for an empty row).
+template <class P>
+void require_row_max(P& p, int layer, const kvscout::spec_context& ctx,
+                     const kvscout::score_buffer& without) {
+  std::vector<float> scores;
+  auto out = buffer_for(scores, without.num_seqs, without.num_kv_heads, without.stride);
+  std::vector<float> top(static_cast<std::size_t>(out.num_seqs) * out.num_kv_heads, 12345.f);
+  out.row_max = {top.data(), top.size()};
+  p.score(layer, ctx, out);
+  for (int b = 0; b < out.num_seqs; ++b)
+    for (int h = 0; h < out.num_kv_heads; ++h) {
+      CAPTURE(b, h, ctx.seq_lens[b]);
+      float want = -std::numeric_limits<float>::infinity();
+      for (int t = 0; t < ctx.seq_lens[b]; ++t) {
+        const float x = out.row(b, h)[t];
+        REQUIRE(std::bit_cast<std::uint32_t>(x) ==
+                std::bit_cast<std::uint32_t>(without.row(b, h)[t]));
+        if (!std::isnan(x)) want = std::max(want, x);
+      }
+      REQUIRE(top[static_cast<std::size_t>(b) * out.num_kv_heads + h] == want);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("oracle scores are the true logits aggregated over the group", "[spec][oracle]") {
@@ -369,7 +393,9 @@ TEST_CASE("infinigen scores the same bits on rows past the register-pinning boun
   for (auto [n, scores] : {std::pair{full, &whole}, std::pair{cut, &part}}) {
     std::vector<int32_t> lens{n};
     const auto out = buffer_for(*scores, 1, H, full);
-    p.score(0, {{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}}, out);
+    const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}};
+    p.score(0, ctx, out);
+    require_row_max(p, 0, ctx, out);  // the maximum kept by both loops
   }
   int differ = 0;
   for (int t = 0; t < cut; ++t)
@@ -486,6 +512,49 @@ TEST_CASE("infinigen, RoPE planes: each kv head's queries rotate its own planes"
         REQUIRE(out.row(0, h)[t] == Approx(want).margin(1e-5).epsilon(1e-5));
       }
   }
+}
+
+TEST_CASE("infinigen writes each row's maximum as it scores: tails, NaN keys, empty rows",
+          "[spec][infinigen][row_max]") {
+  // score_buffer::row_max is kept in the scoring loop (score_tiles), not read back: rows of every
+  // length around the tile and multi-tile steps (16 tokens, 3 tiles for a group of 3), with a
+  // NaN key (a NaN score, which the maximum skips), an empty row (-inf) and every group size and
+  // aggregation.
+  const int H = 2, d_model = 40, r = 16, cap = 260;
+  std::mt19937 rng(78);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const std::vector<int32_t> lens{0, 1, 15, 16, 17, 47, 48, 49, 95, 257};
+  const int S = static_cast<int>(lens.size());
+  std::vector<int32_t> pos(S);
+  for (int s = 0; s < S; ++s) pos[s] = 300 + 5 * s;
+  for (int g : {1, 3, 8})
+    for (auto agg : {kvscout::gqa_aggregation::max_logit, kvscout::gqa_aggregation::mean_logit,
+                     kvscout::gqa_aggregation::sum_prob}) {
+      CAPTURE(g, static_cast<int>(agg));
+      const int Hq = H * g;
+      std::vector<float> wq(static_cast<std::size_t>(Hq) * D * d_model),
+          x(static_cast<std::size_t>(S) * d_model);
+      for (auto& w : wq) w = nd(rng) / 8.f;
+      for (auto& w : x) w = nd(rng);
+      std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
+      kvscout::infinigen_policy<float> p({1, S, H, Hq, D, d_model, cap, 0.125f, agg}, {plans},
+                                         {{wq.data(), wq.size()}}, {{}});
+      std::vector<float> k(static_cast<std::size_t>(H) * D);
+      for (int s = 0; s < S; ++s)
+        for (int t = 0; t < lens[s]; ++t) {
+          for (auto& v : k) v = nd(rng);
+          // A NaN key in the rows of 17 and 257 tokens (kv head 0): a NaN score there.
+          if ((lens[s] == 17 && t == 3) || (lens[s] == 257 && t == 200)) k[0] = NAN;
+          p.append(0, s, t, k.data(), k.data());
+        }
+      std::vector<float> scores;
+      const auto out = buffer_for(scores, S, H, cap);
+      const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), pos.size()},
+                                      {lens.data(), lens.size()}};
+      p.score(0, ctx, out);
+      REQUIRE(std::isnan(out.row(3 + 1, 0)[3]));
+      require_row_max(p, 0, ctx, out);
+    }
 }
 
 TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
@@ -912,6 +981,14 @@ TEST_CASE("streaming rejects a malformed score buffer", "[spec][streaming][error
                         Catch::Contains("score buffer has 3 kv heads, the policy 2"));
     REQUIRE_THROWS_WITH(score_into(23, 1, 2, 12),
                         Catch::Contains("score buffer holds 23 floats, expected [1, 2, 12]"));
+    // Row maxima, where asked for, for every row: nothing is written otherwise.
+    std::vector<float> top(1, 7.f);
+    const kvscout::score_buffer short_max{{scores.data(), scores.size()}, 1, 2, 12,
+                                          {top.data(), top.size()}};
+    REQUIRE_THROWS_WITH(p.score(0, {{}, {}, {}, {lens.data(), 1}}, short_max),
+                        Catch::Contains("score buffer row_max holds 1 floats, expected none or "
+                                        "[1, 2]"));
+    REQUIRE(top[0] == 7.f);
     REQUIRE(untouched(scores));
   }
 }
@@ -1086,10 +1163,12 @@ struct seq_id_fixture {
     return {{bx.data(), bx.size()}, {bq.data(), bq.size()}, {bpos.data(), bpos.size()},
             {blens.data(), blens.size()}, {seq_ids.data(), seq_ids.size()}};
   }
-  // Scores the batch and all five sequences; requires row b == row seq_ids[b], bit for bit.
+  // Scores the batch and all five sequences; requires row b == row seq_ids[b], bit for bit. The
+  // batch is scored once more with row maxima asked for (score_buffer::row_max): the same
+  // scores, and each row's largest non-NaN score.
   template <class P>
   void require_rows_of_seq_ids(P& p) const {
-    std::vector<float> ref, got;
+    std::vector<float> ref, got, got_max;
     const auto out_all = buffer_for(ref, S, H, cap);
     const auto out_batch = buffer_for(got, B, H, cap);
     p.score(1, all(), out_all);
@@ -1101,6 +1180,7 @@ struct seq_id_fixture {
           REQUIRE(std::bit_cast<std::uint32_t>(out_batch.row(b, h)[t]) ==
                   std::bit_cast<std::uint32_t>(out_all.row(seq_ids[b], h)[t]));
         }
+    require_row_max(p, 1, batch(), out_batch);
   }
 };
 

@@ -700,6 +700,85 @@ TEST_CASE("threshold edge cases: the max qualifies at +inf, all qualify at -inf"
   }
 }
 
+// ---- row maxima hinted by the policy (score_view::row_max) ----------------------------------
+
+TEST_CASE("check_hint: a hint is right exactly when it is the row's maximum",
+          "[select][threshold][row_max]") {
+  using kvscout::detail::check_hint;
+  using kvscout::detail::hint_result;
+  // Row 0..7; with a hint of 4 and alpha 1 the candidates (>= 3) are tokens 1, 4, 6.
+  const float row[8] = {1.f, 3.f, qnan, -pinf, 4.f, 2.f, 3.5f, 0.f};
+  const std::int32_t cand[3] = {1, 4, 6};
+  CHECK(check_hint(row, cand, 3, -pinf, 4.f) == hint_result::right);
+  CHECK(check_hint(row, cand, 3, 2.f, 4.f) == hint_result::right);  // keep-set below
+  CHECK(check_hint(row, cand, 3, 5.f, 4.f) == hint_result::wrong);  // keep-set above
+  CHECK(check_hint(row, cand, 3, -pinf, 4.5f) == hint_result::wrong);
+  CHECK(check_hint(row, cand, 3, -pinf, qnan) == hint_result::wrong);
+  // A hint above everything admits nothing: the largest is the keep-set's, or -inf.
+  CHECK(check_hint(row, cand, 0, 1.f, 9.f) == hint_result::wrong);
+  CHECK(check_hint(row, cand, 0, -pinf, pinf) == hint_result::wrong);
+  // A row without a non-NaN score: the hint -inf is right.
+  CHECK(check_hint(row, cand, 0, -pinf, -pinf) == hint_result::right);
+}
+
+TEST_CASE("threshold per_head: a row_max hint, right or wrong, never changes the selection",
+          "[select][threshold][row_max]") {
+  // Every row is selected with a hint of each kind and compared with the definition: the right
+  // maximum, one ulp either side, far above and below, +-inf and NaN. Short rows (one
+  // compaction), rows past detail::short_row (where the hint replaces the running floor), caps
+  // that bind and that do not, keep-sets.
+  std::mt19937 rng(36);
+  enum class hint { right, ulp_up, ulp_down, above, below, plus_inf, minus_inf, nan };
+  const hint hints[] = {hint::right,    hint::ulp_up,   hint::ulp_down,  hint::above,
+                        hint::below,    hint::plus_inf, hint::minus_inf, hint::nan};
+  const keep_set keeps[] = {{0, 0}, {2, 5}};
+  int rows_checked = 0;
+  for (const auto& lens : {std::vector<std::int32_t>{0, 1, 7, 64, 300, 4100},
+                           std::vector<std::int32_t>{5000, 9000}})
+    for (int max_count : {8, 64, 2000})
+      for (const keep_set keep : keeps)
+        for (float alpha : {0.f, 1.f, 5.f, pinf})
+          for (const data_kind kind : {data_kind::normal, data_kind::ties, data_kind::specials,
+                                       data_kind::ties_specials, data_kind::all_nan,
+                                       data_kind::increasing})
+            for (const hint hk : hints) {
+              CAPTURE(lens.size(), max_count, keep.sinks, alpha, name(kind), static_cast<int>(hk));
+              batch b(lens, 2, max_count, {kind, data_kind::normal}, rng);
+              std::vector<float> top;
+              std::vector<std::vector<int>> want;
+              for (int s = 0; s < b.num_seqs; ++s)
+                for (int h = 0; h < b.heads; ++h) {
+                  const float* row = b.row(s, h);
+                  float m = -pinf;
+                  for (int t = 0; t < b.lens[s]; ++t)
+                    if (!std::isnan(row[t])) m = std::max(m, row[t]);
+                  switch (hk) {
+                    case hint::right: break;
+                    case hint::ulp_up: m = std::nextafter(m, pinf); break;
+                    case hint::ulp_down: m = std::nextafter(m, -pinf); break;
+                    case hint::above: m += 3.f; break;
+                    case hint::below: m -= 3.f; break;
+                    case hint::plus_inf: m = pinf; break;
+                    case hint::minus_inf: m = -pinf; break;
+                    case hint::nan: m = qnan; break;
+                  }
+                  top.push_back(m);
+                  want.push_back(ref_per_head(row, b.lens[s], keep, max_count, alpha));
+                }
+              const threshold_selector_host::config cfg{b.num_seqs, b.heads, b.stride,
+                                                        max_count,  alpha,   max_count,
+                                                        threshold_rule::per_head, keep};
+              auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
+              threshold_selector_host sel(cfg, {ws.data(), ws.size()});
+              auto view = b.view();
+              view.row_max = {top.data(), top.size()};
+              sel.select(view, b.buffers());
+              check_rows(b, want);
+              rows_checked += static_cast<int>(want.size());
+            }
+  CHECK(rows_checked > 10000);
+}
+
 // ---- the row scans: vector and portable versions agree
 // --------------------------------------------
 
@@ -990,6 +1069,14 @@ TEST_CASE("select() rejects bad views before writing anything", "[select][errors
                      " is outside [0, stride = " + std::to_string(b.stride) + "]");
     lens = {50, -1};
     expect_error(v, b.buffers(), "seq_lens[1] = -1 is outside [0, stride = ");
+  }
+  {
+    // Row maxima, where given, cover every row.
+    std::vector<float> top(5, 1.f);
+    auto v = b.view();
+    v.row_max = {top.data(), top.size()};
+    expect_error(v, b.buffers(),
+                 "row_max holds 5 floats, expected none or at least num_seqs * num_kv_heads = 6");
   }
   // And the same views, corrected, are accepted.
   topk.select(b.view(), b.buffers());

@@ -57,6 +57,13 @@ struct score_view {
   int num_seqs = 0;
   int num_kv_heads = 0;
   int stride = 0;
+  /// Optional, [num_seqs, num_kv_heads]: each row's largest non-NaN score over t < seq_lens[s]
+  /// (-inf where there is none), as the policy that wrote the scores found it while writing them
+  /// (score_buffer::row_max). A hint, never trusted: a selector that reads it
+  /// (threshold_selector_host's per_head rule) checks it against the candidates it collects and
+  /// finds the maximum itself where it is wrong, so the selection is the same with any hint or
+  /// none; a right one spares the selector its own pass for the maximum. Empty: no hint.
+  span<const float, Space> row_max{};
 
   KVSCOUT_HOST_DEVICE std::size_t row(int s, int h) const {
     return (static_cast<std::size_t>(s) * num_kv_heads + h) * static_cast<std::size_t>(stride);

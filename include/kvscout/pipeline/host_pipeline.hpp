@@ -110,6 +110,7 @@ class host_decode_pipeline {
     }
     const std::size_t pairs = static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads;
     scores_.assign(pairs * static_cast<std::size_t>(cfg.max_tokens), 0.f);
+    row_max_.assign(pairs, 0.f);
     for (auto& b : buffers_) {
       b.indices.assign(pairs * static_cast<std::size_t>(cfg.capacity), 0);
       b.counts.assign(pairs, 0);
@@ -138,8 +139,10 @@ class host_decode_pipeline {
                     " is not speculated: expected [skip_layers = ", cfg_.skip_layers,
                     ", num_layers = ", cfg_.num_layers, ")");
     buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
+    // The policy hands each row's maximum on to the selector with the scores
+    // (score_buffer::row_max): a threshold selector then needs no pass of its own for it.
     const score_buffer out{{scores_.data(), scores_.size()}, cfg_.num_seqs, cfg_.num_kv_heads,
-                           cfg_.max_tokens};
+                           cfg_.max_tokens, {row_max_.data(), row_max_.size()}};
     policy_.score(layer, ctx, out);
     selector_.select(out.view(ctx.seq_lens), selection(b));
     gather_->submit(kv, selection(b).view(),
@@ -237,6 +240,7 @@ class host_decode_pipeline {
   P& policy_;
   Selector& selector_;
   std::vector<float> scores_;
+  std::vector<float> row_max_;  // [num_seqs, num_kv_heads]: the rows' maxima, policy to selector
   buffer buffers_[2];
   std::vector<float> probs_;
   std::vector<std::int64_t> workspace_;

@@ -27,7 +27,11 @@
 // the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= max_count <=
 // capacity. select() validates every input before writing and allocates nothing.
 //
-// Cost, per_head: rows of up to 4096 tokens outside the keep-set, a maximum and a compaction,
+// Cost, per_head, where the scores come with their rows' maxima (score_view::row_max, which
+// infinigen_policy writes while scoring): one compaction per row against the hinted floor; the
+// hint is checked against the candidates it admits (detail::check_hint), and a wrong one costs
+// the row the way below, never a different result. Without: rows of up to 4096 tokens outside
+// the keep-set, a maximum and a compaction,
 // the maximum read during the previous row's compaction (AVX-512 builds); longer rows one
 // vectorised pass, plus scans of their candidates where the cap binds: a strided sample of the
 // row gives a lower bound L that about k + a few standard deviations of tokens reach; the pass
@@ -39,6 +43,7 @@
 // sampled top-k. The workspace is about 12 * stride + 16 KiB bytes, plus 8 bytes per row for
 // infinigen_mean (each row's maximum and count, from the first pass to the second).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -86,7 +91,37 @@ struct row_lookahead {
   const float* next = nullptr;    // in: the next row, or null
   int next_len = 0;               // in: its length
   std::optional<float> next_max;  // out: the next row's maximum, where this row read it
+  std::optional<float> hint;      // in: score_view::row_max of this row, unchecked
 };
+
+/// Where a row's candidates against a hinted maximum m (score_view::row_max) stand. Every score
+/// at or above threshold_floor(m, alpha) is a candidate (the keep-set aside). If the row's true
+/// maximum M reaches that floor, M is the largest candidate or keep-set score, so that largest
+/// equals m exactly when the hint is right; if M is below the floor, there are no candidates,
+/// the largest is a keep-set score or -inf, below m, and the hint is wrong. So one look at the
+/// few candidates checks the hint, and the selection never depends on it.
+enum class hint_result { right, wrong, too_many };
+
+inline hint_result check_hint(const float* row, const std::int32_t* cand, int kept, float keep_max,
+                              float m) {
+  // Four independent maxima (one chain of compare-and-select would cost its latency per
+  // candidate, about as much as the row's compaction on peaked rows).
+  const auto up = [row](float t, std::int32_t i) {
+    const float x = row[i];
+    return x > t ? x : t;
+  };
+  float t0 = keep_max, t1 = -INFINITY, t2 = -INFINITY, t3 = -INFINITY;
+  int i = 0;
+  for (; i + 4 <= kept; i += 4) {
+    t0 = up(t0, cand[i]);
+    t1 = up(t1, cand[i + 1]);
+    t2 = up(t2, cand[i + 2]);
+    t3 = up(t3, cand[i + 3]);
+  }
+  for (; i < kept; ++i) t0 = up(t0, cand[i]);
+  const float top = std::max(std::max(t0, t1), std::max(t2, t3));  // no NaN among them
+  return top == m ? hint_result::right : hint_result::wrong;  // a NaN hint is never right
+}
 
 /// One row of the per_head rule (semantics in the header comment); returns the count.
 inline int per_head_row(const float* row, int len, keep_set keep, int max_count, float alpha,
@@ -112,11 +147,24 @@ inline int per_head_row(const float* row, int len, keep_set keep, int max_count,
     la.next_max = next_max;
     return got;
   };
+  // With a hint, one compaction against its floor, then the check (check_hint): kept >= 0 where
+  // the hint is right, -1 where it is wrong (the row then goes the way it would without one).
+  // too_many: more than `limit` candidates against the hint's floor (a right hint: the capped
+  // path below; a wrong one: that path does not depend on the maximum).
+  const auto hinted = [&](int limit, hint_result& how) {
+    const int kept = compact(threshold_floor(*la.hint, alpha), limit);
+    how = kept < 0 || kept > limit ? hint_result::too_many
+                                   : check_hint(row, ws.cand, kept, keep_max(), *la.hint);
+    return how == hint_result::right ? kept : -1;
+  };
   int c = emit_range(0, a, out);
   if (n > 0 && k > 0) {
     if (n <= k) {
-      // Every candidate fits: the exact maximum first (a vector pass), then one compaction.
-      const int taken = compact(threshold_floor(row_max(), alpha), INT_MAX);
+      // Every candidate fits: the exact maximum first (a vector pass, or the hint), then one
+      // compaction.
+      hint_result how = hint_result::wrong;
+      int taken = la.hint ? hinted(INT_MAX, how) : -1;
+      if (taken < 0) taken = compact(threshold_floor(row_max(), alpha), INT_MAX);
       std::memcpy(out + c, ws.cand, sizeof(std::int32_t) * static_cast<std::size_t>(taken));
       c += taken;
     } else {
@@ -125,8 +173,11 @@ inline int per_head_row(const float* row, int len, keep_set keep, int max_count,
       // sampled path below. The short list is worth it only while it stays short: give up past
       // short_list_max (or k).
       const int limit = k < short_list_max ? k : short_list_max;
-      int kept = -1;
-      if (n <= short_row) {
+      hint_result how = hint_result::wrong;
+      int kept = la.hint ? hinted(limit, how) : -1;
+      if (how == hint_result::right || how == hint_result::too_many) {
+        // Decided by the hint: its candidates, or the capped path.
+      } else if (n <= short_row) {
         // A short row stays in the L1 cache: the exact maximum, then one compaction against
         // the final floor, costs less than the one pass with a running floor below.
         kept = compact(threshold_floor(row_max(), alpha), limit);
@@ -223,21 +274,26 @@ class threshold_selector_host {
     // of up to short_row tokens outside the keep-set are read ahead: they compact against a
     // known maximum. (A longer row whose candidates all fit, n <= k, compacts too, but is not
     // read ahead: its own maximum pass no longer fits L1, so the overlap would not pay.)
+    // With the rows' maxima hinted (score_view::row_max), each row is one compaction against its
+    // hint's floor and nothing is read ahead.
     const int H = cfg_.num_kv_heads;
+    const bool hinted = !scores.row_max.empty();
     detail::row_lookahead la;
     for (int s = 0; s < cfg_.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       for (int h = 0; h < H; ++h) {
         const int ns = h + 1 < H ? s : s + 1;
         const int nh = h + 1 < H ? h + 1 : 0;
+        const std::size_t r = static_cast<std::size_t>(s) * H + h;
         la.next = nullptr;
-        if (ns < cfg_.num_seqs) {
+        if (hinted) {
+          la.hint = scores.row_max[r];
+        } else if (ns < cfg_.num_seqs) {
           la.next_len = scores.seq_lens[static_cast<std::size_t>(ns)];
           const keep_range nk = keep_bounds(cfg_.keep, la.next_len);
           if (nk.tail_begin - nk.head_end <= detail::short_row)
             la.next = scores.scores.data() + scores.row(ns, nh);
         }
-        const std::size_t r = static_cast<std::size_t>(s) * H + h;
         out.counts[r] = detail::per_head_row(
             scores.scores.data() + scores.row(s, h), len, cfg_.keep, cfg_.max_count, cfg_.alpha,
             ws_, out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity), la);

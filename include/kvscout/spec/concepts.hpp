@@ -6,7 +6,8 @@
 //                           during layer i-1; streaming and h2o need no query at all), so the
 //                           fetch can overlap layer i-1. true: the policy needs layer i's own
 //                           query (the oracle, Quest), so it runs at the start of layer i.
-//   p.score(layer, ctx, out)  writes out.scores [num_seqs, num_kv_heads, stride] for t < seq_len.
+//   p.score(layer, ctx, out)  writes out.scores [num_seqs, num_kv_heads, stride] for t < seq_len,
+//                           and where out.row_max is given each row's maximum (a selector's hint)
 // Every policy checks its inputs (detail::check_score_buffer) and throws kvscout::error before it
 // writes a score, so bad input leaves out.scores as it was.
 // Optional hooks, called by the pipeline when present:
@@ -61,14 +62,19 @@ struct score_buffer {
   int num_seqs = 0;
   int num_kv_heads = 0;
   int stride = 0;
+  /// Optional, [num_seqs, num_kv_heads]: where given, score() also writes each row's largest
+  /// non-NaN score over t < seq_lens[s] (-inf where there is none), the hint a selector reads as
+  /// score_view::row_max. infinigen_policy forms it in the scoring loop, from the scores in
+  /// registers; the other host policies with one more read of each row (write_row_max).
+  host_span<float> row_max{};
 
   float* row(int s, int h) const {
     return scores.data() + (static_cast<std::size_t>(s) * num_kv_heads + h) * static_cast<std::size_t>(stride);
   }
   /// What a selector reads: these scores with the sequences' lengths (a policy writes
-  /// t < seq_lens[s] of each row; the selector looks at no more).
+  /// t < seq_lens[s] of each row; the selector looks at no more), and their maxima if written.
   [[nodiscard]] score_view<host_space> view(host_span<const std::int32_t> seq_lens) const {
-    return {scores, seq_lens, num_seqs, num_kv_heads, stride};
+    return {scores, seq_lens, num_seqs, num_kv_heads, stride, {row_max.data(), row_max.size()}};
   }
 };
 
@@ -171,6 +177,10 @@ inline void check_score_buffer(const score_buffer& out, const spec_context& ctx,
                   " floats, expected [", out.num_seqs, ", ", out.num_kv_heads, ", ", out.stride,
                   "]");
   KVSCOUT_EXPECTS(out.scores.data() != nullptr || need == 0, "score buffer is null");
+  const std::size_t rows = static_cast<std::size_t>(out.num_seqs) * out.num_kv_heads;
+  KVSCOUT_EXPECTS(out.row_max.empty() || out.row_max.size() >= rows, "score buffer row_max holds ",
+                  out.row_max.size(), " floats, expected none or [", out.num_seqs, ", ",
+                  out.num_kv_heads, "]");
   check_seq_ids(ctx, out.num_seqs, max_seqs, holder);
   for (int s = 0; s < out.num_seqs; ++s) {
     KVSCOUT_EXPECTS(ctx.seq_lens[s] >= 0 && ctx.seq_lens[s] <= out.stride, "seq_lens[", s, "] = ",
@@ -178,6 +188,23 @@ inline void check_score_buffer(const score_buffer& out, const spec_context& ctx,
     KVSCOUT_EXPECTS(ctx.seq_lens[s] <= max_tokens, "seq_lens[", s, "] = ", ctx.seq_lens[s],
                     " exceeds ", holder, " max_tokens = ", max_tokens);
   }
+}
+
+/// The largest non-NaN of p[0, n), -inf if there is none (score_buffer::row_max).
+inline float max_non_nan(const float* p, int n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < n; ++i) m = p[i] > m ? p[i] : m;
+  return m;
+}
+
+/// Where out.row_max is given, writes each of its rows' maxima, read back from the scores: for
+/// the policies that do not form them while scoring. Call after the scores are written.
+inline void write_row_max(const score_buffer& out, const spec_context& ctx) {
+  if (out.row_max.empty()) return;
+  for (int s = 0; s < out.num_seqs; ++s)
+    for (int h = 0; h < out.num_kv_heads; ++h)
+      out.row_max[static_cast<std::size_t>(s) * out.num_kv_heads + h] =
+          max_non_nan(out.row(s, h), ctx.seq_lens[s]);
 }
 }  // namespace detail
 

@@ -46,6 +46,7 @@ class h2o_policy {
         const float* m = mass(layer, detail::seq_of(ctx, s), h);
         std::copy(m, m + ctx.seq_lens[s], out.row(s, h));
       }
+    detail::write_row_max(out, ctx);
   }
 
   /// Adds the probabilities of the rows attended at this step (and of the current token, which

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -206,9 +207,13 @@ class infinigen_policy {
           for (int c = 0; c < r; ++c) q[v * ldq + static_cast<std::size_t>(c)] *= cfg_.scale;
       }
       for (int v = 0; v < count; ++v)
-        for (int h = 0; h < H; ++h)
-          score_row(st, qp_.data() + v * ldq + static_cast<std::size_t>(h) * g * r,
-                    detail::seq_of(ctx, s0 + v), h, g, ctx.seq_lens[s0 + v], out.row(s0 + v, h));
+        for (int h = 0; h < H; ++h) {
+          const int b = s0 + v;
+          const float* qg = qp_.data() + v * ldq + static_cast<std::size_t>(h) * g * r;
+          const float top =
+              score_row(st, qg, detail::seq_of(ctx, b), h, g, ctx.seq_lens[b], out.row(b, h));
+          if (!out.row_max.empty()) out.row_max[static_cast<std::size_t>(b) * H + h] = top;
+        }
     }
   }
 
@@ -238,8 +243,9 @@ class infinigen_policy {
   // are scored together over register-sized blocks of tokens: each channel block of the partial
   // keys is loaded once and multiply-added into g accumulators (vectorised over tokens), so the
   // loop is bound by reading the keys.
-  // qg: the group's g partial queries, [g, r].
-  void score_row(const layer_state& st, const float* qg, int s, int h, int g, int n, float* row) {
+  // qg: the group's g partial queries, [g, r]. Returns the row's largest non-NaN score (-inf if
+  // none): score_buffer::row_max.
+  float score_row(const layer_state& st, const float* qg, int s, int h, int g, int n, float* row) {
     const int r = st.r;
     if (cfg_.aggregation == gqa_aggregation::sum_prob) {
       detail::aggregate_scores(n, g, cfg_.aggregation, row, [&](int t, float* z) {
@@ -250,7 +256,7 @@ class infinigen_policy {
           z[j] = d;
         }
       });
-      return;
+      return detail::max_non_nan(row, n);
     }
     const bool use_max = cfg_.aggregation == gqa_aggregation::max_logit;
     const float inv_g = 1.f / static_cast<float>(g);
@@ -263,25 +269,22 @@ class infinigen_policy {
         for (int j = 0; j < g; ++j) sum += qg[j * r + c];
         qm[c] = sum * inv_g;
       }
-      score_tiles<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
-      return;
+      return score_tiles<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
     }
     // Common group sizes get a kernel with the group size known at compile time. Rows whose
     // partial keys are cache-sized pin each key line in a register (see score_tiles).
     const bool pin = static_cast<std::size_t>(n) * static_cast<std::size_t>(r) * sizeof(PkT) <=
                      pin_row_bytes;
     if (g <= 8) {
+      float top = 0.f;
       dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
         constexpr int gv = decltype(G)::value;
-        if (pin) {
-          score_tiles<gv, true>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
-        } else {
-          score_tiles<gv, false>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
-        }
+        top = pin ? score_tiles<gv, true>(qg, r, st.cache, s, h, n, use_max, inv_g, row)
+                  : score_tiles<gv, false>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
       });
-    } else {
-      score_tiles<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
+      return top;
     }
+    return score_tiles<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
   }
 
   // The row size up to which scoring pins its key lines (Pin below). Measured on the development
@@ -296,10 +299,11 @@ class infinigen_policy {
   // register width, detail::host_float_lanes), so the g accumulators stay in registers and each
   // tile of partial keys is read once, sequentially, for the whole group. Every lane's sum is
   // formed in the same order whatever W is, so the scores' bits do not depend on the target's
-  // vector width.
+  // vector width. Returns the largest non-NaN score written (-inf if none), kept as the scores
+  // leave the registers: one vector maximum per W scores, beside G * r multiply-adds.
   template <int G, bool Pin = false>
-  static void score_tiles(const float* qg, int r, const partial_key_cache<PkT>& cache, int s, int h,
-                          int n, bool use_max, float inv_g, float* row, int g_dyn = 0) {
+  static float score_tiles(const float* qg, int r, const partial_key_cache<PkT>& cache, int s,
+                           int h, int n, bool use_max, float inv_g, float* row, int g_dyn = 0) {
     constexpr int tb = partial_key_cache<PkT>::block_tokens;
     constexpr int W = detail::host_float_lanes;
     constexpr int L = tb / W;
@@ -324,6 +328,10 @@ class infinigen_policy {
     };
     const int g = G > 0 ? G : g_dyn;
     constexpr int gcap = G > 0 ? G : detail::max_group;
+    // The running maximum of the scores written, lane-wise (x > top is false for a NaN x, so
+    // top never holds one), and of the lanes of a last partial line.
+    vec top = vec{} - std::numeric_limits<float>::infinity();  // 0 - inf: -inf in every lane
+    float tail_top = -std::numeric_limits<float>::infinity();
     int t0 = 0, b = 0;
     if constexpr (G > 0) {
       // T whole tiles at a time: T * G * L independent multiply-add chains (one tile's G chains,
@@ -386,6 +394,7 @@ class infinigen_policy {
             KVSCOUT_HOST_UNROLL
             for (int l = 0; l < L; ++l) {
               const vec a = fold(&acc[u][0][l], G, L);
+              top = a > top ? a : top;
               std::memcpy(row + t0 + u * tb + l * W, &a, sizeof a);
             }
         }
@@ -402,13 +411,20 @@ class infinigen_policy {
         }
         const vec a = fold(acc, g, 1);
         if (nb - l * W >= W) {
+          top = a > top ? a : top;
           std::memcpy(row + t0 + l * W, &a, sizeof a);
         } else {
-          for (int t = 0; t < nb - l * W; ++t) row[t0 + l * W + t] = a[t];
+          for (int t = 0; t < nb - l * W; ++t) {
+            row[t0 + l * W + t] = a[t];
+            tail_top = a[t] > tail_top ? a[t] : tail_top;
+          }
         }
       }
     }
+    for (int i = 0; i < W; ++i) tail_top = top[i] > tail_top ? top[i] : tail_top;
+    return tail_top;
   }
+
 
   // How far ahead of the read the scoring loop prefetches: about the bytes that must be in flight
   // to keep one core's memory stream busy (latency x bandwidth), measured (bench_host_speculation,

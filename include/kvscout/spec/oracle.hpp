@@ -98,6 +98,7 @@ class oracle_policy {
                                  });
       }
     }
+    detail::write_row_max(out, ctx);
   }
 
   /// The configuration this policy was built with.

@@ -111,6 +111,7 @@ class quest_policy {
         }
       }
     }
+    detail::write_row_max(out, ctx);
   }
 
   [[nodiscard]] int page_size() const { return cfg_.page_size; }

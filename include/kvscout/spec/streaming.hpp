@@ -35,6 +35,7 @@ class streaming_policy {
           row[t] = t < cfg_.sinks ? std::numeric_limits<float>::infinity() : static_cast<float>(t);
       }
     }
+    detail::write_row_max(out, ctx);
   }
 
   /// The configuration this policy was built with.
