@@ -260,8 +260,9 @@ void BM_stream_partial_keys(benchmark::State& state) {
 
 // The weights the mode's GEMV reads (post-RoPE: every head's full projection, Hq * D rows; RoPE
 // planes: Hq * r rows; d_model floats each), from a buffer of their size, then the partial keys,
-// without a software prefetch (the fastest anchor at 4k, where both sit in L2). Its
-// bytes_per_second counts the partial-key bytes, like BM_speculation's, so the rates compare.
+// with a software prefetch `ahead` bytes ahead where ahead > 0 (as BM_stream_partial_keys: the
+// table takes the fastest). Its bytes_per_second counts the partial-key bytes, like
+// BM_speculation's, so the rates compare.
 void BM_stream_speculation_bytes(benchmark::State& state) {
   const auto mode = mode_arg(state.range(1));
   fixture<> f(static_cast<int>(state.range(0)), mode, kvscout::gqa_aggregation::max_logit);
@@ -272,9 +273,16 @@ void BM_stream_speculation_bytes(benchmark::State& state) {
   std::normal_distribution<float> nd(0.f, 1.f);
   for (auto& w : weights) w = nd(rng);
   const std::size_t count = f.key_bytes() / sizeof(float);
+  const std::size_t ahead = static_cast<std::size_t>(state.range(2)) / sizeof(float);
+  const float* keys = f.policy->keys(0).tile(0, 0, 0);
   for (auto _ : state) {
-    stream_once<false>(weights.data(), weights.size(), 0);
-    stream_once<false>(f.policy->keys(0).tile(0, 0, 0), count, 0);
+    if (ahead > 0) {
+      stream_once<true>(weights.data(), weights.size(), ahead);
+      stream_once<true>(keys, count, ahead);
+    } else {
+      stream_once<false>(weights.data(), weights.size(), 0);
+      stream_once<false>(keys, count, 0);
+    }
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.key_bytes()));
   state.counters["weight_bytes"] = static_cast<double>(weights.size() * sizeof(float));
@@ -391,8 +399,8 @@ BENCHMARK(BM_stream_batch)
     ->ArgsProduct({{4096}, {8}, {0, 16384}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_stream_speculation_bytes)
-    ->ArgNames({"n", "mode"})
-    ->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
+    ->ArgNames({"n", "mode", "ahead"})
+    ->ArgsProduct({{4096, 32768, 131072}, {0, 1}, {0, 8192}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_stream_partial_keys)->ArgNames({"n", "ahead"})->ArgsProduct({{4096, 32768, 131072}, {0, 4096, 8192, 16384}})
     ->Unit(benchmark::kMicrosecond);

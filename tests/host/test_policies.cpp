@@ -404,6 +404,32 @@ TEST_CASE("infinigen scores the same bits on rows past the register-pinning boun
   REQUIRE(std::isnan(part[cut]));  // nothing written past seq_len
 }
 
+TEST_CASE("max_non_nan is the largest non-NaN, whatever the length, NaN and infinities",
+          "[spec][row_max]") {
+  // Every length around the vector blocks (4 x host_float_lanes), the maximum at every position
+  // class (first, in a block, in the tail), NaN runs, +-inf, all-NaN and empty rows.
+  std::mt19937 rng(79);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int n : {0, 1, 3, 4, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 4099})
+    for (int variant = 0; variant < 6; ++variant) {
+      CAPTURE(n, variant);
+      std::vector<float> row(static_cast<std::size_t>(n));
+      for (auto& x : row) x = nd(rng);
+      for (int i = 0; i < n; ++i) {
+        if (variant == 1 && i % 3 == 0) row[i] = NAN;           // NaN among them
+        if (variant == 2) row[i] = NAN;                         // all NaN: -inf
+        if (variant == 3 && i == n - 1) row[i] = inf;           // +inf last (the tail)
+        if (variant == 4) row[i] = -inf;                        // all -inf
+        if (variant == 5 && i == n / 2) row[i] = 1e30f;         // inside a block
+      }
+      float want = -inf;
+      for (float x : row)
+        if (!std::isnan(x)) want = std::max(want, x);
+      REQUIRE(kvscout::detail::max_non_nan(row.data(), n) == want);
+    }
+}
+
 TEST_CASE("dot_rows gives every row the bits of dot", "[spec][gemv]") {
   // partial_query's GEMV runs 8 rows at a time; each row must be the same sum, in the same
   // order, as detail::dot (so the partial queries did not change when the GEMV was blocked).
@@ -518,8 +544,8 @@ TEST_CASE("infinigen writes each row's maximum as it scores: tails, NaN keys, em
           "[spec][infinigen][row_max]") {
   // score_buffer::row_max is kept in the scoring loop (score_tiles), not read back: rows of every
   // length around the tile and multi-tile steps (16 tokens, 3 tiles for a group of 3), with a
-  // NaN key (a NaN score, which the maximum skips), an empty row (-inf) and every group size and
-  // aggregation.
+  // NaN key (a NaN score, which the maximum skips), an empty row (-inf), every aggregation and
+  // groups of 1, 3, 8 (static group sizes) and 9 (the runtime-group loop).
   const int H = 2, d_model = 40, r = 16, cap = 260;
   std::mt19937 rng(78);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -527,7 +553,7 @@ TEST_CASE("infinigen writes each row's maximum as it scores: tails, NaN keys, em
   const int S = static_cast<int>(lens.size());
   std::vector<int32_t> pos(S);
   for (int s = 0; s < S; ++s) pos[s] = 300 + 5 * s;
-  for (int g : {1, 3, 8})
+  for (int g : {1, 3, 8, 9})
     for (auto agg : {kvscout::gqa_aggregation::max_logit, kvscout::gqa_aggregation::mean_logit,
                      kvscout::gqa_aggregation::sum_prob}) {
       CAPTURE(g, static_cast<int>(agg));
@@ -989,6 +1015,10 @@ TEST_CASE("streaming rejects a malformed score buffer", "[spec][streaming][error
                         Catch::Contains("score buffer row_max holds 1 floats, expected none or "
                                         "[1, 2]"));
     REQUIRE(top[0] == 7.f);
+    const kvscout::score_buffer null_max{{scores.data(), scores.size()}, 1, 2, 12, {nullptr, 2}};
+    REQUIRE_THROWS_WITH(p.score(0, {{}, {}, {}, {lens.data(), 1}}, null_max),
+                        Catch::Contains("score buffer row_max is null"));
+    REQUIRE(untouched(scores));
     REQUIRE(untouched(scores));
   }
 }

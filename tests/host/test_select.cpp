@@ -1077,6 +1077,8 @@ TEST_CASE("select() rejects bad views before writing anything", "[select][errors
     v.row_max = {top.data(), top.size()};
     expect_error(v, b.buffers(),
                  "row_max holds 5 floats, expected none or at least num_seqs * num_kv_heads = 6");
+    v.row_max = {nullptr, 6};
+    expect_error(v, b.buffers(), "row_max is null");
   }
   // And the same views, corrected, are accepted.
   topk.select(b.view(), b.buffers());

@@ -62,7 +62,8 @@ struct score_view {
   /// (score_buffer::row_max). A hint, never trusted: a selector that reads it
   /// (threshold_selector_host's per_head rule) checks it against the candidates it collects and
   /// finds the maximum itself where it is wrong, so the selection is the same with any hint or
-  /// none; a right one spares the selector its own pass for the maximum. Empty: no hint.
+  /// none; a right one spares the selector its own pass for the maximum, a wrong one costs it
+  /// more. Empty: no hints; a NaN entry: none for that row.
   span<const float, Space> row_max{};
 
   KVSCOUT_HOST_DEVICE std::size_t row(int s, int h) const {

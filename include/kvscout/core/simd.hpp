@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "kvscout/core/detail/x86_intrinsics.hpp"
@@ -268,6 +269,35 @@ inline void dot_rows_multi(const W* a, std::size_t lda, const float* b, std::siz
     dot_rows(a, lda, b + static_cast<std::size_t>(v) * ldb, n, rows,
              out + static_cast<std::size_t>(v) * ldo);
 #endif
+}
+
+/// The largest non-NaN of p[0, n), -inf if there is none (score_buffer::row_max): four vectors
+/// of running maxima, then their lanes and the tail. x > m is false for a NaN x, so no lane ever
+/// holds a NaN. (Four separate locals, not an array: GCC keeps an array of vectors in memory.)
+inline float max_non_nan(const float* p, int n) {
+  constexpr int W = host_float_lanes;
+  const auto up = [](host_vec m, const float* q) __attribute__((always_inline)) {
+    host_vec x;
+    std::memcpy(&x, q, sizeof x);
+    return x > m ? x : m;
+  };
+  const host_vec lowest = host_vec{} - std::numeric_limits<float>::infinity();
+  host_vec m0 = lowest, m1 = lowest, m2 = lowest, m3 = lowest;
+  int i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    m0 = up(m0, p + i);
+    m1 = up(m1, p + i + W);
+    m2 = up(m2, p + i + 2 * W);
+    m3 = up(m3, p + i + 3 * W);
+  }
+  for (; i + W <= n; i += W) m0 = up(m0, p + i);
+  m0 = m1 > m0 ? m1 : m0;
+  m2 = m3 > m2 ? m3 : m2;
+  m0 = m2 > m0 ? m2 : m0;
+  float r = -std::numeric_limits<float>::infinity();
+  for (int l = 0; l < W; ++l) r = m0[l] > r ? m0[l] : r;
+  for (; i < n; ++i) r = p[i] > r ? p[i] : r;
+  return r;
 }
 
 }  // namespace kvscout::detail

@@ -33,6 +33,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -140,7 +141,10 @@ class host_decode_pipeline {
                     ", num_layers = ", cfg_.num_layers, ")");
     buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
     // The policy hands each row's maximum on to the selector with the scores
-    // (score_buffer::row_max): a threshold selector then needs no pass of its own for it.
+    // (score_buffer::row_max): a threshold selector then needs no pass of its own for it. NaN
+    // first, so that a policy of the caller's that does not write them leaves no hint, not a
+    // stale one (which would cost the selector a second pass; never a different selection).
+    std::fill(row_max_.begin(), row_max_.end(), std::numeric_limits<float>::quiet_NaN());
     const score_buffer out{{scores_.data(), scores_.size()}, cfg_.num_seqs, cfg_.num_kv_heads,
                            cfg_.max_tokens, {row_max_.data(), row_max_.size()}};
     policy_.score(layer, ctx, out);

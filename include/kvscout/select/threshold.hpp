@@ -29,10 +29,11 @@
 //
 // Cost, per_head, where the scores come with their rows' maxima (score_view::row_max, which
 // infinigen_policy writes while scoring): one compaction per row against the hinted floor; the
-// hint is checked against the candidates it admits (detail::check_hint), and a wrong one costs
-// the row the way below, never a different result. Without: rows of up to 4096 tokens outside
-// the keep-set, a maximum and a compaction,
-// the maximum read during the previous row's compaction (AVX-512 builds); longer rows one
+// hint is checked against the candidates it admits (detail::check_hint). A wrong one costs the
+// row a second compaction, or, where its floor admits more candidates than the short list holds,
+// the sampled path below; never a different result. A NaN entry is no hint. Without hints:
+// rows of up to 4096 tokens outside the keep-set, a maximum and a compaction, the maximum read
+// during the previous row's compaction (AVX-512 builds); longer rows one
 // vectorised pass, plus scans of their candidates where the cap binds: a strided sample of the
 // row gives a lower bound L that about k + a few standard deviations of tokens reach; the pass
 // finds the row maximum and keeps only the tokens >= max(L, running max - alpha); radix select
@@ -287,7 +288,10 @@ class threshold_selector_host {
         const std::size_t r = static_cast<std::size_t>(s) * H + h;
         la.next = nullptr;
         if (hinted) {
-          la.hint = scores.row_max[r];
+          // NaN: no hint for this row (what a policy that does not write row_max leaves where
+          // the caller filled it with NaN, as the host pipeline does).
+          const float m = scores.row_max[r];
+          la.hint = m == m ? std::optional<float>(m) : std::nullopt;
         } else if (ns < cfg_.num_seqs) {
           la.next_len = scores.seq_lens[static_cast<std::size_t>(ns)];
           const keep_range nk = keep_bounds(cfg_.keep, la.next_len);

@@ -32,6 +32,7 @@
 #include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/simd.hpp"
 #include "kvscout/core/span.hpp"
 
 namespace kvscout {
@@ -181,6 +182,8 @@ inline void check_score_buffer(const score_buffer& out, const spec_context& ctx,
   KVSCOUT_EXPECTS(out.row_max.empty() || out.row_max.size() >= rows, "score buffer row_max holds ",
                   out.row_max.size(), " floats, expected none or [", out.num_seqs, ", ",
                   out.num_kv_heads, "]");
+  KVSCOUT_EXPECTS(out.row_max.empty() || out.row_max.data() != nullptr,
+                  "score buffer row_max is null");
   check_seq_ids(ctx, out.num_seqs, max_seqs, holder);
   for (int s = 0; s < out.num_seqs; ++s) {
     KVSCOUT_EXPECTS(ctx.seq_lens[s] >= 0 && ctx.seq_lens[s] <= out.stride, "seq_lens[", s, "] = ",
@@ -188,13 +191,6 @@ inline void check_score_buffer(const score_buffer& out, const spec_context& ctx,
     KVSCOUT_EXPECTS(ctx.seq_lens[s] <= max_tokens, "seq_lens[", s, "] = ", ctx.seq_lens[s],
                     " exceeds ", holder, " max_tokens = ", max_tokens);
   }
-}
-
-/// The largest non-NaN of p[0, n), -inf if there is none (score_buffer::row_max).
-inline float max_non_nan(const float* p, int n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int i = 0; i < n; ++i) m = p[i] > m ? p[i] : m;
-  return m;
 }
 
 /// Where out.row_max is given, writes each of its rows' maxima, read back from the scores: for

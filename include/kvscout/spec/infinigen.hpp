@@ -425,7 +425,6 @@ class infinigen_policy {
     return tail_top;
   }
 
-
   // How far ahead of the read the scoring loop prefetches: about the bytes that must be in flight
   // to keep one core's memory stream busy (latency x bandwidth), measured (bench_host_speculation,
   // docs/performance.md). AVX-512 builds: 12 KiB, the best of 4 to 16 KiB on an Intel AVX-512

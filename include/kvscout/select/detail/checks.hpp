@@ -60,6 +60,7 @@ void check_selector_views(int num_seqs, int num_kv_heads, int stride, int capaci
   KVSCOUT_EXPECTS(scores.row_max.empty() || scores.row_max.size() >= rows, "row_max holds ",
                   scores.row_max.size(), " floats, expected none or at least num_seqs * ",
                   "num_kv_heads = ", rows);
+  KVSCOUT_EXPECTS(scores.row_max.empty() || scores.row_max.data() != nullptr, "row_max is null");
   KVSCOUT_EXPECTS(scores.seq_lens.data() != nullptr || seqs == 0, "seq_lens is null");
   KVSCOUT_EXPECTS(scores.seq_lens.size() >= seqs, "seq_lens holds ", scores.seq_lens.size(),
                   " entries, expected at least num_seqs = ", seqs);
