@@ -20,3 +20,15 @@ function(kvscout_cuda_target target)
   # nvcc 13 with CMake 3.25 has no CUDA20 dialect entry: pass the standard directly.
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
 endfunction()
+
+# kvscout_all_in_one(out headers...): writes `out`, one file that includes every header given, so
+# that two headers defining the same name fail to compile together (tests/, tests/cuda/ and
+# tests/simt/; here, not in tests/CMakeLists.txt, because the GPU-only tree reads tests/cuda/
+# alone).
+function(kvscout_all_in_one out)
+  set(_text "")
+  foreach(h IN LISTS ARGN)
+    string(APPEND _text "#include \"${h}\"\n")
+  endforeach()
+  file(GENERATE OUTPUT ${out} CONTENT "${_text}")
+endfunction()
