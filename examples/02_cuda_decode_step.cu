@@ -166,12 +166,19 @@ int run() {
       kvscout::as_writable_bytes(rows_k), kvscout::as_writable_bytes(rows_v)};
   const kvscout::gathered_rows_device<half, D> rows(selection.view(), rows_k, rows_v);
   const kvscout::device_current_token<half> current{mem.upload(k_new), mem.upload(v_new)};
+  // Attention splits each (sequence, KV head)'s rows over blocks (flash-decoding), planned once
+  // for this shape and device, with a workspace for the blocks' partial softmax states.
+  const kvscout::decode_attention_plan plan = kvscout::plan_decode_attention_device(
+      {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
+       .max_rows = budget + 1});  // the selected rows and the current token
+  const kvscout::device_span<std::byte> attention_ws = mem.alloc<std::byte>(plan.workspace_bytes());
 
   // ---- the decode step: four enqueues on one stream; no allocation, no host synchronisation -----
   spec.score({d_x, d_positions, d_lens, max_tokens}, scores, stream);
   selector.select(scores.view(d_lens), selection, stream);
   (void)fetch.submit(source, selection.view(), fetched);  // returns an event recorded on `stream`
-  kvscout::decode_attention_device(rows, current, d_q, out, {Hq, scale}, stream, status.data());
+  kvscout::decode_attention_device(rows, current, d_q, out, {Hq, scale}, plan, attention_ws, stream,
+                                   status.data());
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));  // only to look at the results
 
   // ---- what crossed the link --------------------------------------------------------------------

@@ -1,4 +1,5 @@
-// GPU benchmarks of the CUDA prefetch executors and the sparse decode attention.
+// GPU benchmarks of the CUDA prefetch executors (the sparse decode attention over the fetched
+// rows: bench_attention.cu).
 //
 // Fetch: one sequence, 8 KV heads, 16384 tokens in a contiguous HND cache in mapped pinned host
 // memory; fp16 rows of 256 B (head_dim 128) or fp32 rows of 512 B; 5 / 10 / 25 % of the tokens
@@ -7,10 +8,7 @@
 // same number of bytes, measured in the same run: counter `vs_h2d` = executor GB/s / anchor GB/s.
 // Selections rotate over enough seeds that the moved bytes exceed twice the L2.
 //
-// Attention: decode_attention_device over the gathered rows (32 query heads, GQA 4), bytes =
-// the K + V rows read; anchor a device-to-device copy of the same bytes: `vs_d2d`.
-//
-// Not run on the machine this was written on (no GPU); see docs/cuda_fetch.md.
+// Run on an H200 on 2026-12-04 (docs/performance.md); see docs/cuda_fetch.md.
 
 #include <benchmark/benchmark.h>
 
@@ -24,7 +22,6 @@
 #include <vector>
 
 #include "gpu_bench.cuh"
-#include "kvscout/attention/decode.cuh"
 #include "kvscout/fetch/copy_engine.cuh"
 #include "kvscout/fetch/staged.cuh"
 #include "kvscout/fetch/zero_copy.cuh"
@@ -32,7 +29,7 @@
 
 namespace {
 
-constexpr int kHeads = 8, kTokens = 16384, kQHeads = 32;
+constexpr int kHeads = 8, kTokens = 16384;
 
 template <class T>
 struct fetch_fixture {
@@ -157,7 +154,9 @@ template <class T>
 void bm_zero_copy(benchmark::State& st) {
   auto& f = fixture<T>(static_cast<int>(st.range(0)));
   using E = kvscout::zero_copy_executor<typename fetch_fixture<T>::layout>;
-  E ex({.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity, .stream = f.stream});
+  // range(1): the SM budget (config.max_blocks; 0 = the default, zero_copy_default_blocks).
+  E ex({.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity, .stream = f.stream,
+        .max_blocks = static_cast<int>(st.range(1))});
   const double anchor = f.anchor_gbps();
   gpu_bench::event_timer t;
   int c = 0;
@@ -285,46 +284,6 @@ void bm_staged(benchmark::State& st) {
   KVSCOUT_CUDA_CHECK(cudaFree(dev));
 }
 
-// Sparse attention over the gathered rows (already on the device) vs a D2D copy of the bytes.
-template <class T>
-void bm_sparse_attention(benchmark::State& st) {
-  auto& f = fixture<T>(static_cast<int>(st.range(0)));
-  const std::size_t slots = static_cast<std::size_t>(kHeads) * f.capacity;
-  float *q = nullptr, *out = nullptr;
-  std::byte* d2d = nullptr;
-  KVSCOUT_CUDA_CHECK(cudaMalloc(&q, kQHeads * 128 * sizeof(float)));
-  KVSCOUT_CUDA_CHECK(cudaMemset(q, 0, kQHeads * 128 * sizeof(float)));
-  KVSCOUT_CUDA_CHECK(cudaMalloc(&out, kQHeads * 128 * sizeof(float)));
-  KVSCOUT_CUDA_CHECK(cudaMalloc(&d2d, f.moved_bytes()));
-  gpu_bench::event_timer t;
-  std::vector<double> r;
-  for (int i = 0; i < 5; ++i) {
-    t.start(f.stream);
-    KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(d2d, f.dst_k, slots * f.row, cudaMemcpyDeviceToDevice, f.stream));
-    KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(d2d + slots * f.row, f.dst_v, slots * f.row, cudaMemcpyDeviceToDevice, f.stream));
-    r.push_back(static_cast<double>(f.moved_bytes()) / t.stop(f.stream) * 1e-9);
-  }
-  std::sort(r.begin(), r.end());
-  const double anchor = r[2];
-  kvscout::gathered_rows_device<T, 128> rows(
-      f.dev_sel(0), {reinterpret_cast<const T*>(f.dst_k), slots * 128},
-      {reinterpret_cast<const T*>(f.dst_v), slots * 128});
-  const kvscout::attention_params p{.num_q_heads = kQHeads, .scale = 0.088f};
-  for (auto _ : st) {
-    t.start(f.stream);
-    kvscout::decode_attention_device(rows, kvscout::device_current_token<T>{},
-                                     {q, kQHeads * 128}, {out, kQHeads * 128}, p, f.stream);
-    st.SetIterationTime(t.stop(f.stream));
-  }
-  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations() * f.moved_bytes()));
-  st.counters["d2d_GBps"] = anchor;
-  st.counters["vs_d2d"] = benchmark::Counter(static_cast<double>(f.moved_bytes()) * 1e-9 / anchor,
-                                             benchmark::Counter::kIsIterationInvariantRate);
-  KVSCOUT_CUDA_CHECK(cudaFree(q));
-  KVSCOUT_CUDA_CHECK(cudaFree(out));
-  KVSCOUT_CUDA_CHECK(cudaFree(d2d));
-}
-
 void densities(benchmark::internal::Benchmark* b) {
   for (int d : {5, 10, 25}) b->Args({d});
 }
@@ -338,8 +297,16 @@ void densities_threads(benchmark::internal::Benchmark* b) {
 // 256-byte rows (fp16, head_dim 128) and 512-byte rows (fp32, head_dim 128).
 BENCHMARK(bm_anchor_h2d<kvscout::half>)->Apply(densities)->UseManualTime();
 BENCHMARK(bm_anchor_h2d<float>)->Apply(densities)->UseManualTime();
-BENCHMARK(bm_zero_copy<kvscout::half>)->Apply(densities)->UseManualTime();
-BENCHMARK(bm_zero_copy<float>)->Apply(densities)->UseManualTime();
+// The SM budget: the default (8), 16, 32, and two blocks per SM of an H200 (264; the old
+// default).
+BENCHMARK(bm_zero_copy<kvscout::half>)
+    ->ArgNames({"density_pct", "blocks"})
+    ->ArgsProduct({{5, 10, 25}, {0, 16, 32, 264}})
+    ->UseManualTime();
+BENCHMARK(bm_zero_copy<float>)
+    ->ArgNames({"density_pct", "blocks"})
+    ->ArgsProduct({{10}, {0, 264}})
+    ->UseManualTime();
 BENCHMARK(bm_zero_copy_row_cache<kvscout::half>)
     ->ArgNames({"density_pct", "reuse_pct"})
     ->ArgsProduct({{5, 10, 25}, {50, 80}})
@@ -349,7 +316,5 @@ BENCHMARK(bm_copy_engine<float, true>)->Apply(densities)->UseManualTime();
 BENCHMARK(bm_copy_engine<kvscout::half, false>)->Apply(densities)->UseManualTime();
 BENCHMARK(bm_staged<kvscout::half>)->Apply(densities_threads)->UseManualTime();
 BENCHMARK(bm_staged<float>)->Apply(densities_threads)->UseManualTime();
-BENCHMARK(bm_sparse_attention<kvscout::half>)->Apply(densities)->UseManualTime();
-BENCHMARK(bm_sparse_attention<float>)->Apply(densities)->UseManualTime();
 
 KVSCOUT_GPU_BENCHMARK_MAIN();

@@ -2,9 +2,10 @@
 // 32 query heads (g = 1), head_dim 128, r = 32 (post_rope_skew, fp16 partial keys), d_model 4096,
 // one sequence of {8k, 32k, 128k} cached tokens, budget 10 % of the tokens.
 //
-//   spec/<n>        infinigen_speculator_cuda::score: partial-query GEMV (64 MiB of W_Q rows),
+//   spec/<n>        infinigen_speculator_cuda::score: partial-query GEMV (32 MiB of fp16 W_Q rows),
 //                   RoPE + skew, scoring of 32 x n partial keys
-//   topk/<n>        topk_selector_cuda::select on 32 rows of n scores
+//   topk/<n>        topk_selector_cuda::select on 32 rows of n scores (each row split over
+//                   several blocks: counter `chunks`)
 //   threshold/<n>   threshold_selector_cuda::select, per_head, alpha 4 (cap = budget)
 //   spec_topk/<n>   both, back to back on one stream (what a decode step does per layer)
 //   streaming/<n>   streaming_policy_cuda::score (sinks 4): writes 32 x n scores, reads nothing
@@ -41,7 +42,8 @@ namespace {
 
 constexpr int H = 32, Hq = 32, D = 128, R = 32, d_model = 4096;
 using pk_type = kvscout::half;
-using spec = kvscout::infinigen_speculator_cuda<pk_type>;
+using w_type = kvscout::half;  // W_Q in the model's dtype, as an fp16 engine holds it
+using spec = kvscout::infinigen_speculator_cuda<pk_type, w_type>;
 
 template <class T>
 struct device_buffer {
@@ -210,7 +212,7 @@ void bm_spec(benchmark::State& st) {
     st.SetIterationTime(timer.stop(nullptr));
   }
   set_counters(st, static_cast<double>(H) * n,
-               static_cast<double>(H) * n * R * sizeof(pk_type) + 4.0 * Hq * D * d_model);
+               static_cast<double>(H) * n * R * sizeof(pk_type) + sizeof(w_type) * Hq * D * d_model);
 }
 
 void bm_topk(benchmark::State& st) {
@@ -218,7 +220,8 @@ void bm_topk(benchmark::State& st) {
   score_fixture f(n);
   cub_sort anchor(n);
   const kvscout::topk_selector_cuda::config cfg{1, H, n, n / 10, n / 10, {4, 64}};
-  kvscout::topk_selector_cuda sel(cfg, {});
+  device_buffer<std::byte> ws(kvscout::topk_selector_cuda::workspace_bytes(cfg));
+  kvscout::topk_selector_cuda sel(cfg, {ws.p, ws.n});
   gpu_bench::event_timer timer;
   double ours = 0, cub_time = 0;
   int copy = 0;
@@ -237,6 +240,7 @@ void bm_topk(benchmark::State& st) {
   set_counters(st, static_cast<double>(H) * n, 4.0 * H * n);
   st.counters["cub_sort_us"] = 1e6 * cub_time / static_cast<double>(st.iterations());
   st.counters["x_vs_cub_sort"] = ours > 0 ? cub_time / ours : 0.0;
+  st.counters["chunks"] = sel.split().chunks;
 }
 
 void bm_threshold(benchmark::State& st) {
@@ -244,7 +248,8 @@ void bm_threshold(benchmark::State& st) {
   score_fixture f(n);
   const kvscout::threshold_selector_cuda::config cfg{
       1, H, n, n / 10, 4.f, n / 10, kvscout::threshold_rule::per_head, {4, 64}};
-  kvscout::threshold_selector_cuda sel(cfg, {});
+  device_buffer<std::byte> ws(kvscout::threshold_selector_cuda::workspace_bytes(cfg));
+  kvscout::threshold_selector_cuda sel(cfg, {ws.p, ws.n});
   gpu_bench::event_timer timer;
   int copy = 0;
   for (auto _ : st) {
@@ -260,7 +265,8 @@ void bm_spec_topk(benchmark::State& st) {
   spec_fixture f(n);
   device_buffer<std::int32_t> indices(static_cast<std::size_t>(H) * (n / 10)), counts(H);
   const kvscout::topk_selector_cuda::config cfg{1, H, n, n / 10, n / 10, {4, 64}};
-  kvscout::topk_selector_cuda sel(cfg, {});
+  device_buffer<std::byte> ws(kvscout::topk_selector_cuda::workspace_bytes(cfg));
+  kvscout::topk_selector_cuda sel(cfg, {ws.p, ws.n});
   const kvscout::selection_buffers<kvscout::device_space> out{{indices.p, indices.n}, {counts.p, counts.n}, 1, H, n / 10};
   gpu_bench::event_timer timer;
   int copy = 0;
@@ -271,7 +277,8 @@ void bm_spec_topk(benchmark::State& st) {
     st.SetIterationTime(timer.stop(nullptr));
   }
   set_counters(st, static_cast<double>(H) * n,
-               static_cast<double>(H) * n * (R * sizeof(pk_type) + 8.0) + 4.0 * Hq * D * d_model);
+               static_cast<double>(H) * n * (R * sizeof(pk_type) + 8.0) +
+                   sizeof(w_type) * Hq * D * d_model);
 }
 
 void bm_streaming(benchmark::State& st) {

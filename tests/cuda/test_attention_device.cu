@@ -62,6 +62,39 @@ static_assert(!kvscout::device_attention_rows<int>);
 
 namespace {
 
+// How the cases run the device attention: without a plan (one block per pair and head block),
+// or planned for a 132-SM device with splits of a few rows (so that the small cases here split
+// into many blocks, some empty, and the merge kernel runs), or planned for fewer rows than the
+// pairs hold (the last split reads the rest). main() runs every case in each mode.
+struct split_mode {
+  const char* name;
+  int max_rows;  // 0: no plan
+  int min_rows_per_split;
+};
+constexpr split_mode split_modes[] = {
+    {"unplanned", 0, 0}, {"splits of 4 rows", 100, 4}, {"max_rows underestimated", 8, 4},
+    {"splits of 1 row", 4096, 1}};
+const split_mode* g_split = &split_modes[0];
+
+template <kvscout::device_attention_rows Rows, kvscout::kv_element T, class QSpan = const float,
+          class O = float>
+void attend(const Rows& rows, const kvscout::device_current_token<T>& cur,
+            kvscout::device_span<QSpan> q, kvscout::device_span<O> out,
+            const kvscout::attention_params& p, int* status = nullptr) {
+  if (g_split->max_rows == 0) {
+    kvscout::decode_attention_device(rows, cur, q, out, p, nullptr, status);
+    return;
+  }
+  const auto plan = kvscout::plan_decode_attention_device(
+      {.num_seqs = rows.num_seqs(), .num_kv_heads = rows.num_kv_heads(),
+       .num_q_heads = p.num_q_heads, .head_dim = Rows::head_dim, .max_rows = g_split->max_rows,
+       .num_sms = 132, .min_rows_per_split = g_split->min_rows_per_split});
+  device_vector<std::byte> ws(plan.workspace_bytes());  // poisoned: unwritten partials show
+  kvscout::decode_attention_device(rows, cur, q, out, p, plan, {ws.data(), plan.workspace_bytes()},
+                                   nullptr, status);
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float scale = 1.f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.f, scale);
@@ -122,8 +155,7 @@ void gathered_case(int S, int H, int g, bool with_current, double density, std::
                                             {dv.data(), dv.size()});
   kvscout::device_current_token<T> dcur{};
   if (with_current) dcur = {{dck.data(), dck.size()}, {dcv.data(), dcv.size()}};
-  kvscout::decode_attention_device(drows, dcur, {dq.data(), dq.size()}, {dout.data(), dout.size()},
-                                   p, nullptr, status.data());
+  attend(drows, dcur, {dq.data(), dq.size()}, {dout.data(), dout.size()}, p, status.data());
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   compare(std::string(kvscout::dtype_traits<T>::name) + "/d" + std::to_string(D) + " S" +
               std::to_string(S) + " H" + std::to_string(H) + " g" + std::to_string(g) +
@@ -161,9 +193,9 @@ void typed_q_out_case(std::uint32_t seed) {
   device_vector<O> dout(std::vector<O>(q.size(), kvscout::from_float<O>(-7.f)));  // poisoned
   kvscout::gathered_rows_device<T, D> drows(dsel.view(), {dk.data(), dk.size()},
                                             {dv.data(), dv.size()});
-  kvscout::decode_attention_device(drows, kvscout::device_current_token<T>{},
+  attend(drows, kvscout::device_current_token<T>{},
                                    kvscout::device_span<const Q>(dq.data(), dq.size()),
-                                   kvscout::device_span<O>(dout.data(), dout.size()), p, nullptr);
+                                   kvscout::device_span<O>(dout.data(), dout.size()), p);
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<float> got;
   for (const O x : dout.download()) got.push_back(kvscout::to_float(x));
@@ -238,8 +270,8 @@ void kivi_case(double density, std::uint32_t seed, bool corrupt = false) {
   kvscout::kivi_gathered_rows_device<L> drows(
       dl, dsel.view(), {{dgk.data(), dgk.bytes()}, {dgv.data(), dgv.bytes()}},
       {{dkp.data(), dkp.bytes()}, {dkr.data(), dkr.bytes()}, {dvr.data(), dvr.bytes()}});
-  kvscout::decode_attention_device(drows, kvscout::device_current_token<T>{{dck.data(), dck.size()}, {dcv.data(), dcv.size()}},
-                                   {dq.data(), dq.size()}, {dout.data(), dout.size()}, p, nullptr,
+  attend(drows, kvscout::device_current_token<T>{{dck.data(), dck.size()}, {dcv.data(), dcv.size()}},
+                                   {dq.data(), dq.size()}, {dout.data(), dout.size()}, p,
                                    status.data());
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   const std::string name = "kivi" + std::to_string(L::bits) + "/" +
@@ -280,8 +312,8 @@ void dense_case(std::uint32_t seed) {
   kvscout::layout_rows_device<L> drows(
       {dl, {reinterpret_cast<const std::byte*>(dk.data()), dk.bytes()},
        {reinterpret_cast<const std::byte*>(dv.data()), dv.bytes()}});
-  kvscout::decode_attention_device(drows, kvscout::device_current_token<T>{}, {dq.data(), dq.size()},
-                                   {dout.data(), dout.size()}, p, nullptr);
+  attend(drows, kvscout::device_current_token<T>{}, {dq.data(), dq.size()},
+                                   {dout.data(), dout.size()}, p);
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   compare(std::string("dense ") + std::string(kvscout::dtype_traits<T>::name) + "/d" + std::to_string(D),
           dout.download(), want);
@@ -322,8 +354,8 @@ void dense_misaligned_case() {
       {dl, {reinterpret_cast<const std::byte*>(dk.data()), dk.bytes()},
        {reinterpret_cast<const std::byte*>(dv.data()), dv.bytes()}});
   const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
-  kvscout::decode_attention_device(drows, kvscout::device_current_token<T>{},
-                                   {dq.data(), dq.size()}, {dout.data(), dout.size()}, p, nullptr,
+  attend(drows, kvscout::device_current_token<T>{},
+                                   {dq.data(), dq.size()}, {dout.data(), dout.size()}, p,
                                    status.data());
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   GPU_CHECK(read_status(status) == kvscout::device_status::misaligned);
@@ -332,9 +364,7 @@ void dense_misaligned_case() {
 }  // namespace
 
 int main() {
-  return gpu_test::run_all(
-      "attention_device",
-      {
+  const std::vector<gpu_test::test_case> cases = {
           {"gathered_f16_d128_gqa4", [] {
              for (double d : {0.05, 0.10, 0.25}) gathered_case<half, 128>(3, 2, 4, true, d, 1);
              gathered_case<half, 128>(3, 2, 4, false, 0.25, 2);
@@ -361,5 +391,14 @@ int main() {
           {"q_out_half", [] { typed_q_out_case<half, 128, half, half>(31); }},
           {"q_out_bf16_q_float_out", [] { typed_q_out_case<bfloat16, 64, bfloat16, float>(32); }},
           {"q_float_out_bf16", [] { typed_q_out_case<half, 64, float, bfloat16>(33); }},
-      });
+  };
+  int rc = 0;
+  for (const split_mode& m : split_modes) {
+    g_split = &m;
+    std::printf("== %s\n", m.name);
+    const int r = gpu_test::run_all("attention_device", cases);
+    if (r == 77) return 77;
+    rc = rc != 0 ? rc : r;
+  }
+  return rc;
 }

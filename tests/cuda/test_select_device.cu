@@ -108,6 +108,18 @@ result run_host(const typename Sel::config& cfg, const problem& p) {
 }
 
 /// Runs a device selector on the same problem; device_lens replaces the lengths the device reads.
+// How the device selectors split rows (main() runs every case in each mode): the default for
+// this device (rows of 4100 tokens and more split into chunks of 2048), never (one block per
+// row), and chunks of 64 tokens (many chunks, most of them partial or past a row's length).
+struct split_mode {
+  const char* name;
+  kvscout::detail::select_split_options opt;
+};
+const split_mode split_modes[] = {{"default split", {}},
+                                  {"one block per row", {0, 1 << 30}},
+                                  {"chunks of 64 tokens", {132, 64}}};
+kvscout::detail::select_split_options g_split{};
+
 template <class Sel>
 result run_device(const typename Sel::config& cfg, const problem& p,
                   const std::vector<std::int32_t>* device_lens = nullptr) {
@@ -115,9 +127,9 @@ result run_device(const typename Sel::config& cfg, const problem& p,
   gpu_test::device_vector<std::int32_t> lens(device_lens ? *device_lens : p.lens);
   gpu_test::device_vector<std::int32_t> indices(static_cast<std::size_t>(p.S) * p.H * cfg.capacity);
   gpu_test::device_vector<std::int32_t> counts(static_cast<std::size_t>(p.S) * p.H);
-  const std::size_t ws_bytes = Sel::workspace_bytes(cfg);
-  gpu_test::device_vector<std::byte> ws(ws_bytes);
-  Sel sel(cfg, {ws.data(), ws_bytes});
+  const std::size_t ws_bytes = Sel::workspace_bytes(cfg, g_split);
+  gpu_test::device_vector<std::byte> ws(ws_bytes);  // poisoned: the split clears what it needs
+  Sel sel(cfg, {ws.data(), ws_bytes}, g_split);
   gpu_test::device_vector<int> status(std::vector<int>{0});
   cudaStream_t stream;
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&stream));
@@ -305,12 +317,40 @@ void bad_input_throws() {
 
 }  // namespace
 
+void split_shapes() {
+  // The split the selectors choose: 32 rows of 128k on 132 SMs run as 32 x 16 blocks; rows that
+  // fill the device alone, or short rows, stay one block each.
+  const auto topk_split = [](int S, int H, int stride, kvscout::detail::select_split_options o) {
+    const kvscout::topk_selector_cuda::config cfg{S, H, stride, stride / 10, stride / 10, {4, 64}};
+    gpu_test::device_vector<std::byte> ws(kvscout::topk_selector_cuda::workspace_bytes(cfg, o));
+    kvscout::topk_selector_cuda sel(cfg, {ws.data(), kvscout::topk_selector_cuda::workspace_bytes(cfg, o)}, o);
+    return sel.split();
+  };
+  const auto s128 = topk_split(1, 32, 131072, {132, 2048});
+  GPU_CHECK(s128.chunks == 16 && s128.chunk_tokens == 8192);
+  const auto s8 = topk_split(1, 32, 8192, {132, 2048});
+  GPU_CHECK(s8.chunks == 4 && s8.chunk_tokens == 2048);
+  GPU_CHECK(topk_split(16, 32, 131072, {132, 2048}).chunks == 1);  // 512 rows fill 132 SMs
+  GPU_CHECK(topk_split(1, 32, 2048, {132, 2048}).chunks == 1);     // too short to split
+}
+
 int main() {
-  return gpu_test::run_all("select_device", {{"topk_edge_lengths", topk_edge_lengths},
-                                             {"topk_k_one_and_k_len", topk_k_one_and_k_len},
-                                             {"topk_long_rows", topk_long_rows},
-                                             {"threshold_per_head", threshold_per_head_cases},
-                                             {"threshold_infinigen_mean", threshold_mean_cases},
-                                             {"device_lengths_are_clamped", device_lengths_are_clamped},
-                                             {"bad_input_throws", bad_input_throws}});
+  const std::vector<gpu_test::test_case> cases = {
+      {"topk_edge_lengths", topk_edge_lengths},
+      {"topk_k_one_and_k_len", topk_k_one_and_k_len},
+      {"topk_long_rows", topk_long_rows},
+      {"threshold_per_head", threshold_per_head_cases},
+      {"threshold_infinigen_mean", threshold_mean_cases},
+      {"device_lengths_are_clamped", device_lengths_are_clamped},
+      {"bad_input_throws", bad_input_throws},
+      {"split_shapes", split_shapes}};
+  int rc = 0;
+  for (const split_mode& m : split_modes) {
+    g_split = m.opt;
+    std::printf("== %s\n", m.name);
+    const int r = gpu_test::run_all("select_device", cases);
+    if (r == 77) return 77;
+    rc = rc != 0 ? rc : r;
+  }
+  return rc;
 }

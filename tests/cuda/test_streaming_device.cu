@@ -190,7 +190,9 @@ void pipeline_selects_sinks_and_recent() {
   per_layer[0] = nullptr;                                               // below skip_layers
   // No keep-set: what is selected is the policy's scores alone.
   kvscout::topk_selector_cuda::config sc{S, H, max_tokens, budget, budget, {0, 0}};
-  kvscout::topk_selector_cuda selector(sc, {});
+  gpu_test::device_vector<std::byte> sel_ws(
+      std::max<std::size_t>(1, kvscout::topk_selector_cuda::workspace_bytes(sc)));
+  kvscout::topk_selector_cuda selector(sc, {sel_ws.data(), kvscout::topk_selector_cuda::workspace_bytes(sc)});
   gpu_test::device_vector<int> status(1);
   KVSCOUT_CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(int)));
   kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget,

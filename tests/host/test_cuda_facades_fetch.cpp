@@ -19,6 +19,8 @@
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/detail/append_checks.hpp"
 #include "kvscout/kv/kivi.hpp"
+#include "kvscout/select/detail/device_config.hpp"
+#include "kvscout/spec/infinigen_device.hpp"
 
 using Catch::Matchers::Contains;
 using namespace kvscout;
@@ -315,4 +317,156 @@ TEST_CASE("device append inputs are validated on the host", "[cuda][facade]") {
   alignas(16) static std::byte buf[64];
   REQUIRE_THROWS_WITH(detail::check_append_layout(c, buf + 4, buf), Contains("16-byte aligned"));
   REQUIRE(detail::kivi_append_limit<half>() == 65504.f);
+}
+
+TEST_CASE("device attention plans fill a 132-SM device at the benchmark shapes",
+          "[cuda][facade][launch]") {
+  // bench/cuda/bench_attention.cu's shapes: 8 kv heads, 32 query heads, head_dim 128, the rows
+  // of 10 % of 16k and 32k tokens, 25 % of 128k (+ KIVI's residual window), batch 1 and 8.
+  for (const int seqs : {1, 8}) {
+    for (const int rows : {1638, 1638 + 128, 3276, 32768, 32768 + 128}) {
+      CAPTURE(seqs, rows);
+      const auto p = plan_decode_attention({.num_seqs = seqs, .num_kv_heads = 8,
+                                            .num_q_heads = 32, .head_dim = 128,
+                                            .max_rows = rows, .num_sms = 132});
+      CHECK(p.blocks() >= 132);
+      CHECK(p.heads_per_block == 4);
+      CHECK(p.head_blocks == 1);
+      // Every row is covered: splits - 1 full splits and a last one that takes the rest.
+      CHECK(static_cast<long long>(p.splits) * p.rows_per_split >= rows);
+      CHECK(static_cast<long long>(p.splits - 1) * p.rows_per_split < rows);
+      CHECK(p.rows_per_split >= 32);  // min_rows_per_split
+      CHECK(p.workspace_bytes() ==
+            (p.splits == 1 ? 0
+                           : (static_cast<std::size_t>(seqs) * 32 * p.splits * 8 + 15) / 16 * 16 +
+                                 static_cast<std::size_t>(seqs) * 32 * p.splits * 128 * 4));
+    }
+  }
+  // 1638 rows of one sequence, 4 heads a block: 3 blocks per SM (the kernel's occupancy) make
+  // 396 slots; 49 splits of 34 rows fill 392 of them in one wave.
+  const auto p = plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
+                                        .head_dim = 128, .max_rows = 1638, .num_sms = 132});
+  CHECK(p.splits == 49);
+  CHECK(p.rows_per_split == 34);
+  CHECK(p.blocks() <= 3 * 132);
+  // 8 heads a block (64 query heads over 8 kv heads): 2 blocks per SM.
+  const auto p8 = plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 64,
+                                         .head_dim = 128, .max_rows = 32768, .num_sms = 132});
+  CHECK(p8.heads_per_block == 8);
+  CHECK(p8.blocks() <= 2 * 132);
+  CHECK(p8.blocks() >= 132);
+  // An explicit budget: KIVI rows (2 blocks per SM).
+  CHECK(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
+                               .head_dim = 128, .max_rows = 32768, .num_sms = 132,
+                               .blocks_per_sm = 2})
+            .blocks() <= 2 * 132);
+  // Enough pairs to fill the device alone: no split, no workspace.
+  const auto big = plan_decode_attention({.num_seqs = 80, .num_kv_heads = 8, .num_q_heads = 32,
+                                          .head_dim = 128, .max_rows = 4096, .num_sms = 132});
+  CHECK(big.splits == 1);
+  CHECK(big.workspace_bytes() == 0);
+  // Groups: MHA, GQA 3 (SmolLM2), GQA 8, GQA 12 (two blocks of 8).
+  CHECK(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 4, .num_q_heads = 4,
+                               .head_dim = 64, .max_rows = 100, .num_sms = 132})
+            .heads_per_block == 1);
+  const auto g3 = plan_decode_attention({.num_seqs = 1, .num_kv_heads = 3, .num_q_heads = 9,
+                                         .head_dim = 64, .max_rows = 100, .num_sms = 132});
+  CHECK((g3.heads_per_block == 4 && g3.head_blocks == 1));
+  const auto g12 = plan_decode_attention({.num_seqs = 1, .num_kv_heads = 1, .num_q_heads = 12,
+                                          .head_dim = 64, .max_rows = 100, .num_sms = 132});
+  CHECK((g12.heads_per_block == 8 && g12.head_blocks == 2));
+  // No rows: one split.
+  CHECK(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
+                               .head_dim = 128, .max_rows = 0, .num_sms = 132})
+            .splits == 1);
+}
+
+TEST_CASE("device attention plans and their workspaces are validated", "[cuda][facade]") {
+  CHECK_THROWS_WITH(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 12,
+                                           .head_dim = 128, .max_rows = 10, .num_sms = 132}),
+                    Contains("num_q_heads = 12") && Contains("num_kv_heads = 8"));
+  CHECK_THROWS_WITH(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
+                                           .head_dim = 96 + 4, .max_rows = 10, .num_sms = 132}),
+                    Contains("head_dim = 100"));
+  CHECK_THROWS_WITH(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
+                                           .head_dim = 128, .max_rows = -1, .num_sms = 132}),
+                    Contains("max_rows must be >= 0, got -1"));
+  CHECK_THROWS_WITH(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
+                                           .head_dim = 128, .max_rows = 10, .num_sms = 0}),
+                    Contains("num_sms = 0"));
+  const auto p = plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
+                                        .head_dim = 128, .max_rows = 1638, .num_sms = 132});
+  REQUIRE(p.workspace_bytes() > 0);
+  alignas(16) static std::byte ws[16];
+  // The plan against the call: another shape, a short, null or misaligned workspace.
+  CHECK_THROWS_WITH(detail::check_decode_plan(p, 2, 8, 32, 128, p.workspace_bytes(), ws),
+                    Contains("the plan is for [num_seqs 1") && Contains("the call is [2, 8, 32, 128]"));
+  CHECK_THROWS_WITH(detail::check_decode_plan(p, 1, 8, 32, 128, p.workspace_bytes() - 1, ws),
+                    Contains("the workspace holds " + std::to_string(p.workspace_bytes() - 1)));
+  CHECK_THROWS_WITH(detail::check_decode_plan(p, 1, 8, 32, 128, p.workspace_bytes(), nullptr),
+                    Contains("non-null and 16-byte aligned"));
+  CHECK_THROWS_WITH(detail::check_decode_plan(p, 1, 8, 32, 128, p.workspace_bytes(), ws + 4),
+                    Contains("16-byte aligned"));
+  auto bad = p;
+  bad.heads_per_block = 2;
+  CHECK_THROWS_WITH(detail::check_decode_plan(bad, 1, 8, 32, 128, p.workspace_bytes(), ws),
+                    Contains("plan.heads_per_block = 2"));
+  bad = p;
+  bad.splits = 0;
+  CHECK_THROWS_WITH(detail::check_decode_plan(bad, 1, 8, 32, 128, p.workspace_bytes(), ws),
+                    Contains("plan.splits = 0"));
+  CHECK_NOTHROW(detail::check_decode_plan(p, 1, 8, 32, 128, p.workspace_bytes(), ws));
+  // The zero-copy gather's default SM budget.
+  CHECK(zero_copy_default_blocks == 8);
+}
+
+TEST_CASE("device selection splits long rows over enough blocks for a 132-SM device",
+          "[cuda][facade][launch]") {
+  using detail::plan_select_split;
+  const detail::select_split_options h200{132, 2048};
+  // bench_spec_select.cu: 32 rows (1 sequence x 32 heads) of 8k / 32k / 128k tokens.
+  for (const int n : {8192, 32768, 131072}) {
+    CAPTURE(n);
+    const auto sp = plan_select_split(32, n, h200);
+    CHECK(sp.chunks >= 2);
+    CHECK(32LL * sp.chunks >= 128);  // a block per SM, near enough: 8k rows give 4 chunks
+    CHECK(static_cast<long long>(sp.chunks) * sp.chunk_tokens >= n);
+    CHECK(static_cast<long long>(sp.chunks - 1) * sp.chunk_tokens < n);
+    CHECK(sp.chunk_tokens % detail::select_split_granule == 0);
+  }
+  CHECK(plan_select_split(32, 131072, h200).chunks == 16);
+  CHECK(plan_select_split(32, 131072, h200).chunk_tokens == 8192);
+  CHECK(plan_select_split(32, 32768, h200).chunks == 16);
+  // Rows that fill the device, and rows too short to split: one block each.
+  CHECK(plan_select_split(512, 131072, h200).chunks == 1);
+  CHECK(plan_select_split(32, 2048, h200).chunks == 1);
+  // Never more than 64 chunks, whatever the options.
+  CHECK(plan_select_split(1, 1 << 20, {132, 64}).chunks <= 64);
+  // The workspace holds the most chunks any device could ask for; none where no split is possible.
+  CHECK(detail::select_split_workspace_bytes(32, 2048, {}) == 0);
+  CHECK(detail::select_split_workspace_bytes(32, 131072, {}) >=
+        32 * (2048 * 4 + detail::select_split_state_bytes + 64 * 12));
+  CHECK(detail::topk_cuda_workspace_bytes({1, 32, 131072, 13107, 13107, {4, 64}}) ==
+        detail::select_split_workspace_bytes(32, 131072, {}));
+  CHECK_THROWS_WITH(plan_select_split(32, 131072, {0, 2048}), Contains("num_sms = 0"));
+}
+
+TEST_CASE("device speculation launches a block per SM at the benchmark shapes",
+          "[cuda][facade][launch]") {
+  // bench_spec_select.cu: one Llama-7B layer, 32 kv heads = 32 query heads, head_dim 128, r = 32,
+  // post-RoPE skew (the GEMV computes whole query heads: rows = head_dim), one sequence.
+  const infinigen_cuda_config cfg{1, 32, 32, 128, 4096, 131072, 32, rope_mode::post_rope_skew,
+                                  0.088f, gqa_aggregation::max_logit};
+  for (const int n : {8192, 32768, 131072}) {
+    CAPTURE(n);
+    const auto l = detail::spec_shapes(cfg, 128, 1, n);
+    CHECK(l.gemv_blocks == 32 * 128 / detail::spec_gemv_warps);  // 512
+    CHECK(detail::spec_launch_shapes::count(l.finish) == 32 * 32 / detail::spec_finish_outputs);
+    CHECK(detail::spec_launch_shapes::count(l.finish) >= 132);
+    CHECK(detail::spec_launch_shapes::count(l.score) >= 132);
+    CHECK(l.score[0] * detail::spec_tokens_per_block >= n);
+  }
+  // The finish used to be one block per sequence; now the GEMV, the finish and the scoring all
+  // fill a 132-SM device from 8k tokens on.
+  CHECK(detail::spec_launch_shapes::count(detail::spec_shapes(cfg, 128, 1, 8192).score) == 256);
 }

@@ -4,10 +4,15 @@
 // without expanding KV; online softmax in fp32. The device twin of decode_attention_host
 // (attention/decode.hpp), matched to float tolerance by tests/cuda/test_attention_device.cu.
 //
-//   // after a zero-copy fetch into `dst` (gather_destination<device_space>) for `sel`:
+//   // setup, once per shape (attention/device_plan.hpp): the split and its workspace
+//   auto plan = kvscout::plan_decode_attention_device({.num_seqs = 1, .num_kv_heads = 8,
+//                                                      .num_q_heads = 32, .head_dim = 128,
+//                                                      .max_rows = capacity});
+//   // each step, after a zero-copy fetch into `dst` (gather_destination<device_space>) for `sel`:
 //   kvscout::gathered_rows_device<kvscout::half, 128> rows(sel, k_rows, v_rows);
 //   kvscout::decode_attention_device(rows, kvscout::device_current_token<kvscout::half>{k, v},
-//                                    q, out, {.num_q_heads = 32, .scale = 0.088f}, stream);
+//                                    q, out, {.num_q_heads = 32, .scale = 0.088f}, plan,
+//                                    workspace, stream);
 //
 // Row sources (attention/detail/device_rows.cuh):
 //   gathered_rows_device<T, D>      the fetched T rows (sparse attention)
@@ -18,12 +23,17 @@
 // static from the row source. q and out are [num_seqs, num_q_heads, head_dim], float by default
 // or any of the element types (an fp16 / bf16 engine passes its own query and output buffers).
 //
-// Launch: one block of 4 warps per (sequence, kv head, group of up to 8 query heads), split-K
-// over the warps, combined in shared memory (detail/decode_kernel.cuh). Nothing is allocated and
-// nothing synchronises the host; the call only enqueues on `stream`. Host-known shapes and
-// parameters are validated (kvscout::error naming the value); device data is checked in the
-// kernel (counts clamped, bad KIVI indices skipped, rows outside a dense cache's buffers
-// skipped), reported through the optional device status word (backend/cuda/device_status.hpp).
+// Launch (detail/decode_kernel.cuh): flash-decoding. Blocks of 4 warps, each owning one
+// (sequence, kv head), up to 8 query heads of its group (each K / V row read once for all of
+// them) and one split of its rows, a row read by head_dim / E lanes with 16-byte loads; with
+// more than one split a second kernel merges the blocks' softmax states. The plan sizes the split
+// so that the grid fills the GPU in one wave (1638 rows x 8 kv heads: 49 splits of 34 rows, 392
+// blocks).
+// Nothing is allocated and nothing synchronises the host; the call only enqueues on `stream`.
+// Host-known shapes and parameters are validated (kvscout::error naming the value); device data
+// is checked in the kernel (counts clamped, bad KIVI indices skipped, rows outside a dense
+// cache's buffers skipped), reported through the optional device status word
+// (backend/cuda/device_status.hpp).
 // Unlike the host version there is no per-row probability output.
 
 #include <cuda_runtime.h>
@@ -33,6 +43,7 @@
 
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/attention/decode.hpp"
+#include "kvscout/attention/device_plan.hpp"
 #include "kvscout/attention/detail/decode_device_checks.hpp"
 #include "kvscout/attention/detail/decode_kernel.cuh"
 #include "kvscout/attention/detail/device_rows.cuh"
@@ -43,12 +54,13 @@
 namespace kvscout {
 
 /// A row source decode_attention_device reads: copied by value into the kernel, shapes on the
-/// host, and the three device calls the kernel makes, with E = head_dim / 32 elements per lane
-/// (contract in attention/detail/device_rows.cuh: rows() returns a count the source trusts or
-/// has clamped, load_k() returns false for a row to skip, load_v() only after load_k() returned
-/// true). An engine's own row source (its quantised or paged format read in place) models this
-/// to reuse the kernel. (head_dim is checked first, so the per-lane array type below is only
-/// formed for types that have one.)
+/// host, and the three device calls the kernel makes, with E = decode_lane_elems<element_type,
+/// head_dim> elements per lane (8 for 16-bit rows of 128; contract in
+/// attention/detail/device_rows.cuh: rows() returns a count the source trusts or has clamped,
+/// load_k() returns false for a row to skip, load_v() only after load_k() returned true). An
+/// engine's own row source (its quantised or paged format read in place) models this to reuse the
+/// kernel. (head_dim is checked first, so the per-lane array type below is only formed for types
+/// that have one.)
 template <class R>
 concept device_attention_rows =
     std::copyable<R> &&
@@ -57,22 +69,48 @@ concept device_attention_rows =
       { R::head_dim } -> std::convertible_to<int>;
     } &&
     requires(const R& r, int s, int h, int i, int c0, int* status,
-             float (&part)[R::head_dim / 32]) {
+             float (&part)[detail::decode_lane_elems<typename R::element_type, R::head_dim>]) {
       { r.num_seqs() } -> std::same_as<int>;
       { r.num_kv_heads() } -> std::same_as<int>;
       { r.rows(s, h, status) } -> std::same_as<int>;
-      { r.template load_k<R::head_dim / 32>(s, h, i, c0, part, status) } -> std::same_as<bool>;
-      r.template load_v<R::head_dim / 32>(s, h, i, c0, part);
+      {
+        r.template load_k<detail::decode_lane_elems<typename R::element_type, R::head_dim>>(
+            s, h, i, c0, part, status)
+      } -> std::same_as<bool>;
+      r.template load_v<detail::decode_lane_elems<typename R::element_type, R::head_dim>>(
+          s, h, i, c0, part);
     };
 
-/// q and out: float by default (braced {ptr, size} arguments mean float), or any element type,
-/// deduced from the spans (device_span<const half> or device_span<half> for q, device_span<half>
-/// for out, ...). The query is widened to float as it is read and the output rounded once as it
-/// is written.
+namespace detail {
+template <device_attention_rows Rows, kv_element T, class Q, class O, int G>
+void launch_decode_attention(const decode_device_params<Rows, T, Q, O>& prm,
+                             const decode_attention_plan& plan, cudaStream_t stream) {
+  constexpr int W = decode_device_warps;
+  const dim3 grid(static_cast<unsigned>(plan.num_seqs * plan.num_kv_heads),
+                  static_cast<unsigned>(plan.splits), static_cast<unsigned>(plan.head_blocks));
+  launch(decode_attention_kernel<Rows, T, Q, O, G, W>, grid, W * 32, 0, stream, prm);
+}
+}  // namespace detail
+
+/// The plan for a shape on the current device: sh.num_sms = 0 asks the device for its SM count
+/// (once, here: build the plan at setup, not per step).
+inline decode_attention_plan plan_decode_attention_device(decode_attention_shape sh) {
+  if (sh.num_sms == 0) sh.num_sms = detail::current_sm_count();
+  KVSCOUT_EXPECTS(sh.num_sms >= 1, "no current CUDA device to plan for (pass num_sms)");
+  return plan_decode_attention(sh);
+}
+
+/// Attention split by `plan` (attention/device_plan.hpp) over `workspace` (at least
+/// plan.workspace_bytes(), 16-byte aligned, device memory the call may overwrite; nothing when
+/// plan.splits == 1). q and out: float by default (braced {ptr, size} arguments mean float), or
+/// any element type, deduced from the spans (device_span<const half> or device_span<half> for q,
+/// device_span<half> for out, ...). The query is widened to float as it is read and the output
+/// rounded once as it is written.
 template <device_attention_rows Rows, kv_element T, class QSpan = const float, class O = float>
 void decode_attention_device(const Rows& rows, const device_current_token<T>& cur,
                              device_span<QSpan> q, device_span<O> out,
-                             const attention_params& p, cudaStream_t stream,
+                             const attention_params& p, const decode_attention_plan& plan,
+                             device_span<std::byte> workspace, cudaStream_t stream,
                              int* device_status = nullptr) {
   using Q = std::remove_const_t<QSpan>;
   static_assert(compute_element<Q> && compute_element<O>,
@@ -86,26 +124,63 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
   detail::check_decode_device(S, H, D, p, q.size(), q.data(), out.size(), out.data(),
                               cur.present(), cur.k.size(), cur.v.size(),
                               cur.v.data() == nullptr);
+  constexpr int E = detail::decode_lane_elems<typename Rows::element_type, D>;
   if (cur.present())
     detail::check_current_token_alignment(cur.k.data(), cur.v.data(),
-                                          detail::row_part_alignment<T, D / 32>);
+                                          detail::row_part_alignment<T, E>);
+  detail::check_decode_plan(plan, S, H, p.num_q_heads, D, workspace.size(), workspace.data());
   if (S == 0) return;
   const int g = p.num_q_heads / H;
-  constexpr int G = detail::decode_device_max_group;
-  constexpr int W = detail::decode_device_warps;
-  detail::decode_device_params<Rows, T, Q, O> prm{rows,
-                                            cur.present() ? cur.k.data() : nullptr,
-                                            cur.present() ? cur.v.data() : nullptr,
-                                            q.data(),
-                                            out.data(),
-                                            p.num_q_heads,
-                                            g,
-                                            p.scale * p.k_scale,
-                                            p.v_scale,
-                                            device_status};
-  const dim3 grid(static_cast<unsigned>(S * H), static_cast<unsigned>((g + G - 1) / G));
-  detail::launch(detail::decode_attention_kernel<Rows, T, Q, O, W>, grid, W * 32, 0, stream, prm);
+  std::byte* ws = workspace.data();
+  detail::decode_device_params<Rows, T, Q, O> prm{
+      rows,
+      cur.present() ? cur.k.data() : nullptr,
+      cur.present() ? cur.v.data() : nullptr,
+      q.data(),
+      out.data(),
+      p.num_q_heads,
+      g,
+      p.scale * p.k_scale,
+      p.v_scale,
+      device_status,
+      plan.splits,
+      plan.rows_per_split,
+      plan.splits > 1 ? reinterpret_cast<float2*>(ws) : nullptr,
+      plan.splits > 1 ? reinterpret_cast<float*>(ws + plan.ml_bytes()) : nullptr};
+  switch (plan.heads_per_block) {
+    case 1: detail::launch_decode_attention<Rows, T, Q, O, 1>(prm, plan, stream); break;
+    case 4: detail::launch_decode_attention<Rows, T, Q, O, 4>(prm, plan, stream); break;
+    default: detail::launch_decode_attention<Rows, T, Q, O, 8>(prm, plan, stream); break;
+  }
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
+  if (plan.splits > 1) {
+    const detail::decode_merge_params<O> mp{prm.part_ml, prm.part_acc, out.data(), plan.splits, D,
+                                            p.v_scale};
+    detail::launch(detail::decode_attention_merge_kernel<O>,
+                   dim3(static_cast<unsigned>(S * p.num_q_heads)), D, 0, stream, mp);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+/// Without a plan: one block per (sequence, kv head, block of query heads), no workspace. Fills
+/// the GPU when num_seqs * num_kv_heads is a few times its SM count; for fewer pairs (batch 1,
+/// 8 kv heads) plan a split instead, or most SMs stay idle.
+template <device_attention_rows Rows, kv_element T, class QSpan = const float, class O = float>
+void decode_attention_device(const Rows& rows, const device_current_token<T>& cur,
+                             device_span<QSpan> q, device_span<O> out,
+                             const attention_params& p, cudaStream_t stream,
+                             int* device_status = nullptr) {
+  decode_attention_plan plan;
+  plan.num_seqs = rows.num_seqs();
+  plan.num_kv_heads = rows.num_kv_heads();
+  plan.num_q_heads = p.num_q_heads;
+  plan.head_dim = Rows::head_dim;
+  if (plan.num_kv_heads >= 1 && p.num_q_heads >= 1) {
+    const int g = p.num_q_heads / plan.num_kv_heads;
+    plan.heads_per_block = g <= 1 ? 1 : (g <= 4 ? 4 : 8);
+    plan.head_blocks = (g + plan.heads_per_block - 1) / plan.heads_per_block;
+  }
+  decode_attention_device(rows, cur, q, out, p, plan, {}, stream, device_status);
 }
 
 }  // namespace kvscout

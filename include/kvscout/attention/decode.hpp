@@ -46,6 +46,7 @@
 
 #include "kvscout/attention/rows.hpp"
 #include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/core/detail/online_softmax.hpp"
 #include "kvscout/core/detail/overlap.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
@@ -240,22 +241,15 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
           }
         }
       } else {
-        // The fp64 reference: one row at a time, every sum in Acc, in the plain order.
+        // The fp64 reference: one row at a time, every sum in Acc, in the plain order, through
+        // the online softmax every path shares (core/detail/online_softmax.hpp).
         for (int i = 0; i < total; ++i) {
           load(i, true, kbuf);
           load(i, false, vbuf);
           for (int j = 0; j < gj; ++j) {
-            Acc x = logit_of(qs, j, kbuf);
-            if (x > m[j]) {
-              const Acc f = std::exp(m[j] - x);  // 0 on the first row (m = -inf)
-              l[j] = l[j] * f + 1;
-              for (int c = 0; c < D; ++c) acc[j][c] = acc[j][c] * f + vbuf[c];
-              m[j] = x;
-            } else {
-              const Acc w = std::exp(x - m[j]);
-              l[j] += w;
-              for (int c = 0; c < D; ++c) acc[j][c] += w * vbuf[c];
-            }
+            const detail::softmax_factors<Acc> f =
+                detail::softmax_push(m[j], l[j], logit_of(qs, j, kbuf));
+            for (int c = 0; c < D; ++c) acc[j][c] = acc[j][c] * f.f + f.w * vbuf[c];
           }
         }
       }

@@ -13,7 +13,8 @@
 //   cudaStreamWaitEvent(compute, c.event(), 0);       // or c.wait()
 //
 // Launch shape: items = (sequence, kv_head, chunk of 32 selected entries); a bounded grid
-// (config.max_blocks, default 2 per SM) strides over the items. Per item the first 32 threads
+// (config.max_blocks, default 8 blocks: the SMs the gather may take from compute) strides over
+// the items. Per item the first 32 threads
 // resolve their entry's token, check it and compute the K / V source offsets into shared memory;
 // then the block copies the item's rows as 16-byte vectors, consecutive threads on consecutive
 // vectors of a row (K rows then V rows of a token are one index space), each thread keeping
@@ -221,14 +222,6 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
   }
 }
 
-/// 2 blocks per SM of the current device.
-inline int default_max_blocks() {
-  int dev = 0, sms = 0;
-  KVSCOUT_CUDA_CHECK(cudaGetDevice(&dev));
-  KVSCOUT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return 2 * (sms > 0 ? sms : 1);
-}
-
 }  // namespace detail
 
 /// Rows a previous submit left in device memory (zero_copy_executor's row cache): that submit's
@@ -262,12 +255,12 @@ class zero_copy_executor {
     return 0;
   }
 
-  /// Setup: checks the config, queries the SM count when max_blocks is 0, creates the event.
+  /// Setup: checks the config, creates the event.
   explicit zero_copy_executor(const config_type& cfg, device_span<std::byte> workspace = {})
       : cfg_(cfg) {
     (void)workspace;
     detail::check_zero_copy_config(cfg);
-    if (cfg_.max_blocks == 0) cfg_.max_blocks = detail::default_max_blocks();
+    if (cfg_.max_blocks == 0) cfg_.max_blocks = zero_copy_default_blocks;
   }
 
   [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }

@@ -3,7 +3,8 @@
 // (select/threshold.hpp), both rules, the same indices, ties included.
 //   per_head        one kernel, one block per row: the row maximum (block reduction), then the
 //                   best max_count - |keep| candidates >= max - alpha (radix select, ordered
-//                   compaction: select/detail/radix_select.cuh)
+//                   compaction: select/detail/radix_select.cuh); where rows are few and long,
+//                   each row split over several blocks (select/detail/radix_select_split.cuh)
 //   infinigen_mean  two kernels, no host round trip: every row's candidate count into the
 //                   workspace, then every block sums the counts itself (rows are few) for the
 //                   mean and selects its row's best min(mean, slots)
@@ -34,6 +35,7 @@
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/detail/device_config.hpp"
 #include "kvscout/select/detail/radix_select.cuh"
+#include "kvscout/select/detail/radix_select_split.cuh"
 #include "kvscout/select/threshold.hpp"
 
 namespace kvscout {
@@ -46,18 +48,26 @@ class threshold_selector_cuda {
   using memory_space = device_space;
 
   /// Bytes of device workspace: [num_seqs * num_kv_heads] int32 for infinigen_mean, else 0.
-  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
-    return detail::threshold_cuda_workspace_bytes(cfg);
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg,
+                                                detail::select_split_options opt = {}) {
+    return detail::threshold_cuda_workspace_bytes(cfg, opt);
   }
   /// The alignment the workspace's address must have (cudaMalloc gives 256).
   static constexpr std::size_t workspace_alignment = detail::device_selector_workspace_alignment;
 
-  threshold_selector_cuda(const config& cfg, device_span<std::byte> workspace)
-      : cfg_(cfg), row_counts_(reinterpret_cast<std::int32_t*>(workspace.data())) {
-    detail::check_device_workspace(workspace, workspace_bytes(cfg));
+  /// opt: how long rows split over blocks (per_head; device_config.hpp); the SM count is asked
+  /// here when opt.num_sms is 0. The workspace must hold workspace_bytes(cfg, opt).
+  threshold_selector_cuda(const config& cfg, device_span<std::byte> workspace,
+                          detail::select_split_options opt = {})
+      : cfg_(cfg), row_counts_(reinterpret_cast<std::int32_t*>(workspace.data())),
+        workspace_(workspace.data()), max_chunks_(detail::max_select_chunks(cfg.stride, opt)) {
+    detail::check_device_workspace(workspace, workspace_bytes(cfg, opt));
+    if (cfg.rule == threshold_rule::per_head) split_ = split_for(cfg, opt);
   }
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+  /// How select() splits each row: chunks == 1 is one block per row.
+  [[nodiscard]] detail::select_split split() const noexcept { return split_; }
 
   /// Writes the selection of every (sequence, kv_head) row to out, on `stream`. A length
   /// outside [0, stride] raises device_status::bad_length in *device_status (null: not reported).
@@ -83,6 +93,11 @@ class threshold_selector_cuda {
     p.status = device_status;
     const unsigned grid = static_cast<unsigned>(rows);
     if (cfg_.rule == threshold_rule::per_head) {
+      if (split_.chunks > 1) {
+        detail::run_split_select(detail::split_params_in(p, split_, false, workspace_, max_chunks_),
+                                 stream);
+        return;
+      }
       detail::launch(detail::threshold_rows<>, grid, detail::select_block_threads, 0, stream, p);
     } else {
       detail::launch(detail::threshold_mean_counts<>, grid, detail::select_block_threads, 0, stream,
@@ -95,8 +110,19 @@ class threshold_selector_cuda {
   }
 
  private:
+  static detail::select_split split_for(const config& cfg, detail::select_split_options opt) {
+    if (detail::max_select_chunks(cfg.stride, opt) <= 1) return {1, cfg.stride};
+    if (opt.num_sms == 0) opt.num_sms = detail::current_sm_count();
+    if (opt.num_sms < 1) return {1, cfg.stride};
+    return detail::plan_select_split(static_cast<long long>(cfg.num_seqs) * cfg.num_kv_heads,
+                                     cfg.stride, opt);
+  }
+
   config cfg_;
   std::int32_t* row_counts_;
+  std::byte* workspace_ = nullptr;
+  int max_chunks_ = 1;
+  detail::select_split split_{};
 };
 
 static_assert(topk_selector<threshold_selector_cuda>);

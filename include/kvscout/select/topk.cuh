@@ -1,18 +1,19 @@
 #pragma once
 // Exact top-k selector on the device: the semantics of topk_selector_host (select/topk.hpp), the
-// same indices, ties included, written by one thread block per (sequence, kv_head) row with a
-// radix select over score keys and an order-preserving compaction
-// (select/detail/radix_select.cuh).
+// same indices, ties included, written by a radix select over score keys and an
+// order-preserving compaction: one thread block per (sequence, kv_head) row where rows fill the
+// device (select/detail/radix_select.cuh), else each row split over several blocks
+// (select/detail/radix_select_split.cuh: 32 rows of 128k tokens run as 32 x 16 blocks).
 //
 //   kvscout::topk_selector_cuda::config cfg{.num_seqs = 1, .num_kv_heads = 8, .stride = 4096,
 //                                           .capacity = 512, .budget = 512,
 //                                           .keep = {.sinks = 4, .recent = 64}};
-//   // workspace_bytes(cfg) is 0 for top-k: an empty span will do
-//   kvscout::topk_selector_cuda topk(cfg, {});
+//   // workspace_bytes(cfg): the split kernels' histograms and counts (0 for short rows)
+//   kvscout::topk_selector_cuda topk(cfg, workspace);
 //   topk.select(scores, out, stream);  // score_view<device_space>, selection_buffers<device_space>
 //
 // select() checks what the host knows (config and view shapes, sizes, pointers) and throws
-// kvscout::error naming the bad value; it launches one kernel on `stream`, allocates nothing,
+// kvscout::error naming the bad value; it enqueues its kernels on `stream`, allocates nothing,
 // never synchronises and reads nothing back. seq_lens are read on the device and clamped to
 // [0, stride] (device_status::bad_length where a status word is passed). Counts stay on the
 // device (out.counts).
@@ -28,6 +29,7 @@
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/detail/device_config.hpp"
 #include "kvscout/select/detail/radix_select.cuh"
+#include "kvscout/select/detail/radix_select_split.cuh"
 #include "kvscout/select/topk.hpp"
 
 namespace kvscout {
@@ -40,15 +42,26 @@ class topk_selector_cuda {
   using memory_space = device_space;
 
   /// Bytes of device workspace (none: 0).
-  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) { return detail::topk_cuda_workspace_bytes(cfg); }
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg,
+                                                detail::select_split_options opt = {}) {
+    return detail::topk_cuda_workspace_bytes(cfg, opt);
+  }
   /// The alignment the workspace's address must have (cudaMalloc gives 256).
   static constexpr std::size_t workspace_alignment = detail::device_selector_workspace_alignment;
 
-  topk_selector_cuda(const config& cfg, device_span<std::byte> workspace) : cfg_(cfg) {
-    detail::check_device_workspace(workspace, workspace_bytes(cfg));
+  /// opt: how long rows split over blocks (device_config.hpp); the SM count is asked here when
+  /// opt.num_sms is 0. The workspace must hold workspace_bytes(cfg, opt).
+  topk_selector_cuda(const config& cfg, device_span<std::byte> workspace,
+                     detail::select_split_options opt = {})
+      : cfg_(cfg), workspace_(workspace.data()),
+        max_chunks_(detail::max_select_chunks(cfg.stride, opt)) {
+    detail::check_device_workspace(workspace, workspace_bytes(cfg, opt));
+    split_ = split_for(cfg, opt);
   }
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+  /// How select() splits each row: chunks == 1 is one block per row.
+  [[nodiscard]] detail::select_split split() const noexcept { return split_; }
 
   /// Writes the selection of every (sequence, kv_head) row to out, on `stream`. A length
   /// outside [0, stride] raises device_status::bad_length in *device_status (null: not reported).
@@ -70,13 +83,29 @@ class topk_selector_cuda {
     p.budget = cfg_.budget;
     p.keep = cfg_.keep;
     p.status = device_status;
+    if (split_.chunks > 1) {
+      detail::run_split_select(detail::split_params_in(p, split_, true, workspace_, max_chunks_),
+                               stream);
+      return;
+    }
     detail::launch(detail::topk_rows<>, static_cast<unsigned>(rows), detail::select_block_threads,
                    0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
 
  private:
+  static detail::select_split split_for(const config& cfg, detail::select_split_options opt) {
+    if (detail::max_select_chunks(cfg.stride, opt) <= 1) return {1, cfg.stride};
+    if (opt.num_sms == 0) opt.num_sms = detail::current_sm_count();
+    if (opt.num_sms < 1) return {1, cfg.stride};
+    return detail::plan_select_split(static_cast<long long>(cfg.num_seqs) * cfg.num_kv_heads,
+                                     cfg.stride, opt);
+  }
+
   config cfg_;
+  std::byte* workspace_ = nullptr;
+  int max_chunks_ = 1;
+  detail::select_split split_{};
 };
 
 static_assert(topk_selector<topk_selector_cuda>);

@@ -190,18 +190,17 @@ class infinigen_speculator_cuda {
     detail::check_infinigen_cuda_score(cfg_, ctx, out);
     if (ctx.max_seq_len == 0) return;  // nothing to score
     const detail::infinigen_params<PkT> p = params(ctx, out);
-    const int total_rows = p.num_q_heads * p.rows;
-    const unsigned gemv_blocks =
-        static_cast<unsigned>((total_rows + detail::spec_gemv_warps - 1) / detail::spec_gemv_warps);
-    detail::launch(detail::partial_query_gemv<PkT, WT>, gemv_blocks, detail::spec_block_threads, 0,
-                   stream, p);
-    KVSCOUT_CUDA_CHECK(cudaGetLastError());
-    detail::launch(detail::partial_query_finish<PkT>, static_cast<unsigned>(p.num_seqs),
+    const detail::spec_launch_shapes shapes = detail::spec_shapes(cfg_, p.rows, p.num_seqs, p.max_len);
+    const auto dim = [](const long long (&g)[3]) {
+      return dim3(static_cast<unsigned>(g[0]), static_cast<unsigned>(g[1]), static_cast<unsigned>(g[2]));
+    };
+    detail::launch(detail::partial_query_gemv<PkT, WT>, static_cast<unsigned>(shapes.gemv_blocks),
                    detail::spec_block_threads, 0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
-    const int chunks = (p.max_len + detail::spec_tokens_per_block - 1) / detail::spec_tokens_per_block;
-    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(p.num_kv_heads),
-                    static_cast<unsigned>(p.num_seqs));
+    detail::launch(detail::partial_query_finish<PkT>, dim(shapes.finish),
+                   detail::spec_finish_threads, 0, stream, p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    const dim3 grid = dim(shapes.score);
     const std::size_t q_bytes = sizeof(float) * static_cast<std::size_t>(p.group) * p.r;
     with_group(p.group, [&](auto G) {
       constexpr int g = decltype(G)::value;

@@ -87,6 +87,9 @@ inline constexpr int spec_block_threads = 256;   // threads of a scoring block
 inline constexpr int spec_tokens_per_thread = 4;  // tokens a scoring thread handles
 inline constexpr int spec_tokens_per_block = spec_block_threads * spec_tokens_per_thread;
 inline constexpr int spec_gemv_warps = 8;         // rows of W per GEMV block (one per warp)
+inline constexpr int spec_finish_lanes = 16;      // threads sharing one partial-query element
+inline constexpr int spec_finish_outputs = 4;     // partial-query elements per finish block
+inline constexpr int spec_finish_threads = spec_finish_lanes * spec_finish_outputs;
 inline constexpr int spec_max_grid_yz = 65535;    // kv heads (y) and sequences (z) of a grid
 inline constexpr std::size_t spec_max_group_smem = 32 * 1024;  // g * r floats in shared memory
 
@@ -111,6 +114,30 @@ struct infinigen_cuda_layout {
 
 inline std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
+/// The grids score() launches for num_seqs sequences of up to max_len tokens (x, y, z each):
+/// the GEMV (one warp per W row), the finish (sequence, query head, spec_finish_outputs
+/// elements) and the scoring kernels (1024-token chunks, kv head, sequence). Host code, so the
+/// shapes are tested without a GPU.
+struct spec_launch_shapes {
+  long long gemv_blocks = 0;
+  long long finish[3] = {0, 0, 0};
+  long long score[3] = {0, 0, 0};
+  [[nodiscard]] static long long count(const long long (&g)[3]) { return g[0] * g[1] * g[2]; }
+};
+inline spec_launch_shapes spec_shapes(const infinigen_cuda_config& c, int rows, int num_seqs,
+                                      int max_len) {
+  spec_launch_shapes l;
+  const long long total_rows = static_cast<long long>(c.num_q_heads) * rows;
+  l.gemv_blocks = (total_rows + spec_gemv_warps - 1) / spec_gemv_warps;
+  l.finish[0] = num_seqs;
+  l.finish[1] = c.num_q_heads;
+  l.finish[2] = (c.r + spec_finish_outputs - 1) / spec_finish_outputs;
+  l.score[0] = (static_cast<long long>(max_len) + spec_tokens_per_block - 1) / spec_tokens_per_block;
+  l.score[1] = c.num_kv_heads;
+  l.score[2] = num_seqs;
+  return l;
+}
+
 /// The checks of a config (shapes, GQA, scale, r, mode, device limits).
 inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
   KVSCOUT_EXPECTS(c.num_seqs > 0 && c.num_kv_heads > 0 && c.max_tokens > 0,
@@ -120,6 +147,8 @@ inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
                   c.head_dim, " and ", c.d_model);
   check_gqa(c.num_q_heads, c.num_kv_heads);
   const int g = c.num_q_heads / c.num_kv_heads;
+  KVSCOUT_EXPECTS(c.num_q_heads <= spec_max_grid_yz, "num_q_heads = ", c.num_q_heads,
+                  " exceeds the grid limit ", spec_max_grid_yz, " (the finish kernel's grid.y)");
   KVSCOUT_EXPECTS(g <= max_group, "GQA group of ", g, " query heads exceeds ", max_group);
   check_scale(c.scale);
   KVSCOUT_EXPECTS(c.r >= 1 && c.r <= c.head_dim, "r = ", c.r, " must be in [1, head_dim = ",

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kvscout/attention/decode.hpp"
+#include "kvscout/attention/device_plan.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
@@ -26,12 +27,27 @@ struct device_current_token {
 
 namespace detail {
 
-/// Largest query-head group one block handles; larger groups use several blocks (grid.y).
+/// Largest query-head group one block handles; larger groups use several blocks (grid.z).
 inline constexpr int decode_device_max_group = 8;
 
-/// The head dims the device attention supports: a multiple of 32 (one warp spans a row) up to 256.
+/// The head dims the device attention supports: a multiple of 32 up to 256.
 template <int D>
 inline constexpr bool decode_device_head_dim_ok = D % 32 == 0 && D >= 32 && D <= 256;
+
+/// Warps of a decode attention block.
+inline constexpr int decode_device_warps = 4;
+
+/// Elements of a row one lane reads: the fewest lanes per row (a power of two dividing head_dim,
+/// at most 32) that give each lane 16 bytes or 8 elements, whichever comes first. half / bf16
+/// rows of 128: 16 lanes of 8 elements (one 16-byte load each), float rows: 4, fp8 rows: 8.
+template <class T, int D>
+inline constexpr int decode_lane_elems = [] {
+  int lanes = 32;
+  while (lanes > 1 && (D % lanes != 0 ||
+                       ((D / lanes) * static_cast<int>(sizeof(T)) < 16 && D / lanes < 8)))
+    lanes /= 2;
+  return D / lanes;
+}();
 
 inline void check_decode_device(int num_seqs, int num_kv_heads, int head_dim,
                                 const attention_params& p, std::size_t q_size,
@@ -59,6 +75,36 @@ inline void check_decode_device(int num_seqs, int num_kv_heads, int head_dim,
   KVSCOUT_EXPECTS(static_cast<long long>(num_seqs) * num_kv_heads <= 0x7fffffffLL,
                   "num_seqs * num_kv_heads = ", static_cast<long long>(num_seqs) * num_kv_heads,
                   " exceeds the grid limit");
+}
+
+/// A plan (attention/device_plan.hpp) against the call it is used for, and its workspace.
+inline void check_decode_plan(const decode_attention_plan& plan, int num_seqs, int num_kv_heads,
+                              int num_q_heads, int head_dim, std::size_t workspace_bytes,
+                              const void* workspace) {
+  KVSCOUT_EXPECTS(plan.num_seqs == num_seqs && plan.num_kv_heads == num_kv_heads &&
+                      plan.num_q_heads == num_q_heads && plan.head_dim == head_dim,
+                  "the plan is for [num_seqs ", plan.num_seqs, ", num_kv_heads ",
+                  plan.num_kv_heads, ", num_q_heads ", plan.num_q_heads, ", head_dim ",
+                  plan.head_dim, "], the call is [", num_seqs, ", ", num_kv_heads, ", ",
+                  num_q_heads, ", ", head_dim, "]");
+  const int g = num_q_heads / num_kv_heads;
+  KVSCOUT_EXPECTS((plan.heads_per_block == 1 || plan.heads_per_block == 4 ||
+                   plan.heads_per_block == 8) &&
+                      plan.head_blocks == (g + plan.heads_per_block - 1) / plan.heads_per_block,
+                  "plan.heads_per_block = ", plan.heads_per_block, " and head_blocks = ",
+                  plan.head_blocks, " do not cover a group of ", g,
+                  " query heads (expected 1, 4 or 8 heads a block)");
+  KVSCOUT_EXPECTS(plan.splits >= 1 && plan.splits <= 65535 && plan.rows_per_split >= 0 &&
+                      (plan.splits == 1 || plan.rows_per_split >= 1),
+                  "plan.splits = ", plan.splits, " / rows_per_split = ", plan.rows_per_split,
+                  " are invalid (splits in [1, 65535], rows_per_split >= 1 when split)");
+  KVSCOUT_EXPECTS(workspace_bytes >= plan.workspace_bytes(), "the workspace holds ",
+                  workspace_bytes, " bytes, the plan (", plan.splits, " splits) needs ",
+                  plan.workspace_bytes());
+  KVSCOUT_EXPECTS(plan.workspace_bytes() == 0 ||
+                      (workspace != nullptr &&
+                       reinterpret_cast<std::uintptr_t>(workspace) % 16 == 0),
+                  "the workspace at ", workspace, " must be non-null and 16-byte aligned");
 }
 
 /// The alignment load_row_part needs for E elements of T: the width of the loads it makes (16 or

@@ -1,16 +1,23 @@
 #pragma once
-// The device decode attention kernel (facade: attention/decode.cuh).
+// The device decode attention kernels (facade: attention/decode.cuh). Flash-decoding:
 //
-// Launch shape: grid (num_seqs * num_kv_heads, ceil(g / 8)), g = num_q_heads / num_kv_heads;
-// block = Warps (4) warps. A block owns one (sequence, kv head) and up to 8 of its g query heads
-// (GQA: each K / V row is read once per block and used by all of them). Split-K inside the block:
-// warp w takes rows w, w + Warps, ...; each warp keeps its own online-softmax state (running max
-// m, sum l, accumulator acc, fp32) per query head, lane `lane` holding head_dim / 32 channels.
-// A row's logit is the warp's butterfly sum (every lane ends with the same bits), so the
-// softmax branches are warp-uniform. The warps' states are combined in shared memory:
-//   M = max_w m_w,  L = sum_w l_w e^(m_w - M),  out = sum_w acc_w e^(m_w - M) / L.
-// The update per row is the host's fp64 form (attention/decode.hpp, Acc = double): x > m: f = e^(m - x), l = l f + 1,
-// acc = acc f + v, m = x; else w = e^(x - m), l += w, acc += w v. Empty row sets give 0.
+// decode_attention_kernel: grid (num_seqs * num_kv_heads, splits, ceil(g / G)), Warps warps a
+// block. A block owns one (sequence, kv head), the G query heads of its group that grid.z names
+// (GQA: each K / V row is read once and used by all of them; G = 1, 4 or 8) and one split of
+// the pair's rows: rows [split * rows_per_split, +rows_per_split), the last split everything
+// after its start (so a count above the plan's max_rows costs time, never rows).
+// Inside the block a row is read by LPR = head_dim / E lanes, E elements each (up to 16 bytes,
+// decode_lane_elems), so a warp reads RPW = 32 / LPR rows at once; each warp takes the block's
+// rows RPW at a time, two such groups in flight (U = 2; one for G = 8, whose
+// accumulators leave no registers for a second). Every (warp, row slot) keeps its own
+// online-softmax state per query head (core/detail/online_softmax.hpp), the lane holding
+// E channels of the accumulator; a row's logit is the sum over its LPR lanes (butterfly
+// shuffles, every lane of the row ends with the same bits). After the rows: the row slots of a
+// warp are merged by shuffles, the warps in shared memory. With one split the block writes the
+// output; with more it writes its state (m, l, acc) to the workspace and
+// decode_attention_merge_kernel (grid num_seqs * num_q_heads, head_dim threads) merges the
+// splits: M = the largest m of the non-empty splits, out = sum_b acc_b e^(m_b - M) /
+// sum_b l_b e^(m_b - M). Empty row sets give 0; NaN logits give NaN.
 
 #include <cuda_runtime.h>
 
@@ -20,11 +27,10 @@
 
 #include "kvscout/attention/detail/decode_device_checks.hpp"
 #include "kvscout/attention/detail/device_rows.cuh"
+#include "kvscout/core/detail/online_softmax.hpp"
 #include "kvscout/core/dtype.hpp"
 
 namespace kvscout::detail {
-
-inline constexpr int decode_device_warps = 4;
 
 template <class Rows, kv_element T, kv_element Q = float, kv_element O = float>
 struct decode_device_params {
@@ -38,17 +44,23 @@ struct decode_device_params {
   float scale;    // the logit scale, k_scale folded in
   float v_scale;  // the output's
   int* status;
+  int splits;          // blocks per (sequence, kv head, block of query heads)
+  int rows_per_split;  // rows of every split but the last
+  float2* part_ml;     // [num_seqs, num_q_heads, splits] (m, l); used when splits > 1
+  float* part_acc;     // [num_seqs, num_q_heads, splits, head_dim]
 };
 
-template <class Rows, kv_element T, kv_element Q, kv_element O, int Warps>
+template <class Rows, kv_element T, kv_element Q, kv_element O, int G, int Warps>
 __global__ void __launch_bounds__(Warps * 32)
     decode_attention_kernel(const __grid_constant__ decode_device_params<Rows, T, Q, O> p) {
   constexpr int D = Rows::head_dim;
-  constexpr int E = D / 32;
-  constexpr int G = decode_device_max_group;
+  constexpr int E = decode_lane_elems<typename Rows::element_type, D>;
+  constexpr int LPR = D / E;     // lanes per row
+  constexpr int RPW = 32 / LPR;  // rows a warp reads at once
+  constexpr int U = G >= 8 ? 1 : 2;  // row groups in flight per warp (registers allowing)
+  constexpr int step = Warps * RPW;
   static_assert(decode_device_head_dim_ok<D>, "kvscout: device decode attention needs head_dim a "
                                               "multiple of 32 in [32, 256]");
-  __shared__ float q_s[G][D];
   __shared__ float m_s[Warps][G];
   __shared__ float l_s[Warps][G];
   __shared__ float acc_s[Warps][G][D];
@@ -56,21 +68,44 @@ __global__ void __launch_bounds__(Warps * 32)
   const int H = p.rows.num_kv_heads();
   const int pair = static_cast<int>(blockIdx.x);
   const int s = pair / H, h = pair - (pair / H) * H;
-  const int j0 = static_cast<int>(blockIdx.y) * G;
+  const int split = static_cast<int>(blockIdx.y);
+  const int j0 = static_cast<int>(blockIdx.z) * G;
   const int gj = p.group - j0 < G ? p.group - j0 : G;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int sub = lane / LPR;          // the warp's row slot this lane reads
+  const int c0 = (lane % LPR) * E;     // its channels
+  const bool row_leader = lane % LPR == 0;
   const std::size_t qh0 = static_cast<std::size_t>(s) * p.num_q_heads +
                           static_cast<std::size_t>(h) * p.group + j0;  // first query head row
 
-  for (int x = threadIdx.x; x < gj * D; x += blockDim.x)
-    q_s[x / D][x % D] = to_float(p.q[qh0 * D + x]);
-  __syncthreads();
+  float qr[G][E];
+#pragma unroll
+  for (int j = 0; j < G; ++j)
+#pragma unroll
+    for (int e = 0; e < E; ++e) qr[j][e] = j < gj ? to_float(p.q[(qh0 + j) * D + c0 + e]) : 0.f;
 
-  const int n = p.rows.rows(s, h, warp == 0 && lane == 0 ? p.status : nullptr);
+  const int n = p.rows.rows(s, h, split == 0 && threadIdx.x == 0 ? p.status : nullptr);
   const bool has_cur = p.cur_k != nullptr;
   const int total = n + (has_cur ? 1 : 0);
-  const int c0 = lane * E;
+  const int r0 = split * p.rows_per_split;
+  const int r1 = split == p.splits - 1 ? total
+                                       : (total < r0 + p.rows_per_split ? total
+                                                                        : r0 + p.rows_per_split);
+
+  // Row i's K and V parts of this lane; false: the row is skipped (the source said so).
+  const auto load = [&](int i, float (&k)[E], float (&v)[E]) -> bool {
+    if (i < n) {
+      if (!p.rows.template load_k<E>(s, h, i, c0, k, row_leader ? p.status : nullptr))
+        return false;
+      p.rows.template load_v<E>(s, h, i, c0, v);
+      return true;
+    }
+    const std::size_t off = (static_cast<std::size_t>(s) * H + h) * D + c0;
+    load_row_part<T, E>(p.cur_k + off, k);
+    load_row_part<T, E>(p.cur_v + off, v);
+    return true;
+  };
 
   float m[G], l[G], acc[G][E];
 #pragma unroll
@@ -81,74 +116,126 @@ __global__ void __launch_bounds__(Warps * 32)
     for (int e = 0; e < E; ++e) acc[j][e] = 0.f;
   }
 
-  for (int i = warp; i < total; i += Warps) {
-    float k[E], v[E];
-    if (i < n) {
-      // Warp-uniform: every lane reads the same index and length.
-      if (!p.rows.template load_k<E>(s, h, i, c0, k, lane == 0 ? p.status : nullptr)) continue;
-      p.rows.template load_v<E>(s, h, i, c0, v);
-    } else {
-      const std::size_t off = (static_cast<std::size_t>(s) * H + h) * D + c0;
-      load_row_part<T, E>(p.cur_k + off, k);
-      load_row_part<T, E>(p.cur_v + off, v);
+  // `base` is warp-uniform, so every lane reaches every shuffle; rows past r1 or skipped by the
+  // source are loaded as nothing and not pushed.
+  for (int base = r0 + warp * RPW; base < r1; base += step * U) {
+    float k[U][E], v[U][E];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = base + u * step + sub;
+      ok[u] = i < r1 && load(i, k[u], v[u]);
+      if (!ok[u]) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) k[u][e] = v[u][e] = 0.f;
+      }
     }
 #pragma unroll
-    for (int j = 0; j < G; ++j) {
-      if (j < gj) {
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
         float dot = 0.f;
 #pragma unroll
-        for (int e = 0; e < E; ++e) dot += q_s[j][c0 + e] * k[e];
+        for (int e = 0; e < E; ++e) dot = fmaf(qr[j][e], k[u][e], dot);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        const float x = dot * p.scale;
-        if (x > m[j]) {
-          const float f = expf(m[j] - x);  // 0 on the first row (m = -inf)
-          l[j] = l[j] * f + 1.f;
+        for (int o = LPR / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        if (ok[u] && j < gj) {
+          const softmax_factors<float> f = softmax_push(m[j], l[j], dot * p.scale);
 #pragma unroll
-          for (int e = 0; e < E; ++e) acc[j][e] = acc[j][e] * f + v[e];
-          m[j] = x;
-        } else {
-          const float w = expf(x - m[j]);
-          l[j] += w;
-#pragma unroll
-          for (int e = 0; e < E; ++e) acc[j][e] += w * v[e];
+          for (int e = 0; e < E; ++e) acc[j][e] = fmaf(acc[j][e], f.f, f.w * v[u][e]);
         }
       }
     }
   }
 
+  // The warp's row slots into slot 0: lanes o apart hold the same channels of another slot.
 #pragma unroll
-  for (int j = 0; j < G; ++j) {
-    if (j < gj) {
-      if (lane == 0) {
-        m_s[warp][j] = m[j];
-        l_s[warp][j] = l[j];
+  for (int o = LPR; o < 32; o <<= 1) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const float mb = __shfl_xor_sync(0xffffffffu, m[j], o);
+      const float lb = __shfl_xor_sync(0xffffffffu, l[j], o);
+      float ab[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) ab[e] = __shfl_xor_sync(0xffffffffu, acc[j][e], o);
+      const softmax_factors<float> f = softmax_merge(m[j], l[j], mb, lb);
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[j][e] = acc[j][e] * f.f + ab[e] * f.w;
+    }
+  }
+  if (sub == 0) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      if (j < gj) {
+        if (lane == 0) {
+          m_s[warp][j] = m[j];
+          l_s[warp][j] = l[j];
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc_s[warp][j][c0 + e] = acc[j][e];
       }
-#pragma unroll
-      for (int e = 0; e < E; ++e) acc_s[warp][j][c0 + e] = acc[j][e];
     }
   }
   __syncthreads();
 
+  // The warps, merged: M = the largest m of the non-empty states, each weighted by e^(m_w - M).
   for (int x = threadIdx.x; x < gj * D; x += blockDim.x) {
     const int j = x / D, c = x - (x / D) * D;
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < Warps; ++w) M = fmaxf(M, m_s[w][j]);
-    float o = 0.f;
-    if (M != -INFINITY) {
-      float L = 0.f, a = 0.f;
+    for (int w = 0; w < Warps; ++w)
+      if (l_s[w][j] != 0.f) M = fmaxf(M, m_s[w][j]);
+    float L = 0.f, a = 0.f;
 #pragma unroll
-      for (int w = 0; w < Warps; ++w) {
-        if (m_s[w][j] != -INFINITY) {
-          const float f = expf(m_s[w][j] - M);
-          L += l_s[w][j] * f;
-          a += acc_s[w][j][c] * f;
-        }
+    for (int w = 0; w < Warps; ++w) {
+      if (l_s[w][j] != 0.f) {  // an empty warp's accumulator is 0: skipping it changes nothing
+        const float f = softmax_weight(m_s[w][j], l_s[w][j], M);
+        L += l_s[w][j] * f;
+        a += acc_s[w][j][c] * f;
       }
-      o = a / L * p.v_scale;
     }
-    p.out[(qh0 + j) * D + c] = from_float<O>(o);
+    if (p.splits == 1) {
+      p.out[(qh0 + j) * D + c] = from_float<O>(L == 0.f ? 0.f : a / L * p.v_scale);
+    } else {
+      const std::size_t at = (qh0 + j) * static_cast<std::size_t>(p.splits) + split;
+      p.part_acc[at * D + c] = a;
+      if (c == 0) p.part_ml[at] = make_float2(M, L);
+    }
+  }
+}
+
+template <kv_element O>
+struct decode_merge_params {
+  const float2* part_ml;  // [rows, splits]
+  const float* part_acc;  // [rows, splits, head_dim]
+  O* out;                 // [rows, head_dim]
+  int splits;
+  int head_dim;
+  float v_scale;
+};
+
+/// One block per (sequence, query head) row, a thread per channel: the splits' states merged.
+template <kv_element O>
+__global__ void __launch_bounds__(256)
+    decode_attention_merge_kernel(const __grid_constant__ decode_merge_params<O> p) {
+  const std::size_t row = blockIdx.x;
+  const float2* ml = p.part_ml + row * p.splits;
+  float M = -INFINITY;
+  for (int b = 0; b < p.splits; ++b)
+    if (ml[b].y != 0.f) M = fmaxf(M, ml[b].x);
+  for (int c = threadIdx.x; c < p.head_dim; c += blockDim.x) {
+    const float* acc = p.part_acc + row * p.splits * p.head_dim + c;
+    float L = 0.f, a = 0.f;
+#pragma unroll 4
+    for (int b = 0; b < p.splits; ++b) {
+      const float2 st = ml[b];
+      if (st.y != 0.f) {  // an empty split's accumulator is not read
+        const float f = softmax_weight(st.x, st.y, M);
+        L += st.y * f;
+        a += acc[static_cast<std::size_t>(b) * p.head_dim] * f;
+      }
+    }
+    p.out[row * p.head_dim + c] = from_float<O>(L == 0.f ? 0.f : a / L * p.v_scale);
   }
 }
 

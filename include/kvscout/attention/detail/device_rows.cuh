@@ -1,7 +1,8 @@
 #pragma once
 // Row sources for the device decode attention (attention/decode.cuh), the device twins of
-// attention/rows.hpp and attention/kivi_rows.hpp. A warp reads one row; lane `lane` gets the E =
-// head_dim / 32 consecutive elements starting at c0 = lane * E, as float:
+// attention/rows.hpp and attention/kivi_rows.hpp. head_dim / E lanes read one row; a lane gets the
+// E consecutive elements starting at c0 (E = decode_lane_elems<element_type, head_dim>: up to 16
+// bytes a lane), as float:
 //
 //   rows(s, h, status)                    rows of (s, h) (counts clamped to [0, capacity],
 //                                         device_status::bad_count raised)
@@ -20,6 +21,7 @@
 #include "kvscout/attention/detail/decode_device_checks.hpp"
 #include "kvscout/backend/cuda/device_status.hpp"
 #include "kvscout/core/config.hpp"
+#include "kvscout/core/detail/load_row_part.cuh"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
@@ -30,30 +32,6 @@
 
 namespace kvscout {
 namespace detail {
-
-/// E consecutive elements at p (aligned to row_part_alignment<T, E>) as float, with the widest
-/// loads that alignment allows (element loads when E * sizeof(T) is not a multiple of 8, e.g.
-/// 16-bit rows of head_dim 96 / 160 / 224, fp8 rows up to head_dim 128).
-template <kv_element T, int E>
-KVSCOUT_DEVICE void load_row_part(const T* p, float (&dst)[E]) {
-  static_assert(row_part_alignment<T, E> > 0);
-  constexpr int bytes = E * static_cast<int>(sizeof(T));
-  alignas(16) T tmp[E];
-  if constexpr (bytes % 16 == 0) {
-#pragma unroll
-    for (int u = 0; u < bytes / 16; ++u)
-      reinterpret_cast<uint4*>(tmp)[u] = reinterpret_cast<const uint4*>(p)[u];
-  } else if constexpr (bytes % 8 == 0) {
-#pragma unroll
-    for (int u = 0; u < bytes / 8; ++u)
-      reinterpret_cast<uint2*>(tmp)[u] = reinterpret_cast<const uint2*>(p)[u];
-  } else {
-#pragma unroll
-    for (int e = 0; e < E; ++e) tmp[e] = p[e];
-  }
-#pragma unroll
-  for (int e = 0; e < E; ++e) dst[e] = to_float(tmp[e]);
-}
 
 KVSCOUT_DEVICE int clamp_count(int n, int capacity) { return n < 0 ? 0 : (n > capacity ? capacity : n); }
 

@@ -31,6 +31,17 @@ inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block,
 #endif
 }
 
+/// The current device's SM count (setup-time: plans and selectors ask it once, when built).
+inline int current_sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
 /// The block's dynamic shared memory (the launch's `smem` bytes), 16-byte
 /// aligned.
 template <class T> KVSCOUT_DEVICE T *dynamic_shared() {

@@ -48,19 +48,87 @@ inline void check_threshold_cuda_config(const threshold_selector_host::config& c
   check_select_rows(cfg.num_seqs, cfg.num_kv_heads);
 }
 
-/// Device workspace of the top-k selector: none (every row is selected inside one block, in
-/// shared memory).
-inline std::size_t topk_cuda_workspace_bytes(const topk_selector_host::config& cfg) {
+/// A long row split over several blocks (select/detail/radix_select_split.cuh): `chunks` blocks
+/// of chunk_tokens tokens (a multiple of select_split_granule) per row; chunks == 1: one block
+/// per row (radix_select.cuh).
+struct select_split {
+  int chunks = 1;
+  int chunk_tokens = 0;
+};
+
+/// How the device selectors split rows: the SMs to fill (0: the current device's, asked when the
+/// selector is built) and the smallest chunk worth a block. Tests pass small chunks to exercise
+/// the split on short rows.
+struct select_split_options {
+  int num_sms = 0;
+  int min_chunk_tokens = 2048;
+};
+
+/// Chunks are multiples of this many tokens (the compaction's tile).
+inline constexpr int select_split_granule = select_block_threads * select_items_per_thread;
+
+/// Rows of the split kernels' per-row state (radix_select_split.cuh: select_split_row).
+inline constexpr std::size_t select_split_state_bytes = 32;
+
+/// The split for `rows` rows of up to `stride` tokens on num_sms SMs: about 4 blocks per SM,
+/// no chunk below min_chunk_tokens (rounded up to a multiple of it), at most 64 chunks; one
+/// block per row where rows alone fill the device or a row is too short to split.
+inline select_split plan_select_split(long long rows, int stride, select_split_options opt) {
+  KVSCOUT_EXPECTS(opt.num_sms >= 1 && opt.min_chunk_tokens >= 1, "select_split_options: num_sms = ",
+                  opt.num_sms, " and min_chunk_tokens = ", opt.min_chunk_tokens,
+                  " must be positive");
+  const long long target = 4LL * opt.num_sms;
+  if (rows <= 0 || rows * 2 >= target || stride <= opt.min_chunk_tokens) return {1, stride};
+  const long long want = (target + rows - 1) / rows;
+  long long chunk = (stride + want - 1) / want;
+  chunk = (chunk + opt.min_chunk_tokens - 1) / opt.min_chunk_tokens * opt.min_chunk_tokens;
+  long long chunks = (stride + chunk - 1) / chunk;
+  if (chunks > 64) {
+    chunks = 64;
+    chunk = (stride + 63) / 64;
+    chunk = (chunk + opt.min_chunk_tokens - 1) / opt.min_chunk_tokens * opt.min_chunk_tokens;
+    chunks = (stride + chunk - 1) / chunk;
+  }
+  if (chunks <= 1) return {1, stride};
+  return {static_cast<int>(chunks), static_cast<int>(chunk)};
+}
+
+/// The most chunks any device splits a row into for these options (workspace sizing: the SM
+/// count is not known yet).
+inline int max_select_chunks(int stride, select_split_options opt) {
+  const long long c = (static_cast<long long>(stride) + opt.min_chunk_tokens - 1) /
+                      opt.min_chunk_tokens;
+  return static_cast<int>(c < 1 ? 1 : (c > 64 ? 64 : c));
+}
+
+/// Workspace of the split kernels: per row a global histogram, the state, and per chunk its
+/// (greater, equal) counts and its maximum; 0 where no device could split (one chunk at most).
+inline std::size_t select_split_workspace_bytes(long long rows, int stride,
+                                                select_split_options opt) {
+  const int chunks = max_select_chunks(stride, opt);
+  if (chunks <= 1 || rows <= 0) return 0;
+  const std::size_t per_row = sizeof(std::uint32_t) * 2048 + select_split_state_bytes +
+                              static_cast<std::size_t>(chunks) * (8 + 4);
+  return (static_cast<std::size_t>(rows) * per_row + 255) / 256 * 256;
+}
+
+/// Device workspace of the top-k selector: the split kernels' (none where rows are never split).
+inline std::size_t topk_cuda_workspace_bytes(const topk_selector_host::config& cfg,
+                                             select_split_options opt = {}) {
   check_topk_cuda_config(cfg);
-  return 0;
+  return select_split_workspace_bytes(static_cast<long long>(cfg.num_seqs) * cfg.num_kv_heads,
+                                      cfg.stride, opt);
 }
 
 /// Device workspace of the threshold selector: infinigen_mean keeps every row's candidate count
-/// ([num_seqs * num_kv_heads] int32, -1 for empty rows) between its two kernels; per_head needs
-/// none.
-inline std::size_t threshold_cuda_workspace_bytes(const threshold_selector_host::config& cfg) {
+/// ([num_seqs * num_kv_heads] int32, -1 for empty rows) between its two kernels (its rows are
+/// never split); per_head the split kernels'.
+inline std::size_t threshold_cuda_workspace_bytes(const threshold_selector_host::config& cfg,
+                                                  select_split_options opt = {}) {
   check_threshold_cuda_config(cfg);
-  if (cfg.rule == threshold_rule::per_head) return 0;
+  if (cfg.rule == threshold_rule::per_head)
+    return select_split_workspace_bytes(static_cast<long long>(cfg.num_seqs) * cfg.num_kv_heads,
+                                        cfg.stride, opt);
   return sizeof(std::int32_t) * static_cast<std::size_t>(cfg.num_seqs) *
          static_cast<std::size_t>(cfg.num_kv_heads);
 }

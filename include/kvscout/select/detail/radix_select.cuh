@@ -122,12 +122,48 @@ KVSCOUT_DEVICE long long block_count_at_least(const float* row, int a, int b, fl
   return r;
 }
 
+/// One pass's decision from its histogram: count(bucket) gives the histogram's counters (shared
+/// or global memory). Walks the nb buckets from the top, thread tid owning nb - 1 - (tid *
+/// per_thread + q), q < per_thread (an exclusive scan gives the keys above its first bucket),
+/// and finds the bucket holding the kk-th largest key. Returns the keys counted in all (every
+/// thread); where that is more than kk, *bucket and *rank (the wanted key's rank inside the
+/// bucket) are set in every thread.
+template <int Threads, class Count>
+KVSCOUT_DEVICE int block_find_bucket(int nb, int kk, Count&& count, select_smem& sm, int* bucket,
+                                     int* rank) {
+  constexpr int per_thread = radix_buckets / Threads;
+  const int tid = static_cast<int>(threadIdx.x);
+  int cnt[per_thread];
+  int sum = 0;
+#pragma unroll
+  for (int q = 0; q < per_thread; ++q) {
+    const int b = nb - 1 - (tid * per_thread + q);
+    cnt[q] = b >= 0 ? static_cast<int>(count(b)) : 0;
+    sum += cnt[q];
+  }
+  int above = 0, total = 0;
+  select_smem::scan32_t(sm.temp.scan32).ExclusiveSum(sum, above, total);
+  int run = above;
+#pragma unroll
+  for (int q = 0; q < per_thread; ++q) {
+    if (run < kk && run + cnt[q] >= kk) {
+      sm.found_bucket = nb - 1 - (tid * per_thread + q);
+      sm.found_k = kk - run;
+    }
+    run += cnt[q];
+  }
+  __syncthreads();
+  *bucket = sm.found_bucket;
+  *rank = sm.found_k;
+  __syncthreads();  // found_* and temp are rewritten by the next pass
+  return total;
+}
+
 /// The cut that takes the best k (k >= 1) of the keys >= lo (lo >= 1) of row[a, b), ties to the
 /// lowest index (see the header comment). Every thread returns the same cut.
 template <int Threads>
 KVSCOUT_DEVICE radix_cut block_radix_cut(const float* row, int a, int b, std::uint32_t lo, int k,
                                          select_smem& sm) {
-  constexpr int per_thread = radix_buckets / Threads;
   constexpr int top = 32;  // every bit of a key may differ
   const int tid = static_cast<int>(threadIdx.x);
   std::uint32_t prefix = 0;   // the digits found so far
@@ -143,48 +179,29 @@ KVSCOUT_DEVICE radix_cut block_radix_cut(const float* row, int a, int b, std::ui
       if (key >= lo && (key & known) == prefix) atomicAdd(&sm.hist[d.of(key)], 1u);
     }
     __syncthreads();
-    // Thread tid owns buckets nb - 1 - (tid * per_thread + q), q = 0 .. per_thread - 1: counted
-    // from the top, so an exclusive scan gives the keys above each thread's first bucket.
-    int cnt[per_thread];
-    int sum = 0;
-#pragma unroll
-    for (int q = 0; q < per_thread; ++q) {
-      const int bucket = nb - 1 - (tid * per_thread + q);
-      cnt[q] = bucket >= 0 ? static_cast<int>(sm.hist[bucket]) : 0;
-      sum += cnt[q];
-    }
-    int above = 0, total = 0;
-    select_smem::scan32_t(sm.temp.scan32).ExclusiveSum(sum, above, total);
-    if (pass == 0 && total <= kk) {
-      __syncthreads();
-      return radix_cut{lo - 1u, 0};  // every key >= lo fits
-    }
-    int run = above;
-#pragma unroll
-    for (int q = 0; q < per_thread; ++q) {
-      if (run < kk && run + cnt[q] >= kk) {
-        sm.found_bucket = nb - 1 - (tid * per_thread + q);
-        sm.found_k = kk - run;
-      }
-      run += cnt[q];
-    }
-    __syncthreads();
-    prefix |= static_cast<std::uint32_t>(sm.found_bucket) << d.shift;
+    int bucket = 0, rank = 0;
+    const int total = block_find_bucket<Threads>(
+        nb, kk, [&](int i) { return sm.hist[i]; }, sm, &bucket, &rank);
+    // Pass 0 counts every candidate: no more than k of them, and all are taken. (Later passes
+    // always hold more than kk: the bucket chosen before held the kk-th key.)
+    if (pass == 0 && total <= kk) return radix_cut{lo - 1u, 0};
+    prefix |= static_cast<std::uint32_t>(bucket) << d.shift;
     known |= static_cast<std::uint32_t>(nb - 1) << d.shift;
-    kk = sm.found_k;
-    __syncthreads();  // hist, found_* and temp are rewritten by the next pass
+    kk = rank;
   }
   return radix_cut_at(prefix, kk);
 }
 
 /// Writes the tokens of row[a, b) that `cut` takes, ascending, to out[0, count); returns count
 /// (in every thread).
+/// gt_base / eq_base: the keys above the cut / equal to it before row[a] (a split row's earlier
+/// chunks); out[0] is then the slot of the first token that could be taken overall.
 template <int Threads, int Items>
 KVSCOUT_DEVICE int block_compact(const float* row, int a, int b, radix_cut cut, std::int32_t* out,
-                                 select_smem& sm) {
+                                 select_smem& sm, unsigned long long gt_base = 0,
+                                 unsigned long long eq_base = 0) {
   constexpr int tile = Threads * Items;
   const int tid = static_cast<int>(threadIdx.x);
-  unsigned long long gt_base = 0, eq_base = 0;  // over the tiles before
   const unsigned long long ties = static_cast<unsigned long long>(cut.ties);
   for (int t0 = a; t0 < b; t0 += tile) {
     const int valid = b - t0 < tile ? b - t0 : tile;

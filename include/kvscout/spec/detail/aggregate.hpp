@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 
+#include "kvscout/core/detail/online_softmax.hpp"
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/spec/concepts.hpp"
@@ -14,51 +14,8 @@ namespace kvscout::detail {
 
 inline constexpr int max_group = 64;  // query heads per KV head the host policies support
 
-// Online softmax statistics of one query head over tokens: the running maximum m and the sum l
-// of exp(z - m). Written once for the host (double) and the device (float) sum_prob.
-
-/// exp in the precision of T.
-template <class T>
-KVSCOUT_HOST_DEVICE T softmax_exp(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return expf(x);
-  } else {
-    return exp(x);
-  }
-}
-
-/// Adds logit z to the statistics (m, l); start from m = -inf, l = 0.
-template <class T>
-KVSCOUT_HOST_DEVICE void softmax_push(T& m, T& l, T z) {
-  if (z > m) {
-    l = l * softmax_exp<T>(m - z) + T(1);
-    m = z;
-  } else {
-    l += softmax_exp<T>(z - m);
-  }
-}
-
-/// Merges the statistics (m2, l2) of other tokens into (m, l). Either side may be empty
-/// (m = -inf, l = 0).
-template <class T>
-KVSCOUT_HOST_DEVICE void softmax_merge(T& m, T& l, T m2, T l2) {
-  if (l2 == T(0)) return;
-  if (l == T(0)) {
-    m = m2;
-    l = l2;
-  } else if (m2 > m) {
-    l = l * softmax_exp<T>(m - m2) + l2;
-    m = m2;
-  } else {
-    l += l2 * softmax_exp<T>(m2 - m);
-  }
-}
-
-/// A token's share exp(z - m) / l of the attention mass of one head.
-template <class T>
-KVSCOUT_HOST_DEVICE T softmax_share(T z, T m, T l) {
-  return softmax_exp<T>(z - m) / l;
-}
+// sum_prob's statistics per query head: the online softmax of core/detail/online_softmax.hpp
+// (in double on the host, float on the device).
 
 /// Writes row[t] for t < n. logits(t, float* out) fills out[0..g) with the group's logits of
 /// token t. sum_prob evaluates the logits twice (max and normaliser first, then the mass).

@@ -5,16 +5,19 @@
 // softmax_push / softmax_merge / softmax_share (sum_prob), to_float / from_float (partial keys).
 //
 // Launch shapes (T = spec_block_threads = 256):
-//   partial_query_gemv  grid ceil(Hq * rows / 8), block T: one warp per row of W (coalesced over
-//                       d_model), every sequence of the batch in chunks of 8 (W is read once
-//                       per 8 sequences); y = W x + b
-//   partial_query_finish grid num_seqs, block T: the RoPE table of the sequence's position in
-//                       shared memory, then one thread per (query head, element): q = scale *
-//                       partial_query element (rotation, plane rotation or copy)
-//   score_group         grid (chunks, H, S), block T: 1024 tokens per block, one token per thread
-//                       at a time; the group's partial queries in shared memory, the group's
-//                       logits in registers (G static for common group sizes, chunks of 8
-//                       query heads otherwise), folded to max / mean
+//   partial_query_gemv  grid ceil(Hq * rows / 8), block T: one warp per row of W, read in the
+//                       weights' own type with 16-byte loads, 4 in flight per lane (coalesced
+//                       over d_model), every sequence of the batch in chunks of 8 (W is read
+//                       once per 8 sequences); y = W x + b
+//   partial_query_finish grid (num_seqs, Hq, ceil(r / 4)), block 64: the RoPE table and the
+//                       head's RoPE'd rows in shared memory, then 16 threads per output element
+//                       share its dot over head_dim: q = scale * partial_query element
+//                       (post-RoPE skew, plane rotation or copy)
+//   score_group         grid (chunks, H, S), block T: 1024 tokens per block, 4 consecutive
+//                       tokens per thread read with one vector load per channel (8 bytes of
+//                       fp16 / bf16 keys, 16 of float); the group's partial queries in shared
+//                       memory, the group's logits in registers (G static for common group
+//                       sizes, chunks of 8 query heads otherwise), folded to max / mean
 //   softmax_stats       (sum_prob) as score_group, per block and query head the softmax (max, sum)
 //                       of its tokens, block-reduced into the stats workspace
 //   score_sum_prob      (sum_prob) as score_group; first merges the stats of every block of its
@@ -30,6 +33,7 @@
 
 #include "kvscout/backend/cuda/device_status.hpp"
 #include "kvscout/core/detail/launch.cuh"
+#include "kvscout/core/detail/load_row_part.cuh"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/skew/plan.hpp"
@@ -132,22 +136,71 @@ template <class PkT, class WT>
 __global__ void __launch_bounds__(spec_block_threads)
     partial_query_gemv(const __grid_constant__ infinigen_params<PkT> p) {
   constexpr int seq_chunk = 8;
+  constexpr int V = 16 / static_cast<int>(sizeof(WT));  // weights per 16-byte load
+  static_assert(V % 4 == 0, "x is read as float4s beside each weight vector");
+  constexpr int U = 4;                                   // 16-byte loads in flight per lane
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int row = static_cast<int>(blockIdx.x) * spec_gemv_warps + static_cast<int>(threadIdx.x) / 32;
   const int total_rows = p.num_q_heads * p.rows;
   if (row >= total_rows) return;  // whole warps leave; no block-wide synchronisation follows
   const WT* w = static_cast<const WT*>(p.weights) + static_cast<std::size_t>(row) * p.d_model;
+  // 16-byte loads where every row starts on 16 bytes (d_model a multiple of V, an aligned base:
+  // the workspace layout aligns it); element loads otherwise and for the tail.
+  const bool vec = p.d_model % V == 0 && reinterpret_cast<std::uintptr_t>(p.weights) % 16 == 0;
+  const int nvec = vec ? p.d_model / V : 0;
+  // x's V floats beside each weight vector as float4 loads where x allows (a lane's V floats are
+  // contiguous; element loads would touch V times the cache lines per warp instruction).
+  const bool x_vec = reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0 && p.d_model % 4 == 0;
   for (int s0 = 0; s0 < p.num_seqs; s0 += seq_chunk) {
     const int ns = p.num_seqs - s0 < seq_chunk ? p.num_seqs - s0 : seq_chunk;
+    const float* x = p.x + static_cast<std::size_t>(s0) * p.d_model;
     float acc[seq_chunk];
 #pragma unroll
     for (int j = 0; j < seq_chunk; ++j) acc[j] = 0.f;
-    for (int d = lane; d < p.d_model; d += 32) {
-      const float wv = to_float(w[d]);
+    for (int b = lane; b < nvec; b += 32 * U) {
+      uint4 raw[U];
 #pragma unroll
-      for (int j = 0; j < seq_chunk; ++j) {
-        if (j < ns) acc[j] += wv * p.x[static_cast<std::size_t>(s0 + j) * p.d_model + d];
+      for (int u = 0; u < U; ++u)
+        if (b + 32 * u < nvec) raw[u] = reinterpret_cast<const uint4*>(w)[b + 32 * u];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int bi = b + 32 * u;
+        if (bi < nvec) {
+          const WT* wv = reinterpret_cast<const WT*>(&raw[u]);
+          float wf[V];
+#pragma unroll
+          for (int e = 0; e < V; ++e) wf[e] = to_float(wv[e]);
+#pragma unroll
+          for (int j = 0; j < seq_chunk; ++j) {
+            if (j < ns) {
+              const float* xp = x + j * static_cast<std::size_t>(p.d_model) +
+                                static_cast<std::size_t>(bi) * V;
+              float xv[V];
+              if (x_vec) {
+#pragma unroll
+                for (int q4 = 0; q4 < V / 4; ++q4) {
+                  const float4 f = reinterpret_cast<const float4*>(xp)[q4];
+                  xv[4 * q4] = f.x;
+                  xv[4 * q4 + 1] = f.y;
+                  xv[4 * q4 + 2] = f.z;
+                  xv[4 * q4 + 3] = f.w;
+                }
+              } else {
+#pragma unroll
+                for (int e = 0; e < V; ++e) xv[e] = xp[e];
+              }
+#pragma unroll
+              for (int e = 0; e < V; ++e) acc[j] = fmaf(wf[e], xv[e], acc[j]);
+            }
+          }
+        }
       }
+    }
+    for (int d = nvec * V + lane; d < p.d_model; d += 32) {
+      const float wf = to_float(w[d]);
+#pragma unroll
+      for (int j = 0; j < seq_chunk; ++j)
+        if (j < ns) acc[j] = fmaf(wf, x[j * static_cast<std::size_t>(p.d_model) + d], acc[j]);
     }
 #pragma unroll
     for (int j = 0; j < seq_chunk; ++j) acc[j] = warp_sum(acc[j]);
@@ -158,31 +211,53 @@ __global__ void __launch_bounds__(spec_block_threads)
   }
 }
 
+/// grid (num_seqs, num_q_heads, ceil(r / spec_finish_outputs)), block spec_finish_threads: a
+/// block turns one query head's GEMV rows y into spec_finish_outputs of its r partial-query
+/// elements. The RoPE table of the sequence's position and (post_rope_skew) the head's RoPE'd
+/// rows are formed once in shared memory; then spec_finish_lanes threads share each output's
+/// dot over head_dim (post_rope_skew: sum_c rope(y)_c A[c, i]), reduced by shuffles.
 template <class PkT>
-__global__ void __launch_bounds__(spec_block_threads)
+__global__ void __launch_bounds__(spec_finish_threads)
     partial_query_finish(const __grid_constant__ infinigen_params<PkT> p) {
+  constexpr int L = spec_finish_lanes;
   __shared__ float cs[rope_table::max_planes];
   __shared__ float sn[rope_table::max_planes];
+  __shared__ float yr[2 * rope_table::max_planes];  // the head's RoPE'd rows (post_rope_skew)
   const int s = static_cast<int>(blockIdx.x);
+  const int qh = static_cast<int>(blockIdx.y);
+  const int h = qh / p.group;
+  const int planes = p.head_dim / 2;
+  const float* y = p.y + (static_cast<std::size_t>(s) * p.num_q_heads + qh) * p.rows;
   if (p.mode != rope_mode::pre_rope_folded) {
     const int pos = p.positions[s];
-    const int planes = p.head_dim / 2;
     for (int j = static_cast<int>(threadIdx.x); j < planes; j += blockDim.x)
       rope_cos_sin(p.rope, j, pos, cs[j], sn[j]);
   }
   __syncthreads();
+  if (p.mode == rope_mode::post_rope_skew) {
+    for (int j = static_cast<int>(threadIdx.x); j < planes; j += blockDim.x) {
+      const rope_plane pl = rope_plane_channels(p.rope, j);
+      float qa = y[pl.a];
+      float qb = y[pl.b];
+      rope_rotate(qa, qb, cs[j], sn[j]);
+      yr[pl.a] = qa;
+      yr[pl.b] = qb;
+    }
+  }
+  __syncthreads();
   const int r = p.r;
-  for (int e = static_cast<int>(threadIdx.x); e < p.num_q_heads * r; e += blockDim.x) {
-    const int qh = e / r;
-    const int i = e % r;
-    const int h = qh / p.group;
-    const float* y = p.y + (static_cast<std::size_t>(s) * p.num_q_heads + qh) * p.rows;
-    float v;
-    if (p.mode == rope_mode::post_rope_skew) {
-      v = post_rope_skew_element(y, p.rope, cs, sn,
-                                 p.rotation + static_cast<std::size_t>(h) * p.head_dim * r,
-                                 p.head_dim, r, i);
-    } else if (p.mode == rope_mode::rope_planes) {
+  const int i = static_cast<int>(blockIdx.z) * spec_finish_outputs + static_cast<int>(threadIdx.x) / L;
+  const int part = static_cast<int>(threadIdx.x) % L;
+  float v = 0.f;
+  if (p.mode == rope_mode::post_rope_skew) {
+    if (i < r) {
+      const float* rot = p.rotation + static_cast<std::size_t>(h) * p.head_dim * r + i;
+      for (int c = part; c < p.head_dim; c += L) v = fmaf(yr[c], rot[static_cast<std::size_t>(c) * r], v);
+    }
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  } else if (i < r && part == 0) {
+    if (p.mode == rope_mode::rope_planes) {
       const int pair = i / 2;
       const int j = p.planes[static_cast<std::size_t>(h) * (r / 2) + pair];
       float qa = y[2 * pair];
@@ -192,8 +267,9 @@ __global__ void __launch_bounds__(spec_block_threads)
     } else {
       v = y[i];
     }
-    p.q[(static_cast<std::size_t>(s) * p.num_q_heads + qh) * r + i] = v * p.scale;
   }
+  if (i < r && part == 0)
+    p.q[(static_cast<std::size_t>(s) * p.num_q_heads + qh) * r + i] = v * p.scale;
 }
 
 // ---- scoring ---------------------------------------------------------------------------------
@@ -249,31 +325,56 @@ __global__ void __launch_bounds__(spec_block_threads)
   }
   load_group(p, s, h, qs);
   __syncthreads();
+  // A thread scores spec_tokens_per_thread consecutive tokens (they share a tile: the tile's
+  // token count is a multiple of it), one vector load per channel for all of them; every token's
+  // logits are summed in channel order, as group_logits and the host do.
+  constexpr int TPT = spec_tokens_per_thread;
+  constexpr int B = partial_key_view<PkT>::block_tokens;
+  static_assert(B % TPT == 0 && spec_tokens_per_block == TPT * spec_block_threads);
+  const int t = t0 + TPT * static_cast<int>(threadIdx.x);
+  if (t >= len) return;  // no barrier follows
   const int g = G > 0 ? G : p.group;
   const bool use_max = p.aggregation == gqa_aggregation::max_logit;
   const float inv_g = 1.f / static_cast<float>(g);
-  for (int k = 0; k < spec_tokens_per_thread; ++k) {
-    const int t = t0 + k * spec_block_threads + static_cast<int>(threadIdx.x);
-    if (t >= len) break;
-    const PkT* pk = p.keys.data.data() + p.keys.offset(c, h, 0, t);
-    float a = 0.f;
-    for (int j0 = 0; j0 < g; j0 += GC) {
-      float acc[GC];
-      group_logits<GC, (G > 0)>(pk, qs, p.r, j0, g, acc);
+  // Tokens t .. t + TPT - 1 past len lie in the same tile, inside the cache: read, not written.
+  const PkT* pk = p.keys.data.data() + p.keys.offset(c, h, 0, t);
+  float a[TPT];
+  for (int j0 = 0; j0 < g; j0 += GC) {
+    float acc[TPT][GC];
+#pragma unroll
+    for (int u = 0; u < TPT; ++u)
+#pragma unroll
+      for (int jj = 0; jj < GC; ++jj) acc[u][jj] = 0.f;
+    for (int ch = 0; ch < p.r; ++ch) {
+      float v[TPT];
+      load_row_part<PkT, TPT>(pk + static_cast<std::size_t>(ch) * B, v);
+#pragma unroll
+      for (int jj = 0; jj < GC; ++jj) {
+        if (G > 0 || j0 + jj < g) {
+          const float q = qs[(j0 + jj) * p.r + ch];
+#pragma unroll
+          for (int u = 0; u < TPT; ++u) acc[u][jj] += q * v[u];
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < TPT; ++u) {
 #pragma unroll
       for (int jj = 0; jj < GC; ++jj) {
         const int j = j0 + jj;
         if (G > 0 || j < g) {
           if (j == 0) {
-            a = acc[jj];
+            a[u] = acc[u][jj];
           } else {
-            a = use_max ? (a > acc[jj] ? a : acc[jj]) : a + acc[jj];
+            a[u] = use_max ? (a[u] > acc[u][jj] ? a[u] : acc[u][jj]) : a[u] + acc[u][jj];
           }
         }
       }
     }
-    row[t] = use_max ? a : a * inv_g;
   }
+#pragma unroll
+  for (int u = 0; u < TPT; ++u)
+    if (t + u < len) row[t + u] = use_max ? a[u] : a[u] * inv_g;
 }
 
 struct softmax_stats_merge {

@@ -134,6 +134,8 @@ inline T read_modify_write(T* p, F f) {
   return old;
 }
 }  // namespace kvscout_simt::detail
+// Blocks run one after another and share one memory: every store is visible to later blocks.
+inline void __threadfence() {}
 template <class T>
 inline T atomicAdd(T* p, T v) {
   return ::kvscout_simt::detail::read_modify_write(p, [v](T old) { return old + v; });
