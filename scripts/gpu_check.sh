@@ -9,8 +9,10 @@
 # Google Benchmark: the system's if CMake finds one, else built from third_party/ (carried with
 # the tree; third_party/ is git-ignored, so carry it explicitly). Without either, the tests still
 # run and the benchmarks are skipped (said in the table).
-# Output: build-gpu/gpu_tests.log, build-gpu/bench/*.json, and the table on stdout (also
-# build-gpu/gpu_check.md).
+# Output: build-gpu/gpu_tests.log, build-gpu/bench/*.json (benchmarks; anchors.json: PyTorch at
+# the same shapes, where python3 has torch), build-gpu/bench/ncu.csv (one Nsight Compute pass,
+# where ncu works; KVSCOUT_NCU=0 skips it), and the tables on stdout (also build-gpu/gpu_check.md),
+# ending with the goal lines (scripts/gpu_goals.py).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/common.sh"
@@ -79,6 +81,32 @@ for exe in "$build"/bench/cuda/kvscout_gpu_bench_*; do
 done
 benched=$(date +%s)
 
+# ---- PyTorch anchors (where python3 has torch) and one Nsight Compute pass (where ncu works) -------
+anchors="$build/bench/anchors.json"
+rm -f "$anchors"
+"${limit[@]}" python3 "$root/scripts/gpu_anchors.py" "$anchors" || echo "kvscout: gpu_anchors.py failed" >&2
+ncu_md="$build/bench/ncu.md"
+rm -f "$ncu_md"
+if command -v ncu >/dev/null && [[ ${KVSCOUT_NCU:-1} == 1 ]]; then
+  # Every kvscout kernel of one decode step at 32k tokens (attention over 10 % of 32k, spec and
+  # selection at 32768, the gather at 10 % of 16k): grid, block, registers, time, DRAM
+  # throughput, achieved occupancy. One iteration each (min_time 0), clocks not locked.
+  metrics=launch__grid_size,launch__block_size,launch__registers_per_thread,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
+  : > "$build/bench/ncu.csv"
+  for spec in "kvscout_gpu_bench_attention:tokens:32768/density_pct:10/kind:(0|3)/" \
+              "kvscout_gpu_bench_spec_select:^(spec|topk|threshold)/32768" \
+              "kvscout_gpu_bench_fetch_attention:bm_zero_copy<kvscout::half>/density_pct:10/blocks:0/"; do
+    exe="$build/bench/cuda/${spec%%:*}"
+    [[ -x $exe ]] || continue
+    "${limit[@]}" ncu --clock-control none --csv --page raw --metrics "$metrics" \
+      --kernel-name-base demangled --kernel-name regex:kvscout --launch-count 40 \
+      "$exe" --benchmark_filter="${spec#*:}" --benchmark_min_time=0 \
+      >> "$build/bench/ncu.csv" 2>/dev/null || echo "kvscout: ncu on ${spec%%:*} failed" >&2
+  done
+  python3 "$root/scripts/gpu_ncu_table.py" "$build/bench/ncu.csv" > "$ncu_md" 2>/dev/null ||
+    echo "(ncu: no kernel rows)" > "$ncu_md"
+fi
+
 # ---- table ----------------------------------------------------------------------------------------
 {
   echo
@@ -92,8 +120,18 @@ benched=$(date +%s)
   grep -E "^ *[0-9]+/[0-9]+ Test +#[0-9]+: " "$log" |
     sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) [.]*(.*[^ ]) +([0-9.]+ sec)$/| \1 | \2 | \3 |/; s/\*\*\*/ /g; s/\| +/| /g'
   echo
-  python3 "$root/scripts/gpu_table.py" "$build"/bench/*.json 2>/dev/null ||
+  python3 "$root/scripts/gpu_table.py" $(ls "$build"/bench/*.json 2>/dev/null | grep -v anchors.json) 2>/dev/null ||
     echo "(no GPU benchmark results: Google Benchmark missing or no benchmark ran)"
+  echo
+  if [[ -f $ncu_md ]]; then
+    echo "### Nsight Compute, one pass at 32k tokens"
+    echo
+    cat "$ncu_md"
+    echo
+  fi
+  echo "### Goals (ratios of this run; PyTorch anchors from scripts/gpu_anchors.py)"
+  echo
+  python3 "$root/scripts/gpu_goals.py" "$anchors" "$build"/bench/kvscout_gpu_bench_*.json
   echo
   echo "elapsed: $(( $(date +%s) - start )) s (build $(( built - start )), tests $(( tested - built )), benchmarks $(( benched - tested )))"
 } | tee "$build/gpu_check.md"
