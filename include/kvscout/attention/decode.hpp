@@ -214,12 +214,9 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
               const float xs = x[b] * logit_scale;
               bm = xs > bm ? xs : bm;  // a NaN logit is not a maximum (it poisons l below)
             }
-            if (bm > m[j]) {
-              const float f = std::exp(m[j] - bm);  // 0 on the first block (m = -inf)
-              l[j] *= f;
+            float f = 1.f;
+            if (detail::softmax_raise(m[j], l[j], bm, &f))
               for (int c = 0; c < D; ++c) acc[j][c] *= f;
-              m[j] = bm;
-            }
             float w[R];
             for (int b = 0; b < nb; ++b) {
               w[b] = std::exp(detail::madd(-m[j], x[b], logit_scale));  // as the probs pass

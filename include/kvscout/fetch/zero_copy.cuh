@@ -12,10 +12,10 @@
 //   auto c = fetch.submit({dev_layout, k_alias, v_alias}, device_selection, device_destination);
 //   cudaStreamWaitEvent(compute, c.event(), 0);       // or c.wait()
 //
-// Launch shape: items = (sequence, kv_head, chunk of 32 selected entries); a bounded grid
+// Launch shape: items = (sequence, kv_head, chunk of 128 selected entries); a bounded grid
 // (config.max_blocks, default 8 blocks: the SMs the gather may take from compute) strides over
-// the items. Per item the first 32 threads
-// resolve their entry's token, check it and compute the K / V source offsets into shared memory;
+// the items. Per item the block's threads
+// resolve its entries' tokens, check them and compute the K / V source offsets into shared memory;
 // then the block copies the item's rows as 16-byte vectors, consecutive threads on consecutive
 // vectors of a row (K rows then V rows of a token are one index space), each thread keeping
 // `unroll` (4) loads in flight before its stores.
@@ -71,7 +71,10 @@
 namespace kvscout {
 namespace detail {
 
-inline constexpr int zero_copy_rows_per_item = 32;
+// Rows a block resolves at once and then copies: 128 rows of 256-byte K and V rows are 64 KB,
+// four copy passes of the block's 256 threads x 4 vectors per resolve (whose dependent loads
+// hold nothing in flight), so a few blocks keep the link busy.
+inline constexpr int zero_copy_rows_per_item = 128;
 inline constexpr int zero_copy_unroll = 4;
 inline constexpr std::size_t zero_copy_skip = ~std::size_t{0};  // offset marker: row skipped
 
@@ -137,8 +140,8 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
     if (rows <= 0) continue;
     const int s = static_cast<int>(pair / p.num_kv_heads);
     const int h = static_cast<int>(pair - static_cast<long long>(s) * p.num_kv_heads);
-    if (static_cast<int>(threadIdx.x) < rows) {
-      const std::size_t slot = static_cast<std::size_t>(pair) * p.capacity + first + threadIdx.x;
+    for (int r = static_cast<int>(threadIdx.x); r < rows; r += static_cast<int>(blockDim.x)) {
+      const std::size_t slot = static_cast<std::size_t>(pair) * p.capacity + first + r;
       const int t = p.indices[slot];
       std::size_t ko = zero_copy_skip, vo = zero_copy_skip;
       bool hit = false;
@@ -183,9 +186,9 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
           vo = v;
         }
       }
-      k_off[threadIdx.x] = ko;
-      v_off[threadIdx.x] = vo;
-      cached[threadIdx.x] = hit;
+      k_off[r] = ko;
+      v_off[r] = vo;
+      cached[r] = hit;
     }
     __syncthreads();
     const std::size_t slot0 = static_cast<std::size_t>(pair) * p.capacity + first;

@@ -62,7 +62,8 @@ class threshold_selector_cuda {
       : cfg_(cfg), row_counts_(reinterpret_cast<std::int32_t*>(workspace.data())),
         workspace_(workspace.data()), max_chunks_(detail::max_select_chunks(cfg.stride, opt)) {
     detail::check_device_workspace(workspace, workspace_bytes(cfg, opt));
-    if (cfg.rule == threshold_rule::per_head) split_ = split_for(cfg, opt);
+    if (cfg.rule == threshold_rule::per_head)
+      split_ = detail::device_select_split(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, opt);
   }
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
@@ -110,14 +111,6 @@ class threshold_selector_cuda {
   }
 
  private:
-  static detail::select_split split_for(const config& cfg, detail::select_split_options opt) {
-    if (detail::max_select_chunks(cfg.stride, opt) <= 1) return {1, cfg.stride};
-    if (opt.num_sms == 0) opt.num_sms = detail::current_sm_count();
-    if (opt.num_sms < 1) return {1, cfg.stride};
-    return detail::plan_select_split(static_cast<long long>(cfg.num_seqs) * cfg.num_kv_heads,
-                                     cfg.stride, opt);
-  }
-
   config cfg_;
   std::int32_t* row_counts_;
   std::byte* workspace_ = nullptr;

@@ -56,7 +56,7 @@ class topk_selector_cuda {
       : cfg_(cfg), workspace_(workspace.data()),
         max_chunks_(detail::max_select_chunks(cfg.stride, opt)) {
     detail::check_device_workspace(workspace, workspace_bytes(cfg, opt));
-    split_ = split_for(cfg, opt);
+    split_ = detail::device_select_split(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, opt);
   }
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
@@ -94,14 +94,6 @@ class topk_selector_cuda {
   }
 
  private:
-  static detail::select_split split_for(const config& cfg, detail::select_split_options opt) {
-    if (detail::max_select_chunks(cfg.stride, opt) <= 1) return {1, cfg.stride};
-    if (opt.num_sms == 0) opt.num_sms = detail::current_sm_count();
-    if (opt.num_sms < 1) return {1, cfg.stride};
-    return detail::plan_select_split(static_cast<long long>(cfg.num_seqs) * cfg.num_kv_heads,
-                                     cfg.stride, opt);
-  }
-
   config cfg_;
   std::byte* workspace_ = nullptr;
   int max_chunks_ = 1;

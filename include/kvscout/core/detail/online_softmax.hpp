@@ -1,8 +1,9 @@
 #pragma once
-// The online softmax, written once for every path that needs one: the host attention's fp64
-// reference (attention/decode.hpp), the device attention (attention/detail/decode_kernel.cuh)
-// and the sum_prob aggregation of speculation scores, host and device
-// (spec/detail/aggregate.hpp, spec/detail/infinigen_kernels.cuh).
+// The online softmax, written once for every path that needs one: the host attention (its fp64
+// reference row by row, its float path a block of rows at a time: attention/decode.hpp), the
+// device attention (attention/detail/decode_kernel.cuh) and the sum_prob aggregation of
+// speculation scores, host and device (spec/detail/aggregate.hpp,
+// spec/detail/infinigen_kernels.cuh).
 //
 // A state (m, l, acc) summarises the rows pushed so far:
 //   m = the largest logit, l = sum_i e^(x_i - m), acc = sum_i e^(x_i - m) v_i.
@@ -54,6 +55,19 @@ KVSCOUT_HOST_DEVICE softmax_factors<Acc> softmax_push(Acc& m, Acc& l, Acc x) {
   const Acc w = softmax_exp(x - m);
   l += w;
   return {Acc(1), w};
+}
+
+/// Raises the state's maximum to bm where bm is larger (a block of rows about to be pushed at
+/// once, the host attention's float path): l is rescaled and *f set to the factor the caller's
+/// accumulator needs; returns false (nothing to rescale) otherwise. The block's rows then add
+/// e^(x - m) each to l (and times v to the accumulator).
+template <class Acc>
+KVSCOUT_HOST_DEVICE bool softmax_raise(Acc& m, Acc& l, Acc bm, Acc* f) {
+  if (!(bm > m)) return false;
+  *f = softmax_exp(m - bm);  // 0 on the first block (m = -inf)
+  l *= *f;
+  m = bm;
+  return true;
 }
 
 /// Folds the state (mb, lb) into (m, l).

@@ -49,8 +49,8 @@ inline void check_threshold_cuda_config(const threshold_selector_host::config& c
 }
 
 /// A long row split over several blocks (select/detail/radix_select_split.cuh): `chunks` blocks
-/// of chunk_tokens tokens (a multiple of select_split_granule) per row; chunks == 1: one block
-/// per row (radix_select.cuh).
+/// of chunk_tokens tokens (a multiple of select_split_options::min_chunk_tokens) per row;
+/// chunks == 1: one block per row (radix_select.cuh).
 struct select_split {
   int chunks = 1;
   int chunk_tokens = 0;
@@ -61,13 +61,13 @@ struct select_split {
 /// the split on short rows.
 struct select_split_options {
   int num_sms = 0;
-  int min_chunk_tokens = 2048;
+  int min_chunk_tokens = 2048;  // the default: select_split_granule
 };
 
-/// Chunks are multiples of this many tokens (the compaction's tile).
+/// The compaction's tile: the default chunk granule, so that every chunk starts a whole tile.
 inline constexpr int select_split_granule = select_block_threads * select_items_per_thread;
 
-/// Rows of the split kernels' per-row state (radix_select_split.cuh: select_split_row).
+/// Bytes of the split kernels' per-row state (radix_select_split.cuh: select_split_row).
 inline constexpr std::size_t select_split_state_bytes = 32;
 
 /// The split for `rows` rows of up to `stride` tokens on num_sms SMs: about 4 blocks per SM,

@@ -250,6 +250,17 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
+/// The split a selector of num_seqs x num_kv_heads rows of up to `stride` tokens uses on the
+/// current device (opt.num_sms = 0: its SM count, asked here, at setup); one block per row where
+/// no device could split such rows or there is no device.
+inline select_split device_select_split(int num_seqs, int num_kv_heads, int stride,
+                                        select_split_options opt) {
+  if (max_select_chunks(stride, opt) <= 1) return {1, stride};
+  if (opt.num_sms == 0) opt.num_sms = current_sm_count();
+  if (opt.num_sms < 1) return {1, stride};
+  return plan_select_split(static_cast<long long>(num_seqs) * num_kv_heads, stride, opt);
+}
+
 /// Enqueues the split selection of every row on `stream`: clears the histograms and arrival
 /// counters, then the kernels in order (split_row_max for the threshold only).
 inline void run_split_select(const split_select_params& sp, cudaStream_t stream) {
