@@ -195,7 +195,7 @@ class infinigen_speculator_cuda {
       return dim3(static_cast<unsigned>(g[0]), static_cast<unsigned>(g[1]), static_cast<unsigned>(g[2]));
     };
     detail::launch(detail::partial_query_gemv<PkT, WT>, static_cast<unsigned>(shapes.gemv_blocks),
-                   detail::spec_block_threads, 0, stream, p);
+                   detail::spec_gemv_threads, 0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
     detail::launch(detail::partial_query_finish<PkT>, dim(shapes.finish),
                    detail::spec_finish_threads, 0, stream, p);

@@ -83,10 +83,12 @@ struct partial_key_view {
 
 namespace detail {
 
-inline constexpr int spec_block_threads = 256;   // threads of a scoring block
-inline constexpr int spec_tokens_per_thread = 4;  // tokens a scoring thread handles
+inline constexpr int spec_block_threads = 128;   // threads of a scoring block
+inline constexpr int spec_tokens_per_thread = 8;  // tokens a scoring thread handles (16 bytes
+                                                  // of a 16-bit key channel, 32 of a float one)
 inline constexpr int spec_tokens_per_block = spec_block_threads * spec_tokens_per_thread;
 inline constexpr int spec_gemv_warps = 8;         // rows of W per GEMV block (one per warp)
+inline constexpr int spec_gemv_threads = 32 * spec_gemv_warps;
 inline constexpr int spec_finish_lanes = 16;      // threads sharing one partial-query element
 inline constexpr int spec_finish_outputs = 4;     // partial-query elements per finish block
 inline constexpr int spec_finish_threads = spec_finish_lanes * spec_finish_outputs;

@@ -4,8 +4,8 @@
 // post_rope_skew_element and rope_rotate (partial query), rope_cos_sin (RoPE table),
 // softmax_push / softmax_merge / softmax_share (sum_prob), to_float / from_float (partial keys).
 //
-// Launch shapes (T = spec_block_threads = 256):
-//   partial_query_gemv  grid ceil(Hq * rows / 8), block T: one warp per row of W, read in the
+// Launch shapes (T = spec_block_threads = 128):
+//   partial_query_gemv  grid ceil(Hq * rows / 8), block 256: one warp per row of W, read in the
 //                       weights' own type with 16-byte loads, 4 in flight per lane (coalesced
 //                       over d_model), every sequence of the batch in chunks of 8 (W is read
 //                       once per 8 sequences); y = W x + b
@@ -13,9 +13,9 @@
 //                       head's RoPE'd rows in shared memory, then 16 threads per output element
 //                       share its dot over head_dim: q = scale * partial_query element
 //                       (post-RoPE skew, plane rotation or copy)
-//   score_group         grid (chunks, H, S), block T: 1024 tokens per block, 4 consecutive
-//                       tokens per thread read with one vector load per channel (8 bytes of
-//                       fp16 / bf16 keys, 16 of float); the group's partial queries in shared
+//   score_group         grid (chunks, H, S), block T: 1024 tokens per block, 8 consecutive
+//                       tokens per thread read with 16-byte loads per channel (one for fp16 /
+//                       bf16 keys, two for float); the group's partial queries in shared
 //                       memory, the group's logits in registers (G static for common group
 //                       sizes, chunks of 8 query heads otherwise), folded to max / mean
 //   softmax_stats       (sum_prob) as score_group, per block and query head the softmax (max, sum)
@@ -133,7 +133,7 @@ KVSCOUT_DEVICE float warp_sum(float v) {
 // ---- partial query ---------------------------------------------------------------------------
 
 template <class PkT, class WT>
-__global__ void __launch_bounds__(spec_block_threads)
+__global__ void __launch_bounds__(spec_gemv_threads)
     partial_query_gemv(const __grid_constant__ infinigen_params<PkT> p) {
   constexpr int seq_chunk = 8;
   constexpr int V = 16 / static_cast<int>(sizeof(WT));  // weights per 16-byte load
