@@ -39,12 +39,13 @@ void expect_bytes(const std::string& what, const std::vector<std::byte>& got,
 
 // One token per sequence per step, `steps` steps, host writer vs device kernel.
 template <class L, class In>
-void kivi_append_case(int steps, std::uint32_t seed) {
+void kivi_append_case(int steps, std::uint32_t seed, int residual = 64) {
   using T = typename L::element_type;
   constexpr int D = L::head_dim;
   const int H = 2, S = 3, cap = 256;
-  const kvscout::kivi_options opt{.group = 32, .residual = 40};
-  // Start from different lengths, some right before a group boundary.
+  const kvscout::kivi_options opt{.group = 32, .residual = residual};
+  // Start from different lengths, some right before a key block boundary (64, 128: every
+  // sequence crosses one; R = 0: a group of 32).
   const std::vector<int32_t> start = {0, 71, 100};
   kivi_cache<L> host(start, H, cap, opt, seed);  // the host cache, filled by the writer
   const auto hb = host.store.buffers();
@@ -86,7 +87,8 @@ void kivi_append_case(int steps, std::uint32_t seed) {
                                 status.data());
   }
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::string name = "kivi" + std::to_string(L::bits) + "/" +
+  const std::string name = "kivi k" + std::to_string(L::key_bits) + "v" +
+                           std::to_string(L::value_bits) + " R" + std::to_string(residual) + "/" +
                            std::string(kvscout::dtype_traits<T>::name) + "/d" + std::to_string(D);
   GPU_CHECK(dlens.download() == host.lens);
   expect_bytes(name + " k_codes", to_vec(kc.data(), kc.bytes()), to_vec(hb.k_codes.data(), hb.k_codes.size()));
@@ -301,6 +303,8 @@ int main() {
           {"kivi4_f16_d128_float_input", [] { kivi_append_case<kvscout::kivi_layout<half, 128, 4>, float>(70, 2); }},
           {"kivi4_bf16_d64_f32_scales", [] { kivi_append_case<kvscout::kivi_layout<bfloat16, 64, 4, float>, bfloat16>(70, 3); }},
           {"kivi2_f32_d64", [] { kivi_append_case<kvscout::kivi_layout<float, 64, 2, float>, float>(50, 4); }},
+          {"kivi_k2v4_f16_d128_r0", [] { kivi_append_case<kvscout::kivi_layout<half, 128, kvscout::kivi_bits{2, 4}>, half>(70, 5, 0); }},
+          {"kivi_k4v2_f16_d64", [] { kivi_append_case<kvscout::kivi_layout<half, 64, kvscout::kivi_bits{4, 2}>, float>(70, 6); }},
           {"kivi_rejects_bad_input", kivi_rejects},
           {"generic_contiguous", generic_contiguous},
           {"generic_paged", generic_paged},

@@ -274,7 +274,7 @@ void kivi_case(double density, std::uint32_t seed, bool corrupt = false) {
                                    {dq.data(), dq.size()}, {dout.data(), dout.size()}, p,
                                    status.data());
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::string name = "kivi" + std::to_string(L::bits) + "/" +
+  const std::string name = "kivi" + std::to_string(L::key_bits) + "v" + std::to_string(L::value_bits) + "/" +
                            std::string(kvscout::dtype_traits<T>::name) + "/d" + std::to_string(D) +
                            " p" + std::to_string(density);
   if (!corrupt) {
@@ -383,6 +383,7 @@ int main() {
           {"kivi2_f16_d128", [] { for (double d : {0.05, 0.25}) kivi_case<kvscout::kivi_layout<half, 128, 2>>(d, 8); }},
           {"kivi4_f16_d128", [] { kivi_case<kvscout::kivi_layout<half, 128, 4>>(0.1, 9); }},
           {"kivi4_bf16_d64_f32_scales", [] { kivi_case<kvscout::kivi_layout<bfloat16, 64, 4, float>>(0.25, 10); }},
+          {"kivi_k2v4_f16_d128", [] { kivi_case<kvscout::kivi_layout<half, 128, kvscout::kivi_bits{2, 4}>>(0.1, 12); }},
           {"kivi_bad_index_sets_status", [] { kivi_case<kvscout::kivi_layout<half, 128, 2>>(0.25, 11, true); }},
           {"dense_anchor_f16_d128", [] { dense_case<half, 128>(12); }},
           {"dense_anchor_f32_d64", [] { dense_case<float, 64>(13); }},

@@ -151,7 +151,7 @@ void kivi_case(double density, std::uint32_t seed) {
   for (int s = 0; s < 3; ++s) qlens.push_back(cache.layout.seq_len(s));
   std::mt19937 rng(seed);
   host_selection sel(qlens, 2, 128, density, rng);
-  check_executors("kivi" + std::to_string(L::bits) + "/d" + std::to_string(L::head_dim) +
+  check_executors("kivi" + std::to_string(L::key_bits) + "v" + std::to_string(L::value_bits) + "/d" + std::to_string(L::head_dim) +
                       " density " + std::to_string(density),
                   cache.layout, dev_l, k, v, sel);
 }
@@ -443,6 +443,7 @@ int main() {
           {"kivi2_f16_d128", [] { for (double d : {0.05, 0.10, 0.25}) kivi_case<kvscout::kivi_layout<half, 128, 2>>(d, 3); }},
           {"kivi4_f16_d128_f32_scales", [] { for (double d : {0.05, 0.10, 0.25}) kivi_case<kvscout::kivi_layout<half, 128, 4, float>>(d, 4); }},
           {"kivi4_bf16_d64", [] { for (double d : {0.05, 0.25}) kivi_case<kvscout::kivi_layout<bfloat16, 64, 4>>(d, 5); }},
+          {"kivi_k4v2_f16_d64", [] { kivi_case<kvscout::kivi_layout<half, 64, kvscout::kivi_bits{4, 2}>>(0.1, 6); }},
           {"empty_selection", [] { layout_case<kvtest::layout_case<kind::padded, hnd, half, 128>>(0.1, 9, /*empty=*/true); }},
           {"bad_device_data_sets_status", bad_device_data},
           {"row_cache_serves_hits_from_device", row_cache_serves_hits_from_device},

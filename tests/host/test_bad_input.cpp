@@ -66,11 +66,13 @@ TEST_CASE("layout sizes that do not fit in size_t are rejected", "[errors][kv]")
   // The same shapes one size smaller are fine.
   CHECK_NOTHROW(L::padded(16, 1 << 20, lens.data(), 1 << 20));
 
-  // KIVI: a residual window whose R + G overflows an int, and buffers past size_t.
+  // KIVI: a residual length that is no multiple of G, and buffers past size_t.
   using K = kvscout::kivi_layout<float, 16, 2, float>;
   std::vector<int32_t> one = {0};
   REQUIRE_THROWS_WITH(K::padded(1, 8, one.data(), 1, {.group = 16, .residual = INT_MAX - 1}),
-                      Contains("residual window R = 2147483646 is too large"));
+                      Contains("residual length R = 2147483646 must be a multiple of the group "
+                               "size G = 16"));
+  CHECK_NOTHROW(K::padded(1, 8, one.data(), 1, {.group = 16, .residual = INT_MAX / 16 * 16}));
   REQUIRE_THROWS_WITH(K::padded(1 << 16, INT_MAX, lens.data(), 1 << 20, {.group = 16}),
                       Contains("KIVI record buffer's bytes"));
 }
@@ -344,7 +346,7 @@ TEST_CASE("a gather into overlapping buffers is rejected before it writes", "[er
 TEST_CASE("a KIVI writer refuses buffers that overlap", "[errors][kivi]") {
   using L = kvscout::kivi_layout<float, 16, 2, float>;
   std::vector<int32_t> lens = {0};
-  const auto l = L::padded(1, 8, lens.data(), 1, {.group = 16, .residual = 4});
+  const auto l = L::padded(1, 8, lens.data(), 1, {.group = 16, .residual = 16});
   kvscout::kivi_host_storage st(l);
   auto b = st.buffers();
   b.v_residual = b.k_residual;  // V would overwrite K in the residual window
@@ -353,7 +355,7 @@ TEST_CASE("a KIVI writer refuses buffers that overlap", "[errors][kivi]") {
                           Contains("overlap"));
   CHECK_NOTHROW(kvscout::kivi_host_writer<L>(l, st.buffers(), lens.data()));
   // Records exist once the capacity holds whole groups past the window.
-  const auto l2 = L::padded(1, 128, lens.data(), 1, {.group = 16, .residual = 4});
+  const auto l2 = L::padded(1, 128, lens.data(), 1, {.group = 16, .residual = 16});
   REQUIRE(l2.required_k_bytes() > 0);
   kvscout::kivi_host_storage st2(l2);
   b = st2.buffers();

@@ -14,7 +14,8 @@
 //
 // Attention of a block of B query tokens and one KV head: logits by one GEMM against the keys
 // [0, t_end) (the KV cache as stored: fp16-rounded, or KIVI rows dequantised as
-// attention/kivi_rows.hpp reads them, the residual window in full precision), then per token the
+// attention/kivi_rows.hpp reads them, by KIVI's rule: keys and values each with its own
+// full-precision window, kv/kivi.hpp), then per token the
 // policy's scores, the selector, and the softmax over the selected rows, written as a sparse row
 // of P; the output is one GEMM P x V. Quantities a step does not see (keys >= t) are masked.
 //
@@ -354,14 +355,20 @@ class layer_major_eval {
     }
   };
 
-  // Cached tokens at step t (the current token excluded) that a selector sees: all of them for
-  // fp16, fp32 and fp8, the quantised ones for KIVI (the residual window is resident and always
-  // attended).
-  [[nodiscard]] static int visible(const eval_options& o, int t) {
-    if (o.format != kv_format::kivi2 && o.format != kv_format::kivi4) return t;
-    const int over = t - o.kivi_residual;
-    return over > 0 ? over / o.kivi_group * o.kivi_group : 0;
+  // At step t (t cached tokens, the current token excluded): how many have a quantised key, a
+  // quantised value, and both (the rows a selector sees and an executor fetches; the rest, the
+  // window, is resident and always attended). KIVI's rule, as the layout states it
+  // (kv/kivi.hpp); every row of fp16, fp32 and fp8 is visible and none quantised this way.
+  struct kivi_lens {
+    int keys = 0, values = 0, visible = 0;
+  };
+  [[nodiscard]] static kivi_lens kivi_at(const eval_options& o, int t) {
+    if (o.format != kv_format::kivi2 && o.format != kv_format::kivi4) return {0, 0, t};
+    const int32_t len = 0;
+    const auto l = kivi_layout<half, D, 2>::padded(1, 0, &len, 1, {o.kivi_group, o.kivi_residual});
+    return {l.key_quantized_len_for(t), l.value_quantized_len_for(t), l.quantized_len_for(t)};
   }
+  [[nodiscard]] static int visible(const eval_options& o, int t) { return kivi_at(o, t).visible; }
   [[nodiscard]] static int cap(const eval_options& o, int t) {
     const int keep = o.keep.sinks + o.keep.recent;
     const int b = static_cast<int>(std::ceil(o.budget * t - 1e-9));
@@ -473,9 +480,10 @@ class layer_major_eval {
   }
 
   // The KIVI cache of the layer: every token appended through kivi_host_writer, then the
-  // quantised rows read back through kivi_layout_rows (what attention reads). A token's
-  // dequantised row does not depend on when it is read (a key group is quantised once, from its
-  // own G tokens), so the rows of step t are: dequantised for t' < quantized_len(t), fp16 after.
+  // quantised keys and values read back from their records (as attention dequantises them). A
+  // token's dequantised key does not depend on when it is read (a key group is quantised once,
+  // from its own G tokens), nor its value, so the rows of step t are: keys dequantised for
+  // t' < key_quantized_len(t), values for t' < value_quantized_len(t), fp16 after (kivi_at).
   template <int Bits>
   void dequantised(run_state& st) const {
     using layout = kivi_layout<half, D, Bits>;
@@ -493,15 +501,16 @@ class layer_major_eval {
           v[i] = from_float<half>(st.vf(h * T_ + t, c));
         }
     wr.append(0, T_, {k.data(), k.size()}, {v.data(), v.size()});
-    const kivi_layout_rows<layout> rows(store.buffers().view(l));
+    const auto b = store.buffers();
     st.kq = st.kf;
     st.vq = st.vf;
-    const int q = l.seq_len(0);
-    for (int h = 0; h < H; ++h)
-      for (int t = 0; t < q; ++t) {
-        rows.load_k(0, h, t, &st.kq(h * T_ + t, 0));
-        rows.load_v(0, h, t, &st.vq(h * T_ + t, 0));
-      }
+    for (int h = 0; h < H; ++h) {
+      for (int t = 0; t < l.key_quantized_len_for(T_); ++t)
+        detail::kivi_load_key(l, b.k_codes.data() + l.k_offset(0, t, h), b.k_params.data(), 0, t,
+                              h, &st.kq(h * T_ + t, 0));
+      for (int t = 0; t < l.value_quantized_len_for(T_); ++t)
+        detail::kivi_load_value(l, b.v_records.data() + l.v_offset(0, t, h), &st.vq(h * T_ + t, 0));
+    }
   }
 
   // Writes sum over the group of each head's softmax over [0, n) (the oracle's sum_prob score,
@@ -553,7 +562,9 @@ class layer_major_eval {
     const score_buffer sb{{st.scores.data(), st.scores.size()}, 1, H, T_};
     for (int t0 = 0; t0 < T_; t0 += block) {
       const int t1 = std::min(T_, t0 + block), nb = t1 - t0;
-      const int qlo = quant ? visible(o, t0) : 0, qhi = quant ? visible(o, t1 - 1) : 0;
+      // Keys dequantised below khi for some row of the block; values below vhi (all rows: vlo).
+      const int khi = quant ? kivi_at(o, t1 - 1).keys : 0;
+      const int vlo = quant ? kivi_at(o, t0).values : 0, vhi = quant ? kivi_at(o, t1 - 1).values : 0;
       // Logits of the block: [nb * g, t1] per KV head, row i * g + j = token t0 + i, head h * g + j.
       for (int h = 0; h < H; ++h) {
         for (int i = 0; i < nb; ++i)
@@ -563,11 +574,11 @@ class layer_major_eval {
         const auto qbb = qb.topRows(nb * g);
         lg.leftCols(t1).topRows(nb * g).noalias() =
             qbb * st.kf.middleRows(static_cast<Eigen::Index>(h) * T_, t1).transpose();
-        if (qhi > 0) {
-          lq.resize(nb * g, qhi);
-          lq.noalias() = qbb * st.kq.middleRows(static_cast<Eigen::Index>(h) * T_, qhi).transpose();
+        if (khi > 0) {
+          lq.resize(nb * g, khi);
+          lq.noalias() = qbb * st.kq.middleRows(static_cast<Eigen::Index>(h) * T_, khi).transpose();
           for (int i = 0; i < nb; ++i) {
-            const int qt = visible(o, t0 + i);
+            const int qt = kivi_at(o, t0 + i).keys;
             for (int j = 0; j < g; ++j) std::copy_n(&lq(i * g + j, 0), qt, &lg(i * g + j, 0));
           }
         }
@@ -677,19 +688,19 @@ class layer_major_eval {
       for (int h = 0; h < H; ++h) {
         row_matrix& p = st.lg[static_cast<std::size_t>(h)];
         const auto vf = st.vf.middleRows(static_cast<Eigen::Index>(h) * T_, t1);
-        if (qhi > 0) {
-          // Columns [qlo, t1) of a row read the fp16 window from visible(t) on, dequantised
-          // rows before it; columns below qlo are dequantised for every row of the block.
-          pf = p.block(0, qlo, nb * g, t1 - qlo);
+        if (vhi > 0) {
+          // Columns [vlo, t1) of a row read fp16 values from value_quantized_len(t) on,
+          // dequantised ones before it; columns below vlo are dequantised for every row.
+          pf = p.block(0, vlo, nb * g, t1 - vlo);
           for (int i = 0; i < nb; ++i) {
-            const int qt = visible(o, t0 + i);
+            const int qt = kivi_at(o, t0 + i).values;
             for (int j = 0; j < g; ++j) {
-              std::fill(&pf(i * g + j, 0), &pf(i * g + j, 0) + (qt - qlo), 0.f);
-              std::fill(&p(i * g + j, 0) + qt, &p(i * g + j, 0) + qhi, 0.f);
+              std::fill(&pf(i * g + j, 0), &pf(i * g + j, 0) + (qt - vlo), 0.f);
+              std::fill(&p(i * g + j, 0) + qt, &p(i * g + j, 0) + vhi, 0.f);
             }
           }
-          out.noalias() = p.block(0, 0, nb * g, qhi) * st.vq.middleRows(static_cast<Eigen::Index>(h) * T_, qhi);
-          out.noalias() += pf * vf.bottomRows(t1 - qlo);
+          out.noalias() = p.block(0, 0, nb * g, vhi) * st.vq.middleRows(static_cast<Eigen::Index>(h) * T_, vhi);
+          out.noalias() += pf * vf.bottomRows(t1 - vlo);
         } else {
           out.noalias() = p.block(0, 0, nb * g, t1) * vf;
         }

@@ -6,7 +6,7 @@
 //                    kivi_view<L, host_space> for a KIVI layout (codes, records, resident params
 //                    and residual window)
 //   cache_rows_t<L>  its row source: layout_rows<L>, or kivi_layout_rows<L> (dequantised rows,
-//                    then the residual window in full precision)
+//                    then the resident window, kv/kivi.hpp)
 //
 //   kvscout::cache_rows_t<L> rows(view);   // rows.load_k(s, h, t, dst) for t < rows.rows(s, h)
 

@@ -2,7 +2,8 @@
 // Row sources for decode attention over a KIVI cache (kv/kivi.hpp). A quantised row is
 // dequantised into attention's float buffer as it is read (keys with the per-channel parameters
 // of the token's key group, values with the per-group parameters carried in the record); the
-// residual window is read in full precision. No full-precision copy of a quantised row exists
+// window of tokens not yet fetchable (kv/kivi.hpp) is read from its resident ring: full
+// precision, or dequantised where KIVI's rule already quantised a key (or, R = 0, a value). No full-precision copy of a quantised row exists
 // anywhere, so only the quantised bytes ever cross the link.
 //
 //   kivi_layout_rows<L>    every token of (s, h) in cache order: the quantised tokens
@@ -145,7 +146,7 @@ inline void kivi_load_key(const L& l, const std::byte* record, const std::byte* 
                           int t, int h, float* dst) {
   using S = typename L::scale_type;
   const S* scale = reinterpret_cast<const S*>(k_params + l.k_params_offset(s, t / l.group(), h));
-  kivi_host_key_row<L::bits, S, L::head_dim>(reinterpret_cast<const std::uint8_t*>(record), scale,
+  kivi_host_key_row<L::key_bits, S, L::head_dim>(reinterpret_cast<const std::uint8_t*>(record), scale,
                                              scale + L::head_dim, dst);
 }
 
@@ -153,7 +154,7 @@ inline void kivi_load_key(const L& l, const std::byte* record, const std::byte* 
 template <kivi_quantized_layout L>
 inline void kivi_load_value(const L& l, const std::byte* record, float* dst) {
   using S = typename L::scale_type;
-  kivi_host_value_row<L::bits, S, L::head_dim>(
+  kivi_host_value_row<L::value_bits, S, L::head_dim>(
       reinterpret_cast<const std::uint8_t*>(record),
       reinterpret_cast<const S*>(record + l.v_scales_offset()),
       reinterpret_cast<const S*>(record + l.v_zeros_offset()), l.group(), dst);

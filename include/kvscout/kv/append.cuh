@@ -6,10 +6,10 @@
 //   // null) of every (sequence, kv head); the caller updates the lengths / page tables after.
 //   kvscout::append_token_device(layout, k_cache, v_cache, k_new, v_new, d_positions, stream);
 //
-//   // KIVI: the device twin of kivi_host_writer::append for one token per sequence. The token
-//   // enters the residual ring; when the window reaches R + G tokens its oldest G are quantised
-//   // (keys per channel as one group, values per token) into their records and the key group
-//   // parameters, and seq_lens[s] (device-resident, the array the layout reads) is incremented.
+//   // KIVI: the device twin of kivi_host_writer::append for one token per sequence, KIVI's rule
+//   // (kv/kivi.hpp): the value leaving the window is quantised, the token enters the ring, and
+//   // a full key block is quantised (per channel, groups of G tokens); seq_lens[s]
+//   // (device-resident, the array the layout reads) is incremented.
 //   kvscout::kivi_append_device(layout, device_buffers, d_seq_lens, k_new, v_new, stream);
 //
 // k_new / v_new: [num_seqs, num_kv_heads, head_dim] device arrays of float or of the cache's
@@ -26,12 +26,14 @@
 // with --use_fast_math would break this (approximate division).
 //
 // Launch: one block (256 threads) per sequence. Generic: threads over (kv head, 16-byte vector).
-// KIVI: (1) threads write the new token's residual rows; __syncthreads (global-memory writes of
-// a block are visible to the block after the barrier, mapped memory included); (2) if a group
-// leaves the window: threads over (kv head, code byte) compute the key parameters of their
-// channels and write the key code bytes of the G tokens; threads over (kv head, token) build each
-// value record in registers (kivi_quantize_value_row) and store it whole; (3) thread 0 bumps
-// seq_lens[s] after a final barrier.
+// KIVI: (1) one thread per kv head quantises the value leaving the window (its record built in
+// registers, kivi_quantize_value_row, stored whole); (2) threads write the new token's ring rows
+// (R = 0: then its value is quantised as in (1) and kept dequantised); (3) if the key block is
+// full: threads over (kv head, key group, code byte) compute the parameters of their channels,
+// write that code byte of the group's G records and, for tokens still in the window, the
+// dequantised channels back into the ring; (4) thread 0 bumps seq_lens[s]. A __syncthreads
+// separates the steps (global-memory writes of a block are visible to the block after the
+// barrier, mapped memory included).
 //
 // Device checks (generic): the position t must be a slot sequence s owns, otherwise the sequence
 // is skipped (nothing written, bad_index); then a row outside the buffers (bad page id) is skipped
@@ -216,18 +218,47 @@ struct kivi_append_params {
 
 template <class L>
 inline constexpr std::size_t kivi_max_v_record_bytes =
-    (L::code_bytes + 2 * static_cast<std::size_t>(L::head_dim) * sizeof(typename L::scale_type) +
+    (L::v_code_bytes + 2 * static_cast<std::size_t>(L::head_dim) * sizeof(typename L::scale_type) +
      15) / 16 * 16;  // G = 1: one scale and zero per channel
 
+// The value of token t of head h, from its ring slot into its record (built in registers, stored
+// in 16-byte pieces, padding zero); `keep`: the slot then holds the dequantised row. One thread.
+template <class L>
+__device__ void kivi_append_value(const L& l, std::byte* v_records, std::byte* v_residual, int s,
+                                  int t, int h, bool keep) {
+  using T = typename L::element_type;
+  using S = typename L::scale_type;
+  constexpr int D = L::head_dim;
+  constexpr int VBits = L::value_bits;
+  constexpr std::size_t max_rec = kivi_max_v_record_bytes<L>;
+  const int G = l.group();
+  alignas(16) std::uint8_t rec[max_rec];
+  for (std::size_t b = 0; b < max_rec; ++b) rec[b] = 0;
+  T* xrow = reinterpret_cast<T*>(v_residual + l.residual_offset(s, t, h));
+  S* scales = reinterpret_cast<S*>(rec + l.v_scales_offset());
+  S* zeros = reinterpret_cast<S*>(rec + l.v_zeros_offset());
+  kivi_quantize_value_row<VBits, S, T>(xrow, D, G, rec, scales, zeros);
+  uint4* dst = reinterpret_cast<uint4*>(v_records + l.v_offset(s, t, h));
+  for (int u = 0; u < static_cast<int>(l.v_row_bytes()) / 16; ++u)
+    dst[u] = reinterpret_cast<const uint4*>(rec)[u];
+  if (keep)
+    for (int c = 0; c < D; ++c)
+      xrow[c] = from_float<T>(kivi_dequantize(kivi_code<VBits>(rec, c), kivi_to_float(scales[c / G]),
+                                              kivi_to_float(zeros[c / G])));
+}
+
+// One block per sequence, the host writer's steps (kv/kivi.hpp) with a barrier between each:
+// the value leaving the window, the new token into its ring slot, (R = 0) its value, the key
+// block when it is full. Same bytes as kivi_host_writer.
 template <class L, class In>
 __global__ void __launch_bounds__(append_threads)
     kivi_append_kernel(const __grid_constant__ kivi_append_params<L, In> p) {
   using T = typename L::element_type;
   using S = typename L::scale_type;
   constexpr int D = L::head_dim;
-  constexpr int Bits = L::bits;
-  constexpr int per = kivi_codes_per_byte<Bits>;
-  constexpr int code_bytes = static_cast<int>(L::code_bytes);
+  constexpr int KBits = L::key_bits;
+  constexpr int per = kivi_codes_per_byte<KBits>;
+  constexpr int code_bytes = static_cast<int>(L::k_code_bytes);
   const L& l = p.layout;
   const int s = static_cast<int>(blockIdx.x);
   const int H = l.num_kv_heads();
@@ -249,7 +280,15 @@ __global__ void __launch_bounds__(append_threads)
     if (threadIdx.x == 0) raise_device_status(p.status, device_status::bad_value);
     return;
   }
-  // (1) The new token enters its ring slot.
+  const int next = len + 1;
+  const int v0 = l.value_quantized_len_for(len), v1 = l.value_quantized_len_for(next);
+  // (1) The value leaving the window (token len - R), before the new token takes its slot.
+  if (v1 > v0 && v0 < len) {
+    for (int h = threadIdx.x; h < H; h += blockDim.x)
+      kivi_append_value(l, p.v_records, p.v_residual, s, v0, h, false);
+    __syncthreads();
+  }
+  // (2) The new token enters its ring slot.
   for (int x = threadIdx.x; x < H * D; x += blockDim.x) {
     const int h = x / D, c = x - (x / D) * D;
     const std::size_t off = l.residual_offset(s, len, h);
@@ -257,13 +296,24 @@ __global__ void __launch_bounds__(append_threads)
     reinterpret_cast<T*>(p.v_residual + off)[c] = convert<T>(p.v_new[in0 + x]);
   }
   __syncthreads();
-  const int q0 = l.quantized_len_for(len), q1 = l.quantized_len_for(len + 1);
-  if (q1 > q0) {  // tokens [q0, q0 + G) leave the window
+  // (3) R = 0: its value is quantised at once and stays in the window dequantised.
+  if (v1 > v0 && v0 == len) {
+    for (int h = threadIdx.x; h < H; h += blockDim.x)
+      kivi_append_value(l, p.v_records, p.v_residual, s, len, h, true);
+    __syncthreads();
+  }
+  // (4) The key block, when full: tokens [k0, k1) in groups of G. Per (head, group, code byte):
+  // the parameters of its `per` channels over the G tokens, that byte of each token's record,
+  // and (tokens still in the window) those channels dequantised back into the ring. A thread
+  // reads and writes only its own channels.
+  const int k0 = l.key_quantized_len_for(len), k1 = l.key_quantized_len_for(next);
+  if (k1 > k0) {
     const int G = l.group();
-    // (2a) Keys: per (head, code byte): the parameters of its `per` channels over the G tokens,
-    // then that byte of each token's record.
-    for (int x = threadIdx.x; x < H * code_bytes; x += blockDim.x) {
-      const int h = x / code_bytes, b = x - (x / code_bytes) * code_bytes;
+    const int groups = (k1 - k0) / G;
+    const int window = l.quantized_len_for(next);
+    for (int x = threadIdx.x; x < H * groups * code_bytes; x += blockDim.x) {
+      const int b = x % code_bytes, hg = x / code_bytes;
+      const int h = hg / groups, q0 = k0 + (hg - h * groups) * G;
       S* scale = reinterpret_cast<S*>(p.k_params + l.k_params_offset(s, q0 / G, h));
       S* zero = scale + D;
       float sc[per], z[per];
@@ -278,49 +328,43 @@ __global__ void __launch_bounds__(append_threads)
           mn = v < mn ? v : mn;
           mx = v > mx ? v : mx;
         }
-        const kivi_affine<S> a = kivi_make_affine<Bits, S>(mn, mx);
+        const kivi_affine<S> a = kivi_make_affine<KBits, S>(mn, mx);
         scale[c] = a.scale;
         zero[c] = a.zero;
         sc[k] = kivi_to_float(a.scale);
         z[k] = kivi_to_float(a.zero);
       }
       for (int i = 0; i < G; ++i) {
-        const T* xrow = reinterpret_cast<const T*>(p.k_residual + l.residual_offset(s, q0 + i, h));
+        T* xrow = reinterpret_cast<T*>(p.k_residual + l.residual_offset(s, q0 + i, h));
         std::uint32_t byte = 0;
+        std::uint32_t q[per];
 #pragma unroll
-        for (int k = 0; k < per; ++k)
-          byte |= kivi_quantize<Bits>(to_float(xrow[b * per + k]), sc[k], z[k]) << (k * Bits);
+        for (int k = 0; k < per; ++k) {
+          q[k] = kivi_quantize<KBits>(to_float(xrow[b * per + k]), sc[k], z[k]);
+          byte |= q[k] << (k * KBits);
+        }
         reinterpret_cast<std::uint8_t*>(p.k_codes + l.k_offset(s, q0 + i, h))[b] =
             static_cast<std::uint8_t>(byte);
+        if (q0 + i >= window) {
+#pragma unroll
+          for (int k = 0; k < per; ++k)
+            xrow[b * per + k] = from_float<T>(kivi_dequantize(q[k], sc[k], z[k]));
+        }
       }
     }
     // Key record padding (bytes [code_bytes, k_row_bytes)) is zero, as the host writer's.
     const int k_pad = static_cast<int>(l.k_row_bytes()) - code_bytes;
     if (k_pad > 0) {
-      for (int x = threadIdx.x; x < H * G * k_pad; x += blockDim.x) {
+      const int n = k1 - k0;
+      for (int x = threadIdx.x; x < H * n * k_pad; x += blockDim.x) {
         const int hi = x / k_pad, b = code_bytes + (x - hi * k_pad);
-        const int h = hi / G, i = hi - (hi / G) * G;
-        reinterpret_cast<std::uint8_t*>(p.k_codes + l.k_offset(s, q0 + i, h))[b] = 0;
+        const int h = hi / n, i = hi - (hi / n) * n;
+        reinterpret_cast<std::uint8_t*>(p.k_codes + l.k_offset(s, k0 + i, h))[b] = 0;
       }
-    }
-    // (2b) Values: per (head, token), the whole record built in registers, then stored in
-    // 16-byte pieces (padding zero).
-    constexpr std::size_t max_rec = kivi_max_v_record_bytes<L>;
-    const int vrec = static_cast<int>(l.v_row_bytes());
-    for (int x = threadIdx.x; x < H * G; x += blockDim.x) {
-      const int h = x / G, i = x - (x / G) * G;
-      alignas(16) std::uint8_t rec[max_rec];
-      for (std::size_t b = 0; b < max_rec; ++b) rec[b] = 0;
-      const T* xrow = reinterpret_cast<const T*>(p.v_residual + l.residual_offset(s, q0 + i, h));
-      kivi_quantize_value_row<Bits, S, T>(xrow, D, G, rec,
-                                          reinterpret_cast<S*>(rec + l.v_scales_offset()),
-                                          reinterpret_cast<S*>(rec + l.v_zeros_offset()));
-      uint4* dst = reinterpret_cast<uint4*>(p.v_records + l.v_offset(s, q0 + i, h));
-      for (int u = 0; u < vrec / 16; ++u) dst[u] = reinterpret_cast<const uint4*>(rec)[u];
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) p.seq_lens[s] = len + 1;
+  if (threadIdx.x == 0) p.seq_lens[s] = next;
 }
 
 }  // namespace detail

@@ -1,8 +1,9 @@
 #pragma once
-// KIVI-quantised KV layout (Liu et al., ICML'24): 2- or 4-bit asymmetric quantisation, keys per
-// channel over groups of G tokens, values per token over groups of G channels, the most recent
-// tokens kept in full precision in a residual window. Plus the host writer that appends tokens
-// and quantises whole groups as they leave the window.
+// KIVI-quantised KV layout (Liu et al., ICML'24): 2- or 4-bit asymmetric quantisation (key and
+// value widths chosen separately: KIVI-2 is K2 / V2, KIVI-4 K4 / V4, kivi_bits{2, 4} K2 / V4),
+// keys per channel over groups of G tokens, values per token over groups of G channels, recent
+// tokens kept in full precision as KIVI's own code keeps them. Plus the host writer that appends
+// tokens and quantises them as they leave the full-precision windows.
 //
 //   using layout = kvscout::kivi_layout<kvscout::half, 128, /*Bits=*/2>;   // fp16 scales / zeros
 //   std::vector<int32_t> lens = {0, 0};                                    // tokens per sequence
@@ -14,33 +15,48 @@
 //   auto kv = store.buffers().view(l);                       // kivi_view: what attention reads
 //   executor.submit(kv.quantized(), selection, destination); // fetches K codes and V records only
 //
-// ## Which tokens are quantised (the residual-window rule)
-// With len = seq_lens[s] tokens, tokens [0, quantized_len) are quantised and [quantized_len, len)
-// stay in full precision, where
-//   quantized_len = G * floor(max(0, len - R) / G).
-// So the window always holds the R most recent tokens (all of them while len <= R) and at most
-// R + G - 1: whenever an append brings it to R + G tokens, its oldest G tokens (one whole key
-// group) are quantised and leave it. quantized_len is a function of len alone, so the layout
-// needs no metadata beyond the lengths. With R = 0 a group is quantised as soon as it is full.
+// ## Which tokens are quantised (KIVI's rule: models/llama_kivi.py of the authors' code)
+// With len = seq_lens[s] tokens and R the residual length (a multiple of G, as KIVI asserts):
+//   keys:   key_quantized_len   = B * floor(len / B),  B = R (G when R = 0)
+//           full-precision keys accumulate and are quantised B at a time (B / G key groups) when
+//           they reach B: 0 to B - 1 keys stay in full precision;
+//   values: value_quantized_len = max(0, len - R)
+//           exactly the R most recent values stay in full precision (all while len <= R); each
+//           append quantises the value that leaves them.
+// Both are functions of len alone, so the layout needs no metadata beyond the lengths. R = 0 is
+// kvscout's extension (KIVI needs R > 0): values are quantised as they arrive, keys a group of G
+// at a time.
 //
 // ## What executors and selectors see
-// As a kv_layout, seq_len(s) is quantized_len(s): executors fetch, and selectors choose among,
-// quantised tokens only. The residual window is never fetched: it is resident where attention
-// runs (the device, in an offloaded cache) and attention reads all of it, in full precision, after
-// the selected rows (attention/kivi_rows.hpp). total_len(s) and residual_len(s) give the rest.
-// A selector's score_view therefore carries quantized lengths (fill_quantized_lens).
+// A fetched row is a token's key record and value record, so the tokens executors fetch and
+// selectors choose among are those with both quantised: seq_len(s) = quantized_len_for(len) =
+// min(key_quantized_len, value_quantized_len) (= len - R once len >= R). The rest, the window
+// [seq_len, len) of at most B tokens, is never fetched: it is resident where attention runs (the
+// device, in an offloaded cache) and attention reads all of it after the selected rows
+// (attention/kivi_rows.hpp). In the window some keys are already quantised (R > 0: tokens
+// [value_quantized_len, key_quantized_len)) or some values (R = 0): the window keeps those rows
+// dequantised, rounded once to T, so attention reads exactly what KIVI attends to (up to that
+// rounding). total_len(s) and residual_len(s) give the rest. A selector's score_view therefore
+// carries quantised lengths (fill_quantized_lens).
+//
+// ## Where the packed layout differs from KIVI's (not binary-compatible)
+// KIVI packs a key group's codes along the token axis (one word holds a channel of several
+// tokens); here every token has its own key record, so that one token's row can be fetched
+// alone, and a value record carries its own scales and zeros. The numbers are KIVI's; the bytes
+// are laid out for row-granular fetches.
 //
 // ## Buffers (per (sequence, kv head) slices, preallocated to `capacity` tokens, like
 // contiguous_layout::padded; every buffer 16-byte aligned). Qc = quantized_capacity =
-// quantized_len(capacity), W = R + G residual slots.
+// max(key_quantized_len(capacity), value_quantized_len(capacity)), W = B residual slots.
 //   k_codes     [num_seqs, H, Qc, k_row_bytes]         the key record of token t: packed codes of
 //                                                      its D channels, zero-padded to 16 bytes
 //   v_records   [num_seqs, H, Qc, v_row_bytes]         the value record of token t:
-//                 [0, D*Bits/8)                          packed codes
+//                 [0, D*VBits/8)                         packed codes
 //                 then scales[D / G], then zeros[D / G]  (Scale), then zero padding to 16 bytes
-//   k_params    [num_seqs, H, Qc / G, 2, D]  Scale     key group j: scale[D] then zero[D]
-//   k_residual  [num_seqs, H, W, D]          T         token t (quantized_len <= t < len) in slot
-//   v_residual  [num_seqs, H, W, D]          T         t % W: a ring, nothing moves on quantising
+//   k_params    [num_seqs, H, Kq / G, 2, D]  Scale     key group j: scale[D] then zero[D]
+//                                                      (Kq = key_quantized_len(capacity))
+//   k_residual  [num_seqs, H, W, D]          T         token t of the window in slot t % W: a
+//   v_residual  [num_seqs, H, W, D]          T         ring, nothing moves on quantising
 // The executors move k_codes and v_records (k_row_bytes / v_row_bytes per row); k_params and the
 // residual stay resident: the key group parameters are shared by G tokens, so fetching them with
 // each row would multiply their traffic, and keeping them costs 2 * D * sizeof(Scale) / G bytes
@@ -51,6 +67,7 @@
 // Record sizes (bytes moved per selected (token, kv head) row, G = 32; fp16 rows move 4 * D):
 //   D = 64,  2 bits: K 16 + V 32 (fp16 scales) / 32 (fp32)    4 bits: K 32 + V 48 / 48
 //   D = 128, 2 bits: K 32 + V 48 (fp16 scales) / 64 (fp32)    4 bits: K 64 + V 80 / 96
+//   (K2 / V4 at D = 128, fp16 scales: K 32 + V 80.)
 //
 // ## Error bound
 // For a group with minimum mn, maximum mx, exact scale s* = (mx - mn) / L, stored scale s and
@@ -87,19 +104,29 @@ namespace kvscout {
 /// The bit widths kivi_layout supports, for dispatch at the outermost API.
 inline constexpr value_list<2, 4> supported_kivi_bits{};
 
+/// Key and value bit widths of a kivi_layout: `2` (K2 / V2, KIVI-2), `4`, or `kivi_bits{2, 4}`
+/// (K2 / V4). An int converts, so kivi_layout<half, 128, 2> is kivi_layout<half, 128, {2, 2}>.
+struct kivi_bits {
+  int key;
+  int value;
+  constexpr kivi_bits(int both) : key(both), value(both) {}  // NOLINT: implicit by design
+  constexpr kivi_bits(int k, int v) : key(k), value(v) {}
+};
+
 /// Alignment of every KIVI buffer and size granule of every record: one 16-byte vector load.
 inline constexpr std::size_t kivi_alignment = 16;
 
 /// Runtime shape of the quantisation: G and R.
 struct kivi_options {
   int group = 32;      // G: tokens per key group, channels per value group (must divide head_dim)
-  int residual = 128;  // R: recent tokens that always stay in full precision
+  int residual = 128;  // R: KIVI's residual length, a multiple of G (see the rule above)
 };
 
-template <kv_element T, int HeadDim, int Bits, class Scale = half>
+template <kv_element T, int HeadDim, kivi_bits Bits, class Scale = half>
 class kivi_layout {
-  static_assert(Bits == 2 || Bits == 4,
-                "kvscout::kivi_layout: Bits must be 2 or 4 (KIVI-2 or KIVI-4)");
+  static_assert((Bits.key == 2 || Bits.key == 4) && (Bits.value == 2 || Bits.value == 4),
+                "kvscout::kivi_layout: key and value bit widths must be 2 or 4 (KIVI-2, KIVI-4, "
+                "or kivi_bits{2, 4} and the like)");
   static_assert(compute_element<T>,
                 "kvscout::kivi_layout: T (the residual window's rows) must be float, half or "
                 "bfloat16");
@@ -118,16 +145,18 @@ class kivi_layout {
   using element_type = T;  // residual rows, the current token, and what attention computes in
   using scale_type = Scale;
   static constexpr int head_dim = HeadDim;
-  static constexpr int bits = Bits;
-  /// Packed codes of one row (K or V): D * Bits / 8 bytes.
-  static constexpr std::size_t code_bytes = detail::kivi_code_bytes<Bits>(HeadDim);
+  static constexpr int key_bits = Bits.key;
+  static constexpr int value_bits = Bits.value;
+  /// Packed codes of one key row: D * key_bits / 8 bytes; of one value row: D * value_bits / 8.
+  static constexpr std::size_t k_code_bytes = detail::kivi_code_bytes<key_bits>(HeadDim);
+  static constexpr std::size_t v_code_bytes = detail::kivi_code_bytes<value_bits>(HeadDim);
   /// A key record: the codes, padded to 16 bytes.
-  static constexpr std::size_t k_record_bytes = align_up(code_bytes);
+  static constexpr std::size_t k_record_bytes = align_up(k_code_bytes);
 
   kivi_layout() = default;
 
   /// Padded batch: each (sequence, kv head) owns `capacity` token slots (quantised records for
-  /// quantized_capacity() of them, W = R + G residual slots). seq_lens[num_seqs] holds the total
+  /// quantized_capacity() of them, W = key_block() residual slots). seq_lens[num_seqs] holds the total
   /// tokens of each sequence and must stay readable where the layout is used.
   static kivi_layout padded(int num_kv_heads, int capacity, const int32_t* seq_lens, int num_seqs,
                             kivi_options opt = {}) {
@@ -142,8 +171,9 @@ class kivi_layout {
                     "channels)");
     KVSCOUT_EXPECTS(opt.residual >= 0, "residual window R must be non-negative, got R = ",
                     opt.residual);
-    KVSCOUT_EXPECTS(opt.residual <= INT32_MAX - opt.group, "residual window R = ", opt.residual,
-                    " is too large: R + G (G = ", opt.group, ") must fit in an int");
+    KVSCOUT_EXPECTS(opt.residual % opt.group == 0, "residual length R = ", opt.residual,
+                    " must be a multiple of the group size G = ", opt.group,
+                    " (KIVI quantises keys R at a time, in groups of G)");
     kivi_layout l;
     l.num_seqs_ = num_seqs;
     l.num_kv_heads_ = num_kv_heads;
@@ -151,17 +181,19 @@ class kivi_layout {
     l.group_ = opt.group;
     l.residual_ = opt.residual;
     l.lens_ = seq_lens;
-    l.quantized_capacity_ = l.quantized_len_for(capacity);
-    l.v_record_bytes_ = align_up(code_bytes + 2 * static_cast<std::size_t>(HeadDim / opt.group) *
-                                                  sizeof(Scale));
+    l.quantized_capacity_ = std::max(l.key_quantized_len_for(capacity),
+                                     l.value_quantized_len_for(capacity));
+    l.key_groups_ = l.key_quantized_len_for(capacity) / opt.group;
+    l.v_record_bytes_ = align_up(v_code_bytes + 2 * static_cast<std::size_t>(HeadDim / opt.group) *
+                                                    sizeof(Scale));
     // Every buffer size below is a product of these: none may wrap.
     const std::size_t record_max = std::max({k_record_bytes, l.v_record_bytes_,
                                              k_params_group_bytes});
     detail::checked_size("a KIVI record buffer's bytes (num_seqs x num_kv_heads x quantised "
                          "capacity x record bytes)", num_seqs, num_kv_heads,
                          l.quantized_capacity_, record_max);
-    detail::checked_size("a KIVI residual buffer's bytes (num_seqs x num_kv_heads x (R + G) x "
-                         "row bytes)", num_seqs, num_kv_heads, l.residual_slots(),
+    detail::checked_size("a KIVI residual buffer's bytes (num_seqs x num_kv_heads x residual "
+                         "slots x row bytes)", num_seqs, num_kv_heads, l.residual_slots(),
                          HeadDim * sizeof(T));
     return l;
   }
@@ -172,18 +204,31 @@ class kivi_layout {
   KVSCOUT_HOST_DEVICE int residual() const { return residual_; }
   /// Most tokens per sequence.
   KVSCOUT_HOST_DEVICE int capacity() const { return capacity_; }
-  /// Quantised record slots per (sequence, kv head): quantized_len_for(capacity()).
+  /// Record slots per (sequence, kv head): the most tokens with a quantised key or value,
+  /// max(key_quantized_len_for(capacity()), value_quantized_len_for(capacity())).
   KVSCOUT_HOST_DEVICE int quantized_capacity() const { return quantized_capacity_; }
-  /// Key groups per (sequence, kv head): quantized_capacity() / G.
-  KVSCOUT_HOST_DEVICE int key_groups() const { return quantized_capacity_ / group_; }
-  /// Residual ring slots per (sequence, kv head): R + G.
-  KVSCOUT_HOST_DEVICE int residual_slots() const { return residual_ + group_; }
+  /// Key groups per (sequence, kv head): key_quantized_len_for(capacity()) / G.
+  KVSCOUT_HOST_DEVICE int key_groups() const { return key_groups_; }
+  /// Keys are quantised this many at a time: B = R (G when R = 0), a multiple of G.
+  KVSCOUT_HOST_DEVICE int key_block() const { return residual_ > 0 ? residual_ : group_; }
+  /// Residual ring slots per (sequence, kv head): key_block(), the most tokens the window holds.
+  KVSCOUT_HOST_DEVICE int residual_slots() const { return key_block(); }
   KVSCOUT_HOST_DEVICE const int32_t* seq_lens() const { return lens_; }
 
-  /// Quantised tokens of a sequence of `len` tokens: G * floor(max(0, len - R) / G).
+  /// Tokens with a quantised key in a sequence of `len` tokens: B * floor(len / B).
+  KVSCOUT_HOST_DEVICE int key_quantized_len_for(int len) const {
+    const int b = key_block();
+    return len / b * b;
+  }
+  /// Tokens with a quantised value: max(0, len - R).
+  KVSCOUT_HOST_DEVICE int value_quantized_len_for(int len) const {
+    return len > residual_ ? len - residual_ : 0;
+  }
+  /// Tokens with both quantised, the ones executors fetch and selectors see: the smaller of the
+  /// two (len - R once len >= R > 0).
   KVSCOUT_HOST_DEVICE int quantized_len_for(int len) const {
-    const int over = len - residual_;
-    return over > 0 ? over / group_ * group_ : 0;
+    const int k = key_quantized_len_for(len), v = value_quantized_len_for(len);
+    return k < v ? k : v;
   }
   /// All tokens of sequence s.
   KVSCOUT_HOST_DEVICE int total_len(int s) const { return lens_[s]; }
@@ -213,9 +258,9 @@ class kivi_layout {
   }
 
   /// Inside a value record: byte offsets of scales[D / G] and of zeros[D / G].
-  KVSCOUT_HOST_DEVICE std::size_t v_scales_offset() const { return code_bytes; }
+  KVSCOUT_HOST_DEVICE std::size_t v_scales_offset() const { return v_code_bytes; }
   KVSCOUT_HOST_DEVICE std::size_t v_zeros_offset() const {
-    return code_bytes + static_cast<std::size_t>(HeadDim / group_) * sizeof(Scale);
+    return v_code_bytes + static_cast<std::size_t>(HeadDim / group_) * sizeof(Scale);
   }
 
   /// Bytes of one key group's parameters: scale[D] then zero[D].
@@ -227,8 +272,8 @@ class kivi_layout {
            k_params_group_bytes;
   }
 
-  /// Byte offset, in k_residual / v_residual, of the row of residual token t
-  /// (seq_len(s) <= t < total_len(s)): slot t % (R + G).
+  /// Byte offset, in k_residual / v_residual, of the row of window token t
+  /// (seq_len(s) <= t < total_len(s)): slot t % residual_slots().
   KVSCOUT_HOST_DEVICE std::size_t residual_offset(int s, int t, int h) const {
     const int w = residual_slots();
     return ((static_cast<std::size_t>(s) * num_kv_heads_ + h) * w + t % w) * HeadDim * sizeof(T);
@@ -298,6 +343,7 @@ class kivi_layout {
   int num_kv_heads_ = 0;
   int capacity_ = 0;
   int quantized_capacity_ = 0;
+  int key_groups_ = 0;
   int group_ = 32;  // never 0, so a default-constructed layout's length math is defined
   int residual_ = 128;
   const int32_t* lens_ = nullptr;
@@ -308,10 +354,12 @@ static_assert(kv_layout<kivi_layout<half, 128, 2>>);
 static_assert(kv_layout<kivi_layout<half, 64, 4, float>>);
 static_assert(kv_layout<kivi_layout<bfloat16, 128, 4, half>>);
 static_assert(kv_layout<kivi_layout<float, 256, 2, float>>);
+static_assert(kv_layout<kivi_layout<half, 128, kivi_bits{2, 4}>>);
+static_assert(std::is_same_v<kivi_layout<half, 64, 2>, kivi_layout<half, 64, kivi_bits{2, 2}>>);
 
 template <class L>
 struct is_kivi_layout : std::false_type {};
-template <kv_element T, int D, int B, class S>
+template <kv_element T, int D, kivi_bits B, class S>
 struct is_kivi_layout<kivi_layout<T, D, B, S>> : std::true_type {};
 
 /// A kivi_layout instantiation.
@@ -330,9 +378,9 @@ inline void kivi_check_buffer(const std::byte* p, std::size_t size, std::size_t 
 /// The resident part of a KIVI cache: what stays where attention runs and is never fetched.
 template <class Space>
 struct kivi_resident_view {
-  span<const std::byte, Space> k_params;    // [num_seqs, H, Qc / G, 2, D] Scale
-  span<const std::byte, Space> k_residual;  // [num_seqs, H, R + G, D] T
-  span<const std::byte, Space> v_residual;  // [num_seqs, H, R + G, D] T
+  span<const std::byte, Space> k_params;    // [num_seqs, H, Kq / G, 2, D] Scale
+  span<const std::byte, Space> k_residual;  // [num_seqs, H, W, D] T
+  span<const std::byte, Space> v_residual;  // [num_seqs, H, W, D] T
 
   /// Null / alignment / size checks against a layout.
   template <kivi_quantized_layout L>
@@ -440,17 +488,17 @@ class kivi_host_storage {
   std::size_t sizes_[5];
 };
 
-/// Appends tokens to a host KIVI cache: each token enters the residual window; when the window
-/// reaches R + G tokens its oldest G are quantised (keys per channel as one group, values per
-/// token) and packed into their records, and the window moves on (see the rule above). The
-/// writer increments seq_lens[s], the array the layout reads.
+/// Appends tokens to a host KIVI cache by KIVI's rule (header comment): each token enters the
+/// window; the value that leaves it is quantised (per token, groups of G channels); when the
+/// full-precision keys reach B = key_block() they are quantised (per channel, B / G groups of G
+/// tokens) and the window keeps them dequantised. The writer increments seq_lens[s], the array
+/// the layout reads.
 ///
 /// Validation happens before anything is written: sequence index, capacity, input sizes, finite
 /// inputs, and (fp16 scales) |x| <= 65504 so that no scale or zero can overflow. Not
 /// thread-safe per sequence; different sequences may be appended from different threads.
-/// An append writes only what no reader of the current lengths can see: the new token's free
-/// ring slot, and the records / parameters of tokens [q, q + G) before seq_lens[s] grows to
-/// cover them (a concurrent reader on another thread still needs the caller's synchronisation).
+/// An append rewrites window rows that readers of the current lengths see (a flushed key block
+/// becomes its dequantised values): a concurrent reader needs the caller's synchronisation.
 template <kivi_quantized_layout Layout>
 class kivi_host_writer {
  public:
@@ -499,7 +547,8 @@ class kivi_host_writer {
  private:
   using T = element_type;
   using S = scale_type;
-  static constexpr int Bits = Layout::bits;
+  static constexpr int KBits = Layout::key_bits;
+  static constexpr int VBits = Layout::value_bits;
 
   static void check_values(const T* x, std::size_t n, const char* what) {
     // fp16 scales: zero = min and scale = (max - min) / L stay finite when |x| <= 65504.
@@ -514,48 +563,78 @@ class kivi_host_writer {
     }
   }
 
-  void append_one(int s, const T* k, const T* v) {
-    const int len = lens_[s];
-    const int H = l_.num_kv_heads();
-    constexpr std::size_t row = head_dim * sizeof(T);
-    for (int h = 0; h < H; ++h) {
-      const std::size_t off = l_.residual_offset(s, len, h);
-      std::memcpy(b_.k_residual.data() + off, k + static_cast<std::size_t>(h) * head_dim, row);
-      std::memcpy(b_.v_residual.data() + off, v + static_cast<std::size_t>(h) * head_dim, row);
-    }
-    const int q0 = l_.quantized_len_for(len), q1 = l_.quantized_len_for(len + 1);
-    if (q1 > q0) quantise_group(s, q0);  // q1 - q0 == G: tokens [q0, q0 + G) leave the window
-    lens_[s] = len + 1;
+  T* k_ring(int s, int t, int h) const {
+    return reinterpret_cast<T*>(b_.k_residual.data() + l_.residual_offset(s, t, h));
+  }
+  T* v_ring(int s, int t, int h) const {
+    return reinterpret_cast<T*>(b_.v_residual.data() + l_.residual_offset(s, t, h));
   }
 
-  // Quantises tokens [q0, q0 + G) of every head from their residual slots into their records.
-  void quantise_group(int s, int q0) {
-    const int G = l_.group();
+  void append_one(int s, const T* k, const T* v) {
+    const int len = lens_[s], next = len + 1;
     const int H = l_.num_kv_heads();
-    constexpr int max_group = head_dim;  // G divides head_dim
-    const T* rows[max_group];
-    std::byte* const kres = b_.k_residual.data();
-    std::byte* const vres = b_.v_residual.data();
+    constexpr std::size_t row = head_dim * sizeof(T);
+    const int v0 = l_.value_quantized_len_for(len), v1 = l_.value_quantized_len_for(next);
+    // The value leaving the window (token len - R) is quantised before the new token takes its
+    // ring slot (the same slot when R > 0).
+    if (v1 > v0 && v0 < len) quantise_value(s, v0, false);
     for (int h = 0; h < H; ++h) {
-      // The group's key records are adjacent; zero them so that padding bytes are deterministic.
-      std::memset(b_.k_codes.data() + l_.k_offset(s, q0, h), 0,
-                  static_cast<std::size_t>(G) * l_.k_row_bytes());
-      for (int i = 0; i < G; ++i)
-        rows[i] = reinterpret_cast<const T*>(kres + l_.residual_offset(s, q0 + i, h));
-      std::byte* params = b_.k_params.data() + l_.k_params_offset(s, q0 / G, h);
-      S* scale = reinterpret_cast<S*>(params);
-      S* zero = scale + head_dim;
-      auto* records = reinterpret_cast<std::uint8_t*>(b_.k_codes.data() + l_.k_offset(s, q0, h));
-      detail::kivi_quantize_key_group<Bits, S, T>(rows, G, head_dim, scale, zero, records,
-                                                  l_.k_row_bytes());
-      for (int i = 0; i < G; ++i) {
-        const T* x = reinterpret_cast<const T*>(vres + l_.residual_offset(s, q0 + i, h));
-        auto* rec = reinterpret_cast<std::uint8_t*>(b_.v_records.data() +
-                                                    l_.v_offset(s, q0 + i, h));
-        std::memset(rec, 0, l_.v_row_bytes());  // padding bytes are zero, records deterministic
-        detail::kivi_quantize_value_row<Bits, S, T>(
-            x, head_dim, G, rec, reinterpret_cast<S*>(rec + l_.v_scales_offset()),
-            reinterpret_cast<S*>(rec + l_.v_zeros_offset()));
+      std::memcpy(k_ring(s, len, h), k + static_cast<std::size_t>(h) * head_dim, row);
+      std::memcpy(v_ring(s, len, h), v + static_cast<std::size_t>(h) * head_dim, row);
+    }
+    // R = 0: the new token's value is quantised at once and stays in the window dequantised.
+    if (v1 > v0 && v0 == len) quantise_value(s, len, true);
+    const int k0 = l_.key_quantized_len_for(len), k1 = l_.key_quantized_len_for(next);
+    if (k1 > k0) quantise_keys(s, k0, k1, l_.quantized_len_for(next));
+    lens_[s] = next;
+  }
+
+  // Quantises the value of token t of every head from its ring slot into its record; `keep`:
+  // the slot then holds the dequantised row (the token stays in the window).
+  void quantise_value(int s, int t, bool keep) {
+    const int G = l_.group();
+    for (int h = 0; h < l_.num_kv_heads(); ++h) {
+      auto* rec = reinterpret_cast<std::uint8_t*>(b_.v_records.data() + l_.v_offset(s, t, h));
+      std::memset(rec, 0, l_.v_row_bytes());  // padding bytes are zero, records deterministic
+      S* scales = reinterpret_cast<S*>(rec + l_.v_scales_offset());
+      S* zeros = reinterpret_cast<S*>(rec + l_.v_zeros_offset());
+      T* x = v_ring(s, t, h);
+      detail::kivi_quantize_value_row<VBits, S, T>(x, head_dim, G, rec, scales, zeros);
+      if (keep)
+        for (int c = 0; c < head_dim; ++c)
+          x[c] = from_float<T>(detail::kivi_dequantize(detail::kivi_code<VBits>(rec, c),
+                                                       detail::kivi_to_float(scales[c / G]),
+                                                       detail::kivi_to_float(zeros[c / G])));
+    }
+  }
+
+  // Quantises the keys of tokens [k0, k1) of every head (whole groups of G) from their ring
+  // slots into their records and group parameters; the slots of tokens still in the window
+  // (from `window` on) then hold the dequantised keys.
+  void quantise_keys(int s, int k0, int k1, int window) {
+    const int G = l_.group();
+    const T* rows[head_dim];  // G <= head_dim (G divides it)
+    for (int h = 0; h < l_.num_kv_heads(); ++h) {
+      for (int q0 = k0; q0 < k1; q0 += G) {
+        // The group's key records are adjacent; zero them so that padding bytes are
+        // deterministic.
+        std::memset(b_.k_codes.data() + l_.k_offset(s, q0, h), 0,
+                    static_cast<std::size_t>(G) * l_.k_row_bytes());
+        for (int i = 0; i < G; ++i) rows[i] = k_ring(s, q0 + i, h);
+        S* scale = reinterpret_cast<S*>(b_.k_params.data() + l_.k_params_offset(s, q0 / G, h));
+        S* zero = scale + head_dim;
+        auto* records = reinterpret_cast<std::uint8_t*>(b_.k_codes.data() + l_.k_offset(s, q0, h));
+        detail::kivi_quantize_key_group<KBits, S, T>(rows, G, head_dim, scale, zero, records,
+                                                     l_.k_row_bytes());
+        for (int i = 0; i < G; ++i) {
+          if (q0 + i < window) continue;
+          T* x = k_ring(s, q0 + i, h);
+          const std::uint8_t* rec = records + static_cast<std::size_t>(i) * l_.k_row_bytes();
+          for (int c = 0; c < head_dim; ++c)
+            x[c] = from_float<T>(detail::kivi_dequantize(detail::kivi_code<KBits>(rec, c),
+                                                         detail::kivi_to_float(scale[c]),
+                                                         detail::kivi_to_float(zero[c])));
+        }
       }
     }
   }

@@ -4,7 +4,7 @@
 // i's query and every key, so it runs at the start of layer i: needs_query = true).
 //
 // Keys are read as attention reads them (attention/cache_rows.hpp): through the layout, or, for a
-// KIVI cache, dequantised, then the residual window in full precision; an fp8 cache's keys times
+// KIVI cache, dequantised, then the resident window as attention reads it; an fp8 cache's keys times
 // the layer's k_scale (the optional per-layer `k_scales`). So on a quantised cache the oracle
 // ranks by the logits attention will actually compute.
 //

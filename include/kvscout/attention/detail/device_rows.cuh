@@ -164,7 +164,7 @@ class layout_rows_device {
 };
 
 /// The KIVI records an executor gathered (core/selection.hpp layout, k_row_bytes / v_row_bytes
-/// per row), dequantised as they are read, then the resident residual window in full precision:
+/// per row), dequantised as they are read, then the resident window (kv/kivi.hpp):
 /// the device twin of kivi_gathered_rows. rows(s, h) = counts[s, h] + residual_len(s).
 template <kivi_quantized_layout L>
 class kivi_gathered_rows_device {
@@ -224,7 +224,7 @@ class kivi_gathered_rows_device {
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         const int c = c0 + e;
-        dst[e] = detail::kivi_dequantize(detail::kivi_code<L::bits>(codes, c),
+        dst[e] = detail::kivi_dequantize(detail::kivi_code<L::key_bits>(codes, c),
                                          detail::kivi_to_float(scale[c]),
                                          detail::kivi_to_float(zero[c]));
       }
@@ -250,7 +250,7 @@ class kivi_gathered_rows_device {
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         const int c = c0 + e;
-        dst[e] = detail::kivi_dequantize(detail::kivi_code<L::bits>(codes, c),
+        dst[e] = detail::kivi_dequantize(detail::kivi_code<L::value_bits>(codes, c),
                                          detail::kivi_to_float(scales[c / G]),
                                          detail::kivi_to_float(zeros[c / G]));
       }
