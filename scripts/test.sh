@@ -19,7 +19,7 @@ if model=$(bash "$root/scripts/fetch_model.sh" | tail -n 1); then
 else
   echo "kvscout: could not fetch the model; [model] tests will be skipped" >&2
 fi
-export KVSCOUT_DATA_DIR=${KVSCOUT_DATA_DIR:-$root/../shared/data}
+export KVSCOUT_DATA_DIR=${KVSCOUT_DATA_DIR:-$root/tests/data}  # pg19_firstbook.txt, in the repository
 
 echo "== kvscout: main build (build/)"
 cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
