@@ -19,7 +19,7 @@ kvscout_install_deps cmake ninja-build g++ python3 python3-pip libeigen3-dev
 model=$(bash "$root/scripts/fetch_model.sh" | tail -n 1)
 
 long=${KVSCOUT_ACCURACY_LONG:-/usr/share/common-licenses/GPL-3}  # Debian's base-files
-short=${KVSCOUT_ACCURACY_SHORT:-$root/../shared/data/pg19_firstbook.txt}
+short=${KVSCOUT_ACCURACY_SHORT:-${KVSCOUT_DATA_DIR:-$root/tests/data}/pg19_firstbook.txt}
 out="$root/docs"
 for ((i = 1; i <= $#; ++i)); do
   [[ "${!i}" == "--out" ]] && { j=$((i + 1)); out="${!j}"; }

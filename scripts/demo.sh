@@ -11,8 +11,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/common.sh"
 kvscout_install_deps cmake ninja-build g++ python3 python3-pip libeigen3-dev
 model=$(bash "$root/scripts/fetch_model.sh" | tail -n 1)
-text="$root/../shared/data/pg19_firstbook.txt"
-[[ -f "$text" ]] || text=/usr/share/common-licenses/GPL-3
+text="${KVSCOUT_DATA_DIR:-$root/tests/data}/pg19_firstbook.txt"
+[[ -f "$text" ]] || text="$root/tests/data/pg19_firstbook.txt"  # in the repository: tests/data/README.md
 echo "== building the demo (build-demo/)" >&2
 cmake -S "$root" -B "$root/build-demo" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DKVSCOUT_BUILD_TESTS=OFF -DKVSCOUT_BUILD_BENCHMARKS=OFF -DKVSCOUT_ENABLE_CUDA=OFF >/dev/null

@@ -196,15 +196,14 @@ gguf_writer tiny_gguf(std::string_view model, std::string_view pre) {
 
 fs::path model_path() { return smollm2::model_path(); }
 
-/// pg19_firstbook.txt from ${KVSCOUT_DATA_DIR}, else shared/data beside the repository (found
-/// from this source file's path), else /work/shared/data; empty when none has it.
+/// pg19_firstbook.txt from ${KVSCOUT_DATA_DIR}, else tests/data in the repository (found from this
+/// source file's path; tests/data/README.md); empty when neither has it.
 fs::path pg19_path() {
   std::vector<fs::path> dirs;
   if (const char* d = std::getenv("KVSCOUT_DATA_DIR"); d != nullptr && *d != '\0') {
     dirs.emplace_back(d);
   }
-  dirs.push_back(fs::path(__FILE__).parent_path() / ".." / ".." / ".." / "shared" / "data");
-  dirs.emplace_back("/work/shared/data");
+  dirs.push_back(fs::path(__FILE__).parent_path() / ".." / "data");
   for (const auto& d : dirs) {
     std::error_code ec;
     if (fs::exists(d / "pg19_firstbook.txt", ec)) return d / "pg19_firstbook.txt";

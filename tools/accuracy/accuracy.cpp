@@ -12,7 +12,7 @@
 //           on the long text, fp16 on the second text
 //
 //   kvscout_accuracy --model M.gguf --long /usr/share/common-licenses/GPL-3
-//                    --short ../shared/data/pg19_firstbook.txt --out docs [--quick]
+//                    --short tests/data/pg19_firstbook.txt --out docs [--quick]
 
 #include <kvscout/kvscout.hpp>
 #include <kvscout/skew/calibrate.hpp>
