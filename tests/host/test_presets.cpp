@@ -101,7 +101,7 @@ TEST_CASE("infinigen_paper's selector gives every head the mean count; kvscout_d
   for (int t = 0; t < T; ++t) scores[static_cast<std::size_t>(t)] = -50.f - static_cast<float>(t);
   for (int t = 0; t < T; ++t) scores[static_cast<std::size_t>(T + t)] = -50.f - static_cast<float>(t);
   scores[5] = 10.f, scores[9] = 8.f;  // head 0: candidates 5, 9 (alpha 4: >= 6)
-  for (int t : {1, 3, 11, 20, 30, 39}) scores[static_cast<std::size_t>(T + t)] = 10.f - 0.5f * (t % 4);
+  for (int t : {1, 3, 11, 20, 30, 39}) scores[static_cast<std::size_t>(T + t)] = 10.f - 0.5f * static_cast<float>(t % 4);
   const std::int32_t len = T;
   const kvscout::score_view<kvscout::host_space> sv{{scores.data(), scores.size()}, {&len, 1}, 1, H, T};
   std::vector<std::int32_t> idx(static_cast<std::size_t>(H) * T), cnt(H);
