@@ -8,7 +8,8 @@ Writes, for every text in the matrix stage:
   accuracy_<text>_fp16.png      perplexity against bytes fetched per decode step, one line per
                                 policy over the budgets (2 .. 50 %), dense as a point
   accuracy_<text>_formats.png   the same for every KV format (fp16, KIVI-4, KIVI-2) of the
-                                oracle, the default InfiniGen and streaming, dense per format
+                                oracle, kvscout's default, InfiniGen (paper) and streaming,
+                                dense per format
 and accuracy_recall_layers.png: per-layer attention-mass recall at a 10 % budget (fp16, long text).
 """
 
@@ -30,9 +31,10 @@ except ImportError:  # scripts/accuracy.sh installs it
 MIB = 1024.0 * 1024.0
 STYLE = {
     "oracle": dict(color="black", marker="o"),
-    "infinigen/post_rope_skew": dict(color="tab:blue", marker="s"),
-    "infinigen/rope_planes": dict(color="tab:cyan", marker="D"),
-    "infinigen/pre_rope_folded": dict(color="tab:purple", marker="v"),
+    "InfiniGen (paper)": dict(color="tab:brown", marker="*"),
+    "kvscout top-k, post-RoPE skew": dict(color="tab:blue", marker="s"),
+    "kvscout default: RoPE planes": dict(color="tab:cyan", marker="D"),
+    "kvscout top-k, pre-RoPE folded": dict(color="tab:purple", marker="v"),
     "quest": dict(color="tab:green", marker="^"),
     "h2o": dict(color="tab:orange", marker="P"),
     "streaming": dict(color="tab:red", marker="X"),
@@ -53,9 +55,21 @@ def slug(text):
     return re.sub(r"[^A-Za-z0-9_-]+", "_", os.path.splitext(text)[0])
 
 
+# Names of the speculation rows: "infinigen_paper" is presets::infinigen_paper (InfiniGen as its
+# authors' code runs it); "infinigen" rows are infinigen_policy with kvscout's knobs (top-k, r and
+# aggregation from the sweep), rope_planes being presets::kvscout_default.
+SPEC_NAMES = {
+    "rope_planes": "kvscout default: RoPE planes",
+    "post_rope_skew": "kvscout top-k, post-RoPE skew",
+    "pre_rope_folded": "kvscout top-k, pre-RoPE folded",
+}
+
+
 def label(row):
+    if row["policy"] == "infinigen_paper":
+        return "InfiniGen (paper)"
     if row["policy"] == "infinigen":
-        return "infinigen/" + row["rope_mode"]
+        return SPEC_NAMES.get(row["rope_mode"], "kvscout top-k, " + row["rope_mode"])
     return row["policy"]
 
 
@@ -123,7 +137,7 @@ def plot_formats(rows, text, out):
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for fmt in fmts:
         s = series(rows, text, fmt)
-        for name in ("oracle", "infinigen/post_rope_skew", "infinigen/rope_planes", "streaming"):
+        for name in ("oracle", "InfiniGen (paper)", "kvscout default: RoPE planes", "streaming"):
             if name not in s:
                 continue
             pts = s[name]
@@ -182,7 +196,7 @@ def markdown(rows, path):
     """Markdown tables of the CSV (pasted into docs/accuracy.md)."""
     budgets = ["2", "5", "10", "20", "50"]
     out = []
-    for stage, what in (("sweep", "InfiniGen's knobs"), ("planes", "the rope_planes mode's knobs")):
+    for stage, what in (("sweep", "the speculation's knobs"), ("planes", "the rope_planes mode's knobs")):
         sweep = [r for r in rows if r["stage"] == stage]
         if not sweep:
             continue
@@ -195,7 +209,8 @@ def markdown(rows, path):
         for r in sweep:
             if r["policy"] == "dense":
                 continue
-            out.append(f"| {r['rope_mode']} | {r['r']} | {r['aggregation']} | {r['selector']} | "
+            mode = r["rope_mode"] if r["policy"] != "infinigen_paper" else f"InfiniGen (paper): {r['rope_mode']}"
+            out.append(f"| {mode} | {r['r']} | {r['aggregation']} | {r['selector']} | "
                        f"{fmt_cell(float(r['ppl']), d)} | {float(r['fetch_fraction']):.3f} | {float(r['recall']):.3f} | "
                        f"{float(r['recall_oracle']):.3f} | {float(r['recall_ratio']):.3f} | {float(r['overlap']):.3f} |")
         out.append("")
@@ -223,11 +238,16 @@ def markdown(rows, path):
             for r in m:
                 if r["policy"] != "dense" and label(r) not in names:
                     names.append(label(r))
+            # InfiniGen's own configuration has a row in every table; a CSV from before the
+            # harness ran it (stage matrix, or --stages paper --append) says so.
+            missing = "not measured" if "InfiniGen (paper)" not in names else ""
+            if missing:
+                names.append("InfiniGen (paper)")
             for n in names:
                 cells = []
                 for b in budgets:
                     r = next((r for r in m if label(r) == n and r["budget_pct"] == b), None)
-                    cells.append(fmt_cell(float(r["ppl"]), d) if r else "")
+                    cells.append(fmt_cell(float(r["ppl"]), d) if r else missing)
                 out.append(f"| {n} | " + " | ".join(cells) + " |")
             out.append("")
             out.append(f"Attention-mass recall (oracle's top-k at the same cap) / overlap with the oracle, {fmt}:\n")
@@ -238,17 +258,21 @@ def markdown(rows, path):
                 for b in budgets:
                     r = next((r for r in m if label(r) == n and r["budget_pct"] == b), None)
                     cells.append(f"{float(r['recall']):.3f} ({float(r['recall_oracle']):.3f}) / {float(r['overlap']):.2f}"
-                                 if r else "")
+                                 if r else missing)
                 out.append(f"| {n} | " + " | ".join(cells) + " |")
             out.append("")
             out.append(f"Rows fetched / rows a full fetch moves (layers 2-29), and bytes per step over all layers, {fmt}:\n")
-            out.append("| budget | rows fetched | MiB per step | vs dense fp16 |")
-            out.append("|---:|---:|---:|---:|")
+            out.append("| budget | rows fetched | MiB per step | vs dense fp16 | InfiniGen (paper): rows fetched, "
+                       "vs dense fp16 |")
+            out.append("|---:|---:|---:|---:|---:|")
             for b in budgets:
                 r = next((r for r in m if r["policy"] == "oracle" and r["budget_pct"] == b), None)
+                p = next((r for r in m if r["policy"] == "infinigen_paper" and r["budget_pct"] == b), None)
+                paper = (f"{float(p['fetch_fraction']):.3f}, {float(p['bytes_vs_dense_fp16']):.3f}" if p
+                         else "not measured")
                 if r:
                     out.append(f"| {b} % | {float(r['fetch_fraction']):.3f} | {float(r['bytes_per_step']) / MIB:.2f} | "
-                               f"{float(r['bytes_vs_dense_fp16']):.3f} |")
+                               f"{float(r['bytes_vs_dense_fp16']):.3f} | {paper} |")
             out.append("")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")

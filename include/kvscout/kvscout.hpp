@@ -35,6 +35,7 @@
 #include "kvscout/kv/paged.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/pipeline/host_pipeline.hpp"
+#include "kvscout/presets.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"

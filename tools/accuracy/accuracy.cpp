@@ -5,11 +5,19 @@
 // selectors, skew calibration, KIVI layout / writer / rows and metrics are kvscout's.
 //
 // Stages (each row of the CSV is written and flushed as soon as it is measured):
-//   sweep   InfiniGen's knobs at a 10 % budget on the long text (fp16): partial dim r, GQA
+//   sweep   the speculation's knobs at a 10 % budget on the long text (fp16): partial dim r, GQA
 //           aggregation, selector (exact top-k at the cap vs threshold max - alpha, capped); the
-//           best by perplexity become the defaults of the later stages
-//   matrix  {dense, oracle, infinigen x 3 RoPE modes, quest, h2o, streaming} x budgets x formats
-//           on the long text, fp16 on the second text
+//           best by perplexity become kvscout's defaults for the later stages; plus InfiniGen's
+//           own configuration (presets::infinigen_paper) for reference
+//   matrix  {dense, oracle, kvscout's speculation x 3 RoPE modes, InfiniGen (paper), quest, h2o,
+//           streaming} x budgets x formats on the long text, fp16 on the second text
+//   paper   InfiniGen (paper) alone, every format and budget and the second text: the matrix's
+//           rows for it, for a run that appends them to a CSV measured before it had them
+//           (--stages paper --append; skipped where the matrix runs, which has them)
+//
+// Names: "infinigen_paper" (CSV policy column) is presets::infinigen_paper, InfiniGen as its
+// authors' code runs it; "infinigen" rows are infinigen_policy with kvscout's knobs, of which
+// rope_planes / r = 32 / max_logit / top-k is presets::kvscout_default.
 //
 //   kvscout_accuracy --model M.gguf --long /usr/share/common-licenses/GPL-3
 //                    --short tests/data/pg19_firstbook.txt --out docs [--quick]
@@ -122,7 +130,31 @@ struct infinigen_knobs {
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
   float alpha = -1.f;  // < 0: top-k
   threshold_rule rule = threshold_rule::per_head;
+  keep_set keep{4, 16};
+  const char* preset = nullptr;  // the presets:: name these knobs are, where they are one
 };
+
+// A preset's knobs (its skip_layers must be the harness's).
+infinigen_knobs knobs_of(const presets::speculation_preset& p, int skip) {
+  KVSCOUT_EXPECTS(p.skip_layers == skip, p.name, " skips ", p.skip_layers, " layers, the harness ", skip);
+  infinigen_knobs k;
+  k.mode = p.mode;
+  k.r = p.r;
+  k.aggregation = p.aggregation;
+  k.alpha = p.selector == presets::selector_kind::threshold ? p.alpha : -1.f;
+  k.rule = p.rule;
+  k.keep = p.keep;
+  k.preset = p.name;
+  return k;
+}
+
+// The CSV's policy column: InfiniGen's own configuration under its preset's name.
+const char* policy_name(eval_policy p, const infinigen_knobs& k) {
+  if (p == eval_policy::infinigen && k.preset != nullptr &&
+      std::strcmp(k.preset, "infinigen_paper") == 0)
+    return "infinigen_paper";
+  return to_string(p);
+}
 
 std::string selector_name(const infinigen_knobs& k) {
   if (k.alpha < 0) return "topk";
@@ -185,15 +217,16 @@ class harness {
       o.plans = &plans(k.mode, k.r);
       o.alpha = k.alpha;
       o.rule = k.rule;
+      o.keep = k.keep;
     }
     const eval_result r = tx.ev->run(o);
     if (p == eval_policy::dense) tx.dense_ppl[static_cast<int>(f)] = r.ppl();
     write(stage, tx, o, k, r);
     ++done_;
     const double el = seconds_since(start_);
-    std::printf("[%3d] %-6s %-5s %-9s %-16s r=%-2d %-10s %-28s %5.1f%%  ppl %8.4f  fetch %.3f  recall %.3f "
+    std::printf("[%3d] %-6s %-5s %-15s %-16s r=%-2d %-10s %-28s %5.1f%%  ppl %8.4f  fetch %.3f  recall %.3f "
                 "(oracle %.3f)  %5.1f s  (elapsed %.0f s)\n",
-                done_, stage.c_str(), to_string(f), to_string(p),
+                done_, stage.c_str(), to_string(f), policy_name(p, k),
                 p == eval_policy::infinigen ? to_string(k.mode) : "-", p == eval_policy::infinigen ? k.r : 0,
                 p == eval_policy::infinigen ? to_string(k.aggregation) : "-",
                 p == eval_policy::infinigen ? selector_name(k).c_str() : "topk", 100 * o.budget, r.ppl(),
@@ -236,7 +269,7 @@ class harness {
     std::snprintf(b, sizeof b,
                   "%s,%s,%d,%d,%d,%s,%s,%s,%d,%s,%s,%g,%.6f,%.6f,%.6f,%.6f,%g,%.1f,%.6f,%.6f,%.6f,%.6f,%.6f,%d,%.2f\n",
                   stage.c_str(), tx.name.c_str(), tx.tokens, tx.score_from, r.scored, to_string(o.format),
-                  to_string(o.policy), ig ? to_string(k.mode) : "", ig ? k.r : 0,
+                  policy_name(o.policy, k), ig ? to_string(k.mode) : "", ig ? k.r : 0,
                   ig ? to_string(k.aggregation) : "", ig ? selector_name(k).c_str() : (o.policy == eval_policy::dense ? "" : "topk"),
                   100 * o.budget, r.ppl(), dense16 > 0 ? r.ppl() / dense16 : 0.0, densef > 0 ? r.ppl() / densef : 0.0,
                   r.fetch_fraction(skip_), r.row_bytes, bytes, dense16_bytes > 0 ? bytes / dense16_bytes : 0.0, rec, reco,
@@ -246,7 +279,7 @@ class harness {
     for (std::size_t l = 0; l < r.rows_fetched.size(); ++l) {
       const int n = r.samples[l];
       std::snprintf(b, sizeof b, "%s,%s,%s,%s,%s,%d,%s,%s,%g,%zu,%.6f,%.6f,%.6f,%.6f,%d\n", stage.c_str(),
-                    tx.name.c_str(), to_string(o.format), to_string(o.policy), ig ? to_string(k.mode) : "",
+                    tx.name.c_str(), to_string(o.format), policy_name(o.policy, k), ig ? to_string(k.mode) : "",
                     ig ? k.r : 0, ig ? to_string(k.aggregation) : "",
                     ig ? selector_name(k).c_str() : (o.policy == eval_policy::dense ? "" : "topk"), 100 * o.budget, l,
                     r.rows_dense[l] > 0 ? r.rows_fetched[l] / r.rows_dense[l] : 0.0, n > 0 ? r.recall[l] / n : 0.0,
@@ -277,11 +310,11 @@ int main(int argc, char** argv) try {
   const int n_short = std::atoi(arg(argc, argv, "--short-tokens", quick ? "512" : "2048").c_str());
   const int n_cal = std::atoi(arg(argc, argv, "--calibration", quick ? "256" : "512").c_str());
   const std::string formats_arg = arg(argc, argv, "--formats", "fp16,kivi4,kivi2");
-  // Stages to run (all by default); without the sweep, InfiniGen's knobs are --r with max_logit
-  // and top-k. --append adds rows to existing CSVs.
+  // Stages to run (all by default); without the sweep, kvscout's knobs are
+  // presets::kvscout_default's (--r overrides its r). --append adds rows to existing CSVs.
   const std::string stages = arg(argc, argv, "--stages", "sweep,matrix,planes,kivi_rest");
   const bool append = flag(argc, argv, "--append");
-  const int r_default = std::atoi(arg(argc, argv, "--r", "32").c_str());
+  const std::string r_arg = arg(argc, argv, "--r", "");
   // Without the fp16 matrix (which picks it), the RoPE mode the other formats' matrix runs.
   const std::string mode_arg = arg(argc, argv, "--mode", "");
   constexpr int skip = 2;
@@ -313,10 +346,14 @@ int main(int argc, char** argv) try {
   lt.ev = std::make_unique<model::layer_major_eval>(
       w, std::vector<int32_t>(long_ids.begin() + n_cal, long_ids.begin() + n_cal + n_long), skip);
 
-  // ---- stage 1: InfiniGen's knobs at 10 % on the long text, fp16 ----------------------------------
+  // kvscout's default (the sweep below re-derives it) and InfiniGen's own configuration.
+  const infinigen_knobs paper = knobs_of(presets::infinigen_paper(w.cfg.head_dim), skip);
+  infinigen_knobs best = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+  best.preset = nullptr;  // --r, --mode and the sweep may change it
+  if (!r_arg.empty()) best.r = std::atoi(r_arg.c_str());
+
+  // ---- stage 1: the speculation's knobs at 10 % on the long text, fp16 ---------------------------
   const double b10 = 0.10;
-  infinigen_knobs best;
-  best.r = r_default;
   double best_ppl = 1e300;
   if (stages.find("sweep") != std::string::npos) {
     hz.run("sweep", lt, kv_format::fp16, eval_policy::dense, 1.0, {});
@@ -347,14 +384,17 @@ int main(int argc, char** argv) try {
       k.rule = threshold_rule::infinigen_mean;
       consider(k);
     }
-    std::printf("defaults from the sweep: r = %d, aggregation %s, selector %s (ppl %.4f at 10 %%)\n", best.r,
-                to_string(best.aggregation), selector_name(best).c_str(), best_ppl);
+    std::printf("kvscout's defaults from the sweep: r = %d, aggregation %s, selector %s (ppl %.4f at 10 %%)\n",
+                best.r, to_string(best.aggregation), selector_name(best).c_str(), best_ppl);
+    // InfiniGen's own configuration at the same cap, for reference (not a candidate).
+    hz.run("sweep", lt, kv_format::fp16, eval_policy::infinigen, b10, paper);
   }
 
   // ---- stage 2: the matrix -------------------------------------------------------------------------
   const std::vector<double> budgets = {0.02, 0.05, 0.10, 0.20, 0.50};
-  // The full policy set runs on fp16; the KIVI formats run the oracle, InfiniGen in the RoPE
-  // mode that did best at 10 % on fp16, Quest and streaming (compute: see docs/accuracy.md).
+  // The full policy set runs on fp16; the KIVI formats run the oracle, kvscout's speculation in
+  // the RoPE mode that did best at 10 % on fp16, InfiniGen (paper), Quest and streaming (compute:
+  // see docs/accuracy.md).
   rope_mode best_mode = best.mode;
   if (!mode_arg.empty()) {
     bool known = false;
@@ -377,6 +417,7 @@ int main(int argc, char** argv) try {
         const double p = hz.run("matrix", tx, f, eval_policy::infinigen, b, k).ppl();
         if (&tx == &lt && f == kv_format::fp16 && b == 0.10 && p < best_mode_ppl) best_mode_ppl = p, best_mode = m;
       }
+      hz.run("matrix", tx, f, eval_policy::infinigen, b, paper);
       hz.run("matrix", tx, f, eval_policy::quest, b, {});
       if (full_set) hz.run("matrix", tx, f, eval_policy::h2o, b, {});
       hz.run("matrix", tx, f, eval_policy::streaming, b, {});
@@ -388,23 +429,40 @@ int main(int argc, char** argv) try {
   const bool run_matrix = stages.find("matrix") != std::string::npos;
   if (run_matrix && !formats.empty() && formats[0] == kv_format::fp16) {
     matrix(lt, kv_format::fp16);
-    std::printf("default RoPE mode (best InfiniGen perplexity at 10 %% on fp16): %s\n", to_string(best_mode));
+    std::printf("kvscout's default RoPE mode (best perplexity at 10 %% on fp16): %s\n", to_string(best_mode));
   }
-  if (run_matrix && !short_path.empty()) {
+  const auto short_text = [&](text_run& st) {
     const std::vector<int32_t> ids = tok.encode(read_text(short_path));
     KVSCOUT_EXPECTS(static_cast<int>(ids.size()) >= n_short, short_path, " has ", ids.size(), " tokens, need ",
                     n_short);
     std::printf("short text %s: %zu tokens; evaluation [0, %d) (skew calibrated on the long text)\n",
                 short_path.c_str(), ids.size(), n_short);
-    text_run st;
     st.name = short_path.substr(short_path.find_last_of('/') + 1);
     st.tokens = n_short;
     st.score_from = n_short / 2;
     st.ev = std::make_unique<model::layer_major_eval>(w, std::vector<int32_t>(ids.begin(), ids.begin() + n_short), skip);
+  };
+  if (run_matrix && !short_path.empty()) {
+    text_run st;
+    short_text(st);
     matrix(st, kv_format::fp16);
   }
   for (kv_format f : formats)
     if (run_matrix && f != kv_format::fp16) matrix(lt, f);
+
+  // ---- stage paper: the matrix's InfiniGen (paper) rows alone, where the matrix does not run ----
+  if (!run_matrix && stages.find("paper") != std::string::npos) {
+    const auto paper_rows = [&](text_run& tx, kv_format f) {
+      if (!tx.dense_ppl.count(static_cast<int>(f))) hz.run("matrix", tx, f, eval_policy::dense, 1.0, {});
+      for (double b : budgets) hz.run("matrix", tx, f, eval_policy::infinigen, b, paper);
+    };
+    for (kv_format f : formats) paper_rows(lt, f);
+    if (!short_path.empty()) {
+      text_run st;
+      short_text(st);
+      paper_rows(st, kv_format::fp16);
+    }
+  }
 
   // ---- stage 3: the RoPE-plane mode's own knobs at 10 % (the sweep ran in InfiniGen's
   // post-RoPE skew mode; the matrix showed rope_planes ahead) ----------------------------------------

@@ -1,13 +1,13 @@
 #pragma once
 // Threshold selector on the device: the semantics of threshold_selector_host
 // (select/threshold.hpp), both rules, the same indices, ties included.
-//   per_head        one kernel, one block per row: the row maximum (block reduction), then the
+//   per_head        (kvscout's rule) one kernel, one block per row: the row maximum (block reduction), then the
 //                   best max_count - |keep| candidates >= max - alpha (radix select, ordered
 //                   compaction: select/detail/radix_select.cuh); where rows are few and long,
 //                   each row split over several blocks (select/detail/radix_select_split.cuh)
-//   infinigen_mean  two kernels, no host round trip: every row's candidate count into the
-//                   workspace, then every block sums the counts itself (rows are few) for the
-//                   mean and selects its row's best min(mean, slots)
+//   infinigen_mean  (InfiniGen's rule) two kernels, no host round trip: every row's candidate
+//                   count into the workspace, then every block sums the counts itself (rows are
+//                   few) for the mean and selects its row's best min(mean, slots)
 //
 //   kvscout::threshold_selector_cuda::config cfg{
 //       .num_seqs = 1, .num_kv_heads = 8, .stride = 4096, .capacity = 512, .alpha = 4.f,

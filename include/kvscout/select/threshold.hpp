@@ -1,7 +1,10 @@
 #pragma once
 // Threshold selector on the host: per (sequence, kv_head), the keep-set and the tokens whose
-// score is within alpha of the row's maximum, capped at max_count tokens in all (InfiniGen's
-// "max - alpha" rule, with its cap).
+// score is within alpha of the row's maximum, capped at max_count tokens in all. Two rules
+// (threshold_rule): infinigen_mean is InfiniGen's (OSDI'24: every head fetches the mean of the
+// heads' candidate counts); per_head, the default, is kvscout's own (each head takes its own
+// candidates), not InfiniGen's. presets::infinigen_paper (presets.hpp) selects with
+// infinigen_mean.
 //
 //   kvscout::threshold_selector_host::config cfg{
 //       .num_seqs = 1, .num_kv_heads = 8, .stride = 4096, .capacity = 512, .alpha = 4.f,
@@ -17,11 +20,13 @@
 //   floor  = m - alpha in float arithmetic; -inf when alpha = +inf (threshold_floor)
 //   candidates = the tokens outside K with score >= floor (so the maximum itself qualifies, also
 //            when m = +inf; when m = -inf every non-NaN token does; NaN never does)
-//   per_head:       each row takes K and its candidates; where there are more than k, the best k
-//                   of them (largest score, ties to the lowest token index).
-//   infinigen_mean: n = floor(mean over the rows with len > 0 of their candidate counts); every
-//                   row takes K and the best min(n, k) tokens outside K by score (not only its
-//                   own candidates; NaN ignored), as InfiniGen sizes one fetch for all heads.
+//   per_head (kvscout's): each row takes K and its candidates; where there are more than k, the
+//                   best k of them (largest score, ties to the lowest token index).
+//   infinigen_mean (InfiniGen's): n = floor(mean over the rows with len > 0 of their candidate
+//                   counts); every row takes K and the best min(n, k) tokens outside K by score
+//                   (not only its own candidates; NaN ignored), as InfiniGen sizes one fetch for
+//                   all heads (its speculate_attention, speedup/infinigen/infinigen/
+//                   kv_selection_controller.py: topk of min(int(mean count), max_num_kv)).
 // max_count is a cap, not a quota: a short row (len <= max_count) still selects by threshold.
 // Output: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count; entries past
 // the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= max_count <=
@@ -61,8 +66,8 @@ namespace kvscout {
 
 /// How the threshold selector turns per-row candidate counts into selections.
 enum class threshold_rule : int {
-  infinigen_mean = 0,  // every row takes the mean candidate count of all rows (InfiniGen)
-  per_head = 1,        // every row takes its own candidates, capped
+  infinigen_mean = 0,  // InfiniGen's rule: every row takes the mean candidate count of all rows
+  per_head = 1,        // kvscout's rule (not InfiniGen's): every row takes its own candidates, capped
 };
 
 inline std::ostream& operator<<(std::ostream& os, threshold_rule r) {
@@ -211,7 +216,7 @@ class threshold_selector_host {
     int capacity = 0;   // index slots per (sequence, kv_head) in the selection buffers
     float alpha = 0.f;  // candidates score >= row max - alpha; >= 0, +inf admits all
     int max_count = 0;  // most tokens selected per (sequence, kv_head), keep-set included
-    threshold_rule rule = threshold_rule::per_head;
+    threshold_rule rule = threshold_rule::per_head;  // kvscout's rule; InfiniGen's is infinigen_mean
     keep_set keep{};
   };
   using config_type = config;

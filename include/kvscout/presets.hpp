@@ -1,0 +1,183 @@
+#pragma once
+// Named speculation configurations: the knobs of an infinigen_policy plus its selector, as one
+// plain struct, so that a caller (and the accuracy harness, tools/accuracy/accuracy.cpp) says
+// which method it runs by name.
+//
+//   infinigen_paper(head_dim)   InfiniGen as its authors' code runs it (Lee et al., OSDI'24;
+//                               github.com/snu-comparch/InfiniGen): post-RoPE skew, a partial
+//                               ratio of 0.2, the mean-count threshold rule with alpha 4, no
+//                               keep-set.
+//   kvscout_default(head_dim)   kvscout's own configuration, which is NOT the paper's: RoPE planes
+//                               instead of the skew, r = head_dim / 2, max-logit GQA aggregation,
+//                               exact top-k at the cap, 4 sinks + 16 recent tokens kept.
+//
+// On SmolLM2-135M (GQA 9 / 3 heads, RoPE, head_dim 64; docs/accuracy.md, GPL-3 text, 4096
+// tokens, fp16, 10 % cap) kvscout_default reaches perplexity 17.154 (dense 16.310); InfiniGen's
+// mode and rule with r = 32 instead of the preset's 12 measured 22.046 at 5.8 % of the rows, and
+// the post-RoPE skew with kvscout's top-k 20.185.
+//
+//   const auto p = kvscout::presets::kvscout_default(head_dim);
+//   kvscout::skew_options opt = p.skew(model_rope);       // per (layer, kv head): calibrate_skew
+//   // plans below p.skip_layers stay empty (those layers attend densely)
+//   kvscout::infinigen_config cfg{..., .aggregation = p.aggregation};
+//   if (p.selector == kvscout::presets::selector_kind::threshold) {
+//     // threshold_selector_host{..., .alpha = p.alpha, .max_count = cap, .rule = p.rule,
+//     //                          .keep = p.keep}
+//   } else {
+//     // topk_selector_host{..., .budget = cap, .keep = p.keep}
+//   }
+//
+// The budget (the cap per step and kv head) is the caller's: neither preset fixes it. InfiniGen's
+// reference runs cap the fetch at 20 % of the cached tokens (accuracy/perplexity/table2.sh:
+// budget=0.2; speedup/scripts/*/run.sh: --max-num-kv 409 of about 2048): infinigen_paper_budget.
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/select/concepts.hpp"
+#include "kvscout/select/threshold.hpp"
+#include "kvscout/skew/plan.hpp"
+#include "kvscout/spec/concepts.hpp"
+
+namespace kvscout::presets {
+
+/// How a preset turns scores into a selection.
+enum class selector_kind : int {
+  topk = 0,       // topk_selector_host / _cuda: the best `cap` tokens per (sequence, kv head)
+  threshold = 1,  // threshold_selector_host / _cuda: max - alpha, with `rule`, capped at `cap`
+};
+
+inline const char* to_string(selector_kind s) noexcept {
+  switch (s) {
+    case selector_kind::topk: return "topk";
+    case selector_kind::threshold: return "threshold";
+  }
+  return "unknown selector_kind";
+}
+
+/// The knobs of one named speculation configuration (see the header comment).
+struct speculation_preset {
+  /// Short name, used as the harness's policy label: "infinigen_paper" or "kvscout_default".
+  const char* name = "";
+  /// What to call it in tables and plots.
+  const char* label = "";
+  /// How the partial query gets its position (skew/plan.hpp).
+  rope_mode mode = rope_mode::post_rope_skew;
+  /// r / head_dim as the configuration states it.
+  double partial_ratio = 0.0;
+  /// The partial dimension for the head_dim the preset was made for (skew_options::r).
+  int r = 0;
+  /// skew_options::union_with_keys: rank channels by the keys' magnitude too.
+  bool union_with_keys = false;
+  /// How the g query heads of a GQA group score one kv head (infinigen_config::aggregation).
+  gqa_aggregation aggregation = gqa_aggregation::max_logit;
+  selector_kind selector = selector_kind::topk;
+  /// threshold only: candidates score >= row max - alpha (threshold_selector_host::config).
+  float alpha = 0.f;
+  /// threshold only: how candidate counts become selections.
+  threshold_rule rule = threshold_rule::infinigen_mean;
+  /// Always selected, inside the cap (select/concepts.hpp).
+  keep_set keep{};
+  /// Layers [0, skip_layers) are not speculated: they attend to every cached token.
+  int skip_layers = 0;
+
+  /// The calibration options of this preset for a model's RoPE (calibrate_skew).
+  [[nodiscard]] skew_options skew(const rope_config& rope) const {
+    skew_options o;
+    o.r = r;
+    o.union_with_keys = union_with_keys;
+    o.mode = mode;
+    o.rope = rope;
+    return o;
+  }
+};
+
+/// InfiniGen's reference runs fetch at most this share of the cached tokens per step (see the
+/// header comment). A default for callers who want the paper's setting; the presets leave the
+/// budget to the caller.
+inline constexpr double infinigen_paper_budget = 0.2;
+
+/// InfiniGen as its authors' code runs it. Each field, and where it comes from (paths in
+/// github.com/snu-comparch/InfiniGen):
+///   mode            post_rope_skew: the Llama path skews the RoPE'd query and key with a
+///                   per-head orthogonal matrix from the SVD of RoPE'd queries
+///                   (accuracy/setup/gen_llama_skewing_matrix.py; accuracy/src/
+///                   modeling_llama_ours.py: rotate, then `query @ skewing_matrix`); the paper's
+///                   skewing (section 4.2). kvscout's calibrate_skew does this in this mode.
+///   partial_ratio   0.2 (accuracy/setup/setup.sh: PARTIAL_RATIO=0.2; speedup/scripts/*/run.sh:
+///                   --partial-weight-ratio 0.2; the paper's partial weight ratio, section 4.3).
+///   r               int(head_dim * 0.2), truncated as Python's int() does
+///                   (speedup/infinigen/infinigen/partial_weight_generation_controller.py:
+///                   int(head_dim * partial_weight_ratio) columns per head): 128 -> 25, 64 -> 12.
+///   union_with_keys false: the system ranks the columns by the query alone (same file). The
+///                   Llama accuracy path also ORs in the keys' top columns
+///                   (modeling_llama_ours_setup.py), between r and 2r channels in all; kvscout
+///                   keeps exactly r, so this preset follows the system.
+///   aggregation     max_logit. Not the paper's: its models (OPT, Llama-2 7B / 13B) have no GQA,
+///                   and every aggregation is the same for a group of one. On a GQA model a kv
+///                   head's token then ranks by its best query head, the nearest to fetching
+///                   what any head of the group would. kvscout's choice, stated here.
+///   selector, rule  threshold, infinigen_mean: each head counts the tokens within alpha of its
+///                   maximum, every head fetches min(mean count, cap) tokens, its best by score
+///                   (speedup/infinigen/infinigen/kv_selection_controller.py, speculate_attention;
+///                   accuracy/src/modeling_llama_ours.py, kv_cache_mask; paper section 4.3).
+///   alpha           4 (speedup/scripts/*/run.sh: --alpha 4; accuracy/perplexity/table2.sh: 4 for
+///                   OPT). The Llama-2 perplexity runs of table2.sh use 5.
+///   keep            none: the reference selects by score alone, no sink or recent tokens.
+///   skip_layers     2: layer i >= 2 is speculated from layer i - 1's attention input; layers 0
+///                   and 1 attend densely (accuracy/perplexity/llama.py: previous_hidden_states
+///                   set for i >= 2).
+[[nodiscard]] inline speculation_preset infinigen_paper(int head_dim) {
+  KVSCOUT_EXPECTS(head_dim > 0, "head_dim must be positive, got ", head_dim);
+  speculation_preset p;
+  p.name = "infinigen_paper";
+  p.label = "InfiniGen (paper): post-RoPE skew, mean count";
+  p.mode = rope_mode::post_rope_skew;
+  p.partial_ratio = 0.2;
+  // int(head_dim * 0.2) in Python's double arithmetic; at least one channel.
+  const int r = static_cast<int>(static_cast<double>(head_dim) * 0.2);
+  p.r = r > 0 ? r : 1;
+  p.union_with_keys = false;
+  p.aggregation = gqa_aggregation::max_logit;
+  p.selector = selector_kind::threshold;
+  p.alpha = 4.f;
+  p.rule = threshold_rule::infinigen_mean;
+  p.keep = {0, 0};
+  p.skip_layers = 2;
+  return p;
+}
+
+/// kvscout's own configuration, chosen by the accuracy harness on SmolLM2-135M (GQA, RoPE,
+/// head_dim 64; docs/accuracy.md, "The defaults the harness chose"). Not InfiniGen's: it keeps
+/// InfiniGen's speculation (layer l's partial query from layer l - 1's input, scored against
+/// partial keys) and changes the rest. Each field, and its evidence:
+///   mode            rope_planes: whole RoPE planes, no skew (skew/plan.hpp); best at every
+///                   budget on both texts (17.154 vs post_rope_skew 20.185 at 10 %).
+///   partial_ratio   0.5, r = head_dim / 2 rounded down to whole planes: r = 32 of 64 measured
+///                   17.154 vs 18.105 (16) and 16.827 (64, the whole key). Other head_dims take the
+///                   same ratio; not measured.
+///   union_with_keys false.
+///   aggregation     max_logit: 17.154 vs mean_logit 17.647 (rope_planes).
+///   selector        exact top-k at the cap: 17.154 at 10 % of the rows vs the per-head threshold
+///                   (alpha 8) 17.493 at 7.7 %.
+///   alpha, rule     unused (top-k); rule left at per_head, kvscout's threshold rule.
+///   keep            4 sinks + 16 recent tokens, inside the cap (the harness's keep-set).
+///   skip_layers     2, as InfiniGen.
+[[nodiscard]] inline speculation_preset kvscout_default(int head_dim) {
+  KVSCOUT_EXPECTS(head_dim >= 2 && head_dim % 2 == 0,
+                  "kvscout_default: head_dim must be a positive even number, got ", head_dim);
+  speculation_preset p;
+  p.name = "kvscout_default";
+  p.label = "kvscout default: RoPE planes";
+  p.mode = rope_mode::rope_planes;
+  p.partial_ratio = 0.5;
+  p.r = head_dim / 4 * 2 > 0 ? head_dim / 4 * 2 : 2;
+  p.union_with_keys = false;
+  p.aggregation = gqa_aggregation::max_logit;
+  p.selector = selector_kind::topk;
+  p.alpha = 0.f;
+  p.rule = threshold_rule::per_head;
+  p.keep = {4, 16};
+  p.skip_layers = 2;
+  return p;
+}
+
+}  // namespace kvscout::presets

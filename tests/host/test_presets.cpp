@@ -1,0 +1,138 @@
+// The named speculation presets (presets.hpp): their values, and that they build what they say
+// (a calibration in their mode and partial dimension, a selector with their rule).
+
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvscout/presets.hpp"
+#include "kvscout/select/threshold.hpp"
+#include "kvscout/select/topk.hpp"
+#include "kvscout/skew/calibrate.hpp"
+
+namespace {
+
+using kvscout::gqa_aggregation;
+using kvscout::rope_mode;
+using kvscout::threshold_rule;
+using kvscout::presets::selector_kind;
+
+}  // namespace
+
+TEST_CASE("infinigen_paper: InfiniGen's reference configuration", "[presets]") {
+  const auto p = kvscout::presets::infinigen_paper(128);
+  CHECK(std::string(p.name) == "infinigen_paper");
+  CHECK(std::string(p.label).find("InfiniGen (paper)") == 0);
+  CHECK(p.mode == rope_mode::post_rope_skew);
+  CHECK(p.partial_ratio == 0.2);
+  CHECK(p.r == 25);  // int(128 * 0.2), as the reference truncates
+  CHECK_FALSE(p.union_with_keys);
+  CHECK(p.aggregation == gqa_aggregation::max_logit);
+  CHECK(p.selector == selector_kind::threshold);
+  CHECK(p.rule == threshold_rule::infinigen_mean);
+  CHECK(p.alpha == 4.f);
+  CHECK(p.keep.sinks == 0);
+  CHECK(p.keep.recent == 0);
+  CHECK(p.skip_layers == 2);
+  CHECK(kvscout::presets::infinigen_paper_budget == 0.2);
+
+  CHECK(kvscout::presets::infinigen_paper(64).r == 12);
+  CHECK(kvscout::presets::infinigen_paper(256).r == 51);
+  CHECK(kvscout::presets::infinigen_paper(4).r == 1);  // at least one channel
+  CHECK_THROWS_AS(kvscout::presets::infinigen_paper(0), kvscout::error);
+}
+
+TEST_CASE("kvscout_default: RoPE planes, top-k, not InfiniGen's rule", "[presets]") {
+  const auto p = kvscout::presets::kvscout_default(64);
+  CHECK(std::string(p.name) == "kvscout_default");
+  CHECK(std::string(p.label) == "kvscout default: RoPE planes");
+  CHECK(p.mode == rope_mode::rope_planes);
+  CHECK(p.partial_ratio == 0.5);
+  CHECK(p.r == 32);  // the harness's choice on head_dim 64
+  CHECK_FALSE(p.union_with_keys);
+  CHECK(p.aggregation == gqa_aggregation::max_logit);
+  CHECK(p.selector == selector_kind::topk);
+  CHECK(p.rule != threshold_rule::infinigen_mean);
+  CHECK(p.keep.sinks == 4);
+  CHECK(p.keep.recent == 16);
+  CHECK(p.skip_layers == 2);
+
+  CHECK(kvscout::presets::kvscout_default(128).r == 64);
+  CHECK(kvscout::presets::kvscout_default(6).r == 2);  // whole planes
+  CHECK(kvscout::presets::kvscout_default(2).r == 2);
+  CHECK_THROWS_AS(kvscout::presets::kvscout_default(63), kvscout::error);
+  CHECK(std::string(kvscout::presets::to_string(selector_kind::topk)) == "topk");
+  CHECK(std::string(kvscout::presets::to_string(selector_kind::threshold)) == "threshold");
+}
+
+TEST_CASE("presets calibrate in their own mode and partial dimension", "[presets]") {
+  constexpr int D = 64, g = 3, n = 96;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> q(static_cast<std::size_t>(n) * g * D), k(static_cast<std::size_t>(n) * D);
+  for (auto& v : q) v = nd(rng);
+  for (auto& v : k) v = nd(rng);
+  const kvscout::rope_config rope{D, 1e5f, kvscout::rope_style::split_half};
+  for (const auto& p : {kvscout::presets::infinigen_paper(D), kvscout::presets::kvscout_default(D)}) {
+    const kvscout::skew_options o = p.skew(rope);
+    CHECK(o.r == p.r);
+    CHECK(o.mode == p.mode);
+    CHECK(o.union_with_keys == p.union_with_keys);
+    const kvscout::skew_plan plan =
+        kvscout::calibrate_skew({q.data(), q.size()}, {k.data(), k.size()}, n, g, D, o);
+    CHECK(plan.mode == p.mode);
+    CHECK(plan.r == p.r);
+    CHECK(static_cast<int>(plan.channels.size()) == p.r);
+    CHECK(plan.planes.size() == (p.mode == rope_mode::rope_planes ? std::size_t(p.r / 2) : 0u));
+  }
+}
+
+TEST_CASE("infinigen_paper's selector gives every head the mean count; kvscout_default's top-k the cap",
+          "[presets]") {
+  // Two kv heads of 40 tokens: head 0 has 2 tokens within alpha of its maximum, head 1 has 6; the
+  // mean-count rule gives each (2 + 6) / 2 = 4, the top-k selector each the cap.
+  constexpr int H = 2, T = 40, cap = 10;
+  std::vector<float> scores(static_cast<std::size_t>(H) * T, -100.f);
+  for (int t = 0; t < T; ++t) scores[static_cast<std::size_t>(t)] = -50.f - static_cast<float>(t);
+  for (int t = 0; t < T; ++t) scores[static_cast<std::size_t>(T + t)] = -50.f - static_cast<float>(t);
+  scores[5] = 10.f, scores[9] = 8.f;  // head 0: candidates 5, 9 (alpha 4: >= 6)
+  for (int t : {1, 3, 11, 20, 30, 39}) scores[static_cast<std::size_t>(T + t)] = 10.f - 0.5f * static_cast<float>(t % 4);
+  const std::int32_t len = T;
+  const kvscout::score_view<kvscout::host_space> sv{{scores.data(), scores.size()}, {&len, 1}, 1, H, T};
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(H) * T), cnt(H);
+  const kvscout::selection_buffers<kvscout::host_space> out{{idx.data(), idx.size()}, {cnt.data(), cnt.size()},
+                                                            1, H, T};
+
+  const auto paper = kvscout::presets::infinigen_paper(64);
+  REQUIRE(paper.selector == selector_kind::threshold);
+  const kvscout::threshold_selector_host::config tc{1, H, T, T, paper.alpha, cap, paper.rule, paper.keep};
+  std::vector<std::byte> ws(kvscout::threshold_selector_host::workspace_bytes(tc) + 64);
+  void* base = ws.data();
+  std::size_t space = ws.size();
+  REQUIRE(std::align(kvscout::threshold_selector_host::workspace_alignment,
+                     kvscout::threshold_selector_host::workspace_bytes(tc), base, space));
+  kvscout::threshold_selector_host thr(tc, {static_cast<std::byte*>(base), space});
+  thr.select(sv, out);
+  CHECK(cnt[0] == 4);
+  CHECK(cnt[1] == 4);
+  // Head 0 takes its two candidates and its next best two (tokens 0 and 1 at -50, -51).
+  CHECK(std::vector<std::int32_t>(idx.begin(), idx.begin() + 4) == std::vector<std::int32_t>{0, 1, 5, 9});
+
+  const auto mine = kvscout::presets::kvscout_default(64);
+  REQUIRE(mine.selector == selector_kind::topk);
+  const kvscout::topk_selector_host::config kc{1, H, T, T, 24, mine.keep};
+  std::vector<std::byte> kws(kvscout::topk_selector_host::workspace_bytes(kc) + 64);
+  base = kws.data();
+  space = kws.size();
+  REQUIRE(std::align(kvscout::topk_selector_host::workspace_alignment,
+                     kvscout::topk_selector_host::workspace_bytes(kc), base, space));
+  kvscout::topk_selector_host topk(kc, {static_cast<std::byte*>(base), space});
+  topk.select(sv, out);
+  CHECK(cnt[0] == 24);
+  CHECK(cnt[1] == 24);
+}
