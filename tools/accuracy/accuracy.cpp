@@ -407,6 +407,9 @@ int main(int argc, char** argv) try {
   double best_mode_ppl = 1e300;
   auto matrix = [&](text_run& tx, kv_format f) {
     const bool full_set = f == kv_format::fp16;
+    // Dense fp16 first where the run has none (a KIVI-only run): every row's ppl_vs_dense_fp16.
+    if (f != kv_format::fp16 && !tx.dense_ppl.count(static_cast<int>(kv_format::fp16)))
+      hz.run("matrix", tx, kv_format::fp16, eval_policy::dense, 1.0, {});
     if (!tx.dense_ppl.count(static_cast<int>(f))) hz.run("matrix", tx, f, eval_policy::dense, 1.0, {});
     for (double b : budgets) {
       hz.run("matrix", tx, f, eval_policy::oracle, b, {});
@@ -453,6 +456,8 @@ int main(int argc, char** argv) try {
   // ---- stage paper: the matrix's InfiniGen (paper) rows alone, where the matrix does not run ----
   if (!run_matrix && stages.find("paper") != std::string::npos) {
     const auto paper_rows = [&](text_run& tx, kv_format f) {
+      if (f != kv_format::fp16 && !tx.dense_ppl.count(static_cast<int>(kv_format::fp16)))
+        hz.run("matrix", tx, kv_format::fp16, eval_policy::dense, 1.0, {});
       if (!tx.dense_ppl.count(static_cast<int>(f))) hz.run("matrix", tx, f, eval_policy::dense, 1.0, {});
       for (double b : budgets) hz.run("matrix", tx, f, eval_policy::infinigen, b, paper);
     };

@@ -506,10 +506,10 @@ class layer_major_eval {
     st.vq = st.vf;
     for (int h = 0; h < H; ++h) {
       for (int t = 0; t < l.key_quantized_len_for(T_); ++t)
-        detail::kivi_load_key(l, b.k_codes.data() + l.k_offset(0, t, h), b.k_params.data(), 0, t,
+        kvscout::detail::kivi_load_key(l, b.k_codes.data() + l.k_offset(0, t, h), b.k_params.data(), 0, t,
                               h, &st.kq(h * T_ + t, 0));
       for (int t = 0; t < l.value_quantized_len_for(T_); ++t)
-        detail::kivi_load_value(l, b.v_records.data() + l.v_offset(0, t, h), &st.vq(h * T_ + t, 0));
+        kvscout::detail::kivi_load_value(l, b.v_records.data() + l.v_offset(0, t, h), &st.vq(h * T_ + t, 0));
     }
   }
 
