@@ -12,6 +12,7 @@
 #include "kvscout/backend/cuda/event_completion.hpp"
 #include "kvscout/backend/host/thread_pool.hpp"
 #include "kvscout/cache/host_buffer.hpp"
+#include "kvscout/cache/host_pool.hpp"
 #include "kvscout/cache/partial_key_cache.hpp"
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/configured.hpp"

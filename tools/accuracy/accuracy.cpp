@@ -14,6 +14,9 @@
 //   paper   InfiniGen (paper) alone, every format and budget and the second text: the matrix's
 //           rows for it, for a run that appends them to a CSV measured before it had them
 //           (--stages paper --append; skipped where the matrix runs, which has them)
+//   pool    a bounded host pool (kvscout::host_pool, issue 31): kvscout's default
+//           configuration at a 10 % budget, fp16, with the pool at 100 / 75 / 50 / 25 % of the
+//           context and counter / LRU eviction; dense at 50 / 25 %; anchors dense and unbounded
 //
 // Names: "infinigen_paper" (CSV policy column) is presets::infinigen_paper, InfiniGen as its
 // authors' code runs it; "infinigen" rows are infinigen_policy with kvscout's knobs, of which
@@ -183,9 +186,9 @@ class harness {
     csv_ << "stage,text,tokens,scored_from,scored,format,policy,rope_mode,r,aggregation,selector,"
             "budget_pct,ppl,ppl_vs_dense_fp16,ppl_vs_dense_format,fetch_fraction,row_bytes,"
             "bytes_per_step,bytes_vs_dense_fp16,recall,recall_oracle,recall_ratio,overlap,"
-            "metric_samples,seconds\n";
+            "metric_samples,seconds,pool_pct,eviction\n";
     layers_ << "stage,text,format,policy,rope_mode,r,aggregation,selector,budget_pct,layer,"
-               "fetch_fraction,recall,recall_oracle,overlap,samples\n";
+               "fetch_fraction,recall,recall_oracle,overlap,samples,pool_pct,eviction\n";
   }
 
   const std::vector<std::vector<skew_plan>>& plans(rope_mode m, int r) {
@@ -212,6 +215,8 @@ class harness {
     o.kivi_residual = kivi_residual;
     o.kivi_group = kivi_group;
     o.quest_page = quest_page;
+    o.pool_tokens = pool_tokens;
+    o.pool_eviction = pool_eviction;
     o.aggregation = p == eval_policy::infinigen ? k.aggregation : gqa_aggregation::max_logit;
     if (p == eval_policy::infinigen) {
       o.plans = &plans(k.mode, k.r);
@@ -220,7 +225,7 @@ class harness {
       o.keep = k.keep;
     }
     const eval_result r = tx.ev->run(o);
-    if (p == eval_policy::dense) tx.dense_ppl[static_cast<int>(f)] = r.ppl();
+    if (p == eval_policy::dense && pool_tokens == 0) tx.dense_ppl[static_cast<int>(f)] = r.ppl();
     write(stage, tx, o, k, r);
     ++done_;
     const double el = seconds_since(start_);
@@ -232,6 +237,9 @@ class harness {
                 p == eval_policy::infinigen ? selector_name(k).c_str() : "topk", 100 * o.budget, r.ppl(),
                 r.fetch_fraction(skip_), r.mean_of(r.recall, skip_), r.mean_of(r.recall_oracle, skip_),
                 r.seconds, el);
+    if (o.pool_tokens > 0)
+      std::printf("      host pool: %d tokens (%s), %s eviction\n", o.pool_tokens, pool_pct(tx, o).c_str(),
+                  to_string(o.pool_eviction));
     if (r.oracle_checks > 0)
       std::printf("      oracle_policy cross-check: %d steps, largest relative score difference %.3g\n",
                   r.oracle_checks, r.oracle_check_max_rel);
@@ -241,8 +249,25 @@ class harness {
 
   int metric_every = 8;
   int kivi_residual = 128, kivi_group = 32, quest_page = 16;
+  int pool_tokens = 0;  // host pool capacity per (layer, KV head); 0: unbounded
+  eviction pool_eviction = eviction::counter;
 
  private:
+  // The pool as a percentage of the text's tokens, "" when unbounded.
+  static std::string pool_pct(const text_run& tx, const eval_options& o) {
+    if (o.pool_tokens <= 0) return "";
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", 100.0 * o.pool_tokens / tx.tokens);
+    return b;
+  }
+  // The pool's two CSV columns, appended to a row that ends in '\n'.
+  static void add_pool_columns(char* b, std::size_t size, const text_run& tx, const eval_options& o) {
+    const std::size_t n = std::strlen(b);
+    if (n == 0 || n >= size) return;
+    std::snprintf(b + n - 1, size - (n - 1), ",%s,%s\n", pool_pct(tx, o).c_str(),
+                  o.pool_tokens > 0 ? to_string(o.pool_eviction) : "");
+  }
+
   void write(const std::string& stage, text_run& tx, const eval_options& o, const infinigen_knobs& k,
              const eval_result& r) {
     const bool ig = o.policy == eval_policy::infinigen;
@@ -274,6 +299,7 @@ class harness {
                   100 * o.budget, r.ppl(), dense16 > 0 ? r.ppl() / dense16 : 0.0, densef > 0 ? r.ppl() / densef : 0.0,
                   r.fetch_fraction(skip_), r.row_bytes, bytes, dense16_bytes > 0 ? bytes / dense16_bytes : 0.0, rec, reco,
                   reco > 0 ? rec / reco : 0.0, r.mean_of(r.overlap, skip_), samples, r.seconds);
+    add_pool_columns(b, sizeof b, tx, o);
     csv_ << b;
     csv_.flush();
     for (std::size_t l = 0; l < r.rows_fetched.size(); ++l) {
@@ -284,6 +310,7 @@ class harness {
                     ig ? selector_name(k).c_str() : (o.policy == eval_policy::dense ? "" : "topk"), 100 * o.budget, l,
                     r.rows_dense[l] > 0 ? r.rows_fetched[l] / r.rows_dense[l] : 0.0, n > 0 ? r.recall[l] / n : 0.0,
                     n > 0 ? r.recall_oracle[l] / n : 0.0, n > 0 ? r.overlap[l] / n : 0.0, n);
+      add_pool_columns(b, sizeof b, tx, o);
       layers_ << b;
     }
     layers_.flush();
@@ -504,6 +531,31 @@ int main(int argc, char** argv) try {
         hz.run("kivi_rest", lt, f, eval_policy::h2o, b, {});
       }
     }
+  }
+  // ---- stage pool: a bounded host pool (issue 31), the default InfiniGen configuration at 10 %,
+  // fp16 (rope_planes unless the matrix or --mode chose otherwise) ---------------------------------
+  if (stages.find("pool") != std::string::npos) {
+    if (!lt.dense_ppl.count(static_cast<int>(kv_format::fp16)))
+      hz.run("pool", lt, kv_format::fp16, eval_policy::dense, 1.0, {});
+    infinigen_knobs k = best;
+    k.mode = run_matrix || !mode_arg.empty() ? best_mode : rope_mode::rope_planes;
+    const double unbounded = hz.run("pool", lt, kv_format::fp16, eval_policy::infinigen, b10, k).ppl();
+    for (int pct : {100, 75, 50, 25})
+      for (eviction e : {eviction::counter, eviction::lru}) {
+        hz.pool_tokens = lt.tokens * pct / 100;
+        hz.pool_eviction = e;
+        const double p = hz.run("pool", lt, kv_format::fp16, eval_policy::infinigen, b10, k).ppl();
+        // A pool of the whole context evicts nothing: the unbounded run's perplexity, exactly.
+        KVSCOUT_EXPECTS(pct != 100 || p == unbounded, "a pool of every token gave perplexity ", p,
+                        ", the unbounded run ", unbounded);
+      }
+    for (int pct : {50, 25})
+      for (eviction e : {eviction::counter, eviction::lru}) {
+        hz.pool_tokens = lt.tokens * pct / 100;
+        hz.pool_eviction = e;
+        hz.run("pool", lt, kv_format::fp16, eval_policy::dense, 1.0, {});
+      }
+    hz.pool_tokens = 0;
   }
   std::printf("done in %.1f s\n", seconds_since(t_all));
   return 0;

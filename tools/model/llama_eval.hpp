@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "kvscout/attention/kivi_rows.hpp"
+#include "kvscout/cache/host_pool.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/kv/contiguous.hpp"
@@ -107,6 +108,13 @@ struct eval_options {
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
   float alpha = -1.f;  // < 0: exact top-k at the cap; >= 0: threshold selector (max - alpha), capped
   threshold_rule rule = threshold_rule::per_head;
+  /// A bounded host pool (kvscout::host_pool, issue 31) at layers >= skip_layers: each (layer,
+  /// KV head) holds at most pool_tokens cached tokens (0: unbounded); evicted tokens are gone
+  /// for good: their scores are NaN before selection, and they are dropped from any selection
+  /// (the keep-set's, a full one) before attention reads it. The keep-set's sinks are pinned.
+  /// fp16 / fp32 / fp8 only.
+  int pool_tokens = 0;
+  eviction pool_eviction = eviction::counter;
   // quest
   int quest_page = 16;
   // KIVI
@@ -306,6 +314,7 @@ class layer_major_eval {
     std::unique_ptr<quest_policy<D>> quest;
     std::unique_ptr<h2o_policy> h2o;
     std::unique_ptr<streaming_policy> stream;
+    std::unique_ptr<host_pool> pool;  // o.pool_tokens > 0
     std::vector<row_matrix> lg;  // [H] logits / probabilities of one block [block * g, T]
 
     run_state(const layer_major_eval& ev, const eval_options& opt) : o(opt) {
@@ -351,6 +360,13 @@ class layer_major_eval {
           break;
         default:
           break;
+      }
+      if (opt.pool_tokens > 0) {
+        KVSCOUT_EXPECTS(opt.format != kv_format::kivi2 && opt.format != kv_format::kivi4,
+                        "the host pool (pool_tokens = ", opt.pool_tokens, ") needs an fp16, fp32 "
+                        "or fp8 cache, got ", to_string(opt.format));
+        pool = std::make_unique<host_pool>(host_pool::config{
+            L, 1, H, T, std::min(opt.pool_tokens, T), opt.pool_eviction, opt.keep.sinks});
       }
     }
   };
@@ -611,6 +627,7 @@ class layer_major_eval {
             case eval_policy::streaming: st.stream->score(l, ctx, sb); break;
             default: break;
           }
+          if (st.pool && l >= skip_) exclude_evicted(l, n, st);
           const bool threshold = o.policy == eval_policy::infinigen && o.alpha >= 0;
           select(o, threshold, n, budget, keep, st.scores.data(), st.sel_idx.data(), st.sel_cnt.data(), st);
         } else {
@@ -618,6 +635,12 @@ class layer_major_eval {
             for (int x = 0; x < n; ++x) st.sel_idx[static_cast<std::size_t>(h) * T_ + x] = x;
             st.sel_cnt[static_cast<std::size_t>(h)] = n;
           }
+        }
+        if (st.pool && l >= skip_) {
+          const selection_buffers<host_space> sel{{st.sel_idx.data(), st.sel_idx.size()},
+                                                  {st.sel_cnt.data(), st.sel_cnt.size()}, 1, H, T_};
+          st.pool->drop_evicted(l, sel);
+          st.pool->observe(l, sel.view());
         }
         if (counted && l >= skip_)
           for (int h = 0; h < H; ++h) {
@@ -682,6 +705,7 @@ class layer_major_eval {
         if (l >= skip_) {
           if (st.ig) st.ig->append(l, 0, t, &st.kpre(t, 0), &st.kpost(t, 0));
           if (st.quest) st.quest->append(l, 0, t, &st.kpre(t, 0), &st.kpost(t, 0));
+          if (st.pool) st.pool->append(l, 0, t);
         }
       }
       // Output of the block: P x V, with V as stored at each step.
@@ -708,6 +732,16 @@ class layer_major_eval {
           for (int j = 0; j < g; ++j)
             std::copy_n(&out(i * g + j, 0), D, &st.attn(t0 + i, (h * g + j) * D));
       }
+    }
+  }
+
+  // Scores of the tokens the host pool evicted, NaN: never selected by score.
+  void exclude_evicted(int l, int n, run_state& st) const {
+    for (int h = 0; h < c_.n_kv_heads; ++h) {
+      const auto slots = st.pool->slots(l, 0, h);
+      float* row = st.scores.data() + static_cast<std::size_t>(h) * T_;
+      for (int x = 0; x < n; ++x)
+        if (slots[static_cast<std::size_t>(x)] < 0) row[x] = std::numeric_limits<float>::quiet_NaN();
     }
   }
 

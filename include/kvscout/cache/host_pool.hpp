@@ -1,0 +1,392 @@
+#pragma once
+// A bounded host KV pool: which cached tokens of each (layer, sequence, kv head) are still held in
+// host memory when the pool can hold only `capacity` tokens per (layer, sequence, kv head), and
+// which physical slot [0, capacity) each one occupies. It owns no K / V rows: it is the policy
+// and the bookkeeping; the engine moves the rows (into the slot the pool names).
+//
+// The method is InfiniGen's (Lee et al., OSDI'24, section 4.4; the `kv_cache_mask` of its
+// reference code, accuracy/src/modeling_llama_ours.py): per layer and per head, once the pool is
+// full, one token is evicted before each new token enters, and evicted tokens are gone for good
+// (masked for every later step). The victim is chosen among the tokens older than half the
+// sequence (at row i, before token i + 1 enters: tokens [0, floor(i / 2)), "avoid evicting
+// recently added ones") by
+//   eviction::counter  the fewest selections by the speculation since the token entered
+//                      (a token counts once per step that selected it);
+//   eviction::lru      the oldest last selection (a token never selected counts as selected
+//                      before step 0, so it goes first).
+// Ties go to the lowest token index (the first minimum, as torch.min returns it on a CPU).
+//
+// What kvscout adds or does differently (not in the paper or its code):
+//   - The victim is chosen among resident tokens only. The reference code's argmin also ranges
+//     over tokens it already evicted (their counters and stamps stay frozen, so it keeps picking
+//     them and evicts less than it means to); here the pool holds exactly `capacity` tokens once
+//     full.
+//   - When no resident token is older than half the sequence (capacity below half the length),
+//     the window widens to every resident token but the newest floor((capacity - pinned_sinks)
+//     / 2) ones, so a token that just entered is never the victim.
+//   - `pinned_sinks`: tokens [0, pinned_sinks) are never evicted (a selector's keep-set sinks,
+//     which it selects whatever their scores; 0 turns it off).
+//   - Slots: a new token takes slot `resident` while the pool fills, then the victim's slot.
+//
+// Per step, for one layer:
+//   pool.observe(layer, selection.view());   // what the speculation selected (counter / LRU)
+//   pool.append(layer, s, t);                // token t = length(s) enters, evicting when full
+// The order is InfiniGen's: a step's selection is counted before the step's token enters.
+// Neither allocates; both validate everything before they change anything. observe() costs
+// O(selected rows); append() O(length) per kv head when it evicts (one scan of the window).
+// What reads the cache skips evicted tokens through resident() / slot() / slots() (a slot per
+// token, -1 when evicted), live_tokens() (the resident token ids, ascending) or
+// drop_evicted(), which removes evicted tokens from a selection in place.
+//
+// Memory: (8 + 4) bytes per (layer, sequence, kv head, token) plus 4 per slot:
+// num_layers * num_seqs * num_kv_heads * (12 * max_tokens + 4 * capacity) bytes.
+//
+//   kvscout::host_pool pool({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
+//                            .max_tokens = 8192, .capacity = 2048,
+//                            .policy = kvscout::eviction::counter, .pinned_sinks = 4});
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+
+namespace kvscout {
+
+/// Which resident token a full host pool evicts (host_pool).
+enum class eviction {
+  counter,  // fewest selections since the token entered
+  lru,      // least recently selected
+};
+
+inline const char* to_string(eviction e) {
+  switch (e) {
+    case eviction::counter: return "counter";
+    case eviction::lru: return "lru";
+  }
+  return "?";
+}
+
+class host_pool {
+ public:
+  struct config {
+    int num_layers = 0;
+    int num_seqs = 0;
+    int num_kv_heads = 0;
+    int max_tokens = 0;  // token ids per sequence: [0, max_tokens)
+    int capacity = 0;    // resident tokens per (layer, sequence, kv head), in [1, max_tokens]
+    eviction policy = eviction::counter;
+    int pinned_sinks = 0;  // tokens [0, pinned_sinks) are never evicted; < capacity
+  };
+  using config_type = config;
+
+  explicit host_pool(const config& cfg) : cfg_(cfg) {
+    KVSCOUT_EXPECTS(cfg.num_layers > 0 && cfg.num_seqs > 0 && cfg.num_kv_heads > 0 &&
+                        cfg.max_tokens > 0,
+                    "host_pool needs positive sizes, got num_layers ", cfg.num_layers,
+                    ", num_seqs ", cfg.num_seqs, ", num_kv_heads ", cfg.num_kv_heads,
+                    ", max_tokens ", cfg.max_tokens);
+    KVSCOUT_EXPECTS(cfg.capacity > 0 && cfg.capacity <= cfg.max_tokens, "host_pool capacity ",
+                    cfg.capacity, " must be in [1, max_tokens = ", cfg.max_tokens, "]");
+    KVSCOUT_EXPECTS(cfg.policy == eviction::counter || cfg.policy == eviction::lru,
+                    "host_pool eviction policy ", static_cast<int>(cfg.policy),
+                    " is not eviction::counter (0) or eviction::lru (1)");
+    KVSCOUT_EXPECTS(cfg.pinned_sinks >= 0 && cfg.pinned_sinks < cfg.capacity, "pinned_sinks ",
+                    cfg.pinned_sinks, " must be in [0, capacity = ", cfg.capacity,
+                    "): the pool must be able to evict a token that is not pinned");
+    const std::size_t rows =
+        static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs * cfg.num_kv_heads;
+    key_.assign(rows * static_cast<std::size_t>(cfg.max_tokens), 0);
+    slot_.assign(rows * static_cast<std::size_t>(cfg.max_tokens), -1);
+    token_.assign(rows * static_cast<std::size_t>(cfg.capacity), -1);
+    resident_.assign(rows, 0);
+    evicted_.assign(rows, -1);
+    len_.assign(static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs, 0);
+    step_.assign(static_cast<std::size_t>(cfg.num_layers), 0);
+  }
+
+  /// Counts the step's selection of `layer`: row s of the view is sequence seq_ids[s] (s when
+  /// seq_ids is empty). Every selected token must be resident: selection must not name an
+  /// evicted token (drop_evicted() removes them). Advances the layer's LRU clock by one.
+  void observe(int layer, const selection_view<host_space>& sel,
+               host_span<const int32_t> seq_ids = {}) {
+    check_layer(layer);
+    check_selection(layer, sel, seq_ids);
+    const std::int64_t now = ++step_[static_cast<std::size_t>(layer)];
+    for (int r = 0; r < sel.num_seqs; ++r) {
+      const int s = seq_ids.empty() ? r : seq_ids[static_cast<std::size_t>(r)];
+      for (int h = 0; h < sel.num_kv_heads; ++h) {
+        const int32_t* idx = sel.indices.data() + sel.row(r, h) * static_cast<std::size_t>(sel.capacity);
+        std::int64_t* key = keys(layer, s, h);
+        const int n = sel.counts[sel.row(r, h)];
+        if (cfg_.policy == eviction::counter)
+          for (int i = 0; i < n; ++i) ++key[idx[i]];
+        else
+          for (int i = 0; i < n; ++i) key[idx[i]] = now;
+      }
+    }
+  }
+
+  /// Token t of sequence s enters the pool of `layer` for every kv head; t must be length(layer,
+  /// s) (tokens enter in order). Where the (layer, s, h) pool is full, one token is evicted first
+  /// (see the top of this file) and t takes its slot; evicted(layer, s, h) names it (-1: none).
+  void append(int layer, int s, int t) {
+    check_layer(layer);
+    check_seq(s);
+    const int len = len_[lin(layer, s)];
+    KVSCOUT_EXPECTS(t == len, "token ", t, " appended to sequence ", s, " of layer ", layer,
+                    ": expected the next token, length = ", len);
+    KVSCOUT_EXPECTS(t < cfg_.max_tokens, "token ", t, " of sequence ", s,
+                    " is out of range [0, max_tokens = ", cfg_.max_tokens,
+                    "): the pool never grows");
+    for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+      const std::size_t r = row(layer, s, h);
+      int* slot = slots_of(layer, s, h);
+      int32_t* tok = token_.data() + r * static_cast<std::size_t>(cfg_.capacity);
+      int free_slot = resident_[r];
+      evicted_[r] = -1;
+      if (resident_[r] == cfg_.capacity) {
+        const int v = victim(layer, s, h, t);
+        free_slot = slot[v];
+        slot[v] = -1;
+        evicted_[r] = v;
+        --resident_[r];
+      }
+      slot[t] = free_slot;
+      tok[free_slot] = t;
+      keys(layer, s, h)[t] = 0;
+      ++resident_[r];
+    }
+    ++len_[lin(layer, s)];
+  }
+
+  /// Clears sequence s in every layer (a new sequence in its slot).
+  void reset(int s) {
+    check_seq(s);
+    for (int layer = 0; layer < cfg_.num_layers; ++layer) {
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const std::size_t r = row(layer, s, h);
+        std::fill_n(keys(layer, s, h), cfg_.max_tokens, 0);
+        std::fill_n(slots_of(layer, s, h), cfg_.max_tokens, -1);
+        std::fill_n(token_.data() + r * static_cast<std::size_t>(cfg_.capacity), cfg_.capacity, -1);
+        resident_[r] = 0;
+        evicted_[r] = -1;
+      }
+      len_[lin(layer, s)] = 0;
+    }
+  }
+
+  /// Tokens appended to sequence s of `layer` (resident or evicted).
+  [[nodiscard]] int length(int layer, int s) const {
+    check_layer(layer);
+    check_seq(s);
+    return len_[lin(layer, s)];
+  }
+  /// Tokens resident in the (layer, s, h) pool: min(length, capacity).
+  [[nodiscard]] int resident_count(int layer, int s, int h) const {
+    check_row(layer, s, h);
+    return resident_[row(layer, s, h)];
+  }
+  /// The token the last append() evicted from (layer, s, h), -1 if it evicted none.
+  [[nodiscard]] int evicted(int layer, int s, int h) const {
+    check_row(layer, s, h);
+    return evicted_[row(layer, s, h)];
+  }
+  /// The slot of token t in [0, capacity), -1 when t was evicted. t in [0, length).
+  [[nodiscard]] int slot(int layer, int s, int h, int t) const {
+    check_token(layer, s, h, t);
+    return slots_of(layer, s, h)[t];
+  }
+  [[nodiscard]] bool resident(int layer, int s, int h, int t) const { return slot(layer, s, h, t) >= 0; }
+  /// The token in slot i of (layer, s, h), -1 when the slot is still empty. i in [0, capacity).
+  [[nodiscard]] int token_in_slot(int layer, int s, int h, int i) const {
+    check_row(layer, s, h);
+    KVSCOUT_EXPECTS(i >= 0 && i < cfg_.capacity, "slot ", i, " is out of range [0, capacity = ",
+                    cfg_.capacity, ")");
+    return token_[row(layer, s, h) * static_cast<std::size_t>(cfg_.capacity) + static_cast<std::size_t>(i)];
+  }
+  /// Every token's slot, [length(layer, s)], -1 for evicted tokens: a mask and the mapping.
+  [[nodiscard]] host_span<const int> slots(int layer, int s, int h) const {
+    check_row(layer, s, h);
+    return {slots_of(layer, s, h), static_cast<std::size_t>(len_[lin(layer, s)])};
+  }
+  /// The counter (eviction::counter) or the step of the last selection, 0 if none
+  /// (eviction::lru) of token t. t in [0, length).
+  [[nodiscard]] std::int64_t key(int layer, int s, int h, int t) const {
+    check_token(layer, s, h, t);
+    return keys(layer, s, h)[t];
+  }
+  /// Writes the resident tokens of (layer, s, h) below `below` (length(layer, s) when negative),
+  /// ascending, into out; returns how many. out must hold them all.
+  int live_tokens(int layer, int s, int h, host_span<int32_t> out, int below = -1) const {
+    check_row(layer, s, h);
+    const int len = len_[lin(layer, s)];
+    const int n = below < 0 ? len : below;
+    KVSCOUT_EXPECTS(n <= len, "live_tokens below ", n, " of sequence ", s, " of layer ", layer,
+                    ": expected at most length = ", len);
+    const int* slot = slots_of(layer, s, h);
+    int need = 0;
+    for (int t = 0; t < n; ++t) need += slot[t] >= 0;
+    KVSCOUT_EXPECTS(out.size() >= static_cast<std::size_t>(need) && (need == 0 || out.data() != nullptr),
+                    "live_tokens: out holds ", out.size(), " entries, (layer, s, h) = (", layer,
+                    ", ", s, ", ", h, ") has ", need, " resident tokens below ", n);
+    int c = 0;
+    for (int t = 0; t < n; ++t)
+      if (slot[t] >= 0) out[static_cast<std::size_t>(c++)] = t;
+    return c;
+  }
+  /// Removes the evicted tokens of `layer` from a selection in place (rows as in observe());
+  /// the rest keep their ascending order. Returns how many it removed. Indices must be in
+  /// [0, length) of their sequence.
+  int drop_evicted(int layer, const selection_buffers<host_space>& sel,
+                   host_span<const int32_t> seq_ids = {}) const {
+    check_layer(layer);
+    check_selection(layer, sel.view(), seq_ids, /*allow_evicted=*/true);
+    int removed = 0;
+    for (int r = 0; r < sel.num_seqs; ++r) {
+      const int s = seq_ids.empty() ? r : seq_ids[static_cast<std::size_t>(r)];
+      for (int h = 0; h < sel.num_kv_heads; ++h) {
+        int32_t* idx = sel.indices.data() + sel.view().row(r, h) * static_cast<std::size_t>(sel.capacity);
+        int32_t& n = sel.counts[sel.view().row(r, h)];
+        const int* slot = slots_of(layer, s, h);
+        int k = 0;
+        for (int i = 0; i < n; ++i)
+          if (slot[idx[i]] >= 0) idx[k++] = idx[i];
+        removed += n - k;
+        n = k;
+      }
+    }
+    return removed;
+  }
+
+  /// The configuration this pool was built with.
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+
+ private:
+  // The victim of (layer, s, h) before token t enters: the smallest key among the resident,
+  // unpinned tokens of InfiniGen's window [0, floor((t - 1) / 2)), lowest index on ties; where
+  // that window holds none, of [0, t - floor((capacity - pinned_sinks) / 2)).
+  int victim(int layer, int s, int h, int t) const {
+    const int* slot = slots_of(layer, s, h);
+    const std::int64_t* key = keys(layer, s, h);
+    auto scan = [&](int lo, int hi) {
+      int best = -1;
+      std::int64_t best_key = std::numeric_limits<std::int64_t>::max();
+      for (int x = lo; x < hi; ++x)
+        if (slot[x] >= 0 && key[x] < best_key) best = x, best_key = key[x];
+      return best;
+    };
+    const int lo = cfg_.pinned_sinks;
+    const int window = t >= 1 ? (t - 1) / 2 : 0;
+    int v = scan(lo, window);
+    if (v < 0) v = scan(lo, t - (cfg_.capacity - cfg_.pinned_sinks) / 2);
+    // Resident tokens number capacity, at most pinned_sinks of them below lo and at most
+    // floor((capacity - pinned_sinks) / 2) above the widened window: one is always found.
+    KVSCOUT_EXPECTS(v >= 0, "host_pool found no token to evict in (layer, s, h) = (", layer, ", ",
+                    s, ", ", h, ") before token ", t, " (internal error)");
+    return v;
+  }
+
+  void check_layer(int layer) const {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.num_layers, ")");
+  }
+  void check_seq(int s) const {
+    KVSCOUT_EXPECTS(s >= 0 && s < cfg_.num_seqs, "sequence ", s, " is out of range [0, ",
+                    cfg_.num_seqs, ")");
+  }
+  void check_row(int layer, int s, int h) const {
+    check_layer(layer);
+    check_seq(s);
+    KVSCOUT_EXPECTS(h >= 0 && h < cfg_.num_kv_heads, "kv_head ", h, " is out of range [0, ",
+                    cfg_.num_kv_heads, ")");
+  }
+  void check_token(int layer, int s, int h, int t) const {
+    check_row(layer, s, h);
+    const int len = len_[lin(layer, s)];
+    KVSCOUT_EXPECTS(t >= 0 && t < len, "token ", t, " of sequence ", s, " of layer ", layer,
+                    " is out of range [0, length = ", len, ")");
+  }
+  // Everything observe() / drop_evicted() read, checked before anything changes.
+  void check_selection(int layer, const selection_view<host_space>& sel,
+                       host_span<const int32_t> seq_ids, bool allow_evicted = false) const {
+    KVSCOUT_EXPECTS(sel.num_seqs >= 0 && sel.num_seqs <= cfg_.num_seqs, "selection holds ",
+                    sel.num_seqs, " sequences, expected [0, the pool's num_seqs = ", cfg_.num_seqs,
+                    "]");
+    KVSCOUT_EXPECTS(sel.num_kv_heads == cfg_.num_kv_heads, "selection has ", sel.num_kv_heads,
+                    " kv heads, the pool ", cfg_.num_kv_heads);
+    KVSCOUT_EXPECTS(sel.capacity >= 0, "selection capacity ", sel.capacity, " is negative");
+    const std::size_t rows = static_cast<std::size_t>(sel.num_seqs) * sel.num_kv_heads;
+    KVSCOUT_EXPECTS(sel.counts.size() >= rows, "selection counts hold ", sel.counts.size(),
+                    " entries, expected num_seqs x num_kv_heads = ", rows);
+    KVSCOUT_EXPECTS(sel.indices.size() >= rows * static_cast<std::size_t>(sel.capacity),
+                    "selection indices hold ", sel.indices.size(), " entries, expected [",
+                    sel.num_seqs, ", ", sel.num_kv_heads, ", ", sel.capacity, "] = ",
+                    rows * static_cast<std::size_t>(sel.capacity));
+    KVSCOUT_EXPECTS(seq_ids.empty() || seq_ids.size() == static_cast<std::size_t>(sel.num_seqs),
+                    "seq_ids holds ", seq_ids.size(), " entries, expected none or num_seqs = ",
+                    sel.num_seqs);
+    for (std::size_t r = 0; r < seq_ids.size(); ++r) {
+      const int s = seq_ids[r];
+      KVSCOUT_EXPECTS(s >= 0 && s < cfg_.num_seqs, "seq_ids[", r, "] = ", s,
+                      " is out of range [0, ", cfg_.num_seqs, ")");
+      for (std::size_t q = 0; q < r; ++q)
+        KVSCOUT_EXPECTS(seq_ids[q] != s, "seq_ids[", q, "] and seq_ids[", r,
+                        "] both name sequence ", s, ": expected one row per sequence");
+    }
+    for (int r = 0; r < sel.num_seqs; ++r) {
+      const int s = seq_ids.empty() ? r : seq_ids[static_cast<std::size_t>(r)];
+      const int len = len_[lin(layer, s)];
+      for (int h = 0; h < sel.num_kv_heads; ++h) {
+        const int n = sel.counts[sel.row(r, h)];
+        KVSCOUT_EXPECTS(n >= 0 && n <= sel.capacity, "selection count ", n, " of row ", r,
+                        ", kv_head ", h, " is out of range [0, capacity = ", sel.capacity, "]");
+        const int32_t* idx = sel.indices.data() + sel.row(r, h) * static_cast<std::size_t>(sel.capacity);
+        const int* slot = slots_of(layer, s, h);
+        for (int i = 0; i < n; ++i) {
+          const int t = idx[i];
+          KVSCOUT_EXPECTS(t >= 0 && t < len, "selected token ", t, " (entry ", i,
+                          ") for sequence ", s, ", kv_head ", h, " is out of range [0, length = ",
+                          len, ") of layer ", layer);
+          KVSCOUT_EXPECTS(i == 0 || t > idx[i - 1], "selected token ", t, " (entry ", i,
+                          ") for sequence ", s, ", kv_head ", h,
+                          " does not follow the previous entry ", i == 0 ? -1 : idx[i - 1],
+                          ": expected strictly ascending indices");
+          KVSCOUT_EXPECTS(allow_evicted || slot[t] >= 0, "selected token ", t, " (entry ", i,
+                          ") for sequence ", s, ", kv_head ", h, " of layer ", layer,
+                          " was evicted from the host pool: drop_evicted() removes such entries");
+        }
+      }
+    }
+  }
+
+  std::size_t lin(int layer, int s) const { return static_cast<std::size_t>(layer) * cfg_.num_seqs + s; }
+  std::size_t row(int layer, int s, int h) const { return lin(layer, s) * cfg_.num_kv_heads + h; }
+  std::int64_t* keys(int layer, int s, int h) {
+    return key_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.max_tokens);
+  }
+  const std::int64_t* keys(int layer, int s, int h) const {
+    return key_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.max_tokens);
+  }
+  int* slots_of(int layer, int s, int h) {
+    return slot_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.max_tokens);
+  }
+  const int* slots_of(int layer, int s, int h) const {
+    return slot_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.max_tokens);
+  }
+
+  config cfg_;
+  std::vector<std::int64_t> key_;  // [layers, seqs, heads, max_tokens] counter or last-use step
+  std::vector<int> slot_;          // [layers, seqs, heads, max_tokens] slot, -1 evicted / absent
+  std::vector<int32_t> token_;     // [layers, seqs, heads, capacity] token in slot, -1 empty
+  std::vector<int> resident_;      // [layers, seqs, heads]
+  std::vector<int> evicted_;       // [layers, seqs, heads] victim of the last append, -1 none
+  std::vector<int> len_;           // [layers, seqs]
+  std::vector<std::int64_t> step_; // [layers] observe() calls: the LRU clock
+};
+
+}  // namespace kvscout
