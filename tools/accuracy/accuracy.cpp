@@ -160,10 +160,15 @@ const char* policy_name(eval_policy p, const infinigen_knobs& k) {
 }
 
 std::string selector_name(const infinigen_knobs& k) {
-  if (k.alpha < 0) return "topk";
-  char b[64];
-  std::snprintf(b, sizeof b, "threshold_a%g_%s", static_cast<double>(k.alpha),
-                k.rule == threshold_rule::per_head ? "per_head" : "infinigen_mean");
+  // A keep-set other than the harness's 4 + 16 is named, where the knobs are no preset's (stage
+  // ablation); every other row keeps its name.
+  char keep[32] = "";
+  if (k.preset == nullptr && (k.keep.sinks != 4 || k.keep.recent != 16))
+    std::snprintf(keep, sizeof keep, "_keep%d+%d", k.keep.sinks, k.keep.recent);
+  if (k.alpha < 0) return std::string("topk") + keep;
+  char b[96];
+  std::snprintf(b, sizeof b, "threshold_a%g_%s%s", static_cast<double>(k.alpha),
+                k.rule == threshold_rule::per_head ? "per_head" : "infinigen_mean", keep);
   return b;
 }
 
@@ -534,6 +539,26 @@ int main(int argc, char** argv) try {
   }
   // ---- stage pool: a bounded host pool (issue 31), the default InfiniGen configuration at 10 %,
   // fp16 (rope_planes unless the matrix or --mode chose otherwise) ---------------------------------
+  // ---- stage ablation: from InfiniGen (paper) towards kvscout's default, one knob at a time, at
+  // 10 % on the long text, fp16: what each of kvscout's choices gains on a GQA + RoPE model ------
+  if (stages.find("ablation") != std::string::npos) {
+    if (!lt.dense_ppl.count(static_cast<int>(kv_format::fp16)))
+      hz.run("ablation", lt, kv_format::fp16, eval_policy::dense, 1.0, {});
+    const infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    infinigen_knobs k = paper;
+    k.preset = nullptr;
+    const auto with = [&](auto&& change) {
+      infinigen_knobs x = k;
+      change(x);
+      hz.run("ablation", lt, kv_format::fp16, eval_policy::infinigen, b10, x);
+    };
+    with([&](infinigen_knobs& x) { x.keep = def.keep; });                  // + kvscout's keep-set
+    with([&](infinigen_knobs& x) { x.r = def.r; });                        // + r = head_dim / 2
+    with([&](infinigen_knobs& x) { x.alpha = -1.f; });                     // + exact top-k
+    with([&](infinigen_knobs& x) { x.mode = def.mode; });                  // + RoPE planes
+    with([&](infinigen_knobs& x) { x.keep = def.keep, x.r = def.r; });     // keep-set and r
+    with([&](infinigen_knobs& x) { x.keep = def.keep, x.r = def.r, x.mode = def.mode; });
+  }
   if (stages.find("pool") != std::string::npos) {
     if (!lt.dense_ppl.count(static_cast<int>(kv_format::fp16)))
       hz.run("pool", lt, kv_format::fp16, eval_policy::dense, 1.0, {});
