@@ -12,9 +12,9 @@
 //                               exact top-k at the cap, 4 sinks + 16 recent tokens kept.
 //
 // On SmolLM2-135M (GQA 9 / 3 heads, RoPE, head_dim 64; docs/accuracy.md, GPL-3 text, 4096
-// tokens, fp16, 10 % cap) kvscout_default reaches perplexity 17.154 (dense 16.310); InfiniGen's
-// mode and rule with r = 32 instead of the preset's 12 measured 22.046 at 5.8 % of the rows, and
-// the post-RoPE skew with kvscout's top-k 20.185.
+// tokens, fp16, 10 % cap) kvscout_default reaches perplexity 17.154 (dense 16.310),
+// infinigen_paper 155.110 at 6.6 % of the rows (its missing keep-set costs the most: with
+// kvscout's, 29.823; the accuracy harness's stage ablation).
 //
 //   const auto p = kvscout::presets::kvscout_default(head_dim);
 //   kvscout::skew_options opt = p.skew(model_rope);       // per (layer, kv head): calibrate_skew
@@ -119,6 +119,10 @@ inline constexpr double infinigen_paper_budget = 0.2;
 ///                   maximum, every head fetches min(mean count, cap) tokens, its best by score
 ///                   (speedup/infinigen/infinigen/kv_selection_controller.py, speculate_attention;
 ///                   accuracy/src/modeling_llama_ours.py, kv_cache_mask; paper section 4.3).
+///                   Two differences stay: that code thresholds every head at the first head's
+///                   row maximum (`max(...)[0]`), where infinigen_mean uses each head's own, and
+///                   it caps a row at a share of the whole sequence, where kvscout's callers cap
+///                   at a share of the cached tokens (docs/accuracy.md, "How it is measured").
 ///   alpha           4 (speedup/scripts/*/run.sh: --alpha 4; accuracy/perplexity/table2.sh: 4 for
 ///                   OPT). The Llama-2 perplexity runs of table2.sh use 5.
 ///   keep            none: the reference selects by score alone, no sink or recent tokens.
