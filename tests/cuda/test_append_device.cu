@@ -39,13 +39,13 @@ void expect_bytes(const std::string& what, const std::vector<std::byte>& got,
 
 // One token per sequence per step, `steps` steps, host writer vs device kernel.
 template <class L, class In>
-void kivi_append_case(int steps, std::uint32_t seed, int residual = 64) {
+void kivi_append_case(int steps, std::uint32_t seed, int residual = 64, int heads = 2) {
   using T = typename L::element_type;
   constexpr int D = L::head_dim;
-  const int H = 2, S = 3, cap = 256;
+  const int H = heads, S = 3, cap = 256;
   const kvscout::kivi_options opt{.group = 32, .residual = residual};
-  // Start from different lengths, some right before a key block boundary (64, 128: every
-  // sequence crosses one; R = 0: a group of 32).
+  // Start from different lengths, some right before a key block boundary (64, 128, 192; R = 0:
+  // every 32): with 50 steps or more every sequence crosses one at R = 64, two of three at 128.
   const std::vector<int32_t> start = {0, 71, 100};
   kivi_cache<L> host(start, H, cap, opt, seed);  // the host cache, filled by the writer
   const auto hb = host.store.buffers();
@@ -305,6 +305,9 @@ int main() {
           {"kivi2_f32_d64", [] { kivi_append_case<kvscout::kivi_layout<float, 64, 2, float>, float>(50, 4); }},
           {"kivi_k2v4_f16_d128_r0", [] { kivi_append_case<kvscout::kivi_layout<half, 128, kvscout::kivi_bits{2, 4}>, half>(70, 5, 0); }},
           {"kivi_k4v2_f16_d64", [] { kivi_append_case<kvscout::kivi_layout<half, 64, kvscout::kivi_bits{4, 2}>, float>(70, 6); }},
+          // Llama-shaped heads and block: (8 heads x 4 groups x 32 code bytes) = 1024 items, so
+          // every thread of the flush takes four.
+          {"kivi2_f16_d128_h8_r128", [] { kivi_append_case<kvscout::kivi_layout<half, 128, 2>, half>(80, 7, 128, 8); }},
           {"kivi_rejects_bad_input", kivi_rejects},
           {"generic_contiguous", generic_contiguous},
           {"generic_paged", generic_paged},

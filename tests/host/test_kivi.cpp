@@ -556,6 +556,28 @@ TEST_CASE("kivi rule: KIVI's key and value windows at every boundary", "[kivi]")
   }
   REQUIRE(keys / 2048 == 63.5);
   REQUIRE(values / 2048 == 128.0);
+  // A capacity below the key block: the ring holds the capacity (no flush can come), not R slots.
+  {
+    using H = kvscout::kivi_layout<half, 64, 2>;
+    std::vector<int32_t> one = {0};
+    const H small = H::padded(2, 50, one.data(), 1, {.group = 32, .residual = 128});
+    REQUIRE(small.residual_slots() == 50);
+    REQUIRE(small.required_residual_bytes() == 2u * 50 * 64 * sizeof(half));
+    REQUIRE(small.quantized_capacity() == 0);
+    kvscout::kivi_host_storage st(small);
+    kvscout::kivi_host_writer<H> w(small, st.buffers(), one.data());
+    std::vector<half> tok(2 * 64);
+    for (int t = 0; t < 50; ++t) {
+      for (std::size_t i = 0; i < tok.size(); ++i)
+        tok[i] = kvscout::from_float<half>(static_cast<float>((t * 7 + static_cast<int>(i)) % 11) - 5.f);
+      w.append(0, {tok.data(), tok.size()}, {tok.data(), tok.size()});
+    }
+    const kvscout::kivi_layout_rows rows(st.buffers().view(small));
+    std::vector<float> got(64);
+    rows.load_k(0, 1, 49, got.data());  // the last token, read back from its own slot, exactly
+    for (int c = 0; c < 64; ++c) REQUIRE(got[c] == kvscout::to_float(tok[64 + c]));
+    REQUIRE(small.seq_len(0) == 0);
+  }
   // R must be a multiple of G (KIVI asserts it).
   REQUIRE_THROWS_WITH(L::padded(1, 64, lens.data(), 1, {.group = 32, .residual = 48}),
                       Contains("residual length R = 48") &&

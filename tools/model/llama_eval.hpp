@@ -496,7 +496,9 @@ class layer_major_eval {
   }
 
   // The KIVI cache of the layer: every token appended through kivi_host_writer, then the
-  // quantised keys and values read back from their records (as attention dequantises them). A
+  // quantised keys and values read back from their records in float (attention reads a fetched
+  // row the same way; the window's quantised keys it reads from the ring, rounded once to half,
+  // which this evaluation does not do: a difference below half's rounding). A
   // token's dequantised key does not depend on when it is read (a key group is quantised once,
   // from its own G tokens), nor its value, so the rows of step t are: keys dequantised for
   // t' < key_quantized_len(t), values for t' < value_quantized_len(t), fp16 after (kivi_at).

@@ -30,8 +30,8 @@
 // ## What executors and selectors see
 // A fetched row is a token's key record and value record, so the tokens executors fetch and
 // selectors choose among are those with both quantised: seq_len(s) = quantized_len_for(len) =
-// min(key_quantized_len, value_quantized_len) (= len - R once len >= R). The rest, the window
-// [seq_len, len) of at most B tokens, is never fetched: it is resident where attention runs (the
+// min(key_quantized_len, value_quantized_len) (= len - R once len >= R > 0; G * floor(len / G)
+// when R = 0). The rest, the window [seq_len, len) of at most B tokens, is never fetched: it is resident where attention runs (the
 // device, in an offloaded cache) and attention reads all of it after the selected rows
 // (attention/kivi_rows.hpp). In the window some keys are already quantised (R > 0: tokens
 // [value_quantized_len, key_quantized_len)) or some values (R = 0): the window keeps those rows
@@ -47,7 +47,8 @@
 //
 // ## Buffers (per (sequence, kv head) slices, preallocated to `capacity` tokens, like
 // contiguous_layout::padded; every buffer 16-byte aligned). Qc = quantized_capacity =
-// max(key_quantized_len(capacity), value_quantized_len(capacity)), W = B residual slots.
+// max(key_quantized_len(capacity), value_quantized_len(capacity)), W = B residual slots (the
+// capacity where it is smaller).
 //   k_codes     [num_seqs, H, Qc, k_row_bytes]         the key record of token t: packed codes of
 //                                                      its D channels, zero-padded to 16 bytes
 //   v_records   [num_seqs, H, Qc, v_row_bytes]         the value record of token t:
@@ -211,8 +212,12 @@ class kivi_layout {
   KVSCOUT_HOST_DEVICE int key_groups() const { return key_groups_; }
   /// Keys are quantised this many at a time: B = R (G when R = 0), a multiple of G.
   KVSCOUT_HOST_DEVICE int key_block() const { return residual_ > 0 ? residual_ : group_; }
-  /// Residual ring slots per (sequence, kv head): key_block(), the most tokens the window holds.
-  KVSCOUT_HOST_DEVICE int residual_slots() const { return key_block(); }
+  /// Residual ring slots per (sequence, kv head): key_block(), the most tokens the window holds
+  /// (the capacity where that is smaller, at least 1: a flush needs B tokens, so it never comes).
+  KVSCOUT_HOST_DEVICE int residual_slots() const {
+    const int b = key_block();
+    return b <= capacity_ ? b : (capacity_ > 0 ? capacity_ : 1);
+  }
   KVSCOUT_HOST_DEVICE const int32_t* seq_lens() const { return lens_; }
 
   /// Tokens with a quantised key in a sequence of `len` tokens: B * floor(len / B).
