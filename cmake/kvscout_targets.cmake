@@ -14,7 +14,8 @@ endfunction()
 
 # CUDA targets compile for CMAKE_CUDA_ARCHITECTURES (90 unless overridden).
 function(kvscout_cuda_target target)
-  target_link_libraries(${target} PRIVATE kvscout::kvscout CUDA::cudart)
+  # cuBLAS: the decode-step benchmark's model (bench/cuda/decode_step.cuh) and its test.
+  target_link_libraries(${target} PRIVATE kvscout::kvscout CUDA::cudart CUDA::cublas)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra>)
   # nvcc 13 with CMake 3.25 has no CUDA20 dialect entry: pass the standard directly.

@@ -1,0 +1,231 @@
+// The decode-step benchmark's model (bench/cuda/decode_step.cuh) at a small shape: each of its
+// ways runs whole steps, and every layer's attention output is checked against the host backend
+// on the same inputs (the query, the new token's K / V and, for the sparse ways, the selection
+// that layer's attention read, all recorded on the device during the step):
+//   kvscout, kvscout_row_cache, infinigen: decode_attention_host over the selected rows gathered
+//     from the host cache (so a fetch of the wrong layer, slot or rows, or a missing wait, fails);
+//   flexgen, resident: decode_attention_host over the whole host cache.
+// Also: the GEMM wrapper against an fp64 host product (both transposes), the selections (counts,
+// ascending indices inside the sequence, the 4 sinks and 16 recent tokens kept), the row cache's
+// hits on the second step, a captured step replayed (kvscout and flexgen), the bytes a full
+// fetch moves, and bad configurations refused by value. Contiguous HND and 16-token pages.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "decode_step.cuh"
+#include "gpu_harness.cuh"
+#include "kvscout/attention/decode.hpp"
+#include "kvscout/attention/rows.hpp"
+
+namespace {
+
+using decode_step::decode_way;
+using kvscout::half;
+constexpr int D = 64;
+using contiguous = kvscout::contiguous_layout<half, D, kvscout::hnd>;
+using paged = kvscout::paged_layout<half, D, kvscout::hnd, kvscout::block_table, 16>;
+
+decode_step::stack_config small_config() {
+  decode_step::stack_config c;
+  c.model = {.d_model = 128, .q_heads = 4, .kv_heads = 2, .mlp = 192, .layers = 3,
+             .rope_theta = 10000.f};
+  c.lens = {300, 170};
+  c.budget = 0.1;  // 30 rows per (sequence, kv head)
+  c.staged_threads = 2;
+  c.record = true;
+  return c;
+}
+
+// Rows of a selection gathered from a host cache, for gathered_rows<half, D>.
+template <class L>
+struct host_gathered {
+  std::vector<half> k, v;
+};
+
+template <class L>
+double check_layer(const decode_step::decode_stack<L>& st, int l, bool sparse, const char* what) {
+  const auto& cfg = st.config();
+  const int S = st.batch(), H = cfg.model.kv_heads, Hq = cfg.model.q_heads, cap = st.budget_rows();
+  const auto rec = st.record(l);
+  const auto cache = st.host_cache(l);
+  const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
+  const kvscout::current_token<half> cur{{rec.k_new.data(), rec.k_new.size()},
+                                         {rec.v_new.data(), rec.v_new.size()}};
+  std::vector<float> want(rec.q.size());
+  if (sparse) {
+    // The selection: counts, ascending indices in [0, len), the keep-set (4 sinks, 16 recent).
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) {
+        const int row = s * H + h, len = cfg.lens[s];
+        GPU_CHECK(rec.cnt[row] == std::min(len, cap));
+        const std::int32_t* idx = rec.idx.data() + static_cast<std::size_t>(row) * cap;
+        bool ok = true;
+        for (int i = 0; i < rec.cnt[row]; ++i) {
+          ok = ok && idx[i] >= 0 && idx[i] < len && (i == 0 || idx[i] > idx[i - 1]);
+        }
+        for (int t : {0, 1, 2, 3, len - 1, len - 16})
+          ok = ok && std::binary_search(idx, idx + rec.cnt[row], t);
+        if (!ok) std::fprintf(stderr, "%s layer %d (s %d, h %d): bad selection\n", what, l, s, h);
+        GPU_CHECK(ok);
+      }
+    std::vector<half> gk(static_cast<std::size_t>(S) * H * cap * D), gv(gk.size());
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) {
+        const int row = s * H + h;
+        for (int i = 0; i < rec.cnt[row]; ++i) {
+          const int t = rec.idx[static_cast<std::size_t>(row) * cap + i];
+          const auto* kr = reinterpret_cast<const half*>(cache.k.data() + cache.layout.k_offset(s, t, h));
+          const auto* vr = reinterpret_cast<const half*>(cache.v.data() + cache.layout.v_offset(s, t, h));
+          std::copy(kr, kr + D, gk.begin() + (static_cast<std::size_t>(row) * cap + i) * D);
+          std::copy(vr, vr + D, gv.begin() + (static_cast<std::size_t>(row) * cap + i) * D);
+        }
+      }
+    const kvscout::selection_view<kvscout::host_space> sel{{rec.idx.data(), rec.idx.size()},
+                                                           {rec.cnt.data(), rec.cnt.size()}, S, H, cap};
+    kvscout::decode_attention_host(kvscout::gathered_rows<half, D>(sel, {gk.data(), gk.size()}, {gv.data(), gv.size()}),
+                                   cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
+  } else {
+    kvscout::decode_attention_host(kvscout::layout_rows<L>(cache), cur, {rec.q.data(), rec.q.size()},
+                                   {want.data(), want.size()}, p);
+  }
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::abs(double(kvscout::to_float(rec.out[i])) - want[i]));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  // The device output is half: half an ulp of the largest output, plus float summation order.
+  const double tol = scale / 2048 + 1e-4;
+  if (!(worst <= tol) || scale == 0)
+    std::fprintf(stderr, "%s layer %d: max |err| %.3g (tolerance %.3g, max |out| %.3g)\n", what, l,
+                 worst, tol, scale);
+  GPU_CHECK(worst <= tol);
+  GPU_CHECK(scale > 0.05);  // outputs that are not all zero
+  return worst;
+}
+
+template <class L>
+void run_way(decode_way w, const char* layout_name) {
+  decode_step::decode_stack<L> st(small_config());
+  const std::string what = std::string(decode_step::way_name(w)) + "/" + layout_name;
+  const bool sparse = w == decode_way::kvscout || w == decode_way::kvscout_cache || w == decode_way::infinigen;
+  st.reset_counters();
+  st.step(w, true);
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  GPU_CHECK(st.device_status() == 0);
+  double worst = 0;
+  for (int l = 0; l < st.layers(); ++l) worst = std::max(worst, check_layer(st, l, sparse, what.c_str()));
+  if (sparse) {
+    long long want = 0;
+    for (int n : st.config().lens) want += std::min(n, st.budget_rows());
+    want *= static_cast<long long>(st.config().model.kv_heads) * st.layers();
+    GPU_CHECK(st.rows_per_step() == want);
+  }
+  if (w == decode_way::kvscout_cache) {  // a second step: the keep-set's 20 rows at least hit
+    GPU_CHECK(st.cache_hits() == 0);
+    st.step(w);
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    const unsigned long long floor = 20ull * st.batch() * st.config().model.kv_heads * st.layers();
+    std::printf("  %s: row-cache hits on step 2: %llu (keep-set floor %llu)\n", what.c_str(),
+                st.cache_hits(), floor);
+    GPU_CHECK(st.cache_hits() >= floor);
+    for (int l = 0; l < st.layers(); ++l) worst = std::max(worst, check_layer(st, l, true, what.c_str()));
+  }
+  if (w == decode_way::kvscout || w == decode_way::flexgen) {  // the step as a graph, replayed
+    cudaGraphExec_t g = st.capture(w);
+    KVSCOUT_CUDA_CHECK(cudaGraphLaunch(g, st.compute_stream()));
+    KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(st.compute_stream()));
+    KVSCOUT_CUDA_CHECK(cudaGraphExecDestroy(g));
+    for (int l = 0; l < st.layers(); ++l)
+      worst = std::max(worst, check_layer(st, l, sparse, (what + " (graph)").c_str()));
+  }
+  std::printf("  %s: worst |err| %.3g over %d layers\n", what.c_str(), worst, st.layers());
+}
+
+void gemm_matches_host() {
+  const int B = 3, out = 40, in = 72;
+  std::vector<half> w(static_cast<std::size_t>(out) * in), x(static_cast<std::size_t>(B) * in);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = kvscout::from_float<half>(decode_step::hash_unit(i + 17));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = kvscout::from_float<half>(decode_step::hash_unit(i + 99991));
+  std::vector<float> y0(static_cast<std::size_t>(B) * out);
+  for (std::size_t i = 0; i < y0.size(); ++i) y0[i] = decode_step::hash_unit(i + 555);
+  decode_step::arena a;
+  half* dw = a.upload(w);
+  half* dx = a.upload(x);
+  float* dy = a.upload(y0);
+  half* dyh = a.device<half>(y0.size());
+  cublasHandle_t h{};
+  DECODE_STEP_CUBLAS(cublasCreate(&h));
+  decode_step::gemm_rows(h, dw, out, in, dx, B, dy, CUDA_R_32F, 1.f);   // y += W x
+  decode_step::gemm_rows(h, dw, out, in, dx, B, dyh, CUDA_R_16F, 0.f);  // y = W x, half
+  KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> y(y0.size());
+  std::vector<half> yh(y0.size());
+  KVSCOUT_CUDA_CHECK(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
+  KVSCOUT_CUDA_CHECK(cudaMemcpy(yh.data(), dyh, yh.size() * 2, cudaMemcpyDeviceToHost));
+  cublasDestroy(h);
+  double worst = 0, worst_h = 0;
+  for (int b = 0; b < B; ++b)
+    for (int o = 0; o < out; ++o) {
+      double ref = 0;
+      for (int i = 0; i < in; ++i)
+        ref += double(kvscout::to_float(w[static_cast<std::size_t>(o) * in + i])) *
+               kvscout::to_float(x[static_cast<std::size_t>(b) * in + i]);
+      const std::size_t k = static_cast<std::size_t>(b) * out + o;
+      worst = std::max(worst, std::abs(y[k] - (ref + y0[k])));
+      worst_h = std::max(worst_h, std::abs(kvscout::to_float(yh[k]) - ref) / std::max(1.0, std::abs(ref)));
+    }
+  std::printf("  gemm: float |err| %.3g, half relative %.3g\n", worst, worst_h);
+  GPU_CHECK(worst < 1e-3);
+  GPU_CHECK(worst_h < 1.0 / 1024);
+}
+
+void full_fetch_bytes() {
+  auto c = small_config();
+  c.record = false;
+  decode_step::decode_stack<contiguous> a(c);
+  // Every cached row of both sequences, K and V: (300 + 170) tokens x 2 heads x 2 x 64 x 2 bytes.
+  GPU_CHECK(a.layer_bytes() == std::size_t{470} * 2 * 2 * D * 2);
+  decode_step::decode_stack<paged> b(c);
+  // The page pool whole: ceil((300 + 1) / 16) + ceil((170 + 1) / 16) = 19 + 11 pages.
+  GPU_CHECK(b.layer_bytes() == std::size_t{30} * 16 * 2 * 2 * D * 2);
+}
+
+void bad_configs() {
+  auto c = small_config();
+  c.budget = 0;
+  GPU_CHECK(gpu_test::throws_with([&] { decode_step::decode_stack<contiguous> s(c); }, "budget 0"));
+  c = small_config();
+  c.lens = {300, 0};
+  GPU_CHECK(gpu_test::throws_with([&] { decode_step::decode_stack<contiguous> s(c); }, "sequence length 0"));
+  c = small_config();
+  c.model.kv_heads = 3;
+  GPU_CHECK(gpu_test::throws_with([&] { decode_step::decode_stack<contiguous> s(c); }, "q_heads = 4"));
+  c = small_config();
+  c.record = false;
+  decode_step::decode_stack<contiguous> s(c);
+  GPU_CHECK(gpu_test::throws_with([&] { (void)s.record(0); }, "without config.record"));
+  GPU_CHECK(gpu_test::throws_with([&] { (void)s.capture(decode_way::infinigen); }, "way infinigen"));
+}
+
+}  // namespace
+
+int main() {
+  return gpu_test::run_all(
+      "decode_step_model",
+      {{"gemm_matches_host", gemm_matches_host},
+       {"kvscout_contiguous", [] { run_way<contiguous>(decode_way::kvscout, "contiguous"); }},
+       {"kvscout_paged", [] { run_way<paged>(decode_way::kvscout, "paged16"); }},
+       {"kvscout_row_cache", [] { run_way<contiguous>(decode_way::kvscout_cache, "contiguous"); }},
+       {"flexgen_contiguous", [] { run_way<contiguous>(decode_way::flexgen, "contiguous"); }},
+       {"flexgen_paged", [] { run_way<paged>(decode_way::flexgen, "paged16"); }},
+       {"infinigen_contiguous", [] { run_way<contiguous>(decode_way::infinigen, "contiguous"); }},
+       {"infinigen_paged", [] { run_way<paged>(decode_way::infinigen, "paged16"); }},
+       {"resident_contiguous", [] { run_way<contiguous>(decode_way::resident, "contiguous"); }},
+       {"resident_paged", [] { run_way<paged>(decode_way::resident, "paged16"); }},
+       {"full_fetch_bytes", full_fetch_bytes},
+       {"bad_configs", bad_configs}});
+}
