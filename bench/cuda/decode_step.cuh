@@ -397,9 +397,14 @@ class decode_stack {
   struct switch_stages {
     stages_t* s = nullptr;
     bool fetch_on = true;
+    const cudaEvent_t* t0 = nullptr;  // optional, per layer: recorded around each fetch
+    const cudaEvent_t* t1 = nullptr;
     void speculate(int l, int b, cudaStream_t st) { s->speculate(l, b, st); }
     void fetch(int l, int b, cudaStream_t st) {
-      if (fetch_on) s->fetch(l, b, st);
+      if (!fetch_on) return;
+      if (t0 != nullptr) KVSCOUT_CUDA_CHECK(cudaEventRecord(t0[l], st));
+      s->fetch(l, b, st);
+      if (t1 != nullptr) KVSCOUT_CUDA_CHECK(cudaEventRecord(t1[l], st));
     }
   };
   using pipeline_t = kvscout::cuda_decode_pipeline<switch_stages>;
@@ -516,6 +521,39 @@ class decode_stack {
     return exec;
   }
 
+  /// Seconds the fetches of one eager step of way w took on their stream, summed over layers
+  /// (events around each fetch: the zero-copy gather, the full copies, or the staged path from
+  /// the start of its host gather, which holds the copy back, to the end of its scatter).
+  /// Synchronises: not for timed loops.
+  double fetch_seconds(decode_way w) {
+    std::vector<cudaEvent_t> t0(m_.layers), t1(m_.layers);
+    for (int l = 0; l < m_.layers; ++l) {
+      KVSCOUT_CUDA_CHECK(cudaEventCreate(&t0[l]));
+      KVSCOUT_CUDA_CHECK(cudaEventCreate(&t1[l]));
+    }
+    ft0_ = t0.data();
+    ft1_ = t1.data();
+    for (auto* p : {pipe_.get(), cache_pipe_.get()}) {
+      p->stages().t0 = ft0_;
+      p->stages().t1 = ft1_;
+    }
+    double sum = 0;
+    try {
+      step(w);
+      KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+      for (int l = 0; l < m_.layers; ++l) {
+        float ms = 0;
+        KVSCOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, t0[l], t1[l]));
+        sum += ms * 1e-3;
+      }
+    } catch (...) {
+      untime(t0, t1);
+      throw;
+    }
+    untime(t0, t1);
+    return sum;
+  }
+
   // ---- records (config.record): per layer, downloaded by the tests ----
   struct layer_record {
     std::vector<float> q;                // [B, Hq, D]
@@ -544,6 +582,19 @@ class decode_stack {
   [[nodiscard]] int cache_of(int l) const { return l % caches_; }
 
  private:
+  void untime(std::vector<cudaEvent_t>& t0, std::vector<cudaEvent_t>& t1) {
+    ft0_ = ft1_ = nullptr;
+    for (auto* p : {pipe_.get(), cache_pipe_.get()}) p->stages().t0 = p->stages().t1 = nullptr;
+    for (auto e : t0) KVSCOUT_CUDA_CHECK_NO_THROW(cudaEventDestroy(e));
+    for (auto e : t1) KVSCOUT_CUDA_CHECK_NO_THROW(cudaEventDestroy(e));
+  }
+  void time_begin(int l, cudaStream_t s) {
+    if (ft0_ != nullptr) KVSCOUT_CUDA_CHECK(cudaEventRecord(ft0_[l], s));
+  }
+  void time_end(int l, cudaStream_t s) {
+    if (ft1_ != nullptr) KVSCOUT_CUDA_CHECK(cudaEventRecord(ft1_[l], s));
+  }
+
   template <class T>
   static std::vector<T> download(const T* p, std::size_t n) {
     std::vector<T> v(n);
@@ -884,10 +935,12 @@ class decode_stack {
   void full_fetch(int l, int b) {
     KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(copy_, ev_free_[b], 0));
     const int c = cache_of(l);
+    time_begin(l, copy_);
     for (const auto& [off, n] : full_ranges_) {
       KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(full_k_[b] + off, host_k_[c] + off, n, cudaMemcpyHostToDevice, copy_));
       KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(full_v_[b] + off, host_v_[c] + off, n, cudaMemcpyHostToDevice, copy_));
     }
+    time_end(l, copy_);
     KVSCOUT_CUDA_CHECK(cudaEventRecord(ev_fetched_[b], copy_));
   }
   void step_flexgen() {
@@ -936,7 +989,9 @@ class decode_stack {
                                                           {host_cnt_[b], static_cast<std::size_t>(S) * H},
                                                           S, H, budget_rows_};
     KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(copy_, ev_free_[b], 0));  // attention(l - 2) read the rows
+    time_begin(l, copy_);
     (void)staged_->submit(host_cache(l), hs, slot_stages_->buffers(l, b).rows);
+    time_end(l, copy_);
     KVSCOUT_CUDA_CHECK(cudaEventRecord(ev_fetched_[b], copy_));
   }
   void step_infinigen(bool count) {
@@ -1004,6 +1059,8 @@ class decode_stack {
   half *rec_k_ = nullptr, *rec_v_ = nullptr, *rec_o_ = nullptr;
   std::int32_t *rec_idx_ = nullptr, *rec_cnt_ = nullptr;
   const kvscout::selection_buffers<kvscout::device_space>* rec_sel_ = nullptr;
+  const cudaEvent_t* ft0_ = nullptr;  // fetch_seconds(): events around each layer's fetch
+  const cudaEvent_t* ft1_ = nullptr;
 };
 
 namespace detail {

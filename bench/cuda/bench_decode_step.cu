@@ -1,0 +1,480 @@
+// One decode step on the GPU, end to end: a stack of Llama-3-8B-shaped decoder layers (d_model
+// 4096, 32 query heads, 8 KV heads, head_dim 128, MLP 14336, RoPE theta 500000, fp16 weights,
+// cuBLAS GEMMs) whose KV cache lives in pinned host memory, decoded six ways in the same run
+// (bench/cuda/decode_step.cuh says what each does):
+//
+//   decode_step/<layout>/ctx:<tokens>/batch:<B>/way:<way>
+//     kvscout            speculation + top-k + zero-copy fetch overlapped, sparse attention; the
+//                        whole step one CUDA graph, replayed
+//     kvscout_row_cache  the same with the device row cache (two graphs, even and odd steps)
+//     compute_only       kvscout's step without the fetch (rows already on the device): the floor
+//     flexgen            every layer's whole K / V over the copy engine, behind the previous
+//                        layer's compute, dense attention (graph)
+//     infinigen          InfiniGen's path: selection read back, host gather into pinned staging,
+//                        copy (eager: it waits on the host by design)
+//     resident           the whole cache on the device, dense attention (graph): the upper bound
+//   Counters: us_per_layer; tok_per_s (the batch) and tok_per_s_seq (one sequence); ms_per_token_32L
+//   (the step scaled to 32 layers); link_MB_per_token (bytes over the link per token of one
+//   sequence through 32 layers); link_frac (of a full fetch's bytes); hit_rate (row cache);
+//   hidden (share of the fetch time, from events, that the step did not add over its floor:
+//   compute_only for the sparse ways, resident for flexgen); fetch_bound_us (the step's link bytes
+//   over h2d_GBps, the contiguous pinned H2D rate measured in the same run); vs_bound (step time
+//   over max(fetch_bound_us, compute_only)); host_us_per_layer (host time to launch the graph,
+//   or to enqueue the eager step, per layer).
+//   Sequences of a batch of 8 hold 100 % down to 75 % of ctx tokens; the budget is 10 % of the
+//   longest (so shorter sequences move a larger share of their rows: link_frac says how much).
+//   Eight layers; layers share 2 cache sets where one per layer would not fit (caches of 128k x 8).
+//
+//   gemm_under_fetch/<executor>/<granularity>/batch:<B>
+//     one layer's four GEMMs (qkv, o, gate+up, down) timed alone and while a fetch of 10 % of a
+//     32k-token, 8-head fp16 cache runs on another stream without pause: zero_copy over 4 / 8 / 16
+//     / 32 blocks or all SMs, or the copy engine (one copy per run of rows); selected single rows
+//     or whole 16-token pages. Counters: gemm_slowdown (time under the fetch / alone),
+//     fetch_vs_h2d (the fetch's rate during the GEMMs over the contiguous H2D rate).
+//
+// `tiny` rows: a 3-layer, d_model 256 model at 512 tokens, for the emulator's smoke test.
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "decode_step.cuh"
+#include "gpu_bench.cuh"
+#include "kvscout/fetch/copy_engine.cuh"
+
+namespace {
+
+using decode_step::decode_way;
+using kvscout::half;
+constexpr int kD = 128;
+using contiguous = kvscout::contiguous_layout<half, kD, kvscout::hnd>;
+using paged = kvscout::paged_layout<half, kD, kvscout::hnd, kvscout::block_table, 16>;
+
+struct case_spec {
+  bool tiny = false;
+  int ctx = 0;
+  int batch = 1;
+};
+
+decode_step::stack_config config_for(const case_spec& c) {
+  decode_step::stack_config cfg;
+  if (c.tiny) cfg.model = {.d_model = 256, .q_heads = 4, .kv_heads = 2, .mlp = 512, .layers = 3};
+  for (int s = 0; s < c.batch; ++s)
+    cfg.lens.push_back(c.batch == 1 ? c.ctx : c.ctx - c.ctx / 4 * s / (c.batch - 1));
+  // One cache per layer unless the layers' caches would pass 24 GiB of pinned memory.
+  const double per_layer = static_cast<double>(c.batch) * c.ctx * cfg.model.kv_heads * kD * 2 * 2;
+  cfg.distinct_caches = per_layer * cfg.model.layers > 24.0 * (1ull << 30) ? 2 : 0;
+  cfg.staged_threads = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
+  return cfg;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+/// One stack at a time (the largest hold tens of GB): replaced when a row asks for another.
+struct holder {
+  virtual ~holder() = default;
+};
+template <class L>
+struct suite : holder {
+  decode_step::decode_stack<L> stack;
+  double h2d_gbps = 0;
+  std::map<decode_way, double> floor_s;  // compute_only / resident medians, measured on demand
+  std::map<decode_way, double> rows;     // link rows per step (kvscout ways, infinigen)
+  explicit suite(const case_spec& c) : stack(config_for(c)) { h2d_gbps = anchor(); }
+
+  // Contiguous pinned H2D of 64 MiB (or the whole layer if smaller), median of 5.
+  double anchor() {
+    const std::size_t bytes = std::min<std::size_t>(std::size_t{64} << 20, std::max<std::size_t>(stack.layer_bytes(), 1 << 20));
+    decode_step::arena a;
+    std::byte* src = a.pinned<std::byte>(bytes);
+    std::byte* dst = a.device<std::byte>(bytes);
+    std::memset(src, 1, bytes);
+    gpu_bench::event_timer t;
+    std::vector<double> r;
+    for (int i = 0; i < 5; ++i) {
+      t.start(stack.compute_stream());
+      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stack.compute_stream()));
+      r.push_back(static_cast<double>(bytes) / t.stop(stack.compute_stream()) * 1e-9);
+    }
+    return median(r);
+  }
+};
+std::unique_ptr<holder> g_suite;
+std::string g_suite_key;
+
+template <class L>
+suite<L>& get_suite(const std::string& layout_name, const case_spec& c) {
+  const std::string key = layout_name + "/" + std::to_string(c.tiny) + "/" + std::to_string(c.ctx) + "/" + std::to_string(c.batch);
+  if (key != g_suite_key) {
+    g_suite.reset();  // free the previous one first
+    g_suite_key.clear();
+    g_suite = std::make_unique<suite<L>>(c);
+    g_suite_key = key;
+  }
+  return static_cast<suite<L>&>(*g_suite);
+}
+
+bool capturable(decode_way w) { return w != decode_way::infinigen; }
+
+// Runs `reps` steps of way w (graphs where capturable), returns the median seconds per step.
+template <class L>
+double time_steps(decode_step::decode_stack<L>& s, decode_way w, int reps) {
+  std::vector<cudaGraphExec_t> g;
+  if (capturable(w)) {
+    g.push_back(s.capture(w));
+    if (w == decode_way::kvscout_cache) g.push_back(s.capture(w));
+  }
+  gpu_bench::event_timer t;
+  std::vector<double> r;
+  for (int i = 0; i < reps; ++i) {
+    t.start(s.compute_stream());
+    if (g.empty()) {
+      s.step(w);
+    } else {
+      KVSCOUT_CUDA_CHECK(cudaGraphLaunch(g[static_cast<std::size_t>(i) % g.size()], s.compute_stream()));
+    }
+    r.push_back(t.stop(s.compute_stream()));
+  }
+  for (auto e : g) KVSCOUT_CUDA_CHECK(cudaGraphExecDestroy(e));
+  return median(r);
+}
+
+template <class L>
+void bm_step(benchmark::State& st, std::string layout_name, case_spec c, decode_way w) {
+  auto& su = get_suite<L>(layout_name, c);
+  auto& s = su.stack;
+  const int layers = s.layers();
+  const bool sparse = w == decode_way::kvscout || w == decode_way::kvscout_cache ||
+                      w == decode_way::compute_only || w == decode_way::infinigen;
+  // Link rows per step, counted on the device in an untimed step (the row cache: its second
+  // step, rows minus hits).
+  double link_rows = 0, hit_rate = 0;
+  if (sparse) {
+    s.reset_counters();
+    s.step(w == decode_way::compute_only ? decode_way::kvscout : w, true);
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    if (w == decode_way::kvscout_cache) {
+      s.reset_counters();
+      s.step(w, true);
+      KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+      hit_rate = static_cast<double>(s.cache_hits()) / static_cast<double>(std::max<long long>(1, s.rows_per_step()));
+    }
+    link_rows = static_cast<double>(s.rows_per_step()) * (1 - hit_rate);
+  }
+  const double full_bytes = static_cast<double>(s.layer_bytes()) * layers;
+  double link_bytes = sparse ? link_rows * static_cast<double>(s.row_pair_bytes()) : full_bytes;
+  if (w == decode_way::compute_only || w == decode_way::resident) link_bytes = 0;
+  // Floors of the same run: compute_only for sparse ways, resident for flexgen.
+  const decode_way floor_way = w == decode_way::flexgen ? decode_way::resident : decode_way::compute_only;
+  if (!su.floor_s.count(floor_way)) su.floor_s[floor_way] = time_steps(s, floor_way, 5);
+  const double fetch_sum = (w == decode_way::compute_only || w == decode_way::resident) ? 0 : s.fetch_seconds(w);
+
+  std::vector<cudaGraphExec_t> g;
+  if (capturable(w)) {
+    g.push_back(s.capture(w));
+    if (w == decode_way::kvscout_cache) g.push_back(s.capture(w));
+  }
+  gpu_bench::event_timer t;
+  double host_s = 0, time_sum = 0;
+  long long n = 0;
+  for (auto _ : st) {
+    t.start(s.compute_stream());
+    const auto h0 = std::chrono::steady_clock::now();
+    if (g.empty()) {
+      s.step(w);
+    } else {
+      KVSCOUT_CUDA_CHECK(cudaGraphLaunch(g[static_cast<std::size_t>(n) % g.size()], s.compute_stream()));
+    }
+    host_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
+    const double dt = t.stop(s.compute_stream());
+    st.SetIterationTime(dt);
+    time_sum += dt;
+    ++n;
+  }
+  for (auto e : g) KVSCOUT_CUDA_CHECK(cudaGraphExecDestroy(e));
+  KVSCOUT_EXPECTS(s.device_status() == 0, "device status ", s.device_status(), " after a step of ",
+                  decode_step::way_name(w));
+
+  const double B = s.batch();
+  const double t_step = n > 0 ? time_sum / static_cast<double>(n) : 0;  // mean seconds per step
+  const double floor = su.floor_s[floor_way];
+  const double bound = link_bytes / (su.h2d_gbps * 1e9);
+  st.counters["us_per_layer"] = t_step * 1e6 / layers;
+  st.counters["tok_per_s"] = t_step > 0 ? B / t_step : 0;
+  st.counters["tok_per_s_seq"] = t_step > 0 ? 1 / t_step : 0;
+  st.counters["ms_per_token_32L"] = t_step * 1e3 * 32.0 / layers;
+  st.counters["link_MB_per_token"] = link_bytes * 32.0 / layers / B * 1e-6;
+  st.counters["link_frac"] = full_bytes > 0 ? link_bytes / full_bytes : 0;
+  st.counters["hit_rate"] = hit_rate;
+  st.counters["h2d_GBps"] = su.h2d_gbps;
+  st.counters["floor_us"] = floor * 1e6;
+  st.counters["fetch_sum_us"] = fetch_sum * 1e6;
+  // The share of the fetch time the step did not add over its floor (1: all hidden).
+  if (fetch_sum > 0) st.counters["hidden"] = std::clamp(1 - (t_step - floor) / fetch_sum, 0.0, 1.0);
+  st.counters["fetch_bound_us"] = bound * 1e6;
+  // The step over its limit: max(link bytes / H2D rate, the step without its fetch).
+  if (fetch_sum > 0 && std::max(bound, floor) > 0) st.counters["vs_bound"] = t_step / std::max(bound, floor);
+  st.counters["host_us_per_layer"] = n > 0 ? host_s / static_cast<double>(n) * 1e6 / layers : 0;
+  st.counters["layers"] = layers;
+  st.counters["batch"] = B;
+}
+
+// ---- the GEMMs beside a fetch ----------------------------------------------------------------------
+
+struct gemm_fixture {
+  static constexpr int kHeads = 8, kTokens = 32768, dm = 4096, q = 32, kv = 8, mlp = 14336;
+  decode_step::arena a;
+  cublasHandle_t blas{};
+  cudaStream_t compute{}, copy{};
+  half *wqkv, *wo, *wgu, *wdown, *x;
+  float *y32;
+  half *y16;
+  int batch;
+  contiguous host_l{}, dev_l{};
+  std::int32_t len = kTokens;
+  std::int32_t* d_len = nullptr;
+  std::byte *hk, *hv, *dk, *dv;
+  std::size_t cache_bytes = 0;
+  double h2d = 0, gemm_alone = 0;
+
+  explicit gemm_fixture(int B) : batch(B) {
+    KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
+    DECODE_STEP_CUBLAS(cublasCreate(&blas));
+    DECODE_STEP_CUBLAS(cublasSetStream(blas, compute));
+    auto fill = [&](half* p, std::size_t n, int seed) {
+      kvscout::detail::launch(decode_step::detail::fill_half, decode_step::detail::grid_for(n, 256), 256, 0,
+                              compute, p, n, static_cast<std::uint64_t>(seed), 0.02f);
+    };
+    wqkv = a.device<half>(std::size_t{(q + 2 * kv) * kD} * dm);
+    wo = a.device<half>(std::size_t{dm} * q * kD);
+    wgu = a.device<half>(std::size_t{2} * mlp * dm);
+    wdown = a.device<half>(std::size_t{dm} * mlp);
+    x = a.device<half>(std::size_t{64} * mlp);
+    y32 = a.device<float>(std::size_t{64} * 2 * mlp);
+    y16 = a.device<half>(std::size_t{64} * 2 * mlp);
+    fill(wqkv, std::size_t{(q + 2 * kv) * kD} * dm, 1);
+    fill(wo, std::size_t{dm} * q * kD, 2);
+    fill(wgu, std::size_t{2} * mlp * dm, 3);
+    fill(wdown, std::size_t{dm} * mlp, 4);
+    fill(x, std::size_t{64} * mlp, 5);
+    host_l = contiguous::padded(kHeads, kTokens, &len, 1);
+    d_len = a.upload(std::vector<std::int32_t>{len});
+    dev_l = contiguous::padded(kHeads, kTokens, d_len, 1);
+    cache_bytes = host_l.required_bytes();
+    std::tie(hk, dk) = a.mapped(cache_bytes);
+    std::tie(hv, dv) = a.mapped(cache_bytes);
+    std::memset(hk, 1, cache_bytes);
+    std::memset(hv, 2, cache_bytes);
+    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    gemm_alone = time_gemms(20);
+    // H2D anchor: 64 MiB contiguous.
+    const std::size_t bytes = std::size_t{64} << 20;
+    std::byte* src = a.pinned<std::byte>(bytes);
+    std::byte* dst = a.device<std::byte>(bytes);
+    std::memset(src, 3, bytes);
+    gpu_bench::event_timer t;
+    std::vector<double> r;
+    for (int i = 0; i < 5; ++i) {
+      t.start(copy);
+      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy));
+      r.push_back(static_cast<double>(bytes) / t.stop(copy) * 1e-9);
+    }
+    h2d = median(r);
+  }
+  ~gemm_fixture() {
+    cublasDestroy(blas);
+    KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(compute));
+    KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(copy));
+  }
+  void gemms() {
+    decode_step::gemm_rows(blas, wqkv, (q + 2 * kv) * kD, dm, x, batch, y32, CUDA_R_32F, 0.f);
+    decode_step::gemm_rows(blas, wo, dm, q * kD, x, batch, y32, CUDA_R_32F, 1.f);
+    decode_step::gemm_rows(blas, wgu, 2 * mlp, dm, x, batch, y16, CUDA_R_16F, 0.f);
+    decode_step::gemm_rows(blas, wdown, dm, mlp, x, batch, y32, CUDA_R_32F, 1.f);
+  }
+  double time_gemms(int reps) {
+    gpu_bench::event_timer t;
+    std::vector<double> r;
+    for (int i = 0; i < reps; ++i) {
+      t.start(compute);
+      gemms();
+      r.push_back(t.stop(compute));
+    }
+    return median(r);
+  }
+};
+
+// Selections of 10 % of the 32k tokens of each head: single rows at random, or whole 16-token
+// pages at random (runs of 16 adjacent rows).
+struct fetch_selection {
+  std::vector<std::int32_t> idx, cnt;
+  std::int32_t *d_idx = nullptr, *d_cnt = nullptr;
+  int capacity = 0;
+  fetch_selection(decode_step::arena& a, bool pages) {
+    const int T = gemm_fixture::kTokens, H = gemm_fixture::kHeads;
+    capacity = T / 10 / 16 * 16;
+    std::mt19937 rng(pages ? 5 : 3);
+    for (int h = 0; h < H; ++h) {
+      std::vector<std::int32_t> pick;
+      if (pages) {
+        std::vector<std::int32_t> p(T / 16);
+        std::iota(p.begin(), p.end(), 0);
+        std::shuffle(p.begin(), p.end(), rng);
+        for (int i = 0; i < capacity / 16; ++i)
+          for (int j = 0; j < 16; ++j) pick.push_back(p[i] * 16 + j);
+      } else {
+        std::vector<std::int32_t> t(T);
+        std::iota(t.begin(), t.end(), 0);
+        std::shuffle(t.begin(), t.end(), rng);
+        pick.assign(t.begin(), t.begin() + capacity);
+      }
+      std::sort(pick.begin(), pick.end());
+      idx.insert(idx.end(), pick.begin(), pick.end());
+      cnt.push_back(capacity);
+    }
+    d_idx = a.upload(idx);
+    d_cnt = a.upload(cnt);
+  }
+  std::size_t bytes() const { return static_cast<std::size_t>(gemm_fixture::kHeads) * capacity * 2 * kD * sizeof(half); }
+};
+
+// executor: 0 = zero_copy (blocks: 0 = all SMs x 2), 1 = copy engine.
+void bm_gemm_under_fetch(benchmark::State& st, int executor, int blocks, bool pages, int batch) {
+  static std::map<int, std::unique_ptr<gemm_fixture>> fixtures;
+  if (!fixtures.count(batch)) {
+    fixtures.clear();  // one at a time
+    fixtures[batch] = std::make_unique<gemm_fixture>(batch);
+  }
+  gemm_fixture& f = *fixtures[batch];
+  fetch_selection sel(f.a, pages);
+  const int H = gemm_fixture::kHeads;
+  std::byte* dst_k = f.a.device<std::byte>(static_cast<std::size_t>(H) * sel.capacity * kD * 2);
+  std::byte* dst_v = f.a.device<std::byte>(static_cast<std::size_t>(H) * sel.capacity * kD * 2);
+  const kvscout::gather_destination<kvscout::device_space> dst{
+      {dst_k, static_cast<std::size_t>(H) * sel.capacity * kD * 2},
+      {dst_v, static_cast<std::size_t>(H) * sel.capacity * kD * 2}};
+  int sms = 0, dev = 0;
+  KVSCOUT_CUDA_CHECK(cudaGetDevice(&dev));
+  KVSCOUT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  std::function<void()> fetch;
+  std::unique_ptr<kvscout::zero_copy_executor<contiguous>> zc;
+  std::unique_ptr<kvscout::copy_engine_executor<contiguous>> ce;
+  std::vector<std::byte> ce_ws;
+  if (executor == 0) {
+    zc = std::make_unique<kvscout::zero_copy_executor<contiguous>>(kvscout::zero_copy_config{
+        .num_seqs = 1, .num_kv_heads = H, .capacity = sel.capacity, .stream = f.copy,
+        .max_blocks = blocks == 0 ? 2 * sms : blocks});
+    const kvscout::kv_view<contiguous, kvscout::device_space> src{f.dev_l, {f.dk, f.cache_bytes}, {f.dv, f.cache_bytes}};
+    const kvscout::selection_view<kvscout::device_space> dsel{
+        {sel.d_idx, sel.idx.size()}, {sel.d_cnt, sel.cnt.size()}, 1, H, sel.capacity};
+    fetch = [&, src, dsel] { (void)zc->submit(src, dsel, dst); };
+  } else {
+    const kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = H, .capacity = sel.capacity, .stream = f.copy};
+    ce_ws.resize(kvscout::copy_engine_executor<contiguous>::workspace_bytes(cfg));
+    ce = std::make_unique<kvscout::copy_engine_executor<contiguous>>(cfg, kvscout::host_span<std::byte>(ce_ws.data(), ce_ws.size()));
+    const kvscout::kv_view<contiguous, kvscout::host_space> src{f.host_l, {f.hk, f.cache_bytes}, {f.hv, f.cache_bytes}};
+    const kvscout::selection_view<kvscout::host_space> hsel{
+        {sel.idx.data(), sel.idx.size()}, {sel.cnt.data(), sel.cnt.size()}, 1, H, sel.capacity};
+    fetch = [&, src, hsel] { (void)ce->submit(src, hsel, dst); };
+  }
+  // One fetch alone, to size the stream of fetches that covers the GEMMs.
+  gpu_bench::event_timer ft;
+  ft.start(f.copy);
+  fetch();
+  const double one = std::max(1e-6, ft.stop(f.copy));
+  const int reps = std::max(2, static_cast<int>(2.0 * f.gemm_alone / one) + 2);
+  cudaEvent_t f0{}, f1{};
+  KVSCOUT_CUDA_CHECK(cudaEventCreate(&f0));
+  KVSCOUT_CUDA_CHECK(cudaEventCreate(&f1));
+  gpu_bench::event_timer gt;
+  double rate_sum = 0, gemm_sum = 0;
+  long long n = 0;
+  for (auto _ : st) {
+    KVSCOUT_CUDA_CHECK(cudaEventRecord(f0, f.copy));
+    for (int i = 0; i < reps; ++i) fetch();
+    KVSCOUT_CUDA_CHECK(cudaEventRecord(f1, f.copy));
+    gt.start(f.compute);
+    f.gemms();
+    const double dt = gt.stop(f.compute);
+    st.SetIterationTime(dt);
+    gemm_sum += dt;
+    KVSCOUT_CUDA_CHECK(cudaEventSynchronize(f1));
+    float ms = 0;
+    KVSCOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, f0, f1));
+    rate_sum += static_cast<double>(sel.bytes()) * reps / (ms * 1e-3) * 1e-9;
+    ++n;
+  }
+  KVSCOUT_CUDA_CHECK(cudaEventDestroy(f0));
+  KVSCOUT_CUDA_CHECK(cudaEventDestroy(f1));
+  st.counters["gemm_alone_us"] = f.gemm_alone * 1e6;
+  st.counters["gemm_slowdown"] = n > 0 ? gemm_sum / static_cast<double>(n) / f.gemm_alone : 0;
+  st.counters["fetch_GBps"] = n > 0 ? rate_sum / static_cast<double>(n) : 0;
+  st.counters["fetch_vs_h2d"] = n > 0 ? rate_sum / static_cast<double>(n) / f.h2d : 0;
+  st.counters["h2d_GBps"] = f.h2d;
+  st.counters["fetch_alone_vs_h2d"] = static_cast<double>(sel.bytes()) / one * 1e-9 / f.h2d;
+  st.counters["blocks"] = executor == 0 ? (blocks == 0 ? 2 * sms : blocks) : 0;
+}
+
+void register_all() {
+  const decode_way all[] = {decode_way::kvscout, decode_way::kvscout_cache, decode_way::compute_only,
+                            decode_way::flexgen, decode_way::infinigen, decode_way::resident};
+  auto add = [&](auto fn, const std::string& layout, case_spec c) {
+    for (decode_way w : all) {
+      const std::string name = "decode_step/" + layout + (c.tiny ? "/tiny" : "") + "/ctx:" +
+                               std::to_string(c.ctx) + "/batch:" + std::to_string(c.batch) +
+                               "/way:" + decode_step::way_name(w);
+      benchmark::RegisterBenchmark(name.c_str(), [fn, layout, c, w](benchmark::State& st) { fn(st, layout, c, w); })
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  };
+  add(bm_step<contiguous>, "contiguous", {true, 512, 2});
+  add(bm_step<paged>, "paged16", {true, 512, 2});
+  for (int batch : {1, 8})
+    for (int ctx : {8192, 32768, 131072}) add(bm_step<contiguous>, "contiguous", {false, ctx, batch});
+  for (int batch : {1, 8}) add(bm_step<paged>, "paged16", {false, 32768, batch});
+
+  for (int batch : {1, 8})
+    for (bool pages : {false, true}) {
+      const std::string g = std::string(pages ? "pages" : "rows") + "/batch:" + std::to_string(batch);
+      for (int blocks : {4, 8, 16, 32, 0}) {
+        const std::string name = "gemm_under_fetch/zero_copy_blocks:" +
+                                 (blocks == 0 ? std::string("all") : std::to_string(blocks)) + "/" + g;
+        benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { bm_gemm_under_fetch(st, 0, blocks, pages, batch); })
+            ->UseManualTime()->Unit(benchmark::kMicrosecond);
+      }
+      const std::string name = "gemm_under_fetch/copy_engine/" + g;
+      benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { bm_gemm_under_fetch(st, 1, 0, pages, batch); })
+          ->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!::gpu_bench::have_device()) {
+    std::printf("SKIP %s: no CUDA device\n", argv[0]);
+    return 0;
+  }
+  register_all();
+  ::benchmark::Initialize(&argc, argv);
+  if (::benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  ::benchmark::RunSpecifiedBenchmarks();
+  g_suite.reset();
+  ::benchmark::Shutdown();
+  return 0;
+}
