@@ -76,7 +76,10 @@ for exe in "$build"/bench/cuda/kvscout_gpu_bench_*; do
   echo "== $name"
   # A hung binary must not eat the session: each gets KVSCOUT_BENCH_TIMEOUT seconds; a JSON cut
   # short by a crash or the timeout is still tabulated up to where it stopped (gpu_table.py).
-  "${limit[@]}" "$exe" --benchmark_min_time="$min_time" \
+  # The decode-step benchmark builds 8-layer Llama-shaped stacks up to 128k x 8 tokens: more time.
+  run_limit=("${limit[@]}")
+  [[ ${#limit[@]} -gt 0 && $name == *decode_step* ]] && run_limit=(timeout "${KVSCOUT_DECODE_STEP_TIMEOUT:-360}")
+  "${run_limit[@]}" "$exe" --benchmark_min_time="$min_time" \
     --benchmark_out="$build/bench/$name.json" --benchmark_out_format=json || rc=1
 done
 benched=$(date +%s)

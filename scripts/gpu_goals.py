@@ -112,6 +112,33 @@ def main(argv):
          counter(runs, "bm_zero_copy<kvscout::half>/density_pct:10/blocks:0", "vs_h2d"),
          ">= 0.9", lambda v: v >= 0.9)
 
+    # One decode step end to end (bench_decode_step.cu, issue 30): Llama-3-8B-shaped layers, the
+    # KV cache in host memory, 10 % budget.
+    def step(layout, ctx, batch, way):
+        return f"decode_step/{layout}/ctx:{ctx}/batch:{batch}/way:{way}"
+    ours32 = time_us(runs, step("contiguous", 32768, 1, "kvscout"))
+    line("decode step fp16, 32k, batch 1: FlexGen-style full fetch / kvscout time",
+         ratio(time_us(runs, step("contiguous", 32768, 1, "flexgen")), ours32), ">= 8x",
+         lambda v: v >= 8, "{:.3g}x")
+    line("decode step fp16, 32k, batch 1: InfiniGen's staged path / kvscout time",
+         ratio(time_us(runs, step("contiguous", 32768, 1, "infinigen")), ours32), ">= 2x",
+         lambda v: v >= 2, "{:.3g}x")
+    line("decode step fp16, 32k, batch 1: kvscout time / max(fetch-bound, compute-only)",
+         counter(runs, step("contiguous", 32768, 1, "kvscout"), "vs_bound"), "<= 1.25x",
+         lambda v: v <= 1.25, "{:.3g}x")
+    line("decode step at 128k, batch 1: fp16 rows / KIVI-2 rows, kvscout time",
+         ratio(time_us(runs, step("contiguous", 131072, 1, "kvscout")),
+               time_us(runs, step("kivi2", 131072, 1, "kvscout"))), ">= 3x",
+         lambda v: v >= 3, "{:.3g}x")
+    for batch in (1, 8):
+        line(f"a layer's GEMMs (batch {batch}) beside the default fetch (zero-copy, 8 SMs, rows) "
+             "vs alone",
+             counter(runs, f"gemm_under_fetch/zero_copy_blocks:8/rows/batch:{batch}", "gemm_slowdown"),
+             "<= 1.1x", lambda v: v <= 1.1, "{:.3g}x")
+    line("decode step in one CUDA graph, replayed: host time per layer (us)",
+         counter(runs, step("contiguous", 32768, 1, "kvscout"), "host_us_per_layer"), "<= 20",
+         lambda v: v <= 20)
+
     print("| target | measured | goal | status |")
     print("|:--|--:|--:|:--|")
     for l_ in lines:

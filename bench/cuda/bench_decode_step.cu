@@ -23,6 +23,9 @@
 //   or to enqueue the eager step, per layer).
 //   Sequences of a batch of 8 hold 100 % down to 75 % of ctx tokens; the budget is 10 % of the
 //   longest (so shorter sequences move a larger share of their rows: link_frac says how much).
+//   <layout>: contiguous (HND fp16), paged16 (16-token pages, block table, pages shuffled),
+//   kivi2 / kivi4 (KIVI's layout, G = 32, R = 128, K codes and V records fetched, the key
+//   parameters and residual windows resident; the sparse ways only, no append).
 //   Eight layers; layers share 2 cache sets where one per layer would not fit (caches of 128k x 8).
 //
 //   gemm_under_fetch/<executor>/<granularity>/batch:<B>
@@ -59,6 +62,8 @@ using kvscout::half;
 constexpr int kD = 128;
 using contiguous = kvscout::contiguous_layout<half, kD, kvscout::hnd>;
 using paged = kvscout::paged_layout<half, kD, kvscout::hnd, kvscout::block_table, 16>;
+using kivi2 = kvscout::kivi_layout<half, kD, 2>;
+using kivi4 = kvscout::kivi_layout<half, kD, 4>;
 
 struct case_spec {
   bool tiny = false;
@@ -255,6 +260,7 @@ struct gemm_fixture {
     KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
     DECODE_STEP_CUBLAS(cublasCreate(&blas));
     DECODE_STEP_CUBLAS(cublasSetStream(blas, compute));
+    DECODE_STEP_CUBLAS(cublasSetWorkspace(blas, a.device<std::byte>(std::size_t{32} << 20), std::size_t{32} << 20));
     auto fill = [&](half* p, std::size_t n, int seed) {
       kvscout::detail::launch(decode_step::detail::fill_half, decode_step::detail::grid_for(n, 256), 256, 0,
                               compute, p, n, static_cast<std::uint64_t>(seed), 0.02f);
@@ -432,8 +438,11 @@ void bm_gemm_under_fetch(benchmark::State& st, int executor, int blocks, bool pa
 void register_all() {
   const decode_way all[] = {decode_way::kvscout, decode_way::kvscout_cache, decode_way::compute_only,
                             decode_way::flexgen, decode_way::infinigen, decode_way::resident};
+  const std::vector<decode_way> sparse = {decode_way::kvscout, decode_way::kvscout_cache,
+                                          decode_way::compute_only, decode_way::infinigen};
   auto add = [&](auto fn, const std::string& layout, case_spec c) {
-    for (decode_way w : all) {
+    const bool q = layout.rfind("kivi", 0) == 0;  // KIVI: the sparse ways (decode_step.cuh)
+    for (decode_way w : q ? sparse : std::vector<decode_way>(std::begin(all), std::end(all))) {
       const std::string name = "decode_step/" + layout + (c.tiny ? "/tiny" : "") + "/ctx:" +
                                std::to_string(c.ctx) + "/batch:" + std::to_string(c.batch) +
                                "/way:" + decode_step::way_name(w);
@@ -444,9 +453,14 @@ void register_all() {
   };
   add(bm_step<contiguous>, "contiguous", {true, 512, 2});
   add(bm_step<paged>, "paged16", {true, 512, 2});
+  add(bm_step<kivi2>, "kivi2", {true, 512, 2});
   for (int batch : {1, 8})
     for (int ctx : {8192, 32768, 131072}) add(bm_step<contiguous>, "contiguous", {false, ctx, batch});
   for (int batch : {1, 8}) add(bm_step<paged>, "paged16", {false, 32768, batch});
+  for (int ctx : {32768, 131072}) {
+    add(bm_step<kivi2>, "kivi2", {false, ctx, 1});
+    add(bm_step<kivi4>, "kivi4", {false, ctx, 1});
+  }
 
   for (int batch : {1, 8})
     for (bool pages : {false, true}) {

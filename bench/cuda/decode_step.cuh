@@ -63,6 +63,7 @@
 #include "kvscout/fetch/zero_copy.cuh"
 #include "kvscout/kv/append.cuh"
 #include "kvscout/kv/contiguous.hpp"
+#include "kvscout/kv/kivi.hpp"
 #include "kvscout/kv/paged.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/pipeline/cuda_stages.cuh"
@@ -382,6 +383,32 @@ struct cache_traits<kvscout::paged_layout<half, D, kvscout::hnd, kvscout::block_
   }
 };
 
+/// KIVI (kv/kivi.hpp, G = 32, R = 128): the K codes and V records (what a fetch moves) in host
+/// memory, the key parameters and the residual windows resident on the device. Values: halves of
+/// a hash in every byte pair (any bits are valid codes; scales and zeros stay small and finite).
+template <int D, kvscout::kivi_bits Bits>
+struct cache_traits<kvscout::kivi_layout<half, D, Bits>> {
+  using layout = kvscout::kivi_layout<half, D, Bits>;
+  static constexpr const char* name = "kivi";
+  static constexpr kvscout::kivi_options options{.group = 32, .residual = 128};
+  struct meta {
+    int capacity = 0;
+    const std::int32_t* d_lens = nullptr;
+  };
+  static meta make_meta(arena& a, const std::vector<std::int32_t>& lens, int /*heads*/) {
+    meta m;
+    m.capacity = *std::max_element(lens.begin(), lens.end()) + 1;
+    m.d_lens = a.upload(lens);
+    return m;
+  }
+  static layout host_layout(const meta& m, const std::vector<std::int32_t>& lens, int H) {
+    return layout::padded(H, m.capacity, lens.data(), static_cast<int>(lens.size()), options);
+  }
+  static layout device_layout(const meta& m, const std::vector<std::int32_t>& lens, int H) {
+    return layout::padded(H, m.capacity, m.d_lens, static_cast<int>(lens.size()), options);
+  }
+};
+
 // ---- the stack -----------------------------------------------------------------------------------
 
 template <class L>
@@ -390,6 +417,9 @@ class decode_stack {
   using layout = L;
   using traits = cache_traits<L>;
   static constexpr int D = L::head_dim;
+  /// KIVI caches run the sparse ways only (no dense KIVI attention on the device: flexgen and
+  /// resident refuse), and append nothing (the lengths of a KIVI cache advance with its appends).
+  static constexpr bool kivi = kvscout::kivi_quantized_layout<L>;
   using speculator_t = kvscout::infinigen_speculator_cuda<half, half>;
   using stages_t = kvscout::infinigen_cuda_stages<L, kvscout::topk_selector_cuda, half, half>;
 
@@ -425,6 +455,9 @@ class decode_stack {
     KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     DECODE_STEP_CUBLAS(cublasCreate(&blas_));
     DECODE_STEP_CUBLAS(cublasSetStream(blas_, compute_));
+    // A workspace of our own, so that a captured step allocates nothing (32 MiB: what cuBLAS
+    // asks for on Hopper).
+    DECODE_STEP_CUBLAS(cublasSetWorkspace(blas_, a_.device<std::byte>(kCublasWorkspace), kCublasWorkspace));
     for (auto* e : {&ev_sel_host_[0], &ev_sel_host_[1], &ev_fetched_[0], &ev_fetched_[1],
                     &ev_free_[0], &ev_free_[1], &ev_x_[0], &ev_x_[1]})
       KVSCOUT_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
@@ -452,14 +485,13 @@ class decode_stack {
   [[nodiscard]] int budget_rows() const { return budget_rows_; }
   [[nodiscard]] cudaStream_t compute_stream() const { return compute_; }
   [[nodiscard]] const stack_config& config() const { return cfg_; }
-  /// K + V bytes of one token's row pair (one kv head).
-  [[nodiscard]] static constexpr std::size_t row_pair_bytes() { return 2 * D * sizeof(half); }
-  /// K + V bytes of every cached row of one layer (what a full fetch moves).
-  [[nodiscard]] std::size_t layer_bytes() const {
-    std::size_t n = 0;
-    for (const auto& r : full_ranges_) n += r.second;
-    return 2 * n;
+  /// K + V bytes of one token's row pair (one kv head): 512 for fp16 rows of 128, the K code
+  /// record and the V record for KIVI.
+  [[nodiscard]] std::size_t row_pair_bytes() const {
+    return host_layout_.k_row_bytes() + host_layout_.v_row_bytes();
   }
+  /// K + V bytes of every fetchable row of one layer (what a full fetch moves).
+  [[nodiscard]] std::size_t layer_bytes() const { return full_bytes_; }
   /// Row-cache hits so far (device counter).
   [[nodiscard]] unsigned long long cache_hits() const {
     unsigned long long h = 0;
@@ -488,6 +520,11 @@ class decode_stack {
   /// by its design). count_rows: add the selected rows to the device counter (a small kernel per
   /// layer; off in timed runs).
   void step(decode_way w, bool count_rows = false) {
+    if constexpr (kivi) {
+      KVSCOUT_EXPECTS(w != decode_way::flexgen && w != decode_way::resident, "way ", way_name(w),
+                      " needs dense attention over a device-resident cache, which KIVI layouts do "
+                      "not have here; KIVI runs kvscout, kvscout_row_cache, compute_only, infinigen");
+    }
     switch (w) {
       case decode_way::kvscout:
       case decode_way::kvscout_cache:
@@ -577,8 +614,23 @@ class decode_stack {
   /// The host's view of layer l's cache (mapped pinned memory) and its layout.
   [[nodiscard]] kvscout::kv_view<L, kvscout::host_space> host_cache(int l) const {
     const int c = l % caches_;
-    return {host_layout_, {host_k_[c], cache_bytes_}, {host_v_[c], cache_bytes_}};
+    return {host_layout_, {host_k_[c], k_bytes_}, {host_v_[c], v_bytes_}};
   }
+  /// KIVI: the resident buffers (device) of cache c, and of layer l's cache.
+  [[nodiscard]] kvscout::kivi_resident_view<kvscout::device_space> resident_of_cache(int c) const
+    requires kivi
+  {
+    KVSCOUT_EXPECTS(c >= 0 && c < caches_, "cache ", c, " is out of range [0, ", caches_, ")");
+    const auto i = static_cast<std::size_t>(c);
+    return {{kp_[i], kp_bytes_}, {kr_[i], kr_bytes_}, {vr_[i], kr_bytes_}};
+  }
+  [[nodiscard]] kvscout::kivi_resident_view<kvscout::device_space> resident(int l) const
+    requires kivi
+  {
+    return resident_of_cache(cache_of(l));
+  }
+  /// Fetchable rows of sequence s (the cached tokens; KIVI: those with K and V quantised).
+  [[nodiscard]] int fetchable(int s) const { return host_layout_.seq_len(s); }
   [[nodiscard]] int cache_of(int l) const { return l % caches_; }
 
  private:
@@ -681,24 +733,49 @@ class decode_stack {
     meta_ = traits::make_meta(a_, cfg_.lens, H);
     host_layout_ = traits::host_layout(meta_, cfg_.lens, H);
     dev_layout_ = traits::device_layout(meta_, cfg_.lens, H);
-    if constexpr (requires { traits::bytes(host_layout_); }) {
-      cache_bytes_ = traits::bytes(host_layout_);
+    std::vector<std::int32_t> fetch_lens(S);
+    for (int s = 0; s < S; ++s) fetch_lens[s] = host_layout_.seq_len(s);
+    d_fetch_lens_ = a_.upload(fetch_lens);
+    if constexpr (kivi) {
+      k_bytes_ = host_layout_.required_k_bytes();
+      v_bytes_ = host_layout_.required_v_bytes();
+      kp_bytes_ = host_layout_.required_k_params_bytes();
+      kr_bytes_ = host_layout_.required_residual_bytes();
+      full_bytes_ = 0;
+      for (int n : fetch_lens) full_bytes_ += static_cast<std::size_t>(n) * H * row_pair_bytes();
+    } else if constexpr (requires { traits::bytes(host_layout_); }) {
+      k_bytes_ = v_bytes_ = traits::bytes(host_layout_);
       full_ranges_ = traits::full_ranges(host_layout_, cfg_.lens, H);
     } else {
-      cache_bytes_ = traits::bytes_for(meta_, H);
+      k_bytes_ = v_bytes_ = traits::bytes_for(meta_, H);
       full_ranges_ = traits::full_ranges(meta_, H);
     }
+    if constexpr (!kivi) {
+      full_bytes_ = 0;
+      for (const auto& r : full_ranges_) full_bytes_ += 2 * r.second;
+    }
     for (int c = 0; c < caches_; ++c) {
-      auto [hk, dk] = a_.mapped(cache_bytes_);
-      auto [hv, dv] = a_.mapped(cache_bytes_);
+      auto [hk, dk] = a_.mapped(k_bytes_);
+      auto [hv, dv] = a_.mapped(v_bytes_);
       host_k_.push_back(hk);
       host_v_.push_back(hv);
       alias_k_.push_back(dk);
       alias_v_.push_back(dv);
-      const dim3 grid(static_cast<unsigned>(std::min(max_len_, 4096)), static_cast<unsigned>(S),
-                      static_cast<unsigned>(H));
-      kvscout::detail::launch(detail::fill_cache<L>, grid, 128, 0, compute_, dev_layout_, dk, dv, c, max_len_);
-      KVSCOUT_CUDA_CHECK(cudaGetLastError());
+      if constexpr (kivi) {
+        fill(reinterpret_cast<half*>(dk), k_bytes_ / 2, 100 + 4 * c, 0.1f);
+        fill(reinterpret_cast<half*>(dv), v_bytes_ / 2, 101 + 4 * c, 0.1f);
+        kp_.push_back(a_.device<std::byte>(kp_bytes_));
+        kr_.push_back(a_.device<std::byte>(kr_bytes_));
+        vr_.push_back(a_.device<std::byte>(kr_bytes_));
+        fill(reinterpret_cast<half*>(kp_.back()), kp_bytes_ / 2, 102 + 4 * c, 0.1f);
+        fill(reinterpret_cast<half*>(kr_.back()), kr_bytes_ / 2, 103 + 4 * c, 1.f);
+        fill(reinterpret_cast<half*>(vr_.back()), kr_bytes_ / 2, 104 + 4 * c, 1.f);
+      } else {
+        const dim3 grid(static_cast<unsigned>(std::min(max_len_, 4096)), static_cast<unsigned>(S),
+                        static_cast<unsigned>(H));
+        kvscout::detail::launch(detail::fill_cache<L>, grid, 128, 0, compute_, dev_layout_, dk, dv, c, max_len_);
+        KVSCOUT_CUDA_CHECK(cudaGetLastError());
+      }
     }
     KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
@@ -754,11 +831,12 @@ class decode_stack {
         .max_blocks = cfg_.gather_blocks, .device_status = d_status_});
     std::vector<kvscout::kv_view<L, kvscout::device_space>> sources;
     for (int l = 0; l < NL; ++l)
-      sources.push_back({dev_layout_, {alias_k_[cache_of(l)], cache_bytes_}, {alias_v_[cache_of(l)], cache_bytes_}});
+      sources.push_back({dev_layout_, {alias_k_[cache_of(l)], k_bytes_}, {alias_v_[cache_of(l)], v_bytes_}});
     scores_ = a_.device<float>(static_cast<std::size_t>(S) * H * (max_len_ + 1));
     const kvscout::device_score_buffer sb{{scores_, static_cast<std::size_t>(S) * H * (max_len_ + 1)}, S, H, max_len_ + 1};
+    // Positions: the new token's (the cached tokens); scored lengths: the fetchable rows.
     const kvscout::cuda_stage_lengths lengths{{d_lens_, static_cast<std::size_t>(S)},
-                                              {d_lens_, static_cast<std::size_t>(S)}, max_len_};
+                                              {d_fetch_lens_, static_cast<std::size_t>(S)}, max_len_};
     const std::array<kvscout::device_span<const float>, 2> xin{
         kvscout::device_span<const float>(xspec_[0], static_cast<std::size_t>(S) * dm),
         kvscout::device_span<const float>(xspec_[1], static_cast<std::size_t>(S) * dm)};
@@ -770,11 +848,11 @@ class decode_stack {
       std::int32_t* cnt = a_.device<std::int32_t>(static_cast<std::size_t>(S) * H);
       KVSCOUT_CUDA_CHECK(cudaMemset(idx, 0, slots * 4));
       KVSCOUT_CUDA_CHECK(cudaMemset(cnt, 0, static_cast<std::size_t>(S) * H * 4));
-      std::byte* rk = a_.device<std::byte>(slots * D * sizeof(half));
-      std::byte* rv = a_.device<std::byte>(slots * D * sizeof(half));
+      const std::size_t kb = slots * host_layout_.k_row_bytes(), vb = slots * host_layout_.v_row_bytes();
+      std::byte* rk = a_.device<std::byte>(kb);
+      std::byte* rv = a_.device<std::byte>(vb);
       return kvscout::cuda_stage_buffers{
-          {{idx, slots}, {cnt, static_cast<std::size_t>(S) * H}, S, H, budget_rows_},
-          {{rk, slots * D * sizeof(half)}, {rv, slots * D * sizeof(half)}}};
+          {{idx, slots}, {cnt, static_cast<std::size_t>(S) * H}, S, H, budget_rows_}, {{rk, kb}, {rv, vb}}};
     };
     std::vector<kvscout::cuda_stage_buffers> slot_sets, layer_sets;
     for (int i = 0; i < 2; ++i) slot_sets.push_back(make_set());
@@ -794,17 +872,19 @@ class decode_stack {
 
   void build_others() {
     const int S = batch(), H = m_.kv_heads;
-    // FlexGen: two device buffers of a whole layer, the layout bound to them.
-    for (int b = 0; b < 2; ++b) {
-      full_k_[b] = a_.device<std::byte>(cache_bytes_);
-      full_v_[b] = a_.device<std::byte>(cache_bytes_);
-    }
-    // Resident: every cache on the device, filled with the same values as the host caches.
-    for (int c = 0; c < caches_; ++c) {
-      res_k_.push_back(a_.device<std::byte>(cache_bytes_));
-      res_v_.push_back(a_.device<std::byte>(cache_bytes_));
-      KVSCOUT_CUDA_CHECK(cudaMemcpy(res_k_.back(), host_k_[c], cache_bytes_, cudaMemcpyHostToDevice));
-      KVSCOUT_CUDA_CHECK(cudaMemcpy(res_v_.back(), host_v_[c], cache_bytes_, cudaMemcpyHostToDevice));
+    if constexpr (!kivi) {
+      // FlexGen: two device buffers of a whole layer, the layout bound to them.
+      for (int b = 0; b < 2; ++b) {
+        full_k_[b] = a_.device<std::byte>(k_bytes_);
+        full_v_[b] = a_.device<std::byte>(v_bytes_);
+      }
+      // Resident: every cache on the device, filled with the same values as the host caches.
+      for (int c = 0; c < caches_; ++c) {
+        res_k_.push_back(a_.device<std::byte>(k_bytes_));
+        res_v_.push_back(a_.device<std::byte>(v_bytes_));
+        KVSCOUT_CUDA_CHECK(cudaMemcpy(res_k_.back(), host_k_[c], k_bytes_, cudaMemcpyHostToDevice));
+        KVSCOUT_CUDA_CHECK(cudaMemcpy(res_v_.back(), host_v_[c], v_bytes_, cudaMemcpyHostToDevice));
+      }
     }
     // InfiniGen: the staged executor on the copy stream, the selection's host copies.
     const kvscout::staged_config stc{.num_seqs = S, .num_kv_heads = H, .capacity = budget_rows_,
@@ -859,16 +939,24 @@ class decode_stack {
   kvscout::attention_params aparams() const {
     return {.num_q_heads = m_.q_heads, .scale = 1.f / std::sqrt(static_cast<float>(D))};
   }
-  void attend_sparse(const kvscout::cuda_stage_buffers& buf) {
-    const kvscout::gathered_rows_device<half, D> rows(buf.selection.view(), buf.rows);
-    kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), sparse_plan_,
-                                     attn_ws_, compute_, d_status_);
+  void attend_sparse(int l, const kvscout::cuda_stage_buffers& buf) {
+    if constexpr (kivi) {
+      const kvscout::kivi_gathered_rows_device<L> rows(dev_layout_, buf.selection.view(), buf.rows, resident(l));
+      kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), sparse_plan_,
+                                       attn_ws_, compute_, d_status_);
+    } else {
+      const kvscout::gathered_rows_device<half, D> rows(buf.selection.view(), buf.rows);
+      kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), sparse_plan_,
+                                       attn_ws_, compute_, d_status_);
+    }
   }
   void attend_dense(std::byte* k, std::byte* v) {
-    const kvscout::layout_rows_device<L> rows(kvscout::kv_view<L, kvscout::device_space>{
-        dev_layout_, {k, cache_bytes_}, {v, cache_bytes_}});
-    kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), dense_plan_,
-                                     attn_ws_, compute_, d_status_);
+    if constexpr (!kivi) {
+      const kvscout::layout_rows_device<L> rows(kvscout::kv_view<L, kvscout::device_space>{
+          dev_layout_, {k, k_bytes_}, {v, v_bytes_}});
+      kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), dense_plan_,
+                                       attn_ws_, compute_, d_status_);
+    }
   }
   // Append the new token into layer l's cache (host-mapped or device) and partial keys; then the
   // rest of the layer.
@@ -876,10 +964,12 @@ class decode_stack {
     const int S = batch();
     const std::size_t n = static_cast<std::size_t>(S) * m_.kv_heads * D;
     if (cfg_.record) record_layer(l);
-    kvscout::append_token_device(dev_layout_, kvscout::device_span<std::byte>(k_cache, cache_bytes_),
-                                 kvscout::device_span<std::byte>(v_cache, cache_bytes_),
-                                 kvscout::device_span<const half>(k_new_, n),
-                                 kvscout::device_span<const half>(v_new_, n), d_lens_, compute_, d_status_);
+    if constexpr (!kivi) {
+      kvscout::append_token_device(dev_layout_, kvscout::device_span<std::byte>(k_cache, k_bytes_),
+                                   kvscout::device_span<std::byte>(v_cache, v_bytes_),
+                                   kvscout::device_span<const half>(k_new_, n),
+                                   kvscout::device_span<const half>(v_new_, n), d_lens_, compute_, d_status_);
+    }
     if (partial_keys)
       specs_[l]->append(kvscout::device_span<const half>(k_new_, n),
                         kvscout::device_span<const std::int32_t>(seq_ids_, S),
@@ -924,7 +1014,7 @@ class decode_stack {
       pipe.wait_rows(i);
       const kvscout::cuda_stage_buffers& buf = st.buffers(i, pipeline_t::slot(i));
       if (count) count_rows(buf.selection);
-      attend_sparse(buf);
+      attend_sparse(i, buf);
       rec_sel_ = &buf.selection;
       finish_layer(i, alias_k_[cache_of(i)], alias_v_[cache_of(i)], true);
       rec_sel_ = nullptr;
@@ -1008,7 +1098,7 @@ class decode_stack {
       KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(compute_, ev_fetched_[i % 2], 0));
       const kvscout::cuda_stage_buffers& buf = slot_stages_->buffers(i, i % 2);
       if (count) count_rows(buf.selection);
-      attend_sparse(buf);
+      attend_sparse(i, buf);
       KVSCOUT_CUDA_CHECK(cudaEventRecord(ev_free_[i % 2], compute_));
       rec_sel_ = &buf.selection;
       finish_layer(i, alias_k_[cache_of(i)], alias_v_[cache_of(i)], true);
@@ -1022,9 +1112,10 @@ class decode_stack {
     std::vector<half> wq_host;
   };
 
+  static constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
+  arena a_;  // first: freed last
   stack_config cfg_;
   model_shape m_;
-  arena a_;
   int caches_ = 0, max_len_ = 0, budget_rows_ = 0;
   cudaStream_t compute_{}, side_{}, copy_{};
   cublasHandle_t blas_{};
@@ -1039,7 +1130,9 @@ class decode_stack {
   unsigned long long* d_hits_ = nullptr;
   typename traits::meta meta_{};
   L host_layout_{}, dev_layout_{};
-  std::size_t cache_bytes_ = 0;
+  std::size_t k_bytes_ = 0, v_bytes_ = 0, full_bytes_ = 0, kp_bytes_ = 0, kr_bytes_ = 0;
+  const std::int32_t* d_fetch_lens_ = nullptr;
+  std::vector<std::byte*> kp_, kr_, vr_;  // KIVI resident buffers, per cache
   std::vector<std::pair<std::size_t, std::size_t>> full_ranges_;
   std::vector<std::byte*> host_k_, host_v_, alias_k_, alias_v_, res_k_, res_v_;
   std::byte *full_k_[2] = {nullptr, nullptr}, *full_v_[2] = {nullptr, nullptr};

@@ -19,6 +19,7 @@
 #include "decode_step.cuh"
 #include "gpu_harness.cuh"
 #include "kvscout/attention/decode.hpp"
+#include "kvscout/attention/kivi_rows.hpp"
 #include "kvscout/attention/rows.hpp"
 
 namespace {
@@ -28,6 +29,8 @@ using kvscout::half;
 constexpr int D = 64;
 using contiguous = kvscout::contiguous_layout<half, D, kvscout::hnd>;
 using paged = kvscout::paged_layout<half, D, kvscout::hnd, kvscout::block_table, 16>;
+using kivi2 = kvscout::kivi_layout<half, D, 2>;
+using kivi4 = kvscout::kivi_layout<half, D, 4>;
 
 decode_step::stack_config small_config() {
   decode_step::stack_config c;
@@ -60,7 +63,7 @@ double check_layer(const decode_step::decode_stack<L>& st, int l, bool sparse, c
     // The selection: counts, ascending indices in [0, len), the keep-set (4 sinks, 16 recent).
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < H; ++h) {
-        const int row = s * H + h, len = cfg.lens[s];
+        const int row = s * H + h, len = st.fetchable(s);
         GPU_CHECK(rec.cnt[row] == std::min(len, cap));
         const std::int32_t* idx = rec.idx.data() + static_cast<std::size_t>(row) * cap;
         bool ok = true;
@@ -72,23 +75,41 @@ double check_layer(const decode_step::decode_stack<L>& st, int l, bool sparse, c
         if (!ok) std::fprintf(stderr, "%s layer %d (s %d, h %d): bad selection\n", what, l, s, h);
         GPU_CHECK(ok);
       }
-    std::vector<half> gk(static_cast<std::size_t>(S) * H * cap * D), gv(gk.size());
+    // The selected rows gathered from the host cache (fp16 rows, or KIVI's K code and V records).
+    const std::size_t kb = cache.layout.k_row_bytes(), vb = cache.layout.v_row_bytes();
+    std::vector<std::byte> gk(static_cast<std::size_t>(S) * H * cap * kb), gv(static_cast<std::size_t>(S) * H * cap * vb);
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < H; ++h) {
         const int row = s * H + h;
         for (int i = 0; i < rec.cnt[row]; ++i) {
           const int t = rec.idx[static_cast<std::size_t>(row) * cap + i];
-          const auto* kr = reinterpret_cast<const half*>(cache.k.data() + cache.layout.k_offset(s, t, h));
-          const auto* vr = reinterpret_cast<const half*>(cache.v.data() + cache.layout.v_offset(s, t, h));
-          std::copy(kr, kr + D, gk.begin() + (static_cast<std::size_t>(row) * cap + i) * D);
-          std::copy(vr, vr + D, gv.begin() + (static_cast<std::size_t>(row) * cap + i) * D);
+          const std::size_t slot = static_cast<std::size_t>(row) * cap + i;
+          std::copy_n(cache.k.data() + cache.layout.k_offset(s, t, h), kb, gk.begin() + slot * kb);
+          std::copy_n(cache.v.data() + cache.layout.v_offset(s, t, h), vb, gv.begin() + slot * vb);
         }
       }
     const kvscout::selection_view<kvscout::host_space> sel{{rec.idx.data(), rec.idx.size()},
                                                            {rec.cnt.data(), rec.cnt.size()}, S, H, cap};
-    kvscout::decode_attention_host(kvscout::gathered_rows<half, D>(sel, {gk.data(), gk.size()}, {gv.data(), gv.size()}),
-                                   cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
-  } else {
+    if constexpr (kvscout::kivi_quantized_layout<L>) {
+      const auto res = st.resident_of_cache(l);  // one cache per layer here
+      auto down = [](kvscout::device_span<const std::byte> d) {
+        std::vector<std::byte> v(d.size());
+        KVSCOUT_CUDA_CHECK(cudaMemcpy(v.data(), d.data(), d.size(), cudaMemcpyDeviceToHost));
+        return v;
+      };
+      const auto kp = down(res.k_params), kr = down(res.k_residual), vr = down(res.v_residual);
+      const kvscout::kivi_resident_view<kvscout::host_space> hres{
+          {kp.data(), kp.size()}, {kr.data(), kr.size()}, {vr.data(), vr.size()}};
+      kvscout::decode_attention_host(
+          kvscout::kivi_gathered_rows<L>(cache.layout, sel, {gk.data(), gk.size()}, {gv.data(), gv.size()}, hres),
+          cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
+    } else {
+      kvscout::decode_attention_host(
+          kvscout::gathered_rows<half, D>(sel, {reinterpret_cast<const half*>(gk.data()), gk.size() / 2},
+                                          {reinterpret_cast<const half*>(gv.data()), gv.size() / 2}),
+          cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
+    }
+  } else if constexpr (!kvscout::kivi_quantized_layout<L>) {
     kvscout::decode_attention_host(kvscout::layout_rows<L>(cache), cur, {rec.q.data(), rec.q.size()},
                                    {want.data(), want.size()}, p);
   }
@@ -120,7 +141,7 @@ void run_way(decode_way w, const char* layout_name) {
   for (int l = 0; l < st.layers(); ++l) worst = std::max(worst, check_layer(st, l, sparse, what.c_str()));
   if (sparse) {
     long long want = 0;
-    for (int n : st.config().lens) want += std::min(n, st.budget_rows());
+    for (int s = 0; s < st.batch(); ++s) want += std::min(st.fetchable(s), st.budget_rows());
     want *= static_cast<long long>(st.config().model.kv_heads) * st.layers();
     GPU_CHECK(st.rows_per_step() == want);
   }
@@ -194,6 +215,17 @@ void full_fetch_bytes() {
   GPU_CHECK(b.layer_bytes() == std::size_t{30} * 16 * 2 * 2 * D * 2);
 }
 
+void kivi_refuses_dense() {
+  auto c = small_config();
+  c.record = false;
+  decode_step::decode_stack<kivi2> s(c);
+  // 300 tokens: keys quantised 256 at a time of R = 128, values all but 128: 172 fetchable rows.
+  GPU_CHECK(s.fetchable(0) == 172 && s.fetchable(1) == 42);
+  GPU_CHECK(s.layer_bytes() == std::size_t{172 + 42} * 2 * s.row_pair_bytes());
+  GPU_CHECK(gpu_test::throws_with([&] { s.step(decode_way::flexgen); }, "way flexgen"));
+  GPU_CHECK(gpu_test::throws_with([&] { s.step(decode_way::resident); }, "way resident"));
+}
+
 void bad_configs() {
   auto c = small_config();
   c.budget = 0;
@@ -224,6 +256,10 @@ int main() {
        {"flexgen_paged", [] { run_way<paged>(decode_way::flexgen, "paged16"); }},
        {"infinigen_contiguous", [] { run_way<contiguous>(decode_way::infinigen, "contiguous"); }},
        {"infinigen_paged", [] { run_way<paged>(decode_way::infinigen, "paged16"); }},
+       {"kvscout_kivi2", [] { run_way<kivi2>(decode_way::kvscout, "kivi2"); }},
+       {"kvscout_kivi4_row_cache", [] { run_way<kivi4>(decode_way::kvscout_cache, "kivi4"); }},
+       {"infinigen_kivi2", [] { run_way<kivi2>(decode_way::infinigen, "kivi2"); }},
+       {"kivi_refuses_dense_ways", kivi_refuses_dense},
        {"resident_contiguous", [] { run_way<contiguous>(decode_way::resident, "contiguous"); }},
        {"resident_paged", [] { run_way<paged>(decode_way::resident, "paged16"); }},
        {"full_fetch_bytes", full_fetch_bytes},
