@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/core/thread_pool.hpp"
 #include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/fetch/host_gather.hpp"

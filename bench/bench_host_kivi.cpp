@@ -34,6 +34,7 @@
 #include <random>
 #include <vector>
 
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/attention/kivi_rows.hpp"
 #include "kvscout/cache/host_buffer.hpp"
@@ -157,8 +158,8 @@ void run_gather(benchmark::State& state, const Layout& l, std::size_t k_bytes, s
   std::fill(dk.begin(), dk.end(), std::byte{1});
   std::fill(dv.begin(), dv.end(), std::byte{2});
   kvscout::host_gather_config cfg{1, heads, sel.capacity, threads};
-  std::vector<std::int64_t> ws(executor::workspace_bytes(cfg) / 8 + 1);
-  executor ex(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  const auto ws = kvscout::make_workspace<executor>(cfg);
+  executor ex(cfg, ws.span());
   const kvscout::gather_destination<kvscout::host_space> dst{{dk.data(), dk.size()},
                                                              {dv.data(), dv.size()}};
   int r = 0, c = 0;
@@ -292,8 +293,8 @@ void attention_kivi(benchmark::State& state) {
       {idx.data(), idx.size()}, {counts.data(), counts.size()}, 1, heads, selected};
   using executor = kvscout::host_gather_executor<L>;
   const kvscout::host_gather_config cfg{1, heads, selected, 1};
-  std::vector<std::int64_t> ws(executor::workspace_bytes(cfg) / 8 + 1);
-  executor ex(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  const auto ws = kvscout::make_workspace<executor>(cfg);
+  executor ex(cfg, ws.span());
   kvscout::host_buffer<std::byte> dk(idx.size() * l.k_row_bytes()), dv(idx.size() * l.v_row_bytes());
   const kvscout::gather_destination<kvscout::host_space> dst{{dk.data(), dk.size()},
                                                              {dv.data(), dv.size()}};

@@ -198,9 +198,8 @@ int run() {
       {idx.data(), idx.size()}, {cnt.data(), cnt.size()}, S, H, budget};
   using gather_t = kvscout::host_gather_executor<layout>;
   const kvscout::host_gather_config gather_cfg{S, H, budget};
-  std::vector<std::int64_t> gather_ws(gather_t::workspace_bytes(gather_cfg) / 8 + 1);
-  gather_t gather(gather_cfg,
-                  {reinterpret_cast<std::byte*>(gather_ws.data()), gather_ws.size() * 8});
+  const kvscout::host_workspace gather_ws = kvscout::make_workspace<gather_t>(gather_cfg);
+  gather_t gather(gather_cfg, gather_ws.span());
   std::vector<half> gk(slots * D), gv(slots * D);
   gather.submit({host_layout, kvscout::as_bytes(k_host), kvscout::as_bytes(v_host)}, host_sel,
                 {kvscout::as_writable_bytes(kvscout::host_span<half>(gk.data(), gk.size())),

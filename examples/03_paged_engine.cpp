@@ -90,17 +90,11 @@ int main() try {
     for (int t = 0; t < lens[s]; ++t) {
       for (int i = 0; i < H * D; ++i) k_pre[i] = normal(rng), v[i] = normal(rng);
       k_post = k_pre;
-      for (int h = 0; h < H; ++h) {
-        ks::apply_rope(k_post.data() + h * D, t, rope);
-        auto* kd = reinterpret_cast<T*>(reinterpret_cast<std::byte*>(k_pages.data()) +
-                                        layout.k_offset(s, t, h));
-        auto* vd = reinterpret_cast<T*>(reinterpret_cast<std::byte*>(v_pages.data()) +
-                                        layout.v_offset(s, t, h));
-        for (int c = 0; c < D; ++c) {
-          kd[c] = ks::from_float<T>(k_post[h * D + c]);
-          vd[c] = ks::from_float<T>(v[h * D + c]);
-        }
-      }
+      for (int h = 0; h < H; ++h) ks::apply_rope(k_post.data() + h * D, t, rope);
+      // Token t of sequence s into its page (checked: a slot s owns, inside the pool).
+      ks::write_tokens_host(layout, ks::as_writable_bytes(ks::host_span<T>(k_pages)),
+                            ks::as_writable_bytes(ks::host_span<T>(v_pages)), s, t, 1,
+                            ks::host_span<const float>(k_post), ks::host_span<const float>(v));
       policy.append(/*layer=*/0, s, t, k_pre.data(), k_post.data());
     }
 

@@ -114,6 +114,10 @@ struct stack_config {
   int staged_threads = 4;          // host threads of InfiniGen's gather
   std::uint32_t seed = 1;
   bool record = false;             // keep every layer's q, new K / V, output and selection (tests)
+  // Each step starts from the next of this many random inputs (a device counter picks it, so a
+  // captured step moves on too): the residual never drifts, and consecutive steps differ as
+  // independent tokens would, so the row cache's hit rate is a floor (docs/decode_step.md).
+  int input_ring = 16;
 };
 
 // ---- values ------------------------------------------------------------------------------------
@@ -223,6 +227,16 @@ __global__ void rope_split(const float* qkv, const std::int32_t* positions, floa
       kr[j + half_d] = __float2half(r1);
     }
   }
+}
+
+// The step's input: x = ring[*counter % K] ([B, dm] each), then the counter advances. One block,
+// so the counter is read by every thread before thread 0 moves it on.
+__global__ void next_input(const float* ring, int K, int n, int* counter, float* x) {
+  const int c = *counter;
+  const float* src = ring + static_cast<std::size_t>(c % K) * n;
+  for (int i = static_cast<int>(threadIdx.x); i < n; i += static_cast<int>(blockDim.x)) x[i] = src[i];
+  __syncthreads();
+  if (threadIdx.x == 0) *counter = c + 1 == 2147483647 ? 0 : c + 1;
 }
 
 // gu: [B, 2 mlp] (gate, then up) -> h [B, mlp] = silu(gate) * up.
@@ -525,6 +539,9 @@ class decode_stack {
                       " needs dense attention over a device-resident cache, which KIVI layouts do "
                       "not have here; KIVI runs kvscout, kvscout_row_cache, compute_only, infinigen");
     }
+    kvscout::detail::launch(detail::next_input, 1, 256, 0, compute_, static_cast<const float*>(inputs_),
+                            cfg_.input_ring, batch() * m_.d_model, d_step_, x_);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
     switch (w) {
       case decode_way::kvscout:
       case decode_way::kvscout_cache:
@@ -689,9 +706,13 @@ class decode_stack {
       KVSCOUT_CUDA_CHECK(cudaMemcpy(w.norm2, ones.data(), dm * sizeof(half), cudaMemcpyHostToDevice));
       weights_.push_back(std::move(w));
     }
-    std::vector<float> x(static_cast<std::size_t>(S) * dm);
+    KVSCOUT_EXPECTS(cfg_.input_ring >= 1, "input_ring = ", cfg_.input_ring, ": expected >= 1");
+    std::vector<float> x(static_cast<std::size_t>(cfg_.input_ring) * S * dm);
     for (auto& e : x) e = nd(rng);
-    x_ = a_.upload(x);
+    inputs_ = a_.upload(x);
+    x_ = a_.device<float>(static_cast<std::size_t>(S) * dm);
+    d_step_ = a_.device<int>(1);
+    KVSCOUT_CUDA_CHECK(cudaMemset(d_step_, 0, sizeof(int)));
     xn_ = a_.device<half>(static_cast<std::size_t>(S) * dm);
     xspec_[0] = a_.device<float>(static_cast<std::size_t>(S) * dm);
     xspec_[1] = a_.device<float>(static_cast<std::size_t>(S) * dm);
@@ -862,8 +883,12 @@ class decode_stack {
                                                kvscout::cuda_stage_buffering::row_cache, d_hits_);
     slot_stages_->set_device_status(d_status_);
     cache_stages_->set_device_status(d_status_);
+    // KIVI's rows are the fetched records, then the resident window (R + G at most).
+    int window = 0;
+    if constexpr (kivi) window = traits::options.residual + traits::options.group;
     sparse_plan_ = kvscout::plan_decode_attention_device(
-        {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D, .max_rows = budget_rows_ + 1});
+        {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
+         .max_rows = budget_rows_ + window + 1});
     dense_plan_ = kvscout::plan_decode_attention_device(
         {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D, .max_rows = max_len_ + 1});
     const std::size_t wsb = std::max(sparse_plan_.workspace_bytes(), dense_plan_.workspace_bytes());
@@ -1122,6 +1147,8 @@ class decode_stack {
   cudaEvent_t ev_sel_host_[2]{}, ev_fetched_[2]{}, ev_free_[2]{}, ev_x_[2]{};
   std::vector<layer_weights> weights_;
   float *x_ = nullptr, *xspec_[2] = {nullptr, nullptr}, *qkv_ = nullptr, *q_ = nullptr;
+  float* inputs_ = nullptr;  // [input_ring, B, d_model]
+  int* d_step_ = nullptr;    // which input the next step takes
   half *xn_ = nullptr, *k_new_ = nullptr, *v_new_ = nullptr, *attn_ = nullptr, *gu_ = nullptr, *h_ = nullptr;
   std::int32_t* d_lens_ = nullptr;
   const std::int32_t* seq_ids_ = nullptr;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/host_gather.hpp"
@@ -26,8 +27,8 @@ gathered_host_rows<T> host_gather_rows(const Layout& layout, const T* k_cache, c
   gathered_host_rows<T> out{std::vector<T>(slots * layout.k_row_bytes() / sizeof(T)),
                             std::vector<T>(slots * layout.v_row_bytes() / sizeof(T))};
   const kvscout::host_gather_config cfg{sel.num_seqs, sel.num_kv_heads, sel.capacity, 1};
-  std::vector<std::int64_t> ws(kvscout::host_gather_executor<Layout>::workspace_bytes(cfg) / 8 + 1);
-  kvscout::host_gather_executor<Layout> gather(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  const auto ws = kvscout::make_workspace<kvscout::host_gather_executor<Layout>>(cfg);
+  kvscout::host_gather_executor<Layout> gather(cfg, ws.span());
   gather
       .submit({layout, {reinterpret_cast<const std::byte*>(k_cache), cache_bytes},
                {reinterpret_cast<const std::byte*>(v_cache), cache_bytes}},

@@ -17,6 +17,7 @@
 
 #include "fetch_fixtures.cuh"
 #include "kvscout/kv/append.cuh"
+#include "kvscout/kv/append.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/kivi.hpp"
 #include "kvscout/kv/paged.hpp"
@@ -177,6 +178,25 @@ void generic_case(const std::string& name, const L& host_l, const L& dev_l, std:
   }
   expect_bytes(name + " K (mapped)", to_vec(k.data(), bytes), want_k);
   expect_bytes(name + " V (device)", v.download(), want_v);
+  // The host append (kv/append.hpp) writes the device append's bytes, or refuses what the device
+  // skips (naming the position), writing nothing.
+  std::vector<std::byte> hk = init, hv = init;
+  const std::vector<int32_t> hpos = positions ? *positions : std::vector<int32_t>{};
+  auto host_append = [&] {
+    kvscout::append_token_host(host_l, kvscout::host_span<std::byte>(hk.data(), bytes),
+                               kvscout::host_span<std::byte>(hv.data(), bytes),
+                               kvscout::host_span<const In>(kin.data(), tok),
+                               kvscout::host_span<const In>(vin.data(), tok),
+                               kvscout::host_span<const int32_t>(hpos.data(), hpos.size()), scales);
+  };
+  if (want_status == 0) {
+    host_append();
+    expect_bytes(name + " K (host append)", hk, want_k);
+    expect_bytes(name + " V (host append)", hv, want_v);
+  } else {
+    GPU_CHECK(gpu_test::throws_with(host_append, "sequence "));
+    expect_bytes(name + " K (host append refused)", hk, init);
+  }
   const int st = read_status(status);
   if (st != want_status)
     std::fprintf(stderr, "%s: status %d (%s), expected %d\n", name.c_str(), st,

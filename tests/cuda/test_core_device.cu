@@ -77,6 +77,28 @@ void check_layout_math_on_device() {
   KVSCOUT_CUDA_CHECK_NO_THROW(cudaFree(d_out));
 }
 
+// make_device_workspace: the part's bytes in device memory, 256-byte aligned, usable by a kernel.
+__global__ void write_bytes(std::byte* p, std::size_t n) {
+  for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) p[i] = std::byte{0x5a};
+}
+struct seven_bytes_part {
+  static std::size_t workspace_bytes(int n) { return static_cast<std::size_t>(n) * 7; }
+  static constexpr std::size_t workspace_alignment = 256;
+};
+void check_device_workspace() {
+  using part = seven_bytes_part;
+  const kvscout::device_workspace ws = kvscout::make_device_workspace<part>(100);
+  GPU_CHECK(ws.size() == 700 && ws.span().size() == 700);
+  GPU_CHECK(reinterpret_cast<std::uintptr_t>(ws.data()) % 256 == 0);
+  kvscout::detail::launch(write_bytes, 1, 128, 0, nullptr, ws.data(), ws.size());
+  std::vector<std::byte> back(ws.size());
+  KVSCOUT_CUDA_CHECK(cudaMemcpy(back.data(), ws.data(), back.size(), cudaMemcpyDeviceToHost));
+  bool all = true;
+  for (std::byte b : back) all = all && b == std::byte{0x5a};
+  GPU_CHECK(all);
+  GPU_CHECK(kvscout::make_device_workspace<part>(0).span().empty());
+}
+
 void check_cuda_errors_throw() {
   void* p = nullptr;
   bool thrown = false;
@@ -97,5 +119,6 @@ int main() {
                            {{"round_trip_f16", check_round_trip<kvscout::half>},
                             {"round_trip_bf16", check_round_trip<kvscout::bfloat16>},
                             {"layout_math", check_layout_math_on_device},
+                            {"device_workspace", check_device_workspace},
                             {"cuda_errors_throw", check_cuda_errors_throw}});
 }

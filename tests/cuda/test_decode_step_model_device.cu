@@ -51,11 +51,12 @@ struct host_gathered {
 
 template <class L>
 double check_layer(const decode_step::decode_stack<L>& st, int l, bool sparse, const char* what) {
+  constexpr int HD = L::head_dim;  // the layout's, not the file's D
   const auto& cfg = st.config();
   const int S = st.batch(), H = cfg.model.kv_heads, Hq = cfg.model.q_heads, cap = st.budget_rows();
   const auto rec = st.record(l);
   const auto cache = st.host_cache(l);
-  const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
+  const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(HD))};
   const kvscout::current_token<half> cur{{rec.k_new.data(), rec.k_new.size()},
                                          {rec.v_new.data(), rec.v_new.size()}};
   std::vector<float> want(rec.q.size());
@@ -105,7 +106,7 @@ double check_layer(const decode_step::decode_stack<L>& st, int l, bool sparse, c
           cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
     } else {
       kvscout::decode_attention_host(
-          kvscout::gathered_rows<half, D>(sel, {reinterpret_cast<const half*>(gk.data()), gk.size() / 2},
+          kvscout::gathered_rows<half, HD>(sel, {reinterpret_cast<const half*>(gk.data()), gk.size() / 2},
                                           {reinterpret_cast<const half*>(gv.data()), gv.size() / 2}),
           cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
     }
@@ -164,6 +165,36 @@ void run_way(decode_way w, const char* layout_name) {
       worst = std::max(worst, check_layer(st, l, sparse, (what + " (graph)").c_str()));
   }
   std::printf("  %s: worst |err| %.3g over %d layers\n", what.c_str(), worst, st.layers());
+}
+
+// The benchmark's own head_dim (128) and GQA group (4), layers sharing 2 cache sets, 4k-token
+// rows, and the row cache's two graphs (even and odd steps) replayed in turn: every layer of the
+// last replay against the host.
+void larger_shape_row_cache_graphs() {
+  using L = kvscout::contiguous_layout<half, 128, kvscout::hnd>;
+  decode_step::stack_config c;
+  c.model = {.d_model = 256, .q_heads = 8, .kv_heads = 2, .mlp = 256, .layers = 3};
+  c.lens = {4000, 2500};
+  c.budget = 0.1;
+  c.distinct_caches = 2;  // layer 2 reads layer 0's cache set
+  c.staged_threads = 2;
+  c.record = true;
+  decode_step::decode_stack<L> st(c);
+  GPU_CHECK(st.cache_of(2) == 0 && st.cache_of(1) == 1);
+  cudaGraphExec_t g[2] = {st.capture(decode_way::kvscout_cache), st.capture(decode_way::kvscout_cache)};
+  for (int i = 0; i < 4; ++i) KVSCOUT_CUDA_CHECK(cudaGraphLaunch(g[i % 2], st.compute_stream()));
+  KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(st.compute_stream()));
+  for (auto e : g) KVSCOUT_CUDA_CHECK(cudaGraphExecDestroy(e));
+  GPU_CHECK(st.device_status() == 0);
+  double worst = 0;
+  for (int l = 0; l < st.layers(); ++l)
+    worst = std::max(worst, check_layer(st, l, true, "kvscout_row_cache/d128 (graphs)"));
+  // Consecutive steps take different inputs (the input ring): not every row repeats.
+  const unsigned long long rows = 3ull * 2 * (400 + 250);
+  std::printf("  d128, 4 graph replays: worst |err| %.3g; row-cache hits %llu of %llu rows\n", worst,
+              st.cache_hits(), 4 * rows);
+  GPU_CHECK(st.cache_hits() >= 3 * 20ull * 2 * 2 * 3);  // the keep-set, on steps 2-4
+  GPU_CHECK(st.cache_hits() < 3 * rows);
 }
 
 void gemm_matches_host() {
@@ -262,6 +293,7 @@ int main() {
        {"kivi_refuses_dense_ways", kivi_refuses_dense},
        {"resident_contiguous", [] { run_way<contiguous>(decode_way::resident, "contiguous"); }},
        {"resident_paged", [] { run_way<paged>(decode_way::resident, "paged16"); }},
+       {"larger_shape_row_cache_graphs", larger_shape_row_cache_graphs},
        {"full_fetch_bytes", full_fetch_bytes},
        {"bad_configs", bad_configs}});
 }

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
-#include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/core/device_status.hpp"
 #include "kvscout/core/configured.hpp"
 #include "kvscout/select/threshold.cuh"
 #include "kvscout/select/topk.cuh"

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
-#include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/core/device_status.hpp"
 #include "kvscout/core/configured.hpp"
 #include "kvscout/spec/infinigen.cuh"
 #include "kvscout/spec/infinigen.hpp"

@@ -21,7 +21,7 @@
 
 #include "gpu_harness.cuh"
 #include "host_gather_reference.cuh"
-#include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/core/device_status.hpp"
 #include "kvscout/core/configured.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"

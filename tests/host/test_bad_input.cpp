@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/cache/partial_key_cache.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
@@ -261,8 +262,8 @@ TEST_CASE("a gather into overlapping buffers is rejected before it writes", "[er
     k[i] = 100.f + static_cast<float>(i), v[i] = 200.f + static_cast<float>(i);
   std::vector<int32_t> idx = {1, 2}, cnt = {2};
   const kvscout::host_gather_config cfg{.num_seqs = 1, .num_kv_heads = 1, .capacity = 2};
-  std::vector<std::int64_t> ws(kvscout::host_gather_executor<L>::workspace_bytes(cfg) / 8 + 1);
-  kvscout::host_gather_executor<L> g(cfg, bytes_of(ws));
+  const auto ws = kvscout::make_workspace<kvscout::host_gather_executor<L>>(cfg);
+  kvscout::host_gather_executor<L> g(cfg, ws.span());
   const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), 2}, {cnt.data(), 1}, 1, 1, 2};
   const kvscout::kv_view<L, kvscout::host_space> src{l, cbytes_of(k), cbytes_of(v)};
   const std::vector<float> k_before = k;

@@ -5,6 +5,7 @@
 #include <array>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -16,6 +17,7 @@
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/span.hpp"
+#include "kvscout/core/workspace.hpp"
 
 namespace {
 int checked_sqrt_floor(int x) {
@@ -305,4 +307,29 @@ TEST_CASE("host spans view contiguous host containers", "[core][span]") {
   const std::array<std::int32_t, 2> a = {7, 8};
   const host_span<const std::int32_t> c = a;
   CHECK((c.data() == a.data() && c.size() == 2));
+}
+
+namespace {
+struct three_bytes_part {
+  static std::size_t workspace_bytes(int n) { return static_cast<std::size_t>(n) * 3; }
+  static constexpr std::size_t workspace_alignment = 64;
+};
+}  // namespace
+
+TEST_CASE("make_workspace sizes and aligns a part's workspace", "[core][workspace]") {
+  using part = three_bytes_part;
+  for (int n : {1, 5, 1000}) {
+    const kvscout::host_workspace ws = kvscout::make_workspace<part>(n);
+    CHECK(ws.size() == static_cast<std::size_t>(n) * 3);
+    CHECK(ws.span().size() == ws.size());
+    CHECK(reinterpret_cast<std::uintptr_t>(ws.data()) % 64 == 0);
+    std::memset(ws.data(), 0x5a, ws.size());  // writable, whole (ASan checks the bounds)
+  }
+  const kvscout::host_workspace empty = kvscout::make_workspace<part>(0);
+  CHECK(empty.size() == 0);
+  CHECK(empty.span().empty());
+  const kvscout::host_workspace big(100, 4096);
+  CHECK(reinterpret_cast<std::uintptr_t>(big.data()) % 4096 == 0);
+  CHECK_THROWS_WITH(kvscout::host_workspace(16, 48), Catch::Contains("alignment 48 is not a power of two"));
+  CHECK_THROWS_WITH(kvscout::device_workspace(16, 512), Catch::Contains("alignment 512 must be a power of two up to 256"));
 }

@@ -1,6 +1,6 @@
 // The host-side halves of the CUDA executors, attention and append (fetch/detail/
 // cuda_fetch_checks.hpp, attention/detail/decode_device_checks.hpp, kv/detail/append_checks.hpp,
-// backend/cuda/device_status.hpp): error messages naming the bad value, workspace sizes, and the
+// core/device_status.hpp): error messages naming the bad value, workspace sizes, and the
 // copy-engine run list, which is replayed with memcpy on the host and must equal
 // host_gather_executor's output byte for byte. No GPU needed.
 
@@ -14,7 +14,7 @@
 
 #include "kv_fixtures.hpp"
 #include "kvscout/attention/detail/decode_device_checks.hpp"
-#include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/core/device_status.hpp"
 #include "kvscout/fetch/detail/cuda_fetch_checks.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/detail/append_checks.hpp"

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kv_fixtures.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 
 using namespace kvtest;
@@ -129,8 +130,8 @@ void check_gather(const std::vector<int32_t>& lens, int heads, int capacity, int
   const int n = static_cast<int>(lens.size());
   kvscout::host_gather_config cfg{n, heads, capacity, threads};
   cfg.stores = stores;
-  std::vector<std::int64_t> ws_storage(executor::workspace_bytes(cfg) / 8 + 1);
-  executor ex(cfg, {reinterpret_cast<std::byte*>(ws_storage.data()), ws_storage.size() * 8});
+  const auto ws_storage = kvscout::make_workspace<executor>(cfg);
+  executor ex(cfg, ws_storage.span());
 
   const std::size_t dst_bytes = static_cast<std::size_t>(n) * heads * capacity * f.row;
   dest_buffer dk(dst_bytes, misalign), dv(dst_bytes, misalign);

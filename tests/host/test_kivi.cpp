@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/attention/kivi_rows.hpp"
 #include "kvscout/fetch/host_gather.hpp"
@@ -725,8 +726,8 @@ TEST_CASE("kivi gather: host_gather_executor copies the selected records unchang
     CAPTURE(threads);
     using ex_t = kvscout::host_gather_executor<L>;
     const kvscout::host_gather_config cfg{f.num_seqs, f.H, cap, threads};
-    std::vector<std::int64_t> ws(ex_t::workspace_bytes(cfg) / 8 + 1);
-    ex_t ex(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+    const auto ws = kvscout::make_workspace<ex_t>(cfg);
+    ex_t ex(cfg, ws.span());
     const std::size_t slots = idx.size();
     std::vector<std::byte> dk_raw(slots * f.l.k_row_bytes() + 16), dv_raw(slots * f.l.v_row_bytes() + 16);
     auto align = [](std::vector<std::byte>& raw) {
@@ -866,8 +867,8 @@ TEMPLATE_TEST_CASE("kivi attention: dense and sparse over KIVI rows match fp64 a
         {idx.data(), idx.size()}, {counts.data(), counts.size()}, f.num_seqs, H, cap};
     using ex_t = kvscout::host_gather_executor<L>;
     const kvscout::host_gather_config cfg{f.num_seqs, H, cap, 1};
-    std::vector<std::int64_t> ws(ex_t::workspace_bytes(cfg) / 8 + 1);
-    ex_t ex(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+    const auto ws = kvscout::make_workspace<ex_t>(cfg);
+    ex_t ex(cfg, ws.span());
     // 16-byte aligned destination: std::vector of a 16-byte aligned type.
     struct alignas(16) granule { std::byte b[16]; };
     std::vector<granule> dk(idx.size() * f.l.k_row_bytes() / 16), dv(idx.size() * f.l.v_row_bytes() / 16);
@@ -903,8 +904,8 @@ TEMPLATE_TEST_CASE("kivi attention: dense and sparse over KIVI rows match fp64 a
     const kvscout::selection_view<kvscout::host_space> all{
         {idx2.data(), idx2.size()}, {counts.data(), counts.size()}, f.num_seqs, H, cap2};
     const kvscout::host_gather_config cfg2{f.num_seqs, H, cap2, 1};
-    std::vector<std::int64_t> ws2(ex_t::workspace_bytes(cfg2) / 8 + 1);
-    ex_t ex2(cfg2, {reinterpret_cast<std::byte*>(ws2.data()), ws2.size() * 8});
+    const auto ws2 = kvscout::make_workspace<ex_t>(cfg2);
+    ex_t ex2(cfg2, ws2.span());
     std::vector<granule> dk2(idx2.size() * f.l.k_row_bytes() / 16), dv2(idx2.size() * f.l.v_row_bytes() / 16);
     const kvscout::gather_destination<kvscout::host_space> dst2{
         {reinterpret_cast<std::byte*>(dk2.data()), dk2.size() * 16},
@@ -1014,8 +1015,8 @@ TEST_CASE("kivi composes with a top-k selector over the quantised tokens", "[kiv
   topk.select({{scores.data(), scores.size()}, {qlens.data(), qlens.size()}, 2, H, stride}, selb);
   using ex_t = kvscout::host_gather_executor<L>;
   const kvscout::host_gather_config cfg{2, H, budget, 1};
-  std::vector<std::int64_t> ws(ex_t::workspace_bytes(cfg) / 8 + 1);
-  ex_t ex(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  const auto ws = kvscout::make_workspace<ex_t>(cfg);
+  ex_t ex(cfg, ws.span());
   struct alignas(16) granule { std::byte b[16]; };
   std::vector<granule> dk(idx.size() * f.l.k_row_bytes() / 16), dv(idx.size() * f.l.v_row_bytes() / 16);
   const kvscout::gather_destination<kvscout::host_space> dst{
@@ -1270,8 +1271,8 @@ TEST_CASE("kivi bad input throws kvscout::error naming the value", "[kivi]") {
         {idx.data(), idx.size()}, {counts.data(), counts.size()}, 2, 2, 2};
     using ex_t = kvscout::host_gather_executor<L>;
     const kvscout::host_gather_config cfg{2, 2, 2, 1};
-    std::vector<std::int64_t> ws(ex_t::workspace_bytes(cfg) / 8 + 1);
-    ex_t ex(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+    const auto ws = kvscout::make_workspace<ex_t>(cfg);
+    ex_t ex(cfg, ws.span());
     struct alignas(16) granule { std::byte b[16]; };
     std::vector<granule> dk(8 * lq.k_row_bytes() / 16), dv(8 * lq.v_row_bytes() / 16);
     const kvscout::gather_destination<kvscout::host_space> dst{

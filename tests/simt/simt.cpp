@@ -1038,6 +1038,11 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   for (const auto& op : exec->ops) enqueue(s, op);
   return cudaSuccess;
 }
+// Uploading prepares the device for a later launch: nothing to do here but check the handle.
+cudaError_t cudaGraphUpload(cudaGraphExec_t exec, cudaStream_t) {
+  if (exec == nullptr) return set_error(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
   delete exec;
   return cudaSuccess;

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "kvscout/attention/decode.hpp"
-#include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/core/thread_pool.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/core/simd.hpp"
 #include "kvscout/kv/contiguous.hpp"

@@ -39,6 +39,7 @@
 
 #include "kvscout/attention/kivi_rows.hpp"
 #include "kvscout/cache/host_pool.hpp"
+#include "kvscout/core/detail/host_vec.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/kv/contiguous.hpp"
@@ -186,11 +187,8 @@ inline void exp_shifted(const float* x, float m, int n, float* out) {
   }
 }
 
-inline float max_of(const float* x, int n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
-}
+// The library's row maximum (largest non-NaN, -inf for none).
+inline float max_of(const float* x, int n) { return kvscout::detail::max_non_nan(x, n); }
 
 }  // namespace detail
 

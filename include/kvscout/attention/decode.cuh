@@ -33,7 +33,7 @@
 // Host-known shapes and parameters are validated (kvscout::error naming the value); device data
 // is checked in the kernel (counts clamped, bad KIVI indices skipped, rows outside a dense
 // cache's buffers skipped), reported through the optional device status word
-// (backend/cuda/device_status.hpp).
+// (core/device_status.hpp).
 // Unlike the host version there is no per-row probability output.
 
 #include <cuda_runtime.h>

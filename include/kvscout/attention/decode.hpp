@@ -31,7 +31,7 @@
 // each row summed over the query heads of the group (the current token, when given, is the entry
 // after the last row). Attention-mass metrics and the h2o policy read it.
 //
-// Optional `pool` (backend/host/thread_pool.hpp): the (sequence, kv head) pairs are split over its
+// Optional `pool` (core/thread_pool.hpp): the (sequence, kv head) pairs are split over its
 // threads, each pair computed as without it (the same bits). Nothing is allocated either way. The
 // rows' loads then run on the pool's threads: they must not throw (kvscout's row sources check
 // everything when they are built).
@@ -45,7 +45,7 @@
 #include <type_traits>
 
 #include "kvscout/attention/rows.hpp"
-#include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/core/thread_pool.hpp"
 #include "kvscout/core/detail/online_softmax.hpp"
 #include "kvscout/core/detail/overlap.hpp"
 #include "kvscout/core/dtype.hpp"

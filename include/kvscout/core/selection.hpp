@@ -86,4 +86,18 @@ struct kv_view {
   span<const std::byte, Space> v;
 };
 
+namespace detail {
+/// |a ∩ b| for lists known to be strictly ascending (a checked selection, step after step): the
+/// rows two selections share (the host pipeline's reuse count, eval's overlap).
+inline int common_count_sorted(const int32_t* a, int na, const int32_t* b, int nb) {
+  int i = 0, j = 0, both = 0;
+  while (i < na && j < nb) {
+    if (a[i] == b[j]) ++both, ++i, ++j;
+    else if (a[i] < b[j]) ++i;
+    else ++j;
+  }
+  return both;
+}
+}  // namespace detail
+
 }  // namespace kvscout

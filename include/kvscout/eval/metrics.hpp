@@ -53,19 +53,6 @@ inline void check_ascending(const int32_t* a, int n, const char* what) {
 }
 }  // namespace detail
 
-namespace detail {
-/// |a ∩ b| for lists known to be strictly ascending (a checked selection, step after step).
-inline int common_count_sorted(const int32_t* a, int na, const int32_t* b, int nb) {
-  int i = 0, j = 0, both = 0;
-  while (i < na && j < nb) {
-    if (a[i] == b[j]) ++both, ++i, ++j;
-    else if (a[i] < b[j]) ++i;
-    else ++j;
-  }
-  return both;
-}
-}  // namespace detail
-
 /// |a ∩ b| for ascending index lists (checked).
 inline int common_count(const int32_t* a, int na, const int32_t* b, int nb) {
   detail::check_ascending(a, na, "common_count: list a");

@@ -15,16 +15,11 @@
 #include <concepts>
 #include <cstddef>
 
+#include "kvscout/core/completion.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 
 namespace kvscout {
-
-template <class C>
-concept completion = requires(C& c, const C& cc) {
-  c.wait();
-  { cc.ready() } -> std::convertible_to<bool>;
-};
 
 template <class E>
 concept prefetch_executor =
@@ -54,13 +49,5 @@ inline constexpr bool device_step_executor =
     prefetch_executor<E> &&
     std::same_as<typename E::selection_type, selection_view<device_space>> &&
     !requires { requires E::submit_blocks_host; };
-
-/// The completion of work that is finished when submit() returns.
-struct ready_completion {
-  void wait() const noexcept {}
-  [[nodiscard]] bool ready() const noexcept { return true; }
-};
-
-static_assert(completion<ready_completion>);
 
 }  // namespace kvscout

@@ -35,7 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kvscout/backend/cuda/event_completion.hpp"
+#include "kvscout/core/event_completion.hpp"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"

@@ -26,7 +26,7 @@ struct zero_copy_config {
   // concurrent GEMM by 1.7x (docs/cuda_fetch.md). Raise it where no compute runs beside the fetch.
   int max_blocks = 0;
   int threads_per_block = 256;    // a multiple of 32 in [32, 1024]
-  int* device_status = nullptr;   // optional device int, see backend/cuda/device_status.hpp
+  int* device_status = nullptr;   // optional device int, see core/device_status.hpp
 };
 
 /// Copy engine: one copy per run of adjacent rows, batched (cudaMemcpyBatchAsync) where the

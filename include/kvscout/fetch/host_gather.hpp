@@ -24,7 +24,7 @@
 #include <memory>
 #include <tuple>
 
-#include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/core/thread_pool.hpp"
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/detail/x86_intrinsics.hpp"
 #include "kvscout/core/error.hpp"

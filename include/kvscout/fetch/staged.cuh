@@ -37,8 +37,8 @@
 #include <vector>
 
 #include "kvscout/core/detail/launch.cuh"
-#include "kvscout/backend/cuda/event_completion.hpp"
-#include "kvscout/backend/host/thread_pool.hpp"
+#include "kvscout/core/event_completion.hpp"
+#include "kvscout/core/thread_pool.hpp"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"

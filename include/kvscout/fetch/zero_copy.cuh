@@ -27,7 +27,7 @@
 // instead: a count outside [0, capacity] is clamped, a token outside [0, seq_len(s)), a row whose
 // bytes fall outside the source span, or a row not 16-byte aligned is skipped (its destination
 // slot is left as it was), and a bit is ORed into config.device_status
-// (backend/cuda/device_status.hpp). Ascending order is not checked (it does not affect safety).
+// (core/device_status.hpp). Ascending order is not checked (it does not affect safety).
 // Nothing is read or written out of bounds whatever the device data holds, as long as the spans'
 // sizes are right.
 //
@@ -55,8 +55,8 @@
 #include <cstdint>
 
 #include "kvscout/core/detail/launch.cuh"
-#include "kvscout/backend/cuda/device_status.hpp"
-#include "kvscout/backend/cuda/event_completion.hpp"
+#include "kvscout/core/device_status.hpp"
+#include "kvscout/core/event_completion.hpp"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"

@@ -53,7 +53,7 @@
 // For KIVI a full sequence (seq_lens[s] >= capacity) or input that is not finite or exceeds the
 // scale type's range (as kivi_host_writer rejects) skips the whole sequence
 // (bad_index / bad_value): nothing is written and its length is unchanged. Bits go to the
-// optional device status word (backend/cuda/device_status.hpp). Host-known shapes and buffer
+// optional device status word (core/device_status.hpp). Host-known shapes and buffer
 // sizes throw kvscout::error first.
 //
 // Concurrency: an append must not race an in-flight fetch of the same rows; order them on
@@ -70,13 +70,14 @@
 #include <type_traits>
 
 #include "kvscout/core/detail/launch.cuh"
-#include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/core/device_status.hpp"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/detail/append_checks.hpp"
+#include "kvscout/kv/detail/append_room.hpp"
 #include "kvscout/kv/detail/kivi_pack.hpp"
 #include "kvscout/kv/kivi.hpp"
 #include "kvscout/kv/page_table.hpp"
@@ -86,60 +87,6 @@ namespace kvscout {
 namespace detail {
 
 inline constexpr int append_threads = 256;
-
-// Which slots a sequence owns, for the generic device append (the table in the header comment).
-// make() runs on the host (it may use host-only layout queries); owns(l, s, t), for t >= 0, runs
-// on the device before any of the layout's page table entries for t is read.
-// Primary template: a layout kvscout does not know; only the buffer bounds apply.
-template <class L>
-struct append_room {
-  static append_room make(const L&) { return {}; }
-  KVSCOUT_DEVICE bool owns(const L&, int, int) const { return true; }
-};
-
-template <kv_element T, int D, kv_order O>
-struct append_room<contiguous_layout<T, D, O>> {
-  using layout = contiguous_layout<T, D, O>;
-  // Padded: slots per sequence (the capacity); ragged: total_tokens. The layout keeps both
-  // private; required_bytes() = (padded ? num_seqs : 1) * slots * num_kv_heads * row.
-  long long slots = 0;
-
-  static append_room make(const layout& l) {
-    const std::size_t per_token = static_cast<std::size_t>(l.num_kv_heads()) * l.k_row_bytes();
-    const std::size_t seqs =
-        l.is_ragged() || l.num_seqs() <= 0 ? 1 : static_cast<std::size_t>(l.num_seqs());
-    return {per_token == 0 ? 0 : static_cast<long long>(l.required_bytes() / per_token / seqs)};
-  }
-  KVSCOUT_DEVICE bool owns(const layout& l, int s, int t) const {
-    if (!l.is_ragged()) return t < slots;
-    if (t < l.seq_len(s)) return true;  // its own slots [indptr[s], indptr[s+1])
-    if (s != l.num_seqs() - 1) return false;  // slot indptr[s+1] + ... belongs to a later one
-    // The last sequence may grow into the free tail [indptr[num_seqs], total_tokens). Its first
-    // slot indptr[s] is k_offset(s, 0, 0) over the bytes between consecutive tokens of a head.
-    const std::size_t token_bytes =
-        l.k_row_bytes() * (std::is_same_v<O, nhd> ? static_cast<std::size_t>(l.num_kv_heads()) : 1);
-    const long long first = static_cast<long long>(l.k_offset(s, 0, 0) / token_bytes);
-    return first + t < slots;
-  }
-};
-
-template <kv_element T, int D, kv_order O, int P>
-struct append_room<paged_layout<T, D, O, flashinfer_page_table, P>> {
-  using layout = paged_layout<T, D, O, flashinfer_page_table, P>;
-  static append_room make(const layout&) { return {}; }
-  KVSCOUT_DEVICE bool owns(const layout& l, int s, int t) const {
-    return t / l.page_size() < l.table().num_pages(s);
-  }
-};
-
-template <kv_element T, int D, kv_order O, int P>
-struct append_room<paged_layout<T, D, O, block_table, P>> {
-  using layout = paged_layout<T, D, O, block_table, P>;
-  static append_room make(const layout&) { return {}; }
-  KVSCOUT_DEVICE bool owns(const layout& l, int /*s*/, int t) const {
-    return t / l.page_size() < l.table().max_blocks_per_seq;
-  }
-};
 
 template <class L, class In>
 struct append_params {

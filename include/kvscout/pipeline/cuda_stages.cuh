@@ -168,7 +168,7 @@ class cuda_speculation_stages {
     KVSCOUT_EXPECTS(n >= 0, "max_seq_len must be non-negative, got ", n);
     lengths_.max_seq_len = n;
   }
-  /// The device status word (backend/cuda/device_status.hpp) the policies and the selector raise
+  /// The device status word (core/device_status.hpp) the policies and the selector raise
   /// bits in (a clamped length: device_status::bad_length), or null. The executor reports through
   /// its own config's device_status (give it the same word to read one).
   void set_device_status(int* status) noexcept { status_ = status; }

@@ -41,7 +41,6 @@
 #include "kvscout/attention/rows.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
-#include "kvscout/eval/metrics.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/select/concepts.hpp"

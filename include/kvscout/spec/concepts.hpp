@@ -30,9 +30,9 @@
 #include <limits>
 
 #include "kvscout/core/detail/checked_size.hpp"
+#include "kvscout/core/detail/host_vec.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
-#include "kvscout/core/simd.hpp"
 #include "kvscout/core/span.hpp"
 
 namespace kvscout {

@@ -18,7 +18,7 @@
 //     every policy shares);
 //   - device data is never trusted for addressing: lengths outside [0, max_seq_len] are clamped
 //     and raise device_status::bad_length in ctx.device_status where it is not null
-//     (detail::raise_device_status, backend/cuda/device_status.hpp).
+//     (detail::raise_device_status, core/device_status.hpp).
 // Per-token state (InfiniGen's partial keys) is the policy's own business: the stages do not
 // append; the engine does, on the compute stream, as for its KV cache.
 

@@ -21,7 +21,7 @@ struct device_spec_context {
   /// A host-known bound on every seq_lens[s] (e.g. the longest sequence, or max_tokens): it sizes
   /// the grid. Lengths above it (or above the cache or the stride) are clamped on the device.
   int max_seq_len = 0;
-  /// The device status word (backend/cuda/device_status.hpp), or null: a clamped length raises
+  /// The device status word (core/device_status.hpp), or null: a clamped length raises
   /// device_status::bad_length. (max_seq_len = 0 launches nothing: no length is read.)
   int* device_status = nullptr;
   /// [num_seqs] the sequence of the policy's state (partial keys) that batch row s reads, or

@@ -25,7 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/core/device_status.hpp"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/error.hpp"

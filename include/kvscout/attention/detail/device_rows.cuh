@@ -19,7 +19,7 @@
 #include <cstdint>
 
 #include "kvscout/attention/detail/decode_device_checks.hpp"
-#include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/core/device_status.hpp"
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/detail/load_row_part.cuh"
 #include "kvscout/core/dtype.hpp"

@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "kvscout/core/config.hpp"
+#include "kvscout/core/detail/host_vec.hpp"
 #include "kvscout/core/detail/x86_intrinsics.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
@@ -169,20 +170,10 @@ float max_of(const float* p, int n, float init) {
   if constexpr (Simd) return max_carry512(init).result(p, n);
 #elif KVSCOUT_HOST_AVX2
   if constexpr (Simd) return max_carry256(init).result(p, n);
-#elif KVSCOUT_HOST_SSE2
-  if constexpr (Simd) {
-    // _mm_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
-    __m128 a0 = _mm_set1_ps(init), a1 = a0, a2 = a0, a3 = a0;
-    for (; i + 16 <= n; i += 16) {
-      a0 = _mm_max_ps(_mm_loadu_ps(p + i), a0);
-      a1 = _mm_max_ps(_mm_loadu_ps(p + i + 4), a1);
-      a2 = _mm_max_ps(_mm_loadu_ps(p + i + 8), a2);
-      a3 = _mm_max_ps(_mm_loadu_ps(p + i + 12), a3);
-    }
-    a0 = _mm_max_ps(_mm_max_ps(a0, a1), _mm_max_ps(a2, a3));
-    a0 = _mm_max_ps(a0, _mm_shuffle_ps(a0, a0, 0x4e));
-    a0 = _mm_max_ps(a0, _mm_shuffle_ps(a0, a0, 0xb1));
-    m = _mm_cvtss_f32(a0);
+#else
+  if constexpr (Simd) {  // the library's one plain row maximum (core/detail/host_vec.hpp)
+    const float r = max_non_nan(p, n);
+    return r > m ? r : m;
   }
 #endif
   for (; i < n; ++i) m = p[i] > m ? p[i] : m;

@@ -31,7 +31,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/core/device_status.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/detail/device_config.hpp"
 #include "kvscout/select/detail/radix_select.hpp"

@@ -31,7 +31,7 @@
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 
-#include "kvscout/backend/cuda/device_status.hpp"
+#include "kvscout/core/device_status.hpp"
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/detail/load_row_part.cuh"
 #include "kvscout/core/dtype.hpp"

@@ -22,8 +22,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kvscout/core/completion.hpp"
 #include "kvscout/core/cuda_check.hpp"
-#include "kvscout/fetch/concepts.hpp"
 
 namespace kvscout {
 
