@@ -56,6 +56,15 @@ struct reader {
     ++i;
   }
 
+  // After a member or an element: the closing bracket (consumed) or a failure naming both.
+  void close_or_comma(char close) {
+    if (peek() == close) {
+      ++i;
+      return;
+    }
+    fail(std::string("expected ',' or '") + close + "'" + (at_end() ? ", found the end of the line" : ""));
+  }
+
   unsigned hex4() {
     unsigned v = 0;
     for (int k = 0; k < 4; ++k) {
@@ -131,7 +140,7 @@ struct reader {
           break;
         }
         default:
-          --i;
+          i -= 2;  // the backslash
           fail(e == '\0' ? std::string("unterminated escape") : std::string("unknown escape \\") + e);
       }
     }
@@ -169,7 +178,7 @@ struct reader {
           ++i;
           continue;
         }
-        expect(close);
+        close_or_comma(close);
         return c == '{' ? "an object" : "an array";
       }
     }
@@ -250,7 +259,7 @@ inline std::vector<prompt_record> parse_prompt_file(std::string_view text, std::
           ++r.i;
           continue;
         }
-        r.expect('}');
+        r.close_or_comma('}');
         break;
       }
     }
