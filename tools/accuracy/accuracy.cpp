@@ -17,6 +17,18 @@
 //   pool    a bounded host pool (kvscout::host_pool, issue 31): kvscout's default
 //           configuration at a 10 % budget, fp16, with the pool at 100 / 75 / 50 / 25 % of the
 //           context and counter / LRU eviction; dense at 50 / 25 %; anchors dense and unbounded
+//   copy    (issue 32) a long-range copy task (tools/model/copy_task.hpp): --copy-prompts N
+//           prompts (20), depths 10-90 %, lengths --copy-min-tokens to --copy-max-tokens
+//           (2048-6144), a span of --copy-span words (24) whose first --copy-cue (4) are repeated
+//           at the end; the rest of the span scored teacher-forced (token accuracy, mean NLL) for
+//           the configurations of --copy-policies (dense, control = dense on a prompt with other
+//           words at the first occurrence, oracle, kvscout_default, infinigen_paper; also quest,
+//           h2o, streaming) at --copy-budgets (5,10 %), fp16, every token through the policy;
+//           writes accuracy_copy.csv (one row per prompt and configuration, "all" rows summed)
+//   prompts a prompt file (--prompts FILE.jsonl, tools/model/prompt_file.hpp: "input" and
+//           "target" per line), scored the same way plus greedy exact match; accuracy_prompts.csv.
+//           --prompts without --stages runs this stage alone
+//   Stages copy and prompts alone leave accuracy.csv / accuracy_layers.csv untouched.
 //
 // Names: "infinigen_paper" (CSV policy column) is presets::infinigen_paper, InfiniGen as its
 // authors' code runs it; "infinigen" rows are infinigen_policy with kvscout's knobs, of which
@@ -28,6 +40,7 @@
 #include <kvscout/kvscout.hpp>
 #include <kvscout/skew/calibrate.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -367,21 +380,35 @@ struct retrieval_config {
   bool control = false;  // dense attention on the control prompt (stage copy only)
 };
 
-// dense, control, then per budget: oracle, kvscout's default, InfiniGen (paper), and the policies
-// of `extra` (a comma list of quest, h2o, streaming).
+// The configurations named in `list` (a comma list of dense, control, oracle, kvscout_default,
+// infinigen_paper, quest, h2o, streaming), in that order: dense and control once, the others at
+// every budget. control is dense attention on the control prompts (stage copy only).
 std::vector<retrieval_config> retrieval_configs(const std::vector<double>& budgets, const infinigen_knobs& def,
-                                                const infinigen_knobs& paper, const std::string& extra,
+                                                const infinigen_knobs& paper, const std::string& list,
                                                 bool with_control) {
-  std::vector<retrieval_config> out;
-  out.push_back({"dense", eval_policy::dense, 1.0, {}, false});
-  if (with_control) out.push_back({"control", eval_policy::dense, 1.0, {}, true});
-  for (double b : budgets) {
-    out.push_back({"oracle", eval_policy::oracle, b, {}, false});
-    out.push_back({"kvscout_default", eval_policy::infinigen, b, def, false});
-    out.push_back({"infinigen_paper", eval_policy::infinigen, b, paper, false});
-    for (eval_policy p : {eval_policy::quest, eval_policy::h2o, eval_policy::streaming})
-      if (extra.find(to_string(p)) != std::string::npos) out.push_back({to_string(p), p, b, {}, false});
+  static const char* const known[] = {"dense", "control", "oracle", "kvscout_default", "infinigen_paper",
+                                      "quest", "h2o", "streaming"};
+  std::vector<std::string> names;
+  std::stringstream ss(list);
+  for (std::string x; std::getline(ss, x, ',');) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || x == k;
+    KVSCOUT_EXPECTS(ok, "--copy-policies: \"", x, "\" in \"", list,
+                    "\", expected dense, control, oracle, kvscout_default, infinigen_paper, quest, h2o or streaming");
+    names.push_back(x);
   }
+  const auto has = [&](const char* k) { return std::find(names.begin(), names.end(), k) != names.end(); };
+  std::vector<retrieval_config> out;
+  if (has("dense")) out.push_back({"dense", eval_policy::dense, 1.0, {}, false});
+  if (with_control && has("control")) out.push_back({"control", eval_policy::dense, 1.0, {}, true});
+  for (double b : budgets) {
+    if (has("oracle")) out.push_back({"oracle", eval_policy::oracle, b, {}, false});
+    if (has("kvscout_default")) out.push_back({"kvscout_default", eval_policy::infinigen, b, def, false});
+    if (has("infinigen_paper")) out.push_back({"infinigen_paper", eval_policy::infinigen, b, paper, false});
+    for (eval_policy p : {eval_policy::quest, eval_policy::h2o, eval_policy::streaming})
+      if (has(to_string(p))) out.push_back({to_string(p), p, b, {}, false});
+  }
+  KVSCOUT_EXPECTS(!out.empty(), "--copy-policies \"", list, "\" names no configuration to run");
   return out;
 }
 
@@ -721,7 +748,8 @@ int main(int argc, char** argv) try {
   const bool run_prompts = stages.find("prompts") != std::string::npos;
   if (run_copy || run_prompts) {
     const std::vector<double> rbudgets = parse_budgets(arg(argc, argv, "--copy-budgets", "5,10"));
-    const std::string extra = arg(argc, argv, "--copy-policies", "");
+    const std::string extra =
+        arg(argc, argv, "--copy-policies", "dense,control,oracle,kvscout_default,infinigen_paper");
     const infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
     const auto stage_csv = [&](const char* name) {
       std::ofstream f(out_dir + "/" + name, std::ios::out | (append ? std::ios::app : std::ios::trunc));
