@@ -5,7 +5,8 @@
 //   {"input": "... The pass key is 71432. Remember it. ... What is the pass key? The pass key is", "target": " 71432"}
 //
 // The harness scores each record by the teacher-forced likelihood of the target's tokens after
-// the input's, and by greedy exact match. Blank lines are skipped. A bad file throws
+// the input's, and by greedy exact match. It tokenizes input and target separately, each with
+// the model's tokenizer (special-token text such as "<|im_start|>" becomes that token). Blank lines are skipped. A bad file throws
 // kvscout::error naming the file, the line and the field or the column: malformed JSON, a line
 // that is not an object, a missing, duplicated, non-string or empty "input" / "target", a file
 // without records.
