@@ -17,6 +17,18 @@
 //   pool    a bounded host pool (kvscout::host_pool, issue 31): kvscout's default
 //           configuration at a 10 % budget, fp16, with the pool at 100 / 75 / 50 / 25 % of the
 //           context and counter / LRU eviction; dense at 50 / 25 %; anchors dense and unbounded
+//   copy    (issue 32) a long-range copy task (tools/model/copy_task.hpp): --copy-prompts N
+//           prompts (20), depths 10-90 %, lengths --copy-min-tokens to --copy-max-tokens
+//           (2048-6144), a span of --copy-span words (24) whose first --copy-cue (4) are repeated
+//           at the end; the rest of the span scored teacher-forced (token accuracy, mean NLL) for
+//           the configurations of --copy-policies (dense, control = dense on a prompt with other
+//           words at the first occurrence, oracle, kvscout_default, infinigen_paper; also quest,
+//           h2o, streaming) at --copy-budgets (5,10 %), fp16, every token through the policy;
+//           writes accuracy_copy.csv (one row per prompt and configuration, "all" rows summed)
+//   prompts a prompt file (--prompts FILE.jsonl, tools/model/prompt_file.hpp: "input" and
+//           "target" per line), scored the same way plus greedy exact match; accuracy_prompts.csv.
+//           --prompts without --stages runs this stage alone
+//   Stages copy and prompts alone leave accuracy.csv / accuracy_layers.csv untouched.
 //
 // Names: "infinigen_paper" (CSV policy column) is presets::infinigen_paper, InfiniGen as its
 // authors' code runs it; "infinigen" rows are infinigen_policy with kvscout's knobs, of which
@@ -28,6 +40,7 @@
 #include <kvscout/kvscout.hpp>
 #include <kvscout/skew/calibrate.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,7 +53,9 @@
 #include <tuple>
 #include <vector>
 
+#include "model/copy_task.hpp"
 #include "model/llama_eval.hpp"
+#include "model/prompt_file.hpp"
 #include "model/tokenizer_gguf.hpp"
 
 namespace {
@@ -181,8 +196,12 @@ struct text_run {
 
 class harness {
  public:
-  harness(const model::llama_weights& w, const samples& cal, std::string out_dir, int skip, bool append)
+  // open_csv: false where only stages copy / prompts run, which write their own CSVs (and must
+  // not truncate accuracy.csv in the same directory).
+  harness(const model::llama_weights& w, const samples& cal, std::string out_dir, int skip, bool append,
+          bool open_csv = true)
       : w_(w), cal_(cal), skip_(skip) {
+    if (!open_csv) return;
     const auto mode = append ? std::ios::app : std::ios::trunc;
     csv_.open(out_dir + "/accuracy.csv", std::ios::out | mode);
     layers_.open(out_dir + "/accuracy_layers.csv", std::ios::out | mode);
@@ -250,6 +269,26 @@ class harness {
                   r.oracle_checks, r.oracle_check_max_rel);
     std::fflush(stdout);
     return r;
+  }
+
+  // One configuration on a sequence of its own (stages copy and prompts): fp16, every token
+  // through the policy, scored on the predictions at [score_from, T - 1), no metrics, no CSV row.
+  eval_result evaluate(model::layer_major_eval& ev, int score_from, eval_policy p, double budget,
+                       const infinigen_knobs& k) {
+    eval_options o;
+    o.policy = p;
+    o.format = kv_format::fp16;
+    o.budget = p == eval_policy::dense ? 1.0 : budget;
+    o.score_from = score_from;
+    o.quest_page = quest_page;
+    o.aggregation = p == eval_policy::infinigen ? k.aggregation : gqa_aggregation::max_logit;
+    if (p == eval_policy::infinigen) {
+      o.plans = &plans(k.mode, k.r);
+      o.alpha = k.alpha;
+      o.rule = k.rule;
+      o.keep = k.keep;
+    }
+    return ev.run(o);
   }
 
   int metric_every = 8;
@@ -330,6 +369,122 @@ class harness {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
+// ---- stages copy and prompts (issue 32): retrieval over a long context ---------------------------
+
+// One configuration of the retrieval stages: a policy at a budget, or dense on the control prompts.
+struct retrieval_config {
+  std::string name;  // CSV / table name
+  eval_policy policy = eval_policy::dense;
+  double budget = 1.0;
+  infinigen_knobs knobs;
+  bool control = false;  // dense attention on the control prompt (stage copy only)
+};
+
+// The configurations named in `list` (a comma list of dense, control, oracle, kvscout_default,
+// infinigen_paper, quest, h2o, streaming), in that order: dense and control once, the others at
+// every budget. control is dense attention on the control prompts (stage copy only).
+std::vector<retrieval_config> retrieval_configs(const std::vector<double>& budgets, const infinigen_knobs& def,
+                                                const infinigen_knobs& paper, const std::string& list,
+                                                bool with_control) {
+  static const char* const known[] = {"dense", "control", "oracle", "kvscout_default", "infinigen_paper",
+                                      "quest", "h2o", "streaming"};
+  std::vector<std::string> names;
+  std::stringstream ss(list);
+  for (std::string x; std::getline(ss, x, ',');) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || x == k;
+    KVSCOUT_EXPECTS(ok, "--copy-policies: \"", x, "\" in \"", list,
+                    "\", expected dense, control, oracle, kvscout_default, infinigen_paper, quest, h2o or streaming");
+    names.push_back(x);
+  }
+  const auto has = [&](const char* k) { return std::find(names.begin(), names.end(), k) != names.end(); };
+  std::vector<retrieval_config> out;
+  if (has("dense")) out.push_back({"dense", eval_policy::dense, 1.0, {}, false});
+  if (with_control && has("control")) out.push_back({"control", eval_policy::dense, 1.0, {}, true});
+  for (double b : budgets) {
+    if (has("oracle")) out.push_back({"oracle", eval_policy::oracle, b, {}, false});
+    if (has("kvscout_default")) out.push_back({"kvscout_default", eval_policy::infinigen, b, def, false});
+    if (has("infinigen_paper")) out.push_back({"infinigen_paper", eval_policy::infinigen, b, paper, false});
+    for (eval_policy p : {eval_policy::quest, eval_policy::h2o, eval_policy::streaming})
+      if (has(to_string(p))) out.push_back({to_string(p), p, b, {}, false});
+  }
+  KVSCOUT_EXPECTS(!out.empty(), "--copy-policies \"", list, "\" names no configuration to run");
+  return out;
+}
+
+// Teacher-forced scores of a target span: sums over its tokens.
+struct span_score {
+  int tokens = 0, correct = 0, prompts = 0, exact = 0;
+  double nll = 0, fetched = 0, dense_rows = 0, seconds = 0;
+  void add(const eval_result& r, int skip) {
+    tokens += r.scored, correct += r.correct, nll += r.nll, ++prompts;
+    exact += r.correct == r.scored ? 1 : 0;
+    for (std::size_t l = static_cast<std::size_t>(skip); l < r.rows_fetched.size(); ++l)
+      fetched += r.rows_fetched[l], dense_rows += r.rows_dense[l];
+    seconds += r.seconds;
+  }
+  [[nodiscard]] double accuracy() const { return tokens > 0 ? static_cast<double>(correct) / tokens : 0.0; }
+  [[nodiscard]] double mean_nll() const { return tokens > 0 ? nll / tokens : 0.0; }
+  [[nodiscard]] double fetch() const { return dense_rows > 0 ? fetched / dense_rows : 0.0; }
+};
+
+std::vector<double> parse_budgets(const std::string& list) {
+  std::vector<double> out;
+  std::stringstream ss(list);
+  for (std::string x; std::getline(ss, x, ',');) {
+    char* end = nullptr;
+    const double pct = std::strtod(x.c_str(), &end);
+    KVSCOUT_EXPECTS(end != x.c_str() && *end == '\0' && pct > 0 && pct <= 100, "budget \"", x,
+                    "\" in \"", list, "\": expected a percentage in (0, 100]");
+    out.push_back(pct / 100);
+  }
+  KVSCOUT_EXPECTS(!out.empty(), "--copy-budgets \"", list, "\": expected a comma list of percentages");
+  return out;
+}
+
+int int_arg(int argc, char** argv, const char* name, const char* fallback, int lo, int hi) {
+  const std::string v = arg(argc, argv, name, fallback);
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  KVSCOUT_EXPECTS(end != v.c_str() && *end == '\0' && x >= lo && x <= hi, name, " ", v, ": expected an integer in [",
+                  lo, ", ", hi, "]");
+  return static_cast<int>(x);
+}
+
+// The table of a retrieval stage: one line per configuration, over all prompts.
+void print_table(const std::vector<retrieval_config>& cfgs, const std::vector<span_score>& sc, bool exact) {
+  std::printf("\n%-16s %7s %8s %9s %8s%s\n", "configuration", "budget", "tok.acc", "mean NLL", "fetched",
+              exact ? "  exact match" : "");
+  for (std::size_t c = 0; c < cfgs.size(); ++c) {
+    char b[16] = "-";
+    if (cfgs[c].policy != eval_policy::dense) std::snprintf(b, sizeof b, "%g %%", 100 * cfgs[c].budget);
+    std::printf("%-16s %7s %8.4f %9.4f %8.3f", cfgs[c].name.c_str(), b, sc[c].accuracy(), sc[c].mean_nll(),
+                sc[c].fetch());
+    if (exact) std::printf("  %d / %d", sc[c].exact, sc[c].prompts);
+    std::printf("   (%d tokens, %d prompts)\n", sc[c].tokens, sc[c].prompts);
+  }
+  std::fflush(stdout);
+}
+
+const char* csv_header =
+    "stage,prompt,tokens,target_tokens,depth,span_at,distance,config,policy,rope_mode,r,selector,budget_pct,"
+    "correct,token_accuracy,nll_sum,mean_nll,exact_match,fetch_fraction,seconds\n";
+
+// One CSV row; prompt "all" for the sums over prompts (depth, span_at, distance empty there).
+void csv_row(std::ofstream& f, const std::string& stage, const std::string& prompt, int tokens, const std::string& depth,
+             const std::string& span_at, const std::string& distance, const retrieval_config& c, const span_score& s) {
+  const bool ig = c.policy == eval_policy::infinigen;
+  char b[768];
+  std::snprintf(b, sizeof b, "%s,%s,%d,%d,%s,%s,%s,%s,%s,%s,%d,%s,%g,%d,%.6f,%.6f,%.6f,%d,%.6f,%.2f\n",
+                stage.c_str(), prompt.c_str(), tokens, s.tokens, depth.c_str(), span_at.c_str(), distance.c_str(),
+                c.name.c_str(), to_string(c.policy), ig ? to_string(c.knobs.mode) : "", ig ? c.knobs.r : 0,
+                ig ? selector_name(c.knobs).c_str() : (c.policy == eval_policy::dense ? "" : "topk"),
+                c.policy == eval_policy::dense ? 100.0 : 100 * c.budget, s.correct, s.accuracy(), s.nll,
+                s.mean_nll(), s.exact, s.fetch(), s.seconds);
+  f << b;
+  f.flush();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -344,7 +499,9 @@ int main(int argc, char** argv) try {
   const std::string formats_arg = arg(argc, argv, "--formats", "fp16,kivi4,kivi2");
   // Stages to run (all by default); without the sweep, kvscout's knobs are
   // presets::kvscout_default's (--r overrides its r). --append adds rows to existing CSVs.
-  const std::string stages = arg(argc, argv, "--stages", "sweep,matrix,planes,kivi_rest");
+  // --prompts FILE without --stages runs stage prompts alone.
+  const std::string prompts_path = arg(argc, argv, "--prompts", "");
+  const std::string stages = arg(argc, argv, "--stages", prompts_path.empty() ? "sweep,matrix,planes,kivi_rest" : "prompts");
   const bool append = flag(argc, argv, "--append");
   const std::string r_arg = arg(argc, argv, "--r", "");
   // Without the fp16 matrix (which picks it), the RoPE mode the other formats' matrix runs.
@@ -370,7 +527,10 @@ int main(int argc, char** argv) try {
   const samples cal = collect(w, std::vector<int32_t>(long_ids.begin(), long_ids.begin() + n_cal));
   std::printf("calibration samples collected in %.1f s\n", seconds_since(t_cal));
 
-  harness hz(w, cal, out_dir, skip, append);
+  bool main_stages = false;  // stages that write accuracy.csv / accuracy_layers.csv
+  for (const char* st : {"sweep", "matrix", "paper", "planes", "kivi_rest", "ablation", "pool"})
+    main_stages = main_stages || stages.find(st) != std::string::npos;
+  harness hz(w, cal, out_dir, skip, append, main_stages);
   text_run lt;
   lt.name = long_path.substr(long_path.find_last_of('/') + 1);
   lt.tokens = n_long;
@@ -581,6 +741,132 @@ int main(int argc, char** argv) try {
         hz.run("pool", lt, kv_format::fp16, eval_policy::dense, 1.0, {});
       }
     hz.pool_tokens = 0;
+  }
+  // ---- stages copy and prompts (issue 32): retrieval over a long context, fp16, every token of
+  // prompt and target through the policy, the target scored teacher-forced ---------------------
+  const bool run_copy = stages.find("copy") != std::string::npos;
+  const bool run_prompts = stages.find("prompts") != std::string::npos;
+  if (run_copy || run_prompts) {
+    const std::vector<double> rbudgets = parse_budgets(arg(argc, argv, "--copy-budgets", "5,10"));
+    const std::string extra =
+        arg(argc, argv, "--copy-policies", "dense,control,oracle,kvscout_default,infinigen_paper");
+    const infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    const auto stage_csv = [&](const char* name) {
+      std::ofstream f(out_dir + "/" + name, std::ios::out | (append ? std::ios::app : std::ios::trunc));
+      KVSCOUT_EXPECTS(f.good(), "cannot write ", out_dir, "/", name);
+      if (!append) f << csv_header;
+      return f;
+    };
+    const auto fmt = [](const char* f, double x) {
+      char b[32];
+      std::snprintf(b, sizeof b, f, x);
+      return std::string(b);
+    };
+
+    if (run_copy) {
+      const int n_prompts = int_arg(argc, argv, "--copy-prompts", "20", 1, 100000);
+      const int span = int_arg(argc, argv, "--copy-span", "24", 2, 4096);
+      const int cue = int_arg(argc, argv, "--copy-cue", "4", 1, span - 1);
+      const int min_t = int_arg(argc, argv, "--copy-min-tokens", "2048", 64, w.cfg.context);
+      const int max_t = int_arg(argc, argv, "--copy-max-tokens", "6144", min_t, w.cfg.context);
+      const int seed = int_arg(argc, argv, "--copy-seed", "1", 0, 1 << 30);
+      const int n_words = int_arg(argc, argv, "--copy-words", "400", 2 * span, 100000);
+      // The prose: the long text after its calibration tokens, or --copy-text (all of it).
+      const std::string copy_path = arg(argc, argv, "--copy-text", long_path.c_str());
+      const std::string copy_text = read_text(copy_path);
+      std::vector<int32_t> prose = tok.encode(copy_text);
+      if (copy_path == long_path) prose.erase(prose.begin(), prose.begin() + n_cal);
+      std::vector<std::string> names;
+      const std::vector<int32_t> words = model::common_words(
+          copy_text, [&](const std::string& x) { return tok.encode(x); }, n_words, 4, 0, &names);
+      const std::vector<int32_t> sep = tok.encode("\n");
+      std::printf("\ncopy task: %d prompts, span %d words (cue %d, target %d), %d-%d tokens, depths 10-90 %%, "
+                  "prose %s (%zu tokens), %zu single-token words of >= 4 letters (%s, %s, %s, ...)\n",
+                  n_prompts, span, cue, span - cue, min_t, max_t, copy_path.c_str(), prose.size(), words.size(),
+                  names.size() > 0 ? names[0].c_str() : "", names.size() > 1 ? names[1].c_str() : "",
+                  names.size() > 2 ? names[2].c_str() : "");
+      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, true);
+      std::vector<span_score> total(cfgs.size());
+      std::ofstream csv = stage_csv("accuracy_copy.csv");
+      for (int i = 0; i < n_prompts; ++i) {
+        model::copy_task_options o;
+        o.span_words = span;
+        o.cue_words = cue;
+        o.depth = n_prompts == 1 ? 0.5 : 0.1 + 0.8 * i / (n_prompts - 1);
+        // Five lengths from min to max, in turn (depth rises with i, length cycles).
+        o.total_tokens = static_cast<int>(std::lround(min_t + (max_t - min_t) * (i % 5) / 4.0));
+        o.seed = static_cast<std::uint64_t>(seed) * 1000003ULL + static_cast<std::uint64_t>(i);
+        const model::copy_prompt cp = model::make_copy_prompt(prose, words, sep, o);
+        std::vector<int32_t> seq = cp.prompt, ctl = cp.control;
+        seq.insert(seq.end(), cp.target.begin(), cp.target.end());
+        ctl.insert(ctl.end(), cp.target.begin(), cp.target.end());
+        model::layer_major_eval ev(w, seq, skip), evc(w, ctl, skip);
+        const int from = static_cast<int>(cp.prompt.size()) - 1;
+        const int distance = static_cast<int>(cp.prompt.size()) - cp.span_at;
+        std::printf("[copy %2d/%d] %d tokens, depth %.2f, span at %d (%d tokens before the target): \"%s\"\n", i + 1,
+                    n_prompts, o.total_tokens, o.depth, cp.span_at, distance,
+                    tok.decode(cp.span).substr(0, 60).c_str());
+        for (std::size_t c = 0; c < cfgs.size(); ++c) {
+          const eval_result r =
+              hz.evaluate(cfgs[c].control ? evc : ev, from, cfgs[c].policy, cfgs[c].budget, cfgs[c].knobs);
+          span_score one;
+          one.add(r, skip);
+          total[c].add(r, skip);
+          csv_row(csv, "copy", std::to_string(i), o.total_tokens, fmt("%.4f", o.depth), std::to_string(cp.span_at),
+                  std::to_string(distance), cfgs[c], one);
+          std::printf("    %-16s %6s  acc %.3f  nll %.3f  fetched %.3f  %5.1f s  (elapsed %.0f s)\n", cfgs[c].name.c_str(),
+                      cfgs[c].policy == eval_policy::dense ? "" : fmt("%g %%", 100 * cfgs[c].budget).c_str(),
+                      one.accuracy(), one.mean_nll(), one.fetch(), r.seconds, seconds_since(t_all));
+          std::fflush(stdout);
+        }
+      }
+      for (std::size_t c = 0; c < cfgs.size(); ++c) csv_row(csv, "copy", "all", 0, "", "", "", cfgs[c], total[c]);
+      std::printf("\ncopy task, all prompts (the target span only, teacher-forced):");
+      print_table(cfgs, total, true);
+    }
+
+    if (run_prompts) {
+      KVSCOUT_EXPECTS(!prompts_path.empty(), "stage prompts needs --prompts FILE.jsonl");
+      const std::vector<model::prompt_record> recs = model::read_prompt_file(prompts_path);
+      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, false);
+      std::vector<span_score> total(cfgs.size());
+      std::ofstream csv = stage_csv("accuracy_prompts.csv");
+      std::printf("\nprompt file %s: %zu records\n", prompts_path.c_str(), recs.size());
+      for (const model::prompt_record& rec : recs) {
+        std::vector<int32_t> seq = tok.encode(rec.input);
+        const std::vector<int32_t> target = tok.encode(rec.target);
+        KVSCOUT_EXPECTS(!seq.empty() && !target.empty(), prompts_path, " line ", rec.line, ": \"",
+                        seq.empty() ? "input" : "target", "\" encodes to no tokens");
+        const int n_in = static_cast<int>(seq.size());
+        seq.insert(seq.end(), target.begin(), target.end());
+        KVSCOUT_EXPECTS(static_cast<int>(seq.size()) <= w.cfg.context, prompts_path, " line ", rec.line, ": input ",
+                        n_in, " + target ", target.size(), " tokens, expected at most the model's context of ",
+                        w.cfg.context);
+        model::layer_major_eval ev(w, seq, skip);
+        std::printf("[line %d] %zu tokens, target %zu tokens\n", rec.line, seq.size(), target.size());
+        for (std::size_t c = 0; c < cfgs.size(); ++c) {
+          const eval_result r = hz.evaluate(ev, n_in - 1, cfgs[c].policy, cfgs[c].budget, cfgs[c].knobs);
+          span_score one;
+          one.add(r, skip);
+          total[c].add(r, skip);
+          csv_row(csv, "prompts", std::to_string(rec.line), static_cast<int>(seq.size()), "", "", "", cfgs[c], one);
+          // Greedy decoding makes the target exactly when every teacher-forced argmax is the target's
+          // token (its first wrong token is the first argmax that is not): what it makes up to there.
+          std::size_t k = 0;
+          while (k < target.size() && r.predicted[k] == target[k]) ++k;
+          const std::string greedy =
+              k == target.size() ? "" : tok.decode(std::span<const int32_t>(r.predicted.data(), k + 1));
+          std::printf("    %-16s %6s  acc %.3f  nll %.3f  exact %s%s%s%s\n", cfgs[c].name.c_str(),
+                      cfgs[c].policy == eval_policy::dense ? "" : fmt("%g %%", 100 * cfgs[c].budget).c_str(),
+                      one.accuracy(), one.mean_nll(), one.exact ? "yes" : "no", greedy.empty() ? "" : " (greedy: \"",
+                      greedy.c_str(), greedy.empty() ? "" : "\"...)");
+          std::fflush(stdout);
+        }
+      }
+      for (std::size_t c = 0; c < cfgs.size(); ++c) csv_row(csv, "prompts", "all", 0, "", "", "", cfgs[c], total[c]);
+      std::printf("\nprompt file, all records (the target only, teacher-forced; exact match = greedy):");
+      print_table(cfgs, total, true);
+    }
   }
   std::printf("done in %.1f s\n", seconds_since(t_all));
   return 0;

@@ -136,6 +136,9 @@ struct eval_options {
 struct eval_result {
   double nll = 0;  // summed over the scored predictions
   int scored = 0;
+  int correct = 0;                   // scored predictions whose argmax is the next token
+  std::vector<std::int32_t> predicted;  // argmax of each scored prediction, in order
+  std::vector<double> token_nll;        // negative log-likelihood of each scored prediction
   std::vector<double> rows_fetched;  // [layer] rows fetched over the scored steps (all KV heads)
   std::vector<double> rows_dense;    // [layer] rows a full fetch would move over the same steps
   std::vector<double> recall;        // [layer] summed attention-mass recall of the selection
@@ -850,12 +853,18 @@ class layer_major_eval {
       lg.noalias() = final_.middleRows(t0, nb) * emb.transpose();
       for (int i = 0; i < nb; ++i) {
         const float* x = &lg(i, 0);
-        const float m = detail::max_of(x, c_.vocab);
+        int best = 0;  // the first of equal maxima, as a greedy decoder's argmax
+        for (int v = 1; v < c_.vocab; ++v) best = x[v] > x[best] ? v : best;
+        const float m = x[best];
         detail::exp_shifted(x, m, c_.vocab, e.data());
         double z = 0;
         for (float y : e) z += y;
         const int target = tokens_[static_cast<std::size_t>(t0 + i + 1)];
-        r.nll -= static_cast<double>(x[target] - m) - std::log(z);
+        const double nll = -(static_cast<double>(x[target] - m) - std::log(z));
+        r.nll += nll;
+        r.token_nll.push_back(nll);
+        r.predicted.push_back(best);
+        r.correct += best == target ? 1 : 0;
         ++r.scored;
       }
     }
