@@ -7,7 +7,7 @@
 //   BM_topk_nth_element    per row: copy + std::nth_element + collect the same k indices in
 //                          ascending order (ties to the lowest index, as the selector does)
 //                          goal: radix >= 3x faster
-//   BM_threshold           threshold_selector_host, per_head, alpha 5, max_count n / 10 (on
+//   BM_threshold           threshold_selector_host, per_head, alpha 5, budget n / 10 (on
 //                          normal scores about 70 % of a row is within alpha of its max, so the
 //                          cap binds and the best n / 10 are chosen)
 //   BM_threshold_logits    the same selector on logit-like rows: the same normal scores times 4
@@ -17,7 +17,7 @@
 //                          selector (score_view::row_max, found before the timing), as
 //                          infinigen_policy hands it on from scoring: one compaction per row,
 //                          the hint checked against its candidates
-//   BM_threshold_uncapped  the same logit-like rows with max_count = n: the cap cannot bind, so
+//   BM_threshold_uncapped  the same logit-like rows with budget = n: the cap cannot bind, so
 //                          the selector takes its exact path (a max pass, then one compaction
 //                          against the final floor); for reference, no goal
 //   BM_stream_pass         one streaming read of the logit rows: a sum per row with 16

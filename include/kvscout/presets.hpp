@@ -21,7 +21,7 @@
 //   // plans below p.skip_layers stay empty (those layers attend densely)
 //   kvscout::infinigen_config cfg{..., .aggregation = p.aggregation};
 //   if (p.selector == kvscout::presets::selector_kind::threshold) {
-//     // threshold_selector_host{..., .alpha = p.alpha, .max_count = cap, .rule = p.rule,
+//     // threshold_selector_host{..., .alpha = p.alpha, .budget = cap, .rule = p.rule,
 //     //                          .keep = p.keep}
 //   } else {
 //     // topk_selector_host{..., .budget = cap, .keep = p.keep}

@@ -97,6 +97,8 @@ void check_device_workspace() {
   for (std::byte b : back) all = all && b == std::byte{0x5a};
   GPU_CHECK(all);
   GPU_CHECK(kvscout::make_device_workspace<part>(0).span().empty());
+  GPU_CHECK(gpu_test::throws_with([] { kvscout::device_workspace(16, 512); },
+                                  "alignment 512 must be a power of two up to 256"));
 }
 
 void check_cuda_errors_throw() {

@@ -170,9 +170,9 @@ void check_topk(const problem& p, int budget, keep_set keep, int capacity, const
   GPU_CHECK(d.status == 0);  // lengths in [0, stride], the stride itself included, are good
 }
 
-void check_threshold(const problem& p, int max_count, float alpha, threshold_rule rule,
+void check_threshold(const problem& p, int budget, float alpha, threshold_rule rule,
                      keep_set keep, int capacity, const char* what) {
-  kvscout::threshold_selector_cuda::config cfg{p.S, p.H, p.stride, capacity, alpha, max_count, rule, keep};
+  kvscout::threshold_selector_cuda::config cfg{p.S, p.H, p.stride, capacity, alpha, budget, rule, keep};
   const result h = run_host<kvscout::threshold_selector_host>(cfg, p);
   const result d = run_device<kvscout::threshold_selector_cuda>(cfg, p);
   GPU_CHECK(same(h, d, capacity, what));

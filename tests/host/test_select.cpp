@@ -40,7 +40,7 @@ constexpr std::int32_t index_poison = -7;
 constexpr std::int32_t count_poison = 0x7fffffff;
 
 static_assert(kvscout::topk_selector<topk_selector_host>);
-static_assert(kvscout::topk_selector<threshold_selector_host>);
+static_assert(kvscout::row_selector<threshold_selector_host>);
 
 // Types that are not selectors: no select(), or select() on device views.
 struct no_select {
@@ -70,11 +70,11 @@ struct with_alignment : no_alignment {
   using no_alignment::no_alignment;
   static constexpr std::size_t workspace_alignment = 4;
 };
-static_assert(!kvscout::topk_selector<no_alignment>);
-static_assert(kvscout::topk_selector<with_alignment>);
-static_assert(!kvscout::topk_selector<no_select>);
-static_assert(!kvscout::topk_selector<wrong_space>);
-static_assert(!kvscout::topk_selector<int>);
+static_assert(!kvscout::row_selector<no_alignment>);
+static_assert(kvscout::row_selector<with_alignment>);
+static_assert(!kvscout::row_selector<no_select>);
+static_assert(!kvscout::row_selector<wrong_space>);
+static_assert(!kvscout::row_selector<int>);
 
 // ---- data -----------------------------------------------------------------------------------
 
@@ -268,10 +268,10 @@ std::vector<int> ref_candidates(const float* row, int len, keep_set keep, float 
   return c;
 }
 
-std::vector<int> ref_per_head(const float* row, int len, keep_set keep, int max_count,
+std::vector<int> ref_per_head(const float* row, int len, keep_set keep, int budget,
                               float alpha) {
   const std::vector<int> kept = ref_keep(len, keep);
-  const long long k = max_count - static_cast<long long>(kept.size());
+  const long long k = budget - static_cast<long long>(kept.size());
   return merged(kept, ref_best(row, ref_candidates(row, len, keep, alpha), k));
 }
 
@@ -288,7 +288,7 @@ long long ref_mean_count(const batch& b, keep_set keep, float alpha) {
 }
 
 // Expected selections of a whole batch, row (s, h) at s * heads + h.
-std::vector<std::vector<int>> ref_infinigen(const batch& b, keep_set keep, int max_count,
+std::vector<std::vector<int>> ref_infinigen(const batch& b, keep_set keep, int budget,
                                             float alpha) {
   const long long n = ref_mean_count(b, keep, alpha);
   std::vector<std::vector<int>> out;
@@ -296,7 +296,7 @@ std::vector<std::vector<int>> ref_infinigen(const batch& b, keep_set keep, int m
     for (int h = 0; h < b.heads; ++h) {
       const int len = b.lens[s];
       const std::vector<int> kept = ref_keep(len, keep);
-      const long long k = std::min<long long>(n, max_count - static_cast<long long>(kept.size()));
+      const long long k = std::min<long long>(n, budget - static_cast<long long>(kept.size()));
       out.push_back(merged(kept, ref_best(b.row(s, h), ref_others(len, keep), k)));
     }
   return out;
@@ -510,17 +510,17 @@ TEST_CASE("threshold_selector_host per_head matches its definition", "[select][t
   const keep_set keeps[] = {{0, 0}, {2, 0}, {1, 5}, {30, 30}};
   int cases = 0;
   for (int heads : {1, 3, 8}) {
-    for (int max_count : {1, 5, 64, 400}) {
+    for (int budget : {1, 5, 64, 400}) {
       for (const keep_set keep : keeps) {
-        if (keep.sinks + keep.recent > max_count) continue;
+        if (keep.sinks + keep.recent > budget) continue;
         for (float alpha : {0.f, 0.3f, 1.f, 5.f, pinf}) {
           for (const data_kind kind : all_kinds) {
-            CAPTURE(heads, max_count, keep.sinks, keep.recent, alpha, name(kind));
-            const int capacity = max_count + static_cast<int>(rng() % 3);
-            batch b(edge_lengths(max_count, rng), heads, capacity, {kind, data_kind::specials},
+            CAPTURE(heads, budget, keep.sinks, keep.recent, alpha, name(kind));
+            const int capacity = budget + static_cast<int>(rng() % 3);
+            batch b(edge_lengths(budget, rng), heads, capacity, {kind, data_kind::specials},
                     rng);
             const threshold_selector_host::config cfg{
-                b.num_seqs, heads, b.stride, capacity, alpha, max_count, threshold_rule::per_head,
+                b.num_seqs, heads, b.stride, capacity, alpha, budget, threshold_rule::per_head,
                 keep};
             auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
             threshold_selector_host sel(cfg, {ws.data(), ws.size()});
@@ -528,7 +528,7 @@ TEST_CASE("threshold_selector_host per_head matches its definition", "[select][t
             std::vector<std::vector<int>> want;
             for (int s = 0; s < b.num_seqs; ++s)
               for (int h = 0; h < heads; ++h)
-                want.push_back(ref_per_head(b.row(s, h), b.lens[s], keep, max_count, alpha));
+                want.push_back(ref_per_head(b.row(s, h), b.lens[s], keep, budget, alpha));
             check_rows(b, want);
             ++cases;
           }
@@ -547,19 +547,19 @@ TEST_CASE("threshold_selector_host per_head on long rows (sampled lower bound)",
   for (const data_kind kind : {data_kind::normal, data_kind::ties, data_kind::specials,
                                data_kind::increasing, data_kind::decreasing}) {
     for (float alpha : {0.f, 0.5f, 3.f, 5.f, 100.f}) {
-      for (int max_count : {16, 300, 1500}) {
-        CAPTURE(name(kind), alpha, max_count);
+      for (int budget : {16, 300, 1500}) {
+        CAPTURE(name(kind), alpha, budget);
         // 4099 and 4108 tokens leave 4087 and 4096 outside the keep-set: the short-row path
         // (detail::short_row), with its own give-up; 8191 and 20000 take the one-pass path.
-        batch b({20000, 4099, 8191, 4108}, 3, max_count, {kind}, rng);
+        batch b({20000, 4099, 8191, 4108}, 3, budget, {kind}, rng);
         const threshold_selector_host::config cfg{
-            4, 3, b.stride, max_count, alpha, max_count, threshold_rule::per_head, {4, 8}};
+            4, 3, b.stride, budget, alpha, budget, threshold_rule::per_head, {4, 8}};
         auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
         threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
         std::vector<std::vector<int>> want;
         for (int s = 0; s < 4; ++s)
           for (int h = 0; h < 3; ++h)
-            want.push_back(ref_per_head(b.row(s, h), b.lens[s], {4, 8}, max_count, alpha));
+            want.push_back(ref_per_head(b.row(s, h), b.lens[s], {4, 8}, budget, alpha));
         check_rows(b, want);
       }
     }
@@ -595,25 +595,25 @@ TEST_CASE("threshold_selector_host infinigen_mean matches its definition", "[sel
   std::mt19937 rng(34);
   int cases = 0;
   for (int heads : {1, 3, 8}) {
-    for (int max_count : {1, 6, 80, 700}) {
+    for (int budget : {1, 6, 80, 700}) {
       for (const keep_set keep : {keep_set{0, 0}, keep_set{1, 2}, keep_set{0, 5}}) {
-        if (keep.sinks + keep.recent > max_count) continue;
+        if (keep.sinks + keep.recent > budget) continue;
         for (float alpha : {0.f, 0.5f, 2.f, pinf}) {
           for (const data_kind kind : all_kinds) {
-            CAPTURE(heads, max_count, keep.sinks, keep.recent, alpha, name(kind));
-            batch b(edge_lengths(max_count, rng), heads, max_count,
+            CAPTURE(heads, budget, keep.sinks, keep.recent, alpha, name(kind));
+            batch b(edge_lengths(budget, rng), heads, budget,
                     {kind, data_kind::normal, data_kind::ties_specials}, rng);
             const threshold_selector_host::config cfg{b.num_seqs,
                                                       heads,
                                                       b.stride,
-                                                      max_count,
+                                                      budget,
                                                       alpha,
-                                                      max_count,
+                                                      budget,
                                                       threshold_rule::infinigen_mean,
                                                       keep};
             auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
             threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
-            check_rows(b, ref_infinigen(b, keep, max_count, alpha));
+            check_rows(b, ref_infinigen(b, keep, budget, alpha));
             ++cases;
           }
         }
@@ -628,13 +628,13 @@ namespace {
 // How many non-empty rows of a batch take infinigen_mean's two pass-2 paths: the best among the
 // row's own candidates (k <= count <= detail::short_list_max), or the sampled top-k (the rest
 // with k > 0 and tokens outside the keep-set).
-std::pair<int, int> infinigen_paths(const batch& b, keep_set keep, int max_count, float alpha) {
+std::pair<int, int> infinigen_paths(const batch& b, keep_set keep, int budget, float alpha) {
   const long long mean = ref_mean_count(b, keep, alpha);
   int own = 0, sampled = 0;
   for (int s = 0; s < b.num_seqs; ++s) {
     const int len = b.lens[s];
     const auto kept = static_cast<long long>(ref_keep(len, keep).size());
-    const long long k = std::min<long long>(mean, max_count - kept);
+    const long long k = std::min<long long>(mean, budget - kept);
     if (len - kept == 0 || k <= 0) continue;
     for (int h = 0; h < b.heads; ++h) {
       const auto c = static_cast<long long>(ref_candidates(b.row(s, h), len, keep, alpha).size());
@@ -658,16 +658,16 @@ TEST_CASE("threshold_selector_host infinigen_mean on long rows", "[select][thres
   for (const data_kind kind : {data_kind::normal, data_kind::ties, data_kind::specials,
                                data_kind::increasing, data_kind::decreasing}) {
     for (float alpha : {0.f, 0.5f, 3.f, 5.f, 100.f}) {
-      for (int max_count : {16, 300, 4000}) {
-        CAPTURE(name(kind), alpha, max_count);
-        batch b({20000, 4099, 8191, 4108, 0, 6000}, 3, max_count, {kind, data_kind::normal}, rng);
+      for (int budget : {16, 300, 4000}) {
+        CAPTURE(name(kind), alpha, budget);
+        batch b({20000, 4099, 8191, 4108, 0, 6000}, 3, budget, {kind, data_kind::normal}, rng);
         const threshold_selector_host::config cfg{
-            6, 3, b.stride, max_count, alpha, max_count, threshold_rule::infinigen_mean, {4, 8}};
+            6, 3, b.stride, budget, alpha, budget, threshold_rule::infinigen_mean, {4, 8}};
         auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
         threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
-        check_rows(b, ref_infinigen(b, {4, 8}, max_count, alpha));
+        check_rows(b, ref_infinigen(b, {4, 8}, budget, alpha));
         // Which path each row took: from its own candidates (k <= count <= 2048) or sampled.
-        const auto [own, sampled] = infinigen_paths(b, {4, 8}, max_count, alpha);
+        const auto [own, sampled] = infinigen_paths(b, {4, 8}, budget, alpha);
         own_rows += own;
         sampled_rows += sampled;
       }
@@ -735,15 +735,15 @@ TEST_CASE("threshold per_head: a row_max hint, right or wrong, never changes the
   int rows_checked = 0;
   for (const auto& lens : {std::vector<std::int32_t>{0, 1, 7, 64, 300, 4100},
                            std::vector<std::int32_t>{5000, 9000}})
-    for (int max_count : {8, 64, 2000})
+    for (int budget : {8, 64, 2000})
       for (const keep_set keep : keeps)
         for (float alpha : {0.f, 1.f, 5.f, pinf})
           for (const data_kind kind : {data_kind::normal, data_kind::ties, data_kind::specials,
                                        data_kind::ties_specials, data_kind::all_nan,
                                        data_kind::increasing})
             for (const hint hk : hints) {
-              CAPTURE(lens.size(), max_count, keep.sinks, alpha, name(kind), static_cast<int>(hk));
-              batch b(lens, 2, max_count, {kind, data_kind::normal}, rng);
+              CAPTURE(lens.size(), budget, keep.sinks, alpha, name(kind), static_cast<int>(hk));
+              batch b(lens, 2, budget, {kind, data_kind::normal}, rng);
               std::vector<float> top;
               std::vector<std::vector<int>> want;
               for (int s = 0; s < b.num_seqs; ++s)
@@ -763,10 +763,10 @@ TEST_CASE("threshold per_head: a row_max hint, right or wrong, never changes the
                     case hint::nan: m = qnan; break;
                   }
                   top.push_back(m);
-                  want.push_back(ref_per_head(row, b.lens[s], keep, max_count, alpha));
+                  want.push_back(ref_per_head(row, b.lens[s], keep, budget, alpha));
                 }
               const threshold_selector_host::config cfg{b.num_seqs, b.heads, b.stride,
-                                                        max_count,  alpha,   max_count,
+                                                        budget,  alpha,   budget,
                                                         threshold_rule::per_head, keep};
               auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
               threshold_selector_host sel(cfg, {ws.data(), ws.size()});
@@ -928,13 +928,13 @@ TEST_CASE("selectors reject bad configs, naming the value", "[select][errors]") 
   REQUIRE_THROWS_WITH(thr_bytes(h), Contains("alpha must be a non-negative number, got -0.5"));
   h = hgood, h.alpha = qnan;
   REQUIRE_THROWS_WITH(thr_bytes(h), Contains("alpha must be a non-negative number, got nan"));
-  h = hgood, h.max_count = 0;
-  REQUIRE_THROWS_WITH(thr_bytes(h), Contains("max_count must be at least 1, got 0"));
-  h = hgood, h.max_count = 40;
+  h = hgood, h.budget = 0;
+  REQUIRE_THROWS_WITH(thr_bytes(h), Contains("budget must be at least 1, got 0"));
+  h = hgood, h.budget = 40;
   REQUIRE_THROWS_WITH(thr_bytes(h),
-                      Contains("max_count 40 is larger than the destination capacity 16"));
-  h = hgood, h.max_count = 3;
-  REQUIRE_THROWS_WITH(thr_bytes(h), Contains("max_count 3 is smaller than the keep-set"));
+                      Contains("budget 40 is larger than the destination capacity 16"));
+  h = hgood, h.budget = 3;
+  REQUIRE_THROWS_WITH(thr_bytes(h), Contains("budget 3 is smaller than the keep-set"));
   h = hgood, h.rule = static_cast<threshold_rule>(7);
   REQUIRE_THROWS_WITH(thr_bytes(h), Contains("rule threshold_rule(7) is not one of"));
   h = hgood, h.alpha = pinf;  // admits every token: legal
@@ -1109,7 +1109,7 @@ TEST_CASE("the header examples compile and run", "[select][example]") {
                                                  .stride = b.stride,
                                                  .capacity = 512,
                                                  .alpha = 4.f,
-                                                 .max_count = 512,
+                                                 .budget = 512,
                                                  .rule = kvscout::threshold_rule::per_head,
                                                  .keep = {.sinks = 4, .recent = 64}};
     std::vector<std::byte> ws(kvscout::threshold_selector_host::workspace_bytes(cfg));

@@ -81,7 +81,7 @@ struct cuda_stage_lengths {
 enum class cuda_stage_buffering { slots, row_cache };
 
 template <kv_layout L, class Policy, class Selector>
-  requires device_speculation_policy<Policy> && topk_selector<Selector>
+  requires device_speculation_policy<Policy> && row_selector<Selector>
 class cuda_speculation_stages {
  public:
   using speculator_type = Policy;

@@ -76,7 +76,7 @@ struct fetch_stats {
 /// A KIVI cache is not supported here yet (its fetched rows are
 /// records that attention dequantises with the resident parameters and residual window:
 /// kivi_gathered_rows); compose kivi_gathered_rows with a selector and the gather directly.
-template <kv_layout L, speculation_policy P, topk_selector Selector>
+template <kv_layout L, speculation_policy P, row_selector Selector>
   requires(!kivi_quantized_layout<L> && std::same_as<typename Selector::memory_space, host_space>)
 class host_decode_pipeline {
  public:

@@ -93,9 +93,10 @@ KVSCOUT_HOST_DEVICE float threshold_floor(float m, float alpha) {
   return alpha < INFINITY ? m - alpha : -INFINITY;
 }
 
-/// A selector: turns score_view rows into selection_buffers rows, in S::memory_space.
+/// A selector: turns score_view rows into selection_buffers rows, in S::memory_space (top-k and
+/// threshold selectors alike).
 template <class S>
-concept topk_selector =
+concept row_selector =
     requires {
       typename S::config_type;
       typename S::memory_space;
@@ -109,5 +110,9 @@ concept topk_selector =
       { S::workspace_alignment } -> std::convertible_to<std::size_t>;
       s.select(scores, out);
     };
+
+/// The former name of row_selector (it constrains threshold selectors too). Kept for one release.
+template <class S>
+concept topk_selector = row_selector<S>;
 
 }  // namespace kvscout

@@ -2,7 +2,7 @@
 // Threshold selector on the device: the semantics of threshold_selector_host
 // (select/threshold.hpp), both rules, the same indices, ties included.
 //   per_head        (kvscout's rule) one kernel, one block per row: the row maximum (block reduction), then the
-//                   best max_count - |keep| candidates >= max - alpha (radix select, ordered
+//                   best budget - |keep| candidates >= max - alpha (radix select, ordered
 //                   compaction: select/detail/radix_select.cuh); where rows are few and long,
 //                   each row split over several blocks (select/detail/radix_select_split.cuh)
 //   infinigen_mean  (InfiniGen's rule) two kernels, no host round trip: every row's candidate
@@ -11,7 +11,7 @@
 //
 //   kvscout::threshold_selector_cuda::config cfg{
 //       .num_seqs = 1, .num_kv_heads = 8, .stride = 4096, .capacity = 512, .alpha = 4.f,
-//       .max_count = 512, .rule = kvscout::threshold_rule::infinigen_mean,
+//       .budget = 512, .rule = kvscout::threshold_rule::infinigen_mean,
 //       .keep = {.sinks = 4, .recent = 64}};
 //   const std::size_t bytes = kvscout::threshold_selector_cuda::workspace_bytes(cfg);
 //   void* ws;  cudaMalloc(&ws, bytes);
@@ -34,69 +34,41 @@
 #include "kvscout/core/span.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/detail/device_config.hpp"
+#include "kvscout/select/detail/device_selector.cuh"
 #include "kvscout/select/detail/radix_select.cuh"
 #include "kvscout/select/detail/radix_select_split.cuh"
 #include "kvscout/select/threshold.hpp"
 
 namespace kvscout {
 
-class threshold_selector_cuda {
+class threshold_selector_cuda : public detail::device_selector_base<threshold_selector_host::config> {
  public:
-  /// The host selector's config: the same fields, the same meaning.
-  using config = threshold_selector_host::config;
-  using config_type = config;
-  using memory_space = device_space;
-
-  /// Bytes of device workspace: [num_seqs * num_kv_heads] int32 for infinigen_mean, else 0.
+  /// Bytes of device workspace: [num_seqs * num_kv_heads] int32 for infinigen_mean; the split
+  /// kernels' for per_head rows that split (0 for short rows).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg,
                                                 detail::select_split_options opt = {}) {
     return detail::threshold_cuda_workspace_bytes(cfg, opt);
   }
-  /// The alignment the workspace's address must have (cudaMalloc gives 256).
-  static constexpr std::size_t workspace_alignment = detail::device_selector_workspace_alignment;
 
   /// opt: how long rows split over blocks (per_head; device_config.hpp); the SM count is asked
   /// here when opt.num_sms is 0. The workspace must hold workspace_bytes(cfg, opt).
   threshold_selector_cuda(const config& cfg, device_span<std::byte> workspace,
                           detail::select_split_options opt = {})
-      : cfg_(cfg), row_counts_(reinterpret_cast<std::int32_t*>(workspace.data())),
-        workspace_(workspace.data()), max_chunks_(detail::max_select_chunks(cfg.stride, opt)) {
-    detail::check_device_workspace(workspace, workspace_bytes(cfg, opt));
-    if (cfg.rule == threshold_rule::per_head)
-      split_ = detail::device_select_split(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, opt);
-  }
-
-  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
-  /// How select() splits each row: chunks == 1 is one block per row.
-  [[nodiscard]] detail::select_split split() const noexcept { return split_; }
+      : device_selector_base(cfg, workspace, workspace_bytes(cfg, opt), opt,
+                             cfg.rule == threshold_rule::per_head) {}
 
   /// Writes the selection of every (sequence, kv_head) row to out, on `stream`. A length
   /// outside [0, stride] raises device_status::bad_length in *device_status (null: not reported).
   void select(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
               cudaStream_t stream = nullptr, int* device_status = nullptr) {
-    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
-                                 scores, out);
-    const long long rows = static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
-    if (rows == 0) return;
-    detail::select_params p{};
-    p.scores = scores.scores.data();
-    p.seq_lens = scores.seq_lens.data();
-    p.indices = out.indices.data();
-    p.counts = out.counts.data();
-    p.row_counts = row_counts_;
-    p.num_seqs = cfg_.num_seqs;
-    p.num_kv_heads = cfg_.num_kv_heads;
-    p.stride = cfg_.stride;
-    p.capacity = cfg_.capacity;
-    p.budget = cfg_.max_count;
+    detail::select_params p;
+    if (!prologue(scores, out, device_status, p)) return;
     p.alpha = cfg_.alpha;
-    p.keep = cfg_.keep;
-    p.status = device_status;
-    const unsigned grid = static_cast<unsigned>(rows);
+    p.row_counts = reinterpret_cast<std::int32_t*>(workspace_);  // infinigen_mean's counts
+    const unsigned grid = static_cast<unsigned>(rows());
     if (cfg_.rule == threshold_rule::per_head) {
       if (split_.chunks > 1) {
-        detail::run_split_select(detail::split_params_in(p, split_, false, workspace_, max_chunks_),
-                                 stream);
+        run_split(p, false, stream);
         return;
       }
       detail::launch(detail::threshold_rows<>, grid, detail::select_block_threads, 0, stream, p);
@@ -109,15 +81,8 @@ class threshold_selector_cuda {
     }
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
-
- private:
-  config cfg_;
-  std::int32_t* row_counts_;
-  std::byte* workspace_ = nullptr;
-  int max_chunks_ = 1;
-  detail::select_split split_{};
 };
 
-static_assert(topk_selector<threshold_selector_cuda>);
+static_assert(row_selector<threshold_selector_cuda>);
 
 }  // namespace kvscout

@@ -1,6 +1,6 @@
 #pragma once
 // Threshold selector on the host: per (sequence, kv_head), the keep-set and the tokens whose
-// score is within alpha of the row's maximum, capped at max_count tokens in all. Two rules
+// score is within alpha of the row's maximum, capped at budget tokens in all. Two rules
 // (threshold_rule): infinigen_mean is InfiniGen's (OSDI'24: every head fetches the mean of the
 // heads' candidate counts); per_head, the default, is kvscout's own (each head takes its own
 // candidates), not InfiniGen's. presets::infinigen_paper (presets.hpp) selects with
@@ -8,14 +8,14 @@
 //
 //   kvscout::threshold_selector_host::config cfg{
 //       .num_seqs = 1, .num_kv_heads = 8, .stride = 4096, .capacity = 512, .alpha = 4.f,
-//       .max_count = 512, .rule = kvscout::threshold_rule::per_head,
+//       .budget = 512, .rule = kvscout::threshold_rule::per_head,
 //       .keep = {.sinks = 4, .recent = 64}};
 //   std::vector<std::byte> ws(kvscout::threshold_selector_host::workspace_bytes(cfg));
 //   kvscout::threshold_selector_host sel(cfg, {ws.data(), ws.size()});
 //   sel.select(scores, out);  // score_view<host_space>, selection_buffers<host_space>
 //
 // Semantics, per row (s, h) of length len = seq_lens[s], keep-set K (select/concepts.hpp; always
-// selected, NaN included), k = max_count - |K| slots for the other tokens:
+// selected, NaN included), k = budget - |K| slots for the other tokens:
 //   m      = the largest non-NaN score of the row, keep-set included (-inf if none)
 //   floor  = m - alpha in float arithmetic; -inf when alpha = +inf (threshold_floor)
 //   candidates = the tokens outside K with score >= floor (so the maximum itself qualifies, also
@@ -27,9 +27,9 @@
 //                   (not only its own candidates; NaN ignored), as InfiniGen sizes one fetch for
 //                   all heads (its speculate_attention, speedup/infinigen/infinigen/
 //                   kv_selection_controller.py: topk of min(int(mean count), max_num_kv)).
-// max_count is a cap, not a quota: a short row (len <= max_count) still selects by threshold.
+// budget is a cap, not a quota: a short row (len <= budget) still selects by threshold.
 // Output: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count; entries past
-// the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= max_count <=
+// the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= budget <=
 // capacity. select() validates every input before writing and allocates nothing.
 //
 // Cost, per_head, where the scores come with their rows' maxima (score_view::row_max, which
@@ -130,12 +130,12 @@ inline hint_result check_hint(const float* row, const std::int32_t* cand, int ke
 }
 
 /// One row of the per_head rule (semantics in the header comment); returns the count.
-inline int per_head_row(const float* row, int len, keep_set keep, int max_count, float alpha,
+inline int per_head_row(const float* row, int len, keep_set keep, int budget, float alpha,
                         const row_workspace& ws, std::int32_t* out, row_lookahead& la) {
   const keep_range kr = keep_bounds(keep, len);
   const int a = kr.head_end;
   const int n = kr.tail_begin - a;
-  const int k = max_count - kr.size(len);
+  const int k = budget - kr.size(len);
   // The keep-set's scores count for the maximum. The row's maximum (the keep-set's included)
   // may be known already; a compaction reads the next row's maximum along where there is one.
   std::optional<float> keep_max_value;
@@ -215,7 +215,7 @@ class threshold_selector_host {
     int stride = 0;     // score row stride: tokens per row, >= every seq_lens[s]
     int capacity = 0;   // index slots per (sequence, kv_head) in the selection buffers
     float alpha = 0.f;  // candidates score >= row max - alpha; >= 0, +inf admits all
-    int max_count = 0;  // most tokens selected per (sequence, kv_head), keep-set included
+    int budget = 0;  // most tokens selected per (sequence, kv_head), keep-set included
     threshold_rule rule = threshold_rule::per_head;  // kvscout's rule; InfiniGen's is infinigen_mean
     keep_set keep{};
   };
@@ -267,7 +267,7 @@ class threshold_selector_host {
 
   static void check_config(const config& cfg) {
     detail::check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
-                                  "max_count", cfg.max_count, cfg.keep);
+                                  "budget", cfg.budget, cfg.keep);
     KVSCOUT_EXPECTS(cfg.alpha >= 0.f, "alpha must be a non-negative number, got ", cfg.alpha);
     KVSCOUT_EXPECTS(
         cfg.rule == threshold_rule::per_head || cfg.rule == threshold_rule::infinigen_mean, "rule ",
@@ -304,7 +304,7 @@ class threshold_selector_host {
             la.next = scores.scores.data() + scores.row(ns, nh);
         }
         out.counts[r] = detail::per_head_row(
-            scores.scores.data() + scores.row(s, h), len, cfg_.keep, cfg_.max_count, cfg_.alpha,
+            scores.scores.data() + scores.row(s, h), len, cfg_.keep, cfg_.budget, cfg_.alpha,
             ws_, out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity), la);
         la.known = la.next_max;
         la.next_max.reset();
@@ -345,7 +345,7 @@ class threshold_selector_host {
       const keep_range kr = keep_bounds(cfg_.keep, len);
       const int a = kr.head_end;
       const int n = kr.tail_begin - kr.head_end;
-      const int slots = cfg_.max_count - kr.size(len);
+      const int slots = cfg_.budget - kr.size(len);
       const int k = mean < slots ? static_cast<int>(mean) : slots;
       for (int h = 0; h < H; ++h) {
         const std::size_t r = static_cast<std::size_t>(s) * H + h;
@@ -370,6 +370,6 @@ class threshold_selector_host {
   std::int32_t* row_count_ = nullptr;  // [num_seqs * num_kv_heads], infinigen_mean only
 };
 
-static_assert(topk_selector<threshold_selector_host>);
+static_assert(row_selector<threshold_selector_host>);
 
 }  // namespace kvscout

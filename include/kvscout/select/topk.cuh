@@ -28,78 +28,43 @@
 #include "kvscout/core/span.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/detail/device_config.hpp"
+#include "kvscout/select/detail/device_selector.cuh"
 #include "kvscout/select/detail/radix_select.cuh"
 #include "kvscout/select/detail/radix_select_split.cuh"
 #include "kvscout/select/topk.hpp"
 
 namespace kvscout {
 
-class topk_selector_cuda {
+class topk_selector_cuda : public detail::device_selector_base<topk_selector_host::config> {
  public:
-  /// The host selector's config: the same fields, the same meaning.
-  using config = topk_selector_host::config;
-  using config_type = config;
-  using memory_space = device_space;
-
-  /// Bytes of device workspace (none: 0).
+  /// Bytes of device workspace: the split kernels' histograms and counts (0 for short rows).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg,
                                                 detail::select_split_options opt = {}) {
     return detail::topk_cuda_workspace_bytes(cfg, opt);
   }
-  /// The alignment the workspace's address must have (cudaMalloc gives 256).
-  static constexpr std::size_t workspace_alignment = detail::device_selector_workspace_alignment;
 
   /// opt: how long rows split over blocks (device_config.hpp); the SM count is asked here when
   /// opt.num_sms is 0. The workspace must hold workspace_bytes(cfg, opt).
   topk_selector_cuda(const config& cfg, device_span<std::byte> workspace,
                      detail::select_split_options opt = {})
-      : cfg_(cfg), workspace_(workspace.data()),
-        max_chunks_(detail::max_select_chunks(cfg.stride, opt)) {
-    detail::check_device_workspace(workspace, workspace_bytes(cfg, opt));
-    split_ = detail::device_select_split(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, opt);
-  }
-
-  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
-  /// How select() splits each row: chunks == 1 is one block per row.
-  [[nodiscard]] detail::select_split split() const noexcept { return split_; }
+      : device_selector_base(cfg, workspace, workspace_bytes(cfg, opt), opt, true) {}
 
   /// Writes the selection of every (sequence, kv_head) row to out, on `stream`. A length
   /// outside [0, stride] raises device_status::bad_length in *device_status (null: not reported).
   void select(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
               cudaStream_t stream = nullptr, int* device_status = nullptr) {
-    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
-                                 scores, out);
-    const long long rows = static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
-    if (rows == 0) return;
-    detail::select_params p{};
-    p.scores = scores.scores.data();
-    p.seq_lens = scores.seq_lens.data();
-    p.indices = out.indices.data();
-    p.counts = out.counts.data();
-    p.num_seqs = cfg_.num_seqs;
-    p.num_kv_heads = cfg_.num_kv_heads;
-    p.stride = cfg_.stride;
-    p.capacity = cfg_.capacity;
-    p.budget = cfg_.budget;
-    p.keep = cfg_.keep;
-    p.status = device_status;
+    detail::select_params p;
+    if (!prologue(scores, out, device_status, p)) return;
     if (split_.chunks > 1) {
-      detail::run_split_select(detail::split_params_in(p, split_, true, workspace_, max_chunks_),
-                               stream);
+      run_split(p, true, stream);
       return;
     }
-    detail::launch(detail::topk_rows<>, static_cast<unsigned>(rows), detail::select_block_threads,
+    detail::launch(detail::topk_rows<>, static_cast<unsigned>(rows()), detail::select_block_threads,
                    0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
-
- private:
-  config cfg_;
-  std::byte* workspace_ = nullptr;
-  int max_chunks_ = 1;
-  detail::select_split split_{};
 };
 
-static_assert(topk_selector<topk_selector_cuda>);
+static_assert(row_selector<topk_selector_cuda>);
 
 }  // namespace kvscout

@@ -105,6 +105,6 @@ class topk_selector_host {
   detail::row_workspace ws_;
 };
 
-static_assert(topk_selector<topk_selector_host>);
+static_assert(row_selector<topk_selector_host>);
 
 }  // namespace kvscout

@@ -16,7 +16,7 @@ namespace kvscout::detail {
 // ---- input checks ----------------------------------------------------------------------------
 
 /// Checks the shape and budget of a selector config. `budget_name` is the config field that
-/// holds the budget ("budget", "max_count").
+/// holds the budget ("budget", "budget").
 inline void check_selector_config(int num_seqs, int num_kv_heads, int stride, int capacity,
                                   const char* budget_name, int budget, keep_set keep) {
   KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);

@@ -39,8 +39,8 @@ inline void check_topk_cuda_config(const topk_selector_host::config& cfg) {
 
 /// The checks of threshold_selector_host's config, and the device's grid limit.
 inline void check_threshold_cuda_config(const threshold_selector_host::config& cfg) {
-  check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity, "max_count",
-                        cfg.max_count, cfg.keep);
+  check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity, "budget",
+                        cfg.budget, cfg.keep);
   KVSCOUT_EXPECTS(cfg.alpha >= 0.f, "alpha must be a non-negative number, got ", cfg.alpha);
   KVSCOUT_EXPECTS(
       cfg.rule == threshold_rule::per_head || cfg.rule == threshold_rule::infinigen_mean, "rule ",

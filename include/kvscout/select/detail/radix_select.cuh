@@ -49,7 +49,7 @@ struct select_params {
   int num_kv_heads;
   int stride;
   int capacity;
-  int budget;  // top-k: budget; threshold: max_count
+  int budget;  // the most rows a row selects (both selectors' config.budget)
   float alpha;
   keep_set keep;
   int* status;  // the device status word, or null
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(Threads)
 }
 
 /// Threshold, per_head: m = the row's largest non-NaN score (keep-set included); the keep-set
-/// and the best max_count - |keep| of the tokens outside it with score >= threshold_floor(m, alpha).
+/// and the best budget - |keep| of the tokens outside it with score >= threshold_floor(m, alpha).
 template <int Threads = select_block_threads>
 __global__ void __launch_bounds__(Threads)
     threshold_rows(const __grid_constant__ select_params p) {
