@@ -98,7 +98,7 @@ struct suite : holder {
   double h2d_gbps = 0;
   std::map<int, double> floor_s;  // floors by kind (floor_kind), measured on demand
   explicit suite(const case_spec& c) : stack(config_for(c)) {
-    h2d_gbps = anchor();
+    h2d_gbps = decode_step::h2d_anchor_gbps(stack.compute_stream());  // 64 MiB, every suite
     // One eager step of each cheap way first: every kernel and cuBLAS path is loaded before any
     // capture.
     stack.step(decode_way::compute_only);
@@ -106,22 +106,6 @@ struct suite : holder {
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
-  // Contiguous pinned H2D of 64 MiB, median of 5 (the same size for every suite).
-  double anchor() {
-    const std::size_t bytes = std::size_t{64} << 20;
-    decode_step::arena a;
-    std::byte* src = a.pinned<std::byte>(bytes);
-    std::byte* dst = a.device<std::byte>(bytes);
-    std::memset(src, 1, bytes);
-    gpu_bench::event_timer t;
-    std::vector<double> r;
-    for (int i = 0; i < 5; ++i) {
-      t.start(stack.compute_stream());
-      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stack.compute_stream()));
-      r.push_back(static_cast<double>(bytes) / t.stop(stack.compute_stream()) * 1e-9);
-    }
-    return median(r);
-  }
 };
 std::unique_ptr<holder> g_suite;
 std::string g_suite_key;
@@ -329,19 +313,7 @@ struct gemm_fixture {
     std::memset(hv, 2, cache_bytes);
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
     gemm_alone = time_gemms(20);
-    // H2D anchor: 64 MiB contiguous.
-    const std::size_t bytes = std::size_t{64} << 20;
-    std::byte* src = a.pinned<std::byte>(bytes);
-    std::byte* dst = a.device<std::byte>(bytes);
-    std::memset(src, 3, bytes);
-    gpu_bench::event_timer t;
-    std::vector<double> r;
-    for (int i = 0; i < 5; ++i) {
-      t.start(copy);
-      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy));
-      r.push_back(static_cast<double>(bytes) / t.stop(copy) * 1e-9);
-    }
-    h2d = median(r);
+    h2d = decode_step::h2d_anchor_gbps(copy);
   }
   ~gemm_fixture() {
     cublasDestroy(blas);

@@ -314,25 +314,55 @@ class arena {
   std::vector<void*> dev_, host_;
 };
 
+/// Contiguous pinned host-to-device rate of 64 MiB on `stream`, in GB/s, the median of 5: the
+/// anchor the decode-step benchmark forms its ratios against.
+inline double h2d_anchor_gbps(cudaStream_t stream) {
+  const std::size_t bytes = std::size_t{64} << 20;
+  arena a;
+  std::byte* src = a.pinned<std::byte>(bytes);
+  std::byte* dst = a.device<std::byte>(bytes);
+  std::memset(src, 1, bytes);
+  cudaEvent_t e0{}, e1{};
+  KVSCOUT_CUDA_CHECK(cudaEventCreate(&e0));
+  KVSCOUT_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> r;
+  for (int i = 0; i < 5; ++i) {
+    KVSCOUT_CUDA_CHECK(cudaEventRecord(e0, stream));
+    KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+    KVSCOUT_CUDA_CHECK(cudaEventRecord(e1, stream));
+    KVSCOUT_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    KVSCOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    r.push_back(static_cast<double>(bytes) / (ms * 1e-3) * 1e-9);
+  }
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaEventDestroy(e0));
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaEventDestroy(e1));
+  std::sort(r.begin(), r.end());
+  return r[2];
+}
+
 // ---- the layouts the stack runs: how to build one over a batch, and its whole-cache copy ----------
 
 template <class L>
 struct cache_traits;
 
+/// The metadata of a padded layout (contiguous, KIVI): capacity, the longest sequence plus room
+/// for the appended token, and the lengths on the device.
+struct padded_meta {
+  int capacity = 0;
+  const std::int32_t* d_lens = nullptr;
+};
+inline padded_meta make_padded_meta(arena& a, const std::vector<std::int32_t>& lens) {
+  return {*std::max_element(lens.begin(), lens.end()) + 1, a.upload(lens)};
+}
+
 template <int D>
 struct cache_traits<kvscout::contiguous_layout<half, D, kvscout::hnd>> {
   using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;
   static constexpr const char* name = "contiguous";
-  struct meta {
-    int capacity = 0;
-    const std::int32_t* d_lens = nullptr;
-  };
-  // capacity: the longest sequence plus room for the appended token.
-  static meta make_meta(arena& a, const std::vector<std::int32_t>& lens, int /*heads*/) {
-    meta m;
-    m.capacity = *std::max_element(lens.begin(), lens.end()) + 1;
-    m.d_lens = a.upload(lens);
-    return m;
+  using meta = padded_meta;
+  static meta make_meta(arena& a, const std::vector<std::int32_t>& lens, int) {
+    return make_padded_meta(a, lens);
   }
   static layout host_layout(const meta& m, const std::vector<std::int32_t>& lens, int H) {
     return layout::padded(H, m.capacity, lens.data(), static_cast<int>(lens.size()));
@@ -405,15 +435,9 @@ struct cache_traits<kvscout::kivi_layout<half, D, Bits>> {
   using layout = kvscout::kivi_layout<half, D, Bits>;
   static constexpr const char* name = "kivi";
   static constexpr kvscout::kivi_options options{.group = 32, .residual = 128};
-  struct meta {
-    int capacity = 0;
-    const std::int32_t* d_lens = nullptr;
-  };
-  static meta make_meta(arena& a, const std::vector<std::int32_t>& lens, int /*heads*/) {
-    meta m;
-    m.capacity = *std::max_element(lens.begin(), lens.end()) + 1;
-    m.d_lens = a.upload(lens);
-    return m;
+  using meta = padded_meta;
+  static meta make_meta(arena& a, const std::vector<std::int32_t>& lens, int) {
+    return make_padded_meta(a, lens);
   }
   static layout host_layout(const meta& m, const std::vector<std::int32_t>& lens, int H) {
     return layout::padded(H, m.capacity, lens.data(), static_cast<int>(lens.size()), options);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kvscout/core/error.hpp"
+#include "tokenizer.hpp"
 
 namespace kvscout::model {
 
@@ -80,23 +81,6 @@ struct reader {
     }
     return v;
   }
-  static void utf8(unsigned cp, std::string& out) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
 
   std::string string() {
     expect('"');
@@ -137,7 +121,7 @@ struct reader {
             if (lo < 0xDC00 || lo > 0xDFFF) fail("\\u escape: a high surrogate followed by no low surrogate");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
           }
-          utf8(cp, out);
+          detail::bpe::append_utf8(out, static_cast<char32_t>(cp));  // tokenizer.hpp's
           break;
         }
         default:
