@@ -331,3 +331,118 @@ TEST_CASE("the pipeline decodes the same bits with cached and streaming gather s
   REQUIRE_FALSE(cached.empty());
   REQUIRE(std::memcmp(cached.data(), streaming.data(), cached.size() * sizeof(float)) == 0);
 }
+
+namespace {
+
+// Rows listed by token index, read straight from the toy model's cache of one layer: the
+// reference attention set of a correction step (independent of the gather and joined_rows).
+struct listed_rows {
+  static constexpr int head_dim = D;
+  using element_type = T;
+  const model* m;
+  int layer;
+  std::vector<std::vector<int32_t>> tokens;  // [S * H]
+  int num_seqs() const { return S; }
+  int num_kv_heads() const { return H; }
+  int rows(int s, int h) const { return static_cast<int>(tokens[static_cast<std::size_t>(s) * H + h].size()); }
+  int token(int s, int h, int i) const { return tokens[static_cast<std::size_t>(s) * H + h][static_cast<std::size_t>(i)]; }
+  void load(const std::vector<std::vector<T>>& c, int s, int h, int i, float* dst) const {
+    const std::size_t at = ((static_cast<std::size_t>(s) * H + h) * max_tokens + token(s, h, i)) * D;
+    for (int e = 0; e < D; ++e) dst[e] = kvscout::to_float(c[static_cast<std::size_t>(layer)][at + e]);
+  }
+  void load_k(int s, int h, int i, float* dst) const { load(m->kc, s, h, i, dst); }
+  void load_v(int s, int h, int i, float* dst) const { load(m->vc, s, h, i, dst); }
+};
+static_assert(kvscout::attention_rows<listed_rows>);
+
+}  // namespace
+
+TEST_CASE("the correction step fetches the rows the layer's own query ranks and speculation missed",
+          "[pipeline][correction]") {
+  constexpr int budget = 8, extra = 6;
+  model m(L, Hq, H, S, max_tokens, 91);
+  const auto plans = calibrate(kvscout::rope_mode::rope_planes, 16);
+  std::vector<kvscout::host_span<const float>> wq, bq(L);
+  for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
+  kvscout::infinigen_policy<> ig({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  const kvscout::keep_set keep{1, 2};
+  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, keep};
+  auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
+  kvscout::topk_selector_host sel(sc, ws.span());
+  kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
+  pc.correction_capacity = extra;
+  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy<>, kvscout::topk_selector_host>;
+  pipe_t pipe(pc, ig, sel);
+  // The test's own correction: the late scores of the same policy, the same selector semantics.
+  const kvscout::correction_selector_host::config cc{S, H, max_tokens, extra, budget + extra, extra, keep};
+  auto cws = kvscout::make_workspace<kvscout::correction_selector_host>(cc);
+  kvscout::correction_selector_host corr(cc, cws.span());
+  std::vector<float> late(static_cast<std::size_t>(S) * H * max_tokens), want_out(static_cast<std::size_t>(S) * Hq * D);
+  std::vector<int32_t> aidx(static_cast<std::size_t>(S) * H * extra), acnt(S * H);
+  std::int64_t added_total = 0, speculated_total = 0;
+  bool live = false;
+  int checked = 0;
+  m.on_attend = [&](int l, const kvscout::spec_context& ctx, const kvscout::current_token<T>& cur) {
+    if (!live || l < 2) return;
+    ig.score_query(l, ctx, {{late.data(), late.size()}, S, H, max_tokens});
+    const auto spec = pipe.last_selection(l);
+    corr.select({{late.data(), late.size()}, ctx.seq_lens, S, H, max_tokens}, spec,
+                {{aidx.data(), aidx.size()}, {acnt.data(), acnt.size()}, S, H, extra});
+    // The attention the step must compute: the speculated rows and the added ones, read from
+    // the cache itself, and the current token.
+    listed_rows ref{&m, l, std::vector<std::vector<int32_t>>(S * H)};
+    for (int r = 0; r < S * H; ++r) {
+      auto& t = ref.tokens[static_cast<std::size_t>(r)];
+      t.assign(&spec.indices[static_cast<std::size_t>(r) * budget], &spec.indices[static_cast<std::size_t>(r) * budget] + spec.counts[r]);
+      t.insert(t.end(), &aidx[static_cast<std::size_t>(r) * extra], &aidx[static_cast<std::size_t>(r) * extra] + acnt[r]);
+      speculated_total += spec.counts[r];
+      added_total += acnt[r];
+    }
+    kvscout::decode_attention_host(ref, cur, ctx.q, {want_out.data(), want_out.size()}, {Hq, 0.125f});
+  };
+  m.on_output = [&](int l, const std::vector<float>& out) {
+    if (!live || l < 2) return;
+    CAPTURE(l);
+    REQUIRE(pipe.last_corrected_layer() == l);
+    const auto got = pipe.last_correction();
+    for (int r = 0; r < S * H; ++r) {
+      REQUIRE(got.counts[r] == acnt[r]);
+      for (int i = 0; i < acnt[r]; ++i)
+        REQUIRE(got.indices[static_cast<std::size_t>(r) * budget + i] == aidx[static_cast<std::size_t>(r) * extra + i]);
+    }
+    const double err = kvscout::relative_error({out.data(), out.size()}, {want_out.data(), want_out.size()});
+    CAPTURE(err);
+    REQUIRE(err <= 1e-5);  // the same rows; the sums in another order
+    ++checked;
+  };
+  std::vector<float> hs;
+  for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
+  live = true;
+  for (int t = 0; t < steps; ++t) m.step(pipe, hs, m.embedding(500u + t));
+  REQUIRE(checked == steps * (L - 2));
+  // The speculation misses some of the late top-k, and the correction found them: none of
+  // them was already fetched (the selector's definition, checked in test_correction.cpp).
+  INFO("speculated " << speculated_total << " rows, corrected " << added_total);
+  REQUIRE(added_total > 0);
+  std::int64_t rows = 0, corrected = 0;
+  for (int l = 0; l < L; ++l) rows += pipe.stats().rows[l], corrected += pipe.stats().corrected[l];
+  REQUIRE(corrected == added_total);
+  REQUIRE(rows == speculated_total + added_total);
+  REQUIRE(pipe.stats().bytes[2] == pipe.stats().rows[2] * 2 * D * static_cast<std::int64_t>(sizeof(T)));
+}
+
+TEST_CASE("a correction step needs a policy that scores the layer's own query",
+          "[pipeline][correction][errors]") {
+  kvscout::streaming_policy sp({H, 4});
+  kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
+  auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
+  kvscout::topk_selector_host sel(sc, ws.span());
+  kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
+  pc.correction_capacity = 4;
+  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  REQUIRE_THROWS_WITH(pipe_t(pc, sp, sel), Catch::Contains("correction_capacity = 4 needs a policy that scores"));
+  pc.correction_capacity = -1;
+  REQUIRE_THROWS_WITH(pipe_t(pc, sp, sel), Catch::Contains("correction_capacity = -1 must be in [0, capacity = 8]"));
+  pc.correction_capacity = 9;
+  REQUIRE_THROWS_WITH(pipe_t(pc, sp, sel), Catch::Contains("correction_capacity = 9 must be in [0, capacity = 8]"));
+}

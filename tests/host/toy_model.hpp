@@ -29,6 +29,8 @@ struct toy_model {
   bool collect = false;
   // Called at every layer just before its attention, with the layer's query in ctx.q.
   std::function<void(int, const kvscout::spec_context&, const kvscout::current_token<T>&)> on_attend;
+  // Called at every layer just after its attention, with the attention output [S, Hq, D].
+  std::function<void(int, const std::vector<float>&)> on_output;
   std::vector<std::vector<float>> q_samples, k_samples;
 
   toy_model(int layers, int num_q_heads, int num_kv_heads, int num_seqs, int max_len, std::uint32_t seed)
@@ -126,6 +128,7 @@ struct toy_model {
       } else {
         pipe.attend(l, late, view(l), cur, {out.data(), out.size()});
       }
+      if (on_output) on_output(l, out);
       for (int s = 0; s < S; ++s) {
         for (int h = 0; h < H; ++h) {
           const std::size_t dst = ((static_cast<std::size_t>(s) * H + h) * max_tokens + lens[s]) * D;

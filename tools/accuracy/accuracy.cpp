@@ -150,7 +150,18 @@ struct infinigen_knobs {
   threshold_rule rule = threshold_rule::per_head;
   keep_set keep{4, 16};
   const char* preset = nullptr;  // the presets:: name these knobs are, where they are one
+  // The correction step (eval_options::correct): this share of the budget is held back from the
+  // speculation for the rows layer l's own query finds missing; 0: none.
+  double correct_share = 0;
+  bool late = false;  // eval_options::late_scores: rank with layer l's own query (a diagnostic)
 };
+
+// eval_options' budget / correct / late_scores for knobs k at a total budget.
+void apply_budget(eval_options& o, double budget, const infinigen_knobs& k) {
+  o.budget = budget * (1 - k.correct_share);
+  o.correct = budget * k.correct_share;
+  o.late_scores = k.late;
+}
 
 // A preset's knobs (its skip_layers must be the harness's).
 infinigen_knobs knobs_of(const presets::speculation_preset& p, int skip) {
@@ -247,6 +258,7 @@ class harness {
       o.alpha = k.alpha;
       o.rule = k.rule;
       o.keep = k.keep;
+      apply_budget(o, budget, k);
     }
     const eval_result r = tx.ev->run(o);
     if (p == eval_policy::dense && pool_tokens == 0) tx.dense_ppl[static_cast<int>(f)] = r.ppl();
@@ -287,6 +299,7 @@ class harness {
       o.alpha = k.alpha;
       o.rule = k.rule;
       o.keep = k.keep;
+      apply_budget(o, budget, k);
     }
     return ev.run(o);
   }
@@ -385,16 +398,17 @@ struct retrieval_config {
 // every budget. control is dense attention on the control prompts (stage copy only).
 std::vector<retrieval_config> retrieval_configs(const std::vector<double>& budgets, const infinigen_knobs& def,
                                                 const infinigen_knobs& paper, const std::string& list,
-                                                bool with_control) {
-  static const char* const known[] = {"dense", "control", "oracle", "kvscout_default", "infinigen_paper",
-                                      "quest", "h2o", "streaming"};
+                                                bool with_control, double correct_share) {
+  static const char* const known[] = {"dense", "control", "oracle", "kvscout_default", "kvscout_corrected",
+                                      "kvscout_late", "infinigen_paper", "quest", "h2o", "streaming"};
   std::vector<std::string> names;
   std::stringstream ss(list);
   for (std::string x; std::getline(ss, x, ',');) {
     bool ok = false;
     for (const char* k : known) ok = ok || x == k;
     KVSCOUT_EXPECTS(ok, "--copy-policies: \"", x, "\" in \"", list,
-                    "\", expected dense, control, oracle, kvscout_default, infinigen_paper, quest, h2o or streaming");
+                    "\", expected dense, control, oracle, kvscout_default, kvscout_corrected, kvscout_late, "
+                    "infinigen_paper, quest, h2o or streaming");
     names.push_back(x);
   }
   const auto has = [&](const char* k) { return std::find(names.begin(), names.end(), k) != names.end(); };
@@ -404,6 +418,16 @@ std::vector<retrieval_config> retrieval_configs(const std::vector<double>& budge
   for (double b : budgets) {
     if (has("oracle")) out.push_back({"oracle", eval_policy::oracle, b, {}, false});
     if (has("kvscout_default")) out.push_back({"kvscout_default", eval_policy::infinigen, b, def, false});
+    if (has("kvscout_corrected")) {
+      infinigen_knobs c = def;
+      c.correct_share = correct_share;
+      out.push_back({"kvscout_corrected", eval_policy::infinigen, b, c, false});
+    }
+    if (has("kvscout_late")) {
+      infinigen_knobs c = def;
+      c.late = true;
+      out.push_back({"kvscout_late", eval_policy::infinigen, b, c, false});
+    }
     if (has("infinigen_paper")) out.push_back({"infinigen_paper", eval_policy::infinigen, b, paper, false});
     for (eval_policy p : {eval_policy::quest, eval_policy::h2o, eval_policy::streaming})
       if (has(to_string(p))) out.push_back({to_string(p), p, b, {}, false});
@@ -415,17 +439,18 @@ std::vector<retrieval_config> retrieval_configs(const std::vector<double>& budge
 // Teacher-forced scores of a target span: sums over its tokens.
 struct span_score {
   int tokens = 0, correct = 0, prompts = 0, exact = 0;
-  double nll = 0, fetched = 0, dense_rows = 0, seconds = 0;
+  double nll = 0, fetched = 0, dense_rows = 0, corrected = 0, seconds = 0;
   void add(const eval_result& r, int skip) {
     tokens += r.scored, correct += r.correct, nll += r.nll, ++prompts;
     exact += r.correct == r.scored ? 1 : 0;
     for (std::size_t l = static_cast<std::size_t>(skip); l < r.rows_fetched.size(); ++l)
-      fetched += r.rows_fetched[l], dense_rows += r.rows_dense[l];
+      fetched += r.rows_fetched[l], dense_rows += r.rows_dense[l], corrected += r.rows_corrected[l];
     seconds += r.seconds;
   }
   [[nodiscard]] double accuracy() const { return tokens > 0 ? static_cast<double>(correct) / tokens : 0.0; }
   [[nodiscard]] double mean_nll() const { return tokens > 0 ? nll / tokens : 0.0; }
   [[nodiscard]] double fetch() const { return dense_rows > 0 ? fetched / dense_rows : 0.0; }
+  [[nodiscard]] double corrected_fraction() const { return dense_rows > 0 ? corrected / dense_rows : 0.0; }
 };
 
 std::vector<double> parse_budgets(const std::string& list) {
@@ -468,19 +493,19 @@ void print_table(const std::vector<retrieval_config>& cfgs, const std::vector<sp
 
 const char* csv_header =
     "stage,prompt,tokens,target_tokens,depth,span_at,distance,config,policy,rope_mode,r,selector,budget_pct,"
-    "correct,token_accuracy,nll_sum,mean_nll,exact_match,fetch_fraction,seconds\n";
+    "correct,token_accuracy,nll_sum,mean_nll,exact_match,fetch_fraction,seconds,correct_share,corrected_fraction\n";
 
 // One CSV row; prompt "all" for the sums over prompts (depth, span_at, distance empty there).
 void csv_row(std::ofstream& f, const std::string& stage, const std::string& prompt, int tokens, const std::string& depth,
              const std::string& span_at, const std::string& distance, const retrieval_config& c, const span_score& s) {
   const bool ig = c.policy == eval_policy::infinigen;
   char b[768];
-  std::snprintf(b, sizeof b, "%s,%s,%d,%d,%s,%s,%s,%s,%s,%s,%d,%s,%g,%d,%.6f,%.6f,%.6f,%d,%.6f,%.2f\n",
+  std::snprintf(b, sizeof b, "%s,%s,%d,%d,%s,%s,%s,%s,%s,%s,%d,%s,%g,%d,%.6f,%.6f,%.6f,%d,%.6f,%.2f,%g,%.6f\n",
                 stage.c_str(), prompt.c_str(), tokens, s.tokens, depth.c_str(), span_at.c_str(), distance.c_str(),
                 c.name.c_str(), to_string(c.policy), ig ? to_string(c.knobs.mode) : "", ig ? c.knobs.r : 0,
                 ig ? selector_name(c.knobs).c_str() : (c.policy == eval_policy::dense ? "" : "topk"),
                 c.policy == eval_policy::dense ? 100.0 : 100 * c.budget, s.correct, s.accuracy(), s.nll,
-                s.mean_nll(), s.exact, s.fetch(), s.seconds);
+                s.mean_nll(), s.exact, s.fetch(), s.seconds, ig ? c.knobs.correct_share : 0.0, s.corrected_fraction());
   f << b;
   f.flush();
 }
@@ -751,6 +776,10 @@ int main(int argc, char** argv) try {
     const std::string extra =
         arg(argc, argv, "--copy-policies", "dense,control,oracle,kvscout_default,infinigen_paper");
     const infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    // kvscout_corrected: the share of each budget held back for the correction step.
+    const double correct_share = std::strtod(arg(argc, argv, "--correct-share", "0.5").c_str(), nullptr);
+    KVSCOUT_EXPECTS(correct_share > 0 && correct_share < 1, "--correct-share ", correct_share,
+                    ": expected a fraction in (0, 1)");
     const auto stage_csv = [&](const char* name) {
       std::ofstream f(out_dir + "/" + name, std::ios::out | (append ? std::ios::app : std::ios::trunc));
       KVSCOUT_EXPECTS(f.good(), "cannot write ", out_dir, "/", name);
@@ -785,7 +814,7 @@ int main(int argc, char** argv) try {
                   n_prompts, span, cue, span - cue, min_t, max_t, copy_path.c_str(), prose.size(), words.size(),
                   names.size() > 0 ? names[0].c_str() : "", names.size() > 1 ? names[1].c_str() : "",
                   names.size() > 2 ? names[2].c_str() : "");
-      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, true);
+      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, true, correct_share);
       std::vector<span_score> total(cfgs.size());
       std::ofstream csv = stage_csv("accuracy_copy.csv");
       for (int i = 0; i < n_prompts; ++i) {
@@ -828,7 +857,7 @@ int main(int argc, char** argv) try {
     if (run_prompts) {
       KVSCOUT_EXPECTS(!prompts_path.empty(), "stage prompts needs --prompts FILE.jsonl");
       const std::vector<model::prompt_record> recs = model::read_prompt_file(prompts_path);
-      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, false);
+      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, false, correct_share);
       std::vector<span_score> total(cfgs.size());
       std::ofstream csv = stage_csv("accuracy_prompts.csv");
       std::printf("\nprompt file %s: %zu records\n", prompts_path.c_str(), recs.size());

@@ -44,6 +44,7 @@
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/kivi.hpp"
+#include "kvscout/select/correction.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/detail/eigen.hpp"
@@ -107,6 +108,15 @@ struct eval_options {
   // infinigen
   const std::vector<std::vector<skew_plan>>* plans = nullptr;  // [layer][kv head], empty below skip
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
+  /// The correction step (kvscout's; select/correction.hpp): at each step, layer l's own query
+  /// scored against the partial keys (infinigen_policy::score_query) ranks the rows; those of its
+  /// top max(ceil((budget + correct) * t), keep) that the speculation did not select are added,
+  /// the best first, so the rows moved stay within that total. 0: no correction.
+  double correct = 0;
+  /// Score with layer l's own query instead of speculating from layer l - 1's input (the
+  /// correction's ranking alone: what a perfect layer-ahead prediction of the query would give
+  /// with these partial keys). A diagnostic, not a schedule a pipeline can run ahead of layer l.
+  bool late_scores = false;
   float alpha = -1.f;  // < 0: exact top-k at the cap; >= 0: threshold selector (max - alpha), capped
   threshold_rule rule = threshold_rule::per_head;
   /// A bounded host pool (kvscout::host_pool, issue 31) at layers >= skip_layers: each (layer,
@@ -141,6 +151,7 @@ struct eval_result {
   std::vector<double> token_nll;        // negative log-likelihood of each scored prediction
   std::vector<double> rows_fetched;  // [layer] rows fetched over the scored steps (all KV heads)
   std::vector<double> rows_dense;    // [layer] rows a full fetch would move over the same steps
+  std::vector<double> rows_corrected;  // [layer] of rows_fetched, those the correction step added
   std::vector<double> recall;        // [layer] summed attention-mass recall of the selection
   std::vector<double> recall_oracle; // [layer] summed recall of the oracle's top-k, same cap
   std::vector<double> overlap;       // [layer] summed |selection n oracle| / |oracle|
@@ -241,10 +252,17 @@ class layer_major_eval {
     KVSCOUT_EXPECTS(o.budget > 0 && o.budget <= 1, "budget ", o.budget, " must be in (0, 1]");
     KVSCOUT_EXPECTS(o.policy != eval_policy::infinigen || o.plans != nullptr,
                     "the infinigen policy needs skew plans");
+    KVSCOUT_EXPECTS(o.correct >= 0 && o.budget + o.correct <= 1, "correct ", o.correct,
+                    " must be in [0, 1 - budget = ", 1 - o.budget, "]");
+    KVSCOUT_EXPECTS((o.correct == 0 && !o.late_scores) || o.policy == eval_policy::infinigen,
+                    "correct / late_scores need the infinigen policy, got ", to_string(o.policy));
+    KVSCOUT_EXPECTS(o.correct == 0 || o.pool_tokens == 0, "correct = ", o.correct,
+                    " with a bounded host pool (pool_tokens = ", o.pool_tokens, ") is not supported");
     const int L = c_.n_layers, H = c_.n_kv_heads;
     eval_result r;
     r.rows_fetched.assign(static_cast<std::size_t>(L), 0);
     r.rows_dense.assign(static_cast<std::size_t>(L), 0);
+    r.rows_corrected.assign(static_cast<std::size_t>(L), 0);
     r.recall.assign(static_cast<std::size_t>(L), 0);
     r.recall_oracle.assign(static_cast<std::size_t>(L), 0);
     r.overlap.assign(static_cast<std::size_t>(L), 0);
@@ -311,6 +329,10 @@ class layer_major_eval {
     std::vector<int32_t> attended;                               // [T + 1]
     std::vector<float> e, probs, oscore;                         // scratch
     std::vector<std::byte> sel_ws;
+    // The correction step: late scores [H, T], added rows [H, T] / [H], a merge row [T].
+    std::vector<float> late;
+    std::vector<int32_t> add_idx, add_cnt, merged;
+    std::vector<std::byte> corr_ws;
     std::unique_ptr<infinigen_policy<>> ig;
     std::unique_ptr<quest_policy<D>> quest;
     std::unique_ptr<h2o_policy> h2o;
@@ -339,6 +361,13 @@ class layer_major_eval {
                              threshold_selector_host::workspace_bytes(tc)));
       lg.resize(static_cast<std::size_t>(H));
       for (auto& m : lg) m.resize(block * g, T);
+      if (opt.correct > 0) {
+        late.assign(scores.size(), 0.f);
+        add_idx.assign(sel_idx.size(), 0);
+        add_cnt.assign(sel_cnt.size(), 0);
+        merged.assign(static_cast<std::size_t>(T), 0);
+        corr_ws.resize(correction_selector_host::workspace_bytes({1, H, T, T, T, T, {}}));
+      }
       const float scale = 1.f / std::sqrt(static_cast<float>(D));
       switch (opt.policy) {
         case eval_policy::infinigen: {
@@ -624,7 +653,13 @@ class layer_major_eval {
               if (o.check_oracle_every > 0 && t % o.check_oracle_every == 0 && !quant)
                 check_oracle(l, st, t, n, r);
               break;
-            case eval_policy::infinigen: st.ig->score(l, ctx, sb); break;
+            case eval_policy::infinigen:
+              if (o.late_scores) {
+                st.ig->score_query(l, ctx, sb);
+              } else {
+                st.ig->score(l, ctx, sb);
+              }
+              break;
             case eval_policy::quest: st.quest->score(l, ctx, sb); break;
             case eval_policy::h2o: st.h2o->score(l, ctx, sb); break;
             case eval_policy::streaming: st.stream->score(l, ctx, sb); break;
@@ -633,6 +668,10 @@ class layer_major_eval {
           if (st.pool && l >= skip_) exclude_evicted(l, n, st);
           const bool threshold = o.policy == eval_policy::infinigen && o.alpha >= 0;
           select(o, threshold, n, budget, keep, st.scores.data(), st.sel_idx.data(), st.sel_cnt.data(), st);
+          if (o.correct > 0) {
+            const int added = correct_step(l, ctx, n, t, keep, st);
+            if (counted) r.rows_corrected[static_cast<std::size_t>(l)] += added;
+          }
         } else {
           for (int h = 0; h < H; ++h) {
             for (int x = 0; x < n; ++x) st.sel_idx[static_cast<std::size_t>(h) * T_ + x] = x;
@@ -736,6 +775,37 @@ class layer_major_eval {
             std::copy_n(&out(i * g + j, 0), D, &st.attn(t0 + i, (h * g + j) * D));
       }
     }
+  }
+
+  // The correction step of step t: the rows layer l's own query ranks in the top `total` that the
+  // speculation (st.sel_*) missed, at most total - budget, merged into st.sel_*. Returns how
+  // many rows were added over the KV heads.
+  int correct_step(int l, const spec_context& ctx, int n, int t, keep_set keep, run_state& st) {
+    const eval_options& o = st.o;
+    const int H = c_.n_kv_heads;
+    const int total = std::min(n, std::max(static_cast<int>(std::ceil((o.budget + o.correct) * t - 1e-9)),
+                                           o.keep.sinks + o.keep.recent));
+    const int extra = std::max(0, total - cap(o, t));
+    if (extra == 0) return 0;
+    const score_buffer lb{{st.late.data(), st.late.size()}, 1, H, T_};
+    st.ig->score_query(l, ctx, lb);
+    const int32_t len = n;
+    const correction_selector_host::config cc{1, H, T_, T_, total, extra, keep};
+    correction_selector_host corr(cc, {st.corr_ws.data(), st.corr_ws.size()});
+    corr.select(lb.view({&len, 1}),
+                {{st.sel_idx.data(), st.sel_idx.size()}, {st.sel_cnt.data(), st.sel_cnt.size()}, 1, H, T_},
+                {{st.add_idx.data(), st.add_idx.size()}, {st.add_cnt.data(), st.add_cnt.size()}, 1, H, T_});
+    int added = 0;
+    for (int h = 0; h < H; ++h) {
+      int32_t* sel = st.sel_idx.data() + static_cast<std::size_t>(h) * T_;
+      const int32_t* add = st.add_idx.data() + static_cast<std::size_t>(h) * T_;
+      const int ns = st.sel_cnt[static_cast<std::size_t>(h)], na = st.add_cnt[static_cast<std::size_t>(h)];
+      const int m = static_cast<int>(std::merge(sel, sel + ns, add, add + na, st.merged.data()) - st.merged.data());
+      std::copy_n(st.merged.data(), m, sel);
+      st.sel_cnt[static_cast<std::size_t>(h)] = m;
+      added += na;
+    }
+    return added;
   }
 
   // Scores of the tokens the host pool evicted, NaN: never selected by score.

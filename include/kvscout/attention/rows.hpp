@@ -205,4 +205,49 @@ template <kv_layout L>
 gathered_rows(const L&, const selection_view<host_space>&, const gather_destination<host_space>&)
     -> gathered_rows<typename L::element_type, L::head_dim>;
 
+/// Two row sources of one shape read as one: (s, h) has a's rows, then b's. A pipeline's
+/// speculated rows and the rows its correction step added (pipeline/host_pipeline.hpp); any
+/// attention_rows pair of one element type, head_dim and shape (checked). Holds references.
+template <attention_rows A, attention_rows B>
+  requires std::same_as<typename A::element_type, typename B::element_type>
+class joined_rows {
+ public:
+  static_assert(A::head_dim == B::head_dim, "joined_rows of two head dims");
+  static constexpr int head_dim = A::head_dim;
+  using element_type = typename A::element_type;
+
+  joined_rows(const A& a, const B& b) : a_(a), b_(b) {
+    KVSCOUT_EXPECTS(a.num_seqs() == b.num_seqs() && a.num_kv_heads() == b.num_kv_heads(),
+                    "joined rows of shapes [", a.num_seqs(), ", ", a.num_kv_heads(), "] and [",
+                    b.num_seqs(), ", ", b.num_kv_heads(), "]");
+  }
+  int num_seqs() const { return a_.num_seqs(); }
+  int num_kv_heads() const { return a_.num_kv_heads(); }
+  int rows(int s, int h) const { return a_.rows(s, h) + b_.rows(s, h); }
+  int token(int s, int h, int i) const {
+    const int n = a_.rows(s, h);
+    return i < n ? a_.token(s, h, i) : b_.token(s, h, i - n);
+  }
+  void load_k(int s, int h, int i, float* dst) const {
+    const int n = a_.rows(s, h);
+    if (i < n) {
+      a_.load_k(s, h, i, dst);
+    } else {
+      b_.load_k(s, h, i - n, dst);
+    }
+  }
+  void load_v(int s, int h, int i, float* dst) const {
+    const int n = a_.rows(s, h);
+    if (i < n) {
+      a_.load_v(s, h, i, dst);
+    } else {
+      b_.load_v(s, h, i - n, dst);
+    }
+  }
+
+ private:
+  const A& a_;
+  const B& b_;
+};
+
 }  // namespace kvscout

@@ -7,7 +7,14 @@
 //   attend(i, ctx, kv_i, ...)  layer i: wait for the fetch, sparse attention over the fetched rows
 //                              plus the current token
 // Policies that need layer i's own query (P::needs_query: oracle, quest) speculate inside
-// attend(). Two sets of selection / destination buffers alternate by layer parity, so layer i's
+// attend().
+//
+// The correction step (kvscout's; cfg.correction_capacity > 0, a policy with score_query such as
+// infinigen_policy): at the start of attend(i), layer i's own query is scored against the same
+// partial keys (score_query), correction_selector_host (select/correction.hpp) picks the rows
+// the late top-(capacity + correction_capacity) holds and the speculation missed, at most
+// correction_capacity per (sequence, kv head), and they are fetched on the critical path;
+// attention reads both sets (joined_rows). stats() counts them apart (fetch_stats::corrected). Two sets of selection / destination buffers alternate by layer parity, so layer i's
 // fetch can be in flight while layer i-1 reads its own rows (double buffering); on the host the
 // gather is synchronous, the structure is the one the CUDA pipeline keeps.
 //
@@ -15,6 +22,8 @@
 //   scores        num_seqs * num_kv_heads * max_tokens floats
 //   selections    2 x (num_seqs * num_kv_heads * (capacity + 1)) int32
 //   destinations  2 x 2 x num_seqs * num_kv_heads * capacity * head_dim elements (K and V)
+//   correction    (1 + 2 * head_dim elements) x capacity per (sequence, kv head), and the
+//                 correction selector's workspace
 //   previous      num_layers x num_seqs * num_kv_heads * (capacity + 1) int32 (track_reuse only)
 //
 // Reuse: with track_reuse, stats().reused[i] counts the rows layer i selected that its previous
@@ -43,7 +52,9 @@
 #include "kvscout/core/selection.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/concepts.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/select/concepts.hpp"
+#include "kvscout/select/correction.hpp"
 #include "kvscout/spec/concepts.hpp"
 
 namespace kvscout {
@@ -59,6 +70,10 @@ struct host_pipeline_config {
   int threads = 1;     // gather and attention threads (the caller's included)
   float scale = 0.f;   // attention scale, usually 1 / sqrt(head_dim)
   bool track_reuse = true;  // count rows re-selected from the previous step (fetch_stats::reused)
+  /// Most rows the correction step adds per (sequence, kv head) at a layer, at most capacity; 0:
+  /// no correction. The late ranking's depth is capacity + correction_capacity (at most
+  /// max_tokens).
+  int correction_capacity = 0;
   // How the gather writes the fetched rows (fetch/host_gather.hpp). automatic streams a layer's
   // fetch of 4 MiB or more past the cache; cached keeps it there for the attention that reads it
   // next, which pays where a layer's fetch fits in the last-level cache.
@@ -67,9 +82,10 @@ struct host_pipeline_config {
 
 /// Per-step statistics: rows and bytes the fetches moved, per layer.
 struct fetch_stats {
-  std::vector<std::int64_t> rows;    // [num_layers], accumulated
+  std::vector<std::int64_t> rows;    // [num_layers], accumulated (corrected rows included)
   std::vector<std::int64_t> bytes;   // [num_layers], accumulated
   std::vector<std::int64_t> reused;  // [num_layers], accumulated: rows also selected the step before
+  std::vector<std::int64_t> corrected;  // [num_layers], accumulated: rows the correction step added
 };
 
 /// L: a layout of float, half, bfloat16 or fp8 rows (fp8: attend() takes the layer's scales).
@@ -117,7 +133,10 @@ class host_decode_pipeline {
       b.k.assign(pairs * static_cast<std::size_t>(cfg.capacity) * head_dim, element_type{});
       b.v.assign(b.k.size(), element_type{});
     }
-    probs_.assign(pairs * static_cast<std::size_t>(cfg.capacity + 1), 0.f);
+    KVSCOUT_EXPECTS(cfg.correction_capacity >= 0 && cfg.correction_capacity <= cfg.capacity,
+                    "correction_capacity = ", cfg.correction_capacity, " must be in [0, capacity = ",
+                    cfg.capacity, "] (the correction's rows use the speculation's slots and gather)");
+    probs_.assign(pairs * static_cast<std::size_t>(cfg.capacity + cfg.correction_capacity + 1), 0.f);
     host_gather_config gc{cfg.num_seqs, cfg.num_kv_heads, cfg.capacity, cfg.threads};
     gc.stores = cfg.stores;
     workspace_.assign(host_gather_executor<L>::workspace_bytes(gc) / sizeof(std::int64_t) + 1, 0);
@@ -127,6 +146,8 @@ class host_decode_pipeline {
     stats_.rows.assign(static_cast<std::size_t>(cfg.num_layers), 0);
     stats_.bytes.assign(static_cast<std::size_t>(cfg.num_layers), 0);
     stats_.reused.assign(static_cast<std::size_t>(cfg.num_layers), 0);
+    stats_.corrected.assign(static_cast<std::size_t>(cfg.num_layers), 0);
+    if (cfg.correction_capacity != 0) setup_correction();
     if (cfg.track_reuse) {
       previous_.assign(static_cast<std::size_t>(cfg.num_layers) * pairs *
                            static_cast<std::size_t>(cfg.capacity + 1), 0);  // counts start at 0
@@ -180,13 +201,25 @@ class host_decode_pipeline {
                     ") first (the buffers hold layer ", b.layer, ")");
     const gathered_rows<element_type, head_dim> rows(
         selection(b).view(), {b.k.data(), b.k.size()}, {b.v.data(), b.v.size()});
-    if constexpr (requires { policy_.observe(layer, ctx, rows, host_span<const float>{}, 0, true); }) {
-      decode_attention_host(rows, cur, ctx.q, out, ap, {probs_.data(), probs_.size()},
-                            cfg_.capacity + 1, &gather_->pool());
-      policy_.observe(layer, ctx, rows, {probs_.data(), probs_.size()}, cfg_.capacity + 1,
-                      cur.present());
+    const auto attend_rows = [&](const auto& r) {
+      const int stride = cfg_.capacity + cfg_.correction_capacity + 1;
+      if constexpr (requires { policy_.observe(layer, ctx, r, host_span<const float>{}, 0, true); }) {
+        decode_attention_host(r, cur, ctx.q, out, ap, {probs_.data(), probs_.size()}, stride,
+                              &gather_->pool());
+        policy_.observe(layer, ctx, r, {probs_.data(), probs_.size()}, stride, cur.present());
+      } else {
+        decode_attention_host(r, cur, ctx.q, out, ap, {}, 0, &gather_->pool());
+      }
+    };
+    if (cfg_.correction_capacity > 0) {
+      correct(layer, ctx, kv, b);
+      const gathered_rows<element_type, head_dim> added(
+          correction_selection().view(), {corr_.k.data(), corr_.k.size()},
+          {corr_.v.data(), corr_.v.size()});
+      attend_rows(joined_rows(rows, added));
+      corr_.layer = layer;
     } else {
-      decode_attention_host(rows, cur, ctx.q, out, ap, {}, 0, &gather_->pool());
+      attend_rows(rows);
     }
     b.layer = -1;  // consumed
   }
@@ -205,7 +238,16 @@ class host_decode_pipeline {
     return {{b.indices.data(), b.indices.size()}, {b.counts.data(), b.counts.size()},
             cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
   }
-  /// The scores of the last speculate(): [num_seqs, num_kv_heads, max_tokens].
+  /// The rows the correction step of the last attend() added (of layer last_corrected_layer()):
+  /// [num_seqs, num_kv_heads, capacity] slots, at most correction_capacity used per row,
+  /// ascending. Empty without correction.
+  [[nodiscard]] selection_view<host_space> last_correction() const {
+    return {{corr_.indices.data(), corr_.indices.size()}, {corr_.counts.data(), corr_.counts.size()},
+            cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
+  }
+  [[nodiscard]] int last_corrected_layer() const noexcept { return corr_.layer; }
+  /// The scores of the last speculate(), or after a correction step its late scores:
+  /// [num_seqs, num_kv_heads, max_tokens].
   [[nodiscard]] host_span<const float> last_scores() const { return {scores_.data(), scores_.size()}; }
   [[nodiscard]] const fetch_stats& stats() const { return stats_; }
   [[nodiscard]] const host_pipeline_config& configuration() const noexcept { return cfg_; }
@@ -234,6 +276,63 @@ class host_decode_pipeline {
     stats_.reused[static_cast<std::size_t>(layer)] += reused;
   }
 
+  void setup_correction() {
+    constexpr bool late = requires(P& p, const spec_context& c, const score_buffer& o) {
+      p.score_query(0, c, o);
+    };
+    KVSCOUT_EXPECTS(cfg_.correction_capacity >= 0, "correction_capacity must be non-negative, got ",
+                    cfg_.correction_capacity);
+    KVSCOUT_EXPECTS(late, "correction_capacity = ", cfg_.correction_capacity,
+                    " needs a policy that scores the layer's own query (score_query, e.g. "
+                    "infinigen_policy); this one has none");
+    keep_set keep{};
+    if constexpr (requires { selector_.configuration().keep; }) keep = selector_.configuration().keep;
+    const int depth = std::min(cfg_.capacity + cfg_.correction_capacity, cfg_.max_tokens);
+    // Its rows in buffers of the speculation's shape (capacity slots), so that one gather serves
+    // both.
+    const correction_selector_host::config cc{cfg_.num_seqs, cfg_.num_kv_heads, cfg_.max_tokens,
+                                              cfg_.capacity, depth, cfg_.correction_capacity, keep};
+    corr_ws_ = make_workspace<correction_selector_host>(cc);
+    corrector_ = std::make_unique<correction_selector_host>(cc, corr_ws_.span());
+    const std::size_t slots = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads *
+                              static_cast<std::size_t>(cfg_.capacity);
+    corr_.indices.assign(slots, 0);
+    corr_.counts.assign(static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads, 0);
+    corr_.k.assign(slots * head_dim, element_type{});
+    corr_.v.assign(corr_.k.size(), element_type{});
+  }
+
+  // The correction step of layer `layer` over its speculated rows b (see the header comment).
+  void correct(int layer, const spec_context& ctx, const kv_view<L, host_space>& kv,
+               const buffer& b) {
+    if constexpr (requires(P& p, const spec_context& c, const score_buffer& o) {
+                    p.score_query(0, c, o);
+                  }) {
+      const score_buffer late{{scores_.data(), scores_.size()}, cfg_.num_seqs, cfg_.num_kv_heads,
+                              cfg_.max_tokens};
+      policy_.score_query(layer, ctx, late);
+      const selection_view<host_space> speculated{{b.indices.data(), b.indices.size()},
+                                                  {b.counts.data(), b.counts.size()},
+                                                  cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
+      corrector_->select(late.view(ctx.seq_lens), speculated, correction_selection());
+      gather_->submit(kv, correction_selection().view(),
+                      {as_writable_bytes(host_span<element_type>(corr_.k.data(), corr_.k.size())),
+                       as_writable_bytes(host_span<element_type>(corr_.v.data(), corr_.v.size()))})
+          .wait();
+      std::int64_t rows = 0;
+      for (int c : corr_.counts) rows += c;
+      stats_.rows[static_cast<std::size_t>(layer)] += rows;
+      stats_.corrected[static_cast<std::size_t>(layer)] += rows;
+      stats_.bytes[static_cast<std::size_t>(layer)] +=
+          rows * static_cast<std::int64_t>(kv.layout.k_row_bytes() + kv.layout.v_row_bytes());
+    }
+  }
+
+  selection_buffers<host_space> correction_selection() {
+    return {{corr_.indices.data(), corr_.indices.size()}, {corr_.counts.data(), corr_.counts.size()},
+            cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
+  }
+
   selection_buffers<host_space> selection(buffer& b) {
     return {{b.indices.data(), b.indices.size()}, {b.counts.data(), b.counts.size()},
             cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
@@ -249,6 +348,10 @@ class host_decode_pipeline {
   std::vector<std::int64_t> workspace_;
   std::unique_ptr<host_gather_executor<L>> gather_;
   std::vector<int32_t> previous_;  // [num_layers, num_seqs * num_kv_heads, 1 + capacity]
+  // The correction step (cfg.correction_capacity > 0): its rows and selector.
+  buffer corr_;
+  host_workspace corr_ws_;
+  std::unique_ptr<correction_selector_host> corrector_;
   fetch_stats stats_;
 };
 

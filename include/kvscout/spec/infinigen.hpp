@@ -217,6 +217,45 @@ class infinigen_policy {
     }
   }
 
+  /// The correction step's scores (kvscout's, not InfiniGen's): layer `layer`'s own query
+  /// ctx.q [num_seqs, num_q_heads, head_dim], after RoPE, projected by the layer's plans as a key
+  /// is (skew/plan.hpp: (q A)[channels], the RoPE planes' channels in rope_planes mode) and
+  /// scored against the same partial keys, aggregated over each GQA group as score() does:
+  ///
+  ///   logit[s, qh, t] = scale * ((q[s, qh] A_h)[S_h]) . pk[s, h, t],   h = qh / g
+  ///
+  /// So it ranks the tokens as score() would with a perfect layer-ahead prediction of the query.
+  /// Runs at the start of layer `layer`, when its query exists (the pipeline's correct step).
+  /// A pre_rope_folded layer keeps pre-RoPE partial keys, which a query after RoPE does not
+  /// match: refused. Allocates nothing.
+  void score_query(int layer, const spec_context& ctx, const score_buffer& out) {
+    KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
+    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
+    layer_state& st = state(layer);
+    KVSCOUT_EXPECTS(st.plans[0].mode != rope_mode::pre_rope_folded, "score_query: layer ", layer,
+                    "'s plans are pre_rope_folded (partial keys before RoPE); a query after RoPE "
+                    "needs post_rope_skew or rope_planes plans");
+    const int S = out.num_seqs, H = cfg_.num_kv_heads, Hq = cfg_.num_q_heads, g = Hq / H, r = st.r;
+    const std::size_t qrow = static_cast<std::size_t>(Hq) * cfg_.head_dim;
+    KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(S) * qrow, "q holds ", ctx.q.size(),
+                    " floats, expected [", S, ", ", Hq, ", ", cfg_.head_dim, "]");
+    float* qg = qp_.data();  // [g, r]: one group's scaled partial queries
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) {
+        const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
+        for (int j = 0; j < g; ++j) {
+          const float* q = ctx.q.data() + static_cast<std::size_t>(s) * qrow +
+                           static_cast<std::size_t>(h * g + j) * cfg_.head_dim;
+          float* out_q = qg + static_cast<std::size_t>(j) * r;
+          detail::project_key_checked_plan(p, q, out_q);
+          for (int c = 0; c < r; ++c) out_q[c] *= cfg_.scale;
+        }
+        const float top =
+            score_row(st, qg, detail::seq_of(ctx, s), h, g, ctx.seq_lens[s], out.row(s, h));
+        if (!out.row_max.empty()) out.row_max[static_cast<std::size_t>(s) * H + h] = top;
+      }
+  }
+
   /// The configuration this policy was built with.
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
@@ -454,5 +493,22 @@ class infinigen_policy {
 
 static_assert(speculation_policy<infinigen_policy<>>);
 static_assert(speculation_policy<infinigen_policy<half, bfloat16>>);
+
+/// An infinigen_policy's score_query as a policy of its own (needs_query = true): what a
+/// pipeline's correction step scores with. Holds a reference; the policy outlives it.
+template <class P>
+class infinigen_query_scores {
+ public:
+  static constexpr bool needs_query = true;
+  explicit infinigen_query_scores(P& policy) : p_(&policy) {}
+  void score(int layer, const spec_context& ctx, const score_buffer& out) {
+    p_->score_query(layer, ctx, out);
+  }
+
+ private:
+  P* p_;
+};
+
+static_assert(speculation_policy<infinigen_query_scores<infinigen_policy<>>>);
 
 }  // namespace kvscout

@@ -1,0 +1,315 @@
+// The correction step (issue 32, part 1): infinigen_policy::score_query against its definition,
+// and correction_selector_host against a brute-force reference of its own semantics.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kvscout/core/workspace.hpp"
+#include "kvscout/skew/calibrate.hpp"
+#include "kvscout/select/correction.hpp"
+#include "kvscout/spec/infinigen.hpp"
+
+namespace {
+
+constexpr int D = 64;
+const float nan_f = std::numeric_limits<float>::quiet_NaN();
+
+// A model slice: W_Q, b_Q, the input x of one step per sequence, keys of n tokens per sequence
+// (pre- and post-RoPE), and the true queries (W_Q x + b, rotated at position pos).
+struct slice {
+  int S, H, g, Hq, d_model, n, pos;
+  kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  std::vector<float> wq, bq, x, kpre, kpost, q;
+  slice(int seqs, int heads, int group, int tokens, std::uint32_t seed)
+      : S(seqs), H(heads), g(group), Hq(heads * group), d_model(96), n(tokens), pos(tokens + 7) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    wq.resize(static_cast<std::size_t>(Hq) * D * d_model);
+    bq.resize(static_cast<std::size_t>(Hq) * D);
+    x.resize(static_cast<std::size_t>(S) * d_model);
+    for (auto& w : wq) w = nd(rng) / 10.f;
+    for (auto& w : bq) w = 0.1f * nd(rng);
+    for (auto& w : x) w = nd(rng);
+    kpre.resize(static_cast<std::size_t>(S) * n * H * D);
+    for (auto& w : kpre) w = nd(rng);
+    kpost = kpre;
+    for (int s = 0; s < S; ++s)
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < H; ++h) kvscout::apply_rope(&kpost[((static_cast<std::size_t>(s) * n + t) * H + h) * D], t, rope);
+    q.resize(static_cast<std::size_t>(S) * Hq * D);
+    for (int s = 0; s < S; ++s)
+      for (int qh = 0; qh < Hq; ++qh) {
+        float* out = &q[(static_cast<std::size_t>(s) * Hq + qh) * D];
+        for (int c = 0; c < D; ++c) {
+          double a = bq[static_cast<std::size_t>(qh) * D + c];
+          for (int i = 0; i < d_model; ++i)
+            a += static_cast<double>(wq[(static_cast<std::size_t>(qh) * D + c) * d_model + i]) * x[static_cast<std::size_t>(s) * d_model + i];
+          out[c] = static_cast<float>(a);
+        }
+        kvscout::apply_rope(out, pos, rope);
+      }
+  }
+  const float* key_pre(int s, int t) const { return &kpre[(static_cast<std::size_t>(s) * n + t) * H * D]; }
+  const float* key_post(int s, int t) const { return &kpost[(static_cast<std::size_t>(s) * n + t) * H * D]; }
+  // Calibrated plans from random post-RoPE samples (any orthogonal A will do for the definition).
+  std::vector<kvscout::skew_plan> plans(int r, kvscout::rope_mode mode, std::uint32_t seed) const {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> qs(static_cast<std::size_t>(200) * g * D), ks(static_cast<std::size_t>(200) * D);
+    for (auto& v : qs) v = nd(rng);
+    for (auto& v : ks) v = nd(rng);
+    std::vector<kvscout::skew_plan> out;
+    for (int h = 0; h < H; ++h)
+      out.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200, g, D,
+                                            {r, false, mode, rope}));
+    return out;
+  }
+};
+
+kvscout::score_buffer buffer_for(std::vector<float>& scores, int S, int H, int stride) {
+  scores.assign(static_cast<std::size_t>(S) * H * stride, nan_f);
+  return {{scores.data(), scores.size()}, S, H, stride};
+}
+
+}  // namespace
+
+TEST_CASE("score_query is the layer's own query, projected as a key, against the partial keys",
+          "[spec][infinigen][correction]") {
+  for (const auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes})
+    for (const int g : {1, 3})
+      for (const int r : {16, D}) {
+        CAPTURE(kvscout::to_string(mode), g, r);
+        const slice m(2, 2, g, 70, 31u + static_cast<unsigned>(g * 10 + r));
+        const auto plans = m.plans(r, mode, 5u + static_cast<unsigned>(r));
+        kvscout::infinigen_policy<> p({1, m.S, m.H, m.Hq, D, m.d_model, 96, 0.125f,
+                                       kvscout::gqa_aggregation::max_logit},
+                                      {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}});
+        for (int s = 0; s < m.S; ++s)
+          for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
+        // Sequence 1 is shorter: its tail past seq_len is not written.
+        std::vector<int32_t> lens{m.n, m.n - 9}, pos{m.pos, m.pos};
+        std::vector<float> late, early;
+        const auto lb = buffer_for(late, m.S, m.H, 96);
+        const auto eb = buffer_for(early, m.S, m.H, 96);
+        const kvscout::spec_context ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
+                                        {pos.data(), 2}, {lens.data(), 2}};
+        p.score_query(0, ctx, lb);
+        p.score(0, ctx, eb);
+        for (int s = 0; s < m.S; ++s)
+          for (int h = 0; h < m.H; ++h) {
+            const auto& pl = plans[static_cast<std::size_t>(h)];
+            for (int t = 0; t < 96; ++t) {
+              CAPTURE(s, h, t);
+              if (t >= lens[static_cast<std::size_t>(s)]) {
+                REQUIRE(std::isnan(lb.row(s, h)[t]));
+                continue;
+              }
+              // fp64: (q A)[S] . (k A)[S] * scale, the largest of the group, from the model's own
+              // query and key (not the policy's stored partial keys).
+              double want = -INFINITY;
+              for (int j = 0; j < g; ++j) {
+                const float* qv = &m.q[(static_cast<std::size_t>(s) * m.Hq + h * g + j) * D];
+                const float* kv = m.key_post(s, t) + static_cast<std::size_t>(h) * D;
+                double d = 0;
+                for (int i = 0; i < r; ++i) {
+                  const int ch = pl.channels[static_cast<std::size_t>(i)];
+                  double qa = 0, ka = 0;
+                  for (int e = 0; e < D; ++e) {
+                    const double a = mode == kvscout::rope_mode::rope_planes ? (e == ch ? 1.0 : 0.0)
+                                                                             : pl.A[static_cast<std::size_t>(e) * D + ch];
+                    qa += qv[e] * a;
+                    ka += kv[e] * a;
+                  }
+                  d += qa * ka;
+                }
+                want = std::max(want, d * 0.125);
+              }
+              REQUIRE(lb.row(s, h)[t] == Approx(want).margin(2e-4).epsilon(1e-4));
+              // The speculation from x predicts this very query (the same layer's W_Q): the
+              // late and early scores agree to rounding.
+              REQUIRE(eb.row(s, h)[t] == Approx(lb.row(s, h)[t]).margin(2e-4).epsilon(1e-4));
+            }
+          }
+        // A batch row names its sequence by seq_ids: row 0 scores sequence 1 with row 0's query.
+        std::vector<int32_t> ids{1, 0}, lens2{m.n - 9, m.n};
+        std::vector<float> swapped;
+        const auto sb = buffer_for(swapped, m.S, m.H, 96);
+        std::vector<float> q2(m.q.size());
+        std::copy(m.q.begin() + m.Hq * D, m.q.end(), q2.begin());
+        std::copy(m.q.begin(), m.q.begin() + m.Hq * D, q2.begin() + m.Hq * D);
+        p.score_query(0, {{}, {q2.data(), q2.size()}, {pos.data(), 2}, {lens2.data(), 2}, {ids.data(), 2}}, sb);
+        for (int h = 0; h < m.H; ++h)
+          for (int t = 0; t < m.n - 9; ++t) REQUIRE(sb.row(0, h)[t] == lb.row(1, h)[t]);
+      }
+}
+
+TEST_CASE("score_query refuses what it cannot score", "[spec][infinigen][correction][errors]") {
+  const slice m(1, 2, 2, 20, 3u);
+  const auto folded = m.plans(16, kvscout::rope_mode::pre_rope_folded, 4u);
+  const auto planes = m.plans(16, kvscout::rope_mode::rope_planes, 4u);
+  kvscout::infinigen_policy<> p({3, 1, m.H, m.Hq, D, m.d_model, 32, 0.125f}, {{}, folded, planes},
+                                {{}, {m.wq.data(), m.wq.size()}, {m.wq.data(), m.wq.size()}}, {{}, {}, {}});
+  std::vector<int32_t> lens{m.n}, pos{m.pos};
+  std::vector<float> scores;
+  const auto out = buffer_for(scores, 1, m.H, 32);
+  const kvscout::spec_context ctx{{}, {m.q.data(), m.q.size()}, {pos.data(), 1}, {lens.data(), 1}};
+  REQUIRE_THROWS_WITH(p.score_query(0, ctx, out), Catch::Contains("layer 0 has no skew plans"));
+  REQUIRE_THROWS_WITH(p.score_query(1, ctx, out), Catch::Contains("pre_rope_folded"));
+  const kvscout::spec_context short_q{{}, {m.q.data(), m.q.size() - 1}, {pos.data(), 1}, {lens.data(), 1}};
+  REQUIRE_THROWS_WITH(p.score_query(2, short_q, out), Catch::Contains("q holds 255 floats, expected [1, 4, 64]"));
+  std::vector<int32_t> long_len{33};
+  REQUIRE_THROWS_WITH(p.score_query(2, {{}, {m.q.data(), m.q.size()}, {pos.data(), 1}, {long_len.data(), 1}}, out),
+                      Catch::Contains("seq_lens[0] = 33"));
+  // Nothing was written by the refusals.
+  for (float v : scores) REQUIRE(std::isnan(v));
+  // The adaptor is a late policy.
+  static_assert(kvscout::infinigen_query_scores<kvscout::infinigen_policy<>>::needs_query);
+}
+
+namespace {
+
+// The selector's semantics, written out: the late top-k (keep-set, then the best by score, NaN
+// never, ties to the lower index), minus the speculated rows, the `extra` best of the rest.
+std::vector<int32_t> reference_added(const std::vector<float>& row, int len, int budget, int extra,
+                                     kvscout::keep_set keep, const std::vector<int32_t>& spec) {
+  std::vector<int32_t> want;
+  if (len <= budget) {
+    want.resize(static_cast<std::size_t>(len));
+    std::iota(want.begin(), want.end(), 0);
+  } else {
+    const int head = std::min(keep.sinks, len), tail = std::max(head, len - keep.recent);
+    for (int t = 0; t < head; ++t) want.push_back(t);
+    for (int t = tail; t < len; ++t) want.push_back(t);
+    std::vector<int32_t> mid;
+    for (int t = head; t < tail; ++t)
+      if (!std::isnan(row[static_cast<std::size_t>(t)])) mid.push_back(t);
+    std::stable_sort(mid.begin(), mid.end(), [&](int a, int b) { return row[static_cast<std::size_t>(a)] > row[static_cast<std::size_t>(b)]; });
+    const int k = budget - static_cast<int>(want.size());
+    for (int i = 0; i < k && i < static_cast<int>(mid.size()); ++i) want.push_back(mid[static_cast<std::size_t>(i)]);
+  }
+  std::vector<int32_t> miss;
+  for (int t : want)
+    if (!std::binary_search(spec.begin(), spec.end(), t)) miss.push_back(t);
+  std::stable_sort(miss.begin(), miss.end(), [&](int a, int b) {
+    const float x = row[static_cast<std::size_t>(a)], y = row[static_cast<std::size_t>(b)];
+    if (std::isnan(x) != std::isnan(y)) return std::isnan(y);
+    if (!std::isnan(x) && x != y) return x > y;
+    return a < b;
+  });
+  if (static_cast<int>(miss.size()) > extra) miss.resize(static_cast<std::size_t>(extra));
+  std::sort(miss.begin(), miss.end());
+  return miss;
+}
+
+}  // namespace
+
+TEST_CASE("the correction adds the late top-k's rows the speculation missed, the best first",
+          "[select][correction]") {
+  std::mt19937 rng(2024);
+  const int S = 3, H = 2, stride = 700, cap = 64;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int budget = 24 + static_cast<int>(rng() % 100);
+    const int extra = static_cast<int>(rng() % std::min(cap + 1, budget + 1));
+    const kvscout::keep_set keep{static_cast<int>(rng() % 5), static_cast<int>(rng() % 9)};
+    CAPTURE(trial, budget, extra, keep.sinks, keep.recent);
+    std::vector<int32_t> lens(S);
+    for (auto& l : lens) l = static_cast<int>(rng() % (stride + 1));
+    lens[0] = std::min(lens[0], budget);  // a row the late top-k takes whole
+    // Scores: coarse values (ties), some NaN, some infinities.
+    std::vector<float> scores(static_cast<std::size_t>(S) * H * stride, 0.f);
+    for (auto& v : scores) {
+      const auto u = rng() % 100;
+      v = u < 3 ? nan_f : u < 5 ? -INFINITY : u < 6 ? INFINITY : static_cast<float>(rng() % 40) * 0.25f - 3.f;
+    }
+    // Speculated rows: a random ascending subset of [0, len), at most spec_cap.
+    const int spec_cap = 80;
+    std::vector<int32_t> sp_idx(static_cast<std::size_t>(S) * H * spec_cap, -1), sp_cnt(static_cast<std::size_t>(S) * H);
+    std::vector<std::vector<int32_t>> spec(static_cast<std::size_t>(S) * H);
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) {
+        auto& v = spec[static_cast<std::size_t>(s) * H + h];
+        for (int t = 0; t < lens[static_cast<std::size_t>(s)] && static_cast<int>(v.size()) < spec_cap; ++t)
+          if (rng() % 3 == 0) v.push_back(t);
+        std::copy(v.begin(), v.end(), sp_idx.begin() + (static_cast<std::size_t>(s) * H + h) * spec_cap);
+        sp_cnt[static_cast<std::size_t>(s) * H + h] = static_cast<int>(v.size());
+      }
+    const kvscout::correction_selector_host::config cfg{S, H, stride, cap, budget, extra, keep};
+    auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
+    kvscout::correction_selector_host corr(cfg, ws.span());
+    std::vector<int32_t> idx(static_cast<std::size_t>(S) * H * cap, -7), cnt(static_cast<std::size_t>(S) * H, -7);
+    corr.select({{scores.data(), scores.size()}, {lens.data(), lens.size()}, S, H, stride},
+                {{sp_idx.data(), sp_idx.size()}, {sp_cnt.data(), sp_cnt.size()}, S, H, spec_cap},
+                {{idx.data(), idx.size()}, {cnt.data(), cnt.size()}, S, H, cap});
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) {
+        CAPTURE(s, h, lens[static_cast<std::size_t>(s)]);
+        const std::size_t rr = static_cast<std::size_t>(s) * H + h;
+        const std::vector<float> row(scores.begin() + static_cast<std::ptrdiff_t>(rr * stride),
+                                     scores.begin() + static_cast<std::ptrdiff_t>((rr + 1) * stride));
+        const auto want = reference_added(row, lens[static_cast<std::size_t>(s)], budget, extra, keep, spec[rr]);
+        const std::vector<int32_t> got(idx.begin() + static_cast<std::ptrdiff_t>(rr * cap),
+                                       idx.begin() + static_cast<std::ptrdiff_t>(rr * cap + cnt[rr]));
+        REQUIRE(got == want);
+        REQUIRE(cnt[rr] <= extra);
+      }
+  }
+}
+
+TEST_CASE("the correction adds nothing the speculation already holds, and holds its extra cap",
+          "[select][correction]") {
+  // Scores rank token t at 1000 - t: the late top-8 of 100 tokens (no keep-set) is [0, 8).
+  const int stride = 100, budget = 8;
+  std::vector<float> scores(stride);
+  for (int t = 0; t < stride; ++t) scores[static_cast<std::size_t>(t)] = 1000.f - static_cast<float>(t);
+  std::vector<int32_t> lens{stride};
+  const auto run = [&](std::vector<int32_t> spec, int extra) {
+    const kvscout::correction_selector_host::config cfg{1, 1, stride, 8, budget, extra, {}};
+    auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
+    kvscout::correction_selector_host corr(cfg, ws.span());
+    std::vector<int32_t> cnt{static_cast<int32_t>(spec.size())}, idx(8), n(1);
+    spec.resize(std::max<std::size_t>(spec.size(), 1));
+    corr.select({{scores.data(), scores.size()}, {lens.data(), 1}, 1, 1, stride},
+                {{spec.data(), spec.size()}, {cnt.data(), 1}, 1, 1, static_cast<int>(spec.size())},
+                {{idx.data(), idx.size()}, {n.data(), 1}, 1, 1, 8});
+    return std::vector<int32_t>(idx.begin(), idx.begin() + n[0]);
+  };
+  REQUIRE(run({0, 1, 2, 3, 4, 5, 6, 7}, 8).empty());                          // nothing missed
+  REQUIRE(run({1, 3, 50, 60}, 8) == std::vector<int32_t>{0, 2, 4, 5, 6, 7});  // every miss
+  REQUIRE(run({1, 3, 50, 60}, 3) == std::vector<int32_t>{0, 2, 4});           // the best 3 misses
+  REQUIRE(run({}, 0).empty());                                                // no extra: none
+}
+
+TEST_CASE("the correction refuses a malformed speculated selection and config",
+          "[select][correction][errors]") {
+  const int stride = 50;
+  std::vector<float> scores(stride, 1.f);
+  std::vector<int32_t> lens{40}, idx(8), n(1);
+  const kvscout::correction_selector_host::config cfg{1, 1, stride, 8, 10, 4, {2, 2}};
+  auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
+  kvscout::correction_selector_host corr(cfg, ws.span());
+  const auto run = [&](std::vector<int32_t> spec, int count) {
+    std::vector<int32_t> cnt{count};
+    corr.select({{scores.data(), scores.size()}, {lens.data(), 1}, 1, 1, stride},
+                {{spec.data(), spec.size()}, {cnt.data(), 1}, 1, 1, static_cast<int>(spec.size())},
+                {{idx.data(), idx.size()}, {n.data(), 1}, 1, 1, 8});
+  };
+  n[0] = -3;
+  REQUIRE_THROWS_WITH(run({3, 2, 9}, 3), Catch::Contains("speculated index 2 at (seq 0, kv head 0, slot 1)"));
+  REQUIRE_THROWS_WITH(run({3, 40}, 2), Catch::Contains("speculated index 40") && Catch::Contains("seq_len = 40"));
+  REQUIRE_THROWS_WITH(run({-1}, 1), Catch::Contains("speculated index -1"));
+  REQUIRE_THROWS_WITH(run({1, 2}, 3), Catch::Contains("speculated count of (seq 0, kv head 0) = 3"));
+  REQUIRE(n[0] == -3);  // nothing written
+  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({1, 1, stride, 8, 10, 9, {}}),
+                      Catch::Contains("extra = 9 must be in [0, capacity = 8]"));
+  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({1, 1, stride, 8, 3, 2, {2, 2}}),
+                      Catch::Contains("smaller than the keep-set"));
+  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({1, 1, stride, 8, 60, 2, {}}),
+                      Catch::Contains("budget = 60 must be in [1, stride = 50]"));
+}
