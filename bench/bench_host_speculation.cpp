@@ -32,6 +32,11 @@
 //                           runs them (each layer's bytes evicted from L2 by the others)
 //   BM_stream_decode_order  its anchor: the 30 layers' partial keys read in turn
 //   BM_rope_table_fill      a step's RoPE table alone (reference: its share of the 4k step)
+//   BM_correction_step      the correction step (issue 32) of one layer, on the critical path:
+//                           score_query (the layer's own query against the same partial keys)
+//                           and correction_selector_host over a speculated 5 % (the late
+//                           top-10 %'s misses, at most 5 % added); anchor: BM_speculation at the
+//                           same n and mode (the step that runs ahead, off the critical path)
 
 #include <benchmark/benchmark.h>
 
@@ -47,6 +52,9 @@
 #include "kvscout/cache/partial_key_cache.hpp"
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/simd.hpp"
+#include "kvscout/core/workspace.hpp"
+#include "kvscout/select/correction.hpp"
+#include "kvscout/select/topk.hpp"
 #include "kvscout/spec/infinigen.hpp"
 
 namespace {
@@ -359,8 +367,44 @@ void BM_fma_roof(benchmark::State& state) {
   state.counters["fmas"] = static_cast<double>(fmas);
 }
 
+void BM_correction_step(benchmark::State& state) {
+  const auto mode = mode_arg(state.range(1));
+  fixture<> f(static_cast<int>(state.range(0)), mode);
+  const int n = f.n, spec = (n + 19) / 20, depth = (n + 9) / 10, extra = depth - spec;
+  // The layer's own query: random, of the model's shape; the speculated rows: the top 5 % of
+  // score() (what the speculation fetched), so the correction sees a realistic overlap.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> q(static_cast<std::size_t>(Hq) * D);
+  for (auto& v : q) v = nd(rng);
+  const kvscout::spec_context ctx{{f.x.data(), f.x.size()}, {q.data(), q.size()}, {f.pos.data(), 1},
+                                  {f.lens.data(), 1}};
+  const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, 1, H, n};
+  f.policy->score(0, ctx, out);
+  const kvscout::topk_selector_host::config tc{1, H, n, spec, spec, {4, 16}};
+  auto tws = kvscout::make_workspace<kvscout::topk_selector_host>(tc);
+  std::vector<int32_t> sidx(static_cast<std::size_t>(H) * spec), scnt(H), aidx(static_cast<std::size_t>(H) * extra), acnt(H);
+  kvscout::topk_selector_host(tc, tws.span())
+      .select(out.view({f.lens.data(), 1}), {{sidx.data(), sidx.size()}, {scnt.data(), scnt.size()}, 1, H, spec});
+  const kvscout::correction_selector_host::config cc{1, H, n, extra, depth, extra, {4, 16}};
+  auto cws = kvscout::make_workspace<kvscout::correction_selector_host>(cc);
+  kvscout::correction_selector_host corr(cc, cws.span());
+  for (auto _ : state) {
+    f.policy->score_query(0, ctx, out);
+    corr.select(out.view({f.lens.data(), 1}), {{sidx.data(), sidx.size()}, {scnt.data(), scnt.size()}, 1, H, spec},
+                {{aidx.data(), aidx.size()}, {acnt.data(), acnt.size()}, 1, H, extra});
+    benchmark::DoNotOptimize(aidx.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.key_bytes()));
+  state.counters["tokens"] = n;
+  state.counters["added"] = static_cast<double>(acnt[0] + acnt[1] + acnt[2]);
+}
+
 }  // namespace
 
+BENCHMARK(BM_correction_step)->ArgNames({"n", "mode"})->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_fma_roof)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({131072})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_speculation_mean)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({131072})

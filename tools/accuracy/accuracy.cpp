@@ -191,10 +191,14 @@ std::string selector_name(const infinigen_knobs& k) {
   char keep[32] = "";
   if (k.preset == nullptr && (k.keep.sinks != 4 || k.keep.recent != 16))
     std::snprintf(keep, sizeof keep, "_keep%d+%d", k.keep.sinks, k.keep.recent);
-  if (k.alpha < 0) return std::string("topk") + keep;
-  char b[96];
-  std::snprintf(b, sizeof b, "threshold_a%g_%s%s", static_cast<double>(k.alpha),
-                k.rule == threshold_rule::per_head ? "per_head" : "infinigen_mean", keep);
+  // The correction step and the late ranking (issue 32) are named after the selector.
+  char late[48] = "";
+  if (k.correct_share > 0) std::snprintf(late, sizeof late, "+corrected%g", k.correct_share);
+  if (k.late) std::snprintf(late, sizeof late, "+late");
+  if (k.alpha < 0) return std::string("topk") + keep + late;
+  char b[128];
+  std::snprintf(b, sizeof b, "threshold_a%g_%s%s%s", static_cast<double>(k.alpha),
+                k.rule == threshold_rule::per_head ? "per_head" : "infinigen_mean", keep, late);
   return b;
 }
 
@@ -553,7 +557,7 @@ int main(int argc, char** argv) try {
   std::printf("calibration samples collected in %.1f s\n", seconds_since(t_cal));
 
   bool main_stages = false;  // stages that write accuracy.csv / accuracy_layers.csv
-  for (const char* st : {"sweep", "matrix", "paper", "planes", "kivi_rest", "ablation", "pool"})
+  for (const char* st : {"sweep", "matrix", "paper", "planes", "kivi_rest", "ablation", "pool", "correction"})
     main_stages = main_stages || stages.find(st) != std::string::npos;
   harness hz(w, cal, out_dir, skip, append, main_stages);
   text_run lt;
@@ -767,6 +771,36 @@ int main(int argc, char** argv) try {
       }
     hz.pool_tokens = 0;
   }
+  // ---- stage correction (issue 32, part 1): kvscout's default with and without the correction
+  // step, and ranked by the layer's own query (the correction's bound), at 5 / 10 / 20 % of the
+  // rows in total, for every format on the long text and fp16 on the short one -----------------
+  if (stages.find("correction") != std::string::npos) {
+    const infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    const auto rows = [&](text_run& tx, kv_format f) {
+      if (!tx.dense_ppl.count(static_cast<int>(kv_format::fp16)))
+        hz.run("correction", tx, kv_format::fp16, eval_policy::dense, 1.0, {});
+      if (!tx.dense_ppl.count(static_cast<int>(f))) hz.run("correction", tx, f, eval_policy::dense, 1.0, {});
+      for (double b : {0.05, 0.10, 0.20}) {
+        hz.run("correction", tx, f, eval_policy::infinigen, b, def);
+        for (double share : {0.25, 0.5}) {
+          if (share == 0.25 && b != 0.10) continue;
+          infinigen_knobs c = def;
+          c.correct_share = share;
+          hz.run("correction", tx, f, eval_policy::infinigen, b, c);
+        }
+      }
+      infinigen_knobs c = def;
+      c.late = true;
+      hz.run("correction", tx, f, eval_policy::infinigen, 0.10, c);
+    };
+    for (kv_format f : formats) rows(lt, f);
+    if (!short_path.empty()) {
+      text_run st;
+      short_text(st);
+      rows(st, kv_format::fp16);
+    }
+  }
+
   // ---- stages copy and prompts (issue 32): retrieval over a long context, fp16, every token of
   // prompt and target through the policy, the target scored teacher-forced ---------------------
   const bool run_copy = stages.find("copy") != std::string::npos;
