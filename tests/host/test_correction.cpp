@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -175,53 +176,37 @@ TEST_CASE("score_query refuses what it cannot score", "[spec][infinigen][correct
 
 namespace {
 
-// The selector's semantics, written out: the late top-k (keep-set, then the best by score, NaN
-// never, ties to the lower index), minus the speculated rows, the `extra` best of the rest.
-std::vector<int32_t> reference_added(const std::vector<float>& row, int len, int budget, int extra,
-                                     kvscout::keep_set keep, const std::vector<int32_t>& spec) {
-  std::vector<int32_t> want;
-  if (len <= budget) {
-    want.resize(static_cast<std::size_t>(len));
-    std::iota(want.begin(), want.end(), 0);
-  } else {
-    const int head = std::min(keep.sinks, len), tail = std::max(head, len - keep.recent);
-    for (int t = 0; t < head; ++t) want.push_back(t);
-    for (int t = tail; t < len; ++t) want.push_back(t);
-    std::vector<int32_t> mid;
-    for (int t = head; t < tail; ++t)
-      if (!std::isnan(row[static_cast<std::size_t>(t)])) mid.push_back(t);
-    std::stable_sort(mid.begin(), mid.end(), [&](int a, int b) { return row[static_cast<std::size_t>(a)] > row[static_cast<std::size_t>(b)]; });
-    const int k = budget - static_cast<int>(want.size());
-    for (int i = 0; i < k && i < static_cast<int>(mid.size()); ++i) want.push_back(mid[static_cast<std::size_t>(i)]);
-  }
-  std::vector<int32_t> miss;
-  for (int t : want)
-    if (!std::binary_search(spec.begin(), spec.end(), t)) miss.push_back(t);
-  std::stable_sort(miss.begin(), miss.end(), [&](int a, int b) {
-    const float x = row[static_cast<std::size_t>(a)], y = row[static_cast<std::size_t>(b)];
-    if (std::isnan(x) != std::isnan(y)) return std::isnan(y);
-    if (!std::isnan(x) && x != y) return x > y;
-    return a < b;
+// The selector's semantics, written out: the rows not speculated; all of them where they are no
+// more than `extra`, else the `extra` best by late score (NaN never, ties to the lower index).
+std::vector<int32_t> reference_added(const std::vector<float>& row, int len, int extra,
+                                     const std::vector<int32_t>& spec) {
+  std::vector<int32_t> rest;
+  for (int t = 0; t < len; ++t)
+    if (!std::binary_search(spec.begin(), spec.end(), t)) rest.push_back(t);
+  if (static_cast<int>(rest.size()) <= extra) return rest;
+  std::vector<int32_t> ranked;
+  for (int t : rest)
+    if (!std::isnan(row[static_cast<std::size_t>(t)])) ranked.push_back(t);
+  std::stable_sort(ranked.begin(), ranked.end(), [&](int a, int b) {
+    return row[static_cast<std::size_t>(a)] > row[static_cast<std::size_t>(b)];
   });
-  if (static_cast<int>(miss.size()) > extra) miss.resize(static_cast<std::size_t>(extra));
-  std::sort(miss.begin(), miss.end());
-  return miss;
+  if (static_cast<int>(ranked.size()) > extra) ranked.resize(static_cast<std::size_t>(extra));
+  std::sort(ranked.begin(), ranked.end());
+  return ranked;
 }
 
 }  // namespace
 
-TEST_CASE("the correction adds the late top-k's rows the speculation missed, the best first",
+TEST_CASE("the correction adds the best rows by late score that the speculation did not select",
           "[select][correction]") {
   std::mt19937 rng(2024);
   const int S = 3, H = 2, stride = 700, cap = 64;
   for (int trial = 0; trial < 60; ++trial) {
-    const int budget = 24 + static_cast<int>(rng() % 100);
-    const int extra = static_cast<int>(rng() % std::min(cap + 1, budget + 1));
-    const kvscout::keep_set keep{static_cast<int>(rng() % 5), static_cast<int>(rng() % 9)};
-    CAPTURE(trial, budget, extra, keep.sinks, keep.recent);
+    const int extra = 1 + static_cast<int>(rng() % cap);
+    CAPTURE(trial, extra);
     std::vector<int32_t> lens(S);
     for (auto& l : lens) l = static_cast<int>(rng() % (stride + 1));
-    lens[0] = std::min(lens[0], budget);  // a row the late top-k takes whole
+    lens[0] = std::min(lens[0], extra + 5);  // a row with few unspeculated rows
     // Scores: coarse values (ties), some NaN, some infinities.
     std::vector<float> scores(static_cast<std::size_t>(S) * H * stride, 0.f);
     for (auto& v : scores) {
@@ -240,20 +225,22 @@ TEST_CASE("the correction adds the late top-k's rows the speculation missed, the
         std::copy(v.begin(), v.end(), sp_idx.begin() + (static_cast<std::size_t>(s) * H + h) * spec_cap);
         sp_cnt[static_cast<std::size_t>(s) * H + h] = static_cast<int>(v.size());
       }
-    const kvscout::correction_selector_host::config cfg{S, H, stride, cap, budget, extra, keep};
+    const kvscout::correction_selector_host::config cfg{S, H, stride, cap, extra};
     auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
     kvscout::correction_selector_host corr(cfg, ws.span());
     std::vector<int32_t> idx(static_cast<std::size_t>(S) * H * cap, -7), cnt(static_cast<std::size_t>(S) * H, -7);
+    const std::vector<float> before = scores;
     corr.select({{scores.data(), scores.size()}, {lens.data(), lens.size()}, S, H, stride},
                 {{sp_idx.data(), sp_idx.size()}, {sp_cnt.data(), sp_cnt.size()}, S, H, spec_cap},
                 {{idx.data(), idx.size()}, {cnt.data(), cnt.size()}, S, H, cap});
+    REQUIRE(std::memcmp(before.data(), scores.data(), scores.size() * sizeof(float)) == 0);  // input kept
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < H; ++h) {
         CAPTURE(s, h, lens[static_cast<std::size_t>(s)]);
         const std::size_t rr = static_cast<std::size_t>(s) * H + h;
         const std::vector<float> row(scores.begin() + static_cast<std::ptrdiff_t>(rr * stride),
                                      scores.begin() + static_cast<std::ptrdiff_t>((rr + 1) * stride));
-        const auto want = reference_added(row, lens[static_cast<std::size_t>(s)], budget, extra, keep, spec[rr]);
+        const auto want = reference_added(row, lens[static_cast<std::size_t>(s)], extra, spec[rr]);
         const std::vector<int32_t> got(idx.begin() + static_cast<std::ptrdiff_t>(rr * cap),
                                        idx.begin() + static_cast<std::ptrdiff_t>(rr * cap + cnt[rr]));
         REQUIRE(got == want);
@@ -264,13 +251,14 @@ TEST_CASE("the correction adds the late top-k's rows the speculation missed, the
 
 TEST_CASE("the correction adds nothing the speculation already holds, and holds its extra cap",
           "[select][correction]") {
-  // Scores rank token t at 1000 - t: the late top-8 of 100 tokens (no keep-set) is [0, 8).
-  const int stride = 100, budget = 8;
+  // Scores rank token t at 1000 - t.
+  constexpr int stride = 100;
   std::vector<float> scores(stride);
   for (int t = 0; t < stride; ++t) scores[static_cast<std::size_t>(t)] = 1000.f - static_cast<float>(t);
   std::vector<int32_t> lens{stride};
-  const auto run = [&](std::vector<int32_t> spec, int extra) {
-    const kvscout::correction_selector_host::config cfg{1, 1, stride, 8, budget, extra, {}};
+  const auto run = [&](std::vector<int32_t> spec, int extra, int len = 100) {
+    lens[0] = len;
+    const kvscout::correction_selector_host::config cfg{1, 1, stride, 8, extra};
     auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
     kvscout::correction_selector_host corr(cfg, ws.span());
     std::vector<int32_t> cnt{static_cast<int32_t>(spec.size())}, idx(8), n(1);
@@ -280,10 +268,11 @@ TEST_CASE("the correction adds nothing the speculation already holds, and holds 
                 {{idx.data(), idx.size()}, {n.data(), 1}, 1, 1, 8});
     return std::vector<int32_t>(idx.begin(), idx.begin() + n[0]);
   };
-  REQUIRE(run({0, 1, 2, 3, 4, 5, 6, 7}, 8).empty());                          // nothing missed
-  REQUIRE(run({1, 3, 50, 60}, 8) == std::vector<int32_t>{0, 2, 4, 5, 6, 7});  // every miss
-  REQUIRE(run({1, 3, 50, 60}, 3) == std::vector<int32_t>{0, 2, 4});           // the best 3 misses
-  REQUIRE(run({}, 0).empty());                                                // no extra: none
+  REQUIRE(run({1, 3, 50, 60}, 6) == std::vector<int32_t>{0, 2, 4, 5, 6, 7});  // the best 6 misses
+  REQUIRE(run({1, 3, 50, 60}, 3) == std::vector<int32_t>{0, 2, 4});
+  REQUIRE(run({0, 1, 2, 3, 4, 5, 6, 7}, 2) == std::vector<int32_t>{8, 9});
+  REQUIRE(run({0, 2, 4}, 4, 6) == std::vector<int32_t>{1, 3, 5});  // all that is left
+  REQUIRE(run({0, 1, 2, 3, 4, 5}, 4, 6).empty());                   // nothing left
 }
 
 TEST_CASE("the correction refuses a malformed speculated selection and config",
@@ -291,7 +280,7 @@ TEST_CASE("the correction refuses a malformed speculated selection and config",
   const int stride = 50;
   std::vector<float> scores(stride, 1.f);
   std::vector<int32_t> lens{40}, idx(8), n(1);
-  const kvscout::correction_selector_host::config cfg{1, 1, stride, 8, 10, 4, {2, 2}};
+  const kvscout::correction_selector_host::config cfg{1, 1, stride, 8, 4};
   auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
   kvscout::correction_selector_host corr(cfg, ws.span());
   const auto run = [&](std::vector<int32_t> spec, int count) {
@@ -306,10 +295,8 @@ TEST_CASE("the correction refuses a malformed speculated selection and config",
   REQUIRE_THROWS_WITH(run({-1}, 1), Catch::Contains("speculated index -1"));
   REQUIRE_THROWS_WITH(run({1, 2}, 3), Catch::Contains("speculated count of (seq 0, kv head 0) = 3"));
   REQUIRE(n[0] == -3);  // nothing written
-  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({1, 1, stride, 8, 10, 9, {}}),
-                      Catch::Contains("extra = 9 must be in [0, capacity = 8]"));
-  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({1, 1, stride, 8, 3, 2, {2, 2}}),
-                      Catch::Contains("smaller than the keep-set"));
-  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({1, 1, stride, 8, 60, 2, {}}),
-                      Catch::Contains("budget = 60 must be in [1, stride = 50]"));
+  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({1, 1, stride, 8, 9}),
+                      Catch::Contains("extra = 9 must be in [1, capacity = 8]"));
+  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({1, 1, stride, 8, 0}),
+                      Catch::Contains("extra = 0 must be in [1, capacity = 8]"));
 }

@@ -374,7 +374,7 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
   using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy<>, kvscout::topk_selector_host>;
   pipe_t pipe(pc, ig, sel);
   // The test's own correction: the late scores of the same policy, the same selector semantics.
-  const kvscout::correction_selector_host::config cc{S, H, max_tokens, extra, budget + extra, extra, keep};
+  const kvscout::correction_selector_host::config cc{S, H, max_tokens, extra, extra};
   auto cws = kvscout::make_workspace<kvscout::correction_selector_host>(cc);
   kvscout::correction_selector_host corr(cc, cws.span());
   std::vector<float> late(static_cast<std::size_t>(S) * H * max_tokens), want_out(static_cast<std::size_t>(S) * Hq * D);

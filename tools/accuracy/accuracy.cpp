@@ -274,7 +274,7 @@ class harness {
                 done_, stage.c_str(), to_string(f), policy_name(p, k),
                 p == eval_policy::infinigen ? to_string(k.mode) : "-", p == eval_policy::infinigen ? k.r : 0,
                 p == eval_policy::infinigen ? to_string(k.aggregation) : "-",
-                p == eval_policy::infinigen ? selector_name(k).c_str() : "topk", 100 * o.budget, r.ppl(),
+                p == eval_policy::infinigen ? selector_name(k).c_str() : "topk", 100 * (o.budget + o.correct), r.ppl(),
                 r.fetch_fraction(skip_), r.mean_of(r.recall, skip_), r.mean_of(r.recall_oracle, skip_),
                 r.seconds, el);
     if (o.pool_tokens > 0)
@@ -357,7 +357,7 @@ class harness {
                   stage.c_str(), tx.name.c_str(), tx.tokens, tx.score_from, r.scored, to_string(o.format),
                   policy_name(o.policy, k), ig ? to_string(k.mode) : "", ig ? k.r : 0,
                   ig ? to_string(k.aggregation) : "", ig ? selector_name(k).c_str() : (o.policy == eval_policy::dense ? "" : "topk"),
-                  100 * o.budget, r.ppl(), dense16 > 0 ? r.ppl() / dense16 : 0.0, densef > 0 ? r.ppl() / densef : 0.0,
+                  100 * (o.budget + o.correct), r.ppl(), dense16 > 0 ? r.ppl() / dense16 : 0.0, densef > 0 ? r.ppl() / densef : 0.0,
                   r.fetch_fraction(skip_), r.row_bytes, bytes, dense16_bytes > 0 ? bytes / dense16_bytes : 0.0, rec, reco,
                   reco > 0 ? rec / reco : 0.0, r.mean_of(r.overlap, skip_), samples, r.seconds);
     add_pool_columns(b, sizeof b, tx, o);
@@ -368,7 +368,7 @@ class harness {
       std::snprintf(b, sizeof b, "%s,%s,%s,%s,%s,%d,%s,%s,%g,%zu,%.6f,%.6f,%.6f,%.6f,%d\n", stage.c_str(),
                     tx.name.c_str(), to_string(o.format), policy_name(o.policy, k), ig ? to_string(k.mode) : "",
                     ig ? k.r : 0, ig ? to_string(k.aggregation) : "",
-                    ig ? selector_name(k).c_str() : (o.policy == eval_policy::dense ? "" : "topk"), 100 * o.budget, l,
+                    ig ? selector_name(k).c_str() : (o.policy == eval_policy::dense ? "" : "topk"), 100 * (o.budget + o.correct), l,
                     r.rows_dense[l] > 0 ? r.rows_fetched[l] / r.rows_dense[l] : 0.0, n > 0 ? r.recall[l] / n : 0.0,
                     n > 0 ? r.recall_oracle[l] / n : 0.0, n > 0 ? r.overlap[l] / n : 0.0, n);
       add_pool_columns(b, sizeof b, tx, o);

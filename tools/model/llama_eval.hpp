@@ -109,9 +109,9 @@ struct eval_options {
   const std::vector<std::vector<skew_plan>>* plans = nullptr;  // [layer][kv head], empty below skip
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
   /// The correction step (kvscout's; select/correction.hpp): at each step, layer l's own query
-  /// scored against the partial keys (infinigen_policy::score_query) ranks the rows; those of its
-  /// top max(ceil((budget + correct) * t), keep) that the speculation did not select are added,
-  /// the best first, so the rows moved stay within that total. 0: no correction.
+  /// scored against the partial keys (infinigen_policy::score_query) ranks the rows the
+  /// speculation did not select, and the best are added up to max(ceil((budget + correct) * t),
+  /// keep) rows in all. 0: no correction.
   double correct = 0;
   /// Score with layer l's own query instead of speculating from layer l - 1's input (the
   /// correction's ranking alone: what a perfect layer-ahead prediction of the query would give
@@ -366,7 +366,7 @@ class layer_major_eval {
         add_idx.assign(sel_idx.size(), 0);
         add_cnt.assign(sel_cnt.size(), 0);
         merged.assign(static_cast<std::size_t>(T), 0);
-        corr_ws.resize(correction_selector_host::workspace_bytes({1, H, T, T, T, T, {}}));
+        corr_ws.resize(correction_selector_host::workspace_bytes({1, H, T, T, T}));
       }
       const float scale = 1.f / std::sqrt(static_cast<float>(D));
       switch (opt.policy) {
@@ -669,7 +669,7 @@ class layer_major_eval {
           const bool threshold = o.policy == eval_policy::infinigen && o.alpha >= 0;
           select(o, threshold, n, budget, keep, st.scores.data(), st.sel_idx.data(), st.sel_cnt.data(), st);
           if (o.correct > 0) {
-            const int added = correct_step(l, ctx, n, t, keep, st);
+            const int added = correct_step(l, ctx, n, t, st);
             if (counted) r.rows_corrected[static_cast<std::size_t>(l)] += added;
           }
         } else {
@@ -777,10 +777,10 @@ class layer_major_eval {
     }
   }
 
-  // The correction step of step t: the rows layer l's own query ranks in the top `total` that the
-  // speculation (st.sel_*) missed, at most total - budget, merged into st.sel_*. Returns how
-  // many rows were added over the KV heads.
-  int correct_step(int l, const spec_context& ctx, int n, int t, keep_set keep, run_state& st) {
+  // The correction step of step t: the best total - budget rows by layer l's own query that the
+  // speculation (st.sel_*) did not select, merged into st.sel_*. Returns how many rows were
+  // added over the KV heads.
+  int correct_step(int l, const spec_context& ctx, int n, int t, run_state& st) {
     const eval_options& o = st.o;
     const int H = c_.n_kv_heads;
     const int total = std::min(n, std::max(static_cast<int>(std::ceil((o.budget + o.correct) * t - 1e-9)),
@@ -790,7 +790,7 @@ class layer_major_eval {
     const score_buffer lb{{st.late.data(), st.late.size()}, 1, H, T_};
     st.ig->score_query(l, ctx, lb);
     const int32_t len = n;
-    const correction_selector_host::config cc{1, H, T_, T_, total, extra, keep};
+    const correction_selector_host::config cc{1, H, T_, T_, extra};
     correction_selector_host corr(cc, {st.corr_ws.data(), st.corr_ws.size()});
     corr.select(lb.view({&len, 1}),
                 {{st.sel_idx.data(), st.sel_idx.size()}, {st.sel_cnt.data(), st.sel_cnt.size()}, 1, H, T_},

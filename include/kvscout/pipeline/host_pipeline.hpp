@@ -11,9 +11,9 @@
 //
 // The correction step (kvscout's; cfg.correction_capacity > 0, a policy with score_query such as
 // infinigen_policy): at the start of attend(i), layer i's own query is scored against the same
-// partial keys (score_query), correction_selector_host (select/correction.hpp) picks the rows
-// the late top-(capacity + correction_capacity) holds and the speculation missed, at most
-// correction_capacity per (sequence, kv head), and they are fetched on the critical path;
+// partial keys (score_query), correction_selector_host (select/correction.hpp) picks the best
+// correction_capacity rows per (sequence, kv head) by that score among those the speculation did
+// not select, and they are fetched on the critical path;
 // attention reads both sets (joined_rows). stats() counts them apart (fetch_stats::corrected). Two sets of selection / destination buffers alternate by layer parity, so layer i's
 // fetch can be in flight while layer i-1 reads its own rows (double buffering); on the host the
 // gather is synchronous, the structure is the one the CUDA pipeline keeps.
@@ -71,8 +71,7 @@ struct host_pipeline_config {
   float scale = 0.f;   // attention scale, usually 1 / sqrt(head_dim)
   bool track_reuse = true;  // count rows re-selected from the previous step (fetch_stats::reused)
   /// Most rows the correction step adds per (sequence, kv head) at a layer, at most capacity; 0:
-  /// no correction. The late ranking's depth is capacity + correction_capacity (at most
-  /// max_tokens).
+  /// no correction.
   int correction_capacity = 0;
   // How the gather writes the fetched rows (fetch/host_gather.hpp). automatic streams a layer's
   // fetch of 4 MiB or more past the cache; cached keeps it there for the attention that reads it
@@ -285,13 +284,10 @@ class host_decode_pipeline {
     KVSCOUT_EXPECTS(late, "correction_capacity = ", cfg_.correction_capacity,
                     " needs a policy that scores the layer's own query (score_query, e.g. "
                     "infinigen_policy); this one has none");
-    keep_set keep{};
-    if constexpr (requires { selector_.configuration().keep; }) keep = selector_.configuration().keep;
-    const int depth = std::min(cfg_.capacity + cfg_.correction_capacity, cfg_.max_tokens);
     // Its rows in buffers of the speculation's shape (capacity slots), so that one gather serves
     // both.
     const correction_selector_host::config cc{cfg_.num_seqs, cfg_.num_kv_heads, cfg_.max_tokens,
-                                              cfg_.capacity, depth, cfg_.correction_capacity, keep};
+                                              cfg_.capacity, cfg_.correction_capacity};
     corr_ws_ = make_workspace<correction_selector_host>(cc);
     corrector_ = std::make_unique<correction_selector_host>(cc, corr_ws_.span());
     const std::size_t slots = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads *

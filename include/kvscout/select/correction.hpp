@@ -3,18 +3,20 @@
 // i's own query exists, which rows did the speculation miss?
 //
 // Per (sequence, kv head) row of length len = seq_lens[s]:
-//   want  = the top-k selection (select/topk.hpp) of the late scores at `budget`, keep-set
-//           included: the rows the layer's real query ranks best
-//   miss  = want \ speculated (the rows already fetched, or in flight)
-//   added = the `extra` best of miss by late score (all of miss where it holds no more; ties go
-//           to the lower token index), written ascending
-// So the rows moved for the layer are |speculated| + |added| <= speculated capacity + extra, and
-// no added row is one the speculation already moved.
+//   added = the `extra` best rows by late score among [0, len) minus the speculated rows (NaN
+//           never chosen by score; ties go to the lower token index), written ascending; where
+//           no more than `extra` rows are left unspeculated, all of them (top-k's rule for a
+//           row that fits its budget, select/topk.hpp)
+// So the rows moved for the layer are |speculated| + |added|, and no added row is one the
+// speculation already moved. This is top-k with the speculated rows' scores masked: the device
+// twin (select/correction.cuh) runs it as a mask, the device top-k and a filter. Equivalently,
+// where extra + |speculated| <= K: the `extra` best of what the late top-K holds and the
+// speculation lacks.
 //
 //   kvscout::correction_selector_host::config cfg{.num_seqs = 1, .num_kv_heads = 8,
-//       .stride = 4096, .capacity = 64, .budget = 410, .extra = 64, .keep = {4, 16}};
-//   std::vector<std::byte> ws = ...;   // make_workspace<correction_selector_host>(cfg)
-//   kvscout::correction_selector_host corr(cfg, {ws.data(), ws.size()});
+//       .stride = 4096, .capacity = 64, .extra = 64};
+//   auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
+//   kvscout::correction_selector_host corr(cfg, ws.span());
 //   corr.select(late_scores, speculated, added);   // score_view, selection_view, selection_buffers
 //
 // select() checks every input before it writes (the speculated rows must be strictly ascending
@@ -25,6 +27,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
@@ -35,6 +38,34 @@
 
 namespace kvscout {
 
+namespace detail {
+/// The checks of a correction selector's config, host and device alike.
+inline void check_correction_config(int num_seqs, int num_kv_heads, int stride, int capacity,
+                                    int extra) {
+  KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
+  KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
+  KVSCOUT_EXPECTS(stride >= 0, "stride must be non-negative, got ", stride);
+  KVSCOUT_EXPECTS(extra >= 1 && extra <= capacity, "extra = ", extra, " must be in [1, capacity = ",
+                  capacity, "] (rows added per (sequence, kv head))");
+}
+
+/// The speculated selection's shape and sizes against the correction's (host and device).
+template <class Space>
+void check_speculated_shape(int num_seqs, int num_kv_heads, const selection_view<Space>& sp) {
+  KVSCOUT_EXPECTS(sp.num_seqs == num_seqs && sp.num_kv_heads == num_kv_heads,
+                  "speculated selection shape [num_seqs, num_kv_heads] = [", sp.num_seqs, ", ",
+                  sp.num_kv_heads, "] differs from the config's [", num_seqs, ", ", num_kv_heads,
+                  "]");
+  KVSCOUT_EXPECTS(sp.capacity >= 0, "speculated selection capacity ", sp.capacity, " is negative");
+  const std::size_t rows = static_cast<std::size_t>(num_seqs) * num_kv_heads;
+  KVSCOUT_EXPECTS(sp.counts.size() >= rows && (sp.counts.data() != nullptr || rows == 0),
+                  "speculated counts holds ", sp.counts.size(), " entries, expected ", rows);
+  const std::size_t slots = rows * static_cast<std::size_t>(sp.capacity);
+  KVSCOUT_EXPECTS(sp.indices.size() >= slots && (sp.indices.data() != nullptr || slots == 0),
+                  "speculated indices holds ", sp.indices.size(), " entries, expected ", slots);
+}
+}  // namespace detail
+
 class correction_selector_host {
  public:
   struct config {
@@ -42,27 +73,24 @@ class correction_selector_host {
     int num_kv_heads = 0;
     int stride = 0;    // score row stride: tokens per row, >= every seq_lens[s]
     int capacity = 0;  // index slots per (sequence, kv_head) in the output buffers
-    int budget = 0;    // depth of the late ranking, keep-set included
-    int extra = 0;     // rows added per (sequence, kv_head) at most: <= capacity
-    keep_set keep{};
+    int extra = 0;     // rows added per (sequence, kv_head) at most: in [1, capacity]
   };
   using config_type = config;
   using memory_space = host_space;
 
-  /// Workspace: the top-k selector's (about 12 * stride + 16 KiB) and two lists of `budget`
-  /// token indices.
+  /// Workspace: the top-k selector's (about 12 * stride + 16 KiB) and one masked score row.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
-    check_config(cfg);
+    detail::check_correction_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
+                                    cfg.extra);
     return sizeof(std::uint32_t) * (detail::row_workspace::words(cfg.stride) +
-                                    2 * static_cast<std::size_t>(cfg.budget));
+                                    static_cast<std::size_t>(cfg.stride));
   }
   static constexpr std::size_t workspace_alignment = detail::row_workspace_alignment;
 
   correction_selector_host(const config& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
     std::uint32_t* w = detail::workspace_words(workspace, workspace_bytes(cfg));
     ws_ = detail::row_workspace::carve(w, cfg.stride);
-    want_ = reinterpret_cast<std::int32_t*>(w + detail::row_workspace::words(cfg.stride));
-    miss_ = want_ + cfg.budget;
+    masked_ = reinterpret_cast<float*>(w + detail::row_workspace::words(cfg.stride));
   }
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
@@ -72,72 +100,39 @@ class correction_selector_host {
               const selection_buffers<host_space>& out) {
     detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
                                  scores, out);
-    check_speculated(scores, speculated);
+    detail::check_speculated_shape(cfg_.num_seqs, cfg_.num_kv_heads, speculated);
+    check_speculated_rows(scores, speculated);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
     for (int s = 0; s < cfg_.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
         const std::size_t r = speculated.row(s, h);
-        const float* row = scores.scores.data() + scores.row(s, h);
-        const int nw = detail::topk_row_host(row, len, cfg_.keep, cfg_.budget, ws_, want_);
-        const std::int32_t* sp = speculated.indices.data() + r * static_cast<std::size_t>(speculated.capacity);
+        const std::int32_t* sp =
+            speculated.indices.data() + r * static_cast<std::size_t>(speculated.capacity);
         const int ns = speculated.counts[r];
-        // want \ speculated: both ascending.
-        int nm = 0;
-        for (int i = 0, j = 0; i < nw; ++i) {
-          while (j < ns && sp[j] < want_[i]) ++j;
-          if (j == ns || sp[j] != want_[i]) miss_[nm++] = want_[i];
+        std::int32_t* dst = out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
+        if (len - ns <= cfg_.extra) {  // every unspeculated row
+          int c = 0;
+          for (int t = 0, j = 0; t < len; ++t) {
+            if (j < ns && sp[j] == t) {
+              ++j;
+            } else {
+              dst[c++] = t;
+            }
+          }
+          out.counts[r] = c;
+          continue;
         }
-        if (nm > cfg_.extra) {
-          // The `extra` best by late score; NaN lowest (a keep-set row may carry one), ties to
-          // the lower index: a strict weak order, so the kept set does not depend on the library.
-          const auto better = [row](std::int32_t a, std::int32_t b) {
-            const float x = row[a], y = row[b];
-            const bool xn = std::isnan(x), yn = std::isnan(y);
-            if (xn != yn) return yn;
-            if (!xn && x != y) return x > y;
-            return a < b;
-          };
-          std::nth_element(miss_, miss_ + cfg_.extra, miss_ + nm, better);
-          nm = cfg_.extra;
-          std::sort(miss_, miss_ + nm);
-        }
-        std::copy(miss_, miss_ + nm, out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity));
-        out.counts[r] = nm;
+        std::copy_n(scores.scores.data() + scores.row(s, h), len, masked_);
+        for (int j = 0; j < ns; ++j) masked_[sp[j]] = nan;
+        out.counts[r] = detail::topk_row_host(masked_, len, {}, cfg_.extra, ws_, dst);
       }
     }
   }
 
  private:
-  static void check_config(const config& cfg) {
-    KVSCOUT_EXPECTS(cfg.num_seqs >= 0, "num_seqs must be non-negative, got ", cfg.num_seqs);
-    KVSCOUT_EXPECTS(cfg.num_kv_heads > 0, "num_kv_heads must be positive, got ", cfg.num_kv_heads);
-    KVSCOUT_EXPECTS(cfg.capacity >= 0, "capacity must be non-negative, got ", cfg.capacity);
-    KVSCOUT_EXPECTS(cfg.keep.sinks >= 0 && cfg.keep.recent >= 0, "keep.sinks = ", cfg.keep.sinks,
-                    " and keep.recent = ", cfg.keep.recent, " must be non-negative");
-    KVSCOUT_EXPECTS(cfg.budget >= 1 && cfg.budget <= cfg.stride, "budget = ", cfg.budget,
-                    " must be in [1, stride = ", cfg.stride, "] (the late ranking's depth)");
-    KVSCOUT_EXPECTS(static_cast<long long>(cfg.keep.sinks) + cfg.keep.recent <= cfg.budget,
-                    "budget ", cfg.budget, " is smaller than the keep-set it includes: sinks ",
-                    cfg.keep.sinks, " + recent ", cfg.keep.recent);
-    KVSCOUT_EXPECTS(cfg.extra >= 0 && cfg.extra <= cfg.capacity, "extra = ", cfg.extra,
-                    " must be in [0, capacity = ", cfg.capacity, "]");
-  }
-
-  void check_speculated(const score_view<host_space>& scores,
-                        const selection_view<host_space>& sp) const {
-    KVSCOUT_EXPECTS(sp.num_seqs == cfg_.num_seqs && sp.num_kv_heads == cfg_.num_kv_heads,
-                    "speculated selection shape [num_seqs, num_kv_heads] = [", sp.num_seqs, ", ",
-                    sp.num_kv_heads, "] differs from the config's [", cfg_.num_seqs, ", ",
-                    cfg_.num_kv_heads, "]");
-    KVSCOUT_EXPECTS(sp.capacity >= 0, "speculated selection capacity ", sp.capacity,
-                    " is negative");
-    const std::size_t rows = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads;
-    KVSCOUT_EXPECTS(sp.counts.size() >= rows && (sp.counts.data() != nullptr || rows == 0),
-                    "speculated counts holds ", sp.counts.size(), " entries, expected ", rows);
-    KVSCOUT_EXPECTS(sp.indices.size() >= rows * static_cast<std::size_t>(sp.capacity) &&
-                        (sp.indices.data() != nullptr || rows * sp.capacity == 0),
-                    "speculated indices holds ", sp.indices.size(), " entries, expected ",
-                    rows * static_cast<std::size_t>(sp.capacity));
+  void check_speculated_rows(const score_view<host_space>& scores,
+                             const selection_view<host_space>& sp) const {
     for (int s = 0; s < cfg_.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
@@ -156,8 +151,7 @@ class correction_selector_host {
 
   config cfg_;
   detail::row_workspace ws_{};
-  std::int32_t* want_ = nullptr;  // [budget]
-  std::int32_t* miss_ = nullptr;  // [budget]
+  float* masked_ = nullptr;  // [stride]
 };
 
 }  // namespace kvscout
