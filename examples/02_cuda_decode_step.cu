@@ -140,17 +140,18 @@ int run() {
           keys.push_back(to_float(k_host[host_layout.k_offset(s, t, h) / sizeof(half) + c]));
     }
   spec.append(mem.upload(keys), mem.upload(seq_ids), mem.upload(token_ids), int(seq_ids.size()),
-              stream);
+              {stream});  // the execution argument (core/exec.hpp): a stream, a status word
 
   // Top-k keeps 4 attention sinks and the 16 most recent tokens, and fills the budget by score.
   const kvscout::topk_selector_cuda::config sel_cfg{S, H, max_tokens, budget, budget, {4, 16}};
   kvscout::topk_selector_cuda selector(
       sel_cfg, mem.alloc<std::byte>(kvscout::topk_selector_cuda::workspace_bytes(sel_cfg)));
   // Kernels flag bad device data (say, an index past a length) in a status word that kvscout never
-  // reads back. The zero-copy executor needs no workspace (its workspace_bytes is 0).
+  // reads back. Every device call takes it, with its stream, as its last argument: one cuda_exec.
+  // The zero-copy executor needs no workspace (its workspace_bytes is 0).
   const kvscout::device_span<int> status = mem.upload(std::vector<int>{0});
-  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget,
-                                             .stream = stream, .device_status = status.data()});
+  const kvscout::cuda_exec exec{stream, status.data()};
+  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
 
   const size_t slots = size_t(S) * H * budget;
   const auto d_x = mem.upload(x), d_q = mem.upload(q), out = mem.alloc<float>(q.size());
@@ -174,11 +175,10 @@ int run() {
   const kvscout::device_span<std::byte> attention_ws = mem.alloc<std::byte>(plan.workspace_bytes());
 
   // ---- the decode step: four enqueues on one stream; no allocation, no host synchronisation -----
-  spec.score({d_x, d_positions, d_lens, max_tokens}, scores, stream);
-  selector.select(scores.view(d_lens), selection, stream);
-  (void)fetch.submit(source, selection.view(), fetched);  // returns an event recorded on `stream`
-  kvscout::decode_attention_device(rows, current, d_q, out, {Hq, scale}, plan, attention_ws, stream,
-                                   status.data());
+  spec.score({d_x, d_positions, d_lens, max_tokens}, scores, exec);
+  selector.select(scores.view(d_lens), selection, exec);
+  (void)fetch.submit(source, selection.view(), fetched, exec);  // an event recorded on `stream`
+  kvscout::decode_attention_device(rows, current, d_q, out, {Hq, scale}, plan, attention_ws, exec);
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));  // only to look at the results
 
   // ---- what crossed the link --------------------------------------------------------------------

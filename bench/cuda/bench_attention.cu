@@ -136,7 +136,7 @@ struct attention_fixture {
                                                   kQHeads * kDim),
         kvscout::device_span<kvscout::half>(reinterpret_cast<kvscout::half*>(out->p),
                                             kQHeads * kDim),
-        p, plan, {ws->p, plan.workspace_bytes()}, stream);
+        p, plan, {ws->p, plan.workspace_bytes()}, {stream});
   }
 
   template <class L>

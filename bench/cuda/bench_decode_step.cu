@@ -396,20 +396,20 @@ void bm_gemm_under_fetch_body(benchmark::State& st, int executor, int blocks, bo
   std::vector<std::byte> ce_ws;
   if (executor == 0) {
     zc = std::make_unique<kvscout::zero_copy_executor<contiguous>>(kvscout::zero_copy_config{
-        .num_seqs = 1, .num_kv_heads = H, .capacity = sel.capacity, .stream = f.copy,
+        .num_seqs = 1, .num_kv_heads = H, .capacity = sel.capacity,
         .max_blocks = blocks == 0 ? 2 * sms : blocks});
     const kvscout::kv_view<contiguous, kvscout::device_space> src{f.dev_l, {f.dk, f.cache_bytes}, {f.dv, f.cache_bytes}};
     const kvscout::selection_view<kvscout::device_space> dsel{
         {sel.d_idx, sel.idx.size()}, {sel.d_cnt, sel.cnt.size()}, 1, H, sel.capacity};
-    fetch = [&, src, dsel] { (void)zc->submit(src, dsel, dst); };
+    fetch = [&, src, dsel] { (void)zc->submit(src, dsel, dst, {f.copy}); };
   } else {
-    const kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = H, .capacity = sel.capacity, .stream = f.copy};
+    const kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = H, .capacity = sel.capacity};
     ce_ws.resize(kvscout::copy_engine_executor<contiguous>::workspace_bytes(cfg));
     ce = std::make_unique<kvscout::copy_engine_executor<contiguous>>(cfg, kvscout::host_span<std::byte>(ce_ws.data(), ce_ws.size()));
     const kvscout::kv_view<contiguous, kvscout::host_space> src{f.host_l, {f.hk, f.cache_bytes}, {f.hv, f.cache_bytes}};
     const kvscout::selection_view<kvscout::host_space> hsel{
         {sel.idx.data(), sel.idx.size()}, {sel.cnt.data(), sel.cnt.size()}, 1, H, sel.capacity};
-    fetch = [&, src, hsel] { (void)ce->submit(src, hsel, dst); };
+    fetch = [&, src, hsel] { (void)ce->submit(src, hsel, dst, {f.copy}); };
   }
   // One fetch alone (a warm one: the second of two), to size the window: `reps` fetches back to
   // back, and enough GEMM sets on the compute stream, started first, to cover all of them.

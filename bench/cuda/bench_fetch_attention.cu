@@ -155,14 +155,14 @@ void bm_zero_copy(benchmark::State& st) {
   auto& f = fixture<T>(static_cast<int>(st.range(0)));
   using E = kvscout::zero_copy_executor<typename fetch_fixture<T>::layout>;
   // range(1): the SM budget (config.max_blocks; 0 = the default, zero_copy_default_blocks).
-  E ex({.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity, .stream = f.stream,
+  E ex({.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity,
         .max_blocks = static_cast<int>(st.range(1))});
   const double anchor = f.anchor_gbps();
   gpu_bench::event_timer t;
   int c = 0;
   for (auto _ : st) {
     t.start(f.stream);
-    ex.submit({f.dev_l, {f.k_dev, f.bytes}, {f.v_dev, f.bytes}}, f.dev_sel(c), f.dst());
+    ex.submit({f.dev_l, {f.k_dev, f.bytes}, {f.v_dev, f.bytes}}, f.dev_sel(c), f.dst(), {f.stream});
     st.SetIterationTime(t.stop(f.stream));
     c = (c + 1) % f.copies;
   }
@@ -178,7 +178,7 @@ void bm_zero_copy_row_cache(benchmark::State& st) {
   auto& f = fixture<T>(static_cast<int>(st.range(0)));
   const int reuse_pct = static_cast<int>(st.range(1));
   using E = kvscout::zero_copy_executor<typename fetch_fixture<T>::layout>;
-  E ex({.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity, .stream = f.stream});
+  E ex({.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity});
   const std::size_t slots = static_cast<std::size_t>(kHeads) * f.capacity;
   // Previous selections: per rotation and head, keep reuse_pct % of the current tokens and
   // replace the rest with tokens not selected now.
@@ -217,14 +217,15 @@ void bm_zero_copy_row_cache(benchmark::State& st) {
   };
   const kvscout::kv_view<typename fetch_fixture<T>::layout, kvscout::device_space> src{
       f.dev_l, {f.k_dev, f.bytes}, {f.v_dev, f.bytes}};
-  for (int c = 0; c < f.copies; ++c) ex.submit(src, prev_sel(c), prev_rows(c));  // untimed: fill
+  for (int c = 0; c < f.copies; ++c) ex.submit(src, prev_sel(c), prev_rows(c), {f.stream});  // untimed: fill
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(f.stream));
   const double anchor = f.anchor_gbps();
   gpu_bench::event_timer t;
   int c = 0;
   for (auto _ : st) {
     t.start(f.stream);
-    ex.submit(src, f.dev_sel(c), f.dst(), kvscout::row_cache_view{prev_sel(c), prev_rows(c)});
+    ex.submit(src, f.dev_sel(c), f.dst(), kvscout::row_cache_view{prev_sel(c), prev_rows(c)},
+              {f.stream});
     st.SetIterationTime(t.stop(f.stream));
     c = (c + 1) % f.copies;
   }
@@ -241,7 +242,7 @@ void bm_copy_engine(benchmark::State& st) {
   auto& f = fixture<T>(static_cast<int>(st.range(0)));
   using E = kvscout::copy_engine_executor<typename fetch_fixture<T>::layout>;
   kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity,
-                                  .stream = f.stream, .use_batch_api = Batch};
+                                  .use_batch_api = Batch};
   std::vector<std::byte> ws(E::workspace_bytes(cfg));
   E ex(cfg, {ws.data(), ws.size()});
   const double anchor = f.anchor_gbps();
@@ -249,7 +250,7 @@ void bm_copy_engine(benchmark::State& st) {
   int c = 0;
   for (auto _ : st) {
     t.start(f.stream);  // includes the host's run building and API calls
-    ex.submit({f.host_l, {f.k, f.bytes}, {f.v, f.bytes}}, f.host_sel(c), f.dst());
+    ex.submit({f.host_l, {f.k, f.bytes}, {f.v, f.bytes}}, f.host_sel(c), f.dst(), {f.stream});
     st.SetIterationTime(t.stop(f.stream));
     c = (c + 1) % f.copies;
   }
@@ -262,7 +263,7 @@ void bm_staged(benchmark::State& st) {
   auto& f = fixture<T>(static_cast<int>(st.range(0)));
   using E = kvscout::staged_executor<typename fetch_fixture<T>::layout>;
   kvscout::staged_config cfg{.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity,
-                             .k_row_bytes = f.row, .v_row_bytes = f.row, .stream = f.stream,
+                             .k_row_bytes = f.row, .v_row_bytes = f.row,
                              .threads = static_cast<int>(st.range(1))};
   std::byte *pinned = nullptr, *dev = nullptr;
   KVSCOUT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), E::workspace_bytes(cfg), 0));
@@ -274,7 +275,7 @@ void bm_staged(benchmark::State& st) {
     int c = 0;
     for (auto _ : st) {
       t.start(f.stream);  // includes the host gather
-      ex.submit({f.host_l, {f.k, f.bytes}, {f.v, f.bytes}}, f.host_sel(c), f.dst());
+      ex.submit({f.host_l, {f.k, f.bytes}, {f.v, f.bytes}}, f.host_sel(c), f.dst(), {f.stream});
       st.SetIterationTime(t.stop(f.stream));
       c = (c + 1) % f.copies;
     }

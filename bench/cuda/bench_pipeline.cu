@@ -38,14 +38,14 @@ struct synthetic_stages {
   std::size_t fetch_bytes;
   int* sink;
   int grid;
-  void speculate(int, int, cudaStream_t s) {
-    kvscout::detail::launch(stream_read, grid / 4, 256, 0, s, partial_keys, partial_bytes / 16, sink);
+  void speculate(int, int, const kvscout::cuda_exec& x) {
+    kvscout::detail::launch(stream_read, grid / 4, 256, 0, x.stream, partial_keys, partial_bytes / 16, sink);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
-  void fetch(int layer, int slot, cudaStream_t s) {
+  void fetch(int layer, int slot, const kvscout::cuda_exec& x) {
     KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(device_rows + slot * fetch_bytes,
                                        host_rows + layer * fetch_bytes, fetch_bytes,
-                                       cudaMemcpyHostToDevice, s));
+                                       cudaMemcpyHostToDevice, x.stream));
   }
 };
 

@@ -133,7 +133,7 @@ struct spec_fixture {
   }
   void score(int copy, cudaStream_t stream) {
     copies[static_cast<std::size_t>(copy) % copies.size()]->sp->score(
-        {{x.p, x.n}, {pos.p, 1}, {lens.p, 1}, n}, {{scores.p, scores.n}, 1, H, n}, stream);
+        {{x.p, x.n}, {pos.p, 1}, {lens.p, 1}, n}, {{scores.p, scores.n}, 1, H, n}, {stream});
   }
   kvscout::score_view<kvscout::device_space> view() const {
     return {{scores.p, scores.n}, {lens.p, 1}, 1, H, n};
@@ -227,7 +227,7 @@ void bm_topk(benchmark::State& st) {
   int copy = 0;
   for (auto _ : st) {
     timer.start(nullptr);
-    sel.select(f.view(copy), f.out(), nullptr);
+    sel.select(f.view(copy), f.out(), {});
     const double t = timer.stop(nullptr);
     st.SetIterationTime(t);
     ours += t;
@@ -254,7 +254,7 @@ void bm_threshold(benchmark::State& st) {
   int copy = 0;
   for (auto _ : st) {
     timer.start(nullptr);
-    sel.select(f.view(copy++), f.out(), nullptr);
+    sel.select(f.view(copy++), f.out(), {});
     st.SetIterationTime(timer.stop(nullptr));
   }
   set_counters(st, static_cast<double>(H) * n, 4.0 * H * n);
@@ -273,7 +273,7 @@ void bm_spec_topk(benchmark::State& st) {
   for (auto _ : st) {
     timer.start(nullptr);
     f.score(copy++, nullptr);
-    sel.select(f.view(), out, nullptr);
+    sel.select(f.view(), out, {});
     st.SetIterationTime(timer.stop(nullptr));
   }
   set_counters(st, static_cast<double>(H) * n,
@@ -296,7 +296,7 @@ void bm_streaming(benchmark::State& st) {
   int copy = 0;
   for (auto _ : st) {
     timer.start(nullptr);
-    policy.score({{}, {}, {f.lens.p, 1}, n}, {{dst(copy), row}, 1, H, n}, nullptr);
+    policy.score({{}, {}, {f.lens.p, 1}, n}, {{dst(copy), row}, 1, H, n}, {});
     const double t = timer.stop(nullptr);
     st.SetIterationTime(t);
     ours += t;

@@ -467,12 +467,12 @@ class decode_stack {
     bool fetch_on = true;
     const cudaEvent_t* t0 = nullptr;  // optional, per layer: recorded around each fetch
     const cudaEvent_t* t1 = nullptr;
-    void speculate(int l, int b, cudaStream_t st) { s->speculate(l, b, st); }
-    void fetch(int l, int b, cudaStream_t st) {
+    void speculate(int l, int b, const kvscout::cuda_exec& x) { s->speculate(l, b, x); }
+    void fetch(int l, int b, const kvscout::cuda_exec& x) {
       if (!fetch_on) return;
-      if (t0 != nullptr) KVSCOUT_CUDA_CHECK(cudaEventRecord(t0[l], st));
-      s->fetch(l, b, st);
-      if (t1 != nullptr) KVSCOUT_CUDA_CHECK(cudaEventRecord(t1[l], st));
+      if (t0 != nullptr) KVSCOUT_CUDA_CHECK(cudaEventRecord(t0[l], x.stream));
+      s->fetch(l, b, x);
+      if (t1 != nullptr) KVSCOUT_CUDA_CHECK(cudaEventRecord(t1[l], x.stream));
     }
   };
   using pipeline_t = kvscout::cuda_decode_pipeline<switch_stages>;
@@ -859,7 +859,7 @@ class decode_stack {
                                   256, 0, compute_, keys, cache_of(l), s, t0, n, H, D);
           specs_.back()->append(kvscout::device_span<const half>(keys, static_cast<std::size_t>(n) * H * D),
                                 kvscout::device_span<const std::int32_t>(seq_const[s], n),
-                                kvscout::device_span<const std::int32_t>(d_iota + t0, n), n, compute_);
+                                kvscout::device_span<const std::int32_t>(d_iota + t0, n), n, {compute_});
         }
     }
     seq_ids_ = a_.upload([&] {
@@ -872,8 +872,8 @@ class decode_stack {
     const std::size_t tb = kvscout::topk_selector_cuda::workspace_bytes(tc);
     selector_ = std::make_unique<kvscout::topk_selector_cuda>(tc, kvscout::device_span<std::byte>(a_.device<std::byte>(tb), tb));
     zc_ = std::make_unique<kvscout::zero_copy_executor<L>>(kvscout::zero_copy_config{
-        .num_seqs = S, .num_kv_heads = H, .capacity = budget_rows_, .stream = copy_,
-        .max_blocks = cfg_.gather_blocks, .device_status = d_status_});
+        .num_seqs = S, .num_kv_heads = H, .capacity = budget_rows_,
+        .max_blocks = cfg_.gather_blocks});
     std::vector<kvscout::kv_view<L, kvscout::device_space>> sources;
     for (int l = 0; l < NL; ++l)
       sources.push_back({dev_layout_, {alias_k_[cache_of(l)], k_bytes_}, {alias_v_[cache_of(l)], v_bytes_}});
@@ -905,8 +905,6 @@ class decode_stack {
     slot_stages_ = std::make_unique<stages_t>(sp, *selector_, *zc_, sources, sb, lengths, xin, slot_sets);
     cache_stages_ = std::make_unique<stages_t>(sp, *selector_, *zc_, sources, sb, lengths, xin, layer_sets,
                                                kvscout::cuda_stage_buffering::row_cache, d_hits_);
-    slot_stages_->set_device_status(d_status_);
-    cache_stages_->set_device_status(d_status_);
     // KIVI's rows are the fetched records, then the resident window (R + G at most).
     int window = 0;
     if constexpr (kivi) window = traits::options.residual + traits::options.group;
@@ -938,7 +936,7 @@ class decode_stack {
     // InfiniGen: the staged executor on the copy stream, the selection's host copies.
     const kvscout::staged_config stc{.num_seqs = S, .num_kv_heads = H, .capacity = budget_rows_,
                                      .k_row_bytes = host_layout_.k_row_bytes(),
-                                     .v_row_bytes = host_layout_.v_row_bytes(), .stream = copy_,
+                                     .v_row_bytes = host_layout_.v_row_bytes(),
                                      .threads = std::max(1, cfg_.staged_threads)};
     using staged_t = kvscout::staged_executor<L>;
     const std::size_t hb = staged_t::workspace_bytes(stc), db = staged_t::device_workspace_bytes(stc);
@@ -992,11 +990,11 @@ class decode_stack {
     if constexpr (kivi) {
       const kvscout::kivi_gathered_rows_device<L> rows(dev_layout_, buf.selection.view(), buf.rows, resident(l));
       kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), sparse_plan_,
-                                       attn_ws_, compute_, d_status_);
+                                       attn_ws_, {compute_, d_status_});
     } else {
       const kvscout::gathered_rows_device<half, D> rows(buf.selection.view(), buf.rows);
       kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), sparse_plan_,
-                                       attn_ws_, compute_, d_status_);
+                                       attn_ws_, {compute_, d_status_});
     }
   }
   void attend_dense(std::byte* k, std::byte* v) {
@@ -1004,7 +1002,7 @@ class decode_stack {
       const kvscout::layout_rows_device<L> rows(kvscout::kv_view<L, kvscout::device_space>{
           dev_layout_, {k, k_bytes_}, {v, v_bytes_}});
       kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), dense_plan_,
-                                       attn_ws_, compute_, d_status_);
+                                       attn_ws_, {compute_, d_status_});
     }
   }
   // Append the new token into layer l's cache (host-mapped or device) and partial keys; then the
@@ -1017,12 +1015,13 @@ class decode_stack {
       kvscout::append_token_device(dev_layout_, kvscout::device_span<std::byte>(k_cache, k_bytes_),
                                    kvscout::device_span<std::byte>(v_cache, v_bytes_),
                                    kvscout::device_span<const half>(k_new_, n),
-                                   kvscout::device_span<const half>(v_new_, n), d_lens_, compute_, d_status_);
+                                   kvscout::device_span<const half>(v_new_, n), d_lens_,
+                                   {compute_, d_status_});
     }
     if (partial_keys)
       specs_[l]->append(kvscout::device_span<const half>(k_new_, n),
                         kvscout::device_span<const std::int32_t>(seq_ids_, S),
-                        kvscout::device_span<const std::int32_t>(d_lens_, S), S, compute_, d_status_);
+                        kvscout::device_span<const std::int32_t>(d_lens_, S), S, {compute_, d_status_});
     const auto& w = weights_[l];
     gemm(w.o, m_.d_model, m_.q_heads * D, attn_, x_, CUDA_R_32F, 1.f);
     kvscout::detail::launch(detail::rmsnorm, static_cast<unsigned>(S), 256, 0, compute_, x_, w.norm2,
@@ -1057,8 +1056,8 @@ class decode_stack {
     pipe.stages().fetch_on = w != decode_way::compute_only;
     for (int i = 0; i < m_.layers; ++i) {
       norm_in(i, pipeline_t::slot(i + 1), i == 0);
-      if (i == 0) pipe.speculate_first();
-      pipe.input_ready(i);
+      if (i == 0) pipe.speculate_first(d_status_);
+      pipe.input_ready(i, d_status_);
       qkv_rope(i);
       pipe.wait_rows(i);
       const kvscout::cuda_stage_buffers& buf = st.buffers(i, pipeline_t::slot(i));
@@ -1114,7 +1113,7 @@ class decode_stack {
     const int b = l % 2;
     KVSCOUT_CUDA_CHECK(cudaEventRecord(ev_x_[b], compute_));
     KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(side_, ev_x_[b], 0));
-    slot_stages_->speculate(l, b, side_);
+    slot_stages_->speculate(l, b, {side_, d_status_});
     const auto& sel = slot_stages_->buffers(l, b).selection;
     KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(host_idx_[b], sel.indices.data(), sel.indices.size() * 4, cudaMemcpyDeviceToHost, side_));
     KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(host_cnt_[b], sel.counts.data(), sel.counts.size() * 4, cudaMemcpyDeviceToHost, side_));
@@ -1129,7 +1128,7 @@ class decode_stack {
                                                           S, H, budget_rows_};
     KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(copy_, ev_free_[b], 0));  // attention(l - 2) read the rows
     time_begin(l, copy_);
-    (void)staged_->submit(host_cache(l), hs, slot_stages_->buffers(l, b).rows);
+    (void)staged_->submit(host_cache(l), hs, slot_stages_->buffers(l, b).rows, {copy_});
     time_end(l, copy_);
     KVSCOUT_CUDA_CHECK(cudaEventRecord(ev_fetched_[b], copy_));
   }

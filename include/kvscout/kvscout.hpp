@@ -19,6 +19,7 @@
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/dtype.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/core/selection.hpp"

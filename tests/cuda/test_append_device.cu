@@ -84,8 +84,8 @@ void kivi_append_case(int steps, std::uint32_t seed, int residual = 64, int head
     }
     device_vector<In> dk(kin), dv(vin);
     kvscout::kivi_append_device(dl, db, dlens.data(), kvscout::device_span<const In>(dk.data(), tok),
-                                kvscout::device_span<const In>(dv.data(), tok), nullptr,
-                                status.data());
+                                kvscout::device_span<const In>(dv.data(), tok),
+                                {nullptr, status.data()});
   }
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   const std::string name = "kivi k" + std::to_string(L::key_bits) + "v" +
@@ -120,8 +120,8 @@ void kivi_rejects() {
   clear_status(status);
   const auto before = kr.download();
   kvscout::kivi_append_device(l, b, dlens.data(), kvscout::device_span<float>(dk.data(), k.size()),
-                              kvscout::device_span<float>(dv.data(), v.size()), nullptr,
-                              status.data());
+                              kvscout::device_span<float>(dv.data(), v.size()),
+                              {nullptr, status.data()});
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   GPU_CHECK(dlens.download() == lens);
   GPU_CHECK(kr.download() == before);
@@ -155,8 +155,8 @@ void generic_case(const std::string& name, const L& host_l, const L& dev_l, std:
                                kvscout::device_span<std::byte>(v.data(), bytes),
                                kvscout::device_span<In>(dk.data(), tok),  // non-const spans
                                kvscout::device_span<In>(dv.data(), tok),  // deduce too
-                               positions ? dpos.data() : nullptr, nullptr, status.data(),
-                               scales);
+                               positions ? dpos.data() : nullptr, scales,
+                               {nullptr, status.data()});
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<std::byte> want_k = init, want_v = init;
   for (int s = 0; s < S; ++s) {

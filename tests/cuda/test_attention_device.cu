@@ -82,7 +82,7 @@ void attend(const Rows& rows, const kvscout::device_current_token<T>& cur,
             kvscout::device_span<QSpan> q, kvscout::device_span<O> out,
             const kvscout::attention_params& p, int* status = nullptr) {
   if (g_split->max_rows == 0) {
-    kvscout::decode_attention_device(rows, cur, q, out, p, nullptr, status);
+    kvscout::decode_attention_device(rows, cur, q, out, p, {nullptr, status});
     return;
   }
   const auto plan = kvscout::plan_decode_attention_device(
@@ -91,7 +91,7 @@ void attend(const Rows& rows, const kvscout::device_current_token<T>& cur,
        .num_sms = 132, .min_rows_per_split = g_split->min_rows_per_split});
   device_vector<std::byte> ws(plan.workspace_bytes());  // poisoned: unwritten partials show
   kvscout::decode_attention_device(rows, cur, q, out, p, plan, {ws.data(), plan.workspace_bytes()},
-                                   nullptr, status);
+                                   {nullptr, status});
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

@@ -177,7 +177,7 @@ struct speculators {
       gpu_test::device_vector<float> dk(keys);
       gpu_test::device_vector<int32_t> ds(sid), dt(tid);
       owned.back()->append(dspan<const float>(dk), dspan<const int32_t>(ds), dspan<const int32_t>(dt),
-                           static_cast<int>(sid.size()), stream);
+                           static_cast<int>(sid.size()), {stream});
       KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
   }
@@ -203,8 +203,7 @@ void step_matches_host() {
   kvscout::topk_selector_cuda selector(sc, {sel_ws.data(), kvscout::topk_selector_cuda::workspace_bytes(sc)});
   gpu_test::device_vector<int> status(1);
   KVSCOUT_CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(int)));
-  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget,
-                                             .stream = copy, .device_status = status.data()});
+  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
   std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
   const std::size_t cache_bytes = static_cast<std::size_t>(S) * H * max_tokens * D * sizeof(half);
   for (int l = 0; l < L; ++l)
@@ -261,7 +260,7 @@ void step_matches_host() {
       KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(x_slots[pipe_t::slot(i + 1)],
                                          x_all.data() + static_cast<std::size_t>(i) * S * dm,
                                          sizeof(float) * S * dm, cudaMemcpyDeviceToDevice, compute));
-      pipe.input_ready(i);
+      pipe.input_ready(i, status.data());  // the stages' policy, selector and fetch report there
       pipe.wait_rows(i);
       if (i < skip) continue;
       const kvscout::cuda_stage_buffers& buf = stages.buffers(i, pipe_t::slot(i));
@@ -273,7 +272,7 @@ void step_matches_host() {
                                                     {vc_all.data() + cur, static_cast<std::size_t>(S) * H * D}},
           {q_all.data() + static_cast<std::size_t>(i) * S * Hq * D, static_cast<std::size_t>(S) * Hq * D},
           {out_all.data() + static_cast<std::size_t>(i) * S * Hq * D, static_cast<std::size_t>(S) * Hq * D},
-          {Hq, scale}, compute, status.data());
+          {Hq, scale}, {compute, status.data()});
       KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_idx.data() + static_cast<std::size_t>(i) * slots_n, sel.indices.data(),
                                          slots_n * sizeof(int32_t), cudaMemcpyDeviceToDevice, compute));
       KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_cnt.data() + static_cast<std::size_t>(i) * S * H, sel.counts.data(),

@@ -77,13 +77,12 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
   clear_status(status);
 
   {  // zero copy: device aliases of the mapped source, device-resident metadata and selection
-    kvscout::zero_copy_config zc{.num_seqs = S, .num_kv_heads = H, .capacity = cap,
-                                 .stream = stream.s, .device_status = status.data()};
+    kvscout::zero_copy_config zc{.num_seqs = S, .num_kv_heads = H, .capacity = cap};
     GPU_CHECK(kvscout::zero_copy_executor<Layout>::workspace_bytes(zc) == 0);
     kvscout::zero_copy_executor<Layout> ex(zc);
     const kvscout::kv_view<Layout, kvscout::device_space> src{
         dev_l, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}};
-    auto c = ex.submit(src, dsel.view(), dst);
+    auto c = ex.submit(src, dsel.view(), dst, {stream.s, status.data()});
     GPU_CHECK(c.event() == ex.event());
     c.wait();
     GPU_CHECK(c.ready());
@@ -95,26 +94,27 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
     dk.poison();
     dv.poison();
     kvscout::copy_engine_config cc{.num_seqs = S, .num_kv_heads = H, .capacity = cap,
-                                   .stream = stream.s, .use_batch_api = batch};
+                                   .use_batch_api = batch};
     std::vector<std::byte> cws(kvscout::copy_engine_executor<Layout>::workspace_bytes(cc));
     kvscout::copy_engine_executor<Layout> ex(cc, {cws.data(), cws.size()});
-    ex.submit(host_src, sel.view(), dst).wait();
+    ex.submit(host_src, sel.view(), dst, {stream.s}).wait();
     const std::string tag = name + (batch ? " copy_engine(batch)" : " copy_engine(per run)");
     expect_same(tag + " K", dk.download(), ref_k);
     expect_same(tag + " V", dv.download(), ref_v);
     GPU_CHECK(ex.last_copy_count() <= 2 * static_cast<std::size_t>(sel.total()));
   }
-  {  // staged: two threads, two stages, three submits (the stages rotate and are reused)
+  {  // staged: two threads, two stages, three submits (the stages rotate and are reused), the
+     // second on another stream (each bulk copy waits for the previous submit's scatter)
+    stream_holder other;
     kvscout::staged_config sc{.num_seqs = S, .num_kv_heads = H, .capacity = cap,
-                              .k_row_bytes = kb, .v_row_bytes = vb, .stream = stream.s,
-                              .threads = 2, .stages = 2};
+                              .k_row_bytes = kb, .v_row_bytes = vb, .threads = 2, .stages = 2};
     pinned_vector<std::byte> pws(kvscout::staged_executor<Layout>::workspace_bytes(sc));
     device_vector<std::byte> dws(kvscout::staged_executor<Layout>::device_workspace_bytes(sc));
     kvscout::staged_executor<Layout> ex(sc, {pws.data(), pws.bytes()}, {dws.data(), dws.bytes()});
     for (int rep = 0; rep < 3; ++rep) {
       dk.poison();
       dv.poison();
-      ex.submit(host_src, sel.view(), dst).wait();
+      ex.submit(host_src, sel.view(), dst, {rep == 1 ? other.s : stream.s}).wait();
       expect_same(name + " staged K rep " + std::to_string(rep), dk.download(), ref_k);
       expect_same(name + " staged V rep " + std::to_string(rep), dv.download(), ref_v);
     }
@@ -192,12 +192,11 @@ void bad_device_data() {
   device_vector<std::byte> dk(slots * row), dv(slots * row);
   device_vector<int> status(1);
   clear_status(status);
-  kvscout::zero_copy_config zc{.num_seqs = 2, .num_kv_heads = heads, .capacity = cap,
-                               .device_status = status.data()};
+  kvscout::zero_copy_config zc{.num_seqs = 2, .num_kv_heads = heads, .capacity = cap};
   kvscout::zero_copy_executor<Layout> ex(zc);
   ex.submit({dl.layout, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}},
             {{d_idx.data(), idx.size()}, {d_counts.data(), counts.size()}, 2, heads, cap},
-            {{dk.data(), dk.bytes()}, {dv.data(), dv.bytes()}})
+            {{dk.data(), dk.bytes()}, {dv.data(), dv.bytes()}}, {nullptr, status.data()})
       .wait();
   const int st = read_status(status);
   GPU_CHECK(st == (kvscout::device_status::bad_index | kvscout::device_status::bad_count |
@@ -255,14 +254,15 @@ struct row_cache_case {
         a(std::vector<int>(lens.begin(), lens.end()), heads, cap, density, rng),
         b(std::vector<int>(lens.begin(), lens.end()), heads, cap, density, rng), da(a), db(b),
         ak(slots * row), av(slots * row), bk(slots * row), bv(slots * row), status(1), hits(1),
-        ex({.num_seqs = S, .num_kv_heads = heads, .capacity = cap,
-            .device_status = status.data()}),
+        ex({.num_seqs = S, .num_kv_heads = heads, .capacity = cap}),
         src{dl.layout, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}} {
     fill_random_bytes(k.data(), k.bytes(), seed + 1);
     fill_random_bytes(v.data(), v.bytes(), seed + 2);
     clear_status(status);
     KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
   }
+  // The execution argument of every submit: the default stream, this case's status word.
+  kvscout::cuda_exec x() { return {nullptr, status.data()}; }
   kvscout::gather_destination<kvscout::device_space> a_rows() {
     return {{ak.data(), ak.bytes()}, {av.data(), av.bytes()}};
   }
@@ -270,7 +270,7 @@ struct row_cache_case {
     return {{bk.data(), bk.bytes()}, {bv.data(), bv.bytes()}};
   }
   void fetch_a_then_rewrite() {
-    ex.submit(src, da.view(), a_rows()).wait();
+    ex.submit(src, da.view(), a_rows(), x()).wait();
     old_k.assign(k.data(), k.data() + k.bytes());
     old_v.assign(v.data(), v.data() + v.bytes());
     fill_random_bytes(k.data(), k.bytes(), seed + 3);  // the source changes: hits must not read it
@@ -290,7 +290,7 @@ void row_cache_serves_hits_from_device() {
   const auto& b = rc.b;
   rc.fetch_a_then_rewrite();
   const kvscout::row_cache_view cache{rc.da.view(), rc.a_rows(), rc.hits.data()};
-  rc.ex.submit(rc.src, rc.db.view(), rc.b_rows(), cache).wait();
+  rc.ex.submit(rc.src, rc.db.view(), rc.b_rows(), cache, rc.x()).wait();
   GPU_CHECK(read_status(rc.status) == 0);
   std::vector<std::byte> want(slots * row, poison), want_v(slots * row, poison);
   unsigned long long common = 0;
@@ -317,7 +317,7 @@ void row_cache_serves_hits_from_device() {
   // An overlapping cache is refused on the host.
   bool thrown = false;
   try {
-    rc.ex.submit(rc.src, rc.db.view(), rc.a_rows(), cache);
+    rc.ex.submit(rc.src, rc.db.view(), rc.a_rows(), cache, rc.x());
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("overlap") != std::string::npos;
   }
@@ -381,7 +381,7 @@ void row_cache_follows_its_row_map() {
     KVSCOUT_CUDA_CHECK(cudaMemset(bv.data(), static_cast<int>(poison), bv.bytes()));
     kvscout::row_cache_view cache{rc.da.view(), rc.a_rows(), hits.data()};
     if (with_map) cache.row_map = {dmap.data(), dmap.size()};
-    ex.submit(rc.src, rc.db.view(), rc.b_rows(), cache).wait();
+    ex.submit(rc.src, rc.db.view(), rc.b_rows(), cache, rc.x()).wait();
     std::vector<std::byte> got = bk.download(), gv = bv.download();
     got.insert(got.end(), gv.begin(), gv.end());
     return std::make_pair(got, hits.download()[0]);
@@ -415,7 +415,7 @@ void row_cache_follows_its_row_map() {
   bool thrown = false;
   try {
     ex.submit(rc.src, rc.db.view(), rc.b_rows(),
-              {rc.da.view(), rc.a_rows(), nullptr, {short_map.data(), short_map.size()}});
+              {rc.da.view(), rc.a_rows(), nullptr, {short_map.data(), short_map.size()}}, rc.x());
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("row_map holds 2 entries, expected num_seqs = 3") !=
              std::string::npos;

@@ -63,12 +63,16 @@ struct fake_stages {
   int* rows;            // [2][2]
   const int* host_rows; // [L] device alias of mapped host memory
   long long fetch_cycles;
-  void speculate(int layer, int slot, cudaStream_t s) {
-    kvscout::detail::launch(speculate_kernel, 1, 1, 0, s, step, layer, selection + slot);
+  // The execution arguments the pipeline handed the last calls (host-side record).
+  kvscout::cuda_exec speculated_on{}, fetched_on{};
+  void speculate(int layer, int slot, const kvscout::cuda_exec& x) {
+    speculated_on = x;
+    kvscout::detail::launch(speculate_kernel, 1, 1, 0, x.stream, step, layer, selection + slot);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
-  void fetch(int layer, int slot, cudaStream_t s) {
-    kvscout::detail::launch(fetch_kernel, 1, 1, 0, s, selection + slot, host_rows + layer,
+  void fetch(int layer, int slot, const kvscout::cuda_exec& x) {
+    fetched_on = x;
+    kvscout::detail::launch(fetch_kernel, 1, 1, 0, x.stream, selection + slot, host_rows + layer,
                             rows + 2 * slot, fetch_cycles);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
@@ -107,9 +111,10 @@ struct fixture {
 
 // One step, enqueued. `wait` false skips wait_rows (the control case).
 template <class Pipe>
-void enqueue_step(Pipe& pipe, fixture& f, int skip, bool wait, bool check_host) {
+void enqueue_step(Pipe& pipe, fixture& f, int skip, bool wait, bool check_host,
+                  int* status = nullptr) {
   for (int i = 0; i < fixture::L; ++i) {
-    pipe.input_ready(i);
+    pipe.input_ready(i, status);
     if (wait) pipe.wait_rows(i);
     if (i >= skip) {
       // the host row of layer i was last written at the previous step's attention(i): stamp(step, i)
@@ -129,9 +134,14 @@ void ordered_eagerly() {
     kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = skip},
                                        {f.compute, f.side, f.copy}, f.stages(200000));
     for (int step = 0; step < 6; ++step) {
-      if (skip == 0) pipe.speculate_first();
-      enqueue_step(pipe, f, skip, true, false);
+      if (skip == 0) pipe.speculate_first(f.errors.data());
+      enqueue_step(pipe, f, skip, true, false, f.errors.data());
     }
+    // Each stage ran on its role's stream with the status word input_ready was given (the fake
+    // stages never write it).
+    const fake_stages& st = pipe.stages();
+    GPU_CHECK(st.speculated_on.stream == f.side && st.fetched_on.stream == f.copy);
+    GPU_CHECK(st.speculated_on.status == f.errors.data() && st.fetched_on.status == f.errors.data());
     const int e = f.read_errors();
     if (e != 0) std::fprintf(stderr, "skip_layers %d: %d mismatches\n", skip, e);
     GPU_CHECK(e == 0);

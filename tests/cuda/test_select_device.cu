@@ -135,7 +135,7 @@ result run_device(const typename Sel::config& cfg, const problem& p,
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&stream));
   sel.select({{scores.data(), scores.size()}, {lens.data(), lens.size()}, p.S, p.H, p.stride},
              {{indices.data(), indices.size()}, {counts.data(), counts.size()}, p.S, p.H, cfg.capacity},
-             stream, status.data());
+             {stream, status.data()});
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
   KVSCOUT_CUDA_CHECK(cudaStreamDestroy(stream));
   return {indices.download(), counts.download(), status.download()[0]};
@@ -296,19 +296,19 @@ void bad_input_throws() {
   GPU_CHECK(throws_with(
       [&] {
         sel.select({{scores.data(), 150}, {lens.data(), 2}, 2, 1, 100},
-                   {{idx.data(), idx.size()}, {counts.data(), 2}, 2, 1, 10});
+                   {{idx.data(), idx.size()}, {counts.data(), 2}, 2, 1, 10}, kvscout::cuda_exec{});
       },
       "scores holds 150"));
   GPU_CHECK(throws_with(
       [&] {
         sel.select({{scores.data(), scores.size()}, {lens.data(), 2}, 2, 1, 99},
-                   {{idx.data(), idx.size()}, {counts.data(), 2}, 2, 1, 10});
+                   {{idx.data(), idx.size()}, {counts.data(), 2}, 2, 1, 10}, kvscout::cuda_exec{});
       },
       "99"));
   GPU_CHECK(throws_with(
       [&] {
         sel.select({{scores.data(), scores.size()}, {lens.data(), 2}, 2, 1, 100},
-                   {{idx.data(), 7}, {counts.data(), 2}, 2, 1, 10});
+                   {{idx.data(), 7}, {counts.data(), 2}, 2, 1, 10}, kvscout::cuda_exec{});
       },
       "selection indices holds 7"));
   const thr::config mean{2, 1, 100, 10, 1.f, 10, threshold_rule::infinigen_mean, {}};

@@ -152,7 +152,7 @@ void run_case(const shape& sh, std::uint32_t seed) {
     if (n == 0) return;
     gpu_test::device_vector<float> dk(keys);
     gpu_test::device_vector<std::int32_t> ds(seq_ids), dt(token_ids);
-    dev.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()}, n, stream);
+    dev.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()}, n, {stream});
     KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
     keys.clear();
     seq_ids.clear();
@@ -201,7 +201,7 @@ void run_case(const shape& sh, std::uint32_t seed) {
   gpu_test::device_vector<std::int32_t> dpos(positions), dlens(lens);
   gpu_test::device_vector<float> dscores(host_scores.size());  // poisoned: NaN bits
   dev.score({{dx.data(), dx.size()}, {dpos.data(), dpos.size()}, {dlens.data(), dlens.size()}, max_len},
-            {{dscores.data(), dscores.size()}, S, H, stride}, stream);
+            {{dscores.data(), dscores.size()}, S, H, stride}, {stream});
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
   KVSCOUT_CUDA_CHECK(cudaStreamDestroy(stream));
   const std::vector<float> scores = dscores.download();
@@ -361,10 +361,10 @@ void bad_input_throws() {
   gpu_test::device_vector<float> x(64), out(2 * 50);
   gpu_test::device_vector<std::int32_t> pos(1), lens(1);
   const kvscout::device_spec_context ctx{{x.data(), 64}, {pos.data(), 1}, {lens.data(), 1}, 101};
-  GPU_CHECK(throws_with([&] { s.score(ctx, {{out.data(), out.size()}, 1, 2, 50}); }, "max_seq_len = 101"));
+  GPU_CHECK(throws_with([&] { s.score(ctx, {{out.data(), out.size()}, 1, 2, 50}, {}); }, "max_seq_len = 101"));
   const kvscout::device_spec_context ok{{x.data(), 64}, {pos.data(), 1}, {lens.data(), 1}, 50};
-  GPU_CHECK(throws_with([&] { s.score(ok, {{out.data(), out.size()}, 1, 3, 50}); }, "has 3 kv heads"));
-  GPU_CHECK(throws_with([&] { s.score(ok, {{out.data(), 60}, 1, 2, 50}); }, "holds 60"));
+  GPU_CHECK(throws_with([&] { s.score(ok, {{out.data(), out.size()}, 1, 3, 50}, {}); }, "has 3 kv heads"));
+  GPU_CHECK(throws_with([&] { s.score(ok, {{out.data(), 60}, 1, 2, 50}, {}); }, "holds 60"));
 }
 
 // A small speculator set-up (2 sequences, 1 kv head, 2 query heads, head_dim 64, d_model 64,
@@ -414,10 +414,10 @@ void weights_in_the_model_dtype() {
     gpu_test::device_vector<float> sa(2 * 64), sb(2 * 64);
     for (spec* sp : {&a, &b}) {
       sp->append({dk.data(), dk.size()}, {sid.data(), sid.size()}, {tid.data(), tid.size()}, 2,
-                 nullptr);
+                 {});
       gpu_test::device_vector<float>& out = sp == &a ? sa : sb;
       sp->score({{dx.data(), dx.size()}, {pos.data(), pos.size()}, {lens.data(), lens.size()}, 1},
-                {{out.data(), out.size()}, 2, 1, 64}, nullptr);
+                {{out.data(), out.size()}, 2, 1, 64}, {});
     }
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> qa(2 * 2 * 16), qb(qa.size());
@@ -448,8 +448,8 @@ void lengths_on_device_are_clamped() {
   gpu_test::device_vector<std::int32_t> ds(sid), dt(tid);
   {
     gpu_test::device_vector<int> status(std::vector<int>{0});
-    s.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()}, 64, nullptr,
-             status.data());
+    s.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()}, 64,
+             {nullptr, status.data()});
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
     GPU_CHECK(status.download()[0] == 0);  // good pairs: nothing reported
   }
@@ -464,8 +464,8 @@ void lengths_on_device_are_clamped() {
     gpu_test::device_vector<std::int32_t> bs(std::vector<std::int32_t>{-1, 2, 0, 1});
     gpu_test::device_vector<std::int32_t> bt(std::vector<std::int32_t>{0, 0, 64, -1});
     gpu_test::device_vector<int> status(std::vector<int>{0});
-    s.append({dk.data(), dk.size()}, {bs.data(), bs.size()}, {bt.data(), bt.size()}, 4, nullptr,
-             status.data());
+    s.append({dk.data(), dk.size()}, {bs.data(), bs.size()}, {bt.data(), bt.size()}, 4,
+             {nullptr, status.data()});
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
     GPU_CHECK(status.download()[0] == kvscout::device_status::bad_index);  // and reported
     KVSCOUT_CUDA_CHECK(cudaMemcpy(after.data(), view.data.data(), sizeof(float) * after.size(),
@@ -476,8 +476,8 @@ void lengths_on_device_are_clamped() {
   gpu_test::device_vector<float> dx(x), out(2 * 40);
   gpu_test::device_vector<std::int32_t> pos(std::vector<std::int32_t>{5, 6}), lens(std::vector<std::int32_t>{1000, -3});
   gpu_test::device_vector<int> status(std::vector<int>{0});
-  s.score({{dx.data(), dx.size()}, {pos.data(), 2}, {lens.data(), 2}, 20, status.data()},
-          {{out.data(), out.size()}, 2, 1, 40});
+  s.score({{dx.data(), dx.size()}, {pos.data(), 2}, {lens.data(), 2}, 20},
+          {{out.data(), out.size()}, 2, 1, 40}, {nullptr, status.data()});
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);  // reported
   {
@@ -485,14 +485,14 @@ void lengths_on_device_are_clamped() {
     gpu_test::device_vector<std::int32_t> good(std::vector<std::int32_t>{20, 0});
     gpu_test::device_vector<int> quiet(std::vector<int>{0});
     gpu_test::device_vector<float> scratch(2 * 40);
-    s.score({{dx.data(), dx.size()}, {pos.data(), 2}, {good.data(), 2}, 20, quiet.data()},
-            {{scratch.data(), scratch.size()}, 2, 1, 40});
+    s.score({{dx.data(), dx.size()}, {pos.data(), 2}, {good.data(), 2}, 20},
+            {{scratch.data(), scratch.size()}, 2, 1, 40}, {nullptr, quiet.data()});
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
     GPU_CHECK(quiet.download()[0] == 0);
     // A negative length alone raises it.
     gpu_test::device_vector<std::int32_t> negative(std::vector<std::int32_t>{20, -1});
-    s.score({{dx.data(), dx.size()}, {pos.data(), 2}, {negative.data(), 2}, 20, quiet.data()},
-            {{scratch.data(), scratch.size()}, 2, 1, 40});
+    s.score({{dx.data(), dx.size()}, {pos.data(), 2}, {negative.data(), 2}, 20},
+            {{scratch.data(), scratch.size()}, 2, 1, 40}, {nullptr, quiet.data()});
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
     GPU_CHECK(quiet.download()[0] == kvscout::device_status::bad_length);
   }
@@ -535,11 +535,11 @@ void seq_ids_name_the_sequences() {
     gpu_test::device_vector<float> dk(keys), dx(x);
     gpu_test::device_vector<std::int32_t> ds(sid), dt(tid);
     sp.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()},
-              static_cast<int>(sid.size()));
+              static_cast<int>(sid.size()), {});
     gpu_test::device_vector<std::int32_t> dpos(pos), dlens(lens);
     gpu_test::device_vector<float> all(3 * 64);
     sp.score({{dx.data(), dx.size()}, {dpos.data(), 3}, {dlens.data(), 3}, 50},
-             {{all.data(), all.size()}, 3, 1, 64});
+             {{all.data(), all.size()}, 3, 1, 64}, {});
     // The batch: rows of sequences 2 and 0.
     std::vector<float> bx(x.begin() + 2 * 64, x.end());
     bx.insert(bx.end(), x.begin(), x.begin() + 64);
@@ -549,14 +549,14 @@ void seq_ids_name_the_sequences() {
         bad(std::vector<std::int32_t>{2, 3});
     gpu_test::device_vector<int> status(std::vector<int>{0});
     gpu_test::device_vector<float> got(2 * 64), got_bad(2 * 64);  // poisoned
-    sp.score({{dbx.data(), dbx.size()}, {bpos.data(), 2}, {blens.data(), 2}, 50, status.data(),
+    sp.score({{dbx.data(), dbx.size()}, {bpos.data(), 2}, {blens.data(), 2}, 50,
               {seq_ids.data(), 2}},
-             {{got.data(), got.size()}, 2, 1, 64});
+             {{got.data(), got.size()}, 2, 1, 64}, {nullptr, status.data()});
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
     GPU_CHECK(status.download()[0] == 0);
-    sp.score({{dbx.data(), dbx.size()}, {bpos.data(), 2}, {blens.data(), 2}, 50, status.data(),
+    sp.score({{dbx.data(), dbx.size()}, {bpos.data(), 2}, {blens.data(), 2}, 50,
               {bad.data(), 2}},
-             {{got_bad.data(), got_bad.size()}, 2, 1, 64});
+             {{got_bad.data(), got_bad.size()}, 2, 1, 64}, {nullptr, status.data()});
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
     GPU_CHECK(status.download()[0] == kvscout::device_status::bad_seq_id);
     const std::vector<float> a = all.download(), b = got.download(), c = got_bad.download();
@@ -572,9 +572,9 @@ void seq_ids_name_the_sequences() {
     GPU_CHECK(!poisoned(a[2 * 64]) && poisoned(c[64 + 30]));
     // Too few seq_ids for the rows: refused on the host, before any launch.
     GPU_CHECK(throws_with([&] {
-      sp.score({{dbx.data(), dbx.size()}, {bpos.data(), 2}, {blens.data(), 2}, 50, nullptr,
+      sp.score({{dbx.data(), dbx.size()}, {bpos.data(), 2}, {blens.data(), 2}, 50,
                 {seq_ids.data(), 1}},
-               {{got.data(), got.size()}, 2, 1, 64});
+               {{got.data(), got.size()}, 2, 1, 64}, {});
     }, "seq_ids holds 1 entries, expected num_seqs = 2"));
   }
 }
@@ -605,8 +605,8 @@ void typed_keys_match_float(rope_mode mode) {
   gpu_test::device_vector<float> dw(widened);
   gpu_test::device_vector<std::int32_t> ds(sid), dt(tid);
   a.append(kvscout::device_span<const K>(dk.data(), dk.size()), {ds.data(), ds.size()},
-           {dt.data(), dt.size()}, 64);
-  b.append({dw.data(), dw.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()}, 64);
+           {dt.data(), dt.size()}, 64, {});
+  b.append({dw.data(), dw.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()}, 64, {});
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   const auto download = [](const kvscout::partial_key_view<float>& v) {
     std::vector<float> h(v.data.size());

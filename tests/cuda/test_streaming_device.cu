@@ -7,7 +7,7 @@
 //   - through cuda_decode_pipeline with top-k and the zero-copy executor, every speculated layer
 //     selects the sinks and the most recent tokens (worked out here from the lengths alone), and
 //     the rows fetched from the mapped host caches are the bytes the host gather copies for the
-//     same selection; the stages hand the policy their status word and their sequence ids.
+//     same selection; the stages hand the policy the call's status word and their sequence ids.
 
 #include <algorithm>
 #include <cmath>
@@ -83,9 +83,8 @@ void scores_match_host() {
     gpu_test::device_vector<int32_t> dl(lens);
     gpu_test::device_vector<int> status(std::vector<int>{0});
     scores.poison();
-    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 1300,
-             .device_status = status.data()},
-            {{scores.data(), scores.size()}, S, H, stride});
+    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 1300},
+            {{scores.data(), scores.size()}, S, H, stride}, {nullptr, status.data()});
     GPU_CHECK(same_bits(scores.download(), host_scores(H, sinks, lens, stride, poison_value())));
     GPU_CHECK(status.download()[0] == 0);  // 1300 = max_seq_len is a good length
   }
@@ -98,9 +97,8 @@ void scores_match_host() {
     gpu_test::device_vector<int32_t> dl(bad);
     gpu_test::device_vector<int> status(std::vector<int>{0});
     scores.poison();
-    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 600,
-             .device_status = status.data()},
-            {{scores.data(), scores.size()}, S, H, stride});
+    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 600},
+            {{scores.data(), scores.size()}, S, H, stride}, {nullptr, status.data()});
     GPU_CHECK(same_bits(scores.download(),
                         host_scores(H, 4, {600, 0, 600, 100}, stride, poison_value())));
     GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);  // and reported
@@ -111,9 +109,8 @@ void scores_match_host() {
     gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
     gpu_test::device_vector<int32_t> dl(std::vector<int32_t>{600, -1, 0, 100});
     gpu_test::device_vector<int> status(std::vector<int>{0});
-    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 600,
-             .device_status = status.data()},
-            {{scores.data(), scores.size()}, S, H, stride});
+    p.score({.x = {}, .positions = {}, .seq_lens = dspan<const int32_t>(dl), .max_seq_len = 600},
+            {{scores.data(), scores.size()}, S, H, stride}, {nullptr, status.data()});
     GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);
   }
 }
@@ -130,7 +127,7 @@ void bad_input_throws() {
   const kvscout::device_spec_context ctx{{}, {}, dspan<const int32_t>(dl), 50};
   const kvscout::device_score_buffer out{{scores.data(), scores.size()}, S, H, stride};
   auto with = [&](kvscout::device_spec_context c, kvscout::device_score_buffer o) {
-    return [&p, c, o] { p.score(c, o); };
+    return [&p, c, o] { p.score(c, o, {}); };
   };
   GPU_CHECK(throws_with(with(ctx, {out.scores, S, 3, stride}), "score buffer has 3 kv heads, the config 2"));
   GPU_CHECK(throws_with(with(ctx, {out.scores, 0, H, stride}), "score buffer num_seqs = 0"));
@@ -155,9 +152,9 @@ struct seq_id_spy : kvscout::streaming_policy_cuda {
   using kvscout::streaming_policy_cuda::streaming_policy_cuda;
   kvscout::device_span<const int32_t> seen{};
   void score(const kvscout::device_spec_context& ctx, const kvscout::device_score_buffer& out,
-             cudaStream_t stream = nullptr) {
+             const kvscout::cuda_exec& exec) {
     seen = ctx.seq_ids;
-    kvscout::streaming_policy_cuda::score(ctx, out, stream);
+    kvscout::streaming_policy_cuda::score(ctx, out, exec);
   }
 };
 static_assert(kvscout::device_speculation_policy<seq_id_spy>);
@@ -195,8 +192,7 @@ void pipeline_selects_sinks_and_recent() {
   kvscout::topk_selector_cuda selector(sc, {sel_ws.data(), kvscout::topk_selector_cuda::workspace_bytes(sc)});
   gpu_test::device_vector<int> status(1);
   KVSCOUT_CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(int)));
-  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget,
-                                             .stream = copy, .device_status = status.data()});
+  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
   const std::size_t cache_bytes = cache * sizeof(half);
   std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
   for (int l = 0; l < L; ++l)
@@ -227,7 +223,6 @@ void pipeline_selects_sinks_and_recent() {
                   {dspan<const int32_t>(dev_lens), dspan<const int32_t>(dev_lens), max_tokens,
                    dspan<const int32_t>(seq_ids)},
                   {dspan<const float>(x0), dspan<const float>(x1)}, sets);
-  stages.set_device_status(status.data());  // the policy and the selector report there too
   // A row cache over rows named by seq_ids needs to know which row held each sequence before.
   bool refused = false;
   try {
@@ -250,7 +245,7 @@ void pipeline_selects_sinks_and_recent() {
   gpu_test::device_vector<int32_t> rec_idx(L * slots_n), rec_cnt(L * S * H);
   gpu_test::device_vector<half> rec_k(L * slots_n * D), rec_v(L * slots_n * D);
   for (int i = 0; i < L; ++i) {
-    pipe.input_ready(i);
+    pipe.input_ready(i, status.data());  // the policy, the selector and the fetch report there
     pipe.wait_rows(i);
     if (i < skip) continue;
     const kvscout::cuda_stage_buffers& buf = stages.buffers(i, pipe_t::slot(i));
@@ -304,20 +299,20 @@ void pipeline_selects_sinks_and_recent() {
   GPU_CHECK(wrong_selections == 0);
   GPU_CHECK(wrong_rows == 0);
   GPU_CHECK(policy.seen.data() == seq_ids.data() && policy.seen.size() == 2);  // the stages' ids
-  // The stages hand their status word to the policy and to the selector; each reports a length
-  // past its own bound.
+  // The stages hand the call's execution argument (its status word) to the policy and to the
+  // selector; each reports a length past its own bound.
   std::vector<int32_t> too_long = lens_init;
   too_long[0] = max_tokens + 5;  // past the selector's stride (max_tokens)
   dev_lens.upload(too_long);
   stages.set_max_seq_len(0);  // the policy launches nothing: only the selector reads lengths
-  stages.speculate(skip, 0, compute);
+  stages.speculate(skip, 0, {compute, status.data()});
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
   GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);
   status.upload(std::vector<int>{0});
   too_long[0] = max_tokens - 1;  // within the stride, past the policy's bound below
   dev_lens.upload(too_long);
   stages.set_max_seq_len(max_tokens - 2);
-  stages.speculate(skip, 0, compute);
+  stages.speculate(skip, 0, {compute, status.data()});
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
   GPU_CHECK(status.download()[0] == kvscout::device_status::bad_length);
   KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(compute));

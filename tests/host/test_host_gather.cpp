@@ -23,16 +23,34 @@ struct executor_without_alignment {
   using selection_type = kvscout::selection_view<kvscout::host_space>;
   using destination_type = int;
   using completion_type = kvscout::ready_completion;
+  using exec_type = kvscout::host_exec;
   static std::size_t workspace_bytes(const config_type&) { return 0; }
-  completion_type submit(const source_type&, const selection_type&, const destination_type&) {
+  completion_type submit(const source_type&, const selection_type&, const destination_type&,
+                         exec_type) {
     return {};
   }
 };
 struct executor_with_alignment : executor_without_alignment {
   static constexpr std::size_t workspace_alignment = 8;
 };
+// submit()'s last argument is the execution argument (core/exec.hpp): an executor whose submit
+// takes none, or that names no exec_type, is not one.
+struct executor_without_exec {
+  using config_type = int;
+  using source_type = int;
+  using selection_type = kvscout::selection_view<kvscout::host_space>;
+  using destination_type = int;
+  using completion_type = kvscout::ready_completion;
+  using exec_type = kvscout::cuda_exec;
+  static constexpr std::size_t workspace_alignment = 8;
+  static std::size_t workspace_bytes(const config_type&) { return 0; }
+  completion_type submit(const source_type&, const selection_type&, const destination_type&) {
+    return {};
+  }
+};
 static_assert(!kvscout::prefetch_executor<executor_without_alignment>);
 static_assert(kvscout::prefetch_executor<executor_with_alignment>);
+static_assert(!kvscout::prefetch_executor<executor_without_exec>);
 
 constexpr std::byte poison{0xCD};
 

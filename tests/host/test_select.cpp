@@ -42,29 +42,42 @@ constexpr std::int32_t count_poison = 0x7fffffff;
 static_assert(kvscout::topk_selector<topk_selector_host>);
 static_assert(kvscout::row_selector<threshold_selector_host>);
 
-// Types that are not selectors: no select(), or select() on device views.
+// Types that are not selectors: no select(), select() on device views, or no execution argument
+// (core/exec.hpp).
 struct no_select {
   struct config_type {};
   using memory_space = kvscout::host_space;
+  using exec_type = kvscout::host_exec;
   static std::size_t workspace_bytes(const config_type&) { return 0; }
   no_select(const config_type&, kvscout::host_span<std::byte>) {}
 };
 struct wrong_space {
   struct config_type {};
   using memory_space = kvscout::host_space;
+  using exec_type = kvscout::host_exec;
   static std::size_t workspace_bytes(const config_type&) { return 0; }
   wrong_space(const config_type&, kvscout::host_span<std::byte>) {}
   void select(const kvscout::score_view<kvscout::device_space>&,
-              const kvscout::selection_buffers<kvscout::device_space>&) {}
+              const kvscout::selection_buffers<kvscout::device_space>&, exec_type) {}
+};
+struct no_exec {
+  struct config_type {};
+  using memory_space = kvscout::host_space;
+  static constexpr std::size_t workspace_alignment = 4;
+  static std::size_t workspace_bytes(const config_type&) { return 0; }
+  no_exec(const config_type&, kvscout::host_span<std::byte>) {}
+  void select(const kvscout::score_view<kvscout::host_space>&,
+              const kvscout::selection_buffers<kvscout::host_space>&) {}
 };
 // Everything but the workspace alignment: a caller could not allocate its workspace right.
 struct no_alignment {
   struct config_type {};
   using memory_space = kvscout::host_space;
+  using exec_type = kvscout::host_exec;
   static std::size_t workspace_bytes(const config_type&) { return 0; }
   no_alignment(const config_type&, kvscout::host_span<std::byte>) {}
   void select(const kvscout::score_view<kvscout::host_space>&,
-              const kvscout::selection_buffers<kvscout::host_space>&) {}
+              const kvscout::selection_buffers<kvscout::host_space>&, exec_type) {}
 };
 struct with_alignment : no_alignment {
   using no_alignment::no_alignment;
@@ -74,6 +87,7 @@ static_assert(!kvscout::row_selector<no_alignment>);
 static_assert(kvscout::row_selector<with_alignment>);
 static_assert(!kvscout::row_selector<no_select>);
 static_assert(!kvscout::row_selector<wrong_space>);
+static_assert(!kvscout::row_selector<no_exec>);
 static_assert(!kvscout::row_selector<int>);
 
 // ---- data -----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@
 //   kvscout::gathered_rows_device<kvscout::half, 128> rows(sel, k_rows, v_rows);
 //   kvscout::decode_attention_device(rows, kvscout::device_current_token<kvscout::half>{k, v},
 //                                    q, out, {.num_q_heads = 32, .scale = 0.088f}, plan,
-//                                    workspace, stream);
+//                                    workspace, {stream, d_status});   // cuda_exec, last
 //
 // Row sources (attention/detail/device_rows.cuh):
 //   gathered_rows_device<T, D>      the fetched T rows (sparse attention)
@@ -29,10 +29,10 @@
 // more than one split a second kernel merges the blocks' softmax states. The plan sizes the split
 // so that the grid fills the GPU in one wave (1638 rows x 8 kv heads: 49 splits of 34 rows, 392
 // blocks).
-// Nothing is allocated and nothing synchronises the host; the call only enqueues on `stream`.
+// Nothing is allocated and nothing synchronises the host; the call only enqueues on exec.stream.
 // Host-known shapes and parameters are validated (kvscout::error naming the value); device data
 // is checked in the kernel (counts clamped, bad KIVI indices skipped, rows outside a dense
-// cache's buffers skipped), reported through the optional device status word
+// cache's buffers skipped), reported through the optional device status word exec.status
 // (core/device_status.hpp).
 // Unlike the host version there is no per-row probability output.
 
@@ -49,6 +49,7 @@
 #include "kvscout/attention/detail/device_rows.cuh"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/dtype.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/span.hpp"
 
 namespace kvscout {
@@ -110,8 +111,8 @@ template <device_attention_rows Rows, kv_element T, class QSpan = const float, c
 void decode_attention_device(const Rows& rows, const device_current_token<T>& cur,
                              device_span<QSpan> q, device_span<O> out,
                              const attention_params& p, const decode_attention_plan& plan,
-                             device_span<std::byte> workspace, cudaStream_t stream,
-                             int* device_status = nullptr) {
+                             device_span<std::byte> workspace, const cuda_exec& exec) {
+  const cudaStream_t stream = exec.stream;
   using Q = std::remove_const_t<QSpan>;
   static_assert(compute_element<Q> && compute_element<O>,
                 "kvscout::decode_attention_device: q and out must be float, half or bfloat16 "
@@ -142,7 +143,7 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
       g,
       p.scale * p.k_scale,
       p.v_scale,
-      device_status,
+      exec.status,
       plan.splits,
       plan.rows_per_split,
       plan.splits > 1 ? reinterpret_cast<float2*>(ws) : nullptr,
@@ -168,8 +169,7 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
 template <device_attention_rows Rows, kv_element T, class QSpan = const float, class O = float>
 void decode_attention_device(const Rows& rows, const device_current_token<T>& cur,
                              device_span<QSpan> q, device_span<O> out,
-                             const attention_params& p, cudaStream_t stream,
-                             int* device_status = nullptr) {
+                             const attention_params& p, const cuda_exec& exec) {
   decode_attention_plan plan;
   plan.num_seqs = rows.num_seqs();
   plan.num_kv_heads = rows.num_kv_heads();
@@ -180,7 +180,7 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
     plan.heads_per_block = g <= 1 ? 1 : (g <= 4 ? 4 : 8);
     plan.head_blocks = (g + plan.heads_per_block - 1) / plan.heads_per_block;
   }
-  decode_attention_device(rows, cur, q, out, p, plan, {}, stream, device_status);
+  decode_attention_device(rows, cur, q, out, p, plan, {}, exec);
 }
 
 }  // namespace kvscout

@@ -8,13 +8,14 @@
 // reads it whenever it likes (e.g. once per step, after the step's event, or only in debug
 // builds); kvscout never does. A null status pointer turns the reporting off, not the checks.
 //
-// Where it is passed: executors in their config (`cfg.device_status`, since submit() is shared
-// with the host executors); attention, append and the device selectors as the argument after
-// the stream; device speculation policies in `device_spec_context::device_status`; the CUDA
-// pipeline stages hand theirs (`set_device_status`) to their policies and selector.
+// Where it is passed: everywhere the same way, as cuda_exec::status (core/exec.hpp) in the
+// execution argument that is the last argument of every device call: executors' submit(),
+// the device selectors' select(), device policies' score() and append(), decode attention and
+// the appends. The CUDA pipeline hands the word its input_ready() / speculate_first() got to
+// every stage call. Nothing stores it: each call reports into the word it was given.
 //
 //   int* status;                          // cudaMalloc'd, zeroed by the caller
-//   cfg.device_status = status;           // e.g. an executor
+//   fetch.submit(src, sel, dst, {stream, status});   // e.g. an executor
 //   ...
 //   int bits = 0; cudaMemcpy(&bits, status, sizeof bits, cudaMemcpyDeviceToHost);  // off the hot path
 //   if (bits) std::puts(kvscout::describe_device_status(bits).c_str());

@@ -7,7 +7,10 @@
 //                      address must be a multiple of E::workspace_alignment (checked at setup)
 //   2. setup           E e(config, workspace)      (may start threads, create events; the only
 //                                                   place an executor may allocate)
-//   3. per step        auto c = e.submit(source, selection, destination);
+//   3. per step        auto c = e.submit(source, selection, destination, exec);
+//                      exec: E::exec_type (core/exec.hpp), the call's own execution argument:
+//                      cuda_exec{stream, status} for the CUDA executors, host_exec{} for the
+//                      host gather. No executor stores a stream or a status word.
 //   4. completion      c.wait() blocks until the rows are in place; c.ready() polls.
 // A selection names, per (sequence, kv_head), ascending token indices and a count (see
 // core/selection.hpp); the executor neither knows nor cares why they were chosen.
@@ -16,6 +19,7 @@
 #include <cstddef>
 
 #include "kvscout/core/completion.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 
@@ -29,12 +33,14 @@ concept prefetch_executor =
       typename E::selection_type;
       typename E::destination_type;
       typename E::completion_type;
+      typename E::exec_type;
     } && completion<typename E::completion_type> &&
     requires(E& e, const typename E::config_type& cfg, const typename E::source_type& src,
-             const typename E::selection_type& sel, const typename E::destination_type& dst) {
+             const typename E::selection_type& sel, const typename E::destination_type& dst,
+             const typename E::exec_type& x) {
       { E::workspace_bytes(cfg) } -> std::same_as<std::size_t>;
       { E::workspace_alignment } -> std::convertible_to<std::size_t>;
-      { e.submit(src, sel, dst) } -> std::same_as<typename E::completion_type>;
+      { e.submit(src, sel, dst, x) } -> std::same_as<typename E::completion_type>;
     };
 
 /// Whether an executor fits a device decode step that never waits for the device and can be

@@ -3,11 +3,10 @@
 // time), one copy per run of rows that are adjacent in the source and consecutive in the
 // selection, issued as one cudaMemcpyBatchAsync (CUDA >= 12.8) or one cudaMemcpyAsync per run.
 //
-//   kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
-//                                   .stream = stream};
+//   kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512};
 //   std::vector<std::byte> ws(kvscout::copy_engine_executor<layout>::workspace_bytes(cfg));
 //   kvscout::copy_engine_executor<layout> fetch(cfg, {ws.data(), ws.size()});
-//   auto c = fetch.submit(pinned_kv, host_selection, device_destination);
+//   auto c = fetch.submit(pinned_kv, host_selection, device_destination, {stream});
 //
 // The honest constraint: a run list is built from the selection, and memcpy APIs are called by
 // the host; a device kernel could emit run descriptors but cannot launch the copies (no device
@@ -22,11 +21,12 @@
 // submit() validates everything first (as host_gather_executor: shapes, sizes, the layout's
 // metadata, every count and index in range and strictly ascending) and throws kvscout::error
 // naming the bad value; then builds the copy list in the caller's workspace (no allocation) and
-// enqueues it on config.stream. The host thread does the run building and the API calls; it never
+// enqueues it on exec.stream (cuda_exec, submit()'s last argument; its status word is unused:
+// every check runs on the host and throws). The host thread does the run building and the API calls; it never
 // waits for the device. The batch API needs a stream other than the legacy default stream; with
 // the default stream (or use_batch_api = false, or an older runtime) copies go one by one.
 //
-// Completion: an event recorded on config.stream after the copies (event_completion). Once
+// Completion: an event recorded on exec.stream after the copies (event_completion). Once
 // submit() returns, the selection and the workspace may be reused (the copy list was consumed by
 // the API calls); the source must stay unchanged until the event completes.
 
@@ -38,6 +38,7 @@
 #include "kvscout/core/event_completion.hpp"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/concepts.hpp"
@@ -64,6 +65,7 @@ class copy_engine_executor {
   using selection_type = selection_view<host_space>;  // host-visible: see the header comment
   using destination_type = gather_destination<device_space>;
   using completion_type = event_completion;
+  using exec_type = cuda_exec;
 
   /// Host workspace: the running row counts and the copy list (2 * slots copies at most).
   [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
@@ -92,13 +94,13 @@ class copy_engine_executor {
   }
 
   [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }
-  void set_stream(cudaStream_t stream) noexcept { cfg_.stream = stream; }
   [[nodiscard]] cudaEvent_t event() const noexcept { return event_.get(); }
   /// Copies the last submit issued (K and V counted separately), for statistics.
   [[nodiscard]] std::size_t last_copy_count() const noexcept { return last_copies_; }
 
+  /// Enqueues the copies on exec.stream (exec.status is not used: the host checks everything).
   completion_type submit(const source_type& src, const selection_type& sel,
-                         const destination_type& dst) {
+                         const destination_type& dst, const exec_type& exec) {
     detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
                               /*vector_aligned=*/false);
     detail::check_host_selection(src, sel, prefix_);
@@ -106,34 +108,34 @@ class copy_engine_executor {
         detail::build_copy_runs(src.layout, src.k.data(), src.v.data(), dst.k.data(),
                                 dst.v.data(), sel, dsts_, srcs_, sizes_);
     last_copies_ = n;
-    if (n > 0) enqueue(n);
-    event_.record(cfg_.stream);
+    if (n > 0) enqueue(n, exec.stream);
+    event_.record(exec.stream);
     return completion_type{event_.get()};
   }
 
  private:
-  void enqueue(std::size_t n) {
+  void enqueue(std::size_t n, cudaStream_t stream) {
 #if KVSCOUT_HAS_MEMCPY_BATCH
     // The legacy default stream is not allowed for batches (and per-thread default streams are
     // not distinguishable here), so only an explicit stream batches.
-    if (cfg_.use_batch_api && cfg_.stream != nullptr && cfg_.stream != cudaStreamLegacy) {
+    if (cfg_.use_batch_api && stream != nullptr && stream != cudaStreamLegacy) {
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // the store may change between steps
       std::size_t attr_index = 0;
 #if CUDART_VERSION >= 13000
       KVSCOUT_CUDA_CHECK(cudaMemcpyBatchAsync(dsts_, srcs_, sizes_, n, &attr, &attr_index, 1,
-                                              cfg_.stream));
+                                              stream));
 #else
       std::size_t fail_index = 0;
       KVSCOUT_CUDA_CHECK(cudaMemcpyBatchAsync(dsts_, const_cast<void**>(srcs_), sizes_, n, &attr,
-                                              &attr_index, 1, &fail_index, cfg_.stream));
+                                              &attr_index, 1, &fail_index, stream));
 #endif
       return;
     }
 #endif
     for (std::size_t c = 0; c < n; ++c) {
       KVSCOUT_CUDA_CHECK(
-          cudaMemcpyAsync(dsts_[c], srcs_[c], sizes_[c], cudaMemcpyHostToDevice, cfg_.stream));
+          cudaMemcpyAsync(dsts_[c], srcs_[c], sizes_[c], cudaMemcpyHostToDevice, stream));
     }
   }
 

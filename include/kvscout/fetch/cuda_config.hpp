@@ -1,9 +1,8 @@
 #pragma once
 // The configs of the CUDA prefetch executors (fetch/zero_copy.cuh, fetch/copy_engine.cuh,
-// fetch/staged.cuh). Plain C++ with the CUDA runtime's types, so host code can build them without
-// the CUDA compiler.
-
-#include <cuda_runtime_api.h>
+// fetch/staged.cuh). Plain C++, so host code can build them without the CUDA compiler. They hold
+// what is fixed at setup; the stream and the device status word are each submit()'s last
+// argument (cuda_exec, core/exec.hpp).
 
 #include <cstddef>
 
@@ -19,14 +18,12 @@ struct zero_copy_config {
   int num_seqs = 0;
   int num_kv_heads = 0;
   int capacity = 0;               // most rows selected per (sequence, kv_head)
-  cudaStream_t stream = nullptr;  // the caller's stream; submit() enqueues on it
   // Grid bound: the SMs the gather may occupy (one block each). 0: zero_copy_default_blocks (8),
   // about the fewest that keep the link busy: on an H200 a gather over 4 to 8 blocks moved 0.91
   // of the contiguous H2D rate, the same as over all 132 SMs, while one over every SM slowed a
   // concurrent GEMM by 1.7x (docs/cuda_fetch.md). Raise it where no compute runs beside the fetch.
   int max_blocks = 0;
   int threads_per_block = 256;    // a multiple of 32 in [32, 1024]
-  int* device_status = nullptr;   // optional device int, see core/device_status.hpp
 };
 
 /// Copy engine: one copy per run of adjacent rows, batched (cudaMemcpyBatchAsync) where the
@@ -35,8 +32,9 @@ struct copy_engine_config {
   int num_seqs = 0;
   int num_kv_heads = 0;
   int capacity = 0;
-  cudaStream_t stream = nullptr;  // must not be the legacy default stream for the batch API
-  bool use_batch_api = true;      // false: one cudaMemcpyAsync per run
+  // false: one cudaMemcpyAsync per run. The batch API needs a stream other than the legacy
+  // default stream (submit()'s cuda_exec::stream); with that one the copies go one by one.
+  bool use_batch_api = true;
 };
 
 /// Staged: host threads gather into pinned staging, one bulk copy, a device scatter kernel.
@@ -47,7 +45,6 @@ struct staged_config {
   int capacity = 0;
   std::size_t k_row_bytes = 0;    // the layout's k_row_bytes() / v_row_bytes() (sizes staging)
   std::size_t v_row_bytes = 0;
-  cudaStream_t stream = nullptr;
   int threads = 1;                // gathering threads, the caller included
   int prefetch_rows = 8;          // software prefetch distance (0: off)
   int stages = 2;                 // staging buffers in rotation; submit() waits only for a stage

@@ -8,7 +8,7 @@
 //                                   .threads = 2};
 //   std::vector<std::byte> ws(kvscout::host_gather_executor<layout>::workspace_bytes(cfg));
 //   kvscout::host_gather_executor<layout> gather(cfg, {ws.data(), ws.size()});
-//   gather.submit(source, selection, destination).wait();
+//   gather.submit(source, selection, destination).wait();   // exec: host_exec{}, defaulted
 //
 // submit() validates everything it is given before it writes a byte (dimensions, buffer sizes,
 // counts, every index: in range and strictly ascending; no destination row over the source, the
@@ -28,6 +28,7 @@
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/detail/x86_intrinsics.hpp"
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/concepts.hpp"
@@ -194,6 +195,7 @@ class host_gather_executor {
   using selection_type = selection_view<host_space>;
   using destination_type = gather_destination<host_space>;
   using completion_type = ready_completion;
+  using exec_type = host_exec;
 
   /// Workspace: the running row count of every (sequence, kv_head), which splits the rows
   /// evenly between the threads.
@@ -221,8 +223,11 @@ class host_gather_executor {
   /// pipeline runs its attention on them too.
   [[nodiscard]] thread_pool& pool() noexcept { return *pool_; }
 
+  /// exec: the host execution argument (empty; the threads are the executor's own), defaulted
+  /// so host code may leave it out; the prefetch_executor concept names it.
   completion_type submit(const source_type& src, const selection_type& sel,
-                         const destination_type& dst) {
+                         const destination_type& dst, host_exec exec = {}) {
+    (void)exec;
     const std::int64_t total = validate(src, sel, dst);
     if (total == 0) return {};
     const bool streaming = detail::gather_streams(

@@ -8,11 +8,11 @@
 //
 //   kvscout::staged_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
 //                              .k_row_bytes = l.k_row_bytes(), .v_row_bytes = l.v_row_bytes(),
-//                              .stream = stream, .threads = 2};
+//                              .threads = 2};
 //   // pinned host workspace (cudaHostAlloc) and device workspace, sized by the executor:
 //   //   staged_executor<layout>::workspace_bytes(cfg), ::device_workspace_bytes(cfg)
 //   kvscout::staged_executor<layout> fetch(cfg, pinned_ws, device_ws);
-//   auto c = fetch.submit(host_kv, host_selection, device_destination);
+//   auto c = fetch.submit(host_kv, host_selection, device_destination, {stream});
 //
 // Like the copy engine, it needs a host-visible selection (selection_type is
 // selection_view<host_space>): the host threads must know which rows to gather. Use
@@ -23,8 +23,10 @@
 // when `stages` submits are still in flight, never a device-wide synchronisation), then
 // validates (as host_gather_executor, throwing kvscout::error before anything is written),
 // gathers with config.threads threads (thread_pool, started at setup), and enqueues the bulk copy
-// and the scatter kernel on config.stream. The device landing area is a single stage: submits
-// must all use config.stream (stream order keeps a scatter ahead of the next bulk copy).
+// and the scatter kernel on exec.stream (cuda_exec, submit()'s last argument; its status word is
+// unused: every check runs on the host and throws). The device landing area is a single stage:
+// each bulk copy is ordered after the previous submit's scatter by a wait on that submit's
+// event, so consecutive submits may use different streams.
 // Completion: the stage's event, recorded after the scatter kernel.
 
 #include <cuda_runtime.h>
@@ -41,6 +43,7 @@
 #include "kvscout/core/thread_pool.hpp"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/concepts.hpp"
@@ -112,6 +115,7 @@ class staged_executor {
   static constexpr bool submit_blocks_host = true;
   using destination_type = gather_destination<device_space>;
   using completion_type = event_completion;
+  using exec_type = cuda_exec;
 
   /// Pinned host workspace: `stages` staging buffers.
   [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
@@ -153,8 +157,11 @@ class staged_executor {
   /// The event the last submit recorded.
   [[nodiscard]] cudaEvent_t event() const noexcept { return events_[last_stage_].get(); }
 
+  /// Gathers on the host, then enqueues the bulk copy and the scatter on exec.stream
+  /// (exec.status is not used: the host checks everything).
   completion_type submit(const source_type& src, const selection_type& sel,
-                         const destination_type& dst) {
+                         const destination_type& dst, const exec_type& exec) {
+    const cudaStream_t stream = exec.stream;
     const Layout& l = src.layout;
     detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
                               /*vector_aligned=*/false);
@@ -190,18 +197,22 @@ class staged_executor {
         }
       });
       const std::size_t bytes = header + static_cast<std::size_t>(total) * (kb + vb);
+      // The landing area is one stage: the previous submit's scatter (its event) reads it, and
+      // that submit may have used another stream.
+      if (any_used_) KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(stream, events_[last_stage_].get(), 0));
       KVSCOUT_CUDA_CHECK(
-          cudaMemcpyAsync(landing_, base, bytes, cudaMemcpyHostToDevice, cfg_.stream));
+          cudaMemcpyAsync(landing_, base, bytes, cudaMemcpyHostToDevice, stream));
       const long long pairs = static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
       detail::staged_scatter_params p{landing_, header,       dst.k.data(),  dst.v.data(),
                                       kb,       vb,           pairs,         cfg_.capacity};
       const long long grid = std::min<long long>(pairs, 1024);
       detail::launch(detail::staged_scatter_kernel<>, static_cast<unsigned>(grid), 256, 0,
-                     cfg_.stream, p);
+                     stream, p);
       KVSCOUT_CUDA_CHECK(cudaGetLastError());
     }
-    events_[stage].record(cfg_.stream);
+    events_[stage].record(stream);
     used_[stage] = true;
+    any_used_ = true;
     last_stage_ = stage;
     next_stage_ = (stage + 1) % events_.size();
     return completion_type{events_[stage].get()};
@@ -228,6 +239,7 @@ class staged_executor {
   std::unique_ptr<thread_pool> pool_;
   std::vector<cuda_event> events_;
   std::vector<bool> used_;
+  bool any_used_ = false;  // a submit recorded events_[last_stage_]
   std::size_t next_stage_ = 0;
   std::size_t last_stage_ = 0;
 };

@@ -5,11 +5,11 @@
 // on the device, so a step needs no host round trip and can be captured in a CUDA graph.
 //
 //   using layout = kvscout::contiguous_layout<kvscout::half, 128, kvscout::hnd>;
-//   kvscout::zero_copy_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
-//                                 .stream = stream, .device_status = d_status};
+//   kvscout::zero_copy_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512};
 //   kvscout::zero_copy_executor<layout> fetch(cfg);   // workspace_bytes(cfg) == 0
 //   // layout metadata (seq_lens, page tables) must be device-readable (device or mapped memory)
-//   auto c = fetch.submit({dev_layout, k_alias, v_alias}, device_selection, device_destination);
+//   auto c = fetch.submit({dev_layout, k_alias, v_alias}, device_selection, device_destination,
+//                         {stream, d_status});        // cuda_exec (core/exec.hpp), per call
 //   cudaStreamWaitEvent(compute, c.event(), 0);       // or c.wait()
 //
 // Launch shape: items = (sequence, kv_head, chunk of 128 selected entries); a bounded grid
@@ -26,12 +26,13 @@
 // the layout once on a host copy when its metadata changes. On the device every row is checked
 // instead: a count outside [0, capacity] is clamped, a token outside [0, seq_len(s)), a row whose
 // bytes fall outside the source span, or a row not 16-byte aligned is skipped (its destination
-// slot is left as it was), and a bit is ORed into config.device_status
-// (core/device_status.hpp). Ascending order is not checked (it does not affect safety).
+// slot is left as it was), and a bit is ORed into the call's exec.status
+// (core/device_status.hpp; null: not reported). Ascending order is not checked (it does not
+// affect safety).
 // Nothing is read or written out of bounds whatever the device data holds, as long as the spans'
 // sizes are right.
 //
-// Row cache: submit(src, sel, dst, cache) also takes the rows a previous submit of the same layer
+// Row cache: submit(src, sel, dst, cache, exec) also takes the rows a previous submit of the same layer
 // left in device memory (row_cache_view: that selection and its destination). A selected token
 // found in the cached selection of its (sequence, kv head) (binary search: the cached indices are
 // ascending) is copied from the cached rows, device to device, instead of across the link; the
@@ -46,7 +47,7 @@
 // layer and alternate them by step: pipeline/cuda_stages.cuh does). A cached count outside
 // [0, capacity] is treated as 0 and raises bad_count.
 //
-// Completion: an event recorded on config.stream after the kernel (event_completion); valid until
+// Completion: an event recorded on exec.stream after the kernel (event_completion); valid until
 // the next submit().
 
 #include <cuda_runtime.h>
@@ -59,6 +60,7 @@
 #include "kvscout/core/event_completion.hpp"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/concepts.hpp"
@@ -250,6 +252,7 @@ class zero_copy_executor {
   using selection_type = selection_view<device_space>;
   using destination_type = gather_destination<device_space>;
   using completion_type = event_completion;
+  using exec_type = cuda_exec;
 
   /// No workspace: the kernel needs none (any address will do).
   static constexpr std::size_t workspace_alignment = 1;
@@ -267,25 +270,26 @@ class zero_copy_executor {
   }
 
   [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }
-  /// Later submits enqueue on `stream`.
-  void set_stream(cudaStream_t stream) noexcept { cfg_.stream = stream; }
   /// The event the last submit recorded.
   [[nodiscard]] cudaEvent_t event() const noexcept { return event_.get(); }
 
+  /// Enqueues the gather on exec.stream; bad device data raises bits in exec.status.
   completion_type submit(const source_type& src, const selection_type& sel,
-                         const destination_type& dst) {
-    return launch(src, sel, dst, nullptr);
+                         const destination_type& dst, const exec_type& exec) {
+    return launch(src, sel, dst, nullptr, exec);
   }
 
   /// The same, serving the rows `cache` holds from device memory (row cache, header comment).
   completion_type submit(const source_type& src, const selection_type& sel,
-                         const destination_type& dst, const row_cache_view& cache) {
-    return launch(src, sel, dst, &cache);
+                         const destination_type& dst, const row_cache_view& cache,
+                         const exec_type& exec) {
+    return launch(src, sel, dst, &cache, exec);
   }
 
  private:
   completion_type launch(const source_type& src, const selection_type& sel,
-                         const destination_type& dst, const row_cache_view* cache) {
+                         const destination_type& dst, const row_cache_view* cache,
+                         const exec_type& exec) {
     detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
                               /*vector_aligned=*/true);
     if (cache != nullptr) check_cache(src.layout, *cache, dst);
@@ -307,7 +311,7 @@ class zero_copy_executor {
                                          cfg_.capacity,
                                          chunks,
                                          items,
-                                         cfg_.device_status,
+                                         exec.status,
                                          cache ? cache->selection.indices.data() : nullptr,
                                          cache ? cache->selection.counts.data() : nullptr,
                                          cache ? cache->rows.k.data() : nullptr,
@@ -318,10 +322,10 @@ class zero_copy_executor {
                                          cfg_.num_seqs};
       const long long grid = items < cfg_.max_blocks ? items : cfg_.max_blocks;
       detail::launch(detail::zero_copy_gather_kernel<Layout>, static_cast<unsigned>(grid),
-                     static_cast<unsigned>(cfg_.threads_per_block), 0, cfg_.stream, p);
+                     static_cast<unsigned>(cfg_.threads_per_block), 0, exec.stream, p);
       KVSCOUT_CUDA_CHECK(cudaGetLastError());
     }
-    event_.record(cfg_.stream);
+    event_.record(exec.stream);
     return completion_type{event_.get()};
   }
 

@@ -4,17 +4,19 @@
 //
 //   // contiguous / paged layouts: row of token positions[s] (or seq_len(s) when positions is
 //   // null) of every (sequence, kv head); the caller updates the lengths / page tables after.
-//   kvscout::append_token_device(layout, k_cache, v_cache, k_new, v_new, d_positions, stream);
+//   kvscout::append_token_device(layout, k_cache, v_cache, k_new, v_new, d_positions,
+//                                {stream, d_status});           // cuda_exec (core/exec.hpp)
 //
 //   // KIVI: the device twin of kivi_host_writer::append for one token per sequence, KIVI's rule
 //   // (kv/kivi.hpp): the value leaving the window is quantised, the token enters the ring, and
 //   // a full key block is quantised (per channel, groups of G tokens); seq_lens[s]
 //   // (device-resident, the array the layout reads) is incremented.
-//   kvscout::kivi_append_device(layout, device_buffers, d_seq_lens, k_new, v_new, stream);
+//   kvscout::kivi_append_device(layout, device_buffers, d_seq_lens, k_new, v_new,
+//                               {stream, d_status});
 //
 // k_new / v_new: [num_seqs, num_kv_heads, head_dim] device arrays of float or of the cache's
 // element type T (float input is rounded to T first, as a host caller would). A cache that stores
-// K / k_scale and V / v_scale (fp8 caches) passes the scales (kv_scales, last argument): float
+// K / k_scale and V / v_scale (fp8 caches) passes the scales (kv_scales, before exec): float
 // input is divided by them before rounding; input already in a narrower T is stored as given.
 //
 // KIVI quantisation calls the same KVSCOUT_HOST_DEVICE functions as the host writer
@@ -53,8 +55,8 @@
 // For KIVI a full sequence (seq_lens[s] >= capacity) or input that is not finite or exceeds the
 // scale type's range (as kivi_host_writer rejects) skips the whole sequence
 // (bad_index / bad_value): nothing is written and its length is unchanged. Bits go to the
-// optional device status word (core/device_status.hpp). Host-known shapes and buffer
-// sizes throw kvscout::error first.
+// optional device status word exec.status (core/device_status.hpp). Host-known shapes and buffer
+// sizes throw kvscout::error first. Every append enqueues on exec.stream only.
 //
 // Concurrency: an append must not race an in-flight fetch of the same rows; order them on
 // streams (the appended token is never a fetched one in the same step, but a quantised group's
@@ -70,6 +72,7 @@
 #include <type_traits>
 
 #include "kvscout/core/detail/launch.cuh"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/device_status.hpp"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/dtype.hpp"
@@ -320,13 +323,13 @@ __global__ void __launch_bounds__(append_threads)
 /// layout.seq_len(s)) into a contiguous or paged layout. Lengths / page tables are the caller's
 /// to update afterwards (a new page must be in the table before). A position outside the slots
 /// the sequence owns skips that sequence (bad_index; see the header comment). In: float or the
-/// layout's element type, const or not (deduced from the spans, which must agree).
+/// layout's element type, const or not (deduced from the spans, which must agree). scales: the
+/// cache's K / V scales (fp8 caches; the overload without them: 1, 1).
 template <kv_layout L, class InSpan>
   requires(!kivi_quantized_layout<L>)
 void append_token_device(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
                          device_span<InSpan> k_new, device_span<InSpan> v_new,
-                         const std::int32_t* positions, cudaStream_t stream,
-                         int* device_status = nullptr, kv_scales scales = {}) {
+                         const std::int32_t* positions, kv_scales scales, const cuda_exec& exec) {
   using T = typename L::element_type;
   static_assert(detail::layout_passes_to_kernels<L>());
   using In = std::remove_const_t<InSpan>;
@@ -346,11 +349,20 @@ void append_token_device(const L& layout, device_span<std::byte> k, device_span<
                                  k_new.data(),
                                  v_new.data(),
                                  positions,
-                                 device_status,
+                                 exec.status,
                                  scales};
   detail::launch(detail::append_token_kernel<L, In>, static_cast<unsigned>(layout.num_seqs()),
-                 detail::append_threads, 0, stream, p);
+                 detail::append_threads, 0, exec.stream, p);
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+/// The same with unit scales (every cache but fp8 ones stores K and V as given).
+template <kv_layout L, class InSpan>
+  requires(!kivi_quantized_layout<L>)
+void append_token_device(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
+                         device_span<InSpan> k_new, device_span<InSpan> v_new,
+                         const std::int32_t* positions, const cuda_exec& exec) {
+  append_token_device(layout, k, v, k_new, v_new, positions, kv_scales{}, exec);
 }
 
 /// Appends one token to every sequence of a KIVI cache on the device (see the header comment).
@@ -359,8 +371,7 @@ void append_token_device(const L& layout, device_span<std::byte> k, device_span<
 template <kivi_quantized_layout L, class InSpan>
 void kivi_append_device(const L& layout, const kivi_buffers<device_space>& b,
                         std::int32_t* seq_lens, device_span<InSpan> k_new,
-                        device_span<InSpan> v_new, cudaStream_t stream,
-                        int* device_status = nullptr) {
+                        device_span<InSpan> v_new, const cuda_exec& exec) {
   using T = typename L::element_type;
   using In = std::remove_const_t<InSpan>;
   static_assert(detail::append_input_ok<In, T>,
@@ -372,9 +383,9 @@ void kivi_append_device(const L& layout, const kivi_buffers<device_space>& b,
   detail::kivi_append_params<L, In> p{layout,       b.k_codes.data(),    b.v_records.data(),
                                       b.k_params.data(), b.k_residual.data(), b.v_residual.data(),
                                       seq_lens,     k_new.data(),        v_new.data(),
-                                      device_status};
+                                      exec.status};
   detail::launch(detail::kivi_append_kernel<L, In>, static_cast<unsigned>(layout.num_seqs()),
-                 detail::append_threads, 0, stream, p);
+                 detail::append_threads, 0, exec.stream, p);
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -2,9 +2,11 @@
 // The CUDA decode pipeline: the order of one decode step on three streams, and nothing else.
 //
 // What runs is the caller's (or kvscout's kernels bound by the caller): the pipeline takes two
-// stages, `speculate(layer, slot, stream)` (score + select layer's rows into selection slot `slot`)
-// and `fetch(layer, slot, stream)` (move the rows that slot names into row buffer `slot`), and
-// orders them against the caller's compute stream with events. Everything is enqueued; nothing
+// stages, `speculate(layer, slot, exec)` (score + select layer's rows into selection slot `slot`)
+// and `fetch(layer, slot, exec)` (move the rows that slot names into row buffer `slot`), and
+// orders them against the caller's compute stream with events. exec is a cuda_exec
+// (core/exec.hpp): the stream of the stage's role and the device status word the caller passed
+// to the call that launched it (input_ready / speculate_first; null: not reported). Everything is enqueued; nothing
 // blocks the host, allocates, or reads device memory, so a whole step can be captured in a CUDA
 // graph (tests/cuda/test_pipeline_device.cu does).
 //
@@ -34,7 +36,7 @@
 //                                      {compute, side, copy}, stages);
 //   for (int i = 0; i < L; ++i) {
 //     ... layer i's attention input x_i on `compute` ...
-//     pipe.input_ready(i);       // speculation for layer i + 1 starts now, on `side`
+//     pipe.input_ready(i, d_status);   // speculation for layer i + 1 starts now, on `side`
 //     pipe.wait_rows(i);         // layer i's rows are in row buffer pipe.slot(i) (sparse layers)
 //     ... attention(i), append, MLP on `compute` ...
 //   }
@@ -51,14 +53,16 @@
 
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/exec.hpp"
 
 namespace kvscout {
 
-/// The two stages the pipeline orders. Both only enqueue work on the stream they are given.
+/// The two stages the pipeline orders. Both only enqueue work on exec.stream and report device
+/// faults into exec.status (core/device_status.hpp).
 template <class S>
-concept cuda_pipeline_stages = requires(S& s, int layer, int slot, cudaStream_t stream) {
-  s.speculate(layer, slot, stream);
-  s.fetch(layer, slot, stream);
+concept cuda_pipeline_stages = requires(S& s, int layer, int slot, const cuda_exec& exec) {
+  s.speculate(layer, slot, exec);
+  s.fetch(layer, slot, exec);
 };
 
 struct cuda_pipeline_config {
@@ -119,18 +123,20 @@ class cuda_decode_pipeline {
   }
 
   /// With skip_layers == 0, layer 0 has no previous layer to hide behind: call this at the start
-  /// of the step, once its input is ready on the compute stream.
-  void speculate_first() {
+  /// of the step, once its input is ready on the compute stream. device_status: the word the
+  /// stages report into (core/device_status.hpp), or null.
+  void speculate_first(int* device_status = nullptr) {
     KVSCOUT_EXPECTS(cfg_.skip_layers == 0, "speculate_first() is for skip_layers == 0; layer ",
                     cfg_.skip_layers, " is speculated by input_ready(", cfg_.skip_layers - 1, ")");
-    launch(0);
+    launch(0, device_status);
   }
 
   /// Layer i's attention input is ready on the compute stream: start speculating and fetching
-  /// layer i + 1 (when it is sparse).
-  void input_ready(int layer) {
+  /// layer i + 1 (when it is sparse). device_status: the word the stages report into
+  /// (core/device_status.hpp), or null.
+  void input_ready(int layer, int* device_status = nullptr) {
     check_layer(layer);
-    if (sparse(layer + 1)) launch(layer + 1);
+    if (sparse(layer + 1)) launch(layer + 1, device_status);
   }
 
   /// Makes the compute stream wait until layer i's rows are in row buffer slot(i). A no-op for
@@ -154,20 +160,20 @@ class cuda_decode_pipeline {
   }
 
  private:
-  void launch(int layer) {
+  void launch(int layer, int* status) {
     const int b = slot(layer);
     launched_[b] = layer;
     if (!cfg_.overlap) {  // in line, on the compute stream: the serial baseline
-      stages_.speculate(layer, b, streams_.compute);
-      stages_.fetch(layer, b, streams_.compute);
+      stages_.speculate(layer, b, cuda_exec{streams_.compute, status});
+      stages_.fetch(layer, b, cuda_exec{streams_.compute, status});
       return;
     }
     KVSCOUT_CUDA_CHECK(cudaEventRecord(input_ready_, streams_.compute));
     KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(streams_.speculate, input_ready_, 0));
-    stages_.speculate(layer, b, streams_.speculate);
+    stages_.speculate(layer, b, cuda_exec{streams_.speculate, status});
     KVSCOUT_CUDA_CHECK(cudaEventRecord(selected_[b], streams_.speculate));
     KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(streams_.copy, selected_[b], 0));
-    stages_.fetch(layer, b, streams_.copy);
+    stages_.fetch(layer, b, cuda_exec{streams_.copy, status});
     KVSCOUT_CUDA_CHECK(cudaEventRecord(fetched_[b], streams_.copy));
   }
 

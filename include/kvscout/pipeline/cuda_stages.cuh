@@ -1,12 +1,12 @@
 #pragma once
 // Device parts as the two stages of cuda_decode_pipeline (pipeline/cuda_pipeline.hpp):
 //
-//   speculate(i, b, stream)  layer i's speculation policy (any device_speculation_policy,
+//   speculate(i, b, exec)    layer i's speculation policy (any device_speculation_policy,
 //                            spec/device_concepts.hpp: kvscout's infinigen_speculator_cuda or
 //                            streaming_policy_cuda, or the engine's own) scores every cached token
 //                            from the layer input in slot b (x_{i-1}), then the selector writes
 //                            slot b's selection       (spec/infinigen.cuh, select/*.cuh)
-//   fetch(i, b, stream)      the zero-copy executor moves the rows slot b names from layer i's
+//   fetch(i, b, exec)        the zero-copy executor moves the rows slot b names from layer i's
 //                            host cache into slot b's row buffers               (fetch/zero_copy.cuh)
 //
 // Everything is caller-owned and set up once: a policy per speculated layer (InfiniGen's partial
@@ -16,6 +16,9 @@
 // sets (by slot), or two per layer when rows fetched at the previous step are reused
 // (cuda_stage_buffering::row_cache). Nothing here allocates, synchronises or reads
 // device memory on the host, so a step through the pipeline can be captured in a CUDA graph.
+// Each stage call gets its own cuda_exec (core/exec.hpp) from the pipeline and hands it, whole,
+// to the policy, the selector and the executor it drives: they enqueue on its stream and report
+// into its status word; nothing here keeps either.
 //
 //   kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda> stages(
 //       speculators, selector, fetch, sources, scores, {positions, seq_lens, max_tokens},
@@ -23,7 +26,8 @@
 //   // any other policy: cuda_speculation_stages<layout, Policy, Selector>, same arguments
 //   kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = 2}, streams,
 //                                      kvscout::cuda_stages_ref<decltype(stages)>{&stages});
-//   // layer i: write x_i into stages.x(pipe.slot(i + 1)), pipe.input_ready(i), pipe.wait_rows(i),
+//   // layer i: write x_i into stages.x(pipe.slot(i + 1)), pipe.input_ready(i, d_status),
+//   //          pipe.wait_rows(i),
 //   //          attention over stages.buffers(i, pipe.slot(i)) ...
 //
 // The sequence lengths and positions are device arrays the compute stream advances after a step's
@@ -32,11 +36,13 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <concepts>
 #include <cstdint>
 #include <utility>
 #include <vector>
 
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/zero_copy.cuh"
@@ -88,6 +94,9 @@ class cuda_speculation_stages {
   using executor_type = zero_copy_executor<L>;
   static_assert(device_step_executor<executor_type>,
                 "the pipeline's fetch must take a device selection and never block the host");
+  static_assert(std::same_as<typename Selector::exec_type, cuda_exec>,
+                "the pipeline's selector must be a device selector (exec_type cuda_exec: "
+                "topk_selector_cuda, threshold_selector_cuda or the engine's own)");
 
   /// speculators[i]: layer i's policy, or null for layers that are not speculated (below
   /// skip_layers); one policy may serve several layers. sources[i]: layer i's host cache as the
@@ -135,13 +144,14 @@ class cuda_speculation_stages {
                     buffering == cuda_stage_buffering::slots ? " (two slots)" : " (two per layer)");
     if (buffering_ == cuda_stage_buffering::row_cache) {
       // Set-up: nothing is cached yet (the first step's "previous" selections are empty).
-      reset_cache(nullptr);
+      reset_cache(cuda_exec{});
       KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     }
   }
 
-  /// row_cache: forget every cached row (a new batch of sequences), enqueued on `stream`.
-  void reset_cache(cudaStream_t stream) {
+  /// row_cache: forget every cached row (a new batch of sequences), enqueued on exec.stream.
+  void reset_cache(const cuda_exec& exec) {
+    const cudaStream_t stream = exec.stream;
     if (buffering_ != cuda_stage_buffering::row_cache) return;
     for (const auto& set : sets_) {
       KVSCOUT_CUDA_CHECK(cudaMemsetAsync(set.selection.counts.data(), 0,
@@ -168,39 +178,35 @@ class cuda_speculation_stages {
     KVSCOUT_EXPECTS(n >= 0, "max_seq_len must be non-negative, got ", n);
     lengths_.max_seq_len = n;
   }
-  /// The device status word (core/device_status.hpp) the policies and the selector raise
-  /// bits in (a clamped length: device_status::bad_length), or null. The executor reports through
-  /// its own config's device_status (give it the same word to read one).
-  void set_device_status(int* status) noexcept { status_ = status; }
   /// row_cache: the step is over; the next one fetches into the other set of each layer.
   void next_step() noexcept { parity_ ^= 1; }
   [[nodiscard]] int step_parity() const noexcept { return parity_; }
 
-  void speculate(int layer, int b, cudaStream_t stream) {
+  /// Scores layer i from the input of slot b and selects into slot b's selection, on
+  /// exec.stream; the policy and the selector report into exec.status.
+  void speculate(int layer, int b, const cuda_exec& exec) {
     speculator_type* spec = speculator(layer);
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
     const device_spec_context ctx{x_[check_slot(b)], lengths_.positions, lengths_.seq_lens,
-                                  lengths_.max_seq_len, status_, lengths_.seq_ids};
-    spec->score(ctx, scores_, stream);
-    const auto view = scores_.view(lengths_.seq_lens);
-    if constexpr (requires { selector_->select(view, cur.selection, stream, status_); }) {
-      selector_->select(view, cur.selection, stream, status_);
-    } else {
-      selector_->select(view, cur.selection, stream);  // a selector without a status word
-    }
+                                  lengths_.max_seq_len, lengths_.seq_ids};
+    spec->score(ctx, scores_, exec);
+    selector_->select(scores_.view(lengths_.seq_lens), cur.selection, exec);
   }
 
-  void fetch(int layer, int b, cudaStream_t stream) {
+  /// Fetches the rows slot b names from layer i's source, on exec.stream; the executor reports
+  /// into exec.status.
+  void fetch(int layer, int b, const cuda_exec& exec) {
     (void)speculator(layer);  // range check
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
-    fetch_->set_stream(stream);
     if (buffering_ == cuda_stage_buffering::row_cache) {
       const cuda_stage_buffers& prev = sets_[set_index(layer, b, parity_ ^ 1)];
       (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows,
                            row_cache_view{prev.selection.view(), prev.rows, hits_,
-                                          lengths_.cached_rows});
+                                          lengths_.cached_rows},
+                           exec);
     } else {
-      (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows);
+      (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows,
+                           exec);
     }
   }
 
@@ -234,7 +240,6 @@ class cuda_speculation_stages {
   std::vector<cuda_stage_buffers> sets_;
   cuda_stage_buffering buffering_;
   unsigned long long* hits_;
-  int* status_ = nullptr;
   int parity_ = 0;
 };
 
@@ -249,8 +254,8 @@ template <class S>
   requires cuda_pipeline_stages<S>
 struct cuda_stages_ref {
   S* stages;
-  void speculate(int layer, int slot, cudaStream_t s) { stages->speculate(layer, slot, s); }
-  void fetch(int layer, int slot, cudaStream_t s) { stages->fetch(layer, slot, s); }
+  void speculate(int layer, int slot, const cuda_exec& x) { stages->speculate(layer, slot, x); }
+  void fetch(int layer, int slot, const cuda_exec& x) { stages->fetch(layer, slot, x); }
 };
 
 }  // namespace kvscout

@@ -7,9 +7,11 @@
 //   1. size query   S::workspace_bytes(config)  -> bytes of caller-owned workspace, whose address
 //                   must be a multiple of S::workspace_alignment (the constructor checks it)
 //   2. setup        S sel(config, workspace)     (the only place a selector may allocate)
-//   3. per step     sel.select(scores, out)      writes out.indices and out.counts, returns
+//   3. per step     sel.select(scores, out, x)   writes out.indices and out.counts, returns
 //                                                nothing, allocates nothing
-// The memory space of the workspace, the scores and the buffers is S::memory_space.
+// The memory space of the workspace, the scores and the buffers is S::memory_space; x is
+// S::exec_type (core/exec.hpp): cuda_exec{stream, status} for the device selectors, host_exec{}
+// (defaulted) for the host ones.
 //
 //   kvscout::keep_set keep{.sinks = 4, .recent = 64};
 //   const auto [head_end, tail_begin] = kvscout::keep_bounds(keep, len);
@@ -23,6 +25,7 @@
 #include <cstdint>
 
 #include "kvscout/core/config.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 
@@ -100,15 +103,17 @@ concept row_selector =
     requires {
       typename S::config_type;
       typename S::memory_space;
+      typename S::exec_type;
     } &&
     std::constructible_from<S, const typename S::config_type&,
                             span<std::byte, typename S::memory_space>> &&
     requires(S& s, const typename S::config_type& cfg,
              const score_view<typename S::memory_space>& scores,
-             const selection_buffers<typename S::memory_space>& out) {
+             const selection_buffers<typename S::memory_space>& out,
+             const typename S::exec_type& x) {
       { S::workspace_bytes(cfg) } -> std::same_as<std::size_t>;
       { S::workspace_alignment } -> std::convertible_to<std::size_t>;
-      s.select(scores, out);
+      s.select(scores, out, x);
     };
 
 /// The former name of row_selector (it constrains threshold selectors too). Kept for one release.

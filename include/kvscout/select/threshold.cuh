@@ -16,12 +16,12 @@
 //   const std::size_t bytes = kvscout::threshold_selector_cuda::workspace_bytes(cfg);
 //   void* ws;  cudaMalloc(&ws, bytes);
 //   kvscout::threshold_selector_cuda sel(cfg, {static_cast<std::byte*>(ws), bytes});
-//   sel.select(scores, out, stream);
+//   sel.select(scores, out, {stream, d_status});
 //
 // select() checks what the host knows and throws kvscout::error naming the bad value; it
-// launches on `stream`, allocates nothing, never synchronises and reads nothing back. seq_lens
-// are read on the device and clamped to [0, stride] (device_status::bad_length where a status
-// word is passed).
+// launches on exec.stream, allocates nothing, never synchronises and reads nothing back. seq_lens
+// are read on the device and clamped to [0, stride] (device_status::bad_length in exec.status,
+// where not null).
 
 #include <cuda_runtime.h>
 
@@ -30,6 +30,7 @@
 
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/select/concepts.hpp"
@@ -57,12 +58,13 @@ class threshold_selector_cuda : public detail::device_selector_base<threshold_se
       : device_selector_base(cfg, workspace, workspace_bytes(cfg, opt), opt,
                              cfg.rule == threshold_rule::per_head) {}
 
-  /// Writes the selection of every (sequence, kv_head) row to out, on `stream`. A length
-  /// outside [0, stride] raises device_status::bad_length in *device_status (null: not reported).
+  /// Writes the selection of every (sequence, kv_head) row to out, on exec.stream. A length
+  /// outside [0, stride] raises device_status::bad_length in *exec.status (null: not reported).
   void select(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
-              cudaStream_t stream = nullptr, int* device_status = nullptr) {
+              const cuda_exec& exec) {
+    const cudaStream_t stream = exec.stream;
     detail::select_params p;
-    if (!prologue(scores, out, device_status, p)) return;
+    if (!prologue(scores, out, exec, p)) return;
     p.alpha = cfg_.alpha;
     p.row_counts = reinterpret_cast<std::int32_t*>(workspace_);  // infinigen_mean's counts
     const unsigned grid = static_cast<unsigned>(rows());

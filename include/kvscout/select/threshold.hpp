@@ -221,6 +221,7 @@ class threshold_selector_host {
   };
   using config_type = config;
   using memory_space = host_space;
+  using exec_type = host_exec;  // select()'s last argument, defaulted (core/exec.hpp)
 
   /// Workspace: a radix histogram, a score sample, candidate lists of one row (about
   /// 12 * stride + 16 KiB bytes), and for infinigen_mean 8 bytes per row.
@@ -246,7 +247,8 @@ class threshold_selector_host {
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
   /// Writes the selection of every (sequence, kv_head) row to out (see the header comment).
-  void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out) {
+  void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out,
+              host_exec = {}) {
     detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
                                  scores, out);
     if (cfg_.rule == threshold_rule::per_head) {

@@ -10,12 +10,13 @@
 //                                           .keep = {.sinks = 4, .recent = 64}};
 //   // workspace_bytes(cfg): the split kernels' histograms and counts (0 for short rows)
 //   kvscout::topk_selector_cuda topk(cfg, workspace);
-//   topk.select(scores, out, stream);  // score_view<device_space>, selection_buffers<device_space>
+//   // score_view<device_space>, selection_buffers<device_space>, cuda_exec (core/exec.hpp)
+//   topk.select(scores, out, {stream, d_status});
 //
 // select() checks what the host knows (config and view shapes, sizes, pointers) and throws
-// kvscout::error naming the bad value; it enqueues its kernels on `stream`, allocates nothing,
+// kvscout::error naming the bad value; it enqueues its kernels on exec.stream, allocates nothing,
 // never synchronises and reads nothing back. seq_lens are read on the device and clamped to
-// [0, stride] (device_status::bad_length where a status word is passed). Counts stay on the
+// [0, stride] (device_status::bad_length in exec.status, where not null). Counts stay on the
 // device (out.counts).
 
 #include <cuda_runtime.h>
@@ -24,6 +25,7 @@
 
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/select/concepts.hpp"
@@ -49,12 +51,13 @@ class topk_selector_cuda : public detail::device_selector_base<topk_selector_hos
                      detail::select_split_options opt = {})
       : device_selector_base(cfg, workspace, workspace_bytes(cfg, opt), opt, true) {}
 
-  /// Writes the selection of every (sequence, kv_head) row to out, on `stream`. A length
-  /// outside [0, stride] raises device_status::bad_length in *device_status (null: not reported).
+  /// Writes the selection of every (sequence, kv_head) row to out, on exec.stream. A length
+  /// outside [0, stride] raises device_status::bad_length in *exec.status (null: not reported).
   void select(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
-              cudaStream_t stream = nullptr, int* device_status = nullptr) {
+              const cuda_exec& exec) {
+    const cudaStream_t stream = exec.stream;
     detail::select_params p;
-    if (!prologue(scores, out, device_status, p)) return;
+    if (!prologue(scores, out, exec, p)) return;
     if (split_.chunks > 1) {
       run_split(p, true, stream);
       return;

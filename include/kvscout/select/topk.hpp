@@ -63,6 +63,7 @@ class topk_selector_host {
   };
   using config_type = config;
   using memory_space = host_space;
+  using exec_type = host_exec;  // select()'s last argument, defaulted (core/exec.hpp)
 
   /// Workspace: a radix histogram, a score sample, candidate lists of one row (about
   /// 12 * stride + 16 KiB bytes).
@@ -81,7 +82,8 @@ class topk_selector_host {
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
   /// Writes the selection of every (sequence, kv_head) row to out (see the header comment).
-  void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out) {
+  void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out,
+              host_exec = {}) {
     detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
                                  scores, out);
     for (int s = 0; s < cfg_.num_seqs; ++s) {

@@ -4,10 +4,12 @@
 // kvscout's infinigen_speculator_cuda (spec/infinigen.cuh) and streaming_policy_cuda
 // (spec/streaming.cuh).
 //
-//   p.score(ctx, out, stream)   enqueues, on `stream` only, the work that writes out.scores
+//   p.score(ctx, out, exec)     enqueues, on exec.stream only, the work that writes out.scores
 //                               [num_seqs, num_kv_heads, stride] for t < seq_lens[s] (read on the
-//                               device, clamped to [0, ctx.max_seq_len] and reported); larger
-//                               scores are kept first by the selectors (select/concepts.hpp)
+//                               device, clamped to [0, ctx.max_seq_len] and reported in
+//                               exec.status); larger scores are kept first by the selectors
+//                               (select/concepts.hpp). exec: a cuda_exec (core/exec.hpp), the
+//                               call's own stream and device status word.
 //
 // One policy object serves one layer, or several: the stages hold a pointer per layer and may
 // repeat one. What the contract asks beyond the signature (the compiler cannot check it):
@@ -17,15 +19,14 @@
 //     the bad value before it enqueues anything (detail::check_device_score_call holds the checks
 //     every policy shares);
 //   - device data is never trusted for addressing: lengths outside [0, max_seq_len] are clamped
-//     and raise device_status::bad_length in ctx.device_status where it is not null
+//     and raise device_status::bad_length in exec.status where it is not null
 //     (detail::raise_device_status, core/device_status.hpp).
 // Per-token state (InfiniGen's partial keys) is the policy's own business: the stages do not
 // append; the engine does, on the compute stream, as for its KV cache.
 
-#include <cuda_runtime_api.h>
-
 #include <concepts>
 
+#include "kvscout/core/exec.hpp"
 #include "kvscout/spec/device_context.hpp"
 
 namespace kvscout {
@@ -33,8 +34,8 @@ namespace kvscout {
 template <class P>
 concept device_speculation_policy =
     requires(P& p, const device_spec_context& ctx, const device_score_buffer& out,
-             cudaStream_t stream) {
-      p.score(ctx, out, stream);
+             const cuda_exec& exec) {
+      p.score(ctx, out, exec);
     };
 
 }  // namespace kvscout

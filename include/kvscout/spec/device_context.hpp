@@ -20,10 +20,9 @@ struct device_spec_context {
   device_span<const int32_t> seq_lens;   // [num_seqs] cached tokens to score
   /// A host-known bound on every seq_lens[s] (e.g. the longest sequence, or max_tokens): it sizes
   /// the grid. Lengths above it (or above the cache or the stride) are clamped on the device.
+  /// (The device status word a clamped length raises device_status::bad_length in is the
+  /// score() call's cuda_exec::status, core/exec.hpp; max_seq_len = 0 launches nothing.)
   int max_seq_len = 0;
-  /// The device status word (core/device_status.hpp), or null: a clamped length raises
-  /// device_status::bad_length. (max_seq_len = 0 launches nothing: no length is read.)
-  int* device_status = nullptr;
   /// [num_seqs] the sequence of the policy's state (partial keys) that batch row s reads, or
   /// empty: row s is sequence s. For continuous batching (spec_context::seq_ids on the host). Host
   /// code cannot check device values: an id outside the policy's sequences raises

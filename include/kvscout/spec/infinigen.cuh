@@ -12,15 +12,17 @@
 //           {static_cast<std::byte*>(ws), spec::workspace_bytes(cfg)});
 //   // as tokens enter the cache (keys: [count, num_kv_heads, head_dim] floats, RoPE'd unless
 //   // the mode is pre_rope_folded; token n goes to (seq_ids[n], token_ids[n]))
-//   sp.append(keys, seq_ids, token_ids, count, stream);
+//   sp.append(keys, seq_ids, token_ids, count, {stream, d_status});   // cuda_exec, last
 //   // per decode step, during layer i - 1
 //   sp.score({.x = x, .positions = pos, .seq_lens = lens, .max_seq_len = bound},
-//            {.scores = scores, .num_seqs = S, .num_kv_heads = H, .stride = stride}, stream);
+//            {.scores = scores, .num_seqs = S, .num_kv_heads = H, .stride = stride},
+//            {stream, d_status});
 //
 // score() and append() validate what the host knows (sizes, pointers, the length bound), throw
-// kvscout::error naming the bad value, launch on `stream`, allocate nothing, never synchronise
+// kvscout::error naming the bad value, launch on exec.stream, allocate nothing, never synchronise
 // and read nothing back. Device-side data is never trusted for addressing: seq_lens are clamped
-// to [0, max_seq_len] and append pairs outside [0, num_seqs) x [0, max_tokens) are skipped.
+// to [0, max_seq_len] and append pairs outside [0, num_seqs) x [0, max_tokens) are skipped,
+// raising bits in exec.status (core/device_status.hpp) where it is not null.
 // Scores are logits times cfg.scale (as the host policy's), row (s, h) written for
 // t < seq_lens[s] only. Kernels and launch shapes: spec/detail/infinigen_kernels.cuh.
 
@@ -36,6 +38,7 @@
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/skew/plan.hpp"
 #include "kvscout/spec/detail/infinigen_kernels.cuh"
@@ -150,14 +153,14 @@ class infinigen_speculator_cuda {
   /// (RoPE'd at their own positions unless the mode is pre_rope_folded) in float (the default)
   /// or the cache's half / bfloat16, widened as read; token n of the batch goes to sequence
   /// seq_ids[n], position token_ids[n] (both device memory; pairs out of range are skipped on
-  /// the device and raise device_status::bad_index in *device_status, where given). The
+  /// the device and raise device_status::bad_index in *exec.status, where given). The
   /// (sequence, position) pairs of one call must be distinct: tokens run in parallel, so two
   /// entries for one slot leave either one's partial key there (the host policy keeps the last).
   /// The ids live on the device, so this is not checked (reading them would synchronise).
   template <class KSpan = const float>
   void append(device_span<KSpan> keys, device_span<const int32_t> seq_ids,
-              device_span<const int32_t> token_ids, int count, cudaStream_t stream = nullptr,
-              int* device_status = nullptr) {
+              device_span<const int32_t> token_ids, int count, const cuda_exec& exec) {
+    const cudaStream_t stream = exec.stream;
     using K = std::remove_const_t<KSpan>;
     static_assert(compute_element<K>,
                   "kvscout::infinigen_speculator_cuda::append: keys must be float, "
@@ -176,7 +179,7 @@ class infinigen_speculator_cuda {
     p.head_dim = cfg_.head_dim;
     p.r = cfg_.r;
     p.mode = cfg_.mode;
-    p.status = device_status;
+    p.status = exec.status;
     detail::launch(detail::append_keys<PkT, K>,
                    dim3(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads)),
                    detail::spec_append_threads, 0, stream, p);
@@ -184,12 +187,14 @@ class infinigen_speculator_cuda {
   }
 
   /// Writes out.scores[s, h, t] for t < seq_lens[s] (see the header comment). max_seq_len = 0
-  /// launches nothing (partial_queries() then keeps the previous call's values).
+  /// launches nothing (partial_queries() then keeps the previous call's values). Enqueues on
+  /// exec.stream; a clamped length or a bad sequence id raises its bit in exec.status.
   void score(const device_spec_context& ctx, const device_score_buffer& out,
-             cudaStream_t stream = nullptr) {
+             const cuda_exec& exec) {
+    const cudaStream_t stream = exec.stream;
     detail::check_infinigen_cuda_score(cfg_, ctx, out);
     if (ctx.max_seq_len == 0) return;  // nothing to score
-    const detail::infinigen_params<PkT> p = params(ctx, out);
+    const detail::infinigen_params<PkT> p = params(ctx, out, exec.status);
     const detail::spec_launch_shapes shapes = detail::spec_shapes(cfg_, p.rows, p.num_seqs, p.max_len);
     const auto dim = [](const long long (&g)[3]) {
       return dim3(static_cast<unsigned>(g[0]), static_cast<unsigned>(g[1]), static_cast<unsigned>(g[2]));
@@ -243,7 +248,7 @@ class infinigen_speculator_cuda {
   }
 
   detail::infinigen_params<PkT> params(const device_spec_context& ctx,
-                                       const device_score_buffer& out) const {
+                                       const device_score_buffer& out, int* status) const {
     detail::infinigen_params<PkT> p{};
     p.weights = at<WT>(layout_.weights);
     p.bias = at<float>(layout_.bias);
@@ -269,7 +274,7 @@ class infinigen_speculator_cuda {
     p.rows = layout_.rows;
     p.stride = out.stride;
     p.max_len = ctx.max_seq_len;  // validated <= stride and <= max_tokens
-    p.status = ctx.device_status;
+    p.status = status;
     p.max_chunks = layout_.chunks;
     p.rope = rope_;
     p.mode = cfg_.mode;

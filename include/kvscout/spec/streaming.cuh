@@ -12,10 +12,10 @@
 // (spec/device_concepts.hpp): a policy an engine writes for itself has this shape.
 //
 //   kvscout::streaming_policy_cuda p({.num_kv_heads = 8, .sinks = 4});
-//   p.score({.seq_lens = lens, .max_seq_len = max_len}, scores, stream);
+//   p.score({.seq_lens = lens, .max_seq_len = max_len}, scores, {stream, d_status});
 //
 // score() checks the call on the host (kvscout::error naming the bad value), launches one
-// kernel on `stream`, allocates nothing, never synchronises and reads nothing back. seq_lens are
+// kernel on exec.stream, allocates nothing, never synchronises and reads nothing back. seq_lens are
 // read on the device and clamped to [0, max_seq_len]; x and positions are not read.
 
 #include <cuda_runtime.h>
@@ -29,6 +29,7 @@
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/spec/device_concepts.hpp"
 
 namespace kvscout {
@@ -89,9 +90,10 @@ class streaming_policy_cuda {
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
   /// Writes out.scores[s, h, t] for t < seq_lens[s] (clamped to max_seq_len, raising
-  /// device_status::bad_length in ctx.device_status). max_seq_len = 0 launches nothing.
+  /// device_status::bad_length in exec.status). max_seq_len = 0 launches nothing.
   void score(const device_spec_context& ctx, const device_score_buffer& out,
-             cudaStream_t stream = nullptr) const {
+             const cuda_exec& exec) const {
+    const cudaStream_t stream = exec.stream;
     detail::check_device_score_call(cfg_.num_kv_heads, ctx, out);
     constexpr int per_block = detail::streaming_block_threads * detail::streaming_tokens_per_thread;
     KVSCOUT_EXPECTS(out.num_seqs <= 65535, "score buffer num_seqs = ", out.num_seqs,
@@ -105,7 +107,7 @@ class streaming_policy_cuda {
     detail::launch(detail::streaming_scores<>, grid, detail::streaming_block_threads, 0, stream,
                    detail::streaming_params{out.scores.data(), ctx.seq_lens.data(),
                                             cfg_.num_kv_heads, out.stride, ctx.max_seq_len,
-                                            cfg_.sinks, ctx.device_status});
+                                            cfg_.sinks, exec.status});
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
 

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/select/detail/checks.hpp"
@@ -24,6 +25,7 @@ class device_selector_base {
   using config = Config;  // the host selector's config: the same fields, the same meaning
   using config_type = Config;
   using memory_space = device_space;
+  using exec_type = cuda_exec;  // select()'s last argument: stream and device status word
   /// The alignment the workspace's address must have (cudaMalloc gives 256).
   static constexpr std::size_t workspace_alignment = device_selector_workspace_alignment;
 
@@ -43,7 +45,7 @@ class device_selector_base {
 
   /// The checks of select() and its kernels' parameters; false when there is no row to select.
   bool prologue(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
-                int* device_status, select_params& p) const {
+                const cuda_exec& exec, select_params& p) const {
     check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity, scores, out);
     p = select_params{};
     p.scores = scores.scores.data();
@@ -56,7 +58,7 @@ class device_selector_base {
     p.capacity = cfg_.capacity;
     p.budget = cfg_.budget;
     p.keep = cfg_.keep;
-    p.status = device_status;
+    p.status = exec.status;
     return rows() > 0;
   }
   [[nodiscard]] long long rows() const noexcept {
