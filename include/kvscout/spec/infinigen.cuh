@@ -191,20 +191,46 @@ class infinigen_speculator_cuda {
   /// exec.stream; a clamped length or a bad sequence id raises its bit in exec.status.
   void score(const device_spec_context& ctx, const device_score_buffer& out,
              const cuda_exec& exec) {
-    const cudaStream_t stream = exec.stream;
     detail::check_infinigen_cuda_score(cfg_, ctx, out);
     if (ctx.max_seq_len == 0) return;  // nothing to score
     const detail::infinigen_params<PkT> p = params(ctx, out, exec.status);
     const detail::spec_launch_shapes shapes = detail::spec_shapes(cfg_, p.rows, p.num_seqs, p.max_len);
-    const auto dim = [](const long long (&g)[3]) {
-      return dim3(static_cast<unsigned>(g[0]), static_cast<unsigned>(g[1]), static_cast<unsigned>(g[2]));
-    };
+    const cudaStream_t stream = exec.stream;
     detail::launch(detail::partial_query_gemv<PkT, WT>, static_cast<unsigned>(shapes.gemv_blocks),
                    detail::spec_gemv_threads, 0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
     detail::launch(detail::partial_query_finish<PkT>, dim(shapes.finish),
                    detail::spec_finish_threads, 0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    score_rows(p, shapes, stream);
+  }
+
+  /// The correction step's scores (kvscout's, not InfiniGen's; infinigen_policy::score_query is
+  /// the reference): the layer's own query q [num_seqs, num_q_heads, head_dim] floats on the
+  /// device, after RoPE, projected by the plans as a key is and scored against the same partial
+  /// keys. ctx.x and ctx.positions are not read. pre_rope_folded plans are refused.
+  void score_query(device_span<const float> q, const device_spec_context& ctx,
+                   const device_score_buffer& out, const cuda_exec& exec) {
+    detail::check_infinigen_cuda_score_query(cfg_, q.size(), q.data() != nullptr, ctx, out);
+    if (ctx.max_seq_len == 0) return;
+    const detail::infinigen_params<PkT> p = params(ctx, out, exec.status);
+    const detail::spec_launch_shapes shapes = detail::spec_shapes(cfg_, p.rows, p.num_seqs, p.max_len);
+    const cudaStream_t stream = exec.stream;
+    detail::launch(detail::project_true_query<PkT>,
+                   dim3(static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.num_q_heads)),
+                   detail::spec_project_threads, 0, stream, p, q.data());
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    score_rows(p, shapes, stream);
+  }
+
+ private:
+  static dim3 dim(const long long (&g)[3]) {
+    return dim3(static_cast<unsigned>(g[0]), static_cast<unsigned>(g[1]), static_cast<unsigned>(g[2]));
+  }
+
+  // The scoring launches over the partial queries in p.q (score and score_query).
+  void score_rows(const detail::infinigen_params<PkT>& p, const detail::spec_launch_shapes& shapes,
+                  cudaStream_t stream) const {
     const dim3 grid = dim(shapes.score);
     const std::size_t q_bytes = sizeof(float) * static_cast<std::size_t>(p.group) * p.r;
     with_group(p.group, [&](auto G) {
@@ -223,7 +249,6 @@ class infinigen_speculator_cuda {
     });
   }
 
- private:
   template <class T>
   T* at(std::size_t offset) const {
     return reinterpret_cast<T*>(base_ + offset);

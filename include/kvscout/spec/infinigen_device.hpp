@@ -278,6 +278,25 @@ inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
                   "positions holds ", ctx.positions.size(), " entries, expected num_seqs = ", s);
 }
 
+/// The checks of a score_query() call: the layer's own query q [num_seqs, num_q_heads, head_dim]
+/// instead of x and positions, and plans whose partial keys are after RoPE.
+inline void check_infinigen_cuda_score_query(const infinigen_cuda_config& c, std::size_t q_size,
+                                             bool q_present, const device_spec_context& ctx,
+                                             const device_score_buffer& out) {
+  KVSCOUT_EXPECTS(c.mode != rope_mode::pre_rope_folded, "score_query: the plans are "
+                  "pre_rope_folded (partial keys before RoPE); a query after RoPE needs "
+                  "post_rope_skew or rope_planes plans");
+  const int S = out.num_seqs;
+  KVSCOUT_EXPECTS(S >= 1 && S <= c.num_seqs, "score buffer num_seqs = ", S,
+                  " is outside [1, config num_seqs = ", c.num_seqs, "]");
+  KVSCOUT_EXPECTS(ctx.max_seq_len >= 0 && ctx.max_seq_len <= c.max_tokens, "max_seq_len = ",
+                  ctx.max_seq_len, " is outside [0, max_tokens = ", c.max_tokens, "]");
+  check_device_score_call(c.num_kv_heads, ctx, out);
+  const std::size_t need = static_cast<std::size_t>(S) * c.num_q_heads * static_cast<std::size_t>(c.head_dim);
+  KVSCOUT_EXPECTS(q_size >= need && q_present, "q holds ", q_size, " floats, expected [", S, ", ",
+                  c.num_q_heads, ", ", c.head_dim, "]");
+}
+
 /// The checks of an append() call: `count` keys [count, num_kv_heads, head_dim] for the
 /// (seq_ids[n], token_ids[n]) pairs.
 inline void check_infinigen_cuda_append(const infinigen_cuda_config& c, std::size_t key_elements,

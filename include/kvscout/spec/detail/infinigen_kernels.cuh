@@ -483,6 +483,36 @@ __global__ void __launch_bounds__(spec_block_threads)
   }
 }
 
+// ---- the correction step's partial queries ------------------------------------------------
+
+inline constexpr int spec_project_threads = 64;
+
+/// score_query's partial queries: query head qh of row s, the layer's own query q [S, Hq, D]
+/// (after RoPE) projected as append_keys projects a key (a gather in rope_planes mode, skew_dot
+/// with A[:, S] otherwise), times the scale, into p.q [S, Hq, r]. Grid (S, Hq).
+template <class PkT>
+__global__ void __launch_bounds__(spec_project_threads)
+    project_true_query(const __grid_constant__ infinigen_params<PkT> p, const float* q) {
+  __shared__ float qs[2 * rope_table::max_planes];
+  const int s = static_cast<int>(blockIdx.x);
+  const int qh = static_cast<int>(blockIdx.y);
+  const int h = qh / p.group;
+  const int D = p.head_dim;
+  const float* src = q + (static_cast<std::size_t>(s) * p.num_q_heads + qh) * D;
+  for (int d = static_cast<int>(threadIdx.x); d < D; d += blockDim.x) qs[d] = src[d];
+  __syncthreads();
+  for (int i = static_cast<int>(threadIdx.x); i < p.r; i += blockDim.x) {
+    float v;
+    if (p.mode == rope_mode::rope_planes) {
+      v = qs[p.channels[static_cast<std::size_t>(h) * p.r + i]];
+    } else {
+      v = skew_dot(qs, p.rotation + static_cast<std::size_t>(h) * D * p.r + i, D,
+                   static_cast<std::size_t>(p.r));
+    }
+    p.q[(static_cast<std::size_t>(s) * p.num_q_heads + qh) * p.r + i] = v * p.scale;
+  }
+}
+
 // ---- append ----------------------------------------------------------------------------------
 
 inline constexpr int spec_append_threads = 128;

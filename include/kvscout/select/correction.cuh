@@ -1,0 +1,179 @@
+#pragma once
+// The correction step's selector on the device: correction_selector_host's semantics
+// (select/correction.hpp), the same indices, as three launches on one stream:
+//   1. mask    the speculated rows' late scores become NaN (one block per row; in place: the late
+//              scores are the caller's scratch, written by score_query for this step)
+//   2. top-k   topk_selector_cuda at budget `extra`, no keep-set, over the masked scores
+//   3. filter  rows with no more than `extra` unspeculated rows: all of them instead (top-k took
+//              every row of such a row, the speculated ones too)
+// Counts and lengths stay on the device; nothing is read back, nothing allocated.
+//
+//   kvscout::correction_selector_cuda::config cfg{.num_seqs = 1, .num_kv_heads = 8,
+//       .stride = 4096, .capacity = 64, .extra = 64};
+//   auto ws = kvscout::make_device_workspace<kvscout::correction_selector_cuda>(cfg);
+//   kvscout::correction_selector_cuda corr(cfg, ws.span());
+//   corr.select(late, speculated, added, {stream, d_status});   // late: device_span<float>
+//
+// select() checks what the host knows (shapes, sizes, pointers) and throws kvscout::error naming
+// the bad value. Device data is never trusted for addressing: lengths are clamped to
+// [0, stride], speculated counts to [0, capacity] (device_status::bad_length / bad_count), and
+// a speculated index outside [0, len) is skipped by the mask (device_status::bad_index); the
+// filter assumes the speculated rows ascending, as every kvscout selector writes them.
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/detail/launch.cuh"
+#include "kvscout/core/device_status.hpp"
+#include "kvscout/core/exec.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/select/correction.hpp"
+#include "kvscout/select/topk.cuh"
+
+namespace kvscout {
+namespace detail {
+
+struct correction_params {
+  float* scores;                 // [rows, stride], masked in place
+  const std::int32_t* seq_lens;  // [num_seqs]
+  const std::int32_t* spec_idx;  // [rows, spec_capacity]
+  const std::int32_t* spec_cnt;  // [rows]
+  std::int32_t* out_idx;         // [rows, capacity]
+  std::int32_t* out_cnt;         // [rows]
+  int num_kv_heads, stride, spec_capacity, capacity, extra;
+  int* status;
+};
+
+inline constexpr int correction_threads = 256;
+
+KVSCOUT_DEVICE int correction_len(const correction_params& p, int row) {
+  int len = p.seq_lens[row / p.num_kv_heads];
+  if (len < 0 || len > p.stride) {
+    if (threadIdx.x == 0) raise_device_status(p.status, device_status::bad_length);
+    len = len < 0 ? 0 : p.stride;
+  }
+  return len;
+}
+
+KVSCOUT_DEVICE int correction_spec_count(const correction_params& p, int row) {
+  int n = p.spec_cnt[row];
+  if (n < 0 || n > p.spec_capacity) {
+    if (threadIdx.x == 0) raise_device_status(p.status, device_status::bad_count);
+    n = n < 0 ? 0 : p.spec_capacity;
+  }
+  return n;
+}
+
+/// Step 1: the speculated rows' scores become NaN.
+__global__ void __launch_bounds__(correction_threads) correction_mask(const correction_params p) {
+  const int row = static_cast<int>(blockIdx.x);
+  const int len = correction_len(p, row);
+  const int n = correction_spec_count(p, row);
+  const std::int32_t* sp = p.spec_idx + static_cast<std::size_t>(row) * p.spec_capacity;
+  float* sc = p.scores + static_cast<std::size_t>(row) * p.stride;
+  for (int j = static_cast<int>(threadIdx.x); j < n; j += blockDim.x) {
+    const int t = sp[j];
+    if (t < 0 || t >= len) {
+      raise_device_status(p.status, device_status::bad_index);
+      continue;
+    }
+    sc[t] = __int_as_float(0x7fc00000);  // quiet NaN
+  }
+}
+
+/// Step 3: a row with no more than `extra` unspeculated rows takes all of them: row t of
+/// [0, len) not speculated goes to slot t - |{speculated < t}| (the speculated rows ascending).
+__global__ void __launch_bounds__(correction_threads) correction_filter(const correction_params p) {
+  const int row = static_cast<int>(blockIdx.x);
+  const int len = correction_len(p, row);
+  const int n = correction_spec_count(p, row);
+  if (len - n > p.extra) return;  // top-k's selection stands
+  const std::int32_t* sp = p.spec_idx + static_cast<std::size_t>(row) * p.spec_capacity;
+  std::int32_t* out = p.out_idx + static_cast<std::size_t>(row) * p.capacity;
+  for (int t = static_cast<int>(threadIdx.x); t < len; t += blockDim.x) {
+    int lo = 0, hi = n;  // first speculated index >= t
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (sp[mid] < t) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    const bool speculated = lo < n && sp[lo] == t;
+    const int slot = t - lo;
+    if (!speculated && slot < p.capacity) out[slot] = t;
+  }
+  if (threadIdx.x == 0) {
+    // Unspeculated rows: len minus the speculated ones inside [0, len) (all of them when valid).
+    int inside = 0;
+    for (int j = 0; j < n; ++j) inside += (sp[j] >= 0 && sp[j] < len) ? 1 : 0;
+    const int c = len - inside;
+    p.out_cnt[row] = c < p.capacity ? c : p.capacity;
+  }
+}
+
+}  // namespace detail
+
+class correction_selector_cuda {
+ public:
+  using config = correction_selector_host::config;
+  using config_type = config;
+  using memory_space = device_space;
+
+  /// The top-k selector's configuration the correction runs (budget extra, no keep-set).
+  [[nodiscard]] static topk_selector_host::config topk_config(const config& cfg) {
+    detail::check_correction_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
+                                    cfg.extra);
+    return {cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity, cfg.extra, {}};
+  }
+  /// Bytes of device workspace: the top-k selector's.
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
+    return topk_selector_cuda::workspace_bytes(topk_config(cfg));
+  }
+  static constexpr std::size_t workspace_alignment = topk_selector_cuda::workspace_alignment;
+
+  correction_selector_cuda(const config& cfg, device_span<std::byte> workspace)
+      : cfg_(cfg), topk_(topk_config(cfg), workspace) {}
+
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+
+  /// Writes the rows to add for every (sequence, kv_head) row; masks the speculated rows of
+  /// `late` (NaN) on the way. late: [num_seqs, num_kv_heads, stride] scores of this step.
+  void select(device_span<float> late, device_span<const std::int32_t> seq_lens,
+              const selection_view<device_space>& speculated,
+              const selection_buffers<device_space>& out, const cuda_exec& exec) {
+    const score_view<device_space> view{{late.data(), late.size()}, seq_lens, cfg_.num_seqs,
+                                        cfg_.num_kv_heads, cfg_.stride};
+    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
+                                 view, out);
+    detail::check_speculated_shape(cfg_.num_seqs, cfg_.num_kv_heads, speculated);
+    const int rows = cfg_.num_seqs * cfg_.num_kv_heads;
+    if (rows == 0) return;
+    const detail::correction_params p{late.data(),          seq_lens.data(),
+                                      speculated.indices.data(), speculated.counts.data(),
+                                      out.indices.data(),   out.counts.data(),
+                                      cfg_.num_kv_heads,    cfg_.stride,
+                                      speculated.capacity,  cfg_.capacity,
+                                      cfg_.extra,           exec.status};
+    const cudaStream_t stream = exec.stream;
+    detail::launch(detail::correction_mask, static_cast<unsigned>(rows),
+                   detail::correction_threads, 0, stream, p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    topk_.select(view, out, exec);
+    detail::launch(detail::correction_filter, static_cast<unsigned>(rows),
+                   detail::correction_threads, 0, stream, p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  config cfg_;
+  topk_selector_cuda topk_;
+};
+
+}  // namespace kvscout

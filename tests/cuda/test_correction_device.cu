@@ -1,0 +1,266 @@
+// The correction step on the device (issue 32, part 1):
+//   infinigen_speculator_cuda::score_query against infinigen_policy::score_query (the host
+//   reference), both RoPE modes that allow it, float and fp16 partial keys, group sizes 1 and 3,
+//   sequences of several lengths and continuous-batching seq_ids;
+//   correction_selector_cuda against correction_selector_host: the same indices and counts, on
+//   scores with NaN, infinities and ties, random speculated sets, rows with few unspeculated rows;
+//   bad input refused by name.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gpu_harness.cuh"
+#include "kvscout/core/device_status.hpp"
+#include "kvscout/core/workspace.hpp"
+#include "kvscout/select/correction.cuh"
+#include "kvscout/select/correction.hpp"
+#include "kvscout/spec/infinigen.cuh"
+#include "kvscout/spec/infinigen.hpp"
+
+namespace {
+
+using kvscout::rope_mode;
+
+kvscout::skew_plan plan_for(rope_mode mode, int D, int r, std::mt19937& rng) {
+  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  std::vector<int> all(static_cast<std::size_t>(mode == rope_mode::rope_planes ? D / 2 : D));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  if (mode == rope_mode::rope_planes) {
+    all.resize(static_cast<std::size_t>(r / 2));
+    std::sort(all.begin(), all.end());
+    return kvscout::rope_planes_plan(rope, all);
+  }
+  // A random orthogonal A (Gram-Schmidt in double).
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<double> a(static_cast<std::size_t>(D) * D);
+  for (auto& v : a) v = nd(rng);
+  for (int j = 0; j < D; ++j) {
+    for (int k = 0; k < j; ++k) {
+      double dot = 0;
+      for (int i = 0; i < D; ++i) dot += a[i * D + j] * a[i * D + k];
+      for (int i = 0; i < D; ++i) a[i * D + j] -= dot * a[i * D + k];
+    }
+    double n = 0;
+    for (int i = 0; i < D; ++i) n += a[i * D + j] * a[i * D + j];
+    for (int i = 0; i < D; ++i) a[i * D + j] /= std::sqrt(n);
+  }
+  kvscout::skew_plan p;
+  p.mode = mode;
+  p.head_dim = D;
+  p.r = r;
+  p.rope = rope;
+  p.A.assign(a.begin(), a.end());
+  all.resize(static_cast<std::size_t>(r));
+  std::sort(all.begin(), all.end());
+  p.channels = all;
+  return p;
+}
+
+template <class PkT>
+void score_query_case(rope_mode mode, int g, std::uint32_t seed) {
+  const int H = 2, Hq = H * g, D = 64, r = 16, dm = 48, S = 3;
+  const std::vector<std::int32_t> lens{70, 0, 33};
+  const int max_tokens = 80, stride = 75;
+  const float scale = 0.125f;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<kvscout::skew_plan> plans;
+  for (int h = 0; h < H; ++h) plans.push_back(plan_for(mode, D, r, rng));
+  std::vector<float> w_q(static_cast<std::size_t>(Hq) * D * dm);
+  for (auto& v : w_q) v = nd(rng) / 7.f;
+  kvscout::infinigen_policy<PkT> host({1, S, H, Hq, D, dm, max_tokens, scale,
+                                       kvscout::gqa_aggregation::max_logit},
+                                      {plans}, {{w_q.data(), w_q.size()}}, {{}});
+  const kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, mode, scale,
+                                          kvscout::gqa_aggregation::max_logit};
+  using spec = kvscout::infinigen_speculator_cuda<PkT>;
+  auto ws = kvscout::make_device_workspace<spec>(dc);
+  spec dev(dc, plans, {w_q.data(), w_q.size()}, {}, ws.span());
+  // Keys after RoPE, the same to both.
+  std::vector<float> keys, k(static_cast<std::size_t>(H) * D);
+  std::vector<std::int32_t> sids, tids;
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < lens[static_cast<std::size_t>(s)]; ++t) {
+      for (auto& v : k) v = nd(rng);
+      host.append(0, s, t, k.data(), k.data());
+      keys.insert(keys.end(), k.begin(), k.end());
+      sids.push_back(s);
+      tids.push_back(t);
+    }
+  gpu_test::device_vector<float> dk(keys);
+  gpu_test::device_vector<std::int32_t> ds(sids), dt(tids);
+  dev.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()},
+             static_cast<int>(sids.size()), {});
+  // The layer's own queries, and a batch whose rows name sequences 2, 0, 1.
+  std::vector<float> q(static_cast<std::size_t>(S) * Hq * D);
+  for (auto& v : q) v = nd(rng);
+  const std::vector<std::int32_t> ids{2, 0, 1}, blens{lens[2], lens[0], lens[1]};
+  std::vector<float> want(static_cast<std::size_t>(S) * H * stride, 0.f);
+  host.score_query(0, {{}, {q.data(), q.size()}, {blens.data(), 3}, {blens.data(), 3}, {ids.data(), 3}},
+                   {{want.data(), want.size()}, S, H, stride});
+  gpu_test::device_vector<float> dq(q), out(want.size());
+  gpu_test::device_vector<std::int32_t> dl(blens), di(ids);
+  gpu_test::device_vector<int> status(std::vector<int>{0});
+  const kvscout::device_spec_context ctx{{}, {}, {dl.data(), 3}, lens[0], {di.data(), 3}};
+  dev.score_query({dq.data(), dq.size()}, ctx, {{out.data(), out.size()}, S, H, stride},
+                  {nullptr, status.data()});
+  const std::vector<float> got = out.download();
+  int bad = 0;
+  for (int s = 0; s < S; ++s)
+    for (int h = 0; h < H; ++h)
+      for (int t = 0; t < stride; ++t) {
+        const std::size_t i = (static_cast<std::size_t>(s) * H + h) * stride + t;
+        if (t >= blens[static_cast<std::size_t>(s)]) {
+          if (!std::isnan(got[i]) && bad++ < 5) std::fprintf(stderr, "written past len at %zu\n", i);
+          continue;
+        }
+        const float tol = 1e-4f * (1.f + std::fabs(want[i])) + (sizeof(PkT) == 2 ? 2e-3f : 0.f);
+        if (!(std::fabs(got[i] - want[i]) <= tol) && bad++ < 5)
+          std::fprintf(stderr, "score (%d,%d,%d): device %g host %g\n", s, h, t, got[i], want[i]);
+      }
+  GPU_CHECK(bad == 0);
+  GPU_CHECK(status.download()[0] == 0);
+}
+
+void score_query_matches_host() {
+  for (const rope_mode mode : {rope_mode::post_rope_skew, rope_mode::rope_planes})
+    for (const int g : {1, 3}) {
+      score_query_case<float>(mode, g, 11u + static_cast<unsigned>(g));
+      score_query_case<kvscout::half>(mode, g, 23u + static_cast<unsigned>(g));
+    }
+}
+
+void score_query_refuses() {
+  const int H = 1, D = 64, r = 16, dm = 32;
+  std::mt19937 rng(5);
+  std::vector<kvscout::skew_plan> plans{plan_for(rope_mode::post_rope_skew, D, r, rng)};
+  plans[0].mode = rope_mode::pre_rope_folded;
+  std::vector<float> w_q(static_cast<std::size_t>(D) * dm, 0.01f);
+  const kvscout::infinigen_cuda_config dc{1, H, H, D, dm, 16, r, rope_mode::pre_rope_folded, 0.125f};
+  using spec = kvscout::infinigen_speculator_cuda<float>;
+  auto ws = kvscout::make_device_workspace<spec>(dc);
+  spec dev(dc, plans, {w_q.data(), w_q.size()}, {}, ws.span());
+  gpu_test::device_vector<float> q(static_cast<std::size_t>(D)), out(16);
+  gpu_test::device_vector<std::int32_t> lens(std::vector<std::int32_t>{4});
+  const kvscout::device_spec_context ctx{{}, {}, {lens.data(), 1}, 4};
+  GPU_CHECK(gpu_test::throws_with(
+      [&] { dev.score_query({q.data(), q.size()}, ctx, {{out.data(), out.size()}, 1, H, 16}, {}); },
+      "pre_rope_folded"));
+}
+
+void score_query_refuses_short_q() {
+  const int H = 1, D = 64, r = 16, dm = 32;
+  std::mt19937 rng(6);
+  std::vector<kvscout::skew_plan> plans{plan_for(rope_mode::rope_planes, D, r, rng)};
+  std::vector<float> w_q(static_cast<std::size_t>(D) * dm, 0.01f);
+  const kvscout::infinigen_cuda_config dc{1, H, H, D, dm, 16, r, rope_mode::rope_planes, 0.125f};
+  using spec = kvscout::infinigen_speculator_cuda<float>;
+  auto ws = kvscout::make_device_workspace<spec>(dc);
+  spec dev(dc, plans, {w_q.data(), w_q.size()}, {}, ws.span());
+  gpu_test::device_vector<float> q(static_cast<std::size_t>(D)), out(16);
+  gpu_test::device_vector<std::int32_t> lens(std::vector<std::int32_t>{4});
+  const kvscout::device_spec_context ctx{{}, {}, {lens.data(), 1}, 4};
+  GPU_CHECK(gpu_test::throws_with(
+      [&] { dev.score_query({q.data(), D - 1}, ctx, {{out.data(), out.size()}, 1, H, 16}, {}); },
+      "q holds 63 floats, expected [1, 1, 64]"));
+}
+
+void selector_matches_host() {
+  std::mt19937 rng(2026);
+  const int S = 3, H = 2, stride = 900, cap = 48, spec_cap = 64;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int trial = 0; trial < 12; ++trial) {
+    const int extra = 1 + static_cast<int>(rng() % cap);
+    std::vector<std::int32_t> lens(S);
+    for (auto& l : lens) l = static_cast<int>(rng() % (stride + 1));
+    lens[0] = std::min(lens[0], extra + 10);  // few unspeculated rows
+    if (trial == 0) lens[2] = stride;
+    std::vector<float> scores(static_cast<std::size_t>(S) * H * stride);
+    for (auto& v : scores) {
+      const auto u = rng() % 100;
+      v = u < 3 ? nan : u < 5 ? -INFINITY : u < 6 ? INFINITY : static_cast<float>(rng() % 50) * 0.5f - 7.f;
+    }
+    std::vector<std::int32_t> sidx(static_cast<std::size_t>(S) * H * spec_cap, 0), scnt(static_cast<std::size_t>(S) * H);
+    for (int row = 0; row < S * H; ++row) {
+      int c = 0;
+      for (int t = 0; t < lens[static_cast<std::size_t>(row / H)] && c < spec_cap; ++t)
+        if (rng() % 4 == 0) sidx[static_cast<std::size_t>(row) * spec_cap + c++] = t;
+      scnt[static_cast<std::size_t>(row)] = c;
+    }
+    const kvscout::correction_selector_host::config cfg{S, H, stride, cap, extra};
+    // Host.
+    auto hws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
+    kvscout::correction_selector_host hsel(cfg, hws.span());
+    std::vector<std::int32_t> hidx(static_cast<std::size_t>(S) * H * cap, -1), hcnt(static_cast<std::size_t>(S) * H, -1);
+    hsel.select({{scores.data(), scores.size()}, {lens.data(), lens.size()}, S, H, stride},
+                {{sidx.data(), sidx.size()}, {scnt.data(), scnt.size()}, S, H, spec_cap},
+                {{hidx.data(), hidx.size()}, {hcnt.data(), hcnt.size()}, S, H, cap});
+    // Device.
+    auto dws = kvscout::make_device_workspace<kvscout::correction_selector_cuda>(cfg);
+    kvscout::correction_selector_cuda dsel(cfg, dws.span());
+    gpu_test::device_vector<float> dsc(scores);
+    gpu_test::device_vector<std::int32_t> dl(lens), dsi(sidx), dscnt(scnt), didx(hidx.size()), dcnt(hcnt.size());
+    gpu_test::device_vector<int> status(std::vector<int>{0});
+    dsel.select({dsc.data(), dsc.size()}, {dl.data(), dl.size()},
+                {{dsi.data(), dsi.size()}, {dscnt.data(), dscnt.size()}, S, H, spec_cap},
+                {{didx.data(), didx.size()}, {dcnt.data(), dcnt.size()}, S, H, cap}, {nullptr, status.data()});
+    const std::vector<std::int32_t> gidx = didx.download(), gcnt = dcnt.download();
+    const std::vector<float> masked = dsc.download();
+    for (int row = 0; row < S * H; ++row) {
+      GPU_CHECK(gcnt[static_cast<std::size_t>(row)] == hcnt[static_cast<std::size_t>(row)]);
+      for (int i = 0; i < hcnt[static_cast<std::size_t>(row)] && i < gcnt[static_cast<std::size_t>(row)]; ++i)
+        GPU_CHECK(gidx[static_cast<std::size_t>(row) * cap + i] == hidx[static_cast<std::size_t>(row) * cap + i]);
+      for (int j = 0; j < scnt[static_cast<std::size_t>(row)]; ++j)  // the speculated rows, masked
+        GPU_CHECK(std::isnan(masked[static_cast<std::size_t>(row) * stride + sidx[static_cast<std::size_t>(row) * spec_cap + j]]));
+    }
+    GPU_CHECK(status.download()[0] == 0);
+  }
+}
+
+void selector_reports_bad_device_data() {
+  // A speculated index past the row and a count past the capacity: skipped / clamped, reported.
+  const int stride = 64, cap = 8;
+  std::vector<float> scores(stride);
+  for (int t = 0; t < stride; ++t) scores[static_cast<std::size_t>(t)] = static_cast<float>(t % 13);
+  const kvscout::correction_selector_host::config cfg{1, 1, stride, cap, 4};
+  auto dws = kvscout::make_device_workspace<kvscout::correction_selector_cuda>(cfg);
+  kvscout::correction_selector_cuda dsel(cfg, dws.span());
+  gpu_test::device_vector<float> dsc(scores);
+  gpu_test::device_vector<std::int32_t> dl(std::vector<std::int32_t>{40}), dsi(std::vector<std::int32_t>{3, 50}),
+      dscnt(std::vector<std::int32_t>{5}), didx(cap), dcnt(1);
+  gpu_test::device_vector<int> status(std::vector<int>{0});
+  dsel.select({dsc.data(), dsc.size()}, {dl.data(), 1}, {{dsi.data(), 2}, {dscnt.data(), 1}, 1, 1, 2},
+              {{didx.data(), didx.size()}, {dcnt.data(), 1}, 1, 1, cap}, {nullptr, status.data()});
+  const int bits = status.download()[0];
+  GPU_CHECK((bits & kvscout::device_status::bad_count) != 0);
+  GPU_CHECK((bits & kvscout::device_status::bad_index) != 0);
+  GPU_CHECK(dcnt.download()[0] == 4);
+  // Host-known errors are refused by name before any launch.
+  GPU_CHECK(gpu_test::throws_with(
+      [&] { (void)kvscout::correction_selector_cuda::workspace_bytes({1, 1, stride, cap, 9}); },
+      "extra = 9 must be in [1, capacity = 8]"));
+  GPU_CHECK(gpu_test::throws_with(
+      [&] {
+        dsel.select({dsc.data(), dsc.size()}, {dl.data(), 1}, {{dsi.data(), 2}, {dscnt.data(), 1}, 2, 1, 2},
+                    {{didx.data(), didx.size()}, {dcnt.data(), 1}, 1, 1, cap}, {});
+      },
+      "speculated selection shape [num_seqs, num_kv_heads] = [2, 1]"));
+}
+
+}  // namespace
+
+int main() {
+  return gpu_test::run_all("correction_device",
+                           {{"score_query_matches_host", score_query_matches_host},
+                            {"score_query_refuses", score_query_refuses},
+                            {"score_query_refuses_short_q", score_query_refuses_short_q},
+                            {"selector_matches_host", selector_matches_host},
+                            {"selector_reports_bad_device_data", selector_reports_bad_device_data}});
+}
