@@ -242,6 +242,30 @@ void selector_reports_bad_device_data() {
   GPU_CHECK((bits & kvscout::device_status::bad_count) != 0);
   GPU_CHECK((bits & kvscout::device_status::bad_index) != 0);
   GPU_CHECK(dcnt.download()[0] == 4);
+  // A row of the filter's branch (few unspeculated rows) whose speculated rows are out of order
+  // and out of range: reported, and the output stays inside the row's slots with a count of at
+  // most extra (the buffers past the row keep their poison).
+  {
+    const kvscout::correction_selector_host::config c2{2, 1, stride, cap, 4};
+    auto ws2 = kvscout::make_device_workspace<kvscout::correction_selector_cuda>(c2);
+    kvscout::correction_selector_cuda sel2(c2, ws2.span());
+    std::vector<float> two(static_cast<std::size_t>(2) * stride, 1.f);
+    gpu_test::device_vector<float> dtwo(two);
+    gpu_test::device_vector<std::int32_t> l2(std::vector<std::int32_t>{5, 5}),
+        si2(std::vector<std::int32_t>{-5, 3, 2, 1, 1, 9}), sc2(std::vector<std::int32_t>{3, 3}),
+        oi2(static_cast<std::size_t>(2) * cap + 8), oc2(2);  // 4 guard slots each side
+    gpu_test::device_vector<int> st2(std::vector<int>{0});
+    sel2.select({dtwo.data(), dtwo.size()}, {l2.data(), 2}, {{si2.data(), 6}, {sc2.data(), 2}, 2, 1, 3},
+                {{oi2.data() + 4, static_cast<std::size_t>(2) * cap}, {oc2.data(), 2}, 2, 1, cap},
+                {nullptr, st2.data()});
+    GPU_CHECK((st2.download()[0] & kvscout::device_status::bad_index) != 0);
+    const std::vector<std::int32_t> counts = oc2.download(), idx = oi2.download();
+    GPU_CHECK(counts[0] >= 0 && counts[0] <= 4 && counts[1] >= 0 && counts[1] <= 4);
+    for (int i = 0; i < 4; ++i) {  // the guards keep their poison
+      GPU_CHECK(idx[static_cast<std::size_t>(i)] == -1);
+      GPU_CHECK(idx[static_cast<std::size_t>(2) * cap + 4 + i] == -1);
+    }
+  }
   // Host-known errors are refused by name before any launch.
   GPU_CHECK(gpu_test::throws_with(
       [&] { (void)kvscout::correction_selector_cuda::workspace_bytes({1, 1, stride, cap, 9}); },

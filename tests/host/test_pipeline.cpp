@@ -445,4 +445,62 @@ TEST_CASE("a correction step needs a policy that scores the layer's own query",
   REQUIRE_THROWS_WITH(pipe_t(pc, sp, sel), Catch::Contains("correction_capacity = -1 must be in [0, capacity = 8]"));
   pc.correction_capacity = 9;
   REQUIRE_THROWS_WITH(pipe_t(pc, sp, sel), Catch::Contains("correction_capacity = 9 must be in [0, capacity = 8]"));
+  pc.correction_capacity = 0;
+  const pipe_t plain(pc, sp, sel);
+  REQUIRE(plain.last_correction().num_seqs == 0);  // no correction: an empty view, not a shape
+  REQUIRE(plain.last_correction().counts.empty());
+}
+
+TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by the pipeline's appends",
+          "[pipeline][correction]") {
+  // infinigen_query_scores: layer l's own query against the partial keys, selected inside
+  // attend(). Its appends reach the wrapped policy: after the run, the partial key of the last
+  // token is the projection of the key the cache holds.
+  constexpr int budget = 10;
+  model m(L, Hq, H, S, max_tokens, 93);
+  const auto plans = calibrate(kvscout::rope_mode::rope_planes, 16);
+  std::vector<kvscout::host_span<const float>> wq, bq(L);
+  for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
+  kvscout::infinigen_policy<> ig({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  kvscout::infinigen_query_scores<kvscout::infinigen_policy<>> late(ig);
+  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
+  auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
+  kvscout::topk_selector_host sel(sc, ws.span());
+  using pipe_t = kvscout::host_decode_pipeline<layout, decltype(late), kvscout::topk_selector_host>;
+  pipe_t pipe({L, 2, S, H, Hq, max_tokens, budget, 1, 0.125f}, late, sel);
+  // The selection the late ranking must make at each sparse layer, from the same scores.
+  auto ows = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
+  kvscout::topk_selector_host ref_sel(sc, ows.span());
+  std::vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens);
+  std::vector<int32_t> idx(static_cast<std::size_t>(S) * H * budget), cnt(S * H);
+  int checked = 0;
+  bool live = false;
+  m.on_attend = [&](int l, const kvscout::spec_context& ctx, const kvscout::current_token<T>&) {
+    if (!live || l < 2) return;
+    ig.score_query(l, ctx, {{scores.data(), scores.size()}, S, H, max_tokens});
+    ref_sel.select({{scores.data(), scores.size()}, ctx.seq_lens, S, H, max_tokens},
+                   {{idx.data(), idx.size()}, {cnt.data(), cnt.size()}, S, H, budget});
+  };
+  m.on_output = [&](int l, const std::vector<float>&) {
+    if (!live || l < 2) return;
+    const auto got = pipe.last_selection(l);
+    for (int r = 0; r < S * H; ++r) {
+      REQUIRE(got.counts[r] == cnt[r]);
+      for (int i = 0; i < cnt[r]; ++i) REQUIRE(got.indices[static_cast<std::size_t>(r) * budget + i] == idx[static_cast<std::size_t>(r) * budget + i]);
+    }
+    ++checked;
+  };
+  std::vector<float> hs;
+  for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
+  live = true;
+  for (int t = 0; t < steps; ++t) m.step(pipe, hs, m.embedding(500u + t));
+  REQUIRE(checked == steps * (L - 2));
+  // The appends went through: layer 2's partial key of the last token is its key's planes.
+  const int t_last = prompt + steps - 1;
+  const auto& pl = plans[2][0];
+  for (int c = 0; c < pl.r; ++c) {
+    const float k = kvscout::to_float(m.kc[2][(static_cast<std::size_t>(0) * max_tokens + t_last) * D + pl.channels[static_cast<std::size_t>(c)]]);
+    REQUIRE(ig.keys(2).at(0, 0, c, t_last) == Approx(k).epsilon(2e-3).margin(2e-3));
+  }
+  REQUIRE(late.configuration().num_layers == L);
 }

@@ -25,6 +25,10 @@
 //           words at the first occurrence, oracle, kvscout_default, infinigen_paper; also quest,
 //           h2o, streaming) at --copy-budgets (5,10 %), fp16, every token through the policy;
 //           writes accuracy_copy.csv (one row per prompt and configuration, "all" rows summed)
+//   correction  (issue 32, part 1) kvscout's default with the correction step (share 0.25 / 0.5
+//           of the budget held back for it) and ranked by the layer's own query (late), at 5 / 10
+//           / 20 %, every --formats format on the long text, fp16 on the short one; stage copy
+//           takes the configurations kvscout_corrected (--correct-share, 0.5) and kvscout_late
 //   prompts a prompt file (--prompts FILE.jsonl, tools/model/prompt_file.hpp: "input" and
 //           "target" per line), scored the same way plus greedy exact match; accuracy_prompts.csv.
 //           --prompts without --stages runs this stage alone
@@ -193,8 +197,9 @@ std::string selector_name(const infinigen_knobs& k) {
     std::snprintf(keep, sizeof keep, "_keep%d+%d", k.keep.sinks, k.keep.recent);
   // The correction step and the late ranking (issue 32) are named after the selector.
   char late[48] = "";
-  if (k.correct_share > 0) std::snprintf(late, sizeof late, "+corrected%g", k.correct_share);
-  if (k.late) std::snprintf(late, sizeof late, "+late");
+  std::snprintf(late, sizeof late, "%s%s", k.correct_share > 0 ? "+corrected" : "", k.late ? "+late" : "");
+  if (k.correct_share > 0)
+    std::snprintf(late, sizeof late, "+corrected%g%s", k.correct_share, k.late ? "+late" : "");
   if (k.alpha < 0) return std::string("topk") + keep + late;
   char b[128];
   std::snprintf(b, sizeof b, "threshold_a%g_%s%s%s", static_cast<double>(k.alpha),

@@ -421,6 +421,13 @@ class layer_major_eval {
     return std::max(b, keep);
   }
 
+  // The rows of step t moved in all with a correction step: max(ceil((budget + correct) t),
+  // keep), at most the n visible ones.
+  [[nodiscard]] static int total_cap(const eval_options& o, int t, int n) {
+    return std::min(n, std::max(static_cast<int>(std::ceil((o.budget + o.correct) * t - 1e-9)),
+                                o.keep.sinks + o.keep.recent));
+  }
+
   prefix& prefix_of(const eval_options& o) {
     prefix& p = prefixes_[static_cast<int>(o.format)];
     if (!p.done || p.group != o.kivi_group || p.residual != o.kivi_residual) {
@@ -690,8 +697,9 @@ class layer_major_eval {
             r.rows_dense[static_cast<std::size_t>(l)] += n;
           }
         // ---- metrics: recall of the true attention mass, overlap with the oracle's top-k ----
+        // (The oracle at the rows this step moved in total: with a correction step, its cap.)
         if (sparse && !select_all && o.metric_every > 0 && t >= o.metric_from && t % o.metric_every == 0)
-          metrics(l, st, i, t, n, budget, keep, r);
+          metrics(l, st, i, t, n, o.correct > 0 ? total_cap(o, t, n) : budget, keep, r);
         // ---- softmax over the attended rows: selection, residual window, current token ----
         for (int h = 0; h < H; ++h) {
           row_matrix& lg = st.lg[static_cast<std::size_t>(h)];
@@ -783,8 +791,7 @@ class layer_major_eval {
   int correct_step(int l, const spec_context& ctx, int n, int t, run_state& st) {
     const eval_options& o = st.o;
     const int H = c_.n_kv_heads;
-    const int total = std::min(n, std::max(static_cast<int>(std::ceil((o.budget + o.correct) * t - 1e-9)),
-                                           o.keep.sinks + o.keep.recent));
+    const int total = total_cap(o, t, n);
     const int extra = std::max(0, total - cap(o, t));
     if (extra == 0) return 0;
     const score_buffer lb{{st.late.data(), st.late.size()}, 1, H, T_};

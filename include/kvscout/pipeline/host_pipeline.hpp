@@ -241,6 +241,7 @@ class host_decode_pipeline {
   /// [num_seqs, num_kv_heads, capacity] slots, at most correction_capacity used per row,
   /// ascending. Empty without correction.
   [[nodiscard]] selection_view<host_space> last_correction() const {
+    if (cfg_.correction_capacity == 0) return {};  // no rows, no shape
     return {{corr_.indices.data(), corr_.indices.size()}, {corr_.counts.data(), corr_.counts.size()},
             cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
   }

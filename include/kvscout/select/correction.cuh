@@ -12,13 +12,14 @@
 //       .stride = 4096, .capacity = 64, .extra = 64};
 //   auto ws = kvscout::make_device_workspace<kvscout::correction_selector_cuda>(cfg);
 //   kvscout::correction_selector_cuda corr(cfg, ws.span());
-//   corr.select(late, speculated, added, {stream, d_status});   // late: device_span<float>
+//   corr.select(late, seq_lens, speculated, added, {stream, d_status});   // late: device_span<float>
 //
 // select() checks what the host knows (shapes, sizes, pointers) and throws kvscout::error naming
 // the bad value. Device data is never trusted for addressing: lengths are clamped to
 // [0, stride], speculated counts to [0, capacity] (device_status::bad_length / bad_count), and
-// a speculated index outside [0, len) is skipped by the mask (device_status::bad_index); the
-// filter assumes the speculated rows ascending, as every kvscout selector writes them.
+// a speculated index outside [0, len) is skipped by the mask, and one not above its predecessor
+// reported (device_status::bad_index): the filter's output for such a row is then undefined but
+// stays inside the row's slots.
 
 #include <cuda_runtime.h>
 
@@ -78,9 +79,10 @@ __global__ void __launch_bounds__(correction_threads) correction_mask(const corr
   float* sc = p.scores + static_cast<std::size_t>(row) * p.stride;
   for (int j = static_cast<int>(threadIdx.x); j < n; j += blockDim.x) {
     const int t = sp[j];
-    if (t < 0 || t >= len) {
+    // Outside the row, or not strictly ascending (the filter's search assumes it): reported.
+    if (t < 0 || t >= len || (j > 0 && t <= sp[j - 1])) {
       raise_device_status(p.status, device_status::bad_index);
-      continue;
+      if (t < 0 || t >= len) continue;
     }
     sc[t] = __int_as_float(0x7fc00000);  // quiet NaN
   }
@@ -107,14 +109,17 @@ __global__ void __launch_bounds__(correction_threads) correction_filter(const co
     }
     const bool speculated = lo < n && sp[lo] == t;
     const int slot = t - lo;
-    if (!speculated && slot < p.capacity) out[slot] = t;
+    // With valid (ascending, in-row) speculated rows slot is in [0, len - n] and below capacity;
+    // bad ones (reported by the mask) must not address outside the row's slots.
+    if (!speculated && slot >= 0 && slot < p.capacity) out[slot] = t;
   }
   if (threadIdx.x == 0) {
-    // Unspeculated rows: len minus the speculated ones inside [0, len) (all of them when valid).
+    // Unspeculated rows: len minus the speculated ones inside [0, len) (all of them when valid),
+    // within [0, extra] whatever the speculated rows hold.
     int inside = 0;
     for (int j = 0; j < n; ++j) inside += (sp[j] >= 0 && sp[j] < len) ? 1 : 0;
     const int c = len - inside;
-    p.out_cnt[row] = c < p.capacity ? c : p.capacity;
+    p.out_cnt[row] = c < 0 ? 0 : (c < p.extra ? c : p.extra);
   }
 }
 

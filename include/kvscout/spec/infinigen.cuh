@@ -208,7 +208,9 @@ class infinigen_speculator_cuda {
   /// The correction step's scores (kvscout's, not InfiniGen's; infinigen_policy::score_query is
   /// the reference): the layer's own query q [num_seqs, num_q_heads, head_dim] floats on the
   /// device, after RoPE, projected by the plans as a key is and scored against the same partial
-  /// keys. ctx.x and ctx.positions are not read. pre_rope_folded plans are refused.
+  /// keys. ctx.x and ctx.positions are not read. pre_rope_folded plans are refused. It writes the
+  /// partial-query scratch score() writes (partial_queries()): calls of the two on one speculator
+  /// must be ordered by the caller (one stream, or an event).
   void score_query(device_span<const float> q, const device_spec_context& ctx,
                    const device_score_buffer& out, const cuda_exec& exec) {
     detail::check_infinigen_cuda_score_query(cfg_, q.size(), q.data() != nullptr, ctx, out);

@@ -495,15 +495,22 @@ static_assert(speculation_policy<infinigen_policy<>>);
 static_assert(speculation_policy<infinigen_policy<half, bfloat16>>);
 
 /// An infinigen_policy's score_query as a policy of its own (needs_query = true): what a
-/// pipeline's correction step scores with. Holds a reference; the policy outlives it.
+/// pipeline's correction step scores with, or the late ranking alone (layer l's own query against
+/// the partial keys, no speculation). Holds a reference; the policy outlives it. append() feeds
+/// the policy's partial keys.
 template <class P>
 class infinigen_query_scores {
  public:
   static constexpr bool needs_query = true;
+  using config_type = typename P::config_type;
   explicit infinigen_query_scores(P& policy) : p_(&policy) {}
   void score(int layer, const spec_context& ctx, const score_buffer& out) {
     p_->score_query(layer, ctx, out);
   }
+  void append(int layer, int s, int t, const float* k_pre, const float* k_post) {
+    p_->append(layer, s, t, k_pre, k_post);
+  }
+  [[nodiscard]] const config_type& configuration() const noexcept { return p_->configuration(); }
 
  private:
   P* p_;
