@@ -260,17 +260,25 @@ inline void check_infinigen_cuda_workspace(device_span<std::byte> workspace, std
                   static_cast<const void*>(workspace.data()));
 }
 
-/// The checks of a score() call.
-inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
-                                       const device_spec_context& ctx,
-                                       const device_score_buffer& out) {
+/// The checks score() and score_query() share: the buffer's sequences and the length bound
+/// against the config, then every policy's (check_device_score_call).
+inline void check_infinigen_cuda_scores(const infinigen_cuda_config& c,
+                                        const device_spec_context& ctx,
+                                        const device_score_buffer& out) {
   const int S = out.num_seqs;
   KVSCOUT_EXPECTS(S >= 1 && S <= c.num_seqs, "score buffer num_seqs = ", S,
                   " is outside [1, config num_seqs = ", c.num_seqs, "]");
   KVSCOUT_EXPECTS(ctx.max_seq_len >= 0 && ctx.max_seq_len <= c.max_tokens, "max_seq_len = ",
                   ctx.max_seq_len, " is outside [0, max_tokens = ", c.max_tokens, "]");
   check_device_score_call(c.num_kv_heads, ctx, out);
-  const std::size_t s = static_cast<std::size_t>(S);
+}
+
+/// The checks of a score() call.
+inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
+                                       const device_spec_context& ctx,
+                                       const device_score_buffer& out) {
+  check_infinigen_cuda_scores(c, ctx, out);
+  const std::size_t s = static_cast<std::size_t>(out.num_seqs);
   const std::size_t x_need = s * static_cast<std::size_t>(c.d_model);
   KVSCOUT_EXPECTS(ctx.x.size() >= x_need && ctx.x.data() != nullptr, "x holds ", ctx.x.size(),
                   " floats, expected num_seqs * d_model = ", x_need);
@@ -286,12 +294,8 @@ inline void check_infinigen_cuda_score_query(const infinigen_cuda_config& c, std
   KVSCOUT_EXPECTS(c.mode != rope_mode::pre_rope_folded, "score_query: the plans are "
                   "pre_rope_folded (partial keys before RoPE); a query after RoPE needs "
                   "post_rope_skew or rope_planes plans");
+  check_infinigen_cuda_scores(c, ctx, out);
   const int S = out.num_seqs;
-  KVSCOUT_EXPECTS(S >= 1 && S <= c.num_seqs, "score buffer num_seqs = ", S,
-                  " is outside [1, config num_seqs = ", c.num_seqs, "]");
-  KVSCOUT_EXPECTS(ctx.max_seq_len >= 0 && ctx.max_seq_len <= c.max_tokens, "max_seq_len = ",
-                  ctx.max_seq_len, " is outside [0, max_tokens = ", c.max_tokens, "]");
-  check_device_score_call(c.num_kv_heads, ctx, out);
   const std::size_t need = static_cast<std::size_t>(S) * c.num_q_heads * static_cast<std::size_t>(c.head_dim);
   KVSCOUT_EXPECTS(q_size >= need && q_present, "q holds ", q_size, " floats, expected [", S, ", ",
                   c.num_q_heads, ", ", c.head_dim, "]");
