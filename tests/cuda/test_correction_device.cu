@@ -137,13 +137,16 @@ void score_query_matches_host() {
     }
 }
 
-void score_query_refuses() {
+// One speculator of one KV head in `mode` and a score_query call with a query of q_len floats:
+// its refusal must name `needle`.
+void score_query_refused(rope_mode mode, std::size_t q_len, const char* needle) {
   const int H = 1, D = 64, r = 16, dm = 32;
   std::mt19937 rng(5);
-  std::vector<kvscout::skew_plan> plans{plan_for(rope_mode::post_rope_skew, D, r, rng)};
-  plans[0].mode = rope_mode::pre_rope_folded;
+  std::vector<kvscout::skew_plan> plans{
+      plan_for(mode == rope_mode::rope_planes ? mode : rope_mode::post_rope_skew, D, r, rng)};
+  plans[0].mode = mode;
   std::vector<float> w_q(static_cast<std::size_t>(D) * dm, 0.01f);
-  const kvscout::infinigen_cuda_config dc{1, H, H, D, dm, 16, r, rope_mode::pre_rope_folded, 0.125f};
+  const kvscout::infinigen_cuda_config dc{1, H, H, D, dm, 16, r, mode, 0.125f};
   using spec = kvscout::infinigen_speculator_cuda<float>;
   auto ws = kvscout::make_device_workspace<spec>(dc);
   spec dev(dc, plans, {w_q.data(), w_q.size()}, {}, ws.span());
@@ -151,25 +154,16 @@ void score_query_refuses() {
   gpu_test::device_vector<std::int32_t> lens(std::vector<std::int32_t>{4});
   const kvscout::device_spec_context ctx{{}, {}, {lens.data(), 1}, 4};
   GPU_CHECK(gpu_test::throws_with(
-      [&] { dev.score_query({q.data(), q.size()}, ctx, {{out.data(), out.size()}, 1, H, 16}, {}); },
-      "pre_rope_folded"));
+      [&] { dev.score_query({q.data(), q_len}, ctx, {{out.data(), out.size()}, 1, H, 16}, {}); },
+      needle));
+}
+
+void score_query_refuses() {
+  score_query_refused(rope_mode::pre_rope_folded, 64, "pre_rope_folded");
 }
 
 void score_query_refuses_short_q() {
-  const int H = 1, D = 64, r = 16, dm = 32;
-  std::mt19937 rng(6);
-  std::vector<kvscout::skew_plan> plans{plan_for(rope_mode::rope_planes, D, r, rng)};
-  std::vector<float> w_q(static_cast<std::size_t>(D) * dm, 0.01f);
-  const kvscout::infinigen_cuda_config dc{1, H, H, D, dm, 16, r, rope_mode::rope_planes, 0.125f};
-  using spec = kvscout::infinigen_speculator_cuda<float>;
-  auto ws = kvscout::make_device_workspace<spec>(dc);
-  spec dev(dc, plans, {w_q.data(), w_q.size()}, {}, ws.span());
-  gpu_test::device_vector<float> q(static_cast<std::size_t>(D)), out(16);
-  gpu_test::device_vector<std::int32_t> lens(std::vector<std::int32_t>{4});
-  const kvscout::device_spec_context ctx{{}, {}, {lens.data(), 1}, 4};
-  GPU_CHECK(gpu_test::throws_with(
-      [&] { dev.score_query({q.data(), D - 1}, ctx, {{out.data(), out.size()}, 1, H, 16}, {}); },
-      "q holds 63 floats, expected [1, 1, 64]"));
+  score_query_refused(rope_mode::rope_planes, 63, "q holds 63 floats, expected [1, 1, 64]");
 }
 
 void selector_matches_host() {
