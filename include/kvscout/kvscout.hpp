@@ -41,6 +41,7 @@
 #include "kvscout/pipeline/host_pipeline.hpp"
 #include "kvscout/presets.hpp"
 #include "kvscout/select/concepts.hpp"
+#include "kvscout/select/pooled.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/plan.hpp"

@@ -29,6 +29,10 @@
 //           of the budget held back for it) and ranked by the layer's own query (late), at 5 / 10
 //           / 20 %, every --formats format on the long text, fp16 on the short one; stage copy
 //           takes the configurations kvscout_corrected (--correct-share, 0.5) and kvscout_late
+//   budgets (issue 32, part 2) the KV heads of a step share one budget (head-pooled top-k):
+//           the oracle and kvscout's default, with and without the correction step (share 0.25),
+//           at --pool-budgets (5,10,20 %), fp16 on both texts, KIVI-4 at 10 %; stage copy takes
+//           the configurations oracle_pooled, kvscout_pooled and kvscout_pooled_corrected
 //   prompts a prompt file (--prompts FILE.jsonl, tools/model/prompt_file.hpp: "input" and
 //           "target" per line), scored the same way plus greedy exact match; accuracy_prompts.csv.
 //           --prompts without --stages runs this stage alone
@@ -158,6 +162,10 @@ struct infinigen_knobs {
   // speculation for the rows layer l's own query finds missing; 0: none.
   double correct_share = 0;
   bool late = false;  // eval_options::late_scores: rank with layer l's own query (a diagnostic)
+  // eval_options::pool_heads: the KV heads share the budget (select/pooled.hpp); the oracle's
+  // rows take it too.
+  bool pooled = false;
+  pooled_rule pool_rule = pooled_rule::mass;
 };
 
 // eval_options' budget / correct / late_scores for knobs k at a total budget.
@@ -200,11 +208,21 @@ std::string selector_name(const infinigen_knobs& k) {
   std::snprintf(late, sizeof late, "%s%s", k.correct_share > 0 ? "+corrected" : "", k.late ? "+late" : "");
   if (k.correct_share > 0)
     std::snprintf(late, sizeof late, "+corrected%g%s", k.correct_share, k.late ? "+late" : "");
+  if (k.pooled)
+    std::strncat(late, k.pool_rule == pooled_rule::coverage ? "+covered" : "+pooled", sizeof late - std::strlen(late) - 1);
   if (k.alpha < 0) return std::string("topk") + keep + late;
   char b[128];
   std::snprintf(b, sizeof b, "threshold_a%g_%s%s%s", static_cast<double>(k.alpha),
                 k.rule == threshold_rule::per_head ? "per_head" : "infinigen_mean", keep, late);
   return b;
+}
+
+// The CSV's selector column: kvscout's knobs for infinigen rows, top-k (head-pooled or not) for
+// the other sparse policies.
+std::string selector_column(eval_policy p, const infinigen_knobs& k) {
+  if (p == eval_policy::infinigen) return selector_name(k);
+  if (p == eval_policy::dense) return "";
+  return !k.pooled ? "topk" : k.pool_rule == pooled_rule::coverage ? "topk+covered" : "topk+pooled";
 }
 
 struct text_run {
@@ -262,6 +280,8 @@ class harness {
     o.pool_tokens = pool_tokens;
     o.pool_eviction = pool_eviction;
     o.aggregation = p == eval_policy::infinigen ? k.aggregation : gqa_aggregation::max_logit;
+    o.pool_heads = k.pooled && p != eval_policy::dense;
+    o.pool_rule = k.pool_rule;
     if (p == eval_policy::infinigen) {
       o.plans = &plans(k.mode, k.r);
       o.alpha = k.alpha;
@@ -279,7 +299,7 @@ class harness {
                 done_, stage.c_str(), to_string(f), policy_name(p, k),
                 p == eval_policy::infinigen ? to_string(k.mode) : "-", p == eval_policy::infinigen ? k.r : 0,
                 p == eval_policy::infinigen ? to_string(k.aggregation) : "-",
-                p == eval_policy::infinigen ? selector_name(k).c_str() : "topk", 100 * (o.budget + o.correct), r.ppl(),
+                selector_column(p, k).c_str(), 100 * (o.budget + o.correct), r.ppl(),
                 r.fetch_fraction(skip_), r.mean_of(r.recall, skip_), r.mean_of(r.recall_oracle, skip_),
                 r.seconds, el);
     if (o.pool_tokens > 0)
@@ -303,6 +323,8 @@ class harness {
     o.score_from = score_from;
     o.quest_page = quest_page;
     o.aggregation = p == eval_policy::infinigen ? k.aggregation : gqa_aggregation::max_logit;
+    o.pool_heads = k.pooled && p != eval_policy::dense;
+    o.pool_rule = k.pool_rule;
     if (p == eval_policy::infinigen) {
       o.plans = &plans(k.mode, k.r);
       o.alpha = k.alpha;
@@ -361,7 +383,7 @@ class harness {
                   "%s,%s,%d,%d,%d,%s,%s,%s,%d,%s,%s,%g,%.6f,%.6f,%.6f,%.6f,%g,%.1f,%.6f,%.6f,%.6f,%.6f,%.6f,%d,%.2f\n",
                   stage.c_str(), tx.name.c_str(), tx.tokens, tx.score_from, r.scored, to_string(o.format),
                   policy_name(o.policy, k), ig ? to_string(k.mode) : "", ig ? k.r : 0,
-                  ig ? to_string(k.aggregation) : "", ig ? selector_name(k).c_str() : (o.policy == eval_policy::dense ? "" : "topk"),
+                  ig ? to_string(k.aggregation) : "", selector_column(o.policy, k).c_str(),
                   100 * (o.budget + o.correct), r.ppl(), dense16 > 0 ? r.ppl() / dense16 : 0.0, densef > 0 ? r.ppl() / densef : 0.0,
                   r.fetch_fraction(skip_), r.row_bytes, bytes, dense16_bytes > 0 ? bytes / dense16_bytes : 0.0, rec, reco,
                   reco > 0 ? rec / reco : 0.0, r.mean_of(r.overlap, skip_), samples, r.seconds);
@@ -373,7 +395,7 @@ class harness {
       std::snprintf(b, sizeof b, "%s,%s,%s,%s,%s,%d,%s,%s,%g,%zu,%.6f,%.6f,%.6f,%.6f,%d\n", stage.c_str(),
                     tx.name.c_str(), to_string(o.format), policy_name(o.policy, k), ig ? to_string(k.mode) : "",
                     ig ? k.r : 0, ig ? to_string(k.aggregation) : "",
-                    ig ? selector_name(k).c_str() : (o.policy == eval_policy::dense ? "" : "topk"), 100 * (o.budget + o.correct), l,
+                    selector_column(o.policy, k).c_str(), 100 * (o.budget + o.correct), l,
                     r.rows_dense[l] > 0 ? r.rows_fetched[l] / r.rows_dense[l] : 0.0, n > 0 ? r.recall[l] / n : 0.0,
                     n > 0 ? r.recall_oracle[l] / n : 0.0, n > 0 ? r.overlap[l] / n : 0.0, n);
       add_pool_columns(b, sizeof b, tx, o);
@@ -408,16 +430,19 @@ struct retrieval_config {
 std::vector<retrieval_config> retrieval_configs(const std::vector<double>& budgets, const infinigen_knobs& def,
                                                 const infinigen_knobs& paper, const std::string& list,
                                                 bool with_control, double correct_share) {
-  static const char* const known[] = {"dense", "control", "oracle", "kvscout_default", "kvscout_corrected",
-                                      "kvscout_late", "infinigen_paper", "quest", "h2o", "streaming"};
+  static const char* const known[] = {"dense", "control", "oracle", "oracle_pooled", "kvscout_default",
+                                      "kvscout_corrected", "kvscout_late", "kvscout_pooled",
+                                      "kvscout_pooled_corrected", "infinigen_paper", "quest", "h2o",
+                                      "streaming"};
   std::vector<std::string> names;
   std::stringstream ss(list);
   for (std::string x; std::getline(ss, x, ',');) {
     bool ok = false;
     for (const char* k : known) ok = ok || x == k;
     KVSCOUT_EXPECTS(ok, "--copy-policies: \"", x, "\" in \"", list,
-                    "\", expected dense, control, oracle, kvscout_default, kvscout_corrected, kvscout_late, "
-                    "infinigen_paper, quest, h2o or streaming");
+                    "\", expected dense, control, oracle, oracle_pooled, kvscout_default, kvscout_corrected, "
+                    "kvscout_late, kvscout_pooled, kvscout_pooled_corrected, infinigen_paper, quest, h2o or "
+                    "streaming");
     names.push_back(x);
   }
   const auto has = [&](const char* k) { return std::find(names.begin(), names.end(), k) != names.end(); };
@@ -436,6 +461,21 @@ std::vector<retrieval_config> retrieval_configs(const std::vector<double>& budge
       infinigen_knobs c = def;
       c.late = true;
       out.push_back({"kvscout_late", eval_policy::infinigen, b, c, false});
+    }
+    // Head-pooled budgets (issue 32, part 2): the oracle and kvscout's default with the KV heads
+    // sharing the budget, the latter also with the correction step.
+    if (has("oracle_pooled")) {
+      infinigen_knobs c;
+      c.pooled = true;
+      out.push_back({"oracle_pooled", eval_policy::oracle, b, c, false});
+    }
+    if (has("kvscout_pooled") || has("kvscout_pooled_corrected")) {
+      infinigen_knobs c = def;
+      c.pooled = true;
+      if (has("kvscout_pooled")) out.push_back({"kvscout_pooled", eval_policy::infinigen, b, c, false});
+      c.correct_share = correct_share;
+      if (has("kvscout_pooled_corrected"))
+        out.push_back({"kvscout_pooled_corrected", eval_policy::infinigen, b, c, false});
     }
     if (has("infinigen_paper")) out.push_back({"infinigen_paper", eval_policy::infinigen, b, paper, false});
     for (eval_policy p : {eval_policy::quest, eval_policy::h2o, eval_policy::streaming})
@@ -512,7 +552,7 @@ void csv_row(std::ofstream& f, const std::string& stage, const std::string& prom
   std::snprintf(b, sizeof b, "%s,%s,%d,%d,%s,%s,%s,%s,%s,%s,%d,%s,%g,%d,%.6f,%.6f,%.6f,%d,%.6f,%.2f,%g,%.6f\n",
                 stage.c_str(), prompt.c_str(), tokens, s.tokens, depth.c_str(), span_at.c_str(), distance.c_str(),
                 c.name.c_str(), to_string(c.policy), ig ? to_string(c.knobs.mode) : "", ig ? c.knobs.r : 0,
-                ig ? selector_name(c.knobs).c_str() : (c.policy == eval_policy::dense ? "" : "topk"),
+                selector_column(c.policy, c.knobs).c_str(),
                 c.policy == eval_policy::dense ? 100.0 : 100 * c.budget, s.correct, s.accuracy(), s.nll,
                 s.mean_nll(), s.exact, s.fetch(), s.seconds, ig ? c.knobs.correct_share : 0.0, s.corrected_fraction());
   f << b;
@@ -562,7 +602,7 @@ int main(int argc, char** argv) try {
   std::printf("calibration samples collected in %.1f s\n", seconds_since(t_cal));
 
   bool main_stages = false;  // stages that write accuracy.csv / accuracy_layers.csv
-  for (const char* st : {"sweep", "matrix", "paper", "planes", "kivi_rest", "ablation", "pool", "correction"})
+  for (const char* st : {"sweep", "matrix", "paper", "planes", "kivi_rest", "ablation", "pool", "correction", "budgets"})
     main_stages = main_stages || stages.find(st) != std::string::npos;
   harness hz(w, cal, out_dir, skip, append, main_stages);
   text_run lt;
@@ -803,6 +843,46 @@ int main(int argc, char** argv) try {
       text_run st;
       short_text(st);
       rows(st, kv_format::fp16);
+    }
+  }
+
+  // ---- stage budgets (issue 32, part 2): budgets that follow the attention. The KV heads of a
+  // step share one budget (head-pooled top-k, select/pooled.hpp) for the oracle and kvscout's
+  // default, the latter also with the correction step (share --correct-share, 0.25 here), at
+  // --pool-budgets (5 / 10 / 20 %) on both texts (fp16) and at 10 % with KIVI-4 on the long one --
+  if (stages.find("budgets") != std::string::npos) {
+    const std::vector<double> pbudgets = parse_budgets(arg(argc, argv, "--pool-budgets", "5,10,20"));
+    const std::string rule_arg = arg(argc, argv, "--pool-rule", "mass");
+    KVSCOUT_EXPECTS(rule_arg == "mass" || rule_arg == "coverage", "--pool-rule ", rule_arg,
+                    ": expected mass or coverage");
+    const pooled_rule prule = rule_arg == "mass" ? pooled_rule::mass : pooled_rule::coverage;
+    infinigen_knobs pooled = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    pooled.pooled = true;
+    pooled.pool_rule = prule;
+    infinigen_knobs corrected = pooled;
+    corrected.correct_share = std::strtod(arg(argc, argv, "--correct-share", "0.25").c_str(), nullptr);
+    KVSCOUT_EXPECTS(corrected.correct_share > 0 && corrected.correct_share < 1, "--correct-share ",
+                    corrected.correct_share, ": expected a fraction in (0, 1)");
+    infinigen_knobs oracle;
+    oracle.pooled = true;
+    oracle.pool_rule = prule;
+    const auto rows = [&](text_run& tx, kv_format f, const std::vector<double>& bs) {
+      if (!tx.dense_ppl.count(static_cast<int>(kv_format::fp16)))
+        hz.run("budgets", tx, kv_format::fp16, eval_policy::dense, 1.0, {});
+      if (!tx.dense_ppl.count(static_cast<int>(f))) hz.run("budgets", tx, f, eval_policy::dense, 1.0, {});
+      for (double b : bs) {
+        hz.run("budgets", tx, f, eval_policy::oracle, b, oracle);
+        hz.run("budgets", tx, f, eval_policy::infinigen, b, pooled);
+        hz.run("budgets", tx, f, eval_policy::infinigen, b, corrected);
+      }
+    };
+    rows(lt, kv_format::fp16, pbudgets);
+    if (std::find(formats.begin(), formats.end(), kv_format::kivi4) != formats.end())
+      rows(lt, kv_format::kivi4, {0.10});
+    if (!short_path.empty()) {
+      text_run st;
+      short_text(st);
+      rows(st, kv_format::fp16, pbudgets);
     }
   }
 

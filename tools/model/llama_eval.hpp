@@ -45,6 +45,7 @@
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/kivi.hpp"
 #include "kvscout/select/correction.hpp"
+#include "kvscout/select/pooled.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/detail/eigen.hpp"
@@ -118,6 +119,11 @@ struct eval_options {
   /// with these partial keys). A diagnostic, not a schedule a pipeline can run ahead of layer l.
   bool late_scores = false;
   float alpha = -1.f;  // < 0: exact top-k at the cap; >= 0: threshold selector (max - alpha), capped
+  /// Head-pooled top-k (kvscout's; select/pooled.hpp): the KV heads of a step share cap * H rows
+  /// (each keeps its keep-set), compared by each head's softmax of the scores (logit scale), or
+  /// as they are where they are attention mass (the oracle, sum_prob). Top-k only (alpha < 0).
+  bool pool_heads = false;
+  pooled_rule pool_rule = pooled_rule::mass;  // the most mass in all, or equal coverage per head
   threshold_rule rule = threshold_rule::per_head;
   /// A bounded host pool (kvscout::host_pool, issue 31) at layers >= skip_layers: each (layer,
   /// KV head) holds at most pool_tokens cached tokens (0: unbounded); evicted tokens are gone
@@ -357,8 +363,10 @@ class layer_major_eval {
       const topk_selector_host::config sc{1, H, T, T, T, {}};
       const threshold_selector_host::config tc{1, H, T, T, 0.f, T,
                                                threshold_rule::infinigen_mean, {}};
-      sel_ws.resize(std::max(topk_selector_host::workspace_bytes(sc),
-                             threshold_selector_host::workspace_bytes(tc)));
+      const pooled_topk_selector_host::config pc{1, H, T, T, T, {}, pooled_scale::logit};
+      sel_ws.resize(std::max({topk_selector_host::workspace_bytes(sc),
+                              threshold_selector_host::workspace_bytes(tc),
+                              pooled_topk_selector_host::workspace_bytes(pc)}));
       lg.resize(static_cast<std::size_t>(H));
       for (auto& m : lg) m.resize(block * g, T);
       if (opt.correct > 0) {
@@ -587,8 +595,9 @@ class layer_major_eval {
 
   // Selection of the step's visible tokens [0, n) with a cap: exact top-k (or threshold) over
   // scores [H, T] (row stride T) into idx [H, T] / cnt [H].
+  // mass: the scores are attention mass (the oracle's, sum_prob's), for the pooled selector.
   void select(const eval_options& o, bool threshold, int n, int budget, keep_set keep,
-              const float* scores, int32_t* idx, int32_t* cnt, run_state& st) const {
+              const float* scores, int32_t* idx, int32_t* cnt, run_state& st, bool mass) const {
     const int H = c_.n_kv_heads;
     const int32_t len = n;
     const score_view<host_space> sv{{scores, static_cast<std::size_t>(H) * T_}, {&len, 1}, 1, H, T_};
@@ -597,6 +606,12 @@ class layer_major_eval {
     if (threshold) {
       const threshold_selector_host::config sc{1, H, T_, T_, o.alpha, budget, o.rule, keep};
       threshold_selector_host sel(sc, {st.sel_ws.data(), st.sel_ws.size()});
+      sel.select(sv, out);
+    } else if (o.pool_heads) {
+      const pooled_topk_selector_host::config pc{1, H, T_, T_, budget, keep,
+                                                 mass ? pooled_scale::mass : pooled_scale::logit,
+                                                 o.pool_rule};
+      pooled_topk_selector_host sel(pc, {st.sel_ws.data(), st.sel_ws.size()});
       sel.select(sv, out);
     } else {
       const topk_selector_host::config sc{1, H, T_, T_, budget, keep};
@@ -674,7 +689,9 @@ class layer_major_eval {
           }
           if (st.pool && l >= skip_) exclude_evicted(l, n, st);
           const bool threshold = o.policy == eval_policy::infinigen && o.alpha >= 0;
-          select(o, threshold, n, budget, keep, st.scores.data(), st.sel_idx.data(), st.sel_cnt.data(), st);
+          const bool mass = o.policy == eval_policy::oracle ||
+                            (o.policy == eval_policy::infinigen && o.aggregation == gqa_aggregation::sum_prob);
+          select(o, threshold, n, budget, keep, st.scores.data(), st.sel_idx.data(), st.sel_cnt.data(), st, mass);
           if (o.correct > 0) {
             const int added = correct_step(l, ctx, n, t, st);
             if (counted) r.rows_corrected[static_cast<std::size_t>(l)] += added;
@@ -861,7 +878,7 @@ class layer_major_eval {
     for (int h = 0; h < H; ++h)
       group_mass(st.lg[static_cast<std::size_t>(h)], i * g, g, n, st,
                  st.scores.data() + static_cast<std::size_t>(h) * T_);
-    select(st.o, false, n, budget, keep, st.scores.data(), st.orc_idx.data(), st.orc_cnt.data(), st);
+    select(st.o, false, n, budget, keep, st.scores.data(), st.orc_idx.data(), st.orc_cnt.data(), st, true);
     for (int h = 0; h < H; ++h) {
       // True attention of the cached tokens [0, t): the group's mass (what attention would put
       // there with every row present); the residual window [n, t) is always attended.

@@ -1,0 +1,351 @@
+#pragma once
+// Head-pooled top-k on the host (kvscout's; issue 32 part 2, "budgets that follow the
+// attention"): a sequence's KV heads share one budget, budget * num_kv_heads rows, instead of
+// each taking `budget`. A head whose attention is concentrated gives rows to one whose attention
+// is spread, so the rows moved per step are the same and more attention mass is kept.
+//
+//   kvscout::pooled_topk_selector_host::config cfg{.num_seqs = 1, .num_kv_heads = 8,
+//       .stride = 4096, .capacity = 1024, .budget = 256, .keep = {4, 16},
+//       .scale = kvscout::pooled_scale::logit};
+//   auto ws = kvscout::make_workspace<kvscout::pooled_topk_selector_host>(cfg);
+//   kvscout::pooled_topk_selector_host pool(cfg, ws.span());
+//   pool.select(scores, out);  // score_view<host_space>, selection_buffers<host_space>
+//
+// Per sequence s of length len = seq_lens[s], with H = num_kv_heads:
+//   - len <= budget: every head selects all len tokens (top-k's rule).
+//   - otherwise every head takes its keep-set (select/concepts.hpp), and the K = H * (budget -
+//     |keep|) other rows are the K best across the heads by a score that compares across heads:
+//       logit  softmax of the row: s - m_h - log sum_t exp(s_t - m_h) (m_h the head's maximum;
+//              NaN ignored; a head with a +inf score ranks its +inf rows first, the rest -inf);
+//       mass   the score itself (scores that are already attention mass, e.g. oracle_policy's or
+//              gqa_aggregation::sum_prob's).
+//     No head takes more than capacity rows, keep-set included (the excess goes to the others).
+//     Ties at the boundary go to the lower head, then (within a head) to the lower token index;
+//     NaN is never chosen by score, so a sequence with NaNs may select fewer rows.
+//   Within a head, the rows chosen are its best by its own score, so the selection is top-k's with
+//   a per-head count: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count.
+// Summed over the heads, a sequence selects at most H * budget rows, as topk_selector_host at the
+// same budget does; a head may select more or fewer than budget.
+//
+// select() validates every input before writing anything, throws kvscout::error naming the bad
+// value, and allocates nothing. Host only for now; the pipelines run per-head selectors.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <ostream>
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/select/concepts.hpp"
+#include "kvscout/select/detail/checks.hpp"
+#include "kvscout/select/detail/host_rows.hpp"
+#include "kvscout/select/topk.hpp"
+
+namespace kvscout {
+
+/// How pooled_topk_selector_host compares scores across heads.
+enum class pooled_scale : int {
+  logit = 0,  // scores are logits: each head's softmax (log-probability) is compared
+  mass = 1,   // scores are attention mass already: compared as they are
+};
+
+/// How pooled_topk_selector_host shares the rows among the heads.
+enum class pooled_rule : int {
+  /// The rows of highest probability across the heads: the most attention mass in all.
+  mass = 0,
+  /// Every head reaches the same share of its own attention mass (coverage), as high as the
+  /// rows allow: a concentrated head stops early, a spread one takes more. Leftover rows go to
+  /// the head of lowest coverage.
+  coverage = 1,
+};
+
+inline std::ostream& operator<<(std::ostream& os, pooled_rule r) {
+  switch (r) {
+    case pooled_rule::mass:
+      return os << "mass";
+    case pooled_rule::coverage:
+      return os << "coverage";
+  }
+  return os << "pooled_rule(" << static_cast<int>(r) << ")";
+}
+
+inline std::ostream& operator<<(std::ostream& os, pooled_scale s) {
+  switch (s) {
+    case pooled_scale::logit:
+      return os << "logit";
+    case pooled_scale::mass:
+      return os << "mass";
+  }
+  return os << "pooled_scale(" << static_cast<int>(s) << ")";
+}
+
+class pooled_topk_selector_host {
+ public:
+  struct config {
+    int num_seqs = 0;
+    int num_kv_heads = 0;
+    int stride = 0;    // score row stride: tokens per row, >= every seq_lens[s]
+    int capacity = 0;  // index slots per (sequence, kv_head): the most one head may take
+    int budget = 0;    // mean tokens per (sequence, kv_head), keep-set included
+    keep_set keep{};
+    pooled_scale scale = pooled_scale::logit;
+    pooled_rule rule = pooled_rule::mass;
+  };
+  using config_type = config;
+  using memory_space = host_space;
+  using exec_type = host_exec;
+
+  /// Workspace: top-k's row workspace, two floats per (kv head, token) of one sequence and five
+  /// words per kv head.
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
+    check_config(cfg);
+    return sizeof(std::uint32_t) * (detail::row_workspace::words(cfg.stride) + 2 * pooled_words(cfg) +
+                                    5 * static_cast<std::size_t>(cfg.num_kv_heads));
+  }
+  static constexpr std::size_t workspace_alignment = detail::row_workspace_alignment;
+
+  pooled_topk_selector_host(const config& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
+    std::uint32_t* w = detail::workspace_words(workspace, workspace_bytes(cfg));
+    ws_ = detail::row_workspace::carve(w, cfg.stride);
+    value_ = reinterpret_cast<float*>(w + detail::row_workspace::words(cfg.stride));
+    pool_ = value_ + pooled_words(cfg);
+    count_ = reinterpret_cast<std::int32_t*>(pool_ + pooled_words(cfg));
+    avail_ = count_ + cfg.num_kv_heads;
+    above_ = avail_ + cfg.num_kv_heads;
+    ties_ = above_ + cfg.num_kv_heads;
+    kept_ = reinterpret_cast<float*>(ties_ + cfg.num_kv_heads);
+  }
+
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+
+  /// Writes the selection of every (sequence, kv_head) row to out (see the header comment).
+  void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out,
+              host_exec = {}) {
+    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
+                                 scores, out);
+    const int H = cfg_.num_kv_heads;
+    for (int s = 0; s < cfg_.num_seqs; ++s) {
+      const int len = scores.seq_lens[static_cast<std::size_t>(s)];
+      if (len > cfg_.budget) allot(scores, s, len);
+      for (int h = 0; h < H; ++h) {
+        const std::size_t r = static_cast<std::size_t>(s) * H + h;
+        const int b = len <= cfg_.budget ? cfg_.budget : keep_bounds(cfg_.keep, len).size(len) + count_[h];
+        out.counts[r] = detail::topk_row_host(scores.scores.data() + scores.row(s, h), len, cfg_.keep,
+                                              b, ws_, out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity));
+      }
+    }
+  }
+
+ private:
+  static std::size_t pooled_words(const config& cfg) {
+    return static_cast<std::size_t>(cfg.num_kv_heads) * static_cast<std::size_t>(cfg.stride);
+  }
+  static void check_config(const config& cfg) {
+    detail::check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
+                                  "budget", cfg.budget, cfg.keep);
+    KVSCOUT_EXPECTS(cfg.scale == pooled_scale::logit || cfg.scale == pooled_scale::mass,
+                    "scale = ", cfg.scale, ": expected pooled_scale::logit or pooled_scale::mass");
+    KVSCOUT_EXPECTS(cfg.rule == pooled_rule::mass || cfg.rule == pooled_rule::coverage,
+                    "rule = ", cfg.rule, ": expected pooled_rule::mass or pooled_rule::coverage");
+  }
+  // The comparable value of every non-keep row of sequence s into value_ [h * stride + t] (NaN
+  // where not a candidate), then how many rows each head takes beyond its keep-set (count_).
+  void allot(const score_view<host_space>& scores, int s, int len) {
+    const int H = cfg_.num_kv_heads;
+    const keep_range kr = keep_bounds(cfg_.keep, len);
+    const int keep = kr.size(len);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    long long want = static_cast<long long>(H) * (cfg_.budget - keep);
+    std::int32_t *count = count_, *av = avail_, *above = above_, *ties = ties_;
+    for (int h = 0; h < H; ++h) {
+      const float* row = scores.scores.data() + scores.row(s, h);
+      float* v = value_ + static_cast<std::size_t>(h) * cfg_.stride;
+      // logit: log-probability (head_norm: +inf rows first where the maximum is +inf).
+      const head_norm nm = cfg_.scale == pooled_scale::logit ? normaliser(row, len) : head_norm{cfg_.scale};
+      const float shift = static_cast<float>(nm.shift);
+      const float inf = std::numeric_limits<float>::infinity();
+      int n = 0;
+      for (int t = 0; t < len; ++t) {
+        float x = row[t];
+        if (t < kr.head_end || t >= kr.tail_begin || std::isnan(x)) {
+          v[t] = nan;
+          continue;
+        }
+        if (cfg_.scale == pooled_scale::logit) {
+          if (nm.inf_rows > 0)
+            x = x == inf ? x : -inf;
+          else if (x > -inf && std::isfinite(shift))
+            x -= shift;
+        }
+        v[t] = x;
+        ++n;
+      }
+      av[h] = count[h] = std::min(n, cfg_.capacity - keep);
+    }
+    // Water-filling: heads whose rows above the pool's threshold fill their cap take the cap
+    // and leave the pool (ties_[h] = -1); the threshold only falls as they leave, so they stay
+    // capped.
+    long long total = 0;
+    for (int h = 0; h < H; ++h) total += av[h], ties[h] = 0;
+    if (total <= want) return;  // every candidate fits
+    if (cfg_.rule == pooled_rule::coverage) return cover(scores, s, len, want);
+    const auto active = [&](int h) { return ties[h] >= 0; };
+    for (;;) {
+      if (want <= 0) {
+        for (int h = 0; h < H; ++h)
+          if (active(h)) count[h] = 0;
+        return;
+      }
+      // Pool the active heads' candidates and find the want-th largest.
+      std::size_t n = 0;
+      for (int h = 0; h < H; ++h) {
+        if (!active(h)) continue;
+        const float* v = value_ + static_cast<std::size_t>(h) * cfg_.stride;
+        for (int t = kr.head_end; t < kr.tail_begin; ++t)
+          if (!std::isnan(v[t])) pool_[n++] = v[t];
+      }
+      std::nth_element(pool_, pool_ + (want - 1), pool_ + n, std::greater<float>());
+      const float tau = pool_[want - 1];
+      bool capped = false;
+      for (int h = 0; h < H; ++h) {
+        if (!active(h)) continue;
+        const float* v = value_ + static_cast<std::size_t>(h) * cfg_.stride;
+        int a = 0, e = 0;
+        for (int t = kr.head_end; t < kr.tail_begin; ++t) a += v[t] > tau, e += v[t] == tau;
+        above[h] = a, ties[h] = e;
+        if (a >= av[h]) {  // count[h] is already av[h]
+          ties[h] = -1;
+          want -= av[h];
+          capped = true;
+        }
+      }
+      if (capped) continue;
+      // The rows above tau all fit; the rest of want comes from the ties at tau, to the lower
+      // heads first. Where the heads' room for ties is short of that, the heads whose ties fill
+      // their cap take the cap and leave (the threshold falls below tau).
+      long long left = want, room = 0;
+      for (int h = 0; h < H; ++h)
+        if (active(h)) left -= above[h], room += std::min(ties[h], av[h] - above[h]);
+      if (left > room) {
+        for (int h = 0; h < H; ++h)
+          if (active(h) && above[h] + ties[h] >= av[h]) ties[h] = -1, want -= av[h];
+        continue;
+      }
+      for (int h = 0; h < H; ++h) {
+        if (!active(h)) continue;
+        const long long t = std::min<long long>({left, ties[h], av[h] - above[h]});
+        count[h] = above[h] + static_cast<int>(t);
+        left -= t;
+      }
+      return;
+    }
+  }
+
+  // pooled_rule::coverage: each head's probabilities (head_probability) of its candidates sorted
+  // descending and summed into pool_ [h * stride], then the highest coverage every head reaches
+  // within want rows, by bisection, and the leftover rows to the heads of lowest coverage.
+  void cover(const score_view<host_space>& scores, int s, int len, long long want) {
+    const int H = cfg_.num_kv_heads;
+    const keep_range kr = keep_bounds(cfg_.keep, len);
+    std::int32_t *count = count_, *av = avail_, *n_of = above_;
+    for (int h = 0; h < H; ++h) {
+      const float* row = scores.scores.data() + scores.row(s, h);
+      const head_norm nm = normaliser(row, len);
+      float* p = pool_ + static_cast<std::size_t>(h) * cfg_.stride;
+      int n = 0;
+      double kept = 0;
+      for (int t = 0; t < len; ++t) {
+        if (std::isnan(row[t])) continue;
+        const double q = nm.prob(row[t]);
+        if (t < kr.head_end || t >= kr.tail_begin)
+          kept += q;
+        else
+          p[n++] = static_cast<float>(q);
+      }
+      std::sort(p, p + n, std::greater<float>());
+      float acc = 0;
+      for (int j = 0; j < n; ++j) p[j] = acc += p[j];
+      n_of[h] = n;
+      kept_[h] = static_cast<float>(kept);
+    }
+    // Head h's coverage with j candidates, and the fewest candidates that reach c (capped).
+    const auto coverage = [&](int h, int j) {
+      return kept_[h] + (j > 0 ? pool_[static_cast<std::size_t>(h) * cfg_.stride + static_cast<std::size_t>(j - 1)] : 0.f);
+    };
+    const auto need = [&](int h, double c) -> int {
+      if (kept_[h] >= c) return 0;
+      const float* p = pool_ + static_cast<std::size_t>(h) * cfg_.stride;
+      const int j = static_cast<int>(std::lower_bound(p, p + n_of[h], static_cast<float>(c - kept_[h])) - p) + 1;
+      return std::min(j, av[h]);
+    };
+    double lo = 0, hi = 1;  // sum of need(lo) <= want
+    for (int it = 0; it < 40; ++it) {
+      const double mid = 0.5 * (lo + hi);
+      long long sum = 0;
+      for (int h = 0; h < H; ++h) sum += need(h, mid);
+      (sum <= want ? lo : hi) = mid;
+    }
+    long long left = want;
+    for (int h = 0; h < H; ++h) left -= count[h] = need(h, lo);
+    while (left > 0) {
+      int best = -1;
+      for (int h = 0; h < H; ++h)
+        if (count[h] < av[h] && (best < 0 || coverage(h, count[h]) < coverage(best, count[best]))) best = h;
+      if (best < 0) break;
+      ++count[best];
+      --left;
+    }
+  }
+
+  // Probabilities within one head: logit scale, its softmax (where its maximum is +inf, its +inf
+  // rows share 1; where -inf, every row is 0); mass scale, the non-negative finite scores over
+  // their sum (others 0).
+  struct head_norm {
+    pooled_scale scale;
+    double shift = 0, norm = 0;  // logit: m + log Z; mass: the sum. inf_rows: logit, m = +inf
+    int inf_rows = 0;
+    [[nodiscard]] double prob(float x) const {
+      if (scale == pooled_scale::mass) return std::isfinite(x) && x > 0 && norm > 0 ? x / norm : 0.0;
+      if (inf_rows > 0) return x == INFINITY ? 1.0 / inf_rows : 0.0;
+      return std::isfinite(shift) ? std::exp(static_cast<double>(x) - shift) : 0.0;
+    }
+  };
+  [[nodiscard]] head_norm normaliser(const float* row, int len) const {
+    head_norm nm{cfg_.scale};
+    if (cfg_.scale == pooled_scale::mass) {
+      for (int t = 0; t < len; ++t)
+        if (std::isfinite(row[t]) && row[t] > 0) nm.norm += row[t];
+      return nm;
+    }
+    double m = -INFINITY;
+    for (int t = 0; t < len; ++t) {
+      if (row[t] > m) m = row[t];
+      nm.inf_rows += row[t] == INFINITY;
+    }
+    if (!std::isfinite(m)) {
+      nm.shift = -INFINITY;
+      return nm;
+    }
+    double z = 0;
+    for (int t = 0; t < len; ++t)
+      if (!std::isnan(row[t])) z += std::exp(row[t] - m);
+    nm.shift = m + std::log(z);
+    return nm;
+  }
+
+  config cfg_;
+  detail::row_workspace ws_;
+  float* value_ = nullptr;  // [num_kv_heads, stride] one sequence's comparable values
+  float* pool_ = nullptr;   // [num_kv_heads * stride] the pool nth_element permutes
+  std::int32_t *count_ = nullptr, *avail_ = nullptr, *above_ = nullptr, *ties_ = nullptr;  // [H]
+  float* kept_ = nullptr;  // [H] coverage: each head's keep-set probability
+};
+
+static_assert(row_selector<pooled_topk_selector_host>);
+
+}  // namespace kvscout
