@@ -29,10 +29,13 @@
 //           of the budget held back for it) and ranked by the layer's own query (late), at 5 / 10
 //           / 20 %, every --formats format on the long text, fp16 on the short one; stage copy
 //           takes the configurations kvscout_corrected (--correct-share, 0.5) and kvscout_late
-//   budgets (issue 32, part 2) the KV heads of a step share one budget (head-pooled top-k):
-//           the oracle and kvscout's default, with and without the correction step (share 0.25),
-//           at --pool-budgets (5,10,20 %), fp16 on both texts, KIVI-4 at 10 %; stage copy takes
-//           the configurations oracle_pooled, kvscout_pooled and kvscout_pooled_corrected
+//   budgets (issue 32, part 2) budgets that follow the attention at the same rows per step:
+//           per-layer shares from the oracle's mass curves of the long text's unscored half
+//           (--layer-rule coverage|mass), and the KV heads sharing one budget (head-pooled top-k,
+//           --pool-rule mass|coverage); the oracle and kvscout's default, with and without the
+//           correction step (share 0.25), at --pool-budgets (5,10,20 %), fp16 on both texts,
+//           KIVI-4 at 10 %; stage copy takes the configurations oracle_pooled, kvscout_pooled,
+//           kvscout_pooled_corrected, oracle_layers, kvscout_layers, kvscout_layers_corrected
 //   prompts a prompt file (--prompts FILE.jsonl, tools/model/prompt_file.hpp: "input" and
 //           "target" per line), scored the same way plus greedy exact match; accuracy_prompts.csv.
 //           --prompts without --stages runs this stage alone
@@ -55,6 +58,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -166,6 +170,9 @@ struct infinigen_knobs {
   // rows take it too.
   bool pooled = false;
   pooled_rule pool_rule = pooled_rule::mass;
+  // eval_options::layer_shares (empty: none), and the rule that made them, for the name.
+  std::vector<double> layer_shares;
+  const char* layer_rule = "";
 };
 
 // eval_options' budget / correct / late_scores for knobs k at a total budget.
@@ -204,10 +211,14 @@ std::string selector_name(const infinigen_knobs& k) {
   if (k.preset == nullptr && (k.keep.sinks != 4 || k.keep.recent != 16))
     std::snprintf(keep, sizeof keep, "_keep%d+%d", k.keep.sinks, k.keep.recent);
   // The correction step and the late ranking (issue 32) are named after the selector.
-  char late[48] = "";
+  char late[96] = "";
   std::snprintf(late, sizeof late, "%s%s", k.correct_share > 0 ? "+corrected" : "", k.late ? "+late" : "");
   if (k.correct_share > 0)
     std::snprintf(late, sizeof late, "+corrected%g%s", k.correct_share, k.late ? "+late" : "");
+  if (!k.layer_shares.empty()) {
+    std::strncat(late, "+layers_", sizeof late - std::strlen(late) - 1);
+    std::strncat(late, k.layer_rule, sizeof late - std::strlen(late) - 1);
+  }
   if (k.pooled)
     std::strncat(late, k.pool_rule == pooled_rule::coverage ? "+covered" : "+pooled", sizeof late - std::strlen(late) - 1);
   if (k.alpha < 0) return std::string("topk") + keep + late;
@@ -222,7 +233,38 @@ std::string selector_name(const infinigen_knobs& k) {
 std::string selector_column(eval_policy p, const infinigen_knobs& k) {
   if (p == eval_policy::infinigen) return selector_name(k);
   if (p == eval_policy::dense) return "";
-  return !k.pooled ? "topk" : k.pool_rule == pooled_rule::coverage ? "topk+covered" : "topk+pooled";
+  std::string n = !k.pooled ? "topk" : k.pool_rule == pooled_rule::coverage ? "topk+covered" : "topk+pooled";
+  if (!k.layer_shares.empty()) n += std::string("+layers_") + k.layer_rule;
+  return n;
+}
+
+// Per-layer budgets from mass curves (harness::mass_curves): the speculated layers (>= skip)
+// share budget * their count of rows, in steps of 1 / bins of the context, given one step at a
+// time to the layer that gains the most mass from it (rule "mass") or to the layer of lowest
+// mass so far (rule "coverage"). Returns each layer's share of the budget (mean 1 over the
+// speculated layers; 1 below skip).
+std::vector<double> layer_shares(const std::vector<std::vector<double>>& curves, int skip, double budget,
+                                 const std::string& rule) {
+  const std::size_t L = curves.size();
+  const int bins = curves.empty() ? 0 : static_cast<int>(curves[0].size());
+  std::vector<int> units(L, 0);
+  const auto mass = [&](std::size_t l, int u) { return u == 0 ? 0.0 : curves[l][static_cast<std::size_t>(u - 1)]; };
+  const long long total = std::llround(budget * bins) * static_cast<long long>(L - static_cast<std::size_t>(skip));
+  for (long long k = 0; k < total; ++k) {
+    std::size_t best = L;
+    double key = 0;
+    for (std::size_t l = static_cast<std::size_t>(skip); l < L; ++l) {
+      if (units[l] >= bins) continue;
+      const double v = rule == "mass" ? mass(l, units[l] + 1) - mass(l, units[l]) : -mass(l, units[l]);
+      if (best == L || v > key) best = l, key = v;
+    }
+    if (best == L) break;
+    ++units[best];
+  }
+  std::vector<double> out(L, 1.0);
+  for (std::size_t l = static_cast<std::size_t>(skip); l < L; ++l)
+    out[l] = static_cast<double>(units[l]) / bins / budget;
+  return out;
 }
 
 struct text_run {
@@ -282,6 +324,7 @@ class harness {
     o.aggregation = p == eval_policy::infinigen ? k.aggregation : gqa_aggregation::max_logit;
     o.pool_heads = k.pooled && p != eval_policy::dense;
     o.pool_rule = k.pool_rule;
+    o.layer_shares = k.layer_shares.empty() || p == eval_policy::dense ? nullptr : &k.layer_shares;
     if (p == eval_policy::infinigen) {
       o.plans = &plans(k.mode, k.r);
       o.alpha = k.alpha;
@@ -325,6 +368,7 @@ class harness {
     o.aggregation = p == eval_policy::infinigen ? k.aggregation : gqa_aggregation::max_logit;
     o.pool_heads = k.pooled && p != eval_policy::dense;
     o.pool_rule = k.pool_rule;
+    o.layer_shares = k.layer_shares.empty() || p == eval_policy::dense ? nullptr : &k.layer_shares;
     if (p == eval_policy::infinigen) {
       o.plans = &plans(k.mode, k.r);
       o.alpha = k.alpha;
@@ -333,6 +377,29 @@ class harness {
       apply_budget(o, budget, k);
     }
     return ev.run(o);
+  }
+
+  // The oracle's attention-mass curves of tx's unscored first half (steps [T / 8, T / 2), every
+  // 16th): curves[l][b] = the share of layer l's exact attention mass the top (b + 1) / bins of
+  // the cached rows hold, averaged over steps and KV heads. What an engine can measure at prefill.
+  std::vector<std::vector<double>> mass_curves(text_run& tx, int bins) {
+    eval_options o;
+    o.policy = eval_policy::oracle;
+    o.budget = 0.5;  // every step is scored by the oracle (a cap below the length)
+    o.curve_bins = bins;
+    o.curve_from = tx.tokens / 8;
+    o.curve_to = tx.score_from;
+    const auto t0 = std::chrono::steady_clock::now();
+    const eval_result r = tx.ev->run(o);
+    std::vector<std::vector<double>> c(r.curve_samples.size());
+    for (std::size_t l = 0; l < c.size(); ++l) {
+      const int n = r.curve_samples[l];
+      for (int b = 0; b < bins; ++b)
+        c[l].push_back(n > 0 ? r.mass_curve[l * static_cast<std::size_t>(bins) + static_cast<std::size_t>(b)] / n : 0.0);
+    }
+    std::printf("  mass curves of %s from steps [%d, %d) in %.1f s\n", tx.name.c_str(), o.curve_from,
+                o.curve_to, seconds_since(t0));
+    return c;
   }
 
   int metric_every = 8;
@@ -429,10 +496,12 @@ struct retrieval_config {
 // every budget. control is dense attention on the control prompts (stage copy only).
 std::vector<retrieval_config> retrieval_configs(const std::vector<double>& budgets, const infinigen_knobs& def,
                                                 const infinigen_knobs& paper, const std::string& list,
-                                                bool with_control, double correct_share) {
+                                                bool with_control, double correct_share,
+                                                const std::function<std::vector<double>(double)>& shares_at) {
   static const char* const known[] = {"dense", "control", "oracle", "oracle_pooled", "kvscout_default",
                                       "kvscout_corrected", "kvscout_late", "kvscout_pooled",
-                                      "kvscout_pooled_corrected", "infinigen_paper", "quest", "h2o",
+                                      "kvscout_pooled_corrected", "oracle_layers", "kvscout_layers",
+                                      "kvscout_layers_corrected", "infinigen_paper", "quest", "h2o",
                                       "streaming"};
   std::vector<std::string> names;
   std::stringstream ss(list);
@@ -441,8 +510,8 @@ std::vector<retrieval_config> retrieval_configs(const std::vector<double>& budge
     for (const char* k : known) ok = ok || x == k;
     KVSCOUT_EXPECTS(ok, "--copy-policies: \"", x, "\" in \"", list,
                     "\", expected dense, control, oracle, oracle_pooled, kvscout_default, kvscout_corrected, "
-                    "kvscout_late, kvscout_pooled, kvscout_pooled_corrected, infinigen_paper, quest, h2o or "
-                    "streaming");
+                    "kvscout_late, kvscout_pooled, kvscout_pooled_corrected, oracle_layers, kvscout_layers, "
+                    "kvscout_layers_corrected, infinigen_paper, quest, h2o or streaming");
     names.push_back(x);
   }
   const auto has = [&](const char* k) { return std::find(names.begin(), names.end(), k) != names.end(); };
@@ -476,6 +545,17 @@ std::vector<retrieval_config> retrieval_configs(const std::vector<double>& budge
       c.correct_share = correct_share;
       if (has("kvscout_pooled_corrected"))
         out.push_back({"kvscout_pooled_corrected", eval_policy::infinigen, b, c, false});
+    }
+    // Per-layer budgets (issue 32, part 2): the model's layer shares at this budget (shares_at).
+    if (has("oracle_layers") || has("kvscout_layers") || has("kvscout_layers_corrected")) {
+      infinigen_knobs o, c = def;
+      o.layer_shares = c.layer_shares = shares_at(b);
+      o.layer_rule = c.layer_rule = "coverage";
+      if (has("oracle_layers")) out.push_back({"oracle_layers", eval_policy::oracle, b, o, false});
+      if (has("kvscout_layers")) out.push_back({"kvscout_layers", eval_policy::infinigen, b, c, false});
+      c.correct_share = correct_share;
+      if (has("kvscout_layers_corrected"))
+        out.push_back({"kvscout_layers_corrected", eval_policy::infinigen, b, c, false});
     }
     if (has("infinigen_paper")) out.push_back({"infinigen_paper", eval_policy::infinigen, b, paper, false});
     for (eval_policy p : {eval_policy::quest, eval_policy::h2o, eval_policy::streaming})
@@ -846,43 +926,71 @@ int main(int argc, char** argv) try {
     }
   }
 
-  // ---- stage budgets (issue 32, part 2): budgets that follow the attention. The KV heads of a
-  // step share one budget (head-pooled top-k, select/pooled.hpp) for the oracle and kvscout's
-  // default, the latter also with the correction step (share --correct-share, 0.25 here), at
-  // --pool-budgets (5 / 10 / 20 %) on both texts (fp16) and at 10 % with KIVI-4 on the long one --
+  // ---- stage budgets (issue 32, part 2): budgets that follow the attention, the rows moved per
+  // step unchanged. Per layer: shares of the budget from the oracle's mass curves of the long
+  // text's unscored half (harness::mass_curves, layer_shares, --layer-rule coverage|mass; the
+  // model's shares, used for every text; the short text also with its own). Per head: the KV
+  // heads of a step share one budget (select/pooled.hpp, --pool-rule mass|coverage). Each for
+  // the oracle and kvscout's default, the latter also with the correction step (--correct-share,
+  // 0.25), at --pool-budgets (5 / 10 / 20 %), fp16 on both texts, KIVI-4 at 10 % on the long one.
   if (stages.find("budgets") != std::string::npos) {
     const std::vector<double> pbudgets = parse_budgets(arg(argc, argv, "--pool-budgets", "5,10,20"));
-    const std::string rule_arg = arg(argc, argv, "--pool-rule", "mass");
-    KVSCOUT_EXPECTS(rule_arg == "mass" || rule_arg == "coverage", "--pool-rule ", rule_arg,
+    const std::string pool_arg = arg(argc, argv, "--pool-rule", "mass");
+    KVSCOUT_EXPECTS(pool_arg == "mass" || pool_arg == "coverage", "--pool-rule ", pool_arg,
                     ": expected mass or coverage");
-    const pooled_rule prule = rule_arg == "mass" ? pooled_rule::mass : pooled_rule::coverage;
-    infinigen_knobs pooled = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
-    pooled.pooled = true;
-    pooled.pool_rule = prule;
-    infinigen_knobs corrected = pooled;
-    corrected.correct_share = std::strtod(arg(argc, argv, "--correct-share", "0.25").c_str(), nullptr);
-    KVSCOUT_EXPECTS(corrected.correct_share > 0 && corrected.correct_share < 1, "--correct-share ",
-                    corrected.correct_share, ": expected a fraction in (0, 1)");
-    infinigen_knobs oracle;
-    oracle.pooled = true;
-    oracle.pool_rule = prule;
-    const auto rows = [&](text_run& tx, kv_format f, const std::vector<double>& bs) {
+    const std::string layer_rule = arg(argc, argv, "--layer-rule", "coverage");
+    KVSCOUT_EXPECTS(layer_rule == "mass" || layer_rule == "coverage", "--layer-rule ", layer_rule,
+                    ": expected mass or coverage");
+    const double share = std::strtod(arg(argc, argv, "--correct-share", "0.25").c_str(), nullptr);
+    KVSCOUT_EXPECTS(share > 0 && share < 1, "--correct-share ", share, ": expected a fraction in (0, 1)");
+    const std::string own_rule = layer_rule + "_own";
+    const auto model_curves = hz.mass_curves(lt, 400);
+    // The three configurations of one way of sharing the budget.
+    const auto triple = [&](text_run& tx, kv_format f, double b, const infinigen_knobs& way) {
+      infinigen_knobs orc;
+      orc.pooled = way.pooled, orc.pool_rule = way.pool_rule;
+      orc.layer_shares = way.layer_shares, orc.layer_rule = way.layer_rule;
+      infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+      def.pooled = way.pooled, def.pool_rule = way.pool_rule;
+      def.layer_shares = way.layer_shares, def.layer_rule = way.layer_rule;
+      infinigen_knobs cor = def;
+      cor.correct_share = share;
+      hz.run("budgets", tx, f, eval_policy::oracle, b, orc);
+      hz.run("budgets", tx, f, eval_policy::infinigen, b, def);
+      hz.run("budgets", tx, f, eval_policy::infinigen, b, cor);
+    };
+    const auto rows = [&](text_run& tx, kv_format f, const std::vector<double>& bs, bool own) {
       if (!tx.dense_ppl.count(static_cast<int>(kv_format::fp16)))
         hz.run("budgets", tx, kv_format::fp16, eval_policy::dense, 1.0, {});
       if (!tx.dense_ppl.count(static_cast<int>(f))) hz.run("budgets", tx, f, eval_policy::dense, 1.0, {});
+      std::vector<std::vector<double>> own_curves;
+      if (own) own_curves = hz.mass_curves(tx, 400);
       for (double b : bs) {
-        hz.run("budgets", tx, f, eval_policy::oracle, b, oracle);
-        hz.run("budgets", tx, f, eval_policy::infinigen, b, pooled);
-        hz.run("budgets", tx, f, eval_policy::infinigen, b, corrected);
+        infinigen_knobs layers;
+        layers.layer_shares = layer_shares(model_curves, skip, b, layer_rule);
+        layers.layer_rule = layer_rule.c_str();
+        std::printf("  layer shares at %g %% (%s):", 100 * b, layer_rule.c_str());
+        for (double x : layers.layer_shares) std::printf(" %.2f", x);
+        std::printf("\n");
+        triple(tx, f, b, layers);
+        if (own) {
+          layers.layer_shares = layer_shares(own_curves, skip, b, layer_rule);
+          layers.layer_rule = own_rule.c_str();
+          triple(tx, f, b, layers);
+        }
+        infinigen_knobs heads;
+        heads.pooled = true;
+        heads.pool_rule = pool_arg == "mass" ? pooled_rule::mass : pooled_rule::coverage;
+        triple(tx, f, b, heads);
       }
     };
-    rows(lt, kv_format::fp16, pbudgets);
+    rows(lt, kv_format::fp16, pbudgets, false);
     if (std::find(formats.begin(), formats.end(), kv_format::kivi4) != formats.end())
-      rows(lt, kv_format::kivi4, {0.10});
+      rows(lt, kv_format::kivi4, {0.10}, false);
     if (!short_path.empty()) {
       text_run st;
       short_text(st);
-      rows(st, kv_format::fp16, pbudgets);
+      rows(st, kv_format::fp16, pbudgets, true);
     }
   }
 
@@ -899,6 +1007,13 @@ int main(int argc, char** argv) try {
     const double correct_share = std::strtod(arg(argc, argv, "--correct-share", "0.5").c_str(), nullptr);
     KVSCOUT_EXPECTS(correct_share > 0 && correct_share < 1, "--correct-share ", correct_share,
                     ": expected a fraction in (0, 1)");
+    // The *_layers configurations: the model's layer shares (coverage rule) from the long text's
+    // unscored half, measured once, on first use.
+    std::vector<std::vector<double>> model_curves;
+    const std::function<std::vector<double>(double)> shares_at = [&](double b) {
+      if (model_curves.empty()) model_curves = hz.mass_curves(lt, 400);
+      return layer_shares(model_curves, skip, b, "coverage");
+    };
     const auto stage_csv = [&](const char* name) {
       std::ofstream f(out_dir + "/" + name, std::ios::out | (append ? std::ios::app : std::ios::trunc));
       KVSCOUT_EXPECTS(f.good(), "cannot write ", out_dir, "/", name);
@@ -933,7 +1048,7 @@ int main(int argc, char** argv) try {
                   n_prompts, span, cue, span - cue, min_t, max_t, copy_path.c_str(), prose.size(), words.size(),
                   names.size() > 0 ? names[0].c_str() : "", names.size() > 1 ? names[1].c_str() : "",
                   names.size() > 2 ? names[2].c_str() : "");
-      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, true, correct_share);
+      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, true, correct_share, shares_at);
       std::vector<span_score> total(cfgs.size());
       std::ofstream csv = stage_csv("accuracy_copy.csv");
       for (int i = 0; i < n_prompts; ++i) {
@@ -976,7 +1091,7 @@ int main(int argc, char** argv) try {
     if (run_prompts) {
       KVSCOUT_EXPECTS(!prompts_path.empty(), "stage prompts needs --prompts FILE.jsonl");
       const std::vector<model::prompt_record> recs = model::read_prompt_file(prompts_path);
-      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, false, correct_share);
+      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, false, correct_share, shares_at);
       std::vector<span_score> total(cfgs.size());
       std::ofstream csv = stage_csv("accuracy_prompts.csv");
       std::printf("\nprompt file %s: %zu records\n", prompts_path.c_str(), recs.size());

@@ -124,6 +124,14 @@ struct eval_options {
   /// as they are where they are attention mass (the oracle, sum_prob). Top-k only (alpha < 0).
   bool pool_heads = false;
   pooled_rule pool_rule = pooled_rule::mass;  // the most mass in all, or equal coverage per head
+  /// Per-layer budgets (kvscout's; issue 32 part 2): layer l's cap is budget * layer_shares[l]
+  /// (and the correction's total (budget + correct) * layer_shares[l]); null: 1 everywhere.
+  const std::vector<double>* layer_shares = nullptr;
+  /// The oracle's attention-mass curves (for layer_shares): at steps t in [curve_from, curve_to)
+  /// with t % 16 == 0, each layer's exact group mass sorted, and the share of it the top
+  /// ceil(b / curve_bins * n) rows hold, b = 1..curve_bins, summed into eval_result::mass_curve.
+  int curve_bins = 0;
+  int curve_from = 0, curve_to = 0;
   threshold_rule rule = threshold_rule::per_head;
   /// A bounded host pool (kvscout::host_pool, issue 31) at layers >= skip_layers: each (layer,
   /// KV head) holds at most pool_tokens cached tokens (0: unbounded); evicted tokens are gone
@@ -158,6 +166,8 @@ struct eval_result {
   std::vector<double> rows_fetched;  // [layer] rows fetched over the scored steps (all KV heads)
   std::vector<double> rows_dense;    // [layer] rows a full fetch would move over the same steps
   std::vector<double> rows_corrected;  // [layer] of rows_fetched, those the correction step added
+  std::vector<double> mass_curve;      // [layer, curve_bins] summed (eval_options::curve_bins)
+  std::vector<int> curve_samples;      // [layer] (step, kv head) samples summed there
   std::vector<double> recall;        // [layer] summed attention-mass recall of the selection
   std::vector<double> recall_oracle; // [layer] summed recall of the oracle's top-k, same cap
   std::vector<double> overlap;       // [layer] summed |selection n oracle| / |oracle|
@@ -265,10 +275,17 @@ class layer_major_eval {
     KVSCOUT_EXPECTS(o.correct == 0 || o.pool_tokens == 0, "correct = ", o.correct,
                     " with a bounded host pool (pool_tokens = ", o.pool_tokens, ") is not supported");
     const int L = c_.n_layers, H = c_.n_kv_heads;
+    KVSCOUT_EXPECTS(o.layer_shares == nullptr || o.layer_shares->size() == static_cast<std::size_t>(L),
+                    "layer_shares holds ", o.layer_shares ? o.layer_shares->size() : 0, " entries, expected ",
+                    L, " (one per layer)");
+    KVSCOUT_EXPECTS(o.curve_bins == 0 || o.policy == eval_policy::oracle, "curve_bins = ", o.curve_bins,
+                    " needs the oracle policy, got ", to_string(o.policy));
     eval_result r;
     r.rows_fetched.assign(static_cast<std::size_t>(L), 0);
     r.rows_dense.assign(static_cast<std::size_t>(L), 0);
     r.rows_corrected.assign(static_cast<std::size_t>(L), 0);
+    r.mass_curve.assign(static_cast<std::size_t>(L) * static_cast<std::size_t>(std::max(0, o.curve_bins)), 0);
+    r.curve_samples.assign(static_cast<std::size_t>(L), 0);
     r.recall.assign(static_cast<std::size_t>(L), 0);
     r.recall_oracle.assign(static_cast<std::size_t>(L), 0);
     r.overlap.assign(static_cast<std::size_t>(L), 0);
@@ -423,17 +440,38 @@ class layer_major_eval {
     return {l.key_quantized_len_for(t), l.value_quantized_len_for(t), l.quantized_len_for(t)};
   }
   [[nodiscard]] static int visible(const eval_options& o, int t) { return kivi_at(o, t).visible; }
-  [[nodiscard]] static int cap(const eval_options& o, int t) {
+  [[nodiscard]] static double share(const eval_options& o, int l) {
+    return o.layer_shares ? (*o.layer_shares)[static_cast<std::size_t>(l)] : 1.0;
+  }
+  [[nodiscard]] static int cap(const eval_options& o, int t, int l) {
     const int keep = o.keep.sinks + o.keep.recent;
-    const int b = static_cast<int>(std::ceil(o.budget * t - 1e-9));
+    const int b = static_cast<int>(std::ceil(o.budget * share(o, l) * t - 1e-9));
     return std::max(b, keep);
   }
 
   // The rows of step t moved in all with a correction step: max(ceil((budget + correct) t),
   // keep), at most the n visible ones.
-  [[nodiscard]] static int total_cap(const eval_options& o, int t, int n) {
-    return std::min(n, std::max(static_cast<int>(std::ceil((o.budget + o.correct) * t - 1e-9)),
+  [[nodiscard]] static int total_cap(const eval_options& o, int t, int n, int l) {
+    return std::min(n, std::max(static_cast<int>(std::ceil((o.budget + o.correct) * share(o, l) * t - 1e-9)),
                                 o.keep.sinks + o.keep.recent));
+  }
+
+  // The oracle's scores of step t (st.scores, [H, T], group mass over g heads) as mass curves.
+  void add_curve(int l, int n, int g, run_state& st, eval_result& r) const {
+    const int H = c_.n_kv_heads, B = st.o.curve_bins;
+    for (int h = 0; h < H; ++h) {
+      float* e = st.e.data();  // scratch of at least T + 1 floats
+      std::copy_n(st.scores.data() + static_cast<std::size_t>(h) * T_, n, e);
+      std::sort(e, e + n, std::greater<float>());
+      double acc = 0;
+      int k = 0;
+      for (int b = 1; b <= B; ++b) {
+        const int upto = static_cast<int>(std::ceil(static_cast<double>(b) * n / B - 1e-9));
+        for (; k < upto; ++k) acc += e[k];
+        r.mass_curve[static_cast<std::size_t>(l) * B + static_cast<std::size_t>(b - 1)] += acc / g;
+      }
+      ++r.curve_samples[static_cast<std::size_t>(l)];
+    }
   }
 
   prefix& prefix_of(const eval_options& o) {
@@ -656,7 +694,7 @@ class layer_major_eval {
       for (int i = 0; i < nb; ++i) {
         const int t = t0 + i;
         const int n = visible(o, t);
-        const int budget = cap(o, t);
+        const int budget = cap(o, t, l);
         const bool select_all = !sparse || n <= budget;
         const bool counted = t >= o.score_from && t < T_ - 1;
         // ---- the policy's selection of [0, n) per KV head ----
@@ -674,6 +712,8 @@ class layer_major_eval {
                 group_mass(st.lg[static_cast<std::size_t>(h)], i * g, g, n, st, sb.row(0, h));
               if (o.check_oracle_every > 0 && t % o.check_oracle_every == 0 && !quant)
                 check_oracle(l, st, t, n, r);
+              if (o.curve_bins > 0 && t >= o.curve_from && t < o.curve_to && t % 16 == 0)
+                add_curve(l, n, g, st, r);
               break;
             case eval_policy::infinigen:
               if (o.late_scores) {
@@ -716,7 +756,7 @@ class layer_major_eval {
         // ---- metrics: recall of the true attention mass, overlap with the oracle's top-k ----
         // (The oracle at the rows this step moved in total: with a correction step, its cap.)
         if (sparse && !select_all && o.metric_every > 0 && t >= o.metric_from && t % o.metric_every == 0)
-          metrics(l, st, i, t, n, o.correct > 0 ? total_cap(o, t, n) : budget, keep, r);
+          metrics(l, st, i, t, n, o.correct > 0 ? total_cap(o, t, n, l) : budget, keep, r);
         // ---- softmax over the attended rows: selection, residual window, current token ----
         for (int h = 0; h < H; ++h) {
           row_matrix& lg = st.lg[static_cast<std::size_t>(h)];
@@ -808,8 +848,8 @@ class layer_major_eval {
   int correct_step(int l, const spec_context& ctx, int n, int t, run_state& st) {
     const eval_options& o = st.o;
     const int H = c_.n_kv_heads;
-    const int total = total_cap(o, t, n);
-    const int extra = std::max(0, total - cap(o, t));
+    const int total = total_cap(o, t, n, l);
+    const int extra = std::max(0, total - cap(o, t, l));
     if (extra == 0) return 0;
     const score_buffer lb{{st.late.data(), st.late.size()}, 1, H, T_};
     st.ig->score_query(l, ctx, lb);
