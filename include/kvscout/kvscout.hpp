@@ -40,6 +40,7 @@
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/pipeline/host_pipeline.hpp"
 #include "kvscout/presets.hpp"
+#include "kvscout/select/budgets.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/pooled.hpp"
 #include "kvscout/select/threshold.hpp"

@@ -238,32 +238,16 @@ std::string selector_column(eval_policy p, const infinigen_knobs& k) {
   return n;
 }
 
-// Per-layer budgets from mass curves (harness::mass_curves): the speculated layers (>= skip)
-// share budget * their count of rows, in steps of 1 / bins of the context, given one step at a
-// time to the layer that gains the most mass from it (rule "mass") or to the layer of lowest
-// mass so far (rule "coverage"). Returns each layer's share of the budget (mean 1 over the
-// speculated layers; 1 below skip).
+// Per-layer budgets from mass curves (harness::mass_curves): kvscout::layer_budget_shares
+// (select/budgets.hpp) over the speculated layers, rule "coverage" or "mass".
 std::vector<double> layer_shares(const std::vector<std::vector<double>>& curves, int skip, double budget,
                                  const std::string& rule) {
-  const std::size_t L = curves.size();
-  const int bins = curves.empty() ? 0 : static_cast<int>(curves[0].size());
-  std::vector<int> units(L, 0);
-  const auto mass = [&](std::size_t l, int u) { return u == 0 ? 0.0 : curves[l][static_cast<std::size_t>(u - 1)]; };
-  const long long total = std::llround(budget * bins) * static_cast<long long>(L - static_cast<std::size_t>(skip));
-  for (long long k = 0; k < total; ++k) {
-    std::size_t best = L;
-    double key = 0;
-    for (std::size_t l = static_cast<std::size_t>(skip); l < L; ++l) {
-      if (units[l] >= bins) continue;
-      const double v = rule == "mass" ? mass(l, units[l] + 1) - mass(l, units[l]) : -mass(l, units[l]);
-      if (best == L || v > key) best = l, key = v;
-    }
-    if (best == L) break;
-    ++units[best];
-  }
-  std::vector<double> out(L, 1.0);
-  for (std::size_t l = static_cast<std::size_t>(skip); l < L; ++l)
-    out[l] = static_cast<double>(units[l]) / bins / budget;
+  const int L = static_cast<int>(curves.size()), bins = L > 0 ? static_cast<int>(curves[0].size()) : 0;
+  std::vector<double> flat, out(curves.size());
+  for (const auto& c : curves) flat.insert(flat.end(), c.begin(), c.end());
+  layer_budget_shares({flat.data(), flat.size()}, L, bins, skip, budget,
+                      rule == "mass" ? layer_budget_rule::mass : layer_budget_rule::coverage,
+                      {out.data(), out.size()});
   return out;
 }
 

@@ -44,6 +44,7 @@
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/kivi.hpp"
+#include "kvscout/select/budgets.hpp"
 #include "kvscout/select/correction.hpp"
 #include "kvscout/select/pooled.hpp"
 #include "kvscout/select/threshold.hpp"
@@ -456,20 +457,13 @@ class layer_major_eval {
                                 o.keep.sinks + o.keep.recent));
   }
 
-  // The oracle's scores of step t (st.scores, [H, T], group mass over g heads) as mass curves.
-  void add_curve(int l, int n, int g, run_state& st, eval_result& r) const {
+  // The oracle's scores of step t (st.scores, [H, T], group mass) as mass curves.
+  void add_curve(int l, int n, run_state& st, eval_result& r) const {
     const int H = c_.n_kv_heads, B = st.o.curve_bins;
     for (int h = 0; h < H; ++h) {
-      float* e = st.e.data();  // scratch of at least T + 1 floats
-      std::copy_n(st.scores.data() + static_cast<std::size_t>(h) * T_, n, e);
-      std::sort(e, e + n, std::greater<float>());
-      double acc = 0;
-      int k = 0;
-      for (int b = 1; b <= B; ++b) {
-        const int upto = static_cast<int>(std::ceil(static_cast<double>(b) * n / B - 1e-9));
-        for (; k < upto; ++k) acc += e[k];
-        r.mass_curve[static_cast<std::size_t>(l) * B + static_cast<std::size_t>(b - 1)] += acc / g;
-      }
+      add_mass_curve({st.scores.data() + static_cast<std::size_t>(h) * T_, static_cast<std::size_t>(n)},
+                     {st.e.data(), st.e.size()},
+                     {r.mass_curve.data() + static_cast<std::size_t>(l) * B, static_cast<std::size_t>(B)});
       ++r.curve_samples[static_cast<std::size_t>(l)];
     }
   }
@@ -713,7 +707,7 @@ class layer_major_eval {
               if (o.check_oracle_every > 0 && t % o.check_oracle_every == 0 && !quant)
                 check_oracle(l, st, t, n, r);
               if (o.curve_bins > 0 && t >= o.curve_from && t < o.curve_to && t % 16 == 0)
-                add_curve(l, n, g, st, r);
+                add_curve(l, n, st, r);
               break;
             case eval_policy::infinigen:
               if (o.late_scores) {

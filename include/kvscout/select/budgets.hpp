@@ -1,0 +1,124 @@
+#pragma once
+// Per-layer budgets that follow the attention (kvscout's; issue 32 part 2). Layers differ in how
+// concentrated their attention is: the same share of rows keeps 99 % of one layer's attention
+// mass and 80 % of another's. Measured once (at prefill, or on a calibration text) as mass
+// curves, the rows moved per step can be re-divided among the layers at no extra bytes.
+//
+//   std::vector<double> curves(L * bins, 0.0);          // per layer, summed over samples
+//   std::vector<int> samples(L, 0);
+//   // for sampled attention rows of layer l (probabilities, or a KV head's group mass):
+//   kvscout::add_mass_curve(mass_row, scratch, {&curves[l * bins], bins});  ++samples[l];
+//   // ... divide each layer's curve by its samples, then:
+//   kvscout::layer_budget_shares({curves.data(), curves.size()}, L, bins, /*first_layer=*/2,
+//                                /*budget=*/0.10, kvscout::layer_budget_rule::coverage, shares);
+//   // layer l's selector: budget * shares[l] of its cached rows (mean of shares = 1)
+//
+// A mass curve's entry b is the share of an attention row's mass that its best
+// ceil((b + 1) / bins * n) of n rows hold (non-decreasing, the last 1). layer_budget_shares
+// hands out budget * bins steps of 1 / bins per layer, over the layers from first_layer on, one
+// step at a time:
+//   coverage  to the layer whose curve is lowest at its current share (every layer keeps about
+//             the same share of its mass: the most spread layer is not starved)
+//   mass      to the layer whose curve rises most over the next step (the most mass in all)
+// and returns each layer's share relative to the budget (1 below first_layer). Set-up code: it
+// is not on the decode path. Inputs are checked first; errors name the bad value.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <functional>
+#include <ostream>
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/span.hpp"
+
+namespace kvscout {
+
+/// How layer_budget_shares divides the rows among the layers.
+enum class layer_budget_rule : int {
+  coverage = 0,  // the same share of each layer's attention mass, as high as the rows allow
+  mass = 1,      // the most attention mass over all layers
+};
+
+inline std::ostream& operator<<(std::ostream& os, layer_budget_rule r) {
+  switch (r) {
+    case layer_budget_rule::coverage:
+      return os << "coverage";
+    case layer_budget_rule::mass:
+      return os << "mass";
+  }
+  return os << "layer_budget_rule(" << static_cast<int>(r) << ")";
+}
+
+/// Adds one attention row's mass curve to curve (curve.size() bins): mass holds the row's n
+/// non-negative weights (probabilities, or a KV head's summed group probabilities; they need not
+/// sum to 1); scratch holds at least n floats. A row of zero total mass adds nothing.
+inline void add_mass_curve(host_span<const float> mass, host_span<float> scratch, host_span<double> curve) {
+  const std::size_t n = mass.size(), bins = curve.size();
+  KVSCOUT_EXPECTS(bins > 0, "curve has no bins");
+  KVSCOUT_EXPECTS(scratch.size() >= n, "scratch holds ", scratch.size(), " floats, expected at least ",
+                  "the row's ", n);
+  double total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    KVSCOUT_EXPECTS(mass[i] >= 0 && std::isfinite(mass[i]), "mass[", i, "] = ", mass[i],
+                    ": expected a finite non-negative weight");
+    total += mass[i];
+  }
+  if (total <= 0) return;
+  std::copy(mass.begin(), mass.end(), scratch.begin());
+  std::sort(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(n), std::greater<float>());
+  double acc = 0;
+  std::size_t k = 0;
+  for (std::size_t b = 1; b <= bins; ++b) {
+    const auto upto = static_cast<std::size_t>(std::ceil(static_cast<double>(b) * static_cast<double>(n) /
+                                                         static_cast<double>(bins) - 1e-9));
+    for (; k < upto && k < n; ++k) acc += scratch[k];
+    curve[b - 1] += acc / total;
+  }
+}
+
+/// Each layer's share of the budget (see the header comment). curves: [num_layers, bins] mean
+/// mass curves (entries in [0, 1], non-decreasing along a layer); out: num_layers shares.
+inline void layer_budget_shares(host_span<const double> curves, int num_layers, int bins, int first_layer,
+                                double budget, layer_budget_rule rule, host_span<double> out) {
+  KVSCOUT_EXPECTS(num_layers > 0, "num_layers must be positive, got ", num_layers);
+  KVSCOUT_EXPECTS(bins > 0, "bins must be positive, got ", bins);
+  KVSCOUT_EXPECTS(first_layer >= 0 && first_layer < num_layers, "first_layer = ", first_layer,
+                  " is outside [0, num_layers = ", num_layers, ")");
+  KVSCOUT_EXPECTS(budget > 0 && budget <= 1, "budget = ", budget, ": expected a share of the rows in (0, 1]");
+  KVSCOUT_EXPECTS(rule == layer_budget_rule::coverage || rule == layer_budget_rule::mass, "rule = ", rule,
+                  ": expected layer_budget_rule::coverage or layer_budget_rule::mass");
+  const std::size_t L = static_cast<std::size_t>(num_layers), B = static_cast<std::size_t>(bins);
+  KVSCOUT_EXPECTS(curves.size() >= L * B, "curves holds ", curves.size(), " values, expected num_layers * bins = ",
+                  L * B);
+  KVSCOUT_EXPECTS(out.size() >= L, "out holds ", out.size(), " values, expected num_layers = ", L);
+  for (std::size_t l = static_cast<std::size_t>(first_layer); l < L; ++l)
+    for (std::size_t b = 0; b < B; ++b) {
+      const double v = curves[l * B + b], prev = b > 0 ? curves[l * B + b - 1] : 0.0;
+      KVSCOUT_EXPECTS(v >= 0 && v <= 1 + 1e-6 && v >= prev - 1e-9, "curves[", l, ", ", b, "] = ", v,
+                      ": expected a value in [0, 1], not below the bin before (", prev, ")");
+    }
+  // units[l]: layer l's steps; the curve at u steps is curves[l, u - 1] (0 at none).
+  for (std::size_t l = 0; l < L; ++l) out[l] = 0;
+  const auto at = [&](std::size_t l, double u) {
+    return u <= 0 ? 0.0 : curves[l * B + static_cast<std::size_t>(u) - 1];
+  };
+  const std::size_t layers = L - static_cast<std::size_t>(first_layer);
+  const auto steps = static_cast<long long>(std::llround(budget * bins)) * static_cast<long long>(layers);
+  for (long long k = 0; k < steps; ++k) {
+    std::size_t best = L;
+    double key = 0;
+    for (std::size_t l = static_cast<std::size_t>(first_layer); l < L; ++l) {
+      const double u = out[l];
+      if (u >= bins) continue;
+      const double v = rule == layer_budget_rule::mass ? at(l, u + 1) - at(l, u) : -at(l, u);
+      if (best == L || v > key) best = l, key = v;
+    }
+    if (best == L) break;
+    out[best] += 1;
+  }
+  for (std::size_t l = 0; l < L; ++l)
+    out[l] = l < static_cast<std::size_t>(first_layer) ? 1.0 : out[l] / bins / budget;
+}
+
+}  // namespace kvscout
