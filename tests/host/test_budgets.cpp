@@ -15,7 +15,7 @@
 namespace {
 // Brute force: every allocation of `steps` steps (each layer at most bins) over the layers,
 // scored by f (a functional of each layer's curve value at its steps); the best score.
-double best_allocation(const std::vector<std::vector<double>>& c, int bins, int steps,
+double best_allocation(const std::vector<std::vector<double>>& c, int bins, int steps, int floor_steps,
                        const std::function<double(const std::vector<double>&)>& f) {
   const int L = static_cast<int>(c.size());
   std::vector<int> u(static_cast<std::size_t>(L), 0);
@@ -23,7 +23,9 @@ double best_allocation(const std::vector<std::vector<double>>& c, int bins, int 
   for (;;) {
     int sum = 0;
     for (int x : u) sum += x;
-    if (sum == steps) {
+    bool floor_ok = true;
+    for (int x : u) floor_ok = floor_ok && x >= floor_steps;
+    if (sum == steps && floor_ok) {
       std::vector<double> v;
       for (int l = 0; l < L; ++l) v.push_back(u[static_cast<std::size_t>(l)] ? c[static_cast<std::size_t>(l)][static_cast<std::size_t>(u[static_cast<std::size_t>(l)] - 1)] : 0.0);
       best = std::max(best, f(v));
@@ -99,10 +101,13 @@ TEST_CASE("layer_budget_shares: coverage is the best smallest share, mass the mo
     const int per = static_cast<int>(std::llround(budget * bins));
     const std::vector<std::vector<double>> used(c.begin() + first, c.end());
     const int steps = per * static_cast<int>(used.size());
-    for (auto rule : {kvscout::layer_budget_rule::coverage, kvscout::layer_budget_rule::mass}) {
+    for (auto rule : {kvscout::layer_budget_rule::coverage, kvscout::layer_budget_rule::mass})
+    for (double min_share : {0.0, 0.5}) {
+      const int floor_steps = static_cast<int>(std::floor(min_share * per));
       std::vector<double> sh(static_cast<std::size_t>(L), -1.0);
-      kvscout::layer_budget_shares({flat.data(), flat.size()}, L, bins, first, budget, rule, {sh.data(), sh.size()});
-      INFO("trial " << trial << " rule " << rule);
+      kvscout::layer_budget_shares({flat.data(), flat.size()}, L, bins, first, budget, rule, {sh.data(), sh.size()},
+                                   min_share);
+      INFO("trial " << trial << " rule " << rule << " min_share " << min_share);
       double mean = 0, lo = 1e9, sum = 0;
       for (int l = 0; l < L; ++l) {
         if (l < first) {
@@ -112,16 +117,17 @@ TEST_CASE("layer_budget_shares: coverage is the best smallest share, mass the mo
         const double u = sh[static_cast<std::size_t>(l)] * budget * bins;
         REQUIRE(u == Approx(std::round(u)));
         const int ui = static_cast<int>(std::lround(u));
+        REQUIRE(ui >= floor_steps);
         const double v = ui ? c[static_cast<std::size_t>(l)][static_cast<std::size_t>(ui - 1)] : 0.0;
         mean += sh[static_cast<std::size_t>(l)], lo = std::min(lo, v), sum += v;
       }
       REQUIRE(mean / static_cast<double>(used.size()) == Approx(1.0));  // the same rows in all
       if (rule == kvscout::layer_budget_rule::coverage)
-        REQUIRE(lo == Approx(best_allocation(used, bins, steps, [](const std::vector<double>& v) {
+        REQUIRE(lo == Approx(best_allocation(used, bins, steps, floor_steps, [](const std::vector<double>& v) {
                   return *std::min_element(v.begin(), v.end());
                 })));
       else
-        REQUIRE(sum == Approx(best_allocation(used, bins, steps, [](const std::vector<double>& v) {
+        REQUIRE(sum == Approx(best_allocation(used, bins, steps, floor_steps, [](const std::vector<double>& v) {
                   double a = 0;
                   for (double x : v) a += x;
                   return a;
@@ -148,4 +154,6 @@ TEST_CASE("mass curves and layer shares refuse bad input by name", "[budgets]") 
                       Catch::Contains("curves holds 3 values, expected num_layers * bins = 4"));
   REQUIRE_THROWS_WITH(kvscout::layer_budget_shares({curves.data(), 4}, 2, 2, 1, 0.5, static_cast<kvscout::layer_budget_rule>(9), {out.data(), 2}),
                       Catch::Contains("rule = layer_budget_rule(9)"));
+  REQUIRE_THROWS_WITH(kvscout::layer_budget_shares({curves.data(), 4}, 2, 2, 1, 0.5, kvscout::layer_budget_rule::mass, {out.data(), 2}, 1.5),
+                      Catch::Contains("min_share = 1.5"));
 }

@@ -241,13 +241,13 @@ std::string selector_column(eval_policy p, const infinigen_knobs& k) {
 // Per-layer budgets from mass curves (harness::mass_curves): kvscout::layer_budget_shares
 // (select/budgets.hpp) over the speculated layers, rule "coverage" or "mass".
 std::vector<double> layer_shares(const std::vector<std::vector<double>>& curves, int skip, double budget,
-                                 const std::string& rule) {
+                                 const std::string& rule, double min_share = 0) {
   const int L = static_cast<int>(curves.size()), bins = L > 0 ? static_cast<int>(curves[0].size()) : 0;
   std::vector<double> flat, out(curves.size());
   for (const auto& c : curves) flat.insert(flat.end(), c.begin(), c.end());
   layer_budget_shares({flat.data(), flat.size()}, L, bins, skip, budget,
                       rule == "mass" ? layer_budget_rule::mass : layer_budget_rule::coverage,
-                      {out.data(), out.size()});
+                      {out.data(), out.size()}, min_share);
   return out;
 }
 
@@ -366,8 +366,9 @@ class harness {
   // The oracle's attention-mass curves of tx's unscored first half (steps [T / 8, T / 2), every
   // 16th): curves[l][b] = the share of layer l's exact attention mass the top (b + 1) / bins of
   // the cached rows hold, averaged over steps and KV heads. What an engine can measure at prefill.
-  std::vector<std::vector<double>> mass_curves(text_run& tx, int bins) {
+  std::vector<std::vector<double>> mass_curves(text_run& tx, int bins, bool outside_keep = false) {
     eval_options o;
+    o.curve_outside_keep = outside_keep;
     o.policy = eval_policy::oracle;
     o.budget = 0.5;  // every step is scored by the oracle (a cap below the length)
     o.curve_bins = bins;
@@ -927,8 +928,19 @@ int main(int argc, char** argv) try {
                     ": expected mass or coverage");
     const double share = std::strtod(arg(argc, argv, "--correct-share", "0.25").c_str(), nullptr);
     KVSCOUT_EXPECTS(share > 0 && share < 1, "--correct-share ", share, ": expected a fraction in (0, 1)");
-    const std::string own_rule = layer_rule + "_own";
-    const auto model_curves = hz.mass_curves(lt, 400);
+    // --layer-curve outside_keep: curves of the rows outside the keep-set (default: all rows).
+    const bool outside = arg(argc, argv, "--layer-curve", "all") == "outside_keep";
+    // --layer-floor F: every layer keeps at least F of its even share (layer_budget_shares' min_share).
+    const double floor_share = std::strtod(arg(argc, argv, "--layer-floor", "0").c_str(), nullptr);
+    char fl[32] = "";
+    if (floor_share > 0) std::snprintf(fl, sizeof fl, "_floor%g", floor_share);
+    const std::string layer_name = layer_rule + (outside ? "_outside" : "") + fl;
+    const std::string own_rule = layer_name + "_own";
+    // --budget-ways: which of the two ways run (layers, heads).
+    const std::string ways = arg(argc, argv, "--budget-ways", "layers,heads");
+    const bool by_layer = ways.find("layers") != std::string::npos, by_head = ways.find("heads") != std::string::npos;
+    std::vector<std::vector<double>> model_curves;
+    if (by_layer) model_curves = hz.mass_curves(lt, 400, outside);
     // The three configurations of one way of sharing the budget.
     const auto triple = [&](text_run& tx, kv_format f, double b, const infinigen_knobs& way) {
       infinigen_knobs orc;
@@ -948,20 +960,23 @@ int main(int argc, char** argv) try {
         hz.run("budgets", tx, kv_format::fp16, eval_policy::dense, 1.0, {});
       if (!tx.dense_ppl.count(static_cast<int>(f))) hz.run("budgets", tx, f, eval_policy::dense, 1.0, {});
       std::vector<std::vector<double>> own_curves;
-      if (own) own_curves = hz.mass_curves(tx, 400);
+      if (own && by_layer) own_curves = hz.mass_curves(tx, 400, outside);
       for (double b : bs) {
+        if (by_layer) {
         infinigen_knobs layers;
-        layers.layer_shares = layer_shares(model_curves, skip, b, layer_rule);
-        layers.layer_rule = layer_rule.c_str();
-        std::printf("  layer shares at %g %% (%s):", 100 * b, layer_rule.c_str());
+        layers.layer_shares = layer_shares(model_curves, skip, b, layer_rule, floor_share);
+        layers.layer_rule = layer_name.c_str();
+        std::printf("  layer shares at %g %% (%s):", 100 * b, layer_name.c_str());
         for (double x : layers.layer_shares) std::printf(" %.2f", x);
         std::printf("\n");
         triple(tx, f, b, layers);
         if (own) {
-          layers.layer_shares = layer_shares(own_curves, skip, b, layer_rule);
+          layers.layer_shares = layer_shares(own_curves, skip, b, layer_rule, floor_share);
           layers.layer_rule = own_rule.c_str();
           triple(tx, f, b, layers);
         }
+        }
+        if (!by_head) continue;
         infinigen_knobs heads;
         heads.pooled = true;
         heads.pool_rule = pool_arg == "mass" ? pooled_rule::mass : pooled_rule::coverage;

@@ -133,6 +133,9 @@ struct eval_options {
   /// ceil(b / curve_bins * n) rows hold, b = 1..curve_bins, summed into eval_result::mass_curve.
   int curve_bins = 0;
   int curve_from = 0, curve_to = 0;
+  /// The curves of the rows outside the keep-set only (the mass a selection decides about; the
+  /// sinks' often large mass is always kept).
+  bool curve_outside_keep = false;
   threshold_rule rule = threshold_rule::per_head;
   /// A bounded host pool (kvscout::host_pool, issue 31) at layers >= skip_layers: each (layer,
   /// KV head) holds at most pool_tokens cached tokens (0: unbounded); evicted tokens are gone
@@ -460,8 +463,10 @@ class layer_major_eval {
   // The oracle's scores of step t (st.scores, [H, T], group mass) as mass curves.
   void add_curve(int l, int n, run_state& st, eval_result& r) const {
     const int H = c_.n_kv_heads, B = st.o.curve_bins;
+    const keep_range kr = st.o.curve_outside_keep ? keep_bounds(st.o.keep, n) : keep_range{0, n};
     for (int h = 0; h < H; ++h) {
-      add_mass_curve({st.scores.data() + static_cast<std::size_t>(h) * T_, static_cast<std::size_t>(n)},
+      add_mass_curve({st.scores.data() + static_cast<std::size_t>(h) * T_ + kr.head_end,
+                      static_cast<std::size_t>(kr.tail_begin - kr.head_end)},
                      {st.e.data(), st.e.size()},
                      {r.mass_curve.data() + static_cast<std::size_t>(l) * B, static_cast<std::size_t>(B)});
       ++r.curve_samples[static_cast<std::size_t>(l)];

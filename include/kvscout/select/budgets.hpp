@@ -20,7 +20,8 @@
 //   coverage  to the layer whose curve is lowest at its current share (every layer keeps about
 //             the same share of its mass: the most spread layer is not starved)
 //   mass      to the layer whose curve rises most over the next step (the most mass in all)
-// and returns each layer's share relative to the budget (1 below first_layer). Set-up code: it
+// after each layer has min_share of its even share (a floor; 0 by default), and returns each
+// layer's share relative to the budget (1 below first_layer). Set-up code: it
 // is not on the decode path. Inputs are checked first; errors name the bad value.
 
 #include <algorithm>
@@ -80,7 +81,8 @@ inline void add_mass_curve(host_span<const float> mass, host_span<float> scratch
 /// Each layer's share of the budget (see the header comment). curves: [num_layers, bins] mean
 /// mass curves (entries in [0, 1], non-decreasing along a layer); out: num_layers shares.
 inline void layer_budget_shares(host_span<const double> curves, int num_layers, int bins, int first_layer,
-                                double budget, layer_budget_rule rule, host_span<double> out) {
+                                double budget, layer_budget_rule rule, host_span<double> out,
+                                double min_share = 0) {
   KVSCOUT_EXPECTS(num_layers > 0, "num_layers must be positive, got ", num_layers);
   KVSCOUT_EXPECTS(bins > 0, "bins must be positive, got ", bins);
   KVSCOUT_EXPECTS(first_layer >= 0 && first_layer < num_layers, "first_layer = ", first_layer,
@@ -88,6 +90,8 @@ inline void layer_budget_shares(host_span<const double> curves, int num_layers, 
   KVSCOUT_EXPECTS(budget > 0 && budget <= 1, "budget = ", budget, ": expected a share of the rows in (0, 1]");
   KVSCOUT_EXPECTS(rule == layer_budget_rule::coverage || rule == layer_budget_rule::mass, "rule = ", rule,
                   ": expected layer_budget_rule::coverage or layer_budget_rule::mass");
+  KVSCOUT_EXPECTS(min_share >= 0 && min_share <= 1, "min_share = ", min_share,
+                  ": expected a share of the budget in [0, 1]");
   const std::size_t L = static_cast<std::size_t>(num_layers), B = static_cast<std::size_t>(bins);
   KVSCOUT_EXPECTS(curves.size() >= L * B, "curves holds ", curves.size(), " values, expected num_layers * bins = ",
                   L * B);
@@ -98,13 +102,16 @@ inline void layer_budget_shares(host_span<const double> curves, int num_layers, 
       KVSCOUT_EXPECTS(v >= 0 && v <= 1 + 1e-6 && v >= prev - 1e-9, "curves[", l, ", ", b, "] = ", v,
                       ": expected a value in [0, 1], not below the bin before (", prev, ")");
     }
-  // units[l]: layer l's steps; the curve at u steps is curves[l, u - 1] (0 at none).
-  for (std::size_t l = 0; l < L; ++l) out[l] = 0;
+  // out[l]: layer l's steps, min_share of its even share first; the curve at u steps is
+  // curves[l, u - 1] (0 at none).
+  const long long per = std::llround(budget * bins);
+  const auto floor_steps = static_cast<long long>(std::floor(min_share * static_cast<double>(per)));
+  for (std::size_t l = 0; l < L; ++l) out[l] = static_cast<double>(floor_steps);
   const auto at = [&](std::size_t l, double u) {
     return u <= 0 ? 0.0 : curves[l * B + static_cast<std::size_t>(u) - 1];
   };
   const std::size_t layers = L - static_cast<std::size_t>(first_layer);
-  const auto steps = static_cast<long long>(std::llround(budget * bins)) * static_cast<long long>(layers);
+  const long long steps = (per - floor_steps) * static_cast<long long>(layers);
   for (long long k = 0; k < steps; ++k) {
     std::size_t best = L;
     double key = 0;
