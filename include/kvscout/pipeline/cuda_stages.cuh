@@ -49,6 +49,7 @@
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/select/concepts.hpp"
+#include "kvscout/select/correction.cuh"
 #include "kvscout/spec/device_concepts.hpp"
 #include "kvscout/spec/infinigen.cuh"
 
@@ -85,6 +86,18 @@ struct cuda_stage_lengths {
 ///              submit with a row_cache_view). Call next_step() after each step's last layer;
 ///              a captured graph holds one parity, so capture two (even and odd steps).
 enum class cuda_stage_buffering { slots, row_cache };
+
+/// The correction step's parts (optional; caller-owned, set up once): its selector and executor,
+/// both of capacity `sets[b].selection.capacity`, the late-score buffer, and by slot the added
+/// rows' selection and rows. The late scores have a buffer of their own: correct(i) runs on the
+/// compute stream while speculate(i + 1) writes the speculation's score buffer on the side stream.
+template <class Executor>
+struct cuda_stage_correction {
+  correction_selector_cuda* selector = nullptr;  // null: no correction step
+  Executor* fetch = nullptr;
+  device_score_buffer scores{};            // [num_seqs, num_kv_heads, stride] late scores
+  std::array<cuda_stage_buffers, 2> sets{};  // by slot: the added rows' selection and rows
+};
 
 template <kv_layout L, class Policy, class Selector>
   requires device_speculation_policy<Policy> && row_selector<Selector>
@@ -149,6 +162,23 @@ class cuda_speculation_stages {
     }
   }
 
+  /// The same with the correction step (correct()): its parts, checked against the
+  /// speculation's. Needs a device_query_scoring_policy (a static_assert says so).
+  cuda_speculation_stages(std::vector<speculator_type*> speculators, Selector& selector,
+                          executor_type& fetch, std::vector<kv_view<L, device_space>> sources,
+                          const device_score_buffer& scores, const cuda_stage_lengths& lengths,
+                          const std::array<device_span<const float>, 2>& x,
+                          std::vector<cuda_stage_buffers> sets, cuda_stage_buffering buffering,
+                          unsigned long long* hits,
+                          const cuda_stage_correction<executor_type>& correction)
+      : cuda_speculation_stages(std::move(speculators), selector, fetch, std::move(sources), scores,
+                                lengths, x, std::move(sets), buffering, hits) {
+    correction_ = correction;
+    KVSCOUT_EXPECTS(correction_.selector != nullptr, "the correction step's selector is null "
+                    "(cuda_stage_correction::selector); build the stages without it instead");
+    check_correction();
+  }
+
   /// row_cache: forget every cached row (a new batch of sequences), enqueued on exec.stream.
   void reset_cache(const cuda_exec& exec) {
     const cudaStream_t stream = exec.stream;
@@ -193,6 +223,42 @@ class cuda_speculation_stages {
     selector_->select(scores_.view(lengths_.seq_lens), cur.selection, exec);
   }
 
+  /// Whether the stages were built with the correction step's parts.
+  [[nodiscard]] bool has_correction() const noexcept { return correction_.selector != nullptr; }
+  /// The rows layer i's correction added at this step (pass the pipeline's slot(i)).
+  [[nodiscard]] const cuda_stage_buffers& added(int layer, int slot) const {
+    KVSCOUT_EXPECTS(has_correction(), "added(): the stages were built without correction parts "
+                    "(cuda_stage_correction)");
+    (void)set_index(layer, slot, parity_);  // range checks
+    return correction_.sets[check_slot(slot)];
+  }
+
+  /// The correction step of layer i, on exec.stream (the compute stream, after wait_rows(i)):
+  /// scores layer i's own query q [num_seqs, num_q_heads, head_dim] (floats, after RoPE) against
+  /// the policy's partial keys into the late-score buffer, selects the best rows slot b's
+  /// speculation missed (at most the correction's capacity per (sequence, kv head)) and fetches
+  /// them into slot b's added rows, on the critical path. Attend over joined_rows_device of
+  /// buffers(i, b) and added(i, b) (attention/decode.cuh). Refused at compile time for a policy
+  /// without score_query, at run time for stages built without correction parts.
+  void correct(int layer, int b, device_span<const float> q, const cuda_exec& exec) {
+    static_assert(device_query_scoring_policy<speculator_type>,
+                  "cuda_speculation_stages::correct: the correction step needs a policy with "
+                  "score_query(q, ctx, out, exec) (device_query_scoring_policy: "
+                  "infinigen_speculator_cuda); this policy scores from the layer input only");
+    KVSCOUT_EXPECTS(has_correction(), "correct(): the stages were built without correction parts "
+                    "(cuda_stage_correction: selector, fetch, scores, sets); got a null selector");
+    speculator_type* spec = speculator(layer);
+    const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
+    const cuda_stage_buffers& add = correction_.sets[check_slot(b)];
+    const device_spec_context ctx{{}, {}, lengths_.seq_lens, lengths_.max_seq_len,
+                                  lengths_.seq_ids};
+    spec->score_query(q, ctx, correction_.scores, exec);
+    correction_.selector->select(correction_.scores.scores, lengths_.seq_lens,
+                                 cur.selection.view(), add.selection, exec);
+    (void)correction_.fetch->submit(sources_[static_cast<std::size_t>(layer)],
+                                    add.selection.view(), add.rows, exec);
+  }
+
   /// Fetches the rows slot b names from layer i's source, on exec.stream; the executor reports
   /// into exec.status.
   void fetch(int layer, int b, const cuda_exec& exec) {
@@ -211,6 +277,46 @@ class cuda_speculation_stages {
   }
 
  private:
+  // Host-known shapes of the correction's parts against each other and the speculation's.
+  void check_correction() const {
+    static_assert(device_query_scoring_policy<speculator_type>,
+                  "cuda_speculation_stages: correction parts given for a policy without "
+                  "score_query(q, ctx, out, exec) (device_query_scoring_policy: "
+                  "infinigen_speculator_cuda); the correction step scores layer i's own query");
+    const cuda_stage_correction<executor_type>& c = correction_;
+    KVSCOUT_EXPECTS(c.fetch != nullptr, "the correction step has a selector but no executor "
+                    "(cuda_stage_correction::fetch is null)");
+    const auto& cc = c.selector->configuration();
+    KVSCOUT_EXPECTS(c.scores.scores.data() != nullptr && c.scores.num_seqs == scores_.num_seqs &&
+                        c.scores.num_kv_heads == scores_.num_kv_heads &&
+                        c.scores.stride >= lengths_.max_seq_len,
+                    "the correction's late-score buffer [num_seqs, num_kv_heads, stride] = [",
+                    c.scores.num_seqs, ", ", c.scores.num_kv_heads, ", ", c.scores.stride,
+                    "] (data ", static_cast<const void*>(c.scores.scores.data()),
+                    "), expected [", scores_.num_seqs, ", ", scores_.num_kv_heads,
+                    ", >= max_seq_len = ", lengths_.max_seq_len, "], not null");
+    KVSCOUT_EXPECTS(c.scores.scores.data() != scores_.scores.data(),
+                    "the correction's late-score buffer is the speculation's score buffer: "
+                    "speculate(i + 1) writes that one while correct(i) runs; give it its own");
+    KVSCOUT_EXPECTS(cc.num_seqs == scores_.num_seqs && cc.num_kv_heads == scores_.num_kv_heads &&
+                        cc.stride == c.scores.stride,
+                    "correction selector config [num_seqs, num_kv_heads, stride] = [", cc.num_seqs,
+                    ", ", cc.num_kv_heads, ", ", cc.stride, "], expected the late scores' [",
+                    c.scores.num_seqs, ", ", c.scores.num_kv_heads, ", ", c.scores.stride, "]");
+    const auto& fc = c.fetch->configuration();
+    for (int b = 0; b < 2; ++b) {
+      const auto& sel = c.sets[static_cast<std::size_t>(b)].selection;
+      KVSCOUT_EXPECTS(sel.capacity == cc.capacity && sel.capacity == fc.capacity,
+                      "correction set ", b, " has capacity ", sel.capacity,
+                      ", expected the correction selector's ", cc.capacity,
+                      " and the correction executor's ", fc.capacity);
+      KVSCOUT_EXPECTS(sel.indices.data() != nullptr && sel.counts.data() != nullptr &&
+                          c.sets[static_cast<std::size_t>(b)].rows.k.data() != nullptr &&
+                          c.sets[static_cast<std::size_t>(b)].rows.v.data() != nullptr,
+                      "correction set ", b, " has a null selection or row buffer");
+    }
+  }
+
   speculator_type* speculator(int layer) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < num_layers(), "layer ", layer,
                     " is out of range [0, ", num_layers(), ")");
@@ -240,6 +346,7 @@ class cuda_speculation_stages {
   std::vector<cuda_stage_buffers> sets_;
   cuda_stage_buffering buffering_;
   unsigned long long* hits_;
+  cuda_stage_correction<executor_type> correction_{};
   int parity_ = 0;
 };
 
