@@ -10,7 +10,10 @@
 //   - the attention output equals decode_attention_host over joined_rows of the speculated and
 //     added rows the host gathers from the cache;
 //   - the step captured in a CUDA graph gives the same bits; with the row cache, too;
-//   - stages without correction parts, or with bad ones, are refused by name.
+//   - stages without correction parts, or with bad ones, are refused by name;
+//   - the stages over an engine's own device executor (issue 33: a wrapper of the zero-copy one
+//     that counts its submits and has no row cache) give the same bits; row_cache buffering with
+//     it is refused by name.
 
 #include <algorithm>
 #include <array>
@@ -165,8 +168,39 @@ struct speculators {
   }
 };
 
+// An engine's own device executor: the zero-copy gather behind a wrapper that counts its submits
+// and has no row cache (submit without a row_cache_view only).
+class counting_executor {
+ public:
+  using inner_type = kvscout::zero_copy_executor<layout>;
+  using layout_type = layout;
+  using config_type = inner_type::config_type;
+  using source_type = inner_type::source_type;
+  using selection_type = inner_type::selection_type;
+  using destination_type = inner_type::destination_type;
+  using completion_type = inner_type::completion_type;
+  using exec_type = inner_type::exec_type;
+  static constexpr std::size_t workspace_alignment = inner_type::workspace_alignment;
+  static std::size_t workspace_bytes(const config_type& c) { return inner_type::workspace_bytes(c); }
+  explicit counting_executor(const config_type& c, kvscout::device_span<std::byte> ws = {}) : inner_(c, ws) {}
+  completion_type submit(const source_type& src, const selection_type& sel, const destination_type& dst,
+                         const exec_type& x) {
+    ++submits;
+    return inner_.submit(src, sel, dst, x);
+  }
+  int submits = 0;
+
+ private:
+  inner_type inner_;
+};
+static_assert(kvscout::device_step_executor<counting_executor>);
+static_assert(!kvscout::row_caching_executor<counting_executor>);
+static_assert(kvscout::row_caching_executor<kvscout::zero_copy_executor<layout>>);
+
 using stages_t = kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda>;
 using correction_t = kvscout::cuda_stage_correction<stages_t::executor_type>;
+using counting_stages_t =
+    kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda, float, float, counting_executor>;
 
 // Device buffers for selections and rows of one capacity.
 struct buffer_store {
@@ -235,7 +269,6 @@ void corrected_step_matches_host() {
                                      kvscout::cuda_stages_ref<stages_t>{&stages});
   kvscout::cuda_decode_pipeline cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
                                            kvscout::cuda_stages_ref<stages_t>{&cache_stages});
-  using pipe_t = decltype(pipe);
 
   gpu_test::device_vector<float> x_all(w.x), q_all(w.q);
   gpu_test::device_vector<half> kc_all(w.k_cur), vc_all(w.v_cur);
@@ -245,17 +278,17 @@ void corrected_step_matches_host() {
   float* x_slots[2] = {x_slot0.data(), x_slot1.data()};
   const std::size_t qn = static_cast<std::size_t>(S) * Hq * D, cn = static_cast<std::size_t>(S) * H * D;
 
-  auto enqueue_step = [&](pipe_t& p, stages_t& st) {
+  auto enqueue_step = [&](auto& p, auto& st) {
     for (int i = 0; i < L; ++i) {
-      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(x_slots[pipe_t::slot(i + 1)], x_all.data() + static_cast<std::size_t>(i) * S * dm,
+      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(x_slots[p.slot(i + 1)], x_all.data() + static_cast<std::size_t>(i) * S * dm,
                                          sizeof(float) * S * dm, cudaMemcpyDeviceToDevice, compute));
       p.input_ready(i, status.data());
       p.wait_rows(i);
       if (i < skip) continue;
       const kvscout::device_span<const float> q{q_all.data() + i * qn, qn};
-      st.correct(i, pipe_t::slot(i), q, {compute, status.data()});
-      const kvscout::cuda_stage_buffers& spec = st.buffers(i, pipe_t::slot(i));
-      const kvscout::cuda_stage_buffers& add = st.added(i, pipe_t::slot(i));
+      st.correct(i, p.slot(i), q, {compute, status.data()});
+      const kvscout::cuda_stage_buffers& spec = st.buffers(i, p.slot(i));
+      const kvscout::cuda_stage_buffers& add = st.added(i, p.slot(i));
       const kvscout::joined_rows_device rows(
           kvscout::gathered_rows_device<half, D>(spec.selection.view(), spec.rows),
           kvscout::gathered_rows_device<half, D>(add.selection.view(), add.rows));
@@ -385,6 +418,35 @@ void corrected_step_matches_host() {
   GPU_CHECK(graph_diffs == 0);
   GPU_CHECK(cache_diffs == 0);
   GPU_CHECK(status.download()[0] == 0);
+
+  // ---- any device_step_executor (issue 33): an engine's own gives the same bits -----------
+  {
+    counting_executor own_fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
+    counting_executor own_corr_fetch({.num_seqs = S, .num_kv_heads = H, .capacity = extra});
+    const kvscout::cuda_stage_correction<counting_executor> own_corr{
+        &corr, &own_corr_fetch, correction.scores, correction.sets};
+    counting_stages_t own(specs.per_layer, selector, own_fetch, sources, score_buf, lengths, x_in,
+                          slot_sets, kvscout::cuda_stage_buffering::slots, nullptr, own_corr);
+    kvscout::cuda_decode_pipeline own_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                           kvscout::cuda_stages_ref<counting_stages_t>{&own});
+    out_all.poison();
+    rec_add.poison();
+    for (auto& buf : store.rows) buf->poison();  // every fetched row must come from this run
+    enqueue_step(own_pipe, own);
+    KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+    const int own_diffs = same_records();
+    std::printf("own executor: %d layer records differ; %d + %d submits\n", own_diffs,
+                own_fetch.submits, own_corr_fetch.submits);
+    GPU_CHECK(own_diffs == 0);
+    GPU_CHECK(own_fetch.submits == L - skip && own_corr_fetch.submits == L - skip);
+    GPU_CHECK(status.download()[0] == 0);
+    GPU_CHECK(gpu_test::throws_with(
+        [&] {
+          counting_stages_t c(specs.per_layer, selector, own_fetch, sources, score_buf, lengths, x_in,
+                              layer_sets, kvscout::cuda_stage_buffering::row_cache, hits.data());
+        },
+        "row_cache buffering needs an executor whose submit takes a row_cache_view"));
+  }
 
   // ---- refusals, by name ------------------------------------------------------------------
   stages_t plain(specs.per_layer, selector, fetch, sources, score_buf, lengths, x_in, slot_sets);

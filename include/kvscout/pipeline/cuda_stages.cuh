@@ -1,13 +1,18 @@
 #pragma once
-// Device parts as the two stages of cuda_decode_pipeline (pipeline/cuda_pipeline.hpp):
+// Device parts as the two stages of cuda_decode_pipeline (pipeline/cuda_pipeline.hpp), and an
+// optional third, the correction step, that the caller runs on the compute stream:
 //
 //   speculate(i, b, exec)    layer i's speculation policy (any device_speculation_policy,
 //                            spec/device_concepts.hpp: kvscout's infinigen_speculator_cuda or
 //                            streaming_policy_cuda, or the engine's own) scores every cached token
 //                            from the layer input in slot b (x_{i-1}), then the selector writes
 //                            slot b's selection       (spec/infinigen.cuh, select/*.cuh)
-//   fetch(i, b, exec)        the zero-copy executor moves the rows slot b names from layer i's
+//   fetch(i, b, exec)        the executor (zero_copy_executor by default, or any
+//                            device_step_executor) moves the rows slot b names from layer i's
 //                            host cache into slot b's row buffers               (fetch/zero_copy.cuh)
+//   correct(i, b, q, exec)   with a cuda_stage_correction, after wait_rows(i): score_query of layer
+//                            i's own query q, correction_selector_cuda against slot b's selection,
+//                            the fetch of the rows it adds into added(i, b)  (select/correction.cuh)
 //
 // Everything is caller-owned and set up once: a policy per speculated layer (InfiniGen's partial
 // key cache is part of its workspace; a stateless policy may serve every layer), one selector
@@ -29,6 +34,8 @@
 //   // layer i: write x_i into stages.x(pipe.slot(i + 1)), pipe.input_ready(i, d_status),
 //   //          pipe.wait_rows(i),
 //   //          attention over stages.buffers(i, pipe.slot(i)) ...
+//   //          (correction: stages.correct(i, pipe.slot(i), q_i, {compute, d_status}), then
+//   //           attention over joined_rows_device of buffers(i, slot) and added(i, slot))
 //
 // The sequence lengths and positions are device arrays the compute stream advances after a step's
 // appends; max_seq_len (host-known, e.g. max_tokens) sizes the scoring grid.
@@ -99,14 +106,34 @@ struct cuda_stage_correction {
   std::array<cuda_stage_buffers, 2> sets{};  // by slot: the added rows' selection and rows
 };
 
-template <kv_layout L, class Policy, class Selector>
+/// An executor that can serve rows a previous submit left on the device (row_cache buffering):
+/// its submit also takes a row_cache_view (zero_copy_executor).
+template <class E>
+concept row_caching_executor =
+    requires(E& e, const typename E::source_type& src, const typename E::selection_type& sel,
+             const typename E::destination_type& dst, const row_cache_view& cache,
+             const typename E::exec_type& x) {
+      e.submit(src, sel, dst, cache, x);
+    };
+
+/// Executor: any device_step_executor reading a kv_view<L, device_space> into a
+/// gather_destination<device_space>; row_cache buffering needs a row_caching_executor.
+template <kv_layout L, class Policy, class Selector, class Executor = zero_copy_executor<L>>
   requires device_speculation_policy<Policy> && row_selector<Selector>
 class cuda_speculation_stages {
  public:
   using speculator_type = Policy;
-  using executor_type = zero_copy_executor<L>;
+  using executor_type = Executor;
   static_assert(device_step_executor<executor_type>,
-                "the pipeline's fetch must take a device selection and never block the host");
+                "cuda_speculation_stages: the executor must be a device_step_executor "
+                "(fetch/concepts.hpp): a prefetch_executor that takes a device selection and "
+                "never blocks the host (zero_copy_executor, or the engine's own)");
+  static_assert(std::same_as<typename Executor::source_type, kv_view<L, device_space>> &&
+                    std::same_as<typename Executor::destination_type,
+                                 gather_destination<device_space>> &&
+                    std::same_as<typename Executor::exec_type, cuda_exec>,
+                "cuda_speculation_stages: the executor must read kv_view<Layout, device_space>, "
+                "write gather_destination<device_space> and take a cuda_exec");
   static_assert(std::same_as<typename Selector::exec_type, cuda_exec>,
                 "the pipeline's selector must be a device selector (exec_type cuda_exec: "
                 "topk_selector_cuda, threshold_selector_cuda or the engine's own)");
@@ -152,6 +179,10 @@ class cuda_speculation_stages {
                          lengths.cached_rows.size() >= static_cast<std::size_t>(scores.num_seqs)),
                     "cached_rows holds ", lengths.cached_rows.size(), " entries, expected num_seqs = ",
                     scores.num_seqs);
+    KVSCOUT_EXPECTS(buffering != cuda_stage_buffering::row_cache ||
+                        row_caching_executor<executor_type>,
+                    "row_cache buffering needs an executor whose submit takes a row_cache_view "
+                    "(row_caching_executor: zero_copy_executor); this one has none, use slots");
     const std::size_t want = buffering == cuda_stage_buffering::slots ? 2 : 2 * speculators_.size();
     KVSCOUT_EXPECTS(sets_.size() == want, "got ", sets_.size(), " buffer sets, expected ", want,
                     buffering == cuda_stage_buffering::slots ? " (two slots)" : " (two per layer)");
@@ -264,16 +295,19 @@ class cuda_speculation_stages {
   void fetch(int layer, int b, const cuda_exec& exec) {
     (void)speculator(layer);  // range check
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
-    if (buffering_ == cuda_stage_buffering::row_cache) {
-      const cuda_stage_buffers& prev = sets_[set_index(layer, b, parity_ ^ 1)];
-      (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows,
-                           row_cache_view{prev.selection.view(), prev.rows, hits_,
-                                          lengths_.cached_rows},
-                           exec);
-    } else {
-      (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows,
-                           exec);
+    if constexpr (row_caching_executor<executor_type>) {
+      if (buffering_ == cuda_stage_buffering::row_cache) {
+        const cuda_stage_buffers& prev = sets_[set_index(layer, b, parity_ ^ 1)];
+        (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(),
+                             cur.rows,
+                             row_cache_view{prev.selection.view(), prev.rows, hits_,
+                                            lengths_.cached_rows},
+                             exec);
+        return;
+      }
     }
+    (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows,
+                         exec);
   }
 
  private:
@@ -303,13 +337,15 @@ class cuda_speculation_stages {
                     "correction selector config [num_seqs, num_kv_heads, stride] = [", cc.num_seqs,
                     ", ", cc.num_kv_heads, ", ", cc.stride, "], expected the late scores' [",
                     c.scores.num_seqs, ", ", c.scores.num_kv_heads, ", ", c.scores.stride, "]");
-    const auto& fc = c.fetch->configuration();
     for (int b = 0; b < 2; ++b) {
       const auto& sel = c.sets[static_cast<std::size_t>(b)].selection;
-      KVSCOUT_EXPECTS(sel.capacity == cc.capacity && sel.capacity == fc.capacity,
-                      "correction set ", b, " has capacity ", sel.capacity,
-                      ", expected the correction selector's ", cc.capacity,
-                      " and the correction executor's ", fc.capacity);
+      KVSCOUT_EXPECTS(sel.capacity == cc.capacity, "correction set ", b, " has capacity ",
+                      sel.capacity, ", expected the correction selector's ", cc.capacity);
+      if constexpr (requires { c.fetch->configuration().capacity; }) {
+        KVSCOUT_EXPECTS(sel.capacity == c.fetch->configuration().capacity, "correction set ", b,
+                        " has capacity ", sel.capacity, ", expected the correction executor's ",
+                        c.fetch->configuration().capacity);
+      }
       KVSCOUT_EXPECTS(sel.indices.data() != nullptr && sel.counts.data() != nullptr &&
                           c.sets[static_cast<std::size_t>(b)].rows.k.data() != nullptr &&
                           c.sets[static_cast<std::size_t>(b)].rows.v.data() != nullptr,
@@ -352,9 +388,10 @@ class cuda_speculation_stages {
 
 /// kvscout's InfiniGen speculator as the policy of every speculated layer (partial keys of PkT,
 /// partial W_Q rows of WT).
-template <kv_layout L, class Selector, compute_element PkT = float, compute_element WT = float>
+template <kv_layout L, class Selector, compute_element PkT = float, compute_element WT = float,
+          class Executor = zero_copy_executor<L>>
 using infinigen_cuda_stages =
-    cuda_speculation_stages<L, infinigen_speculator_cuda<PkT, WT>, Selector>;
+    cuda_speculation_stages<L, infinigen_speculator_cuda<PkT, WT>, Selector, Executor>;
 
 /// A reference to stages, so the pipeline can drive stages the caller keeps (std::ref).
 template <class S>
