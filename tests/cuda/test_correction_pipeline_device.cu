@@ -465,7 +465,10 @@ void corrected_step_matches_host() {
   };
   correction_t shared = correction;
   shared.scores = score_buf;
-  GPU_CHECK(gpu_test::throws_with([&] { build(shared); }, "is the speculation's score buffer"));
+  GPU_CHECK(gpu_test::throws_with([&] { build(shared); }, "overlaps the speculation's score buffer"));
+  shared.scores = correction.scores;
+  shared.scores.scores = {scores.data() + S * H * max_tokens - 1, late.size()};  // one float shared
+  GPU_CHECK(gpu_test::throws_with([&] { build(shared); }, "overlaps the speculation's score buffer"));
   correction_t no_selector = correction;
   no_selector.selector = nullptr;
   GPU_CHECK(gpu_test::throws_with([&] { build(no_selector); }, "selector is null"));

@@ -329,8 +329,10 @@ class cuda_speculation_stages {
                     "] (data ", static_cast<const void*>(c.scores.scores.data()),
                     "), expected [", scores_.num_seqs, ", ", scores_.num_kv_heads,
                     ", >= max_seq_len = ", lengths_.max_seq_len, "], not null");
-    KVSCOUT_EXPECTS(c.scores.scores.data() != scores_.scores.data(),
-                    "the correction's late-score buffer is the speculation's score buffer: "
+    const float* late = c.scores.scores.data();
+    const float* spec = scores_.scores.data();
+    KVSCOUT_EXPECTS(late + c.scores.scores.size() <= spec || spec + scores_.scores.size() <= late,
+                    "the correction's late-score buffer overlaps the speculation's score buffer: "
                     "speculate(i + 1) writes that one while correct(i) runs; give it its own");
     KVSCOUT_EXPECTS(cc.num_seqs == scores_.num_seqs && cc.num_kv_heads == scores_.num_kv_heads &&
                         cc.stride == c.scores.stride,
