@@ -421,7 +421,9 @@ void corrected_step_matches_host() {
 
   // ---- any device_step_executor (issue 33): an engine's own gives the same bits -----------
   {
-    counting_executor own_fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
+    const kvscout::zero_copy_config own_cfg{.num_seqs = S, .num_kv_heads = H, .capacity = budget};
+    static_assert(counting_executor::workspace_alignment == 1);
+    counting_executor own_fetch(own_cfg, {nullptr, counting_executor::workspace_bytes(own_cfg)});  // 0
     counting_executor own_corr_fetch({.num_seqs = S, .num_kv_heads = H, .capacity = extra});
     const kvscout::cuda_stage_correction<counting_executor> own_corr{
         &corr, &own_corr_fetch, correction.scores, correction.sets};
