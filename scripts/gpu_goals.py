@@ -126,6 +126,11 @@ def main(argv):
     line("decode step fp16, 32k, batch 1: kvscout time / max(fetch-bound, compute-only)",
          counter(runs, step("contiguous", 32768, 1, "kvscout"), "vs_bound"), "<= 1.25x",
          lambda v: v <= 1.25, "{:.3g}x")
+    # The correction step (issue 32): a quarter more rows, fetched on the critical path. The goal
+    # is provisional (no issue sets one): the added rows' bytes (x1.25) and their unhidden fetch.
+    line("decode step fp16, 32k, batch 1: kvscout_corrected / kvscout time",
+         ratio(time_us(runs, step("contiguous", 32768, 1, "kvscout_corrected")), ours32),
+         "<= 1.5x (provisional)", lambda v: v <= 1.5, "{:.3g}x")
     line("decode step at 128k, batch 1: fp16 rows / KIVI-2 rows, kvscout time",
          ratio(time_us(runs, step("contiguous", 131072, 1, "kvscout")),
                time_us(runs, step("kivi2", 131072, 1, "kvscout"))), ">= 3x",

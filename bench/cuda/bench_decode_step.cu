@@ -1,12 +1,16 @@
 // One decode step on the GPU, end to end: a stack of Llama-3-8B-shaped decoder layers (d_model
 // 4096, 32 query heads, 8 KV heads, head_dim 128, MLP 14336, RoPE theta 500000, fp16 weights,
-// cuBLAS GEMMs) whose KV cache lives in pinned host memory, decoded six ways in the same run
+// cuBLAS GEMMs) whose KV cache lives in pinned host memory, decoded seven ways in the same run
 // (bench/cuda/decode_step.cuh says what each does):
 //
 //   decode_step/<layout>/ctx:<tokens>/batch:<B>/way:<way>
 //     kvscout            speculation + top-k + zero-copy fetch overlapped, sparse attention; the
 //                        whole step one CUDA graph, replayed
 //     kvscout_row_cache  the same with the device row cache (two graphs, even and odd steps)
+//     kvscout_corrected  kvscout plus the correction step on the critical path: up to a quarter of
+//                        the budget more rows per (sequence, kv head), chosen by layer i's own
+//                        query, fetched once it exists, attended with the speculated rows (graph);
+//                        the added rows count in link_MB_per_token. Not for KIVI layouts
 //     compute_only       kvscout's step without the fetch (rows already on the device): the floor
 //     flexgen            every layer's whole K / V over the copy engine, behind the previous
 //                        layer's compute, dense attention (graph)
@@ -102,7 +106,10 @@ struct suite : holder {
     // One eager step of each cheap way first: every kernel and cuBLAS path is loaded before any
     // capture.
     stack.step(decode_way::compute_only);
-    if constexpr (!decode_step::decode_stack<L>::kivi) stack.step(decode_way::resident);
+    if constexpr (!decode_step::decode_stack<L>::kivi) {
+      stack.step(decode_way::resident);
+      stack.step(decode_way::kvscout_corrected);  // the correction's kernels, too
+    }
     KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
@@ -175,7 +182,8 @@ void bm_step_body(benchmark::State& st, const std::string& layout_name, const ca
   auto& s = su.stack;
   const int layers = s.layers();
   const bool sparse = w == decode_way::kvscout || w == decode_way::kvscout_cache ||
-                      w == decode_way::compute_only || w == decode_way::infinigen;
+                      w == decode_way::kvscout_corrected || w == decode_way::compute_only ||
+                      w == decode_way::infinigen;
   const bool moves = w != decode_way::compute_only && w != decode_way::resident;
   // Rows selected per step, counted on the device in an untimed step.
   double rows_step = 0;
@@ -482,7 +490,8 @@ void bm_gemm_under_fetch(benchmark::State& st, int executor, int blocks, bool pa
 }
 
 void register_all() {
-  const decode_way all[] = {decode_way::kvscout, decode_way::kvscout_cache, decode_way::compute_only,
+  const decode_way all[] = {decode_way::kvscout, decode_way::kvscout_cache,
+                            decode_way::kvscout_corrected, decode_way::compute_only,
                             decode_way::flexgen, decode_way::infinigen, decode_way::resident};
   const std::vector<decode_way> sparse = {decode_way::kvscout, decode_way::kvscout_cache,
                                           decode_way::compute_only, decode_way::infinigen};

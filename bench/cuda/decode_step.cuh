@@ -22,6 +22,11 @@
 //                   the start of the step (skip_layers = 0: every layer sparse, nothing resident).
 //   kvscout_cache   the same with the device row cache (cuda_stage_buffering::row_cache): rows
 //                   fetched for the layer at the previous step are copied on the device.
+//   kvscout_corrected  kvscout's step plus the correction step (cuda_stages.cuh correct()): once
+//                   layer i's query exists, score_query, correction_selector_cuda and a zero-copy
+//                   fetch of up to correction_share x budget more rows per (sequence, kv head),
+//                   on the compute stream (the critical path); attention over both sets joined
+//                   (joined_rows_device). Not for KIVI caches.
 //   compute_only    kvscout's step with the fetch left out: speculation, selection, attention over
 //                   rows already on the device, and the model. The step's floor when the link is free.
 //   flexgen         every layer's whole K and V copied by the copy engine into a device buffer
@@ -67,6 +72,7 @@
 #include "kvscout/kv/paged.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/pipeline/cuda_stages.cuh"
+#include "kvscout/select/correction.cuh"
 #include "kvscout/select/topk.cuh"
 #include "kvscout/skew/plan.hpp"
 #include "kvscout/spec/infinigen.cuh"
@@ -81,7 +87,8 @@ using kvscout::half;
     KVSCOUT_EXPECTS(st_ == CUBLAS_STATUS_SUCCESS, #call, " failed: ", cublasGetStatusString(st_)); \
   } while (0)
 
-enum class decode_way { kvscout, kvscout_cache, compute_only, flexgen, infinigen, resident };
+enum class decode_way { kvscout, kvscout_cache, compute_only, flexgen, infinigen, resident,
+                        kvscout_corrected };
 
 inline const char* way_name(decode_way w) {
   switch (w) {
@@ -91,6 +98,7 @@ inline const char* way_name(decode_way w) {
     case decode_way::flexgen: return "flexgen";
     case decode_way::infinigen: return "infinigen";
     case decode_way::resident: return "resident";
+    case decode_way::kvscout_corrected: return "kvscout_corrected";
   }
   return "?";
 }
@@ -109,6 +117,7 @@ struct stack_config {
   model_shape model;
   std::vector<std::int32_t> lens;  // cached tokens per sequence (the batch)
   double budget = 0.10;            // rows per (sequence, kv head): this share of the longest
+  double correction_share = 0.25;  // kvscout_corrected: rows it may add, this share of budget's
   int distinct_caches = 0;         // caches allocated (0: one per layer)
   int gather_blocks = 0;           // zero_copy_config::max_blocks (0: kvscout's default)
   int staged_threads = 4;          // host threads of InfiniGen's gather
@@ -488,6 +497,9 @@ class decode_stack {
     caches_ = cfg.distinct_caches > 0 ? std::min(cfg.distinct_caches, m_.layers) : m_.layers;
     max_len_ = *std::max_element(cfg.lens.begin(), cfg.lens.end());
     budget_rows_ = std::max(1, static_cast<int>(std::lround(cfg.budget * max_len_)));
+    KVSCOUT_EXPECTS(cfg.correction_share > 0 && cfg.correction_share <= 1, "correction_share ",
+                    cfg.correction_share, ": expected (0, 1]");
+    extra_rows_ = std::max(1, static_cast<int>(std::lround(cfg.correction_share * budget_rows_)));
     KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
@@ -509,6 +521,8 @@ class decode_stack {
   decode_stack& operator=(const decode_stack&) = delete;
   ~decode_stack() {
     pipe_.reset();
+    cache_pipe_.reset();
+    corr_pipe_.reset();
     for (auto* e : {ev_sel_host_[0], ev_sel_host_[1], ev_fetched_[0], ev_fetched_[1], ev_free_[0],
                     ev_free_[1], ev_x_[0], ev_x_[1]})
       if (e) KVSCOUT_CUDA_CHECK_NO_THROW(cudaEventDestroy(e));
@@ -521,6 +535,8 @@ class decode_stack {
   [[nodiscard]] int batch() const { return static_cast<int>(cfg_.lens.size()); }
   [[nodiscard]] int layers() const { return m_.layers; }
   [[nodiscard]] int budget_rows() const { return budget_rows_; }
+  /// kvscout_corrected: rows the correction may add per (sequence, kv head).
+  [[nodiscard]] int extra_rows() const { return extra_rows_; }
   [[nodiscard]] cudaStream_t compute_stream() const { return compute_; }
   [[nodiscard]] const stack_config& config() const { return cfg_; }
   /// K + V bytes of one token's row pair (one kv head): 512 for fp16 rows of 128, the K code
@@ -562,6 +578,10 @@ class decode_stack {
       KVSCOUT_EXPECTS(w != decode_way::flexgen && w != decode_way::resident, "way ", way_name(w),
                       " needs dense attention over a device-resident cache, which KIVI layouts do "
                       "not have here; KIVI runs kvscout, kvscout_row_cache, compute_only, infinigen");
+      KVSCOUT_EXPECTS(w != decode_way::kvscout_corrected, "way ", way_name(w),
+                      " is not built for KIVI caches (its attention would join two KIVI row sets, "
+                      "each with the resident window); KIVI runs kvscout, kvscout_row_cache, "
+                      "compute_only, infinigen");
     }
     kvscout::detail::launch(detail::next_input, 1, 256, 0, compute_, static_cast<const float*>(inputs_),
                             cfg_.input_ring, batch() * m_.d_model, d_step_, x_);
@@ -569,6 +589,7 @@ class decode_stack {
     switch (w) {
       case decode_way::kvscout:
       case decode_way::kvscout_cache:
+      case decode_way::kvscout_corrected:
       case decode_way::compute_only: step_kvscout(w, count_rows); break;
       case decode_way::flexgen: step_flexgen(); break;
       case decode_way::infinigen: step_infinigen(count_rows); break;
@@ -580,8 +601,8 @@ class decode_stack {
   /// capture two and replay them in turn). The caller destroys the exec.
   cudaGraphExec_t capture(decode_way w) {
     KVSCOUT_EXPECTS(w == decode_way::kvscout || w == decode_way::kvscout_cache ||
-                        w == decode_way::compute_only || w == decode_way::resident ||
-                        w == decode_way::flexgen,
+                        w == decode_way::kvscout_corrected || w == decode_way::compute_only ||
+                        w == decode_way::resident || w == decode_way::flexgen,
                     "way ", way_name(w), " cannot be captured (it waits on the host)");
     cudaGraph_t g{};
     KVSCOUT_CUDA_CHECK(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal));
@@ -602,7 +623,8 @@ class decode_stack {
   /// Seconds the fetches of one eager step of way w took on their stream, summed over layers
   /// (events around each fetch: the zero-copy gather, the full copies, or the staged path from
   /// the start of its host gather, which holds the copy back, to the end of its scatter).
-  /// Synchronises: not for timed loops.
+  /// kvscout_corrected: the speculative fetches only (the correction's is part of the step, on
+  /// the compute stream). Synchronises: not for timed loops.
   double fetch_seconds(decode_way w) {
     std::vector<cudaEvent_t> t0(m_.layers), t1(m_.layers);
     for (int l = 0; l < m_.layers; ++l) {
@@ -611,7 +633,8 @@ class decode_stack {
     }
     ft0_ = t0.data();
     ft1_ = t1.data();
-    for (auto* p : {pipe_.get(), cache_pipe_.get()}) {
+    for (auto* p : {pipe_.get(), cache_pipe_.get(), corr_pipe_.get()}) {
+      if (p == nullptr) continue;  // KIVI: no corrected pipeline
       p->stages().t0 = ft0_;
       p->stages().t1 = ft1_;
     }
@@ -638,6 +661,7 @@ class decode_stack {
     std::vector<half> k_new, v_new;      // [B, H, D]
     std::vector<half> out;               // [B, Hq, D]
     std::vector<std::int32_t> idx, cnt;  // the selection attention read (sparse ways)
+    std::vector<std::int32_t> add_idx, add_cnt;  // kvscout_corrected: the rows it added
   };
   [[nodiscard]] layer_record record(int l) const {
     KVSCOUT_EXPECTS(cfg_.record, "record(): the stack was built without config.record");
@@ -650,6 +674,9 @@ class decode_stack {
     r.idx = download(rec_idx_ + static_cast<std::size_t>(l) * S * H * budget_rows_,
                      static_cast<std::size_t>(S) * H * budget_rows_);
     r.cnt = download(rec_cnt_ + static_cast<std::size_t>(l) * S * H, static_cast<std::size_t>(S) * H);
+    r.add_idx = download(rec_add_idx_ + static_cast<std::size_t>(l) * S * H * extra_rows_,
+                         static_cast<std::size_t>(S) * H * extra_rows_);
+    r.add_cnt = download(rec_add_cnt_ + static_cast<std::size_t>(l) * S * H, static_cast<std::size_t>(S) * H);
     return r;
   }
   /// The host's view of layer l's cache (mapped pinned memory) and its layout.
@@ -677,7 +704,8 @@ class decode_stack {
  private:
   void untime(std::vector<cudaEvent_t>& t0, std::vector<cudaEvent_t>& t1) {
     ft0_ = ft1_ = nullptr;
-    for (auto* p : {pipe_.get(), cache_pipe_.get()}) p->stages().t0 = p->stages().t1 = nullptr;
+    for (auto* p : {pipe_.get(), cache_pipe_.get(), corr_pipe_.get()})
+      if (p != nullptr) p->stages().t0 = p->stages().t1 = nullptr;
     for (auto e : t0) KVSCOUT_CUDA_CHECK_NO_THROW(cudaEventDestroy(e));
     for (auto e : t1) KVSCOUT_CUDA_CHECK_NO_THROW(cudaEventDestroy(e));
   }
@@ -762,6 +790,10 @@ class decode_stack {
       rec_o_ = a_.device<half>(NL * S * Hq * D);
       rec_idx_ = a_.device<std::int32_t>(NL * S * H * budget_rows_);
       rec_cnt_ = a_.device<std::int32_t>(NL * S * H);
+      rec_add_idx_ = a_.device<std::int32_t>(NL * S * H * extra_rows_);
+      rec_add_cnt_ = a_.device<std::int32_t>(NL * S * H);
+      // Zero added rows unless the corrected way records some.
+      KVSCOUT_CUDA_CHECK(cudaMemset(rec_add_cnt_, 0, NL * S * H * 4));
       KVSCOUT_CUDA_CHECK(cudaMemset(rec_idx_, 0, NL * S * H * budget_rows_ * 4));
       KVSCOUT_CUDA_CHECK(cudaMemset(rec_cnt_, 0, NL * S * H * 4));
     }
@@ -903,6 +935,30 @@ class decode_stack {
     for (int i = 0; i < 2; ++i) slot_sets.push_back(make_set());
     for (int i = 0; i < 2 * NL; ++i) layer_sets.push_back(make_set());
     slot_stages_ = std::make_unique<stages_t>(sp, *selector_, *zc_, sources, sb, lengths, xin, slot_sets);
+    if constexpr (!kivi) {
+      // kvscout_corrected: the same speculation and slots, plus the correction's parts.
+      const kvscout::correction_selector_cuda::config cc{S, H, max_len_ + 1, extra_rows_, extra_rows_};
+      const std::size_t cb = kvscout::correction_selector_cuda::workspace_bytes(cc);
+      corr_selector_ = std::make_unique<kvscout::correction_selector_cuda>(
+          cc, kvscout::device_span<std::byte>(a_.device<std::byte>(cb), cb));
+      corr_zc_ = std::make_unique<kvscout::zero_copy_executor<L>>(kvscout::zero_copy_config{
+          .num_seqs = S, .num_kv_heads = H, .capacity = extra_rows_, .max_blocks = cfg_.gather_blocks});
+      const std::size_t ln = static_cast<std::size_t>(S) * H * (max_len_ + 1);
+      const auto make_added = [&]() {
+        const std::size_t slots = static_cast<std::size_t>(S) * H * extra_rows_;
+        const std::size_t kb = slots * host_layout_.k_row_bytes(), vb = slots * host_layout_.v_row_bytes();
+        return kvscout::cuda_stage_buffers{
+            {{a_.device<std::int32_t>(slots), slots},
+             {a_.device<std::int32_t>(static_cast<std::size_t>(S) * H), static_cast<std::size_t>(S) * H},
+             S, H, extra_rows_},
+            {{a_.device<std::byte>(kb), kb}, {a_.device<std::byte>(vb), vb}}};
+      };
+      const kvscout::cuda_stage_correction<typename stages_t::executor_type> corr{
+          corr_selector_.get(), corr_zc_.get(),
+          {{a_.device<float>(ln), ln}, S, H, max_len_ + 1}, {make_added(), make_added()}};
+      corr_stages_ = std::make_unique<stages_t>(sp, *selector_, *zc_, sources, sb, lengths, xin, slot_sets,
+                                                kvscout::cuda_stage_buffering::slots, nullptr, corr);
+    }
     cache_stages_ = std::make_unique<stages_t>(sp, *selector_, *zc_, sources, sb, lengths, xin, layer_sets,
                                                kvscout::cuda_stage_buffering::row_cache, d_hits_);
     // KIVI's rows are the fetched records, then the resident window (R + G at most).
@@ -913,7 +969,11 @@ class decode_stack {
          .max_rows = budget_rows_ + window + 1});
     dense_plan_ = kvscout::plan_decode_attention_device(
         {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D, .max_rows = max_len_ + 1});
-    const std::size_t wsb = std::max(sparse_plan_.workspace_bytes(), dense_plan_.workspace_bytes());
+    corr_plan_ = kvscout::plan_decode_attention_device(
+        {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
+         .max_rows = budget_rows_ + extra_rows_ + 1});
+    const std::size_t wsb = std::max({sparse_plan_.workspace_bytes(), dense_plan_.workspace_bytes(),
+                                      corr_plan_.workspace_bytes()});
     attn_ws_ = {a_.device<std::byte>(wsb), wsb};
   }
 
@@ -954,6 +1014,10 @@ class decode_stack {
     cache_pipe_ = std::make_unique<pipeline_t>(kvscout::cuda_pipeline_config{.num_layers = m_.layers, .skip_layers = 0},
                                                kvscout::cuda_pipeline_streams{compute_, side_, copy_},
                                                switch_stages{cache_stages_.get(), true});
+    if constexpr (!kivi)
+      corr_pipe_ = std::make_unique<pipeline_t>(
+          kvscout::cuda_pipeline_config{.num_layers = m_.layers, .skip_layers = 0},
+          kvscout::cuda_pipeline_streams{compute_, side_, copy_}, switch_stages{corr_stages_.get(), true});
   }
 
   // ---- pieces of a layer on the compute stream ----
@@ -994,6 +1058,16 @@ class decode_stack {
     } else {
       const kvscout::gathered_rows_device<half, D> rows(buf.selection.view(), buf.rows);
       kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), sparse_plan_,
+                                       attn_ws_, {compute_, d_status_});
+    }
+  }
+  // kvscout_corrected: the speculated rows and the rows the correction added, read in place.
+  void attend_joined(const kvscout::cuda_stage_buffers& buf, const kvscout::cuda_stage_buffers& add) {
+    if constexpr (!kivi) {
+      const kvscout::joined_rows_device rows(
+          kvscout::gathered_rows_device<half, D>(buf.selection.view(), buf.rows),
+          kvscout::gathered_rows_device<half, D>(add.selection.view(), add.rows));
+      kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), corr_plan_,
                                        attn_ws_, {compute_, d_status_});
     }
   }
@@ -1040,10 +1114,18 @@ class decode_stack {
     KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_k_ + l * kn, k_new_, kn * 2, cudaMemcpyDeviceToDevice, compute_));
     KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_v_ + l * kn, v_new_, kn * 2, cudaMemcpyDeviceToDevice, compute_));
     KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_o_ + l * qn, attn_, qn * 2, cudaMemcpyDeviceToDevice, compute_));
+    const std::size_t cn = static_cast<std::size_t>(S) * H;
     if (rec_sel_ != nullptr) {
-      const std::size_t sn = static_cast<std::size_t>(S) * H * budget_rows_, cn = static_cast<std::size_t>(S) * H;
+      const std::size_t sn = cn * budget_rows_;
       KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_idx_ + l * sn, rec_sel_->indices.data(), sn * 4, cudaMemcpyDeviceToDevice, compute_));
       KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_cnt_ + l * cn, rec_sel_->counts.data(), cn * 4, cudaMemcpyDeviceToDevice, compute_));
+    }
+    if (rec_add_ != nullptr) {
+      const std::size_t an = cn * extra_rows_;
+      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_add_idx_ + l * an, rec_add_->indices.data(), an * 4, cudaMemcpyDeviceToDevice, compute_));
+      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_add_cnt_ + l * cn, rec_add_->counts.data(), cn * 4, cudaMemcpyDeviceToDevice, compute_));
+    } else if (cfg_.record) {
+      KVSCOUT_CUDA_CHECK(cudaMemsetAsync(rec_add_cnt_ + l * cn, 0, cn * 4, compute_));
     }
   }
   void count_rows(const kvscout::selection_buffers<kvscout::device_space>& sel);
@@ -1051,8 +1133,9 @@ class decode_stack {
   // ---- the ways ----
   void step_kvscout(decode_way w, bool count) {
     const bool cache = w == decode_way::kvscout_cache;
-    pipeline_t& pipe = cache ? *cache_pipe_ : *pipe_;
-    stages_t& st = cache ? *cache_stages_ : *slot_stages_;
+    const bool corrected = w == decode_way::kvscout_corrected;
+    pipeline_t& pipe = cache ? *cache_pipe_ : (corrected ? *corr_pipe_ : *pipe_);
+    stages_t& st = cache ? *cache_stages_ : (corrected ? *corr_stages_ : *slot_stages_);
     pipe.stages().fetch_on = w != decode_way::compute_only;
     for (int i = 0; i < m_.layers; ++i) {
       norm_in(i, pipeline_t::slot(i + 1), i == 0);
@@ -1062,10 +1145,20 @@ class decode_stack {
       pipe.wait_rows(i);
       const kvscout::cuda_stage_buffers& buf = st.buffers(i, pipeline_t::slot(i));
       if (count) count_rows(buf.selection);
-      attend_sparse(i, buf);
+      if (corrected) {
+        // Layer i's query exists: the correction step, on the critical path.
+        st.correct(i, pipeline_t::slot(i), qspan(), {compute_, d_status_});
+        const kvscout::cuda_stage_buffers& add = st.added(i, pipeline_t::slot(i));
+        if (count) count_rows(add.selection);
+        attend_joined(buf, add);
+        rec_add_ = &add.selection;
+      } else {
+        attend_sparse(i, buf);
+      }
       rec_sel_ = &buf.selection;
       finish_layer(i, alias_k_[cache_of(i)], alias_v_[cache_of(i)], true);
       rec_sel_ = nullptr;
+      rec_add_ = nullptr;
     }
     st.next_step();
   }
@@ -1164,7 +1257,7 @@ class decode_stack {
   arena a_;  // first: freed last
   stack_config cfg_;
   model_shape m_;
-  int caches_ = 0, max_len_ = 0, budget_rows_ = 0;
+  int caches_ = 0, max_len_ = 0, budget_rows_ = 0, extra_rows_ = 0;
   cudaStream_t compute_{}, side_{}, copy_{};
   cublasHandle_t blas_{};
   cudaEvent_t ev_sel_host_[2]{}, ev_fetched_[2]{}, ev_free_[2]{}, ev_x_[2]{};
@@ -1191,17 +1284,20 @@ class decode_stack {
   std::unique_ptr<kvscout::zero_copy_executor<L>> zc_;
   std::unique_ptr<kvscout::staged_executor<L>> staged_;
   float* scores_ = nullptr;
-  std::unique_ptr<stages_t> slot_stages_, cache_stages_;
-  std::unique_ptr<pipeline_t> pipe_, cache_pipe_;
-  kvscout::decode_attention_plan sparse_plan_{}, dense_plan_{};
+  std::unique_ptr<kvscout::correction_selector_cuda> corr_selector_;  // kvscout_corrected
+  std::unique_ptr<kvscout::zero_copy_executor<L>> corr_zc_;
+  std::unique_ptr<stages_t> slot_stages_, cache_stages_, corr_stages_;
+  std::unique_ptr<pipeline_t> pipe_, cache_pipe_, corr_pipe_;
+  kvscout::decode_attention_plan sparse_plan_{}, dense_plan_{}, corr_plan_{};
   kvscout::device_span<std::byte> attn_ws_{};
   std::int32_t* host_idx_[2] = {nullptr, nullptr};
   std::int32_t* host_cnt_[2] = {nullptr, nullptr};
   // records
   float* rec_q_ = nullptr;
   half *rec_k_ = nullptr, *rec_v_ = nullptr, *rec_o_ = nullptr;
-  std::int32_t *rec_idx_ = nullptr, *rec_cnt_ = nullptr;
+  std::int32_t *rec_idx_ = nullptr, *rec_cnt_ = nullptr, *rec_add_idx_ = nullptr, *rec_add_cnt_ = nullptr;
   const kvscout::selection_buffers<kvscout::device_space>* rec_sel_ = nullptr;
+  const kvscout::selection_buffers<kvscout::device_space>* rec_add_ = nullptr;
   const cudaEvent_t* ft0_ = nullptr;  // fetch_seconds(): events around each layer's fetch
   const cudaEvent_t* ft1_ = nullptr;
 };

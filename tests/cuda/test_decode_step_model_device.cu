@@ -4,6 +4,8 @@
 // that layer's attention read, all recorded on the device during the step):
 //   kvscout, kvscout_row_cache, infinigen: decode_attention_host over the selected rows gathered
 //     from the host cache (so a fetch of the wrong layer, slot or rows, or a missing wait, fails);
+//   kvscout_corrected: the same over joined_rows of the speculated and the added rows, the added
+//     ones distinct, inside the sequence, none speculated, min(extra, unspeculated) of them;
 //   flexgen, resident: decode_attention_host over the whole host cache.
 // Also: the GEMM wrapper against an fp64 host product (both transposes), the selections (counts,
 // ascending indices inside the sequence, the 4 sinks and 16 recent tokens kept), the row cache's
@@ -50,7 +52,8 @@ struct host_gathered {
 };
 
 template <class L>
-double check_layer(const decode_step::decode_stack<L>& st, int l, bool sparse, const char* what) {
+double check_layer(const decode_step::decode_stack<L>& st, int l, bool sparse, const char* what,
+                   bool corrected = false) {
   constexpr int HD = L::head_dim;  // the layout's, not the file's D
   const auto& cfg = st.config();
   const int S = st.batch(), H = cfg.model.kv_heads, Hq = cfg.model.q_heads, cap = st.budget_rows();
@@ -104,11 +107,45 @@ double check_layer(const decode_step::decode_stack<L>& st, int l, bool sparse, c
       kvscout::decode_attention_host(
           kvscout::kivi_gathered_rows<L>(cache.layout, sel, {gk.data(), gk.size()}, {gv.data(), gv.size()}, hres),
           cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
-    } else {
+    } else if (!corrected) {
       kvscout::decode_attention_host(
           kvscout::gathered_rows<half, HD>(sel, {reinterpret_cast<const half*>(gk.data()), gk.size() / 2},
                                           {reinterpret_cast<const half*>(gv.data()), gv.size() / 2}),
           cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
+    } else {
+      // kvscout_corrected: the added rows (distinct, inside the sequence, none speculated, as many
+      // as the correction may add), gathered too, attended after the speculated ones.
+      const int xc = st.extra_rows();
+      std::vector<half> ak(static_cast<std::size_t>(S) * H * xc * HD), av(ak.size());
+      for (int s = 0; s < S; ++s)
+        for (int h = 0; h < H; ++h) {
+          const int row = s * H + h, len = st.fetchable(s);
+          GPU_CHECK(rec.add_cnt[row] == std::min(xc, len - rec.cnt[row]));
+          const std::int32_t* sp = rec.idx.data() + static_cast<std::size_t>(row) * cap;
+          std::vector<std::int32_t> seen;
+          for (int i = 0; i < rec.add_cnt[row]; ++i) {
+            const int t = rec.add_idx[static_cast<std::size_t>(row) * xc + i];
+            const bool ok = t >= 0 && t < len && !std::binary_search(sp, sp + rec.cnt[row], t) &&
+                            std::find(seen.begin(), seen.end(), t) == seen.end();
+            GPU_CHECK(ok);
+            if (!ok) continue;
+            seen.push_back(t);
+            const std::size_t slot = static_cast<std::size_t>(row) * xc + i;
+            std::copy_n(reinterpret_cast<const half*>(cache.k.data() + cache.layout.k_offset(s, t, h)), HD,
+                        ak.begin() + slot * HD);
+            std::copy_n(reinterpret_cast<const half*>(cache.v.data() + cache.layout.v_offset(s, t, h)), HD,
+                        av.begin() + slot * HD);
+          }
+        }
+      const kvscout::selection_view<kvscout::host_space> added{
+          {rec.add_idx.data(), rec.add_idx.size()}, {rec.add_cnt.data(), rec.add_cnt.size()}, S, H, xc};
+      const kvscout::gathered_rows<half, HD> spec_rows(
+          sel, {reinterpret_cast<const half*>(gk.data()), gk.size() / 2},
+          {reinterpret_cast<const half*>(gv.data()), gv.size() / 2});
+      const kvscout::gathered_rows<half, HD> add_rows(added, {ak.data(), ak.size()}, {av.data(), av.size()});
+      kvscout::decode_attention_host(kvscout::joined_rows<kvscout::gathered_rows<half, HD>,
+                                                          kvscout::gathered_rows<half, HD>>(spec_rows, add_rows),
+                                     cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
     }
   } else if constexpr (!kvscout::kivi_quantized_layout<L>) {
     kvscout::decode_attention_host(kvscout::layout_rows<L>(cache), cur, {rec.q.data(), rec.q.size()},
@@ -133,16 +170,22 @@ template <class L>
 void run_way(decode_way w, const char* layout_name) {
   decode_step::decode_stack<L> st(small_config());
   const std::string what = std::string(decode_step::way_name(w)) + "/" + layout_name;
-  const bool sparse = w == decode_way::kvscout || w == decode_way::kvscout_cache || w == decode_way::infinigen;
+  const bool corrected = w == decode_way::kvscout_corrected;
+  const bool sparse = w == decode_way::kvscout || w == decode_way::kvscout_cache ||
+                      w == decode_way::infinigen || corrected;
   st.reset_counters();
   st.step(w, true);
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   GPU_CHECK(st.device_status() == 0);
   double worst = 0;
-  for (int l = 0; l < st.layers(); ++l) worst = std::max(worst, check_layer(st, l, sparse, what.c_str()));
+  for (int l = 0; l < st.layers(); ++l)
+    worst = std::max(worst, check_layer(st, l, sparse, what.c_str(), corrected));
   if (sparse) {
-    long long want = 0;
-    for (int s = 0; s < st.batch(); ++s) want += std::min(st.fetchable(s), st.budget_rows());
+    long long want = 0;  // the speculated rows, and the added ones (counted too)
+    for (int s = 0; s < st.batch(); ++s) {
+      const int spec = std::min(st.fetchable(s), st.budget_rows());
+      want += spec + (corrected ? std::min(st.extra_rows(), st.fetchable(s) - spec) : 0);
+    }
     want *= static_cast<long long>(st.config().model.kv_heads) * st.layers();
     GPU_CHECK(st.rows_per_step() == want);
   }
@@ -156,13 +199,13 @@ void run_way(decode_way w, const char* layout_name) {
     GPU_CHECK(st.cache_hits() >= floor);
     for (int l = 0; l < st.layers(); ++l) worst = std::max(worst, check_layer(st, l, true, what.c_str()));
   }
-  if (w == decode_way::kvscout || w == decode_way::flexgen) {  // the step as a graph, replayed
+  if (w == decode_way::kvscout || w == decode_way::flexgen || corrected) {  // a graph, replayed
     cudaGraphExec_t g = st.capture(w);
     KVSCOUT_CUDA_CHECK(cudaGraphLaunch(g, st.compute_stream()));
     KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(st.compute_stream()));
     KVSCOUT_CUDA_CHECK(cudaGraphExecDestroy(g));
     for (int l = 0; l < st.layers(); ++l)
-      worst = std::max(worst, check_layer(st, l, sparse, (what + " (graph)").c_str()));
+      worst = std::max(worst, check_layer(st, l, sparse, (what + " (graph)").c_str(), corrected));
   }
   std::printf("  %s: worst |err| %.3g over %d layers\n", what.c_str(), worst, st.layers());
 }
@@ -255,6 +298,7 @@ void kivi_refuses_dense() {
   GPU_CHECK(s.layer_bytes() == std::size_t{172 + 42} * 2 * s.row_pair_bytes());
   GPU_CHECK(gpu_test::throws_with([&] { s.step(decode_way::flexgen); }, "way flexgen"));
   GPU_CHECK(gpu_test::throws_with([&] { s.step(decode_way::resident); }, "way resident"));
+  GPU_CHECK(gpu_test::throws_with([&] { s.step(decode_way::kvscout_corrected); }, "way kvscout_corrected"));
 }
 
 void bad_configs() {
@@ -283,6 +327,8 @@ int main() {
        {"kvscout_contiguous", [] { run_way<contiguous>(decode_way::kvscout, "contiguous"); }},
        {"kvscout_paged", [] { run_way<paged>(decode_way::kvscout, "paged16"); }},
        {"kvscout_row_cache", [] { run_way<contiguous>(decode_way::kvscout_cache, "contiguous"); }},
+       {"kvscout_corrected_contiguous", [] { run_way<contiguous>(decode_way::kvscout_corrected, "contiguous"); }},
+       {"kvscout_corrected_paged", [] { run_way<paged>(decode_way::kvscout_corrected, "paged16"); }},
        {"flexgen_contiguous", [] { run_way<contiguous>(decode_way::flexgen, "contiguous"); }},
        {"flexgen_paged", [] { run_way<paged>(decode_way::flexgen, "paged16"); }},
        {"infinigen_contiguous", [] { run_way<contiguous>(decode_way::infinigen, "contiguous"); }},

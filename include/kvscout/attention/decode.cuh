@@ -19,6 +19,8 @@
 //   kivi_gathered_rows_device<L>    the fetched KIVI records dequantised as read, then the
 //                                   resident residual window (mirrors kivi_gathered_rows)
 //   layout_rows_device<L>           every token of a device-resident cache (dense anchor)
+//   joined_rows_device<A, B>        A's rows, then B's (the correction step's speculated and added
+//                                   rows, read in place; the device twin of joined_rows)
 // Element types float / half / bfloat16; head_dim a multiple of 32 up to 256 (64 / 128 / 256),
 // static from the row source. q and out are [num_seqs, num_q_heads, head_dim], float by default
 // or any of the element types (an fp16 / bf16 engine passes its own query and output buffers).
@@ -38,6 +40,7 @@
 
 #include <cuda_runtime.h>
 
+#include <concepts>
 #include <cstddef>
 #include <type_traits>
 
@@ -81,6 +84,57 @@ concept device_attention_rows =
       r.template load_v<detail::decode_lane_elems<typename R::element_type, R::head_dim>>(
           s, h, i, c0, part);
     };
+
+/// Two device row sources of one element type, head_dim and shape read as one: (s, h) has a's
+/// rows, then b's (the device twin of joined_rows, attention/rows.hpp). The correction step's
+/// speculated rows and the rows it added (pipeline/cuda_stages.cuh), read where their fetches
+/// wrote them: nothing is copied into one set. Holds both sources by value; each row's load reads
+/// a's count once more (clamped as rows() clamps it; only rows() reports a bad one).
+///
+///   kvscout::joined_rows_device rows(kvscout::gathered_rows_device<half, 128>(sel, dst),
+///                                    kvscout::gathered_rows_device<half, 128>(added, added_dst));
+template <device_attention_rows A, device_attention_rows B>
+  requires std::same_as<typename A::element_type, typename B::element_type> &&
+           (A::head_dim == B::head_dim)
+class joined_rows_device {
+ public:
+  using element_type = typename A::element_type;
+  static constexpr int head_dim = A::head_dim;
+
+  joined_rows_device() = default;
+  joined_rows_device(const A& a, const B& b) : a_(a), b_(b) {
+    KVSCOUT_EXPECTS(a.num_seqs() == b.num_seqs() && a.num_kv_heads() == b.num_kv_heads(),
+                    "joined rows of shapes [num_seqs, num_kv_heads] = [", a.num_seqs(), ", ",
+                    a.num_kv_heads(), "] and [", b.num_seqs(), ", ", b.num_kv_heads(),
+                    "], expected one shape");
+  }
+
+  KVSCOUT_HOST_DEVICE int num_seqs() const { return a_.num_seqs(); }
+  KVSCOUT_HOST_DEVICE int num_kv_heads() const { return a_.num_kv_heads(); }
+
+  KVSCOUT_DEVICE int rows(int s, int h, int* status) const {
+    return a_.rows(s, h, status) + b_.rows(s, h, status);
+  }
+  template <int E>
+  KVSCOUT_DEVICE bool load_k(int s, int h, int i, int c0, float (&dst)[E], int* status) const {
+    const int n = a_.rows(s, h, nullptr);
+    return i < n ? a_.template load_k<E>(s, h, i, c0, dst, status)
+                 : b_.template load_k<E>(s, h, i - n, c0, dst, status);
+  }
+  template <int E>
+  KVSCOUT_DEVICE void load_v(int s, int h, int i, int c0, float (&dst)[E]) const {
+    const int n = a_.rows(s, h, nullptr);
+    if (i < n) {
+      a_.template load_v<E>(s, h, i, c0, dst);
+    } else {
+      b_.template load_v<E>(s, h, i - n, c0, dst);
+    }
+  }
+
+ private:
+  A a_{};
+  B b_{};
+};
 
 namespace detail {
 template <device_attention_rows Rows, kv_element T, class Q, class O, int G>

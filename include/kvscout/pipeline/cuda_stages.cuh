@@ -1,13 +1,18 @@
 #pragma once
-// Device parts as the two stages of cuda_decode_pipeline (pipeline/cuda_pipeline.hpp):
+// Device parts as the two stages of cuda_decode_pipeline (pipeline/cuda_pipeline.hpp), and an
+// optional third, the correction step, that the caller runs on the compute stream:
 //
 //   speculate(i, b, exec)    layer i's speculation policy (any device_speculation_policy,
 //                            spec/device_concepts.hpp: kvscout's infinigen_speculator_cuda or
 //                            streaming_policy_cuda, or the engine's own) scores every cached token
 //                            from the layer input in slot b (x_{i-1}), then the selector writes
 //                            slot b's selection       (spec/infinigen.cuh, select/*.cuh)
-//   fetch(i, b, exec)        the zero-copy executor moves the rows slot b names from layer i's
+//   fetch(i, b, exec)        the executor (zero_copy_executor by default, or any
+//                            device_step_executor) moves the rows slot b names from layer i's
 //                            host cache into slot b's row buffers               (fetch/zero_copy.cuh)
+//   correct(i, b, q, exec)   with a cuda_stage_correction, after wait_rows(i): score_query of layer
+//                            i's own query q, correction_selector_cuda against slot b's selection,
+//                            the fetch of the rows it adds into added(i, b)  (select/correction.cuh)
 //
 // Everything is caller-owned and set up once: a policy per speculated layer (InfiniGen's partial
 // key cache is part of its workspace; a stateless policy may serve every layer), one selector
@@ -29,6 +34,8 @@
 //   // layer i: write x_i into stages.x(pipe.slot(i + 1)), pipe.input_ready(i, d_status),
 //   //          pipe.wait_rows(i),
 //   //          attention over stages.buffers(i, pipe.slot(i)) ...
+//   //          (correction: stages.correct(i, pipe.slot(i), q_i, {compute, d_status}), then
+//   //           attention over joined_rows_device of buffers(i, slot) and added(i, slot))
 //
 // The sequence lengths and positions are device arrays the compute stream advances after a step's
 // appends; max_seq_len (host-known, e.g. max_tokens) sizes the scoring grid.
@@ -49,6 +56,7 @@
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/select/concepts.hpp"
+#include "kvscout/select/correction.cuh"
 #include "kvscout/spec/device_concepts.hpp"
 #include "kvscout/spec/infinigen.cuh"
 
@@ -86,14 +94,46 @@ struct cuda_stage_lengths {
 ///              a captured graph holds one parity, so capture two (even and odd steps).
 enum class cuda_stage_buffering { slots, row_cache };
 
-template <kv_layout L, class Policy, class Selector>
+/// The correction step's parts (optional; caller-owned, set up once): its selector and executor,
+/// both of capacity `sets[b].selection.capacity`, the late-score buffer, and by slot the added
+/// rows' selection and rows. The late scores have a buffer of their own: correct(i) runs on the
+/// compute stream while speculate(i + 1) writes the speculation's score buffer on the side stream.
+template <class Executor>
+struct cuda_stage_correction {
+  correction_selector_cuda* selector = nullptr;  // null: no correction step
+  Executor* fetch = nullptr;
+  device_score_buffer scores{};            // [num_seqs, num_kv_heads, stride] late scores
+  std::array<cuda_stage_buffers, 2> sets{};  // by slot: the added rows' selection and rows
+};
+
+/// An executor that can serve rows a previous submit left on the device (row_cache buffering):
+/// its submit also takes a row_cache_view (zero_copy_executor).
+template <class E>
+concept row_caching_executor =
+    requires(E& e, const typename E::source_type& src, const typename E::selection_type& sel,
+             const typename E::destination_type& dst, const row_cache_view& cache,
+             const typename E::exec_type& x) {
+      e.submit(src, sel, dst, cache, x);
+    };
+
+/// Executor: any device_step_executor reading a kv_view<L, device_space> into a
+/// gather_destination<device_space>; row_cache buffering needs a row_caching_executor.
+template <kv_layout L, class Policy, class Selector, class Executor = zero_copy_executor<L>>
   requires device_speculation_policy<Policy> && row_selector<Selector>
 class cuda_speculation_stages {
  public:
   using speculator_type = Policy;
-  using executor_type = zero_copy_executor<L>;
+  using executor_type = Executor;
   static_assert(device_step_executor<executor_type>,
-                "the pipeline's fetch must take a device selection and never block the host");
+                "cuda_speculation_stages: the executor must be a device_step_executor "
+                "(fetch/concepts.hpp): a prefetch_executor that takes a device selection and "
+                "never blocks the host (zero_copy_executor, or the engine's own)");
+  static_assert(std::same_as<typename Executor::source_type, kv_view<L, device_space>> &&
+                    std::same_as<typename Executor::destination_type,
+                                 gather_destination<device_space>> &&
+                    std::same_as<typename Executor::exec_type, cuda_exec>,
+                "cuda_speculation_stages: the executor must read kv_view<Layout, device_space>, "
+                "write gather_destination<device_space> and take a cuda_exec");
   static_assert(std::same_as<typename Selector::exec_type, cuda_exec>,
                 "the pipeline's selector must be a device selector (exec_type cuda_exec: "
                 "topk_selector_cuda, threshold_selector_cuda or the engine's own)");
@@ -139,6 +179,10 @@ class cuda_speculation_stages {
                          lengths.cached_rows.size() >= static_cast<std::size_t>(scores.num_seqs)),
                     "cached_rows holds ", lengths.cached_rows.size(), " entries, expected num_seqs = ",
                     scores.num_seqs);
+    KVSCOUT_EXPECTS(buffering != cuda_stage_buffering::row_cache ||
+                        row_caching_executor<executor_type>,
+                    "row_cache buffering needs an executor whose submit takes a row_cache_view "
+                    "(row_caching_executor: zero_copy_executor); this one has none, use slots");
     const std::size_t want = buffering == cuda_stage_buffering::slots ? 2 : 2 * speculators_.size();
     KVSCOUT_EXPECTS(sets_.size() == want, "got ", sets_.size(), " buffer sets, expected ", want,
                     buffering == cuda_stage_buffering::slots ? " (two slots)" : " (two per layer)");
@@ -147,6 +191,23 @@ class cuda_speculation_stages {
       reset_cache(cuda_exec{});
       KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     }
+  }
+
+  /// The same with the correction step (correct()): its parts, checked against the
+  /// speculation's. Needs a device_query_scoring_policy (a static_assert says so).
+  cuda_speculation_stages(std::vector<speculator_type*> speculators, Selector& selector,
+                          executor_type& fetch, std::vector<kv_view<L, device_space>> sources,
+                          const device_score_buffer& scores, const cuda_stage_lengths& lengths,
+                          const std::array<device_span<const float>, 2>& x,
+                          std::vector<cuda_stage_buffers> sets, cuda_stage_buffering buffering,
+                          unsigned long long* hits,
+                          const cuda_stage_correction<executor_type>& correction)
+      : cuda_speculation_stages(std::move(speculators), selector, fetch, std::move(sources), scores,
+                                lengths, x, std::move(sets), buffering, hits) {
+    correction_ = correction;
+    KVSCOUT_EXPECTS(correction_.selector != nullptr, "the correction step's selector is null "
+                    "(cuda_stage_correction::selector); build the stages without it instead");
+    check_correction();
   }
 
   /// row_cache: forget every cached row (a new batch of sequences), enqueued on exec.stream.
@@ -193,24 +254,107 @@ class cuda_speculation_stages {
     selector_->select(scores_.view(lengths_.seq_lens), cur.selection, exec);
   }
 
+  /// Whether the stages were built with the correction step's parts.
+  [[nodiscard]] bool has_correction() const noexcept { return correction_.selector != nullptr; }
+  /// The rows layer i's correction added at this step (pass the pipeline's slot(i)).
+  [[nodiscard]] const cuda_stage_buffers& added(int layer, int slot) const {
+    KVSCOUT_EXPECTS(has_correction(), "added(): the stages were built without correction parts "
+                    "(cuda_stage_correction)");
+    (void)set_index(layer, slot, parity_);  // range checks
+    return correction_.sets[check_slot(slot)];
+  }
+
+  /// The correction step of layer i, on exec.stream (the compute stream, after wait_rows(i)):
+  /// scores layer i's own query q [num_seqs, num_q_heads, head_dim] (floats, after RoPE) against
+  /// the policy's partial keys into the late-score buffer, selects the best rows slot b's
+  /// speculation missed (at most the correction's capacity per (sequence, kv head)) and fetches
+  /// them into slot b's added rows, on the critical path. Attend over joined_rows_device of
+  /// buffers(i, b) and added(i, b) (attention/decode.cuh). Refused at compile time for a policy
+  /// without score_query, at run time for stages built without correction parts.
+  void correct(int layer, int b, device_span<const float> q, const cuda_exec& exec) {
+    static_assert(device_query_scoring_policy<speculator_type>,
+                  "cuda_speculation_stages::correct: the correction step needs a policy with "
+                  "score_query(q, ctx, out, exec) (device_query_scoring_policy: "
+                  "infinigen_speculator_cuda); this policy scores from the layer input only");
+    KVSCOUT_EXPECTS(has_correction(), "correct(): the stages were built without correction parts "
+                    "(cuda_stage_correction: selector, fetch, scores, sets); got a null selector");
+    speculator_type* spec = speculator(layer);
+    const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
+    const cuda_stage_buffers& add = correction_.sets[check_slot(b)];
+    const device_spec_context ctx{{}, {}, lengths_.seq_lens, lengths_.max_seq_len,
+                                  lengths_.seq_ids};
+    spec->score_query(q, ctx, correction_.scores, exec);
+    correction_.selector->select(correction_.scores.scores, lengths_.seq_lens,
+                                 cur.selection.view(), add.selection, exec);
+    (void)correction_.fetch->submit(sources_[static_cast<std::size_t>(layer)],
+                                    add.selection.view(), add.rows, exec);
+  }
+
   /// Fetches the rows slot b names from layer i's source, on exec.stream; the executor reports
   /// into exec.status.
   void fetch(int layer, int b, const cuda_exec& exec) {
     (void)speculator(layer);  // range check
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
-    if (buffering_ == cuda_stage_buffering::row_cache) {
-      const cuda_stage_buffers& prev = sets_[set_index(layer, b, parity_ ^ 1)];
-      (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows,
-                           row_cache_view{prev.selection.view(), prev.rows, hits_,
-                                          lengths_.cached_rows},
-                           exec);
-    } else {
-      (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows,
-                           exec);
+    if constexpr (row_caching_executor<executor_type>) {
+      if (buffering_ == cuda_stage_buffering::row_cache) {
+        const cuda_stage_buffers& prev = sets_[set_index(layer, b, parity_ ^ 1)];
+        (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(),
+                             cur.rows,
+                             row_cache_view{prev.selection.view(), prev.rows, hits_,
+                                            lengths_.cached_rows},
+                             exec);
+        return;
+      }
     }
+    (void)fetch_->submit(sources_[static_cast<std::size_t>(layer)], cur.selection.view(), cur.rows,
+                         exec);
   }
 
  private:
+  // Host-known shapes of the correction's parts against each other and the speculation's.
+  void check_correction() const {
+    static_assert(device_query_scoring_policy<speculator_type>,
+                  "cuda_speculation_stages: correction parts given for a policy without "
+                  "score_query(q, ctx, out, exec) (device_query_scoring_policy: "
+                  "infinigen_speculator_cuda); the correction step scores layer i's own query");
+    const cuda_stage_correction<executor_type>& c = correction_;
+    KVSCOUT_EXPECTS(c.fetch != nullptr, "the correction step has a selector but no executor "
+                    "(cuda_stage_correction::fetch is null)");
+    const auto& cc = c.selector->configuration();
+    KVSCOUT_EXPECTS(c.scores.scores.data() != nullptr && c.scores.num_seqs == scores_.num_seqs &&
+                        c.scores.num_kv_heads == scores_.num_kv_heads &&
+                        c.scores.stride >= lengths_.max_seq_len,
+                    "the correction's late-score buffer [num_seqs, num_kv_heads, stride] = [",
+                    c.scores.num_seqs, ", ", c.scores.num_kv_heads, ", ", c.scores.stride,
+                    "] (data ", static_cast<const void*>(c.scores.scores.data()),
+                    "), expected [", scores_.num_seqs, ", ", scores_.num_kv_heads,
+                    ", >= max_seq_len = ", lengths_.max_seq_len, "], not null");
+    const float* late = c.scores.scores.data();
+    const float* spec = scores_.scores.data();
+    KVSCOUT_EXPECTS(late + c.scores.scores.size() <= spec || spec + scores_.scores.size() <= late,
+                    "the correction's late-score buffer overlaps the speculation's score buffer: "
+                    "speculate(i + 1) writes that one while correct(i) runs; give it its own");
+    KVSCOUT_EXPECTS(cc.num_seqs == scores_.num_seqs && cc.num_kv_heads == scores_.num_kv_heads &&
+                        cc.stride == c.scores.stride,
+                    "correction selector config [num_seqs, num_kv_heads, stride] = [", cc.num_seqs,
+                    ", ", cc.num_kv_heads, ", ", cc.stride, "], expected the late scores' [",
+                    c.scores.num_seqs, ", ", c.scores.num_kv_heads, ", ", c.scores.stride, "]");
+    for (int b = 0; b < 2; ++b) {
+      const auto& sel = c.sets[static_cast<std::size_t>(b)].selection;
+      KVSCOUT_EXPECTS(sel.capacity == cc.capacity, "correction set ", b, " has capacity ",
+                      sel.capacity, ", expected the correction selector's ", cc.capacity);
+      if constexpr (requires { c.fetch->configuration().capacity; }) {
+        KVSCOUT_EXPECTS(sel.capacity == c.fetch->configuration().capacity, "correction set ", b,
+                        " has capacity ", sel.capacity, ", expected the correction executor's ",
+                        c.fetch->configuration().capacity);
+      }
+      KVSCOUT_EXPECTS(sel.indices.data() != nullptr && sel.counts.data() != nullptr &&
+                          c.sets[static_cast<std::size_t>(b)].rows.k.data() != nullptr &&
+                          c.sets[static_cast<std::size_t>(b)].rows.v.data() != nullptr,
+                      "correction set ", b, " has a null selection or row buffer");
+    }
+  }
+
   speculator_type* speculator(int layer) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < num_layers(), "layer ", layer,
                     " is out of range [0, ", num_layers(), ")");
@@ -240,14 +384,16 @@ class cuda_speculation_stages {
   std::vector<cuda_stage_buffers> sets_;
   cuda_stage_buffering buffering_;
   unsigned long long* hits_;
+  cuda_stage_correction<executor_type> correction_{};
   int parity_ = 0;
 };
 
 /// kvscout's InfiniGen speculator as the policy of every speculated layer (partial keys of PkT,
 /// partial W_Q rows of WT).
-template <kv_layout L, class Selector, compute_element PkT = float, compute_element WT = float>
+template <kv_layout L, class Selector, compute_element PkT = float, compute_element WT = float,
+          class Executor = zero_copy_executor<L>>
 using infinigen_cuda_stages =
-    cuda_speculation_stages<L, infinigen_speculator_cuda<PkT, WT>, Selector>;
+    cuda_speculation_stages<L, infinigen_speculator_cuda<PkT, WT>, Selector, Executor>;
 
 /// A reference to stages, so the pipeline can drive stages the caller keeps (std::ref).
 template <class S>

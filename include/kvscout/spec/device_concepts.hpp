@@ -23,10 +23,15 @@
 //     (detail::raise_device_status, core/device_status.hpp).
 // Per-token state (InfiniGen's partial keys) is the policy's own business: the stages do not
 // append; the engine does, on the compute stream, as for its KV cache.
+//
+// device_query_scoring_policy: a policy that also scores the layer's own query, for the
+// correction step (p.score_query(q, ctx, out, exec); q [num_seqs, num_q_heads, head_dim] floats
+// on the device; ctx.x and ctx.positions unread): infinigen_speculator_cuda.
 
 #include <concepts>
 
 #include "kvscout/core/exec.hpp"
+#include "kvscout/core/span.hpp"
 #include "kvscout/spec/device_context.hpp"
 
 namespace kvscout {
@@ -36,6 +41,14 @@ concept device_speculation_policy =
     requires(P& p, const device_spec_context& ctx, const device_score_buffer& out,
              const cuda_exec& exec) {
       p.score(ctx, out, exec);
+    };
+
+template <class P>
+concept device_query_scoring_policy =
+    device_speculation_policy<P> &&
+    requires(P& p, device_span<const float> q, const device_spec_context& ctx,
+             const device_score_buffer& out, const cuda_exec& exec) {
+      p.score_query(q, ctx, out, exec);
     };
 
 }  // namespace kvscout

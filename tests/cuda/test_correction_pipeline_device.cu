@@ -1,0 +1,509 @@
+// The correction step as a stage of the CUDA pipeline (issue 32; pipeline/cuda_stages.cuh):
+// one decode step through cuda_decode_pipeline with InfiniGen speculation + top-k on the side
+// stream, the zero-copy fetch on the copy stream, and on the compute stream, after wait_rows(i),
+// correct(i): score_query of layer i's own query, correction_selector_cuda against the slot's
+// selection, the fetch of the added rows; then attention over joined_rows_device of both sets.
+// Checked layer by layer against the host:
+//   - the added rows equal correction_selector_host over the host's late scores
+//     (infinigen_policy::score_query) and the device's speculated selection, except for tokens
+//     whose host late scores tie within float rounding; none is a speculated row;
+//   - the attention output equals decode_attention_host over joined_rows of the speculated and
+//     added rows the host gathers from the cache;
+//   - the step captured in a CUDA graph gives the same bits; with the row cache, too;
+//   - stages without correction parts, or with bad ones, are refused by name;
+//   - the stages over an engine's own device executor (issue 33: a wrapper of the zero-copy one
+//     that counts its submits and has no row cache) give the same bits; row_cache buffering with
+//     it is refused by name.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <memory>
+#include <random>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "gpu_harness.cuh"
+#include "host_gather_reference.cuh"
+#include "kvscout/attention/decode.cuh"
+#include "kvscout/attention/decode.hpp"
+#include "kvscout/attention/rows.hpp"
+#include "kvscout/core/workspace.hpp"
+#include "kvscout/kv/contiguous.hpp"
+#include "kvscout/pipeline/cuda_pipeline.hpp"
+#include "kvscout/pipeline/cuda_stages.cuh"
+#include "kvscout/select/correction.cuh"
+#include "kvscout/select/correction.hpp"
+#include "kvscout/select/topk.cuh"
+#include "kvscout/spec/infinigen.hpp"
+
+namespace {
+
+using kvscout::half;
+constexpr int L = 3, skip = 1, S = 2, H = 2, g = 2, Hq = H * g, D = 64, dm = 64, r = 16;
+constexpr int max_tokens = 256, budget = 16, extra = 8;
+using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;
+const float scale = 0.125f;
+const kvscout::keep_set keep{2, 4};
+
+kvscout::skew_plan plane_plan(std::mt19937& rng) {
+  std::vector<int> all(D / 2);
+  for (int i = 0; i < D / 2; ++i) all[i] = i;
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(r / 2);
+  std::sort(all.begin(), all.end());
+  return kvscout::rope_planes_plan({D, 10000.f, kvscout::rope_style::interleaved}, std::move(all));
+}
+
+template <class T>
+kvscout::device_span<T> dspan(const gpu_test::device_vector<std::remove_const_t<T>>& v) {
+  return {v.data(), v.size()};
+}
+
+struct world {
+  std::mt19937 rng{4242};
+  std::vector<int32_t> lens = {200, 90};
+  gpu_test::pinned_vector<int32_t> meta_lens{S};
+  std::vector<std::unique_ptr<gpu_test::pinned_vector<half>>> k, v;  // per layer, mapped
+  std::vector<std::vector<float>> w_q;
+  std::vector<std::vector<kvscout::skew_plan>> plans;
+  std::vector<float> x, q;         // [L, S, dm], [L, S, Hq, D]
+  std::vector<half> k_cur, v_cur;  // [L, S, H, D]
+  layout host_layout, dev_layout;
+  std::size_t cache_bytes = static_cast<std::size_t>(S) * H * max_tokens * D * sizeof(half);
+
+  world() {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int s = 0; s < S; ++s) meta_lens[s] = lens[s];
+    host_layout = layout::padded(H, max_tokens, meta_lens.data(), S);
+    dev_layout = layout::padded(H, max_tokens, meta_lens.device_data(), S);
+    const std::size_t cache = static_cast<std::size_t>(S) * H * max_tokens * D;
+    for (int l = 0; l < L; ++l) {
+      k.push_back(std::make_unique<gpu_test::pinned_vector<half>>(cache));
+      v.push_back(std::make_unique<gpu_test::pinned_vector<half>>(cache));
+      for (std::size_t i = 0; i < cache; ++i) {
+        (*k.back())[i] = kvscout::from_float<half>(nd(rng) * (i % D < 8 ? 3.f : 1.f));
+        (*v.back())[i] = kvscout::from_float<half>(nd(rng));
+      }
+      w_q.emplace_back(static_cast<std::size_t>(Hq) * D * dm);
+      for (auto& e : w_q.back()) e = nd(rng) / std::sqrt(static_cast<float>(dm));
+      plans.emplace_back();
+      if (l >= skip)
+        for (int h = 0; h < H; ++h) plans.back().push_back(plane_plan(rng));
+    }
+    x.resize(static_cast<std::size_t>(L) * S * dm);
+    q.resize(static_cast<std::size_t>(L) * S * Hq * D);
+    for (auto& e : x) e = nd(rng);
+    for (auto& e : q) e = nd(rng) * 2.f;
+    k_cur.resize(static_cast<std::size_t>(L) * S * H * D);
+    v_cur.resize(k_cur.size());
+    for (auto& e : k_cur) e = kvscout::from_float<half>(nd(rng));
+    for (auto& e : v_cur) e = kvscout::from_float<half>(nd(rng));
+  }
+
+  std::vector<float> key_row(int l, int s, int t) const {
+    std::vector<float> out(static_cast<std::size_t>(H) * D);
+    for (int h = 0; h < H; ++h) {
+      const half* row = k[l]->data() + host_layout.k_offset(s, t, h) / sizeof(half);
+      for (int c = 0; c < D; ++c) out[static_cast<std::size_t>(h) * D + c] = kvscout::to_float(row[c]);
+    }
+    return out;
+  }
+};
+
+// The host's late scores of layer l: infinigen_policy::score_query on layer l's query.
+std::vector<float> host_late_scores(const world& w, int l) {
+  std::vector<kvscout::host_span<const float>> wq, bq(L);
+  for (int i = 0; i < L; ++i) wq.push_back({w.w_q[i].data(), w.w_q[i].size()});
+  kvscout::infinigen_policy<float> policy({L, S, H, Hq, D, dm, max_tokens, scale,
+                                           kvscout::gqa_aggregation::max_logit},
+                                          w.plans, wq, bq);
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < w.lens[s]; ++t) {
+      const auto kr = w.key_row(l, s, t);
+      policy.append(l, s, t, kr.data(), kr.data());
+    }
+  std::vector<float> out(static_cast<std::size_t>(S) * H * max_tokens, 0.f);
+  policy.score_query(l, {.x = {}, .q = {&w.q[static_cast<std::size_t>(l) * S * Hq * D],
+                                        static_cast<std::size_t>(S) * Hq * D},
+                         .positions = {w.lens.data(), w.lens.size()},
+                         .seq_lens = {w.lens.data(), w.lens.size()}},
+                     {{out.data(), out.size()}, S, H, max_tokens});
+  return out;
+}
+
+struct speculators {
+  using spec_t = kvscout::infinigen_speculator_cuda<float>;
+  std::vector<std::unique_ptr<gpu_test::device_vector<std::byte>>> ws;
+  std::vector<std::unique_ptr<spec_t>> owned;
+  std::vector<spec_t*> per_layer = std::vector<spec_t*>(L, nullptr);
+
+  speculators(world& w, const kvscout::infinigen_cuda_config& cfg, cudaStream_t stream) {
+    for (int l = skip; l < L; ++l) {
+      ws.push_back(std::make_unique<gpu_test::device_vector<std::byte>>(spec_t::workspace_bytes(cfg)));
+      owned.push_back(std::make_unique<spec_t>(
+          cfg, w.plans[l], kvscout::host_span<const float>(w.w_q[l].data(), w.w_q[l].size()),
+          kvscout::host_span<const float>{},
+          kvscout::device_span<std::byte>(ws.back()->data(), ws.back()->size())));
+      per_layer[l] = owned.back().get();
+      std::vector<float> keys;
+      std::vector<int32_t> sid, tid;
+      for (int s = 0; s < S; ++s)
+        for (int t = 0; t < w.lens[s]; ++t) {
+          const auto kr = w.key_row(l, s, t);
+          keys.insert(keys.end(), kr.begin(), kr.end());
+          sid.push_back(s);
+          tid.push_back(t);
+        }
+      gpu_test::device_vector<float> dk(keys);
+      gpu_test::device_vector<int32_t> ds(sid), dt(tid);
+      owned.back()->append(dspan<const float>(dk), dspan<const int32_t>(ds), dspan<const int32_t>(dt),
+                           static_cast<int>(sid.size()), {stream});
+      KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+  }
+};
+
+// An engine's own device executor: the zero-copy gather behind a wrapper that counts its submits
+// and has no row cache (submit without a row_cache_view only).
+class counting_executor {
+ public:
+  using inner_type = kvscout::zero_copy_executor<layout>;
+  using layout_type = layout;
+  using config_type = inner_type::config_type;
+  using source_type = inner_type::source_type;
+  using selection_type = inner_type::selection_type;
+  using destination_type = inner_type::destination_type;
+  using completion_type = inner_type::completion_type;
+  using exec_type = inner_type::exec_type;
+  static constexpr std::size_t workspace_alignment = inner_type::workspace_alignment;
+  static std::size_t workspace_bytes(const config_type& c) { return inner_type::workspace_bytes(c); }
+  explicit counting_executor(const config_type& c, kvscout::device_span<std::byte> ws = {}) : inner_(c, ws) {}
+  completion_type submit(const source_type& src, const selection_type& sel, const destination_type& dst,
+                         const exec_type& x) {
+    ++submits;
+    return inner_.submit(src, sel, dst, x);
+  }
+  int submits = 0;
+
+ private:
+  inner_type inner_;
+};
+static_assert(kvscout::device_step_executor<counting_executor>);
+static_assert(!kvscout::row_caching_executor<counting_executor>);
+static_assert(kvscout::row_caching_executor<kvscout::zero_copy_executor<layout>>);
+
+using stages_t = kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda>;
+using correction_t = kvscout::cuda_stage_correction<stages_t::executor_type>;
+using counting_stages_t =
+    kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda, float, float, counting_executor>;
+
+// Device buffers for selections and rows of one capacity.
+struct buffer_store {
+  std::vector<std::unique_ptr<gpu_test::device_vector<int32_t>>> ints;
+  std::vector<std::unique_ptr<gpu_test::device_vector<half>>> rows;
+  kvscout::cuda_stage_buffers make(int capacity) {
+    const std::size_t n = static_cast<std::size_t>(S) * H * capacity;
+    ints.push_back(std::make_unique<gpu_test::device_vector<int32_t>>(n));
+    auto& idx = *ints.back();
+    ints.push_back(std::make_unique<gpu_test::device_vector<int32_t>>(S * H));
+    auto& cnt = *ints.back();
+    rows.push_back(std::make_unique<gpu_test::device_vector<half>>(n * D));
+    auto& rk = *rows.back();
+    rows.push_back(std::make_unique<gpu_test::device_vector<half>>(n * D));
+    auto& rv = *rows.back();
+    return {{{idx.data(), n}, {cnt.data(), static_cast<std::size_t>(S * H)}, S, H, capacity},
+            {{reinterpret_cast<std::byte*>(rk.data()), rk.bytes()},
+             {reinterpret_cast<std::byte*>(rv.data()), rv.bytes()}}};
+  }
+};
+
+void corrected_step_matches_host() {
+  world w;
+  cudaStream_t compute{}, side{}, copy{};
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&compute));
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&side));
+  KVSCOUT_CUDA_CHECK(cudaStreamCreate(&copy));
+  const kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, kvscout::rope_mode::rope_planes,
+                                          scale, kvscout::gqa_aggregation::max_logit};
+  const speculators specs(w, dc, compute);
+
+  const kvscout::topk_selector_cuda::config sc{S, H, max_tokens, budget, budget, keep};
+  gpu_test::device_vector<std::byte> sel_ws(std::max<std::size_t>(1, kvscout::topk_selector_cuda::workspace_bytes(sc)));
+  kvscout::topk_selector_cuda selector(sc, {sel_ws.data(), kvscout::topk_selector_cuda::workspace_bytes(sc)});
+  const kvscout::correction_selector_cuda::config cc{S, H, max_tokens, extra, extra};
+  const std::size_t cwb = kvscout::correction_selector_cuda::workspace_bytes(cc);
+  gpu_test::device_vector<std::byte> corr_ws(std::max<std::size_t>(1, cwb));
+  kvscout::correction_selector_cuda corr(cc, {corr_ws.data(), cwb});
+  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
+  kvscout::zero_copy_executor<layout> corr_fetch({.num_seqs = S, .num_kv_heads = H, .capacity = extra});
+  gpu_test::device_vector<int> status(std::vector<int>{0});
+  std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
+  for (int l = 0; l < L; ++l)
+    sources.push_back({w.dev_layout,
+                       {reinterpret_cast<const std::byte*>(w.k[l]->device_data()), w.cache_bytes},
+                       {reinterpret_cast<const std::byte*>(w.v[l]->device_data()), w.cache_bytes}});
+  gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens), late(scores.size());
+  gpu_test::device_vector<int32_t> positions(w.lens), dev_lens(w.lens);
+  gpu_test::device_vector<float> x_slot0(static_cast<std::size_t>(S) * dm), x_slot1(x_slot0.size());
+  buffer_store store;
+  std::vector<kvscout::cuda_stage_buffers> slot_sets, layer_sets;
+  for (int i = 0; i < 2; ++i) slot_sets.push_back(store.make(budget));
+  for (int i = 0; i < 2 * L; ++i) layer_sets.push_back(store.make(budget));
+  const correction_t correction{&corr, &corr_fetch, {{late.data(), late.size()}, S, H, max_tokens},
+                                {store.make(extra), store.make(extra)}};
+  gpu_test::device_vector<unsigned long long> hits(std::vector<unsigned long long>{0});
+  const kvscout::device_score_buffer score_buf{{scores.data(), scores.size()}, S, H, max_tokens};
+  const kvscout::cuda_stage_lengths lengths{dspan<const int32_t>(positions), dspan<const int32_t>(dev_lens), max_tokens};
+  const std::array<kvscout::device_span<const float>, 2> x_in{dspan<const float>(x_slot0), dspan<const float>(x_slot1)};
+  stages_t stages(specs.per_layer, selector, fetch, sources, score_buf, lengths, x_in, slot_sets,
+                  kvscout::cuda_stage_buffering::slots, nullptr, correction);
+  stages_t cache_stages(specs.per_layer, selector, fetch, sources, score_buf, lengths, x_in, layer_sets,
+                        kvscout::cuda_stage_buffering::row_cache, hits.data(), correction);
+  GPU_CHECK(stages.has_correction() && cache_stages.has_correction());
+  kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                     kvscout::cuda_stages_ref<stages_t>{&stages});
+  kvscout::cuda_decode_pipeline cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                           kvscout::cuda_stages_ref<stages_t>{&cache_stages});
+
+  gpu_test::device_vector<float> x_all(w.x), q_all(w.q);
+  gpu_test::device_vector<half> kc_all(w.k_cur), vc_all(w.v_cur);
+  gpu_test::device_vector<float> out_all(static_cast<std::size_t>(L) * S * Hq * D);
+  const std::size_t spec_n = static_cast<std::size_t>(S) * H * budget, add_n = static_cast<std::size_t>(S) * H * extra;
+  gpu_test::device_vector<int32_t> rec_idx(L * spec_n), rec_cnt(L * S * H), rec_add(L * add_n), rec_add_cnt(L * S * H);
+  float* x_slots[2] = {x_slot0.data(), x_slot1.data()};
+  const std::size_t qn = static_cast<std::size_t>(S) * Hq * D, cn = static_cast<std::size_t>(S) * H * D;
+
+  auto enqueue_step = [&](auto& p, auto& st) {
+    for (int i = 0; i < L; ++i) {
+      KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(x_slots[p.slot(i + 1)], x_all.data() + static_cast<std::size_t>(i) * S * dm,
+                                         sizeof(float) * S * dm, cudaMemcpyDeviceToDevice, compute));
+      p.input_ready(i, status.data());
+      p.wait_rows(i);
+      if (i < skip) continue;
+      const kvscout::device_span<const float> q{q_all.data() + i * qn, qn};
+      st.correct(i, p.slot(i), q, {compute, status.data()});
+      const kvscout::cuda_stage_buffers& spec = st.buffers(i, p.slot(i));
+      const kvscout::cuda_stage_buffers& add = st.added(i, p.slot(i));
+      const kvscout::joined_rows_device rows(
+          kvscout::gathered_rows_device<half, D>(spec.selection.view(), spec.rows),
+          kvscout::gathered_rows_device<half, D>(add.selection.view(), add.rows));
+      kvscout::decode_attention_device(
+          rows, kvscout::device_current_token<half>{{kc_all.data() + i * cn, cn}, {vc_all.data() + i * cn, cn}},
+          q, kvscout::device_span<float>{out_all.data() + i * qn, qn}, {Hq, scale}, {compute, status.data()});
+      const auto copy_rec = [&](int32_t* dst, const int32_t* src, std::size_t n) {
+        KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyDeviceToDevice, compute));
+      };
+      copy_rec(rec_idx.data() + i * spec_n, spec.selection.indices.data(), spec_n);
+      copy_rec(rec_cnt.data() + i * S * H, spec.selection.counts.data(), S * H);
+      copy_rec(rec_add.data() + i * add_n, add.selection.indices.data(), add_n);
+      copy_rec(rec_add_cnt.data() + i * S * H, add.selection.counts.data(), S * H);
+    }
+    st.next_step();
+  };
+
+  enqueue_step(pipe, stages);
+  KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+  GPU_CHECK(status.download()[0] == 0);
+  const std::vector<int32_t> d_idx = rec_idx.download(), d_cnt = rec_cnt.download();
+  const std::vector<int32_t> d_add = rec_add.download(), d_add_cnt = rec_add_cnt.download();
+  const std::vector<float> d_out = out_all.download();
+
+  int add_mismatches = 0, tie_differences = 0, overlaps = 0, attention_failures = 0;
+  long long added_rows = 0;
+  double worst = 0;
+  for (int l = skip; l < L; ++l) {
+    // ---- the added rows against the host's correction over the device's speculated rows ------
+    const std::vector<float> late_h = host_late_scores(w, l);
+    std::vector<int32_t> sp_i(d_idx.begin() + l * spec_n, d_idx.begin() + (l + 1) * spec_n);
+    std::vector<int32_t> sp_c(d_cnt.begin() + l * S * H, d_cnt.begin() + (l + 1) * S * H);
+    const kvscout::selection_view<kvscout::host_space> spec_v{{sp_i.data(), sp_i.size()}, {sp_c.data(), sp_c.size()}, S, H, budget};
+    const auto hws = kvscout::make_workspace<kvscout::correction_selector_host>(cc);
+    kvscout::correction_selector_host host_corr(cc, hws.span());
+    std::vector<int32_t> h_add(add_n, -1), h_add_cnt(S * H, -1);
+    host_corr.select({{late_h.data(), late_h.size()}, {w.lens.data(), w.lens.size()}, S, H, max_tokens}, spec_v,
+                     {{h_add.data(), h_add.size()}, {h_add_cnt.data(), h_add_cnt.size()}, S, H, extra});
+    const int32_t* da = d_add.data() + l * add_n;
+    const int32_t* dac = d_add_cnt.data() + l * S * H;
+    for (int row = 0; row < S * H; ++row) {
+      added_rows += dac[row];
+      if (dac[row] != h_add_cnt[row]) {
+        ++add_mismatches;
+        std::fprintf(stderr, "layer %d row %d: device adds %d rows, host %d\n", l, row, dac[row], h_add_cnt[row]);
+        continue;
+      }
+      const int32_t* a = da + static_cast<std::size_t>(row) * extra;
+      const int32_t* b = h_add.data() + static_cast<std::size_t>(row) * extra;
+      std::vector<int32_t> as(a, a + dac[row]), bs(b, b + dac[row]), diff;
+      std::sort(as.begin(), as.end());
+      std::set_symmetric_difference(as.begin(), as.end(), bs.begin(), bs.end(), std::back_inserter(diff));
+      const int32_t* sp = sp_i.data() + static_cast<std::size_t>(row) * budget;
+      for (int32_t t : as) overlaps += std::binary_search(sp, sp + sp_c[row], t) ? 1 : 0;
+      if (diff.empty()) continue;
+      const float* rs = late_h.data() + static_cast<std::size_t>(row) * max_tokens;
+      float lo = INFINITY, hi = -INFINITY;
+      for (int32_t t : diff) lo = std::min(lo, rs[t]), hi = std::max(hi, rs[t]);
+      if (hi - lo <= 1e-4f * (1.f + std::abs(hi))) {
+        ++tie_differences;
+      } else {
+        ++add_mismatches;
+        std::fprintf(stderr, "layer %d row %d: %zu added rows differ, late scores %g .. %g\n", l, row,
+                     diff.size(), lo, hi);
+      }
+    }
+    // ---- attention: the host over the speculated and added rows it gathers from the cache ----
+    std::vector<int32_t> ad_i(da, da + add_n), ad_c(dac, dac + S * H);
+    const kvscout::selection_view<kvscout::host_space> add_v{{ad_i.data(), ad_i.size()}, {ad_c.data(), ad_c.size()}, S, H, extra};
+    const auto gs = gpu_test::host_gather_rows(w.host_layout, w.k[l]->data(), w.v[l]->data(), w.cache_bytes, spec_v);
+    const auto ga = gpu_test::host_gather_rows(w.host_layout, w.k[l]->data(), w.v[l]->data(), w.cache_bytes, add_v);
+    const kvscout::gathered_rows<half, D> rs(spec_v, {gs.k.data(), gs.k.size()}, {gs.v.data(), gs.v.size()});
+    const kvscout::gathered_rows<half, D> ra(add_v, {ga.k.data(), ga.k.size()}, {ga.v.data(), ga.v.size()});
+    const kvscout::joined_rows<decltype(rs), decltype(ra)> both(rs, ra);
+    std::vector<float> ref(qn);
+    kvscout::decode_attention_host(both, kvscout::current_token<half>{{&w.k_cur[l * cn], cn}, {&w.v_cur[l * cn], cn}},
+                                   {&w.q[l * qn], qn}, {ref.data(), ref.size()}, {Hq, scale});
+    for (std::size_t e = 0; e < qn; ++e) {
+      const double err = std::abs(static_cast<double>(d_out[l * qn + e]) - ref[e]);
+      worst = std::max(worst, err);
+      if (!(err <= 2e-5 + 2e-4 * std::abs(ref[e]))) ++attention_failures;
+    }
+  }
+  std::printf("corrected step: %lld rows added, %d added-row mismatches, %d rows differing only on "
+              "tied late scores, %d added rows already speculated, %d attention elements out of "
+              "tolerance (worst %.3g)\n",
+              added_rows, add_mismatches, tie_differences, overlaps, attention_failures, worst);
+  GPU_CHECK(added_rows >= static_cast<long long>(L - skip) * S * H);  // the step adds rows
+  GPU_CHECK(add_mismatches == 0);
+  GPU_CHECK(overlaps == 0);
+  GPU_CHECK(attention_failures == 0);
+
+  // ---- the step captured in a graph, and through the row cache: the same bits --------------
+  const auto same_records = [&]() {
+    int n = 0;
+    for (int l = skip; l < L; ++l) {
+      const std::vector<float> o = out_all.download();
+      const std::vector<int32_t> a = rec_add.download();
+      n += std::memcmp(&o[l * qn], &d_out[l * qn], sizeof(float) * qn) != 0;
+      n += std::memcmp(&a[l * add_n], &d_add[l * add_n], sizeof(int32_t) * add_n) != 0;
+    }
+    return n;
+  };
+  out_all.poison();
+  rec_add.poison();
+  cudaGraph_t graph{};
+  KVSCOUT_CUDA_CHECK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
+  enqueue_step(pipe, stages);
+  KVSCOUT_CUDA_CHECK(cudaStreamEndCapture(compute, &graph));
+  cudaGraphExec_t exec{};
+  KVSCOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  KVSCOUT_CUDA_CHECK(cudaGraphLaunch(exec, compute));
+  KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+  const int graph_diffs = same_records();
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaGraphExecDestroy(exec));
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaGraphDestroy(graph));
+  int cache_diffs = 0;
+  for (int step = 0; step < 2; ++step) {
+    out_all.poison();
+    rec_add.poison();
+    enqueue_step(cache_pipe, cache_stages);
+    KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+    cache_diffs += same_records();
+  }
+  std::printf("graph replay: %d layer records differ; row cache (2 steps): %d; %llu rows served "
+              "from the device\n", graph_diffs, cache_diffs, hits.download()[0]);
+  GPU_CHECK(graph_diffs == 0);
+  GPU_CHECK(cache_diffs == 0);
+  GPU_CHECK(status.download()[0] == 0);
+
+  // ---- any device_step_executor (issue 33): an engine's own gives the same bits -----------
+  {
+    const kvscout::zero_copy_config own_cfg{.num_seqs = S, .num_kv_heads = H, .capacity = budget};
+    static_assert(counting_executor::workspace_alignment == 1);
+    counting_executor own_fetch(own_cfg, {nullptr, counting_executor::workspace_bytes(own_cfg)});  // 0
+    counting_executor own_corr_fetch({.num_seqs = S, .num_kv_heads = H, .capacity = extra});
+    const kvscout::cuda_stage_correction<counting_executor> own_corr{
+        &corr, &own_corr_fetch, correction.scores, correction.sets};
+    counting_stages_t own(specs.per_layer, selector, own_fetch, sources, score_buf, lengths, x_in,
+                          slot_sets, kvscout::cuda_stage_buffering::slots, nullptr, own_corr);
+    kvscout::cuda_decode_pipeline own_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                           kvscout::cuda_stages_ref<counting_stages_t>{&own});
+    out_all.poison();
+    rec_add.poison();
+    for (auto& buf : store.rows) buf->poison();  // every fetched row must come from this run
+    enqueue_step(own_pipe, own);
+    KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(compute));
+    const int own_diffs = same_records();
+    std::printf("own executor: %d layer records differ; %d + %d submits\n", own_diffs,
+                own_fetch.submits, own_corr_fetch.submits);
+    GPU_CHECK(own_diffs == 0);
+    GPU_CHECK(own_fetch.submits == L - skip && own_corr_fetch.submits == L - skip);
+    GPU_CHECK(status.download()[0] == 0);
+    GPU_CHECK(gpu_test::throws_with(
+        [&] {
+          counting_stages_t c(specs.per_layer, selector, own_fetch, sources, score_buf, lengths, x_in,
+                              layer_sets, kvscout::cuda_stage_buffering::row_cache, hits.data());
+        },
+        "row_cache buffering needs an executor whose submit takes a row_cache_view"));
+  }
+
+  // ---- refusals, by name ------------------------------------------------------------------
+  stages_t plain(specs.per_layer, selector, fetch, sources, score_buf, lengths, x_in, slot_sets);
+  GPU_CHECK(!plain.has_correction());
+  const kvscout::device_span<const float> q1{q_all.data() + qn, qn};
+  GPU_CHECK(gpu_test::throws_with([&] { plain.correct(1, 1, q1, {compute, status.data()}); },
+                                  "built without correction parts"));
+  GPU_CHECK(gpu_test::throws_with([&] { (void)plain.added(1, 1); }, "built without correction parts"));
+  GPU_CHECK(gpu_test::throws_with([&] { stages.correct(0, 0, q1, {compute, status.data()}); },
+                                  "layer 0 has no speculation policy"));
+  GPU_CHECK(gpu_test::throws_with([&] { stages.correct(1, 2, q1, {compute, status.data()}); },
+                                  "slot 2 is not 0 or 1"));
+  const auto build = [&](correction_t c) {
+    stages_t s(specs.per_layer, selector, fetch, sources, score_buf, lengths, x_in, slot_sets,
+               kvscout::cuda_stage_buffering::slots, nullptr, c);
+  };
+  correction_t shared = correction;
+  shared.scores = score_buf;
+  GPU_CHECK(gpu_test::throws_with([&] { build(shared); }, "overlaps the speculation's score buffer"));
+  shared.scores = correction.scores;
+  shared.scores.scores = {scores.data() + S * H * max_tokens - 1, late.size()};  // one float shared
+  GPU_CHECK(gpu_test::throws_with([&] { build(shared); }, "overlaps the speculation's score buffer"));
+  correction_t no_selector = correction;
+  no_selector.selector = nullptr;
+  GPU_CHECK(gpu_test::throws_with([&] { build(no_selector); }, "selector is null"));
+  correction_t no_fetch = correction;
+  no_fetch.fetch = nullptr;
+  GPU_CHECK(gpu_test::throws_with([&] { build(no_fetch); }, "cuda_stage_correction::fetch is null"));
+  correction_t wrong_cap = correction;
+  wrong_cap.sets[1] = slot_sets[1];  // capacity budget, not extra
+  GPU_CHECK(gpu_test::throws_with([&] { build(wrong_cap); }, "correction set 1 has capacity 16"));
+  correction_t short_stride = correction;
+  short_stride.scores.stride = max_tokens - 1;
+  GPU_CHECK(gpu_test::throws_with([&] { build(short_stride); }, "late-score buffer"));
+  // A query of the wrong size: score_query names it.
+  GPU_CHECK(gpu_test::throws_with(
+      [&] { stages.correct(1, 1, {q_all.data(), qn - 1}, {compute, status.data()}); }, "q holds 511 floats"));
+  // Joined rows of two shapes.
+  const kvscout::selection_view<kvscout::device_space> other{
+      correction.sets[0].selection.indices, correction.sets[0].selection.counts, 1, H, extra};
+  GPU_CHECK(gpu_test::throws_with(
+      [&] {
+        (void)kvscout::joined_rows_device(
+            kvscout::gathered_rows_device<half, D>(slot_sets[0].selection.view(), slot_sets[0].rows),
+            kvscout::gathered_rows_device<half, D>(other, correction.sets[0].rows));
+      },
+      "joined rows of shapes"));
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(compute));
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(side));
+  KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(copy));
+}
+
+}  // namespace
+
+int main() {
+  return gpu_test::run_all("correction_pipeline_device",
+                           {{"corrected_step_matches_host", corrected_step_matches_host}});
+}
