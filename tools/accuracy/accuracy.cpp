@@ -535,7 +535,7 @@ std::vector<retrieval_config> retrieval_configs(const std::vector<double>& budge
     if (has("oracle_layers") || has("kvscout_layers") || has("kvscout_layers_corrected")) {
       infinigen_knobs o, c = def;
       o.layer_shares = c.layer_shares = shares_at(b);
-      o.layer_rule = c.layer_rule = "coverage";
+      o.layer_rule = c.layer_rule = "coverage_floor0.5";
       if (has("oracle_layers")) out.push_back({"oracle_layers", eval_policy::oracle, b, o, false});
       if (has("kvscout_layers")) out.push_back({"kvscout_layers", eval_policy::infinigen, b, c, false});
       c.correct_share = correct_share;
@@ -930,8 +930,9 @@ int main(int argc, char** argv) try {
     KVSCOUT_EXPECTS(share > 0 && share < 1, "--correct-share ", share, ": expected a fraction in (0, 1)");
     // --layer-curve outside_keep: curves of the rows outside the keep-set (default: all rows).
     const bool outside = arg(argc, argv, "--layer-curve", "all") == "outside_keep";
-    // --layer-floor F: every layer keeps at least F of its even share (layer_budget_shares' min_share).
-    const double floor_share = std::strtod(arg(argc, argv, "--layer-floor", "0").c_str(), nullptr);
+    // --layer-floor F: every layer keeps at least F of its even share (layer_budget_shares'
+    // min_share; 0.5 by default, the better of 0 and 0.5 at 5 and 10 % on GPL-3).
+    const double floor_share = std::strtod(arg(argc, argv, "--layer-floor", "0.5").c_str(), nullptr);
     char fl[32] = "";
     if (floor_share > 0) std::snprintf(fl, sizeof fl, "_floor%g", floor_share);
     const std::string layer_name = layer_rule + (outside ? "_outside" : "") + fl;
@@ -1006,12 +1007,12 @@ int main(int argc, char** argv) try {
     const double correct_share = std::strtod(arg(argc, argv, "--correct-share", "0.5").c_str(), nullptr);
     KVSCOUT_EXPECTS(correct_share > 0 && correct_share < 1, "--correct-share ", correct_share,
                     ": expected a fraction in (0, 1)");
-    // The *_layers configurations: the model's layer shares (coverage rule) from the long text's
-    // unscored half, measured once, on first use.
+    // The *_layers configurations: the model's layer shares (coverage rule, floor 0.5) from the
+    // long text's unscored half, measured once, on first use.
     std::vector<std::vector<double>> model_curves;
     const std::function<std::vector<double>(double)> shares_at = [&](double b) {
       if (model_curves.empty()) model_curves = hz.mass_curves(lt, 400);
-      return layer_shares(model_curves, skip, b, "coverage");
+      return layer_shares(model_curves, skip, b, "coverage", 0.5);
     };
     const auto stage_csv = [&](const char* name) {
       std::ofstream f(out_dir + "/" + name, std::ios::out | (append ? std::ios::app : std::ios::trunc));
