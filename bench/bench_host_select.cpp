@@ -31,6 +31,12 @@
 //                          selection compares every score at least once, so this is about
 //                          the least it can cost on the core; for reference, no goal
 //
+//   BM_pooled_topk        pooled_topk_selector_host (select/pooled.hpp): the 32 rows are the
+//                          KV heads of one sequence sharing 32 * n / 10 rows, logit scale, mass
+//                          rule, on the logit-like rows (spread 4); anchor BM_topk_radix (no
+//                          goal: the measure is its cost over per-head top-k)
+//   BM_pooled_topk_coverage  the same with the coverage rule (a sort per head)
+//
 // Reported: items_per_second (scores) and bytes_per_second (score bytes read once).
 
 #include <benchmark/benchmark.h>
@@ -44,6 +50,7 @@
 #include <vector>
 
 #include "kvscout/core/config.hpp"
+#include "kvscout/select/pooled.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
 
@@ -120,6 +127,20 @@ void BM_topk_radix(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int k = n / 10;
   run_selector<kvscout::topk_selector_host>(state, {1, rows, n, k, k, {}}, n);
+}
+
+void BM_pooled_topk(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const int k = n / 10;
+  run_selector<kvscout::pooled_topk_selector_host>(
+      state, {1, rows, n, n, k, {}, kvscout::pooled_scale::logit, kvscout::pooled_rule::mass}, n, 4.f);
+}
+
+void BM_pooled_topk_coverage(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const int k = n / 10;
+  run_selector<kvscout::pooled_topk_selector_host>(
+      state, {1, rows, n, n, k, {}, kvscout::pooled_scale::logit, kvscout::pooled_rule::coverage}, n, 4.f);
 }
 
 void BM_topk_nth_element(benchmark::State& state) {
@@ -261,6 +282,8 @@ void BM_stream_pass_scalar(benchmark::State& state) {
 
 KVSCOUT_SELECT_BENCH(BM_topk_radix);
 KVSCOUT_SELECT_BENCH(BM_topk_nth_element);
+KVSCOUT_SELECT_BENCH(BM_pooled_topk);
+KVSCOUT_SELECT_BENCH(BM_pooled_topk_coverage);
 KVSCOUT_SELECT_BENCH(BM_threshold);
 KVSCOUT_SELECT_BENCH(BM_threshold_logits);
 KVSCOUT_SELECT_BENCH(BM_threshold_logits_row_max);
