@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvscout/core/configured.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/pipeline/host_pipeline.hpp"
 #include "kvscout/select/threshold.hpp"
@@ -53,6 +54,18 @@ static_assert(kvscout::configured<kvscout::quest_policy<D>>);
 static_assert(kvscout::configured<kvscout::oracle_policy<layout>>);
 static_assert(kvscout::configured<kvscout::infinigen_policy<>>);
 static_assert(!kvscout::configured<int>);
+
+// An infinigen policy and its workspace.
+struct owned_infinigen {
+  owned_infinigen(const kvscout::infinigen_config& cfg,
+                  const std::vector<std::vector<kvscout::skew_plan>>& plans,
+                  const std::vector<kvscout::host_span<const float>>& wq,
+                  const std::vector<kvscout::host_span<const float>>& bq)
+      : ws(kvscout::make_workspace<kvscout::infinigen_policy<>>(cfg)),
+        policy(cfg, plans, wq, bq, ws.span()) {}
+  kvscout::host_workspace ws;
+  kvscout::infinigen_policy<> policy;
+};
 
 // Skew plans from a calibration run of the same weights on another prompt.
 std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, int r) {
@@ -154,8 +167,8 @@ TEST_CASE("with a budget of every token the pipeline equals dense decoding", "[p
     const auto plans = calibrate(mode, 16);
     std::vector<kvscout::host_span<const float>> wq, bq(L);
     for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-    kvscout::infinigen_policy<> p({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
-    check(run(m, p, max_tokens, no_inspect), kvscout::to_string(mode));
+    owned_infinigen p({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+    check(run(m, p.policy, max_tokens, no_inspect), kvscout::to_string(mode));
   }
 }
 
@@ -166,7 +179,8 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   const auto plans = calibrate(kvscout::rope_mode::post_rope_skew, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  kvscout::infinigen_policy<> ig({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  kvscout::infinigen_policy<>& ig = owned.policy;
   // At every speculated layer of every decode step: the true attention probabilities of the
   // cached tokens (dense, on the state the pipeline is decoding), the oracle's top-budget set by
   // those probabilities, and the mass each set covers.
@@ -364,7 +378,8 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
   const auto plans = calibrate(kvscout::rope_mode::rope_planes, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  kvscout::infinigen_policy<> ig({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  kvscout::infinigen_policy<>& ig = owned.policy;
   const kvscout::keep_set keep{1, 2};
   kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, keep};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
@@ -461,7 +476,8 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
   const auto plans = calibrate(kvscout::rope_mode::rope_planes, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  kvscout::infinigen_policy<> ig({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  kvscout::infinigen_policy<>& ig = owned.policy;
   kvscout::infinigen_query_scores<kvscout::infinigen_policy<>> late(ig);
   kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
