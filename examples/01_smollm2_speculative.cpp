@@ -127,8 +127,13 @@ int main(int argc, char** argv) try {
   topk_selector_host::config sc{1, c.n_kv_heads, max_tokens, budget, budget, {4, 16}};
   std::vector<std::byte> ws(topk_selector_host::workspace_bytes(sc));
   topk_selector_host selector(sc, {ws.data(), ws.size()});
-  host_decode_pipeline<layout, infinigen_policy<>, topk_selector_host> pipe(
-      {c.n_layers, skip, 1, c.n_kv_heads, c.n_heads, max_tokens, budget, 2, 0.125f}, policy, selector);
+  using pipe_t = host_decode_pipeline<layout, infinigen_policy<>, topk_selector_host>;
+  const host_pipeline_config cfg{c.n_layers, skip, 1, c.n_kv_heads, c.n_heads, max_tokens,
+                                 budget, 2, 0.125f};
+  auto gather_ws = make_workspace<host_gather_executor<layout>>(gather_config_for(cfg));
+  host_gather_executor<layout> gather(gather_config_for(cfg), gather_ws.span());
+  auto pipe_ws = make_workspace<pipe_t>(cfg);
+  pipe_t pipe(cfg, policy, selector, gather, pipe_ws.span());
 
   session_t dense(w, max_tokens, 2), spec(w, max_tokens, 2);
   double nll_dense = 0, nll_spec = 0;
