@@ -88,6 +88,7 @@ template <class WT = float>
 struct fixture {
   std::vector<float> wq, x, scores;
   std::vector<int32_t> lens, pos, seq_ids;
+  kvscout::host_workspace policy_ws;  // the policy's scratch (declared first: it outlives policy)
   std::unique_ptr<kvscout::infinigen_policy<float, WT>> policy;
   int n, seqs, layers, held;
 
@@ -108,10 +109,12 @@ struct fixture {
     // Every layer builds its own partial weights and keys (its own memory) from the same W_Q.
     const auto L = static_cast<std::size_t>(layers);
     kvscout::infinigen_config cfg{layers, held, H, Hq, D, d_model, n, 0.125f, agg};
+    policy_ws = kvscout::make_workspace<kvscout::infinigen_policy<float, WT>>(cfg);
     policy = std::make_unique<kvscout::infinigen_policy<float, WT>>(
         cfg, std::vector<std::vector<kvscout::skew_plan>>(L, plans),
         std::vector<kvscout::host_span<const float>>(L, {wq.data(), wq.size()}),
-        std::vector<kvscout::host_span<const float>>(L, kvscout::host_span<const float>{}));
+        std::vector<kvscout::host_span<const float>>(L, kvscout::host_span<const float>{}),
+        policy_ws.span());
     std::vector<float> k(static_cast<std::size_t>(H) * D);
     for (int l = 0; l < layers; ++l)
       for (int s = 0; s < held; ++s)

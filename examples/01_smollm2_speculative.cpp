@@ -118,14 +118,22 @@ int main(int argc, char** argv) try {
       "\n\nIn one sentence, what is this passage about?<|im_end|>\n<|im_start|>assistant\n");
   std::vector<host_span<const float>> wq, bq(static_cast<std::size_t>(c.n_layers));
   for (const auto& L : w.layers) wq.push_back({L.wq.data(), L.wq.size()});
-  infinigen_policy<> policy({c.n_layers, 1, c.n_kv_heads, c.n_heads, 64, c.d_model, max_tokens,
-                             0.125f, gqa_aggregation::max_logit},
-                            plans, wq, bq);
+  // Each part's workspace sized by its own query (make_workspace: this example has no allocator
+  // of its own).
+  const infinigen_config pc{c.n_layers, 1, c.n_kv_heads, c.n_heads, 64, c.d_model, max_tokens,
+                            0.125f, gqa_aggregation::max_logit};
+  auto policy_ws = make_workspace<infinigen_policy<>>(pc);
+  infinigen_policy<> policy(pc, plans, wq, bq, policy_ws.span());
   topk_selector_host::config sc{1, c.n_kv_heads, max_tokens, budget, budget, {4, 16}};
   std::vector<std::byte> ws(topk_selector_host::workspace_bytes(sc));
   topk_selector_host selector(sc, {ws.data(), ws.size()});
-  host_decode_pipeline<layout, infinigen_policy<>, topk_selector_host> pipe(
-      {c.n_layers, skip, 1, c.n_kv_heads, c.n_heads, max_tokens, budget, 2, 0.125f}, policy, selector);
+  using pipe_t = host_decode_pipeline<layout, infinigen_policy<>, topk_selector_host>;
+  const host_pipeline_config cfg{c.n_layers, skip, 1, c.n_kv_heads, c.n_heads, max_tokens,
+                                 budget, 2, 0.125f};
+  auto gather_ws = make_workspace<host_gather_executor<layout>>(gather_config_for(cfg));
+  host_gather_executor<layout> gather(gather_config_for(cfg), gather_ws.span());
+  auto pipe_ws = make_workspace<pipe_t>(cfg);
+  pipe_t pipe(cfg, policy, selector, gather, pipe_ws.span());
 
   session_t dense(w, max_tokens, 2), spec(w, max_tokens, 2);
   double nll_dense = 0, nll_spec = 0;

@@ -79,10 +79,13 @@ int main() try {
       std::vector<ks::skew_plan>(H, ks::rope_planes_plan(rope, planes))};
   const std::vector<ks::host_span<const float>> w_q_of_layer{{w_q.data(), w_q.size()}};
   const std::vector<ks::host_span<const float>> b_q_of_layer(1);  // no query bias
-  ks::infinigen_policy<> policy({.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
-                                 .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
-                                 .max_tokens = max_tokens, .scale = scale},
-                                plans, w_q_of_layer, b_q_of_layer);
+  const ks::infinigen_config policy_cfg{.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
+                                        .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
+                                        .max_tokens = max_tokens, .scale = scale};
+  // The policy's scratch, from the engine's memory (operator new's alignment covers
+  // workspace_alignment); its partial keys and weights it allocates itself, here, once.
+  std::vector<std::byte> policy_ws(ks::infinigen_policy<>::workspace_bytes(policy_cfg));
+  ks::infinigen_policy<> policy(policy_cfg, plans, w_q_of_layer, b_q_of_layer, policy_ws);
 
   // ---- prefill: the engine writes its pages; the policy gets the keys before / after RoPE
   std::vector<float> k_pre(H * D), k_post(H * D), v(H * D);

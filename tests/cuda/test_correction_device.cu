@@ -75,9 +75,11 @@ void score_query_case(rope_mode mode, int g, std::uint32_t seed) {
   for (int h = 0; h < H; ++h) plans.push_back(plan_for(mode, D, r, rng));
   std::vector<float> w_q(static_cast<std::size_t>(Hq) * D * dm);
   for (auto& v : w_q) v = nd(rng) / 7.f;
-  kvscout::infinigen_policy<PkT> host({1, S, H, Hq, D, dm, max_tokens, scale,
-                                       kvscout::gqa_aggregation::max_logit},
-                                      {plans}, {{w_q.data(), w_q.size()}}, {{}});
+  const kvscout::infinigen_config hc{1, S, H, Hq, D, dm, max_tokens, scale,
+                                     kvscout::gqa_aggregation::max_logit};
+  auto host_ws = kvscout::make_workspace<kvscout::infinigen_policy<PkT>>(hc);
+  kvscout::infinigen_policy<PkT> host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{}},
+                                      host_ws.span());
   const kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, mode, scale,
                                           kvscout::gqa_aggregation::max_logit};
   using spec = kvscout::infinigen_speculator_cuda<PkT>;

@@ -22,6 +22,7 @@
 
 #include "gpu_harness.cuh"
 #include "host_gather_reference.cuh"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/attention/decode.cuh"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/attention/rows.hpp"
@@ -117,9 +118,10 @@ struct host_selection {
 host_selection host_select(const world& w, int l) {
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int i = 0; i < L; ++i) wq.push_back({w.w_q[i].data(), w.w_q[i].size()});
-  kvscout::infinigen_policy<float> policy({L, S, H, Hq, D, dm, max_tokens, scale,
-                                           kvscout::gqa_aggregation::max_logit},
-                                          w.plans, wq, bq);
+  const kvscout::infinigen_config pc{L, S, H, Hq, D, dm, max_tokens, scale,
+                                     kvscout::gqa_aggregation::max_logit};
+  auto policy_ws = kvscout::make_workspace<kvscout::infinigen_policy<float>>(pc);
+  kvscout::infinigen_policy<float> policy(pc, w.plans, wq, bq, policy_ws.span());
   for (int s = 0; s < S; ++s)
     for (int t = 0; t < w.lens_init[s]; ++t) {
       const auto kr = w.key_row(l, s, t);

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/core/device_status.hpp"
 #include "kvscout/core/configured.hpp"
 #include "kvscout/spec/infinigen.cuh"
@@ -130,7 +131,8 @@ void run_case(const shape& sh, std::uint32_t seed) {
   // Host reference.
   using policy = kvscout::infinigen_policy<PkT, WT>;
   typename policy::config hc{1, S, H, Hq, D, dm, max_tokens, scale, sh.agg};
-  policy host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{b_q.data(), b_q.size()}});
+  auto host_ws = kvscout::make_workspace<policy>(hc);
+  policy host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{b_q.data(), b_q.size()}}, host_ws.span());
 
   // Device.
   kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, sh.mode, scale, sh.agg};

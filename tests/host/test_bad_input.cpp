@@ -412,8 +412,11 @@ TEST_CASE("the host pipeline's last_selection checks the layer", "[errors][pipel
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc) + 16);
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   const kvscout::host_pipeline_config pc{2, 0, 1, H, 1, MT, 2, 1, 0.5f};
-  kvscout::host_decode_pipeline<L, kvscout::streaming_policy, kvscout::topk_selector_host> pipe(
-      pc, sp, sel);
+  using pipe_t = kvscout::host_decode_pipeline<L, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  auto gws = kvscout::make_workspace<kvscout::host_gather_executor<L>>(kvscout::gather_config_for(pc));
+  kvscout::host_gather_executor<L> gather(kvscout::gather_config_for(pc), gws.span());
+  auto pws = kvscout::make_workspace<pipe_t>(pc);
+  pipe_t pipe(pc, sp, sel, gather, pws.span());
   CHECK_NOTHROW(pipe.last_selection(1));
   REQUIRE_THROWS_WITH(pipe.last_selection(-1), Contains("layer -1 is out of range [0, 2)"));
   REQUIRE_THROWS_WITH(pipe.last_selection(2), Contains("layer 2 is out of range [0, 2)"));

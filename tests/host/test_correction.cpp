@@ -89,9 +89,11 @@ TEST_CASE("score_query is the layer's own query, projected as a key, against the
         CAPTURE(kvscout::to_string(mode), g, r);
         const slice m(2, 2, g, 70, 31u + static_cast<unsigned>(g * 10 + r));
         const auto plans = m.plans(r, mode, 5u + static_cast<unsigned>(r));
-        kvscout::infinigen_policy<> p({1, m.S, m.H, m.Hq, D, m.d_model, 96, 0.125f,
-                                       kvscout::gqa_aggregation::max_logit},
-                                      {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}});
+        const kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, 96, 0.125f,
+                                           kvscout::gqa_aggregation::max_logit};
+        auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
+        kvscout::infinigen_policy<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
+                                      {{m.bq.data(), m.bq.size()}}, pws.span());
         for (int s = 0; s < m.S; ++s)
           for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
         // Sequence 1 is shorter: its tail past seq_len is not written.
@@ -155,8 +157,11 @@ TEST_CASE("score_query refuses what it cannot score", "[spec][infinigen][correct
   const slice m(1, 2, 2, 20, 3u);
   const auto folded = m.plans(16, kvscout::rope_mode::pre_rope_folded, 4u);
   const auto planes = m.plans(16, kvscout::rope_mode::rope_planes, 4u);
-  kvscout::infinigen_policy<> p({3, 1, m.H, m.Hq, D, m.d_model, 32, 0.125f}, {{}, folded, planes},
-                                {{}, {m.wq.data(), m.wq.size()}, {m.wq.data(), m.wq.size()}}, {{}, {}, {}});
+  const kvscout::infinigen_config pc{3, 1, m.H, m.Hq, D, m.d_model, 32, 0.125f};
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
+  kvscout::infinigen_policy<> p(pc, {{}, folded, planes},
+                                {{}, {m.wq.data(), m.wq.size()}, {m.wq.data(), m.wq.size()}},
+                                {{}, {}, {}}, pws.span());
   std::vector<int32_t> lens{m.n}, pos{m.pos};
   std::vector<float> scores;
   const auto out = buffer_for(scores, 1, m.H, 32);

@@ -6,13 +6,17 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <iterator>
 #include <memory>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvscout/core/configured.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/pipeline/host_pipeline.hpp"
 #include "kvscout/select/threshold.hpp"
@@ -54,6 +58,39 @@ static_assert(kvscout::configured<kvscout::oracle_policy<layout>>);
 static_assert(kvscout::configured<kvscout::infinigen_policy<>>);
 static_assert(!kvscout::configured<int>);
 
+// What a pipeline takes besides its policy and selector, owned here (the caller): the executor
+// (the host gather, from the pipeline's config) and both workspaces.
+template <class Pipe>
+struct pipe_memory {
+  using executor_type = typename Pipe::executor_type;
+  explicit pipe_memory(const kvscout::host_pipeline_config& pc)
+      : gather_ws(kvscout::make_workspace<executor_type>(kvscout::gather_config_for(pc))),
+        gather(kvscout::gather_config_for(pc), gather_ws.span()),
+        ws(kvscout::make_workspace<Pipe>(pc)) {}
+  kvscout::host_workspace gather_ws;
+  executor_type gather;
+  kvscout::host_workspace ws;
+};
+
+// A pipeline built from a config and its own memory, thrown away: what construction refuses.
+template <class Pipe, class P, class Sel>
+void build(const kvscout::host_pipeline_config& pc, P& policy, Sel& sel) {
+  pipe_memory<Pipe> mem(pc);
+  const Pipe pipe(pc, policy, sel, mem.gather, mem.ws.span());
+}
+
+// An infinigen policy and its workspace.
+struct owned_infinigen {
+  owned_infinigen(const kvscout::infinigen_config& cfg,
+                  const std::vector<std::vector<kvscout::skew_plan>>& plans,
+                  const std::vector<kvscout::host_span<const float>>& wq,
+                  const std::vector<kvscout::host_span<const float>>& bq)
+      : ws(kvscout::make_workspace<kvscout::infinigen_policy<>>(cfg)),
+        policy(cfg, plans, wq, bq, ws.span()) {}
+  kvscout::host_workspace ws;
+  kvscout::infinigen_policy<> policy;
+};
+
 // Skew plans from a calibration run of the same weights on another prompt.
 std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, int r) {
   model m(L, Hq, H, 1, max_tokens, 1234);
@@ -62,8 +99,11 @@ std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, 
   kvscout::topk_selector_host::config sc{1, H, max_tokens, 8, 8, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host> pipe(
-      {L, L, 1, H, Hq, max_tokens, 8, 1, 0.125f}, sp, sel);
+  using pipe_t =
+      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  const kvscout::host_pipeline_config pc{L, L, 1, H, Hq, max_tokens, 8, 1, 0.125f};
+  pipe_memory<pipe_t> mem(pc);
+  pipe_t pipe(pc, sp, sel, mem.gather, mem.ws.span());
   std::vector<float> hs;
   for (int t = 0; t < 64; ++t) m.step(pipe, hs, m.embedding(9000u + t), true);
   std::vector<std::vector<kvscout::skew_plan>> plans(L);
@@ -91,7 +131,9 @@ std::vector<float> run(model& m, Policy& policy, int budget, Inspect&& inspect,
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
   pc.stores = stores;
-  kvscout::host_decode_pipeline<layout, Policy, kvscout::topk_selector_host> pipe(pc, policy, sel);
+  using pipe_t = kvscout::host_decode_pipeline<layout, Policy, kvscout::topk_selector_host>;
+  pipe_memory<pipe_t> mem(pc);
+  pipe_t pipe(pc, policy, sel, mem.gather, mem.ws.span());
   std::vector<float> hs;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
   for (int t = 0; t < steps; ++t) {
@@ -108,8 +150,11 @@ std::vector<float> run_dense() {
   kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host> pipe(
-      {L, L, S, H, Hq, max_tokens, 8, 1, 0.125f}, p, sel);
+  using pipe_t =
+      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  const kvscout::host_pipeline_config pc{L, L, S, H, Hq, max_tokens, 8, 1, 0.125f};
+  pipe_memory<pipe_t> mem(pc);
+  pipe_t pipe(pc, p, sel, mem.gather, mem.ws.span());
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
   for (int t = 0; t < steps; ++t) m.step(pipe, hs, m.embedding(500u + t), true);
   return hs;
@@ -154,8 +199,8 @@ TEST_CASE("with a budget of every token the pipeline equals dense decoding", "[p
     const auto plans = calibrate(mode, 16);
     std::vector<kvscout::host_span<const float>> wq, bq(L);
     for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-    kvscout::infinigen_policy<> p({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
-    check(run(m, p, max_tokens, no_inspect), kvscout::to_string(mode));
+    owned_infinigen p({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+    check(run(m, p.policy, max_tokens, no_inspect), kvscout::to_string(mode));
   }
 }
 
@@ -166,7 +211,8 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   const auto plans = calibrate(kvscout::rope_mode::post_rope_skew, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  kvscout::infinigen_policy<> ig({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  kvscout::infinigen_policy<>& ig = owned.policy;
   // At every speculated layer of every decode step: the true attention probabilities of the
   // cached tokens (dense, on the state the pipeline is decoding), the oracle's top-budget set by
   // those probabilities, and the mass each set covers.
@@ -215,8 +261,11 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy<>, kvscout::topk_selector_host> pipe(
-      {L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f}, ig, sel);
+  using pipe_t =
+      kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy<>, kvscout::topk_selector_host>;
+  const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
+  pipe_memory<pipe_t> mem(pc);
+  pipe_t pipe(pc, ig, sel, mem.gather, mem.ws.span());
   std::vector<float> hs;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
   live = &pipe;
@@ -271,8 +320,10 @@ TEST_CASE("the pipeline attends an fp8 cache with the layer's scales", "[pipelin
   const kvscout::topk_selector_host::config sc{1, H, cap, cap, cap, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  kvscout::host_decode_pipeline<Lay, kvscout::streaming_policy, kvscout::topk_selector_host> pipe(
-      {3, 2, 1, H, Hq, cap, cap, 1, 0.125f}, sp, sel);
+  using pipe_t = kvscout::host_decode_pipeline<Lay, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  const kvscout::host_pipeline_config pc{3, 2, 1, H, Hq, cap, cap, 1, 0.125f};
+  pipe_memory<pipe_t> mem(pc);
+  pipe_t pipe(pc, sp, sel, mem.gather, mem.ws.span());
 
   std::vector<float> want(q.size()), unscaled(q.size()), dense(q.size()), sparse(q.size());
   kvscout::attention_params ap{Hq, 0.125f, scales.k, scales.v};
@@ -297,7 +348,9 @@ TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
-  pipe_t pipe({L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f}, p, sel);
+  const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
+  pipe_memory<pipe_t> mem(pc);
+  pipe_t pipe(pc, p, sel, mem.gather, mem.ws.span());
   std::vector<float> q(S * Hq * D, 1.f), out(q.size());
   std::vector<int32_t> pos(S, 0);
   const kvscout::spec_context ctx{{}, {q.data(), q.size()}, {pos.data(), pos.size()}, {m.lens.data(), m.lens.size()}};
@@ -305,12 +358,12 @@ TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
                       Catch::Contains("attend(3) without speculate(3) first"));
   REQUIRE_THROWS_WITH(pipe.speculate(1, ctx, m.view(1)),
                       Catch::Contains("layer 1 is not speculated: expected [skip_layers = 2, num_layers = 4)"));
-  REQUIRE_THROWS_WITH(pipe_t({L, 2, S, H, Hq, max_tokens, max_tokens + 1, 1, 0.125f}, p, sel),
+  REQUIRE_THROWS_WITH(build<pipe_t>({L, 2, S, H, Hq, max_tokens, max_tokens + 1, 1, 0.125f}, p, sel),
                       Catch::Contains("capacity = 97 must be in [1, max_tokens = 96]"));
-  REQUIRE_THROWS_WITH(pipe_t({L, 2, S, H, 5, max_tokens, 8, 1, 0.125f}, p, sel),
+  REQUIRE_THROWS_WITH(build<pipe_t>({L, 2, S, H, 5, max_tokens, 8, 1, 0.125f}, p, sel),
                       Catch::Contains("num_q_heads = 5"));
   // A selector configured for another shape is refused when the pipeline is built.
-  REQUIRE_THROWS_WITH(pipe_t({L, 2, S, H, Hq, max_tokens, 16, 1, 0.125f}, p, sel),
+  REQUIRE_THROWS_WITH(build<pipe_t>({L, 2, S, H, Hq, max_tokens, 16, 1, 0.125f}, p, sel),
                       Catch::Contains("selector configured for [num_seqs, num_kv_heads, stride, "
                                       "capacity] = [2, 2, 96, 8], expected the pipeline's [2, 2, "
                                       "96 (max_tokens), 16]"));
@@ -364,7 +417,8 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
   const auto plans = calibrate(kvscout::rope_mode::rope_planes, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  kvscout::infinigen_policy<> ig({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  kvscout::infinigen_policy<>& ig = owned.policy;
   const kvscout::keep_set keep{1, 2};
   kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, keep};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
@@ -372,7 +426,8 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
   pc.correction_capacity = extra;
   using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy<>, kvscout::topk_selector_host>;
-  pipe_t pipe(pc, ig, sel);
+  pipe_memory<pipe_t> mem(pc);
+  pipe_t pipe(pc, ig, sel, mem.gather, mem.ws.span());
   // The test's own correction: the late scores of the same policy, the same selector semantics.
   const kvscout::correction_selector_host::config cc{S, H, max_tokens, extra, extra};
   auto cws = kvscout::make_workspace<kvscout::correction_selector_host>(cc);
@@ -440,13 +495,14 @@ TEST_CASE("a correction step needs a policy that scores the layer's own query",
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
   pc.correction_capacity = 4;
   using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
-  REQUIRE_THROWS_WITH(pipe_t(pc, sp, sel), Catch::Contains("correction_capacity = 4 needs a policy that scores"));
+  REQUIRE_THROWS_WITH(build<pipe_t>(pc, sp, sel), Catch::Contains("correction_capacity = 4 needs a policy that scores"));
   pc.correction_capacity = -1;
-  REQUIRE_THROWS_WITH(pipe_t(pc, sp, sel), Catch::Contains("correction_capacity = -1 must be in [0, capacity = 8]"));
+  REQUIRE_THROWS_WITH(build<pipe_t>(pc, sp, sel), Catch::Contains("correction_capacity = -1 must be in [0, capacity = 8]"));
   pc.correction_capacity = 9;
-  REQUIRE_THROWS_WITH(pipe_t(pc, sp, sel), Catch::Contains("correction_capacity = 9 must be in [0, capacity = 8]"));
+  REQUIRE_THROWS_WITH(build<pipe_t>(pc, sp, sel), Catch::Contains("correction_capacity = 9 must be in [0, capacity = 8]"));
   pc.correction_capacity = 0;
-  const pipe_t plain(pc, sp, sel);
+  pipe_memory<pipe_t> mem(pc);
+  const pipe_t plain(pc, sp, sel, mem.gather, mem.ws.span());
   REQUIRE(plain.last_correction().num_seqs == 0);  // no correction: an empty view, not a shape
   REQUIRE(plain.last_correction().counts.empty());
 }
@@ -461,13 +517,16 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
   const auto plans = calibrate(kvscout::rope_mode::rope_planes, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  kvscout::infinigen_policy<> ig({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  kvscout::infinigen_policy<>& ig = owned.policy;
   kvscout::infinigen_query_scores<kvscout::infinigen_policy<>> late(ig);
   kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, ws.span());
   using pipe_t = kvscout::host_decode_pipeline<layout, decltype(late), kvscout::topk_selector_host>;
-  pipe_t pipe({L, 2, S, H, Hq, max_tokens, budget, 1, 0.125f}, late, sel);
+  const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 1, 0.125f};
+  pipe_memory<pipe_t> mem(pc);
+  pipe_t pipe(pc, late, sel, mem.gather, mem.ws.span());
   // The selection the late ranking must make at each sparse layer, from the same scores.
   auto ows = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host ref_sel(sc, ows.span());
@@ -503,4 +562,151 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
     REQUIRE(ig.keys(2).at(0, 0, c, t_last) == Approx(k).epsilon(2e-3).margin(2e-3));
   }
   REQUIRE(late.configuration().num_layers == L);
+}
+
+namespace {
+
+// A second executor type: the host gather behind a wrapper that counts what it is asked to move.
+// It has no pool(), so a pipeline over it attends on the calling thread alone.
+struct counting_executor {
+  using inner_type = kvscout::host_gather_executor<layout>;
+  using layout_type = layout;
+  using config_type = inner_type::config_type;
+  using source_type = inner_type::source_type;
+  using selection_type = inner_type::selection_type;
+  using destination_type = inner_type::destination_type;
+  using completion_type = inner_type::completion_type;
+  using exec_type = inner_type::exec_type;
+  [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
+    return inner_type::workspace_bytes(cfg);
+  }
+  static constexpr std::size_t workspace_alignment = inner_type::workspace_alignment;
+  counting_executor(const config_type& cfg, kvscout::host_span<std::byte> ws) : inner(cfg, ws) {}
+  [[nodiscard]] const config_type& configuration() const noexcept { return inner.configuration(); }
+  completion_type submit(const source_type& src, const selection_type& sel,
+                         const destination_type& dst, exec_type exec = {}) {
+    ++submits;
+    for (int c : sel.counts) rows += c;
+    return inner.submit(src, sel, dst, exec);
+  }
+  inner_type inner;
+  int submits = 0;
+  std::int64_t rows = 0;
+};
+static_assert(kvscout::prefetch_executor<counting_executor>);
+static_assert(kvscout::host_step_executor<counting_executor, layout>);
+static_assert(kvscout::host_step_executor<kvscout::host_gather_executor<layout>, layout>);
+// An executor of another layout's rows, or no executor at all, does not make a pipeline.
+static_assert(!kvscout::host_step_executor<counting_executor, kvscout::contiguous_layout<float, D, kvscout::hnd>>);
+template <class E>
+concept pipeline_with_executor = requires {
+  typename kvscout::host_decode_pipeline<layout, kvscout::streaming_policy,
+                                         kvscout::topk_selector_host, E>;
+};
+static_assert(pipeline_with_executor<counting_executor>);
+static_assert(!pipeline_with_executor<int>);
+static_assert(!pipeline_with_executor<kvscout::host_gather_executor<kvscout::contiguous_layout<float, D, kvscout::hnd>>>);
+// The default executor is the host gather: the three-argument name is the same type.
+static_assert(std::is_same_v<
+              kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>,
+              kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host,
+                                            kvscout::host_gather_executor<layout>>>);
+
+}  // namespace
+
+TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper decodes the same bits",
+          "[pipeline][executor]") {
+  const int budget = 16;
+  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
+  auto sel_ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
+  kvscout::topk_selector_host sel(sc, sel_ws.span());
+  kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
+  const auto decode = [&](auto& pipe, model& m) {
+    std::vector<float> hs;
+    for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
+    for (int t = 0; t < steps; ++t) m.step(pipe, hs, m.embedding(500u + t));
+    return hs;
+  };
+  // The default: the host gather with 2 threads, which the attention shares.
+  using gather_pipe = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy,
+                                                    kvscout::topk_selector_host>;
+  model m1(L, Hq, H, S, max_tokens, 42);
+  kvscout::streaming_policy p1({H, 4});
+  pipe_memory<gather_pipe> mem(pc);
+  gather_pipe with_gather(pc, p1, sel, mem.gather, mem.ws.span());
+  const std::vector<float> want = decode(with_gather, m1);
+  // The counting wrapper, its workspace and the pipeline's: the caller's.
+  using counting_pipe = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy,
+                                                      kvscout::topk_selector_host, counting_executor>;
+  model m2(L, Hq, H, S, max_tokens, 42);
+  kvscout::streaming_policy p2({H, 4});
+  auto exec_ws = kvscout::make_workspace<counting_executor>(kvscout::gather_config_for(pc));
+  counting_executor counting(kvscout::gather_config_for(pc), exec_ws.span());
+  auto ws = kvscout::make_workspace<counting_pipe>(pc);
+  counting_pipe with_counting(pc, p2, sel, counting, ws.span());
+  const std::vector<float> got = decode(with_counting, m2);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(std::bit_cast<std::uint32_t>(got[i]) == std::bit_cast<std::uint32_t>(want[i]));
+  }
+  // Every speculated layer of every decode step went through the wrapper, and only those.
+  REQUIRE(counting.submits == steps * (L - 2));
+  std::int64_t rows = 0;
+  for (int l = 0; l < L; ++l) rows += with_counting.stats().rows[l];
+  REQUIRE(rows > 0);
+  REQUIRE(counting.rows == rows);
+  REQUIRE(rows == with_gather.stats().rows[2] + with_gather.stats().rows[3]);
+}
+
+TEST_CASE("the pipeline takes its buffers in the caller's workspace and checks it",
+          "[pipeline][errors][workspace]") {
+  kvscout::streaming_policy p({H, 4});
+  kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
+  auto sel_ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
+  kvscout::topk_selector_host sel(sc, sel_ws.span());
+  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
+  pipe_memory<pipe_t> mem(pc);
+  const std::size_t need = pipe_t::workspace_bytes(pc);
+  SECTION("its size: the regions the header lists, each from a cache line") {
+    const auto line = [](std::size_t n) { return (n + 63) / 64 * 64; };
+    const std::size_t pairs = S * H, slots = pairs * 8;
+    const std::size_t buffer = line(slots * 4) + line(pairs * 4) + 2 * line(slots * D * sizeof(T));
+    const std::size_t without_reuse = line(pairs * max_tokens * 4) + line(pairs * 4) +
+                                      line(pairs * (8 + 1) * 4) + 2 * buffer;
+    REQUIRE(need == without_reuse + L * pairs * (8 + 1) * 4);
+    REQUIRE(mem.ws.size() == need);
+    pc.track_reuse = false;
+    REQUIRE(pipe_t::workspace_bytes(pc) == without_reuse);
+  }
+  SECTION("too small, misaligned, null: refused, naming the value and what was expected") {
+    kvscout::host_workspace big(need + 128, 64);
+    REQUIRE_THROWS_WITH(pipe_t(pc, p, sel, mem.gather, {big.data(), need - 1}),
+                        Catch::Contains("host_decode_pipeline: workspace holds " +
+                                        std::to_string(need - 1) +
+                                        " bytes, expected at least workspace_bytes(config) = " +
+                                        std::to_string(need)));
+    REQUIRE_THROWS_WITH(pipe_t(pc, p, sel, mem.gather, {big.data() + 32, need}),
+                        Catch::Contains("host_decode_pipeline: workspace must be 64-byte aligned, "
+                                        "got address"));
+    REQUIRE_THROWS_WITH(pipe_t(pc, p, sel, mem.gather, {static_cast<std::byte*>(nullptr), need}),
+                        Catch::Contains("host_decode_pipeline: workspace is null"));
+    REQUIRE_NOTHROW(pipe_t(pc, p, sel, mem.gather, {big.data() + 64, need + 64}));
+  }
+  SECTION("an executor configured for another shape is refused when the pipeline is built") {
+    kvscout::host_gather_config gc = kvscout::gather_config_for(pc);
+    gc.capacity = 16;
+    auto gws = kvscout::make_workspace<kvscout::host_gather_executor<layout>>(gc);
+    kvscout::host_gather_executor<layout> other(gc, gws.span());
+    REQUIRE_THROWS_WITH(pipe_t(pc, p, sel, other, mem.ws.span()),
+                        Catch::Contains("executor configured for [num_seqs, num_kv_heads, "
+                                        "capacity] = [2, 2, 16], expected the pipeline's [2, 2, 8]"));
+  }
+  SECTION("what the workspace held before does not matter") {
+    std::fill_n(mem.ws.data(), need, std::byte{0xff});
+    const pipe_t pipe(pc, p, sel, mem.gather, mem.ws.span());
+    const auto s0 = pipe.last_selection(2);
+    for (int c : s0.counts) REQUIRE(c == 0);
+  }
 }

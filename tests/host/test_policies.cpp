@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kvscout/core/simd.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/skew/calibrate.hpp"
 #include "kvscout/spec/h2o.hpp"
@@ -239,8 +240,11 @@ TEST_CASE("infinigen with a full partial dimension scores exactly like the oracl
     for (int h = 0; h < H; ++h)
       plans.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200, g, D,
                                               {D, false, mode, rope}));
-    kvscout::infinigen_policy<> p({1, 1, H, Hq, D, d_model, 128, 0.125f, kvscout::gqa_aggregation::max_logit},
-                                  {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}});
+    const kvscout::infinigen_config pc{1, 1, H, Hq, D, d_model, 128, 0.125f,
+                                       kvscout::gqa_aggregation::max_logit};
+    auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
+    kvscout::infinigen_policy<> p(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}},
+                                  pws.span());
     // Keys of n tokens (pre-RoPE random; post-RoPE = rotated at their positions).
     std::vector<float> kpre(static_cast<std::size_t>(n) * H * D), kpost(kpre.size());
     for (auto& v : kpre) v = nd(rng);
@@ -301,8 +305,9 @@ void check_tiles_agree(int g, kvscout::gqa_aggregation agg) {
   for (auto& w : wq) w = nd(rng) / 8.f;
   for (auto& w : x) w = nd(rng);
   std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
-  kvscout::infinigen_policy<PkT> p({1, 1, H, Hq, D, d_model, full, 0.125f, agg}, {plans},
-                                   {{wq.data(), wq.size()}}, {{}});
+  const kvscout::infinigen_config pc{1, 1, H, Hq, D, d_model, full, 0.125f, agg};
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<PkT>>(pc);
+  kvscout::infinigen_policy<PkT> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
   std::vector<float> k(static_cast<std::size_t>(H) * D);
   for (int t = 0; t < full; ++t) {
     for (auto& v : k) v = nd(rng);
@@ -380,9 +385,10 @@ TEST_CASE("infinigen scores the same bits on rows past the register-pinning boun
   for (auto& w : wq) w = nd(rng) / 8.f;
   for (auto& w : x) w = nd(rng);
   std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
-  kvscout::infinigen_policy<float> p({1, 1, H, Hq, D, d_model, full, 0.125f,
-                                      kvscout::gqa_aggregation::max_logit},
-                                     {plans}, {{wq.data(), wq.size()}}, {{}});
+  const kvscout::infinigen_config pc{1, 1, H, Hq, D, d_model, full, 0.125f,
+                                     kvscout::gqa_aggregation::max_logit};
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<float>>(pc);
+  kvscout::infinigen_policy<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
   std::vector<float> k(static_cast<std::size_t>(H) * D);
   for (int t = 0; t < full; ++t) {
     for (auto& v : k) v = nd(rng);
@@ -505,9 +511,10 @@ TEST_CASE("infinigen, RoPE planes: each kv head's queries rotate its own planes"
   for (auto& w : bq) w = 0.1f * nd(rng);
   for (auto& w : x) w = nd(rng);
   const kvscout::host_span<const float> W_Q(wq.data(), wq.size()), b_Q(bq.data(), bq.size());
-  kvscout::infinigen_policy<> p({L, 1, H, Hq, D, d_model, n, 0.125f,
-                                 kvscout::gqa_aggregation::max_logit},
-                                plans, {W_Q, W_Q, W_Q}, {b_Q, b_Q, b_Q});
+  const kvscout::infinigen_config pc{L, 1, H, Hq, D, d_model, n, 0.125f,
+                                     kvscout::gqa_aggregation::max_logit};
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
+  kvscout::infinigen_policy<> p(pc, plans, {W_Q, W_Q, W_Q}, {b_Q, b_Q, b_Q}, pws.span());
   std::vector<float> k(static_cast<std::size_t>(H) * D);
   for (int l = 0; l < L; ++l)
     for (int t = 0; t < n; ++t) {
@@ -563,8 +570,9 @@ TEST_CASE("infinigen writes each row's maximum as it scores: tails, NaN keys, em
       for (auto& w : wq) w = nd(rng) / 8.f;
       for (auto& w : x) w = nd(rng);
       std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
-      kvscout::infinigen_policy<float> p({1, S, H, Hq, D, d_model, cap, 0.125f, agg}, {plans},
-                                         {{wq.data(), wq.size()}}, {{}});
+      const kvscout::infinigen_config pc{1, S, H, Hq, D, d_model, cap, 0.125f, agg};
+      auto pws = kvscout::make_workspace<kvscout::infinigen_policy<float>>(pc);
+      kvscout::infinigen_policy<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
       std::vector<float> k(static_cast<std::size_t>(H) * D);
       for (int s = 0; s < S; ++s)
         for (int t = 0; t < lens[s]; ++t) {
@@ -616,14 +624,18 @@ TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
                     kvscout::rope_mode::pre_rope_folded}) {
     CAPTURE(kvscout::to_string(mode));
     const std::vector<kvscout::skew_plan> plans = calibrated_plans(qs, ks, H, g, r, mode, rope);
-    const auto make = [&](int seqs) {
-      return policy({1, seqs, H, Hq, D, d_model, cap, 0.125f, kvscout::gqa_aggregation::max_logit},
-                    {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}});
+    // ws: the policy's workspace, the caller's (it outlives the policy).
+    const auto make = [&](int seqs, kvscout::host_workspace& ws) {
+      const kvscout::infinigen_config pc{1, seqs, H, Hq, D, d_model, cap, 0.125f,
+                                         kvscout::gqa_aggregation::max_logit};
+      ws = kvscout::make_workspace<policy>(pc);
+      return policy(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}}, ws.span());
     };
     const auto key = [&](const std::vector<float>& k, int s, int t) {
       return &k[(static_cast<std::size_t>(s) * cap + t) * H * D];
     };
-    policy all = make(S);
+    kvscout::host_workspace all_ws, one_ws;
+    policy all = make(S, all_ws);
     for (int s = 0; s < S; ++s)
       for (int t = 0; t < lens[s]; ++t) all.append(0, s, t, key(kpre, s, t), key(kpost, s, t));
     std::vector<float> batch;
@@ -632,7 +644,7 @@ TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
               out);
     for (int s = 0; s < S; ++s) {
       CAPTURE(s);
-      policy one = make(1);
+      policy one = make(1, one_ws);
       for (int t = 0; t < lens[s]; ++t) one.append(0, 0, t, key(kpre, s, t), key(kpost, s, t));
       std::vector<float> alone;
       const auto out1 = buffer_for(alone, 1, H, cap);
@@ -760,12 +772,16 @@ TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of f
       using narrow_t = kvscout::infinigen_policy<float, W>;
       using wide_t = kvscout::infinigen_policy<float, float>;
       const std::vector<kvscout::host_span<const float>> b_f{{bq.data(), bq.size()}};
-      narrow_t narrow(cfg, {plans}, {{wq.data(), wq.size()}}, b_f);
-      wide_t wide(cfg, {plans}, {{wq_w.data(), wq_w.size()}}, b_f);
-      wide_t exact(cfg, {plans}, {{wq.data(), wq.size()}}, b_f);
+      // One workspace each: a workspace serves one policy (its scratch).
+      auto ws_a = kvscout::make_workspace<narrow_t>(cfg), ws_b = kvscout::make_workspace<wide_t>(cfg);
+      auto ws_c = kvscout::make_workspace<wide_t>(cfg), ws_m = kvscout::make_workspace<narrow_t>(cfg);
+      narrow_t narrow(cfg, {plans}, {{wq.data(), wq.size()}}, b_f, ws_a.span());
+      wide_t wide(cfg, {plans}, {{wq_w.data(), wq_w.size()}}, b_f, ws_b.span());
+      wide_t exact(cfg, {plans}, {{wq.data(), wq.size()}}, b_f, ws_c.span());
       narrow_t model_typed(cfg, {plans},
                            std::vector<kvscout::host_span<const W>>{{wq_in.data(), wq_in.size()}},
-                           std::vector<kvscout::host_span<const W>>{{bq_in.data(), bq_in.size()}});
+                           std::vector<kvscout::host_span<const W>>{{bq_in.data(), bq_in.size()}},
+                           ws_m.span());
       std::vector<float> k(static_cast<std::size_t>(H) * D);
       for (int s = 0; s < S; ++s)
         for (int t = 0; t < lens[s]; ++t) {
@@ -1023,12 +1039,84 @@ TEST_CASE("streaming rejects a malformed score buffer", "[spec][streaming][error
   }
 }
 
+TEST_CASE("infinigen_policy takes its scratch in the caller's workspace and checks it",
+          "[spec][infinigen][errors][workspace]") {
+  // Two layers (0 dense), one sequence, GQA 2 (mean_logit: the group's mean query, qm_), r = 16.
+  const int d_model = 64, r = 16, n = 40;
+  using P = kvscout::infinigen_policy<>;
+  const kvscout::infinigen_config pc{2, 1, 1, 2, D, d_model, 64, 0.125f,
+                                     kvscout::gqa_aggregation::mean_logit};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  std::vector<float> wq(static_cast<std::size_t>(2) * D * d_model), x(d_model), k(D);
+  for (auto& v : wq) v = nd(rng);
+  for (auto& v : x) v = nd(rng);
+  const std::vector<std::vector<kvscout::skew_plan>> plans{{}, {identity_planes(r)}};
+  const std::vector<kvscout::host_span<const float>> w{{}, {wq.data(), wq.size()}}, b{{}, {}};
+  // Sized by the config alone, for r = head_dim: 8 (query_block) RoPE tables, the partial
+  // queries of 8 sequences of num_q_heads heads, one key, one mean query.
+  const std::size_t need = P::workspace_bytes(pc);
+  REQUIRE(need == 8 * sizeof(kvscout::rope_table) + sizeof(float) * (8 * 2 * D + 2 * D));
+  REQUIRE(P::workspace_alignment == alignof(float));
+  SECTION("make_workspace sizes it") {
+    auto ws = kvscout::make_workspace<P>(pc);
+    REQUIRE(ws.size() == need);
+    REQUIRE_NOTHROW(P(pc, plans, w, b, ws.span()));
+  }
+  SECTION("too small, misaligned, null: refused, naming the value and what was expected") {
+    kvscout::host_workspace ws(need + 64, 64);
+    REQUIRE_THROWS_WITH(P(pc, plans, w, b, {ws.data(), need - 1}),
+                        Catch::Contains("workspace holds " + std::to_string(need - 1) +
+                                        " bytes, expected at least workspace_bytes(config) = " +
+                                        std::to_string(need)));
+    REQUIRE_THROWS_WITH(P(pc, plans, w, b, {ws.data() + 2, need}),
+                        Catch::Contains("workspace must be 4-byte aligned, got address"));
+    REQUIRE_THROWS_WITH(P(pc, plans, w, b, {static_cast<std::byte*>(nullptr), need}),
+                        Catch::Contains("workspace is null"));
+    // A larger one at any 4-byte aligned address serves.
+    REQUIRE_NOTHROW(P(pc, plans, w, b, {ws.data() + 4, need + 60}));
+  }
+  SECTION("a bad config is refused by the size query too") {
+    kvscout::infinigen_config bad = pc;
+    bad.num_kv_heads = 2;
+    bad.num_q_heads = 3;
+    REQUIRE_THROWS_WITH(P::workspace_bytes(bad),
+                        Catch::Contains("num_q_heads = 3 must be a positive multiple of "
+                                        "num_kv_heads = 2"));
+  }
+  SECTION("the scores do not depend on what the workspace held before") {
+    kvscout::host_workspace zeros(need, P::workspace_alignment), ones(need, P::workspace_alignment);
+    std::fill_n(zeros.data(), need, std::byte{0});
+    std::fill_n(ones.data(), need, std::byte{0xff});  // NaN floats
+    P a(pc, plans, w, b, zeros.span()), c(pc, plans, w, b, ones.span());
+    for (int t = 0; t < n; ++t) {
+      for (auto& v : k) v = nd(rng);
+      a.append(1, 0, t, k.data(), k.data());
+      c.append(1, 0, t, k.data(), k.data());
+    }
+    std::vector<int32_t> lens{n}, pos{n};
+    const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}};
+    std::vector<float> sa, sc;
+    const auto oa = buffer_for(sa, 1, 1, 64), oc = buffer_for(sc, 1, 1, 64);
+    a.score(1, ctx, oa);
+    c.score(1, ctx, oc);
+    for (int t = 0; t < n; ++t) {
+      CAPTURE(t);
+      REQUIRE(std::isfinite(oa.row(0, 0)[t]));
+      REQUIRE(std::bit_cast<std::uint32_t>(oa.row(0, 0)[t]) ==
+              std::bit_cast<std::uint32_t>(oc.row(0, 0)[t]));
+    }
+  }
+}
+
 TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][infinigen][errors]") {
   // Layer 0 is dense (no plans, not tracked), layer 1 speculated; 1 sequence of at most 32 tokens.
   const int d_model = 64, r = 16;
   std::vector<float> wq(static_cast<std::size_t>(D) * d_model, 0.01f), x(2 * d_model, 1.f);
-  kvscout::infinigen_policy<> p({2, 1, 1, 1, D, d_model, 32, 0.125f},
-                                {{}, {identity_planes(r)}}, {{}, {wq.data(), wq.size()}}, {{}, {}});
+  const kvscout::infinigen_config pc{2, 1, 1, 1, D, d_model, 32, 0.125f};
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
+  kvscout::infinigen_policy<> p(pc, {{}, {identity_planes(r)}}, {{}, {wq.data(), wq.size()}},
+                                {{}, {}}, pws.span());
   std::vector<float> k(D, 1.f), scores;
   for (int t = 0; t < 8; ++t) p.append(1, 0, t, k.data(), k.data());
   SECTION("append: an untracked layer keeps nothing, a layer out of range throws") {
@@ -1071,10 +1159,12 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
     const std::vector<float> w(static_cast<std::size_t>(big) * dm, 0.5f);
     const std::vector<std::vector<kvscout::skew_plan>> plans{
         {kvscout::rope_planes_plan(rope, {0, 300})}};
+    const kvscout::infinigen_config big_cfg{1, 1, 1, 1, big, dm, 8, 0.125f,
+                                            kvscout::gqa_aggregation::max_logit};
     REQUIRE_THROWS_WITH(
-        kvscout::infinigen_policy<>({1, 1, 1, 1, big, dm, 8, 0.125f,
-                                     kvscout::gqa_aggregation::max_logit},
-                                    plans, {{w.data(), w.size()}}, {{}}),
+        kvscout::infinigen_policy<>(big_cfg, plans, {{w.data(), w.size()}}, {{}},
+                                    kvscout::make_workspace<kvscout::infinigen_policy<>>(big_cfg)
+                                        .span()),
         Catch::Contains("layer 0: head_dim 1024 exceeds the RoPE modes' limit 512"));
   }
 }
@@ -1234,10 +1324,11 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
                        kvscout::gqa_aggregation::sum_prob}) {
         CAPTURE(kvscout::to_string(mode), static_cast<int>(agg));
         // Layer 0 dense, layer 1 speculated.
-        kvscout::infinigen_policy<> p(
-            {2, f.S, f.H, f.Hq, D, f.d_model, f.cap, 0.125f, agg},
-            {{}, calibrated_plans(qs, ks, f.H, f.g, 16, mode, f.rope)},
-            {{}, {wq.data(), wq.size()}}, {{}, {bq.data(), bq.size()}});
+        const kvscout::infinigen_config pc{2, f.S, f.H, f.Hq, D, f.d_model, f.cap, 0.125f, agg};
+        auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
+        kvscout::infinigen_policy<> p(pc, {{}, calibrated_plans(qs, ks, f.H, f.g, 16, mode, f.rope)},
+                                      {{}, {wq.data(), wq.size()}}, {{}, {bq.data(), bq.size()}},
+                                      pws.span());
         for (int s = 0; s < f.S; ++s)
           for (int t = 0; t < f.lens[s]; ++t)
             p.append(1, s, t, &f.kpre[f.key_at(s, t)], &f.kpost[f.key_at(s, t)]);
@@ -1345,9 +1436,10 @@ TEST_CASE("policies refuse seq_ids they do not hold, repeated or too few",
   };
   SECTION("infinigen") {
     std::vector<float> wq(static_cast<std::size_t>(f.Hq) * D * f.d_model, 0.01f);
-    kvscout::infinigen_policy<> p({2, f.S, f.H, f.Hq, D, f.d_model, f.cap, 0.125f},
-                                  {{}, std::vector<kvscout::skew_plan>(f.H, identity_planes(16))},
-                                  {{}, {wq.data(), wq.size()}}, {{}, {}});
+    const kvscout::infinigen_config pc{2, f.S, f.H, f.Hq, D, f.d_model, f.cap, 0.125f};
+    auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
+    kvscout::infinigen_policy<> p(pc, {{}, std::vector<kvscout::skew_plan>(f.H, identity_planes(16))},
+                                  {{}, {wq.data(), wq.size()}}, {{}, {}}, pws.span());
     every_case(p, "the policy's");
   }
   SECTION("quest") {

@@ -41,6 +41,7 @@
 #include "kvscout/cache/host_pool.hpp"
 #include "kvscout/core/detail/host_vec.hpp"
 #include "kvscout/core/rope.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/kivi.hpp"
@@ -360,6 +361,7 @@ class layer_major_eval {
     std::vector<float> late;
     std::vector<int32_t> add_idx, add_cnt, merged;
     std::vector<std::byte> corr_ws;
+    host_workspace ig_ws;  // the infinigen policy's scratch (declared first: it outlives ig)
     std::unique_ptr<infinigen_policy<>> ig;
     std::unique_ptr<quest_policy<D>> quest;
     std::unique_ptr<h2o_policy> h2o;
@@ -402,9 +404,10 @@ class layer_major_eval {
         case eval_policy::infinigen: {
           std::vector<host_span<const float>> wq, bq(static_cast<std::size_t>(L));
           for (const auto& layer : ev.w_.layers) wq.push_back({layer.wq.data(), layer.wq.size()});
-          ig = std::make_unique<infinigen_policy<>>(
-              infinigen_policy<>::config{L, 1, H, Hq, D, ev.c_.d_model, T, scale, opt.aggregation},
-              *opt.plans, wq, bq);
+          const infinigen_policy<>::config ic{L, 1, H, Hq, D, ev.c_.d_model, T, scale,
+                                              opt.aggregation};
+          ig_ws = make_workspace<infinigen_policy<>>(ic);
+          ig = std::make_unique<infinigen_policy<>>(ic, *opt.plans, wq, bq, ig_ws.span());
           break;
         }
         case eval_policy::quest:

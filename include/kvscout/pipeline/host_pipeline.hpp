@@ -18,19 +18,36 @@
 // fetch can be in flight while layer i-1 reads its own rows (double buffering); on the host the
 // gather is synchronous, the structure is the one the CUDA pipeline keeps.
 //
-// Set-up allocates every buffer (sizes below); speculate() and attend() allocate nothing.
+// Memory: every buffer is carved out of one caller-owned workspace of workspace_bytes(cfg) bytes
+// at workspace_alignment (64: each region starts on a cache line, as the gather's streaming
+// stores want of the fetched rows), zeroed at construction; speculate() and attend() allocate
+// nothing. make_workspace<pipeline type>(cfg) (core/workspace.hpp) holds one for callers without
+// an allocator. Regions, in order:
 //   scores        num_seqs * num_kv_heads * max_tokens floats
+//   row maxima    num_seqs * num_kv_heads floats
+//   probabilities num_seqs * num_kv_heads * (capacity + correction_capacity + 1) floats
 //   selections    2 x (num_seqs * num_kv_heads * (capacity + 1)) int32
 //   destinations  2 x 2 x num_seqs * num_kv_heads * capacity * head_dim elements (K and V)
 //   correction    (1 + 2 * head_dim elements) x capacity per (sequence, kv head), and the
-//                 correction selector's workspace
+//                 correction selector's workspace (correction_capacity > 0 only)
 //   previous      num_layers x num_seqs * num_kv_heads * (capacity + 1) int32 (track_reuse only)
+//
+// The executor is the caller's, as the policy and the selector are: any prefetch_executor that
+// reads a host kv_view of L and a host selection into host rows (host_step_executor below);
+// host_gather_executor<L> by default, built from gather_config_for(cfg). If it has pool() (a
+// thread_pool, as the host gather does), the attention runs on those threads too; otherwise on
+// the calling thread alone (the same bits either way).
 //
 // Reuse: with track_reuse, stats().reused[i] counts the rows layer i selected that its previous
 // step had selected too, per (sequence, kv head): the rows a device-side row cache keeps and need
 // not cross the link again (the CUDA pipeline's row cache; measured here on the host).
 //
-//   kvscout::host_decode_pipeline<layout, policy_t, selector_t> pipe(cfg, policy, selector);
+//   using pipe_t = kvscout::host_decode_pipeline<layout, policy_t, selector_t>;
+//   auto gws = kvscout::make_workspace<kvscout::host_gather_executor<layout>>(
+//       kvscout::gather_config_for(cfg));
+//   kvscout::host_gather_executor<layout> gather(kvscout::gather_config_for(cfg), gws.span());
+//   auto ws = kvscout::make_workspace<pipe_t>(cfg);
+//   pipe_t pipe(cfg, policy, selector, gather, ws.span());
 //   for (int i = 0; i < L; ++i) {
 //     if (i + 1 < L && i + 1 >= cfg.skip_layers) pipe.speculate(i + 1, ctx_next, kv[i + 1]);
 //     ... q, k, v of layer i ...
@@ -42,14 +59,19 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
-#include <memory>
+#include <optional>
 #include <vector>
 
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/attention/rows.hpp"
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/detail/checked_size.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/thread_pool.hpp"
+#include "kvscout/fetch/concepts.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/core/workspace.hpp"
@@ -67,7 +89,8 @@ struct host_pipeline_config {
   int num_q_heads = 0;
   int max_tokens = 0;  // score row stride: at least every cached length
   int capacity = 0;    // most rows fetched per (sequence, kv head): the selector's budget
-  int threads = 1;     // gather and attention threads (the caller's included)
+  int threads = 1;     // gather (and so attention) threads, the caller's included:
+                       // gather_config_for passes it on to the host gather
   float scale = 0.f;   // attention scale, usually 1 / sqrt(head_dim)
   bool track_reuse = true;  // count rows re-selected from the previous step (fetch_stats::reused)
   /// Most rows the correction step adds per (sequence, kv head) at a layer, at most capacity; 0:
@@ -75,9 +98,26 @@ struct host_pipeline_config {
   int correction_capacity = 0;
   // How the gather writes the fetched rows (fetch/host_gather.hpp). automatic streams a layer's
   // fetch of 4 MiB or more past the cache; cached keeps it there for the attention that reads it
-  // next, which pays where a layer's fetch fits in the last-level cache.
+  // next, which pays where a layer's fetch fits in the last-level cache. gather_config_for passes
+  // it on to the host gather.
   gather_stores stores = gather_stores::automatic;
 };
+
+/// The host gather's config for a pipeline of this config: its shape, threads and stores.
+[[nodiscard]] inline host_gather_config gather_config_for(const host_pipeline_config& cfg) {
+  host_gather_config gc{cfg.num_seqs, cfg.num_kv_heads, cfg.capacity, cfg.threads};
+  gc.stores = cfg.stores;
+  return gc;
+}
+
+/// An executor the host pipeline can drive: a prefetch_executor that reads a host kv_view of
+/// Layout and a host selection, writes host rows, and takes host_exec.
+template <class E, class Layout>
+concept host_step_executor =
+    prefetch_executor<E> && std::same_as<typename E::source_type, kv_view<Layout, host_space>> &&
+    std::same_as<typename E::selection_type, selection_view<host_space>> &&
+    std::same_as<typename E::destination_type, gather_destination<host_space>> &&
+    std::same_as<typename E::exec_type, host_exec>;
 
 /// Per-step statistics: rows and bytes the fetches moved, per layer.
 struct fetch_stats {
@@ -91,26 +131,36 @@ struct fetch_stats {
 /// A KIVI cache is not supported here yet (its fetched rows are
 /// records that attention dequantises with the resident parameters and residual window:
 /// kivi_gathered_rows); compose kivi_gathered_rows with a selector and the gather directly.
-template <kv_layout L, speculation_policy P, row_selector Selector>
-  requires(!kivi_quantized_layout<L> && std::same_as<typename Selector::memory_space, host_space>)
+/// Executor: any host_step_executor of L (host_gather_executor<L> by default), the caller's.
+template <kv_layout L, speculation_policy P, row_selector Selector,
+          class Executor = host_gather_executor<L>>
+  requires(!kivi_quantized_layout<L> && std::same_as<typename Selector::memory_space, host_space> &&
+           host_step_executor<Executor, L>)
 class host_decode_pipeline {
  public:
   using config_type = host_pipeline_config;
   using element_type = typename L::element_type;
   using policy_type = P;
   using selector_type = Selector;
+  using executor_type = Executor;
   static constexpr int head_dim = L::head_dim;
 
-  host_decode_pipeline(const host_pipeline_config& cfg, P& policy, Selector& selector)
-      : cfg_(cfg), policy_(policy), selector_(selector) {
-    KVSCOUT_EXPECTS(cfg.num_layers > 0, "num_layers must be positive, got ", cfg.num_layers);
-    KVSCOUT_EXPECTS(cfg.skip_layers >= 0, "skip_layers must be non-negative, got ",
-                    cfg.skip_layers);
-    KVSCOUT_EXPECTS(cfg.num_seqs > 0 && cfg.num_kv_heads > 0, "num_seqs and num_kv_heads must be "
-                    "positive, got ", cfg.num_seqs, " and ", cfg.num_kv_heads);
-    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
-    KVSCOUT_EXPECTS(cfg.capacity >= 1 && cfg.capacity <= cfg.max_tokens, "capacity = ",
-                    cfg.capacity, " must be in [1, max_tokens = ", cfg.max_tokens, "]");
+  /// Workspace: every buffer of the step (the header comment lists them). Checks the config.
+  [[nodiscard]] static std::size_t workspace_bytes(const host_pipeline_config& cfg) {
+    check_config(cfg);
+    return carve(cfg, nullptr).bytes;
+  }
+  /// The alignment the workspace's address must have: a cache line, where every region starts.
+  static constexpr std::size_t workspace_alignment = 64;
+
+  /// policy, selector, executor: the caller's, used by reference (they outlive the pipeline);
+  /// the selector's and the executor's shapes are checked against cfg here. workspace: at least
+  /// workspace_bytes(cfg) bytes at workspace_alignment, the caller's, the pipeline's alone while
+  /// it lives.
+  host_decode_pipeline(const host_pipeline_config& cfg, P& policy, Selector& selector,
+                       Executor& executor, host_span<std::byte> workspace)
+      : cfg_(cfg), policy_(policy), selector_(selector), executor_(executor) {
+    check_config(cfg);
     if constexpr (requires { selector.configuration().capacity; }) {
       // The pipeline hands the selector [num_seqs, num_kv_heads, max_tokens] scores and
       // [.., capacity] selections: a selector configured otherwise would throw at the first
@@ -123,34 +173,38 @@ class host_decode_pipeline {
                       "], expected the pipeline's [", cfg.num_seqs, ", ", cfg.num_kv_heads, ", ",
                       cfg.max_tokens, " (max_tokens), ", cfg.capacity, "]");
     }
-    const std::size_t pairs = static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads;
-    scores_.assign(pairs * static_cast<std::size_t>(cfg.max_tokens), 0.f);
-    row_max_.assign(pairs, 0.f);
-    for (auto& b : buffers_) {
-      b.indices.assign(pairs * static_cast<std::size_t>(cfg.capacity), 0);
-      b.counts.assign(pairs, 0);
-      b.k.assign(pairs * static_cast<std::size_t>(cfg.capacity) * head_dim, element_type{});
-      b.v.assign(b.k.size(), element_type{});
+    if constexpr (requires { executor.configuration().capacity; }) {
+      // The pipeline hands the executor [num_seqs, num_kv_heads, capacity] selections.
+      const auto& ec = executor.configuration();
+      KVSCOUT_EXPECTS(ec.num_seqs == cfg.num_seqs && ec.num_kv_heads == cfg.num_kv_heads &&
+                          ec.capacity == cfg.capacity,
+                      "executor configured for [num_seqs, num_kv_heads, capacity] = [",
+                      ec.num_seqs, ", ", ec.num_kv_heads, ", ", ec.capacity,
+                      "], expected the pipeline's [", cfg.num_seqs, ", ", cfg.num_kv_heads, ", ",
+                      cfg.capacity, "]");
     }
-    KVSCOUT_EXPECTS(cfg.correction_capacity >= 0 && cfg.correction_capacity <= cfg.capacity,
-                    "correction_capacity = ", cfg.correction_capacity, " must be in [0, capacity = ",
-                    cfg.capacity, "] (the correction's rows use the speculation's slots and gather)");
-    probs_.assign(pairs * static_cast<std::size_t>(cfg.capacity + cfg.correction_capacity + 1), 0.f);
-    host_gather_config gc{cfg.num_seqs, cfg.num_kv_heads, cfg.capacity, cfg.threads};
-    gc.stores = cfg.stores;
-    workspace_.assign(host_gather_executor<L>::workspace_bytes(gc) / sizeof(std::int64_t) + 1, 0);
-    gather_ = std::make_unique<host_gather_executor<L>>(
-        gc, host_span<std::byte>(reinterpret_cast<std::byte*>(workspace_.data()),
-                                 workspace_.size() * sizeof(std::int64_t)));
+    if (cfg.correction_capacity != 0) check_correction_policy();
+    const std::size_t need = carve(cfg, nullptr).bytes;
+    KVSCOUT_EXPECTS(workspace.size() >= need, "host_decode_pipeline: workspace holds ",
+                    workspace.size(), " bytes, expected at least workspace_bytes(config) = ", need);
+    KVSCOUT_EXPECTS(workspace.data() != nullptr, "host_decode_pipeline: workspace is null");
+    KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % workspace_alignment == 0,
+                    "host_decode_pipeline: workspace must be ", workspace_alignment,
+                    "-byte aligned, got address ", static_cast<const void*>(workspace.data()));
+    std::memset(workspace.data(), 0, need);  // counts start at 0 (previous_, last_selection())
+    const carved c = carve(cfg, workspace.data());
+    scores_ = c.scores;
+    row_max_ = c.row_max;
+    probs_ = c.probs;
+    buffers_[0] = c.buffers[0];
+    buffers_[1] = c.buffers[1];
+    corr_ = c.corr;
+    previous_ = c.previous;
+    if (cfg.correction_capacity != 0) corrector_.emplace(correction_config(cfg), c.corr_ws);
     stats_.rows.assign(static_cast<std::size_t>(cfg.num_layers), 0);
     stats_.bytes.assign(static_cast<std::size_t>(cfg.num_layers), 0);
     stats_.reused.assign(static_cast<std::size_t>(cfg.num_layers), 0);
     stats_.corrected.assign(static_cast<std::size_t>(cfg.num_layers), 0);
-    if (cfg.correction_capacity != 0) setup_correction();
-    if (cfg.track_reuse) {
-      previous_.assign(static_cast<std::size_t>(cfg.num_layers) * pairs *
-                           static_cast<std::size_t>(cfg.capacity + 1), 0);  // counts start at 0
-    }
   }
 
   /// Scores, selects and fetches layer `layer`'s rows from its cache `kv` (during layer - 1).
@@ -168,9 +222,8 @@ class host_decode_pipeline {
                            cfg_.max_tokens, {row_max_.data(), row_max_.size()}};
     policy_.score(layer, ctx, out);
     selector_.select(out.view(ctx.seq_lens), selection(b));
-    gather_->submit(kv, selection(b).view(),
-                    {as_writable_bytes(host_span<element_type>(b.k.data(), b.k.size())),
-                     as_writable_bytes(host_span<element_type>(b.v.data(), b.v.size()))})
+    executor_.submit(kv, selection(b).view(), {as_writable_bytes(b.k), as_writable_bytes(b.v)},
+                     host_exec{})
         .wait();
     std::int64_t rows = 0;
     for (int c : b.counts) rows += c;
@@ -191,7 +244,7 @@ class host_decode_pipeline {
                     " is out of range [0, ", cfg_.num_layers, ")");
     const attention_params ap{cfg_.num_q_heads, cfg_.scale, scales.k, scales.v};
     if (layer < cfg_.skip_layers) {
-      decode_attention_host(layout_rows<L>(kv), cur, ctx.q, out, ap, {}, 0, &gather_->pool());
+      decode_attention_host(layout_rows<L>(kv), cur, ctx.q, out, ap, {}, 0, pool());
       return;
     }
     if constexpr (P::needs_query) speculate(layer, ctx, kv);
@@ -204,10 +257,10 @@ class host_decode_pipeline {
       const int stride = cfg_.capacity + cfg_.correction_capacity + 1;
       if constexpr (requires { policy_.observe(layer, ctx, r, host_span<const float>{}, 0, true); }) {
         decode_attention_host(r, cur, ctx.q, out, ap, {probs_.data(), probs_.size()}, stride,
-                              &gather_->pool());
+                              pool());
         policy_.observe(layer, ctx, r, {probs_.data(), probs_.size()}, stride, cur.present());
       } else {
-        decode_attention_host(r, cur, ctx.q, out, ap, {}, 0, &gather_->pool());
+        decode_attention_host(r, cur, ctx.q, out, ap, {}, 0, pool());
       }
     };
     if (cfg_.correction_capacity > 0) {
@@ -253,11 +306,89 @@ class host_decode_pipeline {
   [[nodiscard]] const host_pipeline_config& configuration() const noexcept { return cfg_; }
 
  private:
+  // Spans into the workspace.
   struct buffer {
-    std::vector<int32_t> indices, counts;
-    std::vector<element_type> k, v;
+    host_span<int32_t> indices, counts;  // [num_seqs, num_kv_heads, capacity], [.., ..]
+    host_span<element_type> k, v;        // [num_seqs, num_kv_heads, capacity, head_dim]
     int layer = -1;  // which layer's rows the buffer holds
   };
+  // The workspace's regions (the header comment), each at a multiple of workspace_alignment
+  // from base; with base == nullptr only the sizes (bytes: the total).
+  struct carved {
+    host_span<float> scores, row_max, probs;
+    buffer buffers[2];
+    buffer corr;
+    host_span<std::byte> corr_ws;
+    host_span<int32_t> previous;
+    std::size_t bytes = 0;
+  };
+  static carved carve(const host_pipeline_config& cfg, std::byte* base) {
+    carved c;
+    std::size_t at = 0;
+    const auto take = [&]<class T>(std::size_t n, T*) {
+      at = (at + workspace_alignment - 1) / workspace_alignment * workspace_alignment;
+      T* p = base != nullptr ? reinterpret_cast<T*>(base + at) : nullptr;
+      at += detail::checked_size("host_decode_pipeline workspace region bytes", n, sizeof(T));
+      return host_span<T>(p, n);
+    };
+    const std::size_t pairs = static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads;
+    const std::size_t slots = pairs * static_cast<std::size_t>(cfg.capacity);
+    const auto take_buffer = [&] {
+      buffer b;
+      b.indices = take(slots, static_cast<int32_t*>(nullptr));
+      b.counts = take(pairs, static_cast<int32_t*>(nullptr));
+      b.k = take(slots * head_dim, static_cast<element_type*>(nullptr));
+      b.v = take(slots * head_dim, static_cast<element_type*>(nullptr));
+      return b;
+    };
+    c.scores = take(detail::checked_size("host_decode_pipeline scores", pairs, cfg.max_tokens),
+                    static_cast<float*>(nullptr));
+    c.row_max = take(pairs, static_cast<float*>(nullptr));
+    c.probs = take(pairs * static_cast<std::size_t>(cfg.capacity + cfg.correction_capacity + 1),
+                   static_cast<float*>(nullptr));
+    c.buffers[0] = take_buffer();
+    c.buffers[1] = take_buffer();
+    if (cfg.correction_capacity != 0) {
+      // Its rows in buffers of the speculation's shape (capacity slots), so that one executor
+      // serves both.
+      c.corr = take_buffer();
+      c.corr_ws = take(correction_selector_host::workspace_bytes(correction_config(cfg)),
+                       static_cast<std::byte*>(nullptr));
+    }
+    if (cfg.track_reuse)
+      c.previous = take(detail::checked_size("host_decode_pipeline previous selections",
+                                             cfg.num_layers, pairs, cfg.capacity + 1),
+                        static_cast<int32_t*>(nullptr));
+    c.bytes = at;
+    return c;
+  }
+  static_assert(workspace_alignment % correction_selector_host::workspace_alignment == 0 &&
+                workspace_alignment % alignof(element_type) == 0);
+
+  static void check_config(const host_pipeline_config& cfg) {
+    KVSCOUT_EXPECTS(cfg.num_layers > 0, "num_layers must be positive, got ", cfg.num_layers);
+    KVSCOUT_EXPECTS(cfg.skip_layers >= 0, "skip_layers must be non-negative, got ",
+                    cfg.skip_layers);
+    KVSCOUT_EXPECTS(cfg.num_seqs > 0 && cfg.num_kv_heads > 0, "num_seqs and num_kv_heads must be "
+                    "positive, got ", cfg.num_seqs, " and ", cfg.num_kv_heads);
+    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.capacity >= 1 && cfg.capacity <= cfg.max_tokens, "capacity = ",
+                    cfg.capacity, " must be in [1, max_tokens = ", cfg.max_tokens, "]");
+    KVSCOUT_EXPECTS(cfg.correction_capacity >= 0 && cfg.correction_capacity <= cfg.capacity,
+                    "correction_capacity = ", cfg.correction_capacity, " must be in [0, capacity = ",
+                    cfg.capacity, "] (the correction's rows use the speculation's slots and gather)");
+  }
+  static correction_selector_host::config correction_config(const host_pipeline_config& cfg) {
+    return {cfg.num_seqs, cfg.num_kv_heads, cfg.max_tokens, cfg.capacity, cfg.correction_capacity};
+  }
+  // The attention's threads: the executor's, where it has them.
+  thread_pool* pool() {
+    if constexpr (requires(Executor& e) { { e.pool() } -> std::same_as<thread_pool&>; }) {
+      return &executor_.pool();
+    } else {
+      return nullptr;
+    }
+  }
   // Per (sequence, kv head): rows of this selection that layer's previous one held; then keep
   // this one as the previous. previous_ row r of a layer: [count, indices...].
   void count_reuse(int layer, const buffer& b) {
@@ -276,27 +407,13 @@ class host_decode_pipeline {
     stats_.reused[static_cast<std::size_t>(layer)] += reused;
   }
 
-  void setup_correction() {
+  void check_correction_policy() const {
     constexpr bool late = requires(P& p, const spec_context& c, const score_buffer& o) {
       p.score_query(0, c, o);
     };
-    KVSCOUT_EXPECTS(cfg_.correction_capacity >= 0, "correction_capacity must be non-negative, got ",
-                    cfg_.correction_capacity);
     KVSCOUT_EXPECTS(late, "correction_capacity = ", cfg_.correction_capacity,
                     " needs a policy that scores the layer's own query (score_query, e.g. "
                     "infinigen_policy); this one has none");
-    // Its rows in buffers of the speculation's shape (capacity slots), so that one gather serves
-    // both.
-    const correction_selector_host::config cc{cfg_.num_seqs, cfg_.num_kv_heads, cfg_.max_tokens,
-                                              cfg_.capacity, cfg_.correction_capacity};
-    corr_ws_ = make_workspace<correction_selector_host>(cc);
-    corrector_ = std::make_unique<correction_selector_host>(cc, corr_ws_.span());
-    const std::size_t slots = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads *
-                              static_cast<std::size_t>(cfg_.capacity);
-    corr_.indices.assign(slots, 0);
-    corr_.counts.assign(static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads, 0);
-    corr_.k.assign(slots * head_dim, element_type{});
-    corr_.v.assign(corr_.k.size(), element_type{});
   }
 
   // The correction step of layer `layer` over its speculated rows b (see the header comment).
@@ -312,9 +429,8 @@ class host_decode_pipeline {
                                                   {b.counts.data(), b.counts.size()},
                                                   cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
       corrector_->select(late.view(ctx.seq_lens), speculated, correction_selection());
-      gather_->submit(kv, correction_selection().view(),
-                      {as_writable_bytes(host_span<element_type>(corr_.k.data(), corr_.k.size())),
-                       as_writable_bytes(host_span<element_type>(corr_.v.data(), corr_.v.size()))})
+      executor_.submit(kv, correction_selection().view(),
+                       {as_writable_bytes(corr_.k), as_writable_bytes(corr_.v)}, host_exec{})
           .wait();
       std::int64_t rows = 0;
       for (int c : corr_.counts) rows += c;
@@ -338,17 +454,17 @@ class host_decode_pipeline {
   host_pipeline_config cfg_;
   P& policy_;
   Selector& selector_;
-  std::vector<float> scores_;
-  std::vector<float> row_max_;  // [num_seqs, num_kv_heads]: the rows' maxima, policy to selector
+  Executor& executor_;
+  // Spans into the caller's workspace (carve()).
+  host_span<float> scores_;
+  host_span<float> row_max_;  // [num_seqs, num_kv_heads]: the rows' maxima, policy to selector
   buffer buffers_[2];
-  std::vector<float> probs_;
-  std::vector<std::int64_t> workspace_;
-  std::unique_ptr<host_gather_executor<L>> gather_;
-  std::vector<int32_t> previous_;  // [num_layers, num_seqs * num_kv_heads, 1 + capacity]
-  // The correction step (cfg.correction_capacity > 0): its rows and selector.
+  host_span<float> probs_;
+  host_span<int32_t> previous_;  // [num_layers, num_seqs * num_kv_heads, 1 + capacity]
+  // The correction step (cfg.correction_capacity > 0): its rows and selector (whose workspace is
+  // a region of the pipeline's).
   buffer corr_;
-  host_workspace corr_ws_;
-  std::unique_ptr<correction_selector_host> corrector_;
+  std::optional<correction_selector_host> corrector_;
   fetch_stats stats_;
 };
 

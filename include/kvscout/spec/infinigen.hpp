@@ -7,22 +7,37 @@
 //   score[s, h, t]   = aggregate over the g query heads of the group (spec/concepts.hpp)
 //
 // Layers without plans (below skip_layers) are not tracked: append() to them does nothing, score()
-// of them throws. Set-up allocates the partial key caches and the scratch for the partial
-// queries; append() and score() allocate nothing.
+// of them throws. append() and score() allocate nothing.
 //
-//   kvscout::infinigen_policy<> p(cfg, plans, w_q, b_q);   // plans[layer][kv_head]
+// Memory. The scratch of a step (the block's partial queries, RoPE tables, one projected key, a
+// group's mean query) is a caller-owned workspace of workspace_bytes(cfg) bytes at
+// workspace_alignment, the convention of the selectors and executors; it is sized for the
+// largest r a plan may have (head_dim), since the config does not name r. The per-layer state
+// (the partial W_Q rows and the partial key caches) stays the policy's own, allocated once here:
+// its size follows from the plans (each layer's r, which layers are speculated), not from the
+// config, and its contents are built from the model's weights in this constructor, so a caller
+// could not size it before the plans exist nor fill it without the policy. The device speculator
+// (spec/infinigen_device.hpp) takes its partial key cache in its workspace because it is one
+// layer whose config names r; a host equivalent would be workspace_bytes(cfg, plans) and a
+// partial_key_cache over caller memory (not done; docs/architecture.md, "Workspaces").
+//
+//   auto ws = kvscout::make_workspace<kvscout::infinigen_policy<>>(cfg);
+//   kvscout::infinigen_policy<> p(cfg, plans, w_q, b_q, ws.span());   // plans[layer][kv_head]
 //   p.append(layer, s, t, k_pre_rope, k_post_rope);        // as tokens enter the cache
 //   p.score(layer, {.x = x, .positions = pos, .seq_lens = lens}, out);   // during layer - 1
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kvscout/cache/partial_key_cache.hpp"
+#include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/simd.hpp"
 #include "kvscout/skew/plan.hpp"
@@ -53,28 +68,45 @@ class infinigen_policy {
   using config_type = config;
   static constexpr bool needs_query = false;
 
+  /// Workspace: the scratch of one score() / score_query() / append() (the partial queries of
+  /// query_block sequences, their RoPE tables, one projected key, a group's mean query), sized
+  /// for r = head_dim, the largest a plan may have: about
+  /// 4 * (query_block * num_q_heads * head_dim + 2 * head_dim) + query_block * 1 KiB bytes.
+  /// Checks the config (the checks the constructor makes before it reads the plans).
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
+    check_config(cfg);
+    return sizeof(rope_table) * query_block +
+           sizeof(float) * detail::checked_size("infinigen_policy's scratch floats (query_block x "
+                                                "num_q_heads x head_dim)",
+                                                query_block, cfg.num_q_heads, cfg.head_dim) +
+           sizeof(float) * 2 * static_cast<std::size_t>(cfg.head_dim);
+  }
+  /// The alignment the workspace's address must have (RoPE tables and floats).
+  static constexpr std::size_t workspace_alignment =
+      alignof(rope_table) > alignof(float) ? alignof(rope_table) : alignof(float);
+
   /// plans[layer] is empty (layer not speculated) or holds one plan per KV head, all with the
   /// same r. w_q[layer] / b_q[layer]: layer's W_Q [num_q_heads * head_dim, d_model] and bias
   /// (may be empty), float or the model's own half / bfloat16 (no float copy of the model is
-  /// needed); they are read here only, to build the partial weights.
+  /// needed); they are read here only, to build the partial weights. workspace: at least
+  /// workspace_bytes(cfg) bytes at workspace_alignment, the caller's, used by every later call
+  /// (one call at a time) and not to be shared with anything else while the policy lives.
   infinigen_policy(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
                    const std::vector<host_span<const float>>& w_q,
-                   const std::vector<host_span<const float>>& b_q)
-      : infinigen_policy(build_tag{}, cfg, plans, w_q, b_q) {}
+                   const std::vector<host_span<const float>>& b_q,
+                   host_span<std::byte> workspace)
+      : infinigen_policy(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
   template <compute_element In>
     requires(!std::is_same_v<In, float>)
   infinigen_policy(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
                    const std::vector<host_span<const In>>& w_q,
-                   const std::vector<host_span<const In>>& b_q)
-      : infinigen_policy(build_tag{}, cfg, plans, w_q, b_q) {}
+                   const std::vector<host_span<const In>>& b_q,
+                   host_span<std::byte> workspace)
+      : infinigen_policy(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
 
  private:
   struct build_tag {};
-  template <compute_element In>
-  infinigen_policy(build_tag, const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-                   const std::vector<host_span<const In>>& w_q,
-                   const std::vector<host_span<const In>>& b_q)
-      : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.num_layers)) {
+  static void check_config(const config& cfg) {
     detail::check_policy_sizes("infinigen_policy", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
                                cfg.max_tokens);
     KVSCOUT_EXPECTS(cfg.head_dim > 0 && cfg.d_model > 0, "head_dim and d_model must be positive, got ",
@@ -83,12 +115,36 @@ class infinigen_policy {
     KVSCOUT_EXPECTS(cfg.num_q_heads / cfg.num_kv_heads <= detail::max_group, "GQA group of ",
                     cfg.num_q_heads / cfg.num_kv_heads, " exceeds ", detail::max_group);
     detail::check_scale(cfg.scale);
+  }
+  // Carves the scratch out of the caller's workspace (checked first): [query_block] RoPE tables,
+  // then qp_ [query_block, num_q_heads, head_dim], pk_ [head_dim], qm_ [head_dim] floats.
+  void carve(host_span<std::byte> workspace) {
+    const std::size_t need = workspace_bytes(cfg_);
+    KVSCOUT_EXPECTS(workspace.size() >= need, "infinigen_policy: workspace holds ",
+                    workspace.size(), " bytes, expected at least workspace_bytes(config) = ", need);
+    KVSCOUT_EXPECTS(workspace.data() != nullptr, "infinigen_policy: workspace is null");
+    KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % workspace_alignment == 0,
+                    "infinigen_policy: workspace must be ", workspace_alignment,
+                    "-byte aligned, got address ", static_cast<const void*>(workspace.data()));
+    static_assert(std::is_trivially_destructible_v<rope_table>);
+    static_assert(sizeof(rope_table) % alignof(float) == 0);
+    rope_ = reinterpret_cast<rope_table*>(workspace.data());
+    std::uninitialized_default_construct_n(rope_, query_block);
+    qp_ = reinterpret_cast<float*>(workspace.data() + sizeof(rope_table) * query_block);
+    pk_ = qp_ + static_cast<std::size_t>(query_block) * cfg_.num_q_heads * cfg_.head_dim;
+    qm_ = pk_ + cfg_.head_dim;
+  }
+  template <compute_element In>
+  infinigen_policy(build_tag, const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                   const std::vector<host_span<const In>>& w_q,
+                   const std::vector<host_span<const In>>& b_q, host_span<std::byte> workspace)
+      : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.num_layers)) {
+    carve(workspace);  // checks the config too
     KVSCOUT_EXPECTS(plans.size() == layers_.size() && w_q.size() == layers_.size() &&
                         b_q.size() == layers_.size(),
                     "expected one entry per layer (", cfg.num_layers, ") in plans (", plans.size(),
                     "), w_q (", w_q.size(), ") and b_q (", b_q.size(), ")");
     const int g = cfg.num_q_heads / cfg.num_kv_heads;
-    int r_max = 0;
     for (int l = 0; l < cfg.num_layers; ++l) {
       const auto& pl = plans[static_cast<std::size_t>(l)];
       if (pl.empty()) continue;
@@ -130,12 +186,7 @@ class infinigen_policy {
                              st.rope_planes.end());
       }
       st.cache = partial_key_cache<PkT>(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
-      r_max = std::max(r_max, st.r);
     }
-    qp_.assign(static_cast<std::size_t>(query_block) * cfg.num_q_heads * std::max(r_max, 1), 0.f);
-    rope_.resize(static_cast<std::size_t>(query_block));
-    pk_.assign(static_cast<std::size_t>(std::max(r_max, 1)), 0.f);
-    qm_.assign(static_cast<std::size_t>(std::max(r_max, 1)), 0.f);
   }
 
  public:
@@ -163,8 +214,8 @@ class infinigen_policy {
       const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
       const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
       // The plans were checked at construction and are the policy's own copies.
-      detail::project_key_checked_plan(p, k, pk_.data());
-      st.cache.append(s, h, t, pk_.data());
+      detail::project_key_checked_plan(p, k, pk_);
+      st.cache.append(s, h, t, pk_);
     }
   }
 
@@ -189,7 +240,7 @@ class infinigen_policy {
       const int count = std::min(query_block, S - s0);
       if (rope)
         for (int v = 0; v < count; ++v) {
-          rope_table& rt = rope_[static_cast<std::size_t>(v)];
+          rope_table& rt = rope_[v];
           if (some_planes) {
             rt.fill(st.freq, ctx.positions[s0 + v], st.rope_planes.data(),
                     static_cast<int>(st.rope_planes.size()));
@@ -200,16 +251,16 @@ class infinigen_policy {
       const float* x = ctx.x.data() + static_cast<std::size_t>(s0) * cfg_.d_model;
       for (int qh = 0; qh < Hq; ++qh) {
         // Pre-multiplied by the attention scale.
-        float* q = qp_.data() + static_cast<std::size_t>(qh) * r;
+        float* q = qp_ + static_cast<std::size_t>(qh) * r;
         partial_queries(st.weights[static_cast<std::size_t>(qh)], x,
-                        static_cast<std::size_t>(cfg_.d_model), count, rope_.data(), q, ldq);
+                        static_cast<std::size_t>(cfg_.d_model), count, rope_, q, ldq);
         for (int v = 0; v < count; ++v)
           for (int c = 0; c < r; ++c) q[v * ldq + static_cast<std::size_t>(c)] *= cfg_.scale;
       }
       for (int v = 0; v < count; ++v)
         for (int h = 0; h < H; ++h) {
           const int b = s0 + v;
-          const float* qg = qp_.data() + v * ldq + static_cast<std::size_t>(h) * g * r;
+          const float* qg = qp_ + v * ldq + static_cast<std::size_t>(h) * g * r;
           const float top =
               score_row(st, qg, detail::seq_of(ctx, b), h, g, ctx.seq_lens[b], out.row(b, h));
           if (!out.row_max.empty()) out.row_max[static_cast<std::size_t>(b) * H + h] = top;
@@ -239,7 +290,7 @@ class infinigen_policy {
     const std::size_t qrow = static_cast<std::size_t>(Hq) * cfg_.head_dim;
     KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(S) * qrow, "q holds ", ctx.q.size(),
                     " floats, expected [", S, ", ", Hq, ", ", cfg_.head_dim, "]");
-    float* qg = qp_.data();  // [g, r]: one group's scaled partial queries
+    float* qg = qp_;  // [g, r]: one group's scaled partial queries
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < H; ++h) {
         const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
@@ -302,7 +353,7 @@ class infinigen_policy {
     if (!use_max && g > 1) {
       // mean_logit: the mean of the group's dot products is the dot product with the group's mean
       // query, so one multiply-add chain per tile instead of g (rounding differs only in order).
-      float* qm = qm_.data();
+      float* qm = qm_;
       for (int c = 0; c < r; ++c) {
         float sum = 0.f;
         for (int j = 0; j < g; ++j) sum += qg[j * r + c];
@@ -485,10 +536,12 @@ class infinigen_policy {
 
   config cfg_;
   std::vector<layer_state> layers_;
-  std::vector<float> qp_;    // [query_block, num_q_heads, r] scratch: scaled partial queries
-  std::vector<float> pk_;    // [r] scratch
-  std::vector<float> qm_;    // [r] scratch: a group's mean partial query (mean_logit)
-  std::vector<rope_table> rope_;   // [query_block]: each sequence's rotation, shared by all heads
+  // Scratch in the caller's workspace (carve()), sized for r = head_dim; a layer uses the first
+  // r of each head's head_dim floats' worth (qp_ rows are r apart, as before).
+  float* qp_ = nullptr;    // [query_block, num_q_heads, r] scaled partial queries
+  float* pk_ = nullptr;    // [r] one projected key
+  float* qm_ = nullptr;    // [r] a group's mean partial query (mean_logit)
+  rope_table* rope_ = nullptr;   // [query_block]: each sequence's rotation, shared by all heads
 };
 
 static_assert(speculation_policy<infinigen_policy<>>);
