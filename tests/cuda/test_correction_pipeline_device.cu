@@ -119,9 +119,10 @@ struct world {
 std::vector<float> host_late_scores(const world& w, int l) {
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int i = 0; i < L; ++i) wq.push_back({w.w_q[i].data(), w.w_q[i].size()});
-  kvscout::infinigen_policy<float> policy({L, S, H, Hq, D, dm, max_tokens, scale,
-                                           kvscout::gqa_aggregation::max_logit},
-                                          w.plans, wq, bq);
+  const kvscout::infinigen_config pc{L, S, H, Hq, D, dm, max_tokens, scale,
+                                    kvscout::gqa_aggregation::max_logit};
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<float>>(pc);
+  kvscout::infinigen_policy<float> policy(pc, w.plans, wq, bq, pws.span());
   for (int s = 0; s < S; ++s)
     for (int t = 0; t < w.lens[s]; ++t) {
       const auto kr = w.key_row(l, s, t);

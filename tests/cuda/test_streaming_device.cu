@@ -159,7 +159,10 @@ struct seq_id_spy : kvscout::streaming_policy_cuda {
 };
 static_assert(kvscout::device_speculation_policy<seq_id_spy>);
 
-void pipeline_selects_sinks_and_recent() {
+// per_layer_budgets: layer 2 has its own selector, of budget 12 (capacity still `budget`): the
+// stages' per-layer selectors (cuda_stage_selectors).
+void pipeline_selects(bool per_layer_budgets) {
+  constexpr int budget2 = 12;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
   const std::vector<int32_t> lens_init = {300, 20};  // the second is shorter than the budget
@@ -190,6 +193,15 @@ void pipeline_selects_sinks_and_recent() {
   gpu_test::device_vector<std::byte> sel_ws(
       std::max<std::size_t>(1, kvscout::topk_selector_cuda::workspace_bytes(sc)));
   kvscout::topk_selector_cuda selector(sc, {sel_ws.data(), kvscout::topk_selector_cuda::workspace_bytes(sc)});
+  kvscout::topk_selector_cuda::config sc2{S, H, max_tokens, budget, budget2, {0, 0}};
+  gpu_test::device_vector<std::byte> sel_ws2(
+      std::max<std::size_t>(1, kvscout::topk_selector_cuda::workspace_bytes(sc2)));
+  kvscout::topk_selector_cuda selector2(sc2, {sel_ws2.data(), kvscout::topk_selector_cuda::workspace_bytes(sc2)});
+  using selectors_t = kvscout::cuda_stage_selectors<kvscout::topk_selector_cuda>;
+  const selectors_t selectors =
+      per_layer_budgets ? selectors_t(std::vector<kvscout::topk_selector_cuda*>{nullptr, &selector, &selector2})
+                        : selectors_t(selector);
+  const auto budget_of = [&](int l) { return per_layer_budgets && l == 2 ? budget2 : budget; };
   gpu_test::device_vector<int> status(1);
   KVSCOUT_CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(int)));
   kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
@@ -218,7 +230,7 @@ void pipeline_selects_sinks_and_recent() {
   }
   using stages_t =
       kvscout::cuda_speculation_stages<layout, seq_id_spy, kvscout::topk_selector_cuda>;
-  stages_t stages(per_layer, selector, fetch, sources,
+  stages_t stages(per_layer, selectors, fetch, sources,
                   {{scores.data(), scores.size()}, S, H, max_tokens},
                   {dspan<const int32_t>(dev_lens), dspan<const int32_t>(dev_lens), max_tokens,
                    dspan<const int32_t>(seq_ids)},
@@ -237,6 +249,22 @@ void pipeline_selects_sinks_and_recent() {
               std::string::npos;
   }
   GPU_CHECK(refused);
+  if (per_layer_budgets) {  // one selector per layer, none null where a policy is
+    const auto refusal = [&](std::vector<kvscout::topk_selector_cuda*> sels, const char* what) {
+      try {
+        stages_t bad(per_layer, selectors_t(std::move(sels)), fetch, sources,
+                     {{scores.data(), scores.size()}, S, H, max_tokens},
+                     {dspan<const int32_t>(dev_lens), dspan<const int32_t>(dev_lens), max_tokens,
+                      dspan<const int32_t>(seq_ids)},
+                     {dspan<const float>(x0), dspan<const float>(x1)}, sets);
+      } catch (const kvscout::error& e) {
+        return std::string(e.what()).find(what) != std::string::npos;
+      }
+      return false;
+    };
+    GPU_CHECK(refusal({&selector, &selector}, "got 2 selectors, expected one per layer (3 layers)"));
+    GPU_CHECK(refusal({&selector, &selector, nullptr}, "layer 2 has a speculation policy but a null selector"));
+  }
   kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
                                      kvscout::cuda_stages_ref<stages_t>{&stages});
   using pipe_t = decltype(pipe);
@@ -270,10 +298,10 @@ void pipeline_selects_sinks_and_recent() {
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < H; ++h) {
         // The sinks and the budget - sinks most recent tokens, or every token of a short row.
-        const int n = lens_init[s];
+        const int n = lens_init[s], b = budget_of(l);
         std::vector<int32_t> want;
         for (int t = 0; t < n; ++t)
-          if (n <= budget || t < sinks || t >= n - (budget - sinks)) want.push_back(t);
+          if (n <= b || t < sinks || t >= n - (b - sinks)) want.push_back(t);
         const int row = s * H + h;
         const bool ok = lc[row] == static_cast<int>(want.size()) &&
                         std::equal(want.begin(), want.end(), li + row * budget);
@@ -326,5 +354,7 @@ int main() {
   return gpu_test::run_all("streaming_device", {{"scores_match_host", scores_match_host},
                                                 {"bad_input_throws", bad_input_throws},
                                                 {"pipeline_selects_sinks_and_recent",
-                                                 pipeline_selects_sinks_and_recent}});
+                                                 [] { pipeline_selects(false); }},
+                                                {"pipeline_per_layer_budgets",
+                                                 [] { pipeline_selects(true); }}});
 }

@@ -710,3 +710,54 @@ TEST_CASE("the pipeline takes its buffers in the caller's workspace and checks i
     for (int c : s0.counts) REQUIRE(c == 0);
   }
 }
+
+TEST_CASE("per-layer selectors give each layer its own budget", "[pipeline][budgets]") {
+  // Layer 2 takes 4 rows, layer 3 takes 12, within one capacity of 16 (layer_budget_shares'
+  // use: budgets that follow the attention).
+  constexpr int cap = 16;
+  using pipe_t =
+      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, cap, 1, 0.125f};
+  const auto make = [](int budget) {
+    return kvscout::topk_selector_host::config{S, H, max_tokens, cap, budget, {}};
+  };
+  auto ws4 = kvscout::make_workspace<kvscout::topk_selector_host>(make(4));
+  auto ws12 = kvscout::make_workspace<kvscout::topk_selector_host>(make(12));
+  auto ws16 = kvscout::make_workspace<kvscout::topk_selector_host>(make(cap));
+  kvscout::topk_selector_host sel4(make(4), ws4.span()), sel12(make(12), ws12.span()), sel16(make(cap), ws16.span());
+  const auto decode = [&](std::vector<kvscout::topk_selector_host*> sels, std::vector<std::int64_t>& rows) {
+    model m(L, Hq, H, S, max_tokens, 91);
+    kvscout::streaming_policy p({H, 4});
+    pipe_memory<pipe_t> mem(pc);
+    pipe_t pipe = sels.empty() ? pipe_t(pc, p, sel16, mem.gather, mem.ws.span())
+                               : pipe_t(pc, p, std::move(sels), mem.gather, mem.ws.span());
+    std::vector<float> hs;
+    for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
+    for (int t = 0; t < steps; ++t) m.step(pipe, hs, m.embedding(500u + t));
+    rows = pipe.stats().rows;
+    return hs;
+  };
+  std::vector<std::int64_t> rows_shared, rows_same, rows_split;
+  const auto shared = decode({}, rows_shared);
+  // One selector given per layer is the shared selector: the same bits.
+  REQUIRE(decode({nullptr, nullptr, &sel16, &sel16}, rows_same) == shared);
+  REQUIRE(rows_same == rows_shared);
+  // Different budgets: every decode step moves S * H * budget rows at each speculated layer (the
+  // rows are longer than 12 from the prompt on).
+  const auto split = decode({nullptr, nullptr, &sel4, &sel12}, rows_split);
+  REQUIRE(rows_split[2] == static_cast<std::int64_t>(steps) * S * H * 4);
+  REQUIRE(rows_split[3] == static_cast<std::int64_t>(steps) * S * H * 12);
+  REQUIRE(split != shared);
+  // Refusals: one per layer, none null where speculated, each with the pipeline's shape.
+  kvscout::streaming_policy p({H, 4});
+  pipe_memory<pipe_t> mem(pc);
+  REQUIRE_THROWS_WITH(pipe_t(pc, p, std::vector<kvscout::topk_selector_host*>{&sel4, &sel4}, mem.gather, mem.ws.span()),
+                      Catch::Contains("got 2 selectors, expected one per layer (num_layers = 4)"));
+  REQUIRE_THROWS_WITH(pipe_t(pc, p, std::vector<kvscout::topk_selector_host*>{&sel4, &sel4, &sel4, nullptr}, mem.gather, mem.ws.span()),
+                      Catch::Contains("layer 3 is speculated (skip_layers = 2) but its selector is null"));
+  const kvscout::topk_selector_host::config other{S, H, max_tokens, 8, 4, {}};
+  auto wso = kvscout::make_workspace<kvscout::topk_selector_host>(other);
+  kvscout::topk_selector_host sel_other(other, wso.span());
+  REQUIRE_THROWS_WITH(pipe_t(pc, p, std::vector<kvscout::topk_selector_host*>{nullptr, nullptr, &sel4, &sel_other}, mem.gather, mem.ws.span()),
+                      Catch::Contains("layer 3's selector configured for [num_seqs, num_kv_heads, stride, capacity] = [2, 2, 96, 8]"));
+}

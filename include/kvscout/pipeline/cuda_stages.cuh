@@ -28,7 +28,8 @@
 //   kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda> stages(
 //       speculators, selector, fetch, sources, scores, {positions, seq_lens, max_tokens},
 //       {x0, x1}, buffer_sets);
-//   // any other policy: cuda_speculation_stages<layout, Policy, Selector>, same arguments
+//   // any other policy: cuda_speculation_stages<layout, Policy, Selector>, same arguments;
+//   // per-layer budgets: a std::vector<Selector*> (one per layer) in place of `selector`
 //   kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = 2}, streams,
 //                                      kvscout::cuda_stages_ref<decltype(stages)>{&stages});
 //   // layer i: write x_i into stages.x(pipe.slot(i + 1)), pipe.input_ready(i, d_status),
@@ -118,6 +119,17 @@ concept row_caching_executor =
 
 /// Executor: any device_step_executor reading a kv_view<L, device_space> into a
 /// gather_destination<device_space>; row_cache buffering needs a row_caching_executor.
+/// The selectors of the speculated layers: one for every layer (a Selector& converts), or one
+/// per layer (budgets that differ by layer, e.g. from layer_budget_shares, select/budgets.hpp;
+/// null below skip_layers; one selector may serve several layers).
+template <class Selector>
+struct cuda_stage_selectors {
+  cuda_stage_selectors(Selector& every_layer) : all(&every_layer) {}  // NOLINT(google-explicit-constructor)
+  cuda_stage_selectors(std::vector<Selector*> by_layer) : per_layer(std::move(by_layer)) {}  // NOLINT
+  Selector* all = nullptr;
+  std::vector<Selector*> per_layer;
+};
+
 template <kv_layout L, class Policy, class Selector, class Executor = zero_copy_executor<L>>
   requires device_speculation_policy<Policy> && row_selector<Selector>
 class cuda_speculation_stages {
@@ -144,15 +156,18 @@ class cuda_speculation_stages {
   /// x[b]: the layer input slot b's speculation reads ([num_seqs, d_model]). sets: 2 buffer sets
   /// (slots) or 2 per layer, set 2 i + parity for layer i (row_cache). hits: optional device
   /// counter of rows the row cache served.
-  cuda_speculation_stages(std::vector<speculator_type*> speculators, Selector& selector,
-                          executor_type& fetch, std::vector<kv_view<L, device_space>> sources,
+  cuda_speculation_stages(std::vector<speculator_type*> speculators,
+                          cuda_stage_selectors<Selector> selectors, executor_type& fetch,
+                          std::vector<kv_view<L, device_space>> sources,
                           const device_score_buffer& scores, const cuda_stage_lengths& lengths,
                           const std::array<device_span<const float>, 2>& x,
                           std::vector<cuda_stage_buffers> sets,
                           cuda_stage_buffering buffering = cuda_stage_buffering::slots,
                           unsigned long long* hits = nullptr)
       : speculators_(std::move(speculators)),
-        selector_(&selector),
+        selectors_(selectors.all != nullptr
+                       ? std::vector<Selector*>(speculators_.size(), selectors.all)
+                       : std::move(selectors.per_layer)),
         fetch_(&fetch),
         sources_(std::move(sources)),
         scores_(scores),
@@ -164,6 +179,11 @@ class cuda_speculation_stages {
     KVSCOUT_EXPECTS(!speculators_.empty(), "cuda_speculation_stages needs at least one layer");
     KVSCOUT_EXPECTS(sources_.size() == speculators_.size(), "sources has ", sources_.size(),
                     " layers, speculators ", speculators_.size());
+    KVSCOUT_EXPECTS(selectors_.size() == speculators_.size(), "got ", selectors_.size(),
+                    " selectors, expected one per layer (", speculators_.size(), " layers)");
+    for (std::size_t i = 0; i < speculators_.size(); ++i)
+      KVSCOUT_EXPECTS(speculators_[i] == nullptr || selectors_[i] != nullptr, "layer ", i,
+                      " has a speculation policy but a null selector");
     KVSCOUT_EXPECTS(lengths.max_seq_len >= 0, "max_seq_len must be non-negative, got ",
                     lengths.max_seq_len);
     KVSCOUT_EXPECTS(lengths.seq_lens.data() != nullptr && lengths.positions.data() != nullptr,
@@ -195,14 +215,15 @@ class cuda_speculation_stages {
 
   /// The same with the correction step (correct()): its parts, checked against the
   /// speculation's. Needs a device_query_scoring_policy (a static_assert says so).
-  cuda_speculation_stages(std::vector<speculator_type*> speculators, Selector& selector,
-                          executor_type& fetch, std::vector<kv_view<L, device_space>> sources,
+  cuda_speculation_stages(std::vector<speculator_type*> speculators,
+                          cuda_stage_selectors<Selector> selectors, executor_type& fetch,
+                          std::vector<kv_view<L, device_space>> sources,
                           const device_score_buffer& scores, const cuda_stage_lengths& lengths,
                           const std::array<device_span<const float>, 2>& x,
                           std::vector<cuda_stage_buffers> sets, cuda_stage_buffering buffering,
                           unsigned long long* hits,
                           const cuda_stage_correction<executor_type>& correction)
-      : cuda_speculation_stages(std::move(speculators), selector, fetch, std::move(sources), scores,
+      : cuda_speculation_stages(std::move(speculators), std::move(selectors), fetch, std::move(sources), scores,
                                 lengths, x, std::move(sets), buffering, hits) {
     correction_ = correction;
     KVSCOUT_EXPECTS(correction_.selector != nullptr, "the correction step's selector is null "
@@ -251,7 +272,8 @@ class cuda_speculation_stages {
     const device_spec_context ctx{x_[check_slot(b)], lengths_.positions, lengths_.seq_lens,
                                   lengths_.max_seq_len, lengths_.seq_ids};
     spec->score(ctx, scores_, exec);
-    selector_->select(scores_.view(lengths_.seq_lens), cur.selection, exec);
+    selectors_[static_cast<std::size_t>(layer)]->select(scores_.view(lengths_.seq_lens), cur.selection,
+                                                        exec);
   }
 
   /// Whether the stages were built with the correction step's parts.
@@ -375,7 +397,7 @@ class cuda_speculation_stages {
   }
 
   std::vector<speculator_type*> speculators_;
-  Selector* selector_;
+  std::vector<Selector*> selectors_;  // [num_layers], null where not speculated
   executor_type* fetch_;
   std::vector<kv_view<L, device_space>> sources_;
   device_score_buffer scores_;

@@ -38,6 +38,10 @@
 // thread_pool, as the host gather does), the attention runs on those threads too; otherwise on
 // the calling thread alone (the same bits either way).
 //
+// Budgets by layer: the pipeline takes one selector for every layer, or one per layer (a vector,
+// null below skip_layers), e.g. top-k selectors whose budgets follow layer_budget_shares
+// (select/budgets.hpp). Every selector has the pipeline's shape; capacity bounds all budgets.
+//
 // Reuse: with track_reuse, stats().reused[i] counts the rows layer i selected that its previous
 // step had selected too, per (sequence, kv head): the rows a device-side row cache keeps and need
 // not cross the link again (the CUDA pipeline's row cache; measured here on the host).
@@ -159,19 +163,36 @@ class host_decode_pipeline {
   /// it lives.
   host_decode_pipeline(const host_pipeline_config& cfg, P& policy, Selector& selector,
                        Executor& executor, host_span<std::byte> workspace)
-      : cfg_(cfg), policy_(policy), selector_(selector), executor_(executor) {
+      : host_decode_pipeline(cfg, policy,
+                             std::vector<Selector*>(static_cast<std::size_t>(std::max(cfg.num_layers, 0)),
+                                                    &selector),
+                             executor, workspace) {}
+  /// Per-layer selectors (budgets that differ by layer: select/budgets.hpp): selectors[i] selects
+  /// layer i's rows, one per layer (null below skip_layers; one selector may serve several),
+  /// each with the pipeline's shape.
+  host_decode_pipeline(const host_pipeline_config& cfg, P& policy, std::vector<Selector*> selectors,
+                       Executor& executor, host_span<std::byte> workspace)
+      : cfg_(cfg), policy_(policy), selectors_(std::move(selectors)), executor_(executor) {
     check_config(cfg);
-    if constexpr (requires { selector.configuration().capacity; }) {
-      // The pipeline hands the selector [num_seqs, num_kv_heads, max_tokens] scores and
-      // [.., capacity] selections: a selector configured otherwise would throw at the first
-      // speculate(); say so here, in the pipeline's terms.
-      const auto& sc = selector.configuration();
-      KVSCOUT_EXPECTS(sc.num_seqs == cfg.num_seqs && sc.num_kv_heads == cfg.num_kv_heads &&
-                          sc.stride == cfg.max_tokens && sc.capacity == cfg.capacity,
-                      "selector configured for [num_seqs, num_kv_heads, stride, capacity] = [",
-                      sc.num_seqs, ", ", sc.num_kv_heads, ", ", sc.stride, ", ", sc.capacity,
-                      "], expected the pipeline's [", cfg.num_seqs, ", ", cfg.num_kv_heads, ", ",
-                      cfg.max_tokens, " (max_tokens), ", cfg.capacity, "]");
+    KVSCOUT_EXPECTS(selectors_.size() == static_cast<std::size_t>(cfg.num_layers), "got ",
+                    selectors_.size(), " selectors, expected one per layer (num_layers = ",
+                    cfg.num_layers, ")");
+    for (int i = cfg.skip_layers; i < cfg.num_layers; ++i) {
+      const Selector* sel = selectors_[static_cast<std::size_t>(i)];
+      KVSCOUT_EXPECTS(sel != nullptr, "layer ", i, " is speculated (skip_layers = ", cfg.skip_layers,
+                      ") but its selector is null");
+      if constexpr (requires { sel->configuration().capacity; }) {
+        // The pipeline hands the selector [num_seqs, num_kv_heads, max_tokens] scores and
+        // [.., capacity] selections: a selector configured otherwise would throw at the first
+        // speculate(); say so here, in the pipeline's terms.
+        const auto& sc = sel->configuration();
+        KVSCOUT_EXPECTS(sc.num_seqs == cfg.num_seqs && sc.num_kv_heads == cfg.num_kv_heads &&
+                            sc.stride == cfg.max_tokens && sc.capacity == cfg.capacity,
+                        "layer ", i, "'s selector configured for [num_seqs, num_kv_heads, stride, capacity] = [",
+                        sc.num_seqs, ", ", sc.num_kv_heads, ", ", sc.stride, ", ", sc.capacity,
+                        "], expected the pipeline's [", cfg.num_seqs, ", ", cfg.num_kv_heads, ", ",
+                        cfg.max_tokens, " (max_tokens), ", cfg.capacity, "]");
+      }
     }
     if constexpr (requires { executor.configuration().capacity; }) {
       // The pipeline hands the executor [num_seqs, num_kv_heads, capacity] selections.
@@ -221,7 +242,7 @@ class host_decode_pipeline {
     const score_buffer out{{scores_.data(), scores_.size()}, cfg_.num_seqs, cfg_.num_kv_heads,
                            cfg_.max_tokens, {row_max_.data(), row_max_.size()}};
     policy_.score(layer, ctx, out);
-    selector_.select(out.view(ctx.seq_lens), selection(b));
+    selectors_[static_cast<std::size_t>(layer)]->select(out.view(ctx.seq_lens), selection(b));
     executor_.submit(kv, selection(b).view(), {as_writable_bytes(b.k), as_writable_bytes(b.v)},
                      host_exec{})
         .wait();
@@ -453,7 +474,7 @@ class host_decode_pipeline {
 
   host_pipeline_config cfg_;
   P& policy_;
-  Selector& selector_;
+  std::vector<Selector*> selectors_;  // [num_layers], null below skip_layers
   Executor& executor_;
   // Spans into the caller's workspace (carve()).
   host_span<float> scores_;
