@@ -964,18 +964,18 @@ int main(int argc, char** argv) try {
       if (own && by_layer) own_curves = hz.mass_curves(tx, 400, outside);
       for (double b : bs) {
         if (by_layer) {
-        infinigen_knobs layers;
-        layers.layer_shares = layer_shares(model_curves, skip, b, layer_rule, floor_share);
-        layers.layer_rule = layer_name.c_str();
-        std::printf("  layer shares at %g %% (%s):", 100 * b, layer_name.c_str());
-        for (double x : layers.layer_shares) std::printf(" %.2f", x);
-        std::printf("\n");
-        triple(tx, f, b, layers);
-        if (own) {
-          layers.layer_shares = layer_shares(own_curves, skip, b, layer_rule, floor_share);
-          layers.layer_rule = own_rule.c_str();
+          infinigen_knobs layers;
+          layers.layer_shares = layer_shares(model_curves, skip, b, layer_rule, floor_share);
+          layers.layer_rule = layer_name.c_str();
+          std::printf("  layer shares at %g %% (%s):", 100 * b, layer_name.c_str());
+          for (double x : layers.layer_shares) std::printf(" %.2f", x);
+          std::printf("\n");
           triple(tx, f, b, layers);
-        }
+          if (own) {
+            layers.layer_shares = layer_shares(own_curves, skip, b, layer_rule, floor_share);
+            layers.layer_rule = own_rule.c_str();
+            triple(tx, f, b, layers);
+          }
         }
         if (!by_head) continue;
         infinigen_knobs heads;
