@@ -32,9 +32,10 @@
 //                          the least it can cost on the core; for reference, no goal
 //
 //   BM_pooled_topk        pooled_topk_selector_host (select/pooled.hpp): the 32 rows are the
-//                          KV heads of one sequence sharing 32 * n / 10 rows, logit scale, mass
-//                          rule, on the logit-like rows (spread 4); anchor BM_topk_radix (no
-//                          goal: the measure is its cost over per-head top-k)
+//                          KV heads of one sequence sharing 32 * n / 10 rows (capacity n), logit
+//                          scale, mass rule, on the logit-like rows (spread 4); anchor
+//                          BM_topk_radix_logits, per-head top-k on the same rows (no goal: the
+//                          measure is its cost over per-head top-k)
 //   BM_pooled_topk_coverage  the same with the coverage rule (a sort per head)
 //
 // Reported: items_per_second (scores) and bytes_per_second (score bytes read once).
@@ -127,6 +128,12 @@ void BM_topk_radix(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int k = n / 10;
   run_selector<kvscout::topk_selector_host>(state, {1, rows, n, k, k, {}}, n);
+}
+
+void BM_topk_radix_logits(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const int k = n / 10;
+  run_selector<kvscout::topk_selector_host>(state, {1, rows, n, k, k, {}}, n, 4.f);
 }
 
 void BM_pooled_topk(benchmark::State& state) {
@@ -282,6 +289,7 @@ void BM_stream_pass_scalar(benchmark::State& state) {
 
 KVSCOUT_SELECT_BENCH(BM_topk_radix);
 KVSCOUT_SELECT_BENCH(BM_topk_nth_element);
+KVSCOUT_SELECT_BENCH(BM_topk_radix_logits);
 KVSCOUT_SELECT_BENCH(BM_pooled_topk);
 KVSCOUT_SELECT_BENCH(BM_pooled_topk_coverage);
 KVSCOUT_SELECT_BENCH(BM_threshold);

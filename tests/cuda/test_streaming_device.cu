@@ -264,6 +264,13 @@ void pipeline_selects(bool per_layer_budgets) {
     };
     GPU_CHECK(refusal({&selector, &selector}, "got 2 selectors, expected one per layer (3 layers)"));
     GPU_CHECK(refusal({&selector, &selector, nullptr}, "layer 2 has a speculation policy but a null selector"));
+    // A selector of another capacity than the buffer sets' is refused when the stages are built.
+    kvscout::topk_selector_cuda::config sc3{S, H, max_tokens, budget2, budget2, {0, 0}};
+    gpu_test::device_vector<std::byte> sel_ws3(
+        std::max<std::size_t>(1, kvscout::topk_selector_cuda::workspace_bytes(sc3)));
+    kvscout::topk_selector_cuda selector3(sc3, {sel_ws3.data(), kvscout::topk_selector_cuda::workspace_bytes(sc3)});
+    GPU_CHECK(refusal({nullptr, &selector, &selector3},
+                      "layer 2's selector configured for [num_seqs, num_kv_heads, stride, capacity] = [2, 2, 512, 12]"));
   }
   kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
                                      kvscout::cuda_stages_ref<stages_t>{&stages});

@@ -103,7 +103,9 @@ TEST_CASE("layer_budget_shares: coverage is the best smallest share, mass the mo
     const int steps = per * static_cast<int>(used.size());
     for (auto rule : {kvscout::layer_budget_rule::coverage, kvscout::layer_budget_rule::mass})
     for (double min_share : {0.0, 0.5}) {
-      const int floor_steps = static_cast<int>(std::floor(min_share * per));
+      // The documented floor: at least min_share of the even share, in whole steps.
+      int floor_steps = 0;
+      while (floor_steps < per && static_cast<double>(floor_steps) / per < min_share) ++floor_steps;
       std::vector<double> sh(static_cast<std::size_t>(L), -1.0);
       kvscout::layer_budget_shares({flat.data(), flat.size()}, L, bins, first, budget, rule, {sh.data(), sh.size()},
                                    min_share);
@@ -136,6 +138,22 @@ TEST_CASE("layer_budget_shares: coverage is the best smallest share, mass the mo
   }
 }
 
+TEST_CASE("layer shares average 1 and keep their floor when budget * bins is not whole", "[budgets]") {
+  // 3 layers from layer 1, 32 bins, budget 0.10: 3 steps per layer (3.2 rounded).
+  std::vector<double> curves;
+  for (int l = 0; l < 4; ++l)
+    for (int b = 0; b < 32; ++b) curves.push_back(std::min(1.0, (b + 1) * (0.02 + 0.05 * l)));
+  for (double min_share : {0.0, 0.5, 1.0}) {
+    std::vector<double> sh(4);
+    kvscout::layer_budget_shares({curves.data(), curves.size()}, 4, 32, 1, 0.10,
+                                 kvscout::layer_budget_rule::coverage, {sh.data(), sh.size()}, min_share);
+    INFO("min_share " << min_share);
+    REQUIRE(sh[0] == 1.0);
+    REQUIRE((sh[1] + sh[2] + sh[3]) / 3 == Approx(1.0));
+    for (int l = 1; l < 4; ++l) REQUIRE(sh[static_cast<std::size_t>(l)] >= min_share - 1e-12);
+  }
+}
+
 TEST_CASE("mass curves and layer shares refuse bad input by name", "[budgets]") {
   std::vector<float> row{1.f, -2.f}, s(2);
   std::vector<double> c(4, 0.0), out(2);
@@ -156,4 +174,6 @@ TEST_CASE("mass curves and layer shares refuse bad input by name", "[budgets]") 
                       Catch::Contains("rule = layer_budget_rule(9)"));
   REQUIRE_THROWS_WITH(kvscout::layer_budget_shares({curves.data(), 4}, 2, 2, 1, 0.5, kvscout::layer_budget_rule::mass, {out.data(), 2}, 1.5),
                       Catch::Contains("min_share = 1.5"));
+  REQUIRE_THROWS_WITH(kvscout::layer_budget_shares({curves.data(), 4}, 2, 2, 1, 0.2, kvscout::layer_budget_rule::mass, {out.data(), 2}),
+                      Catch::Contains("must round to at least 1 step per layer"));
 }

@@ -141,6 +141,29 @@ TEST_CASE("pooled top-k equals the greedy reference on tied mass scores, caps, N
   }
 }
 
+TEST_CASE("pooled top-k on logits with NaN, infinities and heads of no candidates", "[select][pooled]") {
+  std::mt19937 rng(3206);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  for (int trial = 0; trial < 60; ++trial) {
+    problem p;
+    p.S = 2, p.H = 4, p.stride = 80;
+    for (int i = 0; i < p.S * p.H * p.stride; ++i) {
+      const auto u = static_cast<unsigned>(rng() % 50);
+      p.scores.push_back(u == 0 ? nan_f : u == 1 ? -inf_f : nd(rng));
+    }
+    // Head 1 of sequence 0: a +inf row (its other rows rank last); head 2: all NaN but its
+    // keep-set; head 3 of sequence 1: all -inf.
+    p.scores[1 * p.stride + 30] = inf_f;
+    for (int t = 0; t < p.stride; ++t) p.scores[2 * static_cast<std::size_t>(p.stride) + t] = nan_f;
+    for (int t = 0; t < p.stride; ++t) p.scores[7 * static_cast<std::size_t>(p.stride) + t] = -inf_f;
+    p.lens = {80, 40 + static_cast<std::int32_t>(rng() % 40)};
+    pooled_topk_selector_host::config c{p.S, p.H, p.stride, 20 + static_cast<int>(rng() % 40), 12, {2, 3},
+                                        pooled_scale::logit};
+    INFO("trial " << trial);
+    require_equal(p, c, run(p, c));
+  }
+}
+
 TEST_CASE("pooled top-k on logits compares each head's softmax", "[select][pooled]") {
   std::mt19937 rng(3202);
   for (int trial = 0; trial < 40; ++trial) {
@@ -244,6 +267,9 @@ TEST_CASE("pooled top-k refuses bad configurations and views by name", "[select]
                       Catch::Contains("smaller than the keep-set"));
   REQUIRE_THROWS_WITH(pooled_topk_selector_host::workspace_bytes(cfg{1, 2, 100, 50, 10, {}, static_cast<pooled_scale>(7)}),
                       Catch::Contains("scale = pooled_scale(7)"));
+  REQUIRE_THROWS_WITH(pooled_topk_selector_host::workspace_bytes(
+                          cfg{1, 2, 100, 50, 10, {}, pooled_scale::logit, static_cast<kvscout::pooled_rule>(5)}),
+                      Catch::Contains("rule = pooled_rule(5)"));
   const cfg c{1, 2, 100, 50, 10, {}, pooled_scale::logit};
   std::vector<std::byte> small(64);
   REQUIRE_THROWS_WITH(pooled_topk_selector_host(c, {small.data(), small.size()}),

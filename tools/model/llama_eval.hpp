@@ -124,6 +124,7 @@ struct eval_options {
   /// Head-pooled top-k (kvscout's; select/pooled.hpp): the KV heads of a step share cap * H rows
   /// (each keeps its keep-set), compared by each head's softmax of the scores (logit scale), or
   /// as they are where they are attention mass (the oracle, sum_prob). Top-k only (alpha < 0).
+  /// The metrics' oracle (recall_oracle, overlap) is then pooled too: the same rule, exact scores.
   bool pool_heads = false;
   pooled_rule pool_rule = pooled_rule::mass;  // the most mass in all, or equal coverage per head
   /// Per-layer budgets (kvscout's; issue 32 part 2): layer l's cap is budget * layer_shares[l]
@@ -285,6 +286,8 @@ class layer_major_eval {
                     L, " (one per layer)");
     KVSCOUT_EXPECTS(o.curve_bins == 0 || o.policy == eval_policy::oracle, "curve_bins = ", o.curve_bins,
                     " needs the oracle policy, got ", to_string(o.policy));
+    KVSCOUT_EXPECTS(!o.pool_heads || o.alpha < 0 || o.policy != eval_policy::infinigen, "pool_heads with alpha = ",
+                    o.alpha, ": the pooled selector is top-k only (alpha < 0)");
     eval_result r;
     r.rows_fetched.assign(static_cast<std::size_t>(L), 0);
     r.rows_dense.assign(static_cast<std::size_t>(L), 0);
@@ -916,7 +919,8 @@ class layer_major_eval {
 
   void metrics(int l, run_state& st, int i, int t, int n, int budget, keep_set keep, eval_result& r) {
     const int H = c_.n_kv_heads, g = c_.n_heads / H;
-    // The oracle at the same cap: sum_prob over the visible tokens, exact top-k.
+    // The oracle at the same cap: sum_prob over the visible tokens, exact top-k (head-pooled
+    // where the run pools its heads).
     for (int h = 0; h < H; ++h)
       group_mass(st.lg[static_cast<std::size_t>(h)], i * g, g, n, st,
                  st.scores.data() + static_cast<std::size_t>(h) * T_);

@@ -117,8 +117,6 @@ concept row_caching_executor =
       e.submit(src, sel, dst, cache, x);
     };
 
-/// Executor: any device_step_executor reading a kv_view<L, device_space> into a
-/// gather_destination<device_space>; row_cache buffering needs a row_caching_executor.
 /// The selectors of the speculated layers: one for every layer (a Selector& converts), or one
 /// per layer (budgets that differ by layer, e.g. from layer_budget_shares, select/budgets.hpp;
 /// null below skip_layers; one selector may serve several layers).
@@ -130,6 +128,8 @@ struct cuda_stage_selectors {
   std::vector<Selector*> per_layer;
 };
 
+/// Executor: any device_step_executor reading a kv_view<L, device_space> into a
+/// gather_destination<device_space>; row_cache buffering needs a row_caching_executor.
 template <kv_layout L, class Policy, class Selector, class Executor = zero_copy_executor<L>>
   requires device_speculation_policy<Policy> && row_selector<Selector>
 class cuda_speculation_stages {
@@ -181,9 +181,25 @@ class cuda_speculation_stages {
                     " layers, speculators ", speculators_.size());
     KVSCOUT_EXPECTS(selectors_.size() == speculators_.size(), "got ", selectors_.size(),
                     " selectors, expected one per layer (", speculators_.size(), " layers)");
-    for (std::size_t i = 0; i < speculators_.size(); ++i)
-      KVSCOUT_EXPECTS(speculators_[i] == nullptr || selectors_[i] != nullptr, "layer ", i,
+    for (std::size_t i = 0; i < speculators_.size(); ++i) {
+      const Selector* sel = selectors_[i];
+      KVSCOUT_EXPECTS(speculators_[i] == nullptr || sel != nullptr, "layer ", i,
                       " has a speculation policy but a null selector");
+      if constexpr (requires { sel->configuration().capacity; }) {
+        // The stages hand it [num_seqs, num_kv_heads, stride] scores and the sets' selections:
+        // a selector configured otherwise would throw inside speculate(); say so here.
+        const int cap = sets_.empty() ? 0 : sets_[0].selection.capacity;
+        if (sel != nullptr && !sets_.empty()) {  // (no sets: refused below)
+          const auto& c = sel->configuration();
+          KVSCOUT_EXPECTS(c.num_seqs == scores.num_seqs && c.num_kv_heads == scores.num_kv_heads &&
+                              c.stride == scores.stride && c.capacity == cap,
+                          "layer ", i, "'s selector configured for [num_seqs, num_kv_heads, stride, "
+                          "capacity] = [", c.num_seqs, ", ", c.num_kv_heads, ", ", c.stride, ", ",
+                          c.capacity, "], expected the scores' and buffer sets' [", scores.num_seqs,
+                          ", ", scores.num_kv_heads, ", ", scores.stride, ", ", cap, "]");
+        }
+      }
+    }
     KVSCOUT_EXPECTS(lengths.max_seq_len >= 0, "max_seq_len must be non-negative, got ",
                     lengths.max_seq_len);
     KVSCOUT_EXPECTS(lengths.seq_lens.data() != nullptr && lengths.positions.data() != nullptr,

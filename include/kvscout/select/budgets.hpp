@@ -15,14 +15,17 @@
 //
 // A mass curve's entry b is the share of an attention row's mass that its best
 // ceil((b + 1) / bins * n) of n rows hold (non-decreasing, the last 1). layer_budget_shares
-// hands out budget * bins steps of 1 / bins per layer, over the layers from first_layer on, one
-// step at a time:
+// hands out round(budget * bins) steps of 1 / bins per layer, over the layers from first_layer
+// on, one step at a time:
 //   coverage  to the layer whose curve is lowest at its current share (every layer keeps about
 //             the same share of its mass: the most spread layer is not starved)
-//   mass      to the layer whose curve rises most over the next step (the most mass in all)
-// after each layer has min_share of its even share (a floor; 0 by default), and returns each
-// layer's share relative to the budget (1 below first_layer). Set-up code: it
-// is not on the decode path. Inputs are checked first; errors name the bad value.
+//   mass      to the layer whose curve rises most over the next step (the most mass in all where
+//             the curves are concave, as the curves of rows longer than bins are)
+// after each layer has at least min_share of its even share (a floor, rounded up to whole steps;
+// 0 by default), and returns each layer's share of the budget: its steps over round(budget *
+// bins), so the shares of the layers from first_layer on average exactly 1 (1 below
+// first_layer). Set-up code: it is not on the decode path. Inputs are checked first; errors name
+// the bad value.
 
 #include <algorithm>
 #include <cmath>
@@ -105,7 +108,9 @@ inline void layer_budget_shares(host_span<const double> curves, int num_layers, 
   // out[l]: layer l's steps, min_share of its even share first; the curve at u steps is
   // curves[l, u - 1] (0 at none).
   const long long per = std::llround(budget * bins);
-  const auto floor_steps = static_cast<long long>(std::floor(min_share * static_cast<double>(per)));
+  KVSCOUT_EXPECTS(per >= 1, "budget * bins = ", budget * bins, " (budget ", budget, ", bins ", bins,
+                  ") must round to at least 1 step per layer");
+  const auto floor_steps = static_cast<long long>(std::ceil(min_share * static_cast<double>(per) - 1e-9));
   for (std::size_t l = 0; l < L; ++l) out[l] = static_cast<double>(floor_steps);
   const auto at = [&](std::size_t l, double u) {
     return u <= 0 ? 0.0 : curves[l * B + static_cast<std::size_t>(u) - 1];
@@ -125,7 +130,7 @@ inline void layer_budget_shares(host_span<const double> curves, int num_layers, 
     out[best] += 1;
   }
   for (std::size_t l = 0; l < L; ++l)
-    out[l] = l < static_cast<std::size_t>(first_layer) ? 1.0 : out[l] / bins / budget;
+    out[l] = l < static_cast<std::size_t>(first_layer) ? 1.0 : out[l] / static_cast<double>(per);
 }
 
 }  // namespace kvscout

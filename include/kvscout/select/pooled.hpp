@@ -14,7 +14,8 @@
 // Per sequence s of length len = seq_lens[s], with H = num_kv_heads:
 //   - len <= budget: every head selects all len tokens (top-k's rule).
 //   - otherwise every head takes its keep-set (select/concepts.hpp), and the K = H * (budget -
-//     |keep|) other rows are the K best across the heads by a score that compares across heads:
+//     |keep|) other rows are shared among the heads. pooled_rule::mass: the K best across the
+//     heads by a score that compares across heads:
 //       logit  softmax of the row: s - m_h - log sum_t exp(s_t - m_h) (m_h the head's maximum;
 //              NaN ignored; a head with a +inf score ranks its +inf rows first, the rest -inf);
 //       mass   the score itself (scores that are already attention mass, e.g. oracle_policy's or
@@ -22,13 +23,21 @@
 //     No head takes more than capacity rows, keep-set included (the excess goes to the others).
 //     Ties at the boundary go to the lower head, then (within a head) to the lower token index;
 //     NaN is never chosen by score, so a sequence with NaNs may select fewer rows.
+//     pooled_rule::coverage: each head's probabilities (logit: its softmax; mass: the scores over
+//     the sum of the finite positive ones, others 0: a +inf mass counts as none, though within
+//     its head it is still the first row taken), and the counts that give every head the
+//     same share of its own mass, keep-set included, as high as K rows allow; rows left over go
+//     one at a time to the head of lowest share.
+//   With capacity == budget no head can take more than budget: the result is per-head top-k.
+//   Pooling needs capacity > budget (the room a concentrated head gives up).
 //   Within a head, the rows chosen are its best by its own score, so the selection is top-k's with
 //   a per-head count: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count.
 // Summed over the heads, a sequence selects at most H * budget rows, as topk_selector_host at the
 // same budget does; a head may select more or fewer than budget.
 //
 // select() validates every input before writing anything, throws kvscout::error naming the bad
-// value, and allocates nothing. Host only for now; the pipelines run per-head selectors.
+// value, and allocates nothing. Host only: no device twin yet (measured, it did not pay for
+// kvscout's speculation: docs/accuracy.md, "Budgets that follow the attention").
 
 #include <algorithm>
 #include <cmath>
@@ -104,6 +113,10 @@ class pooled_topk_selector_host {
   /// words per kv head.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
+    KVSCOUT_EXPECTS(static_cast<unsigned long long>(cfg.num_kv_heads) * static_cast<unsigned long long>(cfg.stride) <=
+                        (std::numeric_limits<std::size_t>::max() / sizeof(std::uint32_t) - 64) / 4,
+                    "num_kv_heads * stride = ", cfg.num_kv_heads, " * ", cfg.stride,
+                    " is too large for a workspace size");
     return sizeof(std::uint32_t) * (detail::row_workspace::words(cfg.stride) + 2 * pooled_words(cfg) +
                                     5 * static_cast<std::size_t>(cfg.num_kv_heads));
   }
@@ -268,8 +281,8 @@ class pooled_topk_selector_host {
           p[n++] = static_cast<float>(q);
       }
       std::sort(p, p + n, std::greater<float>());
-      float acc = 0;
-      for (int j = 0; j < n; ++j) p[j] = acc += p[j];
+      double acc = 0;  // summed in double: small probabilities still count late in a long row
+      for (int j = 0; j < n; ++j) p[j] = static_cast<float>(acc += p[j]);
       n_of[h] = n;
       kept_[h] = static_cast<float>(kept);
     }
