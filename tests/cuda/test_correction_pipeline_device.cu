@@ -29,6 +29,7 @@
 
 #include "gpu_harness.cuh"
 #include "host_gather_reference.cuh"
+#include "pipeline_world.cuh"
 #include "kvscout/attention/decode.cuh"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/attention/rows.hpp"
@@ -50,70 +51,15 @@ using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;
 const float scale = 0.125f;
 const kvscout::keep_set keep{2, 4};
 
-kvscout::skew_plan plane_plan(std::mt19937& rng) {
-  std::vector<int> all(D / 2);
-  for (int i = 0; i < D / 2; ++i) all[i] = i;
-  std::shuffle(all.begin(), all.end(), rng);
-  all.resize(r / 2);
-  std::sort(all.begin(), all.end());
-  return kvscout::rope_planes_plan({D, 10000.f, kvscout::rope_style::interleaved}, std::move(all));
-}
-
-template <class T>
-kvscout::device_span<T> dspan(const gpu_test::device_vector<std::remove_const_t<T>>& v) {
-  return {v.data(), v.size()};
-}
-
-struct world {
-  std::mt19937 rng{4242};
-  std::vector<int32_t> lens = {200, 90};
-  gpu_test::pinned_vector<int32_t> meta_lens{S};
-  std::vector<std::unique_ptr<gpu_test::pinned_vector<half>>> k, v;  // per layer, mapped
-  std::vector<std::vector<float>> w_q;
-  std::vector<std::vector<kvscout::skew_plan>> plans;
-  std::vector<float> x, q;         // [L, S, dm], [L, S, Hq, D]
-  std::vector<half> k_cur, v_cur;  // [L, S, H, D]
-  layout host_layout, dev_layout;
-  std::size_t cache_bytes = static_cast<std::size_t>(S) * H * max_tokens * D * sizeof(half);
-
-  world() {
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (int s = 0; s < S; ++s) meta_lens[s] = lens[s];
-    host_layout = layout::padded(H, max_tokens, meta_lens.data(), S);
-    dev_layout = layout::padded(H, max_tokens, meta_lens.device_data(), S);
-    const std::size_t cache = static_cast<std::size_t>(S) * H * max_tokens * D;
-    for (int l = 0; l < L; ++l) {
-      k.push_back(std::make_unique<gpu_test::pinned_vector<half>>(cache));
-      v.push_back(std::make_unique<gpu_test::pinned_vector<half>>(cache));
-      for (std::size_t i = 0; i < cache; ++i) {
-        (*k.back())[i] = kvscout::from_float<half>(nd(rng) * (i % D < 8 ? 3.f : 1.f));
-        (*v.back())[i] = kvscout::from_float<half>(nd(rng));
-      }
-      w_q.emplace_back(static_cast<std::size_t>(Hq) * D * dm);
-      for (auto& e : w_q.back()) e = nd(rng) / std::sqrt(static_cast<float>(dm));
-      plans.emplace_back();
-      if (l >= skip)
-        for (int h = 0; h < H; ++h) plans.back().push_back(plane_plan(rng));
-    }
-    x.resize(static_cast<std::size_t>(L) * S * dm);
-    q.resize(static_cast<std::size_t>(L) * S * Hq * D);
-    for (auto& e : x) e = nd(rng);
-    for (auto& e : q) e = nd(rng) * 2.f;
-    k_cur.resize(static_cast<std::size_t>(L) * S * H * D);
-    v_cur.resize(k_cur.size());
-    for (auto& e : k_cur) e = kvscout::from_float<half>(nd(rng));
-    for (auto& e : v_cur) e = kvscout::from_float<half>(nd(rng));
-  }
-
-  std::vector<float> key_row(int l, int s, int t) const {
-    std::vector<float> out(static_cast<std::size_t>(H) * D);
-    for (int h = 0; h < H; ++h) {
-      const half* row = k[l]->data() + host_layout.k_offset(s, t, h) / sizeof(half);
-      for (int c = 0; c < D; ++c) out[static_cast<std::size_t>(h) * D + c] = kvscout::to_float(row[c]);
-    }
-    return out;
-  }
+struct shape {
+  static constexpr int L = ::L, skip = ::skip, S = ::S, H = ::H, Hq = ::Hq, D = ::D, dm = ::dm,
+                       r = ::r, max_tokens = ::max_tokens;
 };
+struct world : gpu_test::pipeline_world<shape> {
+  world() : pipeline_world(4242, {200, 90}, 2.f) {}
+};
+using speculators = gpu_test::pipeline_speculators<world>;
+using gpu_test::dspan;
 
 // The host's late scores of layer l: infinigen_policy::score_query on layer l's query.
 std::vector<float> host_late_scores(const world& w, int l) {
@@ -124,50 +70,18 @@ std::vector<float> host_late_scores(const world& w, int l) {
   auto pws = kvscout::make_workspace<kvscout::infinigen_policy<float>>(pc);
   kvscout::infinigen_policy<float> policy(pc, w.plans, wq, bq, pws.span());
   for (int s = 0; s < S; ++s)
-    for (int t = 0; t < w.lens[s]; ++t) {
+    for (int t = 0; t < w.lens_init[s]; ++t) {
       const auto kr = w.key_row(l, s, t);
       policy.append(l, s, t, kr.data(), kr.data());
     }
   std::vector<float> out(static_cast<std::size_t>(S) * H * max_tokens, 0.f);
   policy.score_query(l, {.x = {}, .q = {&w.q[static_cast<std::size_t>(l) * S * Hq * D],
                                         static_cast<std::size_t>(S) * Hq * D},
-                         .positions = {w.lens.data(), w.lens.size()},
-                         .seq_lens = {w.lens.data(), w.lens.size()}},
+                         .positions = {w.lens_init.data(), w.lens_init.size()},
+                         .seq_lens = {w.lens_init.data(), w.lens_init.size()}},
                      {{out.data(), out.size()}, S, H, max_tokens});
   return out;
 }
-
-struct speculators {
-  using spec_t = kvscout::infinigen_speculator_cuda<float>;
-  std::vector<std::unique_ptr<gpu_test::device_vector<std::byte>>> ws;
-  std::vector<std::unique_ptr<spec_t>> owned;
-  std::vector<spec_t*> per_layer = std::vector<spec_t*>(L, nullptr);
-
-  speculators(world& w, const kvscout::infinigen_cuda_config& cfg, cudaStream_t stream) {
-    for (int l = skip; l < L; ++l) {
-      ws.push_back(std::make_unique<gpu_test::device_vector<std::byte>>(spec_t::workspace_bytes(cfg)));
-      owned.push_back(std::make_unique<spec_t>(
-          cfg, w.plans[l], kvscout::host_span<const float>(w.w_q[l].data(), w.w_q[l].size()),
-          kvscout::host_span<const float>{},
-          kvscout::device_span<std::byte>(ws.back()->data(), ws.back()->size())));
-      per_layer[l] = owned.back().get();
-      std::vector<float> keys;
-      std::vector<int32_t> sid, tid;
-      for (int s = 0; s < S; ++s)
-        for (int t = 0; t < w.lens[s]; ++t) {
-          const auto kr = w.key_row(l, s, t);
-          keys.insert(keys.end(), kr.begin(), kr.end());
-          sid.push_back(s);
-          tid.push_back(t);
-        }
-      gpu_test::device_vector<float> dk(keys);
-      gpu_test::device_vector<int32_t> ds(sid), dt(tid);
-      owned.back()->append(dspan<const float>(dk), dspan<const int32_t>(ds), dspan<const int32_t>(dt),
-                           static_cast<int>(sid.size()), {stream});
-      KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    }
-  }
-};
 
 // An engine's own device executor: the zero-copy gather behind a wrapper that counts its submits
 // and has no row cache (submit without a row_cache_view only).
@@ -249,7 +163,7 @@ void corrected_step_matches_host() {
                        {reinterpret_cast<const std::byte*>(w.k[l]->device_data()), w.cache_bytes},
                        {reinterpret_cast<const std::byte*>(w.v[l]->device_data()), w.cache_bytes}});
   gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens), late(scores.size());
-  gpu_test::device_vector<int32_t> positions(w.lens), dev_lens(w.lens);
+  gpu_test::device_vector<int32_t> positions(w.lens_init), dev_lens(w.lens_init);
   gpu_test::device_vector<float> x_slot0(static_cast<std::size_t>(S) * dm), x_slot1(x_slot0.size());
   buffer_store store;
   std::vector<kvscout::cuda_stage_buffers> slot_sets, layer_sets;
@@ -326,7 +240,7 @@ void corrected_step_matches_host() {
     const auto hws = kvscout::make_workspace<kvscout::correction_selector_host>(cc);
     kvscout::correction_selector_host host_corr(cc, hws.span());
     std::vector<int32_t> h_add(add_n, -1), h_add_cnt(S * H, -1);
-    host_corr.select({{late_h.data(), late_h.size()}, {w.lens.data(), w.lens.size()}, S, H, max_tokens}, spec_v,
+    host_corr.select({{late_h.data(), late_h.size()}, {w.lens_init.data(), w.lens_init.size()}, S, H, max_tokens}, spec_v,
                      {{h_add.data(), h_add.size()}, {h_add_cnt.data(), h_add_cnt.size()}, S, H, extra});
     const int32_t* da = d_add.data() + l * add_n;
     const int32_t* dac = d_add_cnt.data() + l * S * H;

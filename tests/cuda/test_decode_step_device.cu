@@ -22,6 +22,7 @@
 
 #include "gpu_harness.cuh"
 #include "host_gather_reference.cuh"
+#include "pipeline_world.cuh"
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/attention/decode.cuh"
 #include "kvscout/attention/decode.hpp"
@@ -42,72 +43,15 @@ using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;
 const float scale = 0.125f;
 const kvscout::keep_set keep{4, 8};
 
-// A RoPE-plane plan: planes chosen at random, identity skew (spec/ and skew/ test the others).
-kvscout::skew_plan plane_plan(std::mt19937& rng) {
-  std::vector<int> all(D / 2);
-  for (int i = 0; i < D / 2; ++i) all[i] = i;
-  std::shuffle(all.begin(), all.end(), rng);
-  all.resize(r / 2);
-  std::sort(all.begin(), all.end());
-  return kvscout::rope_planes_plan({D, 10000.f, kvscout::rope_style::interleaved}, std::move(all));
-}
-
-template <class T>
-kvscout::device_span<T> dspan(const gpu_test::device_vector<std::remove_const_t<T>>& v) {
-  return {v.data(), v.size()};
-}
-
-struct world {
-  std::mt19937 rng{2024};
-  std::vector<int32_t> lens_init = {300, 170};
-  gpu_test::pinned_vector<int32_t> lens{S};  // layout metadata: host and device read it
-  std::vector<std::unique_ptr<gpu_test::pinned_vector<half>>> k, v;  // per layer, mapped
-  std::vector<std::vector<float>> w_q;                                // per layer
-  std::vector<std::vector<kvscout::skew_plan>> plans;                 // per layer
-  std::vector<float> x, q;           // [L, S, dm], [L, S, Hq, D]
-  std::vector<half> k_cur, v_cur;    // [L, S, H, D]
-  layout host_layout, dev_layout;
-
-  world() {
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (int s = 0; s < S; ++s) lens[s] = lens_init[s];
-    host_layout = layout::padded(H, max_tokens, lens.data(), S);
-    dev_layout = layout::padded(H, max_tokens, lens.device_data(), S);
-    const std::size_t cache = static_cast<std::size_t>(S) * H * max_tokens * D;
-    for (int l = 0; l < L; ++l) {
-      k.push_back(std::make_unique<gpu_test::pinned_vector<half>>(cache));
-      v.push_back(std::make_unique<gpu_test::pinned_vector<half>>(cache));
-      // Keys with a few strong channels so that attention is peaked, as in real models.
-      for (std::size_t i = 0; i < cache; ++i) {
-        (*k.back())[i] = kvscout::from_float<half>(nd(rng) * (i % D < 8 ? 3.f : 1.f));
-        (*v.back())[i] = kvscout::from_float<half>(nd(rng));
-      }
-      w_q.emplace_back(static_cast<std::size_t>(Hq) * D * dm);
-      for (auto& w : w_q.back()) w = nd(rng) / std::sqrt(static_cast<float>(dm));
-      plans.emplace_back();
-      if (l >= skip)
-        for (int h = 0; h < H; ++h) plans.back().push_back(plane_plan(rng));
-    }
-    x.resize(static_cast<std::size_t>(L) * S * dm);
-    q.resize(static_cast<std::size_t>(L) * S * Hq * D);
-    for (auto& e : x) e = nd(rng);
-    for (auto& e : q) e = nd(rng);
-    k_cur.resize(static_cast<std::size_t>(L) * S * H * D);
-    v_cur.resize(k_cur.size());
-    for (auto& e : k_cur) e = kvscout::from_float<half>(nd(rng));
-    for (auto& e : v_cur) e = kvscout::from_float<half>(nd(rng));
-  }
-
-  // The cached keys of layer l as floats, [num_kv_heads, head_dim] for token t of sequence s.
-  std::vector<float> key_row(int l, int s, int t) const {
-    std::vector<float> out(static_cast<std::size_t>(H) * D);
-    for (int h = 0; h < H; ++h) {
-      const half* row = k[l]->data() + host_layout.k_offset(s, t, h) / sizeof(half);
-      for (int c = 0; c < D; ++c) out[static_cast<std::size_t>(h) * D + c] = kvscout::to_float(row[c]);
-    }
-    return out;
-  }
+struct shape {
+  static constexpr int L = ::L, skip = ::skip, S = ::S, H = ::H, Hq = ::Hq, D = ::D, dm = ::dm,
+                       r = ::r, max_tokens = ::max_tokens;
 };
+struct world : gpu_test::pipeline_world<shape> {
+  world() : pipeline_world(2024, {300, 170}) {}
+};
+using speculators = gpu_test::pipeline_speculators<world>;
+using gpu_test::dspan;
 
 // The host's selection and scores of layer l, from x of layer l - 1.
 struct host_selection {
@@ -143,48 +87,6 @@ host_selection host_select(const world& w, int l) {
   return out;
 }
 
-// The speculators of layers skip .. L - 1, their partial key caches filled from the world's
-// caches: batch row s's tokens as sequence slot_of[s]; with decoy >= 0, also as many tokens of
-// other keys as row 0 has, as sequence decoy.
-struct speculators {
-  using spec_t = kvscout::infinigen_speculator_cuda<float>;
-  std::vector<std::unique_ptr<gpu_test::device_vector<std::byte>>> ws;
-  std::vector<std::unique_ptr<spec_t>> owned;
-  std::vector<spec_t*> per_layer = std::vector<spec_t*>(L, nullptr);
-
-  speculators(world& w, const kvscout::infinigen_cuda_config& cfg, const int (&slot_of)[S], int decoy,
-              cudaStream_t stream) {
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (int l = skip; l < L; ++l) {
-      ws.push_back(std::make_unique<gpu_test::device_vector<std::byte>>(spec_t::workspace_bytes(cfg)));
-      owned.push_back(std::make_unique<spec_t>(
-          cfg, w.plans[l], kvscout::host_span<const float>(w.w_q[l].data(), w.w_q[l].size()),
-          kvscout::host_span<const float>{},
-          kvscout::device_span<std::byte>(ws.back()->data(), ws.back()->size())));
-      per_layer[l] = owned.back().get();
-      std::vector<float> keys;
-      std::vector<int32_t> sid, tid;
-      for (int s = 0; s < S; ++s)
-        for (int t = 0; t < w.lens_init[s]; ++t) {
-          const auto kr = w.key_row(l, s, t);
-          keys.insert(keys.end(), kr.begin(), kr.end());
-          sid.push_back(slot_of[s]);
-          tid.push_back(t);
-        }
-      for (int t = 0; decoy >= 0 && t < w.lens_init[0]; ++t) {
-        for (int e = 0; e < H * D; ++e) keys.push_back(nd(w.rng) * 3.f);
-        sid.push_back(decoy);
-        tid.push_back(t);
-      }
-      gpu_test::device_vector<float> dk(keys);
-      gpu_test::device_vector<int32_t> ds(sid), dt(tid);
-      owned.back()->append(dspan<const float>(dk), dspan<const int32_t>(ds), dspan<const int32_t>(dt),
-                           static_cast<int>(sid.size()), {stream});
-      KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    }
-  }
-};
-
 void step_matches_host() {
   world w;
   cudaStream_t compute{}, side{}, copy{};
@@ -195,8 +97,7 @@ void step_matches_host() {
   // ---- device set-up: speculators (partial key caches filled from the host caches) ------------
   kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, kvscout::rope_mode::rope_planes,
                                     scale, kvscout::gqa_aggregation::max_logit};
-  const int identity[S] = {0, 1};
-  const speculators specs(w, dc, identity, -1, compute);
+  const speculators specs(w, dc, compute);
   const std::vector<speculators::spec_t*>& spec_ptrs = specs.per_layer;
 
   // ---- selector, executor, buffers --------------------------------------------------------------
@@ -407,7 +308,7 @@ void step_matches_host() {
     kvscout::infinigen_cuda_config dc3 = dc;
     dc3.num_seqs = 3;
     const int slot_of[S] = {2, 0};
-    const speculators specs3(w, dc3, slot_of, 1, compute);  // sequence 1: the decoy
+    const speculators specs3(w, dc3, compute, {slot_of[0], slot_of[1]}, 1);  // sequence 1: the decoy
     const std::vector<speculators::spec_t*>& ptrs3 = specs3.per_layer;
     gpu_test::device_vector<int32_t> ids(std::vector<int32_t>{slot_of[0], slot_of[1]});
     gpu_test::device_vector<int32_t> prev_rows(std::vector<int32_t>{0, 1});
