@@ -178,15 +178,23 @@ class pooled_topk_selector_host {
     for (int h = 0; h < H; ++h) {
       const float* row = scores.scores.data() + scores.row(s, h);
       float* v = value_ + static_cast<std::size_t>(h) * cfg_.stride;
-      // logit: log-probability (head_norm: +inf rows first where the maximum is +inf).
-      const head_norm nm = cfg_.scale == pooled_scale::logit ? normaliser(row, len) : head_norm{cfg_.scale};
+      // Mass rule: the comparable values (logit: log-probability; head_norm: +inf rows first
+      // where the maximum is +inf). Coverage computes its own probabilities (cover()): here only
+      // the candidates are counted.
+      const bool values = cfg_.rule == pooled_rule::mass;
+      const head_norm nm = values && cfg_.scale == pooled_scale::logit ? normaliser(row, len)
+                                                                      : head_norm{cfg_.scale};
       const float shift = static_cast<float>(nm.shift);
       const float inf = std::numeric_limits<float>::infinity();
       int n = 0;
       for (int t = 0; t < len; ++t) {
         float x = row[t];
         if (t < kr.head_end || t >= kr.tail_begin || std::isnan(x)) {
-          v[t] = nan;
+          if (values) v[t] = nan;
+          continue;
+        }
+        if (!values) {
+          ++n;
           continue;
         }
         if (cfg_.scale == pooled_scale::logit) {
