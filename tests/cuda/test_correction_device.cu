@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -64,7 +65,8 @@ kvscout::skew_plan plan_for(rope_mode mode, int D, int r, std::mt19937& rng) {
 }
 
 template <class PkT>
-void score_query_case(rope_mode mode, int g, std::uint32_t seed) {
+void score_query_case(rope_mode mode, int g, std::uint32_t seed,
+                      std::optional<kvscout::gqa_aggregation> late = std::nullopt) {
   const int H = 2, Hq = H * g, D = 64, r = 16, dm = 48, S = 3;
   const std::vector<std::int32_t> lens{70, 0, 33};
   const int max_tokens = 80, stride = 75;
@@ -75,13 +77,15 @@ void score_query_case(rope_mode mode, int g, std::uint32_t seed) {
   for (int h = 0; h < H; ++h) plans.push_back(plan_for(mode, D, r, rng));
   std::vector<float> w_q(static_cast<std::size_t>(Hq) * D * dm);
   for (auto& v : w_q) v = nd(rng) / 7.f;
-  const kvscout::infinigen_config hc{1, S, H, Hq, D, dm, max_tokens, scale,
-                                     kvscout::gqa_aggregation::max_logit};
+  kvscout::infinigen_config hc{1, S, H, Hq, D, dm, max_tokens, scale,
+                               kvscout::gqa_aggregation::max_logit};
+  hc.query_aggregation = late;
   auto host_ws = kvscout::make_workspace<kvscout::infinigen_policy<PkT>>(hc);
   kvscout::infinigen_policy<PkT> host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{}},
                                       host_ws.span());
-  const kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, mode, scale,
-                                          kvscout::gqa_aggregation::max_logit};
+  kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, mode, scale,
+                                    kvscout::gqa_aggregation::max_logit};
+  dc.query_aggregation = late;  // the late ranking's own (sum_prob), the speculation's max_logit
   using spec = kvscout::infinigen_speculator_cuda<PkT>;
   auto ws = kvscout::make_device_workspace<spec>(dc);
   spec dev(dc, plans, {w_q.data(), w_q.size()}, {}, ws.span());
@@ -136,6 +140,7 @@ void score_query_matches_host() {
     for (const int g : {1, 3}) {
       score_query_case<float>(mode, g, 11u + static_cast<unsigned>(g));
       score_query_case<kvscout::half>(mode, g, 23u + static_cast<unsigned>(g));
+      score_query_case<float>(mode, g, 37u + static_cast<unsigned>(g), kvscout::gqa_aggregation::sum_prob);
     }
 }
 

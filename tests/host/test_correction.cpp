@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <optional>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -177,6 +179,83 @@ TEST_CASE("score_query refuses what it cannot score", "[spec][infinigen][correct
   for (float v : scores) REQUIRE(std::isnan(v));
   // The adaptor is a late policy.
   static_assert(kvscout::infinigen_query_scores<kvscout::infinigen_policy<>>::needs_query);
+}
+
+TEST_CASE("score_query aggregates the group by query_aggregation, score() by aggregation",
+          "[spec][infinigen][correction]") {
+  using kvscout::gqa_aggregation;
+  const slice m(2, 2, 3, 70, 77u);
+  const auto plans = m.plans(32, kvscout::rope_mode::rope_planes, 9u);
+  std::vector<int32_t> lens{m.n, m.n - 5}, pos{m.pos, m.pos};
+  const kvscout::spec_context ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
+                                  {pos.data(), 2}, {lens.data(), 2}};
+  // Scores of score() and score_query() of a policy with these aggregations.
+  const auto run = [&](gqa_aggregation spec, std::optional<gqa_aggregation> late) {
+    kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, 96, 0.125f, spec};
+    pc.query_aggregation = late;
+    auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
+    kvscout::infinigen_policy<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
+                                  {{m.bq.data(), m.bq.size()}}, pws.span());
+    for (int s = 0; s < m.S; ++s)
+      for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
+    std::vector<float> early, late_scores;
+    p.score(0, ctx, buffer_for(early, m.S, m.H, 96));
+    p.score_query(0, ctx, buffer_for(late_scores, m.S, m.H, 96));
+    return std::make_pair(early, late_scores);
+  };
+  const auto mixed = run(gqa_aggregation::max_logit, gqa_aggregation::sum_prob);
+  const auto max_only = run(gqa_aggregation::max_logit, std::nullopt);
+  const auto sum_only = run(gqa_aggregation::sum_prob, std::nullopt);
+  // The speculation keeps its own aggregation; the late ranking takes query_aggregation's, bit
+  // for bit what a policy of that aggregation computes.
+  REQUIRE(std::memcmp(mixed.first.data(), max_only.first.data(), sizeof(float) * mixed.first.size()) == 0);
+  REQUIRE(std::memcmp(mixed.second.data(), sum_only.second.data(), sizeof(float) * mixed.second.size()) == 0);
+  // And it is the group's attention mass over the partial logits (fp64 from the max_logit
+  // policy's definition: with g = 3 the max and the sum of probabilities rank differently).
+  const auto plain = run(gqa_aggregation::max_logit, gqa_aggregation::max_logit);
+  REQUIRE(std::memcmp(plain.second.data(), max_only.second.data(), sizeof(float) * plain.second.size()) == 0);
+  bool differs = false;
+  for (int s = 0; s < m.S; ++s)
+    for (int h = 0; h < m.H; ++h) {
+      const int n = lens[static_cast<std::size_t>(s)];
+      std::vector<std::vector<double>> logit(3, std::vector<double>(static_cast<std::size_t>(n)));
+      const auto& pl = plans[static_cast<std::size_t>(h)];
+      for (int j = 0; j < 3; ++j)
+        for (int t = 0; t < n; ++t) {
+          const float* qv = &m.q[(static_cast<std::size_t>(s) * m.Hq + h * 3 + j) * D];
+          const float* kv = m.key_post(s, t) + static_cast<std::size_t>(h) * D;
+          double d = 0;
+          for (int i = 0; i < 32; ++i) {
+            const int ch = pl.channels[static_cast<std::size_t>(i)];
+            d += static_cast<double>(qv[ch]) * kv[ch];
+          }
+          logit[static_cast<std::size_t>(j)][static_cast<std::size_t>(t)] = d * 0.125;
+        }
+      std::vector<double> mass(static_cast<std::size_t>(n), 0.0);
+      for (const auto& row : logit) {
+        const double mx = *std::max_element(row.begin(), row.end());
+        double z = 0;
+        for (double v : row) z += std::exp(v - mx);
+        for (int t = 0; t < n; ++t) mass[static_cast<std::size_t>(t)] += std::exp(row[static_cast<std::size_t>(t)] - mx) / z;
+      }
+      const float* got = mixed.second.data() + (static_cast<std::size_t>(s) * m.H + h) * 96;
+      const float* max_row = max_only.second.data() + (static_cast<std::size_t>(s) * m.H + h) * 96;
+      for (int t = 0; t < n; ++t) {
+        CAPTURE(s, h, t);
+        REQUIRE(got[t] == Approx(mass[static_cast<std::size_t>(t)]).margin(1e-6).epsilon(1e-4));
+        differs = differs || got[t] != max_row[t];
+      }
+    }
+  REQUIRE(differs);
+  // A value that is no aggregation is refused by its field's name.
+  kvscout::infinigen_config bad{1, m.S, m.H, m.Hq, D, m.d_model, 96, 0.125f};
+  bad.query_aggregation = static_cast<gqa_aggregation>(7);
+  REQUIRE_THROWS_WITH(kvscout::infinigen_policy<>::workspace_bytes(bad),
+                      Catch::Contains("query_aggregation = 7 is no gqa_aggregation"));
+  bad.query_aggregation.reset();
+  bad.aggregation = static_cast<gqa_aggregation>(-1);
+  REQUIRE_THROWS_WITH(kvscout::infinigen_policy<>::workspace_bytes(bad),
+                      Catch::Contains("aggregation = -1 is no gqa_aggregation"));
 }
 
 namespace {

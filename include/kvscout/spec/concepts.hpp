@@ -109,6 +109,13 @@ inline void check_gqa(int num_q_heads, int num_kv_heads) {
                   "num_q_heads = ", num_q_heads, " must be a positive multiple of num_kv_heads = ",
                   num_kv_heads);
 }
+/// An aggregation the policies know (a value cast from another integer is refused by name).
+inline void check_aggregation(gqa_aggregation a, const char* field) {
+  KVSCOUT_EXPECTS(a == gqa_aggregation::max_logit || a == gqa_aggregation::mean_logit ||
+                      a == gqa_aggregation::sum_prob,
+                  field, " = ", static_cast<int>(a),
+                  " is no gqa_aggregation; expected max_logit, mean_logit or sum_prob");
+}
 inline void check_scale(float scale) {
   KVSCOUT_EXPECTS(std::isfinite(scale) && scale > 0.f, "scale must be positive and finite, got ",
                   scale);

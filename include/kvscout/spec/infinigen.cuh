@@ -215,7 +215,8 @@ class infinigen_speculator_cuda {
                    const device_score_buffer& out, const cuda_exec& exec) {
     detail::check_infinigen_cuda_score_query(cfg_, q.size(), q.data() != nullptr, ctx, out);
     if (ctx.max_seq_len == 0) return;
-    const detail::infinigen_params<PkT> p = params(ctx, out, exec.status);
+    detail::infinigen_params<PkT> p = params(ctx, out, exec.status);
+    p.aggregation = cfg_.late_aggregation();
     const detail::spec_launch_shapes shapes = detail::spec_shapes(cfg_, p.rows, p.num_seqs, p.max_len);
     const cudaStream_t stream = exec.stream;
     detail::launch(detail::project_true_query<PkT>,
@@ -237,7 +238,7 @@ class infinigen_speculator_cuda {
     const std::size_t q_bytes = sizeof(float) * static_cast<std::size_t>(p.group) * p.r;
     with_group(p.group, [&](auto G) {
       constexpr int g = decltype(G)::value;
-      if (cfg_.aggregation == gqa_aggregation::sum_prob) {
+      if (p.aggregation == gqa_aggregation::sum_prob) {
         detail::launch(detail::softmax_stats<PkT, g>, grid, detail::spec_block_threads, q_bytes,
                        stream, p);
         KVSCOUT_CUDA_CHECK(cudaGetLastError());

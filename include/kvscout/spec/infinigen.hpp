@@ -32,6 +32,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -57,6 +58,15 @@ struct infinigen_config {
   int max_tokens = 0;
   float scale = 0.f;
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
+  /// score_query's aggregation (the correction step's late ranking), where it differs from the
+  /// speculation's; empty: `aggregation`. With the layer's own query, sum_prob ranks as the
+  /// oracle does (docs/accuracy.md, "What limits the ranking").
+  std::optional<gqa_aggregation> query_aggregation{};
+
+  /// The aggregation score_query uses.
+  [[nodiscard]] gqa_aggregation late_aggregation() const noexcept {
+    return query_aggregation.value_or(aggregation);
+  }
 };
 
 /// PkT: the partial keys' element type; WT: the partial query weights' (float, or the model's
@@ -115,6 +125,8 @@ class infinigen_policy {
     KVSCOUT_EXPECTS(cfg.num_q_heads / cfg.num_kv_heads <= detail::max_group, "GQA group of ",
                     cfg.num_q_heads / cfg.num_kv_heads, " exceeds ", detail::max_group);
     detail::check_scale(cfg.scale);
+    detail::check_aggregation(cfg.aggregation, "aggregation");
+    detail::check_aggregation(cfg.late_aggregation(), "query_aggregation");
   }
   // Carves the scratch out of the caller's workspace (checked first): [query_block] RoPE tables,
   // then qp_ [query_block, num_q_heads, head_dim], pk_ [head_dim], qm_ [head_dim] floats.
@@ -262,7 +274,8 @@ class infinigen_policy {
           const int b = s0 + v;
           const float* qg = qp_ + v * ldq + static_cast<std::size_t>(h) * g * r;
           const float top =
-              score_row(st, qg, detail::seq_of(ctx, b), h, g, ctx.seq_lens[b], out.row(b, h));
+              score_row(st, qg, detail::seq_of(ctx, b), h, g, ctx.seq_lens[b], out.row(b, h),
+                      cfg_.aggregation);
           if (!out.row_max.empty()) out.row_max[static_cast<std::size_t>(b) * H + h] = top;
         }
     }
@@ -302,7 +315,8 @@ class infinigen_policy {
           for (int c = 0; c < r; ++c) out_q[c] *= cfg_.scale;
         }
         const float top =
-            score_row(st, qg, detail::seq_of(ctx, s), h, g, ctx.seq_lens[s], out.row(s, h));
+            score_row(st, qg, detail::seq_of(ctx, s), h, g, ctx.seq_lens[s], out.row(s, h),
+                      cfg_.late_aggregation());
         if (!out.row_max.empty()) out.row_max[static_cast<std::size_t>(s) * H + h] = top;
       }
   }
@@ -335,10 +349,11 @@ class infinigen_policy {
   // loop is bound by reading the keys.
   // qg: the group's g partial queries, [g, r]. Returns the row's largest non-NaN score (-inf if
   // none): score_buffer::row_max.
-  float score_row(const layer_state& st, const float* qg, int s, int h, int g, int n, float* row) {
+  float score_row(const layer_state& st, const float* qg, int s, int h, int g, int n, float* row,
+                  gqa_aggregation agg) {
     const int r = st.r;
-    if (cfg_.aggregation == gqa_aggregation::sum_prob) {
-      detail::aggregate_scores(n, g, cfg_.aggregation, row, [&](int t, float* z) {
+    if (agg == gqa_aggregation::sum_prob) {
+      detail::aggregate_scores(n, g, agg, row, [&](int t, float* z) {
         for (int j = 0; j < g; ++j) {
           float d = 0;
           for (int c = 0; c < r; ++c)
@@ -348,7 +363,7 @@ class infinigen_policy {
       });
       return detail::max_non_nan(row, n);
     }
-    const bool use_max = cfg_.aggregation == gqa_aggregation::max_logit;
+    const bool use_max = agg == gqa_aggregation::max_logit;
     const float inv_g = 1.f / static_cast<float>(g);
     if (!use_max && g > 1) {
       // mean_logit: the mean of the group's dot products is the dot product with the group's mean

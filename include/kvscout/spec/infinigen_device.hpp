@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kvscout/core/config.hpp"
@@ -46,6 +47,14 @@ struct infinigen_cuda_config {
   rope_mode mode = rope_mode::post_rope_skew;  // every kv head's plan has this mode
   float scale = 0.f;     // logit scale, 1 / sqrt(head_dim) for the attention's own
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
+  /// score_query's aggregation (the correction step's late ranking), where it differs from
+  /// the speculation's; empty: `aggregation` (infinigen_config::query_aggregation).
+  std::optional<gqa_aggregation> query_aggregation{};
+
+  /// The aggregation score_query uses.
+  [[nodiscard]] gqa_aggregation late_aggregation() const noexcept {
+    return query_aggregation.value_or(aggregation);
+  }
 };
 
 /// The device partial key cache of one layer (layout in the header comment). A view: the memory
@@ -167,11 +176,8 @@ inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
   if (c.mode != rope_mode::pre_rope_folded) {
     KVSCOUT_EXPECTS(c.head_dim % 2 == 0, "RoPE modes need an even head_dim, got ", c.head_dim);
   }
-  KVSCOUT_EXPECTS(c.aggregation == gqa_aggregation::max_logit ||
-                      c.aggregation == gqa_aggregation::mean_logit ||
-                      c.aggregation == gqa_aggregation::sum_prob,
-                  "unsupported gqa_aggregation ", static_cast<int>(c.aggregation),
-                  "; supported: max_logit, mean_logit, sum_prob");
+  check_aggregation(c.aggregation, "aggregation");
+  check_aggregation(c.late_aggregation(), "query_aggregation");
   KVSCOUT_EXPECTS(c.num_seqs <= spec_max_grid_yz && c.num_kv_heads <= spec_max_grid_yz,
                   "num_seqs = ", c.num_seqs, " and num_kv_heads = ", c.num_kv_heads,
                   " must be at most ", spec_max_grid_yz, " (grid limit)");
@@ -209,7 +215,7 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
   l.planes = take(c.mode == rope_mode::rope_planes ? sizeof(std::int32_t) * H * (r / 2) : 0);
   l.y = take(sizeof(float) * S * Hq * rows);
   l.q = take(sizeof(float) * S * Hq * r);
-  l.stats = take(c.aggregation == gqa_aggregation::sum_prob
+  l.stats = take(c.aggregation == gqa_aggregation::sum_prob || c.late_aggregation() == gqa_aggregation::sum_prob
                      ? 2 * sizeof(float) * S * H * static_cast<std::size_t>(l.chunks) * g
                      : 0);
   l.keys = take(sizeof(PkT) * l.key_elements);
