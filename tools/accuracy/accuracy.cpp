@@ -166,6 +166,9 @@ struct infinigen_knobs {
   // speculation for the rows layer l's own query finds missing; 0: none.
   double correct_share = 0;
   bool late = false;  // eval_options::late_scores: rank with layer l's own query (a diagnostic)
+  // eval_options::late_aggregation (stage ranking): the late ranking's own GQA aggregation.
+  std::optional<gqa_aggregation> late_aggregation;
+  int key_bits = 0;  // eval_options::rank_key_bits (stage ranking): quantised ranking keys
   // eval_options::pool_heads: the KV heads share the budget (select/pooled.hpp); the oracle's
   // rows take it too.
   bool pooled = false;
@@ -215,6 +218,15 @@ std::string selector_name(const infinigen_knobs& k) {
   std::snprintf(late, sizeof late, "%s%s", k.correct_share > 0 ? "+corrected" : "", k.late ? "+late" : "");
   if (k.correct_share > 0)
     std::snprintf(late, sizeof late, "+corrected%g%s", k.correct_share, k.late ? "+late" : "");
+  if (k.late_aggregation) {
+    std::strncat(late, "+late_", sizeof late - std::strlen(late) - 1);
+    std::strncat(late, to_string(*k.late_aggregation), sizeof late - std::strlen(late) - 1);
+  }
+  if (k.key_bits > 0) {
+    char kb[24];
+    std::snprintf(kb, sizeof kb, "+keys%db", k.key_bits);
+    std::strncat(late, kb, sizeof late - std::strlen(late) - 1);
+  }
   if (!k.layer_shares.empty()) {
     std::strncat(late, "+layers_", sizeof late - std::strlen(late) - 1);
     std::strncat(late, k.layer_rule, sizeof late - std::strlen(late) - 1);
@@ -315,6 +327,8 @@ class harness {
       o.rule = k.rule;
       o.keep = k.keep;
       apply_budget(o, budget, k);
+      o.late_aggregation = k.late_aggregation;
+      o.rank_key_bits = k.key_bits;
     }
     const eval_result r = tx.ev->run(o);
     if (p == eval_policy::dense && pool_tokens == 0) tx.dense_ppl[static_cast<int>(f)] = r.ppl();
@@ -667,7 +681,7 @@ int main(int argc, char** argv) try {
   std::printf("calibration samples collected in %.1f s\n", seconds_since(t_cal));
 
   bool main_stages = false;  // stages that write accuracy.csv / accuracy_layers.csv
-  for (const char* st : {"sweep", "matrix", "paper", "planes", "kivi_rest", "ablation", "pool", "correction", "budgets"})
+  for (const char* st : {"sweep", "matrix", "paper", "planes", "kivi_rest", "ablation", "pool", "correction", "budgets", "ranking"})
     main_stages = main_stages || stages.find(st) != std::string::npos;
   harness hz(w, cal, out_dir, skip, append, main_stages);
   text_run lt;
@@ -911,6 +925,67 @@ int main(int argc, char** argv) try {
     }
   }
 
+  // ---- stage ranking (issue 32): what limits the late ranking. Layer l's own query (late
+  // scores, no layer-ahead prediction) against partial keys of r channels, each GQA aggregation,
+  // at 10 % on fp16: with r = head_dim the keys are whole and only the aggregation separates it
+  // from the oracle.
+  if (stages.find("ranking") != std::string::npos) {
+    const infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    const auto rows = [&](text_run& tx) {
+      if (!tx.dense_ppl.count(static_cast<int>(kv_format::fp16)))
+        hz.run("ranking", tx, kv_format::fp16, eval_policy::dense, 1.0, {});
+      hz.run("ranking", tx, kv_format::fp16, eval_policy::oracle, 0.10, {});
+      for (int r : {def.r, (def.r + w.cfg.head_dim) / 2, w.cfg.head_dim})
+        for (gqa_aggregation a : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob}) {
+          infinigen_knobs k = def;
+          k.preset = nullptr;
+          k.r = r;
+          k.aggregation = a;
+          k.late = true;
+          hz.run("ranking", tx, kv_format::fp16, eval_policy::infinigen, 0.10, k);
+        }
+    };
+    if (stages.find("ranking_grid") == std::string::npos) rows(lt);
+    // Quantised ranking keys (rank_key_bits) and the late ranking's own aggregation, alone and
+    // in the corrected schedule: --rank-configs "r:bits:late_agg:share,..." (late_agg one of
+    // max_logit / mean_logit / sum_prob / spec (the speculation's); share 0: late ranking alone,
+    // -1: speculation alone).
+    const std::string grid = arg(argc, argv, "--rank-configs", "");
+    const auto grid_rows = [&](text_run& tx) {
+    if (!grid.empty() && !tx.dense_ppl.count(static_cast<int>(kv_format::fp16)))
+      hz.run("ranking", tx, kv_format::fp16, eval_policy::dense, 1.0, {});
+    std::stringstream gs(grid);
+    for (std::string item; std::getline(gs, item, ',');) {
+      int r = 0, bits = 0;
+      char agg[32] = "";
+      double share = 0;
+      KVSCOUT_EXPECTS(std::sscanf(item.c_str(), "%d:%d:%31[a-z_]:%lf", &r, &bits, agg, &share) == 4,
+                      "--rank-configs: \"", item, "\": expected r:bits:aggregation:share");
+      infinigen_knobs k = def;
+      k.preset = nullptr;
+      k.r = r;
+      k.key_bits = bits;
+      const std::string a = agg;
+      if (a != "spec") {
+        bool known = false;
+        for (gqa_aggregation x : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob})
+          if (a == to_string(x)) k.late_aggregation = x, known = true;
+        KVSCOUT_EXPECTS(known, "--rank-configs: aggregation \"", a, "\": expected max_logit, mean_logit, sum_prob or spec");
+      }
+      if (share == 0) k.late = true;
+      if (share > 0) k.correct_share = share;
+      hz.run("ranking", tx, kv_format::fp16, eval_policy::infinigen, 0.10, k);
+    }
+    };
+    grid_rows(lt);
+    if (!short_path.empty()) {
+      text_run st;
+      short_text(st);
+      if (stages.find("ranking_grid") == std::string::npos) rows(st);
+      grid_rows(st);
+    }
+  }
+
   // ---- stage budgets (issue 32, part 2): budgets that follow the attention, the rows moved per
   // step unchanged. Per layer: shares of the budget from the oracle's mass curves of the long
   // text's unscored half (harness::mass_curves, layer_shares, --layer-rule coverage|mass; the
@@ -942,6 +1017,16 @@ int main(int argc, char** argv) try {
     const bool by_layer = ways.find("layers") != std::string::npos, by_head = ways.find("heads") != std::string::npos;
     std::vector<std::vector<double>> model_curves;
     if (by_layer) model_curves = hz.mass_curves(lt, 400, outside);
+    // --rank-r R, --rank-bits B, --late-agg A: kvscout's rows with r = R, B-bit ranking keys
+    // and the late ranking's own aggregation (stage ranking's knobs); default: the preset's.
+    const int rank_r = int_arg(argc, argv, "--rank-r", "0", 0, w.cfg.head_dim);
+    const int rank_bits = int_arg(argc, argv, "--rank-bits", "0", 0, 8);
+    const std::string late_agg = arg(argc, argv, "--late-agg", "");
+    std::optional<gqa_aggregation> late_aggregation;
+    for (gqa_aggregation x : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob})
+      if (late_agg == to_string(x)) late_aggregation = x;
+    KVSCOUT_EXPECTS(late_agg.empty() || late_aggregation, "--late-agg ", late_agg,
+                    ": expected max_logit, mean_logit or sum_prob");
     // The three configurations of one way of sharing the budget.
     const auto triple = [&](text_run& tx, kv_format f, double b, const infinigen_knobs& way) {
       infinigen_knobs orc;
@@ -950,6 +1035,9 @@ int main(int argc, char** argv) try {
       infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
       def.pooled = way.pooled, def.pool_rule = way.pool_rule;
       def.layer_shares = way.layer_shares, def.layer_rule = way.layer_rule;
+      if (rank_r > 0) def.r = rank_r, def.preset = nullptr;
+      def.key_bits = rank_bits;
+      def.late_aggregation = late_aggregation;
       infinigen_knobs cor = def;
       cor.correct_share = share;
       hz.run("budgets", tx, f, eval_policy::oracle, b, orc);

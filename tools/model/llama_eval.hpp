@@ -34,6 +34,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,17 @@ struct eval_options {
   /// correction's ranking alone: what a perfect layer-ahead prediction of the query would give
   /// with these partial keys). A diagnostic, not a schedule a pipeline can run ahead of layer l.
   bool late_scores = false;
+  /// The GQA aggregation of the late ranking (the correction step's and late_scores'), where it
+  /// differs from `aggregation` (the speculation's): infinigen_config::query_aggregation.
+  std::optional<gqa_aggregation> late_aggregation;
+  /// Ranking keys quantised (a diagnostic of what a quantised partial key cache would rank like):
+  /// 0, the partial keys in float; b in [2, 8], each complete group of rank_key_group tokens'
+  /// keys quantised per channel to b bits (KIVI's key scheme: asymmetric, the group's min and
+  /// max), the incomplete group's in float, as KIVI keeps its newest tokens. rope_planes plans
+  /// only (their partial keys are channels of the key, so quantising the key per channel is
+  /// quantising the partial keys).
+  int rank_key_bits = 0;
+  int rank_key_group = 32;
   float alpha = -1.f;  // < 0: exact top-k at the cap; >= 0: threshold selector (max - alpha), capped
   /// Head-pooled top-k (kvscout's; select/pooled.hpp): the KV heads of a step share cap * H rows
   /// (each keeps its keep-set), compared by each head's softmax of the scores (logit scale), or
@@ -278,6 +290,15 @@ class layer_major_eval {
                     " must be in [0, 1 - budget = ", 1 - o.budget, "]");
     KVSCOUT_EXPECTS((o.correct == 0 && !o.late_scores) || o.policy == eval_policy::infinigen,
                     "correct / late_scores need the infinigen policy, got ", to_string(o.policy));
+    KVSCOUT_EXPECTS(o.rank_key_bits == 0 || (o.policy == eval_policy::infinigen && o.rank_key_bits >= 2 &&
+                                             o.rank_key_bits <= 8 && o.rank_key_group >= 1),
+                    "rank_key_bits = ", o.rank_key_bits, " (group ", o.rank_key_group,
+                    "): expected 0, or 2..8 bits with the infinigen policy and a group >= 1");
+    if (o.rank_key_bits > 0)
+      for (const auto& layer : *o.plans)
+        for (const skew_plan& p : layer)
+          KVSCOUT_EXPECTS(p.mode == rope_mode::rope_planes, "rank_key_bits needs rope_planes plans, got ",
+                          to_string(p.mode));
     KVSCOUT_EXPECTS(o.correct == 0 || o.pool_tokens == 0, "correct = ", o.correct,
                     " with a bounded host pool (pool_tokens = ", o.pool_tokens, ") is not supported");
     const int L = c_.n_layers, H = c_.n_kv_heads;
@@ -366,6 +387,7 @@ class layer_major_eval {
     std::vector<std::byte> corr_ws;
     host_workspace ig_ws;  // the infinigen policy's scratch (declared first: it outlives ig)
     std::unique_ptr<infinigen_policy<>> ig;
+    row_matrix kgroup;                            // o.rank_key_bits: one quantised group [G, H * D]
     std::unique_ptr<quest_policy<D>> quest;
     std::unique_ptr<h2o_policy> h2o;
     std::unique_ptr<streaming_policy> stream;
@@ -407,10 +429,11 @@ class layer_major_eval {
         case eval_policy::infinigen: {
           std::vector<host_span<const float>> wq, bq(static_cast<std::size_t>(L));
           for (const auto& layer : ev.w_.layers) wq.push_back({layer.wq.data(), layer.wq.size()});
-          const infinigen_policy<>::config ic{L, 1, H, Hq, D, ev.c_.d_model, T, scale,
-                                              opt.aggregation};
+          infinigen_policy<>::config ic{L, 1, H, Hq, D, ev.c_.d_model, T, scale, opt.aggregation};
+          ic.query_aggregation = opt.late_aggregation;
           ig_ws = make_workspace<infinigen_policy<>>(ic);
           ig = std::make_unique<infinigen_policy<>>(ic, *opt.plans, wq, bq, ig_ws.span());
+          if (opt.rank_key_bits > 0) kgroup.resize(opt.rank_key_group, H * D);
           break;
         }
         case eval_policy::quest:
@@ -815,7 +838,11 @@ class layer_major_eval {
           }
         }
         if (l >= skip_) {
-          if (st.ig) st.ig->append(l, 0, t, &st.kpre(t, 0), &st.kpost(t, 0));
+          if (st.ig) {
+            st.ig->append(l, 0, t, &st.kpre(t, 0), &st.kpost(t, 0));
+            if (o.rank_key_bits > 0 && (t + 1) % o.rank_key_group == 0)
+              quantise_ranking_keys(l, t + 1 - o.rank_key_group, st);
+          }
           if (st.quest) st.quest->append(l, 0, t, &st.kpre(t, 0), &st.kpost(t, 0));
           if (st.pool) st.pool->append(l, 0, t);
         }
@@ -875,6 +902,23 @@ class layer_major_eval {
       added += na;
     }
     return added;
+  }
+
+  // eval_options::rank_key_bits: the ranking keys of the complete group [t0, t0 + G) written
+  // again, quantised per (head, channel) to b bits over the group (min / max, round to nearest).
+  void quantise_ranking_keys(int l, int t0, run_state& st) const {
+    const int G = st.o.rank_key_group, HD = c_.n_kv_heads * D;
+    const float levels = static_cast<float>((1 << st.o.rank_key_bits) - 1);
+    for (int c = 0; c < HD; ++c) {
+      float lo = st.kpost(t0, c), hi = lo;
+      for (int i = 1; i < G; ++i) lo = std::min(lo, st.kpost(t0 + i, c)), hi = std::max(hi, st.kpost(t0 + i, c));
+      const float step = (hi - lo) / levels;
+      for (int i = 0; i < G; ++i) {
+        const float x = st.kpost(t0 + i, c);
+        st.kgroup(i, c) = step > 0.f ? lo + std::nearbyint((x - lo) / step) * step : x;
+      }
+    }
+    for (int i = 0; i < G; ++i) st.ig->append(l, 0, t0 + i, &st.kpre(t0 + i, 0), &st.kgroup(i, 0));
   }
 
   // Scores of the tokens the host pool evicted, NaN: never selected by score.
