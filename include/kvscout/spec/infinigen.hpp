@@ -27,6 +27,7 @@
 //   p.score(layer, {.x = x, .positions = pos, .seq_lens = lens}, out);   // during layer - 1
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -81,7 +82,8 @@ class infinigen_policy {
   /// Workspace: the scratch of one score() / score_query() / append() (the partial queries of
   /// query_block sequences, their RoPE tables, one projected key, a group's mean query), sized
   /// for r = head_dim, the largest a plan may have: about
-  /// 4 * (query_block * num_q_heads * head_dim + 2 * head_dim) + query_block * 1 KiB bytes.
+  /// 4 * (query_block * num_q_heads * head_dim + 2 * head_dim) + query_block * 1 KiB bytes, and
+  /// where either aggregation is sum_prob a group's logit rows, 4 * g * max_tokens bytes.
   /// Checks the config (the checks the constructor makes before it reads the plans).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
@@ -89,7 +91,7 @@ class infinigen_policy {
            sizeof(float) * detail::checked_size("infinigen_policy's scratch floats (query_block x "
                                                 "num_q_heads x head_dim)",
                                                 query_block, cfg.num_q_heads, cfg.head_dim) +
-           sizeof(float) * 2 * static_cast<std::size_t>(cfg.head_dim);
+           sizeof(float) * 2 * static_cast<std::size_t>(cfg.head_dim) + sum_prob_bytes(cfg);
   }
   /// The alignment the workspace's address must have (RoPE tables and floats).
   static constexpr std::size_t workspace_alignment =
@@ -116,6 +118,13 @@ class infinigen_policy {
 
  private:
   struct build_tag {};
+  // sum_prob's logit rows (one per query head of a group), where either aggregation is sum_prob.
+  static std::size_t sum_prob_bytes(const config& cfg) {
+    if (cfg.aggregation != gqa_aggregation::sum_prob && cfg.late_aggregation() != gqa_aggregation::sum_prob)
+      return 0;
+    return sizeof(float) * detail::checked_size("infinigen_policy's sum_prob rows (group x max_tokens)",
+                                                cfg.num_q_heads / cfg.num_kv_heads, cfg.max_tokens);
+  }
   static void check_config(const config& cfg) {
     detail::check_policy_sizes("infinigen_policy", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
                                cfg.max_tokens);
@@ -145,6 +154,7 @@ class infinigen_policy {
     qp_ = reinterpret_cast<float*>(workspace.data() + sizeof(rope_table) * query_block);
     pk_ = qp_ + static_cast<std::size_t>(query_block) * cfg_.num_q_heads * cfg_.head_dim;
     qm_ = pk_ + cfg_.head_dim;
+    lg_ = sum_prob_bytes(cfg_) > 0 ? qm_ + cfg_.head_dim : nullptr;
   }
   template <compute_element In>
   infinigen_policy(build_tag, const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
@@ -353,14 +363,24 @@ class infinigen_policy {
                   gqa_aggregation agg) {
     const int r = st.r;
     if (agg == gqa_aggregation::sum_prob) {
-      detail::aggregate_scores(n, g, agg, row, [&](int t, float* z) {
-        for (int j = 0; j < g; ++j) {
-          float d = 0;
-          for (int c = 0; c < r; ++c)
-            d = detail::madd(d, qg[j * r + c], to_float(st.cache.at(s, h, c, t)));
-          z[j] = d;
-        }
-      });
+      // Each head's logits by the vectorised tiles (one row per head), then the group's mass:
+      // sum over the heads of exp(logit - the head's max) / the head's normaliser, in double.
+      if (n == 0) return -std::numeric_limits<float>::infinity();
+      double inv_z[detail::max_group];
+      float top[detail::max_group];
+      for (int j = 0; j < g; ++j) {
+        float* lj = lg_ + static_cast<std::size_t>(j) * cfg_.max_tokens;
+        top[j] = score_tiles<1>(qg + static_cast<std::size_t>(j) * r, r, st.cache, s, h, n, true, 1.f, lj);
+        double z = 0;
+        for (int t = 0; t < n; ++t) z += std::exp(static_cast<double>(lj[t]) - top[j]);
+        inv_z[j] = 1.0 / z;
+      }
+      for (int t = 0; t < n; ++t) {
+        double a = 0;
+        for (int j = 0; j < g; ++j)
+          a += std::exp(static_cast<double>(lg_[static_cast<std::size_t>(j) * cfg_.max_tokens + t]) - top[j]) * inv_z[j];
+        row[t] = static_cast<float>(a);
+      }
       return detail::max_non_nan(row, n);
     }
     const bool use_max = agg == gqa_aggregation::max_logit;
@@ -556,6 +576,7 @@ class infinigen_policy {
   float* qp_ = nullptr;    // [query_block, num_q_heads, r] scaled partial queries
   float* pk_ = nullptr;    // [r] one projected key
   float* qm_ = nullptr;    // [r] a group's mean partial query (mean_logit)
+  float* lg_ = nullptr;    // [g, max_tokens] a group's logit rows (sum_prob; null otherwise)
   rope_table* rope_ = nullptr;   // [query_block]: each sequence's rotation, shared by all heads
 };
 
