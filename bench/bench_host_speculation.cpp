@@ -55,7 +55,7 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/select/correction.hpp"
 #include "kvscout/select/topk.hpp"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 

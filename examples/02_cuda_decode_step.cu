@@ -31,7 +31,7 @@
 #include "kvscout/attention/decode.cuh"
 #include "kvscout/fetch/zero_copy.cuh"
 #include "kvscout/select/topk.cuh"
-#include "kvscout/spec/infinigen.cuh"
+#include "kvscout/score/infinigen.cuh"
 
 namespace {
 

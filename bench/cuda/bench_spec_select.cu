@@ -35,8 +35,8 @@
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/select/threshold.cuh"
 #include "kvscout/select/topk.cuh"
-#include "kvscout/spec/infinigen.cuh"
-#include "kvscout/spec/streaming.cuh"
+#include "kvscout/score/infinigen.cuh"
+#include "kvscout/score/streaming.cuh"
 
 namespace {
 

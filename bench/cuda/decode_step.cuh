@@ -75,7 +75,7 @@
 #include "kvscout/select/correction.cuh"
 #include "kvscout/select/topk.cuh"
 #include "kvscout/skew/plan.hpp"
-#include "kvscout/spec/infinigen.cuh"
+#include "kvscout/score/infinigen.cuh"
 
 namespace decode_step {
 

@@ -35,7 +35,7 @@
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/skew/plan.hpp"
-#include "kvscout/spec/concepts.hpp"
+#include "kvscout/score/concepts.hpp"
 
 namespace kvscout::presets {
 

@@ -22,7 +22,7 @@
 #include "gpu_harness.cuh"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/skew/plan.hpp"
-#include "kvscout/spec/infinigen.cuh"
+#include "kvscout/score/infinigen.cuh"
 
 namespace gpu_test {
 
@@ -31,7 +31,7 @@ kvscout::device_span<T> dspan(const device_vector<std::remove_const_t<T>>& v) {
   return {v.data(), v.size()};
 }
 
-/// A RoPE-plane plan of r channels: planes chosen at random, identity skew (spec/ and skew/ test
+/// A RoPE-plane plan of r channels: planes chosen at random, identity skew (score/ and skew/ test
 /// the others).
 inline kvscout::skew_plan plane_plan(std::mt19937& rng, int D, int r) {
   std::vector<int> all(static_cast<std::size_t>(D / 2));

@@ -20,8 +20,8 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/select/correction.cuh"
 #include "kvscout/select/correction.hpp"
-#include "kvscout/spec/infinigen.cuh"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.cuh"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 

@@ -40,7 +40,7 @@
 #include "kvscout/select/correction.cuh"
 #include "kvscout/select/correction.hpp"
 #include "kvscout/select/topk.cuh"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 

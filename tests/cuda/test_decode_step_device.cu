@@ -32,7 +32,7 @@
 #include "kvscout/pipeline/cuda_stages.cuh"
 #include "kvscout/select/topk.cuh"
 #include "kvscout/select/topk.hpp"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// spec/ on the device: infinigen_speculator_cuda against the host infinigen_policy, on seeded
+// score/ on the device: infinigen_speculator_cuda against the host infinigen_policy, on seeded
 // random plans, weights, keys and inputs (never zeros), for every rope mode, every GQA
 // aggregation, fp16 and float partial keys, head_dim 64 and 128, group sizes 1, 3 and 12 (the
 // generic kernels), 4 and 8, several sequences of different lengths (0, 1, a partial tile, several blocks)
@@ -34,8 +34,8 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/core/device_status.hpp"
 #include "kvscout/core/configured.hpp"
-#include "kvscout/spec/infinigen.cuh"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.cuh"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 

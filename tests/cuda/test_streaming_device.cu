@@ -1,4 +1,4 @@
-// streaming_policy_cuda (spec/streaming.cuh) and a policy other than InfiniGen in the CUDA
+// streaming_policy_cuda (score/streaming.cuh) and a policy other than InfiniGen in the CUDA
 // pipeline's stages (cuda_speculation_stages, pipeline/cuda_stages.cuh):
 //   - its scores equal the host streaming_policy's bit for bit, lengths clamped on the device (and
 //     reported as device_status::bad_length) and
@@ -27,8 +27,8 @@
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/pipeline/cuda_stages.cuh"
 #include "kvscout/select/topk.cuh"
-#include "kvscout/spec/streaming.cuh"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/streaming.cuh"
+#include "kvscout/score/streaming.hpp"
 
 namespace {
 

@@ -25,10 +25,10 @@
 #include "kvscout/pipeline/host_pipeline.hpp"
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/plan.hpp"
-#include "kvscout/spec/h2o.hpp"
-#include "kvscout/spec/oracle.hpp"
-#include "kvscout/spec/quest.hpp"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/h2o.hpp"
+#include "kvscout/score/oracle.hpp"
+#include "kvscout/score/quest.hpp"
+#include "kvscout/score/streaming.hpp"
 
 using Catch::Contains;
 

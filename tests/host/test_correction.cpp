@@ -15,7 +15,7 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/skew/calibrate.hpp"
 #include "kvscout/select/correction.hpp"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // The host side of the CUDA facades, tested without a GPU: every check the device speculator and
-// the device selectors make before a launch (spec/infinigen_device.hpp,
+// the device selectors make before a launch (score/infinigen_device.hpp,
 // select/detail/device_config.hpp), the workspace layout, the device partial key cache's index
 // math (the host cache's layout, element for element), and the shared softmax statistics.
 // Device pointers here are never dereferenced: the checks only look at sizes and addresses.
@@ -17,8 +17,8 @@
 
 #include "kvscout/cache/partial_key_cache.hpp"
 #include "kvscout/select/detail/device_config.hpp"
-#include "kvscout/spec/detail/aggregate.hpp"
-#include "kvscout/spec/infinigen_device.hpp"
+#include "kvscout/score/detail/aggregate.hpp"
+#include "kvscout/score/infinigen_device.hpp"
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include "kvscout/kv/detail/append_checks.hpp"
 #include "kvscout/kv/kivi.hpp"
 #include "kvscout/select/detail/device_config.hpp"
-#include "kvscout/spec/infinigen_device.hpp"
+#include "kvscout/score/infinigen_device.hpp"
 
 using Catch::Matchers::Contains;
 using namespace kvscout;

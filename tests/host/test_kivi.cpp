@@ -22,9 +22,9 @@
 #include "kvscout/kv/detail/kivi_pack.hpp"
 #include "kvscout/kv/kivi.hpp"
 #include "kvscout/select/topk.hpp"
-#include "kvscout/spec/h2o.hpp"
-#include "kvscout/spec/oracle.hpp"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/h2o.hpp"
+#include "kvscout/score/oracle.hpp"
+#include "kvscout/score/streaming.hpp"
 
 namespace {
 

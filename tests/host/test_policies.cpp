@@ -18,11 +18,11 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/skew/calibrate.hpp"
-#include "kvscout/spec/h2o.hpp"
-#include "kvscout/spec/infinigen.hpp"
-#include "kvscout/spec/oracle.hpp"
-#include "kvscout/spec/quest.hpp"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/h2o.hpp"
+#include "kvscout/score/infinigen.hpp"
+#include "kvscout/score/oracle.hpp"
+#include "kvscout/score/quest.hpp"
+#include "kvscout/score/streaming.hpp"
 
 namespace {
 

@@ -12,7 +12,7 @@
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/kv/contiguous.hpp"
-#include "kvscout/spec/concepts.hpp"
+#include "kvscout/score/concepts.hpp"
 
 namespace kvtest {
 

@@ -10,7 +10,7 @@
 
 #include "kvscout/pipeline/host_pipeline.hpp"
 #include "kvscout/select/topk.hpp"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/streaming.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer_gguf.hpp"
 #include "smollm2.hpp"

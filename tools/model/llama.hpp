@@ -27,7 +27,7 @@
 #include "kvscout/core/rope.hpp"
 #include "kvscout/core/simd.hpp"
 #include "kvscout/kv/contiguous.hpp"
-#include "kvscout/spec/concepts.hpp"
+#include "kvscout/score/concepts.hpp"
 #include "model/gguf.hpp"
 
 namespace kvscout::model {

@@ -52,11 +52,11 @@
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/detail/eigen.hpp"
 #include "kvscout/skew/plan.hpp"
-#include "kvscout/spec/h2o.hpp"
-#include "kvscout/spec/infinigen.hpp"
-#include "kvscout/spec/oracle.hpp"
-#include "kvscout/spec/quest.hpp"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/h2o.hpp"
+#include "kvscout/score/infinigen.hpp"
+#include "kvscout/score/oracle.hpp"
+#include "kvscout/score/quest.hpp"
+#include "kvscout/score/streaming.hpp"
 #include "model/llama.hpp"
 
 namespace kvscout::model {
@@ -620,7 +620,7 @@ class layer_major_eval {
   }
 
   // Writes sum over the group of each head's softmax over [0, n) (the oracle's sum_prob score,
-  // spec/detail/aggregate.hpp) into out[0, n), from the scaled logits rows lg[row0 + j].
+  // score/detail/aggregate.hpp) into out[0, n), from the scaled logits rows lg[row0 + j].
   void group_mass(const row_matrix& lg, int row0, int g, int n, run_state& st, float* out) const {
     std::fill(out, out + n, 0.f);
     if (n == 0) return;

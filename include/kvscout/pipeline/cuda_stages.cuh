@@ -3,10 +3,10 @@
 // optional third, the correction step, that the caller runs on the compute stream:
 //
 //   speculate(i, b, exec)    layer i's speculation policy (any device_speculation_policy,
-//                            spec/device_concepts.hpp: kvscout's infinigen_speculator_cuda or
+//                            score/device_concepts.hpp: kvscout's infinigen_speculator_cuda or
 //                            streaming_policy_cuda, or the engine's own) scores every cached token
 //                            from the layer input in slot b (x_{i-1}), then the selector writes
-//                            slot b's selection       (spec/infinigen.cuh, select/*.cuh)
+//                            slot b's selection       (score/infinigen.cuh, select/*.cuh)
 //   fetch(i, b, exec)        the executor (zero_copy_executor by default, or any
 //                            device_step_executor) moves the rows slot b names from layer i's
 //                            host cache into slot b's row buffers               (fetch/zero_copy.cuh)
@@ -58,8 +58,8 @@
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/correction.cuh"
-#include "kvscout/spec/device_concepts.hpp"
-#include "kvscout/spec/infinigen.cuh"
+#include "kvscout/score/device_concepts.hpp"
+#include "kvscout/score/infinigen.cuh"
 
 namespace kvscout {
 

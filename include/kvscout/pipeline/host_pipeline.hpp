@@ -81,7 +81,7 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/correction.hpp"
-#include "kvscout/spec/concepts.hpp"
+#include "kvscout/score/concepts.hpp"
 
 namespace kvscout {
 
