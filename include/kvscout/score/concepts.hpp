@@ -37,8 +37,16 @@
 
 namespace kvscout {
 
-/// What a policy may read for one decode step of one layer.
-struct spec_context {
+/// What a policy reads for one decode step of one layer, in host or device memory (Space): the
+/// host context here, the device one (score_context<device_space>) in score/device_context.hpp.
+/// Their fields differ (the device one names a host-known length bound and no query), so each
+/// space is its own specialisation.
+template <class Space>
+struct score_context;
+
+/// What a host policy may read for one decode step of one layer.
+template <>
+struct score_context<host_space> {
   host_span<const float> x;            // [num_seqs, d_model] layer i-1's normalised input (InfiniGen)
   host_span<const float> q;            // [num_seqs, num_q_heads, head_dim] layer i's query (late policies)
   host_span<const int32_t> positions;  // [num_seqs] position of the token being decoded (RoPE)
@@ -50,34 +58,15 @@ struct spec_context {
   host_span<const int32_t> seq_ids = {};
 };
 
+/// Deprecated (issue 33): the host score context's old name, kept for one release.
+using spec_context [[deprecated("use score_context<host_space>")]] = score_context<host_space>;
+
 namespace detail {
-/// The sequence that batch row s of `ctx` names in the policy's state (see spec_context::seq_ids).
-inline int seq_of(const spec_context& ctx, int s) {
+/// The sequence that batch row s of `ctx` names in the policy's state (see score_context::seq_ids).
+inline int seq_of(const score_context<host_space>& ctx, int s) {
   return ctx.seq_ids.empty() ? s : ctx.seq_ids[s];
 }
 }  // namespace detail
-
-/// Where a policy writes its scores.
-struct score_buffer {
-  host_span<float> scores;  // [num_seqs, num_kv_heads, stride]
-  int num_seqs = 0;
-  int num_kv_heads = 0;
-  int stride = 0;
-  /// Optional, [num_seqs, num_kv_heads]: where given, score() also writes each row's largest
-  /// non-NaN score over t < seq_lens[s] (-inf where there is none), the hint a selector reads as
-  /// score_view::row_max. infinigen_policy forms it in the scoring loop, from the scores in
-  /// registers; the other host policies with one more read of each row (write_row_max).
-  host_span<float> row_max{};
-
-  float* row(int s, int h) const {
-    return scores.data() + (static_cast<std::size_t>(s) * num_kv_heads + h) * static_cast<std::size_t>(stride);
-  }
-  /// What a selector reads: these scores with the sequences' lengths (a policy writes
-  /// t < seq_lens[s] of each row; the selector looks at no more), and their maxima if written.
-  [[nodiscard]] score_view<host_space> view(host_span<const std::int32_t> seq_lens) const {
-    return {scores, seq_lens, num_seqs, num_kv_heads, stride, {row_max.data(), row_max.size()}};
-  }
-};
 
 /// How the scores of the query heads of one GQA group become one score per KV head.
 ///   max_logit  the largest logit of the group (a token matters if any head attends to it)
@@ -86,8 +75,8 @@ struct score_buffer {
 enum class gqa_aggregation { max_logit, mean_logit, sum_prob };
 
 template <class P>
-concept speculation_policy = requires(P& p, int layer, const spec_context& ctx,
-                                      const score_buffer& out) {
+concept speculation_policy = requires(P& p, int layer, const score_context<host_space>& ctx,
+                                      const score_buffer<host_space>& out) {
   { P::needs_query } -> std::convertible_to<bool>;
   p.score(layer, ctx, out);
 };
@@ -122,7 +111,7 @@ inline constexpr int seq_id_bitmap_max = 4096;
 /// ctx.seq_ids, when given: num_seqs entries, each in [0, max_seqs), no two equal (two rows of one
 /// sequence would add its attention mass twice). Allocates nothing; O(num_seqs) where max_seqs
 /// <= seq_id_bitmap_max, O(num_seqs^2) beyond.
-inline void check_seq_ids(const spec_context& ctx, int num_seqs, int max_seqs,
+inline void check_seq_ids(const score_context<host_space>& ctx, int num_seqs, int max_seqs,
                           const char* holder = "the policy's") {
   if (ctx.seq_ids.empty()) return;
   KVSCOUT_EXPECTS(ctx.seq_ids.size() >= static_cast<std::size_t>(num_seqs), "seq_ids holds ",
@@ -160,7 +149,8 @@ inline void check_seq_ids(const spec_context& ctx, int num_seqs, int max_seqs,
 /// many sequences and tokens per sequence that state holds: a score buffer or seq_lens past them
 /// would make the policy read past its state. Streaming keeps no state and passes no limits.
 /// `holder` names whose state the limits are ("the policy's", or the oracle's "the cache's").
-inline void check_score_buffer(const score_buffer& out, const spec_context& ctx, int num_kv_heads,
+inline void check_score_buffer(const score_buffer<host_space>& out,
+                               const score_context<host_space>& ctx, int num_kv_heads,
                                int max_seqs = std::numeric_limits<int>::max(),
                                int max_tokens = std::numeric_limits<int>::max(),
                                const char* holder = "the policy's") {
@@ -195,7 +185,8 @@ inline void check_score_buffer(const score_buffer& out, const spec_context& ctx,
 
 /// Where out.row_max is given, writes each of its rows' maxima, read back from the scores: for
 /// the policies that do not form them while scoring. Call after the scores are written.
-inline void write_row_max(const score_buffer& out, const spec_context& ctx) {
+inline void write_row_max(const score_buffer<host_space>& out,
+                          const score_context<host_space>& ctx) {
   if (out.row_max.empty()) return;
   for (int s = 0; s < out.num_seqs; ++s)
     for (int h = 0; h < out.num_kv_heads; ++h)

@@ -1,7 +1,7 @@
 #pragma once
-// The device_speculation_policy concept: what the CUDA pipeline's stages need of a speculation
+// The speculation_policy_cuda concept: what the CUDA pipeline's stages need of a speculation
 // policy (pipeline/cuda_stages.cuh), so that an engine's own GPU policy plugs in beside
-// kvscout's infinigen_speculator_cuda (score/infinigen.cuh) and streaming_policy_cuda
+// kvscout's infinigen_policy_cuda (score/infinigen.cuh) and streaming_policy_cuda
 // (score/streaming.cuh).
 //
 //   p.score(ctx, out, exec)     enqueues, on exec.stream only, the work that writes out.scores
@@ -24,9 +24,9 @@
 // Per-token state (InfiniGen's partial keys) is the policy's own business: the stages do not
 // append; the engine does, on the compute stream, as for its KV cache.
 //
-// device_query_scoring_policy: a policy that also scores the layer's own query, for the
+// query_scoring_policy_cuda: a policy that also scores the layer's own query, for the
 // correction step (p.score_query(q, ctx, out, exec); q [num_seqs, num_q_heads, head_dim] floats
-// on the device; ctx.x and ctx.positions unread): infinigen_speculator_cuda.
+// on the device; ctx.x and ctx.positions unread): infinigen_policy_cuda.
 
 #include <concepts>
 
@@ -37,18 +37,25 @@
 namespace kvscout {
 
 template <class P>
-concept device_speculation_policy =
-    requires(P& p, const device_spec_context& ctx, const device_score_buffer& out,
+concept speculation_policy_cuda =
+    requires(P& p, const score_context<device_space>& ctx, const score_buffer<device_space>& out,
              const cuda_exec& exec) {
       p.score(ctx, out, exec);
     };
 
 template <class P>
-concept device_query_scoring_policy =
-    device_speculation_policy<P> &&
-    requires(P& p, device_span<const float> q, const device_spec_context& ctx,
-             const device_score_buffer& out, const cuda_exec& exec) {
+concept query_scoring_policy_cuda =
+    speculation_policy_cuda<P> &&
+    requires(P& p, device_span<const float> q, const score_context<device_space>& ctx,
+             const score_buffer<device_space>& out, const cuda_exec& exec) {
       p.score_query(q, ctx, out, exec);
     };
+
+// Deprecated (issue 33): the old names, kept for one release.
+// (A concept cannot be deprecated: these are plain aliases, to be removed in the next release.)
+template <class P>
+concept device_speculation_policy = speculation_policy_cuda<P>;
+template <class P>
+concept device_query_scoring_policy = query_scoring_policy_cuda<P>;
 
 }  // namespace kvscout

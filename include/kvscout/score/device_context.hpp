@@ -13,8 +13,13 @@
 
 namespace kvscout {
 
+/// (Declared in score/concepts.hpp too, with the host context.)
+template <class Space>
+struct score_context;
+
 /// What the device speculation reads for one decode step (all device memory).
-struct device_spec_context {
+template <>
+struct score_context<device_space> {
   device_span<const float> x;            // [num_seqs, d_model] layer i-1's normalised input
   device_span<const int32_t> positions;  // [num_seqs] position of the decoded token (RoPE)
   device_span<const int32_t> seq_lens;   // [num_seqs] cached tokens to score
@@ -24,25 +29,18 @@ struct device_spec_context {
   /// score() call's cuda_exec::status, core/exec.hpp; max_seq_len = 0 launches nothing.)
   int max_seq_len = 0;
   /// [num_seqs] the sequence of the policy's state (partial keys) that batch row s reads, or
-  /// empty: row s is sequence s. For continuous batching (spec_context::seq_ids on the host). Host
+  /// empty: row s is sequence s. For continuous batching (score_context::seq_ids on the host). Host
   /// code cannot check device values: an id outside the policy's sequences raises
   /// device_status::bad_seq_id and its row is scored -inf.
   device_span<const int32_t> seq_ids = {};
 };
 
-/// Where the device speculation writes its scores: [num_seqs, num_kv_heads, stride] floats, row
-/// (s, h) written for t < seq_lens[s]. view() is what a device selector reads.
-struct device_score_buffer {
-  device_span<float> scores;
-  int num_seqs = 0;
-  int num_kv_heads = 0;
-  int stride = 0;
-
-  [[nodiscard]] score_view<device_space> view(device_span<const int32_t> seq_lens) const {
-    return {device_span<const float>(scores.data(), scores.size()), seq_lens, num_seqs,
-            num_kv_heads, stride};
-  }
-};
+/// Deprecated (issue 33): the old names of the device context and score buffer (the buffer is
+/// core/selection.hpp's score_buffer<Space>), kept for one release.
+using device_spec_context [[deprecated("use score_context<device_space>")]] =
+    score_context<device_space>;
+using device_score_buffer [[deprecated("use score_buffer<device_space>")]] =
+    score_buffer<device_space>;
 
 namespace detail {
 
@@ -50,8 +48,8 @@ namespace detail {
 /// the policy's, max_seq_len against the buffer's stride, the buffer's size and the sequence
 /// lengths it reads. Policies check what they hold themselves (sequences, cache length, inputs)
 /// before calling this.
-inline void check_device_score_call(int num_kv_heads, const device_spec_context& ctx,
-                                    const device_score_buffer& out) {
+inline void check_device_score_call(int num_kv_heads, const score_context<device_space>& ctx,
+                                    const score_buffer<device_space>& out) {
   KVSCOUT_EXPECTS(out.num_seqs >= 1, "score buffer num_seqs = ", out.num_seqs,
                   ", expected at least 1");
   KVSCOUT_EXPECTS(out.num_kv_heads == num_kv_heads, "score buffer has ", out.num_kv_heads,
@@ -66,6 +64,8 @@ inline void check_device_score_call(int num_kv_heads, const device_spec_context&
   KVSCOUT_EXPECTS(out.scores.size() >= score_need, "score buffer holds ", out.scores.size(),
                   " floats, expected num_seqs * num_kv_heads * stride = ", score_need);
   KVSCOUT_EXPECTS(out.scores.data() != nullptr || score_need == 0, "score buffer is null");
+  KVSCOUT_EXPECTS(out.row_max.empty(), "score buffer row_max holds ", out.row_max.size(),
+                  " floats: the device policies do not write row maxima yet, expected none");
   KVSCOUT_EXPECTS(ctx.seq_lens.size() >= s && ctx.seq_lens.data() != nullptr, "seq_lens holds ",
                   ctx.seq_lens.size(), " entries, expected num_seqs = ", s);
   KVSCOUT_EXPECTS(ctx.seq_ids.empty() || (ctx.seq_ids.size() >= s && ctx.seq_ids.data() != nullptr),

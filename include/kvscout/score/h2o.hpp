@@ -6,8 +6,8 @@
 // Memory: one float per (layer, sequence, kv head, token slot), zeroed at construction:
 // num_layers * num_seqs * num_kv_heads * max_tokens * 4 bytes. reset(s) clears a sequence.
 //
-//   kvscout::h2o_policy h2o({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
-//                            .max_tokens = 8192});
+//   kvscout::h2o_policy_host h2o({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
+//                                 .max_tokens = 8192});
 
 #include <algorithm>
 #include <cstddef>
@@ -18,7 +18,7 @@
 
 namespace kvscout {
 
-class h2o_policy {
+class h2o_policy_host {
  public:
   struct config {
     int num_layers = 0;
@@ -29,15 +29,16 @@ class h2o_policy {
   using config_type = config;
   static constexpr bool needs_query = false;
 
-  explicit h2o_policy(const config& cfg) : cfg_(cfg) {
-    detail::check_policy_sizes("h2o_policy", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+  explicit h2o_policy_host(const config& cfg) : cfg_(cfg) {
+    detail::check_policy_sizes("h2o_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
                                cfg.max_tokens);
     mass_.assign(static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs * cfg.num_kv_heads *
                      static_cast<std::size_t>(cfg.max_tokens),
                  0.f);
   }
 
-  void score(int layer, const spec_context& ctx, const score_buffer& out) const {
+  void score(int layer, const score_context<host_space>& ctx,
+             const score_buffer<host_space>& out) const {
     check_layer(layer);
     // The mass holds cfg_.num_seqs sequences of cfg_.max_tokens tokens.
     detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
@@ -54,8 +55,8 @@ class h2o_policy {
   /// kept). probs is [rows.num_seqs(), num_kv_heads, stride], as decode_attention_host writes it.
   /// Row s adds to sequence ctx.seq_ids[s] (s when seq_ids is empty), as score() reads it.
   template <attention_rows Rows>
-  void observe(int layer, const spec_context& ctx, const Rows& rows, host_span<const float> probs,
-               int stride, bool has_current = true) {
+  void observe(int layer, const score_context<host_space>& ctx, const Rows& rows,
+               host_span<const float> probs, int stride, bool has_current = true) {
     check_layer(layer);
     check_observe(ctx, rows, probs, stride, has_current);
     for (int s = 0; s < rows.num_seqs(); ++s)
@@ -88,8 +89,8 @@ class h2o_policy {
   // Everything observe() reads or adds to, checked before the first addition, so bad input
   // leaves the mass as it was.
   template <attention_rows Rows>
-  void check_observe(const spec_context& ctx, const Rows& rows, host_span<const float> probs,
-                     int stride, bool has_current) const {
+  void check_observe(const score_context<host_space>& ctx, const Rows& rows,
+                     host_span<const float> probs, int stride, bool has_current) const {
     const int S = rows.num_seqs(), H = rows.num_kv_heads();
     KVSCOUT_EXPECTS(S >= 0 && S <= cfg_.num_seqs, "rows hold ", S,
                     " sequences, expected [0, the policy's num_seqs = ", cfg_.num_seqs, "]");
@@ -125,12 +126,17 @@ class h2o_policy {
     return mass_.data() + ((static_cast<std::size_t>(layer) * cfg_.num_seqs + s) * cfg_.num_kv_heads + h) *
                               static_cast<std::size_t>(cfg_.max_tokens);
   }
-  const float* mass(int layer, int s, int h) const { return const_cast<h2o_policy*>(this)->mass(layer, s, h); }
+  const float* mass(int layer, int s, int h) const {
+    return const_cast<h2o_policy_host*>(this)->mass(layer, s, h);
+  }
 
   config cfg_;
   std::vector<float> mass_;  // [num_layers, num_seqs, num_kv_heads, max_tokens]
 };
 
-static_assert(speculation_policy<h2o_policy>);
+static_assert(speculation_policy<h2o_policy_host>);
+
+// Deprecated (issue 33): the old names, kept for one release.
+using h2o_policy [[deprecated("use h2o_policy_host")]] = h2o_policy_host;
 
 }  // namespace kvscout

@@ -2,10 +2,10 @@
 // InfiniGen's speculation on the device, for one layer: the partial query of every query head
 // (a GEMV of x with the partial W_Q rows, bias, RoPE at the decoded position, the skew rotation),
 // the scores of every cached token of every (sequence, kv head) aggregated over the GQA group,
-// and the device partial key cache they are scored against. Mirrors infinigen_policy
+// and the device partial key cache they are scored against. Mirrors infinigen_policy_host
 // (score/infinigen.hpp), which is the reference the GPU tests compare with.
 //
-//   using spec = kvscout::infinigen_speculator_cuda<kvscout::half>;
+//   using spec = kvscout::infinigen_policy_cuda<kvscout::half>;
 //   // setup (once per layer): the only place anything is copied synchronously
 //   void* ws;  cudaMalloc(&ws, spec::workspace_bytes(cfg));
 //   spec sp(cfg, plans /* [num_kv_heads] */, w_q, b_q,
@@ -50,7 +50,7 @@ namespace kvscout {
 /// PkT: the partial keys' element type; WT: the partial query weights' (float, or the model's
 /// half / bfloat16: half the workspace and half the bytes the GEMV reads).
 template <compute_element PkT = float, compute_element WT = float>
-class infinigen_speculator_cuda {
+class infinigen_policy_cuda {
  public:
   using config = infinigen_cuda_config;
   using config_type = config;
@@ -70,23 +70,23 @@ class infinigen_speculator_cuda {
   /// (make_partial_query_weights, then rounded once to WT) and copies them into the workspace
   /// with a synchronous cudaMemcpy (setup only). The cache is not cleared: a token must be
   /// appended before a length covers it.
-  infinigen_speculator_cuda(const config& cfg, const std::vector<skew_plan>& plans,
-                            host_span<const float> w_q, host_span<const float> b_q,
-                            device_span<std::byte> workspace)
-      : infinigen_speculator_cuda(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+  infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
+                        host_span<const float> w_q, host_span<const float> b_q,
+                        device_span<std::byte> workspace)
+      : infinigen_policy_cuda(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
   template <compute_element In>
     requires(!std::is_same_v<In, float>)
-  infinigen_speculator_cuda(const config& cfg, const std::vector<skew_plan>& plans,
-                            host_span<const In> w_q, host_span<const In> b_q,
-                            device_span<std::byte> workspace)
-      : infinigen_speculator_cuda(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+  infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
+                        host_span<const In> w_q, host_span<const In> b_q,
+                        device_span<std::byte> workspace)
+      : infinigen_policy_cuda(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
 
  private:
   struct build_tag {};
   template <compute_element In>
-  infinigen_speculator_cuda(build_tag, const config& cfg, const std::vector<skew_plan>& plans,
-                            host_span<const In> w_q, host_span<const In> b_q,
-                            device_span<std::byte> workspace)
+  infinigen_policy_cuda(build_tag, const config& cfg, const std::vector<skew_plan>& plans,
+                        host_span<const In> w_q, host_span<const In> b_q,
+                        device_span<std::byte> workspace)
       : cfg_(cfg), layout_(detail::infinigen_cuda_layout_of<PkT, WT>(cfg)) {
     detail::check_infinigen_cuda_workspace(workspace, layout_.total);
     detail::check_infinigen_cuda_plans(cfg, plans, w_q, b_q);
@@ -163,7 +163,7 @@ class infinigen_speculator_cuda {
     const cudaStream_t stream = exec.stream;
     using K = std::remove_const_t<KSpan>;
     static_assert(compute_element<K>,
-                  "kvscout::infinigen_speculator_cuda::append: keys must be float, "
+                  "kvscout::infinigen_policy_cuda::append: keys must be float, "
                                  "half or bfloat16");
     detail::check_infinigen_cuda_append(cfg_, keys.size(), keys.data() != nullptr, seq_ids,
                                         token_ids, count);
@@ -189,7 +189,7 @@ class infinigen_speculator_cuda {
   /// Writes out.scores[s, h, t] for t < seq_lens[s] (see the header comment). max_seq_len = 0
   /// launches nothing (partial_queries() then keeps the previous call's values). Enqueues on
   /// exec.stream; a clamped length or a bad sequence id raises its bit in exec.status.
-  void score(const device_spec_context& ctx, const device_score_buffer& out,
+  void score(const score_context<device_space>& ctx, const score_buffer<device_space>& out,
              const cuda_exec& exec) {
     detail::check_infinigen_cuda_score(cfg_, ctx, out);
     if (ctx.max_seq_len == 0) return;  // nothing to score
@@ -205,14 +205,14 @@ class infinigen_speculator_cuda {
     score_rows(p, shapes, stream);
   }
 
-  /// The correction step's scores (kvscout's, not InfiniGen's; infinigen_policy::score_query is
+  /// The correction step's scores (kvscout's, not InfiniGen's; infinigen_policy_host::score_query is
   /// the reference): the layer's own query q [num_seqs, num_q_heads, head_dim] floats on the
   /// device, after RoPE, projected by the plans as a key is and scored against the same partial
   /// keys. ctx.x and ctx.positions are not read. pre_rope_folded plans are refused. It writes the
   /// partial-query scratch score() writes (partial_queries()): calls of the two on one speculator
   /// must be ordered by the caller (one stream, or an event).
-  void score_query(device_span<const float> q, const device_spec_context& ctx,
-                   const device_score_buffer& out, const cuda_exec& exec) {
+  void score_query(device_span<const float> q, const score_context<device_space>& ctx,
+                   const score_buffer<device_space>& out, const cuda_exec& exec) {
     detail::check_infinigen_cuda_score_query(cfg_, q.size(), q.data() != nullptr, ctx, out);
     if (ctx.max_seq_len == 0) return;
     const detail::infinigen_params<PkT> p = params(ctx, out, exec.status);
@@ -274,8 +274,8 @@ class infinigen_speculator_cuda {
     }
   }
 
-  detail::infinigen_params<PkT> params(const device_spec_context& ctx,
-                                       const device_score_buffer& out, int* status) const {
+  detail::infinigen_params<PkT> params(const score_context<device_space>& ctx,
+                                       const score_buffer<device_space>& out, int* status) const {
     detail::infinigen_params<PkT> p{};
     p.weights = at<WT>(layout_.weights);
     p.bias = at<float>(layout_.bias);
@@ -316,8 +316,13 @@ class infinigen_speculator_cuda {
   rope_config rope_{};
 };
 
-static_assert(device_speculation_policy<infinigen_speculator_cuda<float>>);
-static_assert(device_speculation_policy<infinigen_speculator_cuda<half>>);
-static_assert(device_speculation_policy<infinigen_speculator_cuda<half, bfloat16>>);
+static_assert(speculation_policy_cuda<infinigen_policy_cuda<float>>);
+static_assert(speculation_policy_cuda<infinigen_policy_cuda<half>>);
+static_assert(speculation_policy_cuda<infinigen_policy_cuda<half, bfloat16>>);
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <compute_element PkT = float, compute_element WT = float>
+using infinigen_speculator_cuda [[deprecated("use infinigen_policy_cuda")]] =
+    infinigen_policy_cuda<PkT, WT>;
 
 }  // namespace kvscout

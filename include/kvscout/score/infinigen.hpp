@@ -21,8 +21,8 @@
 // layer whose config names r; a host equivalent would be workspace_bytes(cfg, plans) and a
 // partial_key_cache over caller memory (not done; docs/architecture.md, "Workspaces").
 //
-//   auto ws = kvscout::make_workspace<kvscout::infinigen_policy<>>(cfg);
-//   kvscout::infinigen_policy<> p(cfg, plans, w_q, b_q, ws.span());   // plans[layer][kv_head]
+//   auto ws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(cfg);
+//   kvscout::infinigen_policy_host<> p(cfg, plans, w_q, b_q, ws.span());   // plans[layer][kv_head]
 //   p.append(layer, s, t, k_pre_rope, k_post_rope);        // as tokens enter the cache
 //   p.score(layer, {.x = x, .positions = pos, .seq_lens = lens}, out);   // during layer - 1
 
@@ -46,7 +46,7 @@
 
 namespace kvscout {
 
-/// The shape of an infinigen_policy, whatever its element types.
+/// The shape of an infinigen_policy_host, whatever its element types.
 struct infinigen_config {
   int num_layers = 0;
   int num_seqs = 0;
@@ -62,7 +62,7 @@ struct infinigen_config {
 /// PkT: the partial keys' element type; WT: the partial query weights' (float, or the model's
 /// half / bfloat16: half the bytes the per-step GEMV reads, and half the memory).
 template <compute_element PkT = float, compute_element WT = float>
-class infinigen_policy {
+class infinigen_policy_host {
  public:
   using config = infinigen_config;
   using config_type = config;
@@ -76,7 +76,7 @@ class infinigen_policy {
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
     return sizeof(rope_table) * query_block +
-           sizeof(float) * detail::checked_size("infinigen_policy's scratch floats (query_block x "
+           sizeof(float) * detail::checked_size("infinigen_policy_host's scratch floats (query_block x "
                                                 "num_q_heads x head_dim)",
                                                 query_block, cfg.num_q_heads, cfg.head_dim) +
            sizeof(float) * 2 * static_cast<std::size_t>(cfg.head_dim);
@@ -91,23 +91,23 @@ class infinigen_policy {
   /// needed); they are read here only, to build the partial weights. workspace: at least
   /// workspace_bytes(cfg) bytes at workspace_alignment, the caller's, used by every later call
   /// (one call at a time) and not to be shared with anything else while the policy lives.
-  infinigen_policy(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-                   const std::vector<host_span<const float>>& w_q,
-                   const std::vector<host_span<const float>>& b_q,
-                   host_span<std::byte> workspace)
-      : infinigen_policy(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                        const std::vector<host_span<const float>>& w_q,
+                        const std::vector<host_span<const float>>& b_q,
+                        host_span<std::byte> workspace)
+      : infinigen_policy_host(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
   template <compute_element In>
     requires(!std::is_same_v<In, float>)
-  infinigen_policy(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-                   const std::vector<host_span<const In>>& w_q,
-                   const std::vector<host_span<const In>>& b_q,
-                   host_span<std::byte> workspace)
-      : infinigen_policy(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                        const std::vector<host_span<const In>>& w_q,
+                        const std::vector<host_span<const In>>& b_q,
+                        host_span<std::byte> workspace)
+      : infinigen_policy_host(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
 
  private:
   struct build_tag {};
   static void check_config(const config& cfg) {
-    detail::check_policy_sizes("infinigen_policy", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+    detail::check_policy_sizes("infinigen_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
                                cfg.max_tokens);
     KVSCOUT_EXPECTS(cfg.head_dim > 0 && cfg.d_model > 0, "head_dim and d_model must be positive, got ",
                     cfg.head_dim, " and ", cfg.d_model);
@@ -120,11 +120,11 @@ class infinigen_policy {
   // then qp_ [query_block, num_q_heads, head_dim], pk_ [head_dim], qm_ [head_dim] floats.
   void carve(host_span<std::byte> workspace) {
     const std::size_t need = workspace_bytes(cfg_);
-    KVSCOUT_EXPECTS(workspace.size() >= need, "infinigen_policy: workspace holds ",
+    KVSCOUT_EXPECTS(workspace.size() >= need, "infinigen_policy_host: workspace holds ",
                     workspace.size(), " bytes, expected at least workspace_bytes(config) = ", need);
-    KVSCOUT_EXPECTS(workspace.data() != nullptr, "infinigen_policy: workspace is null");
+    KVSCOUT_EXPECTS(workspace.data() != nullptr, "infinigen_policy_host: workspace is null");
     KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % workspace_alignment == 0,
-                    "infinigen_policy: workspace must be ", workspace_alignment,
+                    "infinigen_policy_host: workspace must be ", workspace_alignment,
                     "-byte aligned, got address ", static_cast<const void*>(workspace.data()));
     static_assert(std::is_trivially_destructible_v<rope_table>);
     static_assert(sizeof(rope_table) % alignof(float) == 0);
@@ -135,9 +135,10 @@ class infinigen_policy {
     qm_ = pk_ + cfg_.head_dim;
   }
   template <compute_element In>
-  infinigen_policy(build_tag, const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-                   const std::vector<host_span<const In>>& w_q,
-                   const std::vector<host_span<const In>>& b_q, host_span<std::byte> workspace)
+  infinigen_policy_host(build_tag, const config& cfg,
+                        const std::vector<std::vector<skew_plan>>& plans,
+                        const std::vector<host_span<const In>>& w_q,
+                        const std::vector<host_span<const In>>& b_q, host_span<std::byte> workspace)
       : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.num_layers)) {
     carve(workspace);  // checks the config too
     KVSCOUT_EXPECTS(plans.size() == layers_.size() && w_q.size() == layers_.size() &&
@@ -208,7 +209,7 @@ class infinigen_policy {
     if (!tracks(layer)) return;
     layer_state& st = state(layer);
     const bool pre = st.plans[0].mode == rope_mode::pre_rope_folded;  // one mode per layer
-    KVSCOUT_EXPECTS((pre ? k_pre : k_post) != nullptr, "infinigen_policy::append: ",
+    KVSCOUT_EXPECTS((pre ? k_pre : k_post) != nullptr, "infinigen_policy_host::append: ",
                     pre ? "k_pre" : "k_post", " is null (layer ", layer, ", token ", t, ")");
     for (int h = 0; h < cfg_.num_kv_heads; ++h) {
       const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
@@ -219,7 +220,7 @@ class infinigen_policy {
     }
   }
 
-  void score(int layer, const spec_context& ctx, const score_buffer& out) {
+  void score(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out) {
     KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
     // The partial key caches hold cfg_.num_seqs sequences of cfg_.max_tokens tokens.
     detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
@@ -279,7 +280,8 @@ class infinigen_policy {
   /// Runs at the start of layer `layer`, when its query exists (the pipeline's correct step).
   /// A pre_rope_folded layer keeps pre-RoPE partial keys, which a query after RoPE does not
   /// match: refused. Allocates nothing.
-  void score_query(int layer, const spec_context& ctx, const score_buffer& out) {
+  void score_query(int layer, const score_context<host_space>& ctx,
+                   const score_buffer<host_space>& out) {
     KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
     detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
     layer_state& st = state(layer);
@@ -544,20 +546,20 @@ class infinigen_policy {
   rope_table* rope_ = nullptr;   // [query_block]: each sequence's rotation, shared by all heads
 };
 
-static_assert(speculation_policy<infinigen_policy<>>);
-static_assert(speculation_policy<infinigen_policy<half, bfloat16>>);
+static_assert(speculation_policy<infinigen_policy_host<>>);
+static_assert(speculation_policy<infinigen_policy_host<half, bfloat16>>);
 
-/// An infinigen_policy's score_query as a policy of its own (needs_query = true): what a
+/// An infinigen_policy_host's score_query as a policy of its own (needs_query = true): what a
 /// pipeline's correction step scores with, or the late ranking alone (layer l's own query against
 /// the partial keys, no speculation). Holds a reference; the policy outlives it. append() feeds
 /// the policy's partial keys.
 template <class P>
-class infinigen_query_scores {
+class infinigen_query_scores_host {
  public:
   static constexpr bool needs_query = true;
   using config_type = typename P::config_type;
-  explicit infinigen_query_scores(P& policy) : p_(&policy) {}
-  void score(int layer, const spec_context& ctx, const score_buffer& out) {
+  explicit infinigen_query_scores_host(P& policy) : p_(&policy) {}
+  void score(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out) {
     p_->score_query(layer, ctx, out);
   }
   void append(int layer, int s, int t, const float* k_pre, const float* k_post) {
@@ -569,6 +571,13 @@ class infinigen_query_scores {
   P* p_;
 };
 
-static_assert(speculation_policy<infinigen_query_scores<infinigen_policy<>>>);
+static_assert(speculation_policy<infinigen_query_scores_host<infinigen_policy_host<>>>);
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <compute_element PkT = float, compute_element WT = float>
+using infinigen_policy [[deprecated("use infinigen_policy_host")]] = infinigen_policy_host<PkT, WT>;
+template <class P>
+using infinigen_query_scores [[deprecated("use infinigen_query_scores_host")]] =
+    infinigen_query_scores_host<P>;
 
 }  // namespace kvscout

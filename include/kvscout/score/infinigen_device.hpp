@@ -15,7 +15,7 @@
 //                                      .head_dim = 128, .d_model = 4096, .max_tokens = 32768,
 //                                      .r = 32, .mode = kvscout::rope_mode::post_rope_skew,
 //                                      .scale = 0.08838835f};
-//   std::size_t bytes = kvscout::infinigen_speculator_cuda<kvscout::half>::workspace_bytes(cfg);
+//   std::size_t bytes = kvscout::infinigen_policy_cuda<kvscout::half>::workspace_bytes(cfg);
 
 #include <cstddef>
 #include <cstdint>
@@ -143,7 +143,7 @@ inline spec_launch_shapes spec_shapes(const infinigen_cuda_config& c, int rows, 
 /// The checks of a config (shapes, GQA, scale, r, mode, device limits).
 inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
   KVSCOUT_EXPECTS(c.num_seqs > 0 && c.num_kv_heads > 0 && c.max_tokens > 0,
-                  "infinigen_speculator_cuda needs positive sizes, got seqs ", c.num_seqs,
+                  "infinigen_policy_cuda needs positive sizes, got seqs ", c.num_seqs,
                   ", kv heads ", c.num_kv_heads, ", max_tokens ", c.max_tokens);
   KVSCOUT_EXPECTS(c.head_dim > 0 && c.d_model > 0, "head_dim and d_model must be positive, got ",
                   c.head_dim, " and ", c.d_model);
@@ -263,8 +263,8 @@ inline void check_infinigen_cuda_workspace(device_span<std::byte> workspace, std
 /// The checks score() and score_query() share: the buffer's sequences and the length bound
 /// against the config, then every policy's (check_device_score_call).
 inline void check_infinigen_cuda_scores(const infinigen_cuda_config& c,
-                                        const device_spec_context& ctx,
-                                        const device_score_buffer& out) {
+                                        const score_context<device_space>& ctx,
+                                        const score_buffer<device_space>& out) {
   const int S = out.num_seqs;
   KVSCOUT_EXPECTS(S >= 1 && S <= c.num_seqs, "score buffer num_seqs = ", S,
                   " is outside [1, config num_seqs = ", c.num_seqs, "]");
@@ -275,8 +275,8 @@ inline void check_infinigen_cuda_scores(const infinigen_cuda_config& c,
 
 /// The checks of a score() call.
 inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
-                                       const device_spec_context& ctx,
-                                       const device_score_buffer& out) {
+                                       const score_context<device_space>& ctx,
+                                       const score_buffer<device_space>& out) {
   check_infinigen_cuda_scores(c, ctx, out);
   const std::size_t s = static_cast<std::size_t>(out.num_seqs);
   const std::size_t x_need = s * static_cast<std::size_t>(c.d_model);
@@ -289,8 +289,8 @@ inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
 /// The checks of a score_query() call: the layer's own query q [num_seqs, num_q_heads, head_dim]
 /// instead of x and positions, and plans whose partial keys are after RoPE.
 inline void check_infinigen_cuda_score_query(const infinigen_cuda_config& c, std::size_t q_size,
-                                             bool q_present, const device_spec_context& ctx,
-                                             const device_score_buffer& out) {
+                                             bool q_present, const score_context<device_space>& ctx,
+                                             const score_buffer<device_space>& out) {
   KVSCOUT_EXPECTS(c.mode != rope_mode::pre_rope_folded, "score_query: the plans are "
                   "pre_rope_folded (partial keys before RoPE); a query after RoPE needs "
                   "post_rope_skew or rope_planes plans");

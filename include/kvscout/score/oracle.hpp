@@ -8,9 +8,9 @@
 // the layer's k_scale (the optional per-layer `k_scales`). So on a quantised cache the oracle
 // ranks by the logits attention will actually compute.
 //
-//   kvscout::oracle_policy<layout> oracle({.num_q_heads = 9, .scale = 0.125f}, per_layer_kv);
+//   kvscout::oracle_policy_host<layout> oracle({.num_q_heads = 9, .scale = 0.125f}, per_layer_kv);
 //   // per_layer_kv: std::vector<kvscout::cache_view_t<layout>>, one per layer
-//   kvscout::oracle_policy<fp8_layout> o8(cfg, per_layer_kv, per_layer_k_scales);
+//   kvscout::oracle_policy_host<fp8_layout> o8(cfg, per_layer_kv, per_layer_k_scales);
 
 #include <cmath>
 #include <cstddef>
@@ -27,7 +27,7 @@
 namespace kvscout {
 
 template <kv_layout L>
-class oracle_policy {
+class oracle_policy_host {
  public:
   struct config {
     int num_q_heads = 0;
@@ -42,10 +42,11 @@ class oracle_policy {
 
   /// layers[i] is layer i's host cache (its metadata must stay valid while the policy is used).
   /// k_scales: empty, or layer i's k_scale at [i] for caches that store K / k_scale (fp8).
-  oracle_policy(const config& cfg, std::vector<view_type> layers, std::vector<float> k_scales = {})
+  oracle_policy_host(const config& cfg, std::vector<view_type> layers,
+                     std::vector<float> k_scales = {})
       : cfg_(cfg), layers_(std::move(layers)), k_scales_(std::move(k_scales)) {
-    KVSCOUT_EXPECTS(!layers_.empty(), "oracle_policy needs at least one layer");
-    KVSCOUT_EXPECTS(k_scales_.empty() || k_scales_.size() == layers_.size(), "oracle_policy: ",
+    KVSCOUT_EXPECTS(!layers_.empty(), "oracle_policy_host needs at least one layer");
+    KVSCOUT_EXPECTS(k_scales_.empty() || k_scales_.size() == layers_.size(), "oracle_policy_host: ",
                     k_scales_.size(), " k_scales for ", layers_.size(),
                     " layers (expected none or one per layer)");
     for (std::size_t i = 0; i < k_scales_.size(); ++i)
@@ -61,7 +62,8 @@ class oracle_policy {
     detail::check_scale(cfg.scale);
   }
 
-  void score(int layer, const spec_context& ctx, const score_buffer& out) const {
+  void score(int layer, const score_context<host_space>& ctx,
+             const score_buffer<host_space>& out) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer ", layer,
                     " is out of range [0, ", layers_.size(), ")");
     const cache_rows_t<L> rows(layers_[static_cast<std::size_t>(layer)]);
@@ -109,5 +111,9 @@ class oracle_policy {
   std::vector<view_type> layers_;
   std::vector<float> k_scales_;
 };
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <kv_layout L>
+using oracle_policy [[deprecated("use oracle_policy_host")]] = oracle_policy_host<L>;
 
 }  // namespace kvscout

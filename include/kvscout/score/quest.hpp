@@ -7,9 +7,9 @@
 //
 // Memory: [num_layers, num_seqs, num_kv_heads, max_pages, 2, head_dim] floats, set up once.
 //
-//   kvscout::quest_policy<64> quest({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
-//                                    .num_q_heads = 9, .max_tokens = 8192, .page_size = 16,
-//                                    .scale = 0.125f});
+//   kvscout::quest_policy_host<64> quest({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
+//                                         .num_q_heads = 9, .max_tokens = 8192, .page_size = 16,
+//                                         .scale = 0.125f});
 
 #include <algorithm>
 #include <cstddef>
@@ -21,7 +21,7 @@
 namespace kvscout {
 
 template <int HeadDim>
-class quest_policy {
+class quest_policy_host {
  public:
   struct config {
     int num_layers = 0;
@@ -37,15 +37,15 @@ class quest_policy {
   static constexpr bool needs_query = true;
   static constexpr int head_dim = HeadDim;
 
-  explicit quest_policy(const config& cfg) : cfg_(cfg) {
-    detail::check_policy_sizes("quest_policy", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+  explicit quest_policy_host(const config& cfg) : cfg_(cfg) {
+    detail::check_policy_sizes("quest_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
                                cfg.max_tokens);
     KVSCOUT_EXPECTS(cfg.page_size >= 1, "page_size must be positive, got ", cfg.page_size);
     detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
     detail::check_scale(cfg.scale);
     max_pages_ = static_cast<int>((static_cast<std::int64_t>(cfg.max_tokens) + cfg.page_size - 1) /
                                   cfg.page_size);
-    bounds_.assign(detail::checked_size("quest_policy's page bounds (layers x seqs x kv heads x "
+    bounds_.assign(detail::checked_size("quest_policy_host's page bounds (layers x seqs x kv heads x "
                                         "pages x 2 x head_dim floats)",
                                         cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
                                         max_pages_, 2 * HeadDim),
@@ -60,7 +60,7 @@ class quest_policy {
                     cfg_.num_seqs, ")");
     KVSCOUT_EXPECTS(t >= 0 && t < cfg_.max_tokens, "token ", t, " is out of range [0, max_tokens = ",
                     cfg_.max_tokens, ")");
-    KVSCOUT_EXPECTS(k_post != nullptr, "k_post is null: quest_policy bounds the post-RoPE keys");
+    KVSCOUT_EXPECTS(k_post != nullptr, "k_post is null: quest_policy_host bounds the post-RoPE keys");
     const bool first = t % cfg_.page_size == 0;
     for (int h = 0; h < cfg_.num_kv_heads; ++h) {
       float* mn = page(layer, s, h, t / cfg_.page_size);
@@ -73,7 +73,8 @@ class quest_policy {
     }
   }
 
-  void score(int layer, const spec_context& ctx, const score_buffer& out) const {
+  void score(int layer, const score_context<host_space>& ctx,
+             const score_buffer<host_space>& out) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer, " is out of range [0, ",
                     cfg_.num_layers, ")");
     // The page bounds hold cfg_.num_seqs sequences of cfg_.max_tokens tokens.
@@ -126,7 +127,7 @@ class quest_policy {
                HeadDim;
   }
   const float* page(int layer, int s, int h, int p) const {
-    return const_cast<quest_policy*>(this)->page(layer, s, h, p);
+    return const_cast<quest_policy_host*>(this)->page(layer, s, h, p);
   }
 
   config cfg_;
@@ -134,6 +135,10 @@ class quest_policy {
   std::vector<float> bounds_;  // [layers, seqs, kv_heads, max_pages, {min, max}, head_dim]
 };
 
-static_assert(speculation_policy<quest_policy<64>>);
+static_assert(speculation_policy<quest_policy_host<64>>);
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <int HeadDim>
+using quest_policy [[deprecated("use quest_policy_host")]] = quest_policy_host<HeadDim>;
 
 }  // namespace kvscout

@@ -1,6 +1,6 @@
 #pragma once
 // streaming_policy_cuda: attention sinks + a recent window (StreamingLLM) on the device, the
-// scores of the host streaming_policy (score/streaming.hpp) bit for bit:
+// scores of streaming_policy_host (score/streaming.hpp) bit for bit:
 //
 //   score[s, h, t] = +inf for t < sinks, float(t) otherwise,   t < seq_lens[s]
 //
@@ -8,7 +8,7 @@
 // is exact below 2^24 tokens; past that, neighbours tie and the lower index wins). A threshold
 // selector is no use here: with sinks the row maximum is +inf, so it keeps only the sinks and its
 // keep-set. The policy needs no query, no keys and no workspace, and one object serves every
-// layer. It is also the smallest example of a device_speculation_policy
+// layer. It is also the smallest example of a speculation_policy_cuda
 // (score/device_concepts.hpp): a policy an engine writes for itself has this shape.
 //
 //   kvscout::streaming_policy_cuda p({.num_kv_heads = 8, .sinks = 4});
@@ -91,7 +91,7 @@ class streaming_policy_cuda {
 
   /// Writes out.scores[s, h, t] for t < seq_lens[s] (clamped to max_seq_len, raising
   /// device_status::bad_length in exec.status). max_seq_len = 0 launches nothing.
-  void score(const device_spec_context& ctx, const device_score_buffer& out,
+  void score(const score_context<device_space>& ctx, const score_buffer<device_space>& out,
              const cuda_exec& exec) const {
     const cudaStream_t stream = exec.stream;
     detail::check_device_score_call(cfg_.num_kv_heads, ctx, out);
@@ -115,6 +115,6 @@ class streaming_policy_cuda {
   config cfg_;
 };
 
-static_assert(device_speculation_policy<streaming_policy_cuda>);
+static_assert(speculation_policy_cuda<streaming_policy_cuda>);
 
 }  // namespace kvscout

@@ -4,7 +4,7 @@
 // Scores encode recency: score[t] = t, and +inf for the first `sinks` tokens. Any top-k selector
 // with budget B then keeps the sinks and the B - sinks most recent tokens, which is the policy.
 //
-//   kvscout::streaming_policy p({.num_kv_heads = 3, .sinks = 4});
+//   kvscout::streaming_policy_host p({.num_kv_heads = 3, .sinks = 4});
 
 #include <limits>
 
@@ -12,7 +12,7 @@
 
 namespace kvscout {
 
-class streaming_policy {
+class streaming_policy_host {
  public:
   struct config {
     int num_kv_heads = 0;
@@ -21,12 +21,13 @@ class streaming_policy {
   using config_type = config;
   static constexpr bool needs_query = false;
 
-  explicit streaming_policy(const config& cfg) : cfg_(cfg) {
+  explicit streaming_policy_host(const config& cfg) : cfg_(cfg) {
     KVSCOUT_EXPECTS(cfg.num_kv_heads > 0, "num_kv_heads must be positive, got ", cfg.num_kv_heads);
     KVSCOUT_EXPECTS(cfg.sinks >= 0, "sinks must be non-negative, got ", cfg.sinks);
   }
 
-  void score(int /*layer*/, const spec_context& ctx, const score_buffer& out) const {
+  void score(int /*layer*/, const score_context<host_space>& ctx,
+             const score_buffer<host_space>& out) const {
     detail::check_score_buffer(out, ctx, cfg_.num_kv_heads);
     for (int s = 0; s < out.num_seqs; ++s) {
       for (int h = 0; h < out.num_kv_heads; ++h) {
@@ -45,6 +46,9 @@ class streaming_policy {
   config cfg_;
 };
 
-static_assert(speculation_policy<streaming_policy>);
+static_assert(speculation_policy<streaming_policy_host>);
+
+// Deprecated (issue 33): the old names, kept for one release.
+using streaming_policy [[deprecated("use streaming_policy_host")]] = streaming_policy_host;
 
 }  // namespace kvscout
