@@ -106,7 +106,7 @@ struct pipeline_world {
 /// tokens of other keys as row 0 has, as sequence decoy.
 template <class World>
 struct pipeline_speculators {
-  using spec_t = kvscout::infinigen_speculator_cuda<float>;
+  using spec_t = kvscout::infinigen_policy_cuda<float>;
   std::vector<std::unique_ptr<device_vector<std::byte>>> ws;
   std::vector<std::unique_ptr<spec_t>> owned;
   std::vector<spec_t*> per_layer = std::vector<spec_t*>(World::L, nullptr);

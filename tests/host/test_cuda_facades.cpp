@@ -199,11 +199,11 @@ TEST_CASE("infinigen_cuda setup and call checks name the bad value", "[cuda_faca
              Catch::Contains("rope_planes"));
 
   // score(): S = 2, stride 100, bound 90.
-  const kvscout::device_spec_context ctx{{fake<const float>(), 2 * 32},
+  const kvscout::score_context<kvscout::device_space> ctx{{fake<const float>(), 2 * 32},
                                          {fake<const int32_t>(), 2},
                                          {fake<const int32_t>(), 2},
                                          90};
-  const kvscout::device_score_buffer out{{fake<float>(), 2 * 2 * 100}, 2, 2, 100};
+  const kvscout::score_buffer<kvscout::device_space> out{{fake<float>(), 2 * 2 * 100}, 2, 2, 100};
   using kvscout::detail::check_infinigen_cuda_score;
   REQUIRE_NOTHROW(check_infinigen_cuda_score(c, ctx, out));
   auto x = ctx;
