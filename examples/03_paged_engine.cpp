@@ -130,7 +130,7 @@ int main() try {
 
   // One selector, executor and set of buffers per budget, all sized before the step.
   std::vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens);
-  const ks::score_buffer<host_space> score_rows{scores, S, H, max_tokens};
+  const ks::score_buffer<ks::host_space> score_rows{scores, S, H, max_tokens};
   bool full_is_dense = false;
   for (const int budget : {max_tokens, 128, 64, 32}) {
     const ks::topk_selector_host::config sc{.num_seqs = S, .num_kv_heads = H,
@@ -190,7 +190,7 @@ int main() try {
     live_lens.push_back(lens[s]);
   }
   std::vector<float> live_scores(static_cast<std::size_t>(B) * H * max_tokens);
-  const ks::score_buffer<host_space> live_rows{live_scores, B, H, max_tokens};
+  const ks::score_buffer<ks::host_space> live_rows{live_scores, B, H, max_tokens};
   policy.score(0, {.x = live_x, .q = {}, .positions = live_pos, .seq_lens = live_lens,
                    .seq_ids = live},
                live_rows);
