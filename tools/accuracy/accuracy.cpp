@@ -42,7 +42,7 @@
 //   Stages copy and prompts alone leave accuracy.csv / accuracy_layers.csv untouched.
 //
 // Names: "infinigen_paper" (CSV policy column) is presets::infinigen_paper, InfiniGen as its
-// authors' code runs it; "infinigen" rows are infinigen_policy with kvscout's knobs, of which
+// authors' code runs it; "infinigen" rows are infinigen_policy_host with kvscout's knobs, of which
 // rope_planes / r = 32 / max_logit / top-k is presets::kvscout_default.
 //
 //   kvscout_accuracy --model M.gguf --long /usr/share/common-licenses/GPL-3
@@ -347,7 +347,7 @@ class harness {
       std::printf("      host pool: %d tokens (%s), %s eviction\n", o.pool_tokens, pool_pct(tx, o).c_str(),
                   to_string(o.pool_eviction));
     if (r.oracle_checks > 0)
-      std::printf("      oracle_policy cross-check: %d steps, largest relative score difference %.3g\n",
+      std::printf("      oracle_policy_host cross-check: %d steps, largest relative score difference %.3g\n",
                   r.oracle_checks, r.oracle_check_max_rel);
     std::fflush(stdout);
     return r;
