@@ -169,6 +169,7 @@ struct infinigen_knobs {
   // eval_options::late_aggregation (stage ranking): the late ranking's own GQA aggregation.
   std::optional<gqa_aggregation> late_aggregation;
   int key_bits = 0;  // eval_options::rank_key_bits (stage ranking): quantised ranking keys
+  int late_r = 0;    // eval_options::late_plans: the late ranking's r (0: r)
   // eval_options::pool_heads: the KV heads share the budget (select/pooled.hpp); the oracle's
   // rows take it too.
   bool pooled = false;
@@ -221,6 +222,11 @@ std::string selector_name(const infinigen_knobs& k) {
   if (k.late_aggregation && (k.correct_share > 0 || k.late)) {
     std::strncat(late, "+late_", sizeof late - std::strlen(late) - 1);
     std::strncat(late, to_string(*k.late_aggregation), sizeof late - std::strlen(late) - 1);
+  }
+  if (k.late_r > 0 && (k.correct_share > 0 || k.late)) {
+    char lr[24];
+    std::snprintf(lr, sizeof lr, "+late_r%d", k.late_r);
+    std::strncat(late, lr, sizeof late - std::strlen(late) - 1);
   }
   if (k.key_bits > 0) {
     char kb[24];
@@ -329,6 +335,7 @@ class harness {
       apply_budget(o, budget, k);
       o.late_aggregation = k.late_aggregation;
       o.rank_key_bits = k.key_bits;
+      if (k.late_r > 0 && k.late_r != k.r) o.late_plans = &plans(k.mode, k.late_r);
     }
     const eval_result r = tx.ev->run(o);
     if (p == eval_policy::dense && pool_tokens == 0) tx.dense_ppl[static_cast<int>(f)] = r.ppl();
@@ -702,6 +709,7 @@ int main(int argc, char** argv) try {
   // aggregation (infinigen_config::query_aggregation); default: the preset's.
   const int rank_r = int_arg(argc, argv, "--rank-r", "0", 0, w.cfg.head_dim);
   const int rank_bits = int_arg(argc, argv, "--rank-bits", "0", 0, 8);
+  const int late_r = int_arg(argc, argv, "--late-r", "0", 0, w.cfg.head_dim);
   const std::string late_agg = arg(argc, argv, "--late-agg", "");
   std::optional<gqa_aggregation> late_aggregation;
   for (gqa_aggregation x : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob})
@@ -712,6 +720,7 @@ int main(int argc, char** argv) try {
     if (rank_r > 0) k.r = rank_r, k.preset = nullptr;
     k.key_bits = rank_bits;
     k.late_aggregation = late_aggregation;
+    k.late_r = late_r;
   };
 
   // ---- stage 1: the speculation's knobs at 10 % on the long text, fp16 ---------------------------
@@ -976,12 +985,15 @@ int main(int argc, char** argv) try {
       int r = 0, bits = 0;
       char agg[32] = "";
       double share = 0;
-      KVSCOUT_EXPECTS(std::sscanf(item.c_str(), "%d:%d:%31[a-z_]:%lf", &r, &bits, agg, &share) == 4,
-                      "--rank-configs: \"", item, "\": expected r:bits:aggregation:share");
+      int lr = 0;
+      const int got = std::sscanf(item.c_str(), "%d:%d:%31[a-z_]:%lf:%d", &r, &bits, agg, &share, &lr);
+      KVSCOUT_EXPECTS(got == 4 || got == 5, "--rank-configs: \"", item,
+                      "\": expected r:bits:aggregation:share[:late_r]");
       infinigen_knobs k = def;
       k.preset = nullptr;
       k.r = r;
       k.key_bits = bits;
+      k.late_r = lr;
       const std::string a = agg;
       if (a != "spec") {
         bool known = false;
@@ -1100,9 +1112,9 @@ int main(int argc, char** argv) try {
     rank_overrides(def);
     // kvscout's configurations with --rank-* overrides carry them in their names.
     const auto rank_labelled = [&](std::vector<retrieval_config> v) {
-      if (rank_r == 0 && rank_bits == 0 && !late_aggregation) return v;
-      char tag[64];
-      std::snprintf(tag, sizeof tag, "+r%d_keys%db_late_%s", def.r, rank_bits,
+      if (rank_r == 0 && rank_bits == 0 && !late_aggregation && late_r == 0) return v;
+      char tag[80];
+      std::snprintf(tag, sizeof tag, "+r%d_keys%db_late_r%d_%s", def.r, rank_bits, late_r > 0 ? late_r : def.r,
                     late_aggregation ? to_string(*late_aggregation) : to_string(def.aggregation));
       for (auto& c : v)
         if (c.policy == eval_policy::infinigen && c.name.rfind("kvscout", 0) == 0) c.name += tag;

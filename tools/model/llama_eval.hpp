@@ -132,6 +132,11 @@ struct eval_options {
   /// quantising the partial keys).
   int rank_key_bits = 0;
   int rank_key_group = 32;
+  /// Plans of the late ranking (the correction step's and late_scores'), where it reads more
+  /// channels than the speculation: a second policy over the same keys (a diagnostic of one
+  /// partial key cache whose first channels the speculation reads and all of which the late
+  /// ranking reads); null: the speculation's plans.
+  const std::vector<std::vector<skew_plan>>* late_plans = nullptr;
   float alpha = -1.f;  // < 0: exact top-k at the cap; >= 0: threshold selector (max - alpha), capped
   /// Head-pooled top-k (kvscout's; select/pooled.hpp): the KV heads of a step share cap * H rows
   /// (each keeps its keep-set), compared by each head's softmax of the scores (logit scale), or
@@ -294,6 +299,11 @@ class layer_major_eval {
                                              o.rank_key_bits <= 8 && o.rank_key_group >= 1),
                     "rank_key_bits = ", o.rank_key_bits, " (group ", o.rank_key_group,
                     "): expected 0, or 2..8 bits with the infinigen policy and a group >= 1");
+    if (o.rank_key_bits > 0 && o.late_plans != nullptr)
+      for (const auto& layer : *o.late_plans)
+        for (const skew_plan& p : layer)
+          KVSCOUT_EXPECTS(p.mode == rope_mode::rope_planes, "rank_key_bits needs rope_planes plans, got ",
+                          to_string(p.mode));
     if (o.rank_key_bits > 0)
       for (const auto& layer : *o.plans)
         for (const skew_plan& p : layer)
@@ -387,6 +397,9 @@ class layer_major_eval {
     std::vector<std::byte> corr_ws;
     host_workspace ig_ws;  // the infinigen policy's scratch (declared first: it outlives ig)
     std::unique_ptr<infinigen_policy_host<>> ig;
+    host_workspace late_ws;
+    std::unique_ptr<infinigen_policy_host<>> ig_late;  // o.late_plans: the late ranking's policy
+    infinigen_policy_host<>& late_policy() { return ig_late ? *ig_late : *ig; }
     row_matrix kgroup;                            // o.rank_key_bits: one quantised group [G, H * D]
     std::unique_ptr<quest_policy_host<D>> quest;
     std::unique_ptr<h2o_policy_host> h2o;
@@ -433,6 +446,10 @@ class layer_major_eval {
           ic.query_aggregation = opt.late_aggregation;
           ig_ws = make_workspace<infinigen_policy_host<>>(ic);
           ig = std::make_unique<infinigen_policy_host<>>(ic, *opt.plans, wq, bq, ig_ws.span());
+          if (opt.late_plans != nullptr) {
+            late_ws = make_workspace<infinigen_policy_host<>>(ic);
+            ig_late = std::make_unique<infinigen_policy_host<>>(ic, *opt.late_plans, wq, bq, late_ws.span());
+          }
           if (opt.rank_key_bits > 0) kgroup.resize(opt.rank_key_group, H * D);
           break;
         }
@@ -745,7 +762,7 @@ class layer_major_eval {
               break;
             case eval_policy::infinigen:
               if (o.late_scores) {
-                st.ig->score_query(l, ctx, sb);
+                st.late_policy().score_query(l, ctx, sb);
               } else {
                 st.ig->score(l, ctx, sb);
               }
@@ -840,6 +857,7 @@ class layer_major_eval {
         if (l >= skip_) {
           if (st.ig) {
             st.ig->append(l, 0, t, &st.kpre(t, 0), &st.kpost(t, 0));
+            if (st.ig_late) st.ig_late->append(l, 0, t, &st.kpre(t, 0), &st.kpost(t, 0));
             if (o.rank_key_bits > 0 && (t + 1) % o.rank_key_group == 0)
               quantise_ranking_keys(l, t + 1 - o.rank_key_group, st);
           }
@@ -884,7 +902,7 @@ class layer_major_eval {
     const int extra = std::max(0, total - cap(o, t, l));
     if (extra == 0) return 0;
     const score_buffer<host_space> lb{{st.late.data(), st.late.size()}, 1, H, T_};
-    st.ig->score_query(l, ctx, lb);
+    st.late_policy().score_query(l, ctx, lb);
     const int32_t len = n;
     const correction_selector_host::config cc{1, H, T_, T_, extra};
     correction_selector_host corr(cc, {st.corr_ws.data(), st.corr_ws.size()});
@@ -918,7 +936,10 @@ class layer_major_eval {
         st.kgroup(i, c) = step > 0.f ? lo + std::nearbyint((x - lo) / step) * step : x;
       }
     }
-    for (int i = 0; i < G; ++i) st.ig->append(l, 0, t0 + i, &st.kpre(t0 + i, 0), &st.kgroup(i, 0));
+    for (int i = 0; i < G; ++i) {
+      st.ig->append(l, 0, t0 + i, &st.kpre(t0 + i, 0), &st.kgroup(i, 0));
+      if (st.ig_late) st.ig_late->append(l, 0, t0 + i, &st.kpre(t0 + i, 0), &st.kgroup(i, 0));
+    }
   }
 
   // Scores of the tokens the host pool evicted, NaN: never selected by score.
