@@ -19,7 +19,8 @@
 //   const auto p = kvscout::presets::kvscout_default(head_dim);
 //   kvscout::skew_options opt = p.skew(model_rope);       // per (layer, kv head): calibrate_skew
 //   // plans below p.skip_layers stay empty (those layers attend densely)
-//   kvscout::infinigen_config cfg{..., .aggregation = p.aggregation};
+//   kvscout::infinigen_config cfg{..., .aggregation = p.aggregation,
+//                                 .query_aggregation = p.query_aggregation};
 //   if (p.selector == kvscout::presets::selector_kind::threshold) {
 //     // threshold_selector_host{..., .alpha = p.alpha, .budget = cap, .rule = p.rule,
 //     //                          .keep = p.keep}
@@ -30,6 +31,8 @@
 // The budget (the cap per step and kv head) is the caller's: neither preset fixes it. InfiniGen's
 // reference runs cap the fetch at 20 % of the cached tokens (accuracy/perplexity/table2.sh:
 // budget=0.2; speedup/scripts/*/run.sh: --max-num-kv 409 of about 2048): infinigen_paper_budget.
+
+#include <optional>
 
 #include "kvscout/core/error.hpp"
 #include "kvscout/select/concepts.hpp"
@@ -69,6 +72,9 @@ struct speculation_preset {
   bool union_with_keys = false;
   /// How the g query heads of a GQA group score one kv head (infinigen_config::aggregation).
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
+  /// The correction step's aggregation (infinigen_config::query_aggregation); empty: the
+  /// speculation's. Only a pipeline with a correction step reads it.
+  std::optional<gqa_aggregation> query_aggregation{};
   selector_kind selector = selector_kind::topk;
   /// threshold only: candidates score >= row max - alpha (threshold_selector_host::config).
   float alpha = 0.f;
@@ -160,6 +166,11 @@ inline constexpr double infinigen_paper_budget = 0.2;
 ///                   same ratio; not measured.
 ///   union_with_keys false.
 ///   aggregation     max_logit: 17.154 vs mean_logit 17.647 (rope_planes).
+///   query_aggregation sum_prob (the correction step's ranking, which has the layer's own
+///                   query): with a correction share of 0.25 at 10 %, GPL-3 16.885 vs 16.897
+///                   (max_logit), pg19 46.396 vs 46.862; the late ranking alone ranks as the
+///                   oracle does once it reads every channel (docs/accuracy.md, "What limits
+///                   the ranking").
 ///   selector        exact top-k at the cap: 17.154 at 10 % of the rows vs the per-head threshold
 ///                   (alpha 8) 17.493 at 7.7 %.
 ///   alpha, rule     unused (top-k); rule left at per_head, kvscout's threshold rule.
@@ -176,6 +187,7 @@ inline constexpr double infinigen_paper_budget = 0.2;
   p.r = head_dim / 4 * 2 > 0 ? head_dim / 4 * 2 : 2;
   p.union_with_keys = false;
   p.aggregation = gqa_aggregation::max_logit;
+  p.query_aggregation = gqa_aggregation::sum_prob;
   p.selector = selector_kind::topk;
   p.alpha = 0.f;
   p.rule = threshold_rule::per_head;

@@ -42,6 +42,7 @@ TEST_CASE("infinigen_paper: InfiniGen's reference configuration", "[presets]") {
   CHECK(kvscout::presets::infinigen_paper_budget == 0.2);
 
   CHECK(kvscout::presets::infinigen_paper(64).r == 12);
+  CHECK_FALSE(kvscout::presets::infinigen_paper(64).query_aggregation.has_value());  // no correction step
   CHECK(kvscout::presets::infinigen_paper(256).r == 51);
   CHECK(kvscout::presets::infinigen_paper(4).r == 1);  // at least one channel
   CHECK_THROWS_AS(kvscout::presets::infinigen_paper(0), kvscout::error);
@@ -56,6 +57,8 @@ TEST_CASE("kvscout_default: RoPE planes, top-k, not InfiniGen's rule", "[presets
   CHECK(p.r == 32);  // the harness's choice on head_dim 64
   CHECK_FALSE(p.union_with_keys);
   CHECK(p.aggregation == gqa_aggregation::max_logit);
+  REQUIRE(p.query_aggregation.has_value());
+  CHECK(*p.query_aggregation == gqa_aggregation::sum_prob);  // the correction step's ranking
   CHECK(p.selector == selector_kind::topk);
   CHECK(p.rule != threshold_rule::infinigen_mean);
   CHECK(p.keep.sinks == 4);

@@ -193,6 +193,7 @@ infinigen_knobs knobs_of(const presets::speculation_preset& p, int skip) {
   k.mode = p.mode;
   k.r = p.r;
   k.aggregation = p.aggregation;
+  k.late_aggregation = p.query_aggregation;
   k.alpha = p.selector == presets::selector_kind::threshold ? p.alpha : -1.f;
   k.rule = p.rule;
   k.keep = p.keep;
@@ -719,7 +720,7 @@ int main(int argc, char** argv) try {
   const auto rank_overrides = [&](infinigen_knobs& k) {
     if (rank_r > 0) k.r = rank_r, k.preset = nullptr;
     k.key_bits = rank_bits;
-    k.late_aggregation = late_aggregation;
+    if (late_aggregation) k.late_aggregation = late_aggregation;
     k.late_r = late_r;
   };
 
@@ -967,6 +968,7 @@ int main(int argc, char** argv) try {
           k.preset = nullptr;
           k.r = r;
           k.aggregation = a;
+          k.late_aggregation.reset();  // the late ranking in aggregation a
           k.late = true;
           hz.run("ranking", tx, kv_format::fp16, eval_policy::infinigen, 0.10, k);
         }
@@ -995,6 +997,7 @@ int main(int argc, char** argv) try {
       k.key_bits = bits;
       k.late_r = lr;
       const std::string a = agg;
+      k.late_aggregation.reset();
       if (a != "spec") {
         bool known = false;
         for (gqa_aggregation x : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob})
@@ -1115,7 +1118,7 @@ int main(int argc, char** argv) try {
       if (rank_r == 0 && rank_bits == 0 && !late_aggregation && late_r == 0) return v;
       char tag[80];
       std::snprintf(tag, sizeof tag, "+r%d_keys%db_late_r%d_%s", def.r, rank_bits, late_r > 0 ? late_r : def.r,
-                    late_aggregation ? to_string(*late_aggregation) : to_string(def.aggregation));
+                    to_string(def.late_aggregation.value_or(def.aggregation)));
       for (auto& c : v)
         if (c.policy == eval_policy::infinigen && c.name.rfind("kvscout", 0) == 0) c.name += tag;
       return v;
