@@ -324,20 +324,7 @@ class harness {
     o.quest_page = quest_page;
     o.pool_tokens = pool_tokens;
     o.pool_eviction = pool_eviction;
-    o.aggregation = p == eval_policy::infinigen ? k.aggregation : gqa_aggregation::max_logit;
-    o.pool_heads = k.pooled && p != eval_policy::dense;
-    o.pool_rule = k.pool_rule;
-    o.layer_shares = k.layer_shares.empty() || p == eval_policy::dense ? nullptr : &k.layer_shares;
-    if (p == eval_policy::infinigen) {
-      o.plans = &plans(k.mode, k.r);
-      o.alpha = k.alpha;
-      o.rule = k.rule;
-      o.keep = k.keep;
-      apply_budget(o, budget, k);
-      o.late_aggregation = k.late_aggregation;
-      o.rank_key_bits = k.key_bits;
-      if (k.late_r > 0 && k.late_r != k.r) o.late_plans = &plans(k.mode, k.late_r);
-    }
+    apply_knobs(o, p, budget, k);
     const eval_result r = tx.ev->run(o);
     if (p == eval_policy::dense && pool_tokens == 0) tx.dense_ppl[static_cast<int>(f)] = r.ppl();
     write(stage, tx, o, k, r);
@@ -371,6 +358,12 @@ class harness {
     o.budget = p == eval_policy::dense ? 1.0 : budget;
     o.score_from = score_from;
     o.quest_page = quest_page;
+    apply_knobs(o, p, budget, k);
+    return ev.run(o);
+  }
+
+  // The knobs' part of eval_options, the same for every stage (policy p at `budget`).
+  void apply_knobs(eval_options& o, eval_policy p, double budget, const infinigen_knobs& k) {
     o.aggregation = p == eval_policy::infinigen ? k.aggregation : gqa_aggregation::max_logit;
     o.pool_heads = k.pooled && p != eval_policy::dense;
     o.pool_rule = k.pool_rule;
@@ -381,8 +374,10 @@ class harness {
       o.rule = k.rule;
       o.keep = k.keep;
       apply_budget(o, budget, k);
+      o.late_aggregation = k.late_aggregation;
+      o.rank_key_bits = k.key_bits;
+      if (k.late_r > 0 && k.late_r != k.r) o.late_plans = &plans(k.mode, k.late_r);
     }
-    return ev.run(o);
   }
 
   // The oracle's attention-mass curves of tx's unscored first half (steps [T / 8, T / 2), every
