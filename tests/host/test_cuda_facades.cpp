@@ -103,7 +103,11 @@ TEST_CASE("infinigen_cuda config checks name the bad value", "[cuda_facades][spe
   c = good_config();
   c.aggregation = static_cast<gqa_aggregation>(7);
   CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
-             Catch::Contains("gqa_aggregation 7"));
+             Catch::Contains("aggregation = 7 is no gqa_aggregation"));
+  c = good_config();
+  c.query_aggregation = static_cast<gqa_aggregation>(5);  // the correction step's own
+  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
+             Catch::Contains("query_aggregation = 5 is no gqa_aggregation"));
   c = good_config();
   c.num_seqs = 70000;
   CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
