@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "kvscout/cache/partial_key_store.hpp"
+#include "kvscout/core/workspace.hpp"
+#include "kvscout/skew/calibrate.hpp"
+#include "kvscout/spec/infinigen.hpp"
 
 namespace {
 
@@ -48,6 +51,66 @@ group_ref reference_group(const std::vector<float>& k, int r, int G, int bits, i
     g.codes.push_back(static_cast<int>(std::clamp(q, 0.0, static_cast<double>(levels))));
   }
   return g;
+}
+
+constexpr int D = 64;
+const float nan_f = std::numeric_limits<float>::quiet_NaN();
+
+// A model slice (as tests/host/test_correction.cpp's): W_Q, b_Q, the input x of one step per
+// sequence, keys of n tokens per sequence (pre- and post-RoPE), and the true queries (W_Q x + b,
+// rotated at position pos), which score() predicts from x and score_query() is given.
+struct slice {
+  int S, H, g, Hq, d_model, n, pos;
+  kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  std::vector<float> wq, bq, x, kpre, kpost, q;
+  slice(int seqs, int heads, int group, int tokens, std::uint32_t seed)
+      : S(seqs), H(heads), g(group), Hq(heads * group), d_model(96), n(tokens), pos(tokens + 7) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    wq.resize(static_cast<std::size_t>(Hq) * D * d_model);
+    bq.resize(static_cast<std::size_t>(Hq) * D);
+    x.resize(static_cast<std::size_t>(S) * d_model);
+    for (auto& w : wq) w = nd(rng) / 10.f;
+    for (auto& w : bq) w = 0.1f * nd(rng);
+    for (auto& w : x) w = nd(rng);
+    kpre.resize(static_cast<std::size_t>(S) * n * H * D);
+    for (std::size_t i = 0; i < kpre.size(); ++i) kpre[i] = 0.2f * static_cast<float>(i % D % 5) + nd(rng);
+    kpost = kpre;
+    for (int s = 0; s < S; ++s)
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < H; ++h) kvscout::apply_rope(&kpost[((static_cast<std::size_t>(s) * n + t) * H + h) * D], t, rope);
+    q.resize(static_cast<std::size_t>(S) * Hq * D);
+    for (int s = 0; s < S; ++s)
+      for (int qh = 0; qh < Hq; ++qh) {
+        float* out = &q[(static_cast<std::size_t>(s) * Hq + qh) * D];
+        for (int c = 0; c < D; ++c) {
+          double a = bq[static_cast<std::size_t>(qh) * D + c];
+          for (int i = 0; i < d_model; ++i)
+            a += static_cast<double>(wq[(static_cast<std::size_t>(qh) * D + c) * d_model + i]) * x[static_cast<std::size_t>(s) * d_model + i];
+          out[c] = static_cast<float>(a);
+        }
+        kvscout::apply_rope(out, pos, rope);
+      }
+  }
+  float* key_post(int s, int t) { return &kpost[(static_cast<std::size_t>(s) * n + t) * H * D]; }
+  const float* key_pre(int s, int t) const { return &kpre[(static_cast<std::size_t>(s) * n + t) * H * D]; }
+  std::vector<kvscout::skew_plan> plans(int r, kvscout::rope_mode mode, std::uint32_t seed) const {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> qs(static_cast<std::size_t>(200) * g * D), ks(static_cast<std::size_t>(200) * D);
+    for (auto& v : qs) v = nd(rng);
+    for (auto& v : ks) v = nd(rng);
+    std::vector<kvscout::skew_plan> out;
+    for (int h = 0; h < H; ++h)
+      out.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200, g, D,
+                                            {r, false, mode, rope}));
+    return out;
+  }
+};
+
+kvscout::score_buffer buffer_for(std::vector<float>& scores, int S, int H, int stride) {
+  scores.assign(static_cast<std::size_t>(S) * H * stride, nan_f);
+  return {{scores.data(), scores.size()}, S, H, stride};
 }
 
 }  // namespace
@@ -167,4 +230,157 @@ TEST_CASE("quantized_partial_key_cache refuses what it cannot hold, writing noth
   static_assert(!kvscout::supported_key_quantization(3, 32) && !kvscout::supported_key_quantization(4, 24));
   static_assert(!kvscout::partial_key_format<kvscout::quantized_keys<3>> &&
                 !kvscout::partial_key_format<kvscout::quantized_keys<4, 48>>);
+}
+
+// score() and score_query() of infinigen_policy<quantized_keys<Bits>> against fp64 of their
+// definition over the cache's own dequantised keys: logit = scale * (q A)[S] . k^[t], the group
+// folded by the aggregation; and, in rope_planes mode (the projection a gather of channels), a
+// float policy fed keys whose selected channels hold the dequantised values (the same scores
+// up to float rounding).
+TEMPLATE_TEST_CASE("infinigen_policy over quantised partial keys scores the dequantised keys",
+                   "[spec][infinigen][quantized]", kvscout::quantized_keys<4>, kvscout::quantized_keys<2>) {
+  using kvscout::gqa_aggregation;
+  using P = kvscout::infinigen_policy<TestType>;
+  static_assert(kvscout::speculation_policy<P> && P::quantized);
+  constexpr int max_tokens = 96, scored = 100;  // scored: the score rows' stride
+  for (const auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes})
+    for (const int g : {1, 3})
+      for (const auto agg : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob}) {
+        const int r = mode == kvscout::rope_mode::rope_planes ? 32 : 17;
+        CAPTURE(TestType::bits, kvscout::to_string(mode), g, r, static_cast<int>(agg));
+        slice m(2, 2, g, 70, 31u + static_cast<unsigned>(g * 10 + r));
+        const auto plans = m.plans(r, mode, 5u + static_cast<unsigned>(r));
+        kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, max_tokens, 0.125f, agg};
+        pc.query_aggregation = agg;
+        auto pws = kvscout::make_workspace<P>(pc);
+        P p(pc, {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}}, pws.span());
+        for (int s = 0; s < m.S; ++s)
+          for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
+        const auto& keys = p.keys(0);
+        REQUIRE(keys.complete_groups(0, 0) == 2);  // 64 tokens quantised, 6 in the staging tile
+        // Sequence 1 ends inside its second quantised group: rows stop at seq_len.
+        std::vector<int32_t> lens{m.n, m.n - 9}, pos{m.pos, m.pos};
+        std::vector<float> late, early;
+        const auto lb = buffer_for(late, m.S, m.H, scored);
+        const auto eb = buffer_for(early, m.S, m.H, scored);
+        std::vector<float> late_max(static_cast<std::size_t>(m.S * m.H), nan_f);
+        const kvscout::score_buffer lbm{lb.scores, lb.num_seqs, lb.num_kv_heads, lb.stride,
+                                        {late_max.data(), late_max.size()}};
+        const kvscout::spec_context ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
+                                        {pos.data(), 2}, {lens.data(), 2}};
+        p.score_query(0, ctx, lbm);
+        p.score(0, ctx, eb);
+        for (int s = 0; s < m.S; ++s)
+          for (int h = 0; h < m.H; ++h) {
+            const auto& pl = plans[static_cast<std::size_t>(h)];
+            const int n = lens[static_cast<std::size_t>(s)];
+            // fp64 logits [g, n] and a bound on their rounding (sum of |terms|).
+            std::vector<double> z(static_cast<std::size_t>(g) * n), mag(static_cast<std::size_t>(n));
+            for (int j = 0; j < g; ++j) {
+              const float* qv = &m.q[(static_cast<std::size_t>(s) * m.Hq + h * g + j) * D];
+              std::vector<double> qp(static_cast<std::size_t>(r));
+              for (int i = 0; i < r; ++i) {
+                const int ch = pl.channels[static_cast<std::size_t>(i)];
+                double qa = 0;
+                for (int e = 0; e < D; ++e)
+                  qa += qv[e] * (mode == kvscout::rope_mode::rope_planes ? (e == ch ? 1.0 : 0.0)
+                                                                         : static_cast<double>(pl.A[static_cast<std::size_t>(e) * D + ch]));
+                qp[static_cast<std::size_t>(i)] = qa * 0.125;
+              }
+              for (int t = 0; t < n; ++t) {
+                double d = 0, a = 0;
+                for (int i = 0; i < r; ++i) {
+                  const double k = keys.dequantized(s, h, i, t);
+                  const double lo = t / 32 < keys.complete_groups(s, h) && TestType::group == 32
+                                        ? keys.group_min(s, h, t / 32)[i] : 0.0;
+                  d += qp[static_cast<std::size_t>(i)] * k;
+                  a += std::fabs(qp[static_cast<std::size_t>(i)]) * (std::fabs(k) + 2 * std::fabs(lo));
+                }
+                z[static_cast<std::size_t>(j) * n + t] = d;
+                mag[static_cast<std::size_t>(t)] = std::max(mag[static_cast<std::size_t>(t)], a);
+              }
+            }
+            std::vector<double> want(static_cast<std::size_t>(n));
+            if (agg == gqa_aggregation::sum_prob) {
+              for (int j = 0; j < g; ++j) {
+                double mx = -INFINITY, l = 0;
+                for (int t = 0; t < n; ++t) mx = std::max(mx, z[static_cast<std::size_t>(j) * n + t]);
+                for (int t = 0; t < n; ++t) l += std::exp(z[static_cast<std::size_t>(j) * n + t] - mx);
+                for (int t = 0; t < n; ++t) want[static_cast<std::size_t>(t)] += std::exp(z[static_cast<std::size_t>(j) * n + t] - mx) / l;
+              }
+            } else {
+              for (int t = 0; t < n; ++t) {
+                double a = z[static_cast<std::size_t>(t)];
+                for (int j = 1; j < g; ++j)
+                  a = agg == gqa_aggregation::max_logit ? std::max(a, z[static_cast<std::size_t>(j) * n + t])
+                                                        : a + z[static_cast<std::size_t>(j) * n + t];
+                want[static_cast<std::size_t>(t)] = agg == gqa_aggregation::mean_logit ? a / g : a;
+              }
+            }
+            float top = -INFINITY;
+            for (int t = 0; t < scored; ++t) {
+              CAPTURE(s, h, t);
+              if (t >= n) {
+                REQUIRE(std::isnan(lb.row(s, h)[t]));
+                REQUIRE(std::isnan(eb.row(s, h)[t]));
+                continue;
+              }
+              const double w = want[static_cast<std::size_t>(t)];
+              // sum_prob: probabilities (a logit error e moves one by about e times itself).
+              const double tol = agg == gqa_aggregation::sum_prob ? 1e-5 + 1e-4 * w
+                                                                  : 1e-5 * mag[static_cast<std::size_t>(t)] + 1e-6;
+              REQUIRE(std::fabs(lb.row(s, h)[t] - w) <= tol);
+              // score() predicts this very query from x: the same up to the GEMV's rounding.
+              REQUIRE(std::fabs(eb.row(s, h)[t] - w) <= 20 * tol + 1e-4);
+              top = std::max(top, lb.row(s, h)[t]);
+            }
+            REQUIRE(late_max[static_cast<std::size_t>(s * m.H + h)] == top);
+          }
+        if (mode != kvscout::rope_mode::rope_planes) continue;
+        // The float policy fed the dequantised keys in the selected channels.
+        auto fws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
+        kvscout::infinigen_policy<> f(pc, {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}},
+                                      fws.span());
+        for (int s = 0; s < m.S; ++s)
+          for (int t = 0; t < m.n; ++t) {
+            std::vector<float> k(m.key_post(s, t), m.key_post(s, t) + m.H * D);
+            for (int h = 0; h < m.H; ++h)
+              for (int i = 0; i < r; ++i)
+                k[static_cast<std::size_t>(h * D + plans[static_cast<std::size_t>(h)].channels[static_cast<std::size_t>(i)])] =
+                    keys.dequantized(s, h, i, t);
+            f.append(0, s, t, m.key_pre(s, t), k.data());
+          }
+        std::vector<float> fl;
+        const auto fb = buffer_for(fl, m.S, m.H, scored);
+        f.score_query(0, ctx, fb);
+        for (int s = 0; s < m.S; ++s)
+          for (int h = 0; h < m.H; ++h)
+            for (int t = 0; t < lens[static_cast<std::size_t>(s)]; ++t) {
+              CAPTURE(s, h, t);
+              REQUIRE(lb.row(s, h)[t] == Approx(fb.row(s, h)[t]).margin(1e-4).epsilon(1e-4));
+            }
+      }
+}
+
+TEST_CASE("infinigen_policy over quantised keys refuses an append whole", "[spec][infinigen][quantized][errors]") {
+  using P = kvscout::infinigen_policy<kvscout::quantized_keys<4>, kvscout::half>;
+  slice m(1, 2, 2, 40, 3u);
+  const auto plans = m.plans(16, kvscout::rope_mode::rope_planes, 4u);
+  const kvscout::infinigen_config pc{1, 1, m.H, m.Hq, D, m.d_model, 40, 0.125f};
+  auto pws = kvscout::make_workspace<P>(pc);
+  REQUIRE(P::workspace_bytes(pc) == kvscout::infinigen_policy<>::workspace_bytes(pc) + sizeof(float) * 2 * D);
+  std::vector<kvscout::half> wh(m.wq.size());
+  for (std::size_t i = 0; i < wh.size(); ++i) wh[i] = kvscout::from_float<kvscout::half>(m.wq[i]);
+  P p(pc, {plans}, std::vector<kvscout::host_span<const kvscout::half>>{{wh.data(), wh.size()}},
+      std::vector<kvscout::host_span<const kvscout::half>>{{}}, pws.span());
+  for (int t = 0; t < 5; ++t) p.append(0, 0, t, m.key_pre(0, t), m.key_post(0, t));
+  REQUIRE_THROWS_WITH(p.append(0, 0, 7, m.key_pre(0, 7), m.key_post(0, 7)),
+                      Catch::Contains("sequence 0, kv_head 0 got token 7, expected token 5"));
+  // A NaN in kv head 1's selected channel: refused before head 0 is written.
+  float* k = m.key_post(0, 5);
+  k[D + plans[1].channels[3]] = nan_f;
+  REQUIRE_THROWS_WITH(p.append(0, 0, 5, m.key_pre(0, 5), k),
+                      Catch::Contains("of token 5, channel 3 (sequence 0, kv_head 1) is not finite"));
+  REQUIRE(p.keys(0).appended(0, 0) == 5);
+  REQUIRE(p.keys(0).appended(0, 1) == 5);
 }

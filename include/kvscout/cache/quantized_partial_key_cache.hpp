@@ -30,7 +30,8 @@
 // and (sequence, kv head) about r * (Bits / 8 + 8 / G) bytes: r = 64, G = 32: 48 bytes at 4 bits,
 // 32 at 2 bits, against 128 for 64 fp16 channels and 64 for 32 fp16 channels.
 //
-//   kvscout::quantized_partial_key_cache<4> pkc(/*num_seqs=*/1, /*num_kv_heads=*/3, /*r=*/64, /*max_tokens=*/8192);
+//   kvscout::quantized_partial_key_cache<4> pkc(/*num_seqs=*/1, /*num_kv_heads=*/3, /*r=*/64,
+//                                               /*max_tokens=*/8192);
 //   pkc.append(s, h, t, pk);                      // pk: float[r], t = tokens appended so far
 //   float v = pkc.dequantized(s, h, c, t);
 
@@ -104,7 +105,8 @@ class quantized_partial_key_cache {
   /// next token of (s, h) (appends come in order), and every value of pk[0..r) finite (a NaN or
   /// infinity would poison its group's min and step).
   void check_append(int s, int h, int t, const float* pk) const {
-    KVSCOUT_EXPECTS(s >= 0 && s < num_seqs_, "sequence ", s, " is out of range [0, ", num_seqs_, ")");
+    KVSCOUT_EXPECTS(s >= 0 && s < num_seqs_, "sequence ", s, " is out of range [0, ", num_seqs_,
+                    ")");
     KVSCOUT_EXPECTS(h >= 0 && h < num_kv_heads_, "kv_head ", h, " is out of range [0, ",
                     num_kv_heads_, ")");
     KVSCOUT_EXPECTS(t >= 0 && t < max_tokens_, "token ", t, " is out of range [0, max_tokens = ",
@@ -145,7 +147,8 @@ class quantized_partial_key_cache {
   }
   /// Tile b's codes: [r, line_bytes], channel c's at c * line_bytes.
   [[nodiscard]] const std::uint8_t* group_codes(int s, int h, int b) const {
-    return reinterpret_cast<const std::uint8_t*>(group_min(s, h, b) + 2 * static_cast<std::size_t>(r_));
+    return reinterpret_cast<const std::uint8_t*>(group_min(s, h, b) +
+                                                 2 * static_cast<std::size_t>(r_));
   }
   /// The code of channel c of token t (its group complete).
   [[nodiscard]] int code(int s, int h, int c, int t) const {
@@ -187,7 +190,8 @@ class quantized_partial_key_cache {
     KVSCOUT_EXPECTS(n >= 0 && n <= max_tokens_, "bytes_for(", n,
                     "): the token count must be in [0, max_tokens = ", max_tokens_, "]");
     const std::size_t per = static_cast<std::size_t>(n / Group) * tile_floats_ * sizeof(float) +
-                            (n % Group != 0 ? static_cast<std::size_t>(r_) * Group * sizeof(float) : 0);
+                            (n % Group != 0 ? static_cast<std::size_t>(r_) * Group * sizeof(float)
+                                            : 0);
     return static_cast<std::size_t>(num_seqs_) * num_kv_heads_ * per;
   }
 

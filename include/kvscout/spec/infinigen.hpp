@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "kvscout/cache/partial_key_cache.hpp"
+#include "kvscout/cache/partial_key_store.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/simd.hpp"
@@ -46,6 +47,15 @@
 #include "kvscout/spec/detail/aggregate.hpp"
 
 namespace kvscout {
+
+namespace detail {
+/// N quantised codes as bytes and widened to 32-bit integers (a quantised tile's piece).
+template <int N>
+struct code_vec {
+  typedef std::uint8_t bytes __attribute__((vector_size(N)));
+  typedef std::int32_t ints __attribute__((vector_size(N * sizeof(std::int32_t))));
+};
+}  // namespace detail
 
 /// The shape of an infinigen_policy, whatever its element types.
 struct infinigen_config {
@@ -69,27 +79,40 @@ struct infinigen_config {
   }
 };
 
-/// PkT: the partial keys' element type; WT: the partial query weights' (float, or the model's
-/// half / bfloat16: half the bytes the per-step GEMV reads, and half the memory).
-template <compute_element PkT = float, compute_element WT = float>
+/// PkT: the partial keys' format (cache/partial_key_store.hpp): an element type (float, half,
+/// bfloat16: a partial_key_cache<PkT>) or quantized_keys<Bits, Group> (a
+/// quantized_partial_key_cache: r channels at Bits bits, scored from the codes); WT: the partial
+/// query weights' element type (float, or the model's half / bfloat16: half the bytes the
+/// per-step GEMV reads, and half the memory).
+template <partial_key_format PkT = float, compute_element WT = float>
 class infinigen_policy {
  public:
   using config = infinigen_config;
   using config_type = config;
   static constexpr bool needs_query = false;
+  /// The cache each speculated layer keeps its partial keys in.
+  using key_store = partial_key_store<PkT>;
+  static constexpr bool quantized = is_quantized_keys_v<PkT>;
 
   /// Workspace: the scratch of one score() / score_query() / append() (the partial queries of
   /// query_block sequences, their RoPE tables, one projected key, a group's mean query), sized
   /// for r = head_dim, the largest a plan may have: about
-  /// 4 * (query_block * num_q_heads * head_dim + 2 * head_dim) + query_block * 1 KiB bytes.
+  /// 4 * (query_block * num_q_heads * head_dim + 2 * head_dim) + query_block * 1 KiB bytes;
+  /// with quantised keys, 4 * group * head_dim bytes more (a tile's products q_c step_c for
+  /// each query head of a group).
   /// Checks the config (the checks the constructor makes before it reads the plans).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
-    return sizeof(rope_table) * query_block +
-           sizeof(float) * detail::checked_size("infinigen_policy's scratch floats (query_block x "
-                                                "num_q_heads x head_dim)",
-                                                query_block, cfg.num_q_heads, cfg.head_dim) +
-           sizeof(float) * 2 * static_cast<std::size_t>(cfg.head_dim);
+    std::size_t b =
+        sizeof(rope_table) * query_block +
+        sizeof(float) * detail::checked_size("infinigen_policy's scratch floats (query_block x "
+                                             "num_q_heads x head_dim)",
+                                             query_block, cfg.num_q_heads, cfg.head_dim) +
+        sizeof(float) * 2 * static_cast<std::size_t>(cfg.head_dim);
+    if constexpr (quantized)
+      b += sizeof(float) * static_cast<std::size_t>(cfg.num_q_heads / cfg.num_kv_heads) *
+           static_cast<std::size_t>(cfg.head_dim);
+    return b;
   }
   /// The alignment the workspace's address must have (RoPE tables and floats).
   static constexpr std::size_t workspace_alignment =
@@ -145,6 +168,7 @@ class infinigen_policy {
     qp_ = reinterpret_cast<float*>(workspace.data() + sizeof(rope_table) * query_block);
     pk_ = qp_ + static_cast<std::size_t>(query_block) * cfg_.num_q_heads * cfg_.head_dim;
     qm_ = pk_ + cfg_.head_dim;
+    if constexpr (quantized) qw_ = qm_ + cfg_.head_dim;
   }
   template <compute_element In>
   infinigen_policy(build_tag, const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
@@ -197,7 +221,7 @@ class infinigen_policy {
         st.rope_planes.erase(std::unique(st.rope_planes.begin(), st.rope_planes.end()),
                              st.rope_planes.end());
       }
-      st.cache = partial_key_cache<PkT>(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
+      st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
     }
   }
 
@@ -206,7 +230,7 @@ class infinigen_policy {
   [[nodiscard]] bool tracks(int layer) const {
     return layer >= 0 && layer < cfg_.num_layers && !layers_[static_cast<std::size_t>(layer)].plans.empty();
   }
-  [[nodiscard]] const partial_key_cache<PkT>& keys(int layer) const {
+  [[nodiscard]] const key_store& keys(int layer) const {
     check_layer(layer);
     return state(layer).cache;
   }
@@ -222,12 +246,25 @@ class infinigen_policy {
     const bool pre = st.plans[0].mode == rope_mode::pre_rope_folded;  // one mode per layer
     KVSCOUT_EXPECTS((pre ? k_pre : k_post) != nullptr, "infinigen_policy::append: ",
                     pre ? "k_pre" : "k_post", " is null (layer ", layer, ", token ", t, ")");
-    for (int h = 0; h < cfg_.num_kv_heads; ++h) {
-      const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
-      const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
-      // The plans were checked at construction and are the policy's own copies.
-      detail::project_key_checked_plan(p, k, pk_);
-      st.cache.append(s, h, t, pk_);
+    if constexpr (quantized) {
+      // A quantised cache takes tokens in order and refuses non-finite values: every head's
+      // partial key is projected and checked before any is written, so a refusal writes nothing.
+      // (qp_ is score()'s scratch; append() and score() do not run at once.)
+      const std::size_t r = static_cast<std::size_t>(st.r);
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
+        detail::project_key_checked_plan(st.plans[static_cast<std::size_t>(h)], k, qp_ + h * r);
+        st.cache.check_append(s, h, t, qp_ + h * r);
+      }
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) st.cache.append(s, h, t, qp_ + h * r);
+    } else {
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
+        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
+        // The plans were checked at construction and are the policy's own copies.
+        detail::project_key_checked_plan(p, k, pk_);
+        st.cache.append(s, h, t, pk_);
+      }
     }
   }
 
@@ -328,7 +365,7 @@ class infinigen_policy {
   struct layer_state {
     std::vector<skew_plan> plans;                 // [num_kv_heads]
     std::vector<basic_partial_query_weights<WT>> weights;   // [num_q_heads]
-    partial_key_cache<PkT> cache;
+    key_store cache;
     int r = 0;
     // rope_planes mode: the planes the kv heads' plans rotate (sorted, unique), the only ones
     // score() computes a rotation for; empty in the other modes (every plane, or none).
@@ -357,7 +394,7 @@ class infinigen_policy {
         for (int j = 0; j < g; ++j) {
           float d = 0;
           for (int c = 0; c < r; ++c)
-            d = detail::madd(d, qg[j * r + c], to_float(st.cache.at(s, h, c, t)));
+            d = detail::madd(d, qg[j * r + c], key_value(st.cache, s, h, c, t));
           z[j] = d;
         }
       });
@@ -374,22 +411,150 @@ class infinigen_policy {
         for (int j = 0; j < g; ++j) sum += qg[j * r + c];
         qm[c] = sum * inv_g;
       }
-      return score_tiles<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
+      if constexpr (quantized) return score_quantized<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
+      else return score_tiles<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
     }
-    // Common group sizes get a kernel with the group size known at compile time. Rows whose
-    // partial keys are cache-sized pin each key line in a register (see score_tiles).
-    const bool pin = static_cast<std::size_t>(n) * static_cast<std::size_t>(r) * sizeof(PkT) <=
-                     pin_row_bytes;
-    if (g <= 8) {
-      float top = 0.f;
-      dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
-        constexpr int gv = decltype(G)::value;
-        top = pin ? score_tiles<gv, true>(qg, r, st.cache, s, h, n, use_max, inv_g, row)
-                  : score_tiles<gv, false>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
-      });
-      return top;
+    if constexpr (quantized) {
+      if (g <= 8) {
+        float top = 0.f;
+        dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
+          top = score_quantized<decltype(G)::value>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
+        });
+        return top;
+      }
+      return score_quantized<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
+    } else {
+      // Common group sizes get a kernel with the group size known at compile time. Rows whose
+      // partial keys are cache-sized pin each key line in a register (see score_tiles).
+      const bool pin = static_cast<std::size_t>(n) * static_cast<std::size_t>(r) * sizeof(PkT) <=
+                       pin_row_bytes;
+      if (g <= 8) {
+        float top = 0.f;
+        dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
+          constexpr int gv = decltype(G)::value;
+          top = pin ? score_tiles<gv, true>(qg, r, st.cache, s, h, n, use_max, inv_g, row)
+                    : score_tiles<gv, false>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
+        });
+        return top;
+      }
+      return score_tiles<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
     }
-    return score_tiles<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
+  }
+
+  // The partial key value scoring sees: the stored element, or the quantised cache's dequantised
+  // value (the staging tile's exact one).
+  static float key_value(const key_store& cache, int s, int h, int c, int t) {
+    if constexpr (quantized) return cache.dequantized(s, h, c, t);
+    else return to_float(cache.at(s, h, c, t));
+  }
+
+  // A quantised tile's affine terms for one query head q [r]: returns sum_c q_c min_c and writes
+  // w[c] = q_c step_c, so that logit(t) = sum_c q_c min_c + sum_c w[c] code[c][t].
+  static float affine_terms(const float* q, const float* mn, const float* step, int r, float* w) {
+    constexpr int W = detail::host_float_lanes;
+    using vec = detail::host_vec;
+    vec acc = {};
+    int c = 0;
+    for (; c + W <= r; c += W) {
+      vec qv, mv, sv;
+      std::memcpy(&qv, q + c, sizeof qv);
+      std::memcpy(&mv, mn + c, sizeof mv);
+      std::memcpy(&sv, step + c, sizeof sv);
+      acc = detail::madd(acc, qv, mv);
+      const vec wv = qv * sv;
+      std::memcpy(w + c, &wv, sizeof wv);
+    }
+    float b = 0.f;
+    for (int l = 0; l < W; ++l) b += acc[l];
+    for (; c < r; ++c) {
+      b = detail::madd(b, q[c], mn[c]);
+      w[c] = q[c] * step[c];
+    }
+    return b;
+  }
+
+  // score_tiles for quantised keys (quantized_partial_key_cache's layout): per complete group,
+  // the affine terms of each query head once (affine_terms), then per channel the tile's codes
+  // are widened to floats, one bit plane at a time (a shift and a mask of one byte vector: lanes
+  // of consecutive tokens), and multiply-added into the G heads' accumulators; the tokens of the
+  // newest incomplete group (and any past the appended ones, 0) are scored exactly from the
+  // staging tile. G > 0: static group size; G == 0: runtime `g_dyn`. Returns the largest non-NaN
+  // score written (-inf if none).
+  template <int G>
+  float score_quantized(const float* qg, int r, const key_store& cache, int s, int h, int n,
+                        bool use_max, float inv_g, float* row, int g_dyn = 0) {
+    constexpr int Gt = key_store::group_tokens, LB = key_store::line_bytes;
+    constexpr int bits = key_store::bits, levels = key_store::levels;
+    // A piece: PW consecutive tokens of one bit plane (a plane holds LB tokens), PW floats wide.
+    constexpr int PW = detail::host_float_lanes < LB ? detail::host_float_lanes : LB;
+    constexpr int NP = Gt / PW;
+    using fv = typename detail::float_vec<PW>::type;
+    using u8v = typename detail::code_vec<PW>::bytes;
+    using i32v = typename detail::code_vec<PW>::ints;
+    const int g = G > 0 ? G : g_dyn;
+    constexpr int gcap = G > 0 ? G : detail::max_group;
+    const int nq = std::min(n, cache.complete_groups(s, h) * Gt);
+    fv top = fv{} - std::numeric_limits<float>::infinity();
+    float tail_top = -std::numeric_limits<float>::infinity();
+    float base[gcap];
+    float* w = qw_;  // [g, r]
+    int t0 = 0;
+    for (int b = 0; t0 < nq; ++b, t0 += Gt) {
+      const float* mn = cache.group_min(s, h, b);
+      const float* step = cache.group_step(s, h, b);
+      const std::uint8_t* codes = cache.group_codes(s, h, b);
+      for (int j = 0; j < g; ++j) base[j] = affine_terms(qg + j * r, mn, step, r, w + j * r);
+      fv acc[gcap][NP] = {};
+      for (int c = 0; c < r; ++c) {
+        const std::uint8_t* line = codes + static_cast<std::size_t>(c) * LB;
+        fv x[NP];
+        KVSCOUT_HOST_UNROLL
+        for (int m = 0; m < NP; ++m) {
+          u8v by;
+          std::memcpy(&by, line + (m * PW) % LB, sizeof by);
+          const i32v iv = (__builtin_convertvector(by, i32v) >> (bits * (m * PW / LB))) & levels;
+          x[m] = __builtin_convertvector(iv, fv);
+        }
+        KVSCOUT_HOST_UNROLL
+        for (int j = 0; j < g; ++j) {
+          const float wc = w[j * r + c];
+          KVSCOUT_HOST_UNROLL
+          for (int m = 0; m < NP; ++m) acc[j][m] += x[m] * wc;
+        }
+      }
+      const int nb = std::min(Gt, nq - t0);
+      for (int m = 0; m < NP && m * PW < nb; ++m) {
+        fv a = acc[0][m] + base[0];
+        for (int j = 1; j < g; ++j) {
+          const fv z = acc[j][m] + base[j];
+          a = use_max ? (a > z ? a : z) : a + z;
+        }
+        if (!use_max) a *= inv_g;
+        if ((m + 1) * PW <= nb) {
+          top = a > top ? a : top;
+          std::memcpy(row + t0 + m * PW, &a, sizeof a);
+        } else {
+          for (int l = 0; l < nb - m * PW; ++l) {
+            row[t0 + m * PW + l] = a[l];
+            tail_top = a[l] > tail_top ? a[l] : tail_top;
+          }
+        }
+      }
+    }
+    for (int t = nq; t < n; ++t) {
+      float a = 0.f;
+      for (int j = 0; j < g; ++j) {
+        float d = 0.f;
+        for (int c = 0; c < r; ++c)
+          d = detail::madd(d, qg[j * r + c], cache.dequantized(s, h, c, t));
+        a = j == 0 ? d : use_max ? (a > d ? a : d) : a + d;
+      }
+      if (!use_max) a *= inv_g;
+      row[t] = a;
+      tail_top = a > tail_top ? a : tail_top;
+    }
+    for (int l = 0; l < PW; ++l) tail_top = top[l] > tail_top ? top[l] : tail_top;
+    return tail_top;
   }
 
   // The row size up to which scoring pins its key lines (Pin below). Measured on the development
@@ -407,9 +572,9 @@ class infinigen_policy {
   // vector width. Returns the largest non-NaN score written (-inf if none), kept as the scores
   // leave the registers: one vector maximum per W scores, beside G * r multiply-adds.
   template <int G, bool Pin = false>
-  static float score_tiles(const float* qg, int r, const partial_key_cache<PkT>& cache, int s,
-                           int h, int n, bool use_max, float inv_g, float* row, int g_dyn = 0) {
-    constexpr int tb = partial_key_cache<PkT>::block_tokens;
+  static float score_tiles(const float* qg, int r, const key_store& cache, int s, int h, int n,
+                           bool use_max, float inv_g, float* row, int g_dyn = 0) {
+    constexpr int tb = key_store::block_tokens;
     constexpr int W = detail::host_float_lanes;
     constexpr int L = tb / W;
     static_assert(tb % W == 0, "a tile line is whole vectors");
@@ -556,11 +721,13 @@ class infinigen_policy {
   float* qp_ = nullptr;    // [query_block, num_q_heads, r] scaled partial queries
   float* pk_ = nullptr;    // [r] one projected key
   float* qm_ = nullptr;    // [r] a group's mean partial query (mean_logit)
+  float* qw_ = nullptr;    // quantized only: [g, r] a tile's products q_c step_c per query head
   rope_table* rope_ = nullptr;   // [query_block]: each sequence's rotation, shared by all heads
 };
 
 static_assert(speculation_policy<infinigen_policy<>>);
 static_assert(speculation_policy<infinigen_policy<half, bfloat16>>);
+static_assert(speculation_policy<infinigen_policy<quantized_keys<4>>>);
 
 /// An infinigen_policy's score_query as a policy of its own (needs_query = true): what a
 /// pipeline's correction step scores with, or the late ranking alone (layer l's own query against
