@@ -238,7 +238,8 @@ TEST_CASE("quantized_partial_key_cache refuses what it cannot hold, writing noth
 // float policy fed keys whose selected channels hold the dequantised values (the same scores
 // up to float rounding).
 TEMPLATE_TEST_CASE("infinigen_policy over quantised partial keys scores the dequantised keys",
-                   "[spec][infinigen][quantized]", kvscout::quantized_keys<4>, kvscout::quantized_keys<2>) {
+                   "[spec][infinigen][quantized]", kvscout::quantized_keys<4>, kvscout::quantized_keys<2>,
+                   (kvscout::quantized_keys<2, 16>), (kvscout::quantized_keys<8, 64>)) {
   using kvscout::gqa_aggregation;
   using P = kvscout::infinigen_policy<TestType>;
   static_assert(kvscout::speculation_policy<P> && P::quantized);
@@ -247,7 +248,7 @@ TEMPLATE_TEST_CASE("infinigen_policy over quantised partial keys scores the dequ
     for (const int g : {1, 3})
       for (const auto agg : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob}) {
         const int r = mode == kvscout::rope_mode::rope_planes ? 32 : 17;
-        CAPTURE(TestType::bits, kvscout::to_string(mode), g, r, static_cast<int>(agg));
+        CAPTURE(TestType::bits, TestType::group, kvscout::to_string(mode), g, r, static_cast<int>(agg));
         slice m(2, 2, g, 70, 31u + static_cast<unsigned>(g * 10 + r));
         const auto plans = m.plans(r, mode, 5u + static_cast<unsigned>(r));
         kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, max_tokens, 0.125f, agg};
@@ -257,7 +258,8 @@ TEMPLATE_TEST_CASE("infinigen_policy over quantised partial keys scores the dequ
         for (int s = 0; s < m.S; ++s)
           for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
         const auto& keys = p.keys(0);
-        REQUIRE(keys.complete_groups(0, 0) == 2);  // 64 tokens quantised, 6 in the staging tile
+        constexpr int G = TestType::group;
+        REQUIRE(keys.complete_groups(0, 0) == m.n / G);  // G = 32: 64 tokens quantised, 6 staged
         // Sequence 1 ends inside its second quantised group: rows stop at seq_len.
         std::vector<int32_t> lens{m.n, m.n - 9}, pos{m.pos, m.pos};
         std::vector<float> late, early;
@@ -291,8 +293,7 @@ TEMPLATE_TEST_CASE("infinigen_policy over quantised partial keys scores the dequ
                 double d = 0, a = 0;
                 for (int i = 0; i < r; ++i) {
                   const double k = keys.dequantized(s, h, i, t);
-                  const double lo = t / 32 < keys.complete_groups(s, h) && TestType::group == 32
-                                        ? keys.group_min(s, h, t / 32)[i] : 0.0;
+                  const double lo = t / G < keys.complete_groups(s, h) ? keys.group_min(s, h, t / G)[i] : 0.0;
                   d += qp[static_cast<std::size_t>(i)] * k;
                   a += std::fabs(qp[static_cast<std::size_t>(i)]) * (std::fabs(k) + 2 * std::fabs(lo));
                 }

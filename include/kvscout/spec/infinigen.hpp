@@ -55,6 +55,60 @@ struct code_vec {
   typedef std::uint8_t bytes __attribute__((vector_size(N)));
   typedef std::int32_t ints __attribute__((vector_size(N * sizeof(std::int32_t))));
 };
+
+/// N bytes widened to 32-bit lanes: lane i holds p[i % LB] (LB >= 4 bytes at p, repeated where
+/// LB < N: a piece of N tokens that spans N / LB bit planes). One zero extension where the target
+/// has it: GCC 12 turns __builtin_convertvector from bytes to ints into a byte-by-byte scalar
+/// sequence.
+template <int N, int LB>
+inline typename code_vec<N>::ints widen_codes(const std::uint8_t* p) {
+  static_assert(LB >= 4 && (LB >= N || N % LB == 0), "a piece is whole repeats of the bytes");
+  typename code_vec<N>::ints r;
+#if KVSCOUT_HOST_SSE2
+  __m128i x;
+  if constexpr (LB >= 16 || LB >= N) {
+    if constexpr (N >= 16) {
+      x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    } else if constexpr (N == 8) {
+      x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    } else {
+      std::int32_t w;
+      std::memcpy(&w, p, sizeof w);
+      x = _mm_cvtsi32_si128(w);
+    }
+  } else if constexpr (LB == 8) {
+    long long w;
+    std::memcpy(&w, p, sizeof w);
+    x = _mm_set1_epi64x(w);
+  } else {
+    std::int32_t w;
+    std::memcpy(&w, p, sizeof w);
+    x = _mm_set1_epi32(w);
+  }
+#if KVSCOUT_HOST_AVX512
+  if constexpr (N == 16) {
+    const __m512i v = _mm512_cvtepu8_epi32(x);
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+#endif
+#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_AVX2
+  if constexpr (N == 8) {
+    const __m256i v = _mm256_cvtepu8_epi32(x);
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+#endif
+  if constexpr (N == 4) {
+    const __m128i z = _mm_setzero_si128();
+    const __m128i v = _mm_unpacklo_epi16(_mm_unpacklo_epi8(x, z), z);
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+#endif
+  for (int i = 0; i < N; ++i) r[i] = p[i % LB];
+  return r;
+}
 }  // namespace detail
 
 /// The shape of an infinigen_policy, whatever its element types.
@@ -475,8 +529,9 @@ class infinigen_policy {
 
   // score_tiles for quantised keys (quantized_partial_key_cache's layout): per complete group,
   // the affine terms of each query head once (affine_terms), then per channel the tile's codes
-  // are widened to floats, one bit plane at a time (a shift and a mask of one byte vector: lanes
-  // of consecutive tokens), and multiply-added into the G heads' accumulators; the tokens of the
+  // are widened to floats a register of tokens at a time (a zero extension of the bytes, a shift
+  // and a mask: the bit planes hold consecutive tokens), and multiply-added into the G heads'
+  // accumulators; the tokens of the
   // newest incomplete group (and any past the appended ones, 0) are scored exactly from the
   // staging tile. G > 0: static group size; G == 0: runtime `g_dyn`. Returns the largest non-NaN
   // score written (-inf if none).
@@ -485,11 +540,12 @@ class infinigen_policy {
                         bool use_max, float inv_g, float* row, int g_dyn = 0) {
     constexpr int Gt = key_store::group_tokens, LB = key_store::line_bytes;
     constexpr int bits = key_store::bits, levels = key_store::levels;
-    // A piece: PW consecutive tokens of one bit plane (a plane holds LB tokens), PW floats wide.
-    constexpr int PW = detail::host_float_lanes < LB ? detail::host_float_lanes : LB;
+    // A piece: PW consecutive tokens, one register of floats; a bit plane holds LB tokens, so a
+    // piece is part of one plane (LB >= PW: one shift) or spans PW / LB of them (a shift per lane).
+    constexpr int PW = detail::host_float_lanes;
     constexpr int NP = Gt / PW;
+    static_assert(Gt % PW == 0, "a group is whole pieces");
     using fv = typename detail::float_vec<PW>::type;
-    using u8v = typename detail::code_vec<PW>::bytes;
     using i32v = typename detail::code_vec<PW>::ints;
     const int g = G > 0 ? G : g_dyn;
     constexpr int gcap = G > 0 ? G : detail::max_group;
@@ -510,9 +566,15 @@ class infinigen_policy {
         fv x[NP];
         KVSCOUT_HOST_UNROLL
         for (int m = 0; m < NP; ++m) {
-          u8v by;
-          std::memcpy(&by, line + (m * PW) % LB, sizeof by);
-          const i32v iv = (__builtin_convertvector(by, i32v) >> (bits * (m * PW / LB))) & levels;
+          const i32v raw = detail::widen_codes<PW, LB>(line + (LB >= PW ? (m * PW) % LB : 0));
+          i32v iv;
+          if constexpr (LB >= PW) {
+            iv = (raw >> (bits * (m * PW / LB))) & levels;
+          } else {
+            i32v shift;
+            for (int l = 0; l < PW; ++l) shift[l] = bits * ((m * PW + l) / LB);
+            iv = (raw >> shift) & levels;
+          }
           x[m] = __builtin_convertvector(iv, fv);
         }
         KVSCOUT_HOST_UNROLL
