@@ -16,8 +16,8 @@
 //                                (rows).
 //   BM_sparse_attention          decode_attention_host over 4096 rows per kv head (1 sequence,
 //                                8 kv heads, 32 query heads, head_dim 128) + the current token:
-//                                fp16 and fp8 (e4m3, with k_scale / v_scale) gathered_rows vs
-//                                kivi_gathered_rows (3968 gathered records
+//                                fp16 and fp8 (e4m3, with k_scale / v_scale) gathered_rows_host vs
+//                                kivi_gathered_rows_host (3968 gathered records
 //                                + the 128-token residual window, so both attend 4096 rows).
 //                                Time per decoded token (one call = one token, all heads), on
 //                                1 thread, and for fp16 and KIVI-2 also on a pool of 2 (the
@@ -263,7 +263,7 @@ void attention_rows_of(benchmark::State& state) {
     for (int i = 0; i < attended; ++i) idx[h * attended + i] = 2 * i;
   const kvscout::selection_view<kvscout::host_space> sel{
       {idx.data(), idx.size()}, {counts.data(), counts.size()}, 1, heads, attended};
-  const kvscout::gathered_rows<T, head_dim> rows(sel, {k.data(), k.size()}, {v.data(), v.size()});
+  const kvscout::gathered_rows_host<T, head_dim> rows(sel, {k.data(), k.size()}, {v.data(), v.size()});
   time_attention(state, rows, in, scale, scale);
 }
 
@@ -299,7 +299,7 @@ void attention_kivi(benchmark::State& state) {
   const kvscout::gather_destination<kvscout::host_space> dst{{dk.data(), dk.size()},
                                                              {dv.data(), dv.size()}};
   ex.submit(kv.quantized(), sel, dst).wait();
-  const kvscout::kivi_gathered_rows rows(l, sel, dst, kv.resident);
+  const kvscout::kivi_gathered_rows_host rows(l, sel, dst, kv.resident);
   time_attention(state, rows, in);
 }
 

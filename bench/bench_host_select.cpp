@@ -15,7 +15,7 @@
 //                          about 2 % of a row, InfiniGen's regime, and the cap does not bind)
 //   BM_threshold_logits_row_max  BM_threshold_logits with each row's maximum handed to the
 //                          selector (score_view::row_max, found before the timing), as
-//                          infinigen_policy hands it on from scoring: one compaction per row,
+//                          infinigen_policy_host hands it on from scoring: one compaction per row,
 //                          the hint checked against its candidates
 //   BM_threshold_uncapped  the same logit-like rows with budget = n: the cap cannot bind, so
 //                          the selector takes its exact path (a max pass, then one compaction

@@ -10,7 +10,7 @@
 //
 //   BM_speculation          the policy's score(): partial-query GEMV + scoring, max_logit
 //   BM_speculation_bf16_weights  the same with the partial W_Q rows kept in bfloat16
-//                           (infinigen_policy<float, bfloat16>): half the bytes the GEMV reads
+//                           (infinigen_policy_host<float, bfloat16>): half the bytes the GEMV reads
 //   BM_speculation_mean     the same, RoPE planes, mean_logit (the group folded into one query)
 //   BM_stream_partial_keys  one vectorised read of the same bytes, with a software prefetch
 //                           0 / 4 / 8 / 16 KiB ahead (the table takes the fastest: the anchor)
@@ -26,7 +26,7 @@
 //   BM_speculation_batch    score() of a batch of 8 sequences of 4k tokens in one call (each
 //                           head's weights brought in once for the batch), both modes
 //   BM_speculation_batch_scattered  the same batch as continuous batching scores it: 8 of 16
-//                           held sequences, named by spec_context::seq_ids (every other one)
+//                           held sequences, named by score_context::seq_ids (every other one)
 //   BM_stream_batch         its anchor: one read of the batch's partial keys, 0 / 16 KiB ahead
 //   BM_speculation_decode_order  score() of 30 layers in turn at 4k tokens, as a decode step
 //                           runs them (each layer's bytes evicted from L2 by the others)
@@ -59,7 +59,7 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/select/correction.hpp"
 #include "kvscout/select/topk.hpp"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 
@@ -94,7 +94,7 @@ struct fixture {
   std::vector<float> wq, x, scores;
   std::vector<int32_t> lens, pos, seq_ids;
   kvscout::host_workspace policy_ws;  // the policy's scratch (declared first: it outlives policy)
-  std::unique_ptr<kvscout::infinigen_policy<PkT, WT>> policy;
+  std::unique_ptr<kvscout::infinigen_policy_host<PkT, WT>> policy;
   int n, seqs, layers, held;
 
   // `held` > num_seqs: the policy holds `held` sequences and the step scores num_seqs of them,
@@ -114,8 +114,8 @@ struct fixture {
     // Every layer builds its own partial weights and keys (its own memory) from the same W_Q.
     const auto L = static_cast<std::size_t>(layers);
     kvscout::infinigen_config cfg{layers, held, H, Hq, D, d_model, n, 0.125f, agg};
-    policy_ws = kvscout::make_workspace<kvscout::infinigen_policy<PkT, WT>>(cfg);
-    policy = std::make_unique<kvscout::infinigen_policy<PkT, WT>>(
+    policy_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT, WT>>(cfg);
+    policy = std::make_unique<kvscout::infinigen_policy_host<PkT, WT>>(
         cfg, std::vector<std::vector<kvscout::skew_plan>>(L, plans),
         std::vector<kvscout::host_span<const float>>(L, {wq.data(), wq.size()}),
         std::vector<kvscout::host_span<const float>>(L, kvscout::host_span<const float>{}),
@@ -150,9 +150,9 @@ void run_speculation(benchmark::State& state, kvscout::rope_mode mode, kvscout::
                      int seqs = 1, int layers = 1, int held = 0, int rr = r) {
   fixture<WT, PkT> f(static_cast<int>(state.range(0)), mode, agg, seqs, layers, held, rr);
   const auto S = static_cast<std::size_t>(seqs);
-  const kvscout::spec_context ctx{{f.x.data(), f.x.size()}, {}, {f.pos.data(), S},
+  const kvscout::score_context<kvscout::host_space> ctx{{f.x.data(), f.x.size()}, {}, {f.pos.data(), S},
                                   {f.lens.data(), S}, {f.seq_ids.data(), f.seq_ids.size()}};
-  const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, seqs, H, f.n};
+  const kvscout::score_buffer<kvscout::host_space> out{{f.scores.data(), f.scores.size()}, seqs, H, f.n};
   for (auto _ : state)
     for (int l = 0; l < layers; ++l) {
       f.policy->score(l, ctx, out);
@@ -193,7 +193,7 @@ void BM_speculation_keys(benchmark::State& state) {
 }
 
 // A batch of `seqs` sequences of n tokens each in one score() call, as a decode step of a batched
-// engine runs it: each head's weights come from memory once per 8 sequences (infinigen_policy's
+// engine runs it: each head's weights come from memory once per 8 sequences (infinigen_policy_host's
 // query block), the partial keys of every sequence once. Its anchor, BM_stream_batch, reads the
 // same seqs x n tokens of partial keys.
 void BM_speculation_batch(benchmark::State& state) {
@@ -203,7 +203,7 @@ void BM_speculation_batch(benchmark::State& state) {
 }
 
 // BM_speculation_batch as continuous batching runs it: the policy holds 2 x seqs sequences and
-// the step scores seqs of them, named by spec_context::seq_ids (every other one, last first). The
+// the step scores seqs of them, named by score_context::seq_ids (every other one, last first). The
 // same bytes as BM_speculation_batch, from scattered sequences.
 void BM_speculation_batch_scattered(benchmark::State& state) {
   const auto mode = mode_arg(state.range(2));
@@ -401,9 +401,9 @@ void BM_correction_step(benchmark::State& state) {
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> q(static_cast<std::size_t>(Hq) * D);
   for (auto& v : q) v = nd(rng);
-  const kvscout::spec_context ctx{{f.x.data(), f.x.size()}, {q.data(), q.size()}, {f.pos.data(), 1},
+  const kvscout::score_context<kvscout::host_space> ctx{{f.x.data(), f.x.size()}, {q.data(), q.size()}, {f.pos.data(), 1},
                                   {f.lens.data(), 1}};
-  const kvscout::score_buffer out{{f.scores.data(), f.scores.size()}, 1, H, n};
+  const kvscout::score_buffer<kvscout::host_space> out{{f.scores.data(), f.scores.size()}, 1, H, n};
   f.policy->score(0, ctx, out);
   const kvscout::topk_selector_host::config tc{1, H, n, spec, spec, {4, 16}};
   auto tws = kvscout::make_workspace<kvscout::topk_selector_host>(tc);

@@ -122,12 +122,12 @@ int main(int argc, char** argv) try {
   // of its own).
   const infinigen_config pc{c.n_layers, 1, c.n_kv_heads, c.n_heads, 64, c.d_model, max_tokens,
                             0.125f, gqa_aggregation::max_logit};
-  auto policy_ws = make_workspace<infinigen_policy<>>(pc);
-  infinigen_policy<> policy(pc, plans, wq, bq, policy_ws.span());
+  auto policy_ws = make_workspace<infinigen_policy_host<>>(pc);
+  infinigen_policy_host<> policy(pc, plans, wq, bq, policy_ws.span());
   topk_selector_host::config sc{1, c.n_kv_heads, max_tokens, budget, budget, {4, 16}};
   std::vector<std::byte> ws(topk_selector_host::workspace_bytes(sc));
   topk_selector_host selector(sc, {ws.data(), ws.size()});
-  using pipe_t = host_decode_pipeline<layout, infinigen_policy<>, topk_selector_host>;
+  using pipe_t = host_decode_pipeline<layout, infinigen_policy_host<>, topk_selector_host>;
   const host_pipeline_config cfg{c.n_layers, skip, 1, c.n_kv_heads, c.n_heads, max_tokens,
                                  budget, 2, 0.125f};
   auto gather_ws = make_workspace<host_gather_executor<layout>>(gather_config_for(cfg));

@@ -2,12 +2,12 @@
 // to host memory (pinned and mapped, so the GPU can read it over the link). Following InfiniGen,
 // the step guesses which cached tokens layer i will attend to and moves only their K/V rows:
 //
-//   1. speculate  infinigen_speculator_cuda: a partial query (r of head_dim channels) from the
+//   1. speculate  infinigen_policy_cuda: a partial query (r of head_dim channels) from the
 //                 hidden state, scored against a partial key cache that stays on the device
 //   2. select     topk_selector_cuda: the best `budget` tokens per (sequence, KV head); indices
 //                 and counts stay on the device, nothing is read back
 //   3. fetch      zero_copy_executor: the GPU reads only the selected rows from host memory
-//   4. attend     decode_attention_device over the fetched rows and the new token
+//   4. attend     decode_attention_cuda over the fetched rows and the new token
 //
 // All memory is allocated at set-up, each part sized by its own workspace query; the step only
 // enqueues work on one stream, so it could be captured in a CUDA graph. An engine runs 1-3 on side
@@ -31,7 +31,7 @@
 #include "kvscout/attention/decode.cuh"
 #include "kvscout/fetch/zero_copy.cuh"
 #include "kvscout/select/topk.cuh"
-#include "kvscout/spec/infinigen.cuh"
+#include "kvscout/score/infinigen.cuh"
 
 namespace {
 
@@ -122,7 +122,7 @@ int run() {
   // ---- set-up: ask each part for its workspace size, allocate once, build the views -------------
   cudaStream_t stream{};
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-  using speculator_t = kvscout::infinigen_speculator_cuda<float>;
+  using speculator_t = kvscout::infinigen_policy_cuda<float>;
   const kvscout::infinigen_cuda_config spec_cfg{S, H, Hq, D, d_model, max_tokens, r,
                                                 kvscout::rope_mode::rope_planes, scale,
                                                 kvscout::gqa_aggregation::max_logit};
@@ -156,7 +156,7 @@ int run() {
   const size_t slots = size_t(S) * H * budget;
   const auto d_x = mem.upload(x), d_q = mem.upload(q), out = mem.alloc<float>(q.size());
   const auto d_positions = mem.upload(lens);  // the new token's position is its sequence length
-  const kvscout::device_score_buffer scores{mem.alloc<float>(size_t(S) * H * max_tokens), S, H,
+  const kvscout::score_buffer<kvscout::device_space> scores{mem.alloc<float>(size_t(S) * H * max_tokens), S, H,
                                             max_tokens};
   const kvscout::selection_buffers<kvscout::device_space> selection{
       mem.alloc<int32_t>(slots), mem.alloc<int32_t>(size_t(S) * H), S, H, budget};
@@ -165,11 +165,11 @@ int run() {
       dev_layout, kvscout::as_bytes(k_dev), kvscout::as_bytes(v_dev)};
   const kvscout::gather_destination<kvscout::device_space> fetched{
       kvscout::as_writable_bytes(rows_k), kvscout::as_writable_bytes(rows_v)};
-  const kvscout::gathered_rows_device<half, D> rows(selection.view(), rows_k, rows_v);
-  const kvscout::device_current_token<half> current{mem.upload(k_new), mem.upload(v_new)};
+  const kvscout::gathered_rows_cuda<half, D> rows(selection.view(), rows_k, rows_v);
+  const kvscout::current_token<half, kvscout::device_space> current{mem.upload(k_new), mem.upload(v_new)};
   // Attention splits each (sequence, KV head)'s rows over blocks (flash-decoding), planned once
   // for this shape and device, with a workspace for the blocks' partial softmax states.
-  const kvscout::decode_attention_plan plan = kvscout::plan_decode_attention_device(
+  const kvscout::decode_attention_plan plan = kvscout::plan_decode_attention_cuda(
       {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
        .max_rows = budget + 1});  // the selected rows and the current token
   const kvscout::device_span<std::byte> attention_ws = mem.alloc<std::byte>(plan.workspace_bytes());
@@ -178,7 +178,7 @@ int run() {
   spec.score({d_x, d_positions, d_lens, max_tokens}, scores, exec);
   selector.select(scores.view(d_lens), selection, exec);
   (void)fetch.submit(source, selection.view(), fetched, exec);  // an event recorded on `stream`
-  kvscout::decode_attention_device(rows, current, d_q, out, {Hq, scale}, plan, attention_ws, exec);
+  kvscout::decode_attention_cuda(rows, current, d_q, out, {Hq, scale}, plan, attention_ws, exec);
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));  // only to look at the results
 
   // ---- what crossed the link --------------------------------------------------------------------
@@ -207,7 +207,7 @@ int run() {
       .wait();
   std::vector<float> ref(q.size());
   kvscout::decode_attention_host(
-      kvscout::gathered_rows<half, D>(host_sel, {gk.data(), gk.size()}, {gv.data(), gv.size()}),
+      kvscout::gathered_rows_host<half, D>(host_sel, {gk.data(), gk.size()}, {gv.data(), gv.size()}),
       kvscout::current_token<half>{{k_new.data(), k_new.size()}, {v_new.data(), v_new.size()}},
       {q.data(), q.size()}, {ref.data(), ref.size()}, {Hq, scale});
   const std::vector<float> got = download(out);

@@ -18,7 +18,7 @@
 // The example checks that a budget of every token gives dense attention's bits, then prints per
 // budget the rows fetched, the output's relative error against dense attention and the share of
 // the attention mass the selected rows carry. Last, continuous batching: a score() over two of
-// the three sequences, out of order, named by spec_context::seq_ids. The keys here are random,
+// the three sequences, out of order, named by score_context::seq_ids. The keys here are random,
 // without the outlier channels of a trained model's keys, so 32 of 128 channels estimate the
 // logits only roughly; docs/accuracy.md has the real model.
 //
@@ -84,8 +84,8 @@ int main() try {
                                         .max_tokens = max_tokens, .scale = scale};
   // The policy's scratch, from the engine's memory (operator new's alignment covers
   // workspace_alignment); its partial keys and weights it allocates itself, here, once.
-  std::vector<std::byte> policy_ws(ks::infinigen_policy<>::workspace_bytes(policy_cfg));
-  ks::infinigen_policy<> policy(policy_cfg, plans, w_q_of_layer, b_q_of_layer, policy_ws);
+  std::vector<std::byte> policy_ws(ks::infinigen_policy_host<>::workspace_bytes(policy_cfg));
+  ks::infinigen_policy_host<> policy(policy_cfg, plans, w_q_of_layer, b_q_of_layer, policy_ws);
 
   // ---- prefill: the engine writes its pages; the policy gets the keys before / after RoPE
   std::vector<float> k_pre(H * D), k_post(H * D), v(H * D);
@@ -126,11 +126,11 @@ int main() try {
   // Dense attention, the reference; its probabilities (summed over each group) give the mass.
   const int probs_stride = max_tokens + 1;
   std::vector<float> dense(q.size()), probs(static_cast<std::size_t>(S) * H * probs_stride);
-  ks::decode_attention_host(ks::layout_rows(kv), cur, q, dense, attn, probs, probs_stride);
+  ks::decode_attention_host(ks::layout_rows_host(kv), cur, q, dense, attn, probs, probs_stride);
 
   // One selector, executor and set of buffers per budget, all sized before the step.
   std::vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens);
-  const ks::score_buffer score_rows{scores, S, H, max_tokens};
+  const ks::score_buffer<ks::host_space> score_rows{scores, S, H, max_tokens};
   bool full_is_dense = false;
   for (const int budget : {max_tokens, 128, 64, 32}) {
     const ks::topk_selector_host::config sc{.num_seqs = S, .num_kv_heads = H,
@@ -157,7 +157,7 @@ int main() try {
     policy.score(0, {.x = x, .q = {}, .positions = positions, .seq_lens = lens}, score_rows);
     topk.select(score_rows.view(lens), sel);
     gather.submit(kv, sel.view(), rows).wait();
-    ks::decode_attention_host(ks::gathered_rows(layout, sel.view(), rows), cur, q, sparse, attn);
+    ks::decode_attention_host(ks::gathered_rows_host(layout, sel.view(), rows), cur, q, sparse, attn);
 
     long fetched = 0;
     double mass = 0;
@@ -178,7 +178,7 @@ int main() try {
               full_is_dense ? "yes" : "NO");
 
   // ---- continuous batching: sequence 1 has finished and the next step decodes sequences 2 and
-  // 0, in that order. The policy keeps its three sequences; spec_context::seq_ids names each
+  // 0, in that order. The policy keeps its three sequences; score_context::seq_ids names each
   // batch row's, so with the same inputs each row scores what its sequence scored above.
   const std::vector<int32_t> live = {2, 0};
   const int B = static_cast<int>(live.size());
@@ -190,7 +190,7 @@ int main() try {
     live_lens.push_back(lens[s]);
   }
   std::vector<float> live_scores(static_cast<std::size_t>(B) * H * max_tokens);
-  const ks::score_buffer live_rows{live_scores, B, H, max_tokens};
+  const ks::score_buffer<ks::host_space> live_rows{live_scores, B, H, max_tokens};
   policy.score(0, {.x = live_x, .q = {}, .positions = live_pos, .seq_lens = live_lens,
                    .seq_ids = live},
                live_rows);

@@ -182,7 +182,7 @@ def speculation_section(res):
                                if r["family"] == "BM_speculation_bf16_weights"})
             if find(res, "BM_speculation_bf16_weights", n=n, mode=0)]
     if bf16:
-        lines += ["", "The partial W_Q rows in bfloat16 (`infinigen_policy<float, bfloat16>`, the "
+        lines += ["", "The partial W_Q rows in bfloat16 (`infinigen_policy_host<float, bfloat16>`, the "
                   "model's own type: half the bytes the GEMV reads), against the float rows of "
                   "the table above.", "",
                   "| n | post_rope_skew us, float / bf16 | rope_planes us, float / bf16 | "
@@ -205,7 +205,7 @@ def speculation_section(res):
                   "weights brought in once per 8 sequences), against one read of the batch's",
                   "partial keys; the 1-sequence row is the table above at that n; \"8 of 16\": the",
                   "8 rows are every other sequence of 16 the policy holds, named by",
-                  "spec_context::seq_ids (continuous batching).", "",
+                  "score_context::seq_ids (continuous batching).", "",
                   "| n | sequences | post_rope_skew us | rope_planes us | stream us | "
                   "post_rope / stream | rope_planes / stream |",
                   "|---:|---:|---:|---:|---:|---:|---:|"]

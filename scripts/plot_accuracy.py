@@ -56,7 +56,7 @@ def slug(text):
 
 
 # Names of the speculation rows: "infinigen_paper" is presets::infinigen_paper (InfiniGen as its
-# authors' code runs it); "infinigen" rows are infinigen_policy with kvscout's knobs (top-k, r and
+# authors' code runs it); "infinigen" rows are infinigen_policy_host with kvscout's knobs (top-k, r and
 # aggregation from the sweep), rope_planes being presets::kvscout_default.
 SPEC_NAMES = {
     "rope_planes": "kvscout default: RoPE planes",

@@ -5,7 +5,7 @@
 //   kind 0: fp16 rows, 1: bf16, 2: fp8 e4m3, 3: KIVI-2 records (fp16 scales, group 32, residual
 //   128: the residual window's rows are read too), 4: KIVI-4.
 //
-// Each iteration is one planned call (plan_decode_attention_device for this device: split
+// Each iteration is one planned call (plan_decode_attention_cuda for this device: split
 // kernel and merge), timed with events. Counters: `bytes` = the K + V bytes the call reads (rows
 // or records; KIVI's resident key parameters and residual window not counted), `GBps` over the
 // time, `vs_d2d` = that rate over a device-to-device copy of the same bytes measured in the same
@@ -107,10 +107,10 @@ struct attention_fixture {
     q = std::make_unique<device_buffer>(kQHeads * kDim * 2, 3);  // half queries
     out = std::make_unique<device_buffer>(kQHeads * kDim * 2, 4);
     copy = std::make_unique<device_buffer>(bytes(), 8);
-    plan = kvscout::plan_decode_attention_device({.num_seqs = 1, .num_kv_heads = kHeads,
-                                                  .num_q_heads = kQHeads, .head_dim = kDim,
-                                                  .max_rows = max_rows,
-                                                  .blocks_per_sm = kind >= 3 ? 2 : 0});
+    plan = kvscout::plan_decode_attention_cuda({.num_seqs = 1, .num_kv_heads = kHeads,
+                                                .num_q_heads = kQHeads, .head_dim = kDim,
+                                                .max_rows = max_rows,
+                                                .blocks_per_sm = kind >= 3 ? 2 : 0});
     ws = std::make_unique<device_buffer>(plan.workspace_bytes(), 9);
   }
   ~attention_fixture() { KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(stream)); }
@@ -130,8 +130,8 @@ struct attention_fixture {
   template <class Rows>
   void attend(const Rows& r) {
     const kvscout::attention_params p{.num_q_heads = kQHeads, .scale = 0.088f};
-    kvscout::decode_attention_device(
-        r, kvscout::device_current_token<typename Rows::element_type>{},
+    kvscout::decode_attention_cuda(
+        r, kvscout::current_token<typename Rows::element_type, kvscout::device_space>{},
         kvscout::device_span<const kvscout::half>(reinterpret_cast<const kvscout::half*>(q->p),
                                                   kQHeads * kDim),
         kvscout::device_span<kvscout::half>(reinterpret_cast<kvscout::half*>(out->p),
@@ -145,7 +145,7 @@ struct attention_fixture {
                           {.group = 32, .residual = 128});
     const std::size_t slots = static_cast<std::size_t>(kHeads) * rows;
     const L host_l = L::padded(kHeads, tokens, lens.data(), 1, {.group = 32, .residual = 128});
-    kvscout::kivi_gathered_rows_device<L> r(
+    kvscout::kivi_gathered_rows_cuda<L> r(
         l, selection(), {{k->p, slots * k_row}, {v->p, slots * v_row}},
         {{k_params->p, host_l.required_k_params_bytes()},
          {k_res->p, host_l.required_residual_bytes()},
@@ -156,8 +156,8 @@ struct attention_fixture {
   template <class T>
   void attend_rows() {
     const std::size_t elems = static_cast<std::size_t>(kHeads) * rows * kDim;
-    kvscout::gathered_rows_device<T, kDim> r(selection(), {reinterpret_cast<const T*>(k->p), elems},
-                                             {reinterpret_cast<const T*>(v->p), elems});
+    kvscout::gathered_rows_cuda<T, kDim> r(selection(), {reinterpret_cast<const T*>(k->p), elems},
+                                           {reinterpret_cast<const T*>(v->p), elems});
     attend(r);
   }
 

@@ -2,7 +2,7 @@
 // 32 query heads (g = 1), head_dim 128, r = 32 (post_rope_skew, fp16 partial keys), d_model 4096,
 // one sequence of {8k, 32k, 128k} cached tokens, budget 10 % of the tokens.
 //
-//   spec/<n>        infinigen_speculator_cuda::score: partial-query GEMV (32 MiB of fp16 W_Q rows),
+//   spec/<n>        infinigen_policy_cuda::score: partial-query GEMV (32 MiB of fp16 W_Q rows),
 //                   RoPE + skew, scoring of 32 x n partial keys
 //   topk/<n>        topk_selector_cuda::select on 32 rows of n scores (each row split over
 //                   several blocks: counter `chunks`)
@@ -35,15 +35,15 @@
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/select/threshold.cuh"
 #include "kvscout/select/topk.cuh"
-#include "kvscout/spec/infinigen.cuh"
-#include "kvscout/spec/streaming.cuh"
+#include "kvscout/score/infinigen.cuh"
+#include "kvscout/score/streaming.cuh"
 
 namespace {
 
 constexpr int H = 32, Hq = 32, D = 128, R = 32, d_model = 4096;
 using pk_type = kvscout::half;
 using w_type = kvscout::half;  // W_Q in the model's dtype, as an fp16 engine holds it
-using spec = kvscout::infinigen_speculator_cuda<pk_type, w_type>;
+using spec = kvscout::infinigen_policy_cuda<pk_type, w_type>;
 
 template <class T>
 struct device_buffer {

@@ -14,7 +14,7 @@
 //   g, u = RMSNorm(x) W_gu^T; x += (silu(g) * u) W_down^T
 //
 // The ways (decode_way):
-//   kvscout         speculation for layer i + 1 (infinigen_speculator_cuda on layer i's normalised
+//   kvscout         speculation for layer i + 1 (infinigen_policy_cuda on layer i's normalised
 //                   input, r = head_dim / 2 RoPE planes, max-logit over the query group) and top-k
 //                   on a side stream, the zero-copy fetch of the selected rows on a copy stream,
 //                   ordered by cuda_decode_pipeline (events, no host synchronisation); sparse
@@ -26,7 +26,7 @@
 //                   layer i's query exists, score_query, correction_selector_cuda and a zero-copy
 //                   fetch of up to correction_share x budget more rows per (sequence, kv head),
 //                   on the compute stream (the critical path); attention over both sets joined
-//                   (joined_rows_device). Not for KIVI caches.
+//                   (joined_rows_cuda). Not for KIVI caches.
 //   compute_only    kvscout's step with the fetch left out: speculation, selection, attention over
 //                   rows already on the device, and the model. The step's floor when the link is free.
 //   flexgen         every layer's whole K and V copied by the copy engine into a device buffer
@@ -75,7 +75,7 @@
 #include "kvscout/select/correction.cuh"
 #include "kvscout/select/topk.cuh"
 #include "kvscout/skew/plan.hpp"
-#include "kvscout/spec/infinigen.cuh"
+#include "kvscout/score/infinigen.cuh"
 
 namespace decode_step {
 
@@ -467,7 +467,7 @@ class decode_stack {
   /// KIVI caches run the sparse ways only (no dense KIVI attention on the device: flexgen and
   /// resident refuse), and append nothing (the lengths of a KIVI cache advance with its appends).
   static constexpr bool kivi = kvscout::kivi_quantized_layout<L>;
-  using speculator_t = kvscout::infinigen_speculator_cuda<half, half>;
+  using speculator_t = kvscout::infinigen_policy_cuda<half, half>;
   using stages_t = kvscout::infinigen_cuda_stages<L, kvscout::topk_selector_cuda, half, half>;
 
   /// kvscout's stages with the fetch switchable (compute_only leaves it out).
@@ -910,7 +910,7 @@ class decode_stack {
     for (int l = 0; l < NL; ++l)
       sources.push_back({dev_layout_, {alias_k_[cache_of(l)], k_bytes_}, {alias_v_[cache_of(l)], v_bytes_}});
     scores_ = a_.device<float>(static_cast<std::size_t>(S) * H * (max_len_ + 1));
-    const kvscout::device_score_buffer sb{{scores_, static_cast<std::size_t>(S) * H * (max_len_ + 1)}, S, H, max_len_ + 1};
+    const kvscout::score_buffer<kvscout::device_space> sb{{scores_, static_cast<std::size_t>(S) * H * (max_len_ + 1)}, S, H, max_len_ + 1};
     // Positions: the new token's (the cached tokens); scored lengths: the fetchable rows.
     const kvscout::cuda_stage_lengths lengths{{d_lens_, static_cast<std::size_t>(S)},
                                               {d_fetch_lens_, static_cast<std::size_t>(S)}, max_len_};
@@ -964,12 +964,12 @@ class decode_stack {
     // KIVI's rows are the fetched records, then the resident window (R + G at most).
     int window = 0;
     if constexpr (kivi) window = traits::options.residual + traits::options.group;
-    sparse_plan_ = kvscout::plan_decode_attention_device(
+    sparse_plan_ = kvscout::plan_decode_attention_cuda(
         {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
          .max_rows = budget_rows_ + window + 1});
-    dense_plan_ = kvscout::plan_decode_attention_device(
+    dense_plan_ = kvscout::plan_decode_attention_cuda(
         {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D, .max_rows = max_len_ + 1});
-    corr_plan_ = kvscout::plan_decode_attention_device(
+    corr_plan_ = kvscout::plan_decode_attention_cuda(
         {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
          .max_rows = budget_rows_ + extra_rows_ + 1});
     const std::size_t wsb = std::max({sparse_plan_.workspace_bytes(), dense_plan_.workspace_bytes(),
@@ -1037,7 +1037,7 @@ class decode_stack {
                             d_lens_, q_, k_new_, v_new_, m_.q_heads, m_.kv_heads, D, m_.rope_theta);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
-  kvscout::device_current_token<half> current() const {
+  kvscout::current_token<half, kvscout::device_space> current() const {
     const std::size_t n = static_cast<std::size_t>(batch()) * m_.kv_heads * D;
     return {{k_new_, n}, {v_new_, n}};
   }
@@ -1052,31 +1052,31 @@ class decode_stack {
   }
   void attend_sparse(int l, const kvscout::cuda_stage_buffers& buf) {
     if constexpr (kivi) {
-      const kvscout::kivi_gathered_rows_device<L> rows(dev_layout_, buf.selection.view(), buf.rows, resident(l));
-      kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), sparse_plan_,
-                                       attn_ws_, {compute_, d_status_});
+      const kvscout::kivi_gathered_rows_cuda<L> rows(dev_layout_, buf.selection.view(), buf.rows, resident(l));
+      kvscout::decode_attention_cuda(rows, current(), qspan(), ospan(), aparams(), sparse_plan_,
+                                     attn_ws_, {compute_, d_status_});
     } else {
-      const kvscout::gathered_rows_device<half, D> rows(buf.selection.view(), buf.rows);
-      kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), sparse_plan_,
-                                       attn_ws_, {compute_, d_status_});
+      const kvscout::gathered_rows_cuda<half, D> rows(buf.selection.view(), buf.rows);
+      kvscout::decode_attention_cuda(rows, current(), qspan(), ospan(), aparams(), sparse_plan_,
+                                     attn_ws_, {compute_, d_status_});
     }
   }
   // kvscout_corrected: the speculated rows and the rows the correction added, read in place.
   void attend_joined(const kvscout::cuda_stage_buffers& buf, const kvscout::cuda_stage_buffers& add) {
     if constexpr (!kivi) {
-      const kvscout::joined_rows_device rows(
-          kvscout::gathered_rows_device<half, D>(buf.selection.view(), buf.rows),
-          kvscout::gathered_rows_device<half, D>(add.selection.view(), add.rows));
-      kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), corr_plan_,
-                                       attn_ws_, {compute_, d_status_});
+      const kvscout::joined_rows_cuda rows(
+          kvscout::gathered_rows_cuda<half, D>(buf.selection.view(), buf.rows),
+          kvscout::gathered_rows_cuda<half, D>(add.selection.view(), add.rows));
+      kvscout::decode_attention_cuda(rows, current(), qspan(), ospan(), aparams(), corr_plan_,
+                                     attn_ws_, {compute_, d_status_});
     }
   }
   void attend_dense(std::byte* k, std::byte* v) {
     if constexpr (!kivi) {
-      const kvscout::layout_rows_device<L> rows(kvscout::kv_view<L, kvscout::device_space>{
+      const kvscout::layout_rows_cuda<L> rows(kvscout::kv_view<L, kvscout::device_space>{
           dev_layout_, {k, k_bytes_}, {v, v_bytes_}});
-      kvscout::decode_attention_device(rows, current(), qspan(), ospan(), aparams(), dense_plan_,
-                                       attn_ws_, {compute_, d_status_});
+      kvscout::decode_attention_cuda(rows, current(), qspan(), ospan(), aparams(), dense_plan_,
+                                     attn_ws_, {compute_, d_status_});
     }
   }
   // Append the new token into layer l's cache (host-mapped or device) and partial keys; then the
@@ -1086,11 +1086,11 @@ class decode_stack {
     const std::size_t n = static_cast<std::size_t>(S) * m_.kv_heads * D;
     if (cfg_.record) record_layer(l);
     if constexpr (!kivi) {
-      kvscout::append_token_device(dev_layout_, kvscout::device_span<std::byte>(k_cache, k_bytes_),
-                                   kvscout::device_span<std::byte>(v_cache, v_bytes_),
-                                   kvscout::device_span<const half>(k_new_, n),
-                                   kvscout::device_span<const half>(v_new_, n), d_lens_,
-                                   {compute_, d_status_});
+      kvscout::append_token_cuda(dev_layout_, kvscout::device_span<std::byte>(k_cache, k_bytes_),
+                                 kvscout::device_span<std::byte>(v_cache, v_bytes_),
+                                 kvscout::device_span<const half>(k_new_, n),
+                                 kvscout::device_span<const half>(v_new_, n), d_lens_,
+                                 {compute_, d_status_});
     }
     if (partial_keys)
       specs_[l]->append(kvscout::device_span<const half>(k_new_, n),

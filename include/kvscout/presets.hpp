@@ -1,5 +1,5 @@
 #pragma once
-// Named speculation configurations: the knobs of an infinigen_policy plus its selector, as one
+// Named speculation configurations: the knobs of an infinigen_policy_host plus its selector, as one
 // plain struct, so that a caller (and the accuracy harness, tools/accuracy/accuracy.cpp) says
 // which method it runs by name.
 //
@@ -35,7 +35,7 @@
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/skew/plan.hpp"
-#include "kvscout/spec/concepts.hpp"
+#include "kvscout/score/concepts.hpp"
 
 namespace kvscout::presets {
 

@@ -4,7 +4,7 @@
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/pipeline/cuda_stages.cuh"
 #include "kvscout/select/topk.cuh"
-#include "kvscout/spec/streaming.cuh"
+#include "kvscout/score/streaming.cuh"
 
 int main() {
   using layout = kvscout::contiguous_layout<kvscout::half, 64, kvscout::hnd>;

@@ -22,7 +22,7 @@
 #include "gpu_harness.cuh"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/skew/plan.hpp"
-#include "kvscout/spec/infinigen.cuh"
+#include "kvscout/score/infinigen.cuh"
 
 namespace gpu_test {
 
@@ -31,7 +31,7 @@ kvscout::device_span<T> dspan(const device_vector<std::remove_const_t<T>>& v) {
   return {v.data(), v.size()};
 }
 
-/// A RoPE-plane plan of r channels: planes chosen at random, identity skew (spec/ and skew/ test
+/// A RoPE-plane plan of r channels: planes chosen at random, identity skew (score/ and skew/ test
 /// the others).
 inline kvscout::skew_plan plane_plan(std::mt19937& rng, int D, int r) {
   std::vector<int> all(static_cast<std::size_t>(D / 2));
@@ -106,7 +106,7 @@ struct pipeline_world {
 /// tokens of other keys as row 0 has, as sequence decoy.
 template <class World>
 struct pipeline_speculators {
-  using spec_t = kvscout::infinigen_speculator_cuda<float>;
+  using spec_t = kvscout::infinigen_policy_cuda<float>;
   std::vector<std::unique_ptr<device_vector<std::byte>>> ws;
   std::vector<std::unique_ptr<spec_t>> owned;
   std::vector<spec_t*> per_layer = std::vector<spec_t*>(World::L, nullptr);

@@ -1,9 +1,9 @@
-// Device append (kv/append.cuh) against the host: KIVI appends (kivi_append_device) against
+// Device append (kv/append.cuh) against the host: KIVI appends (kivi_append_cuda) against
 // kivi_host_writer byte for byte (codes, key group scales / zeros, value records with their
 // padding, residual rings, lengths), across several group boundaries, fp16 and fp32 scales,
 // 2 and 4 bits, T and float input, the records in mapped pinned memory and the rest on the
 // device; rejected input (NaN, a full sequence) leaves everything unchanged and sets the status;
-// generic appends (append_token_device) into contiguous and paged layouts against the layout's
+// generic appends (append_token_cuda) into contiguous and paged layouts against the layout's
 // own offsets.
 
 #include <cmath>
@@ -83,9 +83,9 @@ void kivi_append_case(int steps, std::uint32_t seed, int residual = 64, int head
                     {vt.data() + off, static_cast<std::size_t>(H) * D});
     }
     device_vector<In> dk(kin), dv(vin);
-    kvscout::kivi_append_device(dl, db, dlens.data(), kvscout::device_span<const In>(dk.data(), tok),
-                                kvscout::device_span<const In>(dv.data(), tok),
-                                {nullptr, status.data()});
+    kvscout::kivi_append_cuda(dl, db, dlens.data(), kvscout::device_span<const In>(dk.data(), tok),
+                              kvscout::device_span<const In>(dv.data(), tok),
+                              {nullptr, status.data()});
   }
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   const std::string name = "kivi k" + std::to_string(L::key_bits) + "v" +
@@ -119,9 +119,9 @@ void kivi_rejects() {
   device_vector<int> status(1);
   clear_status(status);
   const auto before = kr.download();
-  kvscout::kivi_append_device(l, b, dlens.data(), kvscout::device_span<float>(dk.data(), k.size()),
-                              kvscout::device_span<float>(dv.data(), v.size()),
-                              {nullptr, status.data()});
+  kvscout::kivi_append_cuda(l, b, dlens.data(), kvscout::device_span<float>(dk.data(), k.size()),
+                            kvscout::device_span<float>(dv.data(), v.size()),
+                            {nullptr, status.data()});
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   GPU_CHECK(dlens.download() == lens);
   GPU_CHECK(kr.download() == before);
@@ -151,12 +151,12 @@ void generic_case(const std::string& name, const L& host_l, const L& dev_l, std:
   device_vector<int32_t> dpos(positions ? *positions : std::vector<int32_t>{0});
   device_vector<int> status(1);
   clear_status(status);
-  kvscout::append_token_device(dev_l, kvscout::device_span<std::byte>(k.device_data(), bytes),
-                               kvscout::device_span<std::byte>(v.data(), bytes),
-                               kvscout::device_span<In>(dk.data(), tok),  // non-const spans
-                               kvscout::device_span<In>(dv.data(), tok),  // deduce too
-                               positions ? dpos.data() : nullptr, scales,
-                               {nullptr, status.data()});
+  kvscout::append_token_cuda(dev_l, kvscout::device_span<std::byte>(k.device_data(), bytes),
+                             kvscout::device_span<std::byte>(v.data(), bytes),
+                             kvscout::device_span<In>(dk.data(), tok),  // non-const spans
+                             kvscout::device_span<In>(dv.data(), tok),  // deduce too
+                             positions ? dpos.data() : nullptr, scales,
+                             {nullptr, status.data()});
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<std::byte> want_k = init, want_v = init;
   for (int s = 0; s < S; ++s) {

@@ -1,8 +1,8 @@
 // Device decode attention (attention/decode.cuh) against decode_attention_host: sparse over
 // gathered rows (fp16 / bf16 / fp32; head_dim 64 / 128 / 256; GQA groups 1, 4 and 12, the last
 // spanning two blocks), with and without the current token, empty row sets; KIVI-2 / KIVI-4
-// records dequantised on the fly plus the residual window (vs kivi_gathered_rows); the dense
-// anchor over a device layout (vs layout_rows); the status word on a bad KIVI index and on
+// records dequantised on the fly plus the residual window (vs kivi_gathered_rows_host); the dense
+// anchor over a device layout (vs layout_rows_host); the status word on a bad KIVI index and on
 // misaligned rows; q and out in half / bfloat16.
 // Tolerance |a - b| <= 2e-5 + 2e-4 |b| (fp32 accumulation in a different order); the worst
 // element is printed.
@@ -29,11 +29,11 @@ namespace rows_concept {
 
 // The concept names all the kernel calls: the library's row sources model it, and a source that
 // lacks one of the device calls, or returns the wrong thing from one, does not.
-static_assert(kvscout::device_attention_rows<kvscout::gathered_rows_device<half, 128>>);
-static_assert(kvscout::device_attention_rows<
-              kvscout::layout_rows_device<kvscout::contiguous_layout<half, 64, kvscout::hnd>>>);
-static_assert(kvscout::device_attention_rows<
-              kvscout::kivi_gathered_rows_device<kvscout::kivi_layout<half, 128, 2>>>);
+static_assert(kvscout::attention_rows_cuda<kvscout::gathered_rows_cuda<half, 128>>);
+static_assert(kvscout::attention_rows_cuda<
+              kvscout::layout_rows_cuda<kvscout::contiguous_layout<half, 64, kvscout::hnd>>>);
+static_assert(kvscout::attention_rows_cuda<
+              kvscout::kivi_gathered_rows_cuda<kvscout::kivi_layout<half, 128, 2>>>);
 struct rows_without_load_v {
   using element_type = half;
   static constexpr int head_dim = 64;
@@ -53,10 +53,10 @@ struct complete_rows : rows_without_load_v {
   template <int E>
   void load_v(int, int, int, int, float (&)[E]) const {}
 };
-static_assert(kvscout::device_attention_rows<complete_rows>);
-static_assert(!kvscout::device_attention_rows<rows_without_load_v>);
-static_assert(!kvscout::device_attention_rows<rows_with_void_load_k>);
-static_assert(!kvscout::device_attention_rows<int>);
+static_assert(kvscout::attention_rows_cuda<complete_rows>);
+static_assert(!kvscout::attention_rows_cuda<rows_without_load_v>);
+static_assert(!kvscout::attention_rows_cuda<rows_with_void_load_k>);
+static_assert(!kvscout::attention_rows_cuda<int>);
 
 }  // namespace rows_concept
 
@@ -76,22 +76,22 @@ constexpr split_mode split_modes[] = {
     {"splits of 1 row", 4096, 1}};
 const split_mode* g_split = &split_modes[0];
 
-template <kvscout::device_attention_rows Rows, kvscout::kv_element T, class QSpan = const float,
+template <kvscout::attention_rows_cuda Rows, kvscout::kv_element T, class QSpan = const float,
           class O = float>
-void attend(const Rows& rows, const kvscout::device_current_token<T>& cur,
+void attend(const Rows& rows, const kvscout::current_token<T, kvscout::device_space>& cur,
             kvscout::device_span<QSpan> q, kvscout::device_span<O> out,
             const kvscout::attention_params& p, int* status = nullptr) {
   if (g_split->max_rows == 0) {
-    kvscout::decode_attention_device(rows, cur, q, out, p, {nullptr, status});
+    kvscout::decode_attention_cuda(rows, cur, q, out, p, {nullptr, status});
     return;
   }
-  const auto plan = kvscout::plan_decode_attention_device(
+  const auto plan = kvscout::plan_decode_attention_cuda(
       {.num_seqs = rows.num_seqs(), .num_kv_heads = rows.num_kv_heads(),
        .num_q_heads = p.num_q_heads, .head_dim = Rows::head_dim, .max_rows = g_split->max_rows,
        .num_sms = 132, .min_rows_per_split = g_split->min_rows_per_split});
   device_vector<std::byte> ws(plan.workspace_bytes());  // poisoned: unwritten partials show
-  kvscout::decode_attention_device(rows, cur, q, out, p, plan, {ws.data(), plan.workspace_bytes()},
-                                   {nullptr, status});
+  kvscout::decode_attention_cuda(rows, cur, q, out, p, plan, {ws.data(), plan.workspace_bytes()},
+                                 {nullptr, status});
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -141,7 +141,7 @@ void gathered_case(int S, int H, int g, bool with_current, double density, std::
                                     .v_scale = v_scale};
 
   std::vector<float> want(q.size(), -1.f);
-  kvscout::gathered_rows<T, D> rows(sel.view(), {k.data(), k.size()}, {v.data(), v.size()});
+  kvscout::gathered_rows_host<T, D> rows(sel.view(), {k.data(), k.size()}, {v.data(), v.size()});
   kvscout::current_token<T> cur{};
   if (with_current) cur = {{ck.data(), ck.size()}, {cv.data(), cv.size()}};
   kvscout::decode_attention_host(rows, cur, {q.data(), q.size()}, {want.data(), want.size()}, p);
@@ -151,9 +151,9 @@ void gathered_case(int S, int H, int g, bool with_current, double density, std::
   device_vector<float> dq(q), dout(q.size());
   device_vector<int> status(1);
   clear_status(status);
-  kvscout::gathered_rows_device<T, D> drows(dsel.view(), {dk.data(), dk.size()},
-                                            {dv.data(), dv.size()});
-  kvscout::device_current_token<T> dcur{};
+  kvscout::gathered_rows_cuda<T, D> drows(dsel.view(), {dk.data(), dk.size()},
+                                          {dv.data(), dv.size()});
+  kvscout::current_token<T, kvscout::device_space> dcur{};
   if (with_current) dcur = {{dck.data(), dck.size()}, {dcv.data(), dcv.size()}};
   attend(drows, dcur, {dq.data(), dq.size()}, {dout.data(), dout.size()}, p, status.data());
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -184,16 +184,16 @@ void typed_q_out_case(std::uint32_t seed) {
   }
   const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
   std::vector<float> want(q.size());
-  kvscout::gathered_rows<T, D> rows(sel.view(), {k.data(), k.size()}, {v.data(), v.size()});
+  kvscout::gathered_rows_host<T, D> rows(sel.view(), {k.data(), k.size()}, {v.data(), v.size()});
   kvscout::decode_attention_host(rows, kvscout::current_token<T>{}, {q_read.data(), q_read.size()},
                                  {want.data(), want.size()}, p);
   device_selection dsel(sel);
   device_vector<T> dk(k), dv(v);
   device_vector<Q> dq(q);
   device_vector<O> dout(std::vector<O>(q.size(), kvscout::from_float<O>(-7.f)));  // poisoned
-  kvscout::gathered_rows_device<T, D> drows(dsel.view(), {dk.data(), dk.size()},
-                                            {dv.data(), dv.size()});
-  attend(drows, kvscout::device_current_token<T>{},
+  kvscout::gathered_rows_cuda<T, D> drows(dsel.view(), {dk.data(), dk.size()},
+                                          {dv.data(), dv.size()});
+  attend(drows, kvscout::current_token<T, kvscout::device_space>{},
                                    kvscout::device_span<const Q>(dq.data(), dq.size()),
                                    kvscout::device_span<O>(dout.data(), dout.size()), p);
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -240,10 +240,10 @@ void kivi_case(double density, std::uint32_t seed, bool corrupt = false) {
   auto q = random_floats(3ull * Hq * D, seed + 5);
   const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
   std::vector<float> want(q.size());
-  kvscout::kivi_gathered_rows<L> rows(cache.layout, sel.view(),
-                                      kvscout::host_span<const std::byte>(gkp, slots * kb),
-                                      kvscout::host_span<const std::byte>(gvp, slots * vb),
-                                      view.resident);
+  kvscout::kivi_gathered_rows_host<L> rows(cache.layout, sel.view(),
+                                           kvscout::host_span<const std::byte>(gkp, slots * kb),
+                                           kvscout::host_span<const std::byte>(gvp, slots * vb),
+                                           view.resident);
   kvscout::decode_attention_host(rows, kvscout::current_token<T>{{ck.data(), ck.size()}, {cv.data(), cv.size()}},
                                  {q.data(), q.size()}, {want.data(), want.size()}, p);
 
@@ -267,10 +267,10 @@ void kivi_case(double density, std::uint32_t seed, bool corrupt = false) {
   device_vector<float> dq(q), dout(q.size());
   device_vector<int> status(1);
   clear_status(status);
-  kvscout::kivi_gathered_rows_device<L> drows(
+  kvscout::kivi_gathered_rows_cuda<L> drows(
       dl, dsel.view(), {{dgk.data(), dgk.bytes()}, {dgv.data(), dgv.bytes()}},
       {{dkp.data(), dkp.bytes()}, {dkr.data(), dkr.bytes()}, {dvr.data(), dvr.bytes()}});
-  attend(drows, kvscout::device_current_token<T>{{dck.data(), dck.size()}, {dcv.data(), dcv.size()}},
+  attend(drows, kvscout::current_token<T, kvscout::device_space>{{dck.data(), dck.size()}, {dcv.data(), dcv.size()}},
                                    {dq.data(), dq.size()}, {dout.data(), dout.size()}, p,
                                    status.data());
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -301,18 +301,18 @@ void dense_case(std::uint32_t seed) {
   auto q = random_floats(2ull * Hq * D, seed + 2);
   const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
   std::vector<float> want(q.size());
-  kvscout::layout_rows<L> rows({hl, kvscout::as_bytes(kvscout::host_span<const T>(k.data(), n)),
-                                kvscout::as_bytes(kvscout::host_span<const T>(v.data(), n))});
+  kvscout::layout_rows_host<L> rows({hl, kvscout::as_bytes(kvscout::host_span<const T>(k.data(), n)),
+                                     kvscout::as_bytes(kvscout::host_span<const T>(v.data(), n))});
   kvscout::decode_attention_host(rows, kvscout::current_token<T>{}, {q.data(), q.size()},
                                  {want.data(), want.size()}, p);
   device_vector<int32_t> dlens(lens);
   const L dl = L::padded(H, cap, dlens.data(), 2);
   device_vector<T> dk(k), dv(v);
   device_vector<float> dq(q), dout(q.size());
-  kvscout::layout_rows_device<L> drows(
+  kvscout::layout_rows_cuda<L> drows(
       {dl, {reinterpret_cast<const std::byte*>(dk.data()), dk.bytes()},
        {reinterpret_cast<const std::byte*>(dv.data()), dv.bytes()}});
-  attend(drows, kvscout::device_current_token<T>{}, {dq.data(), dq.size()},
+  attend(drows, kvscout::current_token<T, kvscout::device_space>{}, {dq.data(), dq.size()},
                                    {dout.data(), dout.size()}, p);
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   compare(std::string("dense ") + std::string(kvscout::dtype_traits<T>::name) + "/d" + std::to_string(D),
@@ -350,11 +350,11 @@ void dense_misaligned_case() {
   device_vector<float> dq(q), dout(q.size());
   device_vector<int> status(1);
   clear_status(status);
-  kvscout::layout_rows_device<L> drows(
+  kvscout::layout_rows_cuda<L> drows(
       {dl, {reinterpret_cast<const std::byte*>(dk.data()), dk.bytes()},
        {reinterpret_cast<const std::byte*>(dv.data()), dv.bytes()}});
   const kvscout::attention_params p{.num_q_heads = Hq, .scale = 1.f / std::sqrt(float(D))};
-  attend(drows, kvscout::device_current_token<T>{},
+  attend(drows, kvscout::current_token<T, kvscout::device_space>{},
                                    {dq.data(), dq.size()}, {dout.data(), dout.size()}, p,
                                    status.data());
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());

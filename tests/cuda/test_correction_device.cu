@@ -1,5 +1,5 @@
 // The correction step on the device (issue 32, part 1):
-//   infinigen_speculator_cuda::score_query against infinigen_policy::score_query (the host
+//   infinigen_policy_cuda::score_query against infinigen_policy_host::score_query (the host
 //   reference), both RoPE modes that allow it, float and fp16 partial keys, group sizes 1 and 3,
 //   sequences of several lengths and continuous-batching seq_ids;
 //   correction_selector_cuda against correction_selector_host: the same indices and counts, on
@@ -21,8 +21,8 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/select/correction.cuh"
 #include "kvscout/select/correction.hpp"
-#include "kvscout/spec/infinigen.cuh"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.cuh"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 
@@ -80,13 +80,13 @@ void score_query_case(rope_mode mode, int g, std::uint32_t seed,
   kvscout::infinigen_config hc{1, S, H, Hq, D, dm, max_tokens, scale,
                                kvscout::gqa_aggregation::max_logit};
   hc.query_aggregation = late;
-  auto host_ws = kvscout::make_workspace<kvscout::infinigen_policy<PkT>>(hc);
-  kvscout::infinigen_policy<PkT> host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{}},
+  auto host_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(hc);
+  kvscout::infinigen_policy_host<PkT> host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{}},
                                       host_ws.span());
   kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, mode, scale,
                                     kvscout::gqa_aggregation::max_logit};
   dc.query_aggregation = late;  // the late ranking's own (sum_prob), the speculation's max_logit
-  using spec = kvscout::infinigen_speculator_cuda<PkT>;
+  using spec = kvscout::infinigen_policy_cuda<PkT>;
   auto ws = kvscout::make_device_workspace<spec>(dc);
   spec dev(dc, plans, {w_q.data(), w_q.size()}, {}, ws.span());
   // Keys after RoPE, the same to both.
@@ -114,7 +114,7 @@ void score_query_case(rope_mode mode, int g, std::uint32_t seed,
   gpu_test::device_vector<float> dq(q), out(want.size());
   gpu_test::device_vector<std::int32_t> dl(blens), di(ids);
   gpu_test::device_vector<int> status(std::vector<int>{0});
-  const kvscout::device_spec_context ctx{{}, {}, {dl.data(), 3}, lens[0], {di.data(), 3}};
+  const kvscout::score_context<kvscout::device_space> ctx{{}, {}, {dl.data(), 3}, lens[0], {di.data(), 3}};
   dev.score_query({dq.data(), dq.size()}, ctx, {{out.data(), out.size()}, S, H, stride},
                   {nullptr, status.data()});
   const std::vector<float> got = out.download();
@@ -154,12 +154,12 @@ void score_query_refused(rope_mode mode, std::size_t q_len, const char* needle) 
   plans[0].mode = mode;
   std::vector<float> w_q(static_cast<std::size_t>(D) * dm, 0.01f);
   const kvscout::infinigen_cuda_config dc{1, H, H, D, dm, 16, r, mode, 0.125f};
-  using spec = kvscout::infinigen_speculator_cuda<float>;
+  using spec = kvscout::infinigen_policy_cuda<float>;
   auto ws = kvscout::make_device_workspace<spec>(dc);
   spec dev(dc, plans, {w_q.data(), w_q.size()}, {}, ws.span());
   gpu_test::device_vector<float> q(static_cast<std::size_t>(D)), out(16);
   gpu_test::device_vector<std::int32_t> lens(std::vector<std::int32_t>{4});
-  const kvscout::device_spec_context ctx{{}, {}, {lens.data(), 1}, 4};
+  const kvscout::score_context<kvscout::device_space> ctx{{}, {}, {lens.data(), 1}, 4};
   GPU_CHECK(gpu_test::throws_with(
       [&] { dev.score_query({q.data(), q_len}, ctx, {{out.data(), out.size()}, 1, H, 16}, {}); },
       needle));

@@ -2,12 +2,12 @@
 // one decode step through cuda_decode_pipeline with InfiniGen speculation + top-k on the side
 // stream, the zero-copy fetch on the copy stream, and on the compute stream, after wait_rows(i),
 // correct(i): score_query of layer i's own query, correction_selector_cuda against the slot's
-// selection, the fetch of the added rows; then attention over joined_rows_device of both sets.
+// selection, the fetch of the added rows; then attention over joined_rows_cuda of both sets.
 // Checked layer by layer against the host:
 //   - the added rows equal correction_selector_host over the host's late scores
-//     (infinigen_policy::score_query) and the device's speculated selection, except for tokens
+//     (infinigen_policy_host::score_query) and the device's speculated selection, except for tokens
 //     whose host late scores tie within float rounding; none is a speculated row;
-//   - the attention output equals decode_attention_host over joined_rows of the speculated and
+//   - the attention output equals decode_attention_host over joined_rows_host of the speculated and
 //     added rows the host gathers from the cache;
 //   - the step captured in a CUDA graph gives the same bits; with the row cache, too;
 //   - stages without correction parts, or with bad ones, are refused by name;
@@ -40,7 +40,7 @@
 #include "kvscout/select/correction.cuh"
 #include "kvscout/select/correction.hpp"
 #include "kvscout/select/topk.cuh"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 
@@ -61,14 +61,14 @@ struct world : gpu_test::pipeline_world<shape> {
 using speculators = gpu_test::pipeline_speculators<world>;
 using gpu_test::dspan;
 
-// The host's late scores of layer l: infinigen_policy::score_query on layer l's query.
+// The host's late scores of layer l: infinigen_policy_host::score_query on layer l's query.
 std::vector<float> host_late_scores(const world& w, int l) {
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int i = 0; i < L; ++i) wq.push_back({w.w_q[i].data(), w.w_q[i].size()});
   const kvscout::infinigen_config pc{L, S, H, Hq, D, dm, max_tokens, scale,
                                     kvscout::gqa_aggregation::max_logit};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<float>>(pc);
-  kvscout::infinigen_policy<float> policy(pc, w.plans, wq, bq, pws.span());
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
+  kvscout::infinigen_policy_host<float> policy(pc, w.plans, wq, bq, pws.span());
   for (int s = 0; s < S; ++s)
     for (int t = 0; t < w.lens_init[s]; ++t) {
       const auto kr = w.key_row(l, s, t);
@@ -172,7 +172,7 @@ void corrected_step_matches_host() {
   const correction_t correction{&corr, &corr_fetch, {{late.data(), late.size()}, S, H, max_tokens},
                                 {store.make(extra), store.make(extra)}};
   gpu_test::device_vector<unsigned long long> hits(std::vector<unsigned long long>{0});
-  const kvscout::device_score_buffer score_buf{{scores.data(), scores.size()}, S, H, max_tokens};
+  const kvscout::score_buffer<kvscout::device_space> score_buf{{scores.data(), scores.size()}, S, H, max_tokens};
   const kvscout::cuda_stage_lengths lengths{dspan<const int32_t>(positions), dspan<const int32_t>(dev_lens), max_tokens};
   const std::array<kvscout::device_span<const float>, 2> x_in{dspan<const float>(x_slot0), dspan<const float>(x_slot1)};
   stages_t stages(specs.per_layer, selector, fetch, sources, score_buf, lengths, x_in, slot_sets,
@@ -204,11 +204,11 @@ void corrected_step_matches_host() {
       st.correct(i, p.slot(i), q, {compute, status.data()});
       const kvscout::cuda_stage_buffers& spec = st.buffers(i, p.slot(i));
       const kvscout::cuda_stage_buffers& add = st.added(i, p.slot(i));
-      const kvscout::joined_rows_device rows(
-          kvscout::gathered_rows_device<half, D>(spec.selection.view(), spec.rows),
-          kvscout::gathered_rows_device<half, D>(add.selection.view(), add.rows));
-      kvscout::decode_attention_device(
-          rows, kvscout::device_current_token<half>{{kc_all.data() + i * cn, cn}, {vc_all.data() + i * cn, cn}},
+      const kvscout::joined_rows_cuda rows(
+          kvscout::gathered_rows_cuda<half, D>(spec.selection.view(), spec.rows),
+          kvscout::gathered_rows_cuda<half, D>(add.selection.view(), add.rows));
+      kvscout::decode_attention_cuda(
+          rows, kvscout::current_token<half, kvscout::device_space>{{kc_all.data() + i * cn, cn}, {vc_all.data() + i * cn, cn}},
           q, kvscout::device_span<float>{out_all.data() + i * qn, qn}, {Hq, scale}, {compute, status.data()});
       const auto copy_rec = [&](int32_t* dst, const int32_t* src, std::size_t n) {
         KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyDeviceToDevice, compute));
@@ -275,9 +275,9 @@ void corrected_step_matches_host() {
     const kvscout::selection_view<kvscout::host_space> add_v{{ad_i.data(), ad_i.size()}, {ad_c.data(), ad_c.size()}, S, H, extra};
     const auto gs = gpu_test::host_gather_rows(w.host_layout, w.k[l]->data(), w.v[l]->data(), w.cache_bytes, spec_v);
     const auto ga = gpu_test::host_gather_rows(w.host_layout, w.k[l]->data(), w.v[l]->data(), w.cache_bytes, add_v);
-    const kvscout::gathered_rows<half, D> rs(spec_v, {gs.k.data(), gs.k.size()}, {gs.v.data(), gs.v.size()});
-    const kvscout::gathered_rows<half, D> ra(add_v, {ga.k.data(), ga.k.size()}, {ga.v.data(), ga.v.size()});
-    const kvscout::joined_rows<decltype(rs), decltype(ra)> both(rs, ra);
+    const kvscout::gathered_rows_host<half, D> rs(spec_v, {gs.k.data(), gs.k.size()}, {gs.v.data(), gs.v.size()});
+    const kvscout::gathered_rows_host<half, D> ra(add_v, {ga.k.data(), ga.k.size()}, {ga.v.data(), ga.v.size()});
+    const kvscout::joined_rows_host<decltype(rs), decltype(ra)> both(rs, ra);
     std::vector<float> ref(qn);
     kvscout::decode_attention_host(both, kvscout::current_token<half>{{&w.k_cur[l * cn], cn}, {&w.v_cur[l * cn], cn}},
                                    {&w.q[l * qn], qn}, {ref.data(), ref.size()}, {Hq, scale});
@@ -406,9 +406,9 @@ void corrected_step_matches_host() {
       correction.sets[0].selection.indices, correction.sets[0].selection.counts, 1, H, extra};
   GPU_CHECK(gpu_test::throws_with(
       [&] {
-        (void)kvscout::joined_rows_device(
-            kvscout::gathered_rows_device<half, D>(slot_sets[0].selection.view(), slot_sets[0].rows),
-            kvscout::gathered_rows_device<half, D>(other, correction.sets[0].rows));
+        (void)kvscout::joined_rows_cuda(
+            kvscout::gathered_rows_cuda<half, D>(slot_sets[0].selection.view(), slot_sets[0].rows),
+            kvscout::gathered_rows_cuda<half, D>(other, correction.sets[0].rows));
       },
       "joined rows of shapes"));
   KVSCOUT_CUDA_CHECK_NO_THROW(cudaStreamDestroy(compute));

@@ -2,7 +2,7 @@
 // device speculation + top-k on the side stream, zero-copy fetch from mapped host caches on the
 // copy stream, sparse attention on the compute stream, overlapped, then the same step captured in
 // a CUDA graph. Checked against the host backend layer by layer:
-//   - the device selection of every speculated layer equals the host's (infinigen_policy +
+//   - the device selection of every speculated layer equals the host's (infinigen_policy_host +
 //     topk_selector_host on the same inputs), except for tokens whose host score ties the cut
 //     within float rounding;
 //   - the device attention output equals decode_attention_host over the rows the host gathers for
@@ -32,7 +32,7 @@
 #include "kvscout/pipeline/cuda_stages.cuh"
 #include "kvscout/select/topk.cuh"
 #include "kvscout/select/topk.hpp"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 
@@ -64,8 +64,8 @@ host_selection host_select(const world& w, int l) {
   for (int i = 0; i < L; ++i) wq.push_back({w.w_q[i].data(), w.w_q[i].size()});
   const kvscout::infinigen_config pc{L, S, H, Hq, D, dm, max_tokens, scale,
                                      kvscout::gqa_aggregation::max_logit};
-  auto policy_ws = kvscout::make_workspace<kvscout::infinigen_policy<float>>(pc);
-  kvscout::infinigen_policy<float> policy(pc, w.plans, wq, bq, policy_ws.span());
+  auto policy_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
+  kvscout::infinigen_policy_host<float> policy(pc, w.plans, wq, bq, policy_ws.span());
   for (int s = 0; s < S; ++s)
     for (int t = 0; t < w.lens_init[s]; ++t) {
       const auto kr = w.key_row(l, s, t);
@@ -138,7 +138,7 @@ void step_matches_host() {
   gpu_test::device_vector<unsigned long long> hits(1);
   KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
   using stages_t = kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda>;
-  const kvscout::device_score_buffer score_buf{{scores.data(), scores.size()}, S, H, max_tokens};
+  const kvscout::score_buffer<kvscout::device_space> score_buf{{scores.data(), scores.size()}, S, H, max_tokens};
   const kvscout::cuda_stage_lengths lengths{dspan<const int32_t>(positions), dspan<const int32_t>(dev_lens), max_tokens};
   const std::array<kvscout::device_span<const float>, 2> x_in{dspan<const float>(x_slot0), dspan<const float>(x_slot1)};
   stages_t slot_stages(spec_ptrs, selector, fetch, sources, score_buf, lengths, x_in, slot_sets);
@@ -168,10 +168,10 @@ void step_matches_host() {
       if (i < skip) continue;
       const kvscout::cuda_stage_buffers& buf = stages.buffers(i, pipe_t::slot(i));
       const auto sel = buf.selection.view();
-      const kvscout::gathered_rows_device<half, D> rows(sel, buf.rows);  // the executor's bytes
+      const kvscout::gathered_rows_cuda<half, D> rows(sel, buf.rows);  // the executor's bytes
       const std::size_t cur = static_cast<std::size_t>(i) * S * H * D;
-      kvscout::decode_attention_device(
-          rows, kvscout::device_current_token<half>{{kc_all.data() + cur, static_cast<std::size_t>(S) * H * D},
+      kvscout::decode_attention_cuda(
+          rows, kvscout::current_token<half, kvscout::device_space>{{kc_all.data() + cur, static_cast<std::size_t>(S) * H * D},
                                                     {vc_all.data() + cur, static_cast<std::size_t>(S) * H * D}},
           {q_all.data() + static_cast<std::size_t>(i) * S * Hq * D, static_cast<std::size_t>(S) * Hq * D},
           {out_all.data() + static_cast<std::size_t>(i) * S * Hq * D, static_cast<std::size_t>(S) * Hq * D},
@@ -240,7 +240,7 @@ void step_matches_host() {
     std::vector<int32_t> sel_i(li, li + slots_n), sel_c(lc, lc + S * H);
     const kvscout::selection_view<kvscout::host_space> hv{{sel_i.data(), sel_i.size()}, {sel_c.data(), sel_c.size()}, S, H, budget};
     const auto [gk, gv] = gpu_test::host_gather_rows(w.host_layout, w.k[l]->data(), w.v[l]->data(), cache_bytes, hv);
-    const kvscout::gathered_rows<half, D> rows(hv, {gk.data(), gk.size()}, {gv.data(), gv.size()});
+    const kvscout::gathered_rows_host<half, D> rows(hv, {gk.data(), gk.size()}, {gv.data(), gv.size()});
     const std::size_t cur = static_cast<std::size_t>(l) * S * H * D, qo = static_cast<std::size_t>(l) * S * Hq * D;
     std::vector<float> ref(static_cast<std::size_t>(S) * Hq * D);
     kvscout::decode_attention_host(rows, kvscout::current_token<half>{{&w.k_cur[cur], static_cast<std::size_t>(S) * H * D},

@@ -4,7 +4,7 @@
 // that layer's attention read, all recorded on the device during the step):
 //   kvscout, kvscout_row_cache, infinigen: decode_attention_host over the selected rows gathered
 //     from the host cache (so a fetch of the wrong layer, slot or rows, or a missing wait, fails);
-//   kvscout_corrected: the same over joined_rows of the speculated and the added rows, the added
+//   kvscout_corrected: the same over joined_rows_host of the speculated and the added rows, the added
 //     ones distinct, inside the sequence, none speculated, min(extra, unspeculated) of them;
 //   flexgen, resident: decode_attention_host over the whole host cache.
 // Also: the GEMM wrapper against an fp64 host product (both transposes), the selections (counts,
@@ -45,7 +45,7 @@ decode_step::stack_config small_config() {
   return c;
 }
 
-// Rows of a selection gathered from a host cache, for gathered_rows<half, D>.
+// Rows of a selection gathered from a host cache, for gathered_rows_host<half, D>.
 template <class L>
 struct host_gathered {
   std::vector<half> k, v;
@@ -105,11 +105,11 @@ double check_layer(const decode_step::decode_stack<L>& st, int l, bool sparse, c
       const kvscout::kivi_resident_view<kvscout::host_space> hres{
           {kp.data(), kp.size()}, {kr.data(), kr.size()}, {vr.data(), vr.size()}};
       kvscout::decode_attention_host(
-          kvscout::kivi_gathered_rows<L>(cache.layout, sel, {gk.data(), gk.size()}, {gv.data(), gv.size()}, hres),
+          kvscout::kivi_gathered_rows_host<L>(cache.layout, sel, {gk.data(), gk.size()}, {gv.data(), gv.size()}, hres),
           cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
     } else if (!corrected) {
       kvscout::decode_attention_host(
-          kvscout::gathered_rows<half, HD>(sel, {reinterpret_cast<const half*>(gk.data()), gk.size() / 2},
+          kvscout::gathered_rows_host<half, HD>(sel, {reinterpret_cast<const half*>(gk.data()), gk.size() / 2},
                                           {reinterpret_cast<const half*>(gv.data()), gv.size() / 2}),
           cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
     } else {
@@ -139,16 +139,16 @@ double check_layer(const decode_step::decode_stack<L>& st, int l, bool sparse, c
         }
       const kvscout::selection_view<kvscout::host_space> added{
           {rec.add_idx.data(), rec.add_idx.size()}, {rec.add_cnt.data(), rec.add_cnt.size()}, S, H, xc};
-      const kvscout::gathered_rows<half, HD> spec_rows(
+      const kvscout::gathered_rows_host<half, HD> spec_rows(
           sel, {reinterpret_cast<const half*>(gk.data()), gk.size() / 2},
           {reinterpret_cast<const half*>(gv.data()), gv.size() / 2});
-      const kvscout::gathered_rows<half, HD> add_rows(added, {ak.data(), ak.size()}, {av.data(), av.size()});
-      kvscout::decode_attention_host(kvscout::joined_rows<kvscout::gathered_rows<half, HD>,
-                                                          kvscout::gathered_rows<half, HD>>(spec_rows, add_rows),
+      const kvscout::gathered_rows_host<half, HD> add_rows(added, {ak.data(), ak.size()}, {av.data(), av.size()});
+      kvscout::decode_attention_host(kvscout::joined_rows_host<kvscout::gathered_rows_host<half, HD>,
+                                                          kvscout::gathered_rows_host<half, HD>>(spec_rows, add_rows),
                                      cur, {rec.q.data(), rec.q.size()}, {want.data(), want.size()}, p);
     }
   } else if constexpr (!kvscout::kivi_quantized_layout<L>) {
-    kvscout::decode_attention_host(kvscout::layout_rows<L>(cache), cur, {rec.q.data(), rec.q.size()},
+    kvscout::decode_attention_host(kvscout::layout_rows_host<L>(cache), cur, {rec.q.data(), rec.q.size()},
                                    {want.data(), want.size()}, p);
   }
   double worst = 0, scale = 0;

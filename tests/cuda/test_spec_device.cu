@@ -1,4 +1,4 @@
-// spec/ on the device: infinigen_speculator_cuda against the host infinigen_policy, on seeded
+// score/ on the device: infinigen_policy_cuda against infinigen_policy_host, on seeded
 // random plans, weights, keys and inputs (never zeros), for every rope mode, every GQA
 // aggregation, fp16 and float partial keys, head_dim 64 and 128, group sizes 1, 3 and 12 (the
 // generic kernels), 4 and 8, several sequences of different lengths (0, 1, a partial tile, several blocks)
@@ -34,15 +34,15 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/core/device_status.hpp"
 #include "kvscout/core/configured.hpp"
-#include "kvscout/spec/infinigen.cuh"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.cuh"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 
 using kvscout::gqa_aggregation;
 using kvscout::rope_mode;
 
-static_assert(kvscout::configured<kvscout::infinigen_speculator_cuda<float>>);
+static_assert(kvscout::configured<kvscout::infinigen_policy_cuda<float>>);
 
 struct shape {
   int H, g, D, r, d_model;
@@ -129,14 +129,14 @@ void run_case(const shape& sh, std::uint32_t seed) {
   for (int s = 0; s < S; ++s) positions[s] = lens[s] + 3 * s;
 
   // Host reference.
-  using policy = kvscout::infinigen_policy<PkT, WT>;
+  using policy = kvscout::infinigen_policy_host<PkT, WT>;
   typename policy::config hc{1, S, H, Hq, D, dm, max_tokens, scale, sh.agg};
   auto host_ws = kvscout::make_workspace<policy>(hc);
   policy host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{b_q.data(), b_q.size()}}, host_ws.span());
 
   // Device.
   kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, sh.mode, scale, sh.agg};
-  using spec = kvscout::infinigen_speculator_cuda<PkT, WT>;
+  using spec = kvscout::infinigen_policy_cuda<PkT, WT>;
   const std::size_t ws_bytes = spec::workspace_bytes(dc);
   gpu_test::device_vector<std::byte> ws(ws_bytes);
   spec dev(dc, plans, {w_q.data(), w_q.size()}, {b_q.data(), b_q.size()}, {ws.data(), ws_bytes});
@@ -348,7 +348,7 @@ void bad_input_throws() {
   std::vector<float> w_q(4 * 64 * 64, 0.01f), b_q;
   kvscout::infinigen_cuda_config cfg{1, 2, 4, 64, 64, 100, 16, rope_mode::post_rope_skew, 0.125f,
                                      gqa_aggregation::max_logit};
-  using spec = kvscout::infinigen_speculator_cuda<float>;
+  using spec = kvscout::infinigen_policy_cuda<float>;
   const std::size_t bytes = spec::workspace_bytes(cfg);
   gpu_test::device_vector<std::byte> ws(bytes);
   const kvscout::device_span<std::byte> wsp(ws.data(), bytes);
@@ -362,9 +362,9 @@ void bad_input_throws() {
   spec s(cfg, plans, {w_q.data(), w_q.size()}, {}, wsp);
   gpu_test::device_vector<float> x(64), out(2 * 50);
   gpu_test::device_vector<std::int32_t> pos(1), lens(1);
-  const kvscout::device_spec_context ctx{{x.data(), 64}, {pos.data(), 1}, {lens.data(), 1}, 101};
+  const kvscout::score_context<kvscout::device_space> ctx{{x.data(), 64}, {pos.data(), 1}, {lens.data(), 1}, 101};
   GPU_CHECK(throws_with([&] { s.score(ctx, {{out.data(), out.size()}, 1, 2, 50}, {}); }, "max_seq_len = 101"));
-  const kvscout::device_spec_context ok{{x.data(), 64}, {pos.data(), 1}, {lens.data(), 1}, 50};
+  const kvscout::score_context<kvscout::device_space> ok{{x.data(), 64}, {pos.data(), 1}, {lens.data(), 1}, 50};
   GPU_CHECK(throws_with([&] { s.score(ok, {{out.data(), out.size()}, 1, 3, 50}, {}); }, "has 3 kv heads"));
   GPU_CHECK(throws_with([&] { s.score(ok, {{out.data(), 60}, 1, 2, 50}, {}); }, "holds 60"));
 }
@@ -399,7 +399,7 @@ void weights_in_the_model_dtype() {
       w16[i] = kvscout::from_float<kvscout::bfloat16>(u.w_q[i]);
       w_rounded[i] = kvscout::to_float(w16[i]);
     }
-    using spec = kvscout::infinigen_speculator_cuda<float, kvscout::bfloat16>;
+    using spec = kvscout::infinigen_policy_cuda<float, kvscout::bfloat16>;
     gpu_test::device_vector<std::byte> ws_a(spec::workspace_bytes(u.cfg)),
         ws_b(spec::workspace_bytes(u.cfg));
     spec a(u.cfg, u.plans, kvscout::host_span<const kvscout::bfloat16>(w16.data(), w16.size()), {},
@@ -439,7 +439,7 @@ void lengths_on_device_are_clamped() {
   std::mt19937 rng(11);
   const small_setup u = small_speculator(rope_mode::rope_planes, 0.1f, rng);
   std::normal_distribution<float> nd(0.f, 0.1f);
-  using spec = kvscout::infinigen_speculator_cuda<float>;
+  using spec = kvscout::infinigen_policy_cuda<float>;
   gpu_test::device_vector<std::byte> ws(spec::workspace_bytes(u.cfg));
   spec s(u.cfg, u.plans, {u.w_q.data(), u.w_q.size()}, {}, {ws.data(), ws.size()});
   std::vector<float> keys(64 * 64);
@@ -521,7 +521,7 @@ void seq_ids_name_the_sequences() {
     small_setup u = small_speculator(rope_mode::post_rope_skew, 0.1f, rng);
     u.cfg.num_seqs = 3;
     u.cfg.aggregation = agg;
-    using spec = kvscout::infinigen_speculator_cuda<float>;
+    using spec = kvscout::infinigen_policy_cuda<float>;
     gpu_test::device_vector<std::byte> ws(spec::workspace_bytes(u.cfg));
     spec sp(u.cfg, u.plans, {u.w_q.data(), u.w_q.size()}, {}, {ws.data(), ws.size()});
     const std::vector<std::int32_t> lens{30, 12, 50}, pos{31, 12, 900};
@@ -591,7 +591,7 @@ void typed_keys_match_float(rope_mode mode) {
   std::mt19937 rng(12);
   const small_setup u = small_speculator(mode, 0.5f, rng);
   std::normal_distribution<float> nd(0.f, 0.5f);
-  using spec = kvscout::infinigen_speculator_cuda<float>;
+  using spec = kvscout::infinigen_policy_cuda<float>;
   gpu_test::device_vector<std::byte> ws_a(spec::workspace_bytes(u.cfg)), ws_b(ws_a.size());
   spec a(u.cfg, u.plans, {u.w_q.data(), u.w_q.size()}, {}, {ws_a.data(), ws_a.size()});
   spec b(u.cfg, u.plans, {u.w_q.data(), u.w_q.size()}, {}, {ws_b.data(), ws_b.size()});

@@ -1,6 +1,6 @@
-// streaming_policy_cuda (spec/streaming.cuh) and a policy other than InfiniGen in the CUDA
+// streaming_policy_cuda (score/streaming.cuh) and a policy other than InfiniGen in the CUDA
 // pipeline's stages (cuda_speculation_stages, pipeline/cuda_stages.cuh):
-//   - its scores equal the host streaming_policy's bit for bit, lengths clamped on the device (and
+//   - its scores equal streaming_policy_host's bit for bit, lengths clamped on the device (and
 //     reported as device_status::bad_length) and
 //     nothing written past a row's length;
 //   - bad calls throw kvscout::error naming the bad value and leave the scores as they were;
@@ -27,8 +27,8 @@
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/pipeline/cuda_stages.cuh"
 #include "kvscout/select/topk.cuh"
-#include "kvscout/spec/streaming.cuh"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/streaming.cuh"
+#include "kvscout/score/streaming.hpp"
 
 namespace {
 
@@ -48,7 +48,7 @@ std::vector<float> host_scores(int H, int sinks, const std::vector<int32_t>& len
                                float fill) {
   const int S = static_cast<int>(lens.size());
   std::vector<float> out(static_cast<std::size_t>(S) * H * stride, fill);
-  kvscout::streaming_policy p({.num_kv_heads = H, .sinks = sinks});
+  kvscout::streaming_policy_host p({.num_kv_heads = H, .sinks = sinks});
   p.score(0, {.x = {}, .q = {}, .positions = {}, .seq_lens = {lens.data(), lens.size()}},
           {{out.data(), out.size()}, S, H, stride});
   return out;
@@ -124,9 +124,9 @@ void bad_input_throws() {
   gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
   gpu_test::device_vector<int32_t> dl(std::vector<int32_t>{40, 50});
   scores.poison();
-  const kvscout::device_spec_context ctx{{}, {}, dspan<const int32_t>(dl), 50};
-  const kvscout::device_score_buffer out{{scores.data(), scores.size()}, S, H, stride};
-  auto with = [&](kvscout::device_spec_context c, kvscout::device_score_buffer o) {
+  const kvscout::score_context<kvscout::device_space> ctx{{}, {}, dspan<const int32_t>(dl), 50};
+  const kvscout::score_buffer<kvscout::device_space> out{{scores.data(), scores.size()}, S, H, stride};
+  auto with = [&](kvscout::score_context<kvscout::device_space> c, kvscout::score_buffer<kvscout::device_space> o) {
     return [&p, c, o] { p.score(c, o, {}); };
   };
   GPU_CHECK(throws_with(with(ctx, {out.scores, S, 3, stride}), "score buffer has 3 kv heads, the config 2"));
@@ -151,13 +151,13 @@ using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;
 struct seq_id_spy : kvscout::streaming_policy_cuda {
   using kvscout::streaming_policy_cuda::streaming_policy_cuda;
   kvscout::device_span<const int32_t> seen{};
-  void score(const kvscout::device_spec_context& ctx, const kvscout::device_score_buffer& out,
+  void score(const kvscout::score_context<kvscout::device_space>& ctx, const kvscout::score_buffer<kvscout::device_space>& out,
              const kvscout::cuda_exec& exec) {
     seen = ctx.seq_ids;
     kvscout::streaming_policy_cuda::score(ctx, out, exec);
   }
 };
-static_assert(kvscout::device_speculation_policy<seq_id_spy>);
+static_assert(kvscout::speculation_policy_cuda<seq_id_spy>);
 
 // per_layer_budgets: layer 2 has its own selector, of budget 12 (capacity still `budget`): the
 // stages' per-layer selectors (cuda_stage_selectors).

@@ -109,15 +109,15 @@ double tolerance() {
 
 }  // namespace
 
-// layout_rows reads full-precision rows through a layout; a KIVI layout's rows are packed codes,
-// so it is refused at compile time (cache_rows_t picks kivi_layout_rows for it), as is the host
+// layout_rows_host reads full-precision rows through a layout; a KIVI layout's rows are packed codes,
+// so it is refused at compile time (cache_rows_t picks kivi_layout_rows_host for it), as is the host
 // pipeline over a KIVI cache.
 template <class L>
-concept has_layout_rows = requires { typename kvscout::layout_rows<L>; };
+concept has_layout_rows = requires { typename kvscout::layout_rows_host<L>; };
 static_assert(has_layout_rows<kvscout::contiguous_layout<float, 64, kvscout::hnd>>);
 static_assert(!has_layout_rows<kvscout::kivi_layout<kvscout::half, 64, 2>>);
 static_assert(std::is_same_v<kvscout::cache_rows_t<kvscout::kivi_layout<kvscout::half, 64, 2>>,
-                             kvscout::kivi_layout_rows<kvscout::kivi_layout<kvscout::half, 64, 2>>>);
+                             kvscout::kivi_layout_rows_host<kvscout::kivi_layout<kvscout::half, 64, 2>>>);
 
 TEMPLATE_TEST_CASE("dense decode attention matches the fp64 definition", "[attention]", float,
                    kvscout::half, kvscout::bfloat16, kvscout::fp8_e4m3, kvscout::fp8_e5m2) {
@@ -137,7 +137,7 @@ TEMPLATE_TEST_CASE("dense decode attention matches the fp64 definition", "[atten
       const int stride = f.cap + 1;
       std::vector<float> probs(static_cast<std::size_t>(f.S) * f.H * stride, -7.f);
       const auto cur = with_current ? f.current() : kvscout::current_token<TestType>{};
-      kvscout::decode_attention_host(kvscout::layout_rows(f.view()), cur, {f.q.data(), f.q.size()},
+      kvscout::decode_attention_host(kvscout::layout_rows_host(f.view()), cur, {f.q.data(), f.q.size()},
                                      {out.data(), out.size()}, {f.Hq, scale},
                                      {probs.data(), probs.size()}, stride);
       double worst = 0;
@@ -156,7 +156,7 @@ TEMPLATE_TEST_CASE("dense decode attention matches the fp64 definition", "[atten
         }
       // fp64 accumulation is as close as the inputs allow.
       std::vector<float> out64(f.q.size());
-      kvscout::decode_attention_host<double>(kvscout::layout_rows(f.view()), cur,
+      kvscout::decode_attention_host<double>(kvscout::layout_rows_host(f.view()), cur,
                                              {f.q.data(), f.q.size()}, {out64.data(), out64.size()},
                                              {f.Hq, scale});
       double worst64 = 0;
@@ -187,7 +187,7 @@ void check_head_dim() {
     const int stride = f.cap + 1;
     std::vector<float> out(f.q.size(), -7.f), probs(static_cast<std::size_t>(f.S) * f.H * stride);
     const auto cur = with_current ? f.current() : kvscout::current_token<T>{};
-    kvscout::decode_attention_host(kvscout::layout_rows(f.view()), cur, {f.q.data(), f.q.size()},
+    kvscout::decode_attention_host(kvscout::layout_rows_host(f.view()), cur, {f.q.data(), f.q.size()},
                                    {out.data(), out.size()}, {f.Hq, scale},
                                    {probs.data(), probs.size()}, stride);
     double worst = 0, worst_p = 0;
@@ -221,9 +221,9 @@ TEST_CASE("decode attention: an overflowing logit gives NaN, not a wrong value",
   for (int c = 0; c < f.D; ++c) f.q[c] = 1e10f;  // query head 0 (kv head 0)
   std::vector<float> out(f.q.size()), out64(f.q.size());
   const kvscout::attention_params p{f.Hq, 0.125f};
-  kvscout::decode_attention_host(kvscout::layout_rows(f.view()), {}, {f.q.data(), f.q.size()},
+  kvscout::decode_attention_host(kvscout::layout_rows_host(f.view()), {}, {f.q.data(), f.q.size()},
                                  {out.data(), out.size()}, p);
-  kvscout::decode_attention_host<double>(kvscout::layout_rows(f.view()), {},
+  kvscout::decode_attention_host<double>(kvscout::layout_rows_host(f.view()), {},
                                          {f.q.data(), f.q.size()}, {out64.data(), out64.size()}, p);
   const int D = f.D;
   for (int c = 0; c < D; ++c) {
@@ -244,7 +244,7 @@ TEST_CASE("decode attention split over a thread pool gives the bits it gives alo
   // (16: more threads than pairs, some get none); with and without the current token, with the
   // probabilities, and in place (out == q). Each pair is computed as without a pool.
   attn_fixture<kvscout::half> f({50, 9, 130}, 3, 3, 15);
-  const kvscout::layout_rows<typename attn_fixture<kvscout::half>::layout> rows(f.view());
+  const kvscout::layout_rows_host<typename attn_fixture<kvscout::half>::layout> rows(f.view());
   const kvscout::attention_params p{f.Hq, 0.125f};
   const int stride = f.cap + 1;
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
@@ -305,10 +305,10 @@ TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition o
       kvscout::as_writable_bytes(kvscout::host_span<T>(dk)),
       kvscout::as_writable_bytes(kvscout::host_span<T>(dv))};
   ex.submit(f.view(), sel, dst).wait();
-  const kvscout::gathered_rows<T, 64> rows(sel, {dk.data(), dk.size()}, {dv.data(), dv.size()});
+  const kvscout::gathered_rows_host<T, 64> rows(sel, {dk.data(), dk.size()}, {dv.data(), dv.size()});
   {
     // The same rows read through the executor's own byte destination.
-    const kvscout::gathered_rows<T, 64> same(sel, dst);
+    const kvscout::gathered_rows_host<T, 64> same(sel, dst);
     float a[64], b[64];
     for (int s = 0; s < f.S; ++s)
       for (int h = 0; h < f.H; ++h)
@@ -320,19 +320,19 @@ TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition o
     if constexpr (alignof(T) > 1) {
       const kvscout::gather_destination<kvscout::host_space> off{dst.k.subspan(1, dst.k.size() - 1),
                                                                 dst.v};
-      REQUIRE_THROWS_WITH((kvscout::gathered_rows<T, 64>(sel, off)),
+      REQUIRE_THROWS_WITH((kvscout::gathered_rows_host<T, 64>(sel, off)),
                           Catch::Contains("-byte aligned for their element type"));
     }
     const kvscout::gather_destination<kvscout::host_space> small{dst.k.subspan(0, sizeof(T) * 64),
                                                                  dst.v};
-    REQUIRE_THROWS_WITH((kvscout::gathered_rows<T, 64>(sel, small)),
+    REQUIRE_THROWS_WITH((kvscout::gathered_rows_host<T, 64>(sel, small)),
                         Catch::Contains("gathered K / V rows hold 64 / "));
     // The layout form takes T and head_dim from the cache's layout (a mismatch does not compile:
     // tests/compile_fail/gathered_rows_wrong_head_dim.cpp) and checks the selection's shape.
     const auto layout_of = f.view().layout;
-    const kvscout::gathered_rows from_layout(layout_of, sel, dst);
+    const kvscout::gathered_rows_host from_layout(layout_of, sel, dst);
     static_assert(std::is_same_v<std::remove_const_t<decltype(from_layout)>,
-                                 kvscout::gathered_rows<T, 64>>);
+                                 kvscout::gathered_rows_host<T, 64>>);
     for (int s = 0; s < f.S; ++s)
       for (int h = 0; h < f.H; ++h) {
         REQUIRE(from_layout.rows(s, h) == rows.rows(s, h));
@@ -344,7 +344,7 @@ TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition o
       }
     auto fewer = sel;
     fewer.num_seqs = f.S - 1;
-    REQUIRE_THROWS_WITH((kvscout::gathered_rows(layout_of, fewer, dst)),
+    REQUIRE_THROWS_WITH((kvscout::gathered_rows_host(layout_of, fewer, dst)),
                         Catch::Contains("selection shape [2, 3] differs from the layout's [3, 3]"));
   }
   std::vector<float> out(f.q.size());
@@ -373,7 +373,7 @@ TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition o
         .wait();
     std::vector<float> sparse(f.q.size()), dense(f.q.size());
     kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()}, {sparse.data(), sparse.size()}, {f.Hq, scale});
-    kvscout::decode_attention_host(kvscout::layout_rows(f.view()), f.current(), {f.q.data(), f.q.size()},
+    kvscout::decode_attention_host(kvscout::layout_rows_host(f.view()), f.current(), {f.q.data(), f.q.size()},
                                    {dense.data(), dense.size()}, {f.Hq, scale});
     REQUIRE(sparse == dense);
     // Without a current token, `{}` needs no element type (it defaults to the rows' own), and
@@ -409,7 +409,7 @@ TEMPLATE_TEST_CASE("attention over an fp8 cache applies k_scale and v_scale", "[
   kvscout::attention_params p{f.Hq, scale};
   p.k_scale = k_scale;
   p.v_scale = v_scale;
-  kvscout::decode_attention_host(kvscout::layout_rows(f.view()), f.current(),
+  kvscout::decode_attention_host(kvscout::layout_rows_host(f.view()), f.current(),
                                  {f.q.data(), f.q.size()}, {out.data(), out.size()}, p,
                                  {probs.data(), probs.size()}, stride);
   double worst = 0, moved = 0;
@@ -428,7 +428,7 @@ TEMPLATE_TEST_CASE("attention over an fp8 cache applies k_scale and v_scale", "[
 TEST_CASE("decode attention rejects bad input", "[attention][errors]") {
   attn_fixture<float> f({4}, 2, 2, 3);
   std::vector<float> out(f.q.size());
-  const auto rows = kvscout::layout_rows(f.view());
+  const auto rows = kvscout::layout_rows_host(f.view());
   REQUIRE_THROWS_WITH(kvscout::decode_attention_host(rows, f.current(), {f.q.data(), f.q.size()},
                                                      {out.data(), out.size()}, {3, 0.1f}),
                       Catch::Contains("num_q_heads = 3 must be a positive multiple of num_kv_heads = 2"));

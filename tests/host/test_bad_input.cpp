@@ -25,10 +25,10 @@
 #include "kvscout/pipeline/host_pipeline.hpp"
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/plan.hpp"
-#include "kvscout/spec/h2o.hpp"
-#include "kvscout/spec/oracle.hpp"
-#include "kvscout/spec/quest.hpp"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/h2o.hpp"
+#include "kvscout/score/oracle.hpp"
+#include "kvscout/score/quest.hpp"
+#include "kvscout/score/streaming.hpp"
 
 using Catch::Contains;
 
@@ -177,27 +177,27 @@ TEST_CASE("host buffers and partial key caches reject sizes past their arithmeti
 TEST_CASE("policy and cache state that does not fit is rejected", "[errors][spec]") {
   REQUIRE_THROWS_WITH(kvscout::partial_key_cache<float>(1 << 16, 1 << 16, 1 << 12, (1 << 16) * 16),
                       Contains("partial_key_cache elements") && Contains("does not fit"));
-  REQUIRE_THROWS_WITH(kvscout::h2o_policy({1 << 16, 1 << 16, 1 << 16, 1 << 16}),
+  REQUIRE_THROWS_WITH(kvscout::h2o_policy_host({1 << 16, 1 << 16, 1 << 16, 1 << 16}),
                       Contains("the policy's state in bytes"));
   // max_tokens + page_size - 1 overflowed an int.
-  REQUIRE_THROWS_WITH(kvscout::quest_policy<16>({1 << 12, 1 << 12, 1 << 8, 1 << 8, INT_MAX, 16,
-                                                 0.25f}),
+  REQUIRE_THROWS_WITH(kvscout::quest_policy_host<16>({1 << 12, 1 << 12, 1 << 8, 1 << 8, INT_MAX, 16,
+                                                      0.25f}),
                       Contains("does not fit in size_t"));
   // The page count itself: max_tokens + page_size - 1 overflowed an int before the state size
   // was ever checked; now it is one page of INT_MAX tokens.
-  const kvscout::quest_policy<16> one_page({1, 1, 1, 1, INT_MAX, INT_MAX, 0.25f});
+  const kvscout::quest_policy_host<16> one_page({1, 1, 1, 1, INT_MAX, INT_MAX, 0.25f});
   CHECK(one_page.configuration().max_tokens == INT_MAX);
   // An infinite scale made every quest score inf (the ranking lost); now every policy that takes
   // a scale wants it finite.
-  REQUIRE_THROWS_WITH(kvscout::quest_policy<16>({1, 1, 1, 1, 32, 8,
-                                                 std::numeric_limits<float>::infinity()}),
+  REQUIRE_THROWS_WITH(kvscout::quest_policy_host<16>({1, 1, 1, 1, 32, 8,
+                                                      std::numeric_limits<float>::infinity()}),
                       Contains("scale must be positive and finite, got inf"));
 }
 
 TEST_CASE("null key pointers are rejected before they are read", "[errors][spec]") {
   kvscout::partial_key_cache<float> pkc(1, 1, 4, 16);
   REQUIRE_THROWS_WITH(pkc.append(0, 0, 3, nullptr), Contains("partial key of token 3 is null"));
-  kvscout::quest_policy<16> q({1, 1, 1, 1, 16, 4, 0.25f});
+  kvscout::quest_policy_host<16> q({1, 1, 1, 1, 16, 4, 0.25f});
   REQUIRE_THROWS_WITH(q.append(0, 0, 0, nullptr, nullptr), Contains("k_post is null"));
 }
 
@@ -210,7 +210,7 @@ TEST_CASE("the oracle checks the GQA group of every layer", "[errors][spec]") {
   std::vector<kvscout::kv_view<L, kvscout::host_space>> layers = {
       {l0, cbytes_of(k0), cbytes_of(k0)}, {l1, cbytes_of(k1), cbytes_of(k1)}};
   REQUIRE_THROWS_WITH(
-      (kvscout::oracle_policy<L>({3, 0.5f, kvscout::gqa_aggregation::max_logit}, layers)),
+      (kvscout::oracle_policy_host<L>({3, 0.5f, kvscout::gqa_aggregation::max_logit}, layers)),
       Contains("num_q_heads = 3 must be a positive multiple of layer 1's num_kv_heads = 2"));
 }
 
@@ -371,8 +371,8 @@ TEST_CASE("attention refuses outputs that overlap its query", "[errors][attentio
   const auto l = L::padded(1, 4, lens.data(), 1);
   std::vector<float> k(16), v(16);
   for (int t = 0; t < 4; ++t) k[t * 4] = static_cast<float>(t), v[t * 4 + 1] = 1.f;
-  const kvscout::layout_rows<L> rows(kvscout::kv_view<L, kvscout::host_space>{l, cbytes_of(k),
-                                                                             cbytes_of(v)});
+  const kvscout::layout_rows_host<L> rows(kvscout::kv_view<L, kvscout::host_space>{l, cbytes_of(k),
+                                                                                  cbytes_of(v)});
   std::vector<float> q = {1, 0, 0, 0}, out(4), probs(4);
   const kvscout::attention_params p{1, 1.f};
   // out == q: the probabilities pass read the overwritten query (they summed to 0.128).
@@ -407,12 +407,12 @@ TEST_CASE("attention refuses outputs that overlap its query", "[errors][attentio
 TEST_CASE("the host pipeline's last_selection checks the layer", "[errors][pipeline]") {
   using L = kvscout::contiguous_layout<float, 4, kvscout::hnd>;
   const int H = 1, MT = 8;
-  kvscout::streaming_policy sp({H, 0});
+  kvscout::streaming_policy_host sp({H, 0});
   const kvscout::topk_selector_host::config sc{1, H, MT, 2, 2, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc) + 16);
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   const kvscout::host_pipeline_config pc{2, 0, 1, H, 1, MT, 2, 1, 0.5f};
-  using pipe_t = kvscout::host_decode_pipeline<L, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::host_decode_pipeline<L, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   auto gws = kvscout::make_workspace<kvscout::host_gather_executor<L>>(kvscout::gather_config_for(pc));
   kvscout::host_gather_executor<L> gather(kvscout::gather_config_for(pc), gws.span());
   auto pws = kvscout::make_workspace<pipe_t>(pc);

@@ -1,4 +1,4 @@
-// The correction step (issue 32, part 1): infinigen_policy::score_query against its definition,
+// The correction step (issue 32, part 1): infinigen_policy_host::score_query against its definition,
 // and correction_selector_host against a brute-force reference of its own semantics.
 
 #include <catch2/catch.hpp>
@@ -17,7 +17,7 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/skew/calibrate.hpp"
 #include "kvscout/select/correction.hpp"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 
@@ -76,7 +76,7 @@ struct slice {
   }
 };
 
-kvscout::score_buffer buffer_for(std::vector<float>& scores, int S, int H, int stride) {
+kvscout::score_buffer<kvscout::host_space> buffer_for(std::vector<float>& scores, int S, int H, int stride) {
   scores.assign(static_cast<std::size_t>(S) * H * stride, nan_f);
   return {{scores.data(), scores.size()}, S, H, stride};
 }
@@ -93,9 +93,9 @@ TEST_CASE("score_query is the layer's own query, projected as a key, against the
         const auto plans = m.plans(r, mode, 5u + static_cast<unsigned>(r));
         const kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, 96, 0.125f,
                                            kvscout::gqa_aggregation::max_logit};
-        auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
-        kvscout::infinigen_policy<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
-                                      {{m.bq.data(), m.bq.size()}}, pws.span());
+        auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
+        kvscout::infinigen_policy_host<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
+                                           {{m.bq.data(), m.bq.size()}}, pws.span());
         for (int s = 0; s < m.S; ++s)
           for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
         // Sequence 1 is shorter: its tail past seq_len is not written.
@@ -103,7 +103,7 @@ TEST_CASE("score_query is the layer's own query, projected as a key, against the
         std::vector<float> late, early;
         const auto lb = buffer_for(late, m.S, m.H, 96);
         const auto eb = buffer_for(early, m.S, m.H, 96);
-        const kvscout::spec_context ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
+        const kvscout::score_context<kvscout::host_space> ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
                                         {pos.data(), 2}, {lens.data(), 2}};
         p.score_query(0, ctx, lb);
         p.score(0, ctx, eb);
@@ -160,17 +160,17 @@ TEST_CASE("score_query refuses what it cannot score", "[spec][infinigen][correct
   const auto folded = m.plans(16, kvscout::rope_mode::pre_rope_folded, 4u);
   const auto planes = m.plans(16, kvscout::rope_mode::rope_planes, 4u);
   const kvscout::infinigen_config pc{3, 1, m.H, m.Hq, D, m.d_model, 32, 0.125f};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
-  kvscout::infinigen_policy<> p(pc, {{}, folded, planes},
-                                {{}, {m.wq.data(), m.wq.size()}, {m.wq.data(), m.wq.size()}},
-                                {{}, {}, {}}, pws.span());
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
+  kvscout::infinigen_policy_host<> p(pc, {{}, folded, planes},
+                                     {{}, {m.wq.data(), m.wq.size()}, {m.wq.data(), m.wq.size()}},
+                                     {{}, {}, {}}, pws.span());
   std::vector<int32_t> lens{m.n}, pos{m.pos};
   std::vector<float> scores;
   const auto out = buffer_for(scores, 1, m.H, 32);
-  const kvscout::spec_context ctx{{}, {m.q.data(), m.q.size()}, {pos.data(), 1}, {lens.data(), 1}};
+  const kvscout::score_context<kvscout::host_space> ctx{{}, {m.q.data(), m.q.size()}, {pos.data(), 1}, {lens.data(), 1}};
   REQUIRE_THROWS_WITH(p.score_query(0, ctx, out), Catch::Contains("layer 0 has no skew plans"));
   REQUIRE_THROWS_WITH(p.score_query(1, ctx, out), Catch::Contains("pre_rope_folded"));
-  const kvscout::spec_context short_q{{}, {m.q.data(), m.q.size() - 1}, {pos.data(), 1}, {lens.data(), 1}};
+  const kvscout::score_context<kvscout::host_space> short_q{{}, {m.q.data(), m.q.size() - 1}, {pos.data(), 1}, {lens.data(), 1}};
   REQUIRE_THROWS_WITH(p.score_query(2, short_q, out), Catch::Contains("q holds 255 floats, expected [1, 4, 64]"));
   std::vector<int32_t> long_len{33};
   REQUIRE_THROWS_WITH(p.score_query(2, {{}, {m.q.data(), m.q.size()}, {pos.data(), 1}, {long_len.data(), 1}}, out),
@@ -178,7 +178,7 @@ TEST_CASE("score_query refuses what it cannot score", "[spec][infinigen][correct
   // Nothing was written by the refusals.
   for (float v : scores) REQUIRE(std::isnan(v));
   // The adaptor is a late policy.
-  static_assert(kvscout::infinigen_query_scores<kvscout::infinigen_policy<>>::needs_query);
+  static_assert(kvscout::infinigen_query_scores_host<kvscout::infinigen_policy_host<>>::needs_query);
 }
 
 TEST_CASE("score_query aggregates the group by query_aggregation, score() by aggregation",
@@ -187,14 +187,14 @@ TEST_CASE("score_query aggregates the group by query_aggregation, score() by agg
   const slice m(2, 2, 3, 70, 77u);
   const auto plans = m.plans(32, kvscout::rope_mode::rope_planes, 9u);
   std::vector<int32_t> lens{m.n, m.n - 5}, pos{m.pos, m.pos};
-  const kvscout::spec_context ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
+  const kvscout::score_context<kvscout::host_space> ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
                                   {pos.data(), 2}, {lens.data(), 2}};
   // Scores of score() and score_query() of a policy with these aggregations.
   const auto run = [&](gqa_aggregation spec, std::optional<gqa_aggregation> late) {
     kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, 96, 0.125f, spec};
     pc.query_aggregation = late;
-    auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
-    kvscout::infinigen_policy<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
+    auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
+    kvscout::infinigen_policy_host<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
                                   {{m.bq.data(), m.bq.size()}}, pws.span());
     for (int s = 0; s < m.S; ++s)
       for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
@@ -250,11 +250,11 @@ TEST_CASE("score_query aggregates the group by query_aggregation, score() by agg
   // A value that is no aggregation is refused by its field's name.
   kvscout::infinigen_config bad{1, m.S, m.H, m.Hq, D, m.d_model, 96, 0.125f};
   bad.query_aggregation = static_cast<gqa_aggregation>(7);
-  REQUIRE_THROWS_WITH(kvscout::infinigen_policy<>::workspace_bytes(bad),
+  REQUIRE_THROWS_WITH(kvscout::infinigen_policy_host<>::workspace_bytes(bad),
                       Catch::Contains("query_aggregation = 7 is no gqa_aggregation"));
   bad.query_aggregation.reset();
   bad.aggregation = static_cast<gqa_aggregation>(-1);
-  REQUIRE_THROWS_WITH(kvscout::infinigen_policy<>::workspace_bytes(bad),
+  REQUIRE_THROWS_WITH(kvscout::infinigen_policy_host<>::workspace_bytes(bad),
                       Catch::Contains("aggregation = -1 is no gqa_aggregation"));
 }
 

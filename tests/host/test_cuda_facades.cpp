@@ -1,5 +1,5 @@
 // The host side of the CUDA facades, tested without a GPU: every check the device speculator and
-// the device selectors make before a launch (spec/infinigen_device.hpp,
+// the device selectors make before a launch (score/infinigen_device.hpp,
 // select/detail/device_config.hpp), the workspace layout, the device partial key cache's index
 // math (the host cache's layout, element for element), and the shared softmax statistics.
 // Device pointers here are never dereferenced: the checks only look at sizes and addresses.
@@ -17,8 +17,8 @@
 
 #include "kvscout/cache/partial_key_cache.hpp"
 #include "kvscout/select/detail/device_config.hpp"
-#include "kvscout/spec/detail/aggregate.hpp"
-#include "kvscout/spec/infinigen_device.hpp"
+#include "kvscout/score/detail/aggregate.hpp"
+#include "kvscout/score/infinigen_device.hpp"
 
 namespace {
 
@@ -199,11 +199,11 @@ TEST_CASE("infinigen_cuda setup and call checks name the bad value", "[cuda_faca
              Catch::Contains("rope_planes"));
 
   // score(): S = 2, stride 100, bound 90.
-  const kvscout::device_spec_context ctx{{fake<const float>(), 2 * 32},
+  const kvscout::score_context<kvscout::device_space> ctx{{fake<const float>(), 2 * 32},
                                          {fake<const int32_t>(), 2},
                                          {fake<const int32_t>(), 2},
                                          90};
-  const kvscout::device_score_buffer out{{fake<float>(), 2 * 2 * 100}, 2, 2, 100};
+  const kvscout::score_buffer<kvscout::device_space> out{{fake<float>(), 2 * 2 * 100}, 2, 2, 100};
   using kvscout::detail::check_infinigen_cuda_score;
   REQUIRE_NOTHROW(check_infinigen_cuda_score(c, ctx, out));
   auto x = ctx;

@@ -20,7 +20,7 @@
 #include "kvscout/kv/detail/append_checks.hpp"
 #include "kvscout/kv/kivi.hpp"
 #include "kvscout/select/detail/device_config.hpp"
-#include "kvscout/spec/infinigen_device.hpp"
+#include "kvscout/score/infinigen_device.hpp"
 
 using Catch::Matchers::Contains;
 using namespace kvscout;
@@ -236,35 +236,35 @@ TEMPLATE_TEST_CASE("copy-engine runs replayed with memcpy equal the host gather"
 TEST_CASE("device attention inputs are validated on the host", "[cuda][facade]") {
   attention_params p{.num_q_heads = 6, .scale = 0.125f};
   const float q = 0.f;
-  REQUIRE_NOTHROW(detail::check_decode_device(2, 3, 64, p, 2 * 6 * 64, &q, 2 * 6 * 64, &q, false,
-                                              0, 0, true));
+  REQUIRE_NOTHROW(detail::check_decode_cuda(2, 3, 64, p, 2 * 6 * 64, &q, 2 * 6 * 64, &q, false,
+                                            0, 0, true));
   p.num_q_heads = 7;
-  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 10000, &q, 10000, &q, false, 0, 0,
-                                                  true),
+  REQUIRE_THROWS_WITH(detail::check_decode_cuda(2, 3, 64, p, 10000, &q, 10000, &q, false, 0, 0,
+                                                true),
                       Contains("num_q_heads = 7 must be a positive multiple of num_kv_heads = 3"));
   p.num_q_heads = 6;
   p.scale = -1.f;
-  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 10000, &q, 10000, &q, false, 0, 0,
-                                                  true),
+  REQUIRE_THROWS_WITH(detail::check_decode_cuda(2, 3, 64, p, 10000, &q, 10000, &q, false, 0, 0,
+                                                true),
                       Contains("scale must be positive"));
   p.scale = 0.125f;
-  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 100, &q, 10000, &q, false, 0, 0,
-                                                  true),
+  REQUIRE_THROWS_WITH(detail::check_decode_cuda(2, 3, 64, p, 100, &q, 10000, &q, false, 0, 0,
+                                                true),
                       Contains("q holds 100 elements") && Contains("768"));
-  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 768, &q, 768, &q, true, 384, 10,
-                                                  false),
+  REQUIRE_THROWS_WITH(detail::check_decode_cuda(2, 3, 64, p, 768, &q, 768, &q, true, 384, 10,
+                                                false),
                       Contains("current token K / V hold 384 / 10"));
-  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 768, &q, 768, &q, true, 384, 384,
-                                                  true),
+  REQUIRE_THROWS_WITH(detail::check_decode_cuda(2, 3, 64, p, 768, &q, 768, &q, true, 384, 384,
+                                                true),
                       Contains("V is null"));
   p.k_scale = 0.f;
-  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 768, &q, 768, &q, false, 0, 0,
-                                                  true),
+  REQUIRE_THROWS_WITH(detail::check_decode_cuda(2, 3, 64, p, 768, &q, 768, &q, false, 0, 0,
+                                                true),
                       Contains("k_scale and v_scale must be positive and finite, got 0 and 1"));
   p.k_scale = 1.f;
   p.v_scale = std::numeric_limits<float>::infinity();
-  REQUIRE_THROWS_WITH(detail::check_decode_device(2, 3, 64, p, 768, &q, 768, &q, false, 0, 0,
-                                                  true),
+  REQUIRE_THROWS_WITH(detail::check_decode_cuda(2, 3, 64, p, 768, &q, 768, &q, false, 0, 0,
+                                                true),
                       Contains("k_scale and v_scale must be positive and finite"));
   // Append scales divide the input: positive and finite only.
   REQUIRE_NOTHROW(detail::check_kv_scales({0.5f, 3.f}));
@@ -292,8 +292,8 @@ TEST_CASE("device attention inputs are validated on the host", "[cuda][facade]")
   selection_view<device_space> sv{{sel.indices.data(), sel.indices.size()},
                                   {sel.counts.data(), sel.counts.size()}, 2, 3, 4};
   alignas(16) static std::byte rows[24 * 256];
-  REQUIRE_NOTHROW(detail::check_gathered_device(sv, sizeof rows, rows, sizeof rows, rows, 256, 256));
-  REQUIRE_THROWS_WITH(detail::check_gathered_device(sv, 1000, rows, sizeof rows, rows, 256, 256),
+  REQUIRE_NOTHROW(detail::check_gathered_cuda(sv, sizeof rows, rows, sizeof rows, rows, 256, 256));
+  REQUIRE_THROWS_WITH(detail::check_gathered_cuda(sv, 1000, rows, sizeof rows, rows, 256, 256),
                       Contains("gathered K / V rows hold 1000") && Contains("6144"));
 }
 

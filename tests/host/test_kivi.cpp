@@ -22,9 +22,9 @@
 #include "kvscout/kv/detail/kivi_pack.hpp"
 #include "kvscout/kv/kivi.hpp"
 #include "kvscout/select/topk.hpp"
-#include "kvscout/spec/h2o.hpp"
-#include "kvscout/spec/oracle.hpp"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/h2o.hpp"
+#include "kvscout/score/oracle.hpp"
+#include "kvscout/score/streaming.hpp"
 
 namespace {
 
@@ -573,7 +573,7 @@ TEST_CASE("kivi rule: KIVI's key and value windows at every boundary", "[kivi]")
         tok[i] = kvscout::from_float<half>(static_cast<float>((t * 7 + static_cast<int>(i)) % 11) - 5.f);
       w.append(0, {tok.data(), tok.size()}, {tok.data(), tok.size()});
     }
-    const kvscout::kivi_layout_rows rows(st.buffers().view(small));
+    const kvscout::kivi_layout_rows_host rows(st.buffers().view(small));
     std::vector<float> got(64);
     rows.load_k(0, 1, 49, got.data());  // the last token, read back from its own slot, exactly
     for (int c = 0; c < 64; ++c) REQUIRE(got[c] == kvscout::to_float(tok[64 + c]));
@@ -622,7 +622,7 @@ TEMPLATE_TEST_CASE("kivi streaming append: bulk and one-token appends agree, eve
 
   auto& f = bulk;
   constexpr int KB = L::key_bits, VB = L::value_bits;
-  const kvscout::kivi_layout_rows rows(f.view());
+  const kvscout::kivi_layout_rows_host rows(f.view());
   std::vector<float> kbuf(D), vbuf(D);
   int window_keys = 0, window_values = 0;  // window rows held dequantised
   for (int s = 0; s < f.num_seqs; ++s) {
@@ -751,8 +751,8 @@ TEST_CASE("kivi gather: host_gather_executor copies the selected records unchang
           REQUIRE(std::memcmp(dv + slot * f.l.v_row_bytes(), f.value_record(s, t, h), f.l.v_row_bytes()) == 0);
         }
     // The gathered rows read back as the cache's rows.
-    const kvscout::kivi_gathered_rows rows(f.l, sel, dst, kv.resident);
-    const kvscout::kivi_layout_rows dense(kv);
+    const kvscout::kivi_gathered_rows_host rows(f.l, sel, dst, kv.resident);
+    const kvscout::kivi_layout_rows_host dense(kv);
     std::vector<float> a(128), b(128);
     for (int s = 0; s < f.num_seqs; ++s)
       for (int h = 0; h < f.H; ++h) {
@@ -832,7 +832,7 @@ TEMPLATE_TEST_CASE("kivi attention: dense and sparse over KIVI rows match fp64 a
     return w;
   };
 
-  SECTION("dense: every token, through kivi_layout_rows") {
+  SECTION("dense: every token, through kivi_layout_rows_host") {
     std::vector<std::vector<int>> all(static_cast<std::size_t>(f.num_seqs) * H);
     for (int s = 0; s < f.num_seqs; ++s)
       for (int h = 0; h < H; ++h)
@@ -840,9 +840,9 @@ TEMPLATE_TEST_CASE("kivi attention: dense and sparse over KIVI rows match fp64 a
     std::vector<double> ref;
     reference(all, ref);
     std::vector<float> out(q.size(), -7.f), out64(q.size(), -7.f);
-    kvscout::decode_attention_host(kvscout::kivi_layout_rows(kv), cur, {q.data(), q.size()},
+    kvscout::decode_attention_host(kvscout::kivi_layout_rows_host(kv), cur, {q.data(), q.size()},
                                    {out.data(), out.size()}, {Hq, scale});
-    kvscout::decode_attention_host<double>(kvscout::kivi_layout_rows(kv), cur, {q.data(), q.size()},
+    kvscout::decode_attention_host<double>(kvscout::kivi_layout_rows_host(kv), cur, {q.data(), q.size()},
                                            {out64.data(), out64.size()}, {Hq, scale});
     CAPTURE(worst(out, ref, 2e-5), worst(out64, ref, 1e-6));
     REQUIRE(worst(out, ref, 2e-5) <= 1);
@@ -876,7 +876,7 @@ TEMPLATE_TEST_CASE("kivi attention: dense and sparse over KIVI rows match fp64 a
         {reinterpret_cast<std::byte*>(dk.data()), dk.size() * 16},
         {reinterpret_cast<std::byte*>(dv.data()), dv.size() * 16}};
     ex.submit(kv.quantized(), sel, dst).wait();
-    const kvscout::kivi_gathered_rows rows(f.l, sel, dst, kv.resident);
+    const kvscout::kivi_gathered_rows_host rows(f.l, sel, dst, kv.resident);
     std::vector<double> ref;
     reference(subset, ref);
     std::vector<float> out(q.size(), -7.f);
@@ -912,9 +912,9 @@ TEMPLATE_TEST_CASE("kivi attention: dense and sparse over KIVI rows match fp64 a
         {reinterpret_cast<std::byte*>(dv2.data()), dv2.size() * 16}};
     ex2.submit(kv.quantized(), all, dst2).wait();
     std::vector<float> sparse(q.size(), -7.f), dense(q.size(), 7.f);
-    kvscout::decode_attention_host(kvscout::kivi_gathered_rows(f.l, all, dst2, kv.resident), cur,
+    kvscout::decode_attention_host(kvscout::kivi_gathered_rows_host(f.l, all, dst2, kv.resident), cur,
                                    {q.data(), q.size()}, {sparse.data(), sparse.size()}, {Hq, scale});
-    kvscout::decode_attention_host(kvscout::kivi_layout_rows(kv), cur, {q.data(), q.size()},
+    kvscout::decode_attention_host(kvscout::kivi_layout_rows_host(kv), cur, {q.data(), q.size()},
                                    {dense.data(), dense.size()}, {Hq, scale});
     REQUIRE(sparse == dense);
   }
@@ -948,7 +948,7 @@ TEMPLATE_TEST_CASE("kivi attention error against unquantised attention (reported
       }
     }
     std::vector<float> out(q.size());
-    kvscout::decode_attention_host<double>(kvscout::kivi_layout_rows(f.view()),
+    kvscout::decode_attention_host<double>(kvscout::kivi_layout_rows_host(f.view()),
                                            kvscout::current_token<half>{}, {q.data(), q.size()},
                                            {out.data(), out.size()}, {Hq, scale});
     // fp64 references: unquantised, and with only K / only V dequantised (where the error comes
@@ -1023,7 +1023,7 @@ TEST_CASE("kivi composes with a top-k selector over the quantised tokens", "[kiv
       {reinterpret_cast<std::byte*>(dk.data()), dk.size() * 16},
       {reinterpret_cast<std::byte*>(dv.data()), dv.size() * 16}};
   ex.submit(kv.quantized(), selb.view(), dst).wait();
-  const kvscout::kivi_gathered_rows rows(f.l, selb.view(), dst, kv.resident);
+  const kvscout::kivi_gathered_rows_host rows(f.l, selb.view(), dst, kv.resident);
   for (int s = 0; s < 2; ++s)
     for (int h = 0; h < H; ++h) {
       REQUIRE(counts[s * H + h] == std::min(budget, qlens[s]));
@@ -1056,7 +1056,7 @@ TEMPLATE_TEST_CASE("kivi: the oracle policy scores a KIVI cache by its dequantis
   std::vector<int32_t> lens(f.lens.begin(), f.lens.end()), pos(lens);
   for (auto agg : {kvscout::gqa_aggregation::max_logit, kvscout::gqa_aggregation::mean_logit}) {
     CAPTURE(static_cast<int>(agg));
-    kvscout::oracle_policy<L> oracle({Hq, scale, agg}, {f.view()});
+    kvscout::oracle_policy_host<L> oracle({Hq, scale, agg}, {f.view()});
     std::vector<float> scores(static_cast<std::size_t>(f.num_seqs) * H * stride, -7.f);
     oracle.score(0, {.x = {}, .q = {q.data(), q.size()}, .positions = {pos.data(), pos.size()},
                      .seq_lens = {lens.data(), lens.size()}},
@@ -1096,7 +1096,7 @@ TEST_CASE("kivi: h2o accumulates the attention paid to a KIVI cache's rows", "[k
   const int H = 2, g = 3, Hq = H * g;
   kivi_fixture<L> f({300, 77}, H, {.group = 16, .residual = 32}, 43);
   f.fill(false);
-  const kvscout::kivi_layout_rows<L> rows(f.view());
+  const kvscout::kivi_layout_rows_host<L> rows(f.view());
   std::mt19937 rng(9);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> q(static_cast<std::size_t>(f.num_seqs) * Hq * D), out(q.size());
@@ -1107,8 +1107,8 @@ TEST_CASE("kivi: h2o accumulates the attention paid to a KIVI cache's rows", "[k
                                  {out.data(), out.size()}, {Hq, 0.125f}, {probs.data(), probs.size()},
                                  stride);
   std::vector<int32_t> lens(f.lens.begin(), f.lens.end());
-  kvscout::h2o_policy h2o({.num_layers = 1, .num_seqs = 2, .num_kv_heads = H, .max_tokens = stride});
-  const kvscout::spec_context ctx{.x = {}, .q = {}, .positions = {}, .seq_lens = {lens.data(), lens.size()}};
+  kvscout::h2o_policy_host h2o({.num_layers = 1, .num_seqs = 2, .num_kv_heads = H, .max_tokens = stride});
+  const kvscout::score_context<kvscout::host_space> ctx{.x = {}, .q = {}, .positions = {}, .seq_lens = {lens.data(), lens.size()}};
   h2o.observe(0, ctx, rows, {probs.data(), probs.size()}, stride, /*has_current=*/false);
   std::vector<float> scores(probs.size(), -7.f);
   h2o.score(0, ctx, {{scores.data(), scores.size()}, 2, H, stride});
@@ -1172,7 +1172,7 @@ TEST_CASE("kivi usage examples compile and run", "[kivi]") {
       {reinterpret_cast<std::byte*>(dk.data()), dk.size() * 16},
       {reinterpret_cast<std::byte*>(dv.data()), dv.size() * 16}};
   gather.submit(kv.quantized(), selection, destination).wait();
-  kvscout::kivi_gathered_rows rows(l, selection, destination, kv.resident);
+  kvscout::kivi_gathered_rows_host rows(l, selection, destination, kv.resident);
   std::vector<float> q(2 * 32 * 128, 0.1f), out(q.size());
   const kvscout::current_token<half> current{};
   kvscout::decode_attention_host(rows, current, {q.data(), q.size()}, {out.data(), out.size()},
@@ -1280,15 +1280,15 @@ TEST_CASE("kivi bad input throws kvscout::error naming the value", "[kivi]") {
         {reinterpret_cast<std::byte*>(dv.data()), dv.size() * 16}};
     REQUIRE_THROWS_WITH(ex.submit(kv.quantized(), sel, dst),
                         Contains("token index 33") && Contains("seq_len = 24"));
-    REQUIRE_THROWS_WITH(kvscout::kivi_gathered_rows(lq, sel, dst, kv.resident),
+    REQUIRE_THROWS_WITH(kvscout::kivi_gathered_rows_host(lq, sel, dst, kv.resident),
                         Contains("token index 33") && Contains("quantized_len = 24"));
     const kvscout::gather_destination<kvscout::host_space> odd{
         {reinterpret_cast<std::byte*>(dk.data()) + 1, dk.size() * 16 - 1}, dst.v};
     idx[1] = 7;
-    REQUIRE_THROWS_WITH(kvscout::kivi_gathered_rows(lq, sel, odd, kv.resident),
+    REQUIRE_THROWS_WITH(kvscout::kivi_gathered_rows_host(lq, sel, odd, kv.resident),
                         Contains("gathered K records") && Contains("not 16-byte aligned"));
     const kvscout::gather_destination<kvscout::host_space> small{dst.k.subspan(0, 16), dst.v};
-    REQUIRE_THROWS_WITH(kvscout::kivi_gathered_rows(lq, sel, small, kv.resident),
+    REQUIRE_THROWS_WITH(kvscout::kivi_gathered_rows_host(lq, sel, small, kv.resident),
                         Contains("gathered K records holds 16"));
   }
 }

@@ -22,11 +22,11 @@
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/calibrate.hpp"
-#include "kvscout/spec/h2o.hpp"
-#include "kvscout/spec/infinigen.hpp"
-#include "kvscout/spec/oracle.hpp"
-#include "kvscout/spec/quest.hpp"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/h2o.hpp"
+#include "kvscout/score/infinigen.hpp"
+#include "kvscout/score/oracle.hpp"
+#include "kvscout/score/quest.hpp"
+#include "kvscout/score/streaming.hpp"
 #include "toy_model.hpp"
 
 namespace {
@@ -40,22 +40,22 @@ using layout = model::layout;
 // rows would be read as full-precision elements).
 template <class Lay>
 concept host_pipeline_for =
-    requires { typename kvscout::host_decode_pipeline<Lay, kvscout::streaming_policy,
+    requires { typename kvscout::host_decode_pipeline<Lay, kvscout::streaming_policy_host,
                                                       kvscout::topk_selector_host>; };
 static_assert(host_pipeline_for<layout>);
 static_assert(!host_pipeline_for<kvscout::kivi_layout<T, D, 2>>);
 
 // Every configured host component hands back its configuration the same way.
-static_assert(kvscout::configured<kvscout::host_decode_pipeline<layout, kvscout::streaming_policy,
+static_assert(kvscout::configured<kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host,
                                                                 kvscout::topk_selector_host>>);
 static_assert(kvscout::configured<kvscout::topk_selector_host>);
 static_assert(kvscout::configured<kvscout::threshold_selector_host>);
 static_assert(kvscout::configured<kvscout::host_gather_executor<layout>>);
-static_assert(kvscout::configured<kvscout::streaming_policy>);
-static_assert(kvscout::configured<kvscout::h2o_policy>);
-static_assert(kvscout::configured<kvscout::quest_policy<D>>);
-static_assert(kvscout::configured<kvscout::oracle_policy<layout>>);
-static_assert(kvscout::configured<kvscout::infinigen_policy<>>);
+static_assert(kvscout::configured<kvscout::streaming_policy_host>);
+static_assert(kvscout::configured<kvscout::h2o_policy_host>);
+static_assert(kvscout::configured<kvscout::quest_policy_host<D>>);
+static_assert(kvscout::configured<kvscout::oracle_policy_host<layout>>);
+static_assert(kvscout::configured<kvscout::infinigen_policy_host<>>);
 static_assert(!kvscout::configured<int>);
 
 // What a pipeline takes besides its policy and selector, owned here (the caller): the executor
@@ -85,22 +85,22 @@ struct owned_infinigen {
                   const std::vector<std::vector<kvscout::skew_plan>>& plans,
                   const std::vector<kvscout::host_span<const float>>& wq,
                   const std::vector<kvscout::host_span<const float>>& bq)
-      : ws(kvscout::make_workspace<kvscout::infinigen_policy<>>(cfg)),
+      : ws(kvscout::make_workspace<kvscout::infinigen_policy_host<>>(cfg)),
         policy(cfg, plans, wq, bq, ws.span()) {}
   kvscout::host_workspace ws;
-  kvscout::infinigen_policy<> policy;
+  kvscout::infinigen_policy_host<> policy;
 };
 
 // Skew plans from a calibration run of the same weights on another prompt.
 std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, int r) {
   model m(L, Hq, H, 1, max_tokens, 1234);
   m.collect = true;
-  kvscout::streaming_policy sp({H, 4});
+  kvscout::streaming_policy_host sp({H, 4});
   kvscout::topk_selector_host::config sc{1, H, max_tokens, 8, 8, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   using pipe_t =
-      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{L, L, 1, H, Hq, max_tokens, 8, 1, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, sp, sel, mem.gather, mem.ws.span());
@@ -145,13 +145,13 @@ std::vector<float> run(model& m, Policy& policy, int budget, Inspect&& inspect,
 
 std::vector<float> run_dense() {
   model m(L, Hq, H, S, max_tokens, 77);
-  kvscout::streaming_policy p({H, 4});
+  kvscout::streaming_policy_host p({H, 4});
   std::vector<float> hs;
   kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   using pipe_t =
-      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{L, L, S, H, Hq, max_tokens, 8, 1, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, p, sel, mem.gather, mem.ws.span());
@@ -174,24 +174,24 @@ TEST_CASE("with a budget of every token the pipeline equals dense decoding", "[p
   };
   {
     model m(L, Hq, H, S, max_tokens, 77);
-    kvscout::streaming_policy p({H, 4});
+    kvscout::streaming_policy_host p({H, 4});
     check(run(m, p, max_tokens, no_inspect), "streaming");
   }
   {
     model m(L, Hq, H, S, max_tokens, 77);
-    kvscout::h2o_policy p({L, S, H, max_tokens});
+    kvscout::h2o_policy_host p({L, S, H, max_tokens});
     check(run(m, p, max_tokens, no_inspect), "h2o");
   }
   {
     model m(L, Hq, H, S, max_tokens, 77);
-    kvscout::quest_policy<D> p({L, S, H, Hq, max_tokens, 16, 0.125f});
+    kvscout::quest_policy_host<D> p({L, S, H, Hq, max_tokens, 16, 0.125f});
     check(run(m, p, max_tokens, no_inspect), "quest");
   }
   {
     model m(L, Hq, H, S, max_tokens, 77);
     std::vector<kvscout::kv_view<layout, kvscout::host_space>> views;
     for (int l = 0; l < L; ++l) views.push_back(m.view(l));
-    kvscout::oracle_policy<layout> p({Hq, 0.125f}, views);
+    kvscout::oracle_policy_host<layout> p({Hq, 0.125f}, views);
     check(run(m, p, max_tokens, no_inspect), "oracle");
   }
   for (auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes}) {
@@ -212,13 +212,13 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
   owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
-  kvscout::infinigen_policy<>& ig = owned.policy;
+  kvscout::infinigen_policy_host<>& ig = owned.policy;
   // At every speculated layer of every decode step: the true attention probabilities of the
   // cached tokens (dense, on the state the pipeline is decoding), the oracle's top-budget set by
   // those probabilities, and the mass each set covers.
   std::vector<kvscout::kv_view<layout, kvscout::host_space>> views;
   for (int l = 0; l < L; ++l) views.push_back(m.view(l));
-  kvscout::oracle_policy<layout> oracle({Hq, 0.125f, kvscout::gqa_aggregation::sum_prob}, views);
+  kvscout::oracle_policy_host<layout> oracle({Hq, 0.125f, kvscout::gqa_aggregation::sum_prob}, views);
   kvscout::topk_selector_host::config oc{S, H, max_tokens, budget, budget, {}};
   std::vector<std::byte> ows(kvscout::topk_selector_host::workspace_bytes(oc));
   kvscout::topk_selector_host oracle_sel(oc, {ows.data(), ows.size()});
@@ -230,10 +230,10 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   // Rows each layer re-selects from its previous step, counted independently of the pipeline.
   std::vector<std::vector<std::vector<int32_t>>> previous(L, std::vector<std::vector<int32_t>>(S * H));
   std::vector<std::int64_t> reused(L, 0);
-  const kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy<>, kvscout::topk_selector_host>* live = nullptr;
-  m.on_attend = [&](int l, const kvscout::spec_context& ctx, const kvscout::current_token<T>&) {
+  const kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>* live = nullptr;
+  m.on_attend = [&](int l, const kvscout::score_context<kvscout::host_space>& ctx, const kvscout::current_token<T>&) {
     if (live == nullptr || l < 2) return;
-    kvscout::decode_attention_host(kvscout::layout_rows(m.view(l)), kvscout::current_token<T>{}, ctx.q,
+    kvscout::decode_attention_host(kvscout::layout_rows_host(m.view(l)), kvscout::current_token<T>{}, ctx.q,
                                    {out.data(), out.size()}, {Hq, 0.125f}, {probs.data(), probs.size()},
                                    max_tokens + 1);
     oracle.score(l, ctx, {{scores.data(), scores.size()}, S, H, max_tokens});
@@ -262,7 +262,7 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   using pipe_t =
-      kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy<>, kvscout::topk_selector_host>;
+      kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, ig, sel, mem.gather, mem.ws.span());
@@ -314,22 +314,22 @@ TEST_CASE("the pipeline attends an fp8 cache with the layer's scales", "[pipelin
   std::vector<float> q(static_cast<std::size_t>(Hq) * D);
   for (auto& x : q) x = nd(rng);
   std::vector<int32_t> pos = {n};
-  const kvscout::spec_context ctx{{}, {q.data(), q.size()}, {pos.data(), 1}, {lens.data(), 1}};
+  const kvscout::score_context<kvscout::host_space> ctx{{}, {q.data(), q.size()}, {pos.data(), 1}, {lens.data(), 1}};
 
-  kvscout::streaming_policy sp({H, 4});
+  kvscout::streaming_policy_host sp({H, 4});
   const kvscout::topk_selector_host::config sc{1, H, cap, cap, cap, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  using pipe_t = kvscout::host_decode_pipeline<Lay, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::host_decode_pipeline<Lay, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{3, 2, 1, H, Hq, cap, cap, 1, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, sp, sel, mem.gather, mem.ws.span());
 
   std::vector<float> want(q.size()), unscaled(q.size()), dense(q.size()), sparse(q.size());
   kvscout::attention_params ap{Hq, 0.125f, scales.k, scales.v};
-  kvscout::decode_attention_host(kvscout::layout_rows(kv), kvscout::current_token<F>{},
+  kvscout::decode_attention_host(kvscout::layout_rows_host(kv), kvscout::current_token<F>{},
                                  {q.data(), q.size()}, {want.data(), want.size()}, ap);
-  kvscout::decode_attention_host(kvscout::layout_rows(kv), kvscout::current_token<F>{},
+  kvscout::decode_attention_host(kvscout::layout_rows_host(kv), kvscout::current_token<F>{},
                                  {q.data(), q.size()}, {unscaled.data(), unscaled.size()},
                                  {Hq, 0.125f});
   pipe.attend(0, ctx, kv, {}, {dense.data(), dense.size()}, scales);  // below skip_layers
@@ -343,17 +343,17 @@ TEST_CASE("the pipeline attends an fp8 cache with the layer's scales", "[pipelin
 
 TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
   model m(L, Hq, H, S, max_tokens, 5);
-  kvscout::streaming_policy p({H, 4});
+  kvscout::streaming_policy_host p({H, 4});
   kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, p, sel, mem.gather, mem.ws.span());
   std::vector<float> q(S * Hq * D, 1.f), out(q.size());
   std::vector<int32_t> pos(S, 0);
-  const kvscout::spec_context ctx{{}, {q.data(), q.size()}, {pos.data(), pos.size()}, {m.lens.data(), m.lens.size()}};
+  const kvscout::score_context<kvscout::host_space> ctx{{}, {q.data(), q.size()}, {pos.data(), pos.size()}, {m.lens.data(), m.lens.size()}};
   REQUIRE_THROWS_WITH(pipe.attend(3, ctx, m.view(3), {}, {out.data(), out.size()}),
                       Catch::Contains("attend(3) without speculate(3) first"));
   REQUIRE_THROWS_WITH(pipe.speculate(1, ctx, m.view(1)),
@@ -375,7 +375,7 @@ TEST_CASE("the pipeline decodes the same bits with cached and streaming gather s
   // after prompt + decode must be identical.
   const auto final_state = [](kvscout::gather_stores stores) {
     model m(L, Hq, H, S, max_tokens, 77);
-    kvscout::streaming_policy p({H, 4});
+    kvscout::streaming_policy_host p({H, 4});
     return run(m, p, 12, [](const auto&) {}, stores);
   };
   const std::vector<float> cached = final_state(kvscout::gather_stores::cached);
@@ -388,7 +388,7 @@ TEST_CASE("the pipeline decodes the same bits with cached and streaming gather s
 namespace {
 
 // Rows listed by token index, read straight from the toy model's cache of one layer: the
-// reference attention set of a correction step (independent of the gather and joined_rows).
+// reference attention set of a correction step (independent of the gather and joined_rows_host).
 struct listed_rows {
   static constexpr int head_dim = D;
   using element_type = T;
@@ -418,14 +418,14 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
   owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
-  kvscout::infinigen_policy<>& ig = owned.policy;
+  kvscout::infinigen_policy_host<>& ig = owned.policy;
   const kvscout::keep_set keep{1, 2};
   kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, keep};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, ws.span());
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
   pc.correction_capacity = extra;
-  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy<>, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>;
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, ig, sel, mem.gather, mem.ws.span());
   // The test's own correction: the late scores of the same policy, the same selector semantics.
@@ -437,7 +437,7 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
   std::int64_t added_total = 0, speculated_total = 0;
   bool live = false;
   int checked = 0;
-  m.on_attend = [&](int l, const kvscout::spec_context& ctx, const kvscout::current_token<T>& cur) {
+  m.on_attend = [&](int l, const kvscout::score_context<kvscout::host_space>& ctx, const kvscout::current_token<T>& cur) {
     if (!live || l < 2) return;
     ig.score_query(l, ctx, {{late.data(), late.size()}, S, H, max_tokens});
     const auto spec = pipe.last_selection(l);
@@ -488,13 +488,13 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
 
 TEST_CASE("a correction step needs a policy that scores the layer's own query",
           "[pipeline][correction][errors]") {
-  kvscout::streaming_policy sp({H, 4});
+  kvscout::streaming_policy_host sp({H, 4});
   kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, ws.span());
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
   pc.correction_capacity = 4;
-  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   REQUIRE_THROWS_WITH(build<pipe_t>(pc, sp, sel), Catch::Contains("correction_capacity = 4 needs a policy that scores"));
   pc.correction_capacity = -1;
   REQUIRE_THROWS_WITH(build<pipe_t>(pc, sp, sel), Catch::Contains("correction_capacity = -1 must be in [0, capacity = 8]"));
@@ -509,7 +509,7 @@ TEST_CASE("a correction step needs a policy that scores the layer's own query",
 
 TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by the pipeline's appends",
           "[pipeline][correction]") {
-  // infinigen_query_scores: layer l's own query against the partial keys, selected inside
+  // infinigen_query_scores_host: layer l's own query against the partial keys, selected inside
   // attend(). Its appends reach the wrapped policy: after the run, the partial key of the last
   // token is the projection of the key the cache holds.
   constexpr int budget = 10;
@@ -518,8 +518,8 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
   owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
-  kvscout::infinigen_policy<>& ig = owned.policy;
-  kvscout::infinigen_query_scores<kvscout::infinigen_policy<>> late(ig);
+  kvscout::infinigen_policy_host<>& ig = owned.policy;
+  kvscout::infinigen_query_scores_host<kvscout::infinigen_policy_host<>> late(ig);
   kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, ws.span());
@@ -534,7 +534,7 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
   std::vector<int32_t> idx(static_cast<std::size_t>(S) * H * budget), cnt(S * H);
   int checked = 0;
   bool live = false;
-  m.on_attend = [&](int l, const kvscout::spec_context& ctx, const kvscout::current_token<T>&) {
+  m.on_attend = [&](int l, const kvscout::score_context<kvscout::host_space>& ctx, const kvscout::current_token<T>&) {
     if (!live || l < 2) return;
     ig.score_query(l, ctx, {{scores.data(), scores.size()}, S, H, max_tokens});
     ref_sel.select({{scores.data(), scores.size()}, ctx.seq_lens, S, H, max_tokens},
@@ -600,7 +600,7 @@ static_assert(kvscout::host_step_executor<kvscout::host_gather_executor<layout>,
 static_assert(!kvscout::host_step_executor<counting_executor, kvscout::contiguous_layout<float, D, kvscout::hnd>>);
 template <class E>
 concept pipeline_with_executor = requires {
-  typename kvscout::host_decode_pipeline<layout, kvscout::streaming_policy,
+  typename kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host,
                                          kvscout::topk_selector_host, E>;
 };
 static_assert(pipeline_with_executor<counting_executor>);
@@ -608,8 +608,8 @@ static_assert(!pipeline_with_executor<int>);
 static_assert(!pipeline_with_executor<kvscout::host_gather_executor<kvscout::contiguous_layout<float, D, kvscout::hnd>>>);
 // The default executor is the host gather: the three-argument name is the same type.
 static_assert(std::is_same_v<
-              kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>,
-              kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host,
+              kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>,
+              kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host,
                                             kvscout::host_gather_executor<layout>>>);
 
 }  // namespace
@@ -628,18 +628,18 @@ TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper de
     return hs;
   };
   // The default: the host gather with 2 threads, which the attention shares.
-  using gather_pipe = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy,
+  using gather_pipe = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host,
                                                     kvscout::topk_selector_host>;
   model m1(L, Hq, H, S, max_tokens, 42);
-  kvscout::streaming_policy p1({H, 4});
+  kvscout::streaming_policy_host p1({H, 4});
   pipe_memory<gather_pipe> mem(pc);
   gather_pipe with_gather(pc, p1, sel, mem.gather, mem.ws.span());
   const std::vector<float> want = decode(with_gather, m1);
   // The counting wrapper, its workspace and the pipeline's: the caller's.
-  using counting_pipe = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy,
+  using counting_pipe = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host,
                                                       kvscout::topk_selector_host, counting_executor>;
   model m2(L, Hq, H, S, max_tokens, 42);
-  kvscout::streaming_policy p2({H, 4});
+  kvscout::streaming_policy_host p2({H, 4});
   auto exec_ws = kvscout::make_workspace<counting_executor>(kvscout::gather_config_for(pc));
   counting_executor counting(kvscout::gather_config_for(pc), exec_ws.span());
   auto ws = kvscout::make_workspace<counting_pipe>(pc);
@@ -661,11 +661,11 @@ TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper de
 
 TEST_CASE("the pipeline takes its buffers in the caller's workspace and checks it",
           "[pipeline][errors][workspace]") {
-  kvscout::streaming_policy p({H, 4});
+  kvscout::streaming_policy_host p({H, 4});
   kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
   auto sel_ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, sel_ws.span());
-  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   const std::size_t need = pipe_t::workspace_bytes(pc);
@@ -716,7 +716,7 @@ TEST_CASE("per-layer selectors give each layer its own budget", "[pipeline][budg
   // use: budgets that follow the attention).
   constexpr int cap = 16;
   using pipe_t =
-      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, cap, 1, 0.125f};
   const auto make = [](int budget) {
     return kvscout::topk_selector_host::config{S, H, max_tokens, cap, budget, {}};
@@ -727,7 +727,7 @@ TEST_CASE("per-layer selectors give each layer its own budget", "[pipeline][budg
   kvscout::topk_selector_host sel4(make(4), ws4.span()), sel12(make(12), ws12.span()), sel16(make(cap), ws16.span());
   const auto decode = [&](std::vector<kvscout::topk_selector_host*> sels, std::vector<std::int64_t>& rows) {
     model m(L, Hq, H, S, max_tokens, 91);
-    kvscout::streaming_policy p({H, 4});
+    kvscout::streaming_policy_host p({H, 4});
     pipe_memory<pipe_t> mem(pc);
     pipe_t pipe = sels.empty() ? pipe_t(pc, p, sel16, mem.gather, mem.ws.span())
                                : pipe_t(pc, p, std::move(sels), mem.gather, mem.ws.span());
@@ -749,7 +749,7 @@ TEST_CASE("per-layer selectors give each layer its own budget", "[pipeline][budg
   REQUIRE(rows_split[3] == static_cast<std::int64_t>(steps) * S * H * 12);
   REQUIRE(split != shared);
   // Refusals: one per layer, none null where speculated, each with the pipeline's shape.
-  kvscout::streaming_policy p({H, 4});
+  kvscout::streaming_policy_host p({H, 4});
   pipe_memory<pipe_t> mem(pc);
   REQUIRE_THROWS_WITH(pipe_t(pc, p, std::vector<kvscout::topk_selector_host*>{&sel4, &sel4}, mem.gather, mem.ws.span()),
                       Catch::Contains("got 2 selectors, expected one per layer (num_layers = 4)"));

@@ -18,11 +18,11 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/skew/calibrate.hpp"
-#include "kvscout/spec/h2o.hpp"
-#include "kvscout/spec/infinigen.hpp"
-#include "kvscout/spec/oracle.hpp"
-#include "kvscout/spec/quest.hpp"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/h2o.hpp"
+#include "kvscout/score/infinigen.hpp"
+#include "kvscout/score/oracle.hpp"
+#include "kvscout/score/quest.hpp"
+#include "kvscout/score/streaming.hpp"
 
 namespace {
 
@@ -69,7 +69,7 @@ std::vector<kvscout::skew_plan> calibrated_plans(const std::vector<float>& qs,
   return plans;
 }
 
-kvscout::score_buffer buffer_for(std::vector<float>& scores, int S, int H, int stride) {
+kvscout::score_buffer<kvscout::host_space> buffer_for(std::vector<float>& scores, int S, int H, int stride) {
   scores.assign(static_cast<std::size_t>(S) * H * stride, std::numeric_limits<float>::quiet_NaN());
   return {{scores.data(), scores.size()}, S, H, stride};
 }
@@ -77,8 +77,8 @@ kvscout::score_buffer buffer_for(std::vector<float>& scores, int S, int H, int s
 // score() of `layer` with row_max given writes the scores it writes without (`without`, from the
 // same context), and each row's largest non-NaN score (-inf for an empty row).
 template <class P>
-void require_row_max(P& p, int layer, const kvscout::spec_context& ctx,
-                     const kvscout::score_buffer& without) {
+void require_row_max(P& p, int layer, const kvscout::score_context<kvscout::host_space>& ctx,
+                     const kvscout::score_buffer<kvscout::host_space>& without) {
   std::vector<float> scores;
   auto out = buffer_for(scores, without.num_seqs, without.num_kv_heads, without.stride);
   std::vector<float> top(static_cast<std::size_t>(out.num_seqs) * out.num_kv_heads, 12345.f);
@@ -107,10 +107,10 @@ TEST_CASE("oracle scores are the true logits aggregated over the group", "[spec]
     for (auto agg : {kvscout::gqa_aggregation::max_logit, kvscout::gqa_aggregation::mean_logit,
                      kvscout::gqa_aggregation::sum_prob}) {
       CAPTURE(g, static_cast<int>(agg));
-      kvscout::oracle_policy<layout> oracle({f.Hq, scale, agg}, {f.view()});
+      kvscout::oracle_policy_host<layout> oracle({f.Hq, scale, agg}, {f.view()});
       std::vector<float> scores;
       const auto out = buffer_for(scores, f.S, f.H, f.cap);
-      const kvscout::spec_context ctx{{}, {f.q.data(), f.q.size()}, {}, {f.lens.data(), f.lens.size()}};
+      const kvscout::score_context<kvscout::host_space> ctx{{}, {f.q.data(), f.q.size()}, {}, {f.lens.data(), f.lens.size()}};
       oracle.score(0, ctx, out);
       for (int s = 0; s < f.S; ++s)
         for (int h = 0; h < f.H; ++h) {
@@ -135,7 +135,7 @@ TEST_CASE("oracle scores are the true logits aggregated over the group", "[spec]
 }
 
 TEST_CASE("streaming scores keep the sinks and the most recent tokens on top", "[spec][streaming]") {
-  kvscout::streaming_policy p({2, 4});
+  kvscout::streaming_policy_host p({2, 4});
   std::vector<int32_t> lens{10, 3};
   std::vector<float> scores;
   const auto out = buffer_for(scores, 2, 2, 12);
@@ -148,15 +148,15 @@ TEST_CASE("streaming scores keep the sinks and the most recent tokens on top", "
 }
 
 TEST_CASE("h2o scores are the accumulated attention mass", "[spec][h2o]") {
-  kvscout::h2o_policy p({2, 1, 1, 16});
+  kvscout::h2o_policy_host p({2, 1, 1, 16});
   std::vector<int32_t> lens{5};
   // Step 1 attended tokens {1, 3} and the current token (position 5); step 2 tokens {0, 1}.
   std::vector<int32_t> idx{1, 3, 0, 0}, counts{2};
   std::vector<float> rows_k(4 * D, 1.f), rows_v(4 * D, 1.f);
   const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), idx.size()}, {counts.data(), counts.size()}, 1, 1, 4};
-  const kvscout::gathered_rows<float, D> rows(sel, {rows_k.data(), rows_k.size()}, {rows_v.data(), rows_v.size()});
+  const kvscout::gathered_rows_host<float, D> rows(sel, {rows_k.data(), rows_k.size()}, {rows_v.data(), rows_v.size()});
   std::vector<float> probs{0.5f, 0.25f, 0.25f, 0.f, 0.f};
-  const kvscout::spec_context ctx{{}, {}, {}, {lens.data(), lens.size()}};
+  const kvscout::score_context<kvscout::host_space> ctx{{}, {}, {}, {lens.data(), lens.size()}};
   p.observe(1, ctx, rows, {probs.data(), probs.size()}, 5, true);
   idx = {0, 1, 0, 0};
   probs = {0.125f, 0.375f, 0.5f, 0.f, 0.f};
@@ -177,7 +177,7 @@ TEST_CASE("quest page bounds never underestimate a key's score", "[spec][quest]"
   for (int g : {1, 3}) {
     cache_fixture f(g, 70u + g);
     const float scale = 0.125f;
-    kvscout::quest_policy<D> quest({1, f.S, f.H, f.Hq, f.cap, 16, scale, kvscout::gqa_aggregation::max_logit});
+    kvscout::quest_policy_host<D> quest({1, f.S, f.H, f.Hq, f.cap, 16, scale, kvscout::gqa_aggregation::max_logit});
     std::vector<float> k_post(static_cast<std::size_t>(f.H) * D);
     for (int s = 0; s < f.S; ++s)
       for (int t = 0; t < f.lens[s]; ++t) {
@@ -197,7 +197,7 @@ TEST_CASE("quest page bounds never underestimate a key's score", "[spec][quest]"
         }
   }
   SECTION("the page holding the aligned key ranks first") {
-    kvscout::quest_policy<D> quest({1, 1, 1, 1, 64, 8, 0.125f});
+    kvscout::quest_policy_host<D> quest({1, 1, 1, 1, 64, 8, 0.125f});
     std::vector<float> key(D);
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.f, 0.1f);
@@ -242,9 +242,9 @@ TEST_CASE("infinigen with a full partial dimension scores exactly like the oracl
                                               {D, false, mode, rope}));
     const kvscout::infinigen_config pc{1, 1, H, Hq, D, d_model, 128, 0.125f,
                                        kvscout::gqa_aggregation::max_logit};
-    auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
-    kvscout::infinigen_policy<> p(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}},
-                                  pws.span());
+    auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
+    kvscout::infinigen_policy_host<> p(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}},
+                                       pws.span());
     // Keys of n tokens (pre-RoPE random; post-RoPE = rotated at their positions).
     std::vector<float> kpre(static_cast<std::size_t>(n) * H * D), kpost(kpre.size());
     for (auto& v : kpre) v = nd(rng);
@@ -306,8 +306,8 @@ void check_tiles_agree(int g, kvscout::gqa_aggregation agg) {
   for (auto& w : x) w = nd(rng);
   std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
   const kvscout::infinigen_config pc{1, 1, H, Hq, D, d_model, full, 0.125f, agg};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<PkT>>(pc);
-  kvscout::infinigen_policy<PkT> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(pc);
+  kvscout::infinigen_policy_host<PkT> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
   std::vector<float> k(static_cast<std::size_t>(H) * D);
   for (int t = 0; t < full; ++t) {
     for (auto& v : k) v = nd(rng);
@@ -375,7 +375,7 @@ TEST_CASE("infinigen scores the same bits whether a tile is scored alone or with
 
 TEST_CASE("infinigen scores the same bits on rows past the register-pinning bound", "[spec][infinigen]") {
   // Rows of up to 4 MiB of partial keys pin each key line in a register on AVX-512 builds,
-  // longer rows do not (infinigen_policy::pin_row_bytes); both must form the same sums. With
+  // longer rows do not (infinigen_policy_host::pin_row_bytes); both must form the same sums. With
   // r = 16 floats the bound is 65536 tokens: a row of 69632 scored whole and its first 65536
   // tokens scored alone must agree bit for bit.
   const int H = 1, g = 3, Hq = H * g, d_model = 32, r = 16, full = 65536 + 4096, cut = 65536;
@@ -387,8 +387,8 @@ TEST_CASE("infinigen scores the same bits on rows past the register-pinning boun
   std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
   const kvscout::infinigen_config pc{1, 1, H, Hq, D, d_model, full, 0.125f,
                                      kvscout::gqa_aggregation::max_logit};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<float>>(pc);
-  kvscout::infinigen_policy<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
+  kvscout::infinigen_policy_host<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
   std::vector<float> k(static_cast<std::size_t>(H) * D);
   for (int t = 0; t < full; ++t) {
     for (auto& v : k) v = nd(rng);
@@ -399,7 +399,7 @@ TEST_CASE("infinigen scores the same bits on rows past the register-pinning boun
   for (auto [n, scores] : {std::pair{full, &whole}, std::pair{cut, &part}}) {
     std::vector<int32_t> lens{n};
     const auto out = buffer_for(*scores, 1, H, full);
-    const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}};
+    const kvscout::score_context<kvscout::host_space> ctx{{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}};
     p.score(0, ctx, out);
     require_row_max(p, 0, ctx, out);  // the maximum kept by both loops
   }
@@ -513,8 +513,8 @@ TEST_CASE("infinigen, RoPE planes: each kv head's queries rotate its own planes"
   const kvscout::host_span<const float> W_Q(wq.data(), wq.size()), b_Q(bq.data(), bq.size());
   const kvscout::infinigen_config pc{L, 1, H, Hq, D, d_model, n, 0.125f,
                                      kvscout::gqa_aggregation::max_logit};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
-  kvscout::infinigen_policy<> p(pc, plans, {W_Q, W_Q, W_Q}, {b_Q, b_Q, b_Q}, pws.span());
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
+  kvscout::infinigen_policy_host<> p(pc, plans, {W_Q, W_Q, W_Q}, {b_Q, b_Q, b_Q}, pws.span());
   std::vector<float> k(static_cast<std::size_t>(H) * D);
   for (int l = 0; l < L; ++l)
     for (int t = 0; t < n; ++t) {
@@ -571,8 +571,8 @@ TEST_CASE("infinigen writes each row's maximum as it scores: tails, NaN keys, em
       for (auto& w : x) w = nd(rng);
       std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
       const kvscout::infinigen_config pc{1, S, H, Hq, D, d_model, cap, 0.125f, agg};
-      auto pws = kvscout::make_workspace<kvscout::infinigen_policy<float>>(pc);
-      kvscout::infinigen_policy<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
+      auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
+      kvscout::infinigen_policy_host<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
       std::vector<float> k(static_cast<std::size_t>(H) * D);
       for (int s = 0; s < S; ++s)
         for (int t = 0; t < lens[s]; ++t) {
@@ -583,7 +583,7 @@ TEST_CASE("infinigen writes each row's maximum as it scores: tails, NaN keys, em
         }
       std::vector<float> scores;
       const auto out = buffer_for(scores, S, H, cap);
-      const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), pos.size()},
+      const kvscout::score_context<kvscout::host_space> ctx{{x.data(), x.size()}, {}, {pos.data(), pos.size()},
                                       {lens.data(), lens.size()}};
       p.score(0, ctx, out);
       REQUIRE(std::isnan(out.row(3 + 1, 0)[3]));
@@ -619,7 +619,7 @@ TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
   std::vector<float> ks(static_cast<std::size_t>(200) * D);
   for (auto& v : qs) v = nd(rng);
   for (auto& v : ks) v = nd(rng);
-  using policy = kvscout::infinigen_policy<>;
+  using policy = kvscout::infinigen_policy_host<>;
   for (auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes,
                     kvscout::rope_mode::pre_rope_folded}) {
     CAPTURE(kvscout::to_string(mode));
@@ -769,8 +769,8 @@ TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of f
       round_to_w(bq, bq_in, bq);  // bq itself now holds values W represents
       const kvscout::infinigen_config cfg{1, S, H, Hq, D, d_model, cap, 0.125f,
                                           kvscout::gqa_aggregation::max_logit};
-      using narrow_t = kvscout::infinigen_policy<float, W>;
-      using wide_t = kvscout::infinigen_policy<float, float>;
+      using narrow_t = kvscout::infinigen_policy_host<float, W>;
+      using wide_t = kvscout::infinigen_policy_host<float, float>;
       const std::vector<kvscout::host_span<const float>> b_f{{bq.data(), bq.size()}};
       // One workspace each: a workspace serves one policy (its scratch).
       auto ws_a = kvscout::make_workspace<narrow_t>(cfg), ws_b = kvscout::make_workspace<wide_t>(cfg);
@@ -792,7 +792,7 @@ TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of f
       std::vector<float> a, b, c, m;
       const auto out_a = buffer_for(a, S, H, cap), out_b = buffer_for(b, S, H, cap);
       const auto out_c = buffer_for(c, S, H, cap), out_m = buffer_for(m, S, H, cap);
-      const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), pos.size()},
+      const kvscout::score_context<kvscout::host_space> ctx{{x.data(), x.size()}, {}, {pos.data(), pos.size()},
                                       {lens.data(), lens.size()}};
       narrow.score(0, ctx, out_a);
       wide.score(0, ctx, out_b);
@@ -822,7 +822,7 @@ namespace {
 // Scores a rejected call must leave as they were.
 constexpr float poison = -7.25f;
 
-kvscout::score_buffer poisoned(std::vector<float>& scores, int S, int H, int stride) {
+kvscout::score_buffer<kvscout::host_space> poisoned(std::vector<float>& scores, int S, int H, int stride) {
   scores.assign(static_cast<std::size_t>(S) * H * stride, poison);
   return {{scores.data(), scores.size()}, S, H, stride};
 }
@@ -851,7 +851,7 @@ static_assert(kvscout::attention_rows<token_rows>);
 
 TEST_CASE("quest rejects sequences its page bounds do not hold", "[spec][quest][errors]") {
   // 2 sequences of at most 64 tokens; a third sequence or a longer one would read past them.
-  kvscout::quest_policy<D> quest({1, 2, 1, 1, 64, 8, 0.125f});
+  kvscout::quest_policy_host<D> quest({1, 2, 1, 1, 64, 8, 0.125f});
   std::vector<float> key(D, 1.f), q(static_cast<std::size_t>(3) * D, 1.f), scores;
   for (int s = 0; s < 2; ++s)
     for (int t = 0; t < 64; ++t) quest.append(0, s, t, nullptr, key.data());
@@ -880,7 +880,7 @@ TEST_CASE("quest rejects sequences its page bounds do not hold", "[spec][quest][
 }
 
 TEST_CASE("h2o score rejects sequences its mass does not hold", "[spec][h2o][errors]") {
-  kvscout::h2o_policy p({1, 1, 1, 16});
+  kvscout::h2o_policy_host p({1, 1, 1, 16});
   std::vector<float> scores;
   SECTION("more sequences than the policy's num_seqs") {
     std::vector<int32_t> lens{4, 4};
@@ -906,10 +906,10 @@ TEST_CASE("h2o score rejects sequences its mass does not hold", "[spec][h2o][err
 TEST_CASE("h2o observe rejects rows and probabilities past its mass", "[spec][h2o][errors]") {
   // Each bad call comes after a good row (token 1), so a check made while adding would already
   // have changed the mass; the scores afterwards show it unchanged.
-  kvscout::h2o_policy p({1, 1, 1, 16});
+  kvscout::h2o_policy_host p({1, 1, 1, 16});
   std::vector<int32_t> lens{5};
   std::vector<float> probs{0.5f, 0.25f, 0.25f, 0.f, 0.f};
-  const kvscout::spec_context ctx{{}, {}, {}, {lens.data(), lens.size()}};
+  const kvscout::score_context<kvscout::host_space> ctx{{}, {}, {}, {lens.data(), lens.size()}};
   const kvscout::host_span<const float> pr{probs.data(), probs.size()};
   token_rows rows{{1, 3}, 1, 1, 2};
   p.observe(0, ctx, rows, pr, 5, true);  // token 1: 0.5, token 3: 0.25, current (5): 0.25
@@ -933,7 +933,7 @@ TEST_CASE("h2o observe rejects rows and probabilities past its mass", "[spec][h2
     rows = {{1, 3, 1, 3}, 2, 1, 2};
     std::vector<int32_t> lens2{5, 5};
     std::vector<float> probs2(10, 0.1f);
-    const kvscout::spec_context ctx2{{}, {}, {}, {lens2.data(), 2}};
+    const kvscout::score_context<kvscout::host_space> ctx2{{}, {}, {}, {lens2.data(), 2}};
     REQUIRE_THROWS_WITH(p.observe(0, ctx2, rows, {probs2.data(), 10}, 5, true),
                         Catch::Contains("rows hold 2 sequences, expected "
                                         "[0, the policy's num_seqs = 1]"));
@@ -956,7 +956,7 @@ TEST_CASE("h2o observe rejects rows and probabilities past its mass", "[spec][h2
                         Catch::Contains("stride must be non-negative, got -1"));
   }
   SECTION("no seq_lens for the current token's position") {
-    REQUIRE_THROWS_WITH(p.observe(0, kvscout::spec_context{}, rows, pr, 5, true),
+    REQUIRE_THROWS_WITH(p.observe(0, kvscout::score_context<kvscout::host_space>{}, rows, pr, 5, true),
                         Catch::Contains("seq_lens holds 0 entries, expected num_seqs = 1"));
     std::vector<int32_t> neg{-1};
     REQUIRE_THROWS_WITH(p.observe(0, {{}, {}, {}, {neg.data(), 1}}, rows, pr, 5, true),
@@ -973,7 +973,7 @@ TEST_CASE("h2o observe rejects rows and probabilities past its mass", "[spec][h2
 
 TEST_CASE("oracle rejects sequences its cache does not hold", "[spec][oracle][errors]") {
   cache_fixture f(1, 9u);  // 2 sequences of 80 and 33 tokens
-  kvscout::oracle_policy<layout> oracle({f.Hq, 0.125f}, {f.view()});
+  kvscout::oracle_policy_host<layout> oracle({f.Hq, 0.125f}, {f.view()});
   std::vector<float> q(static_cast<std::size_t>(3) * f.Hq * D, 1.f), scores;
   SECTION("more sequences than the cache's") {
     std::vector<int32_t> lens{8, 8, 8};
@@ -993,7 +993,7 @@ TEST_CASE("oracle rejects sequences its cache does not hold", "[spec][oracle][er
 }
 
 TEST_CASE("streaming rejects a malformed score buffer", "[spec][streaming][errors]") {
-  kvscout::streaming_policy p({2, 4});
+  kvscout::streaming_policy_host p({2, 4});
   std::vector<float> scores;
   SECTION("a sequence longer than the stride, after a valid one") {
     std::vector<int32_t> lens2{10, 13};
@@ -1025,13 +1025,13 @@ TEST_CASE("streaming rejects a malformed score buffer", "[spec][streaming][error
                         Catch::Contains("score buffer holds 23 floats, expected [1, 2, 12]"));
     // Row maxima, where asked for, for every row: nothing is written otherwise.
     std::vector<float> top(1, 7.f);
-    const kvscout::score_buffer short_max{{scores.data(), scores.size()}, 1, 2, 12,
+    const kvscout::score_buffer<kvscout::host_space> short_max{{scores.data(), scores.size()}, 1, 2, 12,
                                           {top.data(), top.size()}};
     REQUIRE_THROWS_WITH(p.score(0, {{}, {}, {}, {lens.data(), 1}}, short_max),
                         Catch::Contains("score buffer row_max holds 1 floats, expected none or "
                                         "[1, 2]"));
     REQUIRE(top[0] == 7.f);
-    const kvscout::score_buffer null_max{{scores.data(), scores.size()}, 1, 2, 12, {nullptr, 2}};
+    const kvscout::score_buffer<kvscout::host_space> null_max{{scores.data(), scores.size()}, 1, 2, 12, {nullptr, 2}};
     REQUIRE_THROWS_WITH(p.score(0, {{}, {}, {}, {lens.data(), 1}}, null_max),
                         Catch::Contains("score buffer row_max is null"));
     REQUIRE(untouched(scores));
@@ -1043,7 +1043,7 @@ TEST_CASE("infinigen_policy takes its scratch in the caller's workspace and chec
           "[spec][infinigen][errors][workspace]") {
   // Two layers (0 dense), one sequence, GQA 2 (mean_logit: the group's mean query, qm_), r = 16.
   const int d_model = 64, r = 16, n = 40;
-  using P = kvscout::infinigen_policy<>;
+  using P = kvscout::infinigen_policy_host<>;
   const kvscout::infinigen_config pc{2, 1, 1, 2, D, d_model, 64, 0.125f,
                                      kvscout::gqa_aggregation::mean_logit};
   std::mt19937 rng(7);
@@ -1095,7 +1095,7 @@ TEST_CASE("infinigen_policy takes its scratch in the caller's workspace and chec
       c.append(1, 0, t, k.data(), k.data());
     }
     std::vector<int32_t> lens{n}, pos{n};
-    const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}};
+    const kvscout::score_context<kvscout::host_space> ctx{{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}};
     std::vector<float> sa, sc;
     const auto oa = buffer_for(sa, 1, 1, 64), oc = buffer_for(sc, 1, 1, 64);
     a.score(1, ctx, oa);
@@ -1114,9 +1114,9 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
   const int d_model = 64, r = 16;
   std::vector<float> wq(static_cast<std::size_t>(D) * d_model, 0.01f), x(2 * d_model, 1.f);
   const kvscout::infinigen_config pc{2, 1, 1, 1, D, d_model, 32, 0.125f};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
-  kvscout::infinigen_policy<> p(pc, {{}, {identity_planes(r)}}, {{}, {wq.data(), wq.size()}},
-                                {{}, {}}, pws.span());
+  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
+  kvscout::infinigen_policy_host<> p(pc, {{}, {identity_planes(r)}}, {{}, {wq.data(), wq.size()}},
+                                     {{}, {}}, pws.span());
   std::vector<float> k(D, 1.f), scores;
   for (int t = 0; t < 8; ++t) p.append(1, 0, t, k.data(), k.data());
   SECTION("append: an untracked layer keeps nothing, a layer out of range throws") {
@@ -1139,7 +1139,7 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
   SECTION("score: more sequences than the policy's num_seqs") {
     std::vector<int32_t> lens{8, 8}, pos{8, 8};
     const auto out = poisoned(scores, 2, 1, 32);
-    const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), 2}, {lens.data(), 2}};
+    const kvscout::score_context<kvscout::host_space> ctx{{x.data(), x.size()}, {}, {pos.data(), 2}, {lens.data(), 2}};
     REQUIRE_THROWS_WITH(p.score(1, ctx, out),
                         Catch::Contains("score buffer num_seqs = 2 exceeds the policy's "
                                         "num_seqs = 1"));
@@ -1148,7 +1148,7 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
   SECTION("score: a sequence longer than max_tokens (the stride allows it)") {
     std::vector<int32_t> lens{40}, pos{40};
     const auto out = poisoned(scores, 1, 1, 64);
-    const kvscout::spec_context ctx{{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}};
+    const kvscout::score_context<kvscout::host_space> ctx{{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}};
     REQUIRE_THROWS_WITH(p.score(1, ctx, out),
                         Catch::Contains("seq_lens[0] = 40 exceeds the policy's max_tokens = 32"));
     REQUIRE(untouched(scores));
@@ -1162,9 +1162,9 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
     const kvscout::infinigen_config big_cfg{1, 1, 1, 1, big, dm, 8, 0.125f,
                                             kvscout::gqa_aggregation::max_logit};
     REQUIRE_THROWS_WITH(
-        kvscout::infinigen_policy<>(big_cfg, plans, {{w.data(), w.size()}}, {{}},
-                                    kvscout::make_workspace<kvscout::infinigen_policy<>>(big_cfg)
-                                        .span()),
+        kvscout::infinigen_policy_host<>(big_cfg, plans, {{w.data(), w.size()}}, {{}},
+                                         kvscout::make_workspace<kvscout::infinigen_policy_host<>>(big_cfg)
+                                             .span()),
         Catch::Contains("layer 0: head_dim 1024 exceeds the RoPE modes' limit 512"));
   }
 }
@@ -1174,7 +1174,7 @@ template <class T>
 concept partial_key_type = requires { typename kvscout::partial_key_cache<T>; };
 static_assert(partial_key_type<kvscout::half> && !partial_key_type<kvscout::fp8_e4m3>);
 template <class T>
-concept infinigen_partial_key_type = requires { typename kvscout::infinigen_policy<T>; };
+concept infinigen_partial_key_type = requires { typename kvscout::infinigen_policy_host<T>; };
 static_assert(infinigen_partial_key_type<float> &&
               !infinigen_partial_key_type<kvscout::fp8_e5m2>);
 
@@ -1212,13 +1212,13 @@ TEST_CASE("the oracle over an fp8 cache takes each layer's k_scale", "[spec][ora
     v8.push_back({l8, bytes(k8[layer]), bytes(k8[layer])});
     v32.push_back({l32, bytes(k32[layer]), bytes(k32[layer])});
   }
-  const typename kvscout::oracle_policy<L8>::config cfg{Hq, 0.125f,
+  const typename kvscout::oracle_policy_host<L8>::config cfg{Hq, 0.125f,
                                                         kvscout::gqa_aggregation::sum_prob};
-  kvscout::oracle_policy<L8> scaled(cfg, v8, k_scales), unscaled(cfg, v8);
-  kvscout::oracle_policy<L32> reference({Hq, 0.125f, kvscout::gqa_aggregation::sum_prob}, v32);
+  kvscout::oracle_policy_host<L8> scaled(cfg, v8, k_scales), unscaled(cfg, v8);
+  kvscout::oracle_policy_host<L32> reference({Hq, 0.125f, kvscout::gqa_aggregation::sum_prob}, v32);
   std::vector<float> q(static_cast<std::size_t>(Hq) * D);
   for (auto& x : q) x = nd(rng);
-  const kvscout::spec_context ctx{{}, {q.data(), q.size()}, {}, {lens.data(), 1}};
+  const kvscout::score_context<kvscout::host_space> ctx{{}, {q.data(), q.size()}, {}, {lens.data(), 1}};
   for (int layer = 0; layer < 2; ++layer) {
     std::vector<float> a(H * n), b(H * n), c(H * n);
     scaled.score(layer, ctx, {{a.data(), a.size()}, 1, H, n});
@@ -1233,13 +1233,13 @@ TEST_CASE("the oracle over an fp8 cache takes each layer's k_scale", "[spec][ora
     REQUIRE(worst <= 1e-5);
     if (layer == 1) REQUIRE(moved > 0.1);
   }
-  REQUIRE_THROWS_WITH(kvscout::oracle_policy<L8>(cfg, v8, {1.f}),
+  REQUIRE_THROWS_WITH(kvscout::oracle_policy_host<L8>(cfg, v8, {1.f}),
                       Catch::Contains("1 k_scales for 2 layers"));
-  REQUIRE_THROWS_WITH(kvscout::oracle_policy<L8>(cfg, v8, {1.f, 0.f}),
+  REQUIRE_THROWS_WITH(kvscout::oracle_policy_host<L8>(cfg, v8, {1.f, 0.f}),
                       Catch::Contains("k_scales[1] = 0 must be positive and finite"));
 }
 
-// ---- continuous batching: spec_context::seq_ids ------------------------------------------------
+// ---- continuous batching: score_context::seq_ids ------------------------------------------------
 
 namespace {
 
@@ -1275,11 +1275,11 @@ struct seq_id_fixture {
     }
   }
   std::size_t key_at(int s, int t) const { return (static_cast<std::size_t>(s) * cap + t) * H * D; }
-  kvscout::spec_context all() const {
+  kvscout::score_context<kvscout::host_space> all() const {
     return {{x.data(), x.size()}, {q.data(), q.size()}, {pos.data(), pos.size()},
             {lens.data(), lens.size()}};
   }
-  kvscout::spec_context batch() const {
+  kvscout::score_context<kvscout::host_space> batch() const {
     return {{bx.data(), bx.size()}, {bq.data(), bq.size()}, {bpos.data(), bpos.size()},
             {blens.data(), blens.size()}, {seq_ids.data(), seq_ids.size()}};
   }
@@ -1325,10 +1325,10 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
         CAPTURE(kvscout::to_string(mode), static_cast<int>(agg));
         // Layer 0 dense, layer 1 speculated.
         const kvscout::infinigen_config pc{2, f.S, f.H, f.Hq, D, f.d_model, f.cap, 0.125f, agg};
-        auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
-        kvscout::infinigen_policy<> p(pc, {{}, calibrated_plans(qs, ks, f.H, f.g, 16, mode, f.rope)},
-                                      {{}, {wq.data(), wq.size()}}, {{}, {bq.data(), bq.size()}},
-                                      pws.span());
+        auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
+        kvscout::infinigen_policy_host<> p(pc, {{}, calibrated_plans(qs, ks, f.H, f.g, 16, mode, f.rope)},
+                                           {{}, {wq.data(), wq.size()}}, {{}, {bq.data(), bq.size()}},
+                                           pws.span());
         for (int s = 0; s < f.S; ++s)
           for (int t = 0; t < f.lens[s]; ++t)
             p.append(1, s, t, &f.kpre[f.key_at(s, t)], &f.kpost[f.key_at(s, t)]);
@@ -1336,7 +1336,7 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
       }
   }
   SECTION("quest") {
-    kvscout::quest_policy<D> p({2, f.S, f.H, f.Hq, f.cap, 8, 0.125f});
+    kvscout::quest_policy_host<D> p({2, f.S, f.H, f.Hq, f.cap, 8, 0.125f});
     for (int s = 0; s < f.S; ++s)
       for (int t = 0; t < f.lens[s]; ++t) p.append(1, s, t, nullptr, &f.kpost[f.key_at(s, t)]);
     f.require_rows_of_seq_ids(p);
@@ -1352,11 +1352,11 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
     const kvscout::kv_view<layout, kvscout::host_space> view{
         l, kvscout::as_bytes(kvscout::host_span<const float>(k.data(), k.size())),
         kvscout::as_bytes(kvscout::host_span<const float>(v.data(), v.size()))};
-    kvscout::oracle_policy<layout> p({f.Hq, 0.125f}, {view, view});
+    kvscout::oracle_policy_host<layout> p({f.Hq, 0.125f}, {view, view});
     f.require_rows_of_seq_ids(p);
   }
   SECTION("h2o: observe adds to, and score reads, the sequence's mass") {
-    kvscout::h2o_policy p({2, f.S, f.H, f.cap});
+    kvscout::h2o_policy_host p({2, f.S, f.H, f.cap});
     // Two steps of the batch, each attending 3 rows per (row, head) plus the current token.
     token_rows rows;
     rows.seqs = f.B, rows.heads = f.H, rows.n = 3;
@@ -1384,7 +1384,7 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
                         [](float m) { return m > 0.f; }));
   }
   SECTION("streaming keeps no state: the rows are the batch's own") {
-    kvscout::streaming_policy p({f.H, 2});
+    kvscout::streaming_policy_host p({f.H, 2});
     f.require_rows_of_seq_ids(p);
   }
 }
@@ -1398,7 +1398,7 @@ TEST_CASE("seq_ids of a large batch: a permutation passes, a repeat is named by 
     std::vector<int32_t> ids(static_cast<std::size_t>(std::min(max_seqs, 4096)));
     std::iota(ids.begin(), ids.end(), max_seqs - static_cast<int>(ids.size()));  // the top ids
     std::shuffle(ids.begin(), ids.end(), std::mt19937(20261203u));
-    kvscout::spec_context ctx{};
+    kvscout::score_context<kvscout::host_space> ctx{};
     ctx.seq_ids = {ids.data(), ids.size()};
     const int rows = static_cast<int>(ids.size());
     REQUIRE_NOTHROW(kvscout::detail::check_seq_ids(ctx, rows, max_seqs));
@@ -1422,7 +1422,7 @@ TEST_CASE("policies refuse seq_ids they do not hold, repeated or too few",
   std::vector<float> scores;
   // A call with `seq_ids` over f's batch must throw `what` and leave the scores as they were.
   const auto refuses = [&](auto& p, std::vector<int32_t> seq_ids, const std::string& what) {
-    kvscout::spec_context ctx = f.batch();
+    kvscout::score_context<kvscout::host_space> ctx = f.batch();
     ctx.seq_ids = {seq_ids.data(), seq_ids.size()};
     const auto out = poisoned(scores, f.B, f.H, f.cap);
     REQUIRE_THROWS_WITH(p.score(1, ctx, out), Catch::Contains(what));
@@ -1437,24 +1437,24 @@ TEST_CASE("policies refuse seq_ids they do not hold, repeated or too few",
   SECTION("infinigen") {
     std::vector<float> wq(static_cast<std::size_t>(f.Hq) * D * f.d_model, 0.01f);
     const kvscout::infinigen_config pc{2, f.S, f.H, f.Hq, D, f.d_model, f.cap, 0.125f};
-    auto pws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
-    kvscout::infinigen_policy<> p(pc, {{}, std::vector<kvscout::skew_plan>(f.H, identity_planes(16))},
-                                  {{}, {wq.data(), wq.size()}}, {{}, {}}, pws.span());
+    auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
+    kvscout::infinigen_policy_host<> p(pc, {{}, std::vector<kvscout::skew_plan>(f.H, identity_planes(16))},
+                                       {{}, {wq.data(), wq.size()}}, {{}, {}}, pws.span());
     every_case(p, "the policy's");
   }
   SECTION("quest") {
-    kvscout::quest_policy<D> p({2, f.S, f.H, f.Hq, f.cap, 8, 0.125f});
+    kvscout::quest_policy_host<D> p({2, f.S, f.H, f.Hq, f.cap, 8, 0.125f});
     every_case(p, "the policy's");
   }
   SECTION("h2o, and its observe") {
-    kvscout::h2o_policy p({2, f.S, f.H, f.cap});
+    kvscout::h2o_policy_host p({2, f.S, f.H, f.cap});
     every_case(p, "the policy's");
     token_rows rows;
     rows.seqs = f.B, rows.heads = f.H, rows.n = 1;
     rows.tokens.assign(static_cast<std::size_t>(f.B) * f.H, 2);
     std::vector<float> probs(static_cast<std::size_t>(f.B) * f.H * 2, 0.5f);
     std::vector<int32_t> dup{4, 1, 4};
-    kvscout::spec_context ctx = f.batch();
+    kvscout::score_context<kvscout::host_space> ctx = f.batch();
     ctx.seq_ids = {dup.data(), dup.size()};
     REQUIRE_THROWS_WITH(p.observe(1, ctx, rows, {probs.data(), probs.size()}, 2, true),
                         Catch::Contains("seq_ids[0] and seq_ids[2] are both 4"));
@@ -1465,9 +1465,9 @@ TEST_CASE("policies refuse seq_ids they do not hold, repeated or too few",
   }
   SECTION("oracle: the cache's sequences") {
     cache_fixture c(3, 12u);  // 2 sequences
-    kvscout::oracle_policy<layout> p({c.Hq, 0.125f}, {c.view(), c.view()});
+    kvscout::oracle_policy_host<layout> p({c.Hq, 0.125f}, {c.view(), c.view()});
     std::vector<int32_t> lens{8, 8}, seq_ids{1, 2};
-    const kvscout::spec_context ctx{{}, {c.q.data(), c.q.size()}, {}, {lens.data(), 2},
+    const kvscout::score_context<kvscout::host_space> ctx{{}, {c.q.data(), c.q.size()}, {}, {lens.data(), 2},
                                     {seq_ids.data(), 2}};
     const auto out = poisoned(scores, 2, c.H, c.cap);
     REQUIRE_THROWS_WITH(p.score(1, ctx, out),
@@ -1475,7 +1475,7 @@ TEST_CASE("policies refuse seq_ids they do not hold, repeated or too few",
     REQUIRE(untouched(scores));
   }
   SECTION("streaming: repeated or too few (it holds no sequences to bound them)") {
-    kvscout::streaming_policy p({f.H, 2});
+    kvscout::streaming_policy_host p({f.H, 2});
     refuses(p, {3, 0, 3}, "seq_ids[0] and seq_ids[2] are both 3");
     refuses(p, {3, 0}, "seq_ids holds 2 entries, expected num_seqs = 3 (or none)");
   }

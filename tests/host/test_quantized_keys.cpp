@@ -1,5 +1,5 @@
 // Quantised partial keys (issue 32): quantized_partial_key_cache against an fp64 reference of its
-// definition (cache/quantized_partial_key_cache.hpp), its refusals, and infinigen_policy over it
+// definition (cache/quantized_partial_key_cache.hpp), its refusals, and infinigen_policy_host over it
 // (quantized_keys<Bits>) against an fp64 reference computed from the cache's dequantised keys.
 
 #include <catch2/catch.hpp>
@@ -14,7 +14,7 @@
 #include "kvscout/cache/partial_key_store.hpp"
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/skew/calibrate.hpp"
-#include "kvscout/spec/infinigen.hpp"
+#include "kvscout/score/infinigen.hpp"
 
 namespace {
 
@@ -108,7 +108,7 @@ struct slice {
   }
 };
 
-kvscout::score_buffer buffer_for(std::vector<float>& scores, int S, int H, int stride) {
+kvscout::score_buffer<kvscout::host_space> buffer_for(std::vector<float>& scores, int S, int H, int stride) {
   scores.assign(static_cast<std::size_t>(S) * H * stride, nan_f);
   return {{scores.data(), scores.size()}, S, H, stride};
 }
@@ -232,16 +232,16 @@ TEST_CASE("quantized_partial_key_cache refuses what it cannot hold, writing noth
                 !kvscout::partial_key_format<kvscout::quantized_keys<4, 48>>);
 }
 
-// score() and score_query() of infinigen_policy<quantized_keys<Bits>> against fp64 of their
+// score() and score_query() of infinigen_policy_host<quantized_keys<Bits>> against fp64 of their
 // definition over the cache's own dequantised keys: logit = scale * (q A)[S] . k^[t], the group
 // folded by the aggregation; and, in rope_planes mode (the projection a gather of channels), a
 // float policy fed keys whose selected channels hold the dequantised values (the same scores
 // up to float rounding).
-TEMPLATE_TEST_CASE("infinigen_policy over quantised partial keys scores the dequantised keys",
+TEMPLATE_TEST_CASE("infinigen_policy_host over quantised partial keys scores the dequantised keys",
                    "[spec][infinigen][quantized]", kvscout::quantized_keys<4>, kvscout::quantized_keys<2>,
                    (kvscout::quantized_keys<2, 16>), (kvscout::quantized_keys<8, 64>)) {
   using kvscout::gqa_aggregation;
-  using P = kvscout::infinigen_policy<TestType>;
+  using P = kvscout::infinigen_policy_host<TestType>;
   static_assert(kvscout::speculation_policy<P> && P::quantized);
   constexpr int max_tokens = 96, scored = 100;  // scored: the score rows' stride
   for (const auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes})
@@ -266,9 +266,9 @@ TEMPLATE_TEST_CASE("infinigen_policy over quantised partial keys scores the dequ
         const auto lb = buffer_for(late, m.S, m.H, scored);
         const auto eb = buffer_for(early, m.S, m.H, scored);
         std::vector<float> late_max(static_cast<std::size_t>(m.S * m.H), nan_f);
-        const kvscout::score_buffer lbm{lb.scores, lb.num_seqs, lb.num_kv_heads, lb.stride,
+        const kvscout::score_buffer<kvscout::host_space> lbm{lb.scores, lb.num_seqs, lb.num_kv_heads, lb.stride,
                                         {late_max.data(), late_max.size()}};
-        const kvscout::spec_context ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
+        const kvscout::score_context<kvscout::host_space> ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
                                         {pos.data(), 2}, {lens.data(), 2}};
         p.score_query(0, ctx, lbm);
         p.score(0, ctx, eb);
@@ -339,8 +339,8 @@ TEMPLATE_TEST_CASE("infinigen_policy over quantised partial keys scores the dequ
           }
         if (mode != kvscout::rope_mode::rope_planes) continue;
         // The float policy fed the dequantised keys in the selected channels.
-        auto fws = kvscout::make_workspace<kvscout::infinigen_policy<>>(pc);
-        kvscout::infinigen_policy<> f(pc, {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}},
+        auto fws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
+        kvscout::infinigen_policy_host<> f(pc, {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}},
                                       fws.span());
         for (int s = 0; s < m.S; ++s)
           for (int t = 0; t < m.n; ++t) {
@@ -363,13 +363,13 @@ TEMPLATE_TEST_CASE("infinigen_policy over quantised partial keys scores the dequ
       }
 }
 
-TEST_CASE("infinigen_policy over quantised keys refuses an append whole", "[spec][infinigen][quantized][errors]") {
-  using P = kvscout::infinigen_policy<kvscout::quantized_keys<4>, kvscout::half>;
+TEST_CASE("infinigen_policy_host over quantised keys refuses an append whole", "[spec][infinigen][quantized][errors]") {
+  using P = kvscout::infinigen_policy_host<kvscout::quantized_keys<4>, kvscout::half>;
   slice m(1, 2, 2, 40, 3u);
   const auto plans = m.plans(16, kvscout::rope_mode::rope_planes, 4u);
   const kvscout::infinigen_config pc{1, 1, m.H, m.Hq, D, m.d_model, 40, 0.125f};
   auto pws = kvscout::make_workspace<P>(pc);
-  REQUIRE(P::workspace_bytes(pc) == kvscout::infinigen_policy<>::workspace_bytes(pc) + sizeof(float) * 2 * D);
+  REQUIRE(P::workspace_bytes(pc) == kvscout::infinigen_policy_host<>::workspace_bytes(pc) + sizeof(float) * 2 * D);
   std::vector<kvscout::half> wh(m.wq.size());
   for (std::size_t i = 0; i < wh.size(); ++i) wh[i] = kvscout::from_float<kvscout::half>(m.wq[i]);
   P p(pc, {plans}, std::vector<kvscout::host_span<const kvscout::half>>{{wh.data(), wh.size()}},

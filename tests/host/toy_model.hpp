@@ -12,7 +12,7 @@
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/kv/contiguous.hpp"
-#include "kvscout/spec/concepts.hpp"
+#include "kvscout/score/concepts.hpp"
 
 namespace kvtest {
 
@@ -28,7 +28,7 @@ struct toy_model {
   // Calibration samples collected during prefill (post-RoPE): per layer q [n, Hq, D], k [n, H, D].
   bool collect = false;
   // Called at every layer just before its attention, with the layer's query in ctx.q.
-  std::function<void(int, const kvscout::spec_context&, const kvscout::current_token<T>&)> on_attend;
+  std::function<void(int, const kvscout::score_context<kvscout::host_space>&, const kvscout::current_token<T>&)> on_attend;
   // Called at every layer just after its attention, with the attention output [S, Hq, D].
   std::function<void(int, const std::vector<float>&)> on_output;
   std::vector<std::vector<float>> q_samples, k_samples;
@@ -96,7 +96,7 @@ struct toy_model {
         const float inv = static_cast<float>(1.0 / std::sqrt(ms / d + 1e-6));
         for (int i = 0; i < d; ++i) xn[static_cast<std::size_t>(s) * d + i] = h[i] * inv * norm[l][i];
       }
-      const kvscout::spec_context early{{xn.data(), xn.size()}, {}, {pos.data(), pos.size()}, {lens.data(), lens.size()}};
+      const kvscout::score_context<kvscout::host_space> early{{xn.data(), xn.size()}, {}, {pos.data(), pos.size()}, {lens.data(), lens.size()}};
       if (!Policy::needs_query && l + 1 < L && l + 1 >= skip) pipe.speculate(l + 1, early, view(l + 1));
       for (int s = 0; s < S; ++s) {
         const float* x = &xn[static_cast<std::size_t>(s) * d];
@@ -119,11 +119,11 @@ struct toy_model {
         q_samples[l].insert(q_samples[l].end(), q.begin(), q.end());
         k_samples[l].insert(k_samples[l].end(), kpost.begin(), kpost.end());
       }
-      const kvscout::spec_context late{{xn.data(), xn.size()}, {q.data(), q.size()}, {pos.data(), pos.size()}, {lens.data(), lens.size()}};
+      const kvscout::score_context<kvscout::host_space> late{{xn.data(), xn.size()}, {q.data(), q.size()}, {pos.data(), pos.size()}, {lens.data(), lens.size()}};
       const kvscout::current_token<T> cur{{kcur.data(), kcur.size()}, {vcur.data(), vcur.size()}};
       if (on_attend) on_attend(l, late, cur);
       if (l < skip) {
-        kvscout::decode_attention_host(kvscout::layout_rows(view(l)), cur, {q.data(), q.size()},
+        kvscout::decode_attention_host(kvscout::layout_rows_host(view(l)), cur, {q.data(), q.size()},
                                        {out.data(), out.size()}, {Hq, 1.f / std::sqrt(static_cast<float>(D))});
       } else {
         pipe.attend(l, late, view(l), cur, {out.data(), out.size()});

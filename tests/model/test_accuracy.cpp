@@ -112,7 +112,7 @@ TEST_CASE("layer-major evaluation equals step-by-step decoding, and the oracle b
     REQUIRE(worst <= 1e-3);
   }
 
-  // 2. The oracle with every token selected is dense (and its scores are oracle_policy's).
+  // 2. The oracle with every token selected is dense (and its scores are oracle_policy_host's).
   km::eval_options full;
   full.policy = km::eval_policy::oracle;
   full.budget = 1.0;
@@ -120,7 +120,7 @@ TEST_CASE("layer-major evaluation equals step-by-step decoding, and the oracle b
   REQUIRE(std::abs(rf.ppl() / rd.ppl() - 1) <= 1e-6);
 
   // 3. At a 20 % budget: the oracle's recall bounds InfiniGen's (same cap, same keep-set), and
-  //    the driver's oracle scores match kvscout::oracle_policy::score.
+  //    the driver's oracle scores match kvscout::oracle_policy_host::score.
   std::vector<std::vector<float>> qs(static_cast<std::size_t>(c.n_layers)), ks(qs.size());
   {
     km::layer_major_eval cal(m->weights, std::vector<int32_t>(all.begin(), all.begin() + n_cal));
@@ -164,7 +164,7 @@ TEST_CASE("layer-major evaluation equals step-by-step decoding, and the oracle b
   const double rec_o = ro.mean_of(ro.recall, 2), rec_i = ri.mean_of(ri.recall, 2);
   INFO("oracle recall " << rec_o << ", infinigen recall " << rec_i << " (oracle top-k beside it "
                         << ri.mean_of(ri.recall_oracle, 2) << "); ppl dense " << rd.ppl() << ", oracle "
-                        << ro.ppl() << ", infinigen " << ri.ppl() << "; oracle_policy check: "
+                        << ro.ppl() << ", infinigen " << ri.ppl() << "; oracle_policy_host check: "
                         << ro.oracle_checks << " steps, max rel " << ro.oracle_check_max_rel);
   REQUIRE(ro.oracle_checks > 0);
   CHECK(ro.oracle_check_max_rel <= 1e-4);

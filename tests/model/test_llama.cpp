@@ -10,7 +10,7 @@
 
 #include "kvscout/pipeline/host_pipeline.hpp"
 #include "kvscout/select/topk.hpp"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/streaming.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer_gguf.hpp"
 #include "smollm2.hpp"
@@ -68,11 +68,11 @@ TEST_CASE("decoding through a pipeline that fetches every token equals dense dec
   const auto& c = m->weights.cfg;
   constexpr int max_tokens = 64;
   session_t dense(m->weights, max_tokens, 2), sparse(m->weights, max_tokens, 2);
-  kvscout::streaming_policy policy({c.n_kv_heads, 4});
+  kvscout::streaming_policy_host policy({c.n_kv_heads, 4});
   kvscout::topk_selector_host::config sc{1, c.n_kv_heads, max_tokens, max_tokens, max_tokens, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{c.n_layers, 2, 1, c.n_kv_heads, c.n_heads, max_tokens,
                                          max_tokens, 1, 0.125f};
   auto gws = kvscout::make_workspace<kvscout::host_gather_executor<layout>>(kvscout::gather_config_for(pc));

@@ -42,7 +42,7 @@
 //   Stages copy and prompts alone leave accuracy.csv / accuracy_layers.csv untouched.
 //
 // Names: "infinigen_paper" (CSV policy column) is presets::infinigen_paper, InfiniGen as its
-// authors' code runs it; "infinigen" rows are infinigen_policy with kvscout's knobs, of which
+// authors' code runs it; "infinigen" rows are infinigen_policy_host with kvscout's knobs, of which
 // rope_planes / r = 32 / max_logit / top-k is presets::kvscout_default.
 //
 //   kvscout_accuracy --model M.gguf --long /usr/share/common-licenses/GPL-3
@@ -218,7 +218,7 @@ std::string selector_name(const infinigen_knobs& k) {
   std::snprintf(late, sizeof late, "%s%s", k.correct_share > 0 ? "+corrected" : "", k.late ? "+late" : "");
   if (k.correct_share > 0)
     std::snprintf(late, sizeof late, "+corrected%g%s", k.correct_share, k.late ? "+late" : "");
-  if (k.late_aggregation) {
+  if (k.late_aggregation && (k.correct_share > 0 || k.late)) {
     std::strncat(late, "+late_", sizeof late - std::strlen(late) - 1);
     std::strncat(late, to_string(*k.late_aggregation), sizeof late - std::strlen(late) - 1);
   }
@@ -347,7 +347,7 @@ class harness {
       std::printf("      host pool: %d tokens (%s), %s eviction\n", o.pool_tokens, pool_pct(tx, o).c_str(),
                   to_string(o.pool_eviction));
     if (r.oracle_checks > 0)
-      std::printf("      oracle_policy cross-check: %d steps, largest relative score difference %.3g\n",
+      std::printf("      oracle_policy_host cross-check: %d steps, largest relative score difference %.3g\n",
                   r.oracle_checks, r.oracle_check_max_rel);
     std::fflush(stdout);
     return r;
@@ -697,6 +697,23 @@ int main(int argc, char** argv) try {
   best.preset = nullptr;  // --r, --mode and the sweep may change it
   if (!r_arg.empty()) best.r = std::atoi(r_arg.c_str());
 
+  // --rank-r R, --rank-bits B, --late-agg A (stages budgets and copy): kvscout's configurations
+  // with r = R, B-bit ranking keys (eval_options::rank_key_bits) and the late ranking's own
+  // aggregation (infinigen_config::query_aggregation); default: the preset's.
+  const int rank_r = int_arg(argc, argv, "--rank-r", "0", 0, w.cfg.head_dim);
+  const int rank_bits = int_arg(argc, argv, "--rank-bits", "0", 0, 8);
+  const std::string late_agg = arg(argc, argv, "--late-agg", "");
+  std::optional<gqa_aggregation> late_aggregation;
+  for (gqa_aggregation x : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob})
+    if (late_agg == to_string(x)) late_aggregation = x;
+  KVSCOUT_EXPECTS(late_agg.empty() || late_aggregation, "--late-agg ", late_agg,
+                  ": expected max_logit, mean_logit or sum_prob");
+  const auto rank_overrides = [&](infinigen_knobs& k) {
+    if (rank_r > 0) k.r = rank_r, k.preset = nullptr;
+    k.key_bits = rank_bits;
+    k.late_aggregation = late_aggregation;
+  };
+
   // ---- stage 1: the speculation's knobs at 10 % on the long text, fp16 ---------------------------
   const double b10 = 0.10;
   double best_ppl = 1e300;
@@ -1017,16 +1034,7 @@ int main(int argc, char** argv) try {
     const bool by_layer = ways.find("layers") != std::string::npos, by_head = ways.find("heads") != std::string::npos;
     std::vector<std::vector<double>> model_curves;
     if (by_layer) model_curves = hz.mass_curves(lt, 400, outside);
-    // --rank-r R, --rank-bits B, --late-agg A: kvscout's rows with r = R, B-bit ranking keys
-    // and the late ranking's own aggregation (stage ranking's knobs); default: the preset's.
-    const int rank_r = int_arg(argc, argv, "--rank-r", "0", 0, w.cfg.head_dim);
-    const int rank_bits = int_arg(argc, argv, "--rank-bits", "0", 0, 8);
-    const std::string late_agg = arg(argc, argv, "--late-agg", "");
-    std::optional<gqa_aggregation> late_aggregation;
-    for (gqa_aggregation x : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob})
-      if (late_agg == to_string(x)) late_aggregation = x;
-    KVSCOUT_EXPECTS(late_agg.empty() || late_aggregation, "--late-agg ", late_agg,
-                    ": expected max_logit, mean_logit or sum_prob");
+
     // The three configurations of one way of sharing the budget.
     const auto triple = [&](text_run& tx, kv_format f, double b, const infinigen_knobs& way) {
       infinigen_knobs orc;
@@ -1035,9 +1043,7 @@ int main(int argc, char** argv) try {
       infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
       def.pooled = way.pooled, def.pool_rule = way.pool_rule;
       def.layer_shares = way.layer_shares, def.layer_rule = way.layer_rule;
-      if (rank_r > 0) def.r = rank_r, def.preset = nullptr;
-      def.key_bits = rank_bits;
-      def.late_aggregation = late_aggregation;
+      rank_overrides(def);
       infinigen_knobs cor = def;
       cor.correct_share = share;
       hz.run("budgets", tx, f, eval_policy::oracle, b, orc);
@@ -1090,7 +1096,18 @@ int main(int argc, char** argv) try {
     const std::vector<double> rbudgets = parse_budgets(arg(argc, argv, "--copy-budgets", "5,10"));
     const std::string extra =
         arg(argc, argv, "--copy-policies", "dense,control,oracle,kvscout_default,infinigen_paper");
-    const infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    rank_overrides(def);
+    // kvscout's configurations with --rank-* overrides carry them in their names.
+    const auto rank_labelled = [&](std::vector<retrieval_config> v) {
+      if (rank_r == 0 && rank_bits == 0 && !late_aggregation) return v;
+      char tag[64];
+      std::snprintf(tag, sizeof tag, "+r%d_keys%db_late_%s", def.r, rank_bits,
+                    late_aggregation ? to_string(*late_aggregation) : to_string(def.aggregation));
+      for (auto& c : v)
+        if (c.policy == eval_policy::infinigen && c.name.rfind("kvscout", 0) == 0) c.name += tag;
+      return v;
+    };
     // kvscout_corrected: the share of each budget held back for the correction step.
     const double correct_share = std::strtod(arg(argc, argv, "--correct-share", "0.5").c_str(), nullptr);
     KVSCOUT_EXPECTS(correct_share > 0 && correct_share < 1, "--correct-share ", correct_share,
@@ -1136,7 +1153,7 @@ int main(int argc, char** argv) try {
                   n_prompts, span, cue, span - cue, min_t, max_t, copy_path.c_str(), prose.size(), words.size(),
                   names.size() > 0 ? names[0].c_str() : "", names.size() > 1 ? names[1].c_str() : "",
                   names.size() > 2 ? names[2].c_str() : "");
-      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, true, correct_share, shares_at);
+      const std::vector<retrieval_config> cfgs = rank_labelled(retrieval_configs(rbudgets, def, paper, extra, true, correct_share, shares_at));
       std::vector<span_score> total(cfgs.size());
       std::ofstream csv = stage_csv("accuracy_copy.csv");
       for (int i = 0; i < n_prompts; ++i) {
@@ -1179,7 +1196,7 @@ int main(int argc, char** argv) try {
     if (run_prompts) {
       KVSCOUT_EXPECTS(!prompts_path.empty(), "stage prompts needs --prompts FILE.jsonl");
       const std::vector<model::prompt_record> recs = model::read_prompt_file(prompts_path);
-      const std::vector<retrieval_config> cfgs = retrieval_configs(rbudgets, def, paper, extra, false, correct_share, shares_at);
+      const std::vector<retrieval_config> cfgs = rank_labelled(retrieval_configs(rbudgets, def, paper, extra, false, correct_share, shares_at));
       std::vector<span_score> total(cfgs.size());
       std::ofstream csv = stage_csv("accuracy_prompts.csv");
       std::printf("\nprompt file %s: %zu records\n", prompts_path.c_str(), recs.size());

@@ -27,7 +27,7 @@
 #include "kvscout/core/rope.hpp"
 #include "kvscout/core/simd.hpp"
 #include "kvscout/kv/contiguous.hpp"
-#include "kvscout/spec/concepts.hpp"
+#include "kvscout/score/concepts.hpp"
 #include "model/gguf.hpp"
 
 namespace kvscout::model {
@@ -178,7 +178,7 @@ class llama_session {
     for (int l = 0; l < c_.n_layers; ++l) {
       const llama_layer& L = w_.layers[static_cast<std::size_t>(l)];
       rmsnorm(h_.data(), L.attn_norm, xn_.data());
-      const spec_context early{{xn_.data(), xn_.size()}, {}, {&pos, 1}, {lens_.data(), 1}};
+      const score_context<host_space> early{{xn_.data(), xn_.size()}, {}, {&pos, 1}, {lens_.data(), 1}};
       if constexpr (!std::is_void_v<Pipe>) {
         if (pipe != nullptr && !Pipe::policy_type::needs_query && l + 1 < c_.n_layers &&
             l + 1 >= pipe->configuration().skip_layers)
@@ -198,7 +198,7 @@ class llama_session {
         vc_[i] = from_float<T>(v_cur_[i]);
       }
       const current_token<T> cur{{kc_.data(), kc_.size()}, {vc_.data(), vc_.size()}};
-      const spec_context late{{xn_.data(), xn_.size()}, {q_.data(), q_.size()}, {&pos, 1}, {lens_.data(), 1}};
+      const score_context<host_space> late{{xn_.data(), xn_.size()}, {q_.data(), q_.size()}, {&pos, 1}, {lens_.data(), 1}};
       bool done = false;
       if constexpr (!std::is_void_v<Pipe>) {
         if (pipe != nullptr) {
@@ -207,7 +207,7 @@ class llama_session {
         }
       }
       if (!done)
-        decode_attention_host(layout_rows<layout>(view(l)), cur, {q_.data(), q_.size()},
+        decode_attention_host(layout_rows_host<layout>(view(l)), cur, {q_.data(), q_.size()},
                               {attn_.data(), attn_.size()}, {Hq, scale}, {}, 0, &pool_);
       // Append the token's K / V (after attention: the cache never holds the current token
       // while it attends).

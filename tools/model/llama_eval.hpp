@@ -53,11 +53,11 @@
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/detail/eigen.hpp"
 #include "kvscout/skew/plan.hpp"
-#include "kvscout/spec/h2o.hpp"
-#include "kvscout/spec/infinigen.hpp"
-#include "kvscout/spec/oracle.hpp"
-#include "kvscout/spec/quest.hpp"
-#include "kvscout/spec/streaming.hpp"
+#include "kvscout/score/h2o.hpp"
+#include "kvscout/score/infinigen.hpp"
+#include "kvscout/score/oracle.hpp"
+#include "kvscout/score/quest.hpp"
+#include "kvscout/score/streaming.hpp"
 #include "model/llama.hpp"
 
 namespace kvscout::model {
@@ -113,7 +113,7 @@ struct eval_options {
   const std::vector<std::vector<skew_plan>>* plans = nullptr;  // [layer][kv head], empty below skip
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
   /// The correction step (kvscout's; select/correction.hpp): at each step, layer l's own query
-  /// scored against the partial keys (infinigen_policy::score_query) ranks the rows the
+  /// scored against the partial keys (infinigen_policy_host::score_query) ranks the rows the
   /// speculation did not select, and the best are added up to max(ceil((budget + correct) * t),
   /// keep) rows in all. 0: no correction.
   double correct = 0;
@@ -171,7 +171,7 @@ struct eval_options {
   int metric_every = 0;
   int metric_from = 0;
   /// Every k-th step of every layer, the oracle's driver-computed scores are compared with
-  /// kvscout::oracle_policy::score on the same cache (fp16 only; 0: never).
+  /// kvscout::oracle_policy_host::score on the same cache (fp16 only; 0: never).
   int check_oracle_every = 0;
 };
 
@@ -386,11 +386,11 @@ class layer_major_eval {
     std::vector<int32_t> add_idx, add_cnt, merged;
     std::vector<std::byte> corr_ws;
     host_workspace ig_ws;  // the infinigen policy's scratch (declared first: it outlives ig)
-    std::unique_ptr<infinigen_policy<>> ig;
+    std::unique_ptr<infinigen_policy_host<>> ig;
     row_matrix kgroup;                            // o.rank_key_bits: one quantised group [G, H * D]
-    std::unique_ptr<quest_policy<D>> quest;
-    std::unique_ptr<h2o_policy> h2o;
-    std::unique_ptr<streaming_policy> stream;
+    std::unique_ptr<quest_policy_host<D>> quest;
+    std::unique_ptr<h2o_policy_host> h2o;
+    std::unique_ptr<streaming_policy_host> stream;
     std::unique_ptr<host_pool> pool;  // o.pool_tokens > 0
     std::vector<row_matrix> lg;  // [H] logits / probabilities of one block [block * g, T]
 
@@ -429,22 +429,22 @@ class layer_major_eval {
         case eval_policy::infinigen: {
           std::vector<host_span<const float>> wq, bq(static_cast<std::size_t>(L));
           for (const auto& layer : ev.w_.layers) wq.push_back({layer.wq.data(), layer.wq.size()});
-          infinigen_policy<>::config ic{L, 1, H, Hq, D, ev.c_.d_model, T, scale, opt.aggregation};
+          infinigen_policy_host<>::config ic{L, 1, H, Hq, D, ev.c_.d_model, T, scale, opt.aggregation};
           ic.query_aggregation = opt.late_aggregation;
-          ig_ws = make_workspace<infinigen_policy<>>(ic);
-          ig = std::make_unique<infinigen_policy<>>(ic, *opt.plans, wq, bq, ig_ws.span());
+          ig_ws = make_workspace<infinigen_policy_host<>>(ic);
+          ig = std::make_unique<infinigen_policy_host<>>(ic, *opt.plans, wq, bq, ig_ws.span());
           if (opt.rank_key_bits > 0) kgroup.resize(opt.rank_key_group, H * D);
           break;
         }
         case eval_policy::quest:
-          quest = std::make_unique<quest_policy<D>>(
-              quest_policy<D>::config{L, 1, H, Hq, T, opt.quest_page, scale, opt.aggregation});
+          quest = std::make_unique<quest_policy_host<D>>(
+              quest_policy_host<D>::config{L, 1, H, Hq, T, opt.quest_page, scale, opt.aggregation});
           break;
         case eval_policy::h2o:
-          h2o = std::make_unique<h2o_policy>(h2o_policy::config{L, 1, H, T});
+          h2o = std::make_unique<h2o_policy_host>(h2o_policy_host::config{L, 1, H, T});
           break;
         case eval_policy::streaming:
-          stream = std::make_unique<streaming_policy>(streaming_policy::config{H, opt.keep.sinks});
+          stream = std::make_unique<streaming_policy_host>(streaming_policy_host::config{H, opt.keep.sinks});
           break;
         default:
           break;
@@ -643,7 +643,7 @@ class layer_major_eval {
   }
 
   // Writes sum over the group of each head's softmax over [0, n) (the oracle's sum_prob score,
-  // spec/detail/aggregate.hpp) into out[0, n), from the scaled logits rows lg[row0 + j].
+  // score/detail/aggregate.hpp) into out[0, n), from the scaled logits rows lg[row0 + j].
   void group_mass(const row_matrix& lg, int row0, int g, int n, run_state& st, float* out) const {
     std::fill(out, out + n, 0.f);
     if (n == 0) return;
@@ -695,7 +695,7 @@ class layer_major_eval {
     st.attn.resize(T_, Hq * D);
     row_matrix qb(block * g, D), lq, lf, pf, out;
     std::vector<int32_t> ql(block);
-    const score_buffer sb{{st.scores.data(), st.scores.size()}, 1, H, T_};
+    const score_buffer<host_space> sb{{st.scores.data(), st.scores.size()}, 1, H, T_};
     for (int t0 = 0; t0 < T_; t0 += block) {
       const int t1 = std::min(T_, t0 + block), nb = t1 - t0;
       // Keys dequantised below khi for some row of the block; values below vhi (all rows: vlo).
@@ -730,7 +730,7 @@ class layer_major_eval {
         if (o.policy == eval_policy::h2o) keep.recent = std::max(0, budget / 2 - keep.sinks);
         if (!select_all) {
           const int32_t pos = t, len = n;
-          const spec_context ctx{{&st.xprev(t, 0), static_cast<std::size_t>(c_.d_model)},
+          const score_context<host_space> ctx{{&st.xprev(t, 0), static_cast<std::size_t>(c_.d_model)},
                                  {&st.q(t, 0), static_cast<std::size_t>(Hq * D)},
                                  {&pos, 1},
                                  {&len, 1}};
@@ -833,7 +833,7 @@ class layer_major_eval {
               na = t + 1;
             }
             const int32_t pos = t;
-            const spec_context octx{{}, {}, {&pos, 1}, {&pos, 1}};
+            const score_context<host_space> octx{{}, {}, {&pos, 1}, {&pos, 1}};
             observe_head(l, h, octx, na - 1, mass, st);
           }
         }
@@ -877,13 +877,13 @@ class layer_major_eval {
   // The correction step of step t: the best total - budget rows by layer l's own query that the
   // speculation (st.sel_*) did not select, merged into st.sel_*. Returns how many rows were
   // added over the KV heads.
-  int correct_step(int l, const spec_context& ctx, int n, int t, run_state& st) {
+  int correct_step(int l, const score_context<host_space>& ctx, int n, int t, run_state& st) {
     const eval_options& o = st.o;
     const int H = c_.n_kv_heads;
     const int total = total_cap(o, t, n, l);
     const int extra = std::max(0, total - cap(o, t, l));
     if (extra == 0) return 0;
-    const score_buffer lb{{st.late.data(), st.late.size()}, 1, H, T_};
+    const score_buffer<host_space> lb{{st.late.data(), st.late.size()}, 1, H, T_};
     st.ig->score_query(l, ctx, lb);
     const int32_t len = n;
     const correction_selector_host::config cc{1, H, T_, T_, extra};
@@ -931,7 +931,7 @@ class layer_major_eval {
     }
   }
 
-  // A row source that holds only token positions, for h2o_policy::observe: head `head` has
+  // A row source that holds only token positions, for h2o_policy_host::observe: head `head` has
   // `count` rows, the other heads none (observe() walks every KV head of a source).
   struct head_rows {
     static constexpr int head_dim = D;
@@ -946,9 +946,9 @@ class layer_major_eval {
   };
   static_assert(attention_rows<head_rows>);
 
-  // h2o_policy::observe for one KV head: probs of the `rows` attended cached tokens
+  // h2o_policy_host::observe for one KV head: probs of the `rows` attended cached tokens
   // (st.attended) then the current token.
-  void observe_head(int l, int h, const spec_context& ctx, int rows, const float* mass, run_state& st) {
+  void observe_head(int l, int h, const score_context<host_space>& ctx, int rows, const float* mass, run_state& st) {
     const int H = c_.n_kv_heads;
     const int stride = T_ + 1;
     std::vector<float>& buf = obs_;
@@ -992,7 +992,7 @@ class layer_major_eval {
     }
   }
 
-  // kvscout::oracle_policy over an fp16 copy of this layer's cache at step t, against the scores
+  // kvscout::oracle_policy_host over an fp16 copy of this layer's cache at step t, against the scores
   // the driver wrote (sb rows) for the same step.
   void check_oracle(int l, run_state& st, int t, int n, eval_result& r) const {
     using layout = contiguous_layout<half, D, hnd>;
@@ -1010,7 +1010,7 @@ class layer_major_eval {
                                            as_bytes(host_span<const half>(v.data(), v.size()))};
     std::vector<kv_view<layout, host_space>> layers(static_cast<std::size_t>(l) + 1, view);
     const float scale = 1.f / std::sqrt(static_cast<float>(D));
-    oracle_policy<layout> oracle({c_.n_heads, scale, gqa_aggregation::sum_prob}, layers);
+    oracle_policy_host<layout> oracle({c_.n_heads, scale, gqa_aggregation::sum_prob}, layers);
     std::vector<float> ref(static_cast<std::size_t>(H) * T_, 0.f);
     const int32_t pos = t;
     oracle.score(l, {{}, {&st.q(t, 0), static_cast<std::size_t>(c_.n_heads * D)}, {&pos, 1}, {&len, 1}},

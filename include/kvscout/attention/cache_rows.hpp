@@ -5,7 +5,7 @@
 //   cache_view_t<L>  the view of one layer's host cache: kv_view<L, host_space>, or
 //                    kivi_view<L, host_space> for a KIVI layout (codes, records, resident params
 //                    and residual window)
-//   cache_rows_t<L>  its row source: layout_rows<L>, or kivi_layout_rows<L> (dequantised rows,
+//   cache_rows_t<L>  its row source: layout_rows_host<L>, or kivi_layout_rows_host<L> (dequantised rows,
 //                    then the resident window, kv/kivi.hpp)
 //
 //   kvscout::cache_rows_t<L> rows(view);   // rows.load_k(s, h, t, dst) for t < rows.rows(s, h)
@@ -19,14 +19,14 @@ namespace kvscout {
 template <kv_layout L>
 struct cache_rows_traits {
   using view_type = kv_view<L, host_space>;
-  using rows_type = layout_rows<L>;
+  using rows_type = layout_rows_host<L>;
 };
 
 template <kv_layout L>
   requires kivi_quantized_layout<L>
 struct cache_rows_traits<L> {
   using view_type = kivi_view<L, host_space>;
-  using rows_type = kivi_layout_rows<L>;
+  using rows_type = kivi_layout_rows_host<L>;
 };
 
 template <kv_layout L>

@@ -5,22 +5,23 @@
 // (attention/decode.hpp), matched to float tolerance by tests/cuda/test_attention_device.cu.
 //
 //   // setup, once per shape (attention/device_plan.hpp): the split and its workspace
-//   auto plan = kvscout::plan_decode_attention_device({.num_seqs = 1, .num_kv_heads = 8,
-//                                                      .num_q_heads = 32, .head_dim = 128,
-//                                                      .max_rows = capacity});
+//   auto plan = kvscout::plan_decode_attention_cuda({.num_seqs = 1, .num_kv_heads = 8,
+//                                                    .num_q_heads = 32, .head_dim = 128,
+//                                                    .max_rows = capacity});
 //   // each step, after a zero-copy fetch into `dst` (gather_destination<device_space>) for `sel`:
-//   kvscout::gathered_rows_device<kvscout::half, 128> rows(sel, k_rows, v_rows);
-//   kvscout::decode_attention_device(rows, kvscout::device_current_token<kvscout::half>{k, v},
-//                                    q, out, {.num_q_heads = 32, .scale = 0.088f}, plan,
-//                                    workspace, {stream, d_status});   // cuda_exec, last
+//   kvscout::gathered_rows_cuda<kvscout::half, 128> rows(sel, k_rows, v_rows);
+//   kvscout::decode_attention_cuda(rows,
+//                                  kvscout::current_token<kvscout::half, kvscout::device_space>{k, v},
+//                                  q, out, {.num_q_heads = 32, .scale = 0.088f}, plan,
+//                                  workspace, {stream, d_status});   // cuda_exec, last
 //
-// Row sources (attention/detail/device_rows.cuh):
-//   gathered_rows_device<T, D>      the fetched T rows (sparse attention)
-//   kivi_gathered_rows_device<L>    the fetched KIVI records dequantised as read, then the
-//                                   resident residual window (mirrors kivi_gathered_rows)
-//   layout_rows_device<L>           every token of a device-resident cache (dense anchor)
-//   joined_rows_device<A, B>        A's rows, then B's (the correction step's speculated and added
-//                                   rows, read in place; the device twin of joined_rows)
+// Row sources (attention/rows.cuh, with their concept attention_rows_cuda):
+//   gathered_rows_cuda<T, D>      the fetched T rows (sparse attention)
+//   kivi_gathered_rows_cuda<L>    the fetched KIVI records dequantised as read, then the
+//                                   resident residual window (mirrors kivi_gathered_rows_host)
+//   layout_rows_cuda<L>           every token of a device-resident cache (dense anchor)
+//   joined_rows_cuda<A, B>        A's rows, then B's (the correction step's speculated and added
+//                                   rows, read in place; the device twin of joined_rows_host)
 // Element types float / half / bfloat16; head_dim a multiple of 32 up to 256 (64 / 128 / 256),
 // static from the row source. q and out are [num_seqs, num_q_heads, head_dim], float by default
 // or any of the element types (an fp16 / bf16 engine passes its own query and output buffers).
@@ -49,7 +50,7 @@
 #include "kvscout/attention/device_plan.hpp"
 #include "kvscout/attention/detail/decode_device_checks.hpp"
 #include "kvscout/attention/detail/decode_kernel.cuh"
-#include "kvscout/attention/detail/device_rows.cuh"
+#include "kvscout/attention/rows.cuh"
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/exec.hpp"
@@ -57,87 +58,8 @@
 
 namespace kvscout {
 
-/// A row source decode_attention_device reads: copied by value into the kernel, shapes on the
-/// host, and the three device calls the kernel makes, with E = decode_lane_elems<element_type,
-/// head_dim> elements per lane (8 for 16-bit rows of 128; contract in
-/// attention/detail/device_rows.cuh: rows() returns a count the source trusts or has clamped,
-/// load_k() returns false for a row to skip, load_v() only after load_k() returned true). An
-/// engine's own row source (its quantised or paged format read in place) models this to reuse the
-/// kernel. (head_dim is checked first, so the per-lane array type below is only formed for types
-/// that have one.)
-template <class R>
-concept device_attention_rows =
-    std::copyable<R> &&
-    requires {
-      typename R::element_type;
-      { R::head_dim } -> std::convertible_to<int>;
-    } &&
-    requires(const R& r, int s, int h, int i, int c0, int* status,
-             float (&part)[detail::decode_lane_elems<typename R::element_type, R::head_dim>]) {
-      { r.num_seqs() } -> std::same_as<int>;
-      { r.num_kv_heads() } -> std::same_as<int>;
-      { r.rows(s, h, status) } -> std::same_as<int>;
-      {
-        r.template load_k<detail::decode_lane_elems<typename R::element_type, R::head_dim>>(
-            s, h, i, c0, part, status)
-      } -> std::same_as<bool>;
-      r.template load_v<detail::decode_lane_elems<typename R::element_type, R::head_dim>>(
-          s, h, i, c0, part);
-    };
-
-/// Two device row sources of one element type, head_dim and shape read as one: (s, h) has a's
-/// rows, then b's (the device twin of joined_rows, attention/rows.hpp). The correction step's
-/// speculated rows and the rows it added (pipeline/cuda_stages.cuh), read where their fetches
-/// wrote them: nothing is copied into one set. Holds both sources by value; each row's load reads
-/// a's count once more (clamped as rows() clamps it; only rows() reports a bad one).
-///
-///   kvscout::joined_rows_device rows(kvscout::gathered_rows_device<half, 128>(sel, dst),
-///                                    kvscout::gathered_rows_device<half, 128>(added, added_dst));
-template <device_attention_rows A, device_attention_rows B>
-  requires std::same_as<typename A::element_type, typename B::element_type> &&
-           (A::head_dim == B::head_dim)
-class joined_rows_device {
- public:
-  using element_type = typename A::element_type;
-  static constexpr int head_dim = A::head_dim;
-
-  joined_rows_device() = default;
-  joined_rows_device(const A& a, const B& b) : a_(a), b_(b) {
-    KVSCOUT_EXPECTS(a.num_seqs() == b.num_seqs() && a.num_kv_heads() == b.num_kv_heads(),
-                    "joined rows of shapes [num_seqs, num_kv_heads] = [", a.num_seqs(), ", ",
-                    a.num_kv_heads(), "] and [", b.num_seqs(), ", ", b.num_kv_heads(),
-                    "], expected one shape");
-  }
-
-  KVSCOUT_HOST_DEVICE int num_seqs() const { return a_.num_seqs(); }
-  KVSCOUT_HOST_DEVICE int num_kv_heads() const { return a_.num_kv_heads(); }
-
-  KVSCOUT_DEVICE int rows(int s, int h, int* status) const {
-    return a_.rows(s, h, status) + b_.rows(s, h, status);
-  }
-  template <int E>
-  KVSCOUT_DEVICE bool load_k(int s, int h, int i, int c0, float (&dst)[E], int* status) const {
-    const int n = a_.rows(s, h, nullptr);
-    return i < n ? a_.template load_k<E>(s, h, i, c0, dst, status)
-                 : b_.template load_k<E>(s, h, i - n, c0, dst, status);
-  }
-  template <int E>
-  KVSCOUT_DEVICE void load_v(int s, int h, int i, int c0, float (&dst)[E]) const {
-    const int n = a_.rows(s, h, nullptr);
-    if (i < n) {
-      a_.template load_v<E>(s, h, i, c0, dst);
-    } else {
-      b_.template load_v<E>(s, h, i - n, c0, dst);
-    }
-  }
-
- private:
-  A a_{};
-  B b_{};
-};
-
 namespace detail {
-template <device_attention_rows Rows, kv_element T, class Q, class O, int G>
+template <attention_rows_cuda Rows, kv_element T, class Q, class O, int G>
 void launch_decode_attention(const decode_device_params<Rows, T, Q, O>& prm,
                              const decode_attention_plan& plan, cudaStream_t stream) {
   constexpr int W = decode_device_warps;
@@ -149,7 +71,7 @@ void launch_decode_attention(const decode_device_params<Rows, T, Q, O>& prm,
 
 /// The plan for a shape on the current device: sh.num_sms = 0 asks the device for its SM count
 /// (once, here: build the plan at setup, not per step).
-inline decode_attention_plan plan_decode_attention_device(decode_attention_shape sh) {
+inline decode_attention_plan plan_decode_attention_cuda(decode_attention_shape sh) {
   if (sh.num_sms == 0) sh.num_sms = detail::current_sm_count();
   KVSCOUT_EXPECTS(sh.num_sms >= 1, "no current CUDA device to plan for (pass num_sms)");
   return plan_decode_attention(sh);
@@ -161,24 +83,24 @@ inline decode_attention_plan plan_decode_attention_device(decode_attention_shape
 /// any element type, deduced from the spans (device_span<const half> or device_span<half> for q,
 /// device_span<half> for out, ...). The query is widened to float as it is read and the output
 /// rounded once as it is written.
-template <device_attention_rows Rows, kv_element T, class QSpan = const float, class O = float>
-void decode_attention_device(const Rows& rows, const device_current_token<T>& cur,
-                             device_span<QSpan> q, device_span<O> out,
-                             const attention_params& p, const decode_attention_plan& plan,
-                             device_span<std::byte> workspace, const cuda_exec& exec) {
+template <attention_rows_cuda Rows, kv_element T, class QSpan = const float, class O = float>
+void decode_attention_cuda(const Rows& rows, const current_token<T, device_space>& cur,
+                           device_span<QSpan> q, device_span<O> out,
+                           const attention_params& p, const decode_attention_plan& plan,
+                           device_span<std::byte> workspace, const cuda_exec& exec) {
   const cudaStream_t stream = exec.stream;
   using Q = std::remove_const_t<QSpan>;
   static_assert(compute_element<Q> && compute_element<O>,
-                "kvscout::decode_attention_device: q and out must be float, half or bfloat16 "
+                "kvscout::decode_attention_cuda: q and out must be float, half or bfloat16 "
                 "(out not const)");
   constexpr int D = Rows::head_dim;
   static_assert(detail::decode_device_head_dim_ok<D>,
-                "kvscout::decode_attention_device: head_dim must be a multiple of 32 in [32, 256]");
+                "kvscout::decode_attention_cuda: head_dim must be a multiple of 32 in [32, 256]");
   const int S = rows.num_seqs();
   const int H = rows.num_kv_heads();
-  detail::check_decode_device(S, H, D, p, q.size(), q.data(), out.size(), out.data(),
-                              cur.present(), cur.k.size(), cur.v.size(),
-                              cur.v.data() == nullptr);
+  detail::check_decode_cuda(S, H, D, p, q.size(), q.data(), out.size(), out.data(),
+                            cur.present(), cur.k.size(), cur.v.size(),
+                            cur.v.data() == nullptr);
   constexpr int E = detail::decode_lane_elems<typename Rows::element_type, D>;
   if (cur.present())
     detail::check_current_token_alignment(cur.k.data(), cur.v.data(),
@@ -220,10 +142,10 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
 /// Without a plan: one block per (sequence, kv head, block of query heads), no workspace. Fills
 /// the GPU when num_seqs * num_kv_heads is a few times its SM count; for fewer pairs (batch 1,
 /// 8 kv heads) plan a split instead, or most SMs stay idle.
-template <device_attention_rows Rows, kv_element T, class QSpan = const float, class O = float>
-void decode_attention_device(const Rows& rows, const device_current_token<T>& cur,
-                             device_span<QSpan> q, device_span<O> out,
-                             const attention_params& p, const cuda_exec& exec) {
+template <attention_rows_cuda Rows, kv_element T, class QSpan = const float, class O = float>
+void decode_attention_cuda(const Rows& rows, const current_token<T, device_space>& cur,
+                           device_span<QSpan> q, device_span<O> out,
+                           const attention_params& p, const cuda_exec& exec) {
   decode_attention_plan plan;
   plan.num_seqs = rows.num_seqs();
   plan.num_kv_heads = rows.num_kv_heads();
@@ -234,7 +156,26 @@ void decode_attention_device(const Rows& rows, const device_current_token<T>& cu
     plan.heads_per_block = g <= 1 ? 1 : (g <= 4 ? 4 : 8);
     plan.head_blocks = (g + plan.heads_per_block - 1) / plan.heads_per_block;
   }
-  decode_attention_device(rows, cur, q, out, p, plan, {}, exec);
+  decode_attention_cuda(rows, cur, q, out, p, plan, {}, exec);
+}
+
+// Deprecated (issue 33): the old names, kept for one release.
+[[deprecated("use plan_decode_attention_cuda")]] inline decode_attention_plan
+plan_decode_attention_device(decode_attention_shape sh) {
+  return plan_decode_attention_cuda(sh);
+}
+template <attention_rows_cuda Rows, kv_element T, class QSpan = const float, class O = float>
+[[deprecated("use decode_attention_cuda")]] void decode_attention_device(
+    const Rows& rows, const current_token<T, device_space>& cur, device_span<QSpan> q,
+    device_span<O> out, const attention_params& p, const decode_attention_plan& plan,
+    device_span<std::byte> workspace, const cuda_exec& exec) {
+  decode_attention_cuda(rows, cur, q, out, p, plan, workspace, exec);
+}
+template <attention_rows_cuda Rows, kv_element T, class QSpan = const float, class O = float>
+[[deprecated("use decode_attention_cuda")]] void decode_attention_device(
+    const Rows& rows, const current_token<T, device_space>& cur, device_span<QSpan> q,
+    device_span<O> out, const attention_params& p, const cuda_exec& exec) {
+  decode_attention_cuda(rows, cur, q, out, p, exec);
 }
 
 }  // namespace kvscout

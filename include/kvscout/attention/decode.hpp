@@ -6,8 +6,8 @@
 //
 // with k_i and v_i the stored values times k_scale and v_scale (attention_params; fp8 caches).
 //
-// The same routine is the dense reference (layout_rows: every cached token) and sparse attention
-// (gathered_rows: the fetched rows). KV is never expanded to query heads: each K / V row is loaded
+// The same routine is the dense reference (layout_rows_host: every cached token) and sparse attention
+// (gathered_rows_host: the fetched rows). KV is never expanded to query heads: each K / V row is loaded
 // once per group of up to 16 query heads and used by all of them (GQA). The softmax is computed
 // online (running max and sum), so no per-token buffer is needed and nothing is allocated.
 //
@@ -22,7 +22,7 @@
 // probabilities of that (sequence, kv head) too; NaN keys or queries do the same. A logit of
 // -inf only gets weight 0.
 //
-//   kvscout::layout_rows rows(kv);                       // kv: kv_view<layout, host_space>
+//   kvscout::layout_rows_host rows(kv);                       // kv: kv_view<layout, host_space>
 //   kvscout::decode_attention_host(rows, kvscout::current_token<kvscout::half>{k_cur, v_cur}, q,
 //                                  out, {.num_q_heads = 9, .scale = 0.125f});
 //   kvscout::decode_attention_host(rows, {}, q, out, p);   // no current token
@@ -67,13 +67,19 @@ struct attention_params {
 };
 
 /// The current token's K / V, [num_seqs, num_kv_heads, head_dim], in the cache's element type
-/// (the exact values the cache will hold). Empty spans: no current token.
-template <kv_element T>
+/// (the exact values the cache will hold), in host memory (decode_attention_host) or device
+/// memory (current_token<T, device_space>, decode_attention_cuda). Empty spans: no current token.
+template <kv_element T, class Space = host_space>
 struct current_token {
-  host_span<const T> k;
-  host_span<const T> v;
+  span<const T, Space> k;
+  span<const T, Space> v;
   [[nodiscard]] bool present() const { return k.data() != nullptr; }
 };
+
+/// Deprecated (issue 33): the device current token's old name, kept for one release.
+template <kv_element T>
+using device_current_token [[deprecated("use current_token<T, device_space>")]] =
+    current_token<T, device_space>;
 
 namespace detail {
 /// The scales of attention_params, host and device alike: each positive and finite, and the

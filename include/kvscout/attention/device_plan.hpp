@@ -9,11 +9,11 @@
 // SMs in one wave (blocks_per_sm blocks each, the kernel's occupancy), with at most
 // ceil(max_rows / min_rows_per_split) splits:
 //
-//   auto plan = kvscout::plan_decode_attention_device({.num_seqs = 1, .num_kv_heads = 8,
-//                                                      .num_q_heads = 32, .head_dim = 128,
-//                                                      .max_rows = 1638});
+//   auto plan = kvscout::plan_decode_attention_cuda({.num_seqs = 1, .num_kv_heads = 8,
+//                                                    .num_q_heads = 32, .head_dim = 128,
+//                                                    .max_rows = 1638});
 //   // cudaMalloc plan.workspace_bytes() once; then each step:
-//   kvscout::decode_attention_device(rows, cur, q, out, params, plan, workspace, stream);
+//   kvscout::decode_attention_cuda(rows, cur, q, out, params, plan, workspace, stream);
 //
 // max_rows is the most rows a (sequence, kv head) pair reads (the selection's capacity, plus
 // the KIVI residual window and the current token where they apply). It shapes the split only:
@@ -31,7 +31,7 @@ struct decode_attention_shape {
   int num_q_heads = 0;
   int head_dim = 0;
   int max_rows = 0;
-  // The GPU's SM count; 0: plan_decode_attention_device in decode.cuh asks the current device.
+  // The GPU's SM count; 0: plan_decode_attention_cuda in decode.cuh asks the current device.
   int num_sms = 0;
   // Blocks the plan gives each SM at most (one wave, no tail): 0 = by the kernel's occupancy on
   // sm_90 (nvcc 13): 3 with up to 4 query heads a block (148 registers for 16-bit rows), 2 with 8

@@ -6,10 +6,10 @@
 // precision, or dequantised where KIVI's rule already quantised a key (or, R = 0, a value). No full-precision copy of a quantised row exists
 // anywhere, so only the quantised bytes ever cross the link.
 //
-//   kivi_layout_rows<L>    every token of (s, h) in cache order: the quantised tokens
+//   kivi_layout_rows_host<L>    every token of (s, h) in cache order: the quantised tokens
 //                          [0, quantized_len) from the cache's records, then the residual window
 //                          [quantized_len, len). The dense reference over the quantised cache.
-//   kivi_gathered_rows<L>  the counts[s, h] records an executor gathered for a selection (the
+//   kivi_gathered_rows_host<L>  the counts[s, h] records an executor gathered for a selection (the
 //                          destination layout of core/selection.hpp, row sizes k_row_bytes /
 //                          v_row_bytes), then the whole residual window, which is resident and
 //                          never fetched: rows(s, h) = counts[s, h] + residual_len(s).
@@ -18,7 +18,7 @@
 //   using layout = kvscout::kivi_layout<kvscout::half, 128, 2>;
 //   auto kv = store.buffers().view(l);                            // kivi_view<layout, host_space>
 //   gather.submit(kv.quantized(), selection, destination).wait(); // host_gather_executor<layout>
-//   kvscout::kivi_gathered_rows rows(l, selection, destination, kv.resident);
+//   kvscout::kivi_gathered_rows_host rows(l, selection, destination, kv.resident);
 //   kvscout::decode_attention_host(rows, current, q, out, {.num_q_heads = 32, .scale = 0.088f});
 
 #include <bit>
@@ -164,12 +164,12 @@ inline void kivi_load_value(const L& l, const std::byte* record, float* dst) {
 
 /// Every token of a KIVI cache, quantised ones dequantised on the fly.
 template <kivi_quantized_layout L>
-class kivi_layout_rows {
+class kivi_layout_rows_host {
  public:
   using element_type = typename L::element_type;
   static constexpr int head_dim = L::head_dim;
 
-  explicit kivi_layout_rows(const kivi_view<L, host_space>& kv) : kv_(kv) { kv.validate(); }
+  explicit kivi_layout_rows_host(const kivi_view<L, host_space>& kv) : kv_(kv) { kv.validate(); }
 
   int num_seqs() const { return kv_.layout.num_seqs(); }
   int num_kv_heads() const { return kv_.layout.num_kv_heads(); }
@@ -202,7 +202,7 @@ class kivi_layout_rows {
 
 /// The quantised rows an executor gathered for a selection, then each sequence's residual window.
 template <kivi_quantized_layout L>
-class kivi_gathered_rows {
+class kivi_gathered_rows_host {
  public:
   using element_type = typename L::element_type;
   static constexpr int head_dim = L::head_dim;
@@ -210,9 +210,9 @@ class kivi_gathered_rows {
   /// k / v: the gathered records, [num_seqs, num_kv_heads, capacity, k_row_bytes / v_row_bytes].
   /// Checks the selection against the layout (every listed token must be quantised: the
   /// key group parameters are looked up by token), the record buffers and the resident buffers.
-  kivi_gathered_rows(const L& layout, const selection_view<host_space>& sel,
-                     host_span<const std::byte> k, host_span<const std::byte> v,
-                     const kivi_resident_view<host_space>& resident)
+  kivi_gathered_rows_host(const L& layout, const selection_view<host_space>& sel,
+                          host_span<const std::byte> k, host_span<const std::byte> v,
+                          const kivi_resident_view<host_space>& resident)
       : l_(layout), sel_(sel), k_(k.data()), v_(v.data()), resident_(resident) {
     KVSCOUT_EXPECTS(sel.num_seqs == layout.num_seqs() && sel.num_kv_heads == layout.num_kv_heads(),
                     "selection shape [", sel.num_seqs, ", ", sel.num_kv_heads,
@@ -249,11 +249,11 @@ class kivi_gathered_rows {
   }
 
   /// Same, reading the destination a prefetch executor wrote.
-  kivi_gathered_rows(const L& layout, const selection_view<host_space>& sel,
-                     const gather_destination<host_space>& gathered,
-                     const kivi_resident_view<host_space>& resident)
-      : kivi_gathered_rows(layout, sel, host_span<const std::byte>(gathered.k),
-                           host_span<const std::byte>(gathered.v), resident) {}
+  kivi_gathered_rows_host(const L& layout, const selection_view<host_space>& sel,
+                          const gather_destination<host_space>& gathered,
+                          const kivi_resident_view<host_space>& resident)
+      : kivi_gathered_rows_host(layout, sel, host_span<const std::byte>(gathered.k),
+                                host_span<const std::byte>(gathered.v), resident) {}
 
   int num_seqs() const { return sel_.num_seqs; }
   int num_kv_heads() const { return sel_.num_kv_heads; }
@@ -297,7 +297,14 @@ class kivi_gathered_rows {
   kivi_resident_view<host_space> resident_;
 };
 
-static_assert(attention_rows<kivi_layout_rows<kivi_layout<half, 128, 2>>>);
-static_assert(attention_rows<kivi_gathered_rows<kivi_layout<half, 128, 4, float>>>);
+static_assert(attention_rows<kivi_layout_rows_host<kivi_layout<half, 128, 2>>>);
+static_assert(attention_rows<kivi_gathered_rows_host<kivi_layout<half, 128, 4, float>>>);
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <kivi_quantized_layout L>
+using kivi_layout_rows [[deprecated("use kivi_layout_rows_host")]] = kivi_layout_rows_host<L>;
+template <kivi_quantized_layout L>
+using kivi_gathered_rows [[deprecated("use kivi_gathered_rows_host")]] =
+    kivi_gathered_rows_host<L>;
 
 }  // namespace kvscout

@@ -6,10 +6,10 @@
 // contiguous rows a prefetch executor gathered (sparse attention), and KIVI's quantized rows,
 // dequantised as they are read (attention/kivi_rows.hpp).
 //
-//   layout_rows<L>    rows of (s, h) are the cached tokens 0 .. seq_len(s)-1, read via the layout
-//   gathered_rows<T, D> rows of (s, h) are the `counts[s, h]` entries an executor wrote:
+//   layout_rows_host<L>    rows of (s, h) are the cached tokens 0 .. seq_len(s)-1, read via the layout
+//   gathered_rows_host<T, D> rows of (s, h) are the `counts[s, h]` entries an executor wrote:
 //                     k / v [num_seqs, num_kv_heads, capacity, D] (core/selection.hpp);
-//                     gathered_rows(layout, sel, dst) takes T and D from the cache's layout
+//                     gathered_rows_host(layout, sel, dst) takes T and D from the cache's layout
 //
 // Every source answers: num_seqs(), num_kv_heads(), rows(s, h), token(s, h, i) (the cache position
 // of row i, for attention-mass bookkeeping), load_k(s, h, i, float*), load_v(s, h, i, float*).
@@ -89,16 +89,16 @@ inline void load_row(const std::byte* p, float* dst) {
 }  // namespace detail
 
 /// All cached tokens of a host KV cache, read through its layout. Not for KIVI layouts, whose
-/// rows are packed codes: their row source is kivi_layout_rows (cache_rows_t<L> picks the right
+/// rows are packed codes: their row source is kivi_layout_rows_host (cache_rows_t<L> picks the right
 /// one, attention/cache_rows.hpp).
 template <kv_layout L>
   requires(!kivi_quantized_layout<L>)
-class layout_rows {
+class layout_rows_host {
  public:
   using element_type = typename L::element_type;
   static constexpr int head_dim = L::head_dim;
 
-  explicit layout_rows(const kv_view<L, host_space>& kv) : kv_(kv) {
+  explicit layout_rows_host(const kv_view<L, host_space>& kv) : kv_(kv) {
     KVSCOUT_EXPECTS(kv.k.data() != nullptr && kv.v.data() != nullptr, "K or V buffer is null");
     kv.layout.validate(kv.k.size(), kv.v.size());
   }
@@ -120,12 +120,13 @@ class layout_rows {
 
 /// The rows a prefetch executor gathered for a selection.
 template <kv_element T, int HeadDim>
-class gathered_rows {
+class gathered_rows_host {
  public:
   using element_type = T;
   static constexpr int head_dim = HeadDim;
 
-  gathered_rows(const selection_view<host_space>& sel, host_span<const T> k, host_span<const T> v)
+  gathered_rows_host(const selection_view<host_space>& sel, host_span<const T> k,
+                     host_span<const T> v)
       : sel_(sel), k_(k.data()), v_(v.data()) {
     const std::size_t slots = static_cast<std::size_t>(sel.num_seqs) * sel.num_kv_heads *
                               static_cast<std::size_t>(sel.capacity);
@@ -147,19 +148,20 @@ class gathered_rows {
 
   /// The same over the byte buffers an executor wrote (the gather_destination it was given),
   /// read as T rows: checks that they are aligned for T, then the sizes as above.
-  gathered_rows(const selection_view<host_space>& sel, const gather_destination<host_space>& rows)
-      : gathered_rows(sel, typed(rows.k, "K"), typed(rows.v, "V")) {}
+  gathered_rows_host(const selection_view<host_space>& sel,
+                     const gather_destination<host_space>& rows)
+      : gathered_rows_host(sel, typed(rows.k, "K"), typed(rows.v, "V")) {}
 
   /// The rows gathered from a cache of layout `layout`: T and HeadDim are the layout's (deduced:
-  /// `gathered_rows rows(layout, sel, dst)`), so the rows cannot be read at another width; the
+  /// `gathered_rows_host rows(layout, sel, dst)`), so the rows cannot be read at another width; the
   /// selection's shape must be the layout's.
   template <kv_layout L>
     requires(!kivi_quantized_layout<L>)
-  gathered_rows(const L& layout, const selection_view<host_space>& sel,
-                const gather_destination<host_space>& rows)
-      : gathered_rows(checked_shape(layout, sel), rows) {
+  gathered_rows_host(const L& layout, const selection_view<host_space>& sel,
+                     const gather_destination<host_space>& rows)
+      : gathered_rows_host(checked_shape(layout, sel), rows) {
     static_assert(std::is_same_v<typename L::element_type, T> && L::head_dim == HeadDim,
-                  "gathered_rows<T, HeadDim> read from a layout of another element type or "
+                  "gathered_rows_host<T, HeadDim> read from a layout of another element type or "
                   "head_dim");
   }
 
@@ -202,21 +204,22 @@ class gathered_rows {
 
 template <kv_layout L>
   requires(!kivi_quantized_layout<L>)
-gathered_rows(const L&, const selection_view<host_space>&, const gather_destination<host_space>&)
-    -> gathered_rows<typename L::element_type, L::head_dim>;
+gathered_rows_host(const L&, const selection_view<host_space>&,
+                   const gather_destination<host_space>&)
+    -> gathered_rows_host<typename L::element_type, L::head_dim>;
 
 /// Two row sources of one shape read as one: (s, h) has a's rows, then b's. A pipeline's
 /// speculated rows and the rows its correction step added (pipeline/host_pipeline.hpp); any
 /// attention_rows pair of one element type, head_dim and shape (checked). Holds references.
 template <attention_rows A, attention_rows B>
   requires std::same_as<typename A::element_type, typename B::element_type>
-class joined_rows {
+class joined_rows_host {
  public:
-  static_assert(A::head_dim == B::head_dim, "joined_rows of two head dims");
+  static_assert(A::head_dim == B::head_dim, "joined_rows_host of two head dims");
   static constexpr int head_dim = A::head_dim;
   using element_type = typename A::element_type;
 
-  joined_rows(const A& a, const B& b) : a_(a), b_(b) {
+  joined_rows_host(const A& a, const B& b) : a_(a), b_(b) {
     KVSCOUT_EXPECTS(a.num_seqs() == b.num_seqs() && a.num_kv_heads() == b.num_kv_heads(),
                     "joined rows of shapes [", a.num_seqs(), ", ", a.num_kv_heads(), "] and [",
                     b.num_seqs(), ", ", b.num_kv_heads(), "]");
@@ -249,5 +252,13 @@ class joined_rows {
   const A& a_;
   const B& b_;
 };
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <kv_layout L>
+using layout_rows [[deprecated("use layout_rows_host")]] = layout_rows_host<L>;
+template <kv_element T, int HeadDim>
+using gathered_rows [[deprecated("use gathered_rows_host")]] = gathered_rows_host<T, HeadDim>;
+template <class A, class B>
+using joined_rows [[deprecated("use joined_rows_host")]] = joined_rows_host<A, B>;
 
 }  // namespace kvscout

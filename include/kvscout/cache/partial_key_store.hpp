@@ -1,8 +1,8 @@
 #pragma once
 // The formats partial keys can be kept in, and the cache that keeps each: a compute element
 // (float, half, bfloat16) in a partial_key_cache<T>, or a quantized_keys<Bits, Group> tag in a
-// quantized_partial_key_cache<Bits, Group>. infinigen_policy<PkT> holds a partial_key_store<PkT>
-// per speculated layer.
+// quantized_partial_key_cache<Bits, Group>. infinigen_policy_host<PkT> holds a
+// partial_key_store<PkT> per speculated layer.
 //
 //   static_assert(kvscout::partial_key_format<kvscout::quantized_keys<4>>);
 //   kvscout::partial_key_store<kvscout::quantized_keys<4>> keys(1, 3, 64, 8192);

@@ -54,8 +54,8 @@ constexpr bool supported_key_quantization(int bits, int group) noexcept {
 }
 
 /// The format tag of quantised partial keys: Bits per channel code (2, 4 or 8), over groups of
-/// Group tokens (16, 32, 64 or 128). infinigen_policy<quantized_keys<4>> keeps its partial keys
-/// in a quantized_partial_key_cache<4>.
+/// Group tokens (16, 32, 64 or 128). infinigen_policy_host<quantized_keys<4>> keeps its partial
+/// keys in a quantized_partial_key_cache<4>.
 template <int Bits, int Group = 32>
 struct quantized_keys {
   static constexpr int bits = Bits;

@@ -40,7 +40,7 @@
 
 /// Complete unrolling of a host loop with a constant trip count (up to 16), for loops over
 /// arrays of vector accumulators that GCC otherwise leaves in memory, stored and reloaded on
-/// every step (spec/infinigen.hpp's scoring). Empty under nvcc, whose front end does not know
+/// every step (score/infinigen.hpp's scoring). Empty under nvcc, whose front end does not know
 /// the pragma (so host code in .cu files keeps GCC's own choice), and for compilers that are
 /// not GCC-compatible.
 #if defined(__GNUC__) && !defined(__CUDACC__)

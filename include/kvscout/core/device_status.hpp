@@ -45,7 +45,7 @@ inline constexpr int bad_value = 1 << 4;
 /// policy's max_seq_len, stride or cache length): clamped into it, so the row was scored or
 /// selected over fewer tokens than the length said.
 inline constexpr int bad_length = 1 << 5;
-/// A batch row's sequence id (device_spec_context::seq_ids) outside the sequences the policy
+/// A batch row's sequence id (score_context<device_space>::seq_ids) outside the sequences the policy
 /// holds: the row was scored -inf for every token, so no key of another sequence was read for it
 /// (reported for rows of length 0 too). Or a row cache's map entry (row_cache_view::row_map)
 /// outside [-1, num_seqs): that row's cache was not used, its rows crossed the link.

@@ -7,9 +7,9 @@
 //   kvscout::cuda_exec x{stream, d_status};               // d_status: optional, see below
 //   fetch.submit(src, sel, dst, x);                       // executors (fetch/)
 //   selector.select(scores, out, x);                      // device selectors (select/*.cuh)
-//   policy.score(ctx, scores, x);                         // device policies (spec/*.cuh)
-//   kvscout::decode_attention_device(rows, cur, q, out, params, plan, ws, x);
-//   kvscout::append_token_device(layout, k, v, k_new, v_new, positions, x);
+//   policy.score(ctx, scores, x);                         // device policies (score/*.cuh)
+//   kvscout::decode_attention_cuda(rows, cur, q, out, params, plan, ws, x);
+//   kvscout::append_token_cuda(layout, k, v, k_new, v_new, positions, x);
 //   host_fetch.submit(src, sel, dst, kvscout::host_exec{});   // the host twin
 //
 // cuda_exec::status is the device status word (core/device_status.hpp): an int in device memory

@@ -86,7 +86,7 @@ KVSCOUT_HOST_DEVICE void rope_cos_sin(const rope_config& c, int j, int pos, floa
 
 /// The inverse frequencies of a configuration's planes (rope_inv_freq, a pow each), computed once
 /// for every table filled from them: whoever fills a table per decoded token keeps one per
-/// configuration (infinigen_policy keeps one per layer). Host only.
+/// configuration (infinigen_policy_host keeps one per layer). Host only.
 struct rope_frequencies {
   static constexpr int max_planes = 256;  // head_dim up to 512
   int planes = 0;                         // min(head_dim / 2, max_planes)

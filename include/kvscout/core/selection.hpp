@@ -71,6 +71,37 @@ struct score_view {
   }
 };
 
+/// Where a speculation policy writes its scores (score/), host or device memory by Space:
+///   scores [num_seqs, num_kv_heads, stride], row (s, h) written for t < seq_lens[s].
+/// view() is what a selector reads. (Until issue 33, `score_buffer` was the host struct and
+/// `device_score_buffer` the device one; the latter is a deprecated alias in
+/// score/device_context.hpp.)
+template <class Space>
+struct score_buffer {
+  span<float, Space> scores;  // [num_seqs, num_kv_heads, stride]
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int stride = 0;
+  /// Optional, [num_seqs, num_kv_heads]: where given, score() also writes each row's largest
+  /// non-NaN score over t < seq_lens[s] (-inf where there is none), the hint a selector reads as
+  /// score_view::row_max. Host policies write it (infinigen_policy_host forms it in the scoring
+  /// loop, from the scores in registers; the others with one more read of each row,
+  /// detail::write_row_max); the device policies do not yet, and refuse a buffer that has one.
+  span<float, Space> row_max{};
+
+  /// Row (s, h): stride floats in Space's memory.
+  KVSCOUT_HOST_DEVICE float* row(int s, int h) const {
+    return scores.data() +
+           (static_cast<std::size_t>(s) * num_kv_heads + h) * static_cast<std::size_t>(stride);
+  }
+  /// What a selector reads: these scores with the sequences' lengths (a policy writes
+  /// t < seq_lens[s] of each row; the selector looks at no more), and their maxima if written.
+  [[nodiscard]] score_view<Space> view(span<const std::int32_t, Space> seq_lens) const {
+    return {span<const float, Space>(scores.data(), scores.size()), seq_lens, num_seqs,
+            num_kv_heads, stride, span<const float, Space>(row_max.data(), row_max.size())};
+  }
+};
+
 /// Where an executor writes the selected rows, in the order the selection lists them.
 template <class Space>
 struct gather_destination {

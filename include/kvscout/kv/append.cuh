@@ -4,15 +4,15 @@
 //
 //   // contiguous / paged layouts: row of token positions[s] (or seq_len(s) when positions is
 //   // null) of every (sequence, kv head); the caller updates the lengths / page tables after.
-//   kvscout::append_token_device(layout, k_cache, v_cache, k_new, v_new, d_positions,
-//                                {stream, d_status});           // cuda_exec (core/exec.hpp)
+//   kvscout::append_token_cuda(layout, k_cache, v_cache, k_new, v_new, d_positions,
+//                              {stream, d_status});           // cuda_exec (core/exec.hpp)
 //
 //   // KIVI: the device twin of kivi_host_writer::append for one token per sequence, KIVI's rule
 //   // (kv/kivi.hpp): the value leaving the window is quantised, the token enters the ring, and
 //   // a full key block is quantised (per channel, groups of G tokens); seq_lens[s]
 //   // (device-resident, the array the layout reads) is incremented.
-//   kvscout::kivi_append_device(layout, device_buffers, d_seq_lens, k_new, v_new,
-//                               {stream, d_status});
+//   kvscout::kivi_append_cuda(layout, device_buffers, d_seq_lens, k_new, v_new,
+//                             {stream, d_status});
 //
 // k_new / v_new: [num_seqs, num_kv_heads, head_dim] device arrays of float or of the cache's
 // element type T (float input is rounded to T first, as a host caller would). A cache that stores
@@ -327,14 +327,14 @@ __global__ void __launch_bounds__(append_threads)
 /// cache's K / V scales (fp8 caches; the overload without them: 1, 1).
 template <kv_layout L, class InSpan>
   requires(!kivi_quantized_layout<L>)
-void append_token_device(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
-                         device_span<InSpan> k_new, device_span<InSpan> v_new,
-                         const std::int32_t* positions, kv_scales scales, const cuda_exec& exec) {
+void append_token_cuda(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
+                       device_span<InSpan> k_new, device_span<InSpan> v_new,
+                       const std::int32_t* positions, kv_scales scales, const cuda_exec& exec) {
   using T = typename L::element_type;
   static_assert(detail::layout_passes_to_kernels<L>());
   using In = std::remove_const_t<InSpan>;
   static_assert(detail::append_input_ok<In, T>,
-                "kvscout::append_token_device: new K / V must be float or the cache's element type");
+                "kvscout::append_token_cuda: new K / V must be float or the cache's element type");
   detail::check_append_layout(layout, k.data(), v.data());
   detail::check_append_inputs(layout.num_seqs(), layout.num_kv_heads(), L::head_dim, k_new.size(),
                               k_new.data(), v_new.size(), v_new.data());
@@ -359,23 +359,23 @@ void append_token_device(const L& layout, device_span<std::byte> k, device_span<
 /// The same with unit scales (every cache but fp8 ones stores K and V as given).
 template <kv_layout L, class InSpan>
   requires(!kivi_quantized_layout<L>)
-void append_token_device(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
-                         device_span<InSpan> k_new, device_span<InSpan> v_new,
-                         const std::int32_t* positions, const cuda_exec& exec) {
-  append_token_device(layout, k, v, k_new, v_new, positions, kv_scales{}, exec);
+void append_token_cuda(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
+                       device_span<InSpan> k_new, device_span<InSpan> v_new,
+                       const std::int32_t* positions, const cuda_exec& exec) {
+  append_token_cuda(layout, k, v, k_new, v_new, positions, kv_scales{}, exec);
 }
 
 /// Appends one token to every sequence of a KIVI cache on the device (see the header comment).
 /// seq_lens: the device array the layout reads, incremented per sequence appended.
 /// In: float or the layout's element type, const or not.
 template <kivi_quantized_layout L, class InSpan>
-void kivi_append_device(const L& layout, const kivi_buffers<device_space>& b,
-                        std::int32_t* seq_lens, device_span<InSpan> k_new,
-                        device_span<InSpan> v_new, const cuda_exec& exec) {
+void kivi_append_cuda(const L& layout, const kivi_buffers<device_space>& b,
+                      std::int32_t* seq_lens, device_span<InSpan> k_new,
+                      device_span<InSpan> v_new, const cuda_exec& exec) {
   using T = typename L::element_type;
   using In = std::remove_const_t<InSpan>;
   static_assert(detail::append_input_ok<In, T>,
-                "kvscout::kivi_append_device: new K / V must be float or the cache's element type");
+                "kvscout::kivi_append_cuda: new K / V must be float or the cache's element type");
   detail::check_kivi_append(layout, b, seq_lens);
   detail::check_append_inputs(layout.num_seqs(), layout.num_kv_heads(), L::head_dim, k_new.size(),
                               k_new.data(), v_new.size(), v_new.data());
@@ -387,6 +387,30 @@ void kivi_append_device(const L& layout, const kivi_buffers<device_space>& b,
   detail::launch(detail::kivi_append_kernel<L, In>, static_cast<unsigned>(layout.num_seqs()),
                  detail::append_threads, 0, exec.stream, p);
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <kv_layout L, class InSpan>
+  requires(!kivi_quantized_layout<L>)
+[[deprecated("use append_token_cuda")]] void append_token_device(
+    const L& layout, device_span<std::byte> k, device_span<std::byte> v,
+    device_span<InSpan> k_new, device_span<InSpan> v_new, const std::int32_t* positions,
+    kv_scales scales, const cuda_exec& exec) {
+  append_token_cuda(layout, k, v, k_new, v_new, positions, scales, exec);
+}
+template <kv_layout L, class InSpan>
+  requires(!kivi_quantized_layout<L>)
+[[deprecated("use append_token_cuda")]] void append_token_device(
+    const L& layout, device_span<std::byte> k, device_span<std::byte> v,
+    device_span<InSpan> k_new, device_span<InSpan> v_new, const std::int32_t* positions,
+    const cuda_exec& exec) {
+  append_token_cuda(layout, k, v, k_new, v_new, positions, exec);
+}
+template <kivi_quantized_layout L, class InSpan>
+[[deprecated("use kivi_append_cuda")]] void kivi_append_device(
+    const L& layout, const kivi_buffers<device_space>& b, std::int32_t* seq_lens,
+    device_span<InSpan> k_new, device_span<InSpan> v_new, const cuda_exec& exec) {
+  kivi_append_cuda(layout, b, seq_lens, k_new, v_new, exec);
 }
 
 }  // namespace kvscout

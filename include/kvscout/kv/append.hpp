@@ -1,6 +1,6 @@
 #pragma once
 // Writing tokens into a contiguous or paged cache that lives in host memory (pinned or not): the
-// host twin of append_token_device (kv/append.cuh), for engines whose KV store is on the host and
+// host twin of append_token_cuda (kv/append.cuh), for engines whose KV store is on the host and
 // for prefill.
 //
 //   // one new token per sequence at positions[s] (empty: seq_len(s)); the caller then advances

@@ -2,11 +2,11 @@
 // Device parts as the two stages of cuda_decode_pipeline (pipeline/cuda_pipeline.hpp), and an
 // optional third, the correction step, that the caller runs on the compute stream:
 //
-//   speculate(i, b, exec)    layer i's speculation policy (any device_speculation_policy,
-//                            spec/device_concepts.hpp: kvscout's infinigen_speculator_cuda or
+//   speculate(i, b, exec)    layer i's speculation policy (any speculation_policy_cuda,
+//                            score/device_concepts.hpp: kvscout's infinigen_policy_cuda or
 //                            streaming_policy_cuda, or the engine's own) scores every cached token
 //                            from the layer input in slot b (x_{i-1}), then the selector writes
-//                            slot b's selection       (spec/infinigen.cuh, select/*.cuh)
+//                            slot b's selection       (score/infinigen.cuh, select/*.cuh)
 //   fetch(i, b, exec)        the executor (zero_copy_executor by default, or any
 //                            device_step_executor) moves the rows slot b names from layer i's
 //                            host cache into slot b's row buffers               (fetch/zero_copy.cuh)
@@ -36,7 +36,7 @@
 //   //          pipe.wait_rows(i),
 //   //          attention over stages.buffers(i, pipe.slot(i)) ...
 //   //          (correction: stages.correct(i, pipe.slot(i), q_i, {compute, d_status}), then
-//   //           attention over joined_rows_device of buffers(i, slot) and added(i, slot))
+//   //           attention over joined_rows_cuda of buffers(i, slot) and added(i, slot))
 //
 // The sequence lengths and positions are device arrays the compute stream advances after a step's
 // appends; max_seq_len (host-known, e.g. max_tokens) sizes the scoring grid.
@@ -58,8 +58,8 @@
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/correction.cuh"
-#include "kvscout/spec/device_concepts.hpp"
-#include "kvscout/spec/infinigen.cuh"
+#include "kvscout/score/device_concepts.hpp"
+#include "kvscout/score/infinigen.cuh"
 
 namespace kvscout {
 
@@ -75,7 +75,7 @@ struct cuda_stage_lengths {
   device_span<const int32_t> seq_lens;   // [num_seqs] cached tokens (the current one excluded)
   int max_seq_len = 0;                   // host-known bound on every seq_lens[s]
   /// [num_seqs] the sequence of the policies' state (InfiniGen's partial keys) each batch row
-  /// reads, or empty: row s is sequence s (device_spec_context::seq_ids; continuous batching).
+  /// reads, or empty: row s is sequence s (score_context<device_space>::seq_ids; continuous batching).
   device_span<const int32_t> seq_ids = {};
   /// row_cache buffering: [num_seqs] for each batch row, the batch row that held its sequence at
   /// the previous step, or -1 for a sequence new to the batch (row_cache_view::row_map); the
@@ -103,7 +103,7 @@ template <class Executor>
 struct cuda_stage_correction {
   correction_selector_cuda* selector = nullptr;  // null: no correction step
   Executor* fetch = nullptr;
-  device_score_buffer scores{};            // [num_seqs, num_kv_heads, stride] late scores
+  score_buffer<device_space> scores{};            // [num_seqs, num_kv_heads, stride] late scores
   std::array<cuda_stage_buffers, 2> sets{};  // by slot: the added rows' selection and rows
 };
 
@@ -131,7 +131,7 @@ struct cuda_stage_selectors {
 /// Executor: any device_step_executor reading a kv_view<L, device_space> into a
 /// gather_destination<device_space>; row_cache buffering needs a row_caching_executor.
 template <kv_layout L, class Policy, class Selector, class Executor = zero_copy_executor<L>>
-  requires device_speculation_policy<Policy> && row_selector<Selector>
+  requires speculation_policy_cuda<Policy> && row_selector<Selector>
 class cuda_speculation_stages {
  public:
   using speculator_type = Policy;
@@ -159,7 +159,7 @@ class cuda_speculation_stages {
   cuda_speculation_stages(std::vector<speculator_type*> speculators,
                           cuda_stage_selectors<Selector> selectors, executor_type& fetch,
                           std::vector<kv_view<L, device_space>> sources,
-                          const device_score_buffer& scores, const cuda_stage_lengths& lengths,
+                          const score_buffer<device_space>& scores, const cuda_stage_lengths& lengths,
                           const std::array<device_span<const float>, 2>& x,
                           std::vector<cuda_stage_buffers> sets,
                           cuda_stage_buffering buffering = cuda_stage_buffering::slots,
@@ -230,11 +230,11 @@ class cuda_speculation_stages {
   }
 
   /// The same with the correction step (correct()): its parts, checked against the
-  /// speculation's. Needs a device_query_scoring_policy (a static_assert says so).
+  /// speculation's. Needs a query_scoring_policy_cuda (a static_assert says so).
   cuda_speculation_stages(std::vector<speculator_type*> speculators,
                           cuda_stage_selectors<Selector> selectors, executor_type& fetch,
                           std::vector<kv_view<L, device_space>> sources,
-                          const device_score_buffer& scores, const cuda_stage_lengths& lengths,
+                          const score_buffer<device_space>& scores, const cuda_stage_lengths& lengths,
                           const std::array<device_span<const float>, 2>& x,
                           std::vector<cuda_stage_buffers> sets, cuda_stage_buffering buffering,
                           unsigned long long* hits,
@@ -285,7 +285,7 @@ class cuda_speculation_stages {
   void speculate(int layer, int b, const cuda_exec& exec) {
     speculator_type* spec = speculator(layer);
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
-    const device_spec_context ctx{x_[check_slot(b)], lengths_.positions, lengths_.seq_lens,
+    const score_context<device_space> ctx{x_[check_slot(b)], lengths_.positions, lengths_.seq_lens,
                                   lengths_.max_seq_len, lengths_.seq_ids};
     spec->score(ctx, scores_, exec);
     selectors_[static_cast<std::size_t>(layer)]->select(scores_.view(lengths_.seq_lens), cur.selection,
@@ -306,20 +306,20 @@ class cuda_speculation_stages {
   /// scores layer i's own query q [num_seqs, num_q_heads, head_dim] (floats, after RoPE) against
   /// the policy's partial keys into the late-score buffer, selects the best rows slot b's
   /// speculation missed (at most the correction's capacity per (sequence, kv head)) and fetches
-  /// them into slot b's added rows, on the critical path. Attend over joined_rows_device of
+  /// them into slot b's added rows, on the critical path. Attend over joined_rows_cuda of
   /// buffers(i, b) and added(i, b) (attention/decode.cuh). Refused at compile time for a policy
   /// without score_query, at run time for stages built without correction parts.
   void correct(int layer, int b, device_span<const float> q, const cuda_exec& exec) {
-    static_assert(device_query_scoring_policy<speculator_type>,
+    static_assert(query_scoring_policy_cuda<speculator_type>,
                   "cuda_speculation_stages::correct: the correction step needs a policy with "
-                  "score_query(q, ctx, out, exec) (device_query_scoring_policy: "
-                  "infinigen_speculator_cuda); this policy scores from the layer input only");
+                  "score_query(q, ctx, out, exec) (query_scoring_policy_cuda: "
+                  "infinigen_policy_cuda); this policy scores from the layer input only");
     KVSCOUT_EXPECTS(has_correction(), "correct(): the stages were built without correction parts "
                     "(cuda_stage_correction: selector, fetch, scores, sets); got a null selector");
     speculator_type* spec = speculator(layer);
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
     const cuda_stage_buffers& add = correction_.sets[check_slot(b)];
-    const device_spec_context ctx{{}, {}, lengths_.seq_lens, lengths_.max_seq_len,
+    const score_context<device_space> ctx{{}, {}, lengths_.seq_lens, lengths_.max_seq_len,
                                   lengths_.seq_ids};
     spec->score_query(q, ctx, correction_.scores, exec);
     correction_.selector->select(correction_.scores.scores, lengths_.seq_lens,
@@ -351,10 +351,10 @@ class cuda_speculation_stages {
  private:
   // Host-known shapes of the correction's parts against each other and the speculation's.
   void check_correction() const {
-    static_assert(device_query_scoring_policy<speculator_type>,
+    static_assert(query_scoring_policy_cuda<speculator_type>,
                   "cuda_speculation_stages: correction parts given for a policy without "
-                  "score_query(q, ctx, out, exec) (device_query_scoring_policy: "
-                  "infinigen_speculator_cuda); the correction step scores layer i's own query");
+                  "score_query(q, ctx, out, exec) (query_scoring_policy_cuda: "
+                  "infinigen_policy_cuda); the correction step scores layer i's own query");
     const cuda_stage_correction<executor_type>& c = correction_;
     KVSCOUT_EXPECTS(c.fetch != nullptr, "the correction step has a selector but no executor "
                     "(cuda_stage_correction::fetch is null)");
@@ -416,7 +416,7 @@ class cuda_speculation_stages {
   std::vector<Selector*> selectors_;  // [num_layers], null where not speculated
   executor_type* fetch_;
   std::vector<kv_view<L, device_space>> sources_;
-  device_score_buffer scores_;
+  score_buffer<device_space> scores_;
   cuda_stage_lengths lengths_;
   std::array<device_span<const float>, 2> x_;
   std::vector<cuda_stage_buffers> sets_;
@@ -431,7 +431,7 @@ class cuda_speculation_stages {
 template <kv_layout L, class Selector, compute_element PkT = float, compute_element WT = float,
           class Executor = zero_copy_executor<L>>
 using infinigen_cuda_stages =
-    cuda_speculation_stages<L, infinigen_speculator_cuda<PkT, WT>, Selector, Executor>;
+    cuda_speculation_stages<L, infinigen_policy_cuda<PkT, WT>, Selector, Executor>;
 
 /// A reference to stages, so the pipeline can drive stages the caller keeps (std::ref).
 template <class S>

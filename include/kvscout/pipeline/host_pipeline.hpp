@@ -10,11 +10,11 @@
 // attend().
 //
 // The correction step (kvscout's; cfg.correction_capacity > 0, a policy with score_query such as
-// infinigen_policy): at the start of attend(i), layer i's own query is scored against the same
+// infinigen_policy_host): at the start of attend(i), layer i's own query is scored against the same
 // partial keys (score_query), correction_selector_host (select/correction.hpp) picks the best
 // correction_capacity rows per (sequence, kv head) by that score among those the speculation did
 // not select, and they are fetched on the critical path;
-// attention reads both sets (joined_rows). stats() counts them apart (fetch_stats::corrected). Two sets of selection / destination buffers alternate by layer parity, so layer i's
+// attention reads both sets (joined_rows_host). stats() counts them apart (fetch_stats::corrected). Two sets of selection / destination buffers alternate by layer parity, so layer i's
 // fetch can be in flight while layer i-1 reads its own rows (double buffering); on the host the
 // gather is synchronous, the structure is the one the CUDA pipeline keeps.
 //
@@ -81,7 +81,7 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/correction.hpp"
-#include "kvscout/spec/concepts.hpp"
+#include "kvscout/score/concepts.hpp"
 
 namespace kvscout {
 
@@ -134,7 +134,7 @@ struct fetch_stats {
 /// L: a layout of float, half, bfloat16 or fp8 rows (fp8: attend() takes the layer's scales).
 /// A KIVI cache is not supported here yet (its fetched rows are
 /// records that attention dequantises with the resident parameters and residual window:
-/// kivi_gathered_rows); compose kivi_gathered_rows with a selector and the gather directly.
+/// kivi_gathered_rows_host); compose kivi_gathered_rows_host with a selector and the gather directly.
 /// Executor: any host_step_executor of L (host_gather_executor<L> by default), the caller's.
 template <kv_layout L, speculation_policy P, row_selector Selector,
           class Executor = host_gather_executor<L>>
@@ -229,7 +229,8 @@ class host_decode_pipeline {
   }
 
   /// Scores, selects and fetches layer `layer`'s rows from its cache `kv` (during layer - 1).
-  void speculate(int layer, const spec_context& ctx, const kv_view<L, host_space>& kv) {
+  void speculate(int layer, const score_context<host_space>& ctx,
+                 const kv_view<L, host_space>& kv) {
     KVSCOUT_EXPECTS(layer >= cfg_.skip_layers && layer < cfg_.num_layers, "layer ", layer,
                     " is not speculated: expected [skip_layers = ", cfg_.skip_layers,
                     ", num_layers = ", cfg_.num_layers, ")");
@@ -239,8 +240,9 @@ class host_decode_pipeline {
     // first, so that a policy of the caller's that does not write them leaves no hint, not a
     // stale one (which would cost the selector a second pass; never a different selection).
     std::fill(row_max_.begin(), row_max_.end(), std::numeric_limits<float>::quiet_NaN());
-    const score_buffer out{{scores_.data(), scores_.size()}, cfg_.num_seqs, cfg_.num_kv_heads,
-                           cfg_.max_tokens, {row_max_.data(), row_max_.size()}};
+    const score_buffer<host_space> out{{scores_.data(), scores_.size()}, cfg_.num_seqs,
+                                       cfg_.num_kv_heads, cfg_.max_tokens,
+                                       {row_max_.data(), row_max_.size()}};
     policy_.score(layer, ctx, out);
     selectors_[static_cast<std::size_t>(layer)]->select(out.view(ctx.seq_lens), selection(b));
     executor_.submit(kv, selection(b).view(), {as_writable_bytes(b.k), as_writable_bytes(b.v)},
@@ -258,21 +260,21 @@ class host_decode_pipeline {
   /// Layer `layer`'s attention for the current token: dense below skip_layers, otherwise sparse
   /// over the rows speculate() fetched (speculating now if the policy needs the query). `scales`:
   /// the layer's k / v scales where its cache stores K / k and V / v (fp8 caches).
-  void attend(int layer, const spec_context& ctx, const kv_view<L, host_space>& kv,
+  void attend(int layer, const score_context<host_space>& ctx, const kv_view<L, host_space>& kv,
               const current_token<element_type>& cur, host_span<float> out,
               kv_scales scales = {}) {
     KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
                     " is out of range [0, ", cfg_.num_layers, ")");
     const attention_params ap{cfg_.num_q_heads, cfg_.scale, scales.k, scales.v};
     if (layer < cfg_.skip_layers) {
-      decode_attention_host(layout_rows<L>(kv), cur, ctx.q, out, ap, {}, 0, pool());
+      decode_attention_host(layout_rows_host<L>(kv), cur, ctx.q, out, ap, {}, 0, pool());
       return;
     }
     if constexpr (P::needs_query) speculate(layer, ctx, kv);
     buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
     KVSCOUT_EXPECTS(b.layer == layer, "attend(", layer, ") without speculate(", layer,
                     ") first (the buffers hold layer ", b.layer, ")");
-    const gathered_rows<element_type, head_dim> rows(
+    const gathered_rows_host<element_type, head_dim> rows(
         selection(b).view(), {b.k.data(), b.k.size()}, {b.v.data(), b.v.size()});
     const auto attend_rows = [&](const auto& r) {
       const int stride = cfg_.capacity + cfg_.correction_capacity + 1;
@@ -286,10 +288,10 @@ class host_decode_pipeline {
     };
     if (cfg_.correction_capacity > 0) {
       correct(layer, ctx, kv, b);
-      const gathered_rows<element_type, head_dim> added(
+      const gathered_rows_host<element_type, head_dim> added(
           correction_selection().view(), {corr_.k.data(), corr_.k.size()},
           {corr_.v.data(), corr_.v.size()});
-      attend_rows(joined_rows(rows, added));
+      attend_rows(joined_rows_host(rows, added));
       corr_.layer = layer;
     } else {
       attend_rows(rows);
@@ -429,22 +431,24 @@ class host_decode_pipeline {
   }
 
   void check_correction_policy() const {
-    constexpr bool late = requires(P& p, const spec_context& c, const score_buffer& o) {
+    constexpr bool late = requires(P& p, const score_context<host_space>& c,
+                                   const score_buffer<host_space>& o) {
       p.score_query(0, c, o);
     };
     KVSCOUT_EXPECTS(late, "correction_capacity = ", cfg_.correction_capacity,
                     " needs a policy that scores the layer's own query (score_query, e.g. "
-                    "infinigen_policy); this one has none");
+                    "infinigen_policy_host); this one has none");
   }
 
   // The correction step of layer `layer` over its speculated rows b (see the header comment).
-  void correct(int layer, const spec_context& ctx, const kv_view<L, host_space>& kv,
+  void correct(int layer, const score_context<host_space>& ctx, const kv_view<L, host_space>& kv,
                const buffer& b) {
-    if constexpr (requires(P& p, const spec_context& c, const score_buffer& o) {
+    if constexpr (requires(P& p, const score_context<host_space>& c,
+                           const score_buffer<host_space>& o) {
                     p.score_query(0, c, o);
                   }) {
-      const score_buffer late{{scores_.data(), scores_.size()}, cfg_.num_seqs, cfg_.num_kv_heads,
-                              cfg_.max_tokens};
+      const score_buffer<host_space> late{{scores_.data(), scores_.size()}, cfg_.num_seqs,
+                                          cfg_.num_kv_heads, cfg_.max_tokens};
       policy_.score_query(layer, ctx, late);
       const selection_view<host_space> speculated{{b.indices.data(), b.indices.size()},
                                                   {b.counts.data(), b.counts.size()},

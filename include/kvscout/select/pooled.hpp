@@ -18,7 +18,7 @@
 //     heads by a score that compares across heads:
 //       logit  softmax of the row: s - m_h - log sum_t exp(s_t - m_h) (m_h the head's maximum;
 //              NaN ignored; a head with a +inf score ranks its +inf rows first, the rest -inf);
-//       mass   the score itself (scores that are already attention mass, e.g. oracle_policy's or
+//       mass   the score itself (scores that are already attention mass, e.g. oracle_policy_host's or
 //              gqa_aggregation::sum_prob's).
 //     No head takes more than capacity rows, keep-set included (the excess goes to the others).
 //     Ties at the boundary go to the lower head, then (within a head) to the lower token index;

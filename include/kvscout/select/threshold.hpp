@@ -33,7 +33,7 @@
 // capacity. select() validates every input before writing and allocates nothing.
 //
 // Cost, per_head, where the scores come with their rows' maxima (score_view::row_max, which
-// infinigen_policy writes while scoring): one compaction per row against the hinted floor; the
+// infinigen_policy_host writes while scoring): one compaction per row against the hinted floor; the
 // hint is checked against the candidates it admits (detail::check_hint). A wrong one costs the
 // row a second compaction, or, where its floor admits more candidates than the short list holds,
 // the sampled path below; never a different result. A NaN entry is no hint. Without hints:

@@ -9,7 +9,7 @@
 // columns, so the partial dot product over S approximates the score:
 //     score(q, k) ~= sum_{i < r} q~[i] * pk[i],   q~ = (q A)[S],  pk = (k A)[S].
 // Where 1/sqrt(d) lives: nowhere in the plan. Partial queries and keys are unscaled; whoever
-// scores them (spec/) multiplies by 1/sqrt(head_dim), as attention does.
+// scores them (score/) multiplies by 1/sqrt(head_dim), as attention does.
 //
 // RoPE models need the partial query rotated at the decoded position. Three modes:
 //   post_rope_skew   A from RoPE'd samples. q~ = RoPE_pos(W_head x + b) A[:, S]: the head's full

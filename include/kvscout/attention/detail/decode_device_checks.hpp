@@ -1,7 +1,7 @@
 #pragma once
-// Host-side half of the CUDA decode attention (attention/decode.cuh): the device current-token
-// view and the validation of everything the host knows (shapes, sizes, parameters). Plain C++,
-// so the error messages are tested without a GPU (tests/host/test_cuda_facades_fetch.cpp).
+// Host-side half of the CUDA decode attention (attention/decode.cuh): the validation of
+// everything the host knows (shapes, sizes, parameters). Plain C++, so the error messages are
+// tested without a GPU (tests/host/test_cuda_facades_fetch.cpp).
 
 #include <cmath>
 #include <cstddef>
@@ -15,15 +15,6 @@
 #include "kvscout/core/span.hpp"
 
 namespace kvscout {
-
-/// The current token's K / V on the device, [num_seqs, num_kv_heads, head_dim] of the cache's
-/// element type. Empty spans: no current token.
-template <kv_element T>
-struct device_current_token {
-  device_span<const T> k;
-  device_span<const T> v;
-  [[nodiscard]] bool present() const { return k.data() != nullptr; }
-};
 
 namespace detail {
 
@@ -49,11 +40,11 @@ inline constexpr int decode_lane_elems = [] {
   return D / lanes;
 }();
 
-inline void check_decode_device(int num_seqs, int num_kv_heads, int head_dim,
-                                const attention_params& p, std::size_t q_size,
-                                const void* q_data, std::size_t out_size, const void* out_data,
-                                bool cur_present, std::size_t cur_k_size, std::size_t cur_v_size,
-                                bool cur_v_null) {
+inline void check_decode_cuda(int num_seqs, int num_kv_heads, int head_dim,
+                              const attention_params& p, std::size_t q_size,
+                              const void* q_data, std::size_t out_size, const void* out_data,
+                              bool cur_present, std::size_t cur_k_size, std::size_t cur_v_size,
+                              bool cur_v_null) {
   const int Hq = p.num_q_heads;
   KVSCOUT_EXPECTS(num_kv_heads >= 1, "num_kv_heads must be positive, got ", num_kv_heads);
   KVSCOUT_EXPECTS(Hq >= 1 && Hq % num_kv_heads == 0, "num_q_heads = ", Hq,
@@ -124,9 +115,9 @@ inline void check_current_token_alignment(const void* k, const void* v, std::siz
 }
 
 /// A device selection and the gathered rows (row_bytes each, K and V) it indexes.
-inline void check_gathered_device(const selection_view<device_space>& sel, std::size_t k_bytes,
-                                  const void* k, std::size_t v_bytes, const void* v,
-                                  std::size_t k_row_bytes, std::size_t v_row_bytes) {
+inline void check_gathered_cuda(const selection_view<device_space>& sel, std::size_t k_bytes,
+                                const void* k, std::size_t v_bytes, const void* v,
+                                std::size_t k_row_bytes, std::size_t v_row_bytes) {
   KVSCOUT_EXPECTS(sel.num_seqs >= 0 && sel.num_kv_heads >= 1 && sel.capacity >= 0,
                   "selection shape [", sel.num_seqs, ", ", sel.num_kv_heads, ", ", sel.capacity,
                   "] is invalid");

@@ -26,7 +26,7 @@
 #include <cstdint>
 
 #include "kvscout/attention/detail/decode_device_checks.hpp"
-#include "kvscout/attention/detail/device_rows.cuh"
+#include "kvscout/attention/rows.cuh"
 #include "kvscout/core/detail/online_softmax.hpp"
 #include "kvscout/core/dtype.hpp"
 

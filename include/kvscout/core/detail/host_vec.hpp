@@ -1,6 +1,6 @@
 #pragma once
 // The host's native float vector (GCC / Clang vector extensions) and the one row maximum every
-// host part uses: score_buffer::row_max (spec/), the selectors' plain scans (select/detail/
+// host part uses: score_buffer::row_max (score/), the selectors' plain scans (select/detail/
 // host_rows.hpp) and the model tools' softmax (tools/model). core/simd.hpp builds its GEMV and
 // dot products on the same vector type.
 

@@ -1,7 +1,7 @@
 #pragma once
 // Vector loads of a few consecutive elements, widened to float: the device attention's row parts
-// (attention/detail/device_rows.cuh) and the device scoring's token groups
-// (spec/detail/infinigen_kernels.cuh).
+// (attention/rows.cuh) and the device scoring's token groups
+// (score/detail/infinigen_kernels.cuh).
 
 #include <cuda_runtime.h>
 

@@ -2,8 +2,8 @@
 // The online softmax, written once for every path that needs one: the host attention (its fp64
 // reference row by row, its float path a block of rows at a time: attention/decode.hpp), the
 // device attention (attention/detail/decode_kernel.cuh) and the sum_prob aggregation of
-// speculation scores, host and device (spec/detail/aggregate.hpp,
-// spec/detail/infinigen_kernels.cuh).
+// speculation scores, host and device (score/detail/aggregate.hpp,
+// score/detail/infinigen_kernels.cuh).
 //
 // A state (m, l, acc) summarises the rows pushed so far:
 //   m = the largest logit, l = sum_i e^(x_i - m), acc = sum_i e^(x_i - m) v_i.

@@ -1,5 +1,5 @@
 #pragma once
-// Kernels of the device speculation (spec/infinigen.cuh). Every per-element formula is a
+// Kernels of the device speculation (score/infinigen.cuh). Every per-element formula is a
 // KVSCOUT_HOST_DEVICE function the host path calls too: skew_dot (key projection),
 // post_rope_skew_element and rope_rotate (partial query), rope_cos_sin (RoPE table),
 // softmax_push / softmax_merge / softmax_share (sum_prob), to_float / from_float (partial keys).
@@ -37,8 +37,8 @@
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/skew/plan.hpp"
-#include "kvscout/spec/detail/aggregate.hpp"
-#include "kvscout/spec/infinigen_device.hpp"
+#include "kvscout/score/detail/aggregate.hpp"
+#include "kvscout/score/infinigen_device.hpp"
 
 namespace kvscout::detail {
 

@@ -1,5 +1,5 @@
 #pragma once
-// Aggregation of a GQA group's logits into one score per token (spec/concepts.hpp).
+// Aggregation of a GQA group's logits into one score per token (score/concepts.hpp).
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "kvscout/core/detail/online_softmax.hpp"
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/error.hpp"
-#include "kvscout/spec/concepts.hpp"
+#include "kvscout/score/concepts.hpp"
 
 namespace kvscout::detail {
 

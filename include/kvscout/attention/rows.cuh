@@ -1,8 +1,15 @@
 #pragma once
 // Row sources for the device decode attention (attention/decode.cuh), the device twins of
-// attention/rows.hpp and attention/kivi_rows.hpp. head_dim / E lanes read one row; a lane gets the
-// E consecutive elements starting at c0 (E = decode_lane_elems<element_type, head_dim>: up to 16
-// bytes a lane), as float:
+// attention/rows.hpp and attention/kivi_rows.hpp, and their concept attention_rows_cuda:
+//   gathered_rows_cuda<T, D>      the fetched T rows (sparse attention)
+//   kivi_gathered_rows_cuda<L>    the fetched KIVI records dequantised as read, then the
+//                                 resident residual window
+//   layout_rows_cuda<L>           every token of a device-resident cache (dense anchor)
+//   joined_rows_cuda<A, B>        A's rows, then B's
+// (Until issue 33 these were the *_device types in attention/detail/device_rows.cuh; the old
+// names are deprecated aliases at the end of this file.)
+// head_dim / E lanes read one row; a lane gets the E consecutive elements starting at c0
+// (E = decode_lane_elems<element_type, head_dim>: up to 16 bytes a lane), as float:
 //
 //   rows(s, h, status)                    rows of (s, h) (counts clamped to [0, capacity],
 //                                         device_status::bad_count raised)
@@ -11,10 +18,11 @@
 //
 // The per-element math is the host's: to_float for T rows; for KIVI records kivi_code +
 // kivi_dequantize (kv/detail/kivi_pack.hpp), so a dequantised element has the same bits here as
-// in kivi_gathered_rows.
+// in kivi_gathered_rows_host.
 
 #include <cuda_runtime.h>
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 
@@ -37,17 +45,45 @@ KVSCOUT_DEVICE int clamp_count(int n, int capacity) { return n < 0 ? 0 : (n > ca
 
 }  // namespace detail
 
+/// A row source decode_attention_cuda reads: copied by value into the kernel, shapes on the
+/// host, and the three device calls the kernel makes, with E = decode_lane_elems<element_type,
+/// head_dim> elements per lane (8 for 16-bit rows of 128; the contract is this file's opening
+/// comment: rows() returns a count the source trusts or has clamped,
+/// load_k() returns false for a row to skip, load_v() only after load_k() returned true). An
+/// engine's own row source (its quantised or paged format read in place) models this to reuse the
+/// kernel. (head_dim is checked first, so the per-lane array type below is only formed for types
+/// that have one.)
+template <class R>
+concept attention_rows_cuda =
+    std::copyable<R> &&
+    requires {
+      typename R::element_type;
+      { R::head_dim } -> std::convertible_to<int>;
+    } &&
+    requires(const R& r, int s, int h, int i, int c0, int* status,
+             float (&part)[detail::decode_lane_elems<typename R::element_type, R::head_dim>]) {
+      { r.num_seqs() } -> std::same_as<int>;
+      { r.num_kv_heads() } -> std::same_as<int>;
+      { r.rows(s, h, status) } -> std::same_as<int>;
+      {
+        r.template load_k<detail::decode_lane_elems<typename R::element_type, R::head_dim>>(
+            s, h, i, c0, part, status)
+      } -> std::same_as<bool>;
+      r.template load_v<detail::decode_lane_elems<typename R::element_type, R::head_dim>>(
+          s, h, i, c0, part);
+    };
+
 /// The rows a prefetch executor gathered into device memory (core/selection.hpp layout), T rows.
 template <kv_element T, int HeadDim>
-class gathered_rows_device {
+class gathered_rows_cuda {
  public:
   using element_type = T;
   static constexpr int head_dim = HeadDim;
 
-  gathered_rows_device() = default;
+  gathered_rows_cuda() = default;
   /// k / v: [num_seqs, num_kv_heads, capacity, head_dim]. Host checks of shapes and sizes only;
   /// counts are clamped on the device.
-  gathered_rows_device(const selection_view<device_space>& sel, device_span<const T> k,
+  gathered_rows_cuda(const selection_view<device_space>& sel, device_span<const T> k,
                        device_span<const T> v)
       : indices_(sel.indices.data()),
         counts_(sel.counts.data()),
@@ -56,14 +92,14 @@ class gathered_rows_device {
         num_seqs_(sel.num_seqs),
         num_kv_heads_(sel.num_kv_heads),
         capacity_(sel.capacity) {
-    detail::check_gathered_device(sel, k.size_bytes(), k.data(), v.size_bytes(), v.data(),
+    detail::check_gathered_cuda(sel, k.size_bytes(), k.data(), v.size_bytes(), v.data(),
                                   HeadDim * sizeof(T), HeadDim * sizeof(T));
   }
   /// The same over the byte buffers an executor wrote (the gather_destination it was given),
   /// read as T rows; the same checks (sizes, 16-byte alignment).
-  gathered_rows_device(const selection_view<device_space>& sel,
+  gathered_rows_cuda(const selection_view<device_space>& sel,
                        const gather_destination<device_space>& rows)
-      : gathered_rows_device(sel, typed(rows.k), typed(rows.v)) {}
+      : gathered_rows_cuda(sel, typed(rows.k), typed(rows.v)) {}
 
   KVSCOUT_HOST_DEVICE int num_seqs() const { return num_seqs_; }
   KVSCOUT_HOST_DEVICE int num_kv_heads() const { return num_kv_heads_; }
@@ -103,19 +139,19 @@ class gathered_rows_device {
 };
 
 /// Every cached token of a device-resident (or mapped) cache read through its layout: the dense
-/// anchor. Not for KIVI layouts (their rows are records; see kivi_gathered_rows_device).
+/// anchor. Not for KIVI layouts (their rows are records; see kivi_gathered_rows_cuda).
 template <kv_layout L>
   requires(!kivi_quantized_layout<L>)
-class layout_rows_device {
+class layout_rows_cuda {
  public:
   static_assert(detail::layout_passes_to_kernels<L>());
   using element_type = typename L::element_type;
   static constexpr int head_dim = L::head_dim;
 
-  layout_rows_device() = default;
+  layout_rows_cuda() = default;
   /// The layout's metadata must be device-readable; it is not validated here (validate it on a
   /// host copy). Rows whose bytes fall outside the buffers are skipped (out_of_bounds).
-  explicit layout_rows_device(const kv_view<L, device_space>& kv)
+  explicit layout_rows_cuda(const kv_view<L, device_space>& kv)
       : l_(kv.layout), k_(kv.k.data()), v_(kv.v.data()), k_bytes_(kv.k.size()),
         v_bytes_(kv.v.size()) {
     KVSCOUT_EXPECTS(k_ != nullptr && v_ != nullptr, "K or V buffer is null");
@@ -165,19 +201,19 @@ class layout_rows_device {
 
 /// The KIVI records an executor gathered (core/selection.hpp layout, k_row_bytes / v_row_bytes
 /// per row), dequantised as they are read, then the resident window (kv/kivi.hpp):
-/// the device twin of kivi_gathered_rows. rows(s, h) = counts[s, h] + residual_len(s).
+/// the device twin of kivi_gathered_rows_host. rows(s, h) = counts[s, h] + residual_len(s).
 template <kivi_quantized_layout L>
-class kivi_gathered_rows_device {
+class kivi_gathered_rows_cuda {
  public:
   using element_type = typename L::element_type;
   using scale_type = typename L::scale_type;
   static constexpr int head_dim = L::head_dim;
 
-  kivi_gathered_rows_device() = default;
+  kivi_gathered_rows_cuda() = default;
   /// The layout's lengths, the selection, the gathered records and the resident buffers must be
   /// device-readable. Host checks of shapes, sizes and alignment; indices are checked on the
   /// device (a token outside the quantised tokens is skipped, bad_index).
-  kivi_gathered_rows_device(const L& layout, const selection_view<device_space>& sel,
+  kivi_gathered_rows_cuda(const L& layout, const selection_view<device_space>& sel,
                             const gather_destination<device_space>& gathered,
                             const kivi_resident_view<device_space>& resident)
       : l_(layout),
@@ -193,7 +229,7 @@ class kivi_gathered_rows_device {
                     "selection shape [", sel.num_seqs, ", ", sel.num_kv_heads,
                     "] differs from the layout's [", layout.num_seqs(), ", ",
                     layout.num_kv_heads(), "]");
-    detail::check_gathered_device(sel, gathered.k.size(), gathered.k.data(), gathered.v.size(),
+    detail::check_gathered_cuda(sel, gathered.k.size(), gathered.k.data(), gathered.v.size(),
                                   gathered.v.data(), layout.k_row_bytes(), layout.v_row_bytes());
     resident.validate(layout);
   }
@@ -279,5 +315,71 @@ class kivi_gathered_rows_device {
   const std::byte* v_residual_ = nullptr;
   int capacity_ = 0;
 };
+
+/// Two device row sources of one element type, head_dim and shape read as one: (s, h) has a's
+/// rows, then b's (the device twin of joined_rows_host, attention/rows.hpp). The correction step's
+/// speculated rows and the rows it added (pipeline/cuda_stages.cuh), read where their fetches
+/// wrote them: nothing is copied into one set. Holds both sources by value; each row's load reads
+/// a's count once more (clamped as rows() clamps it; only rows() reports a bad one).
+///
+///   kvscout::joined_rows_cuda rows(kvscout::gathered_rows_cuda<half, 128>(sel, dst),
+///                                  kvscout::gathered_rows_cuda<half, 128>(added, added_dst));
+template <attention_rows_cuda A, attention_rows_cuda B>
+  requires std::same_as<typename A::element_type, typename B::element_type> &&
+           (A::head_dim == B::head_dim)
+class joined_rows_cuda {
+ public:
+  using element_type = typename A::element_type;
+  static constexpr int head_dim = A::head_dim;
+
+  joined_rows_cuda() = default;
+  joined_rows_cuda(const A& a, const B& b) : a_(a), b_(b) {
+    KVSCOUT_EXPECTS(a.num_seqs() == b.num_seqs() && a.num_kv_heads() == b.num_kv_heads(),
+                    "joined rows of shapes [num_seqs, num_kv_heads] = [", a.num_seqs(), ", ",
+                    a.num_kv_heads(), "] and [", b.num_seqs(), ", ", b.num_kv_heads(),
+                    "], expected one shape");
+  }
+
+  KVSCOUT_HOST_DEVICE int num_seqs() const { return a_.num_seqs(); }
+  KVSCOUT_HOST_DEVICE int num_kv_heads() const { return a_.num_kv_heads(); }
+
+  KVSCOUT_DEVICE int rows(int s, int h, int* status) const {
+    return a_.rows(s, h, status) + b_.rows(s, h, status);
+  }
+  template <int E>
+  KVSCOUT_DEVICE bool load_k(int s, int h, int i, int c0, float (&dst)[E], int* status) const {
+    const int n = a_.rows(s, h, nullptr);
+    return i < n ? a_.template load_k<E>(s, h, i, c0, dst, status)
+                 : b_.template load_k<E>(s, h, i - n, c0, dst, status);
+  }
+  template <int E>
+  KVSCOUT_DEVICE void load_v(int s, int h, int i, int c0, float (&dst)[E]) const {
+    const int n = a_.rows(s, h, nullptr);
+    if (i < n) {
+      a_.template load_v<E>(s, h, i, c0, dst);
+    } else {
+      b_.template load_v<E>(s, h, i - n, c0, dst);
+    }
+  }
+
+ private:
+  A a_{};
+  B b_{};
+};
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <kv_element T, int HeadDim>
+using gathered_rows_device [[deprecated("use gathered_rows_cuda")]] =
+    gathered_rows_cuda<T, HeadDim>;
+template <kv_layout L>
+using layout_rows_device [[deprecated("use layout_rows_cuda")]] = layout_rows_cuda<L>;
+template <kivi_quantized_layout L>
+using kivi_gathered_rows_device [[deprecated("use kivi_gathered_rows_cuda")]] =
+    kivi_gathered_rows_cuda<L>;
+template <class A, class B>
+using joined_rows_device [[deprecated("use joined_rows_cuda")]] = joined_rows_cuda<A, B>;
+/// (A concept cannot be deprecated: this one is kept for one release as a plain alias.)
+template <class R>
+concept device_attention_rows = attention_rows_cuda<R>;
 
 }  // namespace kvscout

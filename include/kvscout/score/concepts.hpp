@@ -1,0 +1,205 @@
+#pragma once
+// The speculation_policy concept: something that scores every cached token of layer i, per
+// (sequence, kv head), so that a selector (select/) can choose which rows to fetch.
+//
+//   P::needs_query          false: scores are known before layer i runs (InfiniGen speculates
+//                           during layer i-1; streaming and h2o need no query at all), so the
+//                           fetch can overlap layer i-1. true: the policy needs layer i's own
+//                           query (the oracle, Quest), so it runs at the start of layer i.
+//   p.score(layer, ctx, out)  writes out.scores [num_seqs, num_kv_heads, stride] for t < seq_len,
+//                           and where out.row_max is given each row's maximum (a selector's hint)
+// Every policy checks its inputs (detail::check_score_buffer) and throws kvscout::error before it
+// writes a score, so bad input leaves out.scores as it was.
+// Optional hooks, called by the pipeline when present:
+//   p.append(layer, s, t, k_pre_rope, k_post_rope)   a token's keys ([num_kv_heads, head_dim]
+//                                                    floats) entered sequence s's cache at
+//                                                    position t (see seq_ids below)
+//   p.observe(layer, ctx, rows, probs, stride, has_current)
+//                                                    attention probabilities of the rows attended
+//                                                    (attention/decode.hpp) and, when
+//                                                    has_current, of the current token; for h2o
+//
+// Score scale: logits are q.k * scale with scale = 1 / sqrt(head_dim) (the attention's own), so a
+// threshold alpha is in logit units, as in InfiniGen.
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "kvscout/core/detail/checked_size.hpp"
+#include "kvscout/core/detail/host_vec.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+
+namespace kvscout {
+
+/// What a policy reads for one decode step of one layer, in host or device memory (Space): the
+/// host context here, the device one (score_context<device_space>) in score/device_context.hpp.
+/// Their fields differ (the device one names a host-known length bound and no query), so each
+/// space is its own specialisation.
+template <class Space>
+struct score_context;
+
+/// What a host policy may read for one decode step of one layer.
+template <>
+struct score_context<host_space> {
+  host_span<const float> x;            // [num_seqs, d_model] layer i-1's normalised input (InfiniGen)
+  host_span<const float> q;            // [num_seqs, num_q_heads, head_dim] layer i's query (late policies)
+  host_span<const int32_t> positions;  // [num_seqs] position of the token being decoded (RoPE)
+  host_span<const int32_t> seq_lens;   // [num_seqs] cached tokens to score (the current one excluded)
+  /// [num_seqs] where batch row s keeps its state: the sequence index of the policy's partial
+  /// keys, attention mass or page bounds (the oracle: of its cache). Empty: row s is sequence s.
+  /// With continuous batching, a step's rows are the live sequences, in any order; seq_ids must
+  /// be distinct and below the number of sequences the policy holds (checked by every score()).
+  host_span<const int32_t> seq_ids = {};
+};
+
+/// Deprecated (issue 33): the host score context's old name, kept for one release.
+using spec_context [[deprecated("use score_context<host_space>")]] = score_context<host_space>;
+
+namespace detail {
+/// The sequence that batch row s of `ctx` names in the policy's state (see score_context::seq_ids).
+inline int seq_of(const score_context<host_space>& ctx, int s) {
+  return ctx.seq_ids.empty() ? s : ctx.seq_ids[s];
+}
+}  // namespace detail
+
+/// How the scores of the query heads of one GQA group become one score per KV head.
+///   max_logit  the largest logit of the group (a token matters if any head attends to it)
+///   mean_logit the mean logit
+///   sum_prob   the sum over the group of each head's softmax probability (attention mass)
+enum class gqa_aggregation { max_logit, mean_logit, sum_prob };
+
+template <class P>
+concept speculation_policy = requires(P& p, int layer, const score_context<host_space>& ctx,
+                                      const score_buffer<host_space>& out) {
+  { P::needs_query } -> std::convertible_to<bool>;
+  p.score(layer, ctx, out);
+};
+
+namespace detail {
+/// The shape checks every policy's constructor makes, in one place.
+/// Positive sizes, and a state of num_layers x num_seqs x num_kv_heads x max_tokens x
+/// `per_token` floats whose size fits in size_t.
+inline void check_policy_sizes(const char* policy, int num_layers, int num_seqs, int num_kv_heads,
+                               int max_tokens, std::size_t per_token = 1) {
+  KVSCOUT_EXPECTS(num_layers > 0 && num_seqs > 0 && num_kv_heads > 0 && max_tokens > 0, policy,
+                  " needs positive sizes, got layers ", num_layers, ", seqs ", num_seqs,
+                  ", kv heads ", num_kv_heads, ", max_tokens ", max_tokens);
+  checked_size("the policy's state in bytes (layers x seqs x kv heads x max_tokens x bytes per "
+               "token)", num_layers, num_seqs, num_kv_heads, max_tokens, per_token * sizeof(float));
+}
+inline void check_gqa(int num_q_heads, int num_kv_heads) {
+  KVSCOUT_EXPECTS(num_q_heads >= 1 && num_kv_heads >= 1 && num_q_heads % num_kv_heads == 0,
+                  "num_q_heads = ", num_q_heads, " must be a positive multiple of num_kv_heads = ",
+                  num_kv_heads);
+}
+/// An aggregation the policies know (a value cast from another integer is refused by name).
+inline void check_aggregation(gqa_aggregation a, const char* field) {
+  KVSCOUT_EXPECTS(a == gqa_aggregation::max_logit || a == gqa_aggregation::mean_logit ||
+                      a == gqa_aggregation::sum_prob,
+                  field, " = ", static_cast<int>(a),
+                  " is no gqa_aggregation; expected max_logit, mean_logit or sum_prob");
+}
+inline void check_scale(float scale) {
+  KVSCOUT_EXPECTS(std::isfinite(scale) && scale > 0.f, "scale must be positive and finite, got ",
+                  scale);
+}
+
+/// Where check_seq_ids finds repeated ids with a bitmap on the stack (512 bytes, the words below
+/// max_seqs cleared per call): a policy that holds up to this many sequences. Beyond, it compares
+/// pairs (the streaming policy, which holds none and so has no bound).
+inline constexpr int seq_id_bitmap_max = 4096;
+
+/// ctx.seq_ids, when given: num_seqs entries, each in [0, max_seqs), no two equal (two rows of one
+/// sequence would add its attention mass twice). Allocates nothing; O(num_seqs) where max_seqs
+/// <= seq_id_bitmap_max, O(num_seqs^2) beyond.
+inline void check_seq_ids(const score_context<host_space>& ctx, int num_seqs, int max_seqs,
+                          const char* holder = "the policy's") {
+  if (ctx.seq_ids.empty()) return;
+  KVSCOUT_EXPECTS(ctx.seq_ids.size() >= static_cast<std::size_t>(num_seqs), "seq_ids holds ",
+                  ctx.seq_ids.size(), " entries, expected num_seqs = ", num_seqs, " (or none)");
+  const bool bitmap = max_seqs <= seq_id_bitmap_max;
+  std::uint64_t seen[seq_id_bitmap_max / 64];
+  if (bitmap)
+    for (int w = 0; w < (max_seqs + 63) / 64; ++w) seen[w] = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const int id = ctx.seq_ids[s];
+    KVSCOUT_EXPECTS(id >= 0 && id < max_seqs, "seq_ids[", s, "] = ", id,
+                    " is outside [0, ", holder, " num_seqs = ", max_seqs, ")");
+    // The bitmap answers "seen before?" in O(1); only a repeat (an error) then looks for the
+    // earlier row to name it. Without the bitmap, one search does both.
+    const auto earlier = [&] {
+      const std::int32_t* ids = ctx.seq_ids.data();
+      return static_cast<int>(std::find(ids, ids + s, id) - ids);
+    };
+    int u = s;  // the earlier row holding id; s if none
+    if (bitmap) {
+      const std::uint64_t bit = std::uint64_t{1} << (id % 64);
+      if ((seen[id / 64] & bit) != 0) [[unlikely]] u = earlier();
+      seen[id / 64] |= bit;
+    } else {
+      u = earlier();
+    }
+    if (u < s) [[unlikely]]
+      KVSCOUT_FAIL("seq_ids[", u, "] and seq_ids[", s, "] are both ", id,
+                   ": a sequence may fill one batch row");
+  }
+}
+
+/// The checks every policy's score() makes before it writes a score. Beyond the buffer's own
+/// shape, a policy with per-sequence state (page bounds, partial keys, attention mass) passes how
+/// many sequences and tokens per sequence that state holds: a score buffer or seq_lens past them
+/// would make the policy read past its state. Streaming keeps no state and passes no limits.
+/// `holder` names whose state the limits are ("the policy's", or the oracle's "the cache's").
+inline void check_score_buffer(const score_buffer<host_space>& out,
+                               const score_context<host_space>& ctx, int num_kv_heads,
+                               int max_seqs = std::numeric_limits<int>::max(),
+                               int max_tokens = std::numeric_limits<int>::max(),
+                               const char* holder = "the policy's") {
+  KVSCOUT_EXPECTS(out.num_seqs >= 0 && out.stride >= 0, "score buffer num_seqs = ", out.num_seqs,
+                  " and stride = ", out.stride, " must be non-negative");
+  KVSCOUT_EXPECTS(out.num_kv_heads == num_kv_heads, "score buffer has ", out.num_kv_heads,
+                  " kv heads, the policy ", num_kv_heads);
+  KVSCOUT_EXPECTS(out.num_seqs <= max_seqs, "score buffer num_seqs = ", out.num_seqs,
+                  " exceeds ", holder, " num_seqs = ", max_seqs);
+  KVSCOUT_EXPECTS(ctx.seq_lens.size() >= static_cast<std::size_t>(out.num_seqs), "seq_lens holds ",
+                  ctx.seq_lens.size(), " entries, expected num_seqs = ", out.num_seqs);
+  const std::size_t need = static_cast<std::size_t>(out.num_seqs) * out.num_kv_heads *
+                           static_cast<std::size_t>(out.stride);
+  KVSCOUT_EXPECTS(out.scores.size() >= need, "score buffer holds ", out.scores.size(),
+                  " floats, expected [", out.num_seqs, ", ", out.num_kv_heads, ", ", out.stride,
+                  "]");
+  KVSCOUT_EXPECTS(out.scores.data() != nullptr || need == 0, "score buffer is null");
+  const std::size_t rows = static_cast<std::size_t>(out.num_seqs) * out.num_kv_heads;
+  KVSCOUT_EXPECTS(out.row_max.empty() || out.row_max.size() >= rows, "score buffer row_max holds ",
+                  out.row_max.size(), " floats, expected none or [", out.num_seqs, ", ",
+                  out.num_kv_heads, "]");
+  KVSCOUT_EXPECTS(out.row_max.empty() || out.row_max.data() != nullptr,
+                  "score buffer row_max is null");
+  check_seq_ids(ctx, out.num_seqs, max_seqs, holder);
+  for (int s = 0; s < out.num_seqs; ++s) {
+    KVSCOUT_EXPECTS(ctx.seq_lens[s] >= 0 && ctx.seq_lens[s] <= out.stride, "seq_lens[", s, "] = ",
+                    ctx.seq_lens[s], " is outside [0, stride = ", out.stride, "]");
+    KVSCOUT_EXPECTS(ctx.seq_lens[s] <= max_tokens, "seq_lens[", s, "] = ", ctx.seq_lens[s],
+                    " exceeds ", holder, " max_tokens = ", max_tokens);
+  }
+}
+
+/// Where out.row_max is given, writes each of its rows' maxima, read back from the scores: for
+/// the policies that do not form them while scoring. Call after the scores are written.
+inline void write_row_max(const score_buffer<host_space>& out,
+                          const score_context<host_space>& ctx) {
+  if (out.row_max.empty()) return;
+  for (int s = 0; s < out.num_seqs; ++s)
+    for (int h = 0; h < out.num_kv_heads; ++h)
+      out.row_max[static_cast<std::size_t>(s) * out.num_kv_heads + h] =
+          max_non_nan(out.row(s, h), ctx.seq_lens[s]);
+}
+}  // namespace detail
+
+}  // namespace kvscout

@@ -1,0 +1,77 @@
+#pragma once
+// What a device speculation policy reads and writes for one decode step of one layer, and the
+// checks of a score() call that every device policy shares. Host-compilable (no kernels, no CUDA
+// runtime), so the checks are tested on machines without a GPU. The concept that device
+// policies satisfy is in score/device_concepts.hpp.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+
+namespace kvscout {
+
+/// (Declared in score/concepts.hpp too, with the host context.)
+template <class Space>
+struct score_context;
+
+/// What the device speculation reads for one decode step (all device memory).
+template <>
+struct score_context<device_space> {
+  device_span<const float> x;            // [num_seqs, d_model] layer i-1's normalised input
+  device_span<const int32_t> positions;  // [num_seqs] position of the decoded token (RoPE)
+  device_span<const int32_t> seq_lens;   // [num_seqs] cached tokens to score
+  /// A host-known bound on every seq_lens[s] (e.g. the longest sequence, or max_tokens): it sizes
+  /// the grid. Lengths above it (or above the cache or the stride) are clamped on the device.
+  /// (The device status word a clamped length raises device_status::bad_length in is the
+  /// score() call's cuda_exec::status, core/exec.hpp; max_seq_len = 0 launches nothing.)
+  int max_seq_len = 0;
+  /// [num_seqs] the sequence of the policy's state (partial keys) that batch row s reads, or
+  /// empty: row s is sequence s. For continuous batching (score_context::seq_ids on the host). Host
+  /// code cannot check device values: an id outside the policy's sequences raises
+  /// device_status::bad_seq_id and its row is scored -inf.
+  device_span<const int32_t> seq_ids = {};
+};
+
+/// Deprecated (issue 33): the old names of the device context and score buffer (the buffer is
+/// core/selection.hpp's score_buffer<Space>), kept for one release.
+using device_spec_context [[deprecated("use score_context<device_space>")]] =
+    score_context<device_space>;
+using device_score_buffer [[deprecated("use score_buffer<device_space>")]] =
+    score_buffer<device_space>;
+
+namespace detail {
+
+/// The checks of a device score() call that hold for every policy: the buffer's heads against
+/// the policy's, max_seq_len against the buffer's stride, the buffer's size and the sequence
+/// lengths it reads. Policies check what they hold themselves (sequences, cache length, inputs)
+/// before calling this.
+inline void check_device_score_call(int num_kv_heads, const score_context<device_space>& ctx,
+                                    const score_buffer<device_space>& out) {
+  KVSCOUT_EXPECTS(out.num_seqs >= 1, "score buffer num_seqs = ", out.num_seqs,
+                  ", expected at least 1");
+  KVSCOUT_EXPECTS(out.num_kv_heads == num_kv_heads, "score buffer has ", out.num_kv_heads,
+                  " kv heads, the config ", num_kv_heads);
+  KVSCOUT_EXPECTS(ctx.max_seq_len >= 0, "max_seq_len = ", ctx.max_seq_len,
+                  ", expected a non-negative bound");
+  KVSCOUT_EXPECTS(ctx.max_seq_len <= out.stride, "max_seq_len = ", ctx.max_seq_len,
+                  " exceeds the score buffer's stride ", out.stride);
+  const std::size_t s = static_cast<std::size_t>(out.num_seqs);
+  const std::size_t score_need = s * static_cast<std::size_t>(num_kv_heads) *
+                                 static_cast<std::size_t>(out.stride);
+  KVSCOUT_EXPECTS(out.scores.size() >= score_need, "score buffer holds ", out.scores.size(),
+                  " floats, expected num_seqs * num_kv_heads * stride = ", score_need);
+  KVSCOUT_EXPECTS(out.scores.data() != nullptr || score_need == 0, "score buffer is null");
+  KVSCOUT_EXPECTS(out.row_max.empty(), "score buffer row_max holds ", out.row_max.size(),
+                  " floats: the device policies do not write row maxima yet, expected none");
+  KVSCOUT_EXPECTS(ctx.seq_lens.size() >= s && ctx.seq_lens.data() != nullptr, "seq_lens holds ",
+                  ctx.seq_lens.size(), " entries, expected num_seqs = ", s);
+  KVSCOUT_EXPECTS(ctx.seq_ids.empty() || (ctx.seq_ids.size() >= s && ctx.seq_ids.data() != nullptr),
+                  "seq_ids holds ", ctx.seq_ids.size(), " entries, expected num_seqs = ", s,
+                  " (or none)");
+}
+
+}  // namespace detail
+}  // namespace kvscout

@@ -1,0 +1,142 @@
+#pragma once
+// h2o: heavy hitters (H2O, Zhang et al. 2023). A token's score is the attention probability it
+// has received so far, accumulated over decode steps and summed over its GQA group; pair it with
+// a selector keep_set.recent window, as H2O does. Needs no query: the scores exist before layer i.
+//
+// Memory: one float per (layer, sequence, kv head, token slot), zeroed at construction:
+// num_layers * num_seqs * num_kv_heads * max_tokens * 4 bytes. reset(s) clears a sequence.
+//
+//   kvscout::h2o_policy_host h2o({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
+//                                 .max_tokens = 8192});
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "kvscout/attention/rows.hpp"
+#include "kvscout/score/concepts.hpp"
+
+namespace kvscout {
+
+class h2o_policy_host {
+ public:
+  struct config {
+    int num_layers = 0;
+    int num_seqs = 0;
+    int num_kv_heads = 0;
+    int max_tokens = 0;
+  };
+  using config_type = config;
+  static constexpr bool needs_query = false;
+
+  explicit h2o_policy_host(const config& cfg) : cfg_(cfg) {
+    detail::check_policy_sizes("h2o_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+                               cfg.max_tokens);
+    mass_.assign(static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs * cfg.num_kv_heads *
+                     static_cast<std::size_t>(cfg.max_tokens),
+                 0.f);
+  }
+
+  void score(int layer, const score_context<host_space>& ctx,
+             const score_buffer<host_space>& out) const {
+    check_layer(layer);
+    // The mass holds cfg_.num_seqs sequences of cfg_.max_tokens tokens.
+    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
+    for (int s = 0; s < out.num_seqs; ++s)
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const float* m = mass(layer, detail::seq_of(ctx, s), h);
+        std::copy(m, m + ctx.seq_lens[s], out.row(s, h));
+      }
+    detail::write_row_max(out, ctx);
+  }
+
+  /// Adds the probabilities of the rows attended at this step (and of the current token, which
+  /// sits at position seq_lens[s], when the attention had one; one at or past max_tokens is not
+  /// kept). probs is [rows.num_seqs(), num_kv_heads, stride], as decode_attention_host writes it.
+  /// Row s adds to sequence ctx.seq_ids[s] (s when seq_ids is empty), as score() reads it.
+  template <attention_rows Rows>
+  void observe(int layer, const score_context<host_space>& ctx, const Rows& rows,
+               host_span<const float> probs, int stride, bool has_current = true) {
+    check_layer(layer);
+    check_observe(ctx, rows, probs, stride, has_current);
+    for (int s = 0; s < rows.num_seqs(); ++s)
+      for (int h = 0; h < rows.num_kv_heads(); ++h) {
+        float* m = mass(layer, detail::seq_of(ctx, s), h);
+        const float* p = probs.data() + (static_cast<std::size_t>(s) * rows.num_kv_heads() + h) *
+                                            static_cast<std::size_t>(stride);
+        const int n = rows.rows(s, h);
+        for (int i = 0; i < n; ++i) m[rows.token(s, h, i)] += p[i];
+        if (has_current && ctx.seq_lens[s] < cfg_.max_tokens) m[ctx.seq_lens[s]] += p[n];
+      }
+  }
+
+  void reset(int s) {
+    KVSCOUT_EXPECTS(s >= 0 && s < cfg_.num_seqs, "sequence ", s, " is out of range [0, ",
+                    cfg_.num_seqs, ")");
+    for (int layer = 0; layer < cfg_.num_layers; ++layer)
+      for (int h = 0; h < cfg_.num_kv_heads; ++h)
+        std::fill(mass(layer, s, h), mass(layer, s, h) + cfg_.max_tokens, 0.f);
+  }
+
+  /// The configuration this policy was built with.
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+
+ private:
+  void check_layer(int layer) const {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.num_layers, ")");
+  }
+  // Everything observe() reads or adds to, checked before the first addition, so bad input
+  // leaves the mass as it was.
+  template <attention_rows Rows>
+  void check_observe(const score_context<host_space>& ctx, const Rows& rows,
+                     host_span<const float> probs, int stride, bool has_current) const {
+    const int S = rows.num_seqs(), H = rows.num_kv_heads();
+    KVSCOUT_EXPECTS(S >= 0 && S <= cfg_.num_seqs, "rows hold ", S,
+                    " sequences, expected [0, the policy's num_seqs = ", cfg_.num_seqs, "]");
+    KVSCOUT_EXPECTS(H == cfg_.num_kv_heads, "rows have ", H, " kv heads, the policy ",
+                    cfg_.num_kv_heads);
+    KVSCOUT_EXPECTS(stride >= 0, "stride must be non-negative, got ", stride);
+    const std::size_t need = static_cast<std::size_t>(S) * H * static_cast<std::size_t>(stride);
+    KVSCOUT_EXPECTS(probs.size() >= need && (probs.data() != nullptr || need == 0), "probs holds ",
+                    probs.size(), " floats, expected [", S, ", ", H, ", ", stride, "] = ", need);
+    if (has_current)
+      KVSCOUT_EXPECTS(ctx.seq_lens.size() >= static_cast<std::size_t>(S), "seq_lens holds ",
+                      ctx.seq_lens.size(), " entries, expected num_seqs = ", S);
+    detail::check_seq_ids(ctx, S, cfg_.num_seqs);
+    for (int s = 0; s < S; ++s) {
+      if (has_current)
+        KVSCOUT_EXPECTS(ctx.seq_lens[s] >= 0, "seq_lens[", s, "] = ", ctx.seq_lens[s],
+                        " is negative (the current token's position)");
+      for (int h = 0; h < H; ++h) {
+        const int n = rows.rows(s, h);
+        KVSCOUT_EXPECTS(n >= 0 && n + (has_current ? 1 : 0) <= stride, "(s, h) = (", s, ", ", h,
+                        ") has ", n, " rows", has_current ? " and the current token" : "",
+                        ", expected at most stride = ", stride, " probabilities");
+        for (int i = 0; i < n; ++i) {
+          const int t = rows.token(s, h, i);
+          KVSCOUT_EXPECTS(t >= 0 && t < cfg_.max_tokens, "row ", i, " of (s, h) = (", s, ", ", h,
+                          ") is token ", t, ", out of range [0, max_tokens = ", cfg_.max_tokens,
+                          ")");
+        }
+      }
+    }
+  }
+  float* mass(int layer, int s, int h) {
+    return mass_.data() + ((static_cast<std::size_t>(layer) * cfg_.num_seqs + s) * cfg_.num_kv_heads + h) *
+                              static_cast<std::size_t>(cfg_.max_tokens);
+  }
+  const float* mass(int layer, int s, int h) const {
+    return const_cast<h2o_policy_host*>(this)->mass(layer, s, h);
+  }
+
+  config cfg_;
+  std::vector<float> mass_;  // [num_layers, num_seqs, num_kv_heads, max_tokens]
+};
+
+static_assert(speculation_policy<h2o_policy_host>);
+
+// Deprecated (issue 33): the old names, kept for one release.
+using h2o_policy [[deprecated("use h2o_policy_host")]] = h2o_policy_host;
+
+}  // namespace kvscout

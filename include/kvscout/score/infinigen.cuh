@@ -1,0 +1,329 @@
+#pragma once
+// InfiniGen's speculation on the device, for one layer: the partial query of every query head
+// (a GEMV of x with the partial W_Q rows, bias, RoPE at the decoded position, the skew rotation),
+// the scores of every cached token of every (sequence, kv head) aggregated over the GQA group,
+// and the device partial key cache they are scored against. Mirrors infinigen_policy_host
+// (score/infinigen.hpp), which is the reference the GPU tests compare with.
+//
+//   using spec = kvscout::infinigen_policy_cuda<kvscout::half>;
+//   // setup (once per layer): the only place anything is copied synchronously
+//   void* ws;  cudaMalloc(&ws, spec::workspace_bytes(cfg));
+//   spec sp(cfg, plans /* [num_kv_heads] */, w_q, b_q,
+//           {static_cast<std::byte*>(ws), spec::workspace_bytes(cfg)});
+//   // as tokens enter the cache (keys: [count, num_kv_heads, head_dim] floats, RoPE'd unless
+//   // the mode is pre_rope_folded; token n goes to (seq_ids[n], token_ids[n]))
+//   sp.append(keys, seq_ids, token_ids, count, {stream, d_status});   // cuda_exec, last
+//   // per decode step, during layer i - 1
+//   sp.score({.x = x, .positions = pos, .seq_lens = lens, .max_seq_len = bound},
+//            {.scores = scores, .num_seqs = S, .num_kv_heads = H, .stride = stride},
+//            {stream, d_status});
+//
+// score() and append() validate what the host knows (sizes, pointers, the length bound), throw
+// kvscout::error naming the bad value, launch on exec.stream, allocate nothing, never synchronise
+// and read nothing back. Device-side data is never trusted for addressing: seq_lens are clamped
+// to [0, max_seq_len] and append pairs outside [0, num_seqs) x [0, max_tokens) are skipped,
+// raising bits in exec.status (core/device_status.hpp) where it is not null.
+// Scores are logits times cfg.scale (as the host policy's), row (s, h) written for
+// t < seq_lens[s] only. Kernels and launch shapes: score/detail/infinigen_kernels.cuh.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kvscout/core/detail/launch.cuh"
+#include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/dtype.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/exec.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/skew/plan.hpp"
+#include "kvscout/score/detail/infinigen_kernels.cuh"
+#include "kvscout/score/device_concepts.hpp"
+#include "kvscout/score/infinigen_device.hpp"
+
+namespace kvscout {
+
+/// PkT: the partial keys' element type; WT: the partial query weights' (float, or the model's
+/// half / bfloat16: half the workspace and half the bytes the GEMV reads).
+template <compute_element PkT = float, compute_element WT = float>
+class infinigen_policy_cuda {
+ public:
+  using config = infinigen_cuda_config;
+  using config_type = config;
+  using memory_space = device_space;
+
+  /// Bytes of device workspace: weights, scratch and the partial key cache
+  /// (layout: detail::infinigen_cuda_layout).
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
+    return detail::infinigen_cuda_layout_of<PkT, WT>(cfg).total;
+  }
+  /// The alignment the workspace's address must have (cudaMalloc's 256).
+  static constexpr std::size_t workspace_alignment = detail::infinigen_workspace_alignment;
+
+  /// plans: one per kv head (mode, r, head_dim as in cfg); w_q [num_q_heads * head_dim, d_model],
+  /// b_q [num_q_heads * head_dim] or empty: the layer's query projection in float or the model's
+  /// own half / bfloat16, on the host, read here only. Builds the partial weights on the host
+  /// (make_partial_query_weights, then rounded once to WT) and copies them into the workspace
+  /// with a synchronous cudaMemcpy (setup only). The cache is not cleared: a token must be
+  /// appended before a length covers it.
+  infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
+                        host_span<const float> w_q, host_span<const float> b_q,
+                        device_span<std::byte> workspace)
+      : infinigen_policy_cuda(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+  template <compute_element In>
+    requires(!std::is_same_v<In, float>)
+  infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
+                        host_span<const In> w_q, host_span<const In> b_q,
+                        device_span<std::byte> workspace)
+      : infinigen_policy_cuda(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+
+ private:
+  struct build_tag {};
+  template <compute_element In>
+  infinigen_policy_cuda(build_tag, const config& cfg, const std::vector<skew_plan>& plans,
+                        host_span<const In> w_q, host_span<const In> b_q,
+                        device_span<std::byte> workspace)
+      : cfg_(cfg), layout_(detail::infinigen_cuda_layout_of<PkT, WT>(cfg)) {
+    detail::check_infinigen_cuda_workspace(workspace, layout_.total);
+    detail::check_infinigen_cuda_plans(cfg, plans, w_q, b_q);
+    base_ = workspace.data();
+    rope_ = plans[0].rope;
+    const int H = cfg.num_kv_heads, Hq = cfg.num_q_heads, g = Hq / H, D = cfg.head_dim, r = cfg.r;
+    const std::size_t rows = static_cast<std::size_t>(layout_.rows);
+    const std::size_t dm = static_cast<std::size_t>(cfg.d_model);
+    std::vector<WT> weights(static_cast<std::size_t>(Hq) * rows * dm);
+    std::vector<float> bias(static_cast<std::size_t>(Hq) * rows);
+    for (int qh = 0; qh < Hq; ++qh) {
+      const partial_query_weights w = detail::make_partial_query_weights_from(
+          plans[static_cast<std::size_t>(qh / g)], w_q, b_q, cfg.d_model, qh);
+      // Rounded once to WT, as the host policy's are.
+      const std::vector<WT> rounded = weights_as<WT>(w).weight;
+      std::memcpy(weights.data() + static_cast<std::size_t>(qh) * rows * dm, rounded.data(),
+                  sizeof(WT) * rows * dm);
+      std::memcpy(bias.data() + static_cast<std::size_t>(qh) * rows, w.bias.data(),
+                  sizeof(float) * rows);
+    }
+    std::vector<std::int32_t> channels(static_cast<std::size_t>(H) * r);
+    std::vector<std::int32_t> planes;
+    std::vector<float> rotation;
+    if (cfg.mode != rope_mode::rope_planes) rotation.resize(static_cast<std::size_t>(H) * D * r);
+    for (int h = 0; h < H; ++h) {
+      const skew_plan& p = plans[static_cast<std::size_t>(h)];
+      for (int i = 0; i < r; ++i) {
+        channels[static_cast<std::size_t>(h) * r + i] = p.channels[static_cast<std::size_t>(i)];
+      }
+      if (cfg.mode == rope_mode::rope_planes) {
+        planes.insert(planes.end(), p.planes.begin(), p.planes.end());
+      } else {
+        for (int d = 0; d < D; ++d)
+          for (int i = 0; i < r; ++i)
+            rotation[(static_cast<std::size_t>(h) * D + d) * r + i] =
+                p.A[static_cast<std::size_t>(d) * D + p.channels[static_cast<std::size_t>(i)]];
+      }
+    }
+    upload(layout_.weights, weights);
+    upload(layout_.bias, bias);
+    upload(layout_.rotation, rotation);
+    upload(layout_.channels, channels);
+    upload(layout_.planes, planes);
+  }
+
+ public:
+
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+  /// Whether append() takes keys after RoPE (post_rope_skew, rope_planes) or before it.
+  [[nodiscard]] bool rotated_keys() const noexcept { return cfg_.mode != rope_mode::pre_rope_folded; }
+
+  /// The partial key cache (device memory inside the workspace).
+  [[nodiscard]] partial_key_view<PkT> keys() const noexcept {
+    return {device_span<PkT>(at<PkT>(layout_.keys), layout_.key_elements), cfg_.num_seqs,
+            cfg_.num_kv_heads, cfg_.r, cfg_.max_tokens};
+  }
+  /// The scaled partial queries of the last score() call, [num_seqs, num_q_heads, r].
+  [[nodiscard]] device_span<const float> partial_queries() const noexcept {
+    return {at<float>(layout_.q),
+            static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_q_heads * static_cast<std::size_t>(cfg_.r)};
+  }
+
+  /// Projects and stores `count` tokens' partial keys: keys [count, num_kv_heads, head_dim]
+  /// (RoPE'd at their own positions unless the mode is pre_rope_folded) in float (the default)
+  /// or the cache's half / bfloat16, widened as read; token n of the batch goes to sequence
+  /// seq_ids[n], position token_ids[n] (both device memory; pairs out of range are skipped on
+  /// the device and raise device_status::bad_index in *exec.status, where given). The
+  /// (sequence, position) pairs of one call must be distinct: tokens run in parallel, so two
+  /// entries for one slot leave either one's partial key there (the host policy keeps the last).
+  /// The ids live on the device, so this is not checked (reading them would synchronise).
+  template <class KSpan = const float>
+  void append(device_span<KSpan> keys, device_span<const int32_t> seq_ids,
+              device_span<const int32_t> token_ids, int count, const cuda_exec& exec) {
+    const cudaStream_t stream = exec.stream;
+    using K = std::remove_const_t<KSpan>;
+    static_assert(compute_element<K>,
+                  "kvscout::infinigen_policy_cuda::append: keys must be float, "
+                                 "half or bfloat16");
+    detail::check_infinigen_cuda_append(cfg_, keys.size(), keys.data() != nullptr, seq_ids,
+                                        token_ids, count);
+    if (count == 0) return;
+    detail::pk_append_params<PkT, K> p{};
+    p.rotation = at<float>(layout_.rotation);
+    p.channels = at<std::int32_t>(layout_.channels);
+    p.keys = this->keys();
+    p.k = keys.data();
+    p.seq_ids = seq_ids.data();
+    p.token_ids = token_ids.data();
+    p.num_kv_heads = cfg_.num_kv_heads;
+    p.head_dim = cfg_.head_dim;
+    p.r = cfg_.r;
+    p.mode = cfg_.mode;
+    p.status = exec.status;
+    detail::launch(detail::append_keys<PkT, K>,
+                   dim3(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads)),
+                   detail::spec_append_threads, 0, stream, p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+  }
+
+  /// Writes out.scores[s, h, t] for t < seq_lens[s] (see the header comment). max_seq_len = 0
+  /// launches nothing (partial_queries() then keeps the previous call's values). Enqueues on
+  /// exec.stream; a clamped length or a bad sequence id raises its bit in exec.status.
+  void score(const score_context<device_space>& ctx, const score_buffer<device_space>& out,
+             const cuda_exec& exec) {
+    detail::check_infinigen_cuda_score(cfg_, ctx, out);
+    if (ctx.max_seq_len == 0) return;  // nothing to score
+    const detail::infinigen_params<PkT> p = params(ctx, out, exec.status);
+    const detail::spec_launch_shapes shapes = detail::spec_shapes(cfg_, p.rows, p.num_seqs, p.max_len);
+    const cudaStream_t stream = exec.stream;
+    detail::launch(detail::partial_query_gemv<PkT, WT>, static_cast<unsigned>(shapes.gemv_blocks),
+                   detail::spec_gemv_threads, 0, stream, p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    detail::launch(detail::partial_query_finish<PkT>, dim(shapes.finish),
+                   detail::spec_finish_threads, 0, stream, p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    score_rows(p, shapes, stream);
+  }
+
+  /// The correction step's scores (kvscout's, not InfiniGen's; infinigen_policy_host::score_query is
+  /// the reference): the layer's own query q [num_seqs, num_q_heads, head_dim] floats on the
+  /// device, after RoPE, projected by the plans as a key is and scored against the same partial
+  /// keys. ctx.x and ctx.positions are not read. pre_rope_folded plans are refused. It writes the
+  /// partial-query scratch score() writes (partial_queries()): calls of the two on one speculator
+  /// must be ordered by the caller (one stream, or an event).
+  void score_query(device_span<const float> q, const score_context<device_space>& ctx,
+                   const score_buffer<device_space>& out, const cuda_exec& exec) {
+    detail::check_infinigen_cuda_score_query(cfg_, q.size(), q.data() != nullptr, ctx, out);
+    if (ctx.max_seq_len == 0) return;
+    detail::infinigen_params<PkT> p = params(ctx, out, exec.status);
+    p.aggregation = cfg_.late_aggregation();
+    const detail::spec_launch_shapes shapes = detail::spec_shapes(cfg_, p.rows, p.num_seqs, p.max_len);
+    const cudaStream_t stream = exec.stream;
+    detail::launch(detail::project_true_query<PkT>,
+                   dim3(static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.num_q_heads)),
+                   detail::spec_project_threads, 0, stream, p, q.data());
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    score_rows(p, shapes, stream);
+  }
+
+ private:
+  static dim3 dim(const long long (&g)[3]) {
+    return dim3(static_cast<unsigned>(g[0]), static_cast<unsigned>(g[1]), static_cast<unsigned>(g[2]));
+  }
+
+  // The scoring launches over the partial queries in p.q (score and score_query).
+  void score_rows(const detail::infinigen_params<PkT>& p, const detail::spec_launch_shapes& shapes,
+                  cudaStream_t stream) const {
+    const dim3 grid = dim(shapes.score);
+    const std::size_t q_bytes = sizeof(float) * static_cast<std::size_t>(p.group) * p.r;
+    with_group(p.group, [&](auto G) {
+      constexpr int g = decltype(G)::value;
+      if (p.aggregation == gqa_aggregation::sum_prob) {
+        detail::launch(detail::softmax_stats<PkT, g>, grid, detail::spec_block_threads, q_bytes,
+                       stream, p);
+        KVSCOUT_CUDA_CHECK(cudaGetLastError());
+        detail::launch(detail::score_sum_prob<PkT, g>, grid, detail::spec_block_threads,
+                       q_bytes + 2 * sizeof(float) * p.group, stream, p);
+      } else {
+        detail::launch(detail::score_group<PkT, g>, grid, detail::spec_block_threads, q_bytes,
+                       stream, p);
+      }
+      KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    });
+  }
+
+  template <class T>
+  T* at(std::size_t offset) const {
+    return reinterpret_cast<T*>(base_ + offset);
+  }
+
+  template <class T>
+  void upload(std::size_t offset, const std::vector<T>& v) {
+    if (v.empty()) return;
+    KVSCOUT_CUDA_CHECK(cudaMemcpy(at<T>(offset), v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice));
+  }
+
+  /// Group sizes 1, 2, 4 and 8 get kernels with the size static; others go 8 heads at a time.
+  template <class F>
+  static void with_group(int g, F&& f) {
+    switch (g) {
+      case 1: f(std::integral_constant<int, 1>{}); break;
+      case 2: f(std::integral_constant<int, 2>{}); break;
+      case 4: f(std::integral_constant<int, 4>{}); break;
+      case 8: f(std::integral_constant<int, 8>{}); break;
+      default: f(std::integral_constant<int, 0>{}); break;
+    }
+  }
+
+  detail::infinigen_params<PkT> params(const score_context<device_space>& ctx,
+                                       const score_buffer<device_space>& out, int* status) const {
+    detail::infinigen_params<PkT> p{};
+    p.weights = at<WT>(layout_.weights);
+    p.bias = at<float>(layout_.bias);
+    p.rotation = at<float>(layout_.rotation);
+    p.channels = at<std::int32_t>(layout_.channels);
+    p.planes = at<std::int32_t>(layout_.planes);
+    p.y = at<float>(layout_.y);
+    p.q = at<float>(layout_.q);
+    p.stats = at<float2>(layout_.stats);
+    p.keys = keys();
+    p.x = ctx.x.data();
+    p.positions = ctx.positions.data();
+    p.seq_lens = ctx.seq_lens.data();
+    p.seq_ids = ctx.seq_ids.empty() ? nullptr : ctx.seq_ids.data();
+    p.scores = out.scores.data();
+    p.num_seqs = out.num_seqs;
+    p.num_kv_heads = cfg_.num_kv_heads;
+    p.num_q_heads = cfg_.num_q_heads;
+    p.group = cfg_.num_q_heads / cfg_.num_kv_heads;
+    p.head_dim = cfg_.head_dim;
+    p.d_model = cfg_.d_model;
+    p.r = cfg_.r;
+    p.rows = layout_.rows;
+    p.stride = out.stride;
+    p.max_len = ctx.max_seq_len;  // validated <= stride and <= max_tokens
+    p.status = status;
+    p.max_chunks = layout_.chunks;
+    p.rope = rope_;
+    p.mode = cfg_.mode;
+    p.aggregation = cfg_.aggregation;
+    p.scale = cfg_.scale;
+    return p;
+  }
+
+  config cfg_;
+  detail::infinigen_cuda_layout layout_;
+  std::byte* base_ = nullptr;
+  rope_config rope_{};
+};
+
+static_assert(speculation_policy_cuda<infinigen_policy_cuda<float>>);
+static_assert(speculation_policy_cuda<infinigen_policy_cuda<half>>);
+static_assert(speculation_policy_cuda<infinigen_policy_cuda<half, bfloat16>>);
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <compute_element PkT = float, compute_element WT = float>
+using infinigen_speculator_cuda [[deprecated("use infinigen_policy_cuda")]] =
+    infinigen_policy_cuda<PkT, WT>;
+
+}  // namespace kvscout

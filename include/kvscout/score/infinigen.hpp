@@ -1,0 +1,847 @@
+#pragma once
+// infinigen: InfiniGen's speculation (Lee et al., OSDI'24). During layer i-1, layer i's partial
+// query q~ is computed from layer i-1's normalised input x with layer i's partial W_Q (skew/), and
+// scored against the partial keys of every cached token (cache/partial_key_cache.hpp):
+//
+//   logit~[s, qh, t] = scale * q~[s, qh] . pk[s, h, t],   h = qh / g
+//   score[s, h, t]   = aggregate over the g query heads of the group (score/concepts.hpp)
+//
+// Layers without plans (below skip_layers) are not tracked: append() to them does nothing, score()
+// of them throws. append() and score() allocate nothing.
+//
+// Memory. The scratch of a step (the block's partial queries, RoPE tables, one projected key, a
+// group's mean query) is a caller-owned workspace of workspace_bytes(cfg) bytes at
+// workspace_alignment, the convention of the selectors and executors; it is sized for the
+// largest r a plan may have (head_dim), since the config does not name r. The per-layer state
+// (the partial W_Q rows and the partial key caches) stays the policy's own, allocated once here:
+// its size follows from the plans (each layer's r, which layers are speculated), not from the
+// config, and its contents are built from the model's weights in this constructor, so a caller
+// could not size it before the plans exist nor fill it without the policy. The device speculator
+// (score/infinigen_device.hpp) takes its partial key cache in its workspace because it is one
+// layer whose config names r; a host equivalent would be workspace_bytes(cfg, plans) and a
+// partial_key_cache over caller memory (not done; docs/architecture.md, "Workspaces").
+//
+//   auto ws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(cfg);
+//   kvscout::infinigen_policy_host<> p(cfg, plans, w_q, b_q, ws.span());   // plans[layer][kv_head]
+//   p.append(layer, s, t, k_pre_rope, k_post_rope);        // as tokens enter the cache
+//   p.score(layer, {.x = x, .positions = pos, .seq_lens = lens}, out);   // during layer - 1
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kvscout/cache/partial_key_cache.hpp"
+#include "kvscout/cache/partial_key_store.hpp"
+#include "kvscout/core/detail/checked_size.hpp"
+#include "kvscout/core/dispatch.hpp"
+#include "kvscout/core/simd.hpp"
+#include "kvscout/skew/plan.hpp"
+#include "kvscout/score/concepts.hpp"
+#include "kvscout/score/detail/aggregate.hpp"
+
+namespace kvscout {
+
+namespace detail {
+/// N quantised codes as bytes and widened to 32-bit integers (a quantised tile's piece).
+template <int N>
+struct code_vec {
+  typedef std::uint8_t bytes __attribute__((vector_size(N)));
+  typedef std::int32_t ints __attribute__((vector_size(N * sizeof(std::int32_t))));
+};
+
+/// N bytes widened to 32-bit lanes: lane i holds p[i % LB] (LB >= 4 bytes at p, repeated where
+/// LB < N: a piece of N tokens that spans N / LB bit planes). One zero extension where the target
+/// has it: GCC 12 turns __builtin_convertvector from bytes to ints into a byte-by-byte scalar
+/// sequence.
+template <int N, int LB>
+inline typename code_vec<N>::ints widen_codes(const std::uint8_t* p) {
+  static_assert(LB >= 4 && (LB >= N || N % LB == 0), "a piece is whole repeats of the bytes");
+  typename code_vec<N>::ints r;
+#if KVSCOUT_HOST_SSE2
+  __m128i x;
+  if constexpr (LB >= 16 || LB >= N) {
+    if constexpr (N >= 16) {
+      x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    } else if constexpr (N == 8) {
+      x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    } else {
+      std::int32_t w;
+      std::memcpy(&w, p, sizeof w);
+      x = _mm_cvtsi32_si128(w);
+    }
+  } else if constexpr (LB == 8) {
+    long long w;
+    std::memcpy(&w, p, sizeof w);
+    x = _mm_set1_epi64x(w);
+  } else {
+    std::int32_t w;
+    std::memcpy(&w, p, sizeof w);
+    x = _mm_set1_epi32(w);
+  }
+#if KVSCOUT_HOST_AVX512
+  if constexpr (N == 16) {
+    const __m512i v = _mm512_cvtepu8_epi32(x);
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+#endif
+#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_AVX2
+  if constexpr (N == 8) {
+    const __m256i v = _mm256_cvtepu8_epi32(x);
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+#endif
+  if constexpr (N == 4) {
+    const __m128i z = _mm_setzero_si128();
+    const __m128i v = _mm_unpacklo_epi16(_mm_unpacklo_epi8(x, z), z);
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+#endif
+  for (int i = 0; i < N; ++i) r[i] = p[i % LB];
+  return r;
+}
+}  // namespace detail
+
+/// The shape of an infinigen_policy_host, whatever its element types.
+struct infinigen_config {
+  int num_layers = 0;
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int num_q_heads = 0;
+  int head_dim = 0;
+  int d_model = 0;
+  int max_tokens = 0;
+  float scale = 0.f;
+  gqa_aggregation aggregation = gqa_aggregation::max_logit;
+  /// score_query's aggregation (the correction step's late ranking), where it differs from the
+  /// speculation's; empty: `aggregation`. With the layer's own query, sum_prob ranks as the
+  /// oracle does (docs/accuracy.md, "What limits the ranking").
+  std::optional<gqa_aggregation> query_aggregation{};
+
+  /// The aggregation score_query uses.
+  [[nodiscard]] gqa_aggregation late_aggregation() const noexcept {
+    return query_aggregation.value_or(aggregation);
+  }
+};
+
+/// PkT: the partial keys' format (cache/partial_key_store.hpp): an element type (float, half,
+/// bfloat16: a partial_key_cache<PkT>) or quantized_keys<Bits, Group> (a
+/// quantized_partial_key_cache: r channels at Bits bits, scored from the codes); WT: the partial
+/// query weights' element type (float, or the model's half / bfloat16: half the bytes the
+/// per-step GEMV reads, and half the memory).
+template <partial_key_format PkT = float, compute_element WT = float>
+class infinigen_policy_host {
+ public:
+  using config = infinigen_config;
+  using config_type = config;
+  static constexpr bool needs_query = false;
+  /// The cache each speculated layer keeps its partial keys in.
+  using key_store = partial_key_store<PkT>;
+  static constexpr bool quantized = is_quantized_keys_v<PkT>;
+
+  /// Workspace: the scratch of one score() / score_query() / append() (the partial queries of
+  /// query_block sequences, their RoPE tables, one projected key, a group's mean query), sized
+  /// for r = head_dim, the largest a plan may have: about
+  /// 4 * (query_block * num_q_heads * head_dim + 2 * head_dim) + query_block * 1 KiB bytes, and
+  /// where either aggregation is sum_prob a group's logit rows, 4 * g * max_tokens bytes; with
+  /// quantised keys, 4 * g * head_dim bytes more (a tile's products q_c step_c for each query
+  /// head of a group).
+  /// Checks the config (the checks the constructor makes before it reads the plans).
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
+    check_config(cfg);
+    return sizeof(rope_table) * query_block +
+           sizeof(float) * detail::checked_size("infinigen_policy_host's scratch floats (query_block x "
+                                                "num_q_heads x head_dim)",
+                                                query_block, cfg.num_q_heads, cfg.head_dim) +
+           sizeof(float) * 2 * static_cast<std::size_t>(cfg.head_dim) + sum_prob_bytes(cfg) +
+           quantized_bytes(cfg);
+  }
+  /// The alignment the workspace's address must have (RoPE tables and floats).
+  static constexpr std::size_t workspace_alignment =
+      alignof(rope_table) > alignof(float) ? alignof(rope_table) : alignof(float);
+
+  /// plans[layer] is empty (layer not speculated) or holds one plan per KV head, all with the
+  /// same r. w_q[layer] / b_q[layer]: layer's W_Q [num_q_heads * head_dim, d_model] and bias
+  /// (may be empty), float or the model's own half / bfloat16 (no float copy of the model is
+  /// needed); they are read here only, to build the partial weights. workspace: at least
+  /// workspace_bytes(cfg) bytes at workspace_alignment, the caller's, used by every later call
+  /// (one call at a time) and not to be shared with anything else while the policy lives.
+  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                        const std::vector<host_span<const float>>& w_q,
+                        const std::vector<host_span<const float>>& b_q,
+                        host_span<std::byte> workspace)
+      : infinigen_policy_host(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+  template <compute_element In>
+    requires(!std::is_same_v<In, float>)
+  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                        const std::vector<host_span<const In>>& w_q,
+                        const std::vector<host_span<const In>>& b_q,
+                        host_span<std::byte> workspace)
+      : infinigen_policy_host(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+
+ private:
+  struct build_tag {};
+  // sum_prob's logit rows (one per query head of a group), where either aggregation is sum_prob.
+  static std::size_t sum_prob_bytes(const config& cfg) {
+    if (cfg.aggregation != gqa_aggregation::sum_prob && cfg.late_aggregation() != gqa_aggregation::sum_prob)
+      return 0;
+    return sizeof(float) * detail::checked_size("infinigen_policy's sum_prob rows (group x max_tokens)",
+                                                cfg.num_q_heads / cfg.num_kv_heads, cfg.max_tokens);
+  }
+  // Quantised keys: a tile's products q_c step_c, one row of head_dim per query head of a group.
+  static std::size_t quantized_bytes(const config& cfg) {
+    if constexpr (quantized)
+      return sizeof(float) * static_cast<std::size_t>(cfg.num_q_heads / cfg.num_kv_heads) *
+             static_cast<std::size_t>(cfg.head_dim);
+    else
+      return 0;
+  }
+  static void check_config(const config& cfg) {
+    detail::check_policy_sizes("infinigen_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+                               cfg.max_tokens);
+    KVSCOUT_EXPECTS(cfg.head_dim > 0 && cfg.d_model > 0, "head_dim and d_model must be positive, got ",
+                    cfg.head_dim, " and ", cfg.d_model);
+    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.num_q_heads / cfg.num_kv_heads <= detail::max_group, "GQA group of ",
+                    cfg.num_q_heads / cfg.num_kv_heads, " exceeds ", detail::max_group);
+    detail::check_scale(cfg.scale);
+    detail::check_aggregation(cfg.aggregation, "aggregation");
+    detail::check_aggregation(cfg.late_aggregation(), "query_aggregation");
+  }
+  // Carves the scratch out of the caller's workspace (checked first): [query_block] RoPE tables,
+  // then qp_ [query_block, num_q_heads, head_dim], pk_ [head_dim], qm_ [head_dim] floats.
+  void carve(host_span<std::byte> workspace) {
+    const std::size_t need = workspace_bytes(cfg_);
+    KVSCOUT_EXPECTS(workspace.size() >= need, "infinigen_policy_host: workspace holds ",
+                    workspace.size(), " bytes, expected at least workspace_bytes(config) = ", need);
+    KVSCOUT_EXPECTS(workspace.data() != nullptr, "infinigen_policy_host: workspace is null");
+    KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % workspace_alignment == 0,
+                    "infinigen_policy_host: workspace must be ", workspace_alignment,
+                    "-byte aligned, got address ", static_cast<const void*>(workspace.data()));
+    static_assert(std::is_trivially_destructible_v<rope_table>);
+    static_assert(sizeof(rope_table) % alignof(float) == 0);
+    rope_ = reinterpret_cast<rope_table*>(workspace.data());
+    std::uninitialized_default_construct_n(rope_, query_block);
+    qp_ = reinterpret_cast<float*>(workspace.data() + sizeof(rope_table) * query_block);
+    pk_ = qp_ + static_cast<std::size_t>(query_block) * cfg_.num_q_heads * cfg_.head_dim;
+    qm_ = pk_ + cfg_.head_dim;
+    lg_ = sum_prob_bytes(cfg_) > 0 ? qm_ + cfg_.head_dim : nullptr;
+    if constexpr (quantized) qw_ = qm_ + cfg_.head_dim + sum_prob_bytes(cfg_) / sizeof(float);
+  }
+  template <compute_element In>
+  infinigen_policy_host(build_tag, const config& cfg,
+                        const std::vector<std::vector<skew_plan>>& plans,
+                        const std::vector<host_span<const In>>& w_q,
+                        const std::vector<host_span<const In>>& b_q, host_span<std::byte> workspace)
+      : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.num_layers)) {
+    carve(workspace);  // checks the config too
+    KVSCOUT_EXPECTS(plans.size() == layers_.size() && w_q.size() == layers_.size() &&
+                        b_q.size() == layers_.size(),
+                    "expected one entry per layer (", cfg.num_layers, ") in plans (", plans.size(),
+                    "), w_q (", w_q.size(), ") and b_q (", b_q.size(), ")");
+    const int g = cfg.num_q_heads / cfg.num_kv_heads;
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      const auto& pl = plans[static_cast<std::size_t>(l)];
+      if (pl.empty()) continue;
+      KVSCOUT_EXPECTS(static_cast<int>(pl.size()) == cfg.num_kv_heads, "layer ", l, " has ",
+                      pl.size(), " skew plans, expected one per kv head (", cfg.num_kv_heads, ")");
+      layer_state& st = layers_[static_cast<std::size_t>(l)];
+      st.plans = pl;
+      st.r = pl[0].r;
+      for (const auto& p : pl) {
+        detail::check_plan(p);
+        KVSCOUT_EXPECTS(p.r == st.r, "layer ", l, " mixes partial dims ", st.r, " and ", p.r);
+        KVSCOUT_EXPECTS(p.head_dim == cfg.head_dim, "layer ", l, " plan head_dim ", p.head_dim,
+                        " differs from the model's ", cfg.head_dim);
+        KVSCOUT_EXPECTS(p.mode == pl[0].mode && p.rope.head_dim == pl[0].rope.head_dim &&
+                            p.rope.theta == pl[0].rope.theta && p.rope.style == pl[0].rope.style,
+                        "layer ", l, " mixes RoPE modes or configurations across kv heads");
+      }
+      for (int qh = 0; qh < cfg.num_q_heads; ++qh) {
+        partial_query_weights w = detail::make_partial_query_weights_from(
+            pl[static_cast<std::size_t>(qh / g)], w_q[static_cast<std::size_t>(l)],
+            b_q[static_cast<std::size_t>(l)], cfg.d_model, qh);
+        if constexpr (std::is_same_v<WT, float>) {
+          st.weights.push_back(std::move(w));
+        } else {
+          st.weights.push_back(weights_as<WT>(w));
+        }
+      }
+      if (st.plans[0].mode != rope_mode::pre_rope_folded) {
+        KVSCOUT_EXPECTS(cfg.head_dim <= 2 * rope_table::max_planes, "layer ", l, ": head_dim ",
+                        cfg.head_dim, " exceeds the RoPE modes' limit ",
+                        2 * rope_table::max_planes);
+        st.freq = rope_frequencies(st.plans[0].rope);
+      }
+      if (st.plans[0].mode == rope_mode::rope_planes) {
+        for (const auto& p : pl) st.rope_planes.insert(st.rope_planes.end(), p.planes.begin(),
+                                                       p.planes.end());
+        std::sort(st.rope_planes.begin(), st.rope_planes.end());
+        st.rope_planes.erase(std::unique(st.rope_planes.begin(), st.rope_planes.end()),
+                             st.rope_planes.end());
+      }
+      st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
+    }
+  }
+
+ public:
+
+  [[nodiscard]] bool tracks(int layer) const {
+    return layer >= 0 && layer < cfg_.num_layers && !layers_[static_cast<std::size_t>(layer)].plans.empty();
+  }
+  [[nodiscard]] const key_store& keys(int layer) const {
+    check_layer(layer);
+    return state(layer).cache;
+  }
+
+  /// Token t of sequence s entered layer `layer`'s cache; k_pre / k_post are its keys before and
+  /// after RoPE, [num_kv_heads, head_dim] floats (equal for models without RoPE). A layer without
+  /// plans keeps no keys, so appending to it does nothing: the pipeline appends every layer's
+  /// tokens, the dense ones below skip_layers too. A layer outside [0, num_layers) throws.
+  void append(int layer, int s, int t, const float* k_pre, const float* k_post) {
+    check_layer(layer);
+    if (!tracks(layer)) return;
+    layer_state& st = state(layer);
+    const bool pre = st.plans[0].mode == rope_mode::pre_rope_folded;  // one mode per layer
+    KVSCOUT_EXPECTS((pre ? k_pre : k_post) != nullptr, "infinigen_policy_host::append: ",
+                    pre ? "k_pre" : "k_post", " is null (layer ", layer, ", token ", t, ")");
+    if constexpr (quantized) {
+      // A quantised cache takes tokens in order and refuses non-finite values: every head's
+      // partial key is projected and checked before any is written, so a refusal writes nothing.
+      // (qp_ is score()'s scratch; append() and score() do not run at once.)
+      const std::size_t r = static_cast<std::size_t>(st.r);
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
+        detail::project_key_checked_plan(st.plans[static_cast<std::size_t>(h)], k, qp_ + h * r);
+        st.cache.check_append(s, h, t, qp_ + h * r);
+      }
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) st.cache.append(s, h, t, qp_ + h * r);
+    } else {
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
+        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
+        // The plans were checked at construction and are the policy's own copies.
+        detail::project_key_checked_plan(p, k, pk_);
+        st.cache.append(s, h, t, pk_);
+      }
+    }
+  }
+
+  void score(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out) {
+    KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
+    // The partial key caches hold cfg_.num_seqs sequences of cfg_.max_tokens tokens.
+    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
+    layer_state& st = state(layer);
+    const int S = out.num_seqs, H = cfg_.num_kv_heads, Hq = cfg_.num_q_heads, g = Hq / H, r = st.r;
+    KVSCOUT_EXPECTS(ctx.x.size() >= static_cast<std::size_t>(S) * cfg_.d_model, "x holds ",
+                    ctx.x.size(), " floats, expected [", S, ", ", cfg_.d_model, "]");
+    KVSCOUT_EXPECTS(ctx.positions.size() >= static_cast<std::size_t>(S), "positions holds ",
+                    ctx.positions.size(), " entries, expected ", S);
+    // Sequences in blocks of query_block: the partial queries of the whole block first, head by
+    // head, so each head's weights come from memory once per block (partial_queries rereads
+    // them from L2: per 4 sequences with AVX-512, per sequence otherwise), then the block's rows.
+    // Each sequence's RoPE rotation is computed once for all heads, for the planes they use.
+    const bool rope = st.plans[0].mode != rope_mode::pre_rope_folded;
+    const bool some_planes = !st.rope_planes.empty();
+    const std::size_t ldq = static_cast<std::size_t>(Hq) * r;
+    for (int s0 = 0; s0 < S; s0 += query_block) {
+      const int count = std::min(query_block, S - s0);
+      if (rope)
+        for (int v = 0; v < count; ++v) {
+          rope_table& rt = rope_[v];
+          if (some_planes) {
+            rt.fill(st.freq, ctx.positions[s0 + v], st.rope_planes.data(),
+                    static_cast<int>(st.rope_planes.size()));
+          } else {
+            rt.fill(st.freq, ctx.positions[s0 + v]);
+          }
+        }
+      const float* x = ctx.x.data() + static_cast<std::size_t>(s0) * cfg_.d_model;
+      for (int qh = 0; qh < Hq; ++qh) {
+        // Pre-multiplied by the attention scale.
+        float* q = qp_ + static_cast<std::size_t>(qh) * r;
+        partial_queries(st.weights[static_cast<std::size_t>(qh)], x,
+                        static_cast<std::size_t>(cfg_.d_model), count, rope_, q, ldq);
+        for (int v = 0; v < count; ++v)
+          for (int c = 0; c < r; ++c) q[v * ldq + static_cast<std::size_t>(c)] *= cfg_.scale;
+      }
+      for (int v = 0; v < count; ++v)
+        for (int h = 0; h < H; ++h) {
+          const int b = s0 + v;
+          const float* qg = qp_ + v * ldq + static_cast<std::size_t>(h) * g * r;
+          const float top =
+              score_row(st, qg, detail::seq_of(ctx, b), h, g, ctx.seq_lens[b], out.row(b, h),
+                      cfg_.aggregation);
+          if (!out.row_max.empty()) out.row_max[static_cast<std::size_t>(b) * H + h] = top;
+        }
+    }
+  }
+
+  /// The correction step's scores (kvscout's, not InfiniGen's): layer `layer`'s own query
+  /// ctx.q [num_seqs, num_q_heads, head_dim], after RoPE, projected by the layer's plans as a key
+  /// is (skew/plan.hpp: (q A)[channels], the RoPE planes' channels in rope_planes mode) and
+  /// scored against the same partial keys, aggregated over each GQA group as score() does:
+  ///
+  ///   logit[s, qh, t] = scale * ((q[s, qh] A_h)[S_h]) . pk[s, h, t],   h = qh / g
+  ///
+  /// So it ranks the tokens as score() would with a perfect layer-ahead prediction of the query.
+  /// Runs at the start of layer `layer`, when its query exists (the pipeline's correct step).
+  /// A pre_rope_folded layer keeps pre-RoPE partial keys, which a query after RoPE does not
+  /// match: refused. Allocates nothing.
+  void score_query(int layer, const score_context<host_space>& ctx,
+                   const score_buffer<host_space>& out) {
+    KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
+    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
+    layer_state& st = state(layer);
+    KVSCOUT_EXPECTS(st.plans[0].mode != rope_mode::pre_rope_folded, "score_query: layer ", layer,
+                    "'s plans are pre_rope_folded (partial keys before RoPE); a query after RoPE "
+                    "needs post_rope_skew or rope_planes plans");
+    const int S = out.num_seqs, H = cfg_.num_kv_heads, Hq = cfg_.num_q_heads, g = Hq / H, r = st.r;
+    const std::size_t qrow = static_cast<std::size_t>(Hq) * cfg_.head_dim;
+    KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(S) * qrow, "q holds ", ctx.q.size(),
+                    " floats, expected [", S, ", ", Hq, ", ", cfg_.head_dim, "]");
+    float* qg = qp_;  // [g, r]: one group's scaled partial queries
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) {
+        const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
+        for (int j = 0; j < g; ++j) {
+          const float* q = ctx.q.data() + static_cast<std::size_t>(s) * qrow +
+                           static_cast<std::size_t>(h * g + j) * cfg_.head_dim;
+          float* out_q = qg + static_cast<std::size_t>(j) * r;
+          detail::project_key_checked_plan(p, q, out_q);
+          for (int c = 0; c < r; ++c) out_q[c] *= cfg_.scale;
+        }
+        const float top =
+            score_row(st, qg, detail::seq_of(ctx, s), h, g, ctx.seq_lens[s], out.row(s, h),
+                      cfg_.late_aggregation());
+        if (!out.row_max.empty()) out.row_max[static_cast<std::size_t>(s) * H + h] = top;
+      }
+  }
+
+  /// The configuration this policy was built with.
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+
+ private:
+  struct layer_state {
+    std::vector<skew_plan> plans;                 // [num_kv_heads]
+    std::vector<basic_partial_query_weights<WT>> weights;   // [num_q_heads]
+    key_store cache;
+    int r = 0;
+    // rope_planes mode: the planes the kv heads' plans rotate (sorted, unique), the only ones
+    // score() computes a rotation for; empty in the other modes (every plane, or none).
+    std::vector<int> rope_planes;
+    rope_frequencies freq;   // the layer's RoPE (one per layer: layers may differ in theta)
+  };
+
+  void check_layer(int layer) const {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.num_layers, ")");
+  }
+  layer_state& state(int layer) { return layers_[static_cast<std::size_t>(layer)]; }
+  const layer_state& state(int layer) const { return layers_[static_cast<std::size_t>(layer)]; }
+
+  // One (s, h) row (s: the sequence in the partial key cache). The g query heads of the group
+  // are scored together over register-sized blocks of tokens: each channel block of the partial
+  // keys is loaded once and multiply-added into g accumulators (vectorised over tokens), so the
+  // loop is bound by reading the keys.
+  // qg: the group's g partial queries, [g, r]. Returns the row's largest non-NaN score (-inf if
+  // none): score_buffer::row_max.
+  float score_row(const layer_state& st, const float* qg, int s, int h, int g, int n, float* row,
+                  gqa_aggregation agg) {
+    const int r = st.r;
+    if (agg == gqa_aggregation::sum_prob) {
+      // Each head's logits by the vectorised tiles (one row per head), then the group's mass:
+      // sum over the heads of exp(logit - the head's max) / the head's normaliser, in double.
+      if (n == 0) return -std::numeric_limits<float>::infinity();
+      double inv_z[detail::max_group];
+      float top[detail::max_group];
+      for (int j = 0; j < g; ++j) {
+        float* lj = lg_ + static_cast<std::size_t>(j) * cfg_.max_tokens;
+        const float* qj = qg + static_cast<std::size_t>(j) * r;
+        if constexpr (quantized) top[j] = score_quantized<1>(qj, r, st.cache, s, h, n, true, 1.f, lj);
+        else top[j] = score_tiles<1>(qj, r, st.cache, s, h, n, true, 1.f, lj);
+        double z = 0;
+        for (int t = 0; t < n; ++t) z += std::exp(static_cast<double>(lj[t]) - top[j]);
+        inv_z[j] = 1.0 / z;
+      }
+      for (int t = 0; t < n; ++t) {
+        double a = 0;
+        for (int j = 0; j < g; ++j)
+          a += std::exp(static_cast<double>(lg_[static_cast<std::size_t>(j) * cfg_.max_tokens + t]) - top[j]) * inv_z[j];
+        row[t] = static_cast<float>(a);
+      }
+      return detail::max_non_nan(row, n);
+    }
+    const bool use_max = agg == gqa_aggregation::max_logit;
+    const float inv_g = 1.f / static_cast<float>(g);
+    if (!use_max && g > 1) {
+      // mean_logit: the mean of the group's dot products is the dot product with the group's mean
+      // query, so one multiply-add chain per tile instead of g (rounding differs only in order).
+      float* qm = qm_;
+      for (int c = 0; c < r; ++c) {
+        float sum = 0.f;
+        for (int j = 0; j < g; ++j) sum += qg[j * r + c];
+        qm[c] = sum * inv_g;
+      }
+      if constexpr (quantized) return score_quantized<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
+      else return score_tiles<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
+    }
+    if constexpr (quantized) {
+      if (g <= 8) {
+        float top = 0.f;
+        dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
+          top = score_quantized<decltype(G)::value>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
+        });
+        return top;
+      }
+      return score_quantized<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
+    } else {
+      // Common group sizes get a kernel with the group size known at compile time. Rows whose
+      // partial keys are cache-sized pin each key line in a register (see score_tiles).
+      const bool pin = static_cast<std::size_t>(n) * static_cast<std::size_t>(r) * sizeof(PkT) <=
+                       pin_row_bytes;
+      if (g <= 8) {
+        float top = 0.f;
+        dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
+          constexpr int gv = decltype(G)::value;
+          top = pin ? score_tiles<gv, true>(qg, r, st.cache, s, h, n, use_max, inv_g, row)
+                    : score_tiles<gv, false>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
+        });
+        return top;
+      }
+      return score_tiles<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
+    }
+  }
+
+  // A quantised tile's affine terms for one query head q [r]: returns sum_c q_c min_c and writes
+  // w[c] = q_c step_c, so that logit(t) = sum_c q_c min_c + sum_c w[c] code[c][t].
+  static float affine_terms(const float* q, const float* mn, const float* step, int r, float* w) {
+    constexpr int W = detail::host_float_lanes;
+    using vec = detail::host_vec;
+    vec acc = {};
+    int c = 0;
+    for (; c + W <= r; c += W) {
+      vec qv, mv, sv;
+      std::memcpy(&qv, q + c, sizeof qv);
+      std::memcpy(&mv, mn + c, sizeof mv);
+      std::memcpy(&sv, step + c, sizeof sv);
+      acc = detail::madd(acc, qv, mv);
+      const vec wv = qv * sv;
+      std::memcpy(w + c, &wv, sizeof wv);
+    }
+    float b = 0.f;
+    for (int l = 0; l < W; ++l) b += acc[l];
+    for (; c < r; ++c) {
+      b = detail::madd(b, q[c], mn[c]);
+      w[c] = q[c] * step[c];
+    }
+    return b;
+  }
+
+  // score_tiles for quantised keys (quantized_partial_key_cache's layout): per complete group,
+  // the affine terms of each query head once (affine_terms), then per channel the tile's codes
+  // are widened to floats a register of tokens at a time (a zero extension of the bytes, a shift
+  // and a mask: the bit planes hold consecutive tokens), and multiply-added into the G heads'
+  // accumulators; the tokens of the
+  // newest incomplete group (and any past the appended ones, 0) are scored exactly from the
+  // staging tile. G > 0: static group size; G == 0: runtime `g_dyn`. Returns the largest non-NaN
+  // score written (-inf if none).
+  template <int G>
+  float score_quantized(const float* qg, int r, const key_store& cache, int s, int h, int n,
+                        bool use_max, float inv_g, float* row, int g_dyn = 0) {
+    constexpr int Gt = key_store::group_tokens, LB = key_store::line_bytes;
+    constexpr int bits = key_store::bits, levels = key_store::levels;
+    // A piece: PW consecutive tokens, one register of floats; a bit plane holds LB tokens, so a
+    // piece is part of one plane (LB >= PW: one shift) or spans PW / LB of them (a shift per lane).
+    constexpr int PW = detail::host_float_lanes;
+    constexpr int NP = Gt / PW;
+    static_assert(Gt % PW == 0, "a group is whole pieces");
+    using fv = typename detail::float_vec<PW>::type;
+    using i32v = typename detail::code_vec<PW>::ints;
+    const int g = G > 0 ? G : g_dyn;
+    constexpr int gcap = G > 0 ? G : detail::max_group;
+    const int nq = std::min(n, cache.complete_groups(s, h) * Gt);
+    fv top = fv{} - std::numeric_limits<float>::infinity();
+    float tail_top = -std::numeric_limits<float>::infinity();
+    float base[gcap];
+    float* w = qw_;  // [g, r]
+    int t0 = 0;
+    for (int b = 0; t0 < nq; ++b, t0 += Gt) {
+      const float* mn = cache.group_min(s, h, b);
+      const float* step = cache.group_step(s, h, b);
+      const std::uint8_t* codes = cache.group_codes(s, h, b);
+      for (int j = 0; j < g; ++j) base[j] = affine_terms(qg + j * r, mn, step, r, w + j * r);
+      fv acc[gcap][NP] = {};
+      for (int c = 0; c < r; ++c) {
+        const std::uint8_t* line = codes + static_cast<std::size_t>(c) * LB;
+        fv x[NP];
+        KVSCOUT_HOST_UNROLL
+        for (int m = 0; m < NP; ++m) {
+          const i32v raw = detail::widen_codes<PW, LB>(line + (LB >= PW ? (m * PW) % LB : 0));
+          i32v iv;
+          if constexpr (LB >= PW) {
+            iv = (raw >> (bits * (m * PW / LB))) & levels;
+          } else {
+            i32v shift;
+            for (int l = 0; l < PW; ++l) shift[l] = bits * ((m * PW + l) / LB);
+            iv = (raw >> shift) & levels;
+          }
+          x[m] = __builtin_convertvector(iv, fv);
+        }
+        KVSCOUT_HOST_UNROLL
+        for (int j = 0; j < g; ++j) {
+          const float wc = w[j * r + c];
+          KVSCOUT_HOST_UNROLL
+          for (int m = 0; m < NP; ++m) acc[j][m] += x[m] * wc;
+        }
+      }
+      const int nb = std::min(Gt, nq - t0);
+      for (int m = 0; m < NP && m * PW < nb; ++m) {
+        fv a = acc[0][m] + base[0];
+        for (int j = 1; j < g; ++j) {
+          const fv z = acc[j][m] + base[j];
+          a = use_max ? (a > z ? a : z) : a + z;
+        }
+        if (!use_max) a *= inv_g;
+        if ((m + 1) * PW <= nb) {
+          top = a > top ? a : top;
+          std::memcpy(row + t0 + m * PW, &a, sizeof a);
+        } else {
+          for (int l = 0; l < nb - m * PW; ++l) {
+            row[t0 + m * PW + l] = a[l];
+            tail_top = a[l] > tail_top ? a[l] : tail_top;
+          }
+        }
+      }
+    }
+    for (int t = nq; t < n; ++t) {
+      float a = 0.f;
+      for (int j = 0; j < g; ++j) {
+        float d = 0.f;
+        for (int c = 0; c < r; ++c)
+          d = detail::madd(d, qg[j * r + c], cache.dequantized(s, h, c, t));
+        a = j == 0 ? d : use_max ? (a > d ? a : d) : a + d;
+      }
+      if (!use_max) a *= inv_g;
+      row[t] = a;
+      tail_top = a > tail_top ? a : tail_top;
+    }
+    for (int l = 0; l < PW; ++l) tail_top = top[l] > tail_top ? top[l] : tail_top;
+    return tail_top;
+  }
+
+  // The row size up to which scoring pins its key lines (Pin below). Measured on the development
+  // machine (docs/performance.md): pinning is faster for rows that sit in the caches (RoPE
+  // planes, 256 KiB rows at 4k tokens: 12.2 to 12.4 -> 11.0 to 11.3 us; 2 MiB rows at 32k: about
+  // 7 % faster) and slower for rows read from memory (8 MiB rows at 128k: 10 to 15 % slower).
+  static constexpr std::size_t pin_row_bytes = std::size_t{4} << 20;
+
+  // G > 0: static group size; G == 0: runtime group size `g` (slower, any size). Pin: hold each
+  // key line in a register for the G multiply-adds that use it.
+  // A tile line of tb tokens lives in L vectors of W floats per query head (W: the target's
+  // register width, detail::host_float_lanes), so the g accumulators stay in registers and each
+  // tile of partial keys is read once, sequentially, for the whole group. Every lane's sum is
+  // formed in the same order whatever W is, so the scores' bits do not depend on the target's
+  // vector width. Returns the largest non-NaN score written (-inf if none), kept as the scores
+  // leave the registers: one vector maximum per W scores, beside G * r multiply-adds.
+  template <int G, bool Pin = false>
+  static float score_tiles(const float* qg, int r, const key_store& cache, int s, int h, int n,
+                           bool use_max, float inv_g, float* row, int g_dyn = 0) {
+    constexpr int tb = key_store::block_tokens;
+    constexpr int W = detail::host_float_lanes;
+    constexpr int L = tb / W;
+    static_assert(tb % W == 0, "a tile line is whole vectors");
+    using vec = detail::host_vec;
+    // By value (detail::load_lanes): a vector written through a reference into an array is kept
+    // in memory, and each line then reaches the multiply-adds through a store and a reload.
+    const auto load = [](const PkT* p) { return detail::load_lanes(p); };
+    // Inlined whatever the compiler's budget: called out of line (as GCC did with AVX-512
+    // vectors), it takes the accumulators' address, and they then live in memory, stored and
+    // reloaded on every channel step of the loops below.
+    const auto fold = [use_max, inv_g](const vec* acc, int g, int stride)
+                          __attribute__((always_inline)) {
+      vec a = acc[0];
+      if (use_max) {
+        for (int j = 1; j < g; ++j) a = a > acc[j * stride] ? a : acc[j * stride];
+      } else {
+        for (int j = 1; j < g; ++j) a += acc[j * stride];
+        a *= inv_g;
+      }
+      return a;
+    };
+    const int g = G > 0 ? G : g_dyn;
+    constexpr int gcap = G > 0 ? G : detail::max_group;
+    // The running maximum of the scores written, lane-wise (x > top is false for a NaN x, so
+    // top never holds one), and of the lanes of a last partial line.
+    vec top = vec{} - std::numeric_limits<float>::infinity();  // 0 - inf: -inf in every lane
+    float tail_top = -std::numeric_limits<float>::infinity();
+    int t0 = 0, b = 0;
+    if constexpr (G > 0) {
+      // T whole tiles at a time: T * G * L independent multiply-add chains (one tile's G chains,
+      // r deep, leave the FMA units waiting on their latency), and each query element is
+      // broadcast once for T tiles. Each sum is formed in the same order as in the loop below.
+      // T tiles read side by side are T streams to the hardware prefetchers, which then leave
+      // memory bandwidth unused: every line of the group score_prefetch_bytes ahead is
+      // prefetched, in address order, one per line read (a hint: past the end it loads nothing).
+      // T * L * (G + 1) vector values live at once: with 32 registers (AVX-512) the counts
+      // below, measured; with 16, as many tiles as 16 registers hold, and where not even one
+      // tile's L * (G + 1) fit (2-byte keys with g >= 4 on AVX2), none: the loop below then
+      // scores one register-wide piece of a tile at a time (G accumulators).
+      constexpr int T_wide = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 3 : 2;
+      constexpr int T = W == 16 ? (L == 1 ? T_wide : (T_wide / 2 > 0 ? T_wide / 2 : 1))
+                                : 16 / (L * (G + 1));
+      static_assert(tb * sizeof(PkT) == 64, "a tile line is 64 bytes");
+      if constexpr (T > 0) {
+        for (; t0 + T * tb <= n; t0 += T * tb, b += T) {
+          const PkT* tiles[T];
+          for (int u = 0; u < T; ++u) tiles[u] = cache.tile(s, h, b + u);
+          const char* ahead = reinterpret_cast<const char*>(tiles[0]) + score_prefetch_bytes;
+          // The loops over u, j and l are unrolled completely (KVSCOUT_HOST_UNROLL), so that
+          // acc and pv are registers: GCC's own choice on AVX-512 targets kept them in memory,
+          // stored again on every channel step (one store per multiply-add; 2026-12-02).
+          vec acc[T][G][L] = {};
+          for (int c = 0; c < r; ++c) {
+            vec pv[T][L];
+            KVSCOUT_HOST_UNROLL
+            for (int u = 0; u < T; ++u) {
+              __builtin_prefetch(ahead + static_cast<std::size_t>(c * T + u) * 64);
+              const PkT* p = tiles[u] + static_cast<std::size_t>(c) * tb;
+              KVSCOUT_HOST_UNROLL
+              for (int l = 0; l < L; ++l) {
+                vec x = load(p + l * W);
+#if defined(__AVX512F__)
+                // Each key line feeds G multiply-adds. Left alone, GCC folds the load into every
+                // one of them (G loads of the same line instead of one), and from the caches the
+                // loads, not the multiply-adds, set the pace; the empty asm pins the value in a
+                // register (one 64-byte register, hence AVX-512 only). With G = 1 the folded load
+                // is the one load, so it is left to the compiler; rows read from memory are faster
+                // without the pin (measured: docs/performance.md, "Reading the speculation and
+                // selection tables").
+                // (On a local: pinning the array element kept the array in memory.)
+                if constexpr (Pin && G > 1 && sizeof(vec) == 64) asm("" : "+v"(x));
+#endif
+                pv[u][l] = x;
+              }
+            }
+            KVSCOUT_HOST_UNROLL
+            for (int j = 0; j < G; ++j) {
+              const float qc = qg[j * r + c];
+              KVSCOUT_HOST_UNROLL
+              for (int u = 0; u < T; ++u)
+                KVSCOUT_HOST_UNROLL
+                for (int l = 0; l < L; ++l) acc[u][j][l] = detail::madd(acc[u][j][l], pv[u][l], qc);
+            }
+          }
+          KVSCOUT_HOST_UNROLL
+          for (int u = 0; u < T; ++u)
+            KVSCOUT_HOST_UNROLL
+            for (int l = 0; l < L; ++l) {
+              const vec a = fold(&acc[u][0][l], G, L);
+              top = a > top ? a : top;
+              std::memcpy(row + t0 + u * tb + l * W, &a, sizeof a);
+            }
+        }
+      }
+    }
+    for (; t0 < n; t0 += tb, ++b) {
+      const int nb = n - t0 < tb ? n - t0 : tb;
+      const PkT* tile = cache.tile(s, h, b);
+      for (int l = 0; l * W < nb; ++l) {  // a whole tile line is read; lanes past n are ignored
+        vec acc[gcap] = {};
+        for (int c = 0; c < r; ++c) {
+          const vec pv = load(tile + static_cast<std::size_t>(c) * tb + l * W);
+          for (int j = 0; j < g; ++j) acc[j] = detail::madd(acc[j], pv, qg[j * r + c]);
+        }
+        const vec a = fold(acc, g, 1);
+        if (nb - l * W >= W) {
+          top = a > top ? a : top;
+          std::memcpy(row + t0 + l * W, &a, sizeof a);
+        } else {
+          for (int t = 0; t < nb - l * W; ++t) {
+            row[t0 + l * W + t] = a[t];
+            tail_top = a[t] > tail_top ? a[t] : tail_top;
+          }
+        }
+      }
+    }
+    for (int i = 0; i < W; ++i) tail_top = top[i] > tail_top ? top[i] : tail_top;
+    return tail_top;
+  }
+
+  // How far ahead of the read the scoring loop prefetches: about the bytes that must be in flight
+  // to keep one core's memory stream busy (latency x bandwidth), measured (bench_host_speculation,
+  // docs/performance.md). AVX-512 builds: 12 KiB, the best of 4 to 16 KiB on an Intel AVX-512
+  // machine at 32k and 128k tokens (2026-11-30). Other builds: 4 KiB; on an AVX2 Zen 1 core
+  // 12 KiB cost 4 to 13 % at 4k tokens, in decode order (30 layers in turn, keys from memory)
+  // as well as alone, and 4 and 12 KiB were within noise of each other at 32k and 128k
+  // (2026-12-04). Why a longer distance hurts there is not measured (no hardware counters on that
+  // VM); a likely cause is the prefetched lines competing in its 32 KiB L1 cache with the lines
+  // being read and the score row being written (16 KiB at 4k tokens).
+#if defined(__AVX512F__)
+  static constexpr std::size_t score_prefetch_bytes = 12288;
+#else
+  static constexpr std::size_t score_prefetch_bytes = 4096;
+#endif
+
+  // How many sequences' partial queries are computed together (each head's weights are read
+  // once for them; partial_queries reads them once per 4 sequences, from L2 after the first).
+  static constexpr int query_block = 8;
+
+  config cfg_;
+  std::vector<layer_state> layers_;
+  // Scratch in the caller's workspace (carve()), sized for r = head_dim; a layer uses the first
+  // r of each head's head_dim floats' worth (qp_ rows are r apart, as before).
+  float* qp_ = nullptr;    // [query_block, num_q_heads, r] scaled partial queries
+  float* pk_ = nullptr;    // [r] one projected key
+  float* qm_ = nullptr;    // [r] a group's mean partial query (mean_logit)
+  float* lg_ = nullptr;    // [g, max_tokens] a group's logit rows (sum_prob; null otherwise)
+  float* qw_ = nullptr;    // quantized only: [g, r] a tile's products q_c step_c per query head
+  rope_table* rope_ = nullptr;   // [query_block]: each sequence's rotation, shared by all heads
+};
+
+static_assert(speculation_policy<infinigen_policy_host<>>);
+static_assert(speculation_policy<infinigen_policy_host<half, bfloat16>>);
+static_assert(speculation_policy<infinigen_policy_host<quantized_keys<4>>>);
+
+/// An infinigen_policy_host's score_query as a policy of its own (needs_query = true): what a
+/// pipeline's correction step scores with, or the late ranking alone (layer l's own query against
+/// the partial keys, no speculation). Holds a reference; the policy outlives it. append() feeds
+/// the policy's partial keys.
+template <class P>
+class infinigen_query_scores_host {
+ public:
+  static constexpr bool needs_query = true;
+  using config_type = typename P::config_type;
+  explicit infinigen_query_scores_host(P& policy) : p_(&policy) {}
+  void score(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out) {
+    p_->score_query(layer, ctx, out);
+  }
+  void append(int layer, int s, int t, const float* k_pre, const float* k_post) {
+    p_->append(layer, s, t, k_pre, k_post);
+  }
+  [[nodiscard]] const config_type& configuration() const noexcept { return p_->configuration(); }
+
+ private:
+  P* p_;
+};
+
+static_assert(speculation_policy<infinigen_query_scores_host<infinigen_policy_host<>>>);
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <partial_key_format PkT = float, compute_element WT = float>
+using infinigen_policy [[deprecated("use infinigen_policy_host")]] = infinigen_policy_host<PkT, WT>;
+template <class P>
+using infinigen_query_scores [[deprecated("use infinigen_query_scores_host")]] =
+    infinigen_query_scores_host<P>;
+
+}  // namespace kvscout

@@ -1,0 +1,328 @@
+#pragma once
+// Host-side part of InfiniGen's speculation on the device (score/infinigen.cuh): the config, the
+// device partial key cache layout, the device call arguments, the workspace layout and every
+// check the facade makes before a launch. Host-compilable (no kernels), so the validation and
+// the index math are tested on machines without a GPU (tests/host/test_cuda_facades.cpp).
+//
+// Device partial key cache: the host partial_key_cache's tile layout, byte for byte, in device
+// memory (a region of the speculator's workspace):
+//   [num_seqs, num_kv_heads, tiles, r, B],  B = 64 / sizeof(T) tokens,  tiles = ceil(max_tokens / B)
+//   element (s, h, c, t) at (((s * H + h) * tiles + t / B) * r + c) * B + t % B
+// A warp that scores 32 consecutive tokens reads, per channel, 32 consecutive elements of one or
+// two 64-byte lines (half: one line; float: two): every byte of every sector it touches is used.
+//
+//   kvscout::infinigen_cuda_config cfg{.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
+//                                      .head_dim = 128, .d_model = 4096, .max_tokens = 32768,
+//                                      .r = 32, .mode = kvscout::rope_mode::post_rope_skew,
+//                                      .scale = 0.08838835f};
+//   std::size_t bytes = kvscout::infinigen_policy_cuda<kvscout::half>::workspace_bytes(cfg);
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "kvscout/core/config.hpp"
+#include "kvscout/core/dtype.hpp"
+#include "kvscout/core/error.hpp"
+#include "kvscout/core/rope.hpp"
+#include "kvscout/core/selection.hpp"
+#include "kvscout/core/span.hpp"
+#include "kvscout/skew/plan.hpp"
+#include "kvscout/score/concepts.hpp"
+#include "kvscout/score/device_context.hpp"
+#include "kvscout/score/detail/aggregate.hpp"
+
+namespace kvscout {
+
+/// What the device speculator of one layer is sized for.
+struct infinigen_cuda_config {
+  int num_seqs = 0;      // sequences of a batch (at most)
+  int num_kv_heads = 0;  // H
+  int num_q_heads = 0;   // H * g
+  int head_dim = 0;      // D
+  int d_model = 0;       // width of x
+  int max_tokens = 0;    // partial key cache capacity per (sequence, kv head)
+  int r = 0;             // partial dimension (every kv head's plan has this r)
+  rope_mode mode = rope_mode::post_rope_skew;  // every kv head's plan has this mode
+  float scale = 0.f;     // logit scale, 1 / sqrt(head_dim) for the attention's own
+  gqa_aggregation aggregation = gqa_aggregation::max_logit;
+  /// score_query's aggregation (the correction step's late ranking), where it differs from
+  /// the speculation's; empty: `aggregation` (infinigen_config::query_aggregation).
+  std::optional<gqa_aggregation> query_aggregation{};
+
+  /// The aggregation score_query uses.
+  [[nodiscard]] gqa_aggregation late_aggregation() const noexcept {
+    return query_aggregation.value_or(aggregation);
+  }
+};
+
+/// The device partial key cache of one layer (layout in the header comment). A view: the memory
+/// is a region of the speculator's workspace.
+template <compute_element T, class Space = device_space>
+struct partial_key_view {
+  static constexpr int block_tokens = static_cast<int>(64 / sizeof(T));
+
+  span<T, Space> data;  // [num_seqs, num_kv_heads, tiles, r, block_tokens]
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int r = 0;
+  int max_tokens = 0;
+
+  KVSCOUT_HOST_DEVICE static int tiles_for(int max_tokens) {
+    return (max_tokens + block_tokens - 1) / block_tokens;
+  }
+  KVSCOUT_HOST_DEVICE static std::size_t elements_for(int num_seqs, int num_kv_heads, int r,
+                                                      int max_tokens) {
+    return static_cast<std::size_t>(num_seqs) * num_kv_heads * tiles_for(max_tokens) *
+           static_cast<std::size_t>(r) * block_tokens;
+  }
+  KVSCOUT_HOST_DEVICE int tiles() const { return tiles_for(max_tokens); }
+  /// Offset of tile b of (s, h): [r, block_tokens].
+  KVSCOUT_HOST_DEVICE std::size_t tile_offset(int s, int h, int b) const {
+    return ((static_cast<std::size_t>(s) * num_kv_heads + h) * tiles() + b) *
+           static_cast<std::size_t>(r) * block_tokens;
+  }
+  /// Offset of channel c of token t of (s, h).
+  KVSCOUT_HOST_DEVICE std::size_t offset(int s, int h, int c, int t) const {
+    return tile_offset(s, h, t / block_tokens) + static_cast<std::size_t>(c) * block_tokens +
+           t % block_tokens;
+  }
+};
+
+namespace detail {
+
+inline constexpr int spec_block_threads = 128;   // threads of a scoring block
+inline constexpr int spec_tokens_per_thread = 8;  // tokens a scoring thread handles (16 bytes
+                                                  // of a 16-bit key channel, 32 of a float one)
+inline constexpr int spec_tokens_per_block = spec_block_threads * spec_tokens_per_thread;
+inline constexpr int spec_gemv_warps = 8;         // rows of W per GEMV block (one per warp)
+inline constexpr int spec_gemv_threads = 32 * spec_gemv_warps;
+inline constexpr int spec_finish_lanes = 16;      // threads sharing one partial-query element
+inline constexpr int spec_finish_outputs = 4;     // partial-query elements per finish block
+inline constexpr int spec_finish_threads = spec_finish_lanes * spec_finish_outputs;
+inline constexpr int spec_max_grid_yz = 65535;    // kv heads (y) and sequences (z) of a grid
+inline constexpr std::size_t spec_max_group_smem = 32 * 1024;  // g * r floats in shared memory
+
+/// Where each part of the speculator's workspace lives (byte offsets, 256-byte aligned).
+///   weights   WT [num_q_heads, rows, d_model]     partial W_Q rows (make_partial_query_weights)
+///   bias      float [num_q_heads, rows]
+///   rotation  float [num_kv_heads, head_dim, r]   A[:, S] per kv head (not for rope_planes)
+///   channels  int32 [num_kv_heads, r]             S per kv head
+///   planes    int32 [num_kv_heads, r / 2]         RoPE planes (rope_planes only)
+///   y         float [num_seqs, num_q_heads, rows] GEMV output (W x + b), scratch
+///   q         float [num_seqs, num_q_heads, r]    scaled partial queries, scratch
+///   stats     float2 [num_seqs, num_kv_heads, chunks, g] softmax (max, sum) per block (sum_prob)
+///   keys      T [partial_key_view layout]          the partial key cache
+/// rows = head_dim for post_rope_skew (the whole query is rotated), r otherwise.
+struct infinigen_cuda_layout {
+  int rows = 0;
+  int chunks = 0;  // scoring blocks per row at max_tokens
+  std::size_t weights = 0, bias = 0, rotation = 0, channels = 0, planes = 0, y = 0, q = 0,
+              stats = 0, keys = 0, total = 0;
+  std::size_t key_elements = 0;
+};
+
+inline std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+/// The grids score() launches for num_seqs sequences of up to max_len tokens (x, y, z each):
+/// the GEMV (one warp per W row), the finish (sequence, query head, spec_finish_outputs
+/// elements) and the scoring kernels (1024-token chunks, kv head, sequence). Host code, so the
+/// shapes are tested without a GPU.
+struct spec_launch_shapes {
+  long long gemv_blocks = 0;
+  long long finish[3] = {0, 0, 0};
+  long long score[3] = {0, 0, 0};
+  [[nodiscard]] static long long count(const long long (&g)[3]) { return g[0] * g[1] * g[2]; }
+};
+inline spec_launch_shapes spec_shapes(const infinigen_cuda_config& c, int rows, int num_seqs,
+                                      int max_len) {
+  spec_launch_shapes l;
+  const long long total_rows = static_cast<long long>(c.num_q_heads) * rows;
+  l.gemv_blocks = (total_rows + spec_gemv_warps - 1) / spec_gemv_warps;
+  l.finish[0] = num_seqs;
+  l.finish[1] = c.num_q_heads;
+  l.finish[2] = (c.r + spec_finish_outputs - 1) / spec_finish_outputs;
+  l.score[0] = (static_cast<long long>(max_len) + spec_tokens_per_block - 1) / spec_tokens_per_block;
+  l.score[1] = c.num_kv_heads;
+  l.score[2] = num_seqs;
+  return l;
+}
+
+/// The checks of a config (shapes, GQA, scale, r, mode, device limits).
+inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
+  KVSCOUT_EXPECTS(c.num_seqs > 0 && c.num_kv_heads > 0 && c.max_tokens > 0,
+                  "infinigen_policy_cuda needs positive sizes, got seqs ", c.num_seqs,
+                  ", kv heads ", c.num_kv_heads, ", max_tokens ", c.max_tokens);
+  KVSCOUT_EXPECTS(c.head_dim > 0 && c.d_model > 0, "head_dim and d_model must be positive, got ",
+                  c.head_dim, " and ", c.d_model);
+  check_gqa(c.num_q_heads, c.num_kv_heads);
+  const int g = c.num_q_heads / c.num_kv_heads;
+  KVSCOUT_EXPECTS(c.num_q_heads <= spec_max_grid_yz, "num_q_heads = ", c.num_q_heads,
+                  " exceeds the grid limit ", spec_max_grid_yz, " (the finish kernel's grid.y)");
+  KVSCOUT_EXPECTS(g <= max_group, "GQA group of ", g, " query heads exceeds ", max_group);
+  check_scale(c.scale);
+  KVSCOUT_EXPECTS(c.r >= 1 && c.r <= c.head_dim, "r = ", c.r, " must be in [1, head_dim = ",
+                  c.head_dim, "]");
+  KVSCOUT_EXPECTS(c.mode == rope_mode::post_rope_skew || c.mode == rope_mode::rope_planes ||
+                      c.mode == rope_mode::pre_rope_folded,
+                  "unsupported rope_mode ", static_cast<int>(c.mode),
+                  "; supported: post_rope_skew, rope_planes, pre_rope_folded");
+  if (c.mode == rope_mode::rope_planes) {
+    KVSCOUT_EXPECTS(c.r % 2 == 0, "rope_planes needs an even r (whole planes), got ", c.r);
+  }
+  KVSCOUT_EXPECTS(c.head_dim <= 2 * rope_table::max_planes, "head_dim ", c.head_dim,
+                  " exceeds the device speculation's limit ", 2 * rope_table::max_planes);
+  if (c.mode != rope_mode::pre_rope_folded) {
+    KVSCOUT_EXPECTS(c.head_dim % 2 == 0, "RoPE modes need an even head_dim, got ", c.head_dim);
+  }
+  check_aggregation(c.aggregation, "aggregation");
+  check_aggregation(c.late_aggregation(), "query_aggregation");
+  KVSCOUT_EXPECTS(c.num_seqs <= spec_max_grid_yz && c.num_kv_heads <= spec_max_grid_yz,
+                  "num_seqs = ", c.num_seqs, " and num_kv_heads = ", c.num_kv_heads,
+                  " must be at most ", spec_max_grid_yz, " (grid limit)");
+  const std::size_t group_bytes = sizeof(float) * static_cast<std::size_t>(g) * c.r;
+  KVSCOUT_EXPECTS(group_bytes <= spec_max_group_smem, "a GQA group's partial queries (g = ", g,
+                  ", r = ", c.r, ": ", group_bytes, " bytes) exceed the ", spec_max_group_smem,
+                  " bytes of shared memory a scoring block uses");
+}
+
+template <class PkT, class WT = float>
+infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
+  check_infinigen_cuda_config(c);
+  infinigen_cuda_layout l;
+  const std::size_t S = static_cast<std::size_t>(c.num_seqs);
+  const std::size_t H = static_cast<std::size_t>(c.num_kv_heads);
+  const std::size_t Hq = static_cast<std::size_t>(c.num_q_heads);
+  const std::size_t g = Hq / H;
+  const std::size_t r = static_cast<std::size_t>(c.r);
+  l.rows = c.mode == rope_mode::post_rope_skew ? c.head_dim : c.r;
+  l.chunks = (c.max_tokens + spec_tokens_per_block - 1) / spec_tokens_per_block;
+  l.key_elements = partial_key_view<PkT>::elements_for(c.num_seqs, c.num_kv_heads, c.r, c.max_tokens);
+  std::size_t at = 0;
+  const auto take = [&](std::size_t bytes) {
+    const std::size_t here = at;
+    at = align_up(at + bytes, 256);
+    return here;
+  };
+  const std::size_t rows = static_cast<std::size_t>(l.rows);
+  l.weights = take(sizeof(WT) * Hq * rows * static_cast<std::size_t>(c.d_model));
+  l.bias = take(sizeof(float) * Hq * rows);
+  l.rotation = take(c.mode == rope_mode::rope_planes
+                        ? 0
+                        : sizeof(float) * H * static_cast<std::size_t>(c.head_dim) * r);
+  l.channels = take(sizeof(std::int32_t) * H * r);
+  l.planes = take(c.mode == rope_mode::rope_planes ? sizeof(std::int32_t) * H * (r / 2) : 0);
+  l.y = take(sizeof(float) * S * Hq * rows);
+  l.q = take(sizeof(float) * S * Hq * r);
+  l.stats = take(c.aggregation == gqa_aggregation::sum_prob || c.late_aggregation() == gqa_aggregation::sum_prob
+                     ? 2 * sizeof(float) * S * H * static_cast<std::size_t>(l.chunks) * g
+                     : 0);
+  l.keys = take(sizeof(PkT) * l.key_elements);
+  l.total = at;
+  return l;
+}
+
+/// The checks of the setup arguments: one plan per kv head, consistent with the config; W_Q and
+/// b_Q sizes (make_partial_query_weights checks their values). In: float, half or bfloat16.
+template <class In = float>
+void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
+                                const std::vector<skew_plan>& plans, host_span<const In> w_q,
+                                host_span<const In> b_q) {
+  KVSCOUT_EXPECTS(static_cast<int>(plans.size()) == c.num_kv_heads, "got ", plans.size(),
+                  " skew plans, expected one per kv head (", c.num_kv_heads, ")");
+  for (std::size_t h = 0; h < plans.size(); ++h) {
+    const skew_plan& p = plans[h];
+    check_plan(p);
+    KVSCOUT_EXPECTS(p.mode == c.mode, "plan of kv head ", h, " has mode ", to_string(p.mode),
+                    ", the config ", to_string(c.mode));
+    KVSCOUT_EXPECTS(p.r == c.r, "plan of kv head ", h, " has r = ", p.r, ", the config ", c.r);
+    KVSCOUT_EXPECTS(p.head_dim == c.head_dim, "plan of kv head ", h, " has head_dim ", p.head_dim,
+                    ", the config ", c.head_dim);
+    KVSCOUT_EXPECTS(p.rope.head_dim == plans[0].rope.head_dim &&
+                        p.rope.theta == plans[0].rope.theta && p.rope.style == plans[0].rope.style,
+                    "plan of kv head ", h, " has another RoPE configuration than kv head 0");
+  }
+  const std::size_t w_need = static_cast<std::size_t>(c.num_q_heads) * c.head_dim * c.d_model;
+  KVSCOUT_EXPECTS(w_q.size() == w_need, "W_Q holds ", w_q.size(),
+                  " elements, expected num_q_heads * head_dim * d_model = ", w_need);
+  const std::size_t b_need = static_cast<std::size_t>(c.num_q_heads) * c.head_dim;
+  KVSCOUT_EXPECTS(b_q.empty() || b_q.size() == b_need, "b_Q holds ", b_q.size(),
+                  " elements, expected 0 or num_q_heads * head_dim = ", b_need);
+}
+
+/// The speculator's workspace alignment: its parts start on 256-byte boundaries.
+inline constexpr std::size_t infinigen_workspace_alignment = 256;
+
+/// Checks a caller-owned device workspace (size, null, alignment; its contents are not read).
+inline void check_infinigen_cuda_workspace(device_span<std::byte> workspace, std::size_t need) {
+  KVSCOUT_EXPECTS(workspace.size() >= need, "workspace holds ", workspace.size(),
+                  " bytes, expected at least workspace_bytes(config) = ", need);
+  KVSCOUT_EXPECTS(workspace.data() != nullptr, "workspace is null but ", need, " bytes are needed");
+  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) %
+                          infinigen_workspace_alignment == 0,
+                  "workspace must be ", infinigen_workspace_alignment,
+                  "-byte aligned (cudaMalloc is), got address ",
+                  static_cast<const void*>(workspace.data()));
+}
+
+/// The checks score() and score_query() share: the buffer's sequences and the length bound
+/// against the config, then every policy's (check_device_score_call).
+inline void check_infinigen_cuda_scores(const infinigen_cuda_config& c,
+                                        const score_context<device_space>& ctx,
+                                        const score_buffer<device_space>& out) {
+  const int S = out.num_seqs;
+  KVSCOUT_EXPECTS(S >= 1 && S <= c.num_seqs, "score buffer num_seqs = ", S,
+                  " is outside [1, config num_seqs = ", c.num_seqs, "]");
+  KVSCOUT_EXPECTS(ctx.max_seq_len >= 0 && ctx.max_seq_len <= c.max_tokens, "max_seq_len = ",
+                  ctx.max_seq_len, " is outside [0, max_tokens = ", c.max_tokens, "]");
+  check_device_score_call(c.num_kv_heads, ctx, out);
+}
+
+/// The checks of a score() call.
+inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
+                                       const score_context<device_space>& ctx,
+                                       const score_buffer<device_space>& out) {
+  check_infinigen_cuda_scores(c, ctx, out);
+  const std::size_t s = static_cast<std::size_t>(out.num_seqs);
+  const std::size_t x_need = s * static_cast<std::size_t>(c.d_model);
+  KVSCOUT_EXPECTS(ctx.x.size() >= x_need && ctx.x.data() != nullptr, "x holds ", ctx.x.size(),
+                  " floats, expected num_seqs * d_model = ", x_need);
+  KVSCOUT_EXPECTS(ctx.positions.size() >= s && ctx.positions.data() != nullptr,
+                  "positions holds ", ctx.positions.size(), " entries, expected num_seqs = ", s);
+}
+
+/// The checks of a score_query() call: the layer's own query q [num_seqs, num_q_heads, head_dim]
+/// instead of x and positions, and plans whose partial keys are after RoPE.
+inline void check_infinigen_cuda_score_query(const infinigen_cuda_config& c, std::size_t q_size,
+                                             bool q_present, const score_context<device_space>& ctx,
+                                             const score_buffer<device_space>& out) {
+  KVSCOUT_EXPECTS(c.mode != rope_mode::pre_rope_folded, "score_query: the plans are "
+                  "pre_rope_folded (partial keys before RoPE); a query after RoPE needs "
+                  "post_rope_skew or rope_planes plans");
+  check_infinigen_cuda_scores(c, ctx, out);
+  const int S = out.num_seqs;
+  const std::size_t need = static_cast<std::size_t>(S) * c.num_q_heads * static_cast<std::size_t>(c.head_dim);
+  KVSCOUT_EXPECTS(q_size >= need && q_present, "q holds ", q_size, " floats, expected [", S, ", ",
+                  c.num_q_heads, ", ", c.head_dim, "]");
+}
+
+/// The checks of an append() call: `count` keys [count, num_kv_heads, head_dim] for the
+/// (seq_ids[n], token_ids[n]) pairs.
+inline void check_infinigen_cuda_append(const infinigen_cuda_config& c, std::size_t key_elements,
+                                        bool keys_present, device_span<const int32_t> seq_ids,
+                                        device_span<const int32_t> token_ids, int count) {
+  KVSCOUT_EXPECTS(count >= 0, "count must be non-negative, got ", count);
+  const std::size_t n = static_cast<std::size_t>(count);
+  const std::size_t key_need = n * c.num_kv_heads * static_cast<std::size_t>(c.head_dim);
+  KVSCOUT_EXPECTS(key_elements >= key_need && (keys_present || n == 0), "keys holds ",
+                  key_elements, " elements, expected count * num_kv_heads * head_dim = ",
+                  key_need);
+  KVSCOUT_EXPECTS(seq_ids.size() >= n && (seq_ids.data() != nullptr || n == 0), "seq_ids holds ",
+                  seq_ids.size(), " entries, expected count = ", n);
+  KVSCOUT_EXPECTS(token_ids.size() >= n && (token_ids.data() != nullptr || n == 0),
+                  "token_ids holds ", token_ids.size(), " entries, expected count = ", n);
+}
+
+}  // namespace detail
+}  // namespace kvscout

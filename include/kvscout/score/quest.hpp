@@ -1,0 +1,144 @@
+#pragma once
+// quest: query-aware page selection (Quest, Tang et al. ICML'24). For every page of P tokens the
+// policy keeps the per-channel minimum and maximum of the (post-RoPE) keys; the largest q.k any
+// key of the page can reach is bounded by sum_c max(q_c * min_c, q_c * max_c). Every token of a
+// page gets the page's bound (aggregated over the GQA group), so a top-k selector picks whole pages
+// in bound order. Needs layer i's query: needs_query = true.
+//
+// Memory: [num_layers, num_seqs, num_kv_heads, max_pages, 2, head_dim] floats, set up once.
+//
+//   kvscout::quest_policy_host<64> quest({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
+//                                         .num_q_heads = 9, .max_tokens = 8192, .page_size = 16,
+//                                         .scale = 0.125f});
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "kvscout/score/concepts.hpp"
+#include "kvscout/score/detail/aggregate.hpp"
+
+namespace kvscout {
+
+template <int HeadDim>
+class quest_policy_host {
+ public:
+  struct config {
+    int num_layers = 0;
+    int num_seqs = 0;
+    int num_kv_heads = 0;
+    int num_q_heads = 0;
+    int max_tokens = 0;
+    int page_size = 16;
+    float scale = 0.f;
+    gqa_aggregation aggregation = gqa_aggregation::max_logit;
+  };
+  using config_type = config;
+  static constexpr bool needs_query = true;
+  static constexpr int head_dim = HeadDim;
+
+  explicit quest_policy_host(const config& cfg) : cfg_(cfg) {
+    detail::check_policy_sizes("quest_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+                               cfg.max_tokens);
+    KVSCOUT_EXPECTS(cfg.page_size >= 1, "page_size must be positive, got ", cfg.page_size);
+    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
+    detail::check_scale(cfg.scale);
+    max_pages_ = static_cast<int>((static_cast<std::int64_t>(cfg.max_tokens) + cfg.page_size - 1) /
+                                  cfg.page_size);
+    bounds_.assign(detail::checked_size("quest_policy_host's page bounds (layers x seqs x kv heads x "
+                                        "pages x 2 x head_dim floats)",
+                                        cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+                                        max_pages_, 2 * HeadDim),
+                   0.f);
+  }
+
+  /// Token t of sequence s entered layer `layer`'s cache; k_post is [num_kv_heads, head_dim].
+  void append(int layer, int s, int t, const float* /*k_pre_rope*/, const float* k_post) {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer, " is out of range [0, ",
+                    cfg_.num_layers, ")");
+    KVSCOUT_EXPECTS(s >= 0 && s < cfg_.num_seqs, "sequence ", s, " is out of range [0, ",
+                    cfg_.num_seqs, ")");
+    KVSCOUT_EXPECTS(t >= 0 && t < cfg_.max_tokens, "token ", t, " is out of range [0, max_tokens = ",
+                    cfg_.max_tokens, ")");
+    KVSCOUT_EXPECTS(k_post != nullptr, "k_post is null: quest_policy_host bounds the post-RoPE keys");
+    const bool first = t % cfg_.page_size == 0;
+    for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+      float* mn = page(layer, s, h, t / cfg_.page_size);
+      float* mx = mn + HeadDim;
+      const float* k = k_post + static_cast<std::size_t>(h) * HeadDim;
+      for (int c = 0; c < HeadDim; ++c) {
+        mn[c] = first ? k[c] : std::min(mn[c], k[c]);
+        mx[c] = first ? k[c] : std::max(mx[c], k[c]);
+      }
+    }
+  }
+
+  void score(int layer, const score_context<host_space>& ctx,
+             const score_buffer<host_space>& out) const {
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer, " is out of range [0, ",
+                    cfg_.num_layers, ")");
+    // The page bounds hold cfg_.num_seqs sequences of cfg_.max_tokens tokens.
+    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
+    const int g = cfg_.num_q_heads / cfg_.num_kv_heads;
+    KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(out.num_seqs) * cfg_.num_q_heads * HeadDim,
+                    "quest needs layer ", layer, "'s query: q holds ", ctx.q.size(),
+                    " floats, expected [", out.num_seqs, ", ", cfg_.num_q_heads, ", ", HeadDim,
+                    "]");
+    for (int s = 0; s < out.num_seqs; ++s) {
+      const int len = ctx.seq_lens[s], seq = detail::seq_of(ctx, s);
+      const int pages = (len + cfg_.page_size - 1) / cfg_.page_size;
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const float* qg = ctx.q.data() + (static_cast<std::size_t>(s) * cfg_.num_q_heads + h * g) * HeadDim;
+        float* row = out.row(s, h);
+        // Page bounds first, page p's into row[p] (pages <= len, so they fit) ...
+        detail::aggregate_scores(pages, g, cfg_.aggregation, row,
+                                 [&](int p, float* z) {
+                                   const float* mn = page(layer, seq, h, p);
+                                   const float* mx = mn + HeadDim;
+                                   for (int j = 0; j < g; ++j) {
+                                     const float* q = qg + static_cast<std::size_t>(j) * HeadDim;
+                                     float ub = 0;
+                                     for (int c = 0; c < HeadDim; ++c)
+                                       ub += std::max(q[c] * mn[c], q[c] * mx[c]);
+                                     z[j] = ub * cfg_.scale;
+                                   }
+                                 });
+        // ... then spread to every token of its page, last page first: page p writes indices
+        // >= p * page_size >= p, so no bound is overwritten before it is read.
+        for (int p = pages - 1; p >= 0; --p) {
+          const float b = row[p];
+          const int t1 = std::min(len, (p + 1) * cfg_.page_size);
+          for (int t = p * cfg_.page_size; t < t1; ++t) row[t] = b;
+        }
+      }
+    }
+    detail::write_row_max(out, ctx);
+  }
+
+  [[nodiscard]] int page_size() const { return cfg_.page_size; }
+
+  /// The configuration this policy was built with.
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+
+ private:
+  float* page(int layer, int s, int h, int p) {
+    return bounds_.data() +
+           ((((static_cast<std::size_t>(layer) * cfg_.num_seqs + s) * cfg_.num_kv_heads + h) * max_pages_ + p) * 2) *
+               HeadDim;
+  }
+  const float* page(int layer, int s, int h, int p) const {
+    return const_cast<quest_policy_host*>(this)->page(layer, s, h, p);
+  }
+
+  config cfg_;
+  int max_pages_ = 0;
+  std::vector<float> bounds_;  // [layers, seqs, kv_heads, max_pages, {min, max}, head_dim]
+};
+
+static_assert(speculation_policy<quest_policy_host<64>>);
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <int HeadDim>
+using quest_policy [[deprecated("use quest_policy_host")]] = quest_policy_host<HeadDim>;
+
+}  // namespace kvscout

@@ -1,0 +1,54 @@
+#pragma once
+// streaming: attention sinks + a recent window (StreamingLLM). Needs no query and no keys.
+//
+// Scores encode recency: score[t] = t, and +inf for the first `sinks` tokens. Any top-k selector
+// with budget B then keeps the sinks and the B - sinks most recent tokens, which is the policy.
+//
+//   kvscout::streaming_policy_host p({.num_kv_heads = 3, .sinks = 4});
+
+#include <limits>
+
+#include "kvscout/score/concepts.hpp"
+
+namespace kvscout {
+
+class streaming_policy_host {
+ public:
+  struct config {
+    int num_kv_heads = 0;
+    int sinks = 4;
+  };
+  using config_type = config;
+  static constexpr bool needs_query = false;
+
+  explicit streaming_policy_host(const config& cfg) : cfg_(cfg) {
+    KVSCOUT_EXPECTS(cfg.num_kv_heads > 0, "num_kv_heads must be positive, got ", cfg.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.sinks >= 0, "sinks must be non-negative, got ", cfg.sinks);
+  }
+
+  void score(int /*layer*/, const score_context<host_space>& ctx,
+             const score_buffer<host_space>& out) const {
+    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads);
+    for (int s = 0; s < out.num_seqs; ++s) {
+      for (int h = 0; h < out.num_kv_heads; ++h) {
+        float* row = out.row(s, h);
+        for (int t = 0; t < ctx.seq_lens[s]; ++t)
+          row[t] = t < cfg_.sinks ? std::numeric_limits<float>::infinity() : static_cast<float>(t);
+      }
+    }
+    detail::write_row_max(out, ctx);
+  }
+
+  /// The configuration this policy was built with.
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+
+ private:
+  config cfg_;
+};
+
+static_assert(speculation_policy<streaming_policy_host>);
+
+// Deprecated (issue 33): the old names, kept for one release.
+using streaming_policy [[deprecated("use streaming_policy_host")]] = streaming_policy_host;
+
+}  // namespace kvscout
