@@ -32,6 +32,10 @@
 //                           runs them (each layer's bytes evicted from L2 by the others)
 //   BM_stream_decode_order  its anchor: the 30 layers' partial keys read in turn
 //   BM_rope_table_fill      a step's RoPE table alone (reference: its share of the 4k step)
+//   BM_speculation_keys     score() by partial-key format at r = 16, 32 and 64 channels: float,
+//                           half, quantized_keys<4> and quantized_keys<2> (issue 32: 64 channels
+//                           at 4 or 2 bits against 32 fp16 ones), RoPE planes, max_logit;
+//                           bytes_per_second counts each format's own bytes (bytes_for)
 //   BM_correction_step      the correction step (issue 32) of one layer, on the critical path:
 //                           score_query (the layer's own query against the same partial keys)
 //                           and correction_selector_host over a speculated 5 % (the best 5 %
@@ -62,41 +66,42 @@ namespace {
 constexpr int d_model = 576, Hq = 9, H = 3, D = 64, r = 16;
 static_assert(H * (r / 2) <= D / 2, "make_plan gives the kv heads disjoint RoPE planes");
 
-kvscout::skew_plan make_plan(kvscout::rope_mode mode, int kv_head) {
-  // A valid plan for timing: identity skew, channels 0..r-1; for rope_planes, kv head h keeps
-  // planes [h * r/2, (h + 1) * r/2): disjoint, so a step rotates 24 of the 32 planes (calibrated
-  // heads share some planes; this is the costlier case).
+kvscout::skew_plan make_plan(kvscout::rope_mode mode, int kv_head, int rr = r) {
+  // A valid plan for timing: identity skew, channels 0..rr-1; for rope_planes, kv head h keeps
+  // planes [h * rr/2, (h + 1) * rr/2): disjoint at rr = r, so a step rotates 24 of the 32 planes
+  // (calibrated heads share some planes; this is the costlier case); for a larger rr, as far
+  // apart as the 32 planes allow.
   const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
   if (mode == kvscout::rope_mode::rope_planes) {
-    std::vector<int> planes(r / 2);
-    std::iota(planes.begin(), planes.end(), kv_head * (r / 2));
+    std::vector<int> planes(static_cast<std::size_t>(rr / 2));
+    std::iota(planes.begin(), planes.end(), kv_head * (rr / 2) % (D / 2 - rr / 2 + 1));
     return kvscout::rope_planes_plan(rope, std::move(planes));
   }
   kvscout::skew_plan p;
   p.mode = mode;
   p.head_dim = D;
-  p.r = r;
+  p.r = rr;
   p.rope = rope;
   p.A.assign(static_cast<std::size_t>(D) * D, 0.f);
   for (int i = 0; i < D; ++i) p.A[static_cast<std::size_t>(i) * D + i] = 1.f;
-  p.channels.resize(r);
+  p.channels.resize(static_cast<std::size_t>(rr));
   std::iota(p.channels.begin(), p.channels.end(), 0);
   return p;
 }
 
-template <class WT = float>
+template <class WT = float, class PkT = float>
 struct fixture {
   std::vector<float> wq, x, scores;
   std::vector<int32_t> lens, pos, seq_ids;
   kvscout::host_workspace policy_ws;  // the policy's scratch (declared first: it outlives policy)
-  std::unique_ptr<kvscout::infinigen_policy_host<float, WT>> policy;
+  std::unique_ptr<kvscout::infinigen_policy_host<PkT, WT>> policy;
   int n, seqs, layers, held;
 
   // `held` > num_seqs: the policy holds `held` sequences and the step scores num_seqs of them,
   // named by seq_ids (continuous batching): every other one, from the last down.
   fixture(int tokens, kvscout::rope_mode mode,
           kvscout::gqa_aggregation agg = kvscout::gqa_aggregation::max_logit, int num_seqs = 1,
-          int num_layers = 1, int num_held = 0)
+          int num_layers = 1, int num_held = 0, int rr = r)
       : n(tokens), seqs(num_seqs), layers(num_layers), held(std::max(num_seqs, num_held)) {
     std::mt19937 rng(42);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -105,12 +110,12 @@ struct fixture {
     x.resize(static_cast<std::size_t>(seqs) * d_model);
     for (auto& v : x) v = nd(rng);
     std::vector<kvscout::skew_plan> plans;
-    for (int h = 0; h < H; ++h) plans.push_back(make_plan(mode, h));
+    for (int h = 0; h < H; ++h) plans.push_back(make_plan(mode, h, rr));
     // Every layer builds its own partial weights and keys (its own memory) from the same W_Q.
     const auto L = static_cast<std::size_t>(layers);
     kvscout::infinigen_config cfg{layers, held, H, Hq, D, d_model, n, 0.125f, agg};
-    policy_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<float, WT>>(cfg);
-    policy = std::make_unique<kvscout::infinigen_policy_host<float, WT>>(
+    policy_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT, WT>>(cfg);
+    policy = std::make_unique<kvscout::infinigen_policy_host<PkT, WT>>(
         cfg, std::vector<std::vector<kvscout::skew_plan>>(L, plans),
         std::vector<kvscout::host_span<const float>>(L, {wq.data(), wq.size()}),
         std::vector<kvscout::host_span<const float>>(L, kvscout::host_span<const float>{}),
@@ -140,10 +145,10 @@ kvscout::rope_mode mode_arg(std::int64_t a) {
 
 // score() of every layer in turn, `layers` of them (each its own weights and keys): one decode
 // step's speculation. Time and bytes are for all the layers.
-template <class WT = float>
+template <class WT = float, class PkT = float>
 void run_speculation(benchmark::State& state, kvscout::rope_mode mode, kvscout::gqa_aggregation agg,
-                     int seqs = 1, int layers = 1, int held = 0) {
-  fixture<WT> f(static_cast<int>(state.range(0)), mode, agg, seqs, layers, held);
+                     int seqs = 1, int layers = 1, int held = 0, int rr = r) {
+  fixture<WT, PkT> f(static_cast<int>(state.range(0)), mode, agg, seqs, layers, held, rr);
   const auto S = static_cast<std::size_t>(seqs);
   const kvscout::score_context<kvscout::host_space> ctx{{f.x.data(), f.x.size()}, {}, {f.pos.data(), S},
                                   {f.lens.data(), S}, {f.seq_ids.data(), f.seq_ids.size()}};
@@ -169,6 +174,22 @@ void BM_speculation(benchmark::State& state) {
 void BM_speculation_bf16_weights(benchmark::State& state) {
   const auto mode = mode_arg(state.range(1));
   run_speculation<kvscout::bfloat16>(state, mode, kvscout::gqa_aggregation::max_logit);
+}
+
+// score() with the partial keys in each format (argument `format`: 0 float, 1 half,
+// 2 quantized_keys<4>, 3 quantized_keys<2>) and `r` channels, RoPE planes, max_logit: the
+// question of issue 32 is 64 channels at 4 or 2 bits against 32 in half.
+void BM_speculation_keys(benchmark::State& state) {
+  const auto mode = kvscout::rope_mode::rope_planes;
+  const auto agg = kvscout::gqa_aggregation::max_logit;
+  const int rr = static_cast<int>(state.range(2));
+  switch (state.range(1)) {
+    case 0: run_speculation<float, float>(state, mode, agg, 1, 1, 0, rr); break;
+    case 1: run_speculation<float, kvscout::half>(state, mode, agg, 1, 1, 0, rr); break;
+    case 2: run_speculation<float, kvscout::quantized_keys<4>>(state, mode, agg, 1, 1, 0, rr); break;
+    default: run_speculation<float, kvscout::quantized_keys<2>>(state, mode, agg, 1, 1, 0, rr); break;
+  }
+  state.counters["r"] = rr;
 }
 
 // A batch of `seqs` sequences of n tokens each in one score() call, as a decode step of a batched
@@ -413,6 +434,10 @@ BENCHMARK(BM_fma_roof)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({1310
 BENCHMARK(BM_speculation_mean)->ArgNames({"n"})->Args({4096})->Args({32768})->Args({131072})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_speculation)->ArgNames({"n", "mode"})->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_speculation_keys)
+    ->ArgNames({"n", "format", "r"})
+    ->ArgsProduct({{4096, 32768, 131072}, {0, 1, 2, 3}, {16, 32, 64}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_speculation_bf16_weights)
     ->ArgNames({"n", "mode"})

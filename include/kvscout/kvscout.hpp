@@ -14,6 +14,8 @@
 #include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/cache/host_pool.hpp"
 #include "kvscout/cache/partial_key_cache.hpp"
+#include "kvscout/cache/partial_key_store.hpp"
+#include "kvscout/cache/quantized_partial_key_cache.hpp"
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/configured.hpp"
 #include "kvscout/core/cuda_check.hpp"

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "kvscout/cache/partial_key_cache.hpp"
+#include "kvscout/cache/partial_key_store.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/simd.hpp"
@@ -47,6 +48,69 @@
 #include "kvscout/score/detail/aggregate.hpp"
 
 namespace kvscout {
+
+namespace detail {
+/// N quantised codes as bytes and widened to 32-bit integers (a quantised tile's piece).
+template <int N>
+struct code_vec {
+  typedef std::uint8_t bytes __attribute__((vector_size(N)));
+  typedef std::int32_t ints __attribute__((vector_size(N * sizeof(std::int32_t))));
+};
+
+/// N bytes widened to 32-bit lanes: lane i holds p[i % LB] (LB >= 4 bytes at p, repeated where
+/// LB < N: a piece of N tokens that spans N / LB bit planes). One zero extension where the target
+/// has it: GCC 12 turns __builtin_convertvector from bytes to ints into a byte-by-byte scalar
+/// sequence.
+template <int N, int LB>
+inline typename code_vec<N>::ints widen_codes(const std::uint8_t* p) {
+  static_assert(LB >= 4 && (LB >= N || N % LB == 0), "a piece is whole repeats of the bytes");
+  typename code_vec<N>::ints r;
+#if KVSCOUT_HOST_SSE2
+  __m128i x;
+  if constexpr (LB >= 16 || LB >= N) {
+    if constexpr (N >= 16) {
+      x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    } else if constexpr (N == 8) {
+      x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    } else {
+      std::int32_t w;
+      std::memcpy(&w, p, sizeof w);
+      x = _mm_cvtsi32_si128(w);
+    }
+  } else if constexpr (LB == 8) {
+    long long w;
+    std::memcpy(&w, p, sizeof w);
+    x = _mm_set1_epi64x(w);
+  } else {
+    std::int32_t w;
+    std::memcpy(&w, p, sizeof w);
+    x = _mm_set1_epi32(w);
+  }
+#if KVSCOUT_HOST_AVX512
+  if constexpr (N == 16) {
+    const __m512i v = _mm512_cvtepu8_epi32(x);
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+#endif
+#if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_AVX2
+  if constexpr (N == 8) {
+    const __m256i v = _mm256_cvtepu8_epi32(x);
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+#endif
+  if constexpr (N == 4) {
+    const __m128i z = _mm_setzero_si128();
+    const __m128i v = _mm_unpacklo_epi16(_mm_unpacklo_epi8(x, z), z);
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+#endif
+  for (int i = 0; i < N; ++i) r[i] = p[i % LB];
+  return r;
+}
+}  // namespace detail
 
 /// The shape of an infinigen_policy_host, whatever its element types.
 struct infinigen_config {
@@ -70,20 +134,28 @@ struct infinigen_config {
   }
 };
 
-/// PkT: the partial keys' element type; WT: the partial query weights' (float, or the model's
-/// half / bfloat16: half the bytes the per-step GEMV reads, and half the memory).
-template <compute_element PkT = float, compute_element WT = float>
+/// PkT: the partial keys' format (cache/partial_key_store.hpp): an element type (float, half,
+/// bfloat16: a partial_key_cache<PkT>) or quantized_keys<Bits, Group> (a
+/// quantized_partial_key_cache: r channels at Bits bits, scored from the codes); WT: the partial
+/// query weights' element type (float, or the model's half / bfloat16: half the bytes the
+/// per-step GEMV reads, and half the memory).
+template <partial_key_format PkT = float, compute_element WT = float>
 class infinigen_policy_host {
  public:
   using config = infinigen_config;
   using config_type = config;
   static constexpr bool needs_query = false;
+  /// The cache each speculated layer keeps its partial keys in.
+  using key_store = partial_key_store<PkT>;
+  static constexpr bool quantized = is_quantized_keys_v<PkT>;
 
   /// Workspace: the scratch of one score() / score_query() / append() (the partial queries of
   /// query_block sequences, their RoPE tables, one projected key, a group's mean query), sized
   /// for r = head_dim, the largest a plan may have: about
   /// 4 * (query_block * num_q_heads * head_dim + 2 * head_dim) + query_block * 1 KiB bytes, and
-  /// where either aggregation is sum_prob a group's logit rows, 4 * g * max_tokens bytes.
+  /// where either aggregation is sum_prob a group's logit rows, 4 * g * max_tokens bytes; with
+  /// quantised keys, 4 * g * head_dim bytes more (a tile's products q_c step_c for each query
+  /// head of a group).
   /// Checks the config (the checks the constructor makes before it reads the plans).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
@@ -91,7 +163,8 @@ class infinigen_policy_host {
            sizeof(float) * detail::checked_size("infinigen_policy_host's scratch floats (query_block x "
                                                 "num_q_heads x head_dim)",
                                                 query_block, cfg.num_q_heads, cfg.head_dim) +
-           sizeof(float) * 2 * static_cast<std::size_t>(cfg.head_dim) + sum_prob_bytes(cfg);
+           sizeof(float) * 2 * static_cast<std::size_t>(cfg.head_dim) + sum_prob_bytes(cfg) +
+           quantized_bytes(cfg);
   }
   /// The alignment the workspace's address must have (RoPE tables and floats).
   static constexpr std::size_t workspace_alignment =
@@ -125,6 +198,14 @@ class infinigen_policy_host {
     return sizeof(float) * detail::checked_size("infinigen_policy's sum_prob rows (group x max_tokens)",
                                                 cfg.num_q_heads / cfg.num_kv_heads, cfg.max_tokens);
   }
+  // Quantised keys: a tile's products q_c step_c, one row of head_dim per query head of a group.
+  static std::size_t quantized_bytes(const config& cfg) {
+    if constexpr (quantized)
+      return sizeof(float) * static_cast<std::size_t>(cfg.num_q_heads / cfg.num_kv_heads) *
+             static_cast<std::size_t>(cfg.head_dim);
+    else
+      return 0;
+  }
   static void check_config(const config& cfg) {
     detail::check_policy_sizes("infinigen_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
                                cfg.max_tokens);
@@ -155,6 +236,7 @@ class infinigen_policy_host {
     pk_ = qp_ + static_cast<std::size_t>(query_block) * cfg_.num_q_heads * cfg_.head_dim;
     qm_ = pk_ + cfg_.head_dim;
     lg_ = sum_prob_bytes(cfg_) > 0 ? qm_ + cfg_.head_dim : nullptr;
+    if constexpr (quantized) qw_ = qm_ + cfg_.head_dim + sum_prob_bytes(cfg_) / sizeof(float);
   }
   template <compute_element In>
   infinigen_policy_host(build_tag, const config& cfg,
@@ -208,7 +290,7 @@ class infinigen_policy_host {
         st.rope_planes.erase(std::unique(st.rope_planes.begin(), st.rope_planes.end()),
                              st.rope_planes.end());
       }
-      st.cache = partial_key_cache<PkT>(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
+      st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
     }
   }
 
@@ -217,7 +299,7 @@ class infinigen_policy_host {
   [[nodiscard]] bool tracks(int layer) const {
     return layer >= 0 && layer < cfg_.num_layers && !layers_[static_cast<std::size_t>(layer)].plans.empty();
   }
-  [[nodiscard]] const partial_key_cache<PkT>& keys(int layer) const {
+  [[nodiscard]] const key_store& keys(int layer) const {
     check_layer(layer);
     return state(layer).cache;
   }
@@ -233,12 +315,25 @@ class infinigen_policy_host {
     const bool pre = st.plans[0].mode == rope_mode::pre_rope_folded;  // one mode per layer
     KVSCOUT_EXPECTS((pre ? k_pre : k_post) != nullptr, "infinigen_policy_host::append: ",
                     pre ? "k_pre" : "k_post", " is null (layer ", layer, ", token ", t, ")");
-    for (int h = 0; h < cfg_.num_kv_heads; ++h) {
-      const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
-      const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
-      // The plans were checked at construction and are the policy's own copies.
-      detail::project_key_checked_plan(p, k, pk_);
-      st.cache.append(s, h, t, pk_);
+    if constexpr (quantized) {
+      // A quantised cache takes tokens in order and refuses non-finite values: every head's
+      // partial key is projected and checked before any is written, so a refusal writes nothing.
+      // (qp_ is score()'s scratch; append() and score() do not run at once.)
+      const std::size_t r = static_cast<std::size_t>(st.r);
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
+        detail::project_key_checked_plan(st.plans[static_cast<std::size_t>(h)], k, qp_ + h * r);
+        st.cache.check_append(s, h, t, qp_ + h * r);
+      }
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) st.cache.append(s, h, t, qp_ + h * r);
+    } else {
+      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+        const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
+        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
+        // The plans were checked at construction and are the policy's own copies.
+        detail::project_key_checked_plan(p, k, pk_);
+        st.cache.append(s, h, t, pk_);
+      }
     }
   }
 
@@ -340,7 +435,7 @@ class infinigen_policy_host {
   struct layer_state {
     std::vector<skew_plan> plans;                 // [num_kv_heads]
     std::vector<basic_partial_query_weights<WT>> weights;   // [num_q_heads]
-    partial_key_cache<PkT> cache;
+    key_store cache;
     int r = 0;
     // rope_planes mode: the planes the kv heads' plans rotate (sorted, unique), the only ones
     // score() computes a rotation for; empty in the other modes (every plane, or none).
@@ -372,7 +467,9 @@ class infinigen_policy_host {
       float top[detail::max_group];
       for (int j = 0; j < g; ++j) {
         float* lj = lg_ + static_cast<std::size_t>(j) * cfg_.max_tokens;
-        top[j] = score_tiles<1>(qg + static_cast<std::size_t>(j) * r, r, st.cache, s, h, n, true, 1.f, lj);
+        const float* qj = qg + static_cast<std::size_t>(j) * r;
+        if constexpr (quantized) top[j] = score_quantized<1>(qj, r, st.cache, s, h, n, true, 1.f, lj);
+        else top[j] = score_tiles<1>(qj, r, st.cache, s, h, n, true, 1.f, lj);
         double z = 0;
         for (int t = 0; t < n; ++t) z += std::exp(static_cast<double>(lj[t]) - top[j]);
         inv_z[j] = 1.0 / z;
@@ -396,22 +493,155 @@ class infinigen_policy_host {
         for (int j = 0; j < g; ++j) sum += qg[j * r + c];
         qm[c] = sum * inv_g;
       }
-      return score_tiles<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
+      if constexpr (quantized) return score_quantized<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
+      else return score_tiles<1>(qm, r, st.cache, s, h, n, true, 1.f, row);
     }
-    // Common group sizes get a kernel with the group size known at compile time. Rows whose
-    // partial keys are cache-sized pin each key line in a register (see score_tiles).
-    const bool pin = static_cast<std::size_t>(n) * static_cast<std::size_t>(r) * sizeof(PkT) <=
-                     pin_row_bytes;
-    if (g <= 8) {
-      float top = 0.f;
-      dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
-        constexpr int gv = decltype(G)::value;
-        top = pin ? score_tiles<gv, true>(qg, r, st.cache, s, h, n, use_max, inv_g, row)
-                  : score_tiles<gv, false>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
-      });
-      return top;
+    if constexpr (quantized) {
+      if (g <= 8) {
+        float top = 0.f;
+        dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
+          top = score_quantized<decltype(G)::value>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
+        });
+        return top;
+      }
+      return score_quantized<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
+    } else {
+      // Common group sizes get a kernel with the group size known at compile time. Rows whose
+      // partial keys are cache-sized pin each key line in a register (see score_tiles).
+      const bool pin = static_cast<std::size_t>(n) * static_cast<std::size_t>(r) * sizeof(PkT) <=
+                       pin_row_bytes;
+      if (g <= 8) {
+        float top = 0.f;
+        dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
+          constexpr int gv = decltype(G)::value;
+          top = pin ? score_tiles<gv, true>(qg, r, st.cache, s, h, n, use_max, inv_g, row)
+                    : score_tiles<gv, false>(qg, r, st.cache, s, h, n, use_max, inv_g, row);
+        });
+        return top;
+      }
+      return score_tiles<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
     }
-    return score_tiles<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
+  }
+
+  // A quantised tile's affine terms for one query head q [r]: returns sum_c q_c min_c and writes
+  // w[c] = q_c step_c, so that logit(t) = sum_c q_c min_c + sum_c w[c] code[c][t].
+  static float affine_terms(const float* q, const float* mn, const float* step, int r, float* w) {
+    constexpr int W = detail::host_float_lanes;
+    using vec = detail::host_vec;
+    vec acc = {};
+    int c = 0;
+    for (; c + W <= r; c += W) {
+      vec qv, mv, sv;
+      std::memcpy(&qv, q + c, sizeof qv);
+      std::memcpy(&mv, mn + c, sizeof mv);
+      std::memcpy(&sv, step + c, sizeof sv);
+      acc = detail::madd(acc, qv, mv);
+      const vec wv = qv * sv;
+      std::memcpy(w + c, &wv, sizeof wv);
+    }
+    float b = 0.f;
+    for (int l = 0; l < W; ++l) b += acc[l];
+    for (; c < r; ++c) {
+      b = detail::madd(b, q[c], mn[c]);
+      w[c] = q[c] * step[c];
+    }
+    return b;
+  }
+
+  // score_tiles for quantised keys (quantized_partial_key_cache's layout): per complete group,
+  // the affine terms of each query head once (affine_terms), then per channel the tile's codes
+  // are widened to floats a register of tokens at a time (a zero extension of the bytes, a shift
+  // and a mask: the bit planes hold consecutive tokens), and multiply-added into the G heads'
+  // accumulators; the tokens of the
+  // newest incomplete group (and any past the appended ones, 0) are scored exactly from the
+  // staging tile. G > 0: static group size; G == 0: runtime `g_dyn`. Returns the largest non-NaN
+  // score written (-inf if none).
+  // Out of line: inlined into score_row (GCC 12, -O3 -march=native, AVX-512), the whole row ran
+  // 1.65x slower (BM_speculation_keys, quantized_keys<4>, r = 64, 32k tokens: 490 against 295 us,
+  // 2026-12-05), though the channel loop's instructions were the same.
+  template <int G>
+  __attribute__((noinline)) float score_quantized(const float* qg, int r, const key_store& cache,
+                                                  int s, int h, int n, bool use_max, float inv_g,
+                                                  float* row, int g_dyn = 0) {
+    constexpr int Gt = key_store::group_tokens, LB = key_store::line_bytes;
+    constexpr int bits = key_store::bits, levels = key_store::levels;
+    // A piece: PW consecutive tokens, one register of floats; a bit plane holds LB tokens, so a
+    // piece is part of one plane (LB >= PW: one shift) or spans PW / LB of them (a shift per lane).
+    constexpr int PW = detail::host_float_lanes;
+    constexpr int NP = Gt / PW;
+    static_assert(Gt % PW == 0, "a group is whole pieces");
+    using fv = typename detail::float_vec<PW>::type;
+    using i32v = typename detail::code_vec<PW>::ints;
+    const int g = G > 0 ? G : g_dyn;
+    constexpr int gcap = G > 0 ? G : detail::max_group;
+    const int nq = std::min(n, cache.complete_groups(s, h) * Gt);
+    fv top = fv{} - std::numeric_limits<float>::infinity();
+    float tail_top = -std::numeric_limits<float>::infinity();
+    float base[gcap];
+    float* w = qw_;  // [g, r]
+    int t0 = 0;
+    for (int b = 0; t0 < nq; ++b, t0 += Gt) {
+      const float* mn = cache.group_min(s, h, b);
+      const float* step = cache.group_step(s, h, b);
+      const std::uint8_t* codes = cache.group_codes(s, h, b);
+      for (int j = 0; j < g; ++j) base[j] = affine_terms(qg + j * r, mn, step, r, w + j * r);
+      fv acc[gcap][NP] = {};
+      for (int c = 0; c < r; ++c) {
+        const std::uint8_t* line = codes + static_cast<std::size_t>(c) * LB;
+        fv x[NP];
+        KVSCOUT_HOST_UNROLL
+        for (int m = 0; m < NP; ++m) {
+          const i32v raw = detail::widen_codes<PW, LB>(line + (LB >= PW ? (m * PW) % LB : 0));
+          i32v iv;
+          if constexpr (LB >= PW) {
+            iv = (raw >> (bits * (m * PW / LB))) & levels;
+          } else {
+            i32v shift;
+            for (int l = 0; l < PW; ++l) shift[l] = bits * ((m * PW + l) / LB);
+            iv = (raw >> shift) & levels;
+          }
+          x[m] = __builtin_convertvector(iv, fv);
+        }
+        KVSCOUT_HOST_UNROLL
+        for (int j = 0; j < g; ++j) {
+          const float wc = w[j * r + c];
+          KVSCOUT_HOST_UNROLL
+          for (int m = 0; m < NP; ++m) acc[j][m] += x[m] * wc;
+        }
+      }
+      const int nb = std::min(Gt, nq - t0);
+      for (int m = 0; m < NP && m * PW < nb; ++m) {
+        fv a = acc[0][m] + base[0];
+        for (int j = 1; j < g; ++j) {
+          const fv z = acc[j][m] + base[j];
+          a = use_max ? (a > z ? a : z) : a + z;
+        }
+        if (!use_max) a *= inv_g;
+        if ((m + 1) * PW <= nb) {
+          top = a > top ? a : top;
+          std::memcpy(row + t0 + m * PW, &a, sizeof a);
+        } else {
+          for (int l = 0; l < nb - m * PW; ++l) {
+            row[t0 + m * PW + l] = a[l];
+            tail_top = a[l] > tail_top ? a[l] : tail_top;
+          }
+        }
+      }
+    }
+    for (int t = nq; t < n; ++t) {
+      float a = 0.f;
+      for (int j = 0; j < g; ++j) {
+        float d = 0.f;
+        for (int c = 0; c < r; ++c)
+          d = detail::madd(d, qg[j * r + c], cache.dequantized(s, h, c, t));
+        a = j == 0 ? d : use_max ? (a > d ? a : d) : a + d;
+      }
+      if (!use_max) a *= inv_g;
+      row[t] = a;
+      tail_top = a > tail_top ? a : tail_top;
+    }
+    for (int l = 0; l < PW; ++l) tail_top = top[l] > tail_top ? top[l] : tail_top;
+    return tail_top;
   }
 
   // The row size up to which scoring pins its key lines (Pin below). Measured on the development
@@ -429,9 +659,9 @@ class infinigen_policy_host {
   // vector width. Returns the largest non-NaN score written (-inf if none), kept as the scores
   // leave the registers: one vector maximum per W scores, beside G * r multiply-adds.
   template <int G, bool Pin = false>
-  static float score_tiles(const float* qg, int r, const partial_key_cache<PkT>& cache, int s,
-                           int h, int n, bool use_max, float inv_g, float* row, int g_dyn = 0) {
-    constexpr int tb = partial_key_cache<PkT>::block_tokens;
+  static float score_tiles(const float* qg, int r, const key_store& cache, int s, int h, int n,
+                           bool use_max, float inv_g, float* row, int g_dyn = 0) {
+    constexpr int tb = key_store::block_tokens;
     constexpr int W = detail::host_float_lanes;
     constexpr int L = tb / W;
     static_assert(tb % W == 0, "a tile line is whole vectors");
@@ -579,11 +809,13 @@ class infinigen_policy_host {
   float* pk_ = nullptr;    // [r] one projected key
   float* qm_ = nullptr;    // [r] a group's mean partial query (mean_logit)
   float* lg_ = nullptr;    // [g, max_tokens] a group's logit rows (sum_prob; null otherwise)
+  float* qw_ = nullptr;    // quantized only: [g, r] a tile's products q_c step_c per query head
   rope_table* rope_ = nullptr;   // [query_block]: each sequence's rotation, shared by all heads
 };
 
 static_assert(speculation_policy<infinigen_policy_host<>>);
 static_assert(speculation_policy<infinigen_policy_host<half, bfloat16>>);
+static_assert(speculation_policy<infinigen_policy_host<quantized_keys<4>>>);
 
 /// An infinigen_policy_host's score_query as a policy of its own (needs_query = true): what a
 /// pipeline's correction step scores with, or the late ranking alone (layer l's own query against
@@ -610,7 +842,7 @@ class infinigen_query_scores_host {
 static_assert(speculation_policy<infinigen_query_scores_host<infinigen_policy_host<>>>);
 
 // Deprecated (issue 33): the old names, kept for one release.
-template <compute_element PkT = float, compute_element WT = float>
+template <partial_key_format PkT = float, compute_element WT = float>
 using infinigen_policy [[deprecated("use infinigen_policy_host")]] = infinigen_policy_host<PkT, WT>;
 template <class P>
 using infinigen_query_scores [[deprecated("use infinigen_query_scores_host")]] =

@@ -1,0 +1,49 @@
+#pragma once
+// The formats partial keys can be kept in, and the cache that keeps each: a compute element
+// (float, half, bfloat16) in a partial_key_cache<T>, or a quantized_keys<Bits, Group> tag in a
+// quantized_partial_key_cache<Bits, Group>. infinigen_policy_host<PkT> holds a
+// partial_key_store<PkT> per speculated layer.
+//
+//   static_assert(kvscout::partial_key_format<kvscout::quantized_keys<4>>);
+//   kvscout::partial_key_store<kvscout::quantized_keys<4>> keys(1, 3, 64, 8192);
+
+#include <type_traits>
+
+#include "kvscout/cache/partial_key_cache.hpp"
+#include "kvscout/cache/quantized_partial_key_cache.hpp"
+#include "kvscout/core/dtype.hpp"
+
+namespace kvscout {
+
+template <class T>
+struct is_quantized_keys : std::false_type {};
+template <int Bits, int Group>
+struct is_quantized_keys<quantized_keys<Bits, Group>>
+    : std::bool_constant<supported_key_quantization(Bits, Group)> {};
+/// Whether T is a supported quantized_keys tag.
+template <class T>
+inline constexpr bool is_quantized_keys_v = is_quantized_keys<T>::value;
+
+/// A format partial keys can be kept in: float, half, bfloat16, or quantized_keys<Bits, Group>.
+template <class T>
+concept partial_key_format = compute_element<T> || is_quantized_keys_v<T>;
+
+namespace detail {
+template <class T>
+struct partial_key_store_of {
+  using type = partial_key_cache<T>;
+};
+template <int Bits, int Group>
+struct partial_key_store_of<quantized_keys<Bits, Group>> {
+  using type = quantized_partial_key_cache<Bits, Group>;
+};
+}  // namespace detail
+
+/// The cache that keeps partial keys of format PkT.
+template <partial_key_format PkT>
+using partial_key_store = typename detail::partial_key_store_of<PkT>::type;
+
+static_assert(partial_key_format<float> && partial_key_format<quantized_keys<2>> &&
+              !partial_key_format<fp8_e4m3> && !partial_key_format<quantized_keys<3>>);
+
+}  // namespace kvscout
