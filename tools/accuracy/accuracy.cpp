@@ -170,6 +170,7 @@ struct infinigen_knobs {
   std::optional<gqa_aggregation> late_aggregation;
   int key_bits = 0;  // eval_options::rank_key_bits (stage ranking): quantised ranking keys
   int late_r = 0;    // eval_options::late_plans: the late ranking's r (0: r)
+  bool library_keys = false;  // eval_options::library_keys: the library's quantised cache
   // eval_options::pool_heads: the KV heads share the budget (select/pooled.hpp); the oracle's
   // rows take it too.
   bool pooled = false;
@@ -231,7 +232,7 @@ std::string selector_name(const infinigen_knobs& k) {
   }
   if (k.key_bits > 0) {
     char kb[24];
-    std::snprintf(kb, sizeof kb, "+keys%db", k.key_bits);
+    std::snprintf(kb, sizeof kb, k.library_keys ? "+qkeys%db" : "+keys%db", k.key_bits);
     std::strncat(late, kb, sizeof late - std::strlen(late) - 1);
   }
   if (!k.layer_shares.empty()) {
@@ -376,6 +377,7 @@ class harness {
       apply_budget(o, budget, k);
       o.late_aggregation = k.late_aggregation;
       o.rank_key_bits = k.key_bits;
+      o.library_keys = k.library_keys;
       if (k.late_r > 0 && k.late_r != k.r) o.late_plans = &plans(k.mode, k.late_r);
     }
   }
@@ -706,6 +708,8 @@ int main(int argc, char** argv) try {
   const int rank_r = int_arg(argc, argv, "--rank-r", "0", 0, w.cfg.head_dim);
   const int rank_bits = int_arg(argc, argv, "--rank-bits", "0", 0, 8);
   const int late_r = int_arg(argc, argv, "--late-r", "0", 0, w.cfg.head_dim);
+  // --library-keys: the ranking keys in the library's quantised cache, not the simulation.
+  const bool library_keys = flag(argc, argv, "--library-keys");
   const std::string late_agg = arg(argc, argv, "--late-agg", "");
   std::optional<gqa_aggregation> late_aggregation;
   for (gqa_aggregation x : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob})
@@ -717,6 +721,7 @@ int main(int argc, char** argv) try {
     k.key_bits = rank_bits;
     if (late_aggregation) k.late_aggregation = late_aggregation;
     k.late_r = late_r;
+    k.library_keys = library_keys;
   };
 
   // ---- stage 1: the speculation's knobs at 10 % on the long text, fp16 ---------------------------
@@ -991,6 +996,7 @@ int main(int argc, char** argv) try {
       k.r = r;
       k.key_bits = bits;
       k.late_r = lr;
+      k.library_keys = library_keys;
       const std::string a = agg;
       k.late_aggregation.reset();
       if (a != "spec") {

@@ -132,6 +132,9 @@ struct eval_options {
   /// quantising the partial keys).
   int rank_key_bits = 0;
   int rank_key_group = 32;
+  /// With rank_key_bits: keep the keys in the library's quantised cache
+  /// (infinigen_policy_host<quantized_keys<rank_key_bits>>, groups of 32) instead of simulating it.
+  bool library_keys = false;
   /// Plans of the late ranking (the correction step's and late_scores'), where it reads more
   /// channels than the speculation: a second policy over the same keys (a diagnostic of one
   /// partial key cache whose first channels the speculation reads and all of which the late
@@ -178,6 +181,32 @@ struct eval_options {
   /// Every k-th step of every layer, the oracle's driver-computed scores are compared with
   /// kvscout::oracle_policy_host::score on the same cache (fp16 only; 0: never).
   int check_oracle_every = 0;
+};
+
+// The infinigen policy the evaluation drives, whatever its partial-key format (float, or the
+// library's quantised cache: eval_options::library_keys).
+struct infinigen_scorer {
+  virtual ~infinigen_scorer() = default;
+  virtual void score(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out) = 0;
+  virtual void score_query(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out) = 0;
+  virtual void append(int layer, int s, int t, const float* k_pre, const float* k_post) = 0;
+};
+template <class PkT>
+struct infinigen_scorer_of final : infinigen_scorer {
+  host_workspace ws;  // declared first: it outlives the policy
+  infinigen_policy_host<PkT> p;
+  infinigen_scorer_of(const infinigen_config& c, const std::vector<std::vector<skew_plan>>& plans,
+                      const std::vector<host_span<const float>>& wq, const std::vector<host_span<const float>>& bq)
+      : ws(make_workspace<infinigen_policy_host<PkT>>(c)), p(c, plans, wq, bq, ws.span()) {}
+  void score(int l, const score_context<host_space>& ctx, const score_buffer<host_space>& out) override {
+    p.score(l, ctx, out);
+  }
+  void score_query(int l, const score_context<host_space>& ctx, const score_buffer<host_space>& out) override {
+    p.score_query(l, ctx, out);
+  }
+  void append(int l, int s, int t, const float* k_pre, const float* k_post) override {
+    p.append(l, s, t, k_pre, k_post);
+  }
 };
 
 struct eval_result {
@@ -309,6 +338,10 @@ class layer_major_eval {
         for (const skew_plan& p : layer)
           KVSCOUT_EXPECTS(p.mode == rope_mode::rope_planes, "rank_key_bits needs rope_planes plans, got ",
                           to_string(p.mode));
+    KVSCOUT_EXPECTS(!o.library_keys || ((o.rank_key_bits == 2 || o.rank_key_bits == 4 || o.rank_key_bits == 8) &&
+                                        o.rank_key_group == 32),
+                    "library_keys needs rank_key_bits 2, 4 or 8 and rank_key_group 32, got ", o.rank_key_bits,
+                    " and ", o.rank_key_group);
     KVSCOUT_EXPECTS(o.correct == 0 || o.pool_tokens == 0, "correct = ", o.correct,
                     " with a bounded host pool (pool_tokens = ", o.pool_tokens, ") is not supported");
     const int L = c_.n_layers, H = c_.n_kv_heads;
@@ -395,11 +428,9 @@ class layer_major_eval {
     std::vector<float> late;
     std::vector<int32_t> add_idx, add_cnt, merged;
     std::vector<std::byte> corr_ws;
-    host_workspace ig_ws;  // the infinigen policy's scratch (declared first: it outlives ig)
-    std::unique_ptr<infinigen_policy_host<>> ig;
-    host_workspace late_ws;
-    std::unique_ptr<infinigen_policy_host<>> ig_late;  // o.late_plans: the late ranking's policy
-    infinigen_policy_host<>& late_policy() { return ig_late ? *ig_late : *ig; }
+    std::unique_ptr<infinigen_scorer> ig;
+    std::unique_ptr<infinigen_scorer> ig_late;  // o.late_plans: the late ranking's policy
+    infinigen_scorer& late_policy() { return ig_late ? *ig_late : *ig; }
     row_matrix kgroup;                            // o.rank_key_bits: one quantised group [G, H * D]
     std::unique_ptr<quest_policy_host<D>> quest;
     std::unique_ptr<h2o_policy_host> h2o;
@@ -442,15 +473,21 @@ class layer_major_eval {
         case eval_policy::infinigen: {
           std::vector<host_span<const float>> wq, bq(static_cast<std::size_t>(L));
           for (const auto& layer : ev.w_.layers) wq.push_back({layer.wq.data(), layer.wq.size()});
-          infinigen_policy_host<>::config ic{L, 1, H, Hq, D, ev.c_.d_model, T, scale, opt.aggregation};
+          infinigen_config ic{L, 1, H, Hq, D, ev.c_.d_model, T, scale, opt.aggregation};
           ic.query_aggregation = opt.late_aggregation;
-          ig_ws = make_workspace<infinigen_policy_host<>>(ic);
-          ig = std::make_unique<infinigen_policy_host<>>(ic, *opt.plans, wq, bq, ig_ws.span());
-          if (opt.late_plans != nullptr) {
-            late_ws = make_workspace<infinigen_policy_host<>>(ic);
-            ig_late = std::make_unique<infinigen_policy_host<>>(ic, *opt.late_plans, wq, bq, late_ws.span());
-          }
-          if (opt.rank_key_bits > 0) kgroup.resize(opt.rank_key_group, H * D);
+          const auto make = [&](const std::vector<std::vector<skew_plan>>& plans) -> std::unique_ptr<infinigen_scorer> {
+            if (opt.library_keys) {
+              if (opt.rank_key_bits == 2)
+                return std::make_unique<infinigen_scorer_of<quantized_keys<2>>>(ic, plans, wq, bq);
+              if (opt.rank_key_bits == 4)
+                return std::make_unique<infinigen_scorer_of<quantized_keys<4>>>(ic, plans, wq, bq);
+              return std::make_unique<infinigen_scorer_of<quantized_keys<8>>>(ic, plans, wq, bq);
+            }
+            return std::make_unique<infinigen_scorer_of<float>>(ic, plans, wq, bq);
+          };
+          ig = make(*opt.plans);
+          if (opt.late_plans != nullptr) ig_late = make(*opt.late_plans);
+          if (opt.rank_key_bits > 0 && !opt.library_keys) kgroup.resize(opt.rank_key_group, H * D);
           break;
         }
         case eval_policy::quest:
@@ -858,7 +895,7 @@ class layer_major_eval {
           if (st.ig) {
             st.ig->append(l, 0, t, &st.kpre(t, 0), &st.kpost(t, 0));
             if (st.ig_late) st.ig_late->append(l, 0, t, &st.kpre(t, 0), &st.kpost(t, 0));
-            if (o.rank_key_bits > 0 && (t + 1) % o.rank_key_group == 0)
+            if (o.rank_key_bits > 0 && !o.library_keys && (t + 1) % o.rank_key_group == 0)
               quantise_ranking_keys(l, t + 1 - o.rank_key_group, st);
           }
           if (st.quest) st.quest->append(l, 0, t, &st.kpre(t, 0), &st.kpost(t, 0));
