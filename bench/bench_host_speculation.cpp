@@ -36,6 +36,8 @@
 //                           half, quantized_keys<4> and quantized_keys<2> (issue 32: 64 channels
 //                           at 4 or 2 bits against 32 fp16 ones), RoPE planes, max_logit;
 //                           bytes_per_second counts each format's own bytes (bytes_for)
+//   BM_speculation_aggregation score() with max_logit against sum_prob (the correction's
+//                           ranking in kvscout_default), half keys, r = 32, RoPE planes
 //   BM_correction_step      the correction step (issue 32) of one layer, on the critical path:
 //                           score_query (the layer's own query against the same partial keys)
 //                           and correction_selector_host over a speculated 5 % (the best 5 %
@@ -190,6 +192,13 @@ void BM_speculation_keys(benchmark::State& state) {
     default: run_speculation<float, kvscout::quantized_keys<2>>(state, mode, agg, 1, 1, 0, rr); break;
   }
   state.counters["r"] = rr;
+}
+
+// score() by GQA aggregation at the default's shape (half partial keys, r = 32, RoPE planes):
+// max_logit (the speculation's) against sum_prob (kvscout_default's correction ranking), in one run.
+void BM_speculation_aggregation(benchmark::State& state) {
+  const auto agg = state.range(1) == 0 ? kvscout::gqa_aggregation::max_logit : kvscout::gqa_aggregation::sum_prob;
+  run_speculation<float, kvscout::half>(state, kvscout::rope_mode::rope_planes, agg, 1, 1, 0, 32);
 }
 
 // A batch of `seqs` sequences of n tokens each in one score() call, as a decode step of a batched
@@ -438,6 +447,10 @@ BENCHMARK(BM_speculation)->ArgNames({"n", "mode"})->ArgsProduct({{4096, 32768, 1
 BENCHMARK(BM_speculation_keys)
     ->ArgNames({"n", "format", "r"})
     ->ArgsProduct({{4096, 32768, 131072}, {0, 1, 2, 3}, {16, 32, 64}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_speculation_aggregation)
+    ->ArgNames({"n", "sum_prob"})
+    ->ArgsProduct({{4096, 32768}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_speculation_bf16_weights)
     ->ArgNames({"n", "mode"})
