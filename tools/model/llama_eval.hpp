@@ -328,16 +328,14 @@ class layer_major_eval {
                                              o.rank_key_bits <= 8 && o.rank_key_group >= 1),
                     "rank_key_bits = ", o.rank_key_bits, " (group ", o.rank_key_group,
                     "): expected 0, or 2..8 bits with the infinigen policy and a group >= 1");
-    if (o.rank_key_bits > 0 && o.late_plans != nullptr)
-      for (const auto& layer : *o.late_plans)
-        for (const skew_plan& p : layer)
-          KVSCOUT_EXPECTS(p.mode == rope_mode::rope_planes, "rank_key_bits needs rope_planes plans, got ",
-                          to_string(p.mode));
     if (o.rank_key_bits > 0)
-      for (const auto& layer : *o.plans)
-        for (const skew_plan& p : layer)
-          KVSCOUT_EXPECTS(p.mode == rope_mode::rope_planes, "rank_key_bits needs rope_planes plans, got ",
-                          to_string(p.mode));
+      for (const auto* plans : {o.plans, o.late_plans}) {
+        if (plans == nullptr) continue;
+        for (const auto& layer : *plans)
+          for (const skew_plan& p : layer)
+            KVSCOUT_EXPECTS(p.mode == rope_mode::rope_planes, "rank_key_bits needs rope_planes plans, got ",
+                            to_string(p.mode));
+      }
     KVSCOUT_EXPECTS(!o.library_keys || ((o.rank_key_bits == 2 || o.rank_key_bits == 4 || o.rank_key_bits == 8) &&
                                         o.rank_key_group == 32),
                     "library_keys needs rank_key_bits 2, 4 or 8 and rank_key_group 32, got ", o.rank_key_bits,
