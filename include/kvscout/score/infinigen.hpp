@@ -34,6 +34,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -180,14 +181,40 @@ class infinigen_policy_host {
                         const std::vector<host_span<const float>>& w_q,
                         const std::vector<host_span<const float>>& b_q,
                         host_span<std::byte> workspace)
-      : infinigen_policy_host(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+      : infinigen_policy_host(build_tag{}, cfg, plans, nullptr, w_q, b_q, workspace) {}
   template <compute_element In>
     requires(!std::is_same_v<In, float>)
   infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
                         const std::vector<host_span<const In>>& w_q,
                         const std::vector<host_span<const In>>& b_q,
                         host_span<std::byte> workspace)
-      : infinigen_policy_host(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+      : infinigen_policy_host(build_tag{}, cfg, plans, nullptr, w_q, b_q, workspace) {}
+
+  /// One cache read at two widths (kvscout's, not InfiniGen's): score() speculates with `plans`
+  /// (r_s channels) and score_query(), the correction step's late ranking, reads the wider
+  /// `correction_plans` (r_c >= r_s channels, [layer][kv head], each layer empty or one per kv
+  /// head of a speculated layer). A layer's cache holds r_c channels per token, the speculation's
+  /// r_s first (detail::nested_key_plan; key_plans(layer) is the order): the speculation reads
+  /// the first r_s channels of each tile, so it scores exactly as a policy built from `plans`
+  /// alone, and no second cache is kept. Each speculation plan's channels must be among its
+  /// correction plan's, with the same mode, RoPE and (post_rope_skew, pre_rope_folded) rotation
+  /// A: calibrate_skew with the same samples and a larger r gives such a plan. Measured: with the
+  /// speculation at 32 channels and the correction at 64, docs/accuracy.md, "What limits the
+  /// ranking".
+  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                        const std::vector<std::vector<skew_plan>>& correction_plans,
+                        const std::vector<host_span<const float>>& w_q,
+                        const std::vector<host_span<const float>>& b_q,
+                        host_span<std::byte> workspace)
+      : infinigen_policy_host(build_tag{}, cfg, plans, &correction_plans, w_q, b_q, workspace) {}
+  template <compute_element In>
+    requires(!std::is_same_v<In, float>)
+  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                        const std::vector<std::vector<skew_plan>>& correction_plans,
+                        const std::vector<host_span<const In>>& w_q,
+                        const std::vector<host_span<const In>>& b_q,
+                        host_span<std::byte> workspace)
+      : infinigen_policy_host(build_tag{}, cfg, plans, &correction_plans, w_q, b_q, workspace) {}
 
  private:
   struct build_tag {};
@@ -241,6 +268,7 @@ class infinigen_policy_host {
   template <compute_element In>
   infinigen_policy_host(build_tag, const config& cfg,
                         const std::vector<std::vector<skew_plan>>& plans,
+                        const std::vector<std::vector<skew_plan>>* correction_plans,
                         const std::vector<host_span<const In>>& w_q,
                         const std::vector<host_span<const In>>& b_q, host_span<std::byte> workspace)
       : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.num_layers)) {
@@ -249,9 +277,19 @@ class infinigen_policy_host {
                         b_q.size() == layers_.size(),
                     "expected one entry per layer (", cfg.num_layers, ") in plans (", plans.size(),
                     "), w_q (", w_q.size(), ") and b_q (", b_q.size(), ")");
+    KVSCOUT_EXPECTS(correction_plans == nullptr || correction_plans->size() == layers_.size(),
+                    "expected one entry per layer (", cfg.num_layers, ") in correction_plans (",
+                    correction_plans ? correction_plans->size() : 0, ")");
     const int g = cfg.num_q_heads / cfg.num_kv_heads;
     for (int l = 0; l < cfg.num_layers; ++l) {
       const auto& pl = plans[static_cast<std::size_t>(l)];
+      const std::vector<skew_plan>* wide =
+          correction_plans && !(*correction_plans)[static_cast<std::size_t>(l)].empty()
+              ? &(*correction_plans)[static_cast<std::size_t>(l)]
+              : nullptr;
+      KVSCOUT_EXPECTS(!(pl.empty() && wide), "layer ", l,
+                      " has correction plans but no speculation plans; the correction reads the "
+                      "speculated layers' caches");
       if (pl.empty()) continue;
       KVSCOUT_EXPECTS(static_cast<int>(pl.size()) == cfg.num_kv_heads, "layer ", l, " has ",
                       pl.size(), " skew plans, expected one per kv head (", cfg.num_kv_heads, ")");
@@ -266,6 +304,24 @@ class infinigen_policy_host {
         KVSCOUT_EXPECTS(p.mode == pl[0].mode && p.rope.head_dim == pl[0].rope.head_dim &&
                             p.rope.theta == pl[0].rope.theta && p.rope.style == pl[0].rope.style,
                         "layer ", l, " mixes RoPE modes or configurations across kv heads");
+      }
+      st.spec_r = st.r;
+      if (wide) {
+        KVSCOUT_EXPECTS(static_cast<int>(wide->size()) == cfg.num_kv_heads, "layer ", l, " has ",
+                        wide->size(), " correction plans, expected one per kv head (",
+                        cfg.num_kv_heads, ")");
+        for (int h = 0; h < cfg.num_kv_heads; ++h) {
+          const skew_plan& w = (*wide)[static_cast<std::size_t>(h)];
+          detail::check_plan(w);
+          KVSCOUT_EXPECTS(w.r == (*wide)[0].r, "layer ", l, " mixes correction partial dims ",
+                          (*wide)[0].r, " and ", w.r);
+          st.key_plans.push_back(detail::nested_key_plan(
+              pl[static_cast<std::size_t>(h)], w,
+              "layer " + std::to_string(l) + ", kv head " + std::to_string(h)));
+        }
+        st.r = (*wide)[0].r;
+      } else {
+        st.key_plans = pl;
       }
       for (int qh = 0; qh < cfg.num_q_heads; ++qh) {
         partial_query_weights w = detail::make_partial_query_weights_from(
@@ -303,6 +359,22 @@ class infinigen_policy_host {
     check_layer(layer);
     return state(layer).cache;
   }
+  /// How layer `layer`'s cache projects a key (and score_query a query): one plan per kv head,
+  /// whose channels are the cache's in order. The speculation's plans unless the layer has
+  /// correction plans; then theirs, the speculation's channels first (detail::nested_key_plan).
+  [[nodiscard]] const std::vector<skew_plan>& key_plans(int layer) const {
+    check_layer(layer);
+    return state(layer).key_plans;
+  }
+  /// The channels score() reads (the speculation's r) and score_query() reads (the cache's).
+  [[nodiscard]] int speculation_channels(int layer) const {
+    check_layer(layer);
+    return state(layer).spec_r;
+  }
+  [[nodiscard]] int correction_channels(int layer) const {
+    check_layer(layer);
+    return state(layer).r;
+  }
 
   /// Token t of sequence s entered layer `layer`'s cache; k_pre / k_post are its keys before and
   /// after RoPE, [num_kv_heads, head_dim] floats (equal for models without RoPE). A layer without
@@ -322,13 +394,13 @@ class infinigen_policy_host {
       const std::size_t r = static_cast<std::size_t>(st.r);
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
         const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
-        detail::project_key_checked_plan(st.plans[static_cast<std::size_t>(h)], k, qp_ + h * r);
+        detail::project_key_checked_plan(st.key_plans[static_cast<std::size_t>(h)], k, qp_ + h * r);
         st.cache.check_append(s, h, t, qp_ + h * r);
       }
       for (int h = 0; h < cfg_.num_kv_heads; ++h) st.cache.append(s, h, t, qp_ + h * r);
     } else {
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
-        const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
+        const skew_plan& p = st.key_plans[static_cast<std::size_t>(h)];
         const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
         // The plans were checked at construction and are the policy's own copies.
         detail::project_key_checked_plan(p, k, pk_);
@@ -342,7 +414,9 @@ class infinigen_policy_host {
     // The partial key caches hold cfg_.num_seqs sequences of cfg_.max_tokens tokens.
     detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
     layer_state& st = state(layer);
-    const int S = out.num_seqs, H = cfg_.num_kv_heads, Hq = cfg_.num_q_heads, g = Hq / H, r = st.r;
+    // The speculation's channels: the first spec_r of the cache's r.
+    const int S = out.num_seqs, H = cfg_.num_kv_heads, Hq = cfg_.num_q_heads, g = Hq / H,
+              r = st.spec_r;
     KVSCOUT_EXPECTS(ctx.x.size() >= static_cast<std::size_t>(S) * cfg_.d_model, "x holds ",
                     ctx.x.size(), " floats, expected [", S, ", ", cfg_.d_model, "]");
     KVSCOUT_EXPECTS(ctx.positions.size() >= static_cast<std::size_t>(S), "positions holds ",
@@ -380,7 +454,7 @@ class infinigen_policy_host {
           const int b = s0 + v;
           const float* qg = qp_ + v * ldq + static_cast<std::size_t>(h) * g * r;
           const float top =
-              score_row(st, qg, detail::seq_of(ctx, b), h, g, ctx.seq_lens[b], out.row(b, h),
+              score_row(st, qg, r, detail::seq_of(ctx, b), h, g, ctx.seq_lens[b], out.row(b, h),
                       cfg_.aggregation);
           if (!out.row_max.empty()) out.row_max[static_cast<std::size_t>(b) * H + h] = top;
         }
@@ -413,7 +487,7 @@ class infinigen_policy_host {
     float* qg = qp_;  // [g, r]: one group's scaled partial queries
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < H; ++h) {
-        const skew_plan& p = st.plans[static_cast<std::size_t>(h)];
+        const skew_plan& p = st.key_plans[static_cast<std::size_t>(h)];
         for (int j = 0; j < g; ++j) {
           const float* q = ctx.q.data() + static_cast<std::size_t>(s) * qrow +
                            static_cast<std::size_t>(h * g + j) * cfg_.head_dim;
@@ -422,7 +496,7 @@ class infinigen_policy_host {
           for (int c = 0; c < r; ++c) out_q[c] *= cfg_.scale;
         }
         const float top =
-            score_row(st, qg, detail::seq_of(ctx, s), h, g, ctx.seq_lens[s], out.row(s, h),
+            score_row(st, qg, r, detail::seq_of(ctx, s), h, g, ctx.seq_lens[s], out.row(s, h),
                       cfg_.late_aggregation());
         if (!out.row_max.empty()) out.row_max[static_cast<std::size_t>(s) * H + h] = top;
       }
@@ -433,10 +507,12 @@ class infinigen_policy_host {
 
  private:
   struct layer_state {
-    std::vector<skew_plan> plans;                 // [num_kv_heads]
+    std::vector<skew_plan> plans;                 // [num_kv_heads] the speculation's
+    std::vector<skew_plan> key_plans;             // [num_kv_heads] the cache's (the correction's)
     std::vector<basic_partial_query_weights<WT>> weights;   // [num_q_heads]
     key_store cache;
-    int r = 0;
+    int r = 0;        // the cache's channels (score_query reads them all)
+    int spec_r = 0;   // the speculation's: the first spec_r of them
     // rope_planes mode: the planes the kv heads' plans rotate (sorted, unique), the only ones
     // score() computes a rotation for; empty in the other modes (every plane, or none).
     std::vector<int> rope_planes;
@@ -456,9 +532,9 @@ class infinigen_policy_host {
   // loop is bound by reading the keys.
   // qg: the group's g partial queries, [g, r]. Returns the row's largest non-NaN score (-inf if
   // none): score_buffer::row_max.
-  float score_row(const layer_state& st, const float* qg, int s, int h, int g, int n, float* row,
-                  gqa_aggregation agg) {
-    const int r = st.r;
+  // r: the channels scored, the first r of the cache's.
+  float score_row(const layer_state& st, const float* qg, int r, int s, int h, int g, int n,
+                  float* row, gqa_aggregation agg) {
     if (agg == gqa_aggregation::sum_prob) {
       // Each head's logits by the vectorised tiles (one row per head), then the group's mass:
       // sum over the heads of exp(logit - the head's max) / the head's normaliser, in double.

@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -207,6 +208,58 @@ KVSCOUT_HOST_DEVICE float post_rope_skew_element(const float* y, const rope_conf
            qb * rotation[static_cast<std::size_t>(p.b) * r + i];
   }
   return acc;
+}
+
+/// The plan one partial key cache is projected with when a narrow plan (the speculation's) reads
+/// the first narrow.r of its channels and a wide plan (the correction's) reads all of them:
+/// `wide` with its channels reordered, narrow's first in narrow's order, then the rest in wide's
+/// order. A partial key then holds, at [0, narrow.r), exactly what narrow projects, and a narrow
+/// partial query scores the cache's first narrow.r channels as it would score a cache of its own.
+/// Both plans must have passed check_plan; `where` names them in errors ("layer 3, kv head 1").
+/// Refused: modes, head dims or RoPE configurations that differ, narrow.r > wide.r, a channel of
+/// narrow's that wide lacks, and (post_rope_skew, pre_rope_folded) rotations A that differ (one
+/// cache holds one projection). The result's planes are not ascending; it is for projecting keys
+/// and queries (project_key_checked_plan), not for building partial query weights.
+inline skew_plan nested_key_plan(const skew_plan& narrow, const skew_plan& wide,
+                                 const std::string& where) {
+  KVSCOUT_EXPECTS(narrow.mode == wide.mode, where, ": the correction plan's mode ",
+                  to_string(wide.mode), " differs from the speculation plan's ",
+                  to_string(narrow.mode));
+  KVSCOUT_EXPECTS(narrow.head_dim == wide.head_dim, where, ": the correction plan's head_dim ",
+                  wide.head_dim, " differs from the speculation plan's ", narrow.head_dim);
+  KVSCOUT_EXPECTS(narrow.r <= wide.r, where, ": the correction plan's r = ", wide.r,
+                  " is smaller than the speculation plan's r = ", narrow.r,
+                  "; the correction reads at least the speculation's channels");
+  KVSCOUT_EXPECTS(narrow.mode == rope_mode::pre_rope_folded ||
+                      (narrow.rope.theta == wide.rope.theta && narrow.rope.style == wide.rope.style),
+                  where, ": the correction plan's RoPE (theta ", wide.rope.theta,
+                  ") differs from the speculation plan's (theta ", narrow.rope.theta, ")");
+  if (narrow.mode != rope_mode::rope_planes) {
+    for (std::size_t i = 0; i < narrow.A.size(); ++i)
+      KVSCOUT_EXPECTS(narrow.A[i] == wide.A[i], where,
+                      ": the correction plan's rotation A differs from the speculation plan's (at "
+                      "element ", i, ": ", wide.A[i], " against ", narrow.A[i],
+                      "); one cache holds one projection, so both plans need the same A");
+  }
+  skew_plan out = wide;
+  out.channels.clear();
+  std::vector<char> taken(static_cast<std::size_t>(wide.head_dim), 0);
+  for (int c : narrow.channels) {
+    const bool found = std::find(wide.channels.begin(), wide.channels.end(), c) != wide.channels.end();
+    KVSCOUT_EXPECTS(found, where, ": the speculation plan's channel ", c,
+                    " is not among the correction plan's ", wide.r, " channels");
+    out.channels.push_back(c);
+    taken[static_cast<std::size_t>(c)] = 1;
+  }
+  for (int c : wide.channels)
+    if (!taken[static_cast<std::size_t>(c)]) out.channels.push_back(c);
+  if (wide.mode == rope_mode::rope_planes) {
+    out.planes = narrow.planes;
+    for (int j : wide.planes)
+      if (std::find(narrow.planes.begin(), narrow.planes.end(), j) == narrow.planes.end())
+        out.planes.push_back(j);
+  }
+  return out;
 }
 
 }  // namespace detail

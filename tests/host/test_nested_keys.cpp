@@ -1,0 +1,259 @@
+// One partial key cache read at two widths (issue 32): infinigen_policy_host built with
+// correction plans keeps the wider plans' channels, the speculation's first. Its score() must be
+// the speculation-only policy's, bit for bit; its score_query() the correction plans' definition
+// (fp64) and the correction-only policy's up to summation order; bad plan pairs are refused by
+// name.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kvscout/core/workspace.hpp"
+#include "kvscout/skew/calibrate.hpp"
+#include "kvscout/score/infinigen.hpp"
+
+namespace {
+
+constexpr int D = 64;
+const float nan_f = std::numeric_limits<float>::quiet_NaN();
+
+// A model slice: W_Q, b_Q, one step's input x per sequence, n tokens' keys per sequence (pre- and
+// post-RoPE), and the true queries (W_Q x + b rotated at pos) that score_query() is given.
+struct slice {
+  int S, H, g, Hq, d_model, n, pos;
+  kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  std::vector<float> wq, bq, x, kpre, kpost, q;
+  slice(int seqs, int heads, int group, int tokens, std::uint32_t seed)
+      : S(seqs), H(heads), g(group), Hq(heads * group), d_model(96), n(tokens), pos(tokens + 7) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    wq.resize(static_cast<std::size_t>(Hq) * D * d_model);
+    bq.resize(static_cast<std::size_t>(Hq) * D);
+    x.resize(static_cast<std::size_t>(S) * d_model);
+    for (auto& w : wq) w = nd(rng) / 10.f;
+    for (auto& w : bq) w = 0.1f * nd(rng);
+    for (auto& w : x) w = nd(rng);
+    kpre.resize(static_cast<std::size_t>(S) * n * H * D);
+    for (std::size_t i = 0; i < kpre.size(); ++i) kpre[i] = 0.2f * static_cast<float>(i % D % 5) + nd(rng);
+    kpost = kpre;
+    for (int s = 0; s < S; ++s)
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < H; ++h) kvscout::apply_rope(&kpost[((static_cast<std::size_t>(s) * n + t) * H + h) * D], t, rope);
+    q.resize(static_cast<std::size_t>(S) * Hq * D);
+    for (int s = 0; s < S; ++s)
+      for (int qh = 0; qh < Hq; ++qh) {
+        float* out = &q[(static_cast<std::size_t>(s) * Hq + qh) * D];
+        for (int c = 0; c < D; ++c) {
+          double a = bq[static_cast<std::size_t>(qh) * D + c];
+          for (int i = 0; i < d_model; ++i)
+            a += static_cast<double>(wq[(static_cast<std::size_t>(qh) * D + c) * d_model + i]) * x[static_cast<std::size_t>(s) * d_model + i];
+          out[c] = static_cast<float>(a);
+        }
+        kvscout::apply_rope(out, pos, rope);
+      }
+  }
+  const float* key_post(int s, int t) const { return &kpost[(static_cast<std::size_t>(s) * n + t) * H * D]; }
+  const float* key_pre(int s, int t) const { return &kpre[(static_cast<std::size_t>(s) * n + t) * H * D]; }
+  // Calibrated from seeded samples: the same seed and a larger r give the same A and a superset
+  // of the channels (calibrate_skew ranks them).
+  std::vector<kvscout::skew_plan> plans(int r, kvscout::rope_mode mode, std::uint32_t seed) const {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> qs(static_cast<std::size_t>(200) * g * D), ks(static_cast<std::size_t>(200) * D);
+    for (auto& v : qs) v = nd(rng);
+    for (std::size_t i = 0; i < ks.size(); ++i) ks[i] = nd(rng) * (1.f + static_cast<float>(i % D) / 16.f);
+    std::vector<kvscout::skew_plan> out;
+    for (int h = 0; h < H; ++h)
+      out.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200, g, D,
+                                            {r, false, mode, rope}));
+    return out;
+  }
+};
+
+kvscout::score_buffer<kvscout::host_space> buffer_for(std::vector<float>& scores, int S, int H, int stride) {
+  scores.assign(static_cast<std::size_t>(S) * H * stride, nan_f);
+  return {{scores.data(), scores.size()}, S, H, stride};
+}
+
+template <class P>
+void append_all(P& p, const slice& m) {
+  for (int s = 0; s < m.S; ++s)
+    for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("one partial key cache serves a narrow speculation and a wide correction",
+                   "[spec][infinigen][nested]", float, kvscout::half, kvscout::quantized_keys<4>,
+                   kvscout::quantized_keys<2>) {
+  using kvscout::gqa_aggregation;
+  using P = kvscout::infinigen_policy_host<TestType>;
+  constexpr int max_tokens = 80, stride = 84;
+  for (const auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes})
+    for (const int g : {1, 3})
+      for (const auto agg : {gqa_aggregation::max_logit, gqa_aggregation::mean_logit, gqa_aggregation::sum_prob}) {
+        const int rs = mode == kvscout::rope_mode::rope_planes ? 16 : 12;
+        const int rc = mode == kvscout::rope_mode::rope_planes ? 40 : 33;
+        CAPTURE(kvscout::to_string(mode), g, static_cast<int>(agg));
+        const slice m(2, 2, g, 70, 11u + static_cast<unsigned>(g));
+        const auto narrow = m.plans(rs, mode, 7u);
+        const auto wide = m.plans(rc, mode, 7u);
+        kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, max_tokens, 0.125f, agg};
+        pc.query_aggregation = agg == gqa_aggregation::sum_prob ? gqa_aggregation::max_logit : gqa_aggregation::sum_prob;
+        const std::vector<kvscout::host_span<const float>> w{{m.wq.data(), m.wq.size()}}, b{{m.bq.data(), m.bq.size()}};
+        auto ws1 = kvscout::make_workspace<P>(pc), ws2 = kvscout::make_workspace<P>(pc), ws3 = kvscout::make_workspace<P>(pc);
+        P nested(pc, {narrow}, {wide}, w, b, ws1.span());
+        P spec_only(pc, {narrow}, w, b, ws2.span());
+        P corr_only(pc, {wide}, w, b, ws3.span());
+        append_all(nested, m);
+        append_all(spec_only, m);
+        append_all(corr_only, m);
+        REQUIRE(nested.speculation_channels(0) == rs);
+        REQUIRE(nested.correction_channels(0) == rc);
+        REQUIRE(spec_only.correction_channels(0) == rs);
+        for (int h = 0; h < m.H; ++h) {
+          const auto& kp = nested.key_plans(0)[static_cast<std::size_t>(h)];
+          REQUIRE(kp.r == rc);
+          const auto& nc = narrow[static_cast<std::size_t>(h)].channels;
+          REQUIRE(std::equal(nc.begin(), nc.end(), kp.channels.begin()));
+          auto sorted_kp = kp.channels, sorted_w = wide[static_cast<std::size_t>(h)].channels;
+          std::sort(sorted_kp.begin(), sorted_kp.end());
+          std::sort(sorted_w.begin(), sorted_w.end());
+          REQUIRE(sorted_kp == sorted_w);
+        }
+
+        std::vector<int32_t> lens{m.n, m.n - 9}, pos{m.pos, m.pos};
+        const kvscout::score_context<kvscout::host_space> ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
+                                                              {pos.data(), 2}, {lens.data(), 2}};
+        // The speculation: the narrow policy's scores, bit for bit (and its row maxima).
+        std::vector<float> a, bsc, amax(4, nan_f), bmax(4, nan_f);
+        auto ab = buffer_for(a, m.S, m.H, stride), bb = buffer_for(bsc, m.S, m.H, stride);
+        ab.row_max = {amax.data(), amax.size()};
+        bb.row_max = {bmax.data(), bmax.size()};
+        nested.score(0, ctx, ab);
+        spec_only.score(0, ctx, bb);
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          CAPTURE(i);
+          REQUIRE((std::isnan(a[i]) ? std::isnan(bsc[i]) : a[i] == bsc[i]));
+        }
+        REQUIRE(amax == bmax);
+
+        // The correction: the wide plans' definition in fp64, and the wide policy's scores.
+        std::vector<float> c, d;
+        const auto cb = buffer_for(c, m.S, m.H, stride), db = buffer_for(d, m.S, m.H, stride);
+        nested.score_query(0, ctx, cb);
+        corr_only.score_query(0, ctx, db);
+        const bool quantized = P::quantized;
+        for (int s = 0; s < m.S; ++s)
+          for (int h = 0; h < m.H; ++h) {
+            const auto& pl = wide[static_cast<std::size_t>(h)];
+            const int n = lens[static_cast<std::size_t>(s)];
+            std::vector<double> z(static_cast<std::size_t>(g) * n);
+            for (int j = 0; j < g; ++j) {
+              const float* qv = &m.q[(static_cast<std::size_t>(s) * m.Hq + h * g + j) * D];
+              const float* kv0 = m.key_post(s, 0);
+              (void)kv0;
+              for (int t = 0; t < n; ++t) {
+                const float* kv = m.key_post(s, t) + static_cast<std::size_t>(h) * D;
+                double acc = 0;
+                for (int i = 0; i < rc; ++i) {
+                  const int ch = pl.channels[static_cast<std::size_t>(i)];
+                  double qa = 0, ka = 0;
+                  for (int e = 0; e < D; ++e) {
+                    const double a_ec = mode == kvscout::rope_mode::rope_planes
+                                            ? (e == ch ? 1.0 : 0.0)
+                                            : static_cast<double>(pl.A[static_cast<std::size_t>(e) * D + ch]);
+                    qa += qv[e] * a_ec;
+                    ka += kv[e] * a_ec;
+                  }
+                  acc += qa * ka;
+                }
+                z[static_cast<std::size_t>(j) * n + t] = 0.125 * acc;
+              }
+            }
+            const auto late = pc.late_aggregation();
+            std::vector<double> want(static_cast<std::size_t>(n));
+            if (late == gqa_aggregation::sum_prob) {
+              for (int j = 0; j < g; ++j) {
+                double mx = -INFINITY, l = 0;
+                for (int t = 0; t < n; ++t) mx = std::max(mx, z[static_cast<std::size_t>(j) * n + t]);
+                for (int t = 0; t < n; ++t) l += std::exp(z[static_cast<std::size_t>(j) * n + t] - mx);
+                for (int t = 0; t < n; ++t) want[static_cast<std::size_t>(t)] += std::exp(z[static_cast<std::size_t>(j) * n + t] - mx) / l;
+              }
+            } else {
+              for (int t = 0; t < n; ++t) {
+                double v = z[static_cast<std::size_t>(t)];
+                for (int j = 1; j < g; ++j) v = std::max(v, z[static_cast<std::size_t>(j) * n + t]);
+                want[static_cast<std::size_t>(t)] = v;
+              }
+            }
+            for (int t = 0; t < stride; ++t) {
+              CAPTURE(s, h, t);
+              if (t >= n) {
+                REQUIRE(std::isnan(cb.row(s, h)[t]));
+                continue;
+              }
+              const double got = cb.row(s, h)[t], other = db.row(s, h)[t];
+              // The two caches hold the same values per channel; only the order of the sum differs.
+              REQUIRE(got == Approx(other).margin(2e-5).epsilon(2e-5));
+              if (quantized) continue;  // quantised keys: the wide policy is the reference
+              // fp16 keys: rounding of each key channel (2^-11 relative) bounds the difference.
+              const double tol = std::is_same_v<TestType, float> ? 1e-4 : 2e-2;
+              REQUIRE(got == Approx(want[static_cast<std::size_t>(t)]).margin(tol).epsilon(tol));
+            }
+          }
+      }
+}
+
+TEST_CASE("a correction plan that does not nest the speculation's is refused by name",
+          "[spec][infinigen][nested][errors]") {
+  using P = kvscout::infinigen_policy_host<>;
+  const slice m(1, 2, 2, 8, 5u);
+  kvscout::infinigen_config pc{2, m.S, m.H, m.Hq, D, m.d_model, 16, 0.125f};
+  const std::vector<kvscout::host_span<const float>> w(2, {m.wq.data(), m.wq.size()}), b(2, {m.bq.data(), m.bq.size()});
+  auto ws = kvscout::make_workspace<P>(pc);
+  const auto planes = m.plans(16, kvscout::rope_mode::rope_planes, 3u);
+  const auto rope = planes[0].rope;
+  using plans_t = std::vector<std::vector<kvscout::skew_plan>>;
+
+  // A plane of the speculation's missing from the correction's.
+  auto missing = m.plans(24, kvscout::rope_mode::rope_planes, 3u);
+  std::vector<int> others;
+  for (int j = 0; j < D / 2 && others.size() < 12; ++j)
+    if (j != planes[1].planes[0]) others.push_back(j);
+  missing[1] = kvscout::rope_planes_plan(rope, others);
+  REQUIRE_THROWS_WITH(P(pc, plans_t{{}, planes}, plans_t{{}, missing}, w, b, ws.span()),
+                      Catch::Contains("layer 1, kv head 1: the speculation plan's channel") &&
+                          Catch::Contains("is not among the correction plan's 24 channels"));
+  // Narrower than the speculation.
+  REQUIRE_THROWS_WITH(P(pc, plans_t{{}, planes}, plans_t{{}, m.plans(8, kvscout::rope_mode::rope_planes, 3u)}, w, b,
+                        ws.span()),
+                      Catch::Contains("layer 1, kv head 0: the correction plan's r = 8 is smaller than the "
+                                      "speculation plan's r = 16"));
+  // Another mode.
+  REQUIRE_THROWS_WITH(P(pc, plans_t{{}, planes}, plans_t{{}, m.plans(32, kvscout::rope_mode::post_rope_skew, 3u)}, w,
+                        b, ws.span()),
+                      Catch::Contains("the correction plan's mode post_rope_skew differs from the "
+                                      "speculation plan's rope_planes"));
+  // Another rotation (calibrated from other samples).
+  const auto skew = m.plans(12, kvscout::rope_mode::post_rope_skew, 3u);
+  REQUIRE_THROWS_WITH(P(pc, plans_t{{}, skew}, plans_t{{}, m.plans(24, kvscout::rope_mode::post_rope_skew, 4u)}, w, b,
+                        ws.span()),
+                      Catch::Contains("the correction plan's rotation A differs from the speculation plan's"));
+  // Shapes: per layer, per kv head.
+  REQUIRE_THROWS_WITH(P(pc, plans_t{{}, planes}, plans_t{{}}, w, b, ws.span()),
+                      Catch::Contains("expected one entry per layer (2) in correction_plans (1)"));
+  REQUIRE_THROWS_WITH(P(pc, plans_t{{}, planes}, plans_t{{}, {missing[0]}}, w, b, ws.span()),
+                      Catch::Contains("layer 1 has 1 correction plans, expected one per kv head (2)"));
+  REQUIRE_THROWS_WITH(P(pc, plans_t{{}, planes}, plans_t{planes, {}}, w, b, ws.span()),
+                      Catch::Contains("layer 0 has correction plans but no speculation plans"));
+  // A layer without correction plans keeps its own width.
+  P ok(pc, plans_t{{}, planes}, plans_t{{}, {}}, w, b, ws.span());
+  REQUIRE(ok.speculation_channels(1) == 16);
+  REQUIRE(ok.correction_channels(1) == 16);
+}
