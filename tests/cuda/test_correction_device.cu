@@ -281,11 +281,149 @@ void selector_reports_bad_device_data() {
 
 }  // namespace
 
+// One cache read at two widths: a speculator built with correction plans (r = 16 of correction_r
+// = 32 channels) scores exactly as one built from the speculation plans alone (the same kernels
+// over the cache's first 16 channels: bit for bit), and its score_query reads all 32 as the host
+// policy with the same plans does.
+template <class PkT>
+void nested_case(rope_mode mode, int g, kvscout::gqa_aggregation agg, std::uint32_t seed) {
+  const int H = 2, Hq = H * g, D = 64, r = 16, rc = 32, dm = 48, S = 2;
+  const std::vector<std::int32_t> lens{70, 41};
+  const int max_tokens = 80, stride = 75;
+  const float scale = 0.125f;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<kvscout::skew_plan> wide, narrow;
+  for (int h = 0; h < H; ++h) {
+    wide.push_back(plan_for(mode, D, rc, rng));
+    kvscout::skew_plan n = wide.back();
+    if (mode == rope_mode::rope_planes) {
+      std::vector<int> some;
+      for (std::size_t j = 0; j < n.planes.size(); j += 2) some.push_back(n.planes[j]);
+      n = kvscout::rope_planes_plan(n.rope, some);
+    } else {
+      std::vector<int> some;
+      for (std::size_t j = 1; j < n.channels.size(); j += 2) some.push_back(n.channels[j]);
+      n.channels = some;
+      n.r = r;
+    }
+    narrow.push_back(n);
+  }
+  std::vector<float> w_q(static_cast<std::size_t>(Hq) * D * dm);
+  for (auto& v : w_q) v = nd(rng) / 7.f;
+  kvscout::infinigen_config hc{1, S, H, Hq, D, dm, max_tokens, scale, agg};
+  auto host_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(hc);
+  kvscout::infinigen_policy_host<PkT> host(hc, {narrow}, {wide}, {{w_q.data(), w_q.size()}}, {{}},
+                                           host_ws.span());
+  kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, mode, scale, agg};
+  using spec = kvscout::infinigen_policy_cuda<PkT>;
+  auto ws_narrow = kvscout::make_device_workspace<spec>(dc);
+  spec only(dc, narrow, {w_q.data(), w_q.size()}, {}, ws_narrow.span());
+  dc.correction_r = rc;
+  auto ws = kvscout::make_device_workspace<spec>(dc);
+  spec dev(dc, narrow, wide, {w_q.data(), w_q.size()}, {}, ws.span());
+  GPU_CHECK(dev.keys().r == rc && only.keys().r == r);
+  std::vector<float> keys, k(static_cast<std::size_t>(H) * D);
+  std::vector<std::int32_t> sids, tids;
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < lens[static_cast<std::size_t>(s)]; ++t) {
+      for (auto& v : k) v = nd(rng);
+      host.append(0, s, t, k.data(), k.data());
+      keys.insert(keys.end(), k.begin(), k.end());
+      sids.push_back(s);
+      tids.push_back(t);
+    }
+  gpu_test::device_vector<float> dk(keys);
+  gpu_test::device_vector<std::int32_t> ds(sids), dt(tids);
+  for (spec* sp : {&only, &dev})
+    sp->append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()},
+               static_cast<int>(sids.size()), {});
+  // The speculation: bit for bit the narrow speculator's.
+  std::vector<float> x(static_cast<std::size_t>(S) * dm);
+  for (auto& v : x) v = nd(rng);
+  const std::vector<std::int32_t> pos{lens[0] + 3, lens[1] + 3};
+  gpu_test::device_vector<float> dx(x), a(static_cast<std::size_t>(S) * H * stride),
+      b(static_cast<std::size_t>(S) * H * stride);
+  gpu_test::device_vector<std::int32_t> dl(lens), dp(pos);
+  gpu_test::device_vector<int> status(std::vector<int>{0});
+  const kvscout::score_context<kvscout::device_space> sctx{{dx.data(), dx.size()}, {dp.data(), 2}, {dl.data(), 2}, lens[0]};
+  dev.score(sctx, {{a.data(), a.size()}, S, H, stride}, {nullptr, status.data()});
+  only.score(sctx, {{b.data(), b.size()}, S, H, stride}, {nullptr, status.data()});
+  const std::vector<float> ga = a.download(), gb = b.download();
+  int bad = 0;
+  for (std::size_t i = 0; i < ga.size(); ++i) {
+    const bool same = std::isnan(ga[i]) ? std::isnan(gb[i]) : ga[i] == gb[i];
+    if (!same && bad++ < 5) std::fprintf(stderr, "score %zu: nested %g, narrow %g\n", i, ga[i], gb[i]);
+  }
+  // The correction: the host policy's score_query over the 32 channels.
+  std::vector<float> q(static_cast<std::size_t>(S) * Hq * D);
+  for (auto& v : q) v = nd(rng);
+  std::vector<float> want(static_cast<std::size_t>(S) * H * stride, 0.f);
+  host.score_query(0, {{}, {q.data(), q.size()}, {pos.data(), 2}, {lens.data(), 2}},
+                   {{want.data(), want.size()}, S, H, stride});
+  gpu_test::device_vector<float> dq(q), out(want.size());
+  dev.score_query({dq.data(), dq.size()}, {{}, {}, {dl.data(), 2}, lens[0]},
+                  {{out.data(), out.size()}, S, H, stride}, {nullptr, status.data()});
+  const std::vector<float> got = out.download();
+  for (int s = 0; s < S; ++s)
+    for (int h = 0; h < H; ++h)
+      for (int t = 0; t < lens[static_cast<std::size_t>(s)]; ++t) {
+        const std::size_t i = (static_cast<std::size_t>(s) * H + h) * stride + t;
+        const float tol = 1e-4f * (1.f + std::fabs(want[i])) + (sizeof(PkT) == 2 ? 2e-3f : 0.f);
+        if (!(std::fabs(got[i] - want[i]) <= tol) && bad++ < 10)
+          std::fprintf(stderr, "score_query (%d,%d,%d): device %g host %g\n", s, h, t, got[i], want[i]);
+      }
+  GPU_CHECK(bad == 0);
+  GPU_CHECK(status.download()[0] == 0);
+}
+
+void nested_cache_matches_narrow_and_host() {
+  for (const rope_mode mode : {rope_mode::post_rope_skew, rope_mode::rope_planes})
+    for (const int g : {1, 3}) {
+      nested_case<float>(mode, g, kvscout::gqa_aggregation::max_logit, 51u + static_cast<unsigned>(g));
+      nested_case<kvscout::half>(mode, g, kvscout::gqa_aggregation::sum_prob, 61u + static_cast<unsigned>(g));
+    }
+}
+
+// Correction plans and the config's correction_r must agree; the plans must nest.
+void nested_cache_refuses() {
+  std::mt19937 rng(9);
+  const int D = 64, dm = 32;
+  const kvscout::skew_plan wide = plan_for(rope_mode::rope_planes, D, 32, rng);
+  const kvscout::skew_plan other = plan_for(rope_mode::rope_planes, D, 16, rng);
+  std::vector<float> w_q(static_cast<std::size_t>(D) * dm, 0.01f);
+  using spec = kvscout::infinigen_policy_cuda<float>;
+  kvscout::infinigen_cuda_config dc{1, 1, 1, D, dm, 16, 16, rope_mode::rope_planes, 0.125f};
+  auto ws = kvscout::make_device_workspace<spec>(kvscout::infinigen_cuda_config{1, 1, 1, D, dm, 16, 16,
+      rope_mode::rope_planes, 0.125f, kvscout::gqa_aggregation::max_logit, std::nullopt, 32});
+  GPU_CHECK(gpu_test::throws_with(
+      [&] { spec(dc, {other}, {wide}, {w_q.data(), w_q.size()}, {}, ws.span()); },
+      "correction_r is 0"));
+  dc.correction_r = 24;
+  GPU_CHECK(gpu_test::throws_with(
+      [&] { spec(dc, {other}, {wide}, {w_q.data(), w_q.size()}, {}, ws.span()); },
+      "correction plan of kv head 0 has r = 32, the config's correction_r 24"));
+  dc.correction_r = 32;
+  std::vector<int> missing;
+  for (int j = 0; j < D / 2; ++j)
+    if (std::find(wide.planes.begin(), wide.planes.end(), j) == wide.planes.end()) missing.push_back(j);
+  missing.resize(8);
+  const kvscout::skew_plan outside = kvscout::rope_planes_plan(wide.rope, missing);
+  GPU_CHECK(gpu_test::throws_with(
+      [&] { spec(dc, {outside}, {wide}, {w_q.data(), w_q.size()}, {}, ws.span()); },
+      "is not among the correction plan's 32 channels"));
+  GPU_CHECK(gpu_test::throws_with(
+      [&] { spec(dc, {other}, {w_q.data(), w_q.size()}, {}, ws.span()); },
+      "correction_r = 32 needs correction plans"));
+}
+
 int main() {
   return gpu_test::run_all("correction_device",
                            {{"score_query_matches_host", score_query_matches_host},
                             {"score_query_refuses", score_query_refuses},
                             {"score_query_refuses_short_q", score_query_refuses_short_q},
+                            {"nested_cache_matches_narrow_and_host", nested_cache_matches_narrow_and_host},
+                            {"nested_cache_refuses", nested_cache_refuses},
                             {"selector_matches_host", selector_matches_host},
                             {"selector_reports_bad_device_data", selector_reports_bad_device_data}});
 }

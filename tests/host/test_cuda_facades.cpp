@@ -112,6 +112,58 @@ TEST_CASE("infinigen_cuda config checks name the bad value", "[cuda_facades][spe
   c.num_seqs = 70000;
   CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
              Catch::Contains("70000"));
+  // The correction's channels: 0 (r), or in [r, head_dim]; whole planes for rope_planes.
+  c = good_config();
+  c.correction_r = 16;
+  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
+             Catch::Contains("correction_r = 16 must be 0 (r) or in [r = 32, head_dim = 128]"));
+  c.correction_r = 129;
+  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
+             Catch::Contains("correction_r = 129"));
+  c.mode = rope_mode::rope_planes;
+  c.correction_r = 63;
+  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
+             Catch::Contains("even correction_r (whole planes), got 63"));
+  c.correction_r = 64;
+  REQUIRE_NOTHROW(kvscout::detail::check_infinigen_cuda_config(c));
+  CHECK(c.key_r() == 64);
+  c.num_kv_heads = 1;
+  c.num_q_heads = 64;
+  c.correction_r = 128;  // the group's partial queries at the correction's width: 64 * 128 floats fit
+  REQUIRE_NOTHROW(kvscout::detail::check_infinigen_cuda_config(c));
+  c.head_dim = 256;
+  c.correction_r = 136;  // 64 * 136 floats: over 32 KiB
+  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
+             Catch::Contains("(g = 64, r = 136: 34816 bytes) exceed"));
+}
+
+TEST_CASE("infinigen_cuda layout with correction_r: the cache, rotation, channels and queries at its width",
+          "[cuda_facades][spec]") {
+  auto c = good_config();
+  const auto narrow = kvscout::detail::infinigen_cuda_layout_of<kvscout::half>(c);
+  c.correction_r = 64;
+  const auto wide = kvscout::detail::infinigen_cuda_layout_of<kvscout::half>(c);
+  CHECK(wide.rows == narrow.rows);  // the speculation's GEMV is the narrow one's
+  CHECK(wide.key_elements == 2 * narrow.key_elements);
+  CHECK(wide.channels - wide.rotation >= sizeof(float) * 4 * 128 * 64);
+  CHECK(wide.planes - wide.channels >= sizeof(std::int32_t) * 4 * 64);
+  CHECK(wide.stats - wide.q >= sizeof(float) * 2 * 16 * 64);
+  CHECK(wide.total - wide.keys >= sizeof(kvscout::half) * wide.key_elements);
+  // Setup checks: correction plans need the config's correction_r, and it needs them.
+  std::vector<kvscout::skew_plan> plans(4, identity_plan(128, 32, rope_mode::post_rope_skew));
+  std::vector<kvscout::skew_plan> wide_plans(4, identity_plan(128, 64, rope_mode::post_rope_skew));
+  std::vector<float> w(static_cast<std::size_t>(16) * 128 * 512, 0.5f);
+  const kvscout::host_span<const float> ws{w.data(), w.size()};
+  REQUIRE_NOTHROW(kvscout::detail::check_infinigen_cuda_plans(c, plans, ws, {}, &wide_plans));
+  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_plans(c, plans, ws, {}); }),
+             Catch::Contains("correction_r = 64 needs correction plans"));
+  wide_plans.pop_back();
+  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_plans(c, plans, ws, {}, &wide_plans); }),
+             Catch::Contains("got 3 correction plans, expected one per kv head (4)"));
+  c.correction_r = 0;
+  wide_plans.push_back(wide_plans.back());
+  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_plans(c, plans, ws, {}, &wide_plans); }),
+             Catch::Contains("correction_r is 0"));
 }
 
 TEST_CASE("infinigen_cuda workspace layout: aligned, disjoint, sized per mode", "[cuda_facades][spec]") {

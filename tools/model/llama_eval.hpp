@@ -136,9 +136,9 @@ struct eval_options {
   /// (infinigen_policy_host<quantized_keys<rank_key_bits>>, groups of 32) instead of simulating it.
   bool library_keys = false;
   /// Plans of the late ranking (the correction step's and late_scores'), where it reads more
-  /// channels than the speculation: a second policy over the same keys (a diagnostic of one
-  /// partial key cache whose first channels the speculation reads and all of which the late
-  /// ranking reads); null: the speculation's plans.
+  /// channels than the speculation; null: the speculation's plans. With library_keys, one
+  /// policy's cache read at two widths (infinigen_policy_host's correction plans); otherwise a
+  /// second policy over the same keys (float keys, or the simulated quantisation).
   const std::vector<std::vector<skew_plan>>* late_plans = nullptr;
   float alpha = -1.f;  // < 0: exact top-k at the cap; >= 0: threshold selector (max - alpha), capped
   /// Head-pooled top-k (kvscout's; select/pooled.hpp): the KV heads of a step share cap * H rows
@@ -198,6 +198,11 @@ struct infinigen_scorer_of final : infinigen_scorer {
   infinigen_scorer_of(const infinigen_config& c, const std::vector<std::vector<skew_plan>>& plans,
                       const std::vector<host_span<const float>>& wq, const std::vector<host_span<const float>>& bq)
       : ws(make_workspace<infinigen_policy_host<PkT>>(c)), p(c, plans, wq, bq, ws.span()) {}
+  // One cache read at two widths: score() reads plans' channels, score_query() wide's.
+  infinigen_scorer_of(const infinigen_config& c, const std::vector<std::vector<skew_plan>>& plans,
+                      const std::vector<std::vector<skew_plan>>& wide,
+                      const std::vector<host_span<const float>>& wq, const std::vector<host_span<const float>>& bq)
+      : ws(make_workspace<infinigen_policy_host<PkT>>(c)), p(c, plans, wide, wq, bq, ws.span()) {}
   void score(int l, const score_context<host_space>& ctx, const score_buffer<host_space>& out) override {
     p.score(l, ctx, out);
   }
@@ -475,16 +480,20 @@ class layer_major_eval {
           ic.query_aggregation = opt.late_aggregation;
           const auto make = [&](const std::vector<std::vector<skew_plan>>& plans) -> std::unique_ptr<infinigen_scorer> {
             if (opt.library_keys) {
-              if (opt.rank_key_bits == 2)
-                return std::make_unique<infinigen_scorer_of<quantized_keys<2>>>(ic, plans, wq, bq);
-              if (opt.rank_key_bits == 4)
-                return std::make_unique<infinigen_scorer_of<quantized_keys<4>>>(ic, plans, wq, bq);
-              return std::make_unique<infinigen_scorer_of<quantized_keys<8>>>(ic, plans, wq, bq);
+              // With late plans, one cache for both widths.
+              const auto one = [&](auto tag) -> std::unique_ptr<infinigen_scorer> {
+                using scorer = infinigen_scorer_of<decltype(tag)>;
+                if (opt.late_plans != nullptr) return std::make_unique<scorer>(ic, plans, *opt.late_plans, wq, bq);
+                return std::make_unique<scorer>(ic, plans, wq, bq);
+              };
+              if (opt.rank_key_bits == 2) return one(quantized_keys<2>{});
+              if (opt.rank_key_bits == 4) return one(quantized_keys<4>{});
+              return one(quantized_keys<8>{});
             }
             return std::make_unique<infinigen_scorer_of<float>>(ic, plans, wq, bq);
           };
           ig = make(*opt.plans);
-          if (opt.late_plans != nullptr) ig_late = make(*opt.late_plans);
+          if (opt.late_plans != nullptr && !opt.library_keys) ig_late = make(*opt.late_plans);
           if (opt.rank_key_bits > 0 && !opt.library_keys) kgroup.resize(opt.rank_key_group, H * D);
           break;
         }

@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -73,26 +74,56 @@ class infinigen_policy_cuda {
   infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
                         host_span<const float> w_q, host_span<const float> b_q,
                         device_span<std::byte> workspace)
-      : infinigen_policy_cuda(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+      : infinigen_policy_cuda(build_tag{}, cfg, plans, nullptr, w_q, b_q, workspace) {}
   template <compute_element In>
     requires(!std::is_same_v<In, float>)
   infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
                         host_span<const In> w_q, host_span<const In> b_q,
                         device_span<std::byte> workspace)
-      : infinigen_policy_cuda(build_tag{}, cfg, plans, w_q, b_q, workspace) {}
+      : infinigen_policy_cuda(build_tag{}, cfg, plans, nullptr, w_q, b_q, workspace) {}
+
+  /// One cache read at two widths (kvscout's; infinigen_policy_host's constructor with
+  /// correction plans is the reference): score() speculates with `plans` (cfg.r channels),
+  /// score_query() reads `correction_plans` (cfg.correction_r channels, one per kv head, each
+  /// holding its speculation plan's channels, with the same mode, RoPE and rotation). The cache
+  /// holds correction_r channels per token, the speculation's first (detail::nested_key_plan).
+  infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
+                        const std::vector<skew_plan>& correction_plans,
+                        host_span<const float> w_q, host_span<const float> b_q,
+                        device_span<std::byte> workspace)
+      : infinigen_policy_cuda(build_tag{}, cfg, plans, &correction_plans, w_q, b_q, workspace) {}
+  template <compute_element In>
+    requires(!std::is_same_v<In, float>)
+  infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
+                        const std::vector<skew_plan>& correction_plans,
+                        host_span<const In> w_q, host_span<const In> b_q,
+                        device_span<std::byte> workspace)
+      : infinigen_policy_cuda(build_tag{}, cfg, plans, &correction_plans, w_q, b_q, workspace) {}
 
  private:
   struct build_tag {};
   template <compute_element In>
   infinigen_policy_cuda(build_tag, const config& cfg, const std::vector<skew_plan>& plans,
+                        const std::vector<skew_plan>* correction_plans,
                         host_span<const In> w_q, host_span<const In> b_q,
                         device_span<std::byte> workspace)
       : cfg_(cfg), layout_(detail::infinigen_cuda_layout_of<PkT, WT>(cfg)) {
     detail::check_infinigen_cuda_workspace(workspace, layout_.total);
-    detail::check_infinigen_cuda_plans(cfg, plans, w_q, b_q);
+    detail::check_infinigen_cuda_plans(cfg, plans, w_q, b_q, correction_plans);
     base_ = workspace.data();
     rope_ = plans[0].rope;
-    const int H = cfg.num_kv_heads, Hq = cfg.num_q_heads, g = Hq / H, D = cfg.head_dim, r = cfg.r;
+    const int H = cfg.num_kv_heads, Hq = cfg.num_q_heads, g = Hq / H, D = cfg.head_dim,
+              r = cfg.key_r();
+    // The cache's plans: the speculation's, or the correction's with the speculation's channels
+    // first (the rotation and channels below are the cache's; the weights the speculation's).
+    std::vector<skew_plan> key_plans;
+    if (correction_plans != nullptr) {
+      for (int h = 0; h < H; ++h)
+        key_plans.push_back(detail::nested_key_plan(plans[static_cast<std::size_t>(h)],
+                                                    (*correction_plans)[static_cast<std::size_t>(h)],
+                                                    "kv head " + std::to_string(h)));
+    }
+    const std::vector<skew_plan>& kp = correction_plans != nullptr ? key_plans : plans;
     const std::size_t rows = static_cast<std::size_t>(layout_.rows);
     const std::size_t dm = static_cast<std::size_t>(cfg.d_model);
     std::vector<WT> weights(static_cast<std::size_t>(Hq) * rows * dm);
@@ -112,12 +143,13 @@ class infinigen_policy_cuda {
     std::vector<float> rotation;
     if (cfg.mode != rope_mode::rope_planes) rotation.resize(static_cast<std::size_t>(H) * D * r);
     for (int h = 0; h < H; ++h) {
-      const skew_plan& p = plans[static_cast<std::size_t>(h)];
+      const skew_plan& p = kp[static_cast<std::size_t>(h)];
       for (int i = 0; i < r; ++i) {
         channels[static_cast<std::size_t>(h) * r + i] = p.channels[static_cast<std::size_t>(i)];
       }
       if (cfg.mode == rope_mode::rope_planes) {
-        planes.insert(planes.end(), p.planes.begin(), p.planes.end());
+        const auto& sp = plans[static_cast<std::size_t>(h)].planes;  // the speculation's
+        planes.insert(planes.end(), sp.begin(), sp.end());
       } else {
         for (int d = 0; d < D; ++d)
           for (int i = 0; i < r; ++i)
@@ -141,7 +173,7 @@ class infinigen_policy_cuda {
   /// The partial key cache (device memory inside the workspace).
   [[nodiscard]] partial_key_view<PkT> keys() const noexcept {
     return {device_span<PkT>(at<PkT>(layout_.keys), layout_.key_elements), cfg_.num_seqs,
-            cfg_.num_kv_heads, cfg_.r, cfg_.max_tokens};
+            cfg_.num_kv_heads, cfg_.key_r(), cfg_.max_tokens};
   }
   /// The scaled partial queries of the last score() call, [num_seqs, num_q_heads, r].
   [[nodiscard]] device_span<const float> partial_queries() const noexcept {
@@ -177,7 +209,7 @@ class infinigen_policy_cuda {
     p.token_ids = token_ids.data();
     p.num_kv_heads = cfg_.num_kv_heads;
     p.head_dim = cfg_.head_dim;
-    p.r = cfg_.r;
+    p.r = cfg_.key_r();
     p.mode = cfg_.mode;
     p.status = exec.status;
     detail::launch(detail::append_keys<PkT, K>,
@@ -217,6 +249,7 @@ class infinigen_policy_cuda {
     if (ctx.max_seq_len == 0) return;
     detail::infinigen_params<PkT> p = params(ctx, out, exec.status);
     p.aggregation = cfg_.late_aggregation();
+    p.r = cfg_.key_r();  // every cached channel
     const detail::spec_launch_shapes shapes = detail::spec_shapes(cfg_, p.rows, p.num_seqs, p.max_len);
     const cudaStream_t stream = exec.stream;
     detail::launch(detail::project_true_query<PkT>,
@@ -299,6 +332,7 @@ class infinigen_policy_cuda {
     p.head_dim = cfg_.head_dim;
     p.d_model = cfg_.d_model;
     p.r = cfg_.r;
+    p.key_r = cfg_.key_r();
     p.rows = layout_.rows;
     p.stride = out.stride;
     p.max_len = ctx.max_seq_len;  // validated <= stride and <= max_tokens

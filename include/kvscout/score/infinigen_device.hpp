@@ -6,8 +6,10 @@
 //
 // Device partial key cache: the host partial_key_cache's tile layout, byte for byte, in device
 // memory (a region of the speculator's workspace):
-//   [num_seqs, num_kv_heads, tiles, r, B],  B = 64 / sizeof(T) tokens,  tiles = ceil(max_tokens / B)
-//   element (s, h, c, t) at (((s * H + h) * tiles + t / B) * r + c) * B + t % B
+//   [num_seqs, num_kv_heads, tiles, R, B],  B = 64 / sizeof(T) tokens,  tiles = ceil(max_tokens / B)
+//   element (s, h, c, t) at (((s * H + h) * tiles + t / B) * R + c) * B + t % B
+// R = cfg.key_r(): r, or correction_r where the correction step reads more channels than the
+// speculation (then score() reads each tile's first r channel lines, score_query() all R).
 // A warp that scores 32 consecutive tokens reads, per channel, 32 consecutive elements of one or
 // two 64-byte lines (half: one line; float: two): every byte of every sector it touches is used.
 //
@@ -50,11 +52,17 @@ struct infinigen_cuda_config {
   /// score_query's aggregation (the correction step's late ranking), where it differs from
   /// the speculation's; empty: `aggregation` (infinigen_config::query_aggregation).
   std::optional<gqa_aggregation> query_aggregation{};
+  /// The channels score_query reads (the correction step's), where they are more than the
+  /// speculation's r: the cache then holds correction_r channels per token, the speculation's
+  /// first (infinigen_policy_cuda's constructor with correction plans); 0: r.
+  int correction_r = 0;
 
   /// The aggregation score_query uses.
   [[nodiscard]] gqa_aggregation late_aggregation() const noexcept {
     return query_aggregation.value_or(aggregation);
   }
+  /// The channels of each cached token's partial key: correction_r, or r where it is 0.
+  [[nodiscard]] int key_r() const noexcept { return correction_r > 0 ? correction_r : r; }
 };
 
 /// The device partial key cache of one layer (layout in the header comment). A view: the memory
@@ -107,14 +115,15 @@ inline constexpr std::size_t spec_max_group_smem = 32 * 1024;  // g * r floats i
 /// Where each part of the speculator's workspace lives (byte offsets, 256-byte aligned).
 ///   weights   WT [num_q_heads, rows, d_model]     partial W_Q rows (make_partial_query_weights)
 ///   bias      float [num_q_heads, rows]
-///   rotation  float [num_kv_heads, head_dim, r]   A[:, S] per kv head (not for rope_planes)
-///   channels  int32 [num_kv_heads, r]             S per kv head
-///   planes    int32 [num_kv_heads, r / 2]         RoPE planes (rope_planes only)
+///   rotation  float [num_kv_heads, head_dim, R]   A[:, S] per kv head (not for rope_planes)
+///   channels  int32 [num_kv_heads, R]             S per kv head
+///   planes    int32 [num_kv_heads, r / 2]         the speculation's RoPE planes (rope_planes only)
 ///   y         float [num_seqs, num_q_heads, rows] GEMV output (W x + b), scratch
-///   q         float [num_seqs, num_q_heads, r]    scaled partial queries, scratch
+///   q         float [num_seqs, num_q_heads, R]    scaled partial queries, scratch
 ///   stats     float2 [num_seqs, num_kv_heads, chunks, g] softmax (max, sum) per block (sum_prob)
 ///   keys      T [partial_key_view layout]          the partial key cache
-/// rows = head_dim for post_rope_skew (the whole query is rotated), r otherwise.
+/// rows = head_dim for post_rope_skew (the whole query is rotated), r otherwise; R = key_r(), the
+/// cache's channels (the speculation's r first, then the correction's others).
 struct infinigen_cuda_layout {
   int rows = 0;
   int chunks = 0;  // scoring blocks per row at max_tokens
@@ -164,12 +173,17 @@ inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
   check_scale(c.scale);
   KVSCOUT_EXPECTS(c.r >= 1 && c.r <= c.head_dim, "r = ", c.r, " must be in [1, head_dim = ",
                   c.head_dim, "]");
+  KVSCOUT_EXPECTS(c.correction_r == 0 || (c.correction_r >= c.r && c.correction_r <= c.head_dim),
+                  "correction_r = ", c.correction_r, " must be 0 (r) or in [r = ", c.r,
+                  ", head_dim = ", c.head_dim, "]");
   KVSCOUT_EXPECTS(c.mode == rope_mode::post_rope_skew || c.mode == rope_mode::rope_planes ||
                       c.mode == rope_mode::pre_rope_folded,
                   "unsupported rope_mode ", static_cast<int>(c.mode),
                   "; supported: post_rope_skew, rope_planes, pre_rope_folded");
   if (c.mode == rope_mode::rope_planes) {
     KVSCOUT_EXPECTS(c.r % 2 == 0, "rope_planes needs an even r (whole planes), got ", c.r);
+    KVSCOUT_EXPECTS(c.key_r() % 2 == 0, "rope_planes needs an even correction_r (whole planes), got ",
+                    c.correction_r);
   }
   KVSCOUT_EXPECTS(c.head_dim <= 2 * rope_table::max_planes, "head_dim ", c.head_dim,
                   " exceeds the device speculation's limit ", 2 * rope_table::max_planes);
@@ -181,9 +195,9 @@ inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
   KVSCOUT_EXPECTS(c.num_seqs <= spec_max_grid_yz && c.num_kv_heads <= spec_max_grid_yz,
                   "num_seqs = ", c.num_seqs, " and num_kv_heads = ", c.num_kv_heads,
                   " must be at most ", spec_max_grid_yz, " (grid limit)");
-  const std::size_t group_bytes = sizeof(float) * static_cast<std::size_t>(g) * c.r;
+  const std::size_t group_bytes = sizeof(float) * static_cast<std::size_t>(g) * c.key_r();
   KVSCOUT_EXPECTS(group_bytes <= spec_max_group_smem, "a GQA group's partial queries (g = ", g,
-                  ", r = ", c.r, ": ", group_bytes, " bytes) exceed the ", spec_max_group_smem,
+                  ", r = ", c.key_r(), ": ", group_bytes, " bytes) exceed the ", spec_max_group_smem,
                   " bytes of shared memory a scoring block uses");
 }
 
@@ -196,9 +210,10 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
   const std::size_t Hq = static_cast<std::size_t>(c.num_q_heads);
   const std::size_t g = Hq / H;
   const std::size_t r = static_cast<std::size_t>(c.r);
+  const std::size_t R = static_cast<std::size_t>(c.key_r());
   l.rows = c.mode == rope_mode::post_rope_skew ? c.head_dim : c.r;
   l.chunks = (c.max_tokens + spec_tokens_per_block - 1) / spec_tokens_per_block;
-  l.key_elements = partial_key_view<PkT>::elements_for(c.num_seqs, c.num_kv_heads, c.r, c.max_tokens);
+  l.key_elements = partial_key_view<PkT>::elements_for(c.num_seqs, c.num_kv_heads, c.key_r(), c.max_tokens);
   std::size_t at = 0;
   const auto take = [&](std::size_t bytes) {
     const std::size_t here = at;
@@ -210,11 +225,11 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
   l.bias = take(sizeof(float) * Hq * rows);
   l.rotation = take(c.mode == rope_mode::rope_planes
                         ? 0
-                        : sizeof(float) * H * static_cast<std::size_t>(c.head_dim) * r);
-  l.channels = take(sizeof(std::int32_t) * H * r);
+                        : sizeof(float) * H * static_cast<std::size_t>(c.head_dim) * R);
+  l.channels = take(sizeof(std::int32_t) * H * R);
   l.planes = take(c.mode == rope_mode::rope_planes ? sizeof(std::int32_t) * H * (r / 2) : 0);
   l.y = take(sizeof(float) * S * Hq * rows);
-  l.q = take(sizeof(float) * S * Hq * r);
+  l.q = take(sizeof(float) * S * Hq * R);
   l.stats = take(c.aggregation == gqa_aggregation::sum_prob || c.late_aggregation() == gqa_aggregation::sum_prob
                      ? 2 * sizeof(float) * S * H * static_cast<std::size_t>(l.chunks) * g
                      : 0);
@@ -228,7 +243,8 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
 template <class In = float>
 void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
                                 const std::vector<skew_plan>& plans, host_span<const In> w_q,
-                                host_span<const In> b_q) {
+                                host_span<const In> b_q,
+                                const std::vector<skew_plan>* correction_plans = nullptr) {
   KVSCOUT_EXPECTS(static_cast<int>(plans.size()) == c.num_kv_heads, "got ", plans.size(),
                   " skew plans, expected one per kv head (", c.num_kv_heads, ")");
   for (std::size_t h = 0; h < plans.size(); ++h) {
@@ -242,6 +258,22 @@ void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
     KVSCOUT_EXPECTS(p.rope.head_dim == plans[0].rope.head_dim &&
                         p.rope.theta == plans[0].rope.theta && p.rope.style == plans[0].rope.style,
                     "plan of kv head ", h, " has another RoPE configuration than kv head 0");
+  }
+  if (correction_plans != nullptr) {
+    KVSCOUT_EXPECTS(static_cast<int>(correction_plans->size()) == c.num_kv_heads, "got ",
+                    correction_plans->size(), " correction plans, expected one per kv head (",
+                    c.num_kv_heads, ")");
+    KVSCOUT_EXPECTS(c.correction_r > 0, "correction plans were given but the config's "
+                    "correction_r is 0; set it to their r");
+    for (std::size_t h = 0; h < correction_plans->size(); ++h) {
+      const skew_plan& p = (*correction_plans)[h];
+      check_plan(p);
+      KVSCOUT_EXPECTS(p.r == c.correction_r, "correction plan of kv head ", h, " has r = ", p.r,
+                      ", the config's correction_r ", c.correction_r);
+    }
+  } else {
+    KVSCOUT_EXPECTS(c.correction_r == 0 || c.correction_r == c.r, "the config's correction_r = ",
+                    c.correction_r, " needs correction plans of that r (none were given)");
   }
   const std::size_t w_need = static_cast<std::size_t>(c.num_q_heads) * c.head_dim * c.d_model;
   KVSCOUT_EXPECTS(w_q.size() == w_need, "W_Q holds ", w_q.size(),

@@ -50,9 +50,9 @@ struct infinigen_params {
   // reads (so the scoring kernels are not instantiated once per weight type).
   const void* weights;
   const float* bias;        // [Hq, rows]
-  const float* rotation;    // [H, D, r]
-  const std::int32_t* channels;  // [H, r]
-  const std::int32_t* planes;    // [H, r / 2]
+  const float* rotation;    // [H, D, key_r]
+  const std::int32_t* channels;  // [H, key_r]
+  const std::int32_t* planes;    // [H, r / 2] the speculation's
   float* y;                 // [S, Hq, rows]
   float* q;                 // [S, Hq, r]
   float2* stats;            // [S, H, max_chunks, g]
@@ -69,7 +69,8 @@ struct infinigen_params {
   int group;
   int head_dim;
   int d_model;
-  int r;
+  int r;      // the channels this launch scores: the speculation's, or key_r for score_query
+  int key_r;  // the cache's channels (keys.r), the rotation's and channels' row length
   int rows;
   int stride;
   int max_len;     // clamp bound: min(max_seq_len, stride, max_tokens)
@@ -251,8 +252,10 @@ __global__ void __launch_bounds__(spec_finish_threads)
   float v = 0.f;
   if (p.mode == rope_mode::post_rope_skew) {
     if (i < r) {
-      const float* rot = p.rotation + static_cast<std::size_t>(h) * p.head_dim * r + i;
-      for (int c = part; c < p.head_dim; c += L) v = fmaf(yr[c], rot[static_cast<std::size_t>(c) * r], v);
+      // The cache's first r columns of A[:, S] are the speculation's.
+      const float* rot = p.rotation + static_cast<std::size_t>(h) * p.head_dim * p.key_r + i;
+      for (int c = part; c < p.head_dim; c += L)
+        v = fmaf(yr[c], rot[static_cast<std::size_t>(c) * p.key_r], v);
     }
 #pragma unroll
     for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -489,7 +492,8 @@ inline constexpr int spec_project_threads = 64;
 
 /// score_query's partial queries: query head qh of row s, the layer's own query q [S, Hq, D]
 /// (after RoPE) projected as append_keys projects a key (a gather in rope_planes mode, skew_dot
-/// with A[:, S] otherwise), times the scale, into p.q [S, Hq, r]. Grid (S, Hq).
+/// with A[:, S] otherwise), times the scale, into p.q [S, Hq, r], r = key_r (every cached
+/// channel). Grid (S, Hq).
 template <class PkT>
 __global__ void __launch_bounds__(spec_project_threads)
     project_true_query(const __grid_constant__ infinigen_params<PkT> p, const float* q) {
@@ -504,10 +508,10 @@ __global__ void __launch_bounds__(spec_project_threads)
   for (int i = static_cast<int>(threadIdx.x); i < p.r; i += blockDim.x) {
     float v;
     if (p.mode == rope_mode::rope_planes) {
-      v = qs[p.channels[static_cast<std::size_t>(h) * p.r + i]];
+      v = qs[p.channels[static_cast<std::size_t>(h) * p.key_r + i]];
     } else {
-      v = skew_dot(qs, p.rotation + static_cast<std::size_t>(h) * D * p.r + i, D,
-                   static_cast<std::size_t>(p.r));
+      v = skew_dot(qs, p.rotation + static_cast<std::size_t>(h) * D * p.key_r + i, D,
+                   static_cast<std::size_t>(p.key_r));
     }
     p.q[(static_cast<std::size_t>(s) * p.num_q_heads + qh) * p.r + i] = v * p.scale;
   }
