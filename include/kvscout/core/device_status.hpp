@@ -50,6 +50,10 @@ inline constexpr int bad_length = 1 << 5;
 /// (reported for rows of length 0 too). Or a row cache's map entry (row_cache_view::row_map)
 /// outside [-1, num_seqs): that row's cache was not used, its rows crossed the link.
 inline constexpr int bad_seq_id = 1 << 6;
+/// An append out of order: quantised partial keys take each sequence's tokens in order, one run
+/// of consecutive positions per call starting where the sequence stopped (or at 0, a new
+/// sequence in the slot). The token was skipped.
+inline constexpr int bad_order = 1 << 7;
 
 /// Human-readable list of the bits set in `bits`.
 inline std::string describe(int bits) {
@@ -68,8 +72,9 @@ inline std::string describe(int bits) {
   add(bad_length, "sequence length outside [0, bound] (clamped)");
   add(bad_seq_id, "sequence id or row-cache map entry out of range (row scored -inf / not "
                   "served from the cache)");
-  const int known =
-      bad_index | bad_count | out_of_bounds | misaligned | bad_value | bad_length | bad_seq_id;
+  add(bad_order, "append out of order (token skipped)");
+  const int known = bad_index | bad_count | out_of_bounds | misaligned | bad_value | bad_length |
+                    bad_seq_id | bad_order;
   if ((bits & ~known) != 0) {
     if (!s.empty()) s += ", ";
     s += "unknown bits " + std::to_string(bits & ~known);

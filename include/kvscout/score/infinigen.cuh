@@ -42,20 +42,24 @@
 #include "kvscout/core/exec.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/skew/plan.hpp"
+#include "kvscout/cache/partial_key_store.hpp"
 #include "kvscout/score/detail/infinigen_kernels.cuh"
 #include "kvscout/score/device_concepts.hpp"
 #include "kvscout/score/infinigen_device.hpp"
 
 namespace kvscout {
 
-/// PkT: the partial keys' element type; WT: the partial query weights' (float, or the model's
-/// half / bfloat16: half the workspace and half the bytes the GEMV reads).
-template <compute_element PkT = float, compute_element WT = float>
+/// PkT: the partial keys' format (cache/partial_key_store.hpp): float, half, bfloat16, or
+/// quantized_keys<Bits, Group> (the host quantized_partial_key_cache's format in device memory,
+/// quantized_key_view: scored from the codes, appended in order); WT: the partial query weights'
+/// (float, or the model's half / bfloat16: half the workspace and half the bytes the GEMV reads).
+template <partial_key_format PkT = float, compute_element WT = float>
 class infinigen_policy_cuda {
  public:
   using config = infinigen_cuda_config;
   using config_type = config;
   using memory_space = device_space;
+  static constexpr bool quantized = is_quantized_keys_v<PkT>;
 
   /// Bytes of device workspace: weights, scratch and the partial key cache
   /// (layout: detail::infinigen_cuda_layout).
@@ -162,6 +166,11 @@ class infinigen_policy_cuda {
     upload(layout_.rotation, rotation);
     upload(layout_.channels, channels);
     upload(layout_.planes, planes);
+    if constexpr (quantized) {
+      // Counts and staging start at 0 (the host cache's state before its first append).
+      KVSCOUT_CUDA_CHECK(cudaMemset(base_ + layout_.keys, 0,
+                                    detail::device_key_format<PkT>::bytes(cfg.num_seqs, H, r, cfg.max_tokens)));
+    }
   }
 
  public:
@@ -170,10 +179,11 @@ class infinigen_policy_cuda {
   /// Whether append() takes keys after RoPE (post_rope_skew, rope_planes) or before it.
   [[nodiscard]] bool rotated_keys() const noexcept { return cfg_.mode != rope_mode::pre_rope_folded; }
 
-  /// The partial key cache (device memory inside the workspace).
-  [[nodiscard]] partial_key_view<PkT> keys() const noexcept {
-    return {device_span<PkT>(at<PkT>(layout_.keys), layout_.key_elements), cfg_.num_seqs,
-            cfg_.num_kv_heads, cfg_.key_r(), cfg_.max_tokens};
+  /// The partial key cache (device memory inside the workspace): partial_key_view<PkT>, or
+  /// quantized_key_view for quantised keys.
+  [[nodiscard]] device_key_view<PkT> keys() const noexcept {
+    return detail::device_key_format<PkT>::make(base_ + layout_.keys, cfg_.num_seqs,
+                                                cfg_.num_kv_heads, cfg_.key_r(), cfg_.max_tokens);
   }
   /// The scaled partial queries of the last score() call, [num_seqs, num_q_heads, r].
   [[nodiscard]] device_span<const float> partial_queries() const noexcept {
@@ -200,6 +210,9 @@ class infinigen_policy_cuda {
     detail::check_infinigen_cuda_append(cfg_, keys.size(), keys.data() != nullptr, seq_ids,
                                         token_ids, count);
     if (count == 0) return;
+    if constexpr (quantized) {
+      append_quantized(keys, seq_ids, token_ids, count, exec);
+    } else {
     detail::pk_append_params<PkT, K> p{};
     p.rotation = at<float>(layout_.rotation);
     p.channels = at<std::int32_t>(layout_.channels);
@@ -216,6 +229,7 @@ class infinigen_policy_cuda {
                    dim3(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads)),
                    detail::spec_append_threads, 0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    }
   }
 
   /// Writes out.scores[s, h, t] for t < seq_lens[s] (see the header comment). max_seq_len = 0
@@ -260,6 +274,39 @@ class infinigen_policy_cuda {
   }
 
  private:
+  // Quantised keys: three launches (score/detail/infinigen_kernels.cuh, "append, quantised
+  // partial keys"): complete groups quantised, the rest staged, then the counts.
+  template <class KSpan>
+  void append_quantized(device_span<KSpan> keys, device_span<const int32_t> seq_ids,
+                        device_span<const int32_t> token_ids, int count, const cuda_exec& exec) {
+    using K = std::remove_const_t<KSpan>;
+    constexpr int Bits = PkT::bits, Group = PkT::group;
+    detail::qk_append_params<Bits, Group, K> p{};
+    p.rotation = at<float>(layout_.rotation);
+    p.channels = at<std::int32_t>(layout_.channels);
+    p.keys = this->keys();
+    p.k = keys.data();
+    p.seq_ids = seq_ids.data();
+    p.token_ids = token_ids.data();
+    p.count = count;
+    p.num_kv_heads = cfg_.num_kv_heads;
+    p.head_dim = cfg_.head_dim;
+    p.r = cfg_.key_r();
+    p.mode = cfg_.mode;
+    p.status = exec.status;
+    const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads));
+    const std::size_t smem = sizeof(float) * static_cast<std::size_t>(p.r) * Group;
+    detail::launch(detail::quantise_groups<Bits, Group, K>, grid, detail::spec_append_threads, smem,
+                   exec.stream, p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    detail::launch(detail::stage_tail<Bits, Group, K>, grid, detail::spec_append_threads, 0,
+                   exec.stream, p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    detail::launch(detail::count_tokens<Bits, Group, K>, dim3(static_cast<unsigned>(count)), 1, 0,
+                   exec.stream, p);
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+  }
+
   static dim3 dim(const long long (&g)[3]) {
     return dim3(static_cast<unsigned>(g[0]), static_cast<unsigned>(g[1]), static_cast<unsigned>(g[2]));
   }
@@ -354,9 +401,10 @@ class infinigen_policy_cuda {
 static_assert(speculation_policy_cuda<infinigen_policy_cuda<float>>);
 static_assert(speculation_policy_cuda<infinigen_policy_cuda<half>>);
 static_assert(speculation_policy_cuda<infinigen_policy_cuda<half, bfloat16>>);
+static_assert(speculation_policy_cuda<infinigen_policy_cuda<quantized_keys<2>>>);
 
 // Deprecated (issue 33): the old names, kept for one release.
-template <compute_element PkT = float, compute_element WT = float>
+template <partial_key_format PkT = float, compute_element WT = float>
 using infinigen_speculator_cuda [[deprecated("use infinigen_policy_cuda")]] =
     infinigen_policy_cuda<PkT, WT>;
 

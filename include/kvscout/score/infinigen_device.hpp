@@ -24,6 +24,7 @@
 #include <optional>
 #include <vector>
 
+#include "kvscout/cache/quantized_partial_key_cache.hpp"
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
@@ -98,6 +99,107 @@ struct partial_key_view {
   }
 };
 
+/// The device quantised partial key cache of one layer (infinigen_policy_cuda<quantized_keys<Bits,
+/// Group>>): the host quantized_partial_key_cache's format, byte for byte (its header states the
+/// quantisation and the tile layout), in device memory, plus the token counts the host cache
+/// keeps in a vector. A view over three regions of the speculator's workspace:
+///   tiles    float [num_seqs, num_kv_heads, tiles, tile_floats]: min [R], step [R], codes
+///            [R, line_bytes] bytes, padding to 64 bytes
+///   staging  float [num_seqs, num_kv_heads, R, Group]: the newest incomplete group, exact
+///   counts   int32 [num_seqs, num_kv_heads]: tokens appended
+template <int Bits, int Group = 32, class Space = device_space>
+struct quantized_key_view {
+  static_assert(supported_key_quantization(Bits, Group),
+                "quantized partial keys support Bits of 2, 4 or 8 and groups of 16, 32, 64 or 128");
+  static constexpr int bits = Bits;
+  static constexpr int group_tokens = Group;
+  static constexpr int levels = (1 << Bits) - 1;
+  static constexpr int line_bytes = Group * Bits / 8;
+  /// Tokens a scoring thread's consecutive run may span: always inside one group.
+  static constexpr int block_tokens = Group;
+
+  span<float, Space> tile_data;
+  span<float, Space> staging;
+  span<std::int32_t, Space> counts;
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int r = 0;
+  int max_tokens = 0;
+
+  KVSCOUT_HOST_DEVICE static int tiles_for(int max_tokens) { return (max_tokens + Group - 1) / Group; }
+  /// Floats per tile: as quantized_partial_key_cache::tile_floats().
+  KVSCOUT_HOST_DEVICE static std::size_t tile_floats_for(int r) {
+    const std::size_t raw = static_cast<std::size_t>(r) * (8 + line_bytes);
+    return (raw + 63) / 64 * 16;
+  }
+  KVSCOUT_HOST_DEVICE static std::size_t tile_elements_for(int num_seqs, int num_kv_heads, int r,
+                                                           int max_tokens) {
+    return static_cast<std::size_t>(num_seqs) * num_kv_heads * tiles_for(max_tokens) *
+           tile_floats_for(r);
+  }
+  KVSCOUT_HOST_DEVICE static std::size_t staging_elements_for(int num_seqs, int num_kv_heads, int r) {
+    return static_cast<std::size_t>(num_seqs) * num_kv_heads * static_cast<std::size_t>(r) * Group;
+  }
+  KVSCOUT_HOST_DEVICE int tiles() const { return tiles_for(max_tokens); }
+  /// Offset (floats) of tile b of (s, h).
+  KVSCOUT_HOST_DEVICE std::size_t tile_offset(int s, int h, int b) const {
+    return ((static_cast<std::size_t>(s) * num_kv_heads + h) * tiles() + b) * tile_floats_for(r);
+  }
+  /// Offset (floats) of (s, h)'s staging tile, [R, Group].
+  KVSCOUT_HOST_DEVICE std::size_t staging_offset(int s, int h) const {
+    return (static_cast<std::size_t>(s) * num_kv_heads + h) * static_cast<std::size_t>(r) * Group;
+  }
+};
+
+namespace detail {
+/// How a partial key format lives in device memory: the view the kernels read, the bytes of
+/// the workspace's key region (256-byte aligned parts) and the view over such a region.
+template <class PkT>
+struct device_key_format {
+  using view = partial_key_view<PkT>;
+  static constexpr bool quantized = false;
+  static std::size_t bytes(int S, int H, int R, int T) {
+    return sizeof(PkT) * partial_key_view<PkT>::elements_for(S, H, R, T);
+  }
+  static view make(std::byte* base, int S, int H, int R, int T) {
+    return {device_span<PkT>(reinterpret_cast<PkT*>(base), partial_key_view<PkT>::elements_for(S, H, R, T)),
+            S, H, R, T};
+  }
+};
+template <int Bits, int Group>
+struct device_key_format<quantized_keys<Bits, Group>> {
+  using view = quantized_key_view<Bits, Group>;
+  static constexpr bool quantized = true;
+  static std::size_t round(std::size_t n) { return (n + 255) / 256 * 256; }
+  static std::size_t tile_bytes(int S, int H, int R, int T) {
+    return round(sizeof(float) * view::tile_elements_for(S, H, R, T));
+  }
+  static std::size_t staging_bytes(int S, int H, int R) {
+    return round(sizeof(float) * view::staging_elements_for(S, H, R));
+  }
+  static std::size_t bytes(int S, int H, int R, int T) {
+    return tile_bytes(S, H, R, T) + staging_bytes(S, H, R) +
+           sizeof(std::int32_t) * static_cast<std::size_t>(S) * H;
+  }
+  static view make(std::byte* base, int S, int H, int R, int T) {
+    view v;
+    v.tile_data = device_span<float>(reinterpret_cast<float*>(base), view::tile_elements_for(S, H, R, T));
+    v.staging = device_span<float>(reinterpret_cast<float*>(base + tile_bytes(S, H, R, T)),
+                                   view::staging_elements_for(S, H, R));
+    v.counts = device_span<std::int32_t>(
+        reinterpret_cast<std::int32_t*>(base + tile_bytes(S, H, R, T) + staging_bytes(S, H, R)),
+        static_cast<std::size_t>(S) * H);
+    v.num_seqs = S, v.num_kv_heads = H, v.r = R, v.max_tokens = T;
+    return v;
+  }
+};
+}  // namespace detail
+
+/// The view infinigen_policy_cuda<PkT>::keys() returns: partial_key_view<PkT>, or
+/// quantized_key_view<Bits, Group> for quantized_keys<Bits, Group>.
+template <class PkT>
+using device_key_view = typename detail::device_key_format<PkT>::view;
+
 namespace detail {
 
 inline constexpr int spec_block_threads = 128;   // threads of a scoring block
@@ -111,6 +213,7 @@ inline constexpr int spec_finish_outputs = 4;     // partial-query elements per 
 inline constexpr int spec_finish_threads = spec_finish_lanes * spec_finish_outputs;
 inline constexpr int spec_max_grid_yz = 65535;    // kv heads (y) and sequences (z) of a grid
 inline constexpr std::size_t spec_max_group_smem = 32 * 1024;  // g * r floats in shared memory
+inline constexpr std::size_t spec_max_quantize_smem = 32 * 1024;  // R * Group floats (quantised keys)
 
 /// Where each part of the speculator's workspace lives (byte offsets, 256-byte aligned).
 ///   weights   WT [num_q_heads, rows, d_model]     partial W_Q rows (make_partial_query_weights)
@@ -129,7 +232,7 @@ struct infinigen_cuda_layout {
   int chunks = 0;  // scoring blocks per row at max_tokens
   std::size_t weights = 0, bias = 0, rotation = 0, channels = 0, planes = 0, y = 0, q = 0,
               stats = 0, keys = 0, total = 0;
-  std::size_t key_elements = 0;
+  std::size_t key_elements = 0;  // partial_key_view's elements (0 for quantised keys)
 };
 
 inline std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
@@ -213,7 +316,9 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
   const std::size_t R = static_cast<std::size_t>(c.key_r());
   l.rows = c.mode == rope_mode::post_rope_skew ? c.head_dim : c.r;
   l.chunks = (c.max_tokens + spec_tokens_per_block - 1) / spec_tokens_per_block;
-  l.key_elements = partial_key_view<PkT>::elements_for(c.num_seqs, c.num_kv_heads, c.key_r(), c.max_tokens);
+  l.key_elements = 0;
+  if constexpr (!device_key_format<PkT>::quantized)
+    l.key_elements = partial_key_view<PkT>::elements_for(c.num_seqs, c.num_kv_heads, c.key_r(), c.max_tokens);
   std::size_t at = 0;
   const auto take = [&](std::size_t bytes) {
     const std::size_t here = at;
@@ -233,7 +338,15 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
   l.stats = take(c.aggregation == gqa_aggregation::sum_prob || c.late_aggregation() == gqa_aggregation::sum_prob
                      ? 2 * sizeof(float) * S * H * static_cast<std::size_t>(l.chunks) * g
                      : 0);
-  l.keys = take(sizeof(PkT) * l.key_elements);
+  if constexpr (device_key_format<PkT>::quantized) {
+    // The quantising kernel holds one group's partial keys, [R, Group] floats, in shared memory.
+    const std::size_t group_bytes = sizeof(float) * static_cast<std::size_t>(c.key_r()) * PkT::group;
+    KVSCOUT_EXPECTS(group_bytes <= spec_max_quantize_smem, "quantised partial keys: a group of ",
+                    PkT::group, " tokens x ", c.key_r(), " channels is ", group_bytes,
+                    " bytes of floats, over the ", spec_max_quantize_smem,
+                    " bytes of shared memory the quantising kernel uses; use a smaller group or r");
+  }
+  l.keys = take(device_key_format<PkT>::bytes(c.num_seqs, c.num_kv_heads, c.key_r(), c.max_tokens));
   l.total = at;
   return l;
 }

@@ -56,7 +56,7 @@ struct infinigen_params {
   float* y;                 // [S, Hq, rows]
   float* q;                 // [S, Hq, r]
   float2* stats;            // [S, H, max_chunks, g]
-  partial_key_view<PkT> keys;
+  device_key_view<PkT> keys;
   // per call
   const float* x;                 // [S, d_model]
   const std::int32_t* positions;  // [S]
@@ -108,6 +108,93 @@ __device__ __forceinline__ void score_bad_seq(float* row, int t0, int len) {
     if (t >= len) break;
     row[t] = -INFINITY;
   }
+}
+
+// ---- reading partial keys ----------------------------------------------------------------------
+// A reader gives channel ch of N consecutive tokens t .. t + N - 1 (inside one tile or group) as
+// floats: load<N>(ch, v); one(ch) for token t alone. reader_at(keys, s, h, t) makes one.
+
+/// Partial keys of a compute element: the tile line's N elements with one vector load.
+template <class PkT>
+struct key_reader {
+  static constexpr int B = partial_key_view<PkT>::block_tokens;
+  const PkT* pk;  // channel 0 of token t
+  template <int N>
+  KVSCOUT_DEVICE void load(int ch, float (&v)[N]) const {
+    load_row_part<PkT, N>(pk + static_cast<std::size_t>(ch) * B, v);
+  }
+  KVSCOUT_DEVICE float one(int ch) const { return to_float(pk[static_cast<std::size_t>(ch) * B]); }
+};
+template <class PkT>
+KVSCOUT_DEVICE key_reader<PkT> reader_at(const partial_key_view<PkT>& k, int s, int h, int t) {
+  return {k.data.data() + k.offset(s, h, 0, t)};
+}
+
+/// Quantised partial keys: a complete group's codes, min + step * code (N = 8: one 8-byte load
+/// of one bit plane where a channel's line is whole 8-byte words); the newest group's exact
+/// staging values; 0 past the tokens appended (the host cache's dequantized()).
+template <int Bits, int Group>
+struct quantized_key_reader {
+  using view = quantized_key_view<Bits, Group>;
+  static constexpr int LB = view::line_bytes;
+  const float* mn = nullptr;              // the tile's min [R], then step [R]; null if not quantised
+  const std::uint8_t* codes = nullptr;    // the tile's codes [R, LB]
+  const float* stage = nullptr;           // staging tile + i; null if neither
+  int r = 0;
+  int i = 0;                              // t's index in its group
+  template <int N>
+  KVSCOUT_DEVICE void load(int ch, float (&v)[N]) const {
+    if (mn != nullptr) {
+      const float lo = mn[ch], st = mn[r + ch];
+      const std::uint8_t* line = codes + static_cast<std::size_t>(ch) * LB;
+      if constexpr (N == 8 && LB % 8 == 0) {
+        // i is a multiple of 8: tokens i .. i + 7 are bytes i % LB .. + 7 of plane i / LB.
+        const uint2 w = *reinterpret_cast<const uint2*>(line + i % LB);
+        const int shift = Bits * (i / LB);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const unsigned byte = ((u < 4 ? w.x : w.y) >> (8 * (u % 4))) & 0xffu;
+          v[u] = lo + st * static_cast<float>((byte >> shift) & view::levels);
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+          const int ii = i + u;
+          const unsigned code = (static_cast<unsigned>(line[ii % LB]) >> (Bits * (ii / LB))) & view::levels;
+          v[u] = lo + st * static_cast<float>(code);
+        }
+      }
+    } else if (stage != nullptr) {
+#pragma unroll
+      for (int u = 0; u < N; ++u) v[u] = stage[static_cast<std::size_t>(ch) * Group + u];
+    } else {
+#pragma unroll
+      for (int u = 0; u < N; ++u) v[u] = 0.f;
+    }
+  }
+  KVSCOUT_DEVICE float one(int ch) const {
+    float v[1];
+    load<1>(ch, v);
+    return v[0];
+  }
+};
+template <int Bits, int Group>
+KVSCOUT_DEVICE quantized_key_reader<Bits, Group> reader_at(const quantized_key_view<Bits, Group>& k,
+                                                           int s, int h, int t) {
+  quantized_key_reader<Bits, Group> rd;
+  rd.r = k.r;
+  rd.i = t % Group;
+  int n = k.counts[static_cast<std::size_t>(s) * k.num_kv_heads + h];
+  n = n < 0 ? 0 : n > k.max_tokens ? k.max_tokens : n;
+  const int b = t / Group, complete = n / Group;
+  if (b < complete) {
+    const float* base = k.tile_data.data() + k.tile_offset(s, h, b);
+    rd.mn = base;
+    rd.codes = reinterpret_cast<const std::uint8_t*>(base + 2 * static_cast<std::size_t>(k.r));
+  } else if (b == complete) {
+    rd.stage = k.staging.data() + k.staging_offset(s, h) + rd.i;
+  }
+  return rd;
 }
 
 /// Everything append_keys reads.
@@ -277,16 +364,15 @@ __global__ void __launch_bounds__(spec_finish_threads)
 
 // ---- scoring ---------------------------------------------------------------------------------
 
-/// The logits of query heads [j0, j0 + GC) of the group (those < g) for the token whose channel
-/// 0 is at pk (channel c at pk[c * block_tokens]); qs = the group's [g, r] partial queries.
-template <int GC, bool Exact, class PkT>
-KVSCOUT_DEVICE void group_logits(const PkT* pk, const float* qs, int r, int j0, int g,
+/// The logits of query heads [j0, j0 + GC) of the group (those < g) for the token `rd` reads
+/// (reader_at); qs = the group's [g, r] partial queries.
+template <int GC, bool Exact, class Reader>
+KVSCOUT_DEVICE void group_logits(const Reader& rd, const float* qs, int r, int j0, int g,
                                  float (&acc)[GC]) {
-  constexpr int B = partial_key_view<PkT>::block_tokens;
 #pragma unroll
   for (int jj = 0; jj < GC; ++jj) acc[jj] = 0.f;
   for (int c = 0; c < r; ++c) {
-    const float v = to_float(pk[static_cast<std::size_t>(c) * B]);
+    const float v = rd.one(c);
 #pragma unroll
     for (int jj = 0; jj < GC; ++jj) {
       if (Exact || j0 + jj < g) acc[jj] += qs[(j0 + jj) * r + c] * v;
@@ -332,7 +418,7 @@ __global__ void __launch_bounds__(spec_block_threads)
   // token count is a multiple of it), one vector load per channel for all of them; every token's
   // logits are summed in channel order, as group_logits and the host do.
   constexpr int TPT = spec_tokens_per_thread;
-  constexpr int B = partial_key_view<PkT>::block_tokens;
+  constexpr int B = device_key_view<PkT>::block_tokens;
   static_assert(B % TPT == 0 && spec_tokens_per_block == TPT * spec_block_threads);
   const int t = t0 + TPT * static_cast<int>(threadIdx.x);
   if (t >= len) return;  // no barrier follows
@@ -340,7 +426,7 @@ __global__ void __launch_bounds__(spec_block_threads)
   const bool use_max = p.aggregation == gqa_aggregation::max_logit;
   const float inv_g = 1.f / static_cast<float>(g);
   // Tokens t .. t + TPT - 1 past len lie in the same tile, inside the cache: read, not written.
-  const PkT* pk = p.keys.data.data() + p.keys.offset(c, h, 0, t);
+  const auto rd = reader_at(p.keys, c, h, t);
   float a[TPT];
   for (int j0 = 0; j0 < g; j0 += GC) {
     float acc[TPT][GC];
@@ -350,7 +436,7 @@ __global__ void __launch_bounds__(spec_block_threads)
       for (int jj = 0; jj < GC; ++jj) acc[u][jj] = 0.f;
     for (int ch = 0; ch < p.r; ++ch) {
       float v[TPT];
-      load_row_part<PkT, TPT>(pk + static_cast<std::size_t>(ch) * B, v);
+      rd.template load<TPT>(ch, v);
 #pragma unroll
       for (int jj = 0; jj < GC; ++jj) {
         if (G > 0 || j0 + jj < g) {
@@ -416,9 +502,8 @@ __global__ void __launch_bounds__(spec_block_threads)
     for (int k = 0; k < spec_tokens_per_thread; ++k) {
       const int t = t0 + k * spec_block_threads + static_cast<int>(threadIdx.x);
       if (t >= len) break;
-      const PkT* pk = p.keys.data.data() + p.keys.offset(c, h, 0, t);
       float acc[GC];
-      group_logits<GC, (G > 0)>(pk, qs, p.r, j0, g, acc);
+      group_logits<GC, (G > 0)>(reader_at(p.keys, c, h, t), qs, p.r, j0, g, acc);
 #pragma unroll
       for (int jj = 0; jj < GC; ++jj) softmax_push<float>(m[jj], l[jj], acc[jj]);
     }
@@ -471,11 +556,11 @@ __global__ void __launch_bounds__(spec_block_threads)
   for (int k = 0; k < spec_tokens_per_thread; ++k) {
     const int t = t0 + k * spec_block_threads + static_cast<int>(threadIdx.x);
     if (t >= len) break;
-    const PkT* pk = p.keys.data.data() + p.keys.offset(c, h, 0, t);
+    const auto rd = reader_at(p.keys, c, h, t);
     float a = 0.f;
     for (int j0 = 0; j0 < g; j0 += GC) {
       float acc[GC];
-      group_logits<GC, (G > 0)>(pk, qs, p.r, j0, g, acc);
+      group_logits<GC, (G > 0)>(rd, qs, p.r, j0, g, acc);
 #pragma unroll
       for (int jj = 0; jj < GC; ++jj) {
         const int j = j0 + jj;
@@ -549,6 +634,188 @@ __global__ void __launch_bounds__(spec_append_threads)
     }
     dst[p.keys.offset(s, h, i, t)] = from_float<PkT>(v);
   }
+}
+
+// ---- append, quantised partial keys --------------------------------------------------------
+// Three launches per append() (score/infinigen.cuh): quantise_groups, then stage_tail, then
+// count_tokens. Contract: per call, each sequence's tokens are one run of consecutive entries
+// with consecutive positions, starting at the sequence's count (or at 0: a new sequence in the
+// slot). An entry that breaks it (checked in O(1): its predecessor in the batch, and the entry
+// where its run must start) is skipped and raises device_status::bad_order; positions or
+// sequences out of range, bad_index; a non-finite partial key value is stored as 0 and raises
+// bad_value (the host cache refuses it).
+
+template <int Bits, int Group, class K>
+struct qk_append_params {
+  const float* rotation;          // [H, D, r]
+  const std::int32_t* channels;   // [H, r]
+  quantized_key_view<Bits, Group> keys;
+  const K* k;                     // [count, H, D]
+  const std::int32_t* seq_ids;    // [count]
+  const std::int32_t* token_ids;  // [count]
+  int count;
+  int num_kv_heads;
+  int head_dim;
+  int r;
+  rope_mode mode;
+  int* status;
+
+  /// Whether entry n may be appended (see above); raises the status bits (thread 0 of head 0's
+  /// block) where not.
+  __device__ bool valid(int n, bool report) const {
+    const int s = seq_ids[n], t = token_ids[n];
+    if (s < 0 || s >= keys.num_seqs || t < 0 || t >= keys.max_tokens) {
+      if (report) raise_device_status(status, device_status::bad_index);
+      return false;
+    }
+    bool ok = true;
+    if (n > 0 && seq_ids[n - 1] == s) ok = token_ids[n - 1] == t - 1;
+    if (ok) {
+      // The run's first entry: where the count (or 0) says the run starts.
+      const int count_s = keys.counts[static_cast<std::size_t>(s) * keys.num_kv_heads];
+      const auto starts_at = [&](int t0) {
+        const int n0 = n - (t - t0);
+        return t0 >= 0 && n0 >= 0 && seq_ids[n0] == s && token_ids[n0] == t0 &&
+               (n0 == 0 || seq_ids[n0 - 1] != s);
+      };
+      ok = starts_at(count_s) || starts_at(0);
+    }
+    if (!ok && report) raise_device_status(status, device_status::bad_order);
+    return ok;
+  }
+};
+
+/// Channel i of entry n's partial key for kv head h, its key already in shared memory (ks, D
+/// floats): a gather for rope_planes, skew_dot with A[:, S] otherwise (as append_keys).
+template <int Bits, int Group, class K>
+KVSCOUT_DEVICE float qk_project(const qk_append_params<Bits, Group, K>& p, const float* ks, int h, int i) {
+  if (p.mode == rope_mode::rope_planes) return ks[p.channels[static_cast<std::size_t>(h) * p.r + i]];
+  return skew_dot(ks, p.rotation + static_cast<std::size_t>(h) * p.head_dim * p.r + i, p.head_dim,
+                  static_cast<std::size_t>(p.r));
+}
+
+/// Loads entry m's key of kv head h into ks (head_dim floats); the block's threads share it.
+template <int Bits, int Group, class K>
+KVSCOUT_DEVICE void qk_load_key(const qk_append_params<Bits, Group, K>& p, int m, int h, float* ks) {
+  const K* k = p.k + (static_cast<std::size_t>(m) * p.num_kv_heads + h) * p.head_dim;
+  for (int d = static_cast<int>(threadIdx.x); d < p.head_dim; d += blockDim.x) ks[d] = to_float(k[d]);
+}
+
+/// grid (count, H), dynamic shared memory r * Group floats: entry n completes its group
+/// (position % Group == Group - 1): the group's partial keys (this batch's entries for the
+/// positions the run holds, the staging tile for the earlier ones) are quantised into the
+/// group's tile as quantized_partial_key_cache::append does, and the staging tile is cleared.
+template <int Bits, int Group, class K>
+__global__ void __launch_bounds__(spec_append_threads)
+    quantise_groups(const __grid_constant__ qk_append_params<Bits, Group, K> p) {
+  using view = quantized_key_view<Bits, Group>;
+  constexpr int LB = view::line_bytes;
+  float* const x = dynamic_shared<float>();  // [r, Group]
+  __shared__ float ks[2 * rope_table::max_planes];
+  __shared__ int bad;
+  const int n = static_cast<int>(blockIdx.x);
+  const int h = static_cast<int>(blockIdx.y);
+  if (!p.valid(n, false)) return;  // stage_tail reports it
+  const int s = p.seq_ids[n], t = p.token_ids[n];
+  if (t % Group != Group - 1) return;
+  const int b = t / Group;
+  const int r = p.r;
+  const float* stage = p.keys.staging.data() + p.keys.staging_offset(s, h);
+  if (threadIdx.x == 0) bad = 0;
+  __syncthreads();
+  for (int j = 0; j < Group; ++j) {
+    const int m = n - (Group - 1 - j);
+    const bool in_batch =
+        m >= 0 && p.seq_ids[m] == s && p.token_ids[m] == b * Group + j && p.valid(m, false);
+    if (in_batch) {
+      __syncthreads();  // ks is reused
+      qk_load_key(p, m, h, ks);
+      __syncthreads();
+    }
+    for (int c = static_cast<int>(threadIdx.x); c < r; c += blockDim.x) {
+      float v = in_batch ? qk_project(p, ks, h, c) : stage[static_cast<std::size_t>(c) * Group + j];
+      if (!isfinite(v)) {
+        v = 0.f;
+        bad = 1;
+      }
+      x[static_cast<std::size_t>(c) * Group + j] = v;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && bad) raise_device_status(p.status, device_status::bad_value);
+  float* mn = p.keys.tile_data.data() + p.keys.tile_offset(s, h, b);
+  float* step = mn + r;
+  std::uint8_t* codes = reinterpret_cast<std::uint8_t*>(step + r);
+  for (int c = static_cast<int>(threadIdx.x); c < r; c += blockDim.x) {
+    const float* xc = x + static_cast<std::size_t>(c) * Group;
+    float lo = xc[0], hi = xc[0];
+    for (int i = 1; i < Group; ++i) {
+      lo = xc[i] < lo ? xc[i] : lo;
+      hi = xc[i] > hi ? xc[i] : hi;
+    }
+    // As the host cache: the step in double, codes rounded to nearest (ties to even).
+    const float sc = static_cast<float>((static_cast<double>(hi) - lo) / view::levels);
+    mn[c] = lo;
+    step[c] = sc;
+    std::uint8_t* line = codes + static_cast<std::size_t>(c) * LB;
+    for (int bi = 0; bi < LB; ++bi) {
+      unsigned byte = 0;
+      if (sc != 0.f) {
+        for (int plane = 0; plane * LB < Group; ++plane) {
+          const int i = plane * LB + bi;
+          double q = rint((static_cast<double>(xc[i]) - lo) / sc);
+          q = q < 0 ? 0 : q > view::levels ? view::levels : q;
+          byte |= static_cast<unsigned>(q) << (Bits * plane);
+        }
+      }
+      line[bi] = static_cast<std::uint8_t>(byte);
+    }
+  }
+  float* st = p.keys.staging.data() + p.keys.staging_offset(s, h);
+  for (int e = static_cast<int>(threadIdx.x); e < r * Group; e += blockDim.x) st[e] = 0.f;
+}
+
+/// grid (count, H): entry n's group does not complete in this batch, so its partial key goes
+/// to the staging tile. Reports the bad entries.
+template <int Bits, int Group, class K>
+__global__ void __launch_bounds__(spec_append_threads)
+    stage_tail(const __grid_constant__ qk_append_params<Bits, Group, K> p) {
+  __shared__ float ks[2 * rope_table::max_planes];
+  const int n = static_cast<int>(blockIdx.x);
+  const int h = static_cast<int>(blockIdx.y);
+  if (!p.valid(n, h == 0 && threadIdx.x == 0)) return;
+  const int s = p.seq_ids[n], t = p.token_ids[n];
+  const int i = t % Group;
+  const int last = n + (Group - 1 - i);  // the entry that would complete the group
+  if (last < p.count && p.seq_ids[last] == s && p.token_ids[last] == t + (Group - 1 - i) &&
+      p.valid(last, false))
+    return;
+  qk_load_key(p, n, h, ks);
+  __syncthreads();
+  float* st = p.keys.staging.data() + p.keys.staging_offset(s, h);
+  bool bad = false;
+  for (int c = static_cast<int>(threadIdx.x); c < p.r; c += blockDim.x) {
+    float v = qk_project(p, ks, h, c);
+    if (!isfinite(v)) {
+      v = 0.f;
+      bad = true;
+    }
+    st[static_cast<std::size_t>(c) * Group + i] = v;
+  }
+  if (bad) raise_device_status(p.status, device_status::bad_value);
+}
+
+/// grid (count), one thread: the last valid entry of each run sets its sequence's count (every
+/// kv head), after reading the old one (valid()).
+template <int Bits, int Group, class K>
+__global__ void count_tokens(const __grid_constant__ qk_append_params<Bits, Group, K> p) {
+  const int n = static_cast<int>(blockIdx.x);
+  if (threadIdx.x != 0 || !p.valid(n, false)) return;
+  const int s = p.seq_ids[n], t = p.token_ids[n];
+  // The run goes on where the next entry is its next position (else it ends here, or breaks).
+  if (n + 1 < p.count && p.seq_ids[n + 1] == s && p.token_ids[n + 1] == t + 1) return;
+  for (int h = 0; h < p.num_kv_heads; ++h)
+    p.keys.counts[static_cast<std::size_t>(s) * p.num_kv_heads + h] = t + 1;
 }
 
 }  // namespace kvscout::detail
