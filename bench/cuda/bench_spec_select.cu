@@ -4,6 +4,9 @@
 //
 //   spec/<n>        infinigen_policy_cuda::score: partial-query GEMV (32 MiB of fp16 W_Q rows),
 //                   RoPE + skew, scoring of 32 x n partial keys
+//   spec_q4/<n>, spec_q2/<n>  the same over quantised partial keys (quantized_keys<4> / <2>,
+//                   groups of 32: codes, and a float min and step per channel and group), every
+//                   group complete; bytes/s counts the codes and the min / step read
 //   topk/<n>        topk_selector_cuda::select on 32 rows of n scores (each row split over
 //                   several blocks: counter `chunks`)
 //   threshold/<n>   threshold_selector_cuda::select, per_head, alpha 4 (cap = budget)
@@ -85,24 +88,43 @@ kvscout::infinigen_cuda_config spec_config(int n) {
           1.f / std::sqrt(static_cast<float>(D)), kvscout::gqa_aggregation::max_logit};
 }
 
-/// One speculator with its own workspace, keys filled (a copy for the L2 rotation).
+/// Bytes of partial keys one score() reads for n tokens of every kv head.
+template <class PkT>
+double key_bytes_read(int n) {
+  if constexpr (kvscout::is_quantized_keys_v<PkT>)
+    return static_cast<double>(H) * R * (static_cast<double>(n) * PkT::bits / 8 + 8.0 * (n / PkT::group));
+  else
+    return static_cast<double>(H) * n * R * sizeof(PkT);
+}
+
+/// One speculator with its own workspace, keys filled (a copy for the L2 rotation); quantised
+/// keys: random tiles (codes, min and step), every group complete.
+template <class Spec>
 struct spec_copy {
   device_buffer<std::byte> ws;
-  std::unique_ptr<spec> sp;
+  std::unique_ptr<Spec> sp;
   spec_copy(const kvscout::infinigen_cuda_config& cfg, const std::vector<kvscout::skew_plan>& plans,
             const std::vector<float>& w_q, std::uint32_t seed)
-      : ws(spec::workspace_bytes(cfg)) {
-    sp = std::make_unique<spec>(cfg, plans, kvscout::host_span<const float>(w_q.data(), w_q.size()),
+      : ws(Spec::workspace_bytes(cfg)) {
+    sp = std::make_unique<Spec>(cfg, plans, kvscout::host_span<const float>(w_q.data(), w_q.size()),
                                 kvscout::host_span<const float>{},
                                 kvscout::device_span<std::byte>(ws.p, ws.n));
     const auto keys = sp->keys();
-    fill(keys.data.data(), keys.data.size(), seed);
+    if constexpr (Spec::quantized) {
+      fill(keys.tile_data.data(), keys.tile_data.size(), seed);
+      const std::vector<std::int32_t> counts(keys.counts.size(), cfg.max_tokens);
+      KVSCOUT_CUDA_CHECK(cudaMemcpy(keys.counts.data(), counts.data(), sizeof(std::int32_t) * counts.size(),
+                                    cudaMemcpyHostToDevice));
+    } else {
+      fill(keys.data.data(), keys.data.size(), seed);
+    }
   }
 };
 
+template <class Spec = spec>
 struct spec_fixture {
   int n;
-  std::vector<std::unique_ptr<spec_copy>> copies;
+  std::vector<std::unique_ptr<spec_copy<Spec>>> copies;
   device_buffer<float> x;
   device_buffer<std::int32_t> pos, lens;
   device_buffer<float> scores;
@@ -123,9 +145,9 @@ struct spec_fixture {
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.f, 1.f / 64.f);
     for (auto& v : w_q) v = nd(rng);
-    const std::size_t key_bytes = sizeof(pk_type) * static_cast<std::size_t>(H) * n * R;
+    const auto key_bytes = static_cast<std::size_t>(key_bytes_read<typename Spec::key_format>(n));
     const int k = gpu_bench::rotation_copies(key_bytes);
-    for (int c = 0; c < k; ++c) copies.push_back(std::make_unique<spec_copy>(cfg, plans, w_q, 7u + c));
+    for (int c = 0; c < k; ++c) copies.push_back(std::make_unique<spec_copy<Spec>>(cfg, plans, w_q, 7u + c));
     fill(x.p, x.n, 3u);
     pos.upload({n});
     lens.upload({n});
@@ -201,9 +223,10 @@ void set_counters(benchmark::State& st, double tokens, double bytes) {
                                                   benchmark::Counter::kIs1024);
 }
 
+template <class Spec = spec>
 void bm_spec(benchmark::State& st) {
   const int n = static_cast<int>(st.range(0));
-  spec_fixture f(n);
+  spec_fixture<Spec> f(n);
   gpu_bench::event_timer timer;
   int copy = 0;
   for (auto _ : st) {
@@ -212,7 +235,7 @@ void bm_spec(benchmark::State& st) {
     st.SetIterationTime(timer.stop(nullptr));
   }
   set_counters(st, static_cast<double>(H) * n,
-               static_cast<double>(H) * n * R * sizeof(pk_type) + sizeof(w_type) * Hq * D * d_model);
+               key_bytes_read<typename Spec::key_format>(n) + sizeof(w_type) * Hq * D * d_model);
 }
 
 void bm_topk(benchmark::State& st) {
@@ -262,7 +285,7 @@ void bm_threshold(benchmark::State& st) {
 
 void bm_spec_topk(benchmark::State& st) {
   const int n = static_cast<int>(st.range(0));
-  spec_fixture f(n);
+  spec_fixture<> f(n);
   device_buffer<std::int32_t> indices(static_cast<std::size_t>(H) * (n / 10)), counts(H);
   const kvscout::topk_selector_cuda::config cfg{1, H, n, n / 10, n / 10, {4, 64}};
   device_buffer<std::byte> ws(kvscout::topk_selector_cuda::workspace_bytes(cfg));
@@ -330,7 +353,9 @@ void sizes(benchmark::internal::Benchmark* b) {
   b->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
-BENCHMARK(bm_spec)->Name("spec")->Apply(sizes);
+BENCHMARK(bm_spec<spec>)->Name("spec")->Apply(sizes);
+BENCHMARK(bm_spec<kvscout::infinigen_policy_cuda<kvscout::quantized_keys<4>, w_type>>)->Name("spec_q4")->Apply(sizes);
+BENCHMARK(bm_spec<kvscout::infinigen_policy_cuda<kvscout::quantized_keys<2>, w_type>>)->Name("spec_q2")->Apply(sizes);
 BENCHMARK(bm_topk)->Name("topk")->Apply(sizes);
 BENCHMARK(bm_threshold)->Name("threshold")->Apply(sizes);
 BENCHMARK(bm_spec_topk)->Name("spec_topk")->Apply(sizes);

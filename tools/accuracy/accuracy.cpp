@@ -979,9 +979,11 @@ int main(int argc, char** argv) try {
     // max_logit / mean_logit / sum_prob / spec (the speculation's); share 0: late ranking alone,
     // -1: speculation alone).
     const std::string grid = arg(argc, argv, "--rank-configs", "");
+    // Every format of --formats (fp16 by default), each against its own dense run.
     const auto grid_rows = [&](text_run& tx) {
-    if (!grid.empty() && !tx.dense_ppl.count(static_cast<int>(kv_format::fp16)))
-      hz.run("ranking", tx, kv_format::fp16, eval_policy::dense, 1.0, {});
+    for (const kv_format f : formats) {
+    if (!grid.empty() && !tx.dense_ppl.count(static_cast<int>(f)))
+      hz.run("ranking", tx, f, eval_policy::dense, 1.0, {});
     std::stringstream gs(grid);
     for (std::string item; std::getline(gs, item, ',');) {
       int r = 0, bits = 0;
@@ -1007,7 +1009,8 @@ int main(int argc, char** argv) try {
       }
       if (share == 0) k.late = true;
       if (share > 0) k.correct_share = share;
-      hz.run("ranking", tx, kv_format::fp16, eval_policy::infinigen, 0.10, k);
+      hz.run("ranking", tx, f, eval_policy::infinigen, 0.10, k);
+    }
     }
     };
     grid_rows(lt);

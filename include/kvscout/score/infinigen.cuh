@@ -59,6 +59,7 @@ class infinigen_policy_cuda {
   using config = infinigen_cuda_config;
   using config_type = config;
   using memory_space = device_space;
+  using key_format = PkT;
   static constexpr bool quantized = is_quantized_keys_v<PkT>;
 
   /// Bytes of device workspace: weights, scratch and the partial key cache
