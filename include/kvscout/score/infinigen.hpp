@@ -546,14 +546,19 @@ class infinigen_policy_host {
         const float* qj = qg + static_cast<std::size_t>(j) * r;
         if constexpr (quantized) top[j] = score_quantized<1>(qj, r, st.cache, s, h, n, true, 1.f, lj);
         else top[j] = score_tiles<1>(qj, r, st.cache, s, h, n, true, 1.f, lj);
+        // One exponential per logit: kept in the row (as float) for the sum below.
         double z = 0;
-        for (int t = 0; t < n; ++t) z += std::exp(static_cast<double>(lj[t]) - top[j]);
+        for (int t = 0; t < n; ++t) {
+          const double e = std::exp(static_cast<double>(lj[t]) - top[j]);
+          z += e;
+          lj[t] = static_cast<float>(e);
+        }
         inv_z[j] = 1.0 / z;
       }
       for (int t = 0; t < n; ++t) {
         double a = 0;
         for (int j = 0; j < g; ++j)
-          a += std::exp(static_cast<double>(lg_[static_cast<std::size_t>(j) * cfg_.max_tokens + t]) - top[j]) * inv_z[j];
+          a += static_cast<double>(lg_[static_cast<std::size_t>(j) * cfg_.max_tokens + t]) * inv_z[j];
         row[t] = static_cast<float>(a);
       }
       return detail::max_non_nan(row, n);
