@@ -7,7 +7,7 @@
 //   score[s, h, t]   = aggregate over the g query heads of the group (score/concepts.hpp)
 //
 // Layers without plans (below skip_layers) are not tracked: append() to them does nothing, score()
-// of them throws. append() and score() allocate nothing.
+// of them throws. append() and score() keep the per-step contract (docs/architecture.md).
 //
 // Memory. The scratch of a step (the block's partial queries, RoPE tables, one projected key, a
 // group's mean query) is a caller-owned workspace of workspace_bytes(cfg) bytes at

@@ -30,7 +30,7 @@
 // budget is a cap, not a quota: a short row (len <= budget) still selects by threshold.
 // Output: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count; entries past
 // the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= budget <=
-// capacity. select() validates every input before writing and allocates nothing.
+// capacity. select() keeps the per-step contract (docs/architecture.md).
 //
 // Cost, per_head, where the scores come with their rows' maxima (score_view::row_max, which
 // infinigen_policy_host writes while scoring): one compaction per row against the hinted floor; the
