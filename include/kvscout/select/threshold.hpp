@@ -32,11 +32,9 @@
 // the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= budget <=
 // capacity. select() keeps the per-step contract (docs/architecture.md).
 //
-// Cost, per_head, where the scores come with their rows' maxima (score_view::row_max, which
-// infinigen_policy_host writes while scoring): one compaction per row against the hinted floor; the
-// hint is checked against the candidates it admits (detail::check_hint). A wrong one costs the
-// row a second compaction, or, where its floor admits more candidates than the short list holds,
-// the sampled path below; never a different result. A NaN entry is no hint. Without hints:
+// Cost, per_head, where the scores come with their rows' maxima (score_view::row_max: a hint,
+// checked, never trusted; docs/architecture.md): one compaction per row against the hinted
+// floor. Without hints:
 // rows of up to 4096 tokens outside the keep-set, a maximum and a compaction, the maximum read
 // during the previous row's compaction (AVX-512 builds); longer rows one
 // vectorised pass, plus scans of their candidates where the cap binds: a strided sample of the
