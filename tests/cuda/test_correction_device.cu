@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
-#include "random_orthogonal.hpp"
+#include "../host/random_orthogonal.hpp"
 #include "kvscout/core/device_status.hpp"
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/select/correction.cuh"
@@ -44,7 +44,7 @@ kvscout::skew_plan plan_for(rope_mode mode, int D, int r, std::mt19937& rng) {
   p.head_dim = D;
   p.r = r;
   p.rope = rope;
-  p.A = gpu_test::random_orthogonal(D, rng);  // random_orthogonal.hpp
+  p.A = kvtest::random_orthogonal(D, rng);  // tests/host/random_orthogonal.hpp
   all.resize(static_cast<std::size_t>(r));
   std::sort(all.begin(), all.end());
   p.channels = all;

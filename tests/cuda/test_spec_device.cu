@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
-#include "random_orthogonal.hpp"
+#include "../host/random_orthogonal.hpp"
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/core/device_status.hpp"
 #include "kvscout/core/configured.hpp"
@@ -54,7 +54,7 @@ struct shape {
   bool bias = true;
 };
 
-using gpu_test::random_orthogonal;  // random_orthogonal.hpp
+using kvtest::random_orthogonal;  // tests/host/random_orthogonal.hpp
 
 kvscout::skew_plan random_plan(const shape& sh, std::mt19937& rng) {
   kvscout::skew_plan p;
