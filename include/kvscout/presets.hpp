@@ -11,10 +11,7 @@
 //                               instead of the skew, r = head_dim / 2, max-logit GQA aggregation,
 //                               exact top-k at the cap, 4 sinks + 16 recent tokens kept.
 //
-// On SmolLM2-135M (GQA 9 / 3 heads, RoPE, head_dim 64; docs/accuracy.md, GPL-3 text, 4096
-// tokens, fp16, 10 % cap) kvscout_default reaches perplexity 17.154 (dense 16.310),
-// infinigen_paper 155.110 at 6.6 % of the rows (its missing keep-set costs the most: with
-// kvscout's, 29.823; the accuracy harness's stage ablation).
+// Their perplexity on SmolLM2-135M, and the stage ablation between them: docs/accuracy.md.
 //
 //   const auto p = kvscout::presets::kvscout_default(head_dim);
 //   kvscout::skew_options opt = p.skew(model_rope);       // per (layer, kv head): calibrate_skew
@@ -156,23 +153,18 @@ inline constexpr double infinigen_paper_budget = 0.2;
 }
 
 /// kvscout's own configuration, chosen by the accuracy harness on SmolLM2-135M (GQA, RoPE,
-/// head_dim 64; docs/accuracy.md, "The defaults the harness chose"). Not InfiniGen's: it keeps
-/// InfiniGen's speculation (layer l's partial query from layer l - 1's input, scored against
-/// partial keys) and changes the rest. Each field, and its evidence:
+/// head_dim 64). Not InfiniGen's: it keeps InfiniGen's speculation (layer l's partial query from
+/// layer l - 1's input, scored against partial keys) and changes the rest. Each field (the
+/// perplexities behind each choice: docs/accuracy.md, "kvscout's defaults: what the harness
+/// chose", and for sum_prob "What limits the ranking"):
 ///   mode            rope_planes: whole RoPE planes, no skew (skew/plan.hpp); best at every
-///                   budget on both texts (17.154 vs post_rope_skew 20.185 at 10 %).
-///   partial_ratio   0.5, r = head_dim / 2 rounded down to whole planes: r = 32 of 64 measured
-///                   17.154 vs 18.105 (16) and 16.827 (64, the whole key). Other head_dims take the
-///                   same ratio; not measured.
+///                   budget on both texts.
+///   partial_ratio   0.5, r = head_dim / 2 rounded down to whole planes (measured for head_dim
+///                   64 only; other head_dims take the same ratio).
 ///   union_with_keys false.
-///   aggregation     max_logit: 17.154 vs mean_logit 17.647 (rope_planes).
-///   query_aggregation sum_prob (the correction step's ranking, which has the layer's own
-///                   query): with a correction share of 0.25 at 10 %, GPL-3 16.885 vs 16.897
-///                   (max_logit), pg19 46.396 vs 46.862; the late ranking alone ranks as the
-///                   oracle does once it reads every channel (docs/accuracy.md, "What limits
-///                   the ranking").
-///   selector        exact top-k at the cap: 17.154 at 10 % of the rows vs the per-head threshold
-///                   (alpha 8) 17.493 at 7.7 %.
+///   aggregation     max_logit (better than mean_logit).
+///   query_aggregation sum_prob: the correction step's ranking, which has the layer's own query.
+///   selector        exact top-k at the cap (better than the per-head threshold).
 ///   alpha, rule     unused (top-k); rule left at per_head, kvscout's threshold rule.
 ///   keep            4 sinks + 16 recent tokens, inside the cap (the harness's keep-set).
 ///   skip_layers     2, as InfiniGen.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
+#include "../host/random_orthogonal.hpp"
 #include "kvscout/core/device_status.hpp"
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/select/correction.cuh"
@@ -38,26 +39,12 @@ kvscout::skew_plan plan_for(rope_mode mode, int D, int r, std::mt19937& rng) {
     std::sort(all.begin(), all.end());
     return kvscout::rope_planes_plan(rope, all);
   }
-  // A random orthogonal A (Gram-Schmidt in double).
-  std::normal_distribution<double> nd(0.0, 1.0);
-  std::vector<double> a(static_cast<std::size_t>(D) * D);
-  for (auto& v : a) v = nd(rng);
-  for (int j = 0; j < D; ++j) {
-    for (int k = 0; k < j; ++k) {
-      double dot = 0;
-      for (int i = 0; i < D; ++i) dot += a[i * D + j] * a[i * D + k];
-      for (int i = 0; i < D; ++i) a[i * D + j] -= dot * a[i * D + k];
-    }
-    double n = 0;
-    for (int i = 0; i < D; ++i) n += a[i * D + j] * a[i * D + j];
-    for (int i = 0; i < D; ++i) a[i * D + j] /= std::sqrt(n);
-  }
   kvscout::skew_plan p;
   p.mode = mode;
   p.head_dim = D;
   p.r = r;
   p.rope = rope;
-  p.A.assign(a.begin(), a.end());
+  p.A = kvtest::random_orthogonal(D, rng);  // tests/host/random_orthogonal.hpp
   all.resize(static_cast<std::size_t>(r));
   std::sort(all.begin(), all.end());
   p.channels = all;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
+#include "../host/random_orthogonal.hpp"
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/core/device_status.hpp"
 #include "kvscout/core/configured.hpp"
@@ -53,25 +54,7 @@ struct shape {
   bool bias = true;
 };
 
-/// A random orthogonal D x D matrix (Gram-Schmidt in double on a normal matrix), row-major.
-std::vector<float> random_orthogonal(int D, std::mt19937& rng) {
-  std::normal_distribution<double> nd(0.0, 1.0);
-  std::vector<double> a(static_cast<std::size_t>(D) * D);
-  for (auto& v : a) v = nd(rng);
-  // Orthonormalise the columns.
-  for (int j = 0; j < D; ++j) {
-    for (int k = 0; k < j; ++k) {
-      double dot = 0;
-      for (int i = 0; i < D; ++i) dot += a[i * D + j] * a[i * D + k];
-      for (int i = 0; i < D; ++i) a[i * D + j] -= dot * a[i * D + k];
-    }
-    double n = 0;
-    for (int i = 0; i < D; ++i) n += a[i * D + j] * a[i * D + j];
-    n = std::sqrt(n);
-    for (int i = 0; i < D; ++i) a[i * D + j] /= n;
-  }
-  return {a.begin(), a.end()};
-}
+using kvtest::random_orthogonal;  // tests/host/random_orthogonal.hpp
 
 kvscout::skew_plan random_plan(const shape& sh, std::mt19937& rng) {
   kvscout::skew_plan p;

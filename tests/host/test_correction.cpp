@@ -18,68 +18,15 @@
 #include "kvscout/skew/calibrate.hpp"
 #include "kvscout/select/correction.hpp"
 #include "kvscout/score/infinigen.hpp"
+#include "model_slice.hpp"
 
 namespace {
 
 constexpr int D = 64;
 const float nan_f = std::numeric_limits<float>::quiet_NaN();
 
-// A model slice: W_Q, b_Q, the input x of one step per sequence, keys of n tokens per sequence
-// (pre- and post-RoPE), and the true queries (W_Q x + b, rotated at position pos).
-struct slice {
-  int S, H, g, Hq, d_model, n, pos;
-  kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
-  std::vector<float> wq, bq, x, kpre, kpost, q;
-  slice(int seqs, int heads, int group, int tokens, std::uint32_t seed)
-      : S(seqs), H(heads), g(group), Hq(heads * group), d_model(96), n(tokens), pos(tokens + 7) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    wq.resize(static_cast<std::size_t>(Hq) * D * d_model);
-    bq.resize(static_cast<std::size_t>(Hq) * D);
-    x.resize(static_cast<std::size_t>(S) * d_model);
-    for (auto& w : wq) w = nd(rng) / 10.f;
-    for (auto& w : bq) w = 0.1f * nd(rng);
-    for (auto& w : x) w = nd(rng);
-    kpre.resize(static_cast<std::size_t>(S) * n * H * D);
-    for (auto& w : kpre) w = nd(rng);
-    kpost = kpre;
-    for (int s = 0; s < S; ++s)
-      for (int t = 0; t < n; ++t)
-        for (int h = 0; h < H; ++h) kvscout::apply_rope(&kpost[((static_cast<std::size_t>(s) * n + t) * H + h) * D], t, rope);
-    q.resize(static_cast<std::size_t>(S) * Hq * D);
-    for (int s = 0; s < S; ++s)
-      for (int qh = 0; qh < Hq; ++qh) {
-        float* out = &q[(static_cast<std::size_t>(s) * Hq + qh) * D];
-        for (int c = 0; c < D; ++c) {
-          double a = bq[static_cast<std::size_t>(qh) * D + c];
-          for (int i = 0; i < d_model; ++i)
-            a += static_cast<double>(wq[(static_cast<std::size_t>(qh) * D + c) * d_model + i]) * x[static_cast<std::size_t>(s) * d_model + i];
-          out[c] = static_cast<float>(a);
-        }
-        kvscout::apply_rope(out, pos, rope);
-      }
-  }
-  const float* key_pre(int s, int t) const { return &kpre[(static_cast<std::size_t>(s) * n + t) * H * D]; }
-  const float* key_post(int s, int t) const { return &kpost[(static_cast<std::size_t>(s) * n + t) * H * D]; }
-  // Calibrated plans from random post-RoPE samples (any orthogonal A will do for the definition).
-  std::vector<kvscout::skew_plan> plans(int r, kvscout::rope_mode mode, std::uint32_t seed) const {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> qs(static_cast<std::size_t>(200) * g * D), ks(static_cast<std::size_t>(200) * D);
-    for (auto& v : qs) v = nd(rng);
-    for (auto& v : ks) v = nd(rng);
-    std::vector<kvscout::skew_plan> out;
-    for (int h = 0; h < H; ++h)
-      out.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200, g, D,
-                                            {r, false, mode, rope}));
-    return out;
-  }
-};
-
-kvscout::score_buffer<kvscout::host_space> buffer_for(std::vector<float>& scores, int S, int H, int stride) {
-  scores.assign(static_cast<std::size_t>(S) * H * stride, nan_f);
-  return {{scores.data(), scores.size()}, S, H, stride};
-}
+using slice = kvtest::model_slice;  // tests/host/model_slice.hpp
+static_assert(slice::D == D);
 
 }  // namespace
 
@@ -101,8 +48,8 @@ TEST_CASE("score_query is the layer's own query, projected as a key, against the
         // Sequence 1 is shorter: its tail past seq_len is not written.
         std::vector<int32_t> lens{m.n, m.n - 9}, pos{m.pos, m.pos};
         std::vector<float> late, early;
-        const auto lb = buffer_for(late, m.S, m.H, 96);
-        const auto eb = buffer_for(early, m.S, m.H, 96);
+        const auto lb = kvtest::nan_score_buffer(late, m.S, m.H, 96);
+        const auto eb = kvtest::nan_score_buffer(early, m.S, m.H, 96);
         const kvscout::score_context<kvscout::host_space> ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
                                         {pos.data(), 2}, {lens.data(), 2}};
         p.score_query(0, ctx, lb);
@@ -145,7 +92,7 @@ TEST_CASE("score_query is the layer's own query, projected as a key, against the
         // A batch row names its sequence by seq_ids: row 0 scores sequence 1 with row 0's query.
         std::vector<int32_t> ids{1, 0}, lens2{m.n - 9, m.n};
         std::vector<float> swapped;
-        const auto sb = buffer_for(swapped, m.S, m.H, 96);
+        const auto sb = kvtest::nan_score_buffer(swapped, m.S, m.H, 96);
         std::vector<float> q2(m.q.size());
         std::copy(m.q.begin() + m.Hq * D, m.q.end(), q2.begin());
         std::copy(m.q.begin(), m.q.begin() + m.Hq * D, q2.begin() + m.Hq * D);
@@ -166,7 +113,7 @@ TEST_CASE("score_query refuses what it cannot score", "[spec][infinigen][correct
                                      {{}, {}, {}}, pws.span());
   std::vector<int32_t> lens{m.n}, pos{m.pos};
   std::vector<float> scores;
-  const auto out = buffer_for(scores, 1, m.H, 32);
+  const auto out = kvtest::nan_score_buffer(scores, 1, m.H, 32);
   const kvscout::score_context<kvscout::host_space> ctx{{}, {m.q.data(), m.q.size()}, {pos.data(), 1}, {lens.data(), 1}};
   REQUIRE_THROWS_WITH(p.score_query(0, ctx, out), Catch::Contains("layer 0 has no skew plans"));
   REQUIRE_THROWS_WITH(p.score_query(1, ctx, out), Catch::Contains("pre_rope_folded"));
@@ -199,8 +146,8 @@ TEST_CASE("score_query aggregates the group by query_aggregation, score() by agg
     for (int s = 0; s < m.S; ++s)
       for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
     std::vector<float> early, late_scores;
-    p.score(0, ctx, buffer_for(early, m.S, m.H, 96));
-    p.score_query(0, ctx, buffer_for(late_scores, m.S, m.H, 96));
+    p.score(0, ctx, kvtest::nan_score_buffer(early, m.S, m.H, 96));
+    p.score_query(0, ctx, kvtest::nan_score_buffer(late_scores, m.S, m.H, 96));
     return std::make_pair(early, late_scores);
   };
   const auto mixed = run(gqa_aggregation::max_logit, gqa_aggregation::sum_prob);

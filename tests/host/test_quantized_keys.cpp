@@ -15,6 +15,7 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/skew/calibrate.hpp"
 #include "kvscout/score/infinigen.hpp"
+#include "model_slice.hpp"
 
 namespace {
 
@@ -56,62 +57,12 @@ group_ref reference_group(const std::vector<float>& k, int r, int G, int bits, i
 constexpr int D = 64;
 const float nan_f = std::numeric_limits<float>::quiet_NaN();
 
-// A model slice (as tests/host/test_correction.cpp's): W_Q, b_Q, the input x of one step per
-// sequence, keys of n tokens per sequence (pre- and post-RoPE), and the true queries (W_Q x + b,
-// rotated at position pos), which score() predicts from x and score_query() is given.
-struct slice {
-  int S, H, g, Hq, d_model, n, pos;
-  kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
-  std::vector<float> wq, bq, x, kpre, kpost, q;
+// The model slice of tests/host/model_slice.hpp, its keys with per-channel offsets.
+struct slice : kvtest::model_slice {
   slice(int seqs, int heads, int group, int tokens, std::uint32_t seed)
-      : S(seqs), H(heads), g(group), Hq(heads * group), d_model(96), n(tokens), pos(tokens + 7) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    wq.resize(static_cast<std::size_t>(Hq) * D * d_model);
-    bq.resize(static_cast<std::size_t>(Hq) * D);
-    x.resize(static_cast<std::size_t>(S) * d_model);
-    for (auto& w : wq) w = nd(rng) / 10.f;
-    for (auto& w : bq) w = 0.1f * nd(rng);
-    for (auto& w : x) w = nd(rng);
-    kpre.resize(static_cast<std::size_t>(S) * n * H * D);
-    for (std::size_t i = 0; i < kpre.size(); ++i) kpre[i] = 0.2f * static_cast<float>(i % D % 5) + nd(rng);
-    kpost = kpre;
-    for (int s = 0; s < S; ++s)
-      for (int t = 0; t < n; ++t)
-        for (int h = 0; h < H; ++h) kvscout::apply_rope(&kpost[((static_cast<std::size_t>(s) * n + t) * H + h) * D], t, rope);
-    q.resize(static_cast<std::size_t>(S) * Hq * D);
-    for (int s = 0; s < S; ++s)
-      for (int qh = 0; qh < Hq; ++qh) {
-        float* out = &q[(static_cast<std::size_t>(s) * Hq + qh) * D];
-        for (int c = 0; c < D; ++c) {
-          double a = bq[static_cast<std::size_t>(qh) * D + c];
-          for (int i = 0; i < d_model; ++i)
-            a += static_cast<double>(wq[(static_cast<std::size_t>(qh) * D + c) * d_model + i]) * x[static_cast<std::size_t>(s) * d_model + i];
-          out[c] = static_cast<float>(a);
-        }
-        kvscout::apply_rope(out, pos, rope);
-      }
-  }
-  float* key_post(int s, int t) { return &kpost[(static_cast<std::size_t>(s) * n + t) * H * D]; }
-  const float* key_pre(int s, int t) const { return &kpre[(static_cast<std::size_t>(s) * n + t) * H * D]; }
-  std::vector<kvscout::skew_plan> plans(int r, kvscout::rope_mode mode, std::uint32_t seed) const {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> qs(static_cast<std::size_t>(200) * g * D), ks(static_cast<std::size_t>(200) * D);
-    for (auto& v : qs) v = nd(rng);
-    for (auto& v : ks) v = nd(rng);
-    std::vector<kvscout::skew_plan> out;
-    for (int h = 0; h < H; ++h)
-      out.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200, g, D,
-                                            {r, false, mode, rope}));
-    return out;
-  }
+      : model_slice(seqs, heads, group, tokens, seed, keys::channel_offsets) {}
 };
-
-kvscout::score_buffer<kvscout::host_space> buffer_for(std::vector<float>& scores, int S, int H, int stride) {
-  scores.assign(static_cast<std::size_t>(S) * H * stride, nan_f);
-  return {{scores.data(), scores.size()}, S, H, stride};
-}
+static_assert(slice::D == D);
 
 }  // namespace
 
@@ -263,8 +214,8 @@ TEMPLATE_TEST_CASE("infinigen_policy_host over quantised partial keys scores the
         // Sequence 1 ends inside its second quantised group: rows stop at seq_len.
         std::vector<int32_t> lens{m.n, m.n - 9}, pos{m.pos, m.pos};
         std::vector<float> late, early;
-        const auto lb = buffer_for(late, m.S, m.H, scored);
-        const auto eb = buffer_for(early, m.S, m.H, scored);
+        const auto lb = kvtest::nan_score_buffer(late, m.S, m.H, scored);
+        const auto eb = kvtest::nan_score_buffer(early, m.S, m.H, scored);
         std::vector<float> late_max(static_cast<std::size_t>(m.S * m.H), nan_f);
         const kvscout::score_buffer<kvscout::host_space> lbm{lb.scores, lb.num_seqs, lb.num_kv_heads, lb.stride,
                                         {late_max.data(), late_max.size()}};
@@ -352,7 +303,7 @@ TEMPLATE_TEST_CASE("infinigen_policy_host over quantised partial keys scores the
             f.append(0, s, t, m.key_pre(s, t), k.data());
           }
         std::vector<float> fl;
-        const auto fb = buffer_for(fl, m.S, m.H, scored);
+        const auto fb = kvtest::nan_score_buffer(fl, m.S, m.H, scored);
         f.score_query(0, ctx, fb);
         for (int s = 0; s < m.S; ++s)
           for (int h = 0; h < m.H; ++h)

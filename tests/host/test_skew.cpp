@@ -20,6 +20,7 @@
 
 #include "kvscout/skew/calibrate.hpp"
 #include "kvscout/skew/plan.hpp"
+#include "random_orthogonal.hpp"
 
 namespace {
 
@@ -131,25 +132,6 @@ void check_top_set(const std::vector<int>& chosen, const std::vector<double>& sc
   }
   CAPTURE(min_in, max_out);
   REQUIRE(min_in >= max_out * (1 - 1e-6));
-}
-
-/// Matrix with orthonormal columns [D, D] (row-major), by modified Gram-Schmidt in fp64.
-std::vector<double> random_rotation(int D, std::mt19937& rng) {
-  std::normal_distribution<double> dist;
-  std::vector<double> M(static_cast<std::size_t>(D) * D);
-  for (auto& x : M) x = dist(rng);
-  for (int j = 0; j < D; ++j) {
-    for (int i = 0; i < j; ++i) {
-      double d = 0;
-      for (int k = 0; k < D; ++k) d += M[k * D + i] * M[k * D + j];
-      for (int k = 0; k < D; ++k) M[k * D + j] -= d * M[k * D + i];
-    }
-    double n = 0;
-    for (int k = 0; k < D; ++k) n += M[k * D + j] * M[k * D + j];
-    n = std::sqrt(n);
-    for (int k = 0; k < D; ++k) M[k * D + j] /= n;
-  }
-  return M;
 }
 
 kvscout::skew_plan calibrate(const std::vector<float>& q, const std::vector<float>& k, int n,
@@ -398,7 +380,7 @@ TEST_CASE("skew helps: low-rank queries rank tokens much better in the skewed ba
   CAPTURE(g);
   std::mt19937 rng(2024);
   const auto basis = normal_vec(static_cast<std::size_t>(D) * rank, rng);  // [D, rank]
-  const auto R = random_rotation(D, rng);
+  const auto R = kvtest::random_orthogonal_fp64(D, rng);  // columns orthonormal, fp64
   const auto sample_query = [&](float* out) {
     std::normal_distribution<double> nd;
     std::vector<double> v(static_cast<std::size_t>(D));

@@ -1,10 +1,10 @@
 #pragma once
-// Row sources for decode attention over a KIVI cache (kv/kivi.hpp). A quantised row is
-// dequantised into attention's float buffer as it is read (keys with the per-channel parameters
-// of the token's key group, values with the per-group parameters carried in the record); the
-// window of tokens not yet fetchable (kv/kivi.hpp) is read from its resident ring: full
-// precision, or dequantised where KIVI's rule already quantised a key (or, R = 0, a value). No full-precision copy of a quantised row exists
-// anywhere, so only the quantised bytes ever cross the link.
+// Row sources for decode attention over a KIVI cache (kv/kivi.hpp). A quantised row is dequantised
+// into attention's float buffer as it is read (keys with the per-channel parameters of the token's
+// key group, values with the per-group parameters carried in the record); the window of tokens not
+// yet fetchable (kv/kivi.hpp) is read from its resident ring: full precision, or dequantised where
+// KIVI's rule already quantised a key (or, R = 0, a value). No full-precision copy of a quantised
+// row exists anywhere, so only the quantised bytes ever cross the link.
 //
 //   kivi_layout_rows_host<L>    every token of (s, h) in cache order: the quantised tokens
 //                          [0, quantized_len) from the cache's records, then the residual window
@@ -42,9 +42,8 @@ namespace detail {
 // The rows dequantise exactly as kv/detail/kivi_pack.hpp's kivi_dequantize_key_row /
 // kivi_dequantize_value_row do (x' = fma(code, scale, zero), one rounding), bit for bit (NaN
 // payloads aside: NaN stays NaN), a host_float_lanes register at a time: the codes unpacked by
-// shifts within one little-endian word, the parameters widened by load_lanes (F16C where the
-// target has it), one madd. The scalar loops cost attention over a KIVI cache 2x its time over
-// fp16 rows (docs/performance.md).
+// shifts within one little-endian word, the parameters widened by load_lanes (F16C where the target
+// has it), one madd (scalar loops were slower: docs/performance.md, "Host kernel constants").
 //
 // madd is one rounding where host_madd_fused. Elsewhere it is a multiply then an add, which is
 // still the fma's value for half parameters: a code (< 16, 4 bits) times a half (11 significant

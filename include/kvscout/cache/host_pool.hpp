@@ -4,36 +4,25 @@
 // which physical slot [0, capacity) each one occupies. It owns no K / V rows: it is the policy
 // and the bookkeeping; the engine moves the rows (into the slot the pool names).
 //
-// The method is InfiniGen's (Lee et al., OSDI'24, section 4.4; the `kv_cache_mask` of its
-// reference code, accuracy/src/modeling_llama_ours.py): per layer and per head, once the pool is
-// full, one token is evicted before each new token enters, and evicted tokens are gone for good
-// (masked for every later step). The victim is chosen among the tokens older than half the
-// sequence (at row i, before token i + 1 enters: tokens [0, floor(i / 2)), "avoid evicting
-// recently added ones") by
+// The method is InfiniGen's (Lee et al., OSDI'24, section 4.4; its source, and what kvscout does
+// differently: docs/architecture.md, "The bounded host pool"): once the pool is full, one token is
+// evicted for good before each new token enters. The victim is a resident token older than half
+// the sequence (at row i, before token i + 1 enters: [0, floor(i / 2)); a wider window where none
+// is), never one of [0, pinned_sinks), chosen by
 //   eviction::counter  the fewest selections by the speculation since the token entered
 //                      (a token counts once per step that selected it);
 //   eviction::lru      the oldest last selection (a token never selected counts as selected
 //                      before step 0, so it goes first).
-// Ties go to the lowest token index (the first minimum, as torch.min returns it on a CPU).
-//
-// What kvscout adds or does differently (not in the paper or its code):
-//   - The victim is chosen among resident tokens only. The reference code's argmin also ranges
-//     over tokens it already evicted (their counters and stamps stay frozen, so it keeps picking
-//     them and evicts less than it means to); here the pool holds exactly `capacity` tokens once
-//     full.
-//   - When no resident token is older than half the sequence (capacity below half the length),
-//     the window widens to every resident token but the newest floor((capacity - pinned_sinks)
-//     / 2) ones, so a token that just entered is never the victim.
-//   - `pinned_sinks`: tokens [0, pinned_sinks) are never evicted (a selector's keep-set sinks,
-//     which it selects whatever their scores; 0 turns it off).
-//   - Slots: a new token takes slot `resident` while the pool fills, then the victim's slot.
+// Ties go to the lowest token index. A new token takes slot `resident` while the pool fills, then
+// the victim's slot.
 //
 // Per step, for one layer:
 //   pool.observe(layer, selection.view());   // what the speculation selected (counter / LRU)
 //   pool.append(layer, s, t);                // token t = length(s) enters, evicting when full
 // The order is InfiniGen's: a step's selection is counted before the step's token enters.
-// Neither allocates; both validate everything before they change anything. observe() costs
-// O(selected rows); append() O(length) per kv head when it evicts (one scan of the window).
+// Both keep the per-step contract (docs/architecture.md) and change nothing on bad input.
+// observe() costs O(selected rows); append() O(length) per kv head when it evicts (one scan of the
+// window).
 // What reads the cache skips evicted tokens through resident() / slot() / slots() (a slot per
 // token, -1 when evicted), live_tokens() (the resident token ids, ascending) or
 // drop_evicted(), which removes evicted tokens from a selection in place.

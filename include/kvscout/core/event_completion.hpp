@@ -7,10 +7,9 @@
 // Under capture: a completion made while its stream is being captured (an executor's submit()
 // inside cudaStreamBeginCapture) belongs to that capture. Wait on it only from another captured
 // stream of the same capture (cudaStreamWaitEvent). wait(), ready() or a wait from an uncaptured
-// stream are capture errors (CUDA reports one of its stream-capture errors, thrown as
-// kvscout::error; no test provokes one, so the H200 run of 2026-12-04 did not exercise this
-// path), and the event does not follow later replays of the graph: after a replay, order on the
-// replay's stream instead.
+// stream are capture errors (thrown as kvscout::error; untested: docs/testing.md, GPU tests), and
+// the event does not follow later replays of the graph: after a replay, order on the replay's
+// stream instead.
 //
 //   kvscout::cuda_event ev;                                   // setup: created once
 //   ... enqueue work on stream ...

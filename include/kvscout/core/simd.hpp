@@ -74,8 +74,8 @@ inline host_vec load_lanes(const W* p) {
   } else if constexpr (std::is_same_v<W, bfloat16>) {
     // A bfloat16 is the high half of the float it widens to.
 #if KVSCOUT_HOST_AVX512
-    // One 16-lane zero extension (GCC splits the generic form below into two 8-lane ones and a
-    // merge when it prefers 256-bit vectors, as on Intel cores: 20 % slower GEMV, measured).
+    // One 16-lane zero extension; GCC splits the generic form below on Intel cores (a slower
+    // GEMV: docs/performance.md, "Host kernel constants").
     const __m512i w = _mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
     std::memcpy(&x, &w, sizeof x);
@@ -99,10 +99,9 @@ inline host_vec load_lanes(const W* p) {
       for (int t = 0; t < N; ++t) x[t] = to_float(p[t]);
     }
 #elif !defined(__CUDACC__)
-    // IEEE half to float in integer arithmetic, branch-free, for targets without F16C (CUDA's
-    // host conversion works one element at a time: 3x slower than this, which is itself 3 to 5x
-    // slower than float rows; bfloat16 rows or an F16C target avoid the cost). Normal: the exponent
-    // rebiased by 127 - 15; infinity / NaN: the exponent all ones, the mantissa kept;
+    // IEEE half to float in integer arithmetic, branch-free, for targets without F16C (faster
+    // than CUDA's host conversion: docs/performance.md, "Host kernel constants"). Normal: the
+    // exponent rebiased by 127 - 15; infinity / NaN: the exponent all ones, the mantissa kept;
     // subnormal (and zero): mantissa x 2^-24, exact in float and independent of the FPU's
     // denormal modes (the result is a normal float).
     // Four lanes at a time (one SSE2 register: GCC scalarises comparisons of wider generic

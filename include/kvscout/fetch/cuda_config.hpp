@@ -19,9 +19,8 @@ struct zero_copy_config {
   int num_kv_heads = 0;
   int capacity = 0;               // most rows selected per (sequence, kv_head)
   // Grid bound: the SMs the gather may occupy (one block each). 0: zero_copy_default_blocks (8),
-  // about the fewest that keep the link busy: on an H200 a gather over 4 to 8 blocks moved 0.91
-  // of the contiguous H2D rate, the same as over all 132 SMs, while one over every SM slowed a
-  // concurrent GEMM by 1.7x (docs/cuda_fetch.md). Raise it where no compute runs beside the fetch.
+  // about the fewest that keep the link busy without slowing concurrent compute (H200 figures:
+  // docs/cuda_fetch.md). Raise it where no compute runs beside the fetch.
   int max_blocks = 0;
   int threads_per_block = 256;    // a multiple of 32 in [32, 1024]
 };

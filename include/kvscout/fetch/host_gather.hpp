@@ -96,9 +96,7 @@ inline void stream_fence() noexcept {
 #endif
 }
 
-// Locality 1 (prefetcht2). Every hint was within noise on an AMD EPYC; on an Intel Xeon the
-// non-temporal one (prefetchnta, used before) made the gather 2 to 3.5x slower, T0 about 25 %
-// slower, T1 the same as T2 (docs/performance.md, 2026-12-01).
+// Locality 1 (prefetcht2): the hint measured best (docs/performance.md, "Host kernel constants").
 inline void prefetch_bytes(const std::byte* p, std::size_t bytes) noexcept {
 #if defined(__GNUC__) || defined(__clang__)
   constexpr std::size_t line = 64;
@@ -146,11 +144,9 @@ void gather_row_range(const Layout l, const std::byte* const kbase, const std::b
         prefetch_bytes(kbase + l.k_offset(s, ahead, h), kb);
         prefetch_bytes(vbase + l.v_offset(s, ahead, h), vb);
       }
-      // Runs of adjacent rows are merged into one copy where the copy is memcpy (one call
-      // instead of several). Streamed rows cost the same merged or not, and looking for runs
-      // would make the next row's address wait on this row's comparisons, which keeps fewer
-      // rows' loads in flight (measured: 0.62 -> 0.76 of memcpy at 10 % density,
-      // bench_host_gather): streaming copies row by row.
+      // Runs of adjacent rows are merged into one copy where the copy is memcpy; streaming copies
+      // row by row, which keeps more rows' loads in flight (docs/performance.md, "Host kernel
+      // constants").
       int run = 1;
       if constexpr (!Streaming) {
         const int max_run = l.contiguous_rows(s, t, h, i_end - i);

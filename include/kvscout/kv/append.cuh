@@ -37,21 +37,12 @@
 // separates the steps (global-memory writes of a block are visible to the block after the
 // barrier, mapped memory included).
 //
-// Device checks (generic): the position t must be a slot sequence s owns, otherwise the sequence
-// is skipped (nothing written, bad_index); then a row outside the buffers (bad page id) is skipped
-// (out_of_bounds) and a row not 16-byte aligned (misaligned). What "owns" means, per layout
-// (detail::append_room; checked before any page table entry is read):
-//   contiguous padded   0 <= t < capacity (t == capacity would be the next sequence's slot 0, or
-//                       for HND the next head's)
-//   contiguous ragged   t < seq_len(s) (its own slots: the next sequence starts at indptr[s+1]);
-//                       only the last sequence may grow past its tokens, up to total_tokens
-//   paged, FlashInfer   t / page_size < its page count indptr[s+1] - indptr[s] (a page must be in
-//                       its table before a token is written into it)
-//   paged, block table  t / page_size < max_blocks_per_seq (the row's width). Entries past the
-//                       first ceil(seq_len / page_size) cannot be told from stale ids: the caller
-//                       must have stored the new page's id before the append; a negative or
-//                       out-of-range id is caught by the buffer bounds (out_of_bounds).
-//   other kv_layouts    unknown to kvscout: only the buffer bounds are checked.
+// Device checks (generic): the position t must be a slot sequence s owns (detail::append_room,
+// checked before any page table entry is read; per layout: docs/cuda_fetch.md), otherwise the
+// sequence is skipped (nothing written, bad_index); then a row outside the buffers (bad page id)
+// is skipped (out_of_bounds) and a row not 16-byte aligned (misaligned). A block table's new page
+// id must be stored before the append (stale ids past the sequence's pages cannot be detected);
+// other kv_layouts get only the buffer bounds checked.
 // For KIVI a full sequence (seq_lens[s] >= capacity) or input that is not finite or exceeds the
 // scale type's range (as kivi_host_writer rejects) skips the whole sequence
 // (bad_index / bad_value): nothing is written and its length is unchanged. Bits go to the

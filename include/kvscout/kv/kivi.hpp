@@ -15,35 +15,18 @@
 //   auto kv = store.buffers().view(l);                       // kivi_view: what attention reads
 //   executor.submit(kv.quantized(), selection, destination); // fetches K codes and V records only
 //
-// ## Which tokens are quantised (KIVI's rule: models/llama_kivi.py of the authors' code)
-// With len = seq_lens[s] tokens and R the residual length (a multiple of G, as KIVI asserts):
-//   keys:   key_quantized_len   = B * floor(len / B),  B = R (G when R = 0)
-//           full-precision keys accumulate and are quantised B at a time (B / G key groups) when
-//           they reach B: 0 to B - 1 keys stay in full precision;
-//   values: value_quantized_len = max(0, len - R)
-//           exactly the R most recent values stay in full precision (all while len <= R); each
-//           append quantises the value that leaves them.
-// Both are functions of len alone, so the layout needs no metadata beyond the lengths. R = 0 is
-// kvscout's extension (KIVI needs R > 0): values are quantised as they arrive, keys a group of G
-// at a time.
-//
-// ## What executors and selectors see
-// A fetched row is a token's key record and value record, so the tokens executors fetch and
-// selectors choose among are those with both quantised: seq_len(s) = quantized_len_for(len) =
-// min(key_quantized_len, value_quantized_len) (= len - R once len >= R > 0; G * floor(len / G)
-// when R = 0). The rest, the window [seq_len, len) of at most B tokens, is never fetched: it is resident where attention runs (the
-// device, in an offloaded cache) and attention reads all of it after the selected rows
-// (attention/kivi_rows.hpp). In the window some keys are already quantised (R > 0: tokens
-// [value_quantized_len, key_quantized_len)) or some values (R = 0): the window keeps those rows
-// dequantised, rounded once to T, so attention reads exactly what KIVI attends to (up to that
-// rounding). total_len(s) and residual_len(s) give the rest. A selector's score_view therefore
-// carries quantised lengths (fill_quantized_lens).
-//
-// ## Where the packed layout differs from KIVI's (not binary-compatible)
-// KIVI packs a key group's codes along the token axis (one word holds a channel of several
-// tokens); here every token has its own key record, so that one token's row can be fetched
-// alone, and a value record carries its own scales and zeros. The numbers are KIVI's; the bytes
-// are laid out for row-granular fetches.
+// ## Which tokens are quantised (KIVI's rule; the why: docs/layouts.md, "KIVI-quantized")
+// len = seq_lens[s], R the residual length (a multiple of G; R = 0 is kvscout's extension),
+// B = R (G when R = 0):
+//   key_quantized_len   = B * floor(len / B)   keys are quantised B at a time
+//   value_quantized_len = max(0, len - R)      the R most recent values stay in full precision
+// seq_len(s) = quantized_len_for(len) = min of the two: the tokens executors fetch and selectors
+// choose among (a selector's score_view carries these lengths: fill_quantized_lens). The window
+// [seq_len, len), at most B tokens, is never fetched: it is resident where attention runs, its
+// rows KIVI already quantised kept dequantised (rounded once to T), and attention reads all of it
+// after the selected rows (attention/kivi_rows.hpp). total_len(s) and residual_len(s) give it.
+// Not binary-compatible with KIVI's cache: every token has its own key record and a value record
+// carries its own scales and zeros, so that one token's row can be fetched alone.
 //
 // ## Buffers (per (sequence, kv head) slices, preallocated to `capacity` tokens, like
 // contiguous_layout::padded; every buffer 16-byte aligned). Qc = quantized_capacity =

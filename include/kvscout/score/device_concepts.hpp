@@ -12,15 +12,10 @@
 //                               call's own stream and device status word.
 //
 // One policy object serves one layer, or several: the stages hold a pointer per layer and may
-// repeat one. What the contract asks beyond the signature (the compiler cannot check it):
-//   - score() allocates nothing, never synchronises and reads nothing back from the device, so
-//     a step can be captured in a CUDA graph;
-//   - it checks what the host knows (shapes, sizes, pointers) and throws kvscout::error naming
-//     the bad value before it enqueues anything (detail::check_device_score_call holds the checks
-//     every policy shares);
-//   - device data is never trusted for addressing: lengths outside [0, max_seq_len] are clamped
-//     and raise device_status::bad_length in exec.status where it is not null
-//     (detail::raise_device_status, core/device_status.hpp).
+// repeat one. Beyond the signature (the compiler cannot check it), score() keeps the per-step
+// contract (docs/architecture.md): detail::check_device_score_call holds the host checks every
+// policy shares; lengths outside [0, max_seq_len] are clamped and raise device_status::bad_length
+// (detail::raise_device_status, core/device_status.hpp).
 // Per-token state (InfiniGen's partial keys) is the policy's own business: the stages do not
 // append; the engine does, on the compute stream, as for its KV cache.
 //

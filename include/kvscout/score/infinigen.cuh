@@ -18,11 +18,9 @@
 //            {.scores = scores, .num_seqs = S, .num_kv_heads = H, .stride = stride},
 //            {stream, d_status});
 //
-// score() and append() validate what the host knows (sizes, pointers, the length bound), throw
-// kvscout::error naming the bad value, launch on exec.stream, allocate nothing, never synchronise
-// and read nothing back. Device-side data is never trusted for addressing: seq_lens are clamped
-// to [0, max_seq_len] and append pairs outside [0, num_seqs) x [0, max_tokens) are skipped,
-// raising bits in exec.status (core/device_status.hpp) where it is not null.
+// score() and append() keep the per-step contract (docs/architecture.md): seq_lens are clamped
+// to [0, max_seq_len] and append pairs outside [0, num_seqs) x [0, max_tokens) are skipped, each
+// raising a bit in exec.status (core/device_status.hpp).
 // Scores are logits times cfg.scale (as the host policy's), row (s, h) written for
 // t < seq_lens[s] only. Kernels and launch shapes: score/detail/infinigen_kernels.cuh.
 

@@ -7,7 +7,7 @@
 //   score[s, h, t]   = aggregate over the g query heads of the group (score/concepts.hpp)
 //
 // Layers without plans (below skip_layers) are not tracked: append() to them does nothing, score()
-// of them throws. append() and score() allocate nothing.
+// of them throws. append() and score() keep the per-step contract (docs/architecture.md).
 //
 // Memory. The scratch of a step (the block's partial queries, RoPE tables, one projected key, a
 // group's mean query) is a caller-owned workspace of workspace_bytes(cfg) bytes at
@@ -636,10 +636,8 @@ class infinigen_policy_host {
   // accumulators; the tokens of the
   // newest incomplete group (and any past the appended ones, 0) are scored exactly from the
   // staging tile. G > 0: static group size; G == 0: runtime `g_dyn`. Returns the largest non-NaN
-  // score written (-inf if none).
-  // Out of line: inlined into score_row (GCC 12, -O3 -march=native, AVX-512), the whole row ran
-  // 1.65x slower (BM_speculation_keys, quantized_keys<4>, r = 64, 32k tokens: 490 against 295 us,
-  // 2026-12-05), though the channel loop's instructions were the same.
+  // score written (-inf if none). Out of line: inlined, the row ran slower (docs/performance.md,
+  // "Host kernel constants").
   template <int G>
   __attribute__((noinline)) float score_quantized(const float* qg, int r, const key_store& cache,
                                                   int s, int h, int n, bool use_max, float inv_g,
@@ -725,10 +723,8 @@ class infinigen_policy_host {
     return tail_top;
   }
 
-  // The row size up to which scoring pins its key lines (Pin below). Measured on the development
-  // machine (docs/performance.md): pinning is faster for rows that sit in the caches (RoPE
-  // planes, 256 KiB rows at 4k tokens: 12.2 to 12.4 -> 11.0 to 11.3 us; 2 MiB rows at 32k: about
-  // 7 % faster) and slower for rows read from memory (8 MiB rows at 128k: 10 to 15 % slower).
+  // The row size up to which scoring pins its key lines (Pin below): faster from the caches,
+  // slower from memory (docs/performance.md, "Host kernel constants").
   static constexpr std::size_t pin_row_bytes = std::size_t{4} << 20;
 
   // G > 0: static group size; G == 0: runtime group size `g` (slower, any size). Pin: hold each
@@ -791,9 +787,8 @@ class infinigen_policy_host {
           const PkT* tiles[T];
           for (int u = 0; u < T; ++u) tiles[u] = cache.tile(s, h, b + u);
           const char* ahead = reinterpret_cast<const char*>(tiles[0]) + score_prefetch_bytes;
-          // The loops over u, j and l are unrolled completely (KVSCOUT_HOST_UNROLL), so that
-          // acc and pv are registers: GCC's own choice on AVX-512 targets kept them in memory,
-          // stored again on every channel step (one store per multiply-add; 2026-12-02).
+          // Unrolled completely (KVSCOUT_HOST_UNROLL) so that acc and pv are registers
+          // (docs/performance.md, "Host kernel constants").
           vec acc[T][G][L] = {};
           for (int c = 0; c < r; ++c) {
             vec pv[T][L];
@@ -863,15 +858,8 @@ class infinigen_policy_host {
     return tail_top;
   }
 
-  // How far ahead of the read the scoring loop prefetches: about the bytes that must be in flight
-  // to keep one core's memory stream busy (latency x bandwidth), measured (bench_host_speculation,
-  // docs/performance.md). AVX-512 builds: 12 KiB, the best of 4 to 16 KiB on an Intel AVX-512
-  // machine at 32k and 128k tokens (2026-11-30). Other builds: 4 KiB; on an AVX2 Zen 1 core
-  // 12 KiB cost 4 to 13 % at 4k tokens, in decode order (30 layers in turn, keys from memory)
-  // as well as alone, and 4 and 12 KiB were within noise of each other at 32k and 128k
-  // (2026-12-04). Why a longer distance hurts there is not measured (no hardware counters on that
-  // VM); a likely cause is the prefetched lines competing in its 32 KiB L1 cache with the lines
-  // being read and the score row being written (16 KiB at 4k tokens).
+  // How far ahead of the read the scoring loop prefetches, about latency x bandwidth of one
+  // core's memory stream (docs/performance.md, "Host kernel constants").
 #if defined(__AVX512F__)
   static constexpr std::size_t score_prefetch_bytes = 12288;
 #else

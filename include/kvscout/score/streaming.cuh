@@ -14,9 +14,8 @@
 //   kvscout::streaming_policy_cuda p({.num_kv_heads = 8, .sinks = 4});
 //   p.score({.seq_lens = lens, .max_seq_len = max_len}, scores, {stream, d_status});
 //
-// score() checks the call on the host (kvscout::error naming the bad value), launches one
-// kernel on exec.stream, allocates nothing, never synchronises and reads nothing back. seq_lens are
-// read on the device and clamped to [0, max_seq_len]; x and positions are not read.
+// score() keeps the per-step contract (docs/architecture.md) with one kernel; seq_lens are
+// clamped to [0, max_seq_len] on the device; x and positions are not read.
 
 #include <cuda_runtime.h>
 

@@ -8,7 +8,8 @@
 //                   must be a multiple of S::workspace_alignment (the constructor checks it)
 //   2. setup        S sel(config, workspace)     (the only place a selector may allocate)
 //   3. per step     sel.select(scores, out, x)   writes out.indices and out.counts, returns
-//                                                nothing, allocates nothing
+//                                                nothing (the per-step contract:
+//                                                docs/architecture.md)
 // The memory space of the workspace, the scores and the buffers is S::memory_space; x is
 // S::exec_type (core/exec.hpp): cuda_exec{stream, status} for the device selectors, host_exec{}
 // (defaulted) for the host ones.

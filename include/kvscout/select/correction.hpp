@@ -19,9 +19,8 @@
 //   kvscout::correction_selector_host corr(cfg, ws.span());
 //   corr.select(late_scores, speculated, added);   // score_view, selection_view, selection_buffers
 //
-// select() checks every input before it writes (the speculated rows must be strictly ascending
-// and inside [0, len): an executor's rule), throws kvscout::error naming the bad value, and
-// allocates nothing.
+// select() keeps the per-step contract (docs/architecture.md); the speculated rows must be
+// strictly ascending and inside [0, len) (an executor's rule).
 
 #include <algorithm>
 #include <cmath>

@@ -35,9 +35,8 @@
 // Summed over the heads, a sequence selects at most H * budget rows, as topk_selector_host at the
 // same budget does; a head may select more or fewer than budget.
 //
-// select() validates every input before writing anything, throws kvscout::error naming the bad
-// value, and allocates nothing. Host only: no device twin yet (measured, it did not pay for
-// kvscout's speculation: docs/accuracy.md, "Budgets that follow the attention").
+// select() keeps the per-step contract (docs/architecture.md). Host only: no device twin yet (it
+// did not pay for kvscout's speculation: docs/accuracy.md, "Budgets that follow the attention").
 
 #include <algorithm>
 #include <cmath>

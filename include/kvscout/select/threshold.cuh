@@ -18,10 +18,8 @@
 //   kvscout::threshold_selector_cuda sel(cfg, {static_cast<std::byte*>(ws), bytes});
 //   sel.select(scores, out, {stream, d_status});
 //
-// select() checks what the host knows and throws kvscout::error naming the bad value; it
-// launches on exec.stream, allocates nothing, never synchronises and reads nothing back. seq_lens
-// are read on the device and clamped to [0, stride] (device_status::bad_length in exec.status,
-// where not null).
+// select() keeps the per-step contract (docs/architecture.md); seq_lens are clamped to
+// [0, stride] on the device (device_status::bad_length).
 
 #include <cuda_runtime.h>
 

@@ -30,13 +30,11 @@
 // budget is a cap, not a quota: a short row (len <= budget) still selects by threshold.
 // Output: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count; entries past
 // the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= budget <=
-// capacity. select() validates every input before writing and allocates nothing.
+// capacity. select() keeps the per-step contract (docs/architecture.md).
 //
-// Cost, per_head, where the scores come with their rows' maxima (score_view::row_max, which
-// infinigen_policy_host writes while scoring): one compaction per row against the hinted floor; the
-// hint is checked against the candidates it admits (detail::check_hint). A wrong one costs the
-// row a second compaction, or, where its floor admits more candidates than the short list holds,
-// the sampled path below; never a different result. A NaN entry is no hint. Without hints:
+// Cost, per_head, where the scores come with their rows' maxima (score_view::row_max: a hint,
+// checked, never trusted; docs/architecture.md): one compaction per row against the hinted
+// floor. Without hints:
 // rows of up to 4096 tokens outside the keep-set, a maximum and a compaction, the maximum read
 // during the previous row's compaction (AVX-512 builds); longer rows one
 // vectorised pass, plus scans of their candidates where the cap binds: a strided sample of the
@@ -83,15 +81,14 @@ inline std::ostream& operator<<(std::ostream& os, threshold_rule r) {
 namespace detail {
 
 /// Rows up to this many tokens (16 KiB of scores) take two passes, a maximum and a compaction,
-/// instead of one with a running floor: measured on logit-like rows (bench_select), the two
-/// passes win at 4096 tokens (5.9 against 6.9 us for 32 rows, before row_lookahead) and lose
-/// from 8192 on (13.8 against 12.8 us), where the second pass no longer reads from L1.
+/// instead of one with a running floor; longer rows take one (docs/performance.md, "Host kernel
+/// constants").
 inline constexpr int short_row = 4096;
 
 /// What per_head_row hands on to the next row: the next row's maximum, read during this row's
 /// compaction, so that on AVX-512 builds its L2 read overlaps this row's L1-bound compaction
-/// (measured on 4096-token logit rows, bench_select BM_threshold_logits: 5.0 to 5.3 against 5.6
-/// to 6.1 us for 32 rows). Elsewhere the maximum is read after the compaction, as before.
+/// (docs/performance.md, "Host kernel constants"). Elsewhere the maximum is read after the
+/// compaction.
 struct row_lookahead {
   std::optional<float> known;     // in: this row's maximum over all its len scores, if read
   const float* next = nullptr;    // in: the next row, or null

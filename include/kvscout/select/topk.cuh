@@ -13,11 +13,8 @@
 //   // score_view<device_space>, selection_buffers<device_space>, cuda_exec (core/exec.hpp)
 //   topk.select(scores, out, {stream, d_status});
 //
-// select() checks what the host knows (config and view shapes, sizes, pointers) and throws
-// kvscout::error naming the bad value; it enqueues its kernels on exec.stream, allocates nothing,
-// never synchronises and reads nothing back. seq_lens are read on the device and clamped to
-// [0, stride] (device_status::bad_length in exec.status, where not null). Counts stay on the
-// device (out.counts).
+// select() keeps the per-step contract (docs/architecture.md); seq_lens are clamped to
+// [0, stride] on the device (device_status::bad_length). Counts stay on the device (out.counts).
 
 #include <cuda_runtime.h>
 

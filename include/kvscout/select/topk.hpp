@@ -23,8 +23,8 @@
 // Exact without sorting: a sampled lower bound keeps a few more than k tokens in one vectorised
 // pass over a row, and radix select on order-preserving keys picks the k among them
 // (select/detail/host_rows.hpp, select/detail/radix_select.hpp); short rows go to radix select
-// directly. select() validates every input before writing anything, throws kvscout::error
-// naming the bad value, and allocates nothing.
+// directly. select() keeps the per-step contract (docs/architecture.md): every input is
+// checked before anything is written.
 
 #include <cstddef>
 #include <cstdint>

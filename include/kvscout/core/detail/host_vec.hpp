@@ -15,11 +15,9 @@ struct float_vec {
   typedef float type __attribute__((vector_size(N * sizeof(float))));
 };
 
-/// The floats one vector register of the target holds. GCC splits a generic vector wider than
-/// the registers into register-sized pieces in simple loops, but in loops that keep arrays of
-/// them (scoring's tiles) it passes the pieces through the stack: 16-float tiles made host
-/// scoring 10 to 25x slower on an AVX2 target than 8-float ones (docs/performance.md,
-/// 2026-12-02). Such loops use vectors of this width.
+/// The floats one vector register of the target holds. Loops that keep arrays of vectors use
+/// this width: GCC passes wider ones through the stack there (docs/performance.md, "Host kernel
+/// constants").
 #if defined(__AVX512F__)
 inline constexpr int host_float_lanes = 16;
 #elif defined(__AVX__)

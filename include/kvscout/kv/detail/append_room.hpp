@@ -13,10 +13,10 @@
 
 namespace kvscout::detail {
 
-// Which slots a sequence owns: the rule both appends keep (kv/append.cuh on the device, kv/append.hpp
-// on the host; the table in append.cuh's header comment). make() runs on the host (it may use
-// host-only layout queries); owns(l, s, t), for t >= 0, runs where the layout's metadata lives,
-// before any of the layout's page table entries for t is read. rule() words it for errors.
+// Which slots a sequence owns: the rule both appends keep (kv/append.cuh on the device,
+// kv/append.hpp on the host; docs/cuda_fetch.md lists it per layout). make() runs on the host (it
+// may use host-only layout queries); owns(l, s, t), for t >= 0, runs where the layout's metadata
+// lives, before any of the layout's page table entries for t is read. rule() words it for errors.
 // Primary template: a layout kvscout does not know; only the buffer bounds apply.
 template <class L>
 struct append_room {
@@ -28,7 +28,8 @@ struct append_room {
 template <kv_element T, int D, kv_order O>
 struct append_room<contiguous_layout<T, D, O>> {
   using layout = contiguous_layout<T, D, O>;
-  // Padded: slots per sequence (the capacity); ragged: total_tokens. The layout keeps both
+  // Padded: slots per sequence (the capacity: slot capacity would be the next sequence's slot 0,
+  // or for HND the next head's); ragged: total_tokens. The layout keeps both
   // private; required_bytes() = (padded ? num_seqs : 1) * slots * num_kv_heads * row.
   long long slots = 0;
 

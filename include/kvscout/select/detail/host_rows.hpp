@@ -481,11 +481,10 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
   }
 #elif KVSCOUT_HOST_AVX2
   if constexpr (Simd) {
-    // Block i writes inside out[c, c + 32) with c <= i: inside out[0, n). A block without a
-    // token at the bound costs its compares and a branch. The emission's form (emit_bits32):
-    // dense once the positions kept so far average more than two per block. Measured on 4k
-    // logit rows (bench_select, minimum of 15): the sparse form 14 against 19 us for 32 rows;
-    // the dense one keeps flat rows and top-k as they were.
+    // Block i writes inside out[c, c + 32) with c <= i: inside out[0, n). A block without a token
+    // at the bound costs its compares and a branch. The emission's form (emit_bits32): dense once
+    // the positions kept so far average more than two per block (docs/performance.md, "Host kernel
+    // constants").
     const __m256 b = _mm256_set1_ps(bound);
     const auto block = [&](int j, auto dense) __attribute__((always_inline)) {
       if constexpr (Ahead) ahead.step(q, qn);
@@ -589,10 +588,8 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
         x[q] = _mm512_loadu_ps(p + i + 16 * q);
         acc[q] = _mm512_max_ps(x[q], acc[q]);
       }
-      // Groups without a candidate skip the emission: on long peaked rows that branch is almost
-      // never taken and predicts well; on 4k rows about half the groups hold one, and measured,
-      // the branch still beats none (bench_select). Every store writes inside out[c, c + 64)
-      // with c <= i: inside out[0, n).
+      // Groups without a candidate skip the emission (the branch pays: docs/performance.md, "Host
+      // kernel constants"). Every store writes inside out[c, c + 64) with c <= i: inside out[0, n).
       const __mmask64 bits = at_least_mask64(x, bv);
       if (bits != 0) c = emit_bits64(bits, first + i, out, c);
     }
@@ -619,10 +616,9 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
       }
       __m256 x[4];
       // The block 4 KiB ahead, into L1: after a mispredicted emission branch the loads restart
-      // late, and on a row longer than L2 they then wait on L3 (an AVX2 Zen 1 VM,
-      // BM_threshold_logits, minimum of 6 runs: 32k 259 -> 223 us, 128k 1719 -> 1424; 1, 2 and
-      // 8 KiB ahead did no better). The address is formed as an integer: past the row's end it
-      // is no pointer into an object, and a prefetch does not fault.
+      // late, and would wait on L3 (docs/performance.md, "Host kernel constants"). The address is
+      // formed as an integer: past the row's end it is no pointer into an object, and a prefetch
+      // does not fault.
       const auto ahead_of = reinterpret_cast<std::uintptr_t>(p + i) + 4096;
       _mm_prefetch(reinterpret_cast<const char*>(ahead_of), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(ahead_of + 64), _MM_HINT_T0);
