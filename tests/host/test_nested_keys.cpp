@@ -16,69 +16,13 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/skew/calibrate.hpp"
 #include "kvscout/score/infinigen.hpp"
+#include "model_slice.hpp"
 
 namespace {
 
-constexpr int D = 64;
+constexpr int D = kvtest::model_slice::D;
+using slice = kvtest::model_slice;
 const float nan_f = std::numeric_limits<float>::quiet_NaN();
-
-// A model slice: W_Q, b_Q, one step's input x per sequence, n tokens' keys per sequence (pre- and
-// post-RoPE), and the true queries (W_Q x + b rotated at pos) that score_query() is given.
-struct slice {
-  int S, H, g, Hq, d_model, n, pos;
-  kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
-  std::vector<float> wq, bq, x, kpre, kpost, q;
-  slice(int seqs, int heads, int group, int tokens, std::uint32_t seed)
-      : S(seqs), H(heads), g(group), Hq(heads * group), d_model(96), n(tokens), pos(tokens + 7) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    wq.resize(static_cast<std::size_t>(Hq) * D * d_model);
-    bq.resize(static_cast<std::size_t>(Hq) * D);
-    x.resize(static_cast<std::size_t>(S) * d_model);
-    for (auto& w : wq) w = nd(rng) / 10.f;
-    for (auto& w : bq) w = 0.1f * nd(rng);
-    for (auto& w : x) w = nd(rng);
-    kpre.resize(static_cast<std::size_t>(S) * n * H * D);
-    for (std::size_t i = 0; i < kpre.size(); ++i) kpre[i] = 0.2f * static_cast<float>(i % D % 5) + nd(rng);
-    kpost = kpre;
-    for (int s = 0; s < S; ++s)
-      for (int t = 0; t < n; ++t)
-        for (int h = 0; h < H; ++h) kvscout::apply_rope(&kpost[((static_cast<std::size_t>(s) * n + t) * H + h) * D], t, rope);
-    q.resize(static_cast<std::size_t>(S) * Hq * D);
-    for (int s = 0; s < S; ++s)
-      for (int qh = 0; qh < Hq; ++qh) {
-        float* out = &q[(static_cast<std::size_t>(s) * Hq + qh) * D];
-        for (int c = 0; c < D; ++c) {
-          double a = bq[static_cast<std::size_t>(qh) * D + c];
-          for (int i = 0; i < d_model; ++i)
-            a += static_cast<double>(wq[(static_cast<std::size_t>(qh) * D + c) * d_model + i]) * x[static_cast<std::size_t>(s) * d_model + i];
-          out[c] = static_cast<float>(a);
-        }
-        kvscout::apply_rope(out, pos, rope);
-      }
-  }
-  const float* key_post(int s, int t) const { return &kpost[(static_cast<std::size_t>(s) * n + t) * H * D]; }
-  const float* key_pre(int s, int t) const { return &kpre[(static_cast<std::size_t>(s) * n + t) * H * D]; }
-  // Calibrated from seeded samples: the same seed and a larger r give the same A and a superset
-  // of the channels (calibrate_skew ranks them).
-  std::vector<kvscout::skew_plan> plans(int r, kvscout::rope_mode mode, std::uint32_t seed) const {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> qs(static_cast<std::size_t>(200) * g * D), ks(static_cast<std::size_t>(200) * D);
-    for (auto& v : qs) v = nd(rng);
-    for (std::size_t i = 0; i < ks.size(); ++i) ks[i] = nd(rng) * (1.f + static_cast<float>(i % D) / 16.f);
-    std::vector<kvscout::skew_plan> out;
-    for (int h = 0; h < H; ++h)
-      out.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200, g, D,
-                                            {r, false, mode, rope}));
-    return out;
-  }
-};
-
-kvscout::score_buffer<kvscout::host_space> buffer_for(std::vector<float>& scores, int S, int H, int stride) {
-  scores.assign(static_cast<std::size_t>(S) * H * stride, nan_f);
-  return {{scores.data(), scores.size()}, S, H, stride};
-}
 
 template <class P>
 void append_all(P& p, const slice& m) {
@@ -100,7 +44,7 @@ TEMPLATE_TEST_CASE("one partial key cache serves a narrow speculation and a wide
         const int rs = mode == kvscout::rope_mode::rope_planes ? 16 : 12;
         const int rc = mode == kvscout::rope_mode::rope_planes ? 40 : 33;
         CAPTURE(kvscout::to_string(mode), g, static_cast<int>(agg));
-        const slice m(2, 2, g, 70, 11u + static_cast<unsigned>(g));
+        const slice m(2, 2, g, 70, 11u + static_cast<unsigned>(g), slice::keys::channel_offsets);
         const auto narrow = m.plans(rs, mode, 7u);
         const auto wide = m.plans(rc, mode, 7u);
         kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, max_tokens, 0.125f, agg};
@@ -132,7 +76,7 @@ TEMPLATE_TEST_CASE("one partial key cache serves a narrow speculation and a wide
                                                               {pos.data(), 2}, {lens.data(), 2}};
         // The speculation: the narrow policy's scores, bit for bit (and its row maxima).
         std::vector<float> a, bsc, amax(4, nan_f), bmax(4, nan_f);
-        auto ab = buffer_for(a, m.S, m.H, stride), bb = buffer_for(bsc, m.S, m.H, stride);
+        auto ab = kvtest::nan_score_buffer(a, m.S, m.H, stride), bb = kvtest::nan_score_buffer(bsc, m.S, m.H, stride);
         ab.row_max = {amax.data(), amax.size()};
         bb.row_max = {bmax.data(), bmax.size()};
         nested.score(0, ctx, ab);
@@ -145,7 +89,7 @@ TEMPLATE_TEST_CASE("one partial key cache serves a narrow speculation and a wide
 
         // The correction: the wide plans' definition in fp64, and the wide policy's scores.
         std::vector<float> c, d;
-        const auto cb = buffer_for(c, m.S, m.H, stride), db = buffer_for(d, m.S, m.H, stride);
+        const auto cb = kvtest::nan_score_buffer(c, m.S, m.H, stride), db = kvtest::nan_score_buffer(d, m.S, m.H, stride);
         nested.score_query(0, ctx, cb);
         corr_only.score_query(0, ctx, db);
         const bool quantized = P::quantized;
@@ -156,8 +100,6 @@ TEMPLATE_TEST_CASE("one partial key cache serves a narrow speculation and a wide
             std::vector<double> z(static_cast<std::size_t>(g) * n);
             for (int j = 0; j < g; ++j) {
               const float* qv = &m.q[(static_cast<std::size_t>(s) * m.Hq + h * g + j) * D];
-              const float* kv0 = m.key_post(s, 0);
-              (void)kv0;
               for (int t = 0; t < n; ++t) {
                 const float* kv = m.key_post(s, t) + static_cast<std::size_t>(h) * D;
                 double acc = 0;
