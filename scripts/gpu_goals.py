@@ -101,6 +101,13 @@ def main(argv):
         line(f"speculation bytes / time vs D2D rate, {n // 1024}k",
              None if bps is None or d2d is None else bps / (d2d * 1e9), ">= 0.6",
              lambda v: v >= 0.6)
+    # Quantised partial keys (issue 32): a quarter (2 bits) or three eighths (4 bits) of fp16's
+    # key bytes, plus the same GEMV. Provisional goal (no issue sets one): no slower than fp16.
+    for bits in (2, 4):
+        for n in (32768, 131072):
+            line(f"speculation over {bits}-bit partial keys / fp16 keys, {n // 1024}k: time",
+                 ratio(time_us(runs, f"spec_q{bits}/{n}"), time_us(runs, f"spec/{n}")),
+                 "<= 1.0x (provisional)", lambda v: v <= 1.0, "{:.3g}x")
     for sel in ("topk", "threshold"):
         for n in (8192, 32768, 131072):
             line(f"{sel}, 32 rows of {n // 1024}k: torch.topk / kvscout time",
