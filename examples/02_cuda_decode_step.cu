@@ -151,7 +151,8 @@ int run() {
   // The zero-copy executor needs no workspace (its workspace_bytes is 0).
   const kvscout::device_span<int> status = mem.upload(std::vector<int>{0});
   const kvscout::cuda_exec exec{stream, status.data()};
-  kvscout::zero_copy_executor_cuda<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
+  kvscout::zero_copy_executor_cuda<layout> fetch(
+      {.num_seqs = S, .num_kv_heads = H, .capacity = budget});
 
   const size_t slots = size_t(S) * H * budget;
   const auto d_x = mem.upload(x), d_q = mem.upload(q), out = mem.alloc<float>(q.size());

@@ -131,7 +131,7 @@ class staged_executor_cuda {
   /// Setup: checks both workspaces (sizes, 16-byte alignment, the host one pinned), starts the
   /// threads, creates one event per stage.
   staged_executor_cuda(const config_type& cfg, host_span<std::byte> pinned_workspace,
-                  device_span<std::byte> device_workspace)
+                       device_span<std::byte> device_workspace)
       : cfg_(cfg) {
     stage_bytes_ = detail::staged_stage_bytes(cfg);
     detail::check_workspace(pinned_workspace.data(), pinned_workspace.size(),

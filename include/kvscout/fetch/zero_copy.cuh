@@ -372,8 +372,8 @@ class zero_copy_executor_cuda {
 };
 
 static_assert(prefetch_executor<zero_copy_executor_cuda<contiguous_layout<half, 128, hnd>>>);
-static_assert(
-    prefetch_executor<zero_copy_executor_cuda<paged_layout<half, 128, nhd, flashinfer_page_table, 16>>>);
+static_assert(prefetch_executor<
+              zero_copy_executor_cuda<paged_layout<half, 128, nhd, flashinfer_page_table, 16>>>);
 static_assert(prefetch_executor<zero_copy_executor_cuda<kivi_layout<half, 128, 2>>>);
 static_assert(device_step_executor<zero_copy_executor_cuda<contiguous_layout<half, 128, hnd>>>);
 

@@ -218,7 +218,8 @@ class speculation_stages_cuda {
     KVSCOUT_EXPECTS(buffering != cuda_stage_buffering::row_cache ||
                         row_caching_executor<executor_type>,
                     "row_cache buffering needs an executor whose submit takes a row_cache_view "
-                    "(row_caching_executor: zero_copy_executor_cuda); this one has none, use slots");
+                    "(row_caching_executor: zero_copy_executor_cuda); this one has none, use "
+                    "slots");
     const std::size_t want = buffering == cuda_stage_buffering::slots ? 2 : 2 * speculators_.size();
     KVSCOUT_EXPECTS(sets_.size() == want, "got ", sets_.size(), " buffer sets, expected ", want,
                     buffering == cuda_stage_buffering::slots ? " (two slots)" : " (two per layer)");
