@@ -93,7 +93,7 @@ selections make_selections(int tokens, int density_percent) {
 template <int HeadDim, class Order>
 void run_gather(benchmark::State& state, int density, int threads) {
   using layout = kvscout::contiguous_layout<kvscout::half, HeadDim, Order>;
-  using executor = kvscout::host_gather_executor<layout>;
+  using executor = kvscout::gather_executor_host<layout>;
   arena& a = the_arena();
   const std::size_t row = HeadDim * sizeof(kvscout::half);
   const int tokens = static_cast<int>(arena_bytes / (heads * row));

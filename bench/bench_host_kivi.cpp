@@ -5,7 +5,7 @@
 //                                <= 0.25. Counters only (the loop does nothing worth timing).
 //   BM_kivi_bytes_per_row        the same for head_dim 64 / 128, 2 / 4 bits, fp16 / fp32 scales,
 //                                plus the resident key-parameter bytes per cached token.
-//   BM_gather                    host_gather_executor over the same selection (10 % of 32k tokens
+//   BM_gather                    gather_executor_host over the same selection (10 % of 32k tokens
 //                                x 8 kv heads, head_dim 128): fp16 and fp8 (e4m3) contiguous HND
 //                                vs KIVI-2 / KIVI-4. Each cache form is replicated until it
 //                                spans >= 256 MiB and iterations rotate over the copies and over
@@ -24,7 +24,7 @@
 //                                8 (sequence, kv head) pairs split in two).
 //
 // Gather caches hold seeded random bytes: a copy does not look at them. The attention caches are
-// real: seeded random keys / values, quantised by kivi_host_writer.
+// real: seeded random keys / values, quantised by kivi_append_host.
 
 #include <benchmark/benchmark.h>
 
@@ -143,7 +143,7 @@ void fill_bytes(kvscout::host_buffer<std::byte>& b, std::uint32_t seed) {
 template <class Layout>
 void run_gather(benchmark::State& state, const Layout& l, std::size_t k_bytes, std::size_t v_bytes,
                 int threads) {
-  using executor = kvscout::host_gather_executor<Layout>;
+  using executor = kvscout::gather_executor_host<Layout>;
   const selections& sel = the_selections();
   // Copies of the cache, back to back, until they span cold_bytes.
   const std::size_t k_stride = (k_bytes + 4095) / 4096 * 4096, v_stride = (v_bytes + 4095) / 4096 * 4096;
@@ -276,7 +276,7 @@ void attention_kivi(benchmark::State& state) {
   const L l = L::padded(heads, len, lens.data(), 1, {.group = group, .residual = residual});
   kvscout::kivi_host_storage store(l);
   {
-    kvscout::kivi_host_writer<L> w(l, store.buffers(), lens.data());
+    kvscout::kivi_append_host<L> w(l, store.buffers(), lens.data());
     std::vector<half> k(static_cast<std::size_t>(len) * heads * head_dim), v(k.size());
     std::mt19937 rng(7);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -291,7 +291,7 @@ void attention_kivi(benchmark::State& state) {
     for (int i = 0; i < selected; ++i) idx[h * selected + i] = 2 * i;
   const kvscout::selection_view<kvscout::host_space> sel{
       {idx.data(), idx.size()}, {counts.data(), counts.size()}, 1, heads, selected};
-  using executor = kvscout::host_gather_executor<L>;
+  using executor = kvscout::gather_executor_host<L>;
   const kvscout::host_gather_config cfg{1, heads, selected, 1};
   const auto ws = kvscout::make_workspace<executor>(cfg);
   executor ex(cfg, ws.span());

@@ -31,7 +31,7 @@ int main(int argc, char** argv) try {
   using T = kvscout::half;
   constexpr int head_dim = 128, page = 16, heads = 8;
   using layout = kvscout::paged_layout<T, head_dim, kvscout::nhd, kvscout::block_table, page>;
-  using executor = kvscout::host_gather_executor<layout>;
+  using executor = kvscout::gather_executor_host<layout>;
   const int threads = arg_int(argc, argv, "--threads", 2);
   const int density = arg_int(argc, argv, "--density", 10);
   KVSCOUT_EXPECTS(density >= 1 && density <= 100, "--density must be in [1, 100], got ", density);

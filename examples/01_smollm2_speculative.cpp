@@ -127,11 +127,11 @@ int main(int argc, char** argv) try {
   topk_selector_host::config sc{1, c.n_kv_heads, max_tokens, budget, budget, {4, 16}};
   std::vector<std::byte> ws(topk_selector_host::workspace_bytes(sc));
   topk_selector_host selector(sc, {ws.data(), ws.size()});
-  using pipe_t = host_decode_pipeline<layout, infinigen_policy_host<>, topk_selector_host>;
+  using pipe_t = decode_pipeline_host<layout, infinigen_policy_host<>, topk_selector_host>;
   const host_pipeline_config cfg{c.n_layers, skip, 1, c.n_kv_heads, c.n_heads, max_tokens,
                                  budget, 2, 0.125f};
-  auto gather_ws = make_workspace<host_gather_executor<layout>>(gather_config_for(cfg));
-  host_gather_executor<layout> gather(gather_config_for(cfg), gather_ws.span());
+  auto gather_ws = make_workspace<gather_executor_host<layout>>(gather_config_for(cfg));
+  gather_executor_host<layout> gather(gather_config_for(cfg), gather_ws.span());
   auto pipe_ws = make_workspace<pipe_t>(cfg);
   pipe_t pipe(cfg, policy, selector, gather, pipe_ws.span());
 

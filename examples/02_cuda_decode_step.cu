@@ -6,7 +6,7 @@
 //                 hidden state, scored against a partial key cache that stays on the device
 //   2. select     topk_selector_cuda: the best `budget` tokens per (sequence, KV head); indices
 //                 and counts stay on the device, nothing is read back
-//   3. fetch      zero_copy_executor: the GPU reads only the selected rows from host memory
+//   3. fetch      zero_copy_executor_cuda: the GPU reads only the selected rows from host memory
 //   4. attend     decode_attention_cuda over the fetched rows and the new token
 //
 // All memory is allocated at set-up, each part sized by its own workspace query; the step only
@@ -151,7 +151,8 @@ int run() {
   // The zero-copy executor needs no workspace (its workspace_bytes is 0).
   const kvscout::device_span<int> status = mem.upload(std::vector<int>{0});
   const kvscout::cuda_exec exec{stream, status.data()};
-  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
+  kvscout::zero_copy_executor_cuda<layout> fetch(
+      {.num_seqs = S, .num_kv_heads = H, .capacity = budget});
 
   const size_t slots = size_t(S) * H * budget;
   const auto d_x = mem.upload(x), d_q = mem.upload(q), out = mem.alloc<float>(q.size());
@@ -196,7 +197,7 @@ int run() {
   // ---- the host backend on the device's selection: gather the rows, then attention --------------
   const kvscout::selection_view<kvscout::host_space> host_sel{
       {idx.data(), idx.size()}, {cnt.data(), cnt.size()}, S, H, budget};
-  using gather_t = kvscout::host_gather_executor<layout>;
+  using gather_t = kvscout::gather_executor_host<layout>;
   const kvscout::host_gather_config gather_cfg{S, H, budget};
   const kvscout::host_workspace gather_ws = kvscout::make_workspace<gather_t>(gather_cfg);
   gather_t gather(gather_cfg, gather_ws.span());

@@ -2,7 +2,7 @@
 //
 // The engine keeps its cache in vLLM's block-table form: fp16, pages of 16 tokens handed out in a
 // shuffled order, 8 KV heads, 32 query heads, head_dim 128, three sequences of different lengths.
-// For one layer it uses kvscout on the host without host_decode_pipeline, part by part:
+// For one layer it uses kvscout on the host without decode_pipeline_host, part by part:
 //
 //   setup    an InfiniGen policy (RoPE-plane plans without calibration: planes 0..15 of 64,
 //            r = 32), a top-k selector, a host gather executor, each with its workspace sized
@@ -39,7 +39,7 @@ int main() try {
   using T = ks::half;
   constexpr int D = 128, H = 8, Hq = 32, P = 16, d_model = 512, max_tokens = 640;
   using layout_t = ks::paged_layout<T, D, ks::nhd, ks::block_table, P>;
-  using gather_t = ks::host_gather_executor<layout_t>;
+  using gather_t = ks::gather_executor_host<layout_t>;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 1.f);
 

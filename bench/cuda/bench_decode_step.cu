@@ -399,11 +399,11 @@ void bm_gemm_under_fetch_body(benchmark::State& st, int executor, int blocks, bo
   KVSCOUT_CUDA_CHECK(cudaGetDevice(&dev));
   KVSCOUT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   std::function<void()> fetch;
-  std::unique_ptr<kvscout::zero_copy_executor<contiguous>> zc;
-  std::unique_ptr<kvscout::copy_engine_executor<contiguous>> ce;
+  std::unique_ptr<kvscout::zero_copy_executor_cuda<contiguous>> zc;
+  std::unique_ptr<kvscout::copy_engine_executor_cuda<contiguous>> ce;
   std::vector<std::byte> ce_ws;
   if (executor == 0) {
-    zc = std::make_unique<kvscout::zero_copy_executor<contiguous>>(kvscout::zero_copy_config{
+    zc = std::make_unique<kvscout::zero_copy_executor_cuda<contiguous>>(kvscout::zero_copy_config{
         .num_seqs = 1, .num_kv_heads = H, .capacity = sel.capacity,
         .max_blocks = blocks == 0 ? 2 * sms : blocks});
     const kvscout::kv_view<contiguous, kvscout::device_space> src{f.dev_l, {f.dk, f.cache_bytes}, {f.dv, f.cache_bytes}};
@@ -412,8 +412,8 @@ void bm_gemm_under_fetch_body(benchmark::State& st, int executor, int blocks, bo
     fetch = [&, src, dsel] { (void)zc->submit(src, dsel, dst, {f.copy}); };
   } else {
     const kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = H, .capacity = sel.capacity};
-    ce_ws.resize(kvscout::copy_engine_executor<contiguous>::workspace_bytes(cfg));
-    ce = std::make_unique<kvscout::copy_engine_executor<contiguous>>(cfg, kvscout::host_span<std::byte>(ce_ws.data(), ce_ws.size()));
+    ce_ws.resize(kvscout::copy_engine_executor_cuda<contiguous>::workspace_bytes(cfg));
+    ce = std::make_unique<kvscout::copy_engine_executor_cuda<contiguous>>(cfg, kvscout::host_span<std::byte>(ce_ws.data(), ce_ws.size()));
     const kvscout::kv_view<contiguous, kvscout::host_space> src{f.host_l, {f.hk, f.cache_bytes}, {f.hv, f.cache_bytes}};
     const kvscout::selection_view<kvscout::host_space> hsel{
         {sel.idx.data(), sel.idx.size()}, {sel.cnt.data(), sel.cnt.size()}, 1, H, sel.capacity};

@@ -74,7 +74,7 @@ void bm_pipeline_step(benchmark::State& st) {
   KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
   {
-    kvscout::cuda_decode_pipeline pipe(
+    kvscout::decode_pipeline_cuda pipe(
         {.num_layers = L, .skip_layers = 2, .overlap = overlap},
         overlap ? kvscout::cuda_pipeline_streams{compute, side, copy}
                 : kvscout::cuda_pipeline_streams{compute, compute, compute},

@@ -17,7 +17,7 @@
 //   kvscout         speculation for layer i + 1 (infinigen_policy_cuda on layer i's normalised
 //                   input, r = head_dim / 2 RoPE planes, max-logit over the query group) and top-k
 //                   on a side stream, the zero-copy fetch of the selected rows on a copy stream,
-//                   ordered by cuda_decode_pipeline (events, no host synchronisation); sparse
+//                   ordered by decode_pipeline_cuda (events, no host synchronisation); sparse
 //                   attention over the fetched rows plus the new token. Layer 0 is speculated at
 //                   the start of the step (skip_layers = 0: every layer sparse, nothing resident).
 //   kvscout_cache   the same with the device row cache (cuda_stage_buffering::row_cache): rows
@@ -33,7 +33,7 @@
 //                   (double-buffered, layer i + 1's copy behind layer i's compute), dense attention.
 //   infinigen       InfiniGen's own fetch path: the same speculation and selection on the device, the
 //                   selection copied to the host and waited for, the rows gathered by host threads
-//                   into pinned staging and copied (staged_executor), behind the previous layer's
+//                   into pinned staging and copied (staged_executor_cuda), behind the previous layer's
 //                   compute as far as the host's waits allow.
 //   resident        the whole cache on the device, dense attention: the upper bound.
 //
@@ -468,7 +468,7 @@ class decode_stack {
   /// resident refuse), and append nothing (the lengths of a KIVI cache advance with its appends).
   static constexpr bool kivi = kvscout::kivi_quantized_layout<L>;
   using speculator_t = kvscout::infinigen_policy_cuda<half, half>;
-  using stages_t = kvscout::infinigen_cuda_stages<L, kvscout::topk_selector_cuda, half, half>;
+  using stages_t = kvscout::infinigen_stages_cuda<L, kvscout::topk_selector_cuda, half, half>;
 
   /// kvscout's stages with the fetch switchable (compute_only leaves it out).
   struct switch_stages {
@@ -484,7 +484,7 @@ class decode_stack {
       if (t1 != nullptr) KVSCOUT_CUDA_CHECK(cudaEventRecord(t1[l], x.stream));
     }
   };
-  using pipeline_t = kvscout::cuda_decode_pipeline<switch_stages>;
+  using pipeline_t = kvscout::decode_pipeline_cuda<switch_stages>;
 
   explicit decode_stack(const stack_config& cfg) : cfg_(cfg), m_(cfg.model) {
     const int S = batch();
@@ -903,7 +903,7 @@ class decode_stack {
     const kvscout::topk_selector_cuda::config tc{S, H, max_len_ + 1, budget_rows_, budget_rows_, {4, 16}};
     const std::size_t tb = kvscout::topk_selector_cuda::workspace_bytes(tc);
     selector_ = std::make_unique<kvscout::topk_selector_cuda>(tc, kvscout::device_span<std::byte>(a_.device<std::byte>(tb), tb));
-    zc_ = std::make_unique<kvscout::zero_copy_executor<L>>(kvscout::zero_copy_config{
+    zc_ = std::make_unique<kvscout::zero_copy_executor_cuda<L>>(kvscout::zero_copy_config{
         .num_seqs = S, .num_kv_heads = H, .capacity = budget_rows_,
         .max_blocks = cfg_.gather_blocks});
     std::vector<kvscout::kv_view<L, kvscout::device_space>> sources;
@@ -941,7 +941,7 @@ class decode_stack {
       const std::size_t cb = kvscout::correction_selector_cuda::workspace_bytes(cc);
       corr_selector_ = std::make_unique<kvscout::correction_selector_cuda>(
           cc, kvscout::device_span<std::byte>(a_.device<std::byte>(cb), cb));
-      corr_zc_ = std::make_unique<kvscout::zero_copy_executor<L>>(kvscout::zero_copy_config{
+      corr_zc_ = std::make_unique<kvscout::zero_copy_executor_cuda<L>>(kvscout::zero_copy_config{
           .num_seqs = S, .num_kv_heads = H, .capacity = extra_rows_, .max_blocks = cfg_.gather_blocks});
       const std::size_t ln = static_cast<std::size_t>(S) * H * (max_len_ + 1);
       const auto make_added = [&]() {
@@ -998,7 +998,7 @@ class decode_stack {
                                      .k_row_bytes = host_layout_.k_row_bytes(),
                                      .v_row_bytes = host_layout_.v_row_bytes(),
                                      .threads = std::max(1, cfg_.staged_threads)};
-    using staged_t = kvscout::staged_executor<L>;
+    using staged_t = kvscout::staged_executor_cuda<L>;
     const std::size_t hb = staged_t::workspace_bytes(stc), db = staged_t::device_workspace_bytes(stc);
     std::byte* hws = a_.pinned<std::byte>(hb);
     staged_ = std::make_unique<staged_t>(stc, kvscout::host_span<std::byte>(hws, hb),
@@ -1201,7 +1201,7 @@ class decode_stack {
 
   // InfiniGen's path: speculation of layer i + 1 on the side stream, its selection copied to
   // pinned host memory; once layer i is enqueued the host waits for that copy, gathers the rows
-  // (staged_executor: host threads, one bulk copy, a scatter) on the copy stream.
+  // (staged_executor_cuda: host threads, one bulk copy, a scatter) on the copy stream.
   void speculate_to_host(int l) {
     const int b = l % 2;
     KVSCOUT_CUDA_CHECK(cudaEventRecord(ev_x_[b], compute_));
@@ -1281,11 +1281,11 @@ class decode_stack {
   std::byte *full_k_[2] = {nullptr, nullptr}, *full_v_[2] = {nullptr, nullptr};
   std::vector<std::unique_ptr<speculator_t>> specs_;
   std::unique_ptr<kvscout::topk_selector_cuda> selector_;
-  std::unique_ptr<kvscout::zero_copy_executor<L>> zc_;
-  std::unique_ptr<kvscout::staged_executor<L>> staged_;
+  std::unique_ptr<kvscout::zero_copy_executor_cuda<L>> zc_;
+  std::unique_ptr<kvscout::staged_executor_cuda<L>> staged_;
   float* scores_ = nullptr;
   std::unique_ptr<kvscout::correction_selector_cuda> corr_selector_;  // kvscout_corrected
-  std::unique_ptr<kvscout::zero_copy_executor<L>> corr_zc_;
+  std::unique_ptr<kvscout::zero_copy_executor_cuda<L>> corr_zc_;
   std::unique_ptr<stages_t> slot_stages_, cache_stages_, corr_stages_;
   std::unique_ptr<pipeline_t> pipe_, cache_pipe_, corr_pipe_;
   kvscout::decode_attention_plan sparse_plan_{}, dense_plan_{}, corr_plan_{};

@@ -8,7 +8,7 @@
 
 int main() {
   using layout = kvscout::contiguous_layout<kvscout::half, 64, kvscout::hnd>;
-  using stages = kvscout::cuda_speculation_stages<layout, kvscout::streaming_policy_cuda,
+  using stages = kvscout::speculation_stages_cuda<layout, kvscout::streaming_policy_cuda,
                                                   kvscout::topk_selector_cuda>;
   kvscout::topk_selector_cuda* selector = nullptr;
   stages::executor_type* fetch = nullptr;

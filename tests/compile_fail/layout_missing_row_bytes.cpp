@@ -20,5 +20,5 @@ struct broken_layout {
 
 int main() {
   kvscout::host_gather_config cfg{1, 1, 1, 1};
-  return static_cast<int>(kvscout::host_gather_executor<broken_layout>::workspace_bytes(cfg));
+  return static_cast<int>(kvscout::gather_executor_host<broken_layout>::workspace_bytes(cfg));
 }

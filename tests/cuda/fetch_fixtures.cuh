@@ -128,7 +128,7 @@ inline void clear_status(device_vector<int>& st) {
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-/// A KIVI cache filled by kivi_host_writer with random tokens.
+/// A KIVI cache filled by kivi_append_host with random tokens.
 template <class L>
 struct kivi_cache {
   std::vector<int32_t> lens;
@@ -141,7 +141,7 @@ struct kivi_cache {
         layout(L::padded(heads, capacity, lens.data(), static_cast<int>(target.size()), opt)),
         store(layout) {
     using T = typename L::element_type;
-    kvscout::kivi_host_writer<L> w(layout, store.buffers(), lens.data());
+    kvscout::kivi_append_host<L> w(layout, store.buffers(), lens.data());
     for (std::size_t s = 0; s < target.size(); ++s) {
       const std::size_t n = static_cast<std::size_t>(target[s]) * heads * L::head_dim;
       auto k = random_values<T>(n, seed + 17 * static_cast<std::uint32_t>(s));

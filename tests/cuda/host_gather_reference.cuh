@@ -1,6 +1,6 @@
 #pragma once
 // The host gather as the reference of a device fetch: the rows a selection names, copied by
-// host_gather_executor from the host view of a cache, as [num_seqs, num_kv_heads, capacity]
+// gather_executor_host from the host view of a cache, as [num_seqs, num_kv_heads, capacity]
 // rows of T (the destination layout every executor writes).
 
 #include <cstddef>
@@ -27,8 +27,8 @@ gathered_host_rows<T> host_gather_rows(const Layout& layout, const T* k_cache, c
   gathered_host_rows<T> out{std::vector<T>(slots * layout.k_row_bytes() / sizeof(T)),
                             std::vector<T>(slots * layout.v_row_bytes() / sizeof(T))};
   const kvscout::host_gather_config cfg{sel.num_seqs, sel.num_kv_heads, sel.capacity, 1};
-  const auto ws = kvscout::make_workspace<kvscout::host_gather_executor<Layout>>(cfg);
-  kvscout::host_gather_executor<Layout> gather(cfg, ws.span());
+  const auto ws = kvscout::make_workspace<kvscout::gather_executor_host<Layout>>(cfg);
+  kvscout::gather_executor_host<Layout> gather(cfg, ws.span());
   gather
       .submit({layout, {reinterpret_cast<const std::byte*>(k_cache), cache_bytes},
                {reinterpret_cast<const std::byte*>(v_cache), cache_bytes}},

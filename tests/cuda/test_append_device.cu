@@ -1,5 +1,5 @@
 // Device append (kv/append.cuh) against the host: KIVI appends (kivi_append_cuda) against
-// kivi_host_writer byte for byte (codes, key group scales / zeros, value records with their
+// kivi_append_host byte for byte (codes, key group scales / zeros, value records with their
 // padding, residual rings, lengths), across several group boundaries, fp16 and fp32 scales,
 // 2 and 4 bits, T and float input, the records in mapped pinned memory and the rest on the
 // device; rejected input (NaN, a full sequence) leaves everything unchanged and sets the status;
@@ -65,7 +65,7 @@ void kivi_append_case(int steps, std::uint32_t seed, int residual = 64, int head
                                                         {kp.data(), kp.bytes()},
                                                         {kr.data(), kr.bytes()},
                                                         {vres.data(), vres.bytes()}};
-  kvscout::kivi_host_writer<L> writer(host.layout, hb, host.lens.data());
+  kvscout::kivi_append_host<L> writer(host.layout, hb, host.lens.data());
   device_vector<int> status(1);
   clear_status(status);
   const std::size_t tok = static_cast<std::size_t>(S) * H * D;

@@ -1,5 +1,5 @@
 // The correction step as a stage of the CUDA pipeline (issue 32; pipeline/cuda_stages.cuh):
-// one decode step through cuda_decode_pipeline with InfiniGen speculation + top-k on the side
+// one decode step through decode_pipeline_cuda with InfiniGen speculation + top-k on the side
 // stream, the zero-copy fetch on the copy stream, and on the compute stream, after wait_rows(i),
 // correct(i): score_query of layer i's own query, correction_selector_cuda against the slot's
 // selection, the fetch of the added rows; then attention over joined_rows_cuda of both sets.
@@ -87,7 +87,7 @@ std::vector<float> host_late_scores(const world& w, int l) {
 // and has no row cache (submit without a row_cache_view only).
 class counting_executor {
  public:
-  using inner_type = kvscout::zero_copy_executor<layout>;
+  using inner_type = kvscout::zero_copy_executor_cuda<layout>;
   using layout_type = layout;
   using config_type = inner_type::config_type;
   using source_type = inner_type::source_type;
@@ -110,12 +110,12 @@ class counting_executor {
 };
 static_assert(kvscout::device_step_executor<counting_executor>);
 static_assert(!kvscout::row_caching_executor<counting_executor>);
-static_assert(kvscout::row_caching_executor<kvscout::zero_copy_executor<layout>>);
+static_assert(kvscout::row_caching_executor<kvscout::zero_copy_executor_cuda<layout>>);
 
-using stages_t = kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda>;
+using stages_t = kvscout::infinigen_stages_cuda<layout, kvscout::topk_selector_cuda>;
 using correction_t = kvscout::cuda_stage_correction<stages_t::executor_type>;
 using counting_stages_t =
-    kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda, float, float, counting_executor>;
+    kvscout::infinigen_stages_cuda<layout, kvscout::topk_selector_cuda, float, float, counting_executor>;
 
 // Device buffers for selections and rows of one capacity.
 struct buffer_store {
@@ -154,8 +154,8 @@ void corrected_step_matches_host() {
   const std::size_t cwb = kvscout::correction_selector_cuda::workspace_bytes(cc);
   gpu_test::device_vector<std::byte> corr_ws(std::max<std::size_t>(1, cwb));
   kvscout::correction_selector_cuda corr(cc, {corr_ws.data(), cwb});
-  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
-  kvscout::zero_copy_executor<layout> corr_fetch({.num_seqs = S, .num_kv_heads = H, .capacity = extra});
+  kvscout::zero_copy_executor_cuda<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
+  kvscout::zero_copy_executor_cuda<layout> corr_fetch({.num_seqs = S, .num_kv_heads = H, .capacity = extra});
   gpu_test::device_vector<int> status(std::vector<int>{0});
   std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
   for (int l = 0; l < L; ++l)
@@ -180,10 +180,10 @@ void corrected_step_matches_host() {
   stages_t cache_stages(specs.per_layer, selector, fetch, sources, score_buf, lengths, x_in, layer_sets,
                         kvscout::cuda_stage_buffering::row_cache, hits.data(), correction);
   GPU_CHECK(stages.has_correction() && cache_stages.has_correction());
-  kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
-                                     kvscout::cuda_stages_ref<stages_t>{&stages});
-  kvscout::cuda_decode_pipeline cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
-                                           kvscout::cuda_stages_ref<stages_t>{&cache_stages});
+  kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                     kvscout::stages_ref_cuda<stages_t>{&stages});
+  kvscout::decode_pipeline_cuda cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                           kvscout::stages_ref_cuda<stages_t>{&cache_stages});
 
   gpu_test::device_vector<float> x_all(w.x), q_all(w.q);
   gpu_test::device_vector<half> kc_all(w.k_cur), vc_all(w.v_cur);
@@ -344,8 +344,8 @@ void corrected_step_matches_host() {
         &corr, &own_corr_fetch, correction.scores, correction.sets};
     counting_stages_t own(specs.per_layer, selector, own_fetch, sources, score_buf, lengths, x_in,
                           slot_sets, kvscout::cuda_stage_buffering::slots, nullptr, own_corr);
-    kvscout::cuda_decode_pipeline own_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
-                                           kvscout::cuda_stages_ref<counting_stages_t>{&own});
+    kvscout::decode_pipeline_cuda own_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                           kvscout::stages_ref_cuda<counting_stages_t>{&own});
     out_all.poison();
     rec_add.poison();
     for (auto& buf : store.rows) buf->poison();  // every fetched row must come from this run

@@ -1,4 +1,4 @@
-// One decode step through cuda_decode_pipeline with kvscout's own kernels (pipeline/cuda_stages.cuh):
+// One decode step through decode_pipeline_cuda with kvscout's own kernels (pipeline/cuda_stages.cuh):
 // device speculation + top-k on the side stream, zero-copy fetch from mapped host caches on the
 // copy stream, sparse attention on the compute stream, overlapped, then the same step captured in
 // a CUDA graph. Checked against the host backend layer by layer:
@@ -106,7 +106,7 @@ void step_matches_host() {
   kvscout::topk_selector_cuda selector(sc, {sel_ws.data(), kvscout::topk_selector_cuda::workspace_bytes(sc)});
   gpu_test::device_vector<int> status(1);
   KVSCOUT_CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(int)));
-  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
+  kvscout::zero_copy_executor_cuda<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
   std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
   const std::size_t cache_bytes = static_cast<std::size_t>(S) * H * max_tokens * D * sizeof(half);
   for (int l = 0; l < L; ++l)
@@ -137,17 +137,17 @@ void step_matches_host() {
   for (int i = 0; i < 2 * L; ++i) layer_sets.push_back(make_set());
   gpu_test::device_vector<unsigned long long> hits(1);
   KVSCOUT_CUDA_CHECK(cudaMemset(hits.data(), 0, sizeof(unsigned long long)));
-  using stages_t = kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda>;
+  using stages_t = kvscout::infinigen_stages_cuda<layout, kvscout::topk_selector_cuda>;
   const kvscout::score_buffer<kvscout::device_space> score_buf{{scores.data(), scores.size()}, S, H, max_tokens};
   const kvscout::cuda_stage_lengths lengths{dspan<const int32_t>(positions), dspan<const int32_t>(dev_lens), max_tokens};
   const std::array<kvscout::device_span<const float>, 2> x_in{dspan<const float>(x_slot0), dspan<const float>(x_slot1)};
   stages_t slot_stages(spec_ptrs, selector, fetch, sources, score_buf, lengths, x_in, slot_sets);
   stages_t cache_stages(spec_ptrs, selector, fetch, sources, score_buf, lengths, x_in, layer_sets,
                         kvscout::cuda_stage_buffering::row_cache, hits.data());
-  kvscout::cuda_decode_pipeline slot_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
-                                          kvscout::cuda_stages_ref<stages_t>{&slot_stages});
-  kvscout::cuda_decode_pipeline cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
-                                           kvscout::cuda_stages_ref<stages_t>{&cache_stages});
+  kvscout::decode_pipeline_cuda slot_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                          kvscout::stages_ref_cuda<stages_t>{&slot_stages});
+  kvscout::decode_pipeline_cuda cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                           kvscout::stages_ref_cuda<stages_t>{&cache_stages});
   using pipe_t = decltype(slot_pipe);
 
   // Per-layer inputs and records on the device.
@@ -315,8 +315,8 @@ void step_matches_host() {
     kvscout::cuda_stage_lengths lengths3 = lengths;
     lengths3.seq_ids = dspan<const int32_t>(ids);
     stages_t id_stages(ptrs3, selector, fetch, sources, score_buf, lengths3, x_in, slot_sets);
-    kvscout::cuda_decode_pipeline id_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
-                                          kvscout::cuda_stages_ref<stages_t>{&id_stages});
+    kvscout::decode_pipeline_cuda id_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                          kvscout::stages_ref_cuda<stages_t>{&id_stages});
     out_all.poison();
     rec_idx.poison();
     rec_cnt.poison();
@@ -336,8 +336,8 @@ void step_matches_host() {
     cached3.cached_rows = dspan<const int32_t>(prev_rows);
     stages_t id_cache_stages(ptrs3, selector, fetch, sources, score_buf, cached3, x_in, layer_sets,
                              kvscout::cuda_stage_buffering::row_cache, hits.data());
-    kvscout::cuda_decode_pipeline id_cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
-                                                kvscout::cuda_stages_ref<stages_t>{&id_cache_stages});
+    kvscout::decode_pipeline_cuda id_cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                                kvscout::stages_ref_cuda<stages_t>{&id_cache_stages});
     const std::vector<int32_t> row_maps[3] = {{0, 1}, {0, 1}, {-1, -1}};
     const unsigned long long want_hits[3] = {0ull, static_cast<unsigned long long>(selected_rows), 0ull};
     for (int step = 0; step < 3; ++step) {

@@ -11,12 +11,18 @@
 #include "gpu_harness.cuh"
 #include "kvscout/attention/decode.cuh"
 #include "kvscout/attention/rows.cuh"
+#include "kvscout/fetch/copy_engine.cuh"
+#include "kvscout/fetch/staged.cuh"
+#include "kvscout/fetch/zero_copy.cuh"
 #include "kvscout/kv/append.cuh"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/kivi.hpp"
+#include "kvscout/pipeline/cuda_pipeline.hpp"
+#include "kvscout/pipeline/cuda_stages.cuh"
 #include "kvscout/score/device_concepts.hpp"
 #include "kvscout/score/infinigen.cuh"
 #include "kvscout/score/streaming.cuh"
+#include "kvscout/select/topk.cuh"
 
 #if defined(__NVCC__)
 #pragma nv_diag_suppress deprecated_entity
@@ -52,6 +58,36 @@ static_assert(std::is_same_v<ks::kivi_gathered_rows_device<kivi>,
 static_assert(std::is_same_v<ks::joined_rows_device<rows, rows>, ks::joined_rows_cuda<rows, rows>>);
 static_assert(ks::device_attention_rows<rows> && ks::attention_rows_cuda<rows>);
 static_assert(!ks::device_attention_rows<ks::gathered_rows_host<ks::half, 128>>);
+
+// fetch/: the CUDA executors
+static_assert(std::is_same_v<ks::zero_copy_executor<layout>, ks::zero_copy_executor_cuda<layout>>);
+static_assert(std::is_same_v<ks::zero_copy_executor<kivi>, ks::zero_copy_executor_cuda<kivi>>);
+static_assert(std::is_same_v<ks::copy_engine_executor<layout>,
+                             ks::copy_engine_executor_cuda<layout>>);
+static_assert(std::is_same_v<ks::staged_executor<layout>, ks::staged_executor_cuda<layout>>);
+
+// pipeline/: the stages (the executor defaulted and given), their reference, the pipeline and
+// its stages' concept (a plain alias: it accepts what the new one accepts, refuses the rest)
+using stages = ks::speculation_stages_cuda<layout, ks::streaming_policy_cuda,
+                                           ks::topk_selector_cuda,
+                                           ks::zero_copy_executor_cuda<layout>>;
+static_assert(std::is_same_v<ks::cuda_speculation_stages<layout, ks::streaming_policy_cuda,
+                                                         ks::topk_selector_cuda>,
+                             stages>);
+static_assert(std::is_same_v<ks::infinigen_cuda_stages<layout, ks::topk_selector_cuda>,
+                             ks::infinigen_stages_cuda<layout, ks::topk_selector_cuda>>);
+static_assert(std::is_same_v<
+              ks::infinigen_cuda_stages<layout, ks::topk_selector_cuda, ks::half, ks::half,
+                                        ks::zero_copy_executor_cuda<layout>>,
+              ks::speculation_stages_cuda<layout, ks::infinigen_policy_cuda<ks::half, ks::half>,
+                                          ks::topk_selector_cuda,
+                                          ks::zero_copy_executor_cuda<layout>>>);
+static_assert(std::is_same_v<ks::cuda_stages_ref<stages>, ks::stages_ref_cuda<stages>>);
+static_assert(std::is_same_v<ks::cuda_decode_pipeline<ks::stages_ref_cuda<stages>>,
+                             ks::decode_pipeline_cuda<ks::stages_ref_cuda<stages>>>);
+static_assert(ks::cuda_pipeline_stages<stages> && ks::pipeline_stages_cuda<stages>);
+static_assert(ks::cuda_pipeline_stages<ks::stages_ref_cuda<stages>>);
+static_assert(!ks::cuda_pipeline_stages<ks::zero_copy_executor_cuda<layout>>);
 
 // The forwarding functions, with the signatures of the functions they forward to.
 using cur = ks::current_token<ks::half, device_space>;

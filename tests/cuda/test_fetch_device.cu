@@ -1,5 +1,5 @@
 // CUDA prefetch executors (fetch/zero_copy.cuh, fetch/copy_engine.cuh, fetch/staged.cuh) against
-// host_gather_executor, bit-exact, on seeded random bytes: contiguous NHD / HND (padded, ragged),
+// gather_executor_host, bit-exact, on seeded random bytes: contiguous NHD / HND (padded, ragged),
 // paged with both page tables, KIVI-2 / KIVI-4 records; 256- and 512-byte rows (and KIVI's
 // 32-80-byte records); densities 5 / 10 / 25 %; empty selections; destinations poisoned first, so
 // unselected slots must stay poisoned; and the device status word on bad device data (an index
@@ -24,9 +24,9 @@ using kvscout::half;
 
 // The executors hand back their configuration the way every configured component does.
 using configured_layout = kvscout::contiguous_layout<half, 64, kvscout::hnd>;
-static_assert(kvscout::configured<kvscout::copy_engine_executor<configured_layout>>);
-static_assert(kvscout::configured<kvscout::staged_executor<configured_layout>>);
-static_assert(kvscout::configured<kvscout::zero_copy_executor<configured_layout>>);
+static_assert(kvscout::configured<kvscout::copy_engine_executor_cuda<configured_layout>>);
+static_assert(kvscout::configured<kvscout::staged_executor_cuda<configured_layout>>);
+static_assert(kvscout::configured<kvscout::zero_copy_executor_cuda<configured_layout>>);
 
 namespace {
 
@@ -62,8 +62,8 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
 
   // Reference: the host gather over the same (pinned) bytes.
   kvscout::host_gather_config hc{.num_seqs = S, .num_kv_heads = H, .capacity = cap};
-  std::vector<std::byte> ws(kvscout::host_gather_executor<Layout>::workspace_bytes(hc));
-  kvscout::host_gather_executor<Layout> gather(hc, {ws.data(), ws.size()});
+  std::vector<std::byte> ws(kvscout::gather_executor_host<Layout>::workspace_bytes(hc));
+  kvscout::gather_executor_host<Layout> gather(hc, {ws.data(), ws.size()});
   std::vector<std::byte> ref_k(slots * kb, poison), ref_v(slots * vb, poison);
   const kvscout::kv_view<Layout, kvscout::host_space> host_src{
       host_l, {k.data(), k.bytes()}, {v.data(), v.bytes()}};
@@ -78,8 +78,8 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
 
   {  // zero copy: device aliases of the mapped source, device-resident metadata and selection
     kvscout::zero_copy_config zc{.num_seqs = S, .num_kv_heads = H, .capacity = cap};
-    GPU_CHECK(kvscout::zero_copy_executor<Layout>::workspace_bytes(zc) == 0);
-    kvscout::zero_copy_executor<Layout> ex(zc);
+    GPU_CHECK(kvscout::zero_copy_executor_cuda<Layout>::workspace_bytes(zc) == 0);
+    kvscout::zero_copy_executor_cuda<Layout> ex(zc);
     const kvscout::kv_view<Layout, kvscout::device_space> src{
         dev_l, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}};
     auto c = ex.submit(src, dsel.view(), dst, {stream.s, status.data()});
@@ -95,8 +95,8 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
     dv.poison();
     kvscout::copy_engine_config cc{.num_seqs = S, .num_kv_heads = H, .capacity = cap,
                                    .use_batch_api = batch};
-    std::vector<std::byte> cws(kvscout::copy_engine_executor<Layout>::workspace_bytes(cc));
-    kvscout::copy_engine_executor<Layout> ex(cc, {cws.data(), cws.size()});
+    std::vector<std::byte> cws(kvscout::copy_engine_executor_cuda<Layout>::workspace_bytes(cc));
+    kvscout::copy_engine_executor_cuda<Layout> ex(cc, {cws.data(), cws.size()});
     ex.submit(host_src, sel.view(), dst, {stream.s}).wait();
     const std::string tag = name + (batch ? " copy_engine(batch)" : " copy_engine(per run)");
     expect_same(tag + " K", dk.download(), ref_k);
@@ -108,9 +108,9 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
     stream_holder other;
     kvscout::staged_config sc{.num_seqs = S, .num_kv_heads = H, .capacity = cap,
                               .k_row_bytes = kb, .v_row_bytes = vb, .threads = 2, .stages = 2};
-    pinned_vector<std::byte> pws(kvscout::staged_executor<Layout>::workspace_bytes(sc));
-    device_vector<std::byte> dws(kvscout::staged_executor<Layout>::device_workspace_bytes(sc));
-    kvscout::staged_executor<Layout> ex(sc, {pws.data(), pws.bytes()}, {dws.data(), dws.bytes()});
+    pinned_vector<std::byte> pws(kvscout::staged_executor_cuda<Layout>::workspace_bytes(sc));
+    device_vector<std::byte> dws(kvscout::staged_executor_cuda<Layout>::device_workspace_bytes(sc));
+    kvscout::staged_executor_cuda<Layout> ex(sc, {pws.data(), pws.bytes()}, {dws.data(), dws.bytes()});
     for (int rep = 0; rep < 3; ++rep) {
       dk.poison();
       dv.poison();
@@ -193,7 +193,7 @@ void bad_device_data() {
   device_vector<int> status(1);
   clear_status(status);
   kvscout::zero_copy_config zc{.num_seqs = 2, .num_kv_heads = heads, .capacity = cap};
-  kvscout::zero_copy_executor<Layout> ex(zc);
+  kvscout::zero_copy_executor_cuda<Layout> ex(zc);
   ex.submit({dl.layout, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}},
             {{d_idx.data(), idx.size()}, {d_counts.data(), counts.size()}, 2, heads, cap},
             {{dk.data(), dk.bytes()}, {dv.data(), dv.bytes()}}, {nullptr, status.data()})
@@ -241,7 +241,7 @@ struct row_cache_case {
   device_vector<std::byte> ak, av, bk, bv;
   device_vector<int> status;
   device_vector<unsigned long long> hits;
-  kvscout::zero_copy_executor<Layout> ex;
+  kvscout::zero_copy_executor_cuda<Layout> ex;
   kvscout::kv_view<Layout, kvscout::device_space> src;
   std::vector<std::byte> old_k, old_v;
 

@@ -77,8 +77,8 @@ struct fake_stages {
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
 };
-static_assert(kvscout::cuda_pipeline_stages<fake_stages>);
-static_assert(kvscout::configured<kvscout::cuda_decode_pipeline<fake_stages>>);
+static_assert(kvscout::pipeline_stages_cuda<fake_stages>);
+static_assert(kvscout::configured<kvscout::decode_pipeline_cuda<fake_stages>>);
 
 struct fixture {
   static constexpr int L = 8;
@@ -131,7 +131,7 @@ void enqueue_step(Pipe& pipe, fixture& f, int skip, bool wait, bool check_host,
 void ordered_eagerly() {
   for (int skip : {0, 1, 2}) {
     fixture f;
-    kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = skip},
+    kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = skip},
                                        {f.compute, f.side, f.copy}, f.stages(200000));
     for (int step = 0; step < 6; ++step) {
       if (skip == 0) pipe.speculate_first(f.errors.data());
@@ -150,7 +150,7 @@ void ordered_eagerly() {
 
 void serial_mode_is_ordered() {
   fixture f;
-  kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = 2, .overlap = false},
+  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 2, .overlap = false},
                                      {f.compute, f.compute, f.compute}, f.stages(20000));
   for (int step = 0; step < 4; ++step) enqueue_step(pipe, f, 2, true, false);
   GPU_CHECK(f.read_errors() == 0);
@@ -165,7 +165,7 @@ void control_without_waits_fails() {
   kvscout_simt::detail::set_order("forward");
 #endif
   fixture f;
-  kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = 2},
+  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 2},
                                      {f.compute, f.side, f.copy}, f.stages(2000000));
   for (int step = 0; step < 3; ++step) enqueue_step(pipe, f, 2, false, false);
   const int e = f.read_errors();
@@ -181,7 +181,7 @@ void append_during_fetch_does_not_race() {
   // attention(i) rewrites layer i's host row (the append) while fetch(i + 1) is in flight; every
   // fetch must still see the row as the previous step left it.
   fixture f;
-  kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = 1},
+  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 1},
                                      {f.compute, f.side, f.copy}, f.stages(200000));
   for (int step = 0; step < 5; ++step) enqueue_step(pipe, f, 1, true, true);
   GPU_CHECK(f.read_errors() == 0);
@@ -189,7 +189,7 @@ void append_during_fetch_does_not_race() {
 
 void captured_in_a_graph() {
   fixture f;
-  kvscout::cuda_decode_pipeline pipe({.num_layers = fixture::L, .skip_layers = 2},
+  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 2},
                                      {f.compute, f.side, f.copy}, f.stages(100000));
   cudaGraph_t graph{};
   KVSCOUT_CUDA_CHECK(cudaStreamBeginCapture(f.compute, cudaStreamCaptureModeThreadLocal));
@@ -208,7 +208,7 @@ void bad_config_throws() {
   fixture f;
   bool thrown = false;
   try {
-    kvscout::cuda_decode_pipeline pipe({.num_layers = 4, .skip_layers = 5},
+    kvscout::decode_pipeline_cuda pipe({.num_layers = 4, .skip_layers = 5},
                                        {f.compute, f.side, f.copy}, f.stages(0));
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("skip_layers = 5") != std::string::npos;
@@ -216,7 +216,7 @@ void bad_config_throws() {
   GPU_CHECK(thrown);
   thrown = false;
   try {
-    kvscout::cuda_decode_pipeline pipe({.num_layers = 4}, {f.compute, f.compute, f.copy},
+    kvscout::decode_pipeline_cuda pipe({.num_layers = 4}, {f.compute, f.compute, f.copy},
                                        f.stages(0));
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("three distinct streams") != std::string::npos;
@@ -225,7 +225,7 @@ void bad_config_throws() {
   // Waiting for a layer that was never launched is refused (it would wait on a stale event).
   thrown = false;
   try {
-    kvscout::cuda_decode_pipeline pipe({.num_layers = 4, .skip_layers = 2},
+    kvscout::decode_pipeline_cuda pipe({.num_layers = 4, .skip_layers = 2},
                                        {f.compute, f.side, f.copy}, f.stages(0));
     pipe.input_ready(0);
     pipe.input_ready(1);  // launches layer 2

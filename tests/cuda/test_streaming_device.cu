@@ -1,10 +1,10 @@
 // streaming_policy_cuda (score/streaming.cuh) and a policy other than InfiniGen in the CUDA
-// pipeline's stages (cuda_speculation_stages, pipeline/cuda_stages.cuh):
+// pipeline's stages (speculation_stages_cuda, pipeline/cuda_stages.cuh):
 //   - its scores equal streaming_policy_host's bit for bit, lengths clamped on the device (and
 //     reported as device_status::bad_length) and
 //     nothing written past a row's length;
 //   - bad calls throw kvscout::error naming the bad value and leave the scores as they were;
-//   - through cuda_decode_pipeline with top-k and the zero-copy executor, every speculated layer
+//   - through decode_pipeline_cuda with top-k and the zero-copy executor, every speculated layer
 //     selects the sinks and the most recent tokens (worked out here from the lengths alone), and
 //     the rows fetched from the mapped host caches are the bytes the host gather copies for the
 //     same selection; the stages hand the policy the call's status word and their sequence ids.
@@ -204,7 +204,7 @@ void pipeline_selects(bool per_layer_budgets) {
   const auto budget_of = [&](int l) { return per_layer_budgets && l == 2 ? budget2 : budget; };
   gpu_test::device_vector<int> status(1);
   KVSCOUT_CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(int)));
-  kvscout::zero_copy_executor<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
+  kvscout::zero_copy_executor_cuda<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
   const std::size_t cache_bytes = cache * sizeof(half);
   std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
   for (int l = 0; l < L; ++l)
@@ -229,7 +229,7 @@ void pipeline_selects(bool per_layer_budgets) {
                      {reinterpret_cast<std::byte*>(rv.data()), rv.bytes()}}});
   }
   using stages_t =
-      kvscout::cuda_speculation_stages<layout, seq_id_spy, kvscout::topk_selector_cuda>;
+      kvscout::speculation_stages_cuda<layout, seq_id_spy, kvscout::topk_selector_cuda>;
   stages_t stages(per_layer, selectors, fetch, sources,
                   {{scores.data(), scores.size()}, S, H, max_tokens},
                   {dspan<const int32_t>(dev_lens), dspan<const int32_t>(dev_lens), max_tokens,
@@ -272,8 +272,8 @@ void pipeline_selects(bool per_layer_budgets) {
     GPU_CHECK(refusal({nullptr, &selector, &selector3},
                       "layer 2's selector configured for [num_seqs, num_kv_heads, stride, capacity] = [2, 2, 512, 12]"));
   }
-  kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
-                                     kvscout::cuda_stages_ref<stages_t>{&stages});
+  kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+                                     kvscout::stages_ref_cuda<stages_t>{&stages});
   using pipe_t = decltype(pipe);
 
   // Per layer, on the compute stream once the rows are there: the selection and the rows.

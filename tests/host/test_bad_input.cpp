@@ -262,8 +262,8 @@ TEST_CASE("a gather into overlapping buffers is rejected before it writes", "[er
     k[i] = 100.f + static_cast<float>(i), v[i] = 200.f + static_cast<float>(i);
   std::vector<int32_t> idx = {1, 2}, cnt = {2};
   const kvscout::host_gather_config cfg{.num_seqs = 1, .num_kv_heads = 1, .capacity = 2};
-  const auto ws = kvscout::make_workspace<kvscout::host_gather_executor<L>>(cfg);
-  kvscout::host_gather_executor<L> g(cfg, ws.span());
+  const auto ws = kvscout::make_workspace<kvscout::gather_executor_host<L>>(cfg);
+  kvscout::gather_executor_host<L> g(cfg, ws.span());
   const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), 2}, {cnt.data(), 1}, 1, 1, 2};
   const kvscout::kv_view<L, kvscout::host_space> src{l, cbytes_of(k), cbytes_of(v)};
   const std::vector<float> k_before = k;
@@ -316,10 +316,10 @@ TEST_CASE("a gather into overlapping buffers is rejected before it writes", "[er
   // A workspace over what the submit reads or writes: the running counts it writes corrupted
   // the copy.
   {
-    const std::size_t wb = kvscout::host_gather_executor<L>::workspace_bytes(cfg);  // 16 bytes
+    const std::size_t wb = kvscout::gather_executor_host<L>::workspace_bytes(cfg);  // 16 bytes
     std::vector<std::int64_t> arena(16, 0);
     const auto ab = bytes_of(arena);
-    kvscout::host_gather_executor<L> g2(cfg, ab.subspan(0, wb));
+    kvscout::gather_executor_host<L> g2(cfg, ab.subspan(0, wb));
     REQUIRE_THROWS_WITH(g2.submit(src, sel, {ab.subspan(0, 32), ab.subspan(64, 32)}),
                         Contains("the workspace (16 bytes at") &&
                             Contains("overlaps the destination K rows (32 bytes at"));
@@ -333,7 +333,7 @@ TEST_CASE("a gather into overlapping buffers is rejected before it writes", "[er
     CHECK(in_ws[0] == 1);
     CHECK(in_ws[1] == 2);
     std::vector<float> kk = k;
-    kvscout::host_gather_executor<L> g3(cfg, {reinterpret_cast<std::byte*>(kk.data()), wb});
+    kvscout::gather_executor_host<L> g3(cfg, {reinterpret_cast<std::byte*>(kk.data()), wb});
     REQUIRE_THROWS_WITH(
         g3.submit({l, cbytes_of(kk), cbytes_of(v)}, sel, {bytes_of(d), bytes_of(dv)}),
         Contains("overlaps the source K cache (64 bytes at"));
@@ -351,17 +351,17 @@ TEST_CASE("a KIVI writer refuses buffers that overlap", "[errors][kivi]") {
   kvscout::kivi_host_storage st(l);
   auto b = st.buffers();
   b.v_residual = b.k_residual;  // V would overwrite K in the residual window
-  REQUIRE_THROWS_WITH((kvscout::kivi_host_writer<L>(l, b, lens.data())),
+  REQUIRE_THROWS_WITH((kvscout::kivi_append_host<L>(l, b, lens.data())),
                       Contains("the K residual buffer") && Contains("and the V residual buffer") &&
                           Contains("overlap"));
-  CHECK_NOTHROW(kvscout::kivi_host_writer<L>(l, st.buffers(), lens.data()));
+  CHECK_NOTHROW(kvscout::kivi_append_host<L>(l, st.buffers(), lens.data()));
   // Records exist once the capacity holds whole groups past the window.
   const auto l2 = L::padded(1, 128, lens.data(), 1, {.group = 16, .residual = 16});
   REQUIRE(l2.required_k_bytes() > 0);
   kvscout::kivi_host_storage st2(l2);
   b = st2.buffers();
   b.k_params = b.k_codes;
-  REQUIRE_THROWS_WITH((kvscout::kivi_host_writer<L>(l2, b, lens.data())),
+  REQUIRE_THROWS_WITH((kvscout::kivi_append_host<L>(l2, b, lens.data())),
                       Contains("the K code buffer") && Contains("key parameter buffer"));
 }
 
@@ -412,9 +412,9 @@ TEST_CASE("the host pipeline's last_selection checks the layer", "[errors][pipel
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc) + 16);
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   const kvscout::host_pipeline_config pc{2, 0, 1, H, 1, MT, 2, 1, 0.5f};
-  using pipe_t = kvscout::host_decode_pipeline<L, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
-  auto gws = kvscout::make_workspace<kvscout::host_gather_executor<L>>(kvscout::gather_config_for(pc));
-  kvscout::host_gather_executor<L> gather(kvscout::gather_config_for(pc), gws.span());
+  using pipe_t = kvscout::decode_pipeline_host<L, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
+  auto gws = kvscout::make_workspace<kvscout::gather_executor_host<L>>(kvscout::gather_config_for(pc));
+  kvscout::gather_executor_host<L> gather(kvscout::gather_config_for(pc), gws.span());
   auto pws = kvscout::make_workspace<pipe_t>(pc);
   pipe_t pipe(pc, sp, sel, gather, pws.span());
   CHECK_NOTHROW(pipe.last_selection(1));

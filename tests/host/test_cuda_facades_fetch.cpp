@@ -2,7 +2,7 @@
 // cuda_fetch_checks.hpp, attention/detail/decode_device_checks.hpp, kv/detail/append_checks.hpp,
 // core/device_status.hpp): error messages naming the bad value, workspace sizes, and the
 // copy-engine run list, which is replayed with memcpy on the host and must equal
-// host_gather_executor's output byte for byte. No GPU needed.
+// gather_executor_host's output byte for byte. No GPU needed.
 
 #include <catch2/catch.hpp>
 
@@ -65,8 +65,8 @@ void check_runs_replay(std::uint32_t seed, double density) {
   kv_view<layout, host_space> src{f.layout, {k.data(), k.size()}, {v.data(), v.size()}};
 
   host_gather_config hc{.num_seqs = 3, .num_kv_heads = heads, .capacity = capacity};
-  std::vector<std::byte> ws(host_gather_executor<layout>::workspace_bytes(hc));
-  host_gather_executor<layout> gather(hc, {ws.data(), ws.size()});
+  std::vector<std::byte> ws(gather_executor_host<layout>::workspace_bytes(hc));
+  gather_executor_host<layout> gather(hc, {ws.data(), ws.size()});
   gather.submit(src, sel.view(), {{ref_k.data(), dst_bytes}, {ref_v.data(), dst_bytes}});
 
   copy_engine_config cc{.num_seqs = 3, .num_kv_heads = heads, .capacity = capacity};

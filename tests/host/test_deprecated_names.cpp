@@ -10,8 +10,10 @@
 #include "kvscout/attention/kivi_rows.hpp"
 #include "kvscout/attention/rows.hpp"
 #include "kvscout/core/exec.hpp"
+#include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/kivi.hpp"
+#include "kvscout/pipeline/host_pipeline.hpp"
 #include "kvscout/score/concepts.hpp"
 #include "kvscout/score/device_concepts.hpp"
 #include "kvscout/score/device_context.hpp"
@@ -20,6 +22,7 @@
 #include "kvscout/score/oracle.hpp"
 #include "kvscout/score/quest.hpp"
 #include "kvscout/score/streaming.hpp"
+#include "kvscout/select/topk.hpp"
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -54,6 +57,19 @@ static_assert(std::is_same_v<ks::layout_rows<layout>, ks::layout_rows_host<layou
 static_assert(std::is_same_v<ks::joined_rows<rows, rows>, ks::joined_rows_host<rows, rows>>);
 static_assert(std::is_same_v<ks::kivi_layout_rows<kivi>, ks::kivi_layout_rows_host<kivi>>);
 static_assert(std::is_same_v<ks::kivi_gathered_rows<kivi>, ks::kivi_gathered_rows_host<kivi>>);
+// kv/: the KIVI writer, named for its twin kivi_append_cuda
+static_assert(std::is_same_v<ks::kivi_host_writer<kivi>, ks::kivi_append_host<kivi>>);
+// fetch/ and pipeline/: the host executor and pipeline (the executor defaulted and given)
+using gather = ks::gather_executor_host<layout>;
+static_assert(std::is_same_v<ks::host_gather_executor<layout>, gather>);
+static_assert(std::is_same_v<
+              ks::host_decode_pipeline<layout, ks::streaming_policy_host, ks::topk_selector_host>,
+              ks::decode_pipeline_host<layout, ks::streaming_policy_host, ks::topk_selector_host,
+                                       gather>>);
+static_assert(std::is_same_v<ks::host_decode_pipeline<layout, ks::infinigen_policy_host<>,
+                                                      ks::topk_selector_host, gather>,
+                             ks::decode_pipeline_host<layout, ks::infinigen_policy_host<>,
+                                                      ks::topk_selector_host, gather>>);
 
 // The device concepts' old names (plain aliases: a concept cannot be deprecated) accept what the
 // new ones accept, and refuse what they refuse.
@@ -80,6 +96,18 @@ TEST_CASE("deprecated names (issue 33) still build the objects they name", "[dep
   CHECK(dout.row(0, 1) == scores + 3);
   ks::streaming_policy p({.num_kv_heads = 2, .sinks = 1});
   CHECK(p.configuration().num_kv_heads == 2);
+  const ks::host_gather_config gc{.num_seqs = 2, .num_kv_heads = 4, .capacity = 16};
+  CHECK(ks::host_gather_executor<layout>::workspace_bytes(gc) ==
+        ks::gather_executor_host<layout>::workspace_bytes(gc));
+  using old_pipe =
+      ks::host_decode_pipeline<layout, ks::streaming_policy_host, ks::topk_selector_host>;
+  using new_pipe =
+      ks::decode_pipeline_host<layout, ks::streaming_policy_host, ks::topk_selector_host>;
+  const ks::host_pipeline_config pc{.num_layers = 4, .skip_layers = 2, .num_seqs = 2,
+                                    .num_kv_heads = 4, .num_q_heads = 8, .max_tokens = 64,
+                                    .capacity = 16, .scale = 0.125f};
+  CHECK(old_pipe::workspace_bytes(pc) == new_pipe::workspace_bytes(pc));
+  CHECK(new_pipe::workspace_bytes(pc) > 0);
 }
 
 #pragma GCC diagnostic pop

@@ -136,7 +136,7 @@ void check_gather(const std::vector<int32_t>& lens, int heads, int capacity, int
                   std::uint32_t seed, kvscout::gather_stores stores = kvscout::gather_stores::cached,
                   std::size_t misalign = 0) {
   using layout = typename Case::layout;
-  using executor = kvscout::host_gather_executor<layout>;
+  using executor = kvscout::gather_executor_host<layout>;
   CAPTURE(Case::name(), heads, capacity, threads, seed, stores, misalign);
   std::mt19937 rng(seed);
   layout_fixture<Case> f(lens, heads, rng);
@@ -215,7 +215,7 @@ namespace {
 struct gather_problem {
   using layout = kvscout::paged_layout<kvscout::half, 64, kvscout::nhd,
                                        kvscout::flashinfer_page_table, 4>;
-  using executor = kvscout::host_gather_executor<layout>;
+  using executor = kvscout::gather_executor_host<layout>;
   std::vector<int32_t> indptr{0, 2, 3}, pages{2, 0, 1}, last{3, 4};  // lengths 7 and 4
   std::vector<int32_t> indices{0, 6, -1, 2, 3, -1, 1, 2, 3, 0, -1, -1};  // [2, 2, 3]
   std::vector<int32_t> counts{2, 2, 3, 1};

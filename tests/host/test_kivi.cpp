@@ -2,7 +2,7 @@
 // (attention/kivi_rows.hpp): bit-exact packing against hand-computed bytes, the quantisation
 // error against its analytic bound in fp64, the residual-window rule at every boundary (bulk and
 // one-token appends, several sequences of different lengths), the address math against the
-// documented shapes, gathers through host_gather_executor, decode attention over dequantised rows
+// documented shapes, gathers through gather_executor_host, decode attention over dequantised rows
 // against an fp64 reference, and bad input. Seeded random data, never zeros.
 
 #include <catch2/catch.hpp>
@@ -133,7 +133,7 @@ struct kivi_fixture {
   double key(int s, int t, int h, int c) const { return kvscout::to_float(k[at(s, t, h) + c]); }
   double val(int s, int t, int h, int c) const { return kvscout::to_float(v[at(s, t, h) + c]); }
 
-  kvscout::kivi_host_writer<L> writer() { return {l, store.buffers(), lens.data()}; }
+  kvscout::kivi_append_host<L> writer() { return {l, store.buffers(), lens.data()}; }
 
   // Appends every sequence up to its target: in one call per sequence, or one token at a time
   // round-robin over the sequences.
@@ -278,7 +278,7 @@ TEST_CASE("kivi records: a hand-computed cache, byte for byte", "[kivi]") {
   // Poison every buffer: the writer must write every byte of a record, padding included.
   std::memset(b.k_codes.data(), 0xA5, b.k_codes.size());
   std::memset(b.v_records.data(), 0xA5, b.v_records.size());
-  kvscout::kivi_host_writer<L> w(l, b, lens.data());
+  kvscout::kivi_append_host<L> w(l, b, lens.data());
   std::vector<half> k(32), v(32);
   for (int c = 0; c < 16; ++c) {
     k[c] = kvscout::from_float<half>(static_cast<float>(c % 4));
@@ -566,7 +566,7 @@ TEST_CASE("kivi rule: KIVI's key and value windows at every boundary", "[kivi]")
     REQUIRE(small.required_residual_bytes() == 2u * 50 * 64 * sizeof(half));
     REQUIRE(small.quantized_capacity() == 0);
     kvscout::kivi_host_storage st(small);
-    kvscout::kivi_host_writer<H> w(small, st.buffers(), one.data());
+    kvscout::kivi_append_host<H> w(small, st.buffers(), one.data());
     std::vector<half> tok(2 * 64);
     for (int t = 0; t < 50; ++t) {
       for (std::size_t i = 0; i < tok.size(); ++i)
@@ -724,7 +724,7 @@ TEST_CASE("kivi gather: host_gather_executor copies the selected records unchang
       {idx.data(), idx.size()}, {counts.data(), counts.size()}, f.num_seqs, f.H, cap};
   for (int threads : {1, 2}) {
     CAPTURE(threads);
-    using ex_t = kvscout::host_gather_executor<L>;
+    using ex_t = kvscout::gather_executor_host<L>;
     const kvscout::host_gather_config cfg{f.num_seqs, f.H, cap, threads};
     const auto ws = kvscout::make_workspace<ex_t>(cfg);
     ex_t ex(cfg, ws.span());
@@ -865,7 +865,7 @@ TEMPLATE_TEST_CASE("kivi attention: dense and sparse over KIVI rows match fp64 a
       }
     const kvscout::selection_view<kvscout::host_space> sel{
         {idx.data(), idx.size()}, {counts.data(), counts.size()}, f.num_seqs, H, cap};
-    using ex_t = kvscout::host_gather_executor<L>;
+    using ex_t = kvscout::gather_executor_host<L>;
     const kvscout::host_gather_config cfg{f.num_seqs, H, cap, 1};
     const auto ws = kvscout::make_workspace<ex_t>(cfg);
     ex_t ex(cfg, ws.span());
@@ -1013,7 +1013,7 @@ TEST_CASE("kivi composes with a top-k selector over the quantised tokens", "[kiv
   const kvscout::selection_buffers<kvscout::host_space> selb{
       {idx.data(), idx.size()}, {counts.data(), counts.size()}, 2, H, budget};
   topk.select({{scores.data(), scores.size()}, {qlens.data(), qlens.size()}, 2, H, stride}, selb);
-  using ex_t = kvscout::host_gather_executor<L>;
+  using ex_t = kvscout::gather_executor_host<L>;
   const kvscout::host_gather_config cfg{2, H, budget, 1};
   const auto ws = kvscout::make_workspace<ex_t>(cfg);
   ex_t ex(cfg, ws.span());
@@ -1146,7 +1146,7 @@ TEST_CASE("kivi usage examples compile and run", "[kivi]") {
   auto l = layout::padded(/*num_kv_heads=*/8, /*capacity=*/4096, lens.data(), /*num_seqs=*/2,
                           {.group = 32, .residual = 128});
   kvscout::kivi_host_storage store(l);
-  kvscout::kivi_host_writer<layout> w(l, store.buffers(), lens.data());
+  kvscout::kivi_append_host<layout> w(l, store.buffers(), lens.data());
   std::vector<half> tok(8 * 128);
   for (std::size_t i = 0; i < tok.size(); ++i) tok[i] = kvscout::from_float<half>(static_cast<float>(i % 13) - 6.f);
   const kvscout::host_span<const half> k_token(tok.data(), tok.size()), v_token = k_token;
@@ -1163,8 +1163,8 @@ TEST_CASE("kivi usage examples compile and run", "[kivi]") {
   const kvscout::selection_view<kvscout::host_space> selection{
       {indices.data(), indices.size()}, {counts.data(), counts.size()}, 2, 8, capacity};
   const kvscout::host_gather_config cfg{.num_seqs = 2, .num_kv_heads = 8, .capacity = capacity};
-  std::vector<std::int64_t> ws(kvscout::host_gather_executor<layout>::workspace_bytes(cfg) / 8);
-  kvscout::host_gather_executor<layout> gather(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  std::vector<std::int64_t> ws(kvscout::gather_executor_host<layout>::workspace_bytes(cfg) / 8);
+  kvscout::gather_executor_host<layout> gather(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
   struct alignas(16) granule { std::byte b[16]; };  // 16-byte aligned destination rows
   std::vector<granule> dk(2u * 8 * capacity * l.k_row_bytes() / 16),
       dv(2u * 8 * capacity * l.v_row_bytes() / 16);
@@ -1220,13 +1220,13 @@ TEST_CASE("kivi bad input throws kvscout::error naming the value", "[kivi]") {
     REQUIRE_THROWS_WITH(r.validate(), Contains("V residual buffer holds 100"));
     auto bs = b;
     bs.k_residual = bs.k_residual.subspan(0, 8);
-    REQUIRE_THROWS_WITH(kvscout::kivi_host_writer<L>(l, bs, lens.data()), Contains("K residual buffer holds 8"));
+    REQUIRE_THROWS_WITH(kvscout::kivi_append_host<L>(l, bs, lens.data()), Contains("K residual buffer holds 8"));
   }
   SECTION("misaligned buffers") {
     auto bm = b;
     // Still large enough (kivi_host_storage allocates one spare granule), but misaligned.
     bm.v_records = {b.v_records.data() + 4, b.v_records.size()};
-    REQUIRE_THROWS_WITH(kvscout::kivi_host_writer<L>(l, bm, lens.data()),
+    REQUIRE_THROWS_WITH(kvscout::kivi_append_host<L>(l, bm, lens.data()),
                         Contains("V record buffer") && Contains("not 16-byte aligned"));
     auto v = b.view(l);
     v.k_codes = {b.k_codes.data() + 8, b.k_codes.size()};
@@ -1234,9 +1234,9 @@ TEST_CASE("kivi bad input throws kvscout::error naming the value", "[kivi]") {
   }
   SECTION("appends") {
     std::vector<int32_t> other = lens;
-    REQUIRE_THROWS_WITH(kvscout::kivi_host_writer<L>(l, b, other.data()),
+    REQUIRE_THROWS_WITH(kvscout::kivi_append_host<L>(l, b, other.data()),
                         Contains("seq_lens must be the (writable) array the layout reads"));
-    kvscout::kivi_host_writer<L> w(l, b, lens.data());
+    kvscout::kivi_append_host<L> w(l, b, lens.data());
     std::vector<half> tok(2 * 128, kvscout::from_float<half>(0.5f));
     const kvscout::host_span<const half> t1(tok.data(), tok.size());
     REQUIRE_THROWS_WITH(w.append(2, t1, t1), Contains("sequence 2 is out of range [0, 2)"));
@@ -1255,7 +1255,7 @@ TEST_CASE("kivi bad input throws kvscout::error naming the value", "[kivi]") {
     std::vector<int32_t> fl = {0};
     const LF lf = LF::padded(1, 8, fl.data(), 1, {.group = 16, .residual = 0});
     kvscout::kivi_host_storage sf(lf);
-    kvscout::kivi_host_writer<LF> w(lf, sf.buffers(), fl.data());
+    kvscout::kivi_append_host<LF> w(lf, sf.buffers(), fl.data());
     std::vector<float> tok(64, 1.f);
     tok[3] = 70000.f;
     REQUIRE_THROWS_WITH(w.append(0, {tok.data(), 64}, {tok.data(), 64}),
@@ -1269,7 +1269,7 @@ TEST_CASE("kivi bad input throws kvscout::error naming the value", "[kivi]") {
     std::vector<int32_t> idx = {5, 33, 0, 0, 0, 0, 0, 0}, counts = {2, 0, 0, 0};
     const kvscout::selection_view<kvscout::host_space> sel{
         {idx.data(), idx.size()}, {counts.data(), counts.size()}, 2, 2, 2};
-    using ex_t = kvscout::host_gather_executor<L>;
+    using ex_t = kvscout::gather_executor_host<L>;
     const kvscout::host_gather_config cfg{2, 2, 2, 1};
     const auto ws = kvscout::make_workspace<ex_t>(cfg);
     ex_t ex(cfg, ws.span());

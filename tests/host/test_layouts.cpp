@@ -114,9 +114,9 @@ TEST_CASE("paged layout: page_stride describes pages that interleave K and V", "
   const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), idx.size()},
                                                          {counts.data(), counts.size()}, 1, H, 2};
   const kvscout::host_gather_config cfg{1, H, 2};
-  std::vector<std::int64_t> ws(kvscout::host_gather_executor<decltype(l)>::workspace_bytes(cfg) / 8 +
+  std::vector<std::int64_t> ws(kvscout::gather_executor_host<decltype(l)>::workspace_bytes(cfg) / 8 +
                                1);
-  kvscout::host_gather_executor<decltype(l)> g(
+  kvscout::gather_executor_host<decltype(l)> g(
       cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
   constexpr std::size_t row = D * 2;
   std::vector<std::byte> dst(2 * 4 * row);

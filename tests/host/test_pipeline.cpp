@@ -40,17 +40,17 @@ using layout = model::layout;
 // rows would be read as full-precision elements).
 template <class Lay>
 concept host_pipeline_for =
-    requires { typename kvscout::host_decode_pipeline<Lay, kvscout::streaming_policy_host,
+    requires { typename kvscout::decode_pipeline_host<Lay, kvscout::streaming_policy_host,
                                                       kvscout::topk_selector_host>; };
 static_assert(host_pipeline_for<layout>);
 static_assert(!host_pipeline_for<kvscout::kivi_layout<T, D, 2>>);
 
 // Every configured host component hands back its configuration the same way.
-static_assert(kvscout::configured<kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host,
+static_assert(kvscout::configured<kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host,
                                                                 kvscout::topk_selector_host>>);
 static_assert(kvscout::configured<kvscout::topk_selector_host>);
 static_assert(kvscout::configured<kvscout::threshold_selector_host>);
-static_assert(kvscout::configured<kvscout::host_gather_executor<layout>>);
+static_assert(kvscout::configured<kvscout::gather_executor_host<layout>>);
 static_assert(kvscout::configured<kvscout::streaming_policy_host>);
 static_assert(kvscout::configured<kvscout::h2o_policy_host>);
 static_assert(kvscout::configured<kvscout::quest_policy_host<D>>);
@@ -100,7 +100,7 @@ std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, 
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   using pipe_t =
-      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
+      kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{L, L, 1, H, Hq, max_tokens, 8, 1, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, sp, sel, mem.gather, mem.ws.span());
@@ -131,7 +131,7 @@ std::vector<float> run(model& m, Policy& policy, int budget, Inspect&& inspect,
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
   pc.stores = stores;
-  using pipe_t = kvscout::host_decode_pipeline<layout, Policy, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::decode_pipeline_host<layout, Policy, kvscout::topk_selector_host>;
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, policy, sel, mem.gather, mem.ws.span());
   std::vector<float> hs;
@@ -151,7 +151,7 @@ std::vector<float> run_dense() {
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   using pipe_t =
-      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
+      kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{L, L, S, H, Hq, max_tokens, 8, 1, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, p, sel, mem.gather, mem.ws.span());
@@ -230,7 +230,7 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   // Rows each layer re-selects from its previous step, counted independently of the pipeline.
   std::vector<std::vector<std::vector<int32_t>>> previous(L, std::vector<std::vector<int32_t>>(S * H));
   std::vector<std::int64_t> reused(L, 0);
-  const kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>* live = nullptr;
+  const kvscout::decode_pipeline_host<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>* live = nullptr;
   m.on_attend = [&](int l, const kvscout::score_context<kvscout::host_space>& ctx, const kvscout::current_token<T>&) {
     if (live == nullptr || l < 2) return;
     kvscout::decode_attention_host(kvscout::layout_rows_host(m.view(l)), kvscout::current_token<T>{}, ctx.q,
@@ -262,7 +262,7 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   using pipe_t =
-      kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>;
+      kvscout::decode_pipeline_host<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, ig, sel, mem.gather, mem.ws.span());
@@ -320,7 +320,7 @@ TEST_CASE("the pipeline attends an fp8 cache with the layer's scales", "[pipelin
   const kvscout::topk_selector_host::config sc{1, H, cap, cap, cap, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  using pipe_t = kvscout::host_decode_pipeline<Lay, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::decode_pipeline_host<Lay, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{3, 2, 1, H, Hq, cap, cap, 1, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, sp, sel, mem.gather, mem.ws.span());
@@ -347,7 +347,7 @@ TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
   kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, p, sel, mem.gather, mem.ws.span());
@@ -425,7 +425,7 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
   kvscout::topk_selector_host sel(sc, ws.span());
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
   pc.correction_capacity = extra;
-  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>;
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, ig, sel, mem.gather, mem.ws.span());
   // The test's own correction: the late scores of the same policy, the same selector semantics.
@@ -494,7 +494,7 @@ TEST_CASE("a correction step needs a policy that scores the layer's own query",
   kvscout::topk_selector_host sel(sc, ws.span());
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
   pc.correction_capacity = 4;
-  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   REQUIRE_THROWS_WITH(build<pipe_t>(pc, sp, sel), Catch::Contains("correction_capacity = 4 needs a policy that scores"));
   pc.correction_capacity = -1;
   REQUIRE_THROWS_WITH(build<pipe_t>(pc, sp, sel), Catch::Contains("correction_capacity = -1 must be in [0, capacity = 8]"));
@@ -523,7 +523,7 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
   kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, ws.span());
-  using pipe_t = kvscout::host_decode_pipeline<layout, decltype(late), kvscout::topk_selector_host>;
+  using pipe_t = kvscout::decode_pipeline_host<layout, decltype(late), kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 1, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, late, sel, mem.gather, mem.ws.span());
@@ -569,7 +569,7 @@ namespace {
 // A second executor type: the host gather behind a wrapper that counts what it is asked to move.
 // It has no pool(), so a pipeline over it attends on the calling thread alone.
 struct counting_executor {
-  using inner_type = kvscout::host_gather_executor<layout>;
+  using inner_type = kvscout::gather_executor_host<layout>;
   using layout_type = layout;
   using config_type = inner_type::config_type;
   using source_type = inner_type::source_type;
@@ -595,22 +595,22 @@ struct counting_executor {
 };
 static_assert(kvscout::prefetch_executor<counting_executor>);
 static_assert(kvscout::host_step_executor<counting_executor, layout>);
-static_assert(kvscout::host_step_executor<kvscout::host_gather_executor<layout>, layout>);
+static_assert(kvscout::host_step_executor<kvscout::gather_executor_host<layout>, layout>);
 // An executor of another layout's rows, or no executor at all, does not make a pipeline.
 static_assert(!kvscout::host_step_executor<counting_executor, kvscout::contiguous_layout<float, D, kvscout::hnd>>);
 template <class E>
 concept pipeline_with_executor = requires {
-  typename kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host,
+  typename kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host,
                                          kvscout::topk_selector_host, E>;
 };
 static_assert(pipeline_with_executor<counting_executor>);
 static_assert(!pipeline_with_executor<int>);
-static_assert(!pipeline_with_executor<kvscout::host_gather_executor<kvscout::contiguous_layout<float, D, kvscout::hnd>>>);
+static_assert(!pipeline_with_executor<kvscout::gather_executor_host<kvscout::contiguous_layout<float, D, kvscout::hnd>>>);
 // The default executor is the host gather: the three-argument name is the same type.
 static_assert(std::is_same_v<
-              kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>,
-              kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host,
-                                            kvscout::host_gather_executor<layout>>>);
+              kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>,
+              kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host,
+                                            kvscout::gather_executor_host<layout>>>);
 
 }  // namespace
 
@@ -628,7 +628,7 @@ TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper de
     return hs;
   };
   // The default: the host gather with 2 threads, which the attention shares.
-  using gather_pipe = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host,
+  using gather_pipe = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host,
                                                     kvscout::topk_selector_host>;
   model m1(L, Hq, H, S, max_tokens, 42);
   kvscout::streaming_policy_host p1({H, 4});
@@ -636,7 +636,7 @@ TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper de
   gather_pipe with_gather(pc, p1, sel, mem.gather, mem.ws.span());
   const std::vector<float> want = decode(with_gather, m1);
   // The counting wrapper, its workspace and the pipeline's: the caller's.
-  using counting_pipe = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host,
+  using counting_pipe = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host,
                                                       kvscout::topk_selector_host, counting_executor>;
   model m2(L, Hq, H, S, max_tokens, 42);
   kvscout::streaming_policy_host p2({H, 4});
@@ -665,7 +665,7 @@ TEST_CASE("the pipeline takes its buffers in the caller's workspace and checks i
   kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
   auto sel_ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, sel_ws.span());
-  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
   pipe_memory<pipe_t> mem(pc);
   const std::size_t need = pipe_t::workspace_bytes(pc);
@@ -683,22 +683,22 @@ TEST_CASE("the pipeline takes its buffers in the caller's workspace and checks i
   SECTION("too small, misaligned, null: refused, naming the value and what was expected") {
     kvscout::host_workspace big(need + 128, 64);
     REQUIRE_THROWS_WITH(pipe_t(pc, p, sel, mem.gather, {big.data(), need - 1}),
-                        Catch::Contains("host_decode_pipeline: workspace holds " +
+                        Catch::Contains("decode_pipeline_host: workspace holds " +
                                         std::to_string(need - 1) +
                                         " bytes, expected at least workspace_bytes(config) = " +
                                         std::to_string(need)));
     REQUIRE_THROWS_WITH(pipe_t(pc, p, sel, mem.gather, {big.data() + 32, need}),
-                        Catch::Contains("host_decode_pipeline: workspace must be 64-byte aligned, "
+                        Catch::Contains("decode_pipeline_host: workspace must be 64-byte aligned, "
                                         "got address"));
     REQUIRE_THROWS_WITH(pipe_t(pc, p, sel, mem.gather, {static_cast<std::byte*>(nullptr), need}),
-                        Catch::Contains("host_decode_pipeline: workspace is null"));
+                        Catch::Contains("decode_pipeline_host: workspace is null"));
     REQUIRE_NOTHROW(pipe_t(pc, p, sel, mem.gather, {big.data() + 64, need + 64}));
   }
   SECTION("an executor configured for another shape is refused when the pipeline is built") {
     kvscout::host_gather_config gc = kvscout::gather_config_for(pc);
     gc.capacity = 16;
-    auto gws = kvscout::make_workspace<kvscout::host_gather_executor<layout>>(gc);
-    kvscout::host_gather_executor<layout> other(gc, gws.span());
+    auto gws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(gc);
+    kvscout::gather_executor_host<layout> other(gc, gws.span());
     REQUIRE_THROWS_WITH(pipe_t(pc, p, sel, other, mem.ws.span()),
                         Catch::Contains("executor configured for [num_seqs, num_kv_heads, "
                                         "capacity] = [2, 2, 16], expected the pipeline's [2, 2, 8]"));
@@ -716,7 +716,7 @@ TEST_CASE("per-layer selectors give each layer its own budget", "[pipeline][budg
   // use: budgets that follow the attention).
   constexpr int cap = 16;
   using pipe_t =
-      kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
+      kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, cap, 1, 0.125f};
   const auto make = [](int budget) {
     return kvscout::topk_selector_host::config{S, H, max_tokens, cap, budget, {}};

@@ -76,7 +76,7 @@ struct toy_model {
   }
 
   // One decode step of every sequence. hs [S, d] is the residual stream in and out. Layers are
-  // run through `pipe` (a kvscout::host_decode_pipeline); speculation of layer i + 1 is issued
+  // run through `pipe` (a kvscout::decode_pipeline_host); speculation of layer i + 1 is issued
   // during layer i from layer i's normalised input, as InfiniGen does.
   // dense_only: attend densely in every layer (prefill), still feeding appends to the policy.
   template <class Pipe>

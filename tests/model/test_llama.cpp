@@ -72,11 +72,11 @@ TEST_CASE("decoding through a pipeline that fetches every token equals dense dec
   kvscout::topk_selector_host::config sc{1, c.n_kv_heads, max_tokens, max_tokens, max_tokens, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  using pipe_t = kvscout::host_decode_pipeline<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
+  using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{c.n_layers, 2, 1, c.n_kv_heads, c.n_heads, max_tokens,
                                          max_tokens, 1, 0.125f};
-  auto gws = kvscout::make_workspace<kvscout::host_gather_executor<layout>>(kvscout::gather_config_for(pc));
-  kvscout::host_gather_executor<layout> gather(kvscout::gather_config_for(pc), gws.span());
+  auto gws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(kvscout::gather_config_for(pc));
+  kvscout::gather_executor_host<layout> gather(kvscout::gather_config_for(pc), gws.span());
   auto pws = kvscout::make_workspace<pipe_t>(pc);
   pipe_t pipe(pc, policy, sel, gather, pws.span());
   const auto ids = m->tok.encode("The quick brown fox jumps over the lazy dog. It was a bright cold day in April");

@@ -16,7 +16,7 @@ int main() {
   }
   std::vector<int32_t> idx = {0, 1, 19}, count = {3};
   kvscout::host_gather_config cfg{1, 1, 3, 1};
-  using ex_t = kvscout::host_gather_executor<layout>;
+  using ex_t = kvscout::gather_executor_host<layout>;
   std::vector<std::int64_t> ws(ex_t::workspace_bytes(cfg) / 8);
   ex_t ex(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
   std::vector<kvscout::half> dk(3 * 64), dv(3 * 64);

@@ -2,7 +2,7 @@
 // A Llama decoder on the CPU whose KV cache goes through kvscout's host backend: RMSNorm, RoPE
 // (from the GGUF metadata), GQA attention, SwiGLU MLP, tied embeddings. Weights are dequantised to
 // float once at load. Each layer's cache is a kvscout padded HND layout of element T; attention is
-// kvscout::decode_attention_host, dense, or sparse through a kvscout::host_decode_pipeline
+// kvscout::decode_attention_host, dense, or sparse through a kvscout::decode_pipeline_host
 // (speculation of layer i + 1 issued during layer i, from layer i's normalised input).
 //
 //   kvscout::model::gguf_file file(path);
@@ -147,7 +147,7 @@ class llama_session {
   /// One token through every layer with dense attention; returns the logits [vocab].
   const std::vector<float>& step(int token) { return run<void>(token, nullptr); }
 
-  /// One token through every layer, attention through `pipe` (a host_decode_pipeline over this
+  /// One token through every layer, attention through `pipe` (a decode_pipeline_host over this
   /// session's layout): layers below its skip_layers dense, the others sparse over what it fetched.
   template <class Pipe>
   const std::vector<float>& step(int token, Pipe* pipe) { return run<Pipe>(token, pipe); }

@@ -5,7 +5,7 @@
 // For a fixed token sequence [T], layer l is computed for all T tokens at once: the Q / K / V / O
 // and MLP projections are GEMMs (Eigen), then attention runs per token t, in order, over the
 // tokens the policy selected for (t, l) plus the current token. This equals step-by-step decoding
-// with speculation (llama_session + host_decode_pipeline): token t's K / V at layer l depend only
+// with speculation (llama_session + decode_pipeline_host): token t's K / V at layer l depend only
 // on token t's own hidden state at layer l - 1, which already holds its sparse attention of the
 // earlier layers; speculation for layer l at step t reads layer l - 1's normalised input of token
 // t (kept from the previous layer); H2O's accumulated attention is a running sum over the earlier
@@ -667,7 +667,7 @@ class layer_major_eval {
     std::swap(st.xprev, st.xn);  // layer l's normalised input: speculation of layer l + 1
   }
 
-  // The KIVI cache of the layer: every token appended through kivi_host_writer, then the
+  // The KIVI cache of the layer: every token appended through kivi_append_host, then the
   // quantised keys and values read back from their records in float (attention reads a fetched
   // row the same way; the window's quantised keys it reads from the ring, rounded once to half,
   // which this evaluation does not do: a difference below half's rounding). A
@@ -681,7 +681,7 @@ class layer_major_eval {
     std::vector<int32_t> lens(1, 0);
     const layout l = layout::padded(H, T_, lens.data(), 1, {st.o.kivi_group, st.o.kivi_residual});
     kivi_host_storage store(l);
-    kivi_host_writer<layout> wr(l, store.buffers(), lens.data());
+    kivi_append_host<layout> wr(l, store.buffers(), lens.data());
     std::vector<half> k(static_cast<std::size_t>(T_) * H * D), v(k.size());
     for (int t = 0; t < T_; ++t)
       for (int h = 0; h < H; ++h)

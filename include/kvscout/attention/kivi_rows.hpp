@@ -17,7 +17,7 @@
 //
 //   using layout = kvscout::kivi_layout<kvscout::half, 128, 2>;
 //   auto kv = store.buffers().view(l);                            // kivi_view<layout, host_space>
-//   gather.submit(kv.quantized(), selection, destination).wait(); // host_gather_executor<layout>
+//   gather.submit(kv.quantized(), selection, destination).wait(); // gather_executor_host<layout>
 //   kvscout::kivi_gathered_rows_host rows(l, selection, destination, kv.resident);
 //   kvscout::decode_attention_host(rows, current, q, out, {.num_q_heads = 32, .scale = 0.088f});
 

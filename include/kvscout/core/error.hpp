@@ -2,7 +2,7 @@
 // Errors. Host facades validate their inputs and throw kvscout::error; nothing in include/
 // calls exit() or abort(). The message names the offending values and what was expected, then
 // the failed condition, the function that checked it and its source location, e.g. (from
-// host_gather_executor::submit, whose selection checks are shared with the other executors):
+// gather_executor_host::submit, whose selection checks are shared with the other executors):
 //
 //   kvscout::error: check_host_selection: token index 4096 (entry 3) for sequence 1, kv_head 0
 //     is out of range [0, seq_len = 4096) [expected `t >= 0 && t < len`]

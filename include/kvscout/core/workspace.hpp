@@ -3,8 +3,8 @@
 // (examples, tests, tools; an engine passes spans of its allocator's memory instead). Set-up time
 // only: these allocate.
 //
-//   auto ws = kvscout::make_workspace<kvscout::host_gather_executor<L>>(cfg);
-//   kvscout::host_gather_executor<L> gather(cfg, ws.span());
+//   auto ws = kvscout::make_workspace<kvscout::gather_executor_host<L>>(cfg);
+//   kvscout::gather_executor_host<L> gather(cfg, ws.span());
 //
 //   auto dws = kvscout::make_device_workspace<kvscout::topk_selector_cuda>(cfg);  // cudaMalloc
 //   kvscout::topk_selector_cuda select(cfg, dws.span());

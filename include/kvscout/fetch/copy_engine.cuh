@@ -4,8 +4,8 @@
 // selection, issued as one cudaMemcpyBatchAsync (CUDA >= 12.8) or one cudaMemcpyAsync per run.
 //
 //   kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512};
-//   std::vector<std::byte> ws(kvscout::copy_engine_executor<layout>::workspace_bytes(cfg));
-//   kvscout::copy_engine_executor<layout> fetch(cfg, {ws.data(), ws.size()});
+//   std::vector<std::byte> ws(kvscout::copy_engine_executor_cuda<layout>::workspace_bytes(cfg));
+//   kvscout::copy_engine_executor_cuda<layout> fetch(cfg, {ws.data(), ws.size()});
 //   auto c = fetch.submit(pinned_kv, host_selection, device_destination, {stream});
 //
 // The honest constraint: a run list is built from the selection, and memcpy APIs are called by
@@ -13,12 +13,12 @@
 // side memcpy API reaches the copy engines). So this executor takes a host-visible selection
 // (selection_view<host_space>: computed on the host, or copied back from the device by a caller
 // who accepts that D2H and its synchronisation). Its selection_type says so; a device selection
-// does not compile. Use zero_copy_executor when the selection is on the device.
+// does not compile. Use zero_copy_executor_cuda when the selection is on the device.
 //
 // The source is the host KV store addressed by host pointers (kv_view<Layout, host_space>; its
 // metadata is read on the host); it should be pinned (cudaHostAlloc / cudaHostRegister),
 // otherwise the driver stages pageable copies and they are neither asynchronous nor fast.
-// submit() validates everything first (as host_gather_executor: shapes, sizes, the layout's
+// submit() validates everything first (as gather_executor_host: shapes, sizes, the layout's
 // metadata, every count and index in range and strictly ascending) and throws kvscout::error
 // naming the bad value; then builds the copy list in the caller's workspace (no allocation) and
 // enqueues it on exec.stream (cuda_exec, submit()'s last argument; its status word is unused:
@@ -57,7 +57,7 @@
 namespace kvscout {
 
 template <kv_layout Layout>
-class copy_engine_executor {
+class copy_engine_executor_cuda {
  public:
   using layout_type = Layout;
   using config_type = copy_engine_config;
@@ -77,7 +77,7 @@ class copy_engine_executor {
   /// Whether this build can batch (CUDA runtime >= 12.8).
   static constexpr bool batch_api_available = KVSCOUT_HAS_MEMCPY_BATCH != 0;
 
-  copy_engine_executor(const config_type& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
+  copy_engine_executor_cuda(const config_type& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
     const std::size_t need = workspace_bytes(cfg);
     detail::check_workspace(workspace.data(), workspace.size(), need, workspace_alignment,
                             "workspace");
@@ -148,8 +148,13 @@ class copy_engine_executor {
   std::size_t last_copies_ = 0;
 };
 
-static_assert(prefetch_executor<copy_engine_executor<contiguous_layout<half, 128, hnd>>>);
-static_assert(prefetch_executor<copy_engine_executor<kivi_layout<half, 128, 4>>>);
-static_assert(!device_step_executor<copy_engine_executor<contiguous_layout<half, 128, hnd>>>);
+static_assert(prefetch_executor<copy_engine_executor_cuda<contiguous_layout<half, 128, hnd>>>);
+static_assert(prefetch_executor<copy_engine_executor_cuda<kivi_layout<half, 128, 4>>>);
+static_assert(!device_step_executor<copy_engine_executor_cuda<contiguous_layout<half, 128, hnd>>>);
+
+// Deprecated (issue 33): the old name, kept for one release.
+template <kv_layout Layout>
+using copy_engine_executor [[deprecated("use copy_engine_executor_cuda")]] =
+    copy_engine_executor_cuda<Layout>;
 
 }  // namespace kvscout

@@ -6,8 +6,8 @@
 //   using layout = kvscout::contiguous_layout<kvscout::half, 128, kvscout::hnd>;
 //   kvscout::host_gather_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
 //                                   .threads = 2};
-//   std::vector<std::byte> ws(kvscout::host_gather_executor<layout>::workspace_bytes(cfg));
-//   kvscout::host_gather_executor<layout> gather(cfg, {ws.data(), ws.size()});
+//   std::vector<std::byte> ws(kvscout::gather_executor_host<layout>::workspace_bytes(cfg));
+//   kvscout::gather_executor_host<layout> gather(cfg, {ws.data(), ws.size()});
 //   gather.submit(source, selection, destination).wait();   // exec: host_exec{}, defaulted
 //
 // submit() validates everything it is given before it writes a byte (dimensions, buffer sizes,
@@ -183,7 +183,7 @@ struct host_gather_config {
 };
 
 template <kv_layout Layout>
-class host_gather_executor {
+class gather_executor_host {
  public:
   using layout_type = Layout;
   using config_type = host_gather_config;
@@ -202,7 +202,7 @@ class host_gather_executor {
   /// The alignment the workspace's address must have (it holds 64-bit counts).
   static constexpr std::size_t workspace_alignment = alignof(std::int64_t);
 
-  host_gather_executor(const config_type& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
+  gather_executor_host(const config_type& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
     const std::size_t need = workspace_bytes(cfg);
     KVSCOUT_EXPECTS(workspace.size() >= need, "workspace holds ", workspace.size(),
                     " bytes, expected at least workspace_bytes(config) = ", need);
@@ -296,9 +296,14 @@ class host_gather_executor {
   std::unique_ptr<thread_pool> pool_;
 };
 
-static_assert(prefetch_executor<host_gather_executor<contiguous_layout<half, 128, hnd>>>);
-static_assert(!device_step_executor<host_gather_executor<contiguous_layout<half, 128, hnd>>>);
+static_assert(prefetch_executor<gather_executor_host<contiguous_layout<half, 128, hnd>>>);
+static_assert(!device_step_executor<gather_executor_host<contiguous_layout<half, 128, hnd>>>);
 static_assert(
-    prefetch_executor<host_gather_executor<paged_layout<float, 64, nhd, block_table, 16>>>);
+    prefetch_executor<gather_executor_host<paged_layout<float, 64, nhd, block_table, 16>>>);
+
+// Deprecated (issue 33): the old name, kept for one release.
+template <kv_layout Layout>
+using host_gather_executor [[deprecated("use gather_executor_host")]] =
+    gather_executor_host<Layout>;
 
 }  // namespace kvscout

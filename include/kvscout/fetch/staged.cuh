@@ -10,18 +10,18 @@
 //                              .k_row_bytes = l.k_row_bytes(), .v_row_bytes = l.v_row_bytes(),
 //                              .threads = 2};
 //   // pinned host workspace (cudaHostAlloc) and device workspace, sized by the executor:
-//   //   staged_executor<layout>::workspace_bytes(cfg), ::device_workspace_bytes(cfg)
-//   kvscout::staged_executor<layout> fetch(cfg, pinned_ws, device_ws);
+//   //   staged_executor_cuda<layout>::workspace_bytes(cfg), ::device_workspace_bytes(cfg)
+//   kvscout::staged_executor_cuda<layout> fetch(cfg, pinned_ws, device_ws);
 //   auto c = fetch.submit(host_kv, host_selection, device_destination, {stream});
 //
 // Like the copy engine, it needs a host-visible selection (selection_type is
 // selection_view<host_space>): the host threads must know which rows to gather. Use
-// zero_copy_executor for a device selection.
+// zero_copy_executor_cuda for a device selection.
 //
 // Staging rotates over config.stages buffers (default 2). A submit first makes sure the bulk copy
 // that last read its stage has finished (cudaEventSynchronize on that stage's event: a wait only
 // when `stages` submits are still in flight, never a device-wide synchronisation), then
-// validates (as host_gather_executor, throwing kvscout::error before anything is written),
+// validates (as gather_executor_host, throwing kvscout::error before anything is written),
 // gathers with config.threads threads (thread_pool, started at setup), and enqueues the bulk copy
 // and the scatter kernel on exec.stream (cuda_exec, submit()'s last argument; its status word is
 // unused: every check runs on the host and throws). The device landing area is a single stage:
@@ -104,7 +104,7 @@ __global__ void staged_scatter_kernel(const __grid_constant__ staged_scatter_par
 }  // namespace detail
 
 template <kv_layout Layout>
-class staged_executor {
+class staged_executor_cuda {
  public:
   using layout_type = Layout;
   using config_type = staged_config;
@@ -130,8 +130,8 @@ class staged_executor {
 
   /// Setup: checks both workspaces (sizes, 16-byte alignment, the host one pinned), starts the
   /// threads, creates one event per stage.
-  staged_executor(const config_type& cfg, host_span<std::byte> pinned_workspace,
-                  device_span<std::byte> device_workspace)
+  staged_executor_cuda(const config_type& cfg, host_span<std::byte> pinned_workspace,
+                       device_span<std::byte> device_workspace)
       : cfg_(cfg) {
     stage_bytes_ = detail::staged_stage_bytes(cfg);
     detail::check_workspace(pinned_workspace.data(), pinned_workspace.size(),
@@ -244,8 +244,12 @@ class staged_executor {
   std::size_t last_stage_ = 0;
 };
 
-static_assert(prefetch_executor<staged_executor<contiguous_layout<half, 128, hnd>>>);
-static_assert(prefetch_executor<staged_executor<kivi_layout<half, 128, 2>>>);
-static_assert(!device_step_executor<staged_executor<contiguous_layout<half, 128, hnd>>>);
+static_assert(prefetch_executor<staged_executor_cuda<contiguous_layout<half, 128, hnd>>>);
+static_assert(prefetch_executor<staged_executor_cuda<kivi_layout<half, 128, 2>>>);
+static_assert(!device_step_executor<staged_executor_cuda<contiguous_layout<half, 128, hnd>>>);
+
+// Deprecated (issue 33): the old name, kept for one release.
+template <kv_layout Layout>
+using staged_executor [[deprecated("use staged_executor_cuda")]] = staged_executor_cuda<Layout>;
 
 }  // namespace kvscout

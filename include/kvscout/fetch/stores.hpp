@@ -1,6 +1,6 @@
 #pragma once
-// How a host-side gather writes the rows it copies: host_gather_executor's and
-// staged_executor's `stores` (fetch/host_gather.hpp has the copy loop that honours it).
+// How a host-side gather writes the rows it copies: gather_executor_host's and
+// staged_executor_cuda's `stores` (fetch/host_gather.hpp has the copy loop that honours it).
 
 #include <cstddef>
 #include <ostream>

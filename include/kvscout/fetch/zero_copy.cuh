@@ -6,7 +6,7 @@
 //
 //   using layout = kvscout::contiguous_layout<kvscout::half, 128, kvscout::hnd>;
 //   kvscout::zero_copy_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512};
-//   kvscout::zero_copy_executor<layout> fetch(cfg);   // workspace_bytes(cfg) == 0
+//   kvscout::zero_copy_executor_cuda<layout> fetch(cfg);   // workspace_bytes(cfg) == 0
 //   // layout metadata (seq_lens, page tables) must be device-readable (device or mapped memory)
 //   auto c = fetch.submit({dev_layout, k_alias, v_alias}, device_selection, device_destination,
 //                         {stream, d_status});        // cuda_exec (core/exec.hpp), per call
@@ -229,7 +229,7 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
 
 }  // namespace detail
 
-/// Rows a previous submit left in device memory (zero_copy_executor's row cache): that submit's
+/// Rows a previous submit left in device memory (zero_copy_executor_cuda's row cache): that submit's
 /// selection and destination, an optional device counter of the rows served from them, and
 /// where batch rows changed sequence since, the map from this submit's rows to the cached ones.
 struct row_cache_view {
@@ -242,7 +242,7 @@ struct row_cache_view {
 };
 
 template <kv_layout Layout>
-class zero_copy_executor {
+class zero_copy_executor_cuda {
  public:
   static_assert(detail::layout_passes_to_kernels<Layout>());
   using layout_type = Layout;
@@ -262,7 +262,7 @@ class zero_copy_executor {
   }
 
   /// Setup: checks the config, creates the event.
-  explicit zero_copy_executor(const config_type& cfg, device_span<std::byte> workspace = {})
+  explicit zero_copy_executor_cuda(const config_type& cfg, device_span<std::byte> workspace = {})
       : cfg_(cfg) {
     (void)workspace;
     detail::check_zero_copy_config(cfg);
@@ -371,10 +371,15 @@ class zero_copy_executor {
   cuda_event event_;
 };
 
-static_assert(prefetch_executor<zero_copy_executor<contiguous_layout<half, 128, hnd>>>);
-static_assert(
-    prefetch_executor<zero_copy_executor<paged_layout<half, 128, nhd, flashinfer_page_table, 16>>>);
-static_assert(prefetch_executor<zero_copy_executor<kivi_layout<half, 128, 2>>>);
-static_assert(device_step_executor<zero_copy_executor<contiguous_layout<half, 128, hnd>>>);
+static_assert(prefetch_executor<zero_copy_executor_cuda<contiguous_layout<half, 128, hnd>>>);
+static_assert(prefetch_executor<
+              zero_copy_executor_cuda<paged_layout<half, 128, nhd, flashinfer_page_table, 16>>>);
+static_assert(prefetch_executor<zero_copy_executor_cuda<kivi_layout<half, 128, 2>>>);
+static_assert(device_step_executor<zero_copy_executor_cuda<contiguous_layout<half, 128, hnd>>>);
+
+// Deprecated (issue 33): the old name, kept for one release.
+template <kv_layout Layout>
+using zero_copy_executor [[deprecated("use zero_copy_executor_cuda")]] =
+    zero_copy_executor_cuda<Layout>;
 
 }  // namespace kvscout

@@ -7,7 +7,7 @@
 //   kvscout::append_token_cuda(layout, k_cache, v_cache, k_new, v_new, d_positions,
 //                              {stream, d_status});           // cuda_exec (core/exec.hpp)
 //
-//   // KIVI: the device twin of kivi_host_writer::append for one token per sequence, KIVI's rule
+//   // KIVI: the device twin of kivi_append_host::append for one token per sequence, KIVI's rule
 //   // (kv/kivi.hpp): the value leaving the window is quantised, the token enters the ring, and
 //   // a full key block is quantised (per channel, groups of G tokens); seq_lens[s]
 //   // (device-resident, the array the layout reads) is incremented.
@@ -24,7 +24,7 @@
 // order of operations; every float operation involved is an IEEE-rounded add, subtract, divide or
 // a min / max (nvcc's default -prec-div=true; no fast math), and the conversions to half are
 // round-to-nearest-even on both sides, so codes, scales and zeros are bit-identical to
-// kivi_host_writer's (tested: tests/cuda/test_append_device.cu compares every byte). Compiling
+// kivi_append_host's (tested: tests/cuda/test_append_device.cu compares every byte). Compiling
 // with --use_fast_math would break this (approximate division).
 //
 // Launch: one block (256 threads) per sequence. Generic: threads over (kv head, 16-byte vector).
@@ -44,7 +44,7 @@
 // id must be stored before the append (stale ids past the sequence's pages cannot be detected);
 // other kv_layouts get only the buffer bounds checked.
 // For KIVI a full sequence (seq_lens[s] >= capacity) or input that is not finite or exceeds the
-// scale type's range (as kivi_host_writer rejects) skips the whole sequence
+// scale type's range (as kivi_append_host rejects) skips the whole sequence
 // (bad_index / bad_value): nothing is written and its length is unchanged. Bits go to the
 // optional device status word exec.status (core/device_status.hpp). Host-known shapes and buffer
 // sizes throw kvscout::error first. Every append enqueues on exec.stream only.
@@ -190,7 +190,7 @@ __device__ void kivi_append_value(const L& l, std::byte* v_records, std::byte* v
 
 // One block per sequence, the host writer's steps (kv/kivi.hpp) with a barrier between each:
 // the value leaving the window, the new token into its ring slot, (R = 0) its value, the key
-// block when it is full. Same bytes as kivi_host_writer.
+// block when it is full. Same bytes as kivi_append_host.
 template <class L, class In>
 __global__ void __launch_bounds__(append_threads)
     kivi_append_kernel(const __grid_constant__ kivi_append_params<L, In> p) {

@@ -25,7 +25,7 @@
 //   - input that overlaps the cache;
 //   - short input;
 //   - scales that are not positive and finite.
-// KIVI caches are written by kivi_host_writer (kv/kivi.hpp).
+// KIVI caches are written by kivi_append_host (kv/kivi.hpp).
 
 #include <algorithm>
 #include <cstddef>

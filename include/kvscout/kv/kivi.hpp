@@ -10,7 +10,7 @@
 //   auto l = layout::padded(/*num_kv_heads=*/8, /*capacity=*/4096, lens.data(), /*num_seqs=*/2,
 //                           {.group = 32, .residual = 128});
 //   kvscout::kivi_host_storage store(l);                     // or any 16-byte aligned buffers
-//   kvscout::kivi_host_writer<layout> w(l, store.buffers(), lens.data());
+//   kvscout::kivi_append_host<layout> w(l, store.buffers(), lens.data());
 //   w.append(/*s=*/0, k_token, v_token);                     // [8, 128] each; lens[0] becomes 1
 //   auto kv = store.buffers().view(l);                       // kivi_view: what attention reads
 //   executor.submit(kv.quantized(), selection, destination); // fetches K codes and V records only
@@ -488,13 +488,13 @@ class kivi_host_storage {
 /// An append rewrites window rows that readers of the current lengths see (a flushed key block
 /// becomes its dequantised values): a concurrent reader needs the caller's synchronisation.
 template <kivi_quantized_layout Layout>
-class kivi_host_writer {
+class kivi_append_host {
  public:
   using element_type = typename Layout::element_type;
   using scale_type = typename Layout::scale_type;
   static constexpr int head_dim = Layout::head_dim;
 
-  kivi_host_writer(const Layout& l, const kivi_buffers<host_space>& b, int32_t* seq_lens)
+  kivi_append_host(const Layout& l, const kivi_buffers<host_space>& b, int32_t* seq_lens)
       : l_(l), b_(b), lens_(seq_lens) {
     KVSCOUT_EXPECTS(seq_lens != nullptr && seq_lens == l.seq_lens(),
                     "seq_lens must be the (writable) array the layout reads: got ",
@@ -631,5 +631,9 @@ class kivi_host_writer {
   kivi_buffers<host_space> b_;
   int32_t* lens_;
 };
+
+// Deprecated (issue 33): the old name, kept for one release.
+template <kivi_quantized_layout Layout>
+using kivi_host_writer [[deprecated("use kivi_append_host")]] = kivi_append_host<Layout>;
 
 }  // namespace kvscout

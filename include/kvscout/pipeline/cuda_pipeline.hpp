@@ -32,7 +32,7 @@
 // do; the compute stream writes that buffer again (x_{i+2}) only after wait_rows(i + 1), which
 // orders it after speculate(i + 1).
 //
-//   kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = 2},
+//   kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = 2},
 //                                      {compute, side, copy}, stages);
 //   for (int i = 0; i < L; ++i) {
 //     ... layer i's attention input x_i on `compute` ...
@@ -60,7 +60,7 @@ namespace kvscout {
 /// The two stages the pipeline orders. Both only enqueue work on exec.stream and report device
 /// faults into exec.status (core/device_status.hpp).
 template <class S>
-concept cuda_pipeline_stages = requires(S& s, int layer, int slot, const cuda_exec& exec) {
+concept pipeline_stages_cuda = requires(S& s, int layer, int slot, const cuda_exec& exec) {
   s.speculate(layer, slot, exec);
   s.fetch(layer, slot, exec);
 };
@@ -79,14 +79,14 @@ struct cuda_pipeline_streams {
   cudaStream_t copy = nullptr;
 };
 
-template <cuda_pipeline_stages Stages>
-class cuda_decode_pipeline {
+template <pipeline_stages_cuda Stages>
+class decode_pipeline_cuda {
  public:
   using config_type = cuda_pipeline_config;
   static constexpr int slots = 2;
 
   /// Validates the configuration and creates the events (the only allocation).
-  cuda_decode_pipeline(const cuda_pipeline_config& cfg, const cuda_pipeline_streams& streams,
+  decode_pipeline_cuda(const cuda_pipeline_config& cfg, const cuda_pipeline_streams& streams,
                        Stages stages)
       : cfg_(cfg), streams_(streams), stages_(std::move(stages)) {
     KVSCOUT_EXPECTS(cfg.num_layers > 0, "num_layers must be positive, got ", cfg.num_layers);
@@ -108,9 +108,9 @@ class cuda_decode_pipeline {
       throw;
     }
   }
-  cuda_decode_pipeline(const cuda_decode_pipeline&) = delete;
-  cuda_decode_pipeline& operator=(const cuda_decode_pipeline&) = delete;
-  ~cuda_decode_pipeline() { destroy(); }
+  decode_pipeline_cuda(const decode_pipeline_cuda&) = delete;
+  decode_pipeline_cuda& operator=(const decode_pipeline_cuda&) = delete;
+  ~decode_pipeline_cuda() { destroy(); }
 
   [[nodiscard]] const cuda_pipeline_config& configuration() const noexcept { return cfg_; }
   [[nodiscard]] Stages& stages() noexcept { return stages_; }
@@ -200,5 +200,13 @@ class cuda_decode_pipeline {
   cudaEvent_t fetched_[slots] = {nullptr, nullptr};
   int launched_[slots] = {-1, -1};  // host-side: the layer each slot was last launched for
 };
+
+// Deprecated (issue 33): the old names, kept for one release. (A concept cannot be deprecated:
+// pipeline_stages_cuda is a plain alias, to be removed in the next release.)
+template <pipeline_stages_cuda Stages>
+using cuda_decode_pipeline [[deprecated("use decode_pipeline_cuda")]] =
+    decode_pipeline_cuda<Stages>;
+template <class S>
+concept cuda_pipeline_stages = pipeline_stages_cuda<S>;
 
 }  // namespace kvscout

@@ -1,5 +1,5 @@
 #pragma once
-// Device parts as the two stages of cuda_decode_pipeline (pipeline/cuda_pipeline.hpp), and an
+// Device parts as the two stages of decode_pipeline_cuda (pipeline/cuda_pipeline.hpp), and an
 // optional third, the correction step, that the caller runs on the compute stream:
 //
 //   speculate(i, b, exec)    layer i's speculation policy (any speculation_policy_cuda,
@@ -7,7 +7,7 @@
 //                            streaming_policy_cuda, or the engine's own) scores every cached token
 //                            from the layer input in slot b (x_{i-1}), then the selector writes
 //                            slot b's selection       (score/infinigen.cuh, select/*.cuh)
-//   fetch(i, b, exec)        the executor (zero_copy_executor by default, or any
+//   fetch(i, b, exec)        the executor (zero_copy_executor_cuda by default, or any
 //                            device_step_executor) moves the rows slot b names from layer i's
 //                            host cache into slot b's row buffers               (fetch/zero_copy.cuh)
 //   correct(i, b, q, exec)   with a cuda_stage_correction, after wait_rows(i): score_query of layer
@@ -25,13 +25,13 @@
 // to the policy, the selector and the executor it drives: they enqueue on its stream and report
 // into its status word; nothing here keeps either.
 //
-//   kvscout::infinigen_cuda_stages<layout, kvscout::topk_selector_cuda> stages(
+//   kvscout::infinigen_stages_cuda<layout, kvscout::topk_selector_cuda> stages(
 //       speculators, selector, fetch, sources, scores, {positions, seq_lens, max_tokens},
 //       {x0, x1}, buffer_sets);
-//   // any other policy: cuda_speculation_stages<layout, Policy, Selector>, same arguments;
+//   // any other policy: speculation_stages_cuda<layout, Policy, Selector>, same arguments;
 //   // per-layer budgets: a std::vector<Selector*> (one per layer) in place of `selector`
-//   kvscout::cuda_decode_pipeline pipe({.num_layers = L, .skip_layers = 2}, streams,
-//                                      kvscout::cuda_stages_ref<decltype(stages)>{&stages});
+//   kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = 2}, streams,
+//                                      kvscout::stages_ref_cuda<decltype(stages)>{&stages});
 //   // layer i: write x_i into stages.x(pipe.slot(i + 1)), pipe.input_ready(i, d_status),
 //   //          pipe.wait_rows(i),
 //   //          attention over stages.buffers(i, pipe.slot(i)) ...
@@ -90,7 +90,7 @@ struct cuda_stage_lengths {
 ///   slots      two buffer sets, by the pipeline's slot (layer parity): the least memory
 ///   row_cache  two buffer sets per layer, by step parity: layer i's fetch at step t finds the
 ///              rows it fetched at step t - 1 in the other set and copies those on the device
-///              instead of across the link (the device row cache; zero_copy_executor's
+///              instead of across the link (the device row cache; zero_copy_executor_cuda's
 ///              submit with a row_cache_view). Call next_step() after each step's last layer;
 ///              a captured graph holds one parity, so capture two (even and odd steps).
 enum class cuda_stage_buffering { slots, row_cache };
@@ -108,7 +108,7 @@ struct cuda_stage_correction {
 };
 
 /// An executor that can serve rows a previous submit left on the device (row_cache buffering):
-/// its submit also takes a row_cache_view (zero_copy_executor).
+/// its submit also takes a row_cache_view (zero_copy_executor_cuda).
 template <class E>
 concept row_caching_executor =
     requires(E& e, const typename E::source_type& src, const typename E::selection_type& sel,
@@ -130,21 +130,21 @@ struct cuda_stage_selectors {
 
 /// Executor: any device_step_executor reading a kv_view<L, device_space> into a
 /// gather_destination<device_space>; row_cache buffering needs a row_caching_executor.
-template <kv_layout L, class Policy, class Selector, class Executor = zero_copy_executor<L>>
+template <kv_layout L, class Policy, class Selector, class Executor = zero_copy_executor_cuda<L>>
   requires speculation_policy_cuda<Policy> && row_selector<Selector>
-class cuda_speculation_stages {
+class speculation_stages_cuda {
  public:
   using speculator_type = Policy;
   using executor_type = Executor;
   static_assert(device_step_executor<executor_type>,
-                "cuda_speculation_stages: the executor must be a device_step_executor "
+                "speculation_stages_cuda: the executor must be a device_step_executor "
                 "(fetch/concepts.hpp): a prefetch_executor that takes a device selection and "
-                "never blocks the host (zero_copy_executor, or the engine's own)");
+                "never blocks the host (zero_copy_executor_cuda, or the engine's own)");
   static_assert(std::same_as<typename Executor::source_type, kv_view<L, device_space>> &&
                     std::same_as<typename Executor::destination_type,
                                  gather_destination<device_space>> &&
                     std::same_as<typename Executor::exec_type, cuda_exec>,
-                "cuda_speculation_stages: the executor must read kv_view<Layout, device_space>, "
+                "speculation_stages_cuda: the executor must read kv_view<Layout, device_space>, "
                 "write gather_destination<device_space> and take a cuda_exec");
   static_assert(std::same_as<typename Selector::exec_type, cuda_exec>,
                 "the pipeline's selector must be a device selector (exec_type cuda_exec: "
@@ -156,7 +156,7 @@ class cuda_speculation_stages {
   /// x[b]: the layer input slot b's speculation reads ([num_seqs, d_model]). sets: 2 buffer sets
   /// (slots) or 2 per layer, set 2 i + parity for layer i (row_cache). hits: optional device
   /// counter of rows the row cache served.
-  cuda_speculation_stages(std::vector<speculator_type*> speculators,
+  speculation_stages_cuda(std::vector<speculator_type*> speculators,
                           cuda_stage_selectors<Selector> selectors, executor_type& fetch,
                           std::vector<kv_view<L, device_space>> sources,
                           const score_buffer<device_space>& scores, const cuda_stage_lengths& lengths,
@@ -176,7 +176,7 @@ class cuda_speculation_stages {
         sets_(std::move(sets)),
         buffering_(buffering),
         hits_(hits) {
-    KVSCOUT_EXPECTS(!speculators_.empty(), "cuda_speculation_stages needs at least one layer");
+    KVSCOUT_EXPECTS(!speculators_.empty(), "speculation_stages_cuda needs at least one layer");
     KVSCOUT_EXPECTS(sources_.size() == speculators_.size(), "sources has ", sources_.size(),
                     " layers, speculators ", speculators_.size());
     KVSCOUT_EXPECTS(selectors_.size() == speculators_.size(), "got ", selectors_.size(),
@@ -218,7 +218,8 @@ class cuda_speculation_stages {
     KVSCOUT_EXPECTS(buffering != cuda_stage_buffering::row_cache ||
                         row_caching_executor<executor_type>,
                     "row_cache buffering needs an executor whose submit takes a row_cache_view "
-                    "(row_caching_executor: zero_copy_executor); this one has none, use slots");
+                    "(row_caching_executor: zero_copy_executor_cuda); this one has none, use "
+                    "slots");
     const std::size_t want = buffering == cuda_stage_buffering::slots ? 2 : 2 * speculators_.size();
     KVSCOUT_EXPECTS(sets_.size() == want, "got ", sets_.size(), " buffer sets, expected ", want,
                     buffering == cuda_stage_buffering::slots ? " (two slots)" : " (two per layer)");
@@ -231,7 +232,7 @@ class cuda_speculation_stages {
 
   /// The same with the correction step (correct()): its parts, checked against the
   /// speculation's. Needs a query_scoring_policy_cuda (a static_assert says so).
-  cuda_speculation_stages(std::vector<speculator_type*> speculators,
+  speculation_stages_cuda(std::vector<speculator_type*> speculators,
                           cuda_stage_selectors<Selector> selectors, executor_type& fetch,
                           std::vector<kv_view<L, device_space>> sources,
                           const score_buffer<device_space>& scores, const cuda_stage_lengths& lengths,
@@ -239,7 +240,7 @@ class cuda_speculation_stages {
                           std::vector<cuda_stage_buffers> sets, cuda_stage_buffering buffering,
                           unsigned long long* hits,
                           const cuda_stage_correction<executor_type>& correction)
-      : cuda_speculation_stages(std::move(speculators), std::move(selectors), fetch, std::move(sources), scores,
+      : speculation_stages_cuda(std::move(speculators), std::move(selectors), fetch, std::move(sources), scores,
                                 lengths, x, std::move(sets), buffering, hits) {
     correction_ = correction;
     KVSCOUT_EXPECTS(correction_.selector != nullptr, "the correction step's selector is null "
@@ -311,7 +312,7 @@ class cuda_speculation_stages {
   /// without score_query, at run time for stages built without correction parts.
   void correct(int layer, int b, device_span<const float> q, const cuda_exec& exec) {
     static_assert(query_scoring_policy_cuda<speculator_type>,
-                  "cuda_speculation_stages::correct: the correction step needs a policy with "
+                  "speculation_stages_cuda::correct: the correction step needs a policy with "
                   "score_query(q, ctx, out, exec) (query_scoring_policy_cuda: "
                   "infinigen_policy_cuda); this policy scores from the layer input only");
     KVSCOUT_EXPECTS(has_correction(), "correct(): the stages were built without correction parts "
@@ -352,7 +353,7 @@ class cuda_speculation_stages {
   // Host-known shapes of the correction's parts against each other and the speculation's.
   void check_correction() const {
     static_assert(query_scoring_policy_cuda<speculator_type>,
-                  "cuda_speculation_stages: correction parts given for a policy without "
+                  "speculation_stages_cuda: correction parts given for a policy without "
                   "score_query(q, ctx, out, exec) (query_scoring_policy_cuda: "
                   "infinigen_policy_cuda); the correction step scores layer i's own query");
     const cuda_stage_correction<executor_type>& c = correction_;
@@ -429,17 +430,28 @@ class cuda_speculation_stages {
 /// kvscout's InfiniGen speculator as the policy of every speculated layer (partial keys of PkT,
 /// partial W_Q rows of WT).
 template <kv_layout L, class Selector, compute_element PkT = float, compute_element WT = float,
-          class Executor = zero_copy_executor<L>>
-using infinigen_cuda_stages =
-    cuda_speculation_stages<L, infinigen_policy_cuda<PkT, WT>, Selector, Executor>;
+          class Executor = zero_copy_executor_cuda<L>>
+using infinigen_stages_cuda =
+    speculation_stages_cuda<L, infinigen_policy_cuda<PkT, WT>, Selector, Executor>;
 
 /// A reference to stages, so the pipeline can drive stages the caller keeps (std::ref).
 template <class S>
-  requires cuda_pipeline_stages<S>
-struct cuda_stages_ref {
+  requires pipeline_stages_cuda<S>
+struct stages_ref_cuda {
   S* stages;
   void speculate(int layer, int slot, const cuda_exec& x) { stages->speculate(layer, slot, x); }
   void fetch(int layer, int slot, const cuda_exec& x) { stages->fetch(layer, slot, x); }
 };
+
+// Deprecated (issue 33): the old names, kept for one release.
+template <kv_layout L, class Policy, class Selector, class Executor = zero_copy_executor_cuda<L>>
+using cuda_speculation_stages [[deprecated("use speculation_stages_cuda")]] =
+    speculation_stages_cuda<L, Policy, Selector, Executor>;
+template <kv_layout L, class Selector, compute_element PkT = float, compute_element WT = float,
+          class Executor = zero_copy_executor_cuda<L>>
+using infinigen_cuda_stages [[deprecated("use infinigen_stages_cuda")]] =
+    infinigen_stages_cuda<L, Selector, PkT, WT, Executor>;
+template <class S>
+using cuda_stages_ref [[deprecated("use stages_ref_cuda")]] = stages_ref_cuda<S>;
 
 }  // namespace kvscout

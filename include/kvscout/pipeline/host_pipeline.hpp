@@ -34,7 +34,7 @@
 //
 // The executor is the caller's, as the policy and the selector are: any prefetch_executor that
 // reads a host kv_view of L and a host selection into host rows (host_step_executor below);
-// host_gather_executor<L> by default, built from gather_config_for(cfg). If it has pool() (a
+// gather_executor_host<L> by default, built from gather_config_for(cfg). If it has pool() (a
 // thread_pool, as the host gather does), the attention runs on those threads too; otherwise on
 // the calling thread alone (the same bits either way).
 //
@@ -46,10 +46,10 @@
 // step had selected too, per (sequence, kv head): the rows a device-side row cache keeps and need
 // not cross the link again (the CUDA pipeline's row cache; measured here on the host).
 //
-//   using pipe_t = kvscout::host_decode_pipeline<layout, policy_t, selector_t>;
-//   auto gws = kvscout::make_workspace<kvscout::host_gather_executor<layout>>(
+//   using pipe_t = kvscout::decode_pipeline_host<layout, policy_t, selector_t>;
+//   auto gws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(
 //       kvscout::gather_config_for(cfg));
-//   kvscout::host_gather_executor<layout> gather(kvscout::gather_config_for(cfg), gws.span());
+//   kvscout::gather_executor_host<layout> gather(kvscout::gather_config_for(cfg), gws.span());
 //   auto ws = kvscout::make_workspace<pipe_t>(cfg);
 //   pipe_t pipe(cfg, policy, selector, gather, ws.span());
 //   for (int i = 0; i < L; ++i) {
@@ -135,12 +135,12 @@ struct fetch_stats {
 /// A KIVI cache is not supported here yet (its fetched rows are
 /// records that attention dequantises with the resident parameters and residual window:
 /// kivi_gathered_rows_host); compose kivi_gathered_rows_host with a selector and the gather directly.
-/// Executor: any host_step_executor of L (host_gather_executor<L> by default), the caller's.
+/// Executor: any host_step_executor of L (gather_executor_host<L> by default), the caller's.
 template <kv_layout L, speculation_policy P, row_selector Selector,
-          class Executor = host_gather_executor<L>>
+          class Executor = gather_executor_host<L>>
   requires(!kivi_quantized_layout<L> && std::same_as<typename Selector::memory_space, host_space> &&
            host_step_executor<Executor, L>)
-class host_decode_pipeline {
+class decode_pipeline_host {
  public:
   using config_type = host_pipeline_config;
   using element_type = typename L::element_type;
@@ -161,16 +161,16 @@ class host_decode_pipeline {
   /// the selector's and the executor's shapes are checked against cfg here. workspace: at least
   /// workspace_bytes(cfg) bytes at workspace_alignment, the caller's, the pipeline's alone while
   /// it lives.
-  host_decode_pipeline(const host_pipeline_config& cfg, P& policy, Selector& selector,
+  decode_pipeline_host(const host_pipeline_config& cfg, P& policy, Selector& selector,
                        Executor& executor, host_span<std::byte> workspace)
-      : host_decode_pipeline(cfg, policy,
+      : decode_pipeline_host(cfg, policy,
                              std::vector<Selector*>(static_cast<std::size_t>(std::max(cfg.num_layers, 0)),
                                                     &selector),
                              executor, workspace) {}
   /// Per-layer selectors (budgets that differ by layer: select/budgets.hpp): selectors[i] selects
   /// layer i's rows, one per layer (null below skip_layers; one selector may serve several),
   /// each with the pipeline's shape.
-  host_decode_pipeline(const host_pipeline_config& cfg, P& policy, std::vector<Selector*> selectors,
+  decode_pipeline_host(const host_pipeline_config& cfg, P& policy, std::vector<Selector*> selectors,
                        Executor& executor, host_span<std::byte> workspace)
       : cfg_(cfg), policy_(policy), selectors_(std::move(selectors)), executor_(executor) {
     check_config(cfg);
@@ -206,11 +206,11 @@ class host_decode_pipeline {
     }
     if (cfg.correction_capacity != 0) check_correction_policy();
     const std::size_t need = carve(cfg, nullptr).bytes;
-    KVSCOUT_EXPECTS(workspace.size() >= need, "host_decode_pipeline: workspace holds ",
+    KVSCOUT_EXPECTS(workspace.size() >= need, "decode_pipeline_host: workspace holds ",
                     workspace.size(), " bytes, expected at least workspace_bytes(config) = ", need);
-    KVSCOUT_EXPECTS(workspace.data() != nullptr, "host_decode_pipeline: workspace is null");
+    KVSCOUT_EXPECTS(workspace.data() != nullptr, "decode_pipeline_host: workspace is null");
     KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % workspace_alignment == 0,
-                    "host_decode_pipeline: workspace must be ", workspace_alignment,
+                    "decode_pipeline_host: workspace must be ", workspace_alignment,
                     "-byte aligned, got address ", static_cast<const void*>(workspace.data()));
     std::memset(workspace.data(), 0, need);  // counts start at 0 (previous_, last_selection())
     const carved c = carve(cfg, workspace.data());
@@ -351,7 +351,7 @@ class host_decode_pipeline {
     const auto take = [&]<class T>(std::size_t n, T*) {
       at = (at + workspace_alignment - 1) / workspace_alignment * workspace_alignment;
       T* p = base != nullptr ? reinterpret_cast<T*>(base + at) : nullptr;
-      at += detail::checked_size("host_decode_pipeline workspace region bytes", n, sizeof(T));
+      at += detail::checked_size("decode_pipeline_host workspace region bytes", n, sizeof(T));
       return host_span<T>(p, n);
     };
     const std::size_t pairs = static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads;
@@ -364,7 +364,7 @@ class host_decode_pipeline {
       b.v = take(slots * head_dim, static_cast<element_type*>(nullptr));
       return b;
     };
-    c.scores = take(detail::checked_size("host_decode_pipeline scores", pairs, cfg.max_tokens),
+    c.scores = take(detail::checked_size("decode_pipeline_host scores", pairs, cfg.max_tokens),
                     static_cast<float*>(nullptr));
     c.row_max = take(pairs, static_cast<float*>(nullptr));
     c.probs = take(pairs * static_cast<std::size_t>(cfg.capacity + cfg.correction_capacity + 1),
@@ -379,7 +379,7 @@ class host_decode_pipeline {
                        static_cast<std::byte*>(nullptr));
     }
     if (cfg.track_reuse)
-      c.previous = take(detail::checked_size("host_decode_pipeline previous selections",
+      c.previous = take(detail::checked_size("decode_pipeline_host previous selections",
                                              cfg.num_layers, pairs, cfg.capacity + 1),
                         static_cast<int32_t*>(nullptr));
     c.bytes = at;
@@ -492,5 +492,11 @@ class host_decode_pipeline {
   std::optional<correction_selector_host> corrector_;
   fetch_stats stats_;
 };
+
+// Deprecated (issue 33): the old name, kept for one release.
+template <kv_layout L, speculation_policy P, row_selector Selector,
+          class Executor = gather_executor_host<L>>
+using host_decode_pipeline [[deprecated("use decode_pipeline_host")]] =
+    decode_pipeline_host<L, P, Selector, Executor>;
 
 }  // namespace kvscout

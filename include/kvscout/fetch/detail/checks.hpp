@@ -93,7 +93,7 @@ void check_fetch_views(int num_seqs, int num_kv_heads, int capacity,
 
 /// A host-visible selection, checked in full against a host-readable layout (every count and
 /// index, strictly ascending, the layout's metadata against the source sizes), as
-/// host_gather_executor does; fills prefix[pairs + 1] with the running row counts and returns the
+/// gather_executor_host does; fills prefix[pairs + 1] with the running row counts and returns the
 /// total. Nothing is written anywhere else.
 template <kv_layout L>
 std::int64_t check_host_selection(const kv_view<L, host_space>& src,

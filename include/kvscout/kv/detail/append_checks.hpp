@@ -26,7 +26,7 @@ inline void check_kv_scales(const kv_scales& s) {
 template <class In, class T>
 inline constexpr bool append_input_ok = std::is_same_v<In, float> || std::is_same_v<In, T>;
 
-/// The largest |x| a KIVI cache with scale type S accepts (as kivi_host_writer).
+/// The largest |x| a KIVI cache with scale type S accepts (as kivi_append_host).
 template <class S>
 constexpr float kivi_append_limit() {
   return std::is_same_v<S, half> ? 65504.f : 0.5f * std::numeric_limits<float>::max();
