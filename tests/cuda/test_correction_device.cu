@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
+#include "spec_append.cuh"
 #include "../host/random_orthogonal.hpp"
 #include "kvscout/core/device_status.hpp"
 #include "kvscout/core/workspace.hpp"
@@ -77,20 +78,8 @@ void score_query_case(rope_mode mode, int g, std::uint32_t seed,
   auto ws = kvscout::make_device_workspace<spec>(dc);
   spec dev(dc, plans, {w_q.data(), w_q.size()}, {}, ws.span());
   // Keys after RoPE, the same to both.
-  std::vector<float> keys, k(static_cast<std::size_t>(H) * D);
-  std::vector<std::int32_t> sids, tids;
-  for (int s = 0; s < S; ++s)
-    for (int t = 0; t < lens[static_cast<std::size_t>(s)]; ++t) {
-      for (auto& v : k) v = nd(rng);
-      host.append(0, s, t, k.data(), k.data());
-      keys.insert(keys.end(), k.begin(), k.end());
-      sids.push_back(s);
-      tids.push_back(t);
-    }
-  gpu_test::device_vector<float> dk(keys);
-  gpu_test::device_vector<std::int32_t> ds(sids), dt(tids);
-  dev.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()},
-             static_cast<int>(sids.size()), {});
+  gpu_test::append_same_keys(host, gpu_test::prefill_entries(lens), H, D,
+                             [&](std::vector<float>& k) { for (auto& v : k) v = nd(rng); }, nullptr, dev);
   // The layer's own queries, and a batch whose rows name sequences 2, 0, 1.
   std::vector<float> q(static_cast<std::size_t>(S) * Hq * D);
   for (auto& v : q) v = nd(rng);
@@ -310,21 +299,9 @@ void nested_case(rope_mode mode, int g, kvscout::gqa_aggregation agg, std::uint3
   auto ws = kvscout::make_device_workspace<spec>(dc);
   spec dev(dc, narrow, wide, {w_q.data(), w_q.size()}, {}, ws.span());
   GPU_CHECK(dev.keys().r == rc && only.keys().r == r);
-  std::vector<float> keys, k(static_cast<std::size_t>(H) * D);
-  std::vector<std::int32_t> sids, tids;
-  for (int s = 0; s < S; ++s)
-    for (int t = 0; t < lens[static_cast<std::size_t>(s)]; ++t) {
-      for (auto& v : k) v = nd(rng);
-      host.append(0, s, t, k.data(), k.data());
-      keys.insert(keys.end(), k.begin(), k.end());
-      sids.push_back(s);
-      tids.push_back(t);
-    }
-  gpu_test::device_vector<float> dk(keys);
-  gpu_test::device_vector<std::int32_t> ds(sids), dt(tids);
-  for (spec* sp : {&only, &dev})
-    sp->append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()},
-               static_cast<int>(sids.size()), {});
+  gpu_test::append_same_keys(host, gpu_test::prefill_entries(lens), H, D,
+                             [&](std::vector<float>& k) { for (auto& v : k) v = nd(rng); }, nullptr, only,
+                             dev);
   // The speculation: bit for bit the narrow speculator's.
   std::vector<float> x(static_cast<std::size_t>(S) * dm);
   for (auto& v : x) v = nd(rng);

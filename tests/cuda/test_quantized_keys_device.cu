@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gpu_harness.cuh"
+#include "spec_append.cuh"
 #include "kvscout/core/device_status.hpp"
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/score/infinigen.cuh"
@@ -50,29 +51,16 @@ std::vector<T> fetch(const T* p, std::size_t n) {
   return h;
 }
 
-// One append call: entries (s, t) with keys drawn from rng, to both policies.
+// One append call: entries (s, t), keys drawn from rng (channels of different means), to both.
 struct appender {
   int H;
   std::mt19937 rng;
-  std::vector<std::vector<float>> history;  // [s] keys of every token appended, [t, H, D]
   template <class Host, class Dev>
   void call(Host& host, Dev& dev, const std::vector<std::pair<int, int>>& entries, int* status) {
     std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> keys;
-    std::vector<std::int32_t> sids, tids;
-    for (const auto& [s, t] : entries) {
-      std::vector<float> k(static_cast<std::size_t>(H) * D);
+    gpu_test::append_same_keys(host, entries, H, D, [&](std::vector<float>& k) {
       for (std::size_t i = 0; i < k.size(); ++i) k[i] = 0.3f * static_cast<float>(i % 7) + nd(rng);
-      host.append(0, s, t, k.data(), k.data());
-      keys.insert(keys.end(), k.begin(), k.end());
-      sids.push_back(s);
-      tids.push_back(t);
-    }
-    gpu_test::device_vector<float> dk(keys);
-    gpu_test::device_vector<std::int32_t> ds(sids), dt(tids);
-    dev.append({dk.data(), dk.size()}, {ds.data(), ds.size()}, {dt.data(), dt.size()},
-               static_cast<int>(sids.size()), {nullptr, status});
-    KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    }, status, dev);
   }
 };
 
@@ -101,7 +89,7 @@ void matches_host(int g, kvscout::gqa_aggregation agg, std::uint32_t seed) {
   auto ws = kvscout::make_device_workspace<spec>(dc);
   spec dev(dc, plans, {w_q.data(), w_q.size()}, {}, ws.span());
   gpu_test::device_vector<int> status(std::vector<int>{0});
-  appender ap{H, std::mt19937(seed + 1), {}};
+  appender ap{H, std::mt19937(seed + 1)};
   // Prefill: sequences 0 and 1 in one call (several groups each, a partial one left).
   auto e = run(0, 0, 2 * Group + 5);
   for (const auto& x : run(1, 0, Group + 3)) e.push_back(x);

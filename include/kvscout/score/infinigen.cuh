@@ -198,6 +198,10 @@ class infinigen_policy_cuda {
   /// (sequence, position) pairs of one call must be distinct: tokens run in parallel, so two
   /// entries for one slot leave either one's partial key there (the host policy keeps the last).
   /// The ids live on the device, so this is not checked (reading them would synchronise).
+  /// Quantised keys take each sequence's tokens in order, one run of consecutive entries and
+  /// positions per call, from where the sequence stopped (or from 0: a new sequence in the slot);
+  /// an entry that breaks this is skipped and raises device_status::bad_order, a non-finite
+  /// partial key value is stored as 0 and raises bad_value.
   template <class KSpan = const float>
   void append(device_span<KSpan> keys, device_span<const int32_t> seq_ids,
               device_span<const int32_t> token_ids, int count, const cuda_exec& exec) {
@@ -209,26 +213,28 @@ class infinigen_policy_cuda {
     detail::check_infinigen_cuda_append(cfg_, keys.size(), keys.data() != nullptr, seq_ids,
                                         token_ids, count);
     if (count == 0) return;
+    const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads));
     if constexpr (quantized) {
-      append_quantized(keys, seq_ids, token_ids, count, exec);
+      // Three launches (score/detail/infinigen_kernels.cuh, "append, quantised partial keys"):
+      // the groups the call completes quantised, the rest staged, then the counts.
+      constexpr int Bits = PkT::bits, Group = PkT::group;
+      auto p = append_params<detail::qk_append_params<Bits, Group, K>>(keys.data(), seq_ids, token_ids,
+                                                                      exec.status);
+      p.count = count;
+      const std::size_t smem = sizeof(float) * static_cast<std::size_t>(p.r) * Group;
+      detail::launch(detail::quantise_groups<Bits, Group, K>, grid, detail::spec_append_threads, smem,
+                     stream, p);
+      KVSCOUT_CUDA_CHECK(cudaGetLastError());
+      detail::launch(detail::stage_tail<Bits, Group, K>, grid, detail::spec_append_threads, 0, stream, p);
+      KVSCOUT_CUDA_CHECK(cudaGetLastError());
+      detail::launch(detail::count_tokens<Bits, Group, K>, dim3(static_cast<unsigned>(count)), 1, 0,
+                     stream, p);
     } else {
-    detail::pk_append_params<PkT, K> p{};
-    p.rotation = at<float>(layout_.rotation);
-    p.channels = at<std::int32_t>(layout_.channels);
-    p.keys = this->keys();
-    p.k = keys.data();
-    p.seq_ids = seq_ids.data();
-    p.token_ids = token_ids.data();
-    p.num_kv_heads = cfg_.num_kv_heads;
-    p.head_dim = cfg_.head_dim;
-    p.r = cfg_.key_r();
-    p.mode = cfg_.mode;
-    p.status = exec.status;
-    detail::launch(detail::append_keys<PkT, K>,
-                   dim3(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads)),
-                   detail::spec_append_threads, 0, stream, p);
-    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+      const auto p = append_params<detail::pk_append_params<PkT, K>>(keys.data(), seq_ids, token_ids,
+                                                                     exec.status);
+      detail::launch(detail::append_keys<PkT, K>, grid, detail::spec_append_threads, 0, stream, p);
     }
+    KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
 
   /// Writes out.scores[s, h, t] for t < seq_lens[s] (see the header comment). max_seq_len = 0
@@ -273,37 +279,23 @@ class infinigen_policy_cuda {
   }
 
  private:
-  // Quantised keys: three launches (score/detail/infinigen_kernels.cuh, "append, quantised
-  // partial keys"): complete groups quantised, the rest staged, then the counts.
-  template <class KSpan>
-  void append_quantized(device_span<KSpan> keys, device_span<const int32_t> seq_ids,
-                        device_span<const int32_t> token_ids, int count, const cuda_exec& exec) {
-    using K = std::remove_const_t<KSpan>;
-    constexpr int Bits = PkT::bits, Group = PkT::group;
-    detail::qk_append_params<Bits, Group, K> p{};
+  // The fields every append launch reads (pk_append_params, qk_append_params).
+  template <class P, class K>
+  P append_params(const K* k, device_span<const int32_t> seq_ids, device_span<const int32_t> token_ids,
+                  int* status) const {
+    P p{};
     p.rotation = at<float>(layout_.rotation);
     p.channels = at<std::int32_t>(layout_.channels);
-    p.keys = this->keys();
-    p.k = keys.data();
+    p.keys = keys();
+    p.k = k;
     p.seq_ids = seq_ids.data();
     p.token_ids = token_ids.data();
-    p.count = count;
     p.num_kv_heads = cfg_.num_kv_heads;
     p.head_dim = cfg_.head_dim;
     p.r = cfg_.key_r();
     p.mode = cfg_.mode;
-    p.status = exec.status;
-    const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads));
-    const std::size_t smem = sizeof(float) * static_cast<std::size_t>(p.r) * Group;
-    detail::launch(detail::quantise_groups<Bits, Group, K>, grid, detail::spec_append_threads, smem,
-                   exec.stream, p);
-    KVSCOUT_CUDA_CHECK(cudaGetLastError());
-    detail::launch(detail::stage_tail<Bits, Group, K>, grid, detail::spec_append_threads, 0,
-                   exec.stream, p);
-    KVSCOUT_CUDA_CHECK(cudaGetLastError());
-    detail::launch(detail::count_tokens<Bits, Group, K>, dim3(static_cast<unsigned>(count)), 1, 0,
-                   exec.stream, p);
-    KVSCOUT_CUDA_CHECK(cudaGetLastError());
+    p.status = status;
+    return p;
   }
 
   static dim3 dim(const long long (&g)[3]) {
