@@ -2,8 +2,11 @@
 // Test fixture: a slice of a RoPE model's layer for the speculation's tests (test_correction.cpp,
 // test_quantized_keys.cpp): W_Q, b_Q, the input x of one step per sequence, keys of n tokens per
 // sequence (pre- and post-RoPE), and the true queries (W_Q x + b, rotated at position pos), which
-// score() predicts from x and score_query() is given. Head dim 64, d_model 96, all seeded.
+// score() predicts from x and score_query() is given. Head dim 64, d_model 96, all seeded. And the
+// fp64 definition of a GQA group's score (aggregate_fp64).
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -12,6 +15,7 @@
 
 #include "kvscout/core/rope.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/score/concepts.hpp"
 #include "kvscout/skew/calibrate.hpp"
 
 namespace kvtest {
@@ -77,6 +81,30 @@ struct model_slice {
     return out;
   }
 };
+
+// The definition of a GQA group's score (score/concepts.hpp) in fp64, from the group's logits
+// z [g, n]: max_logit the largest, mean_logit the mean, sum_prob the sum of each head's softmax.
+inline std::vector<double> aggregate_fp64(const std::vector<double>& z, int g, int n,
+                                          kvscout::gqa_aggregation agg) {
+  std::vector<double> want(static_cast<std::size_t>(n));
+  const auto at = [&](int j, int t) { return z[static_cast<std::size_t>(j) * n + t]; };
+  if (agg == kvscout::gqa_aggregation::sum_prob) {
+    for (int j = 0; j < g; ++j) {
+      double mx = -INFINITY, l = 0;
+      for (int t = 0; t < n; ++t) mx = std::max(mx, at(j, t));
+      for (int t = 0; t < n; ++t) l += std::exp(at(j, t) - mx);
+      for (int t = 0; t < n; ++t) want[static_cast<std::size_t>(t)] += std::exp(at(j, t) - mx) / l;
+    }
+    return want;
+  }
+  for (int t = 0; t < n; ++t) {
+    double a = at(0, t);
+    for (int j = 1; j < g; ++j)
+      a = agg == kvscout::gqa_aggregation::max_logit ? std::max(a, at(j, t)) : a + at(j, t);
+    want[static_cast<std::size_t>(t)] = agg == kvscout::gqa_aggregation::mean_logit ? a / g : a;
+  }
+  return want;
+}
 
 // A host score buffer [S, H, stride] over `scores`, every entry NaN first (unwritten ones show).
 inline kvscout::score_buffer<kvscout::host_space> nan_score_buffer(std::vector<float>& scores, int S, int H,

@@ -118,22 +118,7 @@ TEMPLATE_TEST_CASE("one partial key cache serves a narrow speculation and a wide
                 z[static_cast<std::size_t>(j) * n + t] = 0.125 * acc;
               }
             }
-            const auto late = pc.late_aggregation();
-            std::vector<double> want(static_cast<std::size_t>(n));
-            if (late == gqa_aggregation::sum_prob) {
-              for (int j = 0; j < g; ++j) {
-                double mx = -INFINITY, l = 0;
-                for (int t = 0; t < n; ++t) mx = std::max(mx, z[static_cast<std::size_t>(j) * n + t]);
-                for (int t = 0; t < n; ++t) l += std::exp(z[static_cast<std::size_t>(j) * n + t] - mx);
-                for (int t = 0; t < n; ++t) want[static_cast<std::size_t>(t)] += std::exp(z[static_cast<std::size_t>(j) * n + t] - mx) / l;
-              }
-            } else {
-              for (int t = 0; t < n; ++t) {
-                double v = z[static_cast<std::size_t>(t)];
-                for (int j = 1; j < g; ++j) v = std::max(v, z[static_cast<std::size_t>(j) * n + t]);
-                want[static_cast<std::size_t>(t)] = v;
-              }
-            }
+            const std::vector<double> want = kvtest::aggregate_fp64(z, g, n, pc.late_aggregation());
             for (int t = 0; t < stride; ++t) {
               CAPTURE(s, h, t);
               if (t >= n) {

@@ -252,23 +252,7 @@ TEMPLATE_TEST_CASE("infinigen_policy_host over quantised partial keys scores the
                 mag[static_cast<std::size_t>(t)] = std::max(mag[static_cast<std::size_t>(t)], a);
               }
             }
-            std::vector<double> want(static_cast<std::size_t>(n));
-            if (agg == gqa_aggregation::sum_prob) {
-              for (int j = 0; j < g; ++j) {
-                double mx = -INFINITY, l = 0;
-                for (int t = 0; t < n; ++t) mx = std::max(mx, z[static_cast<std::size_t>(j) * n + t]);
-                for (int t = 0; t < n; ++t) l += std::exp(z[static_cast<std::size_t>(j) * n + t] - mx);
-                for (int t = 0; t < n; ++t) want[static_cast<std::size_t>(t)] += std::exp(z[static_cast<std::size_t>(j) * n + t] - mx) / l;
-              }
-            } else {
-              for (int t = 0; t < n; ++t) {
-                double a = z[static_cast<std::size_t>(t)];
-                for (int j = 1; j < g; ++j)
-                  a = agg == gqa_aggregation::max_logit ? std::max(a, z[static_cast<std::size_t>(j) * n + t])
-                                                        : a + z[static_cast<std::size_t>(j) * n + t];
-                want[static_cast<std::size_t>(t)] = agg == gqa_aggregation::mean_logit ? a / g : a;
-              }
-            }
+            const std::vector<double> want = kvtest::aggregate_fp64(z, g, n, agg);
             float top = -INFINITY;
             for (int t = 0; t < scored; ++t) {
               CAPTURE(s, h, t);

@@ -673,9 +673,10 @@ struct qk_append_params {
     if (ok) {
       // The run's first entry: where the count (or 0) says the run starts.
       const int count_s = keys.counts[static_cast<std::size_t>(s) * keys.num_kv_heads];
+      // (t0 <= t keeps n0 <= n: a count past t, e.g. a restart at 0, names no entry after n.)
       const auto starts_at = [&](int t0) {
         const int n0 = n - (t - t0);
-        return t0 >= 0 && n0 >= 0 && seq_ids[n0] == s && token_ids[n0] == t0 &&
+        return t0 >= 0 && t0 <= t && n0 >= 0 && seq_ids[n0] == s && token_ids[n0] == t0 &&
                (n0 == 0 || seq_ids[n0 - 1] != s);
       };
       ok = starts_at(count_s) || starts_at(0);
