@@ -6,14 +6,18 @@
 #   bash scripts/bench_report.sh                          # full run (a few minutes on 2 cores)
 #   KVSCOUT_BENCH_QUICK=1 bash scripts/bench_report.sh    # one repetition, shorter runs
 #   KVSCOUT_BENCH_MD=out.md bash scripts/bench_report.sh  # also write the tables as markdown
+#   KVSCOUT_BENCH_BUILD=build bash scripts/bench_report.sh
+#       # an existing build tree, used as it is configured (CI: the test build's benchmarks)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVSCOUT_BENCH_BUILD:-$root/build-bench}
 out=${KVSCOUT_BENCH_OUT:-$build/results}
 mkdir -p "$out"
 
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSCOUT_BUILD_TESTS=OFF \
-  -DKVSCOUT_BUILD_EXAMPLES=OFF -DKVSCOUT_ENABLE_CUDA=OFF >/dev/null
+if [[ -z "${KVSCOUT_BENCH_BUILD:-}" || ! -f "$build/CMakeCache.txt" ]]; then
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSCOUT_BUILD_TESTS=OFF \
+    -DKVSCOUT_BUILD_EXAMPLES=OFF -DKVSCOUT_ENABLE_CUDA=OFF >/dev/null
+fi
 cmake --build "$build" --target kvscout_bench_gather kvscout_bench_select kvscout_bench_speculation \
   kvscout_bench_kivi >/dev/null
 

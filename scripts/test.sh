@@ -28,7 +28,10 @@ export KVSCOUT_DATA_DIR=${KVSCOUT_DATA_DIR:-$root/tests/data}  # pg19_firstbook.
 took "dependencies and model"
 
 echo "== kvscout: main build (build/)"
-cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# -O2 as RelWithDebInfo, without its debug information: the same code, a third less compile time
+# (test_policies.cpp: 59 s with -g, 40 s without).
+cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG" "-DCMAKE_CUDA_FLAGS_RELEASE=-O2 -DNDEBUG"
 cmake --build "$root/build" -j "$jobs"
 took "main build"
 (cd "$root/build" && ctest -j "$jobs" --output-on-failure)

@@ -34,7 +34,7 @@
 //           (--layer-rule coverage|mass), and the KV heads sharing one budget (head-pooled top-k,
 //           --pool-rule mass|coverage); the oracle and kvscout's default, with and without the
 //           correction step (share 0.25), at --pool-budgets (5,10,20 %), fp16 on both texts,
-//           KIVI-4 at 10 %; stage copy takes the configurations oracle_pooled, kvscout_pooled,
+//           KIVI-4 and KIVI-2 (if --formats names them) at --kivi-budgets (10 %); stage copy takes the configurations oracle_pooled, kvscout_pooled,
 //           kvscout_pooled_corrected, oracle_layers, kvscout_layers, kvscout_layers_corrected
 //   prompts a prompt file (--prompts FILE.jsonl, tools/model/prompt_file.hpp: "input" and
 //           "target" per line), scored the same way plus greedy exact match; accuracy_prompts.csv.
@@ -1098,11 +1098,11 @@ int main(int argc, char** argv) try {
       }
     };
     rows(lt, kv_format::fp16, pbudgets, false);
-    if (std::find(formats.begin(), formats.end(), kv_format::kivi4) != formats.end())
-      rows(lt, kv_format::kivi4, {0.10}, false);
-    // KIVI-2 at 10 % of the rows: about 3 % of a dense fp16 step's bytes (the goal's bound).
-    if (std::find(formats.begin(), formats.end(), kv_format::kivi2) != formats.end())
-      rows(lt, kv_format::kivi2, {0.10}, false);
+    // KIVI-4 and KIVI-2 at --kivi-budgets (10 % by default; KIVI-2 at 10 % of the rows is about
+    // 3 % of a dense fp16 step's bytes, the goal's bound).
+    const std::vector<double> kbudgets = parse_budgets(arg(argc, argv, "--kivi-budgets", "10"));
+    for (kv_format f : {kv_format::kivi4, kv_format::kivi2})
+      if (std::find(formats.begin(), formats.end(), f) != formats.end()) rows(lt, f, kbudgets, false);
     if (!short_path.empty()) {
       text_run st;
       short_text(st);

@@ -123,7 +123,7 @@ struct eval_options {
   bool late_scores = false;
   /// The GQA aggregation of the late ranking (the correction step's and late_scores'), where it
   /// differs from `aggregation` (the speculation's): infinigen_config::query_aggregation.
-  std::optional<gqa_aggregation> late_aggregation;
+  std::optional<gqa_aggregation> late_aggregation{};
   /// Ranking keys quantised (a diagnostic of what a quantised partial key cache would rank like):
   /// 0, the partial keys in float; b in [2, 8], each complete group of rank_key_group tokens'
   /// keys quantised per channel to b bits (KIVI's key scheme: asymmetric, the group's min and
