@@ -72,6 +72,10 @@ struct speculation_preset {
   /// The correction step's aggregation (infinigen_config::query_aggregation); empty: the
   /// speculation's. Only a pipeline with a correction step reads it.
   std::optional<gqa_aggregation> query_aggregation{};
+  /// The correction step's partial dimension: its plans hold the speculation's r channels first,
+  /// then more (infinigen_policy_host's correction plans, infinigen_cuda_config::correction_r:
+  /// one cache read at two widths); 0: r. Only a pipeline with a correction step reads it.
+  int correction_r = 0;
   selector_kind selector = selector_kind::topk;
   /// threshold only: candidates score >= row max - alpha (threshold_selector_host::config).
   float alpha = 0.f;
@@ -89,6 +93,17 @@ struct speculation_preset {
     o.union_with_keys = union_with_keys;
     o.mode = mode;
     o.rope = rope;
+    return o;
+  }
+  /// The correction step's channels: correction_r, or r where it is 0.
+  [[nodiscard]] int correction_channels() const noexcept { return correction_r > 0 ? correction_r : r; }
+  /// The calibration options of the correction step's plans: skew(rope) at correction_channels().
+  /// calibrate_skew ranks the channels (the planes in rope_planes mode) the same way at every r,
+  /// so on the same samples these plans hold the speculation's channels (the test: the library's
+  /// nesting check accepts the pair).
+  [[nodiscard]] skew_options correction_skew(const rope_config& rope) const {
+    skew_options o = skew(rope);
+    o.r = correction_channels();
     return o;
   }
 };
@@ -164,6 +179,12 @@ inline constexpr double infinigen_paper_budget = 0.2;
 ///   union_with_keys false.
 ///   aggregation     max_logit (better than mean_logit).
 ///   query_aggregation sum_prob: the correction step's ranking, which has the layer's own query.
+///   correction_r    head_dim: the correction ranks over every channel, the speculation over its
+///                   r (one cache read at two widths). SmolLM2, 10 %, correction share 0.25,
+///                   float keys, r = 32 (docs/accuracy.md, "pg19: which part of the 2-bit,
+///                   64-channel ranking loses"): GPL-3 16.885 -> 16.650, pg19 46.396 -> 46.544
+///                   (a loss there). In a cache of quantized_keys<2> every channel takes 192 bits
+///                   per row and KV head, less than r = head_dim / 2 channels in fp16 (512).
 ///   selector        exact top-k at the cap (better than the per-head threshold).
 ///   alpha, rule     unused (top-k); rule left at per_head, kvscout's threshold rule.
 ///   keep            4 sinks + 16 recent tokens, inside the cap (the harness's keep-set).
@@ -180,6 +201,7 @@ inline constexpr double infinigen_paper_budget = 0.2;
   p.union_with_keys = false;
   p.aggregation = gqa_aggregation::max_logit;
   p.query_aggregation = gqa_aggregation::sum_prob;
+  p.correction_r = head_dim;
   p.selector = selector_kind::topk;
   p.alpha = 0.f;
   p.rule = threshold_rule::per_head;

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/calibrate.hpp"
+#include "kvscout/skew/plan.hpp"
 
 namespace {
 
@@ -93,6 +95,48 @@ TEST_CASE("presets calibrate in their own mode and partial dimension", "[presets
     CHECK(static_cast<int>(plan.channels.size()) == p.r);
     CHECK(plan.planes.size() == (p.mode == rope_mode::rope_planes ? std::size_t(p.r / 2) : 0u));
   }
+}
+
+TEST_CASE("a preset's correction plans hold its speculation's channels: one cache at two widths",
+          "[presets]") {
+  CHECK(kvscout::presets::kvscout_default(64).correction_r == 64);  // every channel
+  CHECK(kvscout::presets::kvscout_default(128).correction_channels() == 128);
+  CHECK(kvscout::presets::infinigen_paper(64).correction_r == 0);  // the paper has no correction
+  CHECK(kvscout::presets::infinigen_paper(64).correction_channels() == 12);
+
+  constexpr int D = 64, g = 3, n = 96;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> q(static_cast<std::size_t>(n) * g * D), k(static_cast<std::size_t>(n) * D);
+  // Channels of unequal scale, so the ranking is not a tie between near-equal magnitudes.
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = nd(rng) * (1.f + static_cast<float>(i % D) / 8.f);
+  for (auto& v : k) v = nd(rng);
+  const kvscout::rope_config rope{D, 1e5f, kvscout::rope_style::split_half};
+  kvscout::presets::speculation_preset skewed = kvscout::presets::infinigen_paper(D);
+  skewed.correction_r = 2 * skewed.r;  // a post-RoPE skew at two widths
+  for (const auto& p : {kvscout::presets::kvscout_default(D), skewed}) {
+    const kvscout::skew_options o = p.correction_skew(rope);
+    CHECK(o.r == p.correction_channels());
+    CHECK(o.mode == p.mode);
+    const auto calibrate = [&](const kvscout::skew_options& opt) {
+      return kvscout::calibrate_skew({q.data(), q.size()}, {k.data(), k.size()}, n, g, D, opt);
+    };
+    const kvscout::skew_plan narrow = calibrate(p.skew(rope)), wide = calibrate(o);
+    REQUIRE(wide.r == p.correction_channels());
+    // The library's nesting check (what infinigen_policy_host's correction plans pass).
+    const kvscout::skew_plan cache = kvscout::detail::nested_key_plan(narrow, wide, "preset");
+    REQUIRE(cache.channels.size() == static_cast<std::size_t>(wide.r));
+    CHECK(std::equal(narrow.channels.begin(), narrow.channels.end(), cache.channels.begin()));
+  }
+  // A width below the speculation's is refused by that check.
+  kvscout::presets::speculation_preset narrower = kvscout::presets::kvscout_default(D);
+  narrower.correction_r = 16;
+  const auto plan_at = [&](const kvscout::skew_options& opt) {
+    return kvscout::calibrate_skew({q.data(), q.size()}, {k.data(), k.size()}, n, g, D, opt);
+  };
+  CHECK_THROWS_WITH(kvscout::detail::nested_key_plan(plan_at(narrower.skew(rope)),
+                                                     plan_at(narrower.correction_skew(rope)), "preset"),
+                    Catch::Contains("r = 16 is smaller than the speculation plan's r = 32"));
 }
 
 TEST_CASE("infinigen_paper's selector gives every head the mean count; kvscout_default's top-k the cap",

@@ -218,9 +218,7 @@ class infinigen_policy_cuda {
       // Three launches (score/detail/infinigen_kernels.cuh, "append, quantised partial keys"):
       // the groups the call completes quantised, the rest staged, then the counts.
       constexpr int Bits = PkT::bits, Group = PkT::group;
-      auto p = append_params<detail::qk_append_params<Bits, Group, K>>(keys.data(), seq_ids, token_ids,
-                                                                      exec.status);
-      p.count = count;
+      const auto p = append_params(keys.data(), seq_ids, token_ids, count, exec.status);
       const std::size_t smem = sizeof(float) * static_cast<std::size_t>(p.r) * Group;
       detail::launch(detail::quantise_groups<Bits, Group, K>, grid, detail::spec_append_threads, smem,
                      stream, p);
@@ -230,8 +228,7 @@ class infinigen_policy_cuda {
       detail::launch(detail::count_tokens<Bits, Group, K>, dim3(static_cast<unsigned>(count)), 1, 0,
                      stream, p);
     } else {
-      const auto p = append_params<detail::pk_append_params<PkT, K>>(keys.data(), seq_ids, token_ids,
-                                                                     exec.status);
+      const auto p = append_params(keys.data(), seq_ids, token_ids, count, exec.status);
       detail::launch(detail::append_keys<PkT, K>, grid, detail::spec_append_threads, 0, stream, p);
     }
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
@@ -279,17 +276,19 @@ class infinigen_policy_cuda {
   }
 
  private:
-  // The fields every append launch reads (pk_append_params, qk_append_params).
-  template <class P, class K>
-  P append_params(const K* k, device_span<const int32_t> seq_ids, device_span<const int32_t> token_ids,
-                  int* status) const {
-    P p{};
+  // What every append launch reads.
+  template <class K>
+  detail::key_append_params<device_key_view<PkT>, K> append_params(const K* k, device_span<const int32_t> seq_ids,
+                                                                    device_span<const int32_t> token_ids,
+                                                                    int count, int* status) const {
+    detail::key_append_params<device_key_view<PkT>, K> p{};
     p.rotation = at<float>(layout_.rotation);
     p.channels = at<std::int32_t>(layout_.channels);
     p.keys = keys();
     p.k = k;
     p.seq_ids = seq_ids.data();
     p.token_ids = token_ids.data();
+    p.count = count;
     p.num_kv_heads = cfg_.num_kv_heads;
     p.head_dim = cfg_.head_dim;
     p.r = cfg_.key_r();

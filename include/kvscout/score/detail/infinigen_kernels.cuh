@@ -197,20 +197,67 @@ KVSCOUT_DEVICE quantized_key_reader<Bits, Group> reader_at(const quantized_key_v
   return rd;
 }
 
-/// Everything append_keys reads.
-template <class PkT, class K = float>
-struct pk_append_params {
+/// Channel i of kv head h's partial key (or of a query, projected as a key) from x, the vector
+/// in shared memory (head_dim floats): a gather in rope_planes mode (A = I), skew_dot with
+/// A[:, S] otherwise. stride: the channels the cache holds per head (key_r).
+KVSCOUT_DEVICE float project_channel(const float* x, const float* rotation, const std::int32_t* channels,
+                                     rope_mode mode, int h, int i, int head_dim, int stride) {
+  if (mode == rope_mode::rope_planes) return x[channels[static_cast<std::size_t>(h) * stride + i]];
+  return skew_dot(x, rotation + static_cast<std::size_t>(h) * head_dim * stride + i, head_dim,
+                  static_cast<std::size_t>(stride));
+}
+
+/// Everything an append launch reads: the float / 16-bit cache's (append_keys, View =
+/// partial_key_view<PkT>) and the quantised cache's (quantise_groups, stage_tail, count_tokens).
+template <class View, class K>
+struct key_append_params {
   const float* rotation;          // [H, D, r]
   const std::int32_t* channels;   // [H, r]
-  partial_key_view<PkT> keys;
+  View keys;
   const K* k;                     // [count, H, D]
   const std::int32_t* seq_ids;    // [count]
   const std::int32_t* token_ids;  // [count]
+  int count;
   int num_kv_heads;
   int head_dim;
-  int r;
+  int r;                          // channels cached per head (key_r)
   rope_mode mode;
   int* status;  // the device status word, or null
+
+  /// Loads entry m's key of kv head h into ks (head_dim floats); the block's threads share it.
+  __device__ void load_key(int m, int h, float* ks) const {
+    const K* src = k + (static_cast<std::size_t>(m) * num_kv_heads + h) * head_dim;
+    for (int d = static_cast<int>(threadIdx.x); d < head_dim; d += blockDim.x) ks[d] = to_float(src[d]);
+  }
+  /// Channel i of the partial key of the key in ks (kv head h).
+  __device__ float project(const float* ks, int h, int i) const {
+    return project_channel(ks, rotation, channels, mode, h, i, head_dim, r);
+  }
+
+  /// Quantised caches: whether entry n may be appended (the contract above quantise_groups);
+  /// raises the status bits where not, if `report`.
+  __device__ bool valid(int n, bool report) const {
+    const int s = seq_ids[n], t = token_ids[n];
+    if (s < 0 || s >= keys.num_seqs || t < 0 || t >= keys.max_tokens) {
+      if (report) raise_device_status(status, device_status::bad_index);
+      return false;
+    }
+    bool ok = true;
+    if (n > 0 && seq_ids[n - 1] == s) ok = token_ids[n - 1] == t - 1;
+    if (ok) {
+      // The run's first entry: where the count (or 0) says the run starts.
+      const int count_s = keys.counts[static_cast<std::size_t>(s) * keys.num_kv_heads];
+      // (t0 <= t keeps n0 <= n: a count past t, e.g. a restart at 0, names no entry after n.)
+      const auto starts_at = [&](int t0) {
+        const int n0 = n - (t - t0);
+        return t0 >= 0 && t0 <= t && n0 >= 0 && seq_ids[n0] == s && token_ids[n0] == t0 &&
+               (n0 == 0 || seq_ids[n0 - 1] != s);
+      };
+      ok = starts_at(count_s) || starts_at(0);
+    }
+    if (!ok && report) raise_device_status(status, device_status::bad_order);
+    return ok;
+  }
 };
 
 KVSCOUT_DEVICE float warp_sum(float v) {
@@ -591,13 +638,7 @@ __global__ void __launch_bounds__(spec_project_threads)
   for (int d = static_cast<int>(threadIdx.x); d < D; d += blockDim.x) qs[d] = src[d];
   __syncthreads();
   for (int i = static_cast<int>(threadIdx.x); i < p.r; i += blockDim.x) {
-    float v;
-    if (p.mode == rope_mode::rope_planes) {
-      v = qs[p.channels[static_cast<std::size_t>(h) * p.key_r + i]];
-    } else {
-      v = skew_dot(qs, p.rotation + static_cast<std::size_t>(h) * D * p.key_r + i, D,
-                   static_cast<std::size_t>(p.key_r));
-    }
+    const float v = project_channel(qs, p.rotation, p.channels, p.mode, h, i, D, p.key_r);
     p.q[(static_cast<std::size_t>(s) * p.num_q_heads + qh) * p.r + i] = v * p.scale;
   }
 }
@@ -608,7 +649,7 @@ inline constexpr int spec_append_threads = 128;
 
 template <class PkT, class K>
 __global__ void __launch_bounds__(spec_append_threads)
-    append_keys(const __grid_constant__ pk_append_params<PkT, K> p) {
+    append_keys(const __grid_constant__ key_append_params<partial_key_view<PkT>, K> p) {
   __shared__ float ks[2 * rope_table::max_planes];
   const int n = static_cast<int>(blockIdx.x);
   const int h = static_cast<int>(blockIdx.y);
@@ -619,21 +660,11 @@ __global__ void __launch_bounds__(spec_append_threads)
     if (h == 0 && threadIdx.x == 0) raise_device_status(p.status, device_status::bad_index);
     return;
   }
-  const int D = p.head_dim;
-  const K* k = p.k + (static_cast<std::size_t>(n) * p.num_kv_heads + h) * D;
-  for (int d = static_cast<int>(threadIdx.x); d < D; d += blockDim.x) ks[d] = to_float(k[d]);
+  p.load_key(n, h, ks);
   __syncthreads();
   PkT* dst = p.keys.data.data();
-  for (int i = static_cast<int>(threadIdx.x); i < p.r; i += blockDim.x) {
-    float v;
-    if (p.mode == rope_mode::rope_planes) {
-      v = ks[p.channels[static_cast<std::size_t>(h) * p.r + i]];  // A = I: a gather, as project_key
-    } else {
-      v = skew_dot(ks, p.rotation + static_cast<std::size_t>(h) * D * p.r + i, D,
-                   static_cast<std::size_t>(p.r));
-    }
-    dst[p.keys.offset(s, h, i, t)] = from_float<PkT>(v);
-  }
+  for (int i = static_cast<int>(threadIdx.x); i < p.r; i += blockDim.x)
+    dst[p.keys.offset(s, h, i, t)] = from_float<PkT>(p.project(ks, h, i));
 }
 
 // ---- append, quantised partial keys --------------------------------------------------------
@@ -646,61 +677,7 @@ __global__ void __launch_bounds__(spec_append_threads)
 // bad_value (the host cache refuses it).
 
 template <int Bits, int Group, class K>
-struct qk_append_params {
-  const float* rotation;          // [H, D, r]
-  const std::int32_t* channels;   // [H, r]
-  quantized_key_view<Bits, Group> keys;
-  const K* k;                     // [count, H, D]
-  const std::int32_t* seq_ids;    // [count]
-  const std::int32_t* token_ids;  // [count]
-  int count;
-  int num_kv_heads;
-  int head_dim;
-  int r;
-  rope_mode mode;
-  int* status;
-
-  /// Whether entry n may be appended (see above); raises the status bits (thread 0 of head 0's
-  /// block) where not.
-  __device__ bool valid(int n, bool report) const {
-    const int s = seq_ids[n], t = token_ids[n];
-    if (s < 0 || s >= keys.num_seqs || t < 0 || t >= keys.max_tokens) {
-      if (report) raise_device_status(status, device_status::bad_index);
-      return false;
-    }
-    bool ok = true;
-    if (n > 0 && seq_ids[n - 1] == s) ok = token_ids[n - 1] == t - 1;
-    if (ok) {
-      // The run's first entry: where the count (or 0) says the run starts.
-      const int count_s = keys.counts[static_cast<std::size_t>(s) * keys.num_kv_heads];
-      // (t0 <= t keeps n0 <= n: a count past t, e.g. a restart at 0, names no entry after n.)
-      const auto starts_at = [&](int t0) {
-        const int n0 = n - (t - t0);
-        return t0 >= 0 && t0 <= t && n0 >= 0 && seq_ids[n0] == s && token_ids[n0] == t0 &&
-               (n0 == 0 || seq_ids[n0 - 1] != s);
-      };
-      ok = starts_at(count_s) || starts_at(0);
-    }
-    if (!ok && report) raise_device_status(status, device_status::bad_order);
-    return ok;
-  }
-};
-
-/// Channel i of entry n's partial key for kv head h, its key already in shared memory (ks, D
-/// floats): a gather for rope_planes, skew_dot with A[:, S] otherwise (as append_keys).
-template <int Bits, int Group, class K>
-KVSCOUT_DEVICE float qk_project(const qk_append_params<Bits, Group, K>& p, const float* ks, int h, int i) {
-  if (p.mode == rope_mode::rope_planes) return ks[p.channels[static_cast<std::size_t>(h) * p.r + i]];
-  return skew_dot(ks, p.rotation + static_cast<std::size_t>(h) * p.head_dim * p.r + i, p.head_dim,
-                  static_cast<std::size_t>(p.r));
-}
-
-/// Loads entry m's key of kv head h into ks (head_dim floats); the block's threads share it.
-template <int Bits, int Group, class K>
-KVSCOUT_DEVICE void qk_load_key(const qk_append_params<Bits, Group, K>& p, int m, int h, float* ks) {
-  const K* k = p.k + (static_cast<std::size_t>(m) * p.num_kv_heads + h) * p.head_dim;
-  for (int d = static_cast<int>(threadIdx.x); d < p.head_dim; d += blockDim.x) ks[d] = to_float(k[d]);
-}
+using qk_append_params = key_append_params<quantized_key_view<Bits, Group>, K>;
 
 /// grid (count, H), dynamic shared memory r * Group floats: entry n completes its group
 /// (position % Group == Group - 1): the group's partial keys (this batch's entries for the
@@ -730,11 +707,11 @@ __global__ void __launch_bounds__(spec_append_threads)
         m >= 0 && p.seq_ids[m] == s && p.token_ids[m] == b * Group + j && p.valid(m, false);
     if (in_batch) {
       __syncthreads();  // ks is reused
-      qk_load_key(p, m, h, ks);
+      p.load_key(m, h, ks);
       __syncthreads();
     }
     for (int c = static_cast<int>(threadIdx.x); c < r; c += blockDim.x) {
-      float v = in_batch ? qk_project(p, ks, h, c) : stage[static_cast<std::size_t>(c) * Group + j];
+      float v = in_batch ? p.project(ks, h, c) : stage[static_cast<std::size_t>(c) * Group + j];
       if (!isfinite(v)) {
         v = 0.f;
         bad = 1;
@@ -791,12 +768,12 @@ __global__ void __launch_bounds__(spec_append_threads)
   if (last < p.count && p.seq_ids[last] == s && p.token_ids[last] == t + (Group - 1 - i) &&
       p.valid(last, false))
     return;
-  qk_load_key(p, n, h, ks);
+  p.load_key(n, h, ks);
   __syncthreads();
   float* st = p.keys.staging.data() + p.keys.staging_offset(s, h);
   bool bad = false;
   for (int c = static_cast<int>(threadIdx.x); c < p.r; c += blockDim.x) {
-    float v = qk_project(p, ks, h, c);
+    float v = p.project(ks, h, c);
     if (!isfinite(v)) {
       v = 0.f;
       bad = true;
