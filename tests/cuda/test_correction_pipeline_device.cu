@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "../common/counting_executor.hpp"
 #include "gpu_harness.cuh"
 #include "host_gather_reference.cuh"
 #include "pipeline_world.cuh"
@@ -84,30 +85,8 @@ std::vector<float> host_late_scores(const world& w, int l) {
 }
 
 // An engine's own device executor: the zero-copy gather behind a wrapper that counts its submits
-// and has no row cache (submit without a row_cache_view only).
-class counting_executor {
- public:
-  using inner_type = kvscout::zero_copy_executor_cuda<layout>;
-  using layout_type = layout;
-  using config_type = inner_type::config_type;
-  using source_type = inner_type::source_type;
-  using selection_type = inner_type::selection_type;
-  using destination_type = inner_type::destination_type;
-  using completion_type = inner_type::completion_type;
-  using exec_type = inner_type::exec_type;
-  static constexpr std::size_t workspace_alignment = inner_type::workspace_alignment;
-  static std::size_t workspace_bytes(const config_type& c) { return inner_type::workspace_bytes(c); }
-  explicit counting_executor(const config_type& c, kvscout::device_span<std::byte> ws = {}) : inner_(c, ws) {}
-  completion_type submit(const source_type& src, const selection_type& sel, const destination_type& dst,
-                         const exec_type& x) {
-    ++submits;
-    return inner_.submit(src, sel, dst, x);
-  }
-  int submits = 0;
-
- private:
-  inner_type inner_;
-};
+// and has no row cache (submit without a row_cache_view only; tests/common/counting_executor.hpp).
+using counting_executor = kvtest::counting_executor<kvscout::zero_copy_executor_cuda<layout>>;
 static_assert(kvscout::device_step_executor<counting_executor>);
 static_assert(!kvscout::row_caching_executor<counting_executor>);
 static_assert(kvscout::row_caching_executor<kvscout::zero_copy_executor_cuda<layout>>);

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvscout/core/workspace.hpp"
@@ -183,4 +185,85 @@ TEST_CASE("a correction plan that does not nest the speculation's is refused by 
   P ok(pc, plans_t{{}, planes}, plans_t{{}, {}}, w, b, ws.span());
   REQUIRE(ok.speculation_channels(1) == 16);
   REQUIRE(ok.correction_channels(1) == 16);
+}
+
+TEMPLATE_TEST_CASE("the partial key caches in the caller's memory: the same policy, nothing of its own",
+                   "[spec][infinigen][nested][workspace]", float, kvscout::half, kvscout::quantized_keys<4>) {
+  using P = kvscout::infinigen_policy_host<TestType>;
+  using plans_t = std::vector<std::vector<kvscout::skew_plan>>;
+  constexpr int max_tokens = 80, stride = 84;
+  const slice m(2, 2, 3, 70, 21u, slice::keys::channel_offsets);
+  const auto narrow = m.plans(16, kvscout::rope_mode::rope_planes, 5u);
+  const auto wide = m.plans(40, kvscout::rope_mode::rope_planes, 5u);
+  // Layer 0 dense, layer 1 the speculation's width, layer 2 one cache at two widths.
+  const plans_t plans{{}, narrow, narrow}, corr{{}, {}, wide};
+  kvscout::infinigen_config pc{3, m.S, m.H, m.Hq, D, m.d_model, max_tokens, 0.125f};
+  pc.query_aggregation = kvscout::gqa_aggregation::sum_prob;
+  const std::vector<kvscout::host_span<const float>> w(3, {m.wq.data(), m.wq.size()}), b(3, {m.bq.data(), m.bq.size()});
+
+  const auto layer_bytes = [&](int r) {
+    const std::size_t x = P::key_store::memory_bytes(m.S, m.H, r, max_tokens);
+    return (x + 63) / 64 * 64;
+  };
+  const std::size_t need = P::key_memory_bytes(pc, plans, corr);
+  REQUIRE(need == layer_bytes(16) + layer_bytes(40));
+  REQUIRE(P::key_memory_bytes(pc, plans) == 2 * layer_bytes(16));
+  REQUIRE(P::key_memory_alignment == 64);
+
+  // The caller's memory, dirty: the policy must zero what it uses (token counts, staging).
+  kvscout::host_workspace mem(need + 64, P::key_memory_alignment);
+  std::memset(mem.span().data(), 0xAB, mem.span().size());
+  auto ws1 = kvscout::make_workspace<P>(pc), ws2 = kvscout::make_workspace<P>(pc);
+  P theirs(pc, plans, corr, w, b, ws1.span(), mem.span().subspan(0, need));
+  P own(pc, plans, corr, w, b, ws2.span());
+  for (int l = 1; l < 3; ++l)
+    for (int s = 0; s < m.S; ++s)
+      for (int t = 0; t < m.n; ++t) {
+        theirs.append(l, s, t, m.key_pre(s, t), m.key_post(s, t));
+        own.append(l, s, t, m.key_pre(s, t), m.key_post(s, t));
+      }
+  // The caches are in the caller's memory: layer 1's at its start, layer 2's after it.
+  const auto* base = reinterpret_cast<const std::byte*>(mem.span().data());
+  const auto first_of = [](const typename P::key_store& k) -> const void* {
+    if constexpr (P::quantized) return k.group_min(0, 0, 0);
+    else return k.tile(0, 0, 0);
+  };
+  REQUIRE(first_of(theirs.keys(1)) == base);
+  REQUIRE(first_of(theirs.keys(2)) == base + layer_bytes(16));
+  REQUIRE(first_of(own.keys(1)) != base);
+  // Nothing past the caches was written.
+  for (std::size_t i = need; i < need + 64; ++i) REQUIRE(base[i] == std::byte{0xAB});
+
+  std::vector<int32_t> lens{m.n, m.n - 9}, pos{m.pos, m.pos};
+  const kvscout::score_context<kvscout::host_space> ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
+                                                        {pos.data(), 2}, {lens.data(), 2}};
+  for (int l = 1; l < 3; ++l) {
+    std::vector<float> a, c, e, f;
+    const auto ab = kvtest::nan_score_buffer(a, m.S, m.H, stride), cb = kvtest::nan_score_buffer(c, m.S, m.H, stride);
+    const auto eb = kvtest::nan_score_buffer(e, m.S, m.H, stride), fb = kvtest::nan_score_buffer(f, m.S, m.H, stride);
+    theirs.score(l, ctx, ab);
+    own.score(l, ctx, cb);
+    theirs.score_query(l, ctx, eb);
+    own.score_query(l, ctx, fb);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(l, i);
+      REQUIRE((std::isnan(a[i]) ? std::isnan(c[i]) : a[i] == c[i]));
+      REQUIRE((std::isnan(e[i]) ? std::isnan(f[i]) : e[i] == f[i]));
+    }
+  }
+
+  // Too little, misaligned or null memory is refused by name, before anything is built.
+  REQUIRE_THROWS_WITH(P(pc, plans, corr, w, b, ws1.span(), mem.span().subspan(0, need - 1)),
+                      Catch::Contains("infinigen_policy_host key_memory: the caller's memory holds " +
+                                      std::to_string(need - 1) + " bytes, expected at least " +
+                                      std::to_string(need)));
+  REQUIRE_THROWS_WITH(P(pc, plans, corr, w, b, ws1.span(), mem.span().subspan(4, need)),
+                      Catch::Contains("must be 64-byte aligned"));
+  REQUIRE_THROWS_WITH(P(pc, plans, corr, w, b, ws1.span(), kvscout::host_span<std::byte>{nullptr, need}),
+                      Catch::Contains("the caller's memory is null"));
+  REQUIRE_THROWS_WITH(P::key_memory_bytes(pc, plans_t{narrow}),
+                      Catch::Contains("expected one entry per layer (3) in plans, got 1"));
+  // A cache of its own over too little memory, alone.
+  REQUIRE_THROWS_WITH(typename P::key_store(m.S, m.H, 16, max_tokens, mem.span().subspan(0, layer_bytes(16) / 2)),
+                      Catch::Contains("the caller's memory holds"));
 }

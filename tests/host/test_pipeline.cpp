@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../common/counting_executor.hpp"
 #include "kvscout/core/configured.hpp"
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/eval/metrics.hpp"
@@ -79,6 +80,23 @@ void build(const kvscout::host_pipeline_config& pc, P& policy, Sel& sel) {
   const Pipe pipe(pc, policy, sel, mem.gather, mem.ws.span());
 }
 
+// A pipeline over `policy` with a top-k selector of config sc, and everything else it needs (the
+// selector, the executor and the workspaces), owned here: the set-up the tests share.
+template <class Policy, class Lay = layout>
+struct topk_pipeline {
+  using pipe_t = kvscout::decode_pipeline_host<Lay, Policy, kvscout::topk_selector_host>;
+  topk_pipeline(const kvscout::host_pipeline_config& pc, Policy& policy,
+                const kvscout::topk_selector_host::config& sc)
+      : sel_ws(kvscout::make_workspace<kvscout::topk_selector_host>(sc)),
+        sel(sc, sel_ws.span()),
+        mem(pc),
+        pipe(pc, policy, sel, mem.gather, mem.ws.span()) {}
+  kvscout::host_workspace sel_ws;
+  kvscout::topk_selector_host sel;
+  pipe_memory<pipe_t> mem;
+  pipe_t pipe;
+};
+
 // An infinigen policy and its workspace.
 struct owned_infinigen {
   owned_infinigen(const kvscout::infinigen_config& cfg,
@@ -96,14 +114,9 @@ std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, 
   model m(L, Hq, H, 1, max_tokens, 1234);
   m.collect = true;
   kvscout::streaming_policy_host sp({H, 4});
-  kvscout::topk_selector_host::config sc{1, H, max_tokens, 8, 8, {}};
-  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
-  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  using pipe_t =
-      kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
-  const kvscout::host_pipeline_config pc{L, L, 1, H, Hq, max_tokens, 8, 1, 0.125f};
-  pipe_memory<pipe_t> mem(pc);
-  pipe_t pipe(pc, sp, sel, mem.gather, mem.ws.span());
+  topk_pipeline<kvscout::streaming_policy_host> tp({L, L, 1, H, Hq, max_tokens, 8, 1, 0.125f}, sp,
+                                                   {1, H, max_tokens, 8, 8, {}});
+  auto& pipe = tp.pipe;
   std::vector<float> hs;
   for (int t = 0; t < 64; ++t) m.step(pipe, hs, m.embedding(9000u + t), true);
   std::vector<std::vector<kvscout::skew_plan>> plans(L);
@@ -126,14 +139,10 @@ std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, 
 template <class Policy, class Inspect>
 std::vector<float> run(model& m, Policy& policy, int budget, Inspect&& inspect,
                        kvscout::gather_stores stores = kvscout::gather_stores::automatic) {
-  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
-  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
-  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
   pc.stores = stores;
-  using pipe_t = kvscout::decode_pipeline_host<layout, Policy, kvscout::topk_selector_host>;
-  pipe_memory<pipe_t> mem(pc);
-  pipe_t pipe(pc, policy, sel, mem.gather, mem.ws.span());
+  topk_pipeline<Policy> tp(pc, policy, {S, H, max_tokens, budget, budget, {}});
+  auto& pipe = tp.pipe;
   std::vector<float> hs;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
   for (int t = 0; t < steps; ++t) {
@@ -147,14 +156,9 @@ std::vector<float> run_dense() {
   model m(L, Hq, H, S, max_tokens, 77);
   kvscout::streaming_policy_host p({H, 4});
   std::vector<float> hs;
-  kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
-  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
-  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  using pipe_t =
-      kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
-  const kvscout::host_pipeline_config pc{L, L, S, H, Hq, max_tokens, 8, 1, 0.125f};
-  pipe_memory<pipe_t> mem(pc);
-  pipe_t pipe(pc, p, sel, mem.gather, mem.ws.span());
+  topk_pipeline<kvscout::streaming_policy_host> tp({L, L, S, H, Hq, max_tokens, 8, 1, 0.125f}, p,
+                                                   {S, H, max_tokens, 8, 8, {}});
+  auto& pipe = tp.pipe;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
   for (int t = 0; t < steps; ++t) m.step(pipe, hs, m.embedding(500u + t), true);
   return hs;
@@ -258,14 +262,9 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
         ++samples;
       }
   };
-  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
-  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
-  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  using pipe_t =
-      kvscout::decode_pipeline_host<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>;
-  const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
-  pipe_memory<pipe_t> mem(pc);
-  pipe_t pipe(pc, ig, sel, mem.gather, mem.ws.span());
+  topk_pipeline<kvscout::infinigen_policy_host<>> tp({L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f}, ig,
+                                                     {S, H, max_tokens, budget, budget, {}});
+  auto& pipe = tp.pipe;
   std::vector<float> hs;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
   live = &pipe;
@@ -317,13 +316,9 @@ TEST_CASE("the pipeline attends an fp8 cache with the layer's scales", "[pipelin
   const kvscout::score_context<kvscout::host_space> ctx{{}, {q.data(), q.size()}, {pos.data(), 1}, {lens.data(), 1}};
 
   kvscout::streaming_policy_host sp({H, 4});
-  const kvscout::topk_selector_host::config sc{1, H, cap, cap, cap, {}};
-  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
-  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  using pipe_t = kvscout::decode_pipeline_host<Lay, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
-  const kvscout::host_pipeline_config pc{3, 2, 1, H, Hq, cap, cap, 1, 0.125f};
-  pipe_memory<pipe_t> mem(pc);
-  pipe_t pipe(pc, sp, sel, mem.gather, mem.ws.span());
+  topk_pipeline<kvscout::streaming_policy_host, Lay> tp({3, 2, 1, H, Hq, cap, cap, 1, 0.125f}, sp,
+                                                        {1, H, cap, cap, cap, {}});
+  auto& pipe = tp.pipe;
 
   std::vector<float> want(q.size()), unscaled(q.size()), dense(q.size()), sparse(q.size());
   kvscout::attention_params ap{Hq, 0.125f, scales.k, scales.v};
@@ -344,13 +339,11 @@ TEST_CASE("the pipeline attends an fp8 cache with the layer's scales", "[pipelin
 TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
   model m(L, Hq, H, S, max_tokens, 5);
   kvscout::streaming_policy_host p({H, 4});
-  kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
-  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
-  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
-  const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
-  pipe_memory<pipe_t> mem(pc);
-  pipe_t pipe(pc, p, sel, mem.gather, mem.ws.span());
+  topk_pipeline<kvscout::streaming_policy_host> tp({L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f}, p,
+                                                   {S, H, max_tokens, 8, 8, {}});
+  auto& pipe = tp.pipe;
+  using pipe_t = decltype(tp)::pipe_t;
+  auto& sel = tp.sel;
   std::vector<float> q(S * Hq * D, 1.f), out(q.size());
   std::vector<int32_t> pos(S, 0);
   const kvscout::score_context<kvscout::host_space> ctx{{}, {q.data(), q.size()}, {pos.data(), pos.size()}, {m.lens.data(), m.lens.size()}};
@@ -420,14 +413,10 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
   owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
   kvscout::infinigen_policy_host<>& ig = owned.policy;
   const kvscout::keep_set keep{1, 2};
-  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, keep};
-  auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
-  kvscout::topk_selector_host sel(sc, ws.span());
   kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
   pc.correction_capacity = extra;
-  using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>;
-  pipe_memory<pipe_t> mem(pc);
-  pipe_t pipe(pc, ig, sel, mem.gather, mem.ws.span());
+  topk_pipeline<kvscout::infinigen_policy_host<>> tp(pc, ig, {S, H, max_tokens, budget, budget, keep});
+  auto& pipe = tp.pipe;
   // The test's own correction: the late scores of the same policy, the same selector semantics.
   const kvscout::correction_selector_host::config cc{S, H, max_tokens, extra, extra};
   auto cws = kvscout::make_workspace<kvscout::correction_selector_host>(cc);
@@ -520,13 +509,9 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
   owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
   kvscout::infinigen_policy_host<>& ig = owned.policy;
   kvscout::infinigen_query_scores_host<kvscout::infinigen_policy_host<>> late(ig);
-  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
-  auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
-  kvscout::topk_selector_host sel(sc, ws.span());
-  using pipe_t = kvscout::decode_pipeline_host<layout, decltype(late), kvscout::topk_selector_host>;
-  const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 1, 0.125f};
-  pipe_memory<pipe_t> mem(pc);
-  pipe_t pipe(pc, late, sel, mem.gather, mem.ws.span());
+  const kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
+  topk_pipeline<decltype(late)> tp({L, 2, S, H, Hq, max_tokens, budget, 1, 0.125f}, late, sc);
+  auto& pipe = tp.pipe;
   // The selection the late ranking must make at each sparse layer, from the same scores.
   auto ows = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host ref_sel(sc, ows.span());
@@ -566,33 +551,10 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
 
 namespace {
 
-// A second executor type: the host gather behind a wrapper that counts what it is asked to move.
-// It has no pool(), so a pipeline over it attends on the calling thread alone.
-struct counting_executor {
-  using inner_type = kvscout::gather_executor_host<layout>;
-  using layout_type = layout;
-  using config_type = inner_type::config_type;
-  using source_type = inner_type::source_type;
-  using selection_type = inner_type::selection_type;
-  using destination_type = inner_type::destination_type;
-  using completion_type = inner_type::completion_type;
-  using exec_type = inner_type::exec_type;
-  [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
-    return inner_type::workspace_bytes(cfg);
-  }
-  static constexpr std::size_t workspace_alignment = inner_type::workspace_alignment;
-  counting_executor(const config_type& cfg, kvscout::host_span<std::byte> ws) : inner(cfg, ws) {}
-  [[nodiscard]] const config_type& configuration() const noexcept { return inner.configuration(); }
-  completion_type submit(const source_type& src, const selection_type& sel,
-                         const destination_type& dst, exec_type exec = {}) {
-    ++submits;
-    for (int c : sel.counts) rows += c;
-    return inner.submit(src, sel, dst, exec);
-  }
-  inner_type inner;
-  int submits = 0;
-  std::int64_t rows = 0;
-};
+// A second executor type: the host gather behind a wrapper that counts what it is asked to move
+// (tests/common/counting_executor.hpp). It has no pool(), so a pipeline over it attends on the
+// calling thread alone.
+using counting_executor = kvtest::counting_executor<kvscout::gather_executor_host<layout>>;
 static_assert(kvscout::prefetch_executor<counting_executor>);
 static_assert(kvscout::host_step_executor<counting_executor, layout>);
 static_assert(kvscout::host_step_executor<kvscout::gather_executor_host<layout>, layout>);

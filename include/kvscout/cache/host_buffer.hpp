@@ -11,7 +11,8 @@
 //   kvscout::host_buffer<kvscout::half> k(num_elems, kvscout::host_pages::huge);
 //   kvscout::host_span<kvscout::half> s = k.span();
 //
-// Contents start zeroed (anonymous mappings are). T must be trivially copyable.
+// Contents start zeroed (anonymous mappings are). T must be trivially copyable. A buffer may
+// instead borrow the caller's memory (host_buffer(host_span<T>)), which it never frees.
 
 #include <cstddef>
 #include <cstdint>
@@ -75,6 +76,9 @@ class host_buffer {
 #endif
   }
 
+  /// Borrows the caller's memory: not freed here, its contents as the caller left them (a store
+  /// over memory an engine owns). `borrowed` must be aligned for T.
+  explicit host_buffer(host_span<T> borrowed) noexcept : data_(borrowed.data()), size_(borrowed.size()) {}
   host_buffer(host_buffer&& o) noexcept { swap(o); }
   host_buffer& operator=(host_buffer&& o) noexcept {
     host_buffer(std::move(o)).swap(*this);
@@ -124,5 +128,19 @@ class host_buffer {
   std::size_t mapped_ = 0;
   bool huge_ = false;
 };
+
+namespace detail {
+/// The checks of caller memory for a store: non-null where bytes are needed, at least `need`
+/// bytes, at `alignment`. Errors name the store, the sizes and the address.
+inline void check_cache_memory(const char* what, host_span<std::byte> memory, std::size_t need,
+                               std::size_t alignment) {
+  KVSCOUT_EXPECTS(memory.size() >= need, what, ": the caller's memory holds ", memory.size(),
+                  " bytes, expected at least ", need);
+  KVSCOUT_EXPECTS(need == 0 || memory.data() != nullptr, what, ": the caller's memory is null");
+  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(memory.data()) % alignment == 0, what,
+                  ": the caller's memory must be ", alignment, "-byte aligned, got address ",
+                  static_cast<const void*>(memory.data()));
+}
+}  // namespace detail
 
 }  // namespace kvscout

@@ -10,7 +10,8 @@
 // Scoring computes sum_c q~[c] * pk[c][t] for the B tokens of a tile at once: it reads one
 // contiguous r * 64-byte tile, vectorises over tokens, and the whole cache of a head is one
 // sequential stream (on the GPU: a warp reads whole lines, coalesced over tokens).
-// Memory: num_seqs * num_kv_heads * tiles * r * B * sizeof(T) bytes, about
+// Memory: the cache's own (host_buffer), or the caller's (memory_bytes, the span constructor).
+// num_seqs * num_kv_heads * tiles * r * B * sizeof(T) bytes, about
 // num_seqs * num_kv_heads * r * max_tokens * sizeof(T) (3 KV heads, r = 16, 8192 tokens, float:
 // 1.5 MiB per layer and sequence).
 //
@@ -20,6 +21,7 @@
 //   float v = pkc.at(s, h, c, t);
 
 #include <cstddef>
+#include <cstring>
 
 #include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
@@ -35,14 +37,25 @@ class partial_key_cache {
   partial_key_cache(int num_seqs, int num_kv_heads, int r, int max_tokens,
                     host_pages pages = host_pages::normal)
       : num_seqs_(num_seqs), num_kv_heads_(num_kv_heads), r_(r), max_tokens_(max_tokens) {
-    KVSCOUT_EXPECTS(num_seqs > 0 && num_kv_heads > 0 && r > 0 && max_tokens > 0,
-                    "partial_key_cache needs positive sizes, got num_seqs ", num_seqs,
-                    ", num_kv_heads ", num_kv_heads, ", r ", r, ", max_tokens ", max_tokens);
-    tiles_ = max_tokens / block_tokens + (max_tokens % block_tokens != 0 ? 1 : 0);
-    data_ = host_buffer<T>(detail::checked_size("partial_key_cache elements (num_seqs x "
-                                                "num_kv_heads x tiles x r x tile tokens)",
-                                                num_seqs, num_kv_heads, tiles_, r, block_tokens),
-                           pages);
+    data_ = host_buffer<T>(elements(num_seqs, num_kv_heads, r, max_tokens), pages);
+    tiles_ = tiles_for(max_tokens);
+  }
+  /// The same cache in the caller's memory: at least memory_bytes(...) bytes at
+  /// memory_alignment, zeroed here, never freed here.
+  partial_key_cache(int num_seqs, int num_kv_heads, int r, int max_tokens, host_span<std::byte> memory)
+      : num_seqs_(num_seqs), num_kv_heads_(num_kv_heads), r_(r), max_tokens_(max_tokens) {
+    const std::size_t n = elements(num_seqs, num_kv_heads, r, max_tokens);
+    detail::check_cache_memory("partial_key_cache", memory, n * sizeof(T), memory_alignment);
+    std::memset(memory.data(), 0, n * sizeof(T));
+    data_ = host_buffer<T>(host_span<T>{reinterpret_cast<T*>(memory.data()), n});
+    tiles_ = tiles_for(max_tokens);
+  }
+
+  /// The alignment of caller memory: one tile line.
+  static constexpr std::size_t memory_alignment = 64;
+  /// Bytes a cache of this shape takes in caller memory. Checks the sizes.
+  [[nodiscard]] static std::size_t memory_bytes(int num_seqs, int num_kv_heads, int r, int max_tokens) {
+    return elements(num_seqs, num_kv_heads, r, max_tokens) * sizeof(T);
   }
 
   /// Tokens per tile: one 64-byte line of one channel.
@@ -83,6 +96,15 @@ class partial_key_cache {
   }
 
  private:
+  static int tiles_for(int max_tokens) { return max_tokens / block_tokens + (max_tokens % block_tokens != 0 ? 1 : 0); }
+  static std::size_t elements(int num_seqs, int num_kv_heads, int r, int max_tokens) {
+    KVSCOUT_EXPECTS(num_seqs > 0 && num_kv_heads > 0 && r > 0 && max_tokens > 0,
+                    "partial_key_cache needs positive sizes, got num_seqs ", num_seqs,
+                    ", num_kv_heads ", num_kv_heads, ", r ", r, ", max_tokens ", max_tokens);
+    return detail::checked_size("partial_key_cache elements (num_seqs x num_kv_heads x tiles x r x "
+                                "tile tokens)",
+                                num_seqs, num_kv_heads, tiles_for(max_tokens), r, block_tokens);
+  }
   std::size_t tile_offset(int s, int h, int b) const {
     return ((static_cast<std::size_t>(s) * num_kv_heads_ + h) * tiles_ + b) * r_ *
            static_cast<std::size_t>(block_tokens);

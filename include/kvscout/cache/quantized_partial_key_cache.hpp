@@ -81,24 +81,35 @@ class quantized_partial_key_cache {
   quantized_partial_key_cache(int num_seqs, int num_kv_heads, int r, int max_tokens,
                               host_pages pages = host_pages::normal)
       : num_seqs_(num_seqs), num_kv_heads_(num_kv_heads), r_(r), max_tokens_(max_tokens) {
-    KVSCOUT_EXPECTS(num_seqs > 0 && num_kv_heads > 0 && r > 0 && max_tokens > 0,
-                    "quantized_partial_key_cache needs positive sizes, got num_seqs ", num_seqs,
-                    ", num_kv_heads ", num_kv_heads, ", r ", r, ", max_tokens ", max_tokens);
-    tiles_ = max_tokens / Group + (max_tokens % Group != 0 ? 1 : 0);
-    // min and step (2r floats), then the codes, rounded up to whole 64-byte lines.
-    const std::size_t raw = detail::checked_size("quantized_partial_key_cache tile bytes (r x "
-                                                 "(8 + line bytes))",
-                                                 r, 8 + line_bytes);
-    tile_floats_ = (raw + 63) / 64 * 16;
-    data_ = host_buffer<float>(detail::checked_size("quantized_partial_key_cache floats (num_seqs "
-                                                    "x num_kv_heads x tiles x tile floats)",
-                                                    num_seqs, num_kv_heads, tiles_, tile_floats_),
-                               pages);
-    staging_ = host_buffer<float>(detail::checked_size("quantized_partial_key_cache staging floats "
-                                                       "(num_seqs x num_kv_heads x r x group)",
-                                                       num_seqs, num_kv_heads, r, Group),
-                                  pages);
-    count_.assign(static_cast<std::size_t>(num_seqs) * num_kv_heads, 0);
+    const sizes z = sizes_for(num_seqs, num_kv_heads, r, max_tokens);
+    tiles_ = z.tiles;
+    tile_floats_ = z.tile_floats;
+    data_ = host_buffer<float>(z.tile_total, pages);
+    staging_ = host_buffer<float>(z.staging_total, pages);
+    count_ = host_buffer<int>(z.counts);
+  }
+  /// The same cache in the caller's memory (tiles, staging tiles, token counts, in that order):
+  /// at least memory_bytes(...) bytes at memory_alignment, zeroed here, never freed here.
+  quantized_partial_key_cache(int num_seqs, int num_kv_heads, int r, int max_tokens,
+                              host_span<std::byte> memory)
+      : num_seqs_(num_seqs), num_kv_heads_(num_kv_heads), r_(r), max_tokens_(max_tokens) {
+    const sizes z = sizes_for(num_seqs, num_kv_heads, r, max_tokens);
+    detail::check_cache_memory("quantized_partial_key_cache", memory, z.bytes(), memory_alignment);
+    std::memset(memory.data(), 0, z.bytes());
+    tiles_ = z.tiles;
+    tile_floats_ = z.tile_floats;
+    float* f = reinterpret_cast<float*>(memory.data());
+    data_ = host_buffer<float>(host_span<float>{f, z.tile_total});
+    staging_ = host_buffer<float>(host_span<float>{f + z.tile_total, z.staging_total});
+    count_ = host_buffer<int>(
+        host_span<int>{reinterpret_cast<int*>(f + z.tile_total + z.staging_total), z.counts});
+  }
+
+  /// The alignment of caller memory: one tile line.
+  static constexpr std::size_t memory_alignment = 64;
+  /// Bytes a cache of this shape takes in caller memory. Checks the sizes.
+  [[nodiscard]] static std::size_t memory_bytes(int num_seqs, int num_kv_heads, int r, int max_tokens) {
+    return sizes_for(num_seqs, num_kv_heads, r, max_tokens).bytes();
   }
 
   /// Checks that append(s, h, t, pk) would be accepted, writing nothing: s and h in range, t the
@@ -182,7 +193,7 @@ class quantized_partial_key_cache {
   [[nodiscard]] std::size_t tile_floats() const { return tile_floats_; }
   /// Bytes held: the tiles, the staging tiles and the token counts.
   [[nodiscard]] std::size_t bytes() const {
-    return data_.size_bytes() + staging_.size_bytes() + count_.size() * sizeof(int);
+    return data_.size_bytes() + staging_.size_bytes() + count_.size_bytes();
   }
   /// Bytes scoring reads for tokens [0, n) of every (sequence, kv head): the n / G complete
   /// tiles, and the staging tile where n % G tokens remain. n in [0, max_tokens].
@@ -196,6 +207,34 @@ class quantized_partial_key_cache {
   }
 
  private:
+  struct sizes {
+    int tiles;
+    std::size_t tile_floats, tile_total, staging_total, counts;
+    // Tiles and staging are whole 64-byte lines (tile_floats and r x Group are multiples of 16).
+    [[nodiscard]] std::size_t bytes() const {
+      return sizeof(float) * (tile_total + staging_total) + sizeof(int) * counts;
+    }
+  };
+  static sizes sizes_for(int num_seqs, int num_kv_heads, int r, int max_tokens) {
+    KVSCOUT_EXPECTS(num_seqs > 0 && num_kv_heads > 0 && r > 0 && max_tokens > 0,
+                    "quantized_partial_key_cache needs positive sizes, got num_seqs ", num_seqs,
+                    ", num_kv_heads ", num_kv_heads, ", r ", r, ", max_tokens ", max_tokens);
+    sizes z{};
+    z.tiles = max_tokens / Group + (max_tokens % Group != 0 ? 1 : 0);
+    // min and step (2r floats), then the codes, rounded up to whole 64-byte lines.
+    const std::size_t raw = detail::checked_size("quantized_partial_key_cache tile bytes (r x "
+                                                 "(8 + line bytes))",
+                                                 r, 8 + line_bytes);
+    z.tile_floats = (raw + 63) / 64 * 16;
+    z.tile_total = detail::checked_size("quantized_partial_key_cache floats (num_seqs x num_kv_heads "
+                                        "x tiles x tile floats)",
+                                        num_seqs, num_kv_heads, z.tiles, z.tile_floats);
+    z.staging_total = detail::checked_size("quantized_partial_key_cache staging floats (num_seqs x "
+                                           "num_kv_heads x r x group)",
+                                           num_seqs, num_kv_heads, r, Group);
+    z.counts = static_cast<std::size_t>(num_seqs) * num_kv_heads;
+    return z;
+  }
   std::size_t tile_offset(int s, int h, int b) const {
     return ((static_cast<std::size_t>(s) * num_kv_heads_ + h) * tiles_ + b) * tile_floats_;
   }
@@ -236,7 +275,7 @@ class quantized_partial_key_cache {
   std::size_t tile_floats_ = 0;
   host_buffer<float> data_;     // [num_seqs, num_kv_heads, tiles, tile_floats]
   host_buffer<float> staging_;  // [num_seqs, num_kv_heads, r, G]
-  std::vector<int> count_;      // [num_seqs, num_kv_heads] tokens appended
+  host_buffer<int> count_;      // [num_seqs, num_kv_heads] tokens appended
 };
 
 }  // namespace kvscout

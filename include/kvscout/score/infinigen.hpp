@@ -12,17 +12,18 @@
 // Memory. The scratch of a step (the block's partial queries, RoPE tables, one projected key, a
 // group's mean query) is a caller-owned workspace of workspace_bytes(cfg) bytes at
 // workspace_alignment, the convention of the selectors and executors; it is sized for the
-// largest r a plan may have (head_dim), since the config does not name r. The per-layer state
-// (the partial W_Q rows and the partial key caches) stays the policy's own, allocated once here:
-// its size follows from the plans (each layer's r, which layers are speculated), not from the
-// config, and its contents are built from the model's weights in this constructor, so a caller
-// could not size it before the plans exist nor fill it without the policy. The device speculator
-// (score/infinigen_device.hpp) takes its partial key cache in its workspace because it is one
-// layer whose config names r; a host equivalent would be workspace_bytes(cfg, plans) and a
-// partial_key_cache over caller memory (not done; docs/architecture.md, "Workspaces").
+// largest r a plan may have (head_dim), since the config does not name r. The partial key
+// caches, the state that grows with sequences and tokens, are the caller's too where it asks:
+// key_memory_bytes(cfg, plans[, correction_plans]) bytes passed to the constructor that takes
+// key_memory (their size follows from the plans: each layer's r, which layers are speculated);
+// otherwise the policy allocates them once here. The partial W_Q rows (sized by the plans, built
+// from the model's weights in the constructor) stay the policy's.
 //
 //   auto ws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(cfg);
 //   kvscout::infinigen_policy_host<> p(cfg, plans, w_q, b_q, ws.span());   // plans[layer][kv_head]
+//   // or the caches in the engine's memory:
+//   //   keys.resize(infinigen_policy_host<>::key_memory_bytes(cfg, plans));   (64-byte aligned)
+//   //   infinigen_policy_host<> p(cfg, plans, {}, w_q, b_q, ws.span(), keys_span);
 //   p.append(layer, s, t, k_pre_rope, k_post_rope);        // as tokens enter the cache
 //   p.score(layer, {.x = x, .positions = pos, .seq_lens = lens}, out);   // during layer - 1
 
@@ -216,8 +217,54 @@ class infinigen_policy_host {
                         host_span<std::byte> workspace)
       : infinigen_policy_host(build_tag{}, cfg, plans, &correction_plans, w_q, b_q, workspace) {}
 
+  /// The partial key caches in the caller's memory (the constructor below): the bytes of every
+  /// speculated layer's cache, at the width of its correction plans where it has them
+  /// (key_store::memory_bytes at num_seqs x num_kv_heads x r x max_tokens), each at
+  /// key_memory_alignment. Reads the plans' counts and widths only; the constructor checks the
+  /// rest.
+  [[nodiscard]] static std::size_t key_memory_bytes(
+      const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+      const std::vector<std::vector<skew_plan>>& correction_plans = {}) {
+    check_config(cfg);
+    const auto L = static_cast<std::size_t>(cfg.num_layers);
+    KVSCOUT_EXPECTS(plans.size() == L, "key_memory_bytes: expected one entry per layer (", cfg.num_layers,
+                    ") in plans, got ", plans.size());
+    KVSCOUT_EXPECTS(correction_plans.empty() || correction_plans.size() == L,
+                    "key_memory_bytes: expected no correction plans or one entry per layer (",
+                    cfg.num_layers, "), got ", correction_plans.size());
+    std::size_t total = 0;
+    for (std::size_t l = 0; l < L; ++l) {
+      if (plans[l].empty()) continue;
+      const int r = !correction_plans.empty() && !correction_plans[l].empty() ? correction_plans[l][0].r
+                                                                             : plans[l][0].r;
+      total += key_layer_bytes(cfg, r);
+    }
+    return total;
+  }
+  /// The alignment key memory must have: one tile line.
+  static constexpr std::size_t key_memory_alignment = 64;
+
+  /// The same policy with its partial key caches, the per-token state that grows with
+  /// num_seqs x max_tokens, in the caller's memory: at least key_memory_bytes(cfg, plans,
+  /// correction_plans) bytes at key_memory_alignment, zeroed here, never freed here, not to be
+  /// shared with anything else while the policy lives. correction_plans may be empty (no
+  /// correction width). The partial weights (a few rows of W_Q per layer, sized by the plans)
+  /// stay the policy's own.
+  template <compute_element In>
+  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                        const std::vector<std::vector<skew_plan>>& correction_plans,
+                        const std::vector<host_span<const In>>& w_q,
+                        const std::vector<host_span<const In>>& b_q,
+                        host_span<std::byte> workspace, host_span<std::byte> key_memory)
+      : infinigen_policy_host(build_tag{}, cfg, plans, correction_plans.empty() ? nullptr : &correction_plans,
+                              w_q, b_q, workspace, &key_memory) {}
+
  private:
   struct build_tag {};
+  static std::size_t key_layer_bytes(const config& cfg, int r) {
+    const std::size_t b = key_store::memory_bytes(cfg.num_seqs, cfg.num_kv_heads, r, cfg.max_tokens);
+    return (b + key_memory_alignment - 1) / key_memory_alignment * key_memory_alignment;
+  }
   // sum_prob's logit rows (one per query head of a group), where either aggregation is sum_prob.
   static std::size_t sum_prob_bytes(const config& cfg) {
     if (cfg.aggregation != gqa_aggregation::sum_prob && cfg.late_aggregation() != gqa_aggregation::sum_prob)
@@ -270,9 +317,17 @@ class infinigen_policy_host {
                         const std::vector<std::vector<skew_plan>>& plans,
                         const std::vector<std::vector<skew_plan>>* correction_plans,
                         const std::vector<host_span<const In>>& w_q,
-                        const std::vector<host_span<const In>>& b_q, host_span<std::byte> workspace)
+                        const std::vector<host_span<const In>>& b_q, host_span<std::byte> workspace,
+                        const host_span<std::byte>* key_memory = nullptr)
       : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.num_layers)) {
     carve(workspace);  // checks the config too
+    std::size_t key_at = 0;  // the next layer's cache in *key_memory
+    if (key_memory != nullptr) {
+      static const std::vector<std::vector<skew_plan>> none;
+      detail::check_cache_memory("infinigen_policy_host key_memory", *key_memory,
+                                 key_memory_bytes(cfg, plans, correction_plans ? *correction_plans : none),
+                                 key_memory_alignment);
+    }
     KVSCOUT_EXPECTS(plans.size() == layers_.size() && w_q.size() == layers_.size() &&
                         b_q.size() == layers_.size(),
                     "expected one entry per layer (", cfg.num_layers, ") in plans (", plans.size(),
@@ -346,7 +401,13 @@ class infinigen_policy_host {
         st.rope_planes.erase(std::unique(st.rope_planes.begin(), st.rope_planes.end()),
                              st.rope_planes.end());
       }
-      st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
+      if (key_memory == nullptr) {
+        st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
+      } else {
+        const std::size_t b = key_store::memory_bytes(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
+        st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens, key_memory->subspan(key_at, b));
+        key_at += key_layer_bytes(cfg, st.r);
+      }
     }
   }
 
