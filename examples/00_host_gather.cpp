@@ -82,8 +82,8 @@ int main(int argc, char** argv) try {
 
   // Setup: size query, caller-owned workspace, executor (starts its threads once).
   kvscout::host_gather_config cfg{num_seqs, heads, capacity, threads};
-  std::vector<std::int64_t> ws(executor::workspace_bytes(cfg) / sizeof(std::int64_t));
-  executor gather(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * sizeof(std::int64_t)});
+  auto ws = kvscout::make_workspace<executor>(cfg);  // workspace_bytes(cfg) at workspace_alignment
+  executor gather(cfg, ws.span());
 
   std::vector<T> dk(indices.size() * head_dim), dv(dk.size());
   const kvscout::kv_view<layout, kvscout::host_space> source{

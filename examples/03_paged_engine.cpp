@@ -136,13 +136,12 @@ int main() try {
     const ks::topk_selector_host::config sc{.num_seqs = S, .num_kv_heads = H,
                                             .stride = max_tokens, .capacity = budget,
                                             .budget = budget, .keep = {.sinks = 4, .recent = 16}};
-    std::vector<std::byte> select_ws(ks::topk_selector_host::workspace_bytes(sc));
-    ks::topk_selector_host topk(sc, select_ws);
+    auto select_ws = ks::make_workspace<ks::topk_selector_host>(sc);
+    ks::topk_selector_host topk(sc, select_ws.span());
     const ks::host_gather_config gc{.num_seqs = S, .num_kv_heads = H, .capacity = budget,
                                     .threads = 1};
-    std::vector<std::int64_t> gather_ws(gather_t::workspace_bytes(gc) / sizeof(std::int64_t) + 1);
-    gather_t gather(gc, {reinterpret_cast<std::byte*>(gather_ws.data()),
-                         gather_ws.size() * sizeof(std::int64_t)});
+    auto gather_ws = ks::make_workspace<gather_t>(gc);
+    gather_t gather(gc, gather_ws.span());
     std::vector<int32_t> indices(static_cast<std::size_t>(S) * H * budget), counts(S * H);
     const ks::selection_buffers<ks::host_space> sel{indices, counts, S, H, budget};
     std::vector<T> k_rows(indices.size() * D), v_rows(k_rows.size());
