@@ -10,7 +10,8 @@ Writes, for every text in the matrix stage:
   accuracy_<text>_formats.png   the same for every KV format (fp16, KIVI-4, KIVI-2) of the
                                 oracle, kvscout's default, InfiniGen (paper) and streaming,
                                 dense per format
-and accuracy_recall_layers.png: per-layer attention-mass recall at a 10 % budget (fp16, long text).
+and accuracy_recall_layers.png: per-layer attention-mass recall at a 10 % budget (fp16, long text);
+with --best docs/accuracy_best.csv, accuracy_best.png: the best configuration's frontier (issue 32).
 """
 
 import argparse
@@ -279,12 +280,81 @@ def markdown(rows, path):
     return path
 
 
+# The rows of stage `budgets` run for issue 32 part 4 (docs/accuracy_best.csv): per-layer budgets,
+# 2-bit ranking keys in the library's cache, the correction step at share 0.25 over 64 channels.
+def best_label(row):
+    if row["policy"] == "oracle":
+        return "oracle top-k, per-layer budgets"
+    if "corrected" in row["selector"]:
+        return "kvscout: + correction (64 channels, sum_prob)"
+    return "kvscout: speculation, per-layer budgets"
+
+
+BEST_STYLE = {
+    "oracle top-k, per-layer budgets": dict(color="black", marker="o"),
+    "kvscout: speculation, per-layer budgets": dict(color="tab:cyan", marker="D"),
+    "kvscout: + correction (64 channels, sum_prob)": dict(color="tab:blue", marker="s"),
+}
+
+
+def plot_best(rows, out):
+    """accuracy_best.png: perplexity over dense fp16 against the bytes moved per step (share of
+    a dense fp16 step's), every format on the long text, fp16 on the short one (model shares)."""
+    texts = []
+    for r in rows:
+        if r["text"] not in texts:
+            texts.append(r["text"])
+    if not texts:
+        return None
+    fig, axes = plt.subplots(1, len(texts), figsize=(6.5 * len(texts), 5), squeeze=False)
+    for ax, text in zip(axes[0], texts):
+        fmts = [f for f in ("fp16", "kivi4", "kivi2") if any(r["text"] == text and r["format"] == f for r in rows)]
+        for fmt in fmts:
+            s = {}
+            for r in rows:
+                if r["text"] != text or r["format"] != fmt or r["policy"] == "dense":
+                    continue
+                if r["selector"].endswith("_own"):
+                    continue  # the short text's own shares: in the tables, not the plot
+                s.setdefault(best_label(r), []).append(
+                    (100 * float(r["bytes_vs_dense_fp16"]), float(r["ppl_vs_dense_fp16"])))
+            for name, pts in s.items():
+                pts.sort()
+                st = dict(BEST_STYLE.get(name, {}))
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=FORMAT_LINE[fmt],
+                        label=f"{name} ({fmt})", **st)
+            for r in rows:
+                if r["text"] == text and r["format"] == fmt and r["policy"] == "dense":
+                    ax.scatter([100 * float(r["bytes_vs_dense_fp16"])], [float(r["ppl_vs_dense_fp16"])],
+                               color="gray", marker="*", s=140, zorder=5)
+                    ax.annotate(f"dense {fmt}", (100 * float(r["bytes_vs_dense_fp16"]),
+                                                 float(r["ppl_vs_dense_fp16"])), fontsize=7,
+                                xytext=(4, 4), textcoords="offset points")
+        ax.axhline(1.02, color="gray", lw=0.8, ls="--", label="dense fp16 + 2 %")
+        ax.set_xscale("log")
+        plain_log_axes(ax)
+        ax.set_xlabel("bytes moved per decode step, % of a dense fp16 step (log)")
+        ax.set_ylabel("perplexity / dense fp16's")
+        tokens = next(r["tokens"] for r in rows if r["text"] == text)
+        ax.set_title(f"SmolLM2-135M, {text} ({tokens} tokens): budgets 5, 10, 20 %", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        # KIVI-2's lines sit high and KIVI-4's low: the middle left is empty.
+        ax.legend(fontsize=7, loc="center left" if len(fmts) > 1 else "upper right")
+    path = os.path.join(out, "accuracy_best.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--csv", default="docs/accuracy.csv")
     ap.add_argument("--layers", default="docs/accuracy_layers.csv")
     ap.add_argument("--out", default="docs/img")
     ap.add_argument("--markdown", default="", help="also write the tables as markdown here")
+    ap.add_argument("--best", default="", help="stage budgets rows of the best configuration "
+                    "(docs/accuracy_best.csv): accuracy_best.png")
     a = ap.parse_args()
     rows = load(a.csv)
     os.makedirs(a.out, exist_ok=True)
@@ -299,6 +369,8 @@ def main():
         made.append(plot_recall(load(a.layers), texts[0], a.out))
     if a.markdown:
         made.append(markdown(rows, a.markdown))
+    if a.best:
+        made.append(plot_best(load(a.best), a.out))
     for m in made:
         if m:
             print(m)
