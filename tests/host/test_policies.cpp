@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -171,6 +172,67 @@ TEST_CASE("h2o scores are the accumulated attention mass", "[spec][h2o]") {
   p.score(0, ctx, out);  // another layer saw nothing
   for (int t = 0; t < 7; ++t) REQUIRE(out.row(0, 0)[t] == 0.f);
   REQUIRE_THROWS_WITH(p.score(2, ctx, out), Catch::Contains("layer 2 is out of range [0, 2)"));
+}
+
+TEST_CASE("h2o's mass and quest's page bounds in the caller's memory: the same policy", "[spec][h2o][quest][workspace]") {
+  cache_fixture f(3, 91u);
+  const kvscout::quest_policy_host<D>::config qc{2, f.S, f.H, f.Hq, f.cap, 8, 0.125f, kvscout::gqa_aggregation::max_logit};
+  const kvscout::h2o_policy_host::config hc{2, f.S, f.H, f.cap};
+  const std::size_t qb = kvscout::quest_policy_host<D>::workspace_bytes(qc), hb = kvscout::h2o_policy_host::workspace_bytes(hc);
+  REQUIRE(qb == sizeof(float) * 2 * f.S * f.H * ((f.cap + 7) / 8) * 2 * D);
+  REQUIRE(hb == sizeof(float) * 2 * f.S * f.H * f.cap);
+  // The caller's memory, dirty, with a tail that must stay untouched.
+  kvscout::host_workspace qm(qb + 16, kvscout::quest_policy_host<D>::workspace_alignment),
+      hm(hb + 16, kvscout::h2o_policy_host::workspace_alignment);
+  std::memset(qm.span().data(), 0xAB, qm.span().size());
+  std::memset(hm.span().data(), 0xAB, hm.span().size());
+  kvscout::quest_policy_host<D> q_own(qc), q_theirs(qc, qm.span().subspan(0, qb));
+  kvscout::h2o_policy_host h_own(hc), h_theirs(hc, hm.span().subspan(0, hb));
+
+  std::vector<float> k_post(static_cast<std::size_t>(f.H) * D);
+  for (int s = 0; s < f.S; ++s)
+    for (int t = 0; t < f.lens[s]; ++t) {
+      for (int h = 0; h < f.H; ++h) std::copy_n(f.key(s, h, t), D, &k_post[static_cast<std::size_t>(h) * D]);
+      q_own.append(1, s, t, nullptr, k_post.data());
+      q_theirs.append(1, s, t, nullptr, k_post.data());
+    }
+  // h2o: every sequence attended its first 4 tokens with fixed probabilities, at layer 1.
+  std::vector<int32_t> idx(static_cast<std::size_t>(f.S) * f.H * 4), counts(static_cast<std::size_t>(f.S) * f.H, 4);
+  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i % 4);
+  std::vector<float> rows_k(idx.size() * D, 1.f), rows_v(rows_k.size(), 1.f);
+  const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), idx.size()}, {counts.data(), counts.size()}, f.S, f.H, 4};
+  const kvscout::gathered_rows_host<float, D> rows(sel, {rows_k.data(), rows_k.size()}, {rows_v.data(), rows_v.size()});
+  std::vector<float> probs(static_cast<std::size_t>(f.S) * f.H * 5);
+  for (std::size_t i = 0; i < probs.size(); ++i) probs[i] = 0.05f * static_cast<float>(i % 5 + 1);
+  const kvscout::score_context<kvscout::host_space> hctx{{}, {}, {}, {f.lens.data(), f.lens.size()}};
+  h_own.observe(1, hctx, rows, {probs.data(), probs.size()}, 5, false);
+  h_theirs.observe(1, hctx, rows, {probs.data(), probs.size()}, 5, false);
+
+  const kvscout::score_context<kvscout::host_space> qctx{{}, {f.q.data(), f.q.size()}, {}, {f.lens.data(), f.lens.size()}};
+  for (int l = 0; l < 2; ++l) {
+    std::vector<float> a, b, c, d;
+    const auto ab = buffer_for(a, f.S, f.H, f.cap), bb = buffer_for(b, f.S, f.H, f.cap);
+    const auto cb = buffer_for(c, f.S, f.H, f.cap), db = buffer_for(d, f.S, f.H, f.cap);
+    q_own.score(l, qctx, ab);
+    q_theirs.score(l, qctx, bb);
+    h_own.score(l, hctx, cb);
+    h_theirs.score(l, hctx, db);
+    for (int s = 0; s < f.S; ++s)
+      for (int h = 0; h < f.H; ++h)
+        for (int t = 0; t < f.lens[s]; ++t) {
+          CAPTURE(l, s, h, t);
+          REQUIRE(ab.row(s, h)[t] == bb.row(s, h)[t]);
+          REQUIRE(cb.row(s, h)[t] == db.row(s, h)[t]);
+          if (l == 1 && t < 4) REQUIRE(db.row(s, h)[t] > 0.f);  // what was observed
+          if (l == 0) REQUIRE(db.row(s, h)[t] == 0.f);          // zeroed, not 0xAB
+        }
+  }
+  for (std::size_t i = qb; i < qb + 16; ++i) REQUIRE(qm.span()[i] == std::byte{0xAB});
+  for (std::size_t i = hb; i < hb + 16; ++i) REQUIRE(hm.span()[i] == std::byte{0xAB});
+  REQUIRE_THROWS_WITH(kvscout::quest_policy_host<D>(qc, qm.span().subspan(0, qb - 4)),
+                      Catch::Contains("quest_policy_host workspace: the caller's memory holds " + std::to_string(qb - 4) +
+                                      " bytes, expected at least " + std::to_string(qb)));
+  REQUIRE_THROWS_WITH(kvscout::h2o_policy_host(hc, hm.span().subspan(1, hb)), Catch::Contains("must be 4-byte aligned"));
 }
 
 TEST_CASE("quest page bounds never underestimate a key's score", "[spec][quest]") {

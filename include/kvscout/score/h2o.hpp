@@ -4,16 +4,21 @@
 // a selector keep_set.recent window, as H2O does. Needs no query: the scores exist before layer i.
 //
 // Memory: one float per (layer, sequence, kv head, token slot), zeroed at construction:
-// num_layers * num_seqs * num_kv_heads * max_tokens * 4 bytes. reset(s) clears a sequence.
+// num_layers * num_seqs * num_kv_heads * max_tokens * 4 bytes, the policy's own or the caller's
+// (workspace_bytes(cfg) at workspace_alignment; state, not scratch: it lives with the policy).
+// reset(s) clears a sequence.
 //
 //   kvscout::h2o_policy_host h2o({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
 //                                 .max_tokens = 8192});
+//   auto ws = kvscout::make_workspace<kvscout::h2o_policy_host>(cfg);   // or in caller memory
+//   kvscout::h2o_policy_host h2o2(cfg, ws.span());
 
 #include <algorithm>
 #include <cstddef>
-#include <vector>
+#include <cstring>
 
 #include "kvscout/attention/rows.hpp"
+#include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/score/concepts.hpp"
 
 namespace kvscout {
@@ -29,12 +34,19 @@ class h2o_policy_host {
   using config_type = config;
   static constexpr bool needs_query = false;
 
-  explicit h2o_policy_host(const config& cfg) : cfg_(cfg) {
-    detail::check_policy_sizes("h2o_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
-                               cfg.max_tokens);
-    mass_.assign(static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs * cfg.num_kv_heads *
-                     static_cast<std::size_t>(cfg.max_tokens),
-                 0.f);
+  /// The accumulated mass, in floats. Checks the config's sizes.
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) { return sizeof(float) * elements(cfg); }
+  static constexpr std::size_t workspace_alignment = alignof(float);
+
+  /// The mass in memory of the policy's own.
+  explicit h2o_policy_host(const config& cfg) : cfg_(cfg), mass_(elements(cfg)) {}
+  /// The mass in the caller's memory: at least workspace_bytes(cfg) bytes at workspace_alignment,
+  /// zeroed here, never freed here, not shared with anything else while the policy lives.
+  h2o_policy_host(const config& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
+    const std::size_t n = elements(cfg);
+    detail::check_cache_memory("h2o_policy_host workspace", workspace, sizeof(float) * n, workspace_alignment);
+    std::memset(workspace.data(), 0, sizeof(float) * n);
+    mass_ = host_buffer<float>(host_span<float>{reinterpret_cast<float*>(workspace.data()), n});
   }
 
   void score(int layer, const score_context<host_space>& ctx,
@@ -122,6 +134,12 @@ class h2o_policy_host {
       }
     }
   }
+  static std::size_t elements(const config& cfg) {
+    detail::check_policy_sizes("h2o_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+                               cfg.max_tokens);
+    return static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs * cfg.num_kv_heads *
+           static_cast<std::size_t>(cfg.max_tokens);
+  }
   float* mass(int layer, int s, int h) {
     return mass_.data() + ((static_cast<std::size_t>(layer) * cfg_.num_seqs + s) * cfg_.num_kv_heads + h) *
                               static_cast<std::size_t>(cfg_.max_tokens);
@@ -131,7 +149,7 @@ class h2o_policy_host {
   }
 
   config cfg_;
-  std::vector<float> mass_;  // [num_layers, num_seqs, num_kv_heads, max_tokens]
+  host_buffer<float> mass_;  // [num_layers, num_seqs, num_kv_heads, max_tokens]
 };
 
 static_assert(speculation_policy<h2o_policy_host>);

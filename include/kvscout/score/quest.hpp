@@ -5,7 +5,9 @@
 // page gets the page's bound (aggregated over the GQA group), so a top-k selector picks whole pages
 // in bound order. Needs layer i's query: needs_query = true.
 //
-// Memory: [num_layers, num_seqs, num_kv_heads, max_pages, 2, head_dim] floats, set up once.
+// Memory: [num_layers, num_seqs, num_kv_heads, max_pages, 2, head_dim] floats, set up once: the
+// policy's own, or the caller's (workspace_bytes(cfg) at workspace_alignment, zeroed at
+// construction; state, not scratch: it lives with the policy).
 //
 //   kvscout::quest_policy_host<64> quest({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
 //                                         .num_q_heads = 9, .max_tokens = 8192, .page_size = 16,
@@ -13,8 +15,11 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
+#include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/score/concepts.hpp"
 #include "kvscout/score/detail/aggregate.hpp"
 
@@ -37,19 +42,20 @@ class quest_policy_host {
   static constexpr bool needs_query = true;
   static constexpr int head_dim = HeadDim;
 
-  explicit quest_policy_host(const config& cfg) : cfg_(cfg) {
-    detail::check_policy_sizes("quest_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
-                               cfg.max_tokens);
-    KVSCOUT_EXPECTS(cfg.page_size >= 1, "page_size must be positive, got ", cfg.page_size);
-    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
-    detail::check_scale(cfg.scale);
-    max_pages_ = static_cast<int>((static_cast<std::int64_t>(cfg.max_tokens) + cfg.page_size - 1) /
-                                  cfg.page_size);
-    bounds_.assign(detail::checked_size("quest_policy_host's page bounds (layers x seqs x kv heads x "
-                                        "pages x 2 x head_dim floats)",
-                                        cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
-                                        max_pages_, 2 * HeadDim),
-                   0.f);
+  /// The page bounds, in floats. Checks the config.
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) { return sizeof(float) * elements(cfg); }
+  static constexpr std::size_t workspace_alignment = alignof(float);
+
+  /// The page bounds in memory of the policy's own.
+  explicit quest_policy_host(const config& cfg)
+      : cfg_(cfg), max_pages_(pages_of(cfg)), bounds_(elements(cfg)) {}
+  /// The page bounds in the caller's memory: at least workspace_bytes(cfg) bytes at
+  /// workspace_alignment, zeroed here, never freed here, not shared while the policy lives.
+  quest_policy_host(const config& cfg, host_span<std::byte> workspace) : cfg_(cfg), max_pages_(pages_of(cfg)) {
+    const std::size_t n = elements(cfg);
+    detail::check_cache_memory("quest_policy_host workspace", workspace, sizeof(float) * n, workspace_alignment);
+    std::memset(workspace.data(), 0, sizeof(float) * n);
+    bounds_ = host_buffer<float>(host_span<float>{reinterpret_cast<float*>(workspace.data()), n});
   }
 
   /// Token t of sequence s entered layer `layer`'s cache; k_post is [num_kv_heads, head_dim].
@@ -121,6 +127,22 @@ class quest_policy_host {
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:
+  static int pages_of(const config& cfg) {
+    check(cfg);
+    return static_cast<int>((static_cast<std::int64_t>(cfg.max_tokens) + cfg.page_size - 1) / cfg.page_size);
+  }
+  static void check(const config& cfg) {
+    detail::check_policy_sizes("quest_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
+                               cfg.max_tokens);
+    KVSCOUT_EXPECTS(cfg.page_size >= 1, "page_size must be positive, got ", cfg.page_size);
+    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
+    detail::check_scale(cfg.scale);
+  }
+  static std::size_t elements(const config& cfg) {
+    return detail::checked_size("quest_policy_host's page bounds (layers x seqs x kv heads x pages x 2 x "
+                                "head_dim floats)",
+                                cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads, pages_of(cfg), 2 * HeadDim);
+  }
   float* page(int layer, int s, int h, int p) {
     return bounds_.data() +
            ((((static_cast<std::size_t>(layer) * cfg_.num_seqs + s) * cfg_.num_kv_heads + h) * max_pages_ + p) * 2) *
@@ -132,7 +154,7 @@ class quest_policy_host {
 
   config cfg_;
   int max_pages_ = 0;
-  std::vector<float> bounds_;  // [layers, seqs, kv_heads, max_pages, {min, max}, head_dim]
+  host_buffer<float> bounds_;  // [layers, seqs, kv_heads, max_pages, {min, max}, head_dim]
 };
 
 static_assert(speculation_policy<quest_policy_host<64>>);
