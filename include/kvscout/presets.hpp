@@ -183,8 +183,9 @@ inline constexpr double infinigen_paper_budget = 0.2;
 ///                   r (one cache read at two widths). SmolLM2, 10 %, correction share 0.25,
 ///                   float keys, r = 32 (docs/accuracy.md, "pg19: which part of the 2-bit,
 ///                   64-channel ranking loses"): GPL-3 16.885 -> 16.650, pg19 46.396 -> 46.544
-///                   (a loss there). In a cache of quantized_keys<2> every channel takes 192 bits
-///                   per row and KV head, less than r = head_dim / 2 channels in fp16 (512).
+///                   (a loss there). In a cache of quantized_keys<2> (group 32: 2-bit codes and a
+///                   float min and step per group) every channel takes 32 bytes per token and KV
+///                   head at head_dim 64, half of r = head_dim / 2 channels in fp16 (64).
 ///   selector        exact top-k at the cap (better than the per-head threshold).
 ///   alpha, rule     unused (top-k); rule left at per_head, kvscout's threshold rule.
 ///   keep            4 sinks + 16 recent tokens, inside the cap (the harness's keep-set).

@@ -16,6 +16,7 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/cache/partial_key_cache.hpp"
+#include "kvscout/cache/quantized_partial_key_cache.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/fetch/host_gather.hpp"
@@ -179,6 +180,15 @@ TEST_CASE("policy and cache state that does not fit is rejected", "[errors][spec
                       Contains("partial_key_cache elements") && Contains("does not fit"));
   REQUIRE_THROWS_WITH(kvscout::h2o_policy_host({1 << 16, 1 << 16, 1 << 16, 1 << 16}),
                       Contains("the policy's state in bytes"));
+  // In caller memory: 2^62 elements fit size_t, their bytes do not; a wrapped (small) size would
+  // let an empty span pass and the first append write out of bounds.
+  REQUIRE_THROWS_WITH(kvscout::partial_key_cache<float>::memory_bytes(1 << 15, 1 << 15, 1 << 12, 1 << 20),
+                      Contains("partial_key_cache bytes (elements x element size)") && Contains("does not fit"));
+  REQUIRE_THROWS_WITH(kvscout::partial_key_cache<float>(1 << 15, 1 << 15, 1 << 12, 1 << 20,
+                                                        kvscout::host_span<std::byte>{}),
+                      Contains("does not fit"));
+  REQUIRE_THROWS_WITH((kvscout::quantized_partial_key_cache<8, 16>::memory_bytes(1 << 15, 1 << 15, 1 << 13, 1 << 21)),
+                      Contains("quantized_partial_key_cache") && Contains("does not fit"));
   // max_tokens + page_size - 1 overflowed an int.
   REQUIRE_THROWS_WITH(kvscout::quest_policy_host<16>({1 << 12, 1 << 12, 1 << 8, 1 << 8, INT_MAX, 16,
                                                       0.25f}),

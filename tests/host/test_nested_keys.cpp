@@ -210,7 +210,8 @@ TEMPLATE_TEST_CASE("the partial key caches in the caller's memory: the same poli
   REQUIRE(P::key_memory_bytes(pc, plans) == 2 * layer_bytes(16));
   REQUIRE(P::key_memory_alignment == 64);
 
-  // The caller's memory, dirty: the policy must zero what it uses (token counts, staging).
+  // The caller's memory, dirty: the policy must zero what it uses (seen with quantised keys,
+  // whose token counts and staging start at zero; float and half keys read only what was appended).
   kvscout::host_workspace mem(need + 64, P::key_memory_alignment);
   std::memset(mem.span().data(), 0xAB, mem.span().size());
   auto ws1 = kvscout::make_workspace<P>(pc), ws2 = kvscout::make_workspace<P>(pc);
@@ -230,7 +231,6 @@ TEMPLATE_TEST_CASE("the partial key caches in the caller's memory: the same poli
   };
   REQUIRE(first_of(theirs.keys(1)) == base);
   REQUIRE(first_of(theirs.keys(2)) == base + layer_bytes(16));
-  REQUIRE(first_of(own.keys(1)) != base);
   // Nothing past the caches was written.
   for (std::size_t i = need; i < need + 64; ++i) REQUIRE(base[i] == std::byte{0xAB});
 

@@ -114,7 +114,9 @@ TEST_CASE("a preset's correction plans hold its speculation's channels: one cach
   const kvscout::rope_config rope{D, 1e5f, kvscout::rope_style::split_half};
   kvscout::presets::speculation_preset skewed = kvscout::presets::infinigen_paper(D);
   skewed.correction_r = 2 * skewed.r;  // a post-RoPE skew at two widths
-  for (const auto& p : {kvscout::presets::kvscout_default(D), skewed}) {
+  kvscout::presets::speculation_preset planes48 = kvscout::presets::kvscout_default(D);
+  planes48.correction_r = 48;  // RoPE planes at two widths, neither of them every channel
+  for (const auto& p : {kvscout::presets::kvscout_default(D), planes48, skewed}) {
     const kvscout::skew_options o = p.correction_skew(rope);
     CHECK(o.r == p.correction_channels());
     CHECK(o.mode == p.mode);
@@ -123,10 +125,15 @@ TEST_CASE("a preset's correction plans hold its speculation's channels: one cach
     };
     const kvscout::skew_plan narrow = calibrate(p.skew(rope)), wide = calibrate(o);
     REQUIRE(wide.r == p.correction_channels());
-    // The library's nesting check (what infinigen_policy_host's correction plans pass).
-    const kvscout::skew_plan cache = kvscout::detail::nested_key_plan(narrow, wide, "preset");
-    REQUIRE(cache.channels.size() == static_cast<std::size_t>(wide.r));
-    CHECK(std::equal(narrow.channels.begin(), narrow.channels.end(), cache.channels.begin()));
+    // Nesting, from the plans themselves: the narrow plan's channels are among the wide one's,
+    // with the same rotation (post_rope_skew).
+    auto nc = narrow.channels, wc = wide.channels;
+    std::sort(nc.begin(), nc.end());
+    std::sort(wc.begin(), wc.end());
+    CHECK(std::includes(wc.begin(), wc.end(), nc.begin(), nc.end()));
+    CHECK(narrow.A == wide.A);
+    // And the library's nesting check (what infinigen_policy_host's correction plans pass).
+    CHECK_NOTHROW(kvscout::detail::nested_key_plan(narrow, wide, "preset"));
   }
   // A width below the speculation's is refused by that check.
   kvscout::presets::speculation_preset narrower = kvscout::presets::kvscout_default(D);

@@ -44,9 +44,10 @@ class partial_key_cache {
   /// memory_alignment, zeroed here, never freed here.
   partial_key_cache(int num_seqs, int num_kv_heads, int r, int max_tokens, host_span<std::byte> memory)
       : num_seqs_(num_seqs), num_kv_heads_(num_kv_heads), r_(r), max_tokens_(max_tokens) {
-    const std::size_t n = elements(num_seqs, num_kv_heads, r, max_tokens);
-    detail::check_cache_memory("partial_key_cache", memory, n * sizeof(T), memory_alignment);
-    std::memset(memory.data(), 0, n * sizeof(T));
+    const std::size_t bytes = memory_bytes(num_seqs, num_kv_heads, r, max_tokens);
+    const std::size_t n = bytes / sizeof(T);
+    detail::check_cache_memory("partial_key_cache", memory, bytes, memory_alignment);
+    std::memset(memory.data(), 0, bytes);
     data_ = host_buffer<T>(host_span<T>{reinterpret_cast<T*>(memory.data()), n});
     tiles_ = tiles_for(max_tokens);
   }
@@ -55,7 +56,8 @@ class partial_key_cache {
   static constexpr std::size_t memory_alignment = 64;
   /// Bytes a cache of this shape takes in caller memory. Checks the sizes.
   [[nodiscard]] static std::size_t memory_bytes(int num_seqs, int num_kv_heads, int r, int max_tokens) {
-    return elements(num_seqs, num_kv_heads, r, max_tokens) * sizeof(T);
+    return detail::checked_size("partial_key_cache bytes (elements x element size)",
+                                elements(num_seqs, num_kv_heads, r, max_tokens), sizeof(T));
   }
 
   /// Tokens per tile: one 64-byte line of one channel.

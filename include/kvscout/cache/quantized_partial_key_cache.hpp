@@ -209,11 +209,9 @@ class quantized_partial_key_cache {
  private:
   struct sizes {
     int tiles;
-    std::size_t tile_floats, tile_total, staging_total, counts;
+    std::size_t tile_floats, tile_total, staging_total, counts, total_bytes;
     // Tiles and staging are whole 64-byte lines (tile_floats and r x Group are multiples of 16).
-    [[nodiscard]] std::size_t bytes() const {
-      return sizeof(float) * (tile_total + staging_total) + sizeof(int) * counts;
-    }
+    [[nodiscard]] std::size_t bytes() const { return total_bytes; }
   };
   static sizes sizes_for(int num_seqs, int num_kv_heads, int r, int max_tokens) {
     KVSCOUT_EXPECTS(num_seqs > 0 && num_kv_heads > 0 && r > 0 && max_tokens > 0,
@@ -233,6 +231,12 @@ class quantized_partial_key_cache {
                                            "num_kv_heads x r x group)",
                                            num_seqs, num_kv_heads, r, Group);
     z.counts = static_cast<std::size_t>(num_seqs) * num_kv_heads;
+    const char* what = "quantized_partial_key_cache bytes (tiles + staging + counts)";
+    z.total_bytes = detail::checked_sum(
+        what,
+        detail::checked_sum(what, detail::checked_size(what, z.tile_total, sizeof(float)),
+                            detail::checked_size(what, z.staging_total, sizeof(float))),
+        detail::checked_size(what, z.counts, sizeof(int)));
     return z;
   }
   std::size_t tile_offset(int s, int h, int b) const {

@@ -237,7 +237,7 @@ class infinigen_policy_host {
       if (plans[l].empty()) continue;
       const int r = !correction_plans.empty() && !correction_plans[l].empty() ? correction_plans[l][0].r
                                                                              : plans[l][0].r;
-      total += key_layer_bytes(cfg, r);
+      total = detail::checked_sum("infinigen_policy_host key_memory bytes", total, key_layer_bytes(cfg, r));
     }
     return total;
   }
@@ -263,7 +263,8 @@ class infinigen_policy_host {
   struct build_tag {};
   static std::size_t key_layer_bytes(const config& cfg, int r) {
     const std::size_t b = key_store::memory_bytes(cfg.num_seqs, cfg.num_kv_heads, r, cfg.max_tokens);
-    return (b + key_memory_alignment - 1) / key_memory_alignment * key_memory_alignment;
+    return detail::checked_sum("infinigen_policy_host key_memory bytes of a layer", b, key_memory_alignment - 1) /
+           key_memory_alignment * key_memory_alignment;
   }
   // sum_prob's logit rows (one per query head of a group), where either aggregation is sum_prob.
   static std::size_t sum_prob_bytes(const config& cfg) {

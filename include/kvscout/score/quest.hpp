@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvscout/cache/host_buffer.hpp"
+#include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/score/concepts.hpp"
 #include "kvscout/score/detail/aggregate.hpp"
 
@@ -43,7 +44,9 @@ class quest_policy_host {
   static constexpr int head_dim = HeadDim;
 
   /// The page bounds, in floats. Checks the config.
-  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) { return sizeof(float) * elements(cfg); }
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
+    return detail::checked_size("quest_policy_host's page bounds in bytes", elements(cfg), sizeof(float));
+  }
   static constexpr std::size_t workspace_alignment = alignof(float);
 
   /// The page bounds in memory of the policy's own.
@@ -52,9 +55,9 @@ class quest_policy_host {
   /// The page bounds in the caller's memory: at least workspace_bytes(cfg) bytes at
   /// workspace_alignment, zeroed here, never freed here, not shared while the policy lives.
   quest_policy_host(const config& cfg, host_span<std::byte> workspace) : cfg_(cfg), max_pages_(pages_of(cfg)) {
-    const std::size_t n = elements(cfg);
-    detail::check_cache_memory("quest_policy_host workspace", workspace, sizeof(float) * n, workspace_alignment);
-    std::memset(workspace.data(), 0, sizeof(float) * n);
+    const std::size_t bytes = workspace_bytes(cfg), n = bytes / sizeof(float);
+    detail::check_cache_memory("quest_policy_host workspace", workspace, bytes, workspace_alignment);
+    std::memset(workspace.data(), 0, bytes);
     bounds_ = host_buffer<float>(host_span<float>{reinterpret_cast<float*>(workspace.data()), n});
   }
 

@@ -29,4 +29,11 @@ std::size_t checked_size(const char* what, I... factors) {
   return r;
 }
 
+/// a + b as size_t; throws kvscout::error naming `what` and both terms when it does not fit.
+inline std::size_t checked_sum(const char* what, std::size_t a, std::size_t b) {
+  std::size_t r = 0;
+  KVSCOUT_EXPECTS(!__builtin_add_overflow(a, b, &r), what, " = ", a, " + ", b, " does not fit in size_t");
+  return r;
+}
+
 }  // namespace kvscout::detail
