@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -140,6 +141,21 @@ inline void check_cache_memory(const char* what, host_span<std::byte> memory, st
   KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(memory.data()) % alignment == 0, what,
                   ": the caller's memory must be ", alignment, "-byte aligned, got address ",
                   static_cast<const void*>(memory.data()));
+}
+/// The set-up of a store over caller memory: the checks above, then its first `bytes` zeroed.
+/// Returns memory.data().
+inline std::byte* zeroed_cache_memory(const char* what, host_span<std::byte> memory, std::size_t need,
+                                      std::size_t alignment) {
+  check_cache_memory(what, memory, need, alignment);
+  if (need > 0) std::memset(memory.data(), 0, need);
+  return memory.data();
+}
+/// The same, borrowed as need / sizeof(T) elements of T.
+template <class T>
+host_buffer<T> borrow_zeroed(const char* what, host_span<std::byte> memory, std::size_t need,
+                             std::size_t alignment) {
+  T* p = reinterpret_cast<T*>(zeroed_cache_memory(what, memory, need, alignment));
+  return host_buffer<T>(host_span<T>{p, need / sizeof(T)});
 }
 }  // namespace detail
 

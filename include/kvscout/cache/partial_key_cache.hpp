@@ -21,7 +21,6 @@
 //   float v = pkc.at(s, h, c, t);
 
 #include <cstddef>
-#include <cstring>
 
 #include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
@@ -44,11 +43,8 @@ class partial_key_cache {
   /// memory_alignment, zeroed here, never freed here.
   partial_key_cache(int num_seqs, int num_kv_heads, int r, int max_tokens, host_span<std::byte> memory)
       : num_seqs_(num_seqs), num_kv_heads_(num_kv_heads), r_(r), max_tokens_(max_tokens) {
-    const std::size_t bytes = memory_bytes(num_seqs, num_kv_heads, r, max_tokens);
-    const std::size_t n = bytes / sizeof(T);
-    detail::check_cache_memory("partial_key_cache", memory, bytes, memory_alignment);
-    std::memset(memory.data(), 0, bytes);
-    data_ = host_buffer<T>(host_span<T>{reinterpret_cast<T*>(memory.data()), n});
+    data_ = detail::borrow_zeroed<T>("partial_key_cache", memory,
+                                     memory_bytes(num_seqs, num_kv_heads, r, max_tokens), memory_alignment);
     tiles_ = tiles_for(max_tokens);
   }
 

@@ -94,11 +94,10 @@ class quantized_partial_key_cache {
                               host_span<std::byte> memory)
       : num_seqs_(num_seqs), num_kv_heads_(num_kv_heads), r_(r), max_tokens_(max_tokens) {
     const sizes z = sizes_for(num_seqs, num_kv_heads, r, max_tokens);
-    detail::check_cache_memory("quantized_partial_key_cache", memory, z.bytes(), memory_alignment);
-    std::memset(memory.data(), 0, z.bytes());
+    float* f = reinterpret_cast<float*>(
+        detail::zeroed_cache_memory("quantized_partial_key_cache", memory, z.bytes(), memory_alignment));
     tiles_ = z.tiles;
     tile_floats_ = z.tile_floats;
-    float* f = reinterpret_cast<float*>(memory.data());
     data_ = host_buffer<float>(host_span<float>{f, z.tile_total});
     staging_ = host_buffer<float>(host_span<float>{f + z.tile_total, z.staging_total});
     count_ = host_buffer<int>(

@@ -15,10 +15,10 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstring>
 
 #include "kvscout/attention/rows.hpp"
 #include "kvscout/cache/host_buffer.hpp"
+#include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/score/concepts.hpp"
 
 namespace kvscout {
@@ -35,19 +35,19 @@ class h2o_policy_host {
   static constexpr bool needs_query = false;
 
   /// The accumulated mass, in floats. Checks the config's sizes.
-  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) { return sizeof(float) * elements(cfg); }
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
+    return detail::checked_size("h2o_policy_host's mass in bytes", elements(cfg), sizeof(float));
+  }
   static constexpr std::size_t workspace_alignment = alignof(float);
 
   /// The mass in memory of the policy's own.
   explicit h2o_policy_host(const config& cfg) : cfg_(cfg), mass_(elements(cfg)) {}
   /// The mass in the caller's memory: at least workspace_bytes(cfg) bytes at workspace_alignment,
   /// zeroed here, never freed here, not shared with anything else while the policy lives.
-  h2o_policy_host(const config& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
-    const std::size_t n = elements(cfg);
-    detail::check_cache_memory("h2o_policy_host workspace", workspace, sizeof(float) * n, workspace_alignment);
-    std::memset(workspace.data(), 0, sizeof(float) * n);
-    mass_ = host_buffer<float>(host_span<float>{reinterpret_cast<float*>(workspace.data()), n});
-  }
+  h2o_policy_host(const config& cfg, host_span<std::byte> workspace)
+      : cfg_(cfg),
+        mass_(detail::borrow_zeroed<float>("h2o_policy_host workspace", workspace, workspace_bytes(cfg),
+                                           workspace_alignment)) {}
 
   void score(int layer, const score_context<host_space>& ctx,
              const score_buffer<host_space>& out) const {
@@ -137,8 +137,8 @@ class h2o_policy_host {
   static std::size_t elements(const config& cfg) {
     detail::check_policy_sizes("h2o_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
                                cfg.max_tokens);
-    return static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs * cfg.num_kv_heads *
-           static_cast<std::size_t>(cfg.max_tokens);
+    return detail::checked_size("h2o_policy_host's mass (layers x seqs x kv heads x max_tokens floats)",
+                                cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads, cfg.max_tokens);
   }
   float* mass(int layer, int s, int h) {
     return mass_.data() + ((static_cast<std::size_t>(layer) * cfg_.num_seqs + s) * cfg_.num_kv_heads + h) *

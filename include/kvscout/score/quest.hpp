@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "kvscout/cache/host_buffer.hpp"
@@ -54,12 +53,11 @@ class quest_policy_host {
       : cfg_(cfg), max_pages_(pages_of(cfg)), bounds_(elements(cfg)) {}
   /// The page bounds in the caller's memory: at least workspace_bytes(cfg) bytes at
   /// workspace_alignment, zeroed here, never freed here, not shared while the policy lives.
-  quest_policy_host(const config& cfg, host_span<std::byte> workspace) : cfg_(cfg), max_pages_(pages_of(cfg)) {
-    const std::size_t bytes = workspace_bytes(cfg), n = bytes / sizeof(float);
-    detail::check_cache_memory("quest_policy_host workspace", workspace, bytes, workspace_alignment);
-    std::memset(workspace.data(), 0, bytes);
-    bounds_ = host_buffer<float>(host_span<float>{reinterpret_cast<float*>(workspace.data()), n});
-  }
+  quest_policy_host(const config& cfg, host_span<std::byte> workspace)
+      : cfg_(cfg),
+        max_pages_(pages_of(cfg)),
+        bounds_(detail::borrow_zeroed<float>("quest_policy_host workspace", workspace, workspace_bytes(cfg),
+                                             workspace_alignment)) {}
 
   /// Token t of sequence s entered layer `layer`'s cache; k_post is [num_kv_heads, head_dim].
   void append(int layer, int s, int t, const float* /*k_pre_rope*/, const float* k_post) {
