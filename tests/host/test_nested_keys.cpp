@@ -187,7 +187,7 @@ TEST_CASE("a correction plan that does not nest the speculation's is refused by 
   REQUIRE(ok.correction_channels(1) == 16);
 }
 
-TEMPLATE_TEST_CASE("the partial key caches in the caller's memory: the same policy, nothing of its own",
+TEMPLATE_TEST_CASE("the policy's state in the caller's memory (partial key caches, partial W_Q rows): the same policy",
                    "[spec][infinigen][nested][workspace]", float, kvscout::half, kvscout::quantized_keys<4>) {
   using P = kvscout::infinigen_policy_host<TestType>;
   using plans_t = std::vector<std::vector<kvscout::skew_plan>>;
@@ -205,14 +205,20 @@ TEMPLATE_TEST_CASE("the partial key caches in the caller's memory: the same poli
     const std::size_t x = P::key_store::memory_bytes(m.S, m.H, r, max_tokens);
     return (x + 63) / 64 * 64;
   };
-  const std::size_t need = P::key_memory_bytes(pc, plans, corr);
-  REQUIRE(need == layer_bytes(16) + layer_bytes(40));
+  const std::size_t keys = P::key_memory_bytes(pc, plans, corr);
+  REQUIRE(keys == layer_bytes(16) + layer_bytes(40));
   REQUIRE(P::key_memory_bytes(pc, plans) == 2 * layer_bytes(16));
-  REQUIRE(P::key_memory_alignment == 64);
+  // rope_planes at r = 16: per query head 16 rows of W_Q, 16 bias floats and 8 plane indices,
+  // each piece 64-byte aligned; both speculated layers at the speculation's width.
+  const std::size_t head_bytes = (16 * sizeof(float) * m.d_model + 63) / 64 * 64 + 64 + 64;
+  REQUIRE(P::weight_memory_bytes(pc, plans) == 2 * static_cast<std::size_t>(m.Hq) * head_bytes);
+  const std::size_t need = P::memory_bytes(pc, plans, corr);
+  REQUIRE(need == keys + P::weight_memory_bytes(pc, plans));
+  REQUIRE(P::memory_alignment == 64);
 
   // The caller's memory, dirty: the policy must zero what it uses (seen with quantised keys,
   // whose token counts and staging start at zero; float and half keys read only what was appended).
-  kvscout::host_workspace mem(need + 64, P::key_memory_alignment);
+  kvscout::host_workspace mem(need + 64, P::memory_alignment);
   std::memset(mem.span().data(), 0xAB, mem.span().size());
   auto ws1 = kvscout::make_workspace<P>(pc), ws2 = kvscout::make_workspace<P>(pc);
   P theirs(pc, plans, corr, w, b, ws1.span(), mem.span().subspan(0, need));
@@ -231,7 +237,23 @@ TEMPLATE_TEST_CASE("the partial key caches in the caller's memory: the same poli
   };
   REQUIRE(first_of(theirs.keys(1)) == base);
   REQUIRE(first_of(theirs.keys(2)) == base + layer_bytes(16));
-  // Nothing past the caches was written.
+  // The weights after the caches: layer 1's query head 0 first, its rows W_Q's rows of the plan's
+  // channels, its bias theirs, its planes the plan's.
+  for (int i = 0; i < 16; ++i) {
+    const int c = narrow[0].channels[static_cast<std::size_t>(i)];
+    CAPTURE(i, c);
+    REQUIRE(std::memcmp(base + keys + sizeof(float) * i * m.d_model, &m.wq[static_cast<std::size_t>(c) * m.d_model],
+                        sizeof(float) * m.d_model) == 0);
+    float bias = 0;
+    std::memcpy(&bias, base + keys + (head_bytes - 128) + sizeof(float) * i, sizeof(float));
+    REQUIRE(bias == m.bq[static_cast<std::size_t>(c)]);
+  }
+  for (int i = 0; i < 8; ++i) {
+    int plane = -1;
+    std::memcpy(&plane, base + keys + (head_bytes - 64) + sizeof(int) * i, sizeof(int));
+    REQUIRE(plane == narrow[0].planes[static_cast<std::size_t>(i)]);
+  }
+  // Nothing past the state was written.
   for (std::size_t i = need; i < need + 64; ++i) REQUIRE(base[i] == std::byte{0xAB});
 
   std::vector<int32_t> lens{m.n, m.n - 9}, pos{m.pos, m.pos};
@@ -251,10 +273,37 @@ TEMPLATE_TEST_CASE("the partial key caches in the caller's memory: the same poli
       REQUIRE((std::isnan(e[i]) ? std::isnan(f[i]) : e[i] == f[i]));
     }
   }
+  // score() reads the weights from the caller's memory: with layer 1's query head 0 rows doubled
+  // there, it scores as a policy built from a W_Q whose head 0 is doubled (exact in float).
+  {
+    auto* rows = reinterpret_cast<float*>(mem.span().data() + keys);
+    for (int i = 0; i < 16 * m.d_model; ++i) rows[i] *= 2.f;
+    std::vector<float> wq2 = m.wq;
+    for (std::size_t i = 0; i < static_cast<std::size_t>(D) * m.d_model; ++i) wq2[i] *= 2.f;
+    const std::vector<kvscout::host_span<const float>> w2(3, {wq2.data(), wq2.size()});
+    auto ws3 = kvscout::make_workspace<P>(pc);
+    P dbl(pc, plans, corr, w2, b, ws3.span());
+    for (int s = 0; s < m.S; ++s)
+      for (int t = 0; t < m.n; ++t) dbl.append(1, s, t, m.key_pre(s, t), m.key_post(s, t));
+    std::vector<float> a, c, e;
+    const auto ab = kvtest::nan_score_buffer(a, m.S, m.H, stride), cb = kvtest::nan_score_buffer(c, m.S, m.H, stride);
+    const auto eb = kvtest::nan_score_buffer(e, m.S, m.H, stride);
+    theirs.score(1, ctx, ab);
+    dbl.score(1, ctx, cb);
+    own.score(1, ctx, eb);
+    int changed = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE((std::isnan(a[i]) ? std::isnan(c[i]) : a[i] == c[i]));
+      changed += !std::isnan(a[i]) && a[i] != e[i];
+    }
+    REQUIRE(changed > 0);  // and the doubling did change them
+    for (int i = 0; i < 16 * m.d_model; ++i) rows[i] *= 0.5f;  // exact: back as it was
+  }
 
   // Too little, misaligned or null memory is refused by name, before anything is built.
   REQUIRE_THROWS_WITH(P(pc, plans, corr, w, b, ws1.span(), mem.span().subspan(0, need - 1)),
-                      Catch::Contains("infinigen_policy_host key_memory: the caller's memory holds " +
+                      Catch::Contains("infinigen_policy_host memory: the caller's memory holds " +
                                       std::to_string(need - 1) + " bytes, expected at least " +
                                       std::to_string(need)));
   REQUIRE_THROWS_WITH(P(pc, plans, corr, w, b, ws1.span(), mem.span().subspan(4, need)),
@@ -262,6 +311,8 @@ TEMPLATE_TEST_CASE("the partial key caches in the caller's memory: the same poli
   REQUIRE_THROWS_WITH(P(pc, plans, corr, w, b, ws1.span(), kvscout::host_span<std::byte>{nullptr, need}),
                       Catch::Contains("the caller's memory is null"));
   REQUIRE_THROWS_WITH(P::key_memory_bytes(pc, plans_t{narrow}),
+                      Catch::Contains("expected one entry per layer (3) in plans, got 1"));
+  REQUIRE_THROWS_WITH(P::weight_memory_bytes(pc, plans_t{narrow}),
                       Catch::Contains("expected one entry per layer (3) in plans, got 1"));
   // A cache of its own over too little memory, alone.
   REQUIRE_THROWS_WITH(typename P::key_store(m.S, m.H, 16, max_tokens, mem.span().subspan(0, layer_bytes(16) / 2)),

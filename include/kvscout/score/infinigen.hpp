@@ -12,18 +12,18 @@
 // Memory. The scratch of a step (the block's partial queries, RoPE tables, one projected key, a
 // group's mean query) is a caller-owned workspace of workspace_bytes(cfg) bytes at
 // workspace_alignment, the convention of the selectors and executors; it is sized for the
-// largest r a plan may have (head_dim), since the config does not name r. The partial key
-// caches, the state that grows with sequences and tokens, are the caller's too where it asks:
-// key_memory_bytes(cfg, plans[, correction_plans]) bytes passed to the constructor that takes
-// key_memory (their size follows from the plans: each layer's r, which layers are speculated);
-// otherwise the policy allocates them once here. The partial W_Q rows (sized by the plans, built
-// from the model's weights in the constructor) stay the policy's.
+// largest r a plan may have (head_dim), since the config does not name r. The policy's state,
+// sized by the plans (each layer's r, which layers are speculated), is the partial key caches,
+// which grow with sequences and tokens, and the partial W_Q rows built from the model's weights
+// in the constructor. It is the caller's where it asks: memory_bytes(cfg, plans[,
+// correction_plans]) bytes passed to the constructor that takes `memory` last; otherwise the
+// policy allocates it once, here.
 //
 //   auto ws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(cfg);
 //   kvscout::infinigen_policy_host<> p(cfg, plans, w_q, b_q, ws.span());   // plans[layer][kv_head]
-//   // or the caches in the engine's memory:
-//   //   keys.resize(infinigen_policy_host<>::key_memory_bytes(cfg, plans));   (64-byte aligned)
-//   //   infinigen_policy_host<> p(cfg, plans, {}, w_q, b_q, ws.span(), keys_span);
+//   // or the state in the engine's memory (64-byte aligned):
+//   //   state.resize(infinigen_policy_host<>::memory_bytes(cfg, plans));
+//   //   infinigen_policy_host<> p(cfg, plans, {}, w_q, b_q, ws.span(), state_span);
 //   p.append(layer, s, t, k_pre_rope, k_post_rope);        // as tokens enter the cache
 //   p.score(layer, {.x = x, .positions = pos, .seq_lens = lens}, out);   // during layer - 1
 
@@ -40,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/cache/partial_key_cache.hpp"
 #include "kvscout/cache/partial_key_store.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
@@ -217,11 +218,21 @@ class infinigen_policy_host {
                         host_span<std::byte> workspace)
       : infinigen_policy_host(build_tag{}, cfg, plans, &correction_plans, w_q, b_q, workspace) {}
 
-  /// The partial key caches in the caller's memory (the constructor below): the bytes of every
-  /// speculated layer's cache, at the width of its correction plans where it has them
-  /// (key_store::memory_bytes at num_seqs x num_kv_heads x r x max_tokens), each at
-  /// key_memory_alignment. Reads the plans' counts and widths only; the constructor checks the
-  /// rest.
+  /// The policy's state in the caller's memory (the constructor below), memory_bytes bytes: the
+  /// partial key caches first, key_memory_bytes of them, then the partial W_Q rows,
+  /// weight_memory_bytes. Each piece starts at a multiple of memory_alignment.
+  /// Reads the plans' counts, modes and widths only; the constructor checks the rest.
+  [[nodiscard]] static std::size_t memory_bytes(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+                                                const std::vector<std::vector<skew_plan>>& correction_plans = {}) {
+    return detail::checked_sum("infinigen_policy_host memory bytes", key_memory_bytes(cfg, plans, correction_plans),
+                               weight_memory_bytes(cfg, plans));
+  }
+  /// The alignment the caller's memory must have: one cache line.
+  static constexpr std::size_t memory_alignment = 64;
+
+  /// The partial key caches: the bytes of every speculated layer's cache, at the width of its
+  /// correction plans where it has them (key_store::memory_bytes at num_seqs x num_kv_heads x r x
+  /// max_tokens), layer after layer.
   [[nodiscard]] static std::size_t key_memory_bytes(
       const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
       const std::vector<std::vector<skew_plan>>& correction_plans = {}) {
@@ -235,36 +246,94 @@ class infinigen_policy_host {
     std::size_t total = 0;
     for (std::size_t l = 0; l < L; ++l) {
       if (plans[l].empty()) continue;
-      const int r = !correction_plans.empty() && !correction_plans[l].empty() ? correction_plans[l][0].r
-                                                                             : plans[l][0].r;
+      const skew_plan& widest = !correction_plans.empty() && !correction_plans[l].empty() ? correction_plans[l][0]
+                                                                                         : plans[l][0];
+      detail::check_plan(widest);
+      const int r = widest.r;
       total = detail::checked_sum("infinigen_policy_host key_memory bytes", total, key_layer_bytes(cfg, r));
     }
     return total;
   }
-  /// The alignment key memory must have: one tile line.
-  static constexpr std::size_t key_memory_alignment = 64;
+  /// The partial W_Q rows: for every query head of every speculated layer, in order, the rows
+  /// (basic_partial_query_weights::rows() x d_model of WT), then their bias (rows() floats), the
+  /// rotation A[:, S] (post_rope_skew: head_dim x r floats) and the planes (rope_planes: r / 2
+  /// ints), each piece at memory_alignment.
+  [[nodiscard]] static std::size_t weight_memory_bytes(const config& cfg,
+                                                       const std::vector<std::vector<skew_plan>>& plans) {
+    check_config(cfg);
+    KVSCOUT_EXPECTS(plans.size() == static_cast<std::size_t>(cfg.num_layers),
+                    "weight_memory_bytes: expected one entry per layer (", cfg.num_layers, ") in plans, got ",
+                    plans.size());
+    std::size_t total = 0;
+    for (const auto& pl : plans)
+      if (!pl.empty())
+        total = detail::checked_sum("infinigen_policy_host weight memory bytes", total,
+                                    detail::checked_size("infinigen_policy_host weight memory bytes of a layer",
+                                                         cfg.num_q_heads, head_weight_sizes(cfg, pl[0]).total()));
+    return total;
+  }
 
-  /// The same policy with its partial key caches, the per-token state that grows with
-  /// num_seqs x max_tokens, in the caller's memory: at least key_memory_bytes(cfg, plans,
-  /// correction_plans) bytes at key_memory_alignment, zeroed here, never freed here, not to be
-  /// shared with anything else while the policy lives. correction_plans may be empty (no
-  /// correction width). The partial weights (a few rows of W_Q per layer, sized by the plans)
-  /// stay the policy's own.
+  /// The same policy with its state, the partial key caches and the partial W_Q rows, in the
+  /// caller's memory: at least memory_bytes(cfg, plans, correction_plans) bytes at
+  /// memory_alignment, written here (the caches zeroed, the weights built), never freed here, not
+  /// to be shared with anything else while the policy lives. correction_plans may be empty (no
+  /// correction width).
   template <compute_element In>
   infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
                         const std::vector<std::vector<skew_plan>>& correction_plans,
                         const std::vector<host_span<const In>>& w_q,
                         const std::vector<host_span<const In>>& b_q,
-                        host_span<std::byte> workspace, host_span<std::byte> key_memory)
+                        host_span<std::byte> workspace, host_span<std::byte> memory)
       : infinigen_policy_host(build_tag{}, cfg, plans, correction_plans.empty() ? nullptr : &correction_plans,
-                              w_q, b_q, workspace, &key_memory) {}
+                              w_q, b_q, workspace, &memory) {}
 
  private:
   struct build_tag {};
+  static std::size_t aligned(std::size_t b) {
+    return detail::checked_sum("infinigen_policy_host memory bytes", b, memory_alignment - 1) / memory_alignment *
+           memory_alignment;
+  }
   static std::size_t key_layer_bytes(const config& cfg, int r) {
-    const std::size_t b = key_store::memory_bytes(cfg.num_seqs, cfg.num_kv_heads, r, cfg.max_tokens);
-    return detail::checked_sum("infinigen_policy_host key_memory bytes of a layer", b, key_memory_alignment - 1) /
-           key_memory_alignment * key_memory_alignment;
+    return aligned(key_store::memory_bytes(cfg.num_seqs, cfg.num_kv_heads, r, cfg.max_tokens));
+  }
+  // One query head's partial weights in memory, each piece padded to memory_alignment.
+  struct weight_sizes {
+    std::size_t weight = 0, bias = 0, rotation = 0, planes = 0;  // elements
+    [[nodiscard]] std::size_t total() const {
+      return aligned(detail::checked_size("infinigen_policy_host partial W_Q rows in bytes", weight, sizeof(WT))) +
+             aligned(sizeof(float) * bias) + aligned(sizeof(float) * rotation) + aligned(sizeof(int) * planes);
+    }
+  };
+  static weight_sizes head_weight_sizes(const config& cfg, const skew_plan& p) {
+    detail::check_plan(p);
+    const bool skew = p.mode == rope_mode::post_rope_skew;
+    const int rows = skew ? cfg.head_dim : p.r;
+    return {detail::checked_size("infinigen_policy_host partial W_Q rows (rows x d_model)", rows, cfg.d_model),
+            static_cast<std::size_t>(rows), skew ? static_cast<std::size_t>(cfg.head_dim) * p.r : 0,
+            p.mode == rope_mode::rope_planes ? static_cast<std::size_t>(p.r / 2) : 0};
+  }
+  // Writes w (float) into memory at `at` as the layout of weight_memory_bytes, the rows narrowed
+  // to WT as weights_as<WT> does; returns the view of it and advances `at`.
+  static partial_query_weights_view<WT> place_weights(const partial_query_weights& w, const weight_sizes& z,
+                                                      std::byte* base, std::size_t& at) {
+    KVSCOUT_EXPECTS(w.weight.size() == z.weight && w.bias.size() == z.bias && w.rotation.size() == z.rotation &&
+                       w.planes.size() == z.planes,
+                   "infinigen_policy_host: partial weights of an unexpected size");
+    const auto take = [&](std::size_t bytes) {
+      std::byte* p = base + at;
+      at += aligned(bytes);
+      return p;
+    };
+    WT* rows = reinterpret_cast<WT*>(take(sizeof(WT) * z.weight));
+    for (std::size_t i = 0; i < z.weight; ++i) rows[i] = from_float<WT>(w.weight[i]);
+    float* bias = reinterpret_cast<float*>(take(sizeof(float) * z.bias));
+    std::copy(w.bias.begin(), w.bias.end(), bias);
+    float* rot = reinterpret_cast<float*>(take(sizeof(float) * z.rotation));
+    std::copy(w.rotation.begin(), w.rotation.end(), rot);
+    int* planes = reinterpret_cast<int*>(take(sizeof(int) * z.planes));
+    std::copy(w.planes.begin(), w.planes.end(), planes);
+    return {{static_cast<const partial_query_shape&>(w)}, {rows, z.weight}, {bias, z.bias}, {rot, z.rotation},
+            {planes, z.planes}};
   }
   // sum_prob's logit rows (one per query head of a group), where either aggregation is sum_prob.
   static std::size_t sum_prob_bytes(const config& cfg) {
@@ -319,16 +388,9 @@ class infinigen_policy_host {
                         const std::vector<std::vector<skew_plan>>* correction_plans,
                         const std::vector<host_span<const In>>& w_q,
                         const std::vector<host_span<const In>>& b_q, host_span<std::byte> workspace,
-                        const host_span<std::byte>* key_memory = nullptr)
+                        const host_span<std::byte>* caller_memory = nullptr)
       : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.num_layers)) {
     carve(workspace);  // checks the config too
-    std::size_t key_at = 0;  // the next layer's cache in *key_memory
-    if (key_memory != nullptr) {
-      static const std::vector<std::vector<skew_plan>> none;
-      detail::check_cache_memory("infinigen_policy_host key_memory", *key_memory,
-                                 key_memory_bytes(cfg, plans, correction_plans ? *correction_plans : none),
-                                 key_memory_alignment);
-    }
     KVSCOUT_EXPECTS(plans.size() == layers_.size() && w_q.size() == layers_.size() &&
                         b_q.size() == layers_.size(),
                     "expected one entry per layer (", cfg.num_layers, ") in plans (", plans.size(),
@@ -336,6 +398,20 @@ class infinigen_policy_host {
     KVSCOUT_EXPECTS(correction_plans == nullptr || correction_plans->size() == layers_.size(),
                     "expected one entry per layer (", cfg.num_layers, ") in correction_plans (",
                     correction_plans ? correction_plans->size() : 0, ")");
+    static const std::vector<std::vector<skew_plan>> none;
+    const std::vector<std::vector<skew_plan>>& wide_plans = correction_plans ? *correction_plans : none;
+    // The state: the caller's memory, checked, or the policy's own allocation of the same size.
+    host_span<std::byte> memory;
+    if (caller_memory != nullptr) {
+      memory = *caller_memory;
+      detail::check_cache_memory("infinigen_policy_host memory", memory, memory_bytes(cfg, plans, wide_plans),
+                                 memory_alignment);
+    } else {
+      own_ = host_buffer<std::byte>(memory_bytes(cfg, plans, wide_plans));
+      memory = own_.span();
+    }
+    std::size_t key_at = 0;                                          // the next layer's cache
+    std::size_t weight_at = key_memory_bytes(cfg, plans, wide_plans);  // the next head's weights
     const int g = cfg.num_q_heads / cfg.num_kv_heads;
     for (int l = 0; l < cfg.num_layers; ++l) {
       const auto& pl = plans[static_cast<std::size_t>(l)];
@@ -379,15 +455,12 @@ class infinigen_policy_host {
       } else {
         st.key_plans = pl;
       }
+      const weight_sizes wz = head_weight_sizes(cfg, pl[0]);  // one r and mode per layer
       for (int qh = 0; qh < cfg.num_q_heads; ++qh) {
-        partial_query_weights w = detail::make_partial_query_weights_from(
-            pl[static_cast<std::size_t>(qh / g)], w_q[static_cast<std::size_t>(l)],
-            b_q[static_cast<std::size_t>(l)], cfg.d_model, qh);
-        if constexpr (std::is_same_v<WT, float>) {
-          st.weights.push_back(std::move(w));
-        } else {
-          st.weights.push_back(weights_as<WT>(w));
-        }
+        const std::size_t lu = static_cast<std::size_t>(l);
+        st.weights.push_back(place_weights(detail::make_partial_query_weights_from(
+                                               pl[static_cast<std::size_t>(qh / g)], w_q[lu], b_q[lu], cfg.d_model, qh),
+                                           wz, memory.data(), weight_at));
       }
       if (st.plans[0].mode != rope_mode::pre_rope_folded) {
         KVSCOUT_EXPECTS(cfg.head_dim <= 2 * rope_table::max_planes, "layer ", l, ": head_dim ",
@@ -402,13 +475,9 @@ class infinigen_policy_host {
         st.rope_planes.erase(std::unique(st.rope_planes.begin(), st.rope_planes.end()),
                              st.rope_planes.end());
       }
-      if (key_memory == nullptr) {
-        st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
-      } else {
-        const std::size_t b = key_store::memory_bytes(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
-        st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens, key_memory->subspan(key_at, b));
-        key_at += key_layer_bytes(cfg, st.r);
-      }
+      const std::size_t b = key_layer_bytes(cfg, st.r);  // the cache's bytes, padded to the alignment
+      st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens, memory.subspan(key_at, b));
+      key_at += b;
     }
   }
 
@@ -571,7 +640,7 @@ class infinigen_policy_host {
   struct layer_state {
     std::vector<skew_plan> plans;                 // [num_kv_heads] the speculation's
     std::vector<skew_plan> key_plans;             // [num_kv_heads] the cache's (the correction's)
-    std::vector<basic_partial_query_weights<WT>> weights;   // [num_q_heads]
+    std::vector<partial_query_weights_view<WT>> weights;   // [num_q_heads], in the state memory
     key_store cache;
     int r = 0;        // the cache's channels (score_query reads them all)
     int spec_r = 0;   // the speculation's: the first spec_r of them
@@ -933,6 +1002,7 @@ class infinigen_policy_host {
   static constexpr int query_block = 8;
 
   config cfg_;
+  host_buffer<std::byte> own_;  // the state, where the caller gave no memory
   std::vector<layer_state> layers_;
   // Scratch in the caller's workspace (carve()), sized for r = head_dim; a layer uses the first
   // r of each head's head_dim floats' worth (qp_ rows are r apart, as before).

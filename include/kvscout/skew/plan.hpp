@@ -294,18 +294,40 @@ inline void project_key(const skew_plan& plan, const float* k, float* pk) {
   detail::project_key_checked_plan(plan, k, pk);
 }
 
-/// What partial_query needs for one query head, laid out for a GEMV over x[d_model]. Built once,
-/// offline, by make_partial_query_weights (float); weights_as<W> keeps the weight rows in half or
-/// bfloat16 (the model's own type: half the bytes), the rest in float. `weight` is out-features x
-/// in-features, like W_Q.
-template <compute_element W = float>
-struct basic_partial_query_weights {
-  using weight_type = W;
+/// The mode and sizes of one query head's partial weights, shared by the owning form
+/// (basic_partial_query_weights) and the viewing one (partial_query_weights_view).
+struct partial_query_shape {
   rope_mode mode = rope_mode::post_rope_skew;
   int d_model = 0;
   int head_dim = 0;
   int r = 0;
   rope_config rope{};
+
+  /// The weight rows: head_dim (post_rope_skew: the head's whole query) or r.
+  [[nodiscard]] int rows() const noexcept {
+    return mode == rope_mode::post_rope_skew ? head_dim : r;
+  }
+};
+
+/// basic_partial_query_weights without the ownership: the same arrays over memory someone else
+/// holds (infinigen_policy_host keeps its weights in the caller's memory this way). What
+/// partial_queries reads.
+template <compute_element W = float>
+struct partial_query_weights_view : partial_query_shape {
+  using weight_type = W;
+  host_span<const W> weight;        // [rows(), d_model]
+  host_span<const float> bias;      // [rows()]
+  host_span<const float> rotation;  // post_rope_skew: [head_dim, r]
+  host_span<const int> planes;      // rope_planes: [r / 2]
+};
+
+/// What partial_query needs for one query head, laid out for a GEMV over x[d_model]. Built once,
+/// offline, by make_partial_query_weights (float); weights_as<W> keeps the weight rows in half or
+/// bfloat16 (the model's own type: half the bytes), the rest in float. `weight` is out-features x
+/// in-features, like W_Q.
+template <compute_element W = float>
+struct basic_partial_query_weights : partial_query_shape {
+  using weight_type = W;
   /// [rows(), d_model] row-major.
   ///   post_rope_skew:  the head's rows of W_Q, [head_dim, d_model].
   ///   rope_planes:     the selected rows of W_Q in plane layout (channels order), [r, d_model].
@@ -318,8 +340,13 @@ struct basic_partial_query_weights {
   /// rope_planes only: [r / 2], the plane of partial elements (2i, 2i + 1); empty otherwise.
   std::vector<int> planes;
 
-  [[nodiscard]] int rows() const noexcept {
-    return mode == rope_mode::post_rope_skew ? head_dim : r;
+  /// The same weights, not owned (partial_query_weights_view).
+  [[nodiscard]] partial_query_weights_view<W> view() const noexcept {
+    return {{static_cast<const partial_query_shape&>(*this)},
+            {weight.data(), weight.size()},
+            {bias.data(), bias.size()},
+            {rotation.data(), rotation.size()},
+            {planes.data(), planes.size()}};
   }
 };
 
@@ -331,11 +358,7 @@ using partial_query_weights = basic_partial_query_weights<float>;
 template <compute_element W>
 basic_partial_query_weights<W> weights_as(const partial_query_weights& w) {
   basic_partial_query_weights<W> out;
-  out.mode = w.mode;
-  out.d_model = w.d_model;
-  out.head_dim = w.head_dim;
-  out.r = w.r;
-  out.rope = w.rope;
+  static_cast<partial_query_shape&>(out) = w;
   out.weight.resize(w.weight.size());
   for (std::size_t i = 0; i < w.weight.size(); ++i) out.weight[i] = from_float<W>(w.weight[i]);
   out.bias = w.bias;
@@ -496,7 +519,7 @@ inline void post_rope_skew_row(const float* y, const rope_config& rope, const fl
 /// of sequences the weights, not the inputs, are the bytes that cost. Each sequence gets the bits
 /// partial_query gives it alone.
 template <compute_element W>
-void partial_queries(const basic_partial_query_weights<W>& w, const float* x, std::size_t ldx,
+void partial_queries(const partial_query_weights_view<W>& w, const float* x, std::size_t ldx,
                      int count, const rope_table* rt, float* q, std::size_t ldq) {
   KVSCOUT_EXPECTS(count >= 0, "partial_queries: count must be >= 0, got ", count);
   if (count == 0) return;
@@ -568,13 +591,24 @@ void partial_queries(const basic_partial_query_weights<W>& w, const float* x, st
   }
 }
 
+template <compute_element W>
+void partial_queries(const basic_partial_query_weights<W>& w, const float* x, std::size_t ldx,
+                     int count, const rope_table* rt, float* q, std::size_t ldq) {
+  partial_queries(w.view(), x, ldx, count, rt, q, ldq);
+}
+
 /// The partial query q_partial[r] of one query head for one sequence, at the position whose
 /// rotation rt holds (unused by pre_rope_folded): partial_queries with count 1.
 template <compute_element W>
-void partial_query(const basic_partial_query_weights<W>& w, const float* x, const rope_table& rt,
+void partial_query(const partial_query_weights_view<W>& w, const float* x, const rope_table& rt,
                    float* q_partial) {
   partial_queries(w, x, static_cast<std::size_t>(w.d_model), 1, &rt, q_partial,
                   static_cast<std::size_t>(w.r));
+}
+template <compute_element W>
+void partial_query(const basic_partial_query_weights<W>& w, const float* x, const rope_table& rt,
+                   float* q_partial) {
+  partial_query(w.view(), x, rt, q_partial);
 }
 
 /// As above, computing the rotation for `pos` (callers that score many heads at one position
