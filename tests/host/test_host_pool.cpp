@@ -12,13 +12,16 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "kvscout/cache/host_pool.hpp"
 #include "kvscout/core/configured.hpp"
+#include "kvscout/core/workspace.hpp"
 
 using Catch::Contains;
 using kvscout::eviction;
@@ -353,4 +356,71 @@ TEST_CASE("host_pool: bad input names the value and changes nothing", "[host_poo
   CHECK(p.length(1, 0) == 0);
   CHECK(p.resident_count(1, 0, 0) == 0);
   REQUIRE_THROWS_WITH(p.reset(5), Contains("sequence 5 is out of range [0, 2)"));
+}
+
+TEST_CASE("host_pool: its state in the caller's memory is the same pool", "[host_pool][workspace]") {
+  constexpr int L = 2, S = 2, H = 2, T = 60, C = 9;
+  const host_pool::config cfg{L, S, H, T, C, eviction::lru, 2};
+  const std::size_t need = host_pool::workspace_bytes(cfg);
+  // 8 bytes per key and per layer's clock, 4 per slot of a token, per token of a slot, per count.
+  const std::size_t rows = static_cast<std::size_t>(L) * S * H;
+  REQUIRE(need == 8 * (rows * T + L) + 4 * (rows * T + rows * C + 2 * rows + static_cast<std::size_t>(L) * S));
+  REQUIRE(host_pool::workspace_alignment == 8);
+  // The caller's memory, dirty, with a tail that must stay untouched.
+  kvscout::host_workspace mem(need + 16, 64);
+  std::memset(mem.span().data(), 0xAB, mem.span().size());
+  host_pool theirs(cfg, mem.span().subspan(0, need));
+  host_pool own(cfg);
+  std::mt19937 rng(7);
+  std::vector<int32_t> idx(static_cast<std::size_t>(S * H * T)), cnt(static_cast<std::size_t>(S * H));
+  for (int t = 0; t < T; ++t)
+    for (int l = 0; l < L; ++l) {
+      // Each row selects a seeded subset of its resident tokens (the same for both pools).
+      for (int s = 0; s < S; ++s)
+        for (int h = 0; h < H; ++h) {
+          std::vector<int32_t> live(static_cast<std::size_t>(std::max(1, own.length(l, s))));
+          const int n = own.length(l, s) == 0 ? 0 : own.live_tokens(l, s, h, live);
+          int c = 0;
+          for (int i = 0; i < n; ++i)
+            if (rng() % 3 == 0) idx[static_cast<std::size_t>((s * H + h) * T + c++)] = live[static_cast<std::size_t>(i)];
+          cnt[static_cast<std::size_t>(s * H + h)] = c;
+        }
+      const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), idx.size()}, {cnt.data(), cnt.size()}, S, H, T};
+      own.observe(l, sel);
+      theirs.observe(l, sel);
+      for (int s = 0; s < S; ++s) {
+        own.append(l, s, t);
+        theirs.append(l, s, t);
+        for (int h = 0; h < H; ++h) REQUIRE(theirs.evicted(l, s, h) == own.evicted(l, s, h));
+      }
+    }
+  int evictions = 0;
+  for (int l = 0; l < L; ++l)
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) {
+        CAPTURE(l, s, h);
+        REQUIRE(resident_tokens(theirs, l, s, h) == resident_tokens(own, l, s, h));
+        const auto a = theirs.slots(l, s, h), b = own.slots(l, s, h);
+        REQUIRE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+        for (int t = 0; t < T; ++t) {
+          evictions += a[static_cast<std::size_t>(t)] < 0;
+          if (a[static_cast<std::size_t>(t)] >= 0) REQUIRE(theirs.key(l, s, h, t) == own.key(l, s, h, t));
+        }
+        // The slots live in the caller's memory.
+        const auto* base = mem.span().data();
+        REQUIRE(reinterpret_cast<const std::byte*>(a.data()) >= base);
+        REQUIRE(reinterpret_cast<const std::byte*>(a.data() + a.size()) <= base + need);
+      }
+  REQUIRE(evictions == L * S * H * (T - C));  // the pools filled and evicted
+  for (std::size_t i = need; i < need + 16; ++i) REQUIRE(mem.span()[i] == std::byte{0xAB});
+  // A moved pool keeps its state.
+  host_pool moved(std::move(theirs));
+  REQUIRE(resident_tokens(moved, 1, 1, 1) == resident_tokens(own, 1, 1, 1));
+  // Too little or misaligned memory is refused, naming the sizes; a bad config before that.
+  REQUIRE_THROWS_WITH(host_pool(cfg, mem.span().subspan(0, need - 1)),
+                      Contains("host_pool workspace: the caller's memory holds " + std::to_string(need - 1) +
+                               " bytes, expected at least " + std::to_string(need)));
+  REQUIRE_THROWS_WITH(host_pool(cfg, mem.span().subspan(4, need)), Contains("must be 8-byte aligned"));
+  REQUIRE_THROWS_WITH(host_pool::workspace_bytes({1, 1, 1, 8, 9, eviction::lru, 0}),
+                      Contains("capacity 9 must be in [1, max_tokens = 8]"));
 }

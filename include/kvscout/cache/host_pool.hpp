@@ -1,34 +1,30 @@
 #pragma once
 // A bounded host KV pool: which cached tokens of each (layer, sequence, kv head) are still held in
-// host memory when the pool can hold only `capacity` tokens per (layer, sequence, kv head), and
-// which physical slot [0, capacity) each one occupies. It owns no K / V rows: it is the policy
-// and the bookkeeping; the engine moves the rows (into the slot the pool names).
+// host memory, `capacity` at most, and which physical slot [0, capacity) each one occupies. It owns
+// no K / V rows: the engine moves them (into the slot the pool names).
 //
 // The method is InfiniGen's (Lee et al., OSDI'24, section 4.4; its source, and what kvscout does
 // differently: docs/architecture.md, "The bounded host pool"): once the pool is full, one token is
 // evicted for good before each new token enters. The victim is a resident token older than half
 // the sequence (at row i, before token i + 1 enters: [0, floor(i / 2)); a wider window where none
 // is), never one of [0, pinned_sinks), chosen by
-//   eviction::counter  the fewest selections by the speculation since the token entered
-//                      (a token counts once per step that selected it);
-//   eviction::lru      the oldest last selection (a token never selected counts as selected
-//                      before step 0, so it goes first).
+//   eviction::counter  the fewest selections since the token entered (once per step that selected it);
+//   eviction::lru      the oldest last selection (a never-selected token counts as selected before
+//                      step 0, so it goes first).
 // Ties go to the lowest token index. A new token takes slot `resident` while the pool fills, then
 // the victim's slot.
 //
-// Per step, for one layer:
+// Per step, for one layer, in InfiniGen's order (a step's selection counts before its token enters):
 //   pool.observe(layer, selection.view());   // what the speculation selected (counter / LRU)
 //   pool.append(layer, s, t);                // token t = length(s) enters, evicting when full
-// The order is InfiniGen's: a step's selection is counted before the step's token enters.
 // Both keep the per-step contract (docs/architecture.md) and change nothing on bad input.
-// observe() costs O(selected rows); append() O(length) per kv head when it evicts (one scan of the
-// window).
-// What reads the cache skips evicted tokens through resident() / slot() / slots() (a slot per
-// token, -1 when evicted), live_tokens() (the resident token ids, ascending) or
-// drop_evicted(), which removes evicted tokens from a selection in place.
+// observe() costs O(selected rows); append() O(length) per kv head when it evicts. Readers skip
+// evicted tokens through resident() / slot() / slots() (-1 when evicted), live_tokens() or
+// drop_evicted().
 //
-// Memory: (8 + 4) bytes per (layer, sequence, kv head, token) plus 4 per slot:
-// num_layers * num_seqs * num_kv_heads * (12 * max_tokens + 4 * capacity) bytes.
+// Memory: num_layers * num_seqs * num_kv_heads * (12 * max_tokens + 4 * capacity + 8) bytes and
+// 12 * num_layers + 4 * num_layers * num_seqs more (workspace_bytes(cfg)): the pool's own, or
+// the caller's (the constructor that takes it, at workspace_alignment, never freed here).
 //
 //   kvscout::host_pool pool({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
 //                            .max_tokens = 8192, .capacity = 2048,
@@ -40,6 +36,8 @@
 #include <limits>
 #include <vector>
 
+#include "kvscout/cache/host_buffer.hpp"
+#include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
@@ -73,7 +71,66 @@ class host_pool {
   };
   using config_type = config;
 
-  explicit host_pool(const config& cfg) : cfg_(cfg) {
+  /// The bytes of the pool's state: its keys and slots per token, its slots' tokens, its counts.
+  /// Checks the config.
+  [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
+    check_config(cfg);
+    const sizes z = sizes_of(cfg);
+    return detail::checked_sum(
+        "host_pool state bytes",
+        detail::checked_size("host_pool keys and clocks in bytes", z.keys + z.steps, sizeof(std::int64_t)),
+        detail::checked_size("host_pool slots, tokens and counts in bytes", z.keys + z.tokens + 2 * z.rows + z.lens,
+                             sizeof(int)));
+  }
+  /// The alignment the caller's memory must have (64-bit keys first).
+  static constexpr std::size_t workspace_alignment = alignof(std::int64_t);
+
+  /// The pool allocates its state once, here.
+  explicit host_pool(const config& cfg) : own_(workspace_bytes(cfg)) { init(cfg, own_.span()); }
+  /// The state in the caller's memory: at least workspace_bytes(cfg) bytes at workspace_alignment,
+  /// initialised here (an empty pool), never freed here, not shared while the pool lives.
+  host_pool(const config& cfg, host_span<std::byte> workspace) {
+    detail::check_cache_memory("host_pool workspace", workspace, workspace_bytes(cfg), workspace_alignment);
+    init(cfg, workspace);
+  }
+  host_pool(host_pool&&) noexcept = default;
+  host_pool& operator=(host_pool&&) noexcept = default;
+  host_pool(const host_pool&) = delete;
+  host_pool& operator=(const host_pool&) = delete;
+
+ private:
+  struct sizes {
+    std::size_t rows, keys, tokens, lens, steps;  // elements
+  };
+  static sizes sizes_of(const config& cfg) {
+    const std::size_t rows = detail::checked_size("host_pool rows (layers x seqs x kv heads)", cfg.num_layers,
+                                                  cfg.num_seqs, cfg.num_kv_heads);
+    return {rows, detail::checked_size("host_pool keys (rows x max_tokens)", rows, cfg.max_tokens),
+            detail::checked_size("host_pool slots (rows x capacity)", rows, cfg.capacity),
+            static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs, static_cast<std::size_t>(cfg.num_layers)};
+  }
+  // Carves the state from `memory` (checked), 64-bit arrays first, and sets an empty pool.
+  void init(const config& cfg, host_span<std::byte> memory) {
+    cfg_ = cfg;
+    const sizes z = sizes_of(cfg);
+    auto* wide = reinterpret_cast<std::int64_t*>(memory.data());
+    key_ = {wide, z.keys};
+    step_ = {wide + z.keys, z.steps};
+    auto* narrow = reinterpret_cast<int*>(wide + z.keys + z.steps);
+    slot_ = {narrow, z.keys};
+    token_ = {narrow + z.keys, z.tokens};
+    resident_ = {narrow + z.keys + z.tokens, z.rows};
+    evicted_ = {narrow + z.keys + z.tokens + z.rows, z.rows};
+    len_ = {narrow + z.keys + z.tokens + 2 * z.rows, z.lens};
+    std::fill(key_.begin(), key_.end(), 0);
+    std::fill(step_.begin(), step_.end(), 0);
+    std::fill(slot_.begin(), slot_.end(), -1);
+    std::fill(token_.begin(), token_.end(), -1);
+    std::fill(resident_.begin(), resident_.end(), 0);
+    std::fill(evicted_.begin(), evicted_.end(), -1);
+    std::fill(len_.begin(), len_.end(), 0);
+  }
+  static void check_config(const config& cfg) {
     KVSCOUT_EXPECTS(cfg.num_layers > 0 && cfg.num_seqs > 0 && cfg.num_kv_heads > 0 &&
                         cfg.max_tokens > 0,
                     "host_pool needs positive sizes, got num_layers ", cfg.num_layers,
@@ -87,16 +144,9 @@ class host_pool {
     KVSCOUT_EXPECTS(cfg.pinned_sinks >= 0 && cfg.pinned_sinks < cfg.capacity, "pinned_sinks ",
                     cfg.pinned_sinks, " must be in [0, capacity = ", cfg.capacity,
                     "): the pool must be able to evict a token that is not pinned");
-    const std::size_t rows =
-        static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs * cfg.num_kv_heads;
-    key_.assign(rows * static_cast<std::size_t>(cfg.max_tokens), 0);
-    slot_.assign(rows * static_cast<std::size_t>(cfg.max_tokens), -1);
-    token_.assign(rows * static_cast<std::size_t>(cfg.capacity), -1);
-    resident_.assign(rows, 0);
-    evicted_.assign(rows, -1);
-    len_.assign(static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs, 0);
-    step_.assign(static_cast<std::size_t>(cfg.num_layers), 0);
   }
+
+ public:
 
   /// Counts the step's selection of `layer`: row s of the view is sequence seq_ids[s] (s when
   /// seq_ids is empty). Every selected token must be resident: selection must not name an
@@ -120,9 +170,8 @@ class host_pool {
     }
   }
 
-  /// Token t of sequence s enters the pool of `layer` for every kv head; t must be length(layer,
-  /// s) (tokens enter in order). Where the (layer, s, h) pool is full, one token is evicted first
-  /// (see the top of this file) and t takes its slot; evicted(layer, s, h) names it (-1: none).
+  /// Token t = length(layer, s) of sequence s enters the pool of `layer` for every kv head; where
+  /// the (layer, s, h) pool is full, one token is evicted first and t takes its slot (evicted()).
   void append(int layer, int s, int t) {
     check_layer(layer);
     check_seq(s);
@@ -203,8 +252,8 @@ class host_pool {
     check_row(layer, s, h);
     return {slots_of(layer, s, h), static_cast<std::size_t>(len_[lin(layer, s)])};
   }
-  /// The counter (eviction::counter) or the step of the last selection, 0 if none
-  /// (eviction::lru) of token t. t in [0, length).
+  /// Token t's counter (eviction::counter) or the step of its last selection, 0 if none
+  /// (eviction::lru). t in [0, length).
   [[nodiscard]] std::int64_t key(int layer, int s, int h, int t) const {
     check_token(layer, s, h, t);
     return keys(layer, s, h)[t];
@@ -252,7 +301,6 @@ class host_pool {
     return removed;
   }
 
-  /// The configuration this pool was built with.
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:
@@ -369,13 +417,14 @@ class host_pool {
   }
 
   config cfg_;
-  std::vector<std::int64_t> key_;  // [layers, seqs, heads, max_tokens] counter or last-use step
-  std::vector<int> slot_;          // [layers, seqs, heads, max_tokens] slot, -1 evicted / absent
-  std::vector<int32_t> token_;     // [layers, seqs, heads, capacity] token in slot, -1 empty
-  std::vector<int> resident_;      // [layers, seqs, heads]
-  std::vector<int> evicted_;       // [layers, seqs, heads] victim of the last append, -1 none
-  std::vector<int> len_;           // [layers, seqs]
-  std::vector<std::int64_t> step_; // [layers] observe() calls: the LRU clock
+  host_buffer<std::byte> own_;        // the state, where the caller gave no memory
+  host_span<std::int64_t> key_;       // [layers, seqs, heads, max_tokens] counter or last-use step
+  host_span<std::int64_t> step_;      // [layers] observe() calls: the LRU clock
+  host_span<int> slot_;               // [layers, seqs, heads, max_tokens] slot, -1 evicted / absent
+  host_span<int32_t> token_;          // [layers, seqs, heads, capacity] token in slot, -1 empty
+  host_span<int> resident_;           // [layers, seqs, heads]
+  host_span<int> evicted_;            // [layers, seqs, heads] victim of the last append, -1 none
+  host_span<int> len_;                // [layers, seqs]
 };
 
 }  // namespace kvscout
