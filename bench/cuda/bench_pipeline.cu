@@ -76,15 +76,15 @@ void bm_pipeline_step(benchmark::State& st) {
   {
     kvscout::decode_pipeline_cuda pipe(
         {.num_layers = L, .skip_layers = 2, .overlap = overlap},
-        overlap ? kvscout::cuda_pipeline_streams{compute, side, copy}
-                : kvscout::cuda_pipeline_streams{compute, compute, compute},
         synthetic_stages{partial, partial_bytes, host, rows, fetch_bytes, sink, sms * 4});
+    const kvscout::cuda_pipeline_exec x = overlap ? kvscout::cuda_pipeline_exec{compute, side, copy}
+                                                  : kvscout::cuda_pipeline_exec{compute, compute, compute};
     gpu_bench::event_timer timer;
     for (auto _ : st) {
       timer.start(compute);
       for (int i = 0; i < L; ++i) {
-        pipe.input_ready(i);
-        pipe.wait_rows(i);
+        pipe.input_ready(i, x);
+        pipe.wait_rows(i, x);
         kvscout::detail::launch(stream_read, sms * 4, 256, 0, compute,
                                 weights + (i % 2) * (weight_bytes / 16), weight_bytes / 16, sink);
       }

@@ -1009,15 +1009,13 @@ class decode_stack {
       host_cnt_[b] = a_.pinned<std::int32_t>(static_cast<std::size_t>(S) * H);
     }
     pipe_ = std::make_unique<pipeline_t>(kvscout::cuda_pipeline_config{.num_layers = m_.layers, .skip_layers = 0},
-                                         kvscout::cuda_pipeline_streams{compute_, side_, copy_},
                                          switch_stages{slot_stages_.get(), true});
     cache_pipe_ = std::make_unique<pipeline_t>(kvscout::cuda_pipeline_config{.num_layers = m_.layers, .skip_layers = 0},
-                                               kvscout::cuda_pipeline_streams{compute_, side_, copy_},
                                                switch_stages{cache_stages_.get(), true});
     if constexpr (!kivi)
       corr_pipe_ = std::make_unique<pipeline_t>(
           kvscout::cuda_pipeline_config{.num_layers = m_.layers, .skip_layers = 0},
-          kvscout::cuda_pipeline_streams{compute_, side_, copy_}, switch_stages{corr_stages_.get(), true});
+          switch_stages{corr_stages_.get(), true});
   }
 
   // ---- pieces of a layer on the compute stream ----
@@ -1139,10 +1137,11 @@ class decode_stack {
     pipe.stages().fetch_on = w != decode_way::compute_only;
     for (int i = 0; i < m_.layers; ++i) {
       norm_in(i, pipeline_t::slot(i + 1), i == 0);
-      if (i == 0) pipe.speculate_first(d_status_);
-      pipe.input_ready(i, d_status_);
+      const kvscout::cuda_pipeline_exec x{compute_, side_, copy_, d_status_};
+      if (i == 0) pipe.speculate_first(x);
+      pipe.input_ready(i, x);
       qkv_rope(i);
-      pipe.wait_rows(i);
+      pipe.wait_rows(i, x);
       const kvscout::cuda_stage_buffers& buf = st.buffers(i, pipeline_t::slot(i));
       if (count) count_rows(buf.selection);
       if (corrected) {

@@ -159,9 +159,9 @@ void corrected_step_matches_host() {
   stages_t cache_stages(specs.per_layer, selector, fetch, sources, score_buf, lengths, x_in, layer_sets,
                         kvscout::cuda_stage_buffering::row_cache, hits.data(), correction);
   GPU_CHECK(stages.has_correction() && cache_stages.has_correction());
-  kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+  kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = skip},
                                      kvscout::stages_ref_cuda<stages_t>{&stages});
-  kvscout::decode_pipeline_cuda cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+  kvscout::decode_pipeline_cuda cache_pipe({.num_layers = L, .skip_layers = skip},
                                            kvscout::stages_ref_cuda<stages_t>{&cache_stages});
 
   gpu_test::device_vector<float> x_all(w.x), q_all(w.q);
@@ -172,12 +172,13 @@ void corrected_step_matches_host() {
   float* x_slots[2] = {x_slot0.data(), x_slot1.data()};
   const std::size_t qn = static_cast<std::size_t>(S) * Hq * D, cn = static_cast<std::size_t>(S) * H * D;
 
+  const kvscout::cuda_pipeline_exec px{compute, side, copy, status.data()};  // the stages report into status
   auto enqueue_step = [&](auto& p, auto& st) {
     for (int i = 0; i < L; ++i) {
       KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(x_slots[p.slot(i + 1)], x_all.data() + static_cast<std::size_t>(i) * S * dm,
                                          sizeof(float) * S * dm, cudaMemcpyDeviceToDevice, compute));
-      p.input_ready(i, status.data());
-      p.wait_rows(i);
+      p.input_ready(i, px);
+      p.wait_rows(i, px);
       if (i < skip) continue;
       const kvscout::device_span<const float> q{q_all.data() + i * qn, qn};
       st.correct(i, p.slot(i), q, {compute, status.data()});
@@ -323,7 +324,7 @@ void corrected_step_matches_host() {
         &corr, &own_corr_fetch, correction.scores, correction.sets};
     counting_stages_t own(specs.per_layer, selector, own_fetch, sources, score_buf, lengths, x_in,
                           slot_sets, kvscout::cuda_stage_buffering::slots, nullptr, own_corr);
-    kvscout::decode_pipeline_cuda own_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+    kvscout::decode_pipeline_cuda own_pipe({.num_layers = L, .skip_layers = skip},
                                            kvscout::stages_ref_cuda<counting_stages_t>{&own});
     out_all.poison();
     rec_add.poison();

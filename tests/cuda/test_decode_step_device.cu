@@ -144,11 +144,13 @@ void step_matches_host() {
   stages_t slot_stages(spec_ptrs, selector, fetch, sources, score_buf, lengths, x_in, slot_sets);
   stages_t cache_stages(spec_ptrs, selector, fetch, sources, score_buf, lengths, x_in, layer_sets,
                         kvscout::cuda_stage_buffering::row_cache, hits.data());
-  kvscout::decode_pipeline_cuda slot_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+  kvscout::decode_pipeline_cuda slot_pipe({.num_layers = L, .skip_layers = skip},
                                           kvscout::stages_ref_cuda<stages_t>{&slot_stages});
-  kvscout::decode_pipeline_cuda cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+  kvscout::decode_pipeline_cuda cache_pipe({.num_layers = L, .skip_layers = skip},
                                            kvscout::stages_ref_cuda<stages_t>{&cache_stages});
   using pipe_t = decltype(slot_pipe);
+  // The stages' policy, selector and fetch report into status.
+  const kvscout::cuda_pipeline_exec px{compute, side, copy, status.data()};
 
   // Per-layer inputs and records on the device.
   gpu_test::device_vector<float> x_all(w.x), q_all(w.q);
@@ -163,8 +165,8 @@ void step_matches_host() {
       KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(x_slots[pipe_t::slot(i + 1)],
                                          x_all.data() + static_cast<std::size_t>(i) * S * dm,
                                          sizeof(float) * S * dm, cudaMemcpyDeviceToDevice, compute));
-      pipe.input_ready(i, status.data());  // the stages' policy, selector and fetch report there
-      pipe.wait_rows(i);
+      pipe.input_ready(i, px);
+      pipe.wait_rows(i, px);
       if (i < skip) continue;
       const kvscout::cuda_stage_buffers& buf = stages.buffers(i, pipe_t::slot(i));
       const auto sel = buf.selection.view();
@@ -315,7 +317,7 @@ void step_matches_host() {
     kvscout::cuda_stage_lengths lengths3 = lengths;
     lengths3.seq_ids = dspan<const int32_t>(ids);
     stages_t id_stages(ptrs3, selector, fetch, sources, score_buf, lengths3, x_in, slot_sets);
-    kvscout::decode_pipeline_cuda id_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+    kvscout::decode_pipeline_cuda id_pipe({.num_layers = L, .skip_layers = skip},
                                           kvscout::stages_ref_cuda<stages_t>{&id_stages});
     out_all.poison();
     rec_idx.poison();
@@ -336,7 +338,7 @@ void step_matches_host() {
     cached3.cached_rows = dspan<const int32_t>(prev_rows);
     stages_t id_cache_stages(ptrs3, selector, fetch, sources, score_buf, cached3, x_in, layer_sets,
                              kvscout::cuda_stage_buffering::row_cache, hits.data());
-    kvscout::decode_pipeline_cuda id_cache_pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+    kvscout::decode_pipeline_cuda id_cache_pipe({.num_layers = L, .skip_layers = skip},
                                                 kvscout::stages_ref_cuda<stages_t>{&id_cache_stages});
     const std::vector<int32_t> row_maps[3] = {{0, 1}, {0, 1}, {-1, -1}};
     const unsigned long long want_hits[3] = {0ull, static_cast<unsigned long long>(selected_rows), 0ull};

@@ -112,10 +112,10 @@ struct fixture {
 // One step, enqueued. `wait` false skips wait_rows (the control case).
 template <class Pipe>
 void enqueue_step(Pipe& pipe, fixture& f, int skip, bool wait, bool check_host,
-                  int* status = nullptr) {
+                  const kvscout::cuda_pipeline_exec& x) {
   for (int i = 0; i < fixture::L; ++i) {
-    pipe.input_ready(i, status);
-    if (wait) pipe.wait_rows(i);
+    pipe.input_ready(i, x);
+    if (wait) pipe.wait_rows(i, x);
     if (i >= skip) {
       // the host row of layer i was last written at the previous step's attention(i): stamp(step, i)
       kvscout::detail::launch(attention_kernel, 1, 1, 0, f.compute, f.step.data(), i,
@@ -131,11 +131,11 @@ void enqueue_step(Pipe& pipe, fixture& f, int skip, bool wait, bool check_host,
 void ordered_eagerly() {
   for (int skip : {0, 1, 2}) {
     fixture f;
-    kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = skip},
-                                       {f.compute, f.side, f.copy}, f.stages(200000));
+    kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = skip}, f.stages(200000));
+    const kvscout::cuda_pipeline_exec x{f.compute, f.side, f.copy, f.errors.data()};
     for (int step = 0; step < 6; ++step) {
-      if (skip == 0) pipe.speculate_first(f.errors.data());
-      enqueue_step(pipe, f, skip, true, false, f.errors.data());
+      if (skip == 0) pipe.speculate_first(x);
+      enqueue_step(pipe, f, skip, true, false, x);
     }
     // Each stage ran on its role's stream with the status word input_ready was given (the fake
     // stages never write it).
@@ -151,8 +151,8 @@ void ordered_eagerly() {
 void serial_mode_is_ordered() {
   fixture f;
   kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 2, .overlap = false},
-                                     {f.compute, f.compute, f.compute}, f.stages(20000));
-  for (int step = 0; step < 4; ++step) enqueue_step(pipe, f, 2, true, false);
+                                     f.stages(20000));
+  for (int step = 0; step < 4; ++step) enqueue_step(pipe, f, 2, true, false, {f.compute, f.compute, f.compute});
   GPU_CHECK(f.read_errors() == 0);
 }
 
@@ -165,9 +165,8 @@ void control_without_waits_fails() {
   kvscout_simt::detail::set_order("forward");
 #endif
   fixture f;
-  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 2},
-                                     {f.compute, f.side, f.copy}, f.stages(2000000));
-  for (int step = 0; step < 3; ++step) enqueue_step(pipe, f, 2, false, false);
+  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 2}, f.stages(2000000));
+  for (int step = 0; step < 3; ++step) enqueue_step(pipe, f, 2, false, false, {f.compute, f.side, f.copy});
   const int e = f.read_errors();
 #if defined(KVSCOUT_SIMT_HOST)
   const char* order = std::getenv("KVSCOUT_SIMT_ORDER");
@@ -181,19 +180,17 @@ void append_during_fetch_does_not_race() {
   // attention(i) rewrites layer i's host row (the append) while fetch(i + 1) is in flight; every
   // fetch must still see the row as the previous step left it.
   fixture f;
-  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 1},
-                                     {f.compute, f.side, f.copy}, f.stages(200000));
-  for (int step = 0; step < 5; ++step) enqueue_step(pipe, f, 1, true, true);
+  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 1}, f.stages(200000));
+  for (int step = 0; step < 5; ++step) enqueue_step(pipe, f, 1, true, true, {f.compute, f.side, f.copy});
   GPU_CHECK(f.read_errors() == 0);
 }
 
 void captured_in_a_graph() {
   fixture f;
-  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 2},
-                                     {f.compute, f.side, f.copy}, f.stages(100000));
+  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 2}, f.stages(100000));
   cudaGraph_t graph{};
   KVSCOUT_CUDA_CHECK(cudaStreamBeginCapture(f.compute, cudaStreamCaptureModeThreadLocal));
-  enqueue_step(pipe, f, 2, true, false);
+  enqueue_step(pipe, f, 2, true, false, {f.compute, f.side, f.copy});
   KVSCOUT_CUDA_CHECK(cudaStreamEndCapture(f.compute, &graph));
   cudaGraphExec_t exec{};
   KVSCOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -208,16 +205,15 @@ void bad_config_throws() {
   fixture f;
   bool thrown = false;
   try {
-    kvscout::decode_pipeline_cuda pipe({.num_layers = 4, .skip_layers = 5},
-                                       {f.compute, f.side, f.copy}, f.stages(0));
+    kvscout::decode_pipeline_cuda pipe({.num_layers = 4, .skip_layers = 5}, f.stages(0));
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("skip_layers = 5") != std::string::npos;
   }
   GPU_CHECK(thrown);
   thrown = false;
   try {
-    kvscout::decode_pipeline_cuda pipe({.num_layers = 4}, {f.compute, f.compute, f.copy},
-                                       f.stages(0));
+    kvscout::decode_pipeline_cuda pipe({.num_layers = 4}, f.stages(0));
+    pipe.input_ready(0, {f.compute, f.compute, f.copy});  // refused before anything is enqueued
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("three distinct streams") != std::string::npos;
   }
@@ -225,12 +221,12 @@ void bad_config_throws() {
   // Waiting for a layer that was never launched is refused (it would wait on a stale event).
   thrown = false;
   try {
-    kvscout::decode_pipeline_cuda pipe({.num_layers = 4, .skip_layers = 2},
-                                       {f.compute, f.side, f.copy}, f.stages(0));
-    pipe.input_ready(0);
-    pipe.input_ready(1);  // launches layer 2
-    pipe.wait_rows(2);
-    pipe.wait_rows(3);    // layer 3 was not launched: input_ready(2) is missing
+    kvscout::decode_pipeline_cuda pipe({.num_layers = 4, .skip_layers = 2}, f.stages(0));
+    const kvscout::cuda_pipeline_exec x{f.compute, f.side, f.copy};
+    pipe.input_ready(0, x);
+    pipe.input_ready(1, x);  // launches layer 2
+    pipe.wait_rows(2, x);
+    pipe.wait_rows(3, x);    // layer 3 was not launched: input_ready(2) is missing
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("call input_ready(2)") != std::string::npos;
   }

@@ -113,12 +113,12 @@ result run_host(const typename Sel::config& cfg, const problem& p) {
 // row), and chunks of 64 tokens (many chunks, most of them partial or past a row's length).
 struct split_mode {
   const char* name;
-  kvscout::detail::select_split_options opt;
+  kvscout::select_split_options opt;
 };
 const split_mode split_modes[] = {{"default split", {}},
                                   {"one block per row", {0, 1 << 30}},
                                   {"chunks of 64 tokens", {132, 64}}};
-kvscout::detail::select_split_options g_split{};
+kvscout::select_split_options g_split{};
 
 template <class Sel>
 result run_device(const typename Sel::config& cfg, const problem& p,
@@ -320,7 +320,7 @@ void bad_input_throws() {
 void split_shapes() {
   // The split the selectors choose: 32 rows of 128k on 132 SMs run as 32 x 16 blocks; rows that
   // fill the device alone, or short rows, stay one block each.
-  const auto topk_split = [](int S, int H, int stride, kvscout::detail::select_split_options o) {
+  const auto topk_split = [](int S, int H, int stride, kvscout::select_split_options o) {
     const kvscout::topk_selector_cuda::config cfg{S, H, stride, stride / 10, stride / 10, {4, 64}};
     gpu_test::device_vector<std::byte> ws(kvscout::topk_selector_cuda::workspace_bytes(cfg, o));
     kvscout::topk_selector_cuda sel(cfg, {ws.data(), kvscout::topk_selector_cuda::workspace_bytes(cfg, o)}, o);

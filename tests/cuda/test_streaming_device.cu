@@ -272,16 +272,18 @@ void pipeline_selects(bool per_layer_budgets) {
     GPU_CHECK(refusal({nullptr, &selector, &selector3},
                       "layer 2's selector configured for [num_seqs, num_kv_heads, stride, capacity] = [2, 2, 512, 12]"));
   }
-  kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = skip}, {compute, side, copy},
+  kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = skip},
                                      kvscout::stages_ref_cuda<stages_t>{&stages});
+  // The policy, the selector and the fetch report into status.
+  const kvscout::cuda_pipeline_exec x{compute, side, copy, status.data()};
   using pipe_t = decltype(pipe);
 
   // Per layer, on the compute stream once the rows are there: the selection and the rows.
   gpu_test::device_vector<int32_t> rec_idx(L * slots_n), rec_cnt(L * S * H);
   gpu_test::device_vector<half> rec_k(L * slots_n * D), rec_v(L * slots_n * D);
   for (int i = 0; i < L; ++i) {
-    pipe.input_ready(i, status.data());  // the policy, the selector and the fetch report there
-    pipe.wait_rows(i);
+    pipe.input_ready(i, x);
+    pipe.wait_rows(i, x);
     if (i < skip) continue;
     const kvscout::cuda_stage_buffers& buf = stages.buffers(i, pipe_t::slot(i));
     KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(rec_idx.data() + i * slots_n, buf.selection.indices.data(),

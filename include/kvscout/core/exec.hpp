@@ -12,6 +12,10 @@
 //   kvscout::append_token_cuda(layout, k, v, k_new, v_new, positions, x);
 //   host_fetch.submit(src, sel, dst, kvscout::host_exec{});   // the host twin
 //
+// decode_pipeline_cuda spans three streams: its calls take a cuda_pipeline_exec (the compute,
+// speculate and copy streams and the status word; pipeline/cuda_pipeline.hpp) and hand each stage
+// a cuda_exec of its role's stream.
+//
 // cuda_exec::status is the device status word (core/device_status.hpp): an int in device memory
 // the kernels OR error bits into; null turns the reporting off, never the checks.
 //

@@ -2,44 +2,37 @@
 // Device parts as the two stages of decode_pipeline_cuda (pipeline/cuda_pipeline.hpp), and an
 // optional third, the correction step, that the caller runs on the compute stream:
 //
-//   speculate(i, b, exec)    layer i's speculation policy (any speculation_policy_cuda,
-//                            score/device_concepts.hpp: kvscout's infinigen_policy_cuda or
-//                            streaming_policy_cuda, or the engine's own) scores every cached token
-//                            from the layer input in slot b (x_{i-1}), then the selector writes
-//                            slot b's selection       (score/infinigen.cuh, select/*.cuh)
-//   fetch(i, b, exec)        the executor (zero_copy_executor_cuda by default, or any
-//                            device_step_executor) moves the rows slot b names from layer i's
-//                            host cache into slot b's row buffers               (fetch/zero_copy.cuh)
-//   correct(i, b, q, exec)   with a cuda_stage_correction, after wait_rows(i): score_query of layer
-//                            i's own query q, correction_selector_cuda against slot b's selection,
-//                            the fetch of the rows it adds into added(i, b)  (select/correction.cuh)
+//   speculate(i, b, exec)    layer i's policy (any speculation_policy_cuda) scores every cached
+//                            token from slot b's layer input (x_{i-1}); the selector writes slot
+//                            b's selection                     (score/infinigen.cuh, select/*.cuh)
+//   fetch(i, b, exec)        the executor (any device_step_executor; zero_copy_executor_cuda by
+//                            default) moves those rows from layer i's host cache into slot b's
+//                            row buffers                                        (fetch/zero_copy.cuh)
+//   correct(i, b, q, exec)   after wait_rows(i): scores layer i's own query q, selects what slot b's
+//                            selection missed, fetches it into added(i, b)  (select/correction.cuh)
 //
-// Everything is caller-owned and set up once: a policy per speculated layer (InfiniGen's partial
-// key cache is part of its workspace; a stateless policy may serve every layer), one selector
-// and one executor shared by all layers, one score buffer (speculation and selection both run on
-// the side stream, in order), per slot the layer input, and the selections and row buffers: two
-// sets (by slot), or two per layer when rows fetched at the previous step are reused
-// (cuda_stage_buffering::row_cache). Nothing here allocates, synchronises or reads
-// device memory on the host, so a step through the pipeline can be captured in a CUDA graph.
-// Each stage call gets its own cuda_exec (core/exec.hpp) from the pipeline and hands it, whole,
-// to the policy, the selector and the executor it drives: they enqueue on its stream and report
-// into its status word; nothing here keeps either.
+// Everything is caller-owned and set up once: a policy per speculated layer (a stateless one may
+// serve every layer), selectors, one executor, one score buffer (speculation and selection run in
+// order on the side stream), per slot the layer input, and the buffer sets (cuda_stage_buffering).
+// Nothing here allocates, synchronises or reads device memory on the host, so a step can be
+// captured in a CUDA graph. Each stage call hands the cuda_exec it gets from the pipeline, whole,
+// to the policy, selector and executor: they enqueue on its stream and report into its status word.
 //
 //   kvscout::infinigen_stages_cuda<layout, kvscout::topk_selector_cuda> stages(
 //       speculators, selector, fetch, sources, scores, {positions, seq_lens, max_tokens},
 //       {x0, x1}, buffer_sets);
 //   // any other policy: speculation_stages_cuda<layout, Policy, Selector>, same arguments;
 //   // per-layer budgets: a std::vector<Selector*> (one per layer) in place of `selector`
-//   kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = 2}, streams,
+//   kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = 2},
 //                                      kvscout::stages_ref_cuda<decltype(stages)>{&stages});
-//   // layer i: write x_i into stages.x(pipe.slot(i + 1)), pipe.input_ready(i, d_status),
-//   //          pipe.wait_rows(i),
-//   //          attention over stages.buffers(i, pipe.slot(i)) ...
+//   const kvscout::cuda_pipeline_exec x{compute, side, copy, d_status};
+//   // layer i: write x_i into stages.x(pipe.slot(i + 1)), pipe.input_ready(i, x),
+//   //          pipe.wait_rows(i, x), attention over stages.buffers(i, pipe.slot(i)) ...
 //   //          (correction: stages.correct(i, pipe.slot(i), q_i, {compute, d_status}), then
 //   //           attention over joined_rows_cuda of buffers(i, slot) and added(i, slot))
 //
-// The sequence lengths and positions are device arrays the compute stream advances after a step's
-// appends; max_seq_len (host-known, e.g. max_tokens) sizes the scoring grid.
+// The lengths and positions are device arrays the compute stream advances after a step's appends;
+// max_seq_len (host-known, e.g. max_tokens) sizes the scoring grid.
 
 #include <cuda_runtime.h>
 
@@ -77,28 +70,24 @@ struct cuda_stage_lengths {
   /// [num_seqs] the sequence of the policies' state (InfiniGen's partial keys) each batch row
   /// reads, or empty: row s is sequence s (score_context<device_space>::seq_ids; continuous batching).
   device_span<const int32_t> seq_ids = {};
-  /// row_cache buffering: [num_seqs] for each batch row, the batch row that held its sequence at
-  /// the previous step, or -1 for a sequence new to the batch (row_cache_view::row_map); the
-  /// caller advances it with the other arrays. Empty: every row holds the sequence it held at
-  /// the previous step (else call reset_cache). Required with seq_ids: rows that can name any
-  /// sequence can change it between steps, and a cache hit would copy another sequence's rows.
-  /// Unused with slots buffering.
+  /// row_cache buffering: [num_seqs] the batch row that held each row's sequence at the previous
+  /// step, or -1 for a sequence new to the batch (row_cache_view::row_map), advanced by the caller.
+  /// Empty: every row holds the sequence it held before (else call reset_cache). Required with
+  /// seq_ids (a cache hit would otherwise copy another sequence's rows). Unused with slots.
   device_span<const int32_t> cached_rows = {};
 };
 
 /// Where the selections and rows live.
 ///   slots      two buffer sets, by the pipeline's slot (layer parity): the least memory
-///   row_cache  two buffer sets per layer, by step parity: layer i's fetch at step t finds the
-///              rows it fetched at step t - 1 in the other set and copies those on the device
-///              instead of across the link (the device row cache; zero_copy_executor_cuda's
-///              submit with a row_cache_view). Call next_step() after each step's last layer;
-///              a captured graph holds one parity, so capture two (even and odd steps).
+///   row_cache  two sets per layer, by step parity: layer i's fetch at step t copies the rows it
+///              fetched at step t - 1 from the other set on the device (zero_copy_executor_cuda's
+///              row_cache_view). Call next_step() after each step's last layer; a captured graph
+///              holds one parity, so capture two (even and odd steps).
 enum class cuda_stage_buffering { slots, row_cache };
 
-/// The correction step's parts (optional; caller-owned, set up once): its selector and executor,
-/// both of capacity `sets[b].selection.capacity`, the late-score buffer, and by slot the added
-/// rows' selection and rows. The late scores have a buffer of their own: correct(i) runs on the
-/// compute stream while speculate(i + 1) writes the speculation's score buffer on the side stream.
+/// The correction step's parts (optional; caller-owned, set up once): selector and executor of
+/// capacity `sets[b].selection.capacity`, a late-score buffer of its own (correct(i) runs while
+/// speculate(i + 1) writes the speculation's), and by slot the added rows' selection and rows.
 template <class Executor>
 struct cuda_stage_correction {
   correction_selector_cuda* selector = nullptr;  // null: no correction step
@@ -117,9 +106,8 @@ concept row_caching_executor =
       e.submit(src, sel, dst, cache, x);
     };
 
-/// The selectors of the speculated layers: one for every layer (a Selector& converts), or one
-/// per layer (budgets that differ by layer, e.g. from layer_budget_shares, select/budgets.hpp;
-/// null below skip_layers; one selector may serve several layers).
+/// The speculated layers' selectors: one for every layer (a Selector& converts), or one per layer
+/// (null below skip_layers; one may serve several; e.g. layer_budget_shares, select/budgets.hpp).
 template <class Selector>
 struct cuda_stage_selectors {
   cuda_stage_selectors(Selector& every_layer) : all(&every_layer) {}  // NOLINT(google-explicit-constructor)
@@ -150,12 +138,10 @@ class speculation_stages_cuda {
                 "the pipeline's selector must be a device selector (exec_type cuda_exec: "
                 "topk_selector_cuda, threshold_selector_cuda or the engine's own)");
 
-  /// speculators[i]: layer i's policy, or null for layers that are not speculated (below
-  /// skip_layers); one policy may serve several layers. sources[i]: layer i's host cache as the
-  /// device sees it (mapped aliases).
-  /// x[b]: the layer input slot b's speculation reads ([num_seqs, d_model]). sets: 2 buffer sets
-  /// (slots) or 2 per layer, set 2 i + parity for layer i (row_cache). hits: optional device
-  /// counter of rows the row cache served.
+  /// speculators[i]: layer i's policy, null below skip_layers (one may serve several layers).
+  /// sources[i]: layer i's host cache as the device sees it (mapped aliases). x[b]: slot b's layer
+  /// input [num_seqs, d_model]. sets: 2 (slots) or 2 per layer, set 2 i + parity for layer i
+  /// (row_cache). hits: optional device counter of rows the row cache served.
   speculation_stages_cuda(std::vector<speculator_type*> speculators,
                           cuda_stage_selectors<Selector> selectors, executor_type& fetch,
                           std::vector<kv_view<L, device_space>> sources,
@@ -186,8 +172,7 @@ class speculation_stages_cuda {
       KVSCOUT_EXPECTS(speculators_[i] == nullptr || sel != nullptr, "layer ", i,
                       " has a speculation policy but a null selector");
       if constexpr (requires { sel->configuration().capacity; }) {
-        // The stages hand it [num_seqs, num_kv_heads, stride] scores and the sets' selections:
-        // a selector configured otherwise would throw inside speculate(); say so here.
+        // A selector of another shape would throw inside speculate(): say so here.
         const int cap = sets_.empty() ? 0 : sets_[0].selection.capacity;
         if (sel != nullptr && !sets_.empty()) {  // (no sets: refused below)
           const auto& c = sel->configuration();
@@ -230,8 +215,8 @@ class speculation_stages_cuda {
     }
   }
 
-  /// The same with the correction step (correct()): its parts, checked against the
-  /// speculation's. Needs a query_scoring_policy_cuda (a static_assert says so).
+  /// The same with the correction step's parts, checked against the speculation's (static_assert:
+  /// the policy must be a query_scoring_policy_cuda).
   speculation_stages_cuda(std::vector<speculator_type*> speculators,
                           cuda_stage_selectors<Selector> selectors, executor_type& fetch,
                           std::vector<kv_view<L, device_space>> sources,
@@ -281,8 +266,7 @@ class speculation_stages_cuda {
   void next_step() noexcept { parity_ ^= 1; }
   [[nodiscard]] int step_parity() const noexcept { return parity_; }
 
-  /// Scores layer i from the input of slot b and selects into slot b's selection, on
-  /// exec.stream; the policy and the selector report into exec.status.
+  /// Scores layer i from slot b's input and selects into slot b's selection, on exec.stream.
   void speculate(int layer, int b, const cuda_exec& exec) {
     speculator_type* spec = speculator(layer);
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
@@ -303,12 +287,11 @@ class speculation_stages_cuda {
     return correction_.sets[check_slot(slot)];
   }
 
-  /// The correction step of layer i, on exec.stream (the compute stream, after wait_rows(i)):
-  /// scores layer i's own query q [num_seqs, num_q_heads, head_dim] (floats, after RoPE) against
-  /// the policy's partial keys into the late-score buffer, selects the best rows slot b's
-  /// speculation missed (at most the correction's capacity per (sequence, kv head)) and fetches
-  /// them into slot b's added rows, on the critical path. Attend over joined_rows_cuda of
-  /// buffers(i, b) and added(i, b) (attention/decode.cuh). Refused at compile time for a policy
+  /// Layer i's correction on exec.stream (the compute stream, after wait_rows(i)): scores its own
+  /// query q [num_seqs, num_q_heads, head_dim] (floats, after RoPE) into the late scores, selects
+  /// the best rows slot b's speculation missed (at most the correction's capacity per (sequence,
+  /// kv head)) and fetches them into added(i, b), on the critical path. Attend over joined_rows_cuda
+  /// of buffers(i, b) and added(i, b) (attention/decode.cuh). Refused at compile time for a policy
   /// without score_query, at run time for stages built without correction parts.
   void correct(int layer, int b, device_span<const float> q, const cuda_exec& exec) {
     static_assert(query_scoring_policy_cuda<speculator_type>,
@@ -329,8 +312,7 @@ class speculation_stages_cuda {
                                     add.selection.view(), add.rows, exec);
   }
 
-  /// Fetches the rows slot b names from layer i's source, on exec.stream; the executor reports
-  /// into exec.status.
+  /// Fetches the rows slot b names from layer i's source, on exec.stream.
   void fetch(int layer, int b, const cuda_exec& exec) {
     (void)speculator(layer);  // range check
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];

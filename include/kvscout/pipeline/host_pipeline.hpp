@@ -1,28 +1,22 @@
 #pragma once
 // The host decode pipeline: the one place that knows the order of a decode step.
 //
-// For layers below skip_layers attention is dense over the whole cache. For a layer i at or
-// above it, the rows layer i will attend to are chosen and fetched before layer i runs:
-//   speculate(i, ctx, kv_i)   during layer i-1: policy.score -> selector.select -> executor.submit
+// Layers below skip_layers attend densely over the whole cache. For a layer i at or above it, the
+// rows layer i attends to are chosen and fetched before layer i runs:
+//   speculate(i, ctx, kv_i)    during layer i-1: policy.score -> selector.select -> executor.submit
 //   attend(i, ctx, kv_i, ...)  layer i: wait for the fetch, sparse attention over the fetched rows
 //                              plus the current token
-// Policies that need layer i's own query (P::needs_query: oracle, quest) speculate inside
-// attend().
+// Policies that need layer i's own query (P::needs_query: oracle, quest) speculate inside attend().
 //
-// The correction step (kvscout's; cfg.correction_capacity > 0, a policy with score_query such as
-// infinigen_policy_host): at the start of attend(i), layer i's own query is scored against the same
-// partial keys (score_query), correction_selector_host (select/correction.hpp) picks the best
-// correction_capacity rows per (sequence, kv head) by that score among those the speculation did
-// not select, and they are fetched on the critical path;
-// attention reads both sets (joined_rows_host). stats() counts them apart (fetch_stats::corrected). Two sets of selection / destination buffers alternate by layer parity, so layer i's
-// fetch can be in flight while layer i-1 reads its own rows (double buffering); on the host the
-// gather is synchronous, the structure is the one the CUDA pipeline keeps.
+// Correction (cfg.correction_capacity > 0, a policy with score_query such as infinigen_policy_host):
+// attend(i) first scores layer i's own query against the same partial keys and fetches, on the
+// critical path, the best correction_capacity rows per (sequence, kv head) the speculation missed
+// (select/correction.hpp); attention reads both sets (joined_rows_host); fetch_stats::corrected
+// counts them. Two buffer sets alternate by layer parity (double buffering; the gather is synchronous).
 //
-// Memory: every buffer is carved out of one caller-owned workspace of workspace_bytes(cfg) bytes
-// at workspace_alignment (64: each region starts on a cache line, as the gather's streaming
-// stores want of the fetched rows), zeroed at construction; speculate() and attend() allocate
-// nothing. make_workspace<pipeline type>(cfg) (core/workspace.hpp) holds one for callers without
-// an allocator. Regions, in order:
+// Memory: every buffer is carved from one caller-owned workspace of workspace_bytes(cfg) bytes at
+// workspace_alignment, zeroed at construction; speculate() and attend() allocate nothing
+// (make_workspace<pipeline type>(cfg), core/workspace.hpp, holds one). Regions, in order:
 //   scores        num_seqs * num_kv_heads * max_tokens floats
 //   row maxima    num_seqs * num_kv_heads floats
 //   probabilities num_seqs * num_kv_heads * (capacity + correction_capacity + 1) floats
@@ -32,19 +26,12 @@
 //                 correction selector's workspace (correction_capacity > 0 only)
 //   previous      num_layers x num_seqs * num_kv_heads * (capacity + 1) int32 (track_reuse only)
 //
-// The executor is the caller's, as the policy and the selector are: any prefetch_executor that
-// reads a host kv_view of L and a host selection into host rows (host_step_executor below);
-// gather_executor_host<L> by default, built from gather_config_for(cfg). If it has pool() (a
-// thread_pool, as the host gather does), the attention runs on those threads too; otherwise on
-// the calling thread alone (the same bits either way).
-//
-// Budgets by layer: the pipeline takes one selector for every layer, or one per layer (a vector,
-// null below skip_layers), e.g. top-k selectors whose budgets follow layer_budget_shares
-// (select/budgets.hpp). Every selector has the pipeline's shape; capacity bounds all budgets.
-//
-// Reuse: with track_reuse, stats().reused[i] counts the rows layer i selected that its previous
-// step had selected too, per (sequence, kv head): the rows a device-side row cache keeps and need
-// not cross the link again (the CUDA pipeline's row cache; measured here on the host).
+// Executor, policy and selectors are the caller's. The executor: any host_step_executor of L
+// (gather_executor_host<L> by default, from gather_config_for(cfg)); with pool(), attention runs on
+// its threads too (the same bits). Selectors: one for every layer, or one per layer (null below
+// skip_layers; budgets: select/budgets.hpp), each of the pipeline's shape; capacity bounds all
+// budgets. track_reuse: stats().reused[i] counts, per (sequence, kv head), the rows layer i selected
+// that its previous step selected too.
 //
 //   using pipe_t = kvscout::decode_pipeline_host<layout, policy_t, selector_t>;
 //   auto gws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(
@@ -93,17 +80,13 @@ struct host_pipeline_config {
   int num_q_heads = 0;
   int max_tokens = 0;  // score row stride: at least every cached length
   int capacity = 0;    // most rows fetched per (sequence, kv head): the selector's budget
-  int threads = 1;     // gather (and so attention) threads, the caller's included:
-                       // gather_config_for passes it on to the host gather
+  int threads = 1;     // gather (and so attention) threads, the caller's included
   float scale = 0.f;   // attention scale, usually 1 / sqrt(head_dim)
   bool track_reuse = true;  // count rows re-selected from the previous step (fetch_stats::reused)
-  /// Most rows the correction step adds per (sequence, kv head) at a layer, at most capacity; 0:
-  /// no correction.
+  /// Most rows the correction step adds per (sequence, kv head) at a layer, at most capacity; 0: none.
   int correction_capacity = 0;
-  // How the gather writes the fetched rows (fetch/host_gather.hpp). automatic streams a layer's
-  // fetch of 4 MiB or more past the cache; cached keeps it there for the attention that reads it
-  // next, which pays where a layer's fetch fits in the last-level cache. gather_config_for passes
-  // it on to the host gather.
+  // How the gather writes the fetched rows (fetch/host_gather.hpp): automatic streams a layer's
+  // fetch of 4 MiB or more past the cache; cached keeps it there for the attention that reads it.
   gather_stores stores = gather_stores::automatic;
 };
 
@@ -131,11 +114,8 @@ struct fetch_stats {
   std::vector<std::int64_t> corrected;  // [num_layers], accumulated: rows the correction step added
 };
 
-/// L: a layout of float, half, bfloat16 or fp8 rows (fp8: attend() takes the layer's scales).
-/// A KIVI cache is not supported here yet (its fetched rows are
-/// records that attention dequantises with the resident parameters and residual window:
-/// kivi_gathered_rows_host); compose kivi_gathered_rows_host with a selector and the gather directly.
-/// Executor: any host_step_executor of L (gather_executor_host<L> by default), the caller's.
+/// L: a layout of float, half, bfloat16 or fp8 rows (fp8: attend() takes the layer's scales); not
+/// KIVI yet (compose kivi_gathered_rows_host with a selector and the gather directly).
 template <kv_layout L, speculation_policy P, row_selector Selector,
           class Executor = gather_executor_host<L>>
   requires(!kivi_quantized_layout<L> && std::same_as<typename Selector::memory_space, host_space> &&
@@ -157,19 +137,17 @@ class decode_pipeline_host {
   /// The alignment the workspace's address must have: a cache line, where every region starts.
   static constexpr std::size_t workspace_alignment = 64;
 
-  /// policy, selector, executor: the caller's, used by reference (they outlive the pipeline);
-  /// the selector's and the executor's shapes are checked against cfg here. workspace: at least
-  /// workspace_bytes(cfg) bytes at workspace_alignment, the caller's, the pipeline's alone while
-  /// it lives.
+  /// policy, selector, executor: used by reference (they outlive the pipeline); the selector's and
+  /// executor's shapes are checked against cfg here. workspace: at least workspace_bytes(cfg) bytes
+  /// at workspace_alignment, the pipeline's alone while it lives.
   decode_pipeline_host(const host_pipeline_config& cfg, P& policy, Selector& selector,
                        Executor& executor, host_span<std::byte> workspace)
       : decode_pipeline_host(cfg, policy,
                              std::vector<Selector*>(static_cast<std::size_t>(std::max(cfg.num_layers, 0)),
                                                     &selector),
                              executor, workspace) {}
-  /// Per-layer selectors (budgets that differ by layer: select/budgets.hpp): selectors[i] selects
-  /// layer i's rows, one per layer (null below skip_layers; one selector may serve several),
-  /// each with the pipeline's shape.
+  /// Per-layer selectors: selectors[i] selects layer i's rows (null below skip_layers; one selector
+  /// may serve several), each with the pipeline's shape.
   decode_pipeline_host(const host_pipeline_config& cfg, P& policy, std::vector<Selector*> selectors,
                        Executor& executor, host_span<std::byte> workspace)
       : cfg_(cfg), policy_(policy), selectors_(std::move(selectors)), executor_(executor) {
@@ -182,9 +160,7 @@ class decode_pipeline_host {
       KVSCOUT_EXPECTS(sel != nullptr, "layer ", i, " is speculated (skip_layers = ", cfg.skip_layers,
                       ") but its selector is null");
       if constexpr (requires { sel->configuration().capacity; }) {
-        // The pipeline hands the selector [num_seqs, num_kv_heads, max_tokens] scores and
-        // [.., capacity] selections: a selector configured otherwise would throw at the first
-        // speculate(); say so here, in the pipeline's terms.
+        // Another shape would throw at the first speculate(): say so here, in the pipeline's terms.
         const auto& sc = sel->configuration();
         KVSCOUT_EXPECTS(sc.num_seqs == cfg.num_seqs && sc.num_kv_heads == cfg.num_kv_heads &&
                             sc.stride == cfg.max_tokens && sc.capacity == cfg.capacity,
@@ -235,10 +211,9 @@ class decode_pipeline_host {
                     " is not speculated: expected [skip_layers = ", cfg_.skip_layers,
                     ", num_layers = ", cfg_.num_layers, ")");
     buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
-    // The policy hands each row's maximum on to the selector with the scores
-    // (score_buffer::row_max): a threshold selector then needs no pass of its own for it. NaN
-    // first, so that a policy of the caller's that does not write them leaves no hint, not a
-    // stale one (which would cost the selector a second pass; never a different selection).
+    // The policy hands each row's maximum to the selector (score_buffer::row_max), sparing a
+    // threshold selector a pass. NaN first: a policy that does not write them leaves no hint, not
+    // a stale one (which would cost a second pass; never a different selection).
     std::fill(row_max_.begin(), row_max_.end(), std::numeric_limits<float>::quiet_NaN());
     const score_buffer<host_space> out{{scores_.data(), scores_.size()}, cfg_.num_seqs,
                                        cfg_.num_kv_heads, cfg_.max_tokens,
@@ -313,23 +288,20 @@ class decode_pipeline_host {
     return {{b.indices.data(), b.indices.size()}, {b.counts.data(), b.counts.size()},
             cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
   }
-  /// The rows the correction step of the last attend() added (of layer last_corrected_layer()):
-  /// [num_seqs, num_kv_heads, capacity] slots, at most correction_capacity used per row,
-  /// ascending. Empty without correction.
+  /// The rows the last attend()'s correction added (layer last_corrected_layer()): [num_seqs,
+  /// num_kv_heads, capacity], at most correction_capacity per row, ascending. Empty without.
   [[nodiscard]] selection_view<host_space> last_correction() const {
     if (cfg_.correction_capacity == 0) return {};  // no rows, no shape
     return {{corr_.indices.data(), corr_.indices.size()}, {corr_.counts.data(), corr_.counts.size()},
             cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
   }
   [[nodiscard]] int last_corrected_layer() const noexcept { return corr_.layer; }
-  /// The scores of the last speculate(), or after a correction step its late scores:
-  /// [num_seqs, num_kv_heads, max_tokens].
+  /// The last speculate()'s scores (or a correction's late scores): [num_seqs, num_kv_heads, max_tokens].
   [[nodiscard]] host_span<const float> last_scores() const { return {scores_.data(), scores_.size()}; }
   [[nodiscard]] const fetch_stats& stats() const { return stats_; }
   [[nodiscard]] const host_pipeline_config& configuration() const noexcept { return cfg_; }
 
  private:
-  // Spans into the workspace.
   struct buffer {
     host_span<int32_t> indices, counts;  // [num_seqs, num_kv_heads, capacity], [.., ..]
     host_span<element_type> k, v;        // [num_seqs, num_kv_heads, capacity, head_dim]
@@ -372,8 +344,7 @@ class decode_pipeline_host {
     c.buffers[0] = take_buffer();
     c.buffers[1] = take_buffer();
     if (cfg.correction_capacity != 0) {
-      // Its rows in buffers of the speculation's shape (capacity slots), so that one executor
-      // serves both.
+      // Buffers of the speculation's shape (capacity slots), so that one executor serves both.
       c.corr = take_buffer();
       c.corr_ws = take(correction_selector_host::workspace_bytes(correction_config(cfg)),
                        static_cast<std::byte*>(nullptr));
@@ -486,8 +457,7 @@ class decode_pipeline_host {
   buffer buffers_[2];
   host_span<float> probs_;
   host_span<int32_t> previous_;  // [num_layers, num_seqs * num_kv_heads, 1 + capacity]
-  // The correction step (cfg.correction_capacity > 0): its rows and selector (whose workspace is
-  // a region of the pipeline's).
+  // The correction step's rows and selector (its workspace a region of the pipeline's).
   buffer corr_;
   std::optional<correction_selector_host> corrector_;
   fetch_stats stats_;
