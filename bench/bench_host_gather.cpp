@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kvscout/core/thread_pool.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/fetch/host_gather.hpp"
@@ -101,8 +102,8 @@ void run_gather(benchmark::State& state, int density, int threads) {
   const layout l = layout::padded(heads, tokens, &len, 1);
   const selections sel = make_selections(tokens, density);
   kvscout::host_gather_config cfg{1, heads, sel.capacity, threads};
-  std::vector<std::int64_t> ws(executor::workspace_bytes(cfg) / 8);
-  executor ex(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  auto ws = kvscout::make_workspace<executor>(cfg);
+  executor ex(cfg, ws.span());
   const kvscout::kv_view<layout, kvscout::host_space> src{l, {a.k.data(), a.k.size()},
                                                           {a.v.data(), a.v.size()}};
   const kvscout::gather_destination<kvscout::host_space> dst{{a.dk.data(), a.dk.size()},

@@ -45,6 +45,7 @@
 #include "kvscout/select/budgets.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/pooled.hpp"
+#include "kvscout/select/split_options.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/plan.hpp"

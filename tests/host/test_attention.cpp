@@ -16,6 +16,7 @@
 
 #include "kvscout/attention/cache_rows.hpp"
 #include "kvscout/attention/decode.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/contiguous.hpp"
 
@@ -297,8 +298,8 @@ TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition o
     }
   using layout = typename attn_fixture<T>::layout;
   kvscout::host_gather_config gc{f.S, f.H, cap, 1};
-  std::vector<std::int64_t> ws(kvscout::gather_executor_host<layout>::workspace_bytes(gc) / 8);
-  kvscout::gather_executor_host<layout> ex(gc, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  auto ws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(gc);
+  kvscout::gather_executor_host<layout> ex(gc, ws.span());
   std::vector<T> dk(idx.size() * 64), dv(dk.size());
   const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), idx.size()}, {counts.data(), counts.size()}, f.S, f.H, cap};
   const kvscout::gather_destination<kvscout::host_space> dst{

@@ -423,7 +423,7 @@ TEST_CASE("device attention plans and their workspaces are validated", "[cuda][f
 TEST_CASE("device selection splits long rows over enough blocks for a 132-SM device",
           "[cuda][facade][launch]") {
   using detail::plan_select_split;
-  const detail::select_split_options h200{132, 2048};
+  const select_split_options h200{132, 2048};
   // bench_spec_select.cu: 32 rows (1 sequence x 32 heads) of 8k / 32k / 128k tokens.
   for (const int n : {8192, 32768, 131072}) {
     CAPTURE(n);

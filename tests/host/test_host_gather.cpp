@@ -220,18 +220,15 @@ struct gather_problem {
   std::vector<int32_t> indices{0, 6, -1, 2, 3, -1, 1, 2, 3, 0, -1, -1};  // [2, 2, 3]
   std::vector<int32_t> counts{2, 2, 3, 1};
   std::vector<std::byte> k, v, dk, dv;
-  std::vector<std::int64_t> ws;
   kvscout::host_gather_config cfg{2, 2, 3, 1};
+  kvscout::host_workspace ws = kvscout::make_workspace<executor>(cfg);
   layout l{{indptr.data(), pages.data(), last.data(), 2}, 2};
 
   gather_problem() : k(3 * 4 * 2 * 128), v(k.size()), dk(2 * 2 * 3 * 128, poison), dv(dk.size(), poison) {
     fill_random(k, 1);
     fill_random(v, 2);
-    ws.resize(executor::workspace_bytes(cfg) / 8);
   }
-  kvscout::host_span<std::byte> workspace() {
-    return {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8};
-  }
+  kvscout::host_span<std::byte> workspace() { return ws.span(); }
   void submit() {
     executor ex(cfg, workspace());
     kvscout::kv_view<layout, kvscout::host_space> src{l, {k.data(), k.size()}, {v.data(), v.size()}};
@@ -293,12 +290,12 @@ TEST_CASE("host gather rejects bad input before writing", "[fetch][gather][error
   }
   SECTION("selection shape differs from the executor's") {
     p.cfg.capacity = 2;
-    p.ws.resize(gather_problem::executor::workspace_bytes(p.cfg) / 8);
+    p.ws = kvscout::make_workspace<gather_problem::executor>(p.cfg);
     REQUIRE_THROWS_WITH(p.submit(), Catch::Contains("selection shape [2, 2, 3]") &&
                                         Catch::Contains("executor's [2, 2, 2]"));
   }
   SECTION("workspace too small") {
-    p.ws.resize(1);
+    p.ws = kvscout::host_workspace(8, 64);
     REQUIRE_THROWS_WITH(p.submit(), Catch::Contains("workspace holds 8 bytes"));
   }
   SECTION("zero threads") {

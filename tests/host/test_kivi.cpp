@@ -1163,8 +1163,8 @@ TEST_CASE("kivi usage examples compile and run", "[kivi]") {
   const kvscout::selection_view<kvscout::host_space> selection{
       {indices.data(), indices.size()}, {counts.data(), counts.size()}, 2, 8, capacity};
   const kvscout::host_gather_config cfg{.num_seqs = 2, .num_kv_heads = 8, .capacity = capacity};
-  std::vector<std::int64_t> ws(kvscout::gather_executor_host<layout>::workspace_bytes(cfg) / 8);
-  kvscout::gather_executor_host<layout> gather(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  auto ws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(cfg);
+  kvscout::gather_executor_host<layout> gather(cfg, ws.span());
   struct alignas(16) granule { std::byte b[16]; };  // 16-byte aligned destination rows
   std::vector<granule> dk(2u * 8 * capacity * l.k_row_bytes() / 16),
       dv(2u * 8 * capacity * l.v_row_bytes() / 16);

@@ -10,6 +10,7 @@
 
 #include "kv_fixtures.hpp"
 #include "kvscout/fetch/host_gather.hpp"
+#include "kvscout/core/workspace.hpp"
 
 using namespace kvtest;
 
@@ -114,10 +115,8 @@ TEST_CASE("paged layout: page_stride describes pages that interleave K and V", "
   const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), idx.size()},
                                                          {counts.data(), counts.size()}, 1, H, 2};
   const kvscout::host_gather_config cfg{1, H, 2};
-  std::vector<std::int64_t> ws(kvscout::gather_executor_host<decltype(l)>::workspace_bytes(cfg) / 8 +
-                               1);
-  kvscout::gather_executor_host<decltype(l)> g(
-      cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  auto ws = kvscout::make_workspace<kvscout::gather_executor_host<decltype(l)>>(cfg);
+  kvscout::gather_executor_host<decltype(l)> g(cfg, ws.span());
   constexpr std::size_t row = D * 2;
   std::vector<std::byte> dst(2 * 4 * row);
   const auto d = kvscout::host_span<std::byte>(dst);

@@ -17,8 +17,8 @@ int main() {
   std::vector<int32_t> idx = {0, 1, 19}, count = {3};
   kvscout::host_gather_config cfg{1, 1, 3, 1};
   using ex_t = kvscout::gather_executor_host<layout>;
-  std::vector<std::int64_t> ws(ex_t::workspace_bytes(cfg) / 8);
-  ex_t ex(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * 8});
+  auto ws = kvscout::make_workspace<ex_t>(cfg);
+  ex_t ex(cfg, ws.span());
   std::vector<kvscout::half> dk(3 * 64), dv(3 * 64);
   ex.submit({l, kvscout::as_bytes(kvscout::host_span<const kvscout::half>(k.data(), k.size())),
              kvscout::as_bytes(kvscout::host_span<const kvscout::half>(v.data(), v.size()))},

@@ -13,7 +13,7 @@
 //                                                    .num_q_heads = 32, .head_dim = 128,
 //                                                    .max_rows = 1638});
 //   // cudaMalloc plan.workspace_bytes() once; then each step:
-//   kvscout::decode_attention_cuda(rows, cur, q, out, params, plan, workspace, stream);
+//   kvscout::decode_attention_cuda(rows, cur, q, out, params, plan, workspace, {stream, d_status});
 //
 // max_rows is the most rows a (sequence, kv head) pair reads (the selection's capacity, plus
 // the KIVI residual window and the current token where they apply). It shapes the split only:

@@ -7,7 +7,7 @@
 //   template <kvscout::configured C>
 //   int capacity_of(const C& c) { return c.configuration().capacity; }
 //
-// It is not part of the topk_selector / speculation_policy / prefetch_executor concepts: a
+// It is not part of the row_selector / speculation_policy / prefetch_executor concepts: a
 // third-party component need not model it to plug in.
 
 #include <concepts>

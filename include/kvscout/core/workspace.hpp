@@ -11,7 +11,7 @@
 //
 // make_workspace<Part>(args...) holds Part::workspace_bytes(args...) bytes at
 // Part::workspace_alignment, the two members every part with a workspace has (the concepts
-// prefetch_executor and topk_selector ask for both). A zero-byte workspace is an empty span.
+// prefetch_executor and row_selector ask for both). A zero-byte workspace is an empty span.
 
 #include <cuda_runtime_api.h>
 

@@ -45,14 +45,14 @@ class threshold_selector_cuda : public detail::device_selector_base<threshold_se
   /// Bytes of device workspace: [num_seqs * num_kv_heads] int32 for infinigen_mean; the split
   /// kernels' for per_head rows that split (0 for short rows).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg,
-                                                detail::select_split_options opt = {}) {
+                                                select_split_options opt = {}) {
     return detail::threshold_cuda_workspace_bytes(cfg, opt);
   }
 
   /// opt: how long rows split over blocks (per_head; device_config.hpp); the SM count is asked
   /// here when opt.num_sms is 0. The workspace must hold workspace_bytes(cfg, opt).
   threshold_selector_cuda(const config& cfg, device_span<std::byte> workspace,
-                          detail::select_split_options opt = {})
+                          select_split_options opt = {})
       : device_selector_base(cfg, workspace, workspace_bytes(cfg, opt), opt,
                              cfg.rule == threshold_rule::per_head) {}
 

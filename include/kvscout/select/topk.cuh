@@ -38,14 +38,14 @@ class topk_selector_cuda : public detail::device_selector_base<topk_selector_hos
  public:
   /// Bytes of device workspace: the split kernels' histograms and counts (0 for short rows).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg,
-                                                detail::select_split_options opt = {}) {
+                                                select_split_options opt = {}) {
     return detail::topk_cuda_workspace_bytes(cfg, opt);
   }
 
   /// opt: how long rows split over blocks (device_config.hpp); the SM count is asked here when
   /// opt.num_sms is 0. The workspace must hold workspace_bytes(cfg, opt).
   topk_selector_cuda(const config& cfg, device_span<std::byte> workspace,
-                     detail::select_split_options opt = {})
+                     select_split_options opt = {})
       : device_selector_base(cfg, workspace, workspace_bytes(cfg, opt), opt, true) {}
 
   /// Writes the selection of every (sequence, kv_head) row to out, on exec.stream. A length

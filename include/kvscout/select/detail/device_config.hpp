@@ -12,6 +12,7 @@
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/select/detail/checks.hpp"
+#include "kvscout/select/split_options.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
 
@@ -54,14 +55,6 @@ inline void check_threshold_cuda_config(const threshold_selector_host::config& c
 struct select_split {
   int chunks = 1;
   int chunk_tokens = 0;
-};
-
-/// How the device selectors split rows: the SMs to fill (0: the current device's, asked when the
-/// selector is built) and the smallest chunk worth a block. Tests pass small chunks to exercise
-/// the split on short rows.
-struct select_split_options {
-  int num_sms = 0;
-  int min_chunk_tokens = 2048;  // the default: select_split_granule
 };
 
 /// The compaction's tile: the default chunk granule, so that every chunk starts a whole tile.
