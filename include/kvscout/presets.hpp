@@ -1,15 +1,10 @@
 #pragma once
-// Named speculation configurations: the knobs of an infinigen_policy_host plus its selector, as one
-// plain struct, so that a caller (and the accuracy harness, tools/accuracy/accuracy.cpp) says
-// which method it runs by name.
+// Named speculation configurations: an infinigen_policy_host's knobs plus its selector, as one plain
+// struct, so that a caller (and the accuracy harness, tools/accuracy/accuracy.cpp) names its method.
 //
 //   infinigen_paper(head_dim)   InfiniGen as its authors' code runs it (Lee et al., OSDI'24;
-//                               github.com/snu-comparch/InfiniGen): post-RoPE skew, a partial
-//                               ratio of 0.2, the mean-count threshold rule with alpha 4, no
-//                               keep-set.
-//   kvscout_default(head_dim)   kvscout's own configuration, which is NOT the paper's: RoPE planes
-//                               instead of the skew, r = head_dim / 2, max-logit GQA aggregation,
-//                               exact top-k at the cap, 4 sinks + 16 recent tokens kept.
+//                               github.com/snu-comparch/InfiniGen).
+//   kvscout_default(head_dim)   kvscout's own configuration, which is NOT the paper's.
 //
 // Their perplexity on SmolLM2-135M, and the stage ablation between them: docs/accuracy.md.
 //
@@ -18,16 +13,11 @@
 //   // plans below p.skip_layers stay empty (those layers attend densely)
 //   kvscout::infinigen_config cfg{..., .aggregation = p.aggregation,
 //                                 .query_aggregation = p.query_aggregation};
-//   if (p.selector == kvscout::presets::selector_kind::threshold) {
-//     // threshold_selector_host{..., .alpha = p.alpha, .budget = cap, .rule = p.rule,
-//     //                          .keep = p.keep}
-//   } else {
-//     // topk_selector_host{..., .budget = cap, .keep = p.keep}
-//   }
+//   // p.selector: topk_selector_host{..., .budget = cap, .keep = p.keep}, or threshold_selector_host
+//   //   {..., .alpha = p.alpha, .budget = cap, .rule = p.rule, .keep = p.keep}
 //
-// The budget (the cap per step and kv head) is the caller's: neither preset fixes it. InfiniGen's
-// reference runs cap the fetch at 20 % of the cached tokens (accuracy/perplexity/table2.sh:
-// budget=0.2; speedup/scripts/*/run.sh: --max-num-kv 409 of about 2048): infinigen_paper_budget.
+// The budget (the cap per step and kv head) is the caller's: neither preset fixes it
+// (infinigen_paper_budget is the reference runs' cap).
 
 #include <optional>
 
@@ -69,12 +59,10 @@ struct speculation_preset {
   bool union_with_keys = false;
   /// How the g query heads of a GQA group score one kv head (infinigen_config::aggregation).
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
-  /// The correction step's aggregation (infinigen_config::query_aggregation); empty: the
-  /// speculation's. Only a pipeline with a correction step reads it.
+  /// The correction step's aggregation (infinigen_config::query_aggregation); empty: the speculation's.
   std::optional<gqa_aggregation> query_aggregation{};
-  /// The correction step's partial dimension: its plans hold the speculation's r channels first,
-  /// then more (infinigen_policy_host's correction plans, infinigen_cuda_config::correction_r:
-  /// one cache read at two widths); 0: r. Only a pipeline with a correction step reads it.
+  /// The correction step's partial dimension (0: r), its plans holding the speculation's r channels
+  /// first (one cache read at two widths). Only a pipeline with a correction step reads it.
   int correction_r = 0;
   selector_kind selector = selector_kind::topk;
   /// threshold only: candidates score >= row max - alpha (threshold_selector_host::config).
@@ -98,9 +86,8 @@ struct speculation_preset {
   /// The correction step's channels: correction_r, or r where it is 0.
   [[nodiscard]] int correction_channels() const noexcept { return correction_r > 0 ? correction_r : r; }
   /// The calibration options of the correction step's plans: skew(rope) at correction_channels().
-  /// calibrate_skew ranks the channels (the planes in rope_planes mode) the same way at every r,
-  /// so on the same samples these plans hold the speculation's channels (the test: the library's
-  /// nesting check accepts the pair).
+  /// calibrate_skew ranks the channels the same way at every r, so on the same samples these plans
+  /// hold the speculation's channels (the library's nesting check accepts the pair).
   [[nodiscard]] skew_options correction_skew(const rope_config& rope) const {
     skew_options o = skew(rope);
     o.r = correction_channels();
@@ -108,45 +95,33 @@ struct speculation_preset {
   }
 };
 
-/// InfiniGen's reference runs fetch at most this share of the cached tokens per step (see the
-/// header comment). A default for callers who want the paper's setting; the presets leave the
-/// budget to the caller.
+/// InfiniGen's reference runs fetch at most this share of the cached tokens per step
+/// (accuracy/perplexity/table2.sh: budget=0.2; speedup/scripts/*/run.sh: --max-num-kv 409 of about
+/// 2048). A default for callers who want the paper's setting.
 inline constexpr double infinigen_paper_budget = 0.2;
 
-/// InfiniGen as its authors' code runs it. Each field, and where it comes from (paths in
+/// InfiniGen as its authors' code runs it. Each field and its source (paths in
 /// github.com/snu-comparch/InfiniGen):
-///   mode            post_rope_skew: the Llama path skews the RoPE'd query and key with a
-///                   per-head orthogonal matrix from the SVD of RoPE'd queries
-///                   (accuracy/setup/gen_llama_skewing_matrix.py; accuracy/src/
-///                   modeling_llama_ours.py: rotate, then `query @ skewing_matrix`); the paper's
-///                   skewing (section 4.2). kvscout's calibrate_skew does this in this mode.
+///   mode            post_rope_skew, the paper's skewing (section 4.2; accuracy/setup/
+///                   gen_llama_skewing_matrix.py, accuracy/src/modeling_llama_ours.py).
 ///   partial_ratio   0.2 (accuracy/setup/setup.sh: PARTIAL_RATIO=0.2; speedup/scripts/*/run.sh:
-///                   --partial-weight-ratio 0.2; the paper's partial weight ratio, section 4.3).
+///                   --partial-weight-ratio 0.2; paper section 4.3).
 ///   r               int(head_dim * 0.2), truncated as Python's int() does
-///                   (speedup/infinigen/infinigen/partial_weight_generation_controller.py:
-///                   int(head_dim * partial_weight_ratio) columns per head): 128 -> 25, 64 -> 12.
-///   union_with_keys false: the system ranks the columns by the query alone (same file). The
-///                   Llama accuracy path also ORs in the keys' top columns
-///                   (modeling_llama_ours_setup.py), between r and 2r channels in all; kvscout
-///                   keeps exactly r, so this preset follows the system.
-///   aggregation     max_logit. Not the paper's: its models (OPT, Llama-2 7B / 13B) have no GQA,
-///                   and every aggregation is the same for a group of one. On a GQA model a kv
-///                   head's token then ranks by its best query head, the nearest to fetching
-///                   what any head of the group would. kvscout's choice, stated here.
+///                   (speedup/infinigen/infinigen/partial_weight_generation_controller.py): 128 -> 25, 64 -> 12.
+///   union_with_keys false, as the system (same file). The Llama accuracy path also ORs in the keys'
+///                   top columns (modeling_llama_ours_setup.py, r to 2r channels); kvscout keeps exactly r.
+///   aggregation     max_logit, kvscout's choice: the paper's models have no GQA (every aggregation
+///                   is the same for a group of one); a kv head's token ranks by its best query head.
 ///   selector, rule  threshold, infinigen_mean: each head counts the tokens within alpha of its
 ///                   maximum, every head fetches min(mean count, cap) tokens, its best by score
 ///                   (speedup/infinigen/infinigen/kv_selection_controller.py, speculate_attention;
-///                   accuracy/src/modeling_llama_ours.py, kv_cache_mask; paper section 4.3).
-///                   Two differences stay: that code thresholds every head at the first head's
-///                   row maximum (`max(...)[0]`), where infinigen_mean uses each head's own, and
-///                   it caps a row at a share of the whole sequence, where kvscout's callers cap
-///                   at a share of the cached tokens (docs/accuracy.md, "How it is measured").
+///                   accuracy/src/modeling_llama_ours.py, kv_cache_mask; paper section 4.3). Where
+///                   that code's threshold and cap differ: docs/accuracy.md, "How it is measured".
 ///   alpha           4 (speedup/scripts/*/run.sh: --alpha 4; accuracy/perplexity/table2.sh: 4 for
-///                   OPT). The Llama-2 perplexity runs of table2.sh use 5.
-///   keep            none: the reference selects by score alone, no sink or recent tokens.
-///   skip_layers     2: layer i >= 2 is speculated from layer i - 1's attention input; layers 0
-///                   and 1 attend densely (accuracy/perplexity/llama.py: previous_hidden_states
-///                   set for i >= 2).
+///                   OPT, 5 for the Llama-2 perplexity runs).
+///   keep            none: the reference selects by score alone.
+///   skip_layers     2: layers 0 and 1 attend densely, layer i >= 2 is speculated from layer i - 1's
+///                   input (accuracy/perplexity/llama.py: previous_hidden_states set for i >= 2).
 [[nodiscard]] inline speculation_preset infinigen_paper(int head_dim) {
   KVSCOUT_EXPECTS(head_dim > 0, "head_dim must be positive, got ", head_dim);
   speculation_preset p;
@@ -168,24 +143,20 @@ inline constexpr double infinigen_paper_budget = 0.2;
 }
 
 /// kvscout's own configuration, chosen by the accuracy harness on SmolLM2-135M (GQA, RoPE,
-/// head_dim 64). Not InfiniGen's: it keeps InfiniGen's speculation (layer l's partial query from
-/// layer l - 1's input, scored against partial keys) and changes the rest. Each field (the
-/// perplexities behind each choice: docs/accuracy.md, "kvscout's defaults: what the harness
-/// chose", and for sum_prob "What limits the ranking"):
-///   mode            rope_planes: whole RoPE planes, no skew (skew/plan.hpp); best at every
-///                   budget on both texts.
-///   partial_ratio   0.5, r = head_dim / 2 rounded down to whole planes (measured for head_dim
-///                   64 only; other head_dims take the same ratio).
+/// head_dim 64): InfiniGen's speculation (layer l's partial query from layer l - 1's input, scored
+/// against partial keys), the rest changed. The perplexities behind each field: docs/accuracy.md,
+/// "kvscout's defaults: what the harness chose", unless another section is named.
+///   mode            rope_planes: whole RoPE planes, no skew (skew/plan.hpp); best at every budget
+///                   on both texts.
+///   partial_ratio   0.5, r = head_dim / 2 rounded down to whole planes (measured at head_dim 64 only).
 ///   union_with_keys false.
 ///   aggregation     max_logit (better than mean_logit).
-///   query_aggregation sum_prob: the correction step's ranking, which has the layer's own query.
-///   correction_r    head_dim: the correction ranks over every channel, the speculation over its
-///                   r (one cache read at two widths). SmolLM2, 10 %, correction share 0.25,
-///                   float keys, r = 32 (docs/accuracy.md, "pg19: which part of the 2-bit,
-///                   64-channel ranking loses"): GPL-3 16.885 -> 16.650, pg19 46.396 -> 46.544
-///                   (a loss there). In a cache of quantized_keys<2> (group 32: 2-bit codes and a
-///                   float min and step per group) every channel takes 32 bytes per token and KV
-///                   head at head_dim 64, half of r = head_dim / 2 channels in fp16 (64).
+///   query_aggregation sum_prob: the correction step's ranking, which has the layer's own query
+///                   ("What limits the ranking").
+///   correction_r    head_dim: the correction ranks over every channel, the speculation over its r
+///                   (better on GPL-3, a small loss on pg19: "pg19: which part of the 2-bit, 64-channel
+///                   ranking loses"). With quantized_keys<2> (group 32) at head_dim 64, all 64 channels
+///                   take 32 bytes per token and kv head, half of 32 channels in fp16.
 ///   selector        exact top-k at the cap (better than the per-head threshold).
 ///   alpha, rule     unused (top-k); rule left at per_head, kvscout's threshold rule.
 ///   keep            4 sinks + 16 recent tokens, inside the cap (the harness's keep-set).

@@ -15,28 +15,22 @@
 //                                  q, out, {.num_q_heads = 32, .scale = 0.088f}, plan,
 //                                  workspace, {stream, d_status});   // cuda_exec, last
 //
-// Row sources (attention/rows.cuh, with their concept attention_rows_cuda):
-//   gathered_rows_cuda<T, D>      the fetched T rows (sparse attention)
-//   kivi_gathered_rows_cuda<L>    the fetched KIVI records dequantised as read, then the
-//                                   resident residual window (mirrors kivi_gathered_rows_host)
-//   layout_rows_cuda<L>           every token of a device-resident cache (dense anchor)
-//   joined_rows_cuda<A, B>        A's rows, then B's (the correction step's speculated and added
-//                                   rows, read in place; the device twin of joined_rows_host)
-// Element types float / half / bfloat16; head_dim a multiple of 32 up to 256 (64 / 128 / 256),
-// static from the row source. q and out are [num_seqs, num_q_heads, head_dim], float by default
-// or any of the element types (an fp16 / bf16 engine passes its own query and output buffers).
+// Row sources (attention/rows.cuh, concept attention_rows_cuda):
+//   gathered_rows_cuda<T, D>    the fetched T rows (sparse attention)
+//   kivi_gathered_rows_cuda<L>  the fetched KIVI records dequantised as read, then the resident
+//                               residual window (mirrors kivi_gathered_rows_host)
+//   layout_rows_cuda<L>         every token of a device-resident cache (dense anchor)
+//   joined_rows_cuda<A, B>      A's rows, then B's (the correction step's two sets, read in place)
+// Element types float / half / bfloat16; head_dim a multiple of 32 up to 256, static from the row
+// source. q and out are [num_seqs, num_q_heads, head_dim], float by default or any element type.
 //
-// Launch (detail/decode_kernel.cuh): flash-decoding. Blocks of 4 warps, each owning one
-// (sequence, kv head), up to 8 query heads of its group (each K / V row read once for all of
-// them) and one split of its rows, a row read by head_dim / E lanes with 16-byte loads; with
-// more than one split a second kernel merges the blocks' softmax states. The plan sizes the split
-// so that the grid fills the GPU in one wave (1638 rows x 8 kv heads: 49 splits of 34 rows, 392
-// blocks).
-// Nothing is allocated and nothing synchronises the host; the call only enqueues on exec.stream.
-// Host-known shapes and parameters are validated (kvscout::error naming the value); device data
-// is checked in the kernel (counts clamped, bad KIVI indices skipped, rows outside a dense
-// cache's buffers skipped), reported through the optional device status word exec.status
-// (core/device_status.hpp).
+// Launch (detail/decode_kernel.cuh): flash-decoding, blocks of 4 warps per (sequence, kv head,
+// split), up to 8 query heads each (each K / V row read once for all); with more than one split a
+// second kernel merges the softmax states. The plan sizes the split to fill the GPU in one wave.
+// Nothing is allocated or synchronises the host; the call only enqueues on exec.stream. Host-known
+// shapes and parameters are validated (kvscout::error naming the value); device data is checked in
+// the kernel (counts clamped, bad KIVI indices skipped, rows outside a dense cache's buffers
+// skipped) and reported through the optional status word exec.status (core/device_status.hpp).
 // Unlike the host version there is no per-row probability output.
 
 #include <cuda_runtime.h>
@@ -79,10 +73,8 @@ inline decode_attention_plan plan_decode_attention_cuda(decode_attention_shape s
 
 /// Attention split by `plan` (attention/device_plan.hpp) over `workspace` (at least
 /// plan.workspace_bytes(), 16-byte aligned, device memory the call may overwrite; nothing when
-/// plan.splits == 1). q and out: float by default (braced {ptr, size} arguments mean float), or
-/// any element type, deduced from the spans (device_span<const half> or device_span<half> for q,
-/// device_span<half> for out, ...). The query is widened to float as it is read and the output
-/// rounded once as it is written.
+/// plan.splits == 1). q and out: float by default (braced {ptr, size} means float) or any element
+/// type, deduced from the spans; q is widened to float as read, out rounded once as written.
 template <attention_rows_cuda Rows, kv_element T, class QSpan = const float, class O = float>
 void decode_attention_cuda(const Rows& rows, const current_token<T, device_space>& cur,
                            device_span<QSpan> q, device_span<O> out,
@@ -139,9 +131,8 @@ void decode_attention_cuda(const Rows& rows, const current_token<T, device_space
   }
 }
 
-/// Without a plan: one block per (sequence, kv head, block of query heads), no workspace. Fills
-/// the GPU when num_seqs * num_kv_heads is a few times its SM count; for fewer pairs (batch 1,
-/// 8 kv heads) plan a split instead, or most SMs stay idle.
+/// Without a plan: one block per (sequence, kv head, block of query heads), no workspace. Fills the
+/// GPU only when num_seqs * num_kv_heads is a few times its SM count; for fewer pairs plan a split.
 template <attention_rows_cuda Rows, kv_element T, class QSpan = const float, class O = float>
 void decode_attention_cuda(const Rows& rows, const current_token<T, device_space>& cur,
                            device_span<QSpan> q, device_span<O> out,

@@ -5,17 +5,11 @@
 //   out[s, qh, :] = sum_i softmax_i(scale * q[s, qh] . k_i) v_i,   kv head h = qh / (Hq / H)
 //
 // with k_i and v_i the stored values times k_scale and v_scale (attention_params; fp8 caches).
-//
-// The same routine is the dense reference (layout_rows_host: every cached token) and sparse attention
-// (gathered_rows_host: the fetched rows). KV is never expanded to query heads: each K / V row is loaded
-// once per group of up to 16 query heads and used by all of them (GQA). The softmax is computed
-// online (running max and sum), so no per-token buffer is needed and nothing is allocated.
-//
-// Acc = float (the default) works in blocks of 16 rows: the block's logits for the whole group
-// at once (detail::dot_rows_multi: 16 partial sums per dot, vectorised), one rescale of each
-// head's accumulator per block, then the block's V rows multiply-added a register of channels
-// at a time (the channels past the last whole register one by one). Acc = double accumulates in
-// fp64, one row at a time in the plain order. Tests hold both to an fp64 definition.
+// The same routine is the dense reference (layout_rows_host: every cached token) and sparse
+// attention (gathered_rows_host: the fetched rows). Each K / V row is loaded once per group of up
+// to 16 query heads (GQA); the softmax is online, so nothing is allocated. Acc = float (the
+// default) works in blocks of 16 rows; Acc = double accumulates in fp64, one row at a time in the
+// plain order. Tests hold both to an fp64 definition.
 //
 // A logit that overflows float in the float path (q . k, or q . k times the scale, past 3.4e38)
 // makes that head's output NaN rather than a wrong finite value, and with probs the group's
@@ -27,14 +21,11 @@
 //                                  out, {.num_q_heads = 9, .scale = 0.125f});
 //   kvscout::decode_attention_host(rows, {}, q, out, p);   // no current token
 //
-// Optional output `probs` [num_seqs, num_kv_heads, probs_stride]: the attention probability of
-// each row summed over the query heads of the group (the current token, when given, is the entry
-// after the last row). Attention-mass metrics and the h2o policy read it.
-//
-// Optional `pool` (core/thread_pool.hpp): the (sequence, kv head) pairs are split over its
-// threads, each pair computed as without it (the same bits). Nothing is allocated either way. The
-// rows' loads then run on the pool's threads: they must not throw (kvscout's row sources check
-// everything when they are built).
+// Optional `probs` [num_seqs, num_kv_heads, probs_stride]: each row's attention probability summed
+// over the group's query heads (the current token, when given, is the entry after the last row);
+// attention-mass metrics and the h2o policy read it. Optional `pool` (core/thread_pool.hpp): the
+// (sequence, kv head) pairs are split over its threads (the same bits); the rows' loads then run
+// there and must not throw (kvscout's row sources check everything when they are built).
 
 #include <algorithm>
 #include <cmath>
@@ -60,15 +51,13 @@ struct attention_params {
   float scale = 0.f;  // usually 1 / sqrt(head_dim)
   // Dequantisation scales of a cache that stores K / scale and V / scale (fp8 caches, vLLM's
   // k_scale / v_scale): every key and value attention reads, the current token's included, is
-  // multiplied back. k_scale folds into the logit scale, v_scale into the output. 1 for caches
-  // that store the values themselves.
+  // multiplied back. 1 for caches that store the values themselves.
   float k_scale = 1.f;
   float v_scale = 1.f;
 };
 
-/// The current token's K / V, [num_seqs, num_kv_heads, head_dim], in the cache's element type
-/// (the exact values the cache will hold), in host memory (decode_attention_host) or device
-/// memory (current_token<T, device_space>, decode_attention_cuda). Empty spans: no current token.
+/// The current token's K / V [num_seqs, num_kv_heads, head_dim] in the cache's element type (the
+/// exact values the cache will hold), in Space (device_space: decode_attention_cuda). Empty: none.
 template <kv_element T, class Space = host_space>
 struct current_token {
   span<const T, Space> k;
@@ -169,9 +158,8 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
     for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(k[c]);
     return dot * logit_scale;
   };
-  // One (sequence, kv head) pair: its rows, its query heads' outputs and probabilities. Pairs
-  // share nothing, so threads split them in contiguous ranges and each gets the bits it gets
-  // alone.
+  // One (sequence, kv head) pair: its rows, its query heads' outputs and probabilities. Pairs share
+  // nothing, so each gets the same bits on any thread.
   const auto one_pair = [&](int s, int h) {
     Acc m[chunk], l[chunk], acc[chunk][D];
     // Row buffers: a block of R rows for the float path, one row for the reference.
@@ -204,10 +192,8 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
         for (int c = 0; c < D; ++c) acc[j][c] = 0;
       }
       if constexpr (std::is_same_v<Acc, float>) {
-        // Blocks of R rows: the block's logits for the whole group through dot_rows_multi (16
-        // partial sums per dot, register-blocked over rows and heads), one rescale per head
-        // and block, then the block's V rows multiply-added into each head's accumulator a
-        // register of channels at a time.
+        // Blocks of R rows: the block's logits for the whole group (dot_rows_multi), one rescale
+        // per head and block, then the block's V rows multiply-added a register of channels at a time.
         for (int i0 = 0; i0 < total; i0 += R) {
           const int nb = std::min(R, total - i0);
           for (int b = 0; b < nb; ++b) load(i0 + b, true, kblk[b]);
@@ -244,8 +230,8 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
           }
         }
       } else {
-        // The fp64 reference: one row at a time, every sum in Acc, in the plain order, through
-        // the online softmax every path shares (core/detail/online_softmax.hpp).
+        // The fp64 reference: one row at a time, every sum in Acc, in the plain order, through the
+        // online softmax every path shares (core/detail/online_softmax.hpp).
         for (int i = 0; i < total; ++i) {
           load(i, true, kbuf);
           load(i, false, vbuf);
@@ -262,9 +248,8 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
           o[c] = total > 0 ? static_cast<float>(acc[j][c] / l[j] * v_scale) : 0.f;
       }
       if (prow != nullptr) {
-        // Second pass over K only: each row's probability, summed over the group. The float
-        // path forms each exponent as the first pass did (one explicit multiply-add of the
-        // unscaled logit, so the compiler cannot contract one pass and not the other).
+        // Second pass over K only: each row's probability, summed over the group. The float path
+        // forms each exponent by the first pass's explicit multiply-add (no contraction in one only).
         if constexpr (std::is_same_v<Acc, float>) {
           for (int i0 = 0; i0 < total; i0 += R) {
             const int nb = std::min(R, total - i0);

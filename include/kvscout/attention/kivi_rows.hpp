@@ -1,18 +1,17 @@
 #pragma once
 // Row sources for decode attention over a KIVI cache (kv/kivi.hpp). A quantised row is dequantised
-// into attention's float buffer as it is read (keys with the per-channel parameters of the token's
-// key group, values with the per-group parameters carried in the record); the window of tokens not
-// yet fetchable (kv/kivi.hpp) is read from its resident ring: full precision, or dequantised where
-// KIVI's rule already quantised a key (or, R = 0, a value). No full-precision copy of a quantised
-// row exists anywhere, so only the quantised bytes ever cross the link.
+// into attention's float buffer as it is read (keys with their key group's per-channel parameters,
+// values with the per-group parameters in the record); the window not yet fetchable is read from
+// its resident ring (full precision, or dequantised where KIVI's rule already quantised a key or,
+// R = 0, a value). No full-precision copy of a quantised row exists: only the quantised bytes
+// cross the link.
 //
 //   kivi_layout_rows_host<L>    every token of (s, h) in cache order: the quantised tokens
-//                          [0, quantized_len) from the cache's records, then the residual window
-//                          [quantized_len, len). The dense reference over the quantised cache.
-//   kivi_gathered_rows_host<L>  the counts[s, h] records an executor gathered for a selection (the
-//                          destination layout of core/selection.hpp, row sizes k_row_bytes /
-//                          v_row_bytes), then the whole residual window, which is resident and
-//                          never fetched: rows(s, h) = counts[s, h] + residual_len(s).
+//                               [0, quantized_len), then the residual window [quantized_len, len).
+//                               The dense reference over the quantised cache.
+//   kivi_gathered_rows_host<L>  the counts[s, h] records an executor gathered (core/selection.hpp's
+//                               layout, rows of k_row_bytes / v_row_bytes), then the whole resident
+//                               window: rows(s, h) = counts[s, h] + residual_len(s).
 // token(s, h, i) is the cache position of row i in both, so rows stay in ascending token order.
 //
 //   using layout = kvscout::kivi_layout<kvscout::half, 128, 2>;
@@ -39,14 +38,11 @@ namespace kvscout {
 namespace detail {
 
 // ---- host dequantisation, a register of channels at a time ----------------------------------
-// The rows dequantise exactly as kv/detail/kivi_pack.hpp's kivi_dequantize_key_row /
-// kivi_dequantize_value_row do (x' = fma(code, scale, zero), one rounding), bit for bit (NaN
-// payloads aside: NaN stays NaN), a host_float_lanes register at a time: the codes unpacked by
-// shifts within one little-endian word, the parameters widened by load_lanes (F16C where the target
-// has it), one madd (scalar loops were slower: docs/performance.md, "Host kernel constants").
-//
-// madd is one rounding where host_madd_fused. Elsewhere it is a multiply then an add, which is
-// still the fma's value for half parameters: a code (< 16, 4 bits) times a half (11 significant
+// Bit for bit as kv/detail/kivi_pack.hpp's kivi_dequantize_key_row / kivi_dequantize_value_row
+// (x' = fma(code, scale, zero), one rounding; NaN payloads aside), a host_float_lanes register at a
+// time: codes unpacked by shifts within one little-endian word, parameters widened by load_lanes, one
+// madd (docs/performance.md, "Host kernel constants"). Without host_madd_fused, madd is a multiply then
+// an add, still the fma's value for half parameters: a code (< 16) times a half (11 significant
 // bits; its subnormals are normal floats) is exact in float, so only the add rounds. Float
 // parameters there keep the scalar fma.
 template <kivi_scale_type S>
@@ -207,8 +203,8 @@ class kivi_gathered_rows_host {
   static constexpr int head_dim = L::head_dim;
 
   /// k / v: the gathered records, [num_seqs, num_kv_heads, capacity, k_row_bytes / v_row_bytes].
-  /// Checks the selection against the layout (every listed token must be quantised: the
-  /// key group parameters are looked up by token), the record buffers and the resident buffers.
+  /// Checks the selection against the layout (every listed token must be quantised: key group
+  /// parameters are looked up by token) and the record and resident buffers.
   kivi_gathered_rows_host(const L& layout, const selection_view<host_space>& sel,
                           host_span<const std::byte> k, host_span<const std::byte> v,
                           const kivi_resident_view<host_space>& resident)

@@ -6,8 +6,6 @@
 //                                 resident residual window
 //   layout_rows_cuda<L>           every token of a device-resident cache (dense anchor)
 //   joined_rows_cuda<A, B>        A's rows, then B's
-// (Until issue 33 these were the *_device types in attention/detail/device_rows.cuh; the old
-// names are deprecated aliases at the end of this file.)
 // head_dim / E lanes read one row; a lane gets the E consecutive elements starting at c0
 // (E = decode_lane_elems<element_type, head_dim>: up to 16 bytes a lane), as float:
 //
@@ -16,9 +14,8 @@
 //   load_k(s, h, i, c0, float (&)[E], status) -> bool   false: row skipped (bad index, raised)
 //   load_v(s, h, i, c0, float (&)[E])     only after load_k returned true
 //
-// The per-element math is the host's: to_float for T rows; for KIVI records kivi_code +
-// kivi_dequantize (kv/detail/kivi_pack.hpp), so a dequantised element has the same bits here as
-// in kivi_gathered_rows_host.
+// The per-element math is the host's (to_float; kivi_code + kivi_dequantize, kv/detail/kivi_pack.hpp),
+// so a dequantised element has the same bits here as in kivi_gathered_rows_host.
 
 #include <cuda_runtime.h>
 
@@ -45,14 +42,11 @@ KVSCOUT_DEVICE int clamp_count(int n, int capacity) { return n < 0 ? 0 : (n > ca
 
 }  // namespace detail
 
-/// A row source decode_attention_cuda reads: copied by value into the kernel, shapes on the
-/// host, and the three device calls the kernel makes, with E = decode_lane_elems<element_type,
-/// head_dim> elements per lane (8 for 16-bit rows of 128; the contract is this file's opening
-/// comment: rows() returns a count the source trusts or has clamped,
-/// load_k() returns false for a row to skip, load_v() only after load_k() returned true). An
-/// engine's own row source (its quantised or paged format read in place) models this to reuse the
-/// kernel. (head_dim is checked first, so the per-lane array type below is only formed for types
-/// that have one.)
+/// A row source decode_attention_cuda reads: copied by value into the kernel, shapes on the host,
+/// and the three device calls of this file's opening comment (E = 8 for 16-bit rows of 128);
+/// rows() returns a count the source trusts or has clamped. An engine's own row source (its
+/// quantised or paged format read in place) models this to reuse the kernel. (head_dim is checked
+/// first, so the per-lane array type is only formed for types that have one.)
 template <class R>
 concept attention_rows_cuda =
     std::copyable<R> &&
@@ -199,9 +193,9 @@ class layout_rows_cuda {
   std::size_t k_bytes_ = 0, v_bytes_ = 0;
 };
 
-/// The KIVI records an executor gathered (core/selection.hpp layout, k_row_bytes / v_row_bytes
-/// per row), dequantised as they are read, then the resident window (kv/kivi.hpp):
-/// the device twin of kivi_gathered_rows_host. rows(s, h) = counts[s, h] + residual_len(s).
+/// The device twin of kivi_gathered_rows_host: the gathered KIVI records (core/selection.hpp layout,
+/// k_row_bytes / v_row_bytes per row), dequantised as read, then the resident window (kv/kivi.hpp);
+/// rows(s, h) = counts[s, h] + residual_len(s).
 template <kivi_quantized_layout L>
 class kivi_gathered_rows_cuda {
  public:
@@ -317,10 +311,9 @@ class kivi_gathered_rows_cuda {
 };
 
 /// Two device row sources of one element type, head_dim and shape read as one: (s, h) has a's
-/// rows, then b's (the device twin of joined_rows_host, attention/rows.hpp). The correction step's
-/// speculated rows and the rows it added (pipeline/cuda_stages.cuh), read where their fetches
-/// wrote them: nothing is copied into one set. Holds both sources by value; each row's load reads
-/// a's count once more (clamped as rows() clamps it; only rows() reports a bad one).
+/// rows, then b's (the device twin of joined_rows_host; used for the correction step's rows,
+/// pipeline/cuda_stages.cuh, so nothing is copied into one set). Holds both by value; each load
+/// reads a's count once more (clamped as rows() clamps it; only rows() reports a bad one).
 ///
 ///   kvscout::joined_rows_cuda rows(kvscout::gathered_rows_cuda<half, 128>(sel, dst),
 ///                                  kvscout::gathered_rows_cuda<half, 128>(added, added_dst));

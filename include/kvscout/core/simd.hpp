@@ -1,16 +1,15 @@
 #pragma once
 // Host vector helpers written with GCC / Clang vector extensions, in vectors of the target's
-// register width (host_float_lanes: 4 with SSE2, 8 with AVX / AVX2, 16 with AVX-512), so host
-// kernels vectorise for whatever the user compiles for, mostly without intrinsics. The sums keep
-// 16 lanes whatever the width (16 / host_float_lanes vectors), so their bits do not depend on it.
+// register width (host_float_lanes: 4 with SSE2, 8 with AVX / AVX2, 16 with AVX-512), mostly
+// without intrinsics. The sums keep 16 lanes whatever the width, so their bits do not depend on it.
 //
 //   float d = kvscout::detail::dot(a, b, n);   // 16 independent partial sums, then a reduction
 //   kvscout::detail::dot_rows(W, ld, x, n, rows, y);   // y[j] = dot(W + j * ld, x, n), same bits
 //   kvscout::detail::dot_rows_multi(W, ld, X, ldx, count, n, rows, Y, ldy);   // count x's at once
 //
-// The rows (W, `a`) may be float, half or bfloat16 (W_Q kept in the model's own type): each 2-byte
-// element is widened exactly to float as it is loaded, and the arithmetic is the float one, so
-// rows of W give the bits of float rows holding the same values (finite values; NaN stays NaN).
+// The rows (W, `a`) may be float, half or bfloat16: each element is widened exactly to float as it
+// is loaded and the arithmetic is float, so they give the bits of float rows holding the same
+// values (finite values; NaN stays NaN).
 
 #include <cstddef>
 #include <cstdint>
@@ -31,13 +30,10 @@ inline constexpr bool host_madd_fused = true;
 inline constexpr bool host_madd_fused = false;
 #endif
 
-/// acc + x * y, one rounding where the target has FMA, two where it has not, always the same:
-/// left to the compiler (-ffp-contract=fast), whether a multiply and an add are fused depends
-/// on the code around them (an accumulator kept in memory is not), and with it the bits that
-/// dot, dot_rows and scoring promise to agree on. So the kernels that promise the same bits in
-/// different loops multiply-add through these.
-// Fused exactly where the compiler says fmaf is fast (__FP_FAST_FMAF: the target has the
-// instruction, so it could also contract); elsewhere there is nothing to contract into.
+/// acc + x * y, one rounding where the target has FMA, two where it has not, always the same. Left
+/// to the compiler (-ffp-contract=fast), fusing depends on the code around it, and with it the bits
+/// that dot, dot_rows and scoring promise to agree on; so those kernels multiply-add through these.
+// Fused exactly where __FP_FAST_FMAF says the target has the instruction (so it could contract).
 inline host_vec madd(host_vec acc, host_vec x, host_vec y) {
 #if KVSCOUT_HOST_AVX512
   return _mm512_fmadd_ps(x, y, acc);
@@ -99,14 +95,12 @@ inline host_vec load_lanes(const W* p) {
       for (int t = 0; t < N; ++t) x[t] = to_float(p[t]);
     }
 #elif !defined(__CUDACC__)
-    // IEEE half to float in integer arithmetic, branch-free, for targets without F16C (faster
-    // than CUDA's host conversion: docs/performance.md, "Host kernel constants"). Normal: the
-    // exponent rebiased by 127 - 15; infinity / NaN: the exponent all ones, the mantissa kept;
-    // subnormal (and zero): mantissa x 2^-24, exact in float and independent of the FPU's
-    // denormal modes (the result is a normal float).
-    // Four lanes at a time (one SSE2 register: GCC scalarises comparisons of wider generic
-    // vectors on targets without them), signed (SSE2 compares and converts signed 32-bit
-    // integers only; every value here is below 2^16), selects by masks.
+    // IEEE half to float in integer arithmetic, branch-free, for targets without F16C
+    // (docs/performance.md, "Host kernel constants"). Normal: exponent rebiased by 127 - 15;
+    // infinity / NaN: exponent all ones, mantissa kept; subnormal and zero: mantissa x 2^-24, exact
+    // and independent of the FPU's denormal modes. Four lanes at a time (one SSE2 register: GCC
+    // scalarises comparisons of wider generic vectors on targets without them), signed (SSE2
+    // compares and converts signed 32-bit integers only; every value is below 2^16), by masks.
     typedef std::int32_t i32x4 __attribute__((vector_size(16)));
     typedef float f32x4 __attribute__((vector_size(16)));
     typedef std::uint16_t u16x4 __attribute__((vector_size(8)));
@@ -134,9 +128,8 @@ inline host_vec load_lanes(const W* p) {
   return x;
 }
 
-/// The sum of 16 logical lanes held in 16 / host_float_lanes vectors (lane l * N + k is
-/// v[l][k]), as a tree: lane i + lane i + 8, then + 4, + 2, + 1. Four dependent additions, not a
-/// chain of 15; on every target the same additions in the same order, so the same bits.
+/// The sum of 16 logical lanes held in 16 / host_float_lanes vectors (lane l * N + k is v[l][k]),
+/// as a tree (lane i + lane i + 8, then + 4, + 2, + 1): the same additions on every target.
 inline float sum16(const host_vec* v) {
   float_vec<4>::type p[4];  // lanes 0-3, 4-7, 8-11, 12-15
   std::memcpy(p, v, sizeof p);
@@ -144,9 +137,8 @@ inline float sum16(const host_vec* v) {
   return (u[0] + u[2]) + (u[1] + u[3]);
 }
 
-/// sum_i a[i] * b[i] with 16 independent partial sums (16 / host_float_lanes vectors): bound by
-/// reading a and b, not by the latency of one chain of additions (the order of the additions
-/// differs from a plain loop; it is the same on every target).
+/// sum_i a[i] * b[i] with 16 independent partial sums, so bound by reading a and b, not by one
+/// chain's latency (the order of the additions differs from a plain loop; it is the same on every target).
 template <compute_element W>
 inline float dot(const W* a, const float* b, int n) {
   constexpr int N = host_float_lanes, L = 16 / N;
@@ -163,11 +155,9 @@ inline float dot(const W* a, const float* b, int n) {
   return s;
 }
 
-/// out[v * ldo + j] = dot(a + j * lda, b + v * ldb, n) for j in [0, rows) and v in [0, B): the
-/// same operations in the same order per (row, vector), so the same bits as dot(), but R rows and
-/// B vectors at a time: each load of a row feeds B chains, each load of a vector R chains, and
-/// the FMA units get R * B independent chains (one dot is a single chain, bound by the
-/// multiply-add latency). Rows past the last whole group of R take dot() one by one.
+/// out[v * ldo + j] = dot(a + j * lda, b + v * ldb, n) for j in [0, rows) and v in [0, B), with
+/// dot()'s bits, R rows and B vectors at a time: each row load feeds B chains, each vector load R,
+/// and the FMA units get R * B independent chains. Rows past the last whole group of R take dot().
 template <int R, int B, compute_element W>
 void dot_rows_block(const W* a, std::size_t lda, const float* b, std::size_t ldb, int n,
                     int rows, float* out, std::size_t ldo) {
@@ -177,11 +167,9 @@ void dot_rows_block(const W* a, std::size_t lda, const float* b, std::size_t ldb
     const W* aj = a + static_cast<std::size_t>(j) * lda;
     host_vec lanes[B][R][L] = {};
     int i = 0;
-    // The loops of the multiply-adds are unrolled: GCC leaves them rolled (znver1 and
-    // rocketlake alike), and rolled they keep `lanes` in memory, a store and a reload per
-    // multiply-add. The reduction's loops after them stay rolled (one store of each
-    // accumulator); unrolled, GCC 12 at -O3 warns falsely that the tail loop's second
-    // iteration "invokes undefined behavior".
+    // The multiply-add loops are unrolled: rolled (as GCC leaves them), they keep `lanes` in
+    // memory, a store and a reload per multiply-add. The reduction's loops stay rolled: unrolled,
+    // GCC 12 at -O3 warns falsely that the tail loop's second iteration "invokes undefined behavior".
     for (; i + 16 <= n; i += 16)
       KVSCOUT_HOST_UNROLL for (int l = 0; l < L; ++l) {
         host_vec y[B];
@@ -221,11 +209,9 @@ inline void dot_rows(const W* a, std::size_t lda, const float* b, int n, int row
   dot_rows_block<dot_rows_per_block, 1>(a, lda, b, 0, n, rows, out, 0);
 }
 
-/// out[v * ldo + j] = dot(a + j * lda, b + v * ldb, n) for j in [0, rows), v in [0, count): a GEMV
-/// of `count` vectors against the same rows, dot()'s bits for each. With AVX-512 it reads the rows
-/// once per 4 vectors (a GEMM with a thin right-hand side: the rows are the bytes that cost); its
-/// 16 accumulators, 4 vectors and a row fill 21 of the 32 vector registers. Narrower targets would
-/// spill them (16 registers, two or four per 16-float value), so there each vector takes dot_rows.
+/// out[v * ldo + j] = dot(a + j * lda, b + v * ldb, n) for j in [0, rows), v in [0, count), dot()'s
+/// bits for each. With AVX-512 it reads the rows once per 4 vectors (16 accumulators, 4 vectors and
+/// a row fill 21 of the 32 registers); narrower targets would spill, so each vector takes dot_rows.
 template <compute_element W>
 inline void dot_rows_multi(const W* a, std::size_t lda, const float* b, std::size_t ldb,
                            int count, int n, int rows, float* out, std::size_t ldo) {

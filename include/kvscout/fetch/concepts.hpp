@@ -1,6 +1,5 @@
 #pragma once
-// The prefetch_executor concept: something that moves selected KV rows into a contiguous
-// destination.
+// The prefetch_executor concept: something that moves selected KV rows into a contiguous destination.
 //
 // Protocol, the same for every executor (host gather, CUDA zero-copy, copy engine, staged):
 //   1. size query      E::workspace_bytes(config) -> bytes of caller-owned workspace, whose
@@ -44,12 +43,10 @@ concept prefetch_executor =
     };
 
 /// Whether an executor fits a device decode step that never waits for the device and can be
-/// captured in a CUDA graph (the library's hot-path rule): its selection is device-resident, so
-/// a device selector's output needs no copy back, and its submit() does not block the calling
-/// thread on the device. An executor whose submit() may block declares
-/// `static constexpr bool submit_blocks_host = true` (the staged executor: it waits for the copy
-/// that last read a staging buffer); the copy engine and the staged executor read the selection
-/// on the host (selection_view<host_space>). Pipelines static_assert it.
+/// captured in a CUDA graph (the library's hot-path rule): its selection is device-resident (a
+/// device selector's output needs no copy back) and its submit() does not block the calling thread
+/// on the device. An executor whose submit() may block declares `static constexpr bool
+/// submit_blocks_host = true` (the staged executor). Pipelines static_assert it.
 template <class E>
 inline constexpr bool device_step_executor =
     prefetch_executor<E> &&

@@ -10,12 +10,11 @@
 //   kvscout::gather_executor_host<layout> gather(cfg, {ws.data(), ws.size()});
 //   gather.submit(source, selection, destination).wait();   // exec: host_exec{}, defaulted
 //
-// submit() validates everything it is given before it writes a byte (dimensions, buffer sizes,
-// counts, every index: in range and strictly ascending; no destination row over the source, the
-// selection or the workspace, and no workspace over anything it is given) and throws
-// kvscout::error naming the bad value; it allocates nothing. The layout's own metadata (a page
-// table) is not visible to it: keep the destination off it. The destination layout is the one
-// core/selection.hpp describes.
+// submit() validates everything before it writes a byte (dimensions, buffer sizes, counts, every
+// index in range and strictly ascending; no destination row over the source, the selection or the
+// workspace, no workspace over anything given) and throws kvscout::error naming the bad value; it
+// allocates nothing. It cannot see the layout's metadata (a page table): keep the destination off
+// it. The destination layout is core/selection.hpp's.
 
 #include <algorithm>
 #include <cstddef>
@@ -108,13 +107,12 @@ inline void prefetch_bytes(const std::byte* p, std::size_t bytes) noexcept {
 #endif
 }
 
-/// Copies the selected rows [first, last) of the flattened (sequence, kv_head, entry) order, where
-/// prefix[r] is the number of selected rows before pair r, merging runs adjacent in the source
-/// and prefetching `dist` rows ahead. Entry i of pair r lands at destination row
-/// r * capacity + i (Packed = false: the layout of core/selection.hpp) or prefix[r] + i
-/// (Packed = true: back to back, the staged executor's staging buffer). Arguments are taken by
-/// value: the copies write through std::byte pointers, which may alias anything, and references
-/// into the caller's structs would force reloads on every row.
+/// Copies the selected rows [first, last) of the flattened (sequence, kv_head, entry) order
+/// (prefix[r]: selected rows before pair r), prefetching `dist` rows ahead. Entry i of pair r lands
+/// at destination row r * capacity + i (Packed = false: core/selection.hpp's layout) or prefix[r] + i
+/// (Packed = true: back to back, the staged executor's staging buffer). Arguments are by value: the
+/// copies write through std::byte pointers, which may alias anything, so references would force
+/// reloads on every row.
 template <bool Packed, bool Streaming = false, kv_layout Layout>
 void gather_row_range(const Layout l, const std::byte* const kbase, const std::byte* const vbase,
                       const std::int32_t* const indices, const std::int64_t* const prefix,
@@ -144,9 +142,8 @@ void gather_row_range(const Layout l, const std::byte* const kbase, const std::b
         prefetch_bytes(kbase + l.k_offset(s, ahead, h), kb);
         prefetch_bytes(vbase + l.v_offset(s, ahead, h), vb);
       }
-      // Runs of adjacent rows are merged into one copy where the copy is memcpy; streaming copies
-      // row by row, which keeps more rows' loads in flight (docs/performance.md, "Host kernel
-      // constants").
+      // Runs of adjacent rows are merged into one memcpy; streaming copies row by row, which keeps
+      // more rows' loads in flight (docs/performance.md, "Host kernel constants").
       int run = 1;
       if constexpr (!Streaming) {
         const int max_run = l.contiguous_rows(s, t, h, i_end - i);
@@ -219,8 +216,7 @@ class gather_executor_host {
   /// pipeline runs its attention on them too.
   [[nodiscard]] thread_pool& pool() noexcept { return *pool_; }
 
-  /// exec: the host execution argument (empty; the threads are the executor's own), defaulted
-  /// so host code may leave it out; the prefetch_executor concept names it.
+  /// exec: empty (the threads are the executor's own), defaulted; the prefetch_executor concept names it.
   completion_type submit(const source_type& src, const selection_type& sel,
                          const destination_type& dst, host_exec exec = {}) {
     (void)exec;
@@ -280,7 +276,6 @@ class gather_executor_host {
     return detail::check_host_selection(src, sel, prefix_);
   }
 
-  // Copies the selected rows [first, last) of the flattened (sequence, kv_head, entry) order.
   template <bool Streaming>
   void copy_rows(const source_type& src, const selection_type& sel, const destination_type& dst,
                  std::int64_t first, std::int64_t last) const noexcept {

@@ -1,10 +1,9 @@
 #pragma once
-// Staged executor: host threads gather the selected rows into a pinned staging buffer, packed
-// back to back; one bulk cudaMemcpyAsync moves exactly those bytes (plus the row counts) to a
-// device landing area; a small device kernel scatters them into the destination laid out as
-// core/selection.hpp says (device-to-device, at HBM bandwidth, a small fraction of the link time).
-// The link carries one large transfer per step instead of one per run, at the price of a host
-// pass over the rows (host memory bandwidth, see docs/performance.md for the host gather rates).
+// Staged executor: host threads gather the selected rows, packed back to back, into a pinned
+// staging buffer; one bulk cudaMemcpyAsync moves exactly those bytes (plus the row counts) to a
+// device landing area; a small kernel scatters them device to device into the destination laid out
+// as core/selection.hpp says. The link carries one large transfer per step instead of one per run,
+// at the price of a host pass over the rows (docs/performance.md).
 //
 //   kvscout::staged_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
 //                              .k_row_bytes = l.k_row_bytes(), .v_row_bytes = l.v_row_bytes(),
@@ -14,20 +13,17 @@
 //   kvscout::staged_executor_cuda<layout> fetch(cfg, pinned_ws, device_ws);
 //   auto c = fetch.submit(host_kv, host_selection, device_destination, {stream});
 //
-// Like the copy engine, it needs a host-visible selection (selection_type is
-// selection_view<host_space>): the host threads must know which rows to gather. Use
-// zero_copy_executor_cuda for a device selection.
+// Like the copy engine, it needs a host-visible selection (selection_view<host_space>): the host
+// threads must know which rows to gather. Use zero_copy_executor_cuda for a device selection.
 //
-// Staging rotates over config.stages buffers (default 2). A submit first makes sure the bulk copy
-// that last read its stage has finished (cudaEventSynchronize on that stage's event: a wait only
-// when `stages` submits are still in flight, never a device-wide synchronisation), then
-// validates (as gather_executor_host, throwing kvscout::error before anything is written),
-// gathers with config.threads threads (thread_pool, started at setup), and enqueues the bulk copy
-// and the scatter kernel on exec.stream (cuda_exec, submit()'s last argument; its status word is
-// unused: every check runs on the host and throws). The device landing area is a single stage:
-// each bulk copy is ordered after the previous submit's scatter by a wait on that submit's
-// event, so consecutive submits may use different streams.
-// Completion: the stage's event, recorded after the scatter kernel.
+// Staging rotates over config.stages buffers (default 2). A submit first waits for the bulk copy
+// that last read its stage (cudaEventSynchronize on that stage's event: a wait only when `stages`
+// submits are still in flight, never a device-wide synchronisation), then validates (as
+// gather_executor_host, throwing kvscout::error before anything is written), gathers with
+// config.threads threads (started at setup), and enqueues the bulk copy and the scatter kernel on
+// exec.stream (exec.status is unused: every check runs on the host and throws). The device landing
+// area is a single stage: each bulk copy waits on the previous submit's event, so consecutive
+// submits may use different streams. Completion: the stage's event, recorded after the scatter.
 
 #include <cuda_runtime.h>
 
@@ -157,8 +153,7 @@ class staged_executor_cuda {
   /// The event the last submit recorded.
   [[nodiscard]] cudaEvent_t event() const noexcept { return events_[last_stage_].get(); }
 
-  /// Gathers on the host, then enqueues the bulk copy and the scatter on exec.stream
-  /// (exec.status is not used: the host checks everything).
+  /// Gathers on the host, then enqueues the bulk copy and the scatter on exec.stream.
   completion_type submit(const source_type& src, const selection_type& sel,
                          const destination_type& dst, const exec_type& exec) {
     const cudaStream_t stream = exec.stream;
@@ -219,9 +214,8 @@ class staged_executor_cuda {
   }
 
  private:
-  // Packs rows [first, last) of the flattened (sequence, kv_head, entry) order at k_stage +
-  // row * kb (and likewise V): the host gather's loop (streaming stores end with a fence, before
-  // the bulk copy is enqueued).
+  // Packs rows [first, last) of the flattened (sequence, kv_head, entry) order at k_stage + row * kb
+  // (and likewise V) with the host gather's loop, whose streaming stores end with a fence.
   template <bool Streaming>
   void gather(const source_type& src, const selection_type& sel, const std::int64_t* prefix,
               std::int64_t first, std::int64_t last, std::byte* k_stage,

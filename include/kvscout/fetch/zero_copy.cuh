@@ -12,40 +12,29 @@
 //                         {stream, d_status});        // cuda_exec (core/exec.hpp), per call
 //   cudaStreamWaitEvent(compute, c.event(), 0);       // or c.wait()
 //
-// Launch shape: items = (sequence, kv_head, chunk of 128 selected entries); a bounded grid
-// (config.max_blocks, default 8 blocks: the SMs the gather may take from compute) strides over
-// the items. Per item the block's threads
-// resolve its entries' tokens, check them and compute the K / V source offsets into shared memory;
-// then the block copies the item's rows as 16-byte vectors, consecutive threads on consecutive
-// vectors of a row (K rows then V rows of a token are one index space), each thread keeping
-// `unroll` (4) loads in flight before its stores.
+// Launch shape: items = (sequence, kv_head, chunk of 128 selected entries); a grid of at most
+// config.max_blocks blocks (default 8: the SMs the gather may take from compute) strides over the
+// items. Per item the block resolves and checks its entries' K / V source offsets into shared
+// memory, then copies the rows as 16-byte vectors, consecutive threads on consecutive vectors of a
+// row, each thread keeping `unroll` (4) loads in flight before its stores.
 //
-// Checks. submit() validates on the host what the host knows: shapes, sizes, null pointers,
-// 16-byte alignment of the bases and row sizes. It cannot read the selection nor, in general, the
-// layout's metadata (both may be device memory), so it does not call layout.validate(): validate
-// the layout once on a host copy when its metadata changes. On the device every row is checked
-// instead: a count outside [0, capacity] is clamped, a token outside [0, seq_len(s)), a row whose
-// bytes fall outside the source span, or a row not 16-byte aligned is skipped (its destination
-// slot is left as it was), and a bit is ORed into the call's exec.status
-// (core/device_status.hpp; null: not reported). Ascending order is not checked (it does not
-// affect safety).
-// Nothing is read or written out of bounds whatever the device data holds, as long as the spans'
-// sizes are right.
+// Checks. submit() validates on the host what the host knows: shapes, sizes, null pointers, 16-byte
+// alignment of the bases and row sizes. It cannot read the selection nor, in general, the layout's
+// metadata (both may be device memory), so it does not call layout.validate(): validate the layout
+// once on a host copy when its metadata changes. On the device a count outside [0, capacity] is
+// clamped, and a token outside [0, seq_len(s)), a row outside the source span or a row not 16-byte
+// aligned is skipped (its destination slot left as it was); each raises a bit in exec.status
+// (core/device_status.hpp; null: not reported). Ascending order is not checked (it does not affect
+// safety). Nothing is read or written out of bounds whatever the device data holds, as long as the
+// spans' sizes are right.
 //
-// Row cache: submit(src, sel, dst, cache, exec) also takes the rows a previous submit of the same layer
-// left in device memory (row_cache_view: that selection and its destination). A selected token
-// found in the cached selection of its (sequence, kv head) (binary search: the cached indices are
-// ascending) is copied from the cached rows, device to device, instead of across the link; the
-// others are read from the source as usual. The cached selection is indexed by the previous
-// submit's batch rows: where rows changed sequence since (continuous batching),
-// cache.row_map[s] names the cached row that holds batch row s's sequence, -1 for none (a
-// sequence new to the batch: its tokens all cross the link). Without a map row s is cached row
-// s, which is right only while every row keeps its sequence. A map entry outside
-// [-1, num_seqs) is treated as -1 and raises bad_seq_id (read, and so reported, for rows that
-// select at least one token). cache.hits (optional) adds up the rows
-// served from the cache. The cached buffers must not overlap the destination (keep two sets per
-// layer and alternate them by step: pipeline/cuda_stages.cuh does). A cached count outside
-// [0, capacity] is treated as 0 and raises bad_count.
+// Row cache: submit(src, sel, dst, cache, exec) copies a selected token device to device from the
+// rows a previous submit of the same layer left (row_cache_view) where the cached selection of its
+// (sequence, kv head) holds it (binary search: cached indices are ascending); the others cross the
+// link. A cache.row_map entry outside [-1, num_seqs) is treated as -1 and raises bad_seq_id (for
+// rows that select a token); a cached count outside [0, capacity] is treated as 0 and raises
+// bad_count. The cached buffers must not overlap the destination (keep two sets per layer and
+// alternate them by step: pipeline/cuda_stages.cuh does).
 //
 // Completion: an event recorded on exec.stream after the kernel (event_completion); valid until
 // the next submit().
@@ -229,15 +218,13 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
 
 }  // namespace detail
 
-/// Rows a previous submit left in device memory (zero_copy_executor_cuda's row cache): that submit's
-/// selection and destination, an optional device counter of the rows served from them, and
-/// where batch rows changed sequence since, the map from this submit's rows to the cached ones.
+/// Rows a previous submit left in device memory: zero_copy_executor_cuda's row cache (header comment).
 struct row_cache_view {
   selection_view<device_space> selection;
   gather_destination<device_space> rows;
-  unsigned long long* hits = nullptr;
-  /// [num_seqs] for each batch row, the row of `selection` that holds the same sequence, or -1
-  /// where the cache holds none of it; empty: row s is cached row s.
+  unsigned long long* hits = nullptr;  // optional device counter: rows served from the cache
+  /// [num_seqs], where batch rows changed sequence since (continuous batching): for each batch row,
+  /// the row of `selection` that holds its sequence, or -1 for none; empty: row s is cached row s.
   device_span<const std::int32_t> row_map = {};
 };
 

@@ -7,10 +7,8 @@
 //   kvscout::append_token_cuda(layout, k_cache, v_cache, k_new, v_new, d_positions,
 //                              {stream, d_status});           // cuda_exec (core/exec.hpp)
 //
-//   // KIVI: the device twin of kivi_append_host::append for one token per sequence, KIVI's rule
-//   // (kv/kivi.hpp): the value leaving the window is quantised, the token enters the ring, and
-//   // a full key block is quantised (per channel, groups of G tokens); seq_lens[s]
-//   // (device-resident, the array the layout reads) is incremented.
+//   // KIVI: kivi_append_host::append for one token per sequence, on the device (KIVI's rule,
+//   // kv/kivi.hpp); seq_lens[s] (device-resident, the array the layout reads) is incremented.
 //   kvscout::kivi_append_cuda(layout, device_buffers, d_seq_lens, k_new, v_new,
 //                             {stream, d_status});
 //
@@ -19,40 +17,26 @@
 // K / k_scale and V / v_scale (fp8 caches) passes the scales (kv_scales, before exec): float
 // input is divided by them before rounding; input already in a narrower T is stored as given.
 //
-// KIVI quantisation calls the same KVSCOUT_HOST_DEVICE functions as the host writer
-// (kv/detail/kivi_pack.hpp: kivi_make_affine, kivi_quantize, kivi_quantize_value_row) in the same
-// order of operations; every float operation involved is an IEEE-rounded add, subtract, divide or
-// a min / max (nvcc's default -prec-div=true; no fast math), and the conversions to half are
-// round-to-nearest-even on both sides, so codes, scales and zeros are bit-identical to
-// kivi_append_host's (tested: tests/cuda/test_append_device.cu compares every byte). Compiling
-// with --use_fast_math would break this (approximate division).
+// KIVI codes, scales and zeros are bit-identical to kivi_append_host's (tests/cuda/
+// test_append_device.cu compares every byte): the same KVSCOUT_HOST_DEVICE functions
+// (kv/detail/kivi_pack.hpp) in the same order, IEEE-rounded float operations (nvcc's default
+// -prec-div=true) and round-to-nearest-even conversions. --use_fast_math would break this.
 //
-// Launch: one block (256 threads) per sequence. Generic: threads over (kv head, 16-byte vector).
-// KIVI: (1) one thread per kv head quantises the value leaving the window (its record built in
-// registers, kivi_quantize_value_row, stored whole); (2) threads write the new token's ring rows
-// (R = 0: then its value is quantised as in (1) and kept dequantised); (3) if the key block is
-// full: threads over (kv head, key group, code byte) compute the parameters of their channels,
-// write that code byte of the group's G records and, for tokens still in the window, the
-// dequantised channels back into the ring; (4) thread 0 bumps seq_lens[s]. A __syncthreads
-// separates the steps (global-memory writes of a block are visible to the block after the
-// barrier, mapped memory included).
+// Launch: one block (256 threads) per sequence; KIVI's steps are separated by __syncthreads.
 //
 // Device checks (generic): the position t must be a slot sequence s owns (detail::append_room,
 // checked before any page table entry is read; per layout: docs/cuda_fetch.md), otherwise the
 // sequence is skipped (nothing written, bad_index); then a row outside the buffers (bad page id)
-// is skipped (out_of_bounds) and a row not 16-byte aligned (misaligned). A block table's new page
-// id must be stored before the append (stale ids past the sequence's pages cannot be detected);
-// other kv_layouts get only the buffer bounds checked.
-// For KIVI a full sequence (seq_lens[s] >= capacity) or input that is not finite or exceeds the
-// scale type's range (as kivi_append_host rejects) skips the whole sequence
-// (bad_index / bad_value): nothing is written and its length is unchanged. Bits go to the
-// optional device status word exec.status (core/device_status.hpp). Host-known shapes and buffer
-// sizes throw kvscout::error first. Every append enqueues on exec.stream only.
+// is skipped (out_of_bounds), as is a row not 16-byte aligned (misaligned). A block table's new
+// page id must be stored before the append (stale ids past the sequence's pages cannot be
+// detected); other kv_layouts get only the buffer bounds checked. KIVI: a full sequence
+// (seq_lens[s] >= capacity) or input that is not finite or exceeds the scale type's range (as
+// kivi_append_host rejects) skips the whole sequence (bad_index / bad_value; length unchanged).
+// Bits go to the optional status word exec.status (core/device_status.hpp). Host-known shapes and
+// buffer sizes throw kvscout::error first. Every append enqueues on exec.stream only.
 //
-// Concurrency: an append must not race an in-flight fetch of the same rows; order them on
-// streams (the appended token is never a fetched one in the same step, but a quantised group's
-// records become visible to fetches only after seq_lens grows, which happens last, in stream
-// order).
+// Concurrency: an append must not race an in-flight fetch of the same rows; order them on streams
+// (a quantised group's records become visible to fetches only when seq_lens grows, last).
 
 #include <cuda_runtime.h>
 
@@ -188,9 +172,7 @@ __device__ void kivi_append_value(const L& l, std::byte* v_records, std::byte* v
                                               kivi_to_float(zeros[c / G])));
 }
 
-// One block per sequence, the host writer's steps (kv/kivi.hpp) with a barrier between each:
-// the value leaving the window, the new token into its ring slot, (R = 0) its value, the key
-// block when it is full. Same bytes as kivi_append_host.
+// One block per sequence: the host writer's steps (kv/kivi.hpp) with a barrier between each.
 template <class L, class In>
 __global__ void __launch_bounds__(append_threads)
     kivi_append_kernel(const __grid_constant__ kivi_append_params<L, In> p) {
@@ -243,10 +225,9 @@ __global__ void __launch_bounds__(append_threads)
       kivi_append_value(l, p.v_records, p.v_residual, s, len, h, true);
     __syncthreads();
   }
-  // (4) The key block, when full: tokens [k0, k1) in groups of G. Per (head, group, code byte):
-  // the parameters of its `per` channels over the G tokens, that byte of each token's record,
-  // and (tokens still in the window) those channels dequantised back into the ring. A thread
-  // reads and writes only its own channels.
+  // (4) The key block, when full: tokens [k0, k1) in groups of G. Per (head, group, code byte), a
+  // thread computes its `per` channels' parameters, that byte of each record and (tokens still in
+  // the window) those channels dequantised back into the ring: it touches only its own channels.
   const int k0 = l.key_quantized_len_for(len), k1 = l.key_quantized_len_for(next);
   if (k1 > k0) {
     const int G = l.group();
@@ -311,11 +292,10 @@ __global__ void __launch_bounds__(append_threads)
 }  // namespace detail
 
 /// Writes the new token of every sequence at position positions[s] (device array; null:
-/// layout.seq_len(s)) into a contiguous or paged layout. Lengths / page tables are the caller's
-/// to update afterwards (a new page must be in the table before). A position outside the slots
-/// the sequence owns skips that sequence (bad_index; see the header comment). In: float or the
-/// layout's element type, const or not (deduced from the spans, which must agree). scales: the
-/// cache's K / V scales (fp8 caches; the overload without them: 1, 1).
+/// layout.seq_len(s)) into a contiguous or paged layout; the caller updates lengths / page tables
+/// afterwards (a new page must be in the table before). A position the sequence does not own skips
+/// it (bad_index). In: float or the layout's element type, const or not (deduced from the spans,
+/// which must agree). scales: the cache's K / V scales (fp8 caches).
 template <kv_layout L, class InSpan>
   requires(!kivi_quantized_layout<L>)
 void append_token_cuda(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
@@ -356,9 +336,8 @@ void append_token_cuda(const L& layout, device_span<std::byte> k, device_span<st
   append_token_cuda(layout, k, v, k_new, v_new, positions, kv_scales{}, exec);
 }
 
-/// Appends one token to every sequence of a KIVI cache on the device (see the header comment).
-/// seq_lens: the device array the layout reads, incremented per sequence appended.
-/// In: float or the layout's element type, const or not.
+/// Appends one token to every sequence of a KIVI cache on the device (header comment). seq_lens:
+/// the device array the layout reads, incremented per sequence appended. In: float or T, const or not.
 template <kivi_quantized_layout L, class InSpan>
 void kivi_append_cuda(const L& layout, const kivi_buffers<device_space>& b,
                       std::int32_t* seq_lens, device_span<InSpan> k_new,

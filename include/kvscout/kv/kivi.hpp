@@ -1,9 +1,8 @@
 #pragma once
 // KIVI-quantised KV layout (Liu et al., ICML'24): 2- or 4-bit asymmetric quantisation (key and
-// value widths chosen separately: KIVI-2 is K2 / V2, KIVI-4 K4 / V4, kivi_bits{2, 4} K2 / V4),
-// keys per channel over groups of G tokens, values per token over groups of G channels, recent
-// tokens kept in full precision as KIVI's own code keeps them. Plus the host writer that appends
-// tokens and quantises them as they leave the full-precision windows.
+// value widths separate: kivi_bits), keys per channel over groups of G tokens, values per token
+// over groups of G channels, recent tokens in full precision as KIVI keeps them; and the host
+// writer that quantises tokens as they leave the full-precision window.
 //
 //   using layout = kvscout::kivi_layout<kvscout::half, 128, /*Bits=*/2>;   // fp16 scales / zeros
 //   std::vector<int32_t> lens = {0, 0};                                    // tokens per sequence
@@ -17,48 +16,33 @@
 //
 // ## Which tokens are quantised (KIVI's rule; the why: docs/layouts.md, "KIVI-quantized")
 // len = seq_lens[s], R the residual length (a multiple of G; R = 0 is kvscout's extension),
-// B = R (G when R = 0):
+// B = key_block() = R (G when R = 0):
 //   key_quantized_len   = B * floor(len / B)   keys are quantised B at a time
 //   value_quantized_len = max(0, len - R)      the R most recent values stay in full precision
-// seq_len(s) = quantized_len_for(len) = min of the two: the tokens executors fetch and selectors
-// choose among (a selector's score_view carries these lengths: fill_quantized_lens). The window
-// [seq_len, len), at most B tokens, is never fetched: it is resident where attention runs, its
-// rows KIVI already quantised kept dequantised (rounded once to T), and attention reads all of it
-// after the selected rows (attention/kivi_rows.hpp). total_len(s) and residual_len(s) give it.
-// Not binary-compatible with KIVI's cache: every token has its own key record and a value record
-// carries its own scales and zeros, so that one token's row can be fetched alone.
+// seq_len(s) = the smaller: the tokens executors fetch and selectors choose among (score_view
+// lengths: fill_quantized_lens). The window [seq_len, len) (residual_len(s), at most B tokens) is
+// never fetched: it is resident where attention runs (rows KIVI already quantised are kept
+// dequantised, rounded once to T), and attention reads all of it after the selected rows
+// (attention/kivi_rows.hpp). Not binary-compatible with KIVI's cache: each token's row is a key
+// record and a value record with its own scales and zeros, fetched alone.
 //
-// ## Buffers (per (sequence, kv head) slices, preallocated to `capacity` tokens, like
-// contiguous_layout::padded; every buffer 16-byte aligned). Qc = quantized_capacity =
-// max(key_quantized_len(capacity), value_quantized_len(capacity)), W = B residual slots (the
-// capacity where it is smaller).
-//   k_codes     [num_seqs, H, Qc, k_row_bytes]         the key record of token t: packed codes of
-//                                                      its D channels, zero-padded to 16 bytes
-//   v_records   [num_seqs, H, Qc, v_row_bytes]         the value record of token t:
-//                 [0, D*VBits/8)                         packed codes
-//                 then scales[D / G], then zeros[D / G]  (Scale), then zero padding to 16 bytes
+// ## Buffers (per (sequence, kv head) slices of `capacity` tokens; every buffer 16-byte aligned)
+// Qc = quantized_capacity(), Kq = key_quantized_len(capacity), W = residual_slots():
+//   k_codes     [num_seqs, H, Qc, k_row_bytes]         key record of token t: packed codes of its D
+//                                                      channels, zero-padded to 16 bytes
+//   v_records   [num_seqs, H, Qc, v_row_bytes]         value record: packed codes [0, D*VBits/8),
+//                                                      scales[D / G], zeros[D / G] (Scale), padding
 //   k_params    [num_seqs, H, Kq / G, 2, D]  Scale     key group j: scale[D] then zero[D]
-//                                                      (Kq = key_quantized_len(capacity))
-//   k_residual  [num_seqs, H, W, D]          T         token t of the window in slot t % W: a
-//   v_residual  [num_seqs, H, W, D]          T         ring, nothing moves on quantising
-// The executors move k_codes and v_records (k_row_bytes / v_row_bytes per row); k_params and the
-// residual stay resident: the key group parameters are shared by G tokens, so fetching them with
-// each row would multiply their traffic, and keeping them costs 2 * D * sizeof(Scale) / G bytes
-// per token (16 B for D = 128, G = 32, fp16), well under the smallest record.
-// Codes are packed as detail/kivi_pack.hpp documents (element c in byte c / (8 / Bits), bits
-// (c % (8 / Bits)) * Bits, element 0 lowest).
+//   k_residual  [num_seqs, H, W, D]          T         token t of the window in slot t % W (a ring:
+//   v_residual  [num_seqs, H, W, D]          T         nothing moves on quantising)
+// Executors fetch only k_codes and v_records; k_params (shared by G tokens: 2 * D * sizeof(Scale) /
+// G bytes per token) and the residual stay resident. Code packing: detail/kivi_pack.hpp. Bytes
+// per row: k_row_bytes() + v_row_bytes() (a table: docs/layouts.md).
 //
-// Record sizes (bytes moved per selected (token, kv head) row, G = 32; fp16 rows move 4 * D):
-//   D = 64,  2 bits: K 16 + V 32 (fp16 scales) / 32 (fp32)    4 bits: K 32 + V 48 / 48
-//   D = 128, 2 bits: K 32 + V 48 (fp16 scales) / 64 (fp32)    4 bits: K 64 + V 80 / 96
-//   (K2 / V4 at D = 128, fp16 scales: K 32 + V 80.)
-//
-// ## Error bound
-// For a group with minimum mn, maximum mx, exact scale s* = (mx - mn) / L, stored scale s and
-// zero z (L = 2^Bits - 1), every element x of the group dequantises to x' with
-//   |x - x'| <= max(s / 2, |z - mn| + L * |s - s*|)
-//            <= s / 2 + u * (|mn| + L * s*) + float round-off,
-// u the unit round-off of Scale (2^-11 for fp16 plus an absolute 2^-25 below fp16's normal range,
+// Error bound: for a group with minimum mn, maximum mx, exact scale s* = (mx - mn) / L, stored
+// scale s and zero z (L = 2^Bits - 1), every element x dequantises to x' with
+//   |x - x'| <= max(s / 2, |z - mn| + L * |s - s*|) <= s / 2 + u * (|mn| + L * s*) + float round-off,
+// u the unit round-off of Scale (2^-11 for fp16, plus an absolute 2^-25 below its normal range;
 // 2^-24 for fp32). Inside the grid q = round((x - z) / s) is within half a step; below it (x < z,
 // only when rounding moved z above mn) x' = z and x >= mn; above it x' = z + L s and x <= mx.
 
@@ -139,9 +123,8 @@ class kivi_layout {
 
   kivi_layout() = default;
 
-  /// Padded batch: each (sequence, kv head) owns `capacity` token slots (quantised records for
-  /// quantized_capacity() of them, W = key_block() residual slots). seq_lens[num_seqs] holds the total
-  /// tokens of each sequence and must stay readable where the layout is used.
+  /// Padded batch: each (sequence, kv head) owns `capacity` token slots. seq_lens[num_seqs] holds
+  /// each sequence's total tokens and must stay readable where the layout is used.
   static kivi_layout padded(int num_kv_heads, int capacity, const int32_t* seq_lens, int num_seqs,
                             kivi_options opt = {}) {
     KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
@@ -188,8 +171,7 @@ class kivi_layout {
   KVSCOUT_HOST_DEVICE int residual() const { return residual_; }
   /// Most tokens per sequence.
   KVSCOUT_HOST_DEVICE int capacity() const { return capacity_; }
-  /// Record slots per (sequence, kv head): the most tokens with a quantised key or value,
-  /// max(key_quantized_len_for(capacity()), value_quantized_len_for(capacity())).
+  /// Record slots per (sequence, kv head): the most tokens with a quantised key or value.
   KVSCOUT_HOST_DEVICE int quantized_capacity() const { return quantized_capacity_; }
   /// Key groups per (sequence, kv head): key_quantized_len_for(capacity()) / G.
   KVSCOUT_HOST_DEVICE int key_groups() const { return key_groups_; }
@@ -212,8 +194,7 @@ class kivi_layout {
   KVSCOUT_HOST_DEVICE int value_quantized_len_for(int len) const {
     return len > residual_ ? len - residual_ : 0;
   }
-  /// Tokens with both quantised, the ones executors fetch and selectors see: the smaller of the
-  /// two (len - R once len >= R > 0).
+  /// Tokens with both quantised (executors fetch them, selectors see them): len - R once len >= R > 0.
   KVSCOUT_HOST_DEVICE int quantized_len_for(int len) const {
     const int k = key_quantized_len_for(len), v = value_quantized_len_for(len);
     return k < v ? k : v;
@@ -238,8 +219,7 @@ class kivi_layout {
     return record_index(s, t, h) * v_record_bytes_;
   }
 
-  /// The records of one (sequence, kv head) follow one another: a run extends to the end of the
-  /// quantised tokens.
+  /// A (sequence, kv head)'s records are adjacent: a run extends to the end of the quantised tokens.
   KVSCOUT_HOST_DEVICE int contiguous_rows(int s, int t, int /*h*/, int n) const {
     const int left = seq_len(s) - t;
     return n < left ? n : left;
@@ -253,15 +233,13 @@ class kivi_layout {
 
   /// Bytes of one key group's parameters: scale[D] then zero[D].
   static constexpr std::size_t k_params_group_bytes = 2 * sizeof(Scale) * HeadDim;
-  /// Byte offset, in k_params, of the scales of key group j (tokens [j * G, (j + 1) * G)); its
-  /// zeros follow HeadDim * sizeof(Scale) bytes later.
+  /// Byte offset, in k_params, of the scales of key group j (tokens [j * G, (j + 1) * G)).
   KVSCOUT_HOST_DEVICE std::size_t k_params_offset(int s, int j, int h) const {
     return ((static_cast<std::size_t>(s) * num_kv_heads_ + h) * key_groups() + j) *
            k_params_group_bytes;
   }
 
-  /// Byte offset, in k_residual / v_residual, of the row of window token t
-  /// (seq_len(s) <= t < total_len(s)): slot t % residual_slots().
+  /// Byte offset in k_residual / v_residual of window token t (seq_len(s) <= t < total_len(s)).
   KVSCOUT_HOST_DEVICE std::size_t residual_offset(int s, int t, int h) const {
     const int w = residual_slots();
     return ((static_cast<std::size_t>(s) * num_kv_heads_ + h) * w + t % w) * HeadDim * sizeof(T);
@@ -476,17 +454,11 @@ class kivi_host_storage {
   std::size_t sizes_[5];
 };
 
-/// Appends tokens to a host KIVI cache by KIVI's rule (header comment): each token enters the
-/// window; the value that leaves it is quantised (per token, groups of G channels); when the
-/// full-precision keys reach B = key_block() they are quantised (per channel, B / G groups of G
-/// tokens) and the window keeps them dequantised. The writer increments seq_lens[s], the array
-/// the layout reads.
-///
-/// Validation happens before anything is written: sequence index, capacity, input sizes, finite
-/// inputs, and (fp16 scales) |x| <= 65504 so that no scale or zero can overflow. Not
-/// thread-safe per sequence; different sequences may be appended from different threads.
-/// An append rewrites window rows that readers of the current lengths see (a flushed key block
-/// becomes its dequantised values): a concurrent reader needs the caller's synchronisation.
+/// Appends tokens to a host KIVI cache by KIVI's rule (header comment) and increments seq_lens[s],
+/// the array the layout reads. Validates before writing anything: sequence index, capacity, input
+/// sizes, finite inputs, and (fp16 scales) |x| <= 65504. Not thread-safe per sequence; different
+/// sequences may be appended from different threads. An append rewrites window rows that readers
+/// of the current lengths see: a concurrent reader needs the caller's synchronisation.
 template <kivi_quantized_layout Layout>
 class kivi_append_host {
  public:
@@ -563,8 +535,7 @@ class kivi_append_host {
     const int H = l_.num_kv_heads();
     constexpr std::size_t row = head_dim * sizeof(T);
     const int v0 = l_.value_quantized_len_for(len), v1 = l_.value_quantized_len_for(next);
-    // The value leaving the window (token len - R) is quantised before the new token takes its
-    // ring slot (the same slot when R > 0).
+    // The value leaving the window (token len - R) is quantised before the new token takes its slot.
     if (v1 > v0 && v0 < len) quantise_value(s, v0, false);
     for (int h = 0; h < H; ++h) {
       std::memcpy(k_ring(s, len, h), k + static_cast<std::size_t>(h) * head_dim, row);
@@ -596,16 +567,14 @@ class kivi_append_host {
     }
   }
 
-  // Quantises the keys of tokens [k0, k1) of every head (whole groups of G) from their ring
-  // slots into their records and group parameters; the slots of tokens still in the window
-  // (from `window` on) then hold the dequantised keys.
+  // Quantises the keys of tokens [k0, k1) (whole groups of G) of every head into their records and
+  // group parameters; ring slots from token `window` on then hold them dequantised.
   void quantise_keys(int s, int k0, int k1, int window) {
     const int G = l_.group();
     const T* rows[head_dim];  // G <= head_dim (G divides it)
     for (int h = 0; h < l_.num_kv_heads(); ++h) {
       for (int q0 = k0; q0 < k1; q0 += G) {
-        // The group's key records are adjacent; zero them so that padding bytes are
-        // deterministic.
+        // Zero the group's (adjacent) key records: padding bytes are deterministic.
         std::memset(b_.k_codes.data() + l_.k_offset(s, q0, h), 0,
                     static_cast<std::size_t>(G) * l_.k_row_bytes());
         for (int i = 0; i < G; ++i) rows[i] = k_ring(s, q0 + i, h);

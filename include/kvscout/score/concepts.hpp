@@ -2,22 +2,19 @@
 // The speculation_policy concept: something that scores every cached token of layer i, per
 // (sequence, kv head), so that a selector (select/) can choose which rows to fetch.
 //
-//   P::needs_query          false: scores are known before layer i runs (InfiniGen speculates
-//                           during layer i-1; streaming and h2o need no query at all), so the
-//                           fetch can overlap layer i-1. true: the policy needs layer i's own
-//                           query (the oracle, Quest), so it runs at the start of layer i.
+//   P::needs_query            false: scores are known before layer i runs (InfiniGen speculates
+//                             during layer i-1; streaming and h2o need no query), so the fetch can
+//                             overlap layer i-1. true: the policy needs layer i's own query (the
+//                             oracle, Quest) and runs at the start of layer i.
 //   p.score(layer, ctx, out)  writes out.scores [num_seqs, num_kv_heads, stride] for t < seq_len,
-//                           and where out.row_max is given each row's maximum (a selector's hint)
+//                             and where out.row_max is given each row's maximum (a selector's hint)
 // Every policy checks its inputs (detail::check_score_buffer) and throws kvscout::error before it
-// writes a score, so bad input leaves out.scores as it was.
-// Optional hooks, called by the pipeline when present:
-//   p.append(layer, s, t, k_pre_rope, k_post_rope)   a token's keys ([num_kv_heads, head_dim]
-//                                                    floats) entered sequence s's cache at
-//                                                    position t (see seq_ids below)
-//   p.observe(layer, ctx, rows, probs, stride, has_current)
-//                                                    attention probabilities of the rows attended
-//                                                    (attention/decode.hpp) and, when
-//                                                    has_current, of the current token; for h2o
+// writes a score, so bad input leaves out.scores as it was. Optional hooks the pipeline calls:
+//   p.append(layer, s, t, k_pre_rope, k_post_rope)  a token's keys ([num_kv_heads, head_dim] floats)
+//                                                   entered sequence s's cache at position t
+//   p.observe(layer, ctx, rows, probs, stride, has_current)  (h2o) attention probabilities of the
+//                                                   rows attended (attention/decode.hpp) and, when
+//                                                   has_current, of the current token
 //
 // Score scale: logits are q.k * scale with scale = 1 / sqrt(head_dim) (the attention's own), so a
 // threshold alpha is in logit units, as in InfiniGen.
@@ -37,10 +34,8 @@
 
 namespace kvscout {
 
-/// What a policy reads for one decode step of one layer, in host or device memory (Space): the
-/// host context here, the device one (score_context<device_space>) in score/device_context.hpp.
-/// Their fields differ (the device one names a host-known length bound and no query), so each
-/// space is its own specialisation.
+/// What a policy reads for one decode step of one layer, in Space's memory: the host context here,
+/// the device one in score/device_context.hpp (its fields differ: a host-known length bound, no query).
 template <class Space>
 struct score_context;
 
@@ -53,8 +48,7 @@ struct score_context<host_space> {
   host_span<const int32_t> seq_lens;   // [num_seqs] cached tokens to score (the current one excluded)
   /// [num_seqs] where batch row s keeps its state: the sequence index of the policy's partial
   /// keys, attention mass or page bounds (the oracle: of its cache). Empty: row s is sequence s.
-  /// With continuous batching, a step's rows are the live sequences, in any order; seq_ids must
-  /// be distinct and below the number of sequences the policy holds (checked by every score()).
+  /// Any order (continuous batching); distinct, below the policy's sequence count (score() checks).
   host_span<const int32_t> seq_ids = {};
 };
 
@@ -82,9 +76,8 @@ concept speculation_policy = requires(P& p, int layer, const score_context<host_
 };
 
 namespace detail {
-/// The shape checks every policy's constructor makes, in one place.
-/// Positive sizes, and a state of num_layers x num_seqs x num_kv_heads x max_tokens x
-/// `per_token` floats whose size fits in size_t.
+/// The shape checks every policy's constructor makes: positive sizes, and a state of num_layers x
+/// num_seqs x num_kv_heads x max_tokens x `per_token` floats whose size fits in size_t.
 inline void check_policy_sizes(const char* policy, int num_layers, int num_seqs, int num_kv_heads,
                                int max_tokens, std::size_t per_token = 1) {
   KVSCOUT_EXPECTS(num_layers > 0 && num_seqs > 0 && num_kv_heads > 0 && max_tokens > 0, policy,
@@ -110,9 +103,8 @@ inline void check_scale(float scale) {
                   scale);
 }
 
-/// Where check_seq_ids finds repeated ids with a bitmap on the stack (512 bytes, the words below
-/// max_seqs cleared per call): a policy that holds up to this many sequences. Beyond, it compares
-/// pairs (the streaming policy, which holds none and so has no bound).
+/// check_seq_ids finds repeats with a stack bitmap (512 bytes, the words below max_seqs cleared per
+/// call) for policies holding up to this many sequences; beyond (streaming: no bound), by pairs.
 inline constexpr int seq_id_bitmap_max = 4096;
 
 /// ctx.seq_ids, when given: num_seqs entries, each in [0, max_seqs), no two equal (two rows of one
@@ -131,8 +123,7 @@ inline void check_seq_ids(const score_context<host_space>& ctx, int num_seqs, in
     const int id = ctx.seq_ids[s];
     KVSCOUT_EXPECTS(id >= 0 && id < max_seqs, "seq_ids[", s, "] = ", id,
                     " is outside [0, ", holder, " num_seqs = ", max_seqs, ")");
-    // The bitmap answers "seen before?" in O(1); only a repeat (an error) then looks for the
-    // earlier row to name it. Without the bitmap, one search does both.
+    // The bitmap answers "seen before?" in O(1); only a repeat (an error) searches for the earlier row.
     const auto earlier = [&] {
       const std::int32_t* ids = ctx.seq_ids.data();
       return static_cast<int>(std::find(ids, ids + s, id) - ids);
@@ -151,11 +142,10 @@ inline void check_seq_ids(const score_context<host_space>& ctx, int num_seqs, in
   }
 }
 
-/// The checks every policy's score() makes before it writes a score. Beyond the buffer's own
-/// shape, a policy with per-sequence state (page bounds, partial keys, attention mass) passes how
-/// many sequences and tokens per sequence that state holds: a score buffer or seq_lens past them
-/// would make the policy read past its state. Streaming keeps no state and passes no limits.
-/// `holder` names whose state the limits are ("the policy's", or the oracle's "the cache's").
+/// The checks every policy's score() makes before it writes a score. A policy with per-sequence
+/// state (page bounds, partial keys, attention mass) passes how many sequences and tokens per
+/// sequence it holds, so that no score buffer or seq_lens past them reads past it (streaming passes
+/// none). `holder` names whose state the limits are ("the policy's", or the oracle's "the cache's").
 inline void check_score_buffer(const score_buffer<host_space>& out,
                                const score_context<host_space>& ctx, int num_kv_heads,
                                int max_seqs = std::numeric_limits<int>::max(),

@@ -1,17 +1,15 @@
 #pragma once
-// InfiniGen's speculation on the device, for one layer: the partial query of every query head
-// (a GEMV of x with the partial W_Q rows, bias, RoPE at the decoded position, the skew rotation),
-// the scores of every cached token of every (sequence, kv head) aggregated over the GQA group,
-// and the device partial key cache they are scored against. Mirrors infinigen_policy_host
-// (score/infinigen.hpp), which is the reference the GPU tests compare with.
+// InfiniGen's speculation on the device, for one layer: every query head's partial query, the
+// scores of every cached token of every (sequence, kv head) aggregated over the GQA group, and
+// the device partial key cache. Mirrors infinigen_policy_host (score/infinigen.hpp), the GPU
+// tests' reference.
 //
 //   using spec = kvscout::infinigen_policy_cuda<kvscout::half>;
 //   // setup (once per layer): the only place anything is copied synchronously
 //   void* ws;  cudaMalloc(&ws, spec::workspace_bytes(cfg));
 //   spec sp(cfg, plans /* [num_kv_heads] */, w_q, b_q,
 //           {static_cast<std::byte*>(ws), spec::workspace_bytes(cfg)});
-//   // as tokens enter the cache (keys: [count, num_kv_heads, head_dim] floats, RoPE'd unless
-//   // the mode is pre_rope_folded; token n goes to (seq_ids[n], token_ids[n]))
+//   // as tokens enter the cache (keys [count, num_kv_heads, head_dim]; see append())
 //   sp.append(keys, seq_ids, token_ids, count, {stream, d_status});   // cuda_exec, last
 //   // per decode step, during layer i - 1
 //   sp.score({.x = x, .positions = pos, .seq_lens = lens, .max_seq_len = bound},
@@ -20,9 +18,8 @@
 //
 // score() and append() keep the per-step contract (docs/architecture.md): seq_lens are clamped
 // to [0, max_seq_len] and append pairs outside [0, num_seqs) x [0, max_tokens) are skipped, each
-// raising a bit in exec.status (core/device_status.hpp).
-// Scores are logits times cfg.scale (as the host policy's), row (s, h) written for
-// t < seq_lens[s] only. Kernels and launch shapes: score/detail/infinigen_kernels.cuh.
+// raising a bit in exec.status (core/device_status.hpp). Scores are logits times cfg.scale, row
+// (s, h) written for t < seq_lens[s] only. Kernels and launch shapes: score/detail/infinigen_kernels.cuh.
 
 #include <cuda_runtime.h>
 
@@ -48,9 +45,8 @@
 namespace kvscout {
 
 /// PkT: the partial keys' format (cache/partial_key_store.hpp): float, half, bfloat16, or
-/// quantized_keys<Bits, Group> (the host quantized_partial_key_cache's format in device memory,
-/// quantized_key_view: scored from the codes, appended in order); WT: the partial query weights'
-/// (float, or the model's half / bfloat16: half the workspace and half the bytes the GEMV reads).
+/// quantized_keys<Bits, Group> (quantized_key_view: scored from the codes, appended in order);
+/// WT: the partial query weights' (float, or the model's half / bfloat16: half the bytes).
 template <partial_key_format PkT = float, compute_element WT = float>
 class infinigen_policy_cuda {
  public:
@@ -60,8 +56,7 @@ class infinigen_policy_cuda {
   using key_format = PkT;
   static constexpr bool quantized = is_quantized_keys_v<PkT>;
 
-  /// Bytes of device workspace: weights, scratch and the partial key cache
-  /// (layout: detail::infinigen_cuda_layout).
+  /// Bytes of device workspace: weights, scratch and the partial key cache (detail::infinigen_cuda_layout).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return detail::infinigen_cuda_layout_of<PkT, WT>(cfg).total;
   }
@@ -69,11 +64,10 @@ class infinigen_policy_cuda {
   static constexpr std::size_t workspace_alignment = detail::infinigen_workspace_alignment;
 
   /// plans: one per kv head (mode, r, head_dim as in cfg); w_q [num_q_heads * head_dim, d_model],
-  /// b_q [num_q_heads * head_dim] or empty: the layer's query projection in float or the model's
-  /// own half / bfloat16, on the host, read here only. Builds the partial weights on the host
-  /// (make_partial_query_weights, then rounded once to WT) and copies them into the workspace
-  /// with a synchronous cudaMemcpy (setup only). The cache is not cleared: a token must be
-  /// appended before a length covers it.
+  /// b_q [num_q_heads * head_dim] or empty: the layer's query projection in float, half or
+  /// bfloat16, on the host, read here only. The partial weights (rounded once to WT) go into the
+  /// workspace by a synchronous cudaMemcpy. The cache is not cleared: a token must be appended
+  /// before a length covers it.
   infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
                         host_span<const float> w_q, host_span<const float> b_q,
                         device_span<std::byte> workspace)
@@ -85,11 +79,10 @@ class infinigen_policy_cuda {
                         device_span<std::byte> workspace)
       : infinigen_policy_cuda(build_tag{}, cfg, plans, nullptr, w_q, b_q, workspace) {}
 
-  /// One cache read at two widths (kvscout's; infinigen_policy_host's constructor with
-  /// correction plans is the reference): score() speculates with `plans` (cfg.r channels),
-  /// score_query() reads `correction_plans` (cfg.correction_r channels, one per kv head, each
-  /// holding its speculation plan's channels, with the same mode, RoPE and rotation). The cache
-  /// holds correction_r channels per token, the speculation's first (detail::nested_key_plan).
+  /// One cache read at two widths (kvscout's; as infinigen_policy_host's): score() speculates with
+  /// `plans` (cfg.r channels), score_query() reads `correction_plans` (cfg.correction_r channels,
+  /// one per kv head, each holding its speculation plan's channels, with the same mode, RoPE and
+  /// rotation). The cache holds correction_r channels per token, the speculation's first.
   infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
                         const std::vector<skew_plan>& correction_plans,
                         host_span<const float> w_q, host_span<const float> b_q,
@@ -178,8 +171,7 @@ class infinigen_policy_cuda {
   /// Whether append() takes keys after RoPE (post_rope_skew, rope_planes) or before it.
   [[nodiscard]] bool rotated_keys() const noexcept { return cfg_.mode != rope_mode::pre_rope_folded; }
 
-  /// The partial key cache (device memory inside the workspace): partial_key_view<PkT>, or
-  /// quantized_key_view for quantised keys.
+  /// The partial key cache, in the workspace: partial_key_view<PkT>, or quantized_key_view.
   [[nodiscard]] device_key_view<PkT> keys() const noexcept {
     return detail::device_key_format<PkT>::make(base_ + layout_.keys, cfg_.num_seqs,
                                                 cfg_.num_kv_heads, cfg_.key_r(), cfg_.max_tokens);
@@ -190,18 +182,16 @@ class infinigen_policy_cuda {
             static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_q_heads * static_cast<std::size_t>(cfg_.r)};
   }
 
-  /// Projects and stores `count` tokens' partial keys: keys [count, num_kv_heads, head_dim]
-  /// (RoPE'd at their own positions unless the mode is pre_rope_folded) in float (the default)
-  /// or the cache's half / bfloat16, widened as read; token n of the batch goes to sequence
-  /// seq_ids[n], position token_ids[n] (both device memory; pairs out of range are skipped on
-  /// the device and raise device_status::bad_index in *exec.status, where given). The
-  /// (sequence, position) pairs of one call must be distinct: tokens run in parallel, so two
-  /// entries for one slot leave either one's partial key there (the host policy keeps the last).
-  /// The ids live on the device, so this is not checked (reading them would synchronise).
-  /// Quantised keys take each sequence's tokens in order, one run of consecutive entries and
-  /// positions per call, from where the sequence stopped (or from 0: a new sequence in the slot);
-  /// an entry that breaks this is skipped and raises device_status::bad_order, a non-finite
-  /// partial key value is stored as 0 and raises bad_value.
+  /// Projects and stores `count` tokens' partial keys: keys [count, num_kv_heads, head_dim] in
+  /// float, half or bfloat16 (RoPE'd at their own positions unless the mode is pre_rope_folded);
+  /// token n goes to sequence seq_ids[n], position token_ids[n] (device memory; pairs out of range
+  /// are skipped and raise device_status::bad_index). The pairs of one call must be distinct
+  /// (unchecked: the ids are on the device); a repeated slot keeps either entry's key (the host
+  /// policy: the last).
+  /// Quantised keys take each sequence's tokens as one run of consecutive entries and positions
+  /// per call, from where the sequence stopped (or from 0: a new sequence in the slot); an entry
+  /// that breaks this is skipped and raises bad_order, a non-finite value is stored as 0 and
+  /// raises bad_value.
   template <class KSpan = const float>
   void append(device_span<KSpan> keys, device_span<const int32_t> seq_ids,
               device_span<const int32_t> token_ids, int count, const cuda_exec& exec) {
@@ -240,7 +230,7 @@ class infinigen_policy_cuda {
   void score(const score_context<device_space>& ctx, const score_buffer<device_space>& out,
              const cuda_exec& exec) {
     detail::check_infinigen_cuda_score(cfg_, ctx, out);
-    if (ctx.max_seq_len == 0) return;  // nothing to score
+    if (ctx.max_seq_len == 0) return;
     const detail::infinigen_params<PkT> p = params(ctx, out, exec.status);
     const detail::spec_launch_shapes shapes = detail::spec_shapes(cfg_, p.rows, p.num_seqs, p.max_len);
     const cudaStream_t stream = exec.stream;
@@ -253,12 +243,11 @@ class infinigen_policy_cuda {
     score_rows(p, shapes, stream);
   }
 
-  /// The correction step's scores (kvscout's, not InfiniGen's; infinigen_policy_host::score_query is
-  /// the reference): the layer's own query q [num_seqs, num_q_heads, head_dim] floats on the
-  /// device, after RoPE, projected by the plans as a key is and scored against the same partial
-  /// keys. ctx.x and ctx.positions are not read. pre_rope_folded plans are refused. It writes the
-  /// partial-query scratch score() writes (partial_queries()): calls of the two on one speculator
-  /// must be ordered by the caller (one stream, or an event).
+  /// The correction step's scores (kvscout's; reference: infinigen_policy_host::score_query): the
+  /// layer's own query q [num_seqs, num_q_heads, head_dim] floats on the device, after RoPE,
+  /// projected as a key is and scored against the same partial keys; ctx.x and ctx.positions are
+  /// not read; pre_rope_folded plans are refused. It shares score()'s partial-query scratch: the
+  /// caller orders calls of the two on one speculator (one stream, or an event).
   void score_query(device_span<const float> q, const score_context<device_space>& ctx,
                    const score_buffer<device_space>& out, const cuda_exec& exec) {
     detail::check_infinigen_cuda_score_query(cfg_, q.size(), q.data() != nullptr, ctx, out);

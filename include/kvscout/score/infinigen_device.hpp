@@ -1,17 +1,14 @@
 #pragma once
-// Host-side part of InfiniGen's speculation on the device (score/infinigen.cuh): the config, the
-// device partial key cache layout, the device call arguments, the workspace layout and every
-// check the facade makes before a launch. Host-compilable (no kernels), so the validation and
-// the index math are tested on machines without a GPU (tests/host/test_cuda_facades.cpp).
+// Host-side part of the device speculation (score/infinigen.cuh): config, partial key cache
+// layout, workspace layout and every check made before a launch. Host-compilable (no kernels), so
+// it is tested without a GPU (tests/host/test_cuda_facades.cpp).
 //
-// Device partial key cache: the host partial_key_cache's tile layout, byte for byte, in device
-// memory (a region of the speculator's workspace):
+// Device partial key cache: the host partial_key_cache's tile layout, byte for byte, in a region
+// of the speculator's workspace (why: docs/cuda_speculation.md, "Memory layouts"):
 //   [num_seqs, num_kv_heads, tiles, R, B],  B = 64 / sizeof(T) tokens,  tiles = ceil(max_tokens / B)
 //   element (s, h, c, t) at (((s * H + h) * tiles + t / B) * R + c) * B + t % B
-// R = cfg.key_r(): r, or correction_r where the correction step reads more channels than the
-// speculation (then score() reads each tile's first r channel lines, score_query() all R).
-// A warp that scores 32 consecutive tokens reads, per channel, 32 consecutive elements of one or
-// two 64-byte lines (half: one line; float: two): every byte of every sector it touches is used.
+// R = cfg.key_r(): r, or correction_r with the speculation's r channels first (score() reads each
+// tile's first r channel lines, score_query() all R).
 //
 //   kvscout::infinigen_cuda_config cfg{.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
 //                                      .head_dim = 128, .d_model = 4096, .max_tokens = 32768,
@@ -50,12 +47,10 @@ struct infinigen_cuda_config {
   rope_mode mode = rope_mode::post_rope_skew;  // every kv head's plan has this mode
   float scale = 0.f;     // logit scale, 1 / sqrt(head_dim) for the attention's own
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
-  /// score_query's aggregation (the correction step's late ranking), where it differs from
-  /// the speculation's; empty: `aggregation` (infinigen_config::query_aggregation).
+  /// score_query's aggregation (the correction step's); empty: `aggregation` (as infinigen_config's).
   std::optional<gqa_aggregation> query_aggregation{};
-  /// The channels score_query reads (the correction step's), where they are more than the
-  /// speculation's r: the cache then holds correction_r channels per token, the speculation's
-  /// first (infinigen_policy_cuda's constructor with correction plans); 0: r.
+  /// The channels score_query reads, where more than r (0: r): the cache then holds correction_r
+  /// channels per token, the speculation's first (the constructor with correction plans).
   int correction_r = 0;
 
   /// The aggregation score_query uses.
@@ -66,8 +61,7 @@ struct infinigen_cuda_config {
   [[nodiscard]] int key_r() const noexcept { return correction_r > 0 ? correction_r : r; }
 };
 
-/// The device partial key cache of one layer (layout in the header comment). A view: the memory
-/// is a region of the speculator's workspace.
+/// The device partial key cache of one layer (layout in the header comment): a view into the workspace.
 template <compute_element T, class Space = device_space>
 struct partial_key_view {
   static constexpr int block_tokens = static_cast<int>(64 / sizeof(T));
@@ -99,10 +93,9 @@ struct partial_key_view {
   }
 };
 
-/// The device quantised partial key cache of one layer (infinigen_policy_cuda<quantized_keys<Bits,
-/// Group>>): the host quantized_partial_key_cache's format, byte for byte (its header states the
-/// quantisation and the tile layout), in device memory, plus the token counts the host cache
-/// keeps in a vector. A view over three regions of the speculator's workspace:
+/// The device quantised partial key cache of one layer: the host quantized_partial_key_cache's
+/// format byte for byte (its header states it), plus the token counts. A view over three regions
+/// of the speculator's workspace:
 ///   tiles    float [num_seqs, num_kv_heads, tiles, tile_floats]: min [R], step [R], codes
 ///            [R, line_bytes] bytes, padding to 64 bytes
 ///   staging  float [num_seqs, num_kv_heads, R, Group]: the newest incomplete group, exact
@@ -225,8 +218,7 @@ inline constexpr std::size_t spec_max_quantize_smem = 32 * 1024;  // R * Group f
 ///   q         float [num_seqs, num_q_heads, R]    scaled partial queries, scratch
 ///   stats     float2 [num_seqs, num_kv_heads, chunks, g] softmax (max, sum) per block (sum_prob)
 ///   keys      T [partial_key_view layout]          the partial key cache
-/// rows = head_dim for post_rope_skew (the whole query is rotated), r otherwise; R = key_r(), the
-/// cache's channels (the speculation's r first, then the correction's others).
+/// rows = head_dim for post_rope_skew (the whole query is rotated), r otherwise; R = key_r().
 struct infinigen_cuda_layout {
   int rows = 0;
   int chunks = 0;  // scoring blocks per row at max_tokens
@@ -237,10 +229,8 @@ struct infinigen_cuda_layout {
 
 inline std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
-/// The grids score() launches for num_seqs sequences of up to max_len tokens (x, y, z each):
-/// the GEMV (one warp per W row), the finish (sequence, query head, spec_finish_outputs
-/// elements) and the scoring kernels (1024-token chunks, kv head, sequence). Host code, so the
-/// shapes are tested without a GPU.
+/// The grids score() launches for num_seqs sequences of up to max_len tokens: GEMV, finish and
+/// scoring (x, y, z each). Host code, so the shapes are tested without a GPU.
 struct spec_launch_shapes {
   long long gemv_blocks = 0;
   long long finish[3] = {0, 0, 0};
@@ -424,7 +414,6 @@ inline void check_infinigen_cuda_scores(const infinigen_cuda_config& c,
   check_device_score_call(c.num_kv_heads, ctx, out);
 }
 
-/// The checks of a score() call.
 inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
                                        const score_context<device_space>& ctx,
                                        const score_buffer<device_space>& out) {

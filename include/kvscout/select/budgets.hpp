@@ -1,8 +1,7 @@
 #pragma once
-// Per-layer budgets that follow the attention (kvscout's; issue 32 part 2). Layers differ in how
-// concentrated their attention is: the same share of rows keeps 99 % of one layer's attention
-// mass and 80 % of another's. Measured once (at prefill, or on a calibration text) as mass
-// curves, the rows moved per step can be re-divided among the layers at no extra bytes.
+// Per-layer budgets that follow the attention (kvscout's; issue 32 part 2). The same share of rows keeps
+// 99 % of one layer's attention mass and 80 % of another's; from mass curves measured once (at prefill,
+// or on a calibration text), the rows moved per step are re-divided among the layers at no extra bytes.
 //
 //   std::vector<double> curves(L * bins, 0.0);          // per layer, summed over samples
 //   std::vector<int> samples(L, 0);
@@ -14,18 +13,17 @@
 //   // layer l's selector: budget * shares[l] of its cached rows (mean of shares = 1)
 //
 // A mass curve's entry b is the share of an attention row's mass that its best
-// ceil((b + 1) / bins * n) of n rows hold (non-decreasing, the last 1). layer_budget_shares
-// hands out round(budget * bins) steps of 1 / bins per layer, over the layers from first_layer
-// on, one step at a time:
+// ceil((b + 1) / bins * n) of n rows hold (non-decreasing, the last 1). layer_budget_shares first
+// gives each layer min_share of its even share (rounded up to whole steps; 0 by default), then
+// hands out the rest of round(budget * bins) steps of 1 / bins per layer from first_layer on, one
+// at a time:
 //   coverage  to the layer whose curve is lowest at its current share (every layer keeps about
 //             the same share of its mass: the most spread layer is not starved)
 //   mass      to the layer whose curve rises most over the next step (the most mass in all where
 //             the curves are concave, as the curves of rows longer than bins are)
-// after each layer has at least min_share of its even share (a floor, rounded up to whole steps;
-// 0 by default), and returns each layer's share of the budget: its steps over round(budget *
-// bins), so the shares of the layers from first_layer on average exactly 1 (1 below
-// first_layer). Set-up code: it is not on the decode path. Inputs are checked first; errors name
-// the bad value.
+// A layer's share of the budget is its steps over round(budget * bins): the shares from
+// first_layer on average exactly 1 (1 below first_layer). Set-up code, not on the decode path;
+// inputs are checked first and errors name the bad value.
 
 #include <algorithm>
 #include <cmath>

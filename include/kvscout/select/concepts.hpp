@@ -1,18 +1,16 @@
 #pragma once
-// The topk_selector concept, keep-sets, and the order-preserving score keys every selector
-// (host and CUDA) ranks by.
+// The row_selector concept, keep-sets, and the order-preserving score keys every selector (host
+// and CUDA) ranks by.
 //
-// A selector turns per-token scores into a selection: per (sequence, kv_head), strictly
-// ascending token indices and a count (core/selection.hpp). Protocol, as for the executors:
-//   1. size query   S::workspace_bytes(config)  -> bytes of caller-owned workspace, whose address
-//                   must be a multiple of S::workspace_alignment (the constructor checks it)
-//   2. setup        S sel(config, workspace)     (the only place a selector may allocate)
-//   3. per step     sel.select(scores, out, x)   writes out.indices and out.counts, returns
-//                                                nothing (the per-step contract:
-//                                                docs/architecture.md)
-// The memory space of the workspace, the scores and the buffers is S::memory_space; x is
-// S::exec_type (core/exec.hpp): cuda_exec{stream, status} for the device selectors, host_exec{}
-// (defaulted) for the host ones.
+// A selector turns per-token scores into a selection: per (sequence, kv_head), strictly ascending
+// token indices and a count (core/selection.hpp). Protocol, as for the executors:
+//   1. S::workspace_bytes(config): bytes of caller-owned workspace, at an address that is a
+//      multiple of S::workspace_alignment (the constructor checks it)
+//   2. S sel(config, workspace): the only place a selector may allocate
+//   3. per step, sel.select(scores, out, x): writes out.indices and out.counts, returns nothing
+//      (the per-step contract: docs/architecture.md)
+// Workspace, scores and buffers live in S::memory_space; x is S::exec_type (core/exec.hpp):
+// cuda_exec{stream, status} for the device selectors, host_exec{} (defaulted) for the host ones.
 //
 //   kvscout::keep_set keep{.sinks = 4, .recent = 64};
 //   const auto [head_end, tail_begin] = kvscout::keep_bounds(keep, len);
@@ -57,14 +55,12 @@ KVSCOUT_HOST_DEVICE keep_range keep_bounds(keep_set keep, int len) {
   return {head_end, tail > head_end ? tail : head_end};
 }
 
-/// Key of a score that orders as the scores do, as an unsigned integer, so that selection can
-/// count bits (radix select) instead of comparing floats:
+/// An unsigned key that orders as the scores do, so that selection can count bits (radix select):
 ///   score_key(x) < score_key(y)  iff  x < y        for non-NaN x, y (-inf and +inf included)
 ///   score_key(-0.f) == score_key(+0.f)              (they compare equal as floats)
 ///   score_key(NaN) == 0, below every other key      (NaN is ignored: never chosen by score)
-/// Every non-NaN score has a key >= 1, and UINT32_MAX is never a key. The key is 2^31 plus or
-/// minus the magnitude bits; it is computed without branches, because the sign of a score is
-/// as unpredictable as the score.
+/// Every non-NaN score has a key >= 1; UINT32_MAX is never a key. The key, 2^31 plus or minus the
+/// magnitude bits, is computed without branches: a score's sign is as unpredictable as the score.
 KVSCOUT_HOST_DEVICE std::uint32_t score_key(float x) {
 #if KVSCOUT_DEVICE_PASS
   const std::uint32_t b = __float_as_uint(x);
@@ -77,8 +73,7 @@ KVSCOUT_HOST_DEVICE std::uint32_t score_key(float x) {
   return key & (0u - static_cast<std::uint32_t>(mag <= 0x7f800000u));  // NaN -> 0
 }
 
-/// The score a non-zero key came from (+0 for the key of either zero). score_from_key(0) is a
-/// NaN.
+/// The score a non-zero key came from (+0 for the key of either zero); score_from_key(0) is a NaN.
 KVSCOUT_HOST_DEVICE float score_from_key(std::uint32_t key) {
   const std::uint32_t b = key >= 0x80000000u ? key - 0x80000000u
                           : key == 0         ? 0x7fc00000u
@@ -90,15 +85,13 @@ KVSCOUT_HOST_DEVICE float score_from_key(std::uint32_t key) {
 #endif
 }
 
-/// The lowest score that is a threshold candidate in a row whose largest score is m: m - alpha
-/// (in float arithmetic), except that alpha = +inf admits every non-NaN score (also when
-/// m = +inf, where m - alpha would be NaN). m = -inf (no finite maximum) gives -inf.
+/// The lowest threshold candidate score in a row whose largest score is m: m - alpha (in float
+/// arithmetic); -inf for m = -inf, and for alpha = +inf (every non-NaN score, also when m = +inf).
 KVSCOUT_HOST_DEVICE float threshold_floor(float m, float alpha) {
   return alpha < INFINITY ? m - alpha : -INFINITY;
 }
 
-/// A selector: turns score_view rows into selection_buffers rows, in S::memory_space (top-k and
-/// threshold selectors alike).
+/// A selector (top-k and threshold alike): score_view rows to selection_buffers rows, in S::memory_space.
 template <class S>
 concept row_selector =
     requires {

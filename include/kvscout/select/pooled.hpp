@@ -1,8 +1,7 @@
 #pragma once
-// Head-pooled top-k on the host (kvscout's; issue 32 part 2, "budgets that follow the
-// attention"): a sequence's KV heads share one budget, budget * num_kv_heads rows, instead of
-// each taking `budget`. A head whose attention is concentrated gives rows to one whose attention
-// is spread, so the rows moved per step are the same and more attention mass is kept.
+// Head-pooled top-k on the host (kvscout's; issue 32 part 2): a sequence's KV heads share one
+// budget, budget * num_kv_heads rows, instead of each taking `budget`, so a head whose attention is
+// concentrated gives rows to one whose attention is spread.
 //
 //   kvscout::pooled_topk_selector_host::config cfg{.num_seqs = 1, .num_kv_heads = 8,
 //       .stride = 4096, .capacity = 1024, .budget = 256, .keep = {4, 16},
@@ -14,26 +13,23 @@
 // Per sequence s of length len = seq_lens[s], with H = num_kv_heads:
 //   - len <= budget: every head selects all len tokens (top-k's rule).
 //   - otherwise every head takes its keep-set (select/concepts.hpp), and the K = H * (budget -
-//     |keep|) other rows are shared among the heads. pooled_rule::mass: the K best across the
+//     |keep|) other rows are shared among the heads; no head takes more than capacity rows,
+//     keep-set included (the excess goes to the others). pooled_rule::mass: the K best across the
 //     heads by a score that compares across heads:
-//       logit  softmax of the row: s - m_h - log sum_t exp(s_t - m_h) (m_h the head's maximum;
-//              NaN ignored; a head with a +inf score ranks its +inf rows first, the rest -inf);
-//       mass   the score itself (scores that are already attention mass, e.g. oracle_policy_host's or
-//              gqa_aggregation::sum_prob's).
-//     No head takes more than capacity rows, keep-set included (the excess goes to the others).
-//     Ties at the boundary go to the lower head, then (within a head) to the lower token index;
-//     NaN is never chosen by score, so a sequence with NaNs may select fewer rows.
+//       logit  the row's softmax: s - m_h - log sum_t exp(s_t - m_h) (m_h the head's maximum; NaN
+//              ignored; a head with a +inf score ranks its +inf rows first, the rest -inf);
+//       mass   the score itself (already attention mass, e.g. oracle_policy_host's or sum_prob's).
+//     Ties at the boundary go to the lower head, then to the lower token index; NaN is never
+//     chosen by score, so a sequence with NaNs may select fewer rows.
 //     pooled_rule::coverage: each head's probabilities (logit: its softmax; mass: the scores over
 //     the sum of the finite positive ones, others 0: a +inf mass counts as none, though within
-//     its head it is still the first row taken), and the counts that give every head the
-//     same share of its own mass, keep-set included, as high as K rows allow; rows left over go
-//     one at a time to the head of lowest share.
-//   With capacity == budget no head can take more than budget: the result is per-head top-k.
-//   Pooling needs capacity > budget (the room a concentrated head gives up).
-//   Within a head, the rows chosen are its best by its own score, so the selection is top-k's with
-//   a per-head count: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count.
-// Summed over the heads, a sequence selects at most H * budget rows, as topk_selector_host at the
-// same budget does; a head may select more or fewer than budget.
+//     its head it is still the first row taken), and the counts that give every head the same
+//     share of its own mass, keep-set included, as high as K rows allow; leftover rows go one at a
+//     time to the head of lowest share.
+//   Within a head the rows are its best by its own score: out.indices[s, h, 0:count] strictly
+//   ascending, out.counts[s, h] = count. Pooling needs capacity > budget (capacity == budget gives
+//   per-head top-k). A sequence selects at most H * budget rows, as topk_selector_host does; a
+//   head may select more or fewer than budget.
 //
 // select() keeps the per-step contract (docs/architecture.md). Host only: no device twin yet (it
 // did not pay for kvscout's speculation: docs/accuracy.md, "Budgets that follow the attention").
@@ -66,9 +62,7 @@ enum class pooled_scale : int {
 enum class pooled_rule : int {
   /// The rows of highest probability across the heads: the most attention mass in all.
   mass = 0,
-  /// Every head reaches the same share of its own attention mass (coverage), as high as the
-  /// rows allow: a concentrated head stops early, a spread one takes more. Leftover rows go to
-  /// the head of lowest coverage.
+  /// Every head reaches the same share of its own attention mass (coverage), as high as rows allow.
   coverage = 1,
 };
 
@@ -177,9 +171,8 @@ class pooled_topk_selector_host {
     for (int h = 0; h < H; ++h) {
       const float* row = scores.scores.data() + scores.row(s, h);
       float* v = value_ + static_cast<std::size_t>(h) * cfg_.stride;
-      // Mass rule: the comparable values (logit: log-probability; head_norm: +inf rows first
-      // where the maximum is +inf). Coverage computes its own probabilities (cover()): here only
-      // the candidates are counted.
+      // Mass rule: the comparable values (logit: log-probability, +inf rows first where the
+      // maximum is +inf). Coverage (cover()) only counts the candidates here.
       const bool values = cfg_.rule == pooled_rule::mass;
       const head_norm nm = values && cfg_.scale == pooled_scale::logit ? normaliser(row, len)
                                                                       : head_norm{cfg_.scale};
@@ -207,9 +200,8 @@ class pooled_topk_selector_host {
       }
       av[h] = count[h] = std::min(n, cfg_.capacity - keep);
     }
-    // Water-filling: heads whose rows above the pool's threshold fill their cap take the cap
-    // and leave the pool (ties_[h] = -1); the threshold only falls as they leave, so they stay
-    // capped.
+    // Water-filling: heads whose rows above the pool's threshold fill their cap take the cap and
+    // leave the pool (ties_[h] = -1); the threshold only falls as they leave, so they stay capped.
     long long total = 0;
     for (int h = 0; h < H; ++h) total += av[h], ties[h] = 0;
     if (total <= want) return;  // every candidate fits
@@ -266,9 +258,9 @@ class pooled_topk_selector_host {
     }
   }
 
-  // pooled_rule::coverage: each head's probabilities (head_probability) of its candidates sorted
-  // descending and summed into pool_ [h * stride], then the highest coverage every head reaches
-  // within want rows, by bisection, and the leftover rows to the heads of lowest coverage.
+  // pooled_rule::coverage: each head's candidate probabilities, sorted descending, as running sums
+  // in pool_ [h * stride]; the highest coverage every head reaches within want rows, by bisection;
+  // the leftover rows to the heads of lowest coverage.
   void cover(const score_view<host_space>& scores, int s, int len, long long want) {
     const int H = cfg_.num_kv_heads;
     const keep_range kr = keep_bounds(cfg_.keep, len);

@@ -1,10 +1,8 @@
 #pragma once
-// Threshold selector on the host: per (sequence, kv_head), the keep-set and the tokens whose
-// score is within alpha of the row's maximum, capped at budget tokens in all. Two rules
-// (threshold_rule): infinigen_mean is InfiniGen's (OSDI'24: every head fetches the mean of the
-// heads' candidate counts); per_head, the default, is kvscout's own (each head takes its own
-// candidates), not InfiniGen's. presets::infinigen_paper (presets.hpp) selects with
-// infinigen_mean.
+// Threshold selector on the host: per (sequence, kv_head), the keep-set and the tokens whose score
+// is within alpha of the row's maximum, capped at budget tokens in all. Two rules (threshold_rule):
+// per_head, the default, is kvscout's own; infinigen_mean is InfiniGen's (OSDI'24), which
+// presets::infinigen_paper (presets.hpp) uses.
 //
 //   kvscout::threshold_selector_host::config cfg{
 //       .num_seqs = 1, .num_kv_heads = 8, .stride = 4096, .capacity = 512, .alpha = 4.f,
@@ -20,32 +18,22 @@
 //   floor  = m - alpha in float arithmetic; -inf when alpha = +inf (threshold_floor)
 //   candidates = the tokens outside K with score >= floor (so the maximum itself qualifies, also
 //            when m = +inf; when m = -inf every non-NaN token does; NaN never does)
-//   per_head (kvscout's): each row takes K and its candidates; where there are more than k, the
-//                   best k of them (largest score, ties to the lowest token index).
-//   infinigen_mean (InfiniGen's): n = floor(mean over the rows with len > 0 of their candidate
-//                   counts); every row takes K and the best min(n, k) tokens outside K by score
-//                   (not only its own candidates; NaN ignored), as InfiniGen sizes one fetch for
-//                   all heads (its speculate_attention, speedup/infinigen/infinigen/
-//                   kv_selection_controller.py: topk of min(int(mean count), max_num_kv)).
+//   per_head: each row takes K and its candidates; where there are more than k, the best k of
+//            them (largest score, ties to the lowest token index).
+//   infinigen_mean: n = floor(mean over the rows with len > 0 of their candidate counts); every
+//            row takes K and the best min(n, k) tokens outside K by score (not only its own
+//            candidates; NaN ignored), as InfiniGen sizes one fetch for all heads (speedup/infinigen/
+//            infinigen/kv_selection_controller.py: topk of min(int(mean count), max_num_kv)).
 // budget is a cap, not a quota: a short row (len <= budget) still selects by threshold.
 // Output: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count; entries past
 // the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= budget <=
 // capacity. select() keeps the per-step contract (docs/architecture.md).
 //
-// Cost, per_head, where the scores come with their rows' maxima (score_view::row_max: a hint,
-// checked, never trusted; docs/architecture.md): one compaction per row against the hinted
-// floor. Without hints:
-// rows of up to 4096 tokens outside the keep-set, a maximum and a compaction, the maximum read
-// during the previous row's compaction (AVX-512 builds); longer rows one
-// vectorised pass, plus scans of their candidates where the cap binds: a strided sample of the
-// row gives a lower bound L that about k + a few standard deviations of tokens reach; the pass
-// finds the row maximum and keeps only the tokens >= max(L, running max - alpha); radix select
-// picks the k among those (select/detail/host_rows.hpp). If the sample misjudged, the row is
-// redone exactly, so the result never depends on the sample. infinigen_mean: two vectorised
-// passes per row (maximum, count), then a top-k per row: a row with at least k candidates (at
-// most 2048) picks its k among them, collected against its known maximum; the others take the
-// sampled top-k. The workspace is about 12 * stride + 16 KiB bytes, plus 8 bytes per row for
-// infinigen_mean (each row's maximum and count, from the first pass to the second).
+// Cost: per_head with the rows' maxima given (score_view::row_max: a hint, checked, never trusted;
+// docs/architecture.md) is one compaction per row; without, a maximum and a compaction (rows up to
+// short_row tokens) or one vectorised pass with a sampled bound (select/detail/host_rows.hpp).
+// infinigen_mean: two passes per row (maximum, count), then a top-k. The result never depends on
+// a hint or a sample (docs/performance.md).
 
 #include <algorithm>
 #include <cstddef>
@@ -80,15 +68,12 @@ inline std::ostream& operator<<(std::ostream& os, threshold_rule r) {
 
 namespace detail {
 
-/// Rows up to this many tokens (16 KiB of scores) take two passes, a maximum and a compaction,
-/// instead of one with a running floor; longer rows take one (docs/performance.md, "Host kernel
-/// constants").
+/// Rows up to this many tokens (16 KiB of scores) take a maximum and a compaction, longer rows one
+/// pass with a running floor (docs/performance.md, "Host kernel constants").
 inline constexpr int short_row = 4096;
 
-/// What per_head_row hands on to the next row: the next row's maximum, read during this row's
-/// compaction, so that on AVX-512 builds its L2 read overlaps this row's L1-bound compaction
-/// (docs/performance.md, "Host kernel constants"). Elsewhere the maximum is read after the
-/// compaction.
+/// What per_head_row hands on to the next row: its maximum, read during this row's compaction (on
+/// AVX-512 builds the two overlap: docs/performance.md, "Host kernel constants").
 struct row_lookahead {
   std::optional<float> known;     // in: this row's maximum over all its len scores, if read
   const float* next = nullptr;    // in: the next row, or null
@@ -97,18 +82,15 @@ struct row_lookahead {
   std::optional<float> hint;      // in: score_view::row_max of this row, unchecked
 };
 
-/// Where a row's candidates against a hinted maximum m (score_view::row_max) stand. Every score
-/// at or above threshold_floor(m, alpha) is a candidate (the keep-set aside). If the row's true
-/// maximum M reaches that floor, M is the largest candidate or keep-set score, so that largest
-/// equals m exactly when the hint is right; if M is below the floor, there are no candidates,
-/// the largest is a keep-set score or -inf, below m, and the hint is wrong. So one look at the
-/// few candidates checks the hint, and the selection never depends on it.
+/// Where a row's candidates against a hinted maximum m (score_view::row_max) stand. The largest
+/// candidate or keep-set score equals m exactly when the hint is right: if the true maximum M
+/// reaches threshold_floor(m, alpha), M is that largest; if not, there are no candidates and the
+/// largest is below m. So one look at the few candidates checks the hint.
 enum class hint_result { right, wrong, too_many };
 
 inline hint_result check_hint(const float* row, const std::int32_t* cand, int kept, float keep_max,
                               float m) {
-  // Four independent maxima (one chain of compare-and-select would cost its latency per
-  // candidate, about as much as the row's compaction on peaked rows).
+  // Four independent maxima: one compare-and-select chain would cost its latency per candidate.
   const auto up = [row](float t, std::int32_t i) {
     const float x = row[i];
     return x > t ? x : t;
@@ -150,10 +132,9 @@ inline int per_head_row(const float* row, int len, keep_set keep, int budget, fl
     la.next_max = next_max;
     return got;
   };
-  // With a hint, one compaction against its floor, then the check (check_hint): kept >= 0 where
-  // the hint is right, -1 where it is wrong (the row then goes the way it would without one).
-  // too_many: more than `limit` candidates against the hint's floor (a right hint: the capped
-  // path below; a wrong one: that path does not depend on the maximum).
+  // With a hint, one compaction against its floor, then check_hint: kept >= 0 where the hint is
+  // right, -1 where wrong (the row goes as without one). too_many: more than `limit` candidates
+  // against the hint's floor (then the capped path below, which does not depend on the maximum).
   const auto hinted = [&](int limit, hint_result& how) {
     const int kept = compact(threshold_floor(*la.hint, alpha), limit);
     how = kept < 0 || kept > limit ? hint_result::too_many
@@ -163,18 +144,15 @@ inline int per_head_row(const float* row, int len, keep_set keep, int budget, fl
   int c = emit_range(0, a, out);
   if (n > 0 && k > 0) {
     if (n <= k) {
-      // Every candidate fits: the exact maximum first (a vector pass, or the hint), then one
-      // compaction.
+      // Every candidate fits: the exact maximum (a vector pass, or the hint), then one compaction.
       hint_result how = hint_result::wrong;
       int taken = la.hint ? hinted(INT_MAX, how) : -1;
       if (taken < 0) taken = compact(threshold_floor(row_max(), alpha), INT_MAX);
       std::memcpy(out + c, ws.cand, sizeof(std::int32_t) * static_cast<std::size_t>(taken));
       c += taken;
     } else {
-      // Peaked rows (attention logits) have few candidates, and if no more than k reach the
-      // final floor they are the answer. Flat rows overflow the short list early and take the
-      // sampled path below. The short list is worth it only while it stays short: give up past
-      // short_list_max (or k).
+      // Peaked rows (attention logits) have few candidates: if no more than k reach the final
+      // floor, they are the answer. Past short_list_max (or k) the sampled path below takes over.
       const int limit = k < short_list_max ? k : short_list_max;
       hint_result how = hint_result::wrong;
       int kept = la.hint ? hinted(limit, how) : -1;
@@ -275,12 +253,9 @@ class threshold_selector_host {
 
   void select_per_head(const score_view<host_space>& scores,
                        const selection_buffers<host_space>& out) const {
-    // Rows in order, each handing the next its maximum where it read it (row_lookahead). Rows
-    // of up to short_row tokens outside the keep-set are read ahead: they compact against a
-    // known maximum. (A longer row whose candidates all fit, n <= k, compacts too, but is not
-    // read ahead: its own maximum pass no longer fits L1, so the overlap would not pay.)
-    // With the rows' maxima hinted (score_view::row_max), each row is one compaction against its
-    // hint's floor and nothing is read ahead.
+    // Rows in order, each handing the next its maximum where it read it (row_lookahead); rows of
+    // up to short_row tokens outside the keep-set are read ahead. With hints (score_view::row_max),
+    // each row is one compaction against its hint's floor and nothing is read ahead.
     const int H = cfg_.num_kv_heads;
     const bool hinted = !scores.row_max.empty();
     detail::row_lookahead la;
@@ -313,8 +288,7 @@ class threshold_selector_host {
 
   void select_infinigen_mean(const score_view<host_space>& scores,
                              const selection_buffers<host_space>& out) const {
-    // Pass 1: every row's candidate count (its maximum, then a count), for the mean; each row's
-    // maximum and count are kept for pass 2.
+    // Pass 1: every row's maximum and candidate count (kept for pass 2), for the mean.
     const int H = cfg_.num_kv_heads;
     long long total = 0;
     long long nonempty_rows = 0;
@@ -336,9 +310,8 @@ class threshold_selector_host {
     }
     const long long mean = nonempty_rows > 0 ? total / nonempty_rows : 0;
     // Pass 2: every row takes the keep-set and its best min(mean, slots) other tokens. Where the
-    // row has at least that many candidates, the best are among them (the k-th best score is at
-    // least the floor): a short list of them is collected against the known maximum and radix
-    // select picks the k, as per_head does, instead of sampling the row for a bound.
+    // row has at least that many candidates, the best are among them: radix select on a short
+    // list collected against the known maximum, instead of sampling the row for a bound.
     for (int s = 0; s < cfg_.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       const keep_range kr = keep_bounds(cfg_.keep, len);

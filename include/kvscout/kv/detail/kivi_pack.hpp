@@ -1,10 +1,8 @@
 #pragma once
-// KIVI quantisation math, written once for the host and for CUDA kernels: the affine parameters
-// of a group, quantising / dequantising one element, the bit packing of codes, and the row-level
-// loops built from them (quantise a key group, quantise a value row, dequantise a key / value
-// row). kv/kivi.hpp (layout, host writer) uses these; a CUDA kernel calls the same functions per
-// lane. The row loops are the definition: attention/kivi_rows.hpp dequantises host rows a
-// register at a time to the same bits (tests/host/test_kivi_rows.cpp).
+// KIVI quantisation math, written once for the host and for CUDA kernels (kv/kivi.hpp's writer,
+// device kernels per lane): a group's affine parameters, quantising / dequantising one element,
+// code packing, and the row loops built from them. The row loops are the definition:
+// attention/kivi_rows.hpp dequantises host rows to the same bits (tests/host/test_kivi_rows.cpp).
 //
 //   // Four values, one group, 2 bits, fp16 scale / zero:
 //   const float x[4] = {0.f, 1.f, 2.f, 3.f};
@@ -21,16 +19,13 @@
 //                                               nearest even; scale is exactly 0 when mx == mn
 //   q     = floor(clamp((x - zero) / scale, 0, L) + 0.5)      (q = 0 when scale == 0)
 //   x'    = fma(q, scale, zero)
-// The quantiser uses the *stored* (rounded) scale and zero, so dequantising gives the nearest
-// level of the grid that is actually stored. Error bound per element (derived in kivi.hpp):
-//   |x - x'| <= scale / 2 + |zero - mn| + L * |scale - (mx - mn) / L|  (+ float round-off)
+// q uses the *stored* (rounded) scale and zero: dequantising gives the nearest level of the stored
+// grid. Error bound per element: kv/kivi.hpp.
 //
-// Packing, bit-exact for both widths: the code of element c of a row lives in byte
-// c / (8 / Bits), bits [(c % (8 / Bits)) * Bits, + Bits), element 0 in the least significant
-// bits. So 2-bit: byte b = q[4b] | q[4b+1] << 2 | q[4b+2] << 4 | q[4b+3] << 6;
-//           4-bit: byte b = q[2b] | q[2b+1] << 4.
-// Read as a little-endian 32-bit word (x86, every CUDA GPU) element c is at bit (c * Bits) % 32
-// of word (c * Bits) / 32, which is how a kernel unpacks 16 (2-bit) or 8 (4-bit) codes per load.
+// Packing: element c of a row is in byte c / (8 / Bits), bits [(c % (8 / Bits)) * Bits, + Bits),
+// element 0 lowest: 2-bit byte b = q[4b] | q[4b+1] << 2 | q[4b+2] << 4 | q[4b+3] << 6, 4-bit
+// byte b = q[2b] | q[2b+1] << 4. As a little-endian 32-bit word (x86, every CUDA GPU), element c
+// is at bit (c * Bits) % 32 of word (c * Bits) / 32: a kernel unpacks 16 or 8 codes per load.
 
 #include <bit>
 #include <cmath>
@@ -82,11 +77,9 @@ KVSCOUT_HOST_DEVICE float kivi_bits_float(std::uint32_t u) {
 #endif
 }
 
-/// float(h) for the raw bits of an IEEE half, exact for every value (subnormals, infinities, NaN
-/// stay NaN). Branch-free so that a host loop over a row vectorises; the conversion in
-/// cuda_fp16.h's host path is a loop per subnormal and does not. Subnormals go through an
-/// int -> float conversion rather than a float subnormal, so the result does not depend on the
-/// FTZ / DAZ state of the thread.
+/// float(h) for the raw bits of an IEEE half, exact for every value (subnormals, infinities; NaN
+/// stays NaN). Branch-free, so that a host loop vectorises (cuda_fp16.h's host path does not);
+/// subnormals go through int -> float, so the result does not depend on the thread's FTZ / DAZ.
 KVSCOUT_HOST_DEVICE float kivi_half_bits_to_float(std::uint32_t h) {
   const std::uint32_t em = h & 0x7fffu;                  // exponent and mantissa
   const std::uint32_t normal = (em << 13) + 0x38000000u;  // rebias 15 -> 127: + (112 << 23)
@@ -232,8 +225,7 @@ KVSCOUT_HOST_DEVICE void kivi_quantize_key_group(const T* const* rows, int G, in
   }
 }
 
-/// Dequantises a key row: out[c] = code[c] * scale[c] + zero[c] (per-channel parameters of the
-/// token's group).
+/// Dequantises a key row: out[c] = code[c] * scale[c] + zero[c] (the token's group's parameters).
 template <int Bits, kivi_scale_type S>
 KVSCOUT_HOST_DEVICE void kivi_dequantize_key_row(const std::uint8_t* codes, const S* scale,
                                                  const S* zero, int D, float* out) {
@@ -255,8 +247,7 @@ KVSCOUT_HOST_DEVICE void kivi_dequantize_value_row(const std::uint8_t* codes, co
                                                    const S* zeros, int D, int G, float* out) {
   constexpr int per = kivi_codes_per_byte<Bits>;
   constexpr std::uint32_t mask = (1u << Bits) - 1u;
-  // Two passes, codes then parameters, so that each is a simple loop a host compiler
-  // vectorises (one loop over c with c / per indexing and a runtime G is not).
+  // Two simple loops (codes, then parameters) vectorise; one over c with c / per and a runtime G not.
   for (int b = 0; b < D / per; ++b) {
     const std::uint32_t byte = codes[b];
     for (int k = 0; k < per; ++k) out[b * per + k] = static_cast<float>((byte >> (k * Bits)) & mask);

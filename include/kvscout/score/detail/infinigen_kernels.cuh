@@ -1,29 +1,20 @@
 #pragma once
 // Kernels of the device speculation (score/infinigen.cuh). Every per-element formula is a
-// KVSCOUT_HOST_DEVICE function the host path calls too: skew_dot (key projection),
-// post_rope_skew_element and rope_rotate (partial query), rope_cos_sin (RoPE table),
-// softmax_push / softmax_merge / softmax_share (sum_prob), to_float / from_float (partial keys).
+// KVSCOUT_HOST_DEVICE function the host path calls too: skew_dot, post_rope_skew_element,
+// rope_rotate, rope_cos_sin, softmax_push / softmax_merge / softmax_share, to_float / from_float.
 //
-// Launch shapes (T = spec_block_threads = 128):
+// Launch shapes (T = spec_block_threads = 128; docs/cuda_speculation.md, "Kernels and launch shapes"):
 //   partial_query_gemv  grid ceil(Hq * rows / 8), block 256: one warp per row of W, read in the
-//                       weights' own type with 16-byte loads, 4 in flight per lane (coalesced
-//                       over d_model), every sequence of the batch in chunks of 8 (W is read
-//                       once per 8 sequences); y = W x + b
-//   partial_query_finish grid (num_seqs, Hq, ceil(r / 4)), block 64: the RoPE table and the
-//                       head's RoPE'd rows in shared memory, then 16 threads per output element
-//                       share its dot over head_dim: q = scale * partial_query element
-//                       (post-RoPE skew, plane rotation or copy)
-//   score_group         grid (chunks, H, S), block T: 1024 tokens per block, 8 consecutive
-//                       tokens per thread read with 16-byte loads per channel (one for fp16 /
-//                       bf16 keys, two for float); the group's partial queries in shared
-//                       memory, the group's logits in registers (G static for common group
-//                       sizes, chunks of 8 query heads otherwise), folded to max / mean
-//   softmax_stats       (sum_prob) as score_group, per block and query head the softmax (max, sum)
-//                       of its tokens, block-reduced into the stats workspace
-//   score_sum_prob      (sum_prob) as score_group; first merges the stats of every block of its
-//                       row, then writes sum_j exp(z_j - m_j) / l_j
-//   append_keys         grid (count, H), block 128: the key in shared memory, one thread per
-//                       partial element; skew_dot with A[:, S] (or a gather for rope_planes)
+//                       weights' own type with 16-byte loads, 4 in flight per lane (coalesced over
+//                       d_model); sequences in chunks of 8, so W is read once per 8 sequences
+//   partial_query_finish grid (num_seqs, Hq, ceil(r / 4)), block 64: RoPE table and RoPE'd rows in
+//                       shared memory, then 16 threads share each output element's dot over head_dim
+//   score_group         grid (chunks, H, S), block T: 1024 tokens per block, 8 consecutive tokens per
+//                       thread with 16-byte loads per channel; the group's partial queries in shared
+//                       memory, its logits in registers (G static for common group sizes)
+//   softmax_stats,      (sum_prob) as score_group: per block and query head the softmax (max, sum),
+//   score_sum_prob      then the row's block stats merged and sum_j exp(z_j - m_j) / l_j written
+//   append_keys         grid (count, H), block 128: the key in shared memory, one thread per element
 
 #include <cuda_runtime.h>
 
@@ -197,9 +188,8 @@ KVSCOUT_DEVICE quantized_key_reader<Bits, Group> reader_at(const quantized_key_v
   return rd;
 }
 
-/// Channel i of kv head h's partial key (or of a query, projected as a key) from x, the vector
-/// in shared memory (head_dim floats): a gather in rope_planes mode (A = I), skew_dot with
-/// A[:, S] otherwise. stride: the channels the cache holds per head (key_r).
+/// Channel i of kv head h's partial key (or a query projected as a key) from x (head_dim floats in
+/// shared memory): a gather in rope_planes mode, skew_dot with A[:, S] otherwise. stride: key_r.
 KVSCOUT_DEVICE float project_channel(const float* x, const float* rotation, const std::int32_t* channels,
                                      rope_mode mode, int h, int i, int head_dim, int stride) {
   if (mode == rope_mode::rope_planes) return x[channels[static_cast<std::size_t>(h) * stride + i]];
@@ -207,8 +197,7 @@ KVSCOUT_DEVICE float project_channel(const float* x, const float* rotation, cons
                   static_cast<std::size_t>(stride));
 }
 
-/// Everything an append launch reads: the float / 16-bit cache's (append_keys, View =
-/// partial_key_view<PkT>) and the quantised cache's (quantise_groups, stage_tail, count_tokens).
+/// Everything an append launch reads; View: partial_key_view<PkT> or quantized_key_view.
 template <class View, class K>
 struct key_append_params {
   const float* rotation;          // [H, D, r]
@@ -229,7 +218,6 @@ struct key_append_params {
     const K* src = k + (static_cast<std::size_t>(m) * num_kv_heads + h) * head_dim;
     for (int d = static_cast<int>(threadIdx.x); d < head_dim; d += blockDim.x) ks[d] = to_float(src[d]);
   }
-  /// Channel i of the partial key of the key in ks (kv head h).
   __device__ float project(const float* ks, int h, int i) const {
     return project_channel(ks, rotation, channels, mode, h, i, head_dim, r);
   }
@@ -346,11 +334,9 @@ __global__ void __launch_bounds__(spec_gemv_threads)
   }
 }
 
-/// grid (num_seqs, num_q_heads, ceil(r / spec_finish_outputs)), block spec_finish_threads: a
-/// block turns one query head's GEMV rows y into spec_finish_outputs of its r partial-query
-/// elements. The RoPE table of the sequence's position and (post_rope_skew) the head's RoPE'd
-/// rows are formed once in shared memory; then spec_finish_lanes threads share each output's
-/// dot over head_dim (post_rope_skew: sum_c rope(y)_c A[c, i]), reduced by shuffles.
+/// A block turns one query head's GEMV rows y into spec_finish_outputs of its r partial-query
+/// elements; post_rope_skew: sum_c rope(y)_c A[c, i], spec_finish_lanes threads per element,
+/// reduced by shuffles.
 template <class PkT>
 __global__ void __launch_bounds__(spec_finish_threads)
     partial_query_finish(const __grid_constant__ infinigen_params<PkT> p) {
@@ -436,9 +422,8 @@ KVSCOUT_DEVICE void load_group(const infinigen_params<PkT>& p, int s, int h, flo
   for (int e = static_cast<int>(threadIdx.x); e < n; e += blockDim.x) qs[e] = src[e];
 }
 
-/// max_logit / mean_logit: score = max or mean over the group (max: a > z ? a : z, as the host's
-/// score_tiles folds; mean: sum in head order, times 1 / g, where the host scores the group's mean
-/// query instead: the same value up to the order of rounding, inside the GPU test's tolerance).
+/// max_logit / mean_logit: score = max (a > z ? a : z, as the host's score_tiles folds) or mean
+/// (sum in head order times 1 / g; the host scores the mean query: equal up to rounding order).
 /// G > 0: the group size, static; G == 0: any group size, 8 heads at a time.
 template <class PkT, int G>
 __global__ void __launch_bounds__(spec_block_threads)
@@ -461,9 +446,8 @@ __global__ void __launch_bounds__(spec_block_threads)
   }
   load_group(p, s, h, qs);
   __syncthreads();
-  // A thread scores spec_tokens_per_thread consecutive tokens (they share a tile: the tile's
-  // token count is a multiple of it), one vector load per channel for all of them; every token's
-  // logits are summed in channel order, as group_logits and the host do.
+  // A thread scores TPT consecutive tokens of one tile with one vector load per channel; every
+  // token's logits are summed in channel order, as group_logits and the host do.
   constexpr int TPT = spec_tokens_per_thread;
   constexpr int B = device_key_view<PkT>::block_tokens;
   static_assert(B % TPT == 0 && spec_tokens_per_block == TPT * spec_block_threads);
@@ -521,8 +505,7 @@ struct softmax_stats_merge {
   }
 };
 
-/// sum_prob, pass 1: per block and query head of the group, the softmax statistics (max, sum of
-/// exp) of the block's tokens, to stats[s, h, blockIdx.x, j].
+/// sum_prob, pass 1: per block and query head j, the softmax (max, sum of exp) to stats[s, h, blockIdx.x, j].
 template <class PkT, int G>
 __global__ void __launch_bounds__(spec_block_threads)
     softmax_stats(const __grid_constant__ infinigen_params<PkT> p) {
@@ -562,8 +545,8 @@ __global__ void __launch_bounds__(spec_block_threads)
   }
 }
 
-/// sum_prob, pass 2: merges the statistics of every block of the row (the row's length decides
-/// how many), then score = sum over the group of exp(z_j - m_j) / l_j.
+/// sum_prob, pass 2: merges the statistics of the row's blocks, then score = sum over the group of
+/// exp(z_j - m_j) / l_j.
 template <class PkT, int G>
 __global__ void __launch_bounds__(spec_block_threads)
     score_sum_prob(const __grid_constant__ infinigen_params<PkT> p) {
@@ -622,10 +605,8 @@ __global__ void __launch_bounds__(spec_block_threads)
 
 inline constexpr int spec_project_threads = 64;
 
-/// score_query's partial queries: query head qh of row s, the layer's own query q [S, Hq, D]
-/// (after RoPE) projected as append_keys projects a key (a gather in rope_planes mode, skew_dot
-/// with A[:, S] otherwise), times the scale, into p.q [S, Hq, r], r = key_r (every cached
-/// channel). Grid (S, Hq).
+/// score_query's partial queries: the layer's own query q [S, Hq, D] (after RoPE) projected as a key
+/// is (project_channel), times the scale, into p.q [S, Hq, r], r = key_r. Grid (S, Hq).
 template <class PkT>
 __global__ void __launch_bounds__(spec_project_threads)
     project_true_query(const __grid_constant__ infinigen_params<PkT> p, const float* q) {
@@ -668,21 +649,18 @@ __global__ void __launch_bounds__(spec_append_threads)
 }
 
 // ---- append, quantised partial keys --------------------------------------------------------
-// Three launches per append() (score/infinigen.cuh): quantise_groups, then stage_tail, then
-// count_tokens. Contract: per call, each sequence's tokens are one run of consecutive entries
-// with consecutive positions, starting at the sequence's count (or at 0: a new sequence in the
-// slot). An entry that breaks it (checked in O(1): its predecessor in the batch, and the entry
-// where its run must start) is skipped and raises device_status::bad_order; positions or
-// sequences out of range, bad_index; a non-finite partial key value is stored as 0 and raises
-// bad_value (the host cache refuses it).
+// Three launches per append(): quantise_groups, stage_tail, count_tokens. Contract: per call, each
+// sequence's tokens are one run of consecutive entries and positions, starting at the sequence's
+// count (or at 0: a new sequence in the slot). An entry that breaks it (checked in O(1)) is skipped
+// and raises device_status::bad_order; positions or sequences out of range, bad_index; a
+// non-finite partial key value is stored as 0 and raises bad_value (the host cache refuses it).
 
 template <int Bits, int Group, class K>
 using qk_append_params = key_append_params<quantized_key_view<Bits, Group>, K>;
 
-/// grid (count, H), dynamic shared memory r * Group floats: entry n completes its group
-/// (position % Group == Group - 1): the group's partial keys (this batch's entries for the
-/// positions the run holds, the staging tile for the earlier ones) are quantised into the
-/// group's tile as quantized_partial_key_cache::append does, and the staging tile is cleared.
+/// grid (count, H), dynamic shared memory r * Group floats. Where entry n completes its group, the
+/// group's partial keys (from this batch, else the staging tile) are quantised into the group's
+/// tile as quantized_partial_key_cache::append does, and the staging tile is cleared.
 template <int Bits, int Group, class K>
 __global__ void __launch_bounds__(spec_append_threads)
     quantise_groups(const __grid_constant__ qk_append_params<Bits, Group, K> p) {

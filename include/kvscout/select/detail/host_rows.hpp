@@ -6,21 +6,15 @@
 //   row_workspace ws = row_workspace::carve(words, stride);    // words: row_workspace::words
 //   int count = best_of_range(row, a, n, k, ws, out);          // the best k of row[a, a + n)
 //
-// How the best k of a long range are found, exactly, in one vectorised pass over it plus scans
-// of a few more than k candidates (not of the whole range):
-//   1. sample_lower_bound: a stratified sample of ~(n/2)^(2/3) scores gives L, a score that
-//      about k + 3.5 standard deviations of tokens reach;
-//   2. collect_candidates: one vectorised pass keeps the tokens >= L (and >= the running
-//      maximum - alpha for the threshold rule) and finds the maximum;
-//   3. filter_and_count: drops what a lower running maximum let in, writes the survivors'
-//      score keys, and counts the first radix digit on the way;
-//   4. radix select on the survivors (a few more than k), then one scan emits them in order.
-// If the sample misjudged (fewer than k tokens reach L), the range is redone without it, so the
-// result never depends on the sample; only the time does.
+// The best k of a long range, exactly, in one vectorised pass plus scans of a few more than k:
+// sample_lower_bound gives a score L that about k + 3.5 standard deviations of tokens reach;
+// collect_candidates keeps the tokens >= L (and >= the running maximum - alpha) and finds the
+// maximum; filter_and_count drops what a lower running maximum let in and counts the first radix
+// digit; radix select on the survivors. If fewer than k tokens reach L, the range is redone
+// without it: only the time depends on the sample, never the result.
 //
-// The scans use SSE2 where the compiler targets it (every x86-64), AVX2 or AVX-512 forms of the
-// hottest ones where it targets those, and portable loops otherwise; the portable versions are
-// also what the tests compare the vector ones with.
+// Scans use SSE2, AVX2 or AVX-512 where the compiler targets them (KVSCOUT_HOST_SSE2/AVX2/AVX512),
+// portable loops otherwise; the tests compare the vector versions with the portable ones.
 
 #include <cmath>
 #include <climits>
@@ -38,14 +32,6 @@
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/detail/checks.hpp"
 #include "kvscout/select/detail/radix_select.hpp"
-
-// The scans use SSE2 where the compiler targets it (KVSCOUT_HOST_SSE2), and AVX-512 versions of
-// the hottest scans where it targets that too (KVSCOUT_HOST_AVX512, -march=native on a CPU that
-// has it): 16 scores per compare, a mask test per block, compress of the rare candidates. Where
-// it targets AVX2 without AVX-512 (KVSCOUT_HOST_AVX2, x86-64-v3), the same scans in 8-lane
-// form: 32 scores per block, one branch on the block's compare bits, candidates emitted 8 lanes
-// at a time from a 2 KiB table of lane lists. The SSE2 and portable versions stay, and the tests
-// compare them.
 
 namespace kvscout::detail {
 
@@ -68,8 +54,7 @@ inline std::uint32_t* workspace_words(host_span<std::byte> workspace, std::size_
 inline constexpr int sample_max = 2048;  // sampled scores per row at most
 inline constexpr int sample_min = 128;   // fewer would not bound k well enough to pay off
 
-/// Workspace of the host selectors, in 32-bit words: what one row needs (rows run one after
-/// another).
+/// Workspace of the host selectors, in 32-bit words: one row's (rows run one after another).
 struct row_workspace {
   std::uint32_t* hist;   // [radix_buckets + 1]
   std::uint32_t* keys;   // [sample_max]  the sampled scores' keys
@@ -104,9 +89,8 @@ inline int emit_range(int begin, int end, std::int32_t* out) {
 inline constexpr bool select_simd = KVSCOUT_HOST_SSE2 != 0;
 
 #if KVSCOUT_HOST_AVX512
-/// The largest non-NaN of q[0, qn) and init, 64 scores at a time: step() reads the next group
-/// (called from another scan's loop, the two share it), result() reads the rest and reduces.
-/// max_of's AVX-512 path is this type, so a maximum carried along another scan has its bits.
+/// The largest non-NaN of q[0, qn) and init, 64 scores a step: step() reads the next group from
+/// inside another scan's loop, result() the rest. max_of uses it too, so both give the same bits.
 struct max_carry512 {
   __m512 a[4];
   int j = 0;  // q[0, j) is in a
@@ -187,8 +171,7 @@ int count_at_least(const float* p, int n, float bound) {
   int c = 0;
 #if KVSCOUT_HOST_AVX512
   if constexpr (Simd) {
-    // Four lane counters, one per 16-score vector of a 64-score group: an ordered compare (NaN
-    // never counts) and a masked subtract of -1 per vector.
+    // Four 16-lane counters: an ordered compare (NaN never counts), a masked subtract of -1.
     const __m512 b = _mm512_set1_ps(bound);
     const __m512i minus_one = _mm512_set1_epi32(-1);
     __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
@@ -259,16 +242,14 @@ struct compress_table {
 };
 inline constexpr compress_table compress_lut{};
 
-/// Appends first + i for the lanes i of mask (4 bits, positions base .. base + 3) at out + c:
-/// one 16-byte store instead of four conditional ones. Writes out[c, c + 4).
+/// Appends base + i for each lane i set in mask at out + c in one store (writes out[c, c + 4)).
 inline int compress_store(int mask, __m128i base, std::int32_t* out, int c) {
   const __m128i lanes = _mm_load_si128(reinterpret_cast<const __m128i*>(compress_lut.lanes[mask]));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), _mm_add_epi32(base, lanes));
   return c + compress_lut.count[mask];
 }
 
-/// Appends the positions of the 16 floats x[0..3] (4 lanes each, positions first ..
-/// first + 15) that are >= bound; returns the new count.
+/// Appends first + j for each of the 16 scores x[0..3] (j = 0..15) >= bound; returns the new count.
 inline int compress_block(const __m128 (&x)[4], int first, __m128 bound, std::int32_t* out, int c) {
   const __m128i four = _mm_set1_epi32(4);
   __m128i base = _mm_set1_epi32(first);
@@ -288,8 +269,7 @@ inline float horizontal_max(__m128 v) {
 #endif
 
 #if KVSCOUT_HOST_AVX512
-/// The compare bits (ordered >=: NaN never passes) of the 64 scores x[0..3] against b, bit j
-/// for score j.
+/// Bit j: score j of x[0..3] (64 scores) >= b, ordered (NaN never passes).
 inline __mmask64 at_least_mask64(const __m512 (&x)[4], __m512 b) {
   const __mmask16 k0 = _mm512_cmp_ps_mask(x[0], b, _CMP_GE_OQ);
   const __mmask16 k1 = _mm512_cmp_ps_mask(x[1], b, _CMP_GE_OQ);
@@ -303,8 +283,7 @@ inline __mmask64 at_least_mask64(const __m512 (&x)[4], __m512 b) {
 inline int emit_bits64(__mmask64 bits, int first, std::int32_t* out, int c) {
   const __m512i base = _mm512_set1_epi32(first);
 #if defined(__AVX512VBMI2__)
-  // The 64 bits compress the byte offsets 0..63 in one instruction; the first 16 are widened
-  // and stored, the rest only when the group holds more than 16.
+  // One compress of the byte offsets 0..63; 16 are widened and stored, the rest only when more are set.
   const __m512i offsets = _mm512_set_epi8(
       63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42, 41,
       40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
@@ -339,8 +318,7 @@ inline int emit_bits64(__mmask64 bits, int first, std::int32_t* out, int c) {
 #endif
 
 #if KVSCOUT_HOST_AVX2
-/// For an 8-bit compare mask: the lanes that passed, packed to the front (as bytes), and how
-/// many. 2 KiB + 256 bytes.
+/// For an 8-bit compare mask: the lanes that passed, packed to the front (as bytes), and how many.
 struct compress_table8 {
   alignas(64) std::uint8_t lanes[256][8];
   std::uint8_t count[256];
@@ -355,8 +333,7 @@ struct compress_table8 {
 };
 inline constexpr compress_table8 compress_lut8{};
 
-/// The compare bits (ordered >=: NaN never passes) of the 32 scores x[0..3] against b, bit j for
-/// score j.
+/// Bit j: score j of x[0..3] (32 scores) >= b, ordered (NaN never passes).
 inline std::uint32_t at_least_mask32(const __m256 (&x)[4], __m256 b) {
   std::uint32_t bits = 0;
   KVSCOUT_HOST_UNROLL
@@ -366,12 +343,9 @@ inline std::uint32_t at_least_mask32(const __m256 (&x)[4], __m256 b) {
   return bits;
 }
 
-/// Appends first + j for every set bit j of `bits` (a block of 32 positions, not 0), ascending,
-/// at out + c; returns the new count. Two forms, the same result: `sparse` writes one position
-/// per set bit (a loop that ends as unpredictably as the count varies: the form for blocks of
-/// one or two candidates, as on attention logits), the dense form one 8-lane store per 8 bits
-/// from the lane table (no data-dependent branch: the form for many). Both write inside
-/// out[c, c + 32). The scans pick one per 256-score window from the density so far.
+/// Appends first + j for every set bit j of `bits` (32 positions, not 0), ascending, at out + c;
+/// returns the new count. Both write inside out[c, c + 32), alike: `sparse` one store per set bit
+/// (for one or two), the dense one 8-lane store per 8 bits, branch-free (for many).
 inline int emit_bits32_sparse(std::uint32_t bits, int first, std::int32_t* out, int c) {
   do {
     out[c++] = first + __builtin_ctz(bits);
@@ -397,9 +371,8 @@ inline int emit_bits32(std::uint32_t bits, int first, std::int32_t* out, int c) 
 /// Positions where the row scans check a caller's limit on their list.
 inline constexpr int collect_window = 256;
 
-/// max_of(q, qn, -inf) carried along another scan's loop (step once per vector block of that
-/// scan: 64 scores with AVX-512, 32 with AVX2), then finished (result). Only AVX-512 and AVX2
-/// builds read inside the loop; elsewhere result() is a max_of pass after it.
+/// max_of(q, qn, -inf) carried along another scan's loop: step() once per vector block of it (64
+/// scores with AVX-512, 32 with AVX2), then result(). Elsewhere result() is a max_of pass after it.
 template <bool Simd>
 struct max_carry {
 #if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_AVX2
@@ -421,12 +394,9 @@ struct max_carry {
 #endif
 };
 
-/// Runs block(i, dense) for i = 0, B, 2B, ... while i + B <= n, a window of collect_window
-/// positions at a time; returns the position reached. Before each window: if more than `limit`
-/// are written (c > limit), sets gave_up and stops; with ByDensity, dense = c * 16 > i, the
-/// density so far (the AVX2 scans pick their emission by it, once per window; without, dense is
-/// false). Checking per window, not per block, keeps the check and the choice out of the block
-/// loop, whose compares are the scan's cost.
+/// Runs block(i, dense) for i = 0, B, 2B, ... while i + B <= n, collect_window positions at a
+/// time; returns the position reached. Before each window: if c > limit, sets gave_up and stops;
+/// dense = ByDensity && c * 16 > i. Per window, not per block, to keep both out of the block loop.
 template <int B, bool ByDensity, class Block>
 __attribute__((always_inline)) inline int by_windows(int n, const int& c, int limit,
                                                      bool& gave_up, Block&& block) {
@@ -447,16 +417,12 @@ __attribute__((always_inline)) inline int by_windows(int n, const int& c, int li
   return i;
 }
 
-/// Writes first + i for every i in [0, n) with p[i] >= bound, ascending, to out; returns how
-/// many. Writes only out[0, n). `limit`: give up and return -1 as soon as more than `limit` are
-/// written (checked every collect_window positions, alike in every version; out is then
-/// unspecified).
-///
-/// With Ahead, it also sets *qmax to max_of(q, qn, -inf) of another row q, also where it gives
-/// up; AVX-512 and AVX2 builds read q inside the same loop. A short row's compaction reads from
-/// L1 and is bound by its compares and stores; the next row's maximum pass reads from L2 and is
-/// bound by the read: in one loop the two overlap (per_head_row). Elsewhere q is read after the
-/// loop.
+/// Writes first + i for every i in [0, n) with p[i] >= bound, ascending, to out[0, n); returns how
+/// many. `limit`: returns -1 as soon as more than `limit` are written (checked every collect_window
+/// positions, alike in every version; out is then unspecified).
+/// With Ahead, also sets *qmax = max_of(q, qn, -inf) of another row q, even where it gives up.
+/// AVX-512 and AVX2 builds read q in the same loop, so that the compaction (bound by compares and
+/// stores) and the next row's maximum (an L2 read) overlap (per_head_row).
 template <bool Simd = select_simd, bool Ahead = false>
 int compact_at_least_impl(const float* p, int n, int first, float bound, std::int32_t* out,
                           int limit, [[maybe_unused]] const float* q, [[maybe_unused]] int qn,
@@ -467,8 +433,7 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
   [[maybe_unused]] max_carry<Simd> ahead;
 #if KVSCOUT_HOST_AVX512
   if constexpr (Simd) {
-    // Group i writes inside out[c, c + 64) with c <= i: inside out[0, n). A group without a
-    // token at the bound costs its compares and a branch.
+    // Group i writes inside out[c, c + 64) with c <= i: inside out[0, n).
     const __m512 b = _mm512_set1_ps(bound);
     const auto group = [&](int j, auto) __attribute__((always_inline)) {
       if constexpr (Ahead) ahead.step(q, qn);
@@ -481,10 +446,8 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
   }
 #elif KVSCOUT_HOST_AVX2
   if constexpr (Simd) {
-    // Block i writes inside out[c, c + 32) with c <= i: inside out[0, n). A block without a token
-    // at the bound costs its compares and a branch. The emission's form (emit_bits32): dense once
-    // the positions kept so far average more than two per block (docs/performance.md, "Host kernel
-    // constants").
+    // Block i writes inside out[c, c + 32) with c <= i. Dense emission once more than two positions
+    // per block were kept so far (docs/performance.md, "Host kernel constants").
     const __m256 b = _mm256_set1_ps(bound);
     const auto block = [&](int j, auto dense) __attribute__((always_inline)) {
       if constexpr (Ahead) ahead.step(q, qn);
@@ -534,24 +497,20 @@ int compact_at_least_and_max(const float* p, int n, int first, float bound, std:
   return compact_at_least_impl<Simd, true>(p, n, first, bound, out, limit, q, qn, qmax);
 }
 
-/// One pass over p[0, n) that both finds the maximum and keeps every token that can still be a
-/// candidate: p[i] >= max(lower, threshold_floor(M(i), alpha)), where M(i) is a maximum known
-/// at i, never above the row's. It only grows, so every token >= max(lower, threshold_floor(final
-/// max, alpha)) is kept (and some below, which the caller filters out: filter_at_least). `rm` is
-/// the running max in and out (NaN ignored). Writes first + i ascending to out[0, n); returns
-/// how many. Every version keeps the same list, because M(i) is defined by positions only:
-///   m0   = max(rm, p[0, min(n, collect_prefix)))   a short exact prefix, so that a row does not
-///                                                   start with a bound of -inf
-///   M(i) = max(m0, p[0, 256 (w - 1)))  for i in window w = [256 w, 256 w + 256), w >= 1
+/// One pass over p[0, n) that finds the maximum and keeps every token that can still be a
+/// candidate: p[i] >= max(lower, threshold_floor(M(i), alpha)), M(i) a maximum known at i, never
+/// above the row's. So every token >= max(lower, threshold_floor(final max, alpha)) is kept, and
+/// some below (the caller filters them: filter_at_least). `rm`: the running max in and out (NaN
+/// ignored). Writes first + i ascending to out[0, n); returns how many. M(i) depends on positions
+/// only, so every version keeps the same list:
+///   m0   = max(rm, p[0, min(n, collect_prefix)))   (so that a row does not start at -inf)
 ///   M(i) = m0                          for i in window 0
-/// The bound of a window is the maximum of what came before the previous window: the vector
-/// versions start that reduction a window before they need it, so the compares never wait on
-/// it (a horizontal reduction costs about as much as scanning 64 scores).
+///   M(i) = max(m0, p[0, 256 (w - 1)))  for i in window w = [256 w, 256 w + 256), w >= 1
+/// The vector versions reduce a window's bound a window early, so the compares never wait on it.
 inline constexpr int collect_prefix = 512;
 
 /// `limit`: give up and return -1 as soon as more than `limit` positions are kept (checked at the
-/// start of each window; out and rm are then unspecified), for callers that only want a short
-/// list.
+/// start of each window; out and rm are then unspecified).
 template <bool Simd = select_simd>
 int collect_candidates(const float* p, int n, int first, float lower, float alpha, float& rm,
                        std::int32_t* out, int limit = INT_MAX) {
@@ -568,9 +527,7 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
   };
 #if KVSCOUT_HOST_AVX512
   if constexpr (Simd) {
-    // Four running maxima, one per 16-score vector of a 64-score group. _mm512_max_ps(x, acc)
-    // returns acc where x is NaN: acc never holds a NaN; a NaN compares false (ordered compare),
-    // so it is never kept.
+    // _mm512_max_ps(x, acc) returns acc where x is NaN; a NaN compares false (ordered): never kept.
     __m512 acc[4] = {_mm512_set1_ps(m0), _mm512_set1_ps(m0), _mm512_set1_ps(m0),
                      _mm512_set1_ps(m0)};
     __m512 bv = _mm512_set1_ps(bound);
@@ -588,8 +545,8 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
         x[q] = _mm512_loadu_ps(p + i + 16 * q);
         acc[q] = _mm512_max_ps(x[q], acc[q]);
       }
-      // Groups without a candidate skip the emission (the branch pays: docs/performance.md, "Host
-      // kernel constants"). Every store writes inside out[c, c + 64) with c <= i: inside out[0, n).
+      // Skip groups without a candidate (docs/performance.md, "Host kernel constants"). Stores
+      // write inside out[c, c + 64) with c <= i.
       const __mmask64 bits = at_least_mask64(x, bv);
       if (bits != 0) c = emit_bits64(bits, first + i, out, c);
     }
@@ -598,9 +555,7 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
   }
 #elif KVSCOUT_HOST_AVX2
   if constexpr (Simd) {
-    // The AVX-512 loop in 8-lane form: four running maxima (never NaN: _mm256_max_ps(x, acc)
-    // returns acc where x is NaN), 32 scores a block, the emission skipped where no score of the
-    // block reaches the bound. Stores write inside out[c, c + 32) with c <= i.
+    // The AVX-512 loop in 8-lane form; stores write inside out[c, c + 32) with c <= i.
     __m256 acc[4] = {_mm256_set1_ps(m0), _mm256_set1_ps(m0), _mm256_set1_ps(m0),
                      _mm256_set1_ps(m0)};
     __m256 bv = _mm256_set1_ps(bound);
@@ -615,10 +570,9 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
             _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3])));
       }
       __m256 x[4];
-      // The block 4 KiB ahead, into L1: after a mispredicted emission branch the loads restart
-      // late, and would wait on L3 (docs/performance.md, "Host kernel constants"). The address is
-      // formed as an integer: past the row's end it is no pointer into an object, and a prefetch
-      // does not fault.
+      // Prefetch 4 KiB ahead into L1, or loads after a mispredicted emission wait on L3
+      // (docs/performance.md, "Host kernel constants"). An integer address: past the row's end
+      // it is no pointer into an object, and a prefetch does not fault.
       const auto ahead_of = reinterpret_cast<std::uintptr_t>(p + i) + 4096;
       _mm_prefetch(reinterpret_cast<const char*>(ahead_of), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(ahead_of + 64), _MM_HINT_T0);
@@ -636,8 +590,7 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
   }
 #elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
-    // Four running maxima, one per vector of a 16-score block. _mm_max_ps(x, acc) returns acc
-    // where x is NaN: they never hold a NaN.
+    // Four running maxima; _mm_max_ps(x, acc) returns acc where x is NaN, so they never hold one.
     __m128 acc[4] = {_mm_set1_ps(m0), _mm_set1_ps(m0), _mm_set1_ps(m0), _mm_set1_ps(m0)};
     __m128 bv = _mm_set1_ps(bound);
     for (; i + 16 <= n; i += 16) {
@@ -649,9 +602,8 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
       }
       const __m128 x[4] = {_mm_loadu_ps(p + i), _mm_loadu_ps(p + i + 4), _mm_loadu_ps(p + i + 8),
                            _mm_loadu_ps(p + i + 12)};
-      // Most blocks of a peaked row hold no candidate: one test of the OR of the four compares
-      // skips the compaction. (Not a max of the block: _mm_max_ps would let a NaN lane hide a
-      // candidate; a NaN compares false, as it must.)
+      // Skip blocks without a candidate (most, on a peaked row) by the OR of the compares; a max
+      // of the block would let a NaN lane hide a candidate.
       const __m128 any = _mm_or_ps(_mm_or_ps(_mm_cmpge_ps(x[0], bv), _mm_cmpge_ps(x[1], bv)),
                                    _mm_or_ps(_mm_cmpge_ps(x[2], bv), _mm_cmpge_ps(x[3], bv)));
       if (_mm_movemask_ps(any) != 0) c = compress_block(x, first + i, bv, out, c);
@@ -675,8 +627,7 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
   return c;
 }
 
-/// Keeps the positions t of list[0, n) with row[t] >= floor (NaN never is), in order; returns
-/// how many. The AVX-512 version gathers 16 scores at a time.
+/// Keeps the positions t of list[0, n) with row[t] >= floor (NaN never is), in order; returns how many.
 template <bool Simd = select_simd>
 int filter_at_least(const float* row, std::int32_t* list, int n, float floor) {
   int i = 0;
@@ -701,10 +652,9 @@ int filter_at_least(const float* row, std::int32_t* list, int n, float floor) {
   return c;
 }
 
-/// Keeps the positions t of list[0, n) whose score key is >= lo (for a score `bound`,
-/// score_key(bound): the scores >= bound), in order; writes their keys to keys[0, count) and
-/// counts their digit d into hist (pre-zeroed, 1 << d.bits counters and one more that takes the
-/// dropped positions), so that radix select can start from it; returns how many.
+/// Keeps the positions t of list[0, n) whose score key is >= lo (lo = score_key(bound): scores >=
+/// bound), in order; writes their keys to keys[0, count) and counts their digit d into hist
+/// (pre-zeroed, 1 << d.bits counters plus one for the dropped) for radix select; returns how many.
 inline int filter_and_count(const float* row, std::int32_t* list, int n, std::uint32_t lo,
                             radix_digit d, std::uint32_t* keys, std::uint32_t* hist) {
   const std::uint32_t dropped = std::uint32_t{1} << d.bits;
@@ -721,9 +671,8 @@ inline int filter_and_count(const float* row, std::int32_t* list, int n, std::ui
   return c;
 }
 
-/// Candidate lists up to this long are radix-selected with short_digit_bits-wide digits: a pass
-/// clears and walks a histogram of 1 << bits counters however short the list (2048 for
-/// radix_bits), which on lists of about a hundred candidates cost more than the list itself.
+/// Lists up to this long are radix-selected with short_digit_bits-wide digits: a pass clears and
+/// walks 1 << bits counters however short the list (2048 for radix_bits).
 inline constexpr int short_digit_list = 1024;
 inline constexpr int short_digit_bits = 8;
 
@@ -736,12 +685,10 @@ inline int digit_bits_for(int n) {
 /// past it the selectors bound the row by a sample instead.
 inline constexpr int short_list_max = 2048;
 
-/// A score L such that, very likely, at least k of p[0, n) are >= L and not many more than k:
-/// the score of rank k * S / n + 3.5 standard deviations + 4 in a stratified sample of S
-/// scores (one from each of S equal segments, at a hashed offset). S ~ (n / 2)^(2/3) balances
-/// the sample's cost against that of the extra candidates a looser bound lets through (about
-/// 3.5 n sqrt(k / n / S)). -inf where no such bound helps (short rows, k close to n, NaN-heavy
-/// samples). Workspace: keys [sample_max], hist, pos [sample_max].
+/// A score L such that, very likely, at least k of p[0, n) are >= L and not many more than k: the
+/// score of rank k * S / n + 3.5 standard deviations + 4 in a stratified sample of S ~ (n / 2)^(2/3)
+/// scores (one per equal segment, at a hashed offset). -inf where no such bound helps (short rows,
+/// k close to n, NaN-heavy samples). Workspace: keys [sample_max], hist, pos [sample_max].
 inline float sample_lower_bound(const float* p, int n, int k, std::uint32_t* keys,
                                 std::uint32_t* hist, std::int32_t* pos) {
   constexpr float none = -INFINITY;
@@ -772,9 +719,8 @@ inline float sample_lower_bound(const float* p, int n, int k, std::uint32_t* key
 
 // ---- the best k of a range ---------------------------------------------------------------------
 
-/// The best k of row[begin, end) (NaN ignored, ties to the lowest index), ascending, to out;
-/// returns how many (fewer than k only where NaNs leave fewer). Workspace: hist [radix_buckets],
-/// pos [end - begin].
+/// The best k of row[begin, end) (NaN ignored, ties to the lowest index), ascending, to out; returns
+/// how many (fewer than k only where NaNs leave fewer). Workspace: hist [radix_buckets], pos [end - begin].
 inline int take_best_host(const float* row, int begin, int end, int k, std::uint32_t* hist,
                           std::int32_t* pos, std::int32_t* out) {
   const int n = end - begin;
@@ -793,12 +739,11 @@ inline int take_best_host(const float* row, int begin, int end, int k, std::uint
   return c;
 }
 
-/// Among the tokens [a, a + n) of a row: the candidates, scores >= threshold_floor(m, alpha)
-/// where m is the largest non-NaN score of the range and of rm (alpha = +inf: every non-NaN
-/// token), and the best k of them where there are more (ties to the lowest index). `lower` is
-/// any score, a hint that about k tokens reach it (from sample_lower_bound; -inf for none): the
-/// result is exact whatever it is, only the time depends on it. Writes the chosen token indices
-/// ascending to out; returns how many. Workspace: hist, pos, cand, ckeys of a row_workspace.
+/// Among the tokens [a, a + n) of a row: the candidates (scores >= threshold_floor(m, alpha), m the
+/// largest non-NaN score of the range and rm; alpha = +inf: every non-NaN token), or the best k of
+/// them where there are more (ties to the lowest index), ascending to out; returns how many.
+/// `lower`: any score, a hint that about k tokens reach it (sample_lower_bound; -inf for none); the
+/// result is exact whatever it is. Workspace: hist, pos, cand, ckeys of a row_workspace.
 inline int best_above_floor(const float* row, int a, int n, int k, float alpha, float rm,
                             float lower, const row_workspace& ws, std::int32_t* out) {
   const float* p = row + a;
@@ -808,9 +753,8 @@ inline int best_above_floor(const float* row, int a, int n, int k, float alpha, 
   float m = rm;
   int c = collect_candidates(p, n, a, lower, alpha, m, cand);
   const float floor = threshold_floor(m, alpha);
-  // Every candidate's key lies in [lo, hi]: plan the radix digits on that range, and count the
-  // first one while dropping what a lower running maximum let in (the list is then every
-  // token >= max(lower, floor)).
+  // Every candidate's key lies in [lo, hi]: plan the digits on it; count the first while dropping
+  // what a lower running maximum let in (leaving every token >= max(lower, floor)).
   std::uint32_t lo = score_key(lower > floor ? lower : floor);
   const std::uint32_t hi = score_key(m);
   int top = radix_significant_bits(lo, hi);
@@ -819,8 +763,7 @@ inline int best_above_floor(const float* row, int a, int n, int k, float alpha, 
   std::memset(ws.hist, 0, sizeof(std::uint32_t) * ((std::size_t{1} << bits) + 1));
   c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo, bits), keys, ws.hist);
   if (lower > floor && c < k) {
-    // The hint was too high: fewer than k tokens reach it, yet more than c may be candidates.
-    // Redo the row with the exact floor.
+    // The hint was too high (fewer than k tokens reach it): redo the row with the exact floor.
     lo = score_key(floor);
     top = radix_significant_bits(lo, hi);
     c = compact_at_least(p, n, a, floor, cand);
@@ -846,9 +789,8 @@ inline int best_above_floor(const float* row, int a, int n, int k, float alpha, 
   return c;
 }
 
-/// The best k non-NaN tokens of [a, a + n) of a row (ties to the lowest index), ascending, to
-/// out; returns how many. Long rows go through a sampled bound (best_above_floor with alpha =
-/// +inf), short ones straight to radix select.
+/// The best k non-NaN tokens of [a, a + n) of a row (ties to the lowest index), ascending, to out;
+/// returns how many. Long rows go through a sampled bound, short ones straight to radix select.
 inline int best_of_range(const float* row, int a, int n, int k, const row_workspace& ws,
                          std::int32_t* out) {
   if (n <= 0 || k <= 0) return 0;

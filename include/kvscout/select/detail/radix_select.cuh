@@ -1,21 +1,17 @@
 #pragma once
 // Device selection kernels (select/topk.cuh, select/threshold.cuh): one thread block selects one
-// (sequence, kv_head) row. The semantics are the host selectors', exactly: the same keys
-// (score_key), the same digit plan (radix_plan), the same cut (radix_cut: every key above
-// cut.key and the first cut.ties keys equal to it in token order), so the device writes the
-// indices the host writes, ties included.
+// (sequence, kv_head) row, with the host selectors' semantics exactly: the same keys (score_key),
+// digit plan (radix_plan) and cut (radix_cut: every key above cut.key and the first cut.ties keys
+// equal to it in token order), so the device writes the host's indices, ties included.
 //
-// Per row, for a range [a, b) of candidate tokens, keys >= lo (lo >= 1 excludes NaN, whose key is
-// 0), and k slots:
-//   1. radix select (block_radix_cut): three passes over the range (digits of 11, 11 and 10 bits,
-//      most significant first), each a shared-memory histogram (atomicAdd) of the keys that
-//      agree with the prefix found so far; the bucket that holds the k-th largest key is found
-//      by a block-wide exclusive scan over the buckets, walked from the top (each thread owns
-//      radix_buckets / threads consecutive buckets). If pass 0 counts no more than k keys, all
-//      of them are taken (cut = lo - 1) and the other passes are skipped.
-//   2. ordered compaction (block_compact): tiles of threads * items scores, loaded blocked
-//      (cub::BlockLoad, warp transpose: coalesced), one block-wide exclusive scan of packed
-//      (ties, greater) counts per tile; the output position of a taken token is
+// Per row, for candidate tokens [a, b), keys >= lo (lo >= 1 excludes NaN, whose key is 0), k slots
+// (docs/cuda_speculation.md, "Kernels and launch shapes"):
+//   1. radix select (block_radix_cut): three passes (digits of 11, 11 and 10 bits, most
+//      significant first), each a shared-memory histogram of the keys that agree with the prefix
+//      found so far, then a block-wide scan over the buckets from the top for the k-th largest key.
+//      If pass 0 counts no more than k keys, all are taken (cut = lo - 1) and the rest skipped.
+//   2. ordered compaction (block_compact): tiles loaded blocked (cub::BlockLoad, warp transpose),
+//      one block-wide scan of packed (ties, greater) counts per tile; a taken token goes to
 //      greater_before + min(ties_before, cut.ties), so the indices come out ascending.
 // The keep-set's head [0, a) and tail [b, len) are written around the chosen tokens.
 //
@@ -122,12 +118,10 @@ KVSCOUT_DEVICE long long block_count_at_least(const float* row, int a, int b, fl
   return r;
 }
 
-/// One pass's decision from its histogram: count(bucket) gives the histogram's counters (shared
-/// or global memory). Walks the nb buckets from the top, thread tid owning nb - 1 - (tid *
-/// per_thread + q), q < per_thread (an exclusive scan gives the keys above its first bucket),
-/// and finds the bucket holding the kk-th largest key. Returns the keys counted in all (every
-/// thread); where that is more than kk, *bucket and *rank (the wanted key's rank inside the
-/// bucket) are set in every thread.
+/// One pass's decision from its histogram (count(bucket): shared or global counters): the bucket
+/// holding the kk-th largest key, walking the nb buckets from the top, thread tid owning buckets
+/// nb - 1 - (tid * per_thread + q). Returns the keys counted in all (every thread); where that is
+/// more than kk, *bucket and *rank (the wanted key's rank inside the bucket) are set in every thread.
 template <int Threads, class Count>
 KVSCOUT_DEVICE int block_find_bucket(int nb, int kk, Count&& count, select_smem& sm, int* bucket,
                                      int* rank) {
@@ -192,10 +186,9 @@ KVSCOUT_DEVICE radix_cut block_radix_cut(const float* row, int a, int b, std::ui
   return radix_cut_at(prefix, kk);
 }
 
-/// Writes the tokens of row[a, b) that `cut` takes, ascending, to out[0, count); returns count
-/// (in every thread).
-/// gt_base / eq_base: the keys above the cut / equal to it before row[a] (a split row's earlier
-/// chunks); out[0] is then the slot of the first token that could be taken overall.
+/// Writes the tokens of row[a, b) that `cut` takes, ascending, to out[0, count); returns count (in
+/// every thread). gt_base / eq_base: the keys above / equal to the cut before row[a] (a split row's
+/// earlier chunks); out[0] is then the slot of the first token that could be taken overall.
 template <int Threads, int Items>
 KVSCOUT_DEVICE int block_compact(const float* row, int a, int b, radix_cut cut, std::int32_t* out,
                                  select_smem& sm, unsigned long long gt_base = 0,

@@ -1,20 +1,15 @@
 #pragma once
 // Exact selection of the k best keys of a row by radix select (no sort, no nth_element).
 //
-// Keys are score_key() values: 32 bits, larger is better, 0 = NaN = never chosen. The bits the
-// keys can differ in are read as digits of at most 11 bits (2048 buckets), most significant
-// first. A pass counts one digit of the remaining candidates into a histogram; walking it from
-// the top bucket down finds the bucket that holds the k-th best key, and only that bucket's
-// candidates go on to the next digit. After the last digit the k-th key is known exactly, and
-// so is how many of the keys equal to it still have to be taken. A caller that knows bounds
-// [key_lo, key_hi] of its keys passes them: the digits are then those of key - key_lo, which
-// spread keys from a narrow range of scores over all the buckets (they would otherwise fall into
-// a few, the counts would serialise on them and more passes would be needed).
+// Keys are score_key() values: 32 bits, larger is better, 0 = NaN = never chosen. Each pass counts
+// one digit (at most 11 bits, most significant first) of the remaining candidates; only the bucket
+// holding the k-th best key goes on to the next digit, until the k-th key and how many keys equal
+// to it to take are known exactly. A caller that knows bounds [key_lo, key_hi] of its keys passes
+// them: digits of key - key_lo spread a narrow range of scores over all the buckets.
 //
-// The result, a radix_cut, selects: every key > cut.key, and the first cut.ties keys equal to
-// cut.key in row order. Ties at the boundary therefore go to the lowest positions, and emitting
-// the selection in ascending position order is one scan (radix_take). Fewer than k non-NaN keys:
-// the cut takes every non-NaN key ({key = 0, ties = 0}).
+// The result, a radix_cut, selects every key > cut.key and the first cut.ties keys equal to it in
+// row order (ties go to the lowest positions), so emitting the selection in ascending order is one
+// scan (radix_take). Fewer than k non-NaN keys: the cut takes every non-NaN key ({0, 0}).
 //
 //   std::uint32_t hist[kvscout::detail::radix_buckets];
 //   std::vector<std::int32_t> pos(n);                         // workspace: candidate positions
@@ -92,8 +87,7 @@ KVSCOUT_HOST_DEVICE radix_cut radix_cut_at(std::uint32_t key, int ties) {
 /// Whether the next key in row order is taken; `ties_left` starts at cut.ties.
 KVSCOUT_HOST_DEVICE bool radix_take(std::uint32_t key, radix_cut cut, int& ties_left) {
   if (key == cut.key) [[unlikely]] {
-    // Keys equal to the cut are rare in real scores: a branch here keeps the tie count off the
-    // path of every other key (a branch-free version would chain every key through it).
+    // Ties are rare in real scores: a branch keeps the tie count off every other key's path.
     const bool tie = ties_left > 0;
     ties_left -= static_cast<int>(tie);
     return tie;
@@ -109,8 +103,7 @@ struct radix_bucket {
   int k;
 };
 KVSCOUT_HOST_DEVICE radix_bucket radix_find_bucket(const std::uint32_t* hist, int buckets, int k) {
-  // Whole groups of 16 buckets first (their sums vectorise): most buckets of a small candidate
-  // list are empty, and a walk one bucket at a time would cost more than the counting.
+  // Whole groups of 16 buckets first (their sums vectorise): most buckets of a short list are empty.
   constexpr int group = 16;
   int b = buckets - 1;
   while (b + 1 >= 2 * group) {
@@ -128,9 +121,8 @@ KVSCOUT_HOST_DEVICE radix_bucket radix_find_bucket(const std::uint32_t* hist, in
   return {b, k};
 }
 
-/// The rest of radix_select_host, given the histogram of digit 0 of every key (see
-/// radix_select_host; digits `bits` wide, radix_plan): callers that read every key anyway count
-/// it on the way.
+/// The rest of radix_select_host, given the histogram of digit 0 of every key (digits `bits` wide,
+/// radix_plan), for callers that count it on the way.
 template <class KeyAt>
 radix_cut radix_select_counted(KeyAt&& key_at, int n, int k, std::uint32_t* hist, std::int32_t* pos,
                                int top, std::uint32_t base, int bits = radix_bits) {
@@ -185,10 +177,9 @@ radix_cut radix_select_counted(KeyAt&& key_at, int n, int k, std::uint32_t* hist
   return radix_cut_all();  // not reached: the last pass returns
 }
 
-/// The cut for the k best of the n keys key_at(0), ..., key_at(n - 1) (an invocable int ->
-/// uint32_t, called a few times per position), all of them in [key_lo, key_hi]. Workspace: hist
-/// holds radix_buckets counters, pos holds n positions (the candidates that survive the first
-/// digit). Cost: two scans of the keys, then scans of the surviving candidates only.
+/// The cut for the k best of the n keys key_at(0), ..., key_at(n - 1) (an invocable int -> uint32_t,
+/// called a few times per position), all in [key_lo, key_hi]. Workspace: hist [radix_buckets], pos
+/// [n] (the first digit's survivors). Cost: two scans of the keys, then of the survivors only.
 template <class KeyAt>
 radix_cut radix_select_host(KeyAt&& key_at, int n, int k, std::uint32_t* hist, std::int32_t* pos,
                             std::uint32_t key_lo = 0u, std::uint32_t key_hi = 0xffffffffu,
