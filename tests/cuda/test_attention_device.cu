@@ -16,6 +16,7 @@
 
 #include "fetch_fixtures.cuh"
 #include "kvscout/attention/decode.cuh"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/attention/kivi_rows.hpp"
 #include "kvscout/fetch/host_gather.hpp"
@@ -230,8 +231,8 @@ void kivi_case(double density, std::uint32_t seed, bool corrupt = false) {
   std::byte* gkp = align16(gk);
   std::byte* gvp = align16(gv);
   kvscout::host_gather_config hc{.num_seqs = 3, .num_kv_heads = H, .capacity = cap};
-  std::vector<std::byte> ws(kvscout::gather_executor_host<L>::workspace_bytes(hc));
-  kvscout::gather_executor_host<L> gather(hc, {ws.data(), ws.size()});
+  auto ws = kvscout::make_workspace<kvscout::gather_executor_host<L>>(hc);
+  kvscout::gather_executor_host<L> gather(hc, ws.span());
   const auto b = cache.store.buffers();
   const auto view = b.view(cache.layout);
   gather.submit(view.quantized(), sel.view(), {{gkp, slots * kb}, {gvp, slots * vb}});

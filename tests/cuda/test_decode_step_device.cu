@@ -78,8 +78,8 @@ host_selection host_select(const world& w, int l) {
                    .q = {}, .positions = {pos.data(), pos.size()}, .seq_lens = {lens.data(), lens.size()}},
                {{out.scores.data(), out.scores.size()}, S, H, max_tokens});
   kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, keep};
-  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
-  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
+  auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
+  kvscout::topk_selector_host sel(sc, ws.span());
   out.idx.assign(static_cast<std::size_t>(S) * H * budget, -1);
   out.cnt.assign(S * H, -1);
   sel.select({{out.scores.data(), out.scores.size()}, {lens.data(), lens.size()}, S, H, max_tokens},

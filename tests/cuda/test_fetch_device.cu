@@ -13,6 +13,7 @@
 
 #include "fetch_fixtures.cuh"
 #include "kvscout/core/configured.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/fetch/copy_engine.cuh"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/fetch/staged.cuh"
@@ -62,8 +63,8 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
 
   // Reference: the host gather over the same (pinned) bytes.
   kvscout::host_gather_config hc{.num_seqs = S, .num_kv_heads = H, .capacity = cap};
-  std::vector<std::byte> ws(kvscout::gather_executor_host<Layout>::workspace_bytes(hc));
-  kvscout::gather_executor_host<Layout> gather(hc, {ws.data(), ws.size()});
+  auto ws = kvscout::make_workspace<kvscout::gather_executor_host<Layout>>(hc);
+  kvscout::gather_executor_host<Layout> gather(hc, ws.span());
   std::vector<std::byte> ref_k(slots * kb, poison), ref_v(slots * vb, poison);
   const kvscout::kv_view<Layout, kvscout::host_space> host_src{
       host_l, {k.data(), k.bytes()}, {v.data(), v.bytes()}};
@@ -95,8 +96,8 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
     dv.poison();
     kvscout::copy_engine_config cc{.num_seqs = S, .num_kv_heads = H, .capacity = cap,
                                    .use_batch_api = batch};
-    std::vector<std::byte> cws(kvscout::copy_engine_executor_cuda<Layout>::workspace_bytes(cc));
-    kvscout::copy_engine_executor_cuda<Layout> ex(cc, {cws.data(), cws.size()});
+    auto cws = kvscout::make_workspace<kvscout::copy_engine_executor_cuda<Layout>>(cc);
+    kvscout::copy_engine_executor_cuda<Layout> ex(cc, cws.span());
     ex.submit(host_src, sel.view(), dst, {stream.s}).wait();
     const std::string tag = name + (batch ? " copy_engine(batch)" : " copy_engine(per run)");
     expect_same(tag + " K", dk.download(), ref_k);

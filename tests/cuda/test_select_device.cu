@@ -21,6 +21,7 @@
 
 #include "gpu_harness.cuh"
 #include "kvscout/core/device_status.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/core/configured.hpp"
 #include "kvscout/select/threshold.cuh"
 #include "kvscout/select/topk.cuh"
@@ -96,8 +97,8 @@ struct result {
 /// Runs a host selector (S = topk_selector_host or threshold_selector_host).
 template <class Sel>
 result run_host(const typename Sel::config& cfg, const problem& p) {
-  std::vector<std::byte> ws(Sel::workspace_bytes(cfg));
-  Sel sel(cfg, {ws.data(), ws.size()});
+  auto ws = kvscout::make_workspace<Sel>(cfg);
+  Sel sel(cfg, ws.span());
   result r;
   r.indices.assign(static_cast<std::size_t>(p.S) * p.H * cfg.capacity, index_poison);
   r.counts.assign(static_cast<std::size_t>(p.S) * p.H, index_poison);

@@ -14,6 +14,7 @@
 
 #include "kv_fixtures.hpp"
 #include "kvscout/attention/detail/decode_device_checks.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/core/device_status.hpp"
 #include "kvscout/fetch/detail/cuda_fetch_checks.hpp"
 #include "kvscout/fetch/host_gather.hpp"
@@ -65,8 +66,8 @@ void check_runs_replay(std::uint32_t seed, double density) {
   kv_view<layout, host_space> src{f.layout, {k.data(), k.size()}, {v.data(), v.size()}};
 
   host_gather_config hc{.num_seqs = 3, .num_kv_heads = heads, .capacity = capacity};
-  std::vector<std::byte> ws(gather_executor_host<layout>::workspace_bytes(hc));
-  gather_executor_host<layout> gather(hc, {ws.data(), ws.size()});
+  auto ws = make_workspace<gather_executor_host<layout>>(hc);
+  gather_executor_host<layout> gather(hc, ws.span());
   gather.submit(src, sel.view(), {{ref_k.data(), dst_bytes}, {ref_v.data(), dst_bytes}});
 
   copy_engine_config cc{.num_seqs = 3, .num_kv_heads = heads, .capacity = capacity};

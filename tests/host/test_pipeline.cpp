@@ -224,8 +224,8 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   for (int l = 0; l < L; ++l) views.push_back(m.view(l));
   kvscout::oracle_policy_host<layout> oracle({Hq, 0.125f, kvscout::gqa_aggregation::sum_prob}, views);
   kvscout::topk_selector_host::config oc{S, H, max_tokens, budget, budget, {}};
-  std::vector<std::byte> ows(kvscout::topk_selector_host::workspace_bytes(oc));
-  kvscout::topk_selector_host oracle_sel(oc, {ows.data(), ows.size()});
+  auto ows = kvscout::make_workspace<kvscout::topk_selector_host>(oc);
+  kvscout::topk_selector_host oracle_sel(oc, ows.span());
   std::vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens), probs(static_cast<std::size_t>(S) * H * (max_tokens + 1));
   std::vector<int32_t> oidx(static_cast<std::size_t>(S) * H * budget), ocnt(S * H);
   std::vector<float> out(static_cast<std::size_t>(S) * Hq * D);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvscout/presets.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/calibrate.hpp"
@@ -165,12 +166,8 @@ TEST_CASE("infinigen_paper's selector gives every head the mean count; kvscout_d
   const auto paper = kvscout::presets::infinigen_paper(64);
   REQUIRE(paper.selector == selector_kind::threshold);
   const kvscout::threshold_selector_host::config tc{1, H, T, T, paper.alpha, cap, paper.rule, paper.keep};
-  std::vector<std::byte> ws(kvscout::threshold_selector_host::workspace_bytes(tc) + 64);
-  void* base = ws.data();
-  std::size_t space = ws.size();
-  REQUIRE(std::align(kvscout::threshold_selector_host::workspace_alignment,
-                     kvscout::threshold_selector_host::workspace_bytes(tc), base, space));
-  kvscout::threshold_selector_host thr(tc, {static_cast<std::byte*>(base), space});
+  auto ws = kvscout::make_workspace<kvscout::threshold_selector_host>(tc);
+  kvscout::threshold_selector_host thr(tc, ws.span());
   thr.select(sv, out);
   CHECK(cnt[0] == 4);
   CHECK(cnt[1] == 4);
@@ -180,12 +177,8 @@ TEST_CASE("infinigen_paper's selector gives every head the mean count; kvscout_d
   const auto mine = kvscout::presets::kvscout_default(64);
   REQUIRE(mine.selector == selector_kind::topk);
   const kvscout::topk_selector_host::config kc{1, H, T, T, 24, mine.keep};
-  std::vector<std::byte> kws(kvscout::topk_selector_host::workspace_bytes(kc) + 64);
-  base = kws.data();
-  space = kws.size();
-  REQUIRE(std::align(kvscout::topk_selector_host::workspace_alignment,
-                     kvscout::topk_selector_host::workspace_bytes(kc), base, space));
-  kvscout::topk_selector_host topk(kc, {static_cast<std::byte*>(base), space});
+  auto kws = kvscout::make_workspace<kvscout::topk_selector_host>(kc);
+  kvscout::topk_selector_host topk(kc, kws.span());
   topk.select(sv, out);
   CHECK(cnt[0] == 24);
   CHECK(cnt[1] == 24);

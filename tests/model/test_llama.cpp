@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "kvscout/pipeline/host_pipeline.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/select/topk.hpp"
 #include "kvscout/score/streaming.hpp"
 #include "model/llama.hpp"
@@ -70,8 +71,8 @@ TEST_CASE("decoding through a pipeline that fetches every token equals dense dec
   session_t dense(m->weights, max_tokens, 2), sparse(m->weights, max_tokens, 2);
   kvscout::streaming_policy_host policy({c.n_kv_heads, 4});
   kvscout::topk_selector_host::config sc{1, c.n_kv_heads, max_tokens, max_tokens, max_tokens, {}};
-  std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc));
-  kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
+  auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
+  kvscout::topk_selector_host sel(sc, ws.span());
   using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   const kvscout::host_pipeline_config pc{c.n_layers, 2, 1, c.n_kv_heads, c.n_heads, max_tokens,
                                          max_tokens, 1, 0.125f};
