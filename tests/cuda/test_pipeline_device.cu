@@ -218,6 +218,18 @@ void bad_config_throws() {
     thrown = std::string(e.what()).find("three distinct streams") != std::string::npos;
   }
   GPU_CHECK(thrown);
+  // wait_rows (here of a dense layer) and speculate_first refuse them as well.
+  for (const bool first : {false, true}) {
+    thrown = false;
+    try {
+      kvscout::decode_pipeline_cuda pipe({.num_layers = 4, .skip_layers = first ? 0 : 2}, f.stages(0));
+      if (first) pipe.speculate_first({f.compute, f.side, f.side});
+      else pipe.wait_rows(0, {f.compute, f.copy, f.copy});
+    } catch (const kvscout::error& e) {
+      thrown = std::string(e.what()).find("three distinct streams") != std::string::npos;
+    }
+    GPU_CHECK(thrown);
+  }
   // Waiting for a layer that was never launched is refused (it would wait on a stale event).
   thrown = false;
   try {

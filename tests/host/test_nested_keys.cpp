@@ -318,3 +318,50 @@ TEMPLATE_TEST_CASE("the policy's state in the caller's memory (partial key cache
   REQUIRE_THROWS_WITH(typename P::key_store(m.S, m.H, 16, max_tokens, mem.span().subspan(0, layer_bytes(16) / 2)),
                       Catch::Contains("the caller's memory holds"));
 }
+
+TEMPLATE_TEST_CASE("the state in the caller's memory for every mode and weight type, and after a move",
+                   "[spec][infinigen][workspace]", kvscout::half, kvscout::bfloat16, float) {
+  using P = kvscout::infinigen_policy_host<float, TestType>;
+  constexpr int max_tokens = 80, stride = 84, r = 12;
+  const slice m(2, 2, 3, 70, 23u, slice::keys::channel_offsets);
+  kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, max_tokens, 0.125f};
+  const std::vector<kvscout::host_span<const float>> w(1, {m.wq.data(), m.wq.size()}), b(1, {m.bq.data(), m.bq.size()});
+  const auto pad = [](std::size_t x) { return (x + 63) / 64 * 64; };
+  std::vector<int32_t> lens{m.n, m.n - 5}, pos{m.pos, m.pos};
+  const kvscout::score_context<kvscout::host_space> ctx{{m.x.data(), m.x.size()}, {m.q.data(), m.q.size()},
+                                                        {pos.data(), 2}, {lens.data(), 2}};
+  for (const auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes,
+                          kvscout::rope_mode::pre_rope_folded}) {
+    CAPTURE(kvscout::to_string(mode));
+    const std::vector<std::vector<kvscout::skew_plan>> plans{m.plans(r, mode, 9u)};
+    // Per query head: the rows (head_dim of them for the skew, r otherwise) in the weight type,
+    // the bias, the skew's rotation [head_dim, r], the planes [r / 2], each piece padded to 64.
+    const bool skew = mode == kvscout::rope_mode::post_rope_skew;
+    const std::size_t rows = skew ? D : r;
+    const std::size_t head = pad(rows * m.d_model * sizeof(TestType)) + pad(4 * rows) + (skew ? pad(4 * D * r) : 0) +
+                             (mode == kvscout::rope_mode::rope_planes ? pad(4 * (r / 2)) : 0);
+    REQUIRE(P::weight_memory_bytes(pc, plans) == static_cast<std::size_t>(m.Hq) * head);
+    const std::size_t need = P::memory_bytes(pc, plans);
+    REQUIRE(need == P::key_memory_bytes(pc, plans) + P::weight_memory_bytes(pc, plans));
+    kvscout::host_workspace mem(need + 64, P::memory_alignment);
+    std::memset(mem.span().data(), 0xAB, mem.span().size());
+    auto ws1 = kvscout::make_workspace<P>(pc), ws2 = kvscout::make_workspace<P>(pc);
+    P theirs(pc, plans, {}, w, b, ws1.span(), mem.span().subspan(0, need));
+    P own(pc, plans, w, b, ws2.span());
+    append_all(theirs, m);
+    append_all(own, m);
+    P moved(std::move(theirs));  // its caches and weights stay where they were
+    std::vector<float> a, c;
+    const auto ab = kvtest::nan_score_buffer(a, m.S, m.H, stride), cb = kvtest::nan_score_buffer(c, m.S, m.H, stride);
+    moved.score(0, ctx, ab);
+    own.score(0, ctx, cb);
+    int scored = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE((std::isnan(a[i]) ? std::isnan(c[i]) : a[i] == c[i]));
+      scored += !std::isnan(a[i]);
+    }
+    REQUIRE(scored == m.H * (lens[0] + lens[1]));
+    for (std::size_t i = need; i < need + 64; ++i) REQUIRE(mem.span()[i] == std::byte{0xAB});
+  }
+}

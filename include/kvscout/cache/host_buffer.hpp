@@ -142,7 +142,7 @@ inline void check_cache_memory(const char* what, host_span<std::byte> memory, st
                   ": the caller's memory must be ", alignment, "-byte aligned, got address ",
                   static_cast<const void*>(memory.data()));
 }
-/// The set-up of a store over caller memory: the checks above, then its first `bytes` zeroed.
+/// The set-up of a store over caller memory: the checks above, then its first `need` bytes zeroed.
 /// Returns memory.data().
 inline std::byte* zeroed_cache_memory(const char* what, host_span<std::byte> memory, std::size_t need,
                                       std::size_t alignment) {

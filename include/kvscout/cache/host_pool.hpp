@@ -23,8 +23,8 @@
 // drop_evicted().
 //
 // Memory: num_layers * num_seqs * num_kv_heads * (12 * max_tokens + 4 * capacity + 8) bytes and
-// 12 * num_layers + 4 * num_layers * num_seqs more (workspace_bytes(cfg)): the pool's own, or
-// the caller's (the constructor that takes it, at workspace_alignment, never freed here).
+// 8 * num_layers + 4 * num_layers * num_seqs more (workspace_bytes(cfg)): the pool's own, or the
+// caller's (the constructor that takes it, at workspace_alignment, never freed here).
 //
 //   kvscout::host_pool pool({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
 //                            .max_tokens = 8192, .capacity = 2048,
@@ -76,14 +76,17 @@ class host_pool {
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
     const sizes z = sizes_of(cfg);
-    return detail::checked_sum(
-        "host_pool state bytes",
-        detail::checked_size("host_pool keys and clocks in bytes", z.keys + z.steps, sizeof(std::int64_t)),
-        detail::checked_size("host_pool slots, tokens and counts in bytes", z.keys + z.tokens + 2 * z.rows + z.lens,
-                             sizeof(int)));
+    const char* what = "host_pool state bytes";
+    const std::size_t wide = detail::checked_sum(what, z.keys, z.steps);
+    const std::size_t narrow = detail::checked_sum(
+        what, detail::checked_sum(what, z.keys, z.tokens),
+        detail::checked_sum(what, detail::checked_size(what, z.rows, 2), z.lens));
+    return detail::checked_sum(what, detail::checked_size(what, wide, sizeof(std::int64_t)),
+                               detail::checked_size(what, narrow, sizeof(int)));
   }
   /// The alignment the caller's memory must have (64-bit keys first).
   static constexpr std::size_t workspace_alignment = alignof(std::int64_t);
+  static_assert(sizeof(int) == sizeof(std::int32_t), "host_pool carves its slots and tokens as one int array");
 
   /// The pool allocates its state once, here.
   explicit host_pool(const config& cfg) : own_(workspace_bytes(cfg)) { init(cfg, own_.span()); }

@@ -68,6 +68,8 @@ struct cuda_pipeline_config {
 /// The pipeline's execution argument, passed to every call: the caller's streams (the model's
 /// compute stream, a side stream for speculation and a copy stream for fetches; three distinct
 /// streams when overlap is on) and the device status word the stages report into (null: none).
+/// The slots' reuse is ordered on the compute stream: pass the same streams to every call of a
+/// step, and order a new compute stream after the old one before a step that changes it.
 struct cuda_pipeline_exec {
   cudaStream_t compute = nullptr;
   cudaStream_t speculate = nullptr;

@@ -221,7 +221,8 @@ class infinigen_policy_host {
   /// The policy's state in the caller's memory (the constructor below), memory_bytes bytes: the
   /// partial key caches first, key_memory_bytes of them, then the partial W_Q rows,
   /// weight_memory_bytes. Each piece starts at a multiple of memory_alignment.
-  /// Reads the plans' counts, modes and widths only; the constructor checks the rest.
+  /// Checks the config and the plans it reads (each speculated layer's first); the constructor
+  /// checks the rest.
   [[nodiscard]] static std::size_t memory_bytes(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
                                                 const std::vector<std::vector<skew_plan>>& correction_plans = {}) {
     return detail::checked_sum("infinigen_policy_host memory bytes", key_memory_bytes(cfg, plans, correction_plans),
@@ -400,18 +401,19 @@ class infinigen_policy_host {
                     correction_plans ? correction_plans->size() : 0, ")");
     static const std::vector<std::vector<skew_plan>> none;
     const std::vector<std::vector<skew_plan>>& wide_plans = correction_plans ? *correction_plans : none;
-    // The state: the caller's memory, checked, or the policy's own allocation of the same size.
+    // The state: the caller's memory, checked, weights after the caches; or, owned, the weights
+    // in one allocation and each cache its own (fresh pages, zero and not touched until written).
     host_span<std::byte> memory;
+    std::size_t key_at = 0, weight_at = 0;  // the next layer's cache, the next head's weights
     if (caller_memory != nullptr) {
       memory = *caller_memory;
       detail::check_cache_memory("infinigen_policy_host memory", memory, memory_bytes(cfg, plans, wide_plans),
                                  memory_alignment);
+      weight_at = key_memory_bytes(cfg, plans, wide_plans);
     } else {
-      own_ = host_buffer<std::byte>(memory_bytes(cfg, plans, wide_plans));
+      own_ = host_buffer<std::byte>(weight_memory_bytes(cfg, plans));
       memory = own_.span();
     }
-    std::size_t key_at = 0;                                          // the next layer's cache
-    std::size_t weight_at = key_memory_bytes(cfg, plans, wide_plans);  // the next head's weights
     const int g = cfg.num_q_heads / cfg.num_kv_heads;
     for (int l = 0; l < cfg.num_layers; ++l) {
       const auto& pl = plans[static_cast<std::size_t>(l)];
@@ -475,9 +477,13 @@ class infinigen_policy_host {
         st.rope_planes.erase(std::unique(st.rope_planes.begin(), st.rope_planes.end()),
                              st.rope_planes.end());
       }
-      const std::size_t b = key_layer_bytes(cfg, st.r);  // the cache's bytes, padded to the alignment
-      st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens, memory.subspan(key_at, b));
-      key_at += b;
+      if (caller_memory == nullptr) {
+        st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
+      } else {
+        const std::size_t b = key_layer_bytes(cfg, st.r);  // the cache's bytes, padded to the alignment
+        st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens, memory.subspan(key_at, b));
+        key_at += b;
+      }
     }
   }
 
@@ -1002,7 +1008,7 @@ class infinigen_policy_host {
   static constexpr int query_block = 8;
 
   config cfg_;
-  host_buffer<std::byte> own_;  // the state, where the caller gave no memory
+  host_buffer<std::byte> own_;  // the partial weights, where the caller gave no memory
   std::vector<layer_state> layers_;
   // Scratch in the caller's workspace (carve()), sized for r = head_dim; a layer uses the first
   // r of each head's head_dim floats' worth (qp_ rows are r apart, as before).
