@@ -347,6 +347,67 @@ def plot_best(rows, out):
     return path
 
 
+# The copy task's frontier (docs/accuracy_copy_best.csv, issue 32): the "all" rows of stage copy.
+# Bytes per step as the perplexity rows count them for fp16: the model's first COPY_SKIP layers
+# move every row, the other COPY_LAYERS - COPY_SKIP layers the fetched share (fetch_fraction).
+COPY_LAYERS, COPY_SKIP = 30, 2
+
+
+def copy_label(row):
+    who = "oracle top-k" if row["policy"] == "oracle" else "kvscout + correction"
+    return who + (", dense prefill" if row["config"].endswith("+dense_prefill") else ", every token")
+
+
+COPY_STYLE = {
+    "oracle top-k, every token": dict(color="black", marker="o", ls="-"),
+    "kvscout + correction, every token": dict(color="tab:blue", marker="s", ls="-"),
+    "oracle top-k, dense prefill": dict(color="black", marker="o", ls="--", mfc="white"),
+    "kvscout + correction, dense prefill": dict(color="tab:blue", marker="s", ls="--", mfc="white"),
+}
+
+
+def plot_copy(rows, out):
+    """accuracy_copy_frontier.png: the copy task's token accuracy (share of dense's) and mean NLL
+    (over dense's) against the bytes moved per step (share of a dense fp16 step's)."""
+    rows = [r for r in rows if r["stage"] == "copy" and r["prompt"] == "all"]
+    dense = [r for r in rows if r["policy"] == "dense" and r["config"] == "dense"]
+    if not dense:
+        return None
+    acc0, nll0 = float(dense[0]["token_accuracy"]), float(dense[0]["mean_nll"])
+    series = {}
+    for r in rows:
+        if r["policy"] == "dense":
+            continue
+        f = float(r["fetch_fraction"])
+        b = 100 * (COPY_SKIP + (COPY_LAYERS - COPY_SKIP) * f) / COPY_LAYERS
+        series.setdefault(copy_label(r), []).append(
+            (b, float(r["token_accuracy"]) / acc0, float(r["mean_nll"]) - nll0, float(r["budget_pct"])))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for name, pts in series.items():
+        pts.sort()
+        st = COPY_STYLE.get(name, {})
+        for ax, k in zip(axes, (1, 2)):
+            ax.plot([p[0] for p in pts], [p[k] for p in pts], label=name, **st)
+            for p in pts:
+                ax.annotate(f"{p[3]:g} %", (p[0], p[k]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    axes[0].axhline(0.97, color="gray", lw=0.8, ls=":", label="goal: 0.97 of dense's (at 5 % of rows)")
+    axes[1].axhline(0.03, color="gray", lw=0.8, ls=":", label="goal: dense + 0.03 nats (at 10 % of rows)")
+    axes[0].set_ylabel(f"token accuracy / dense's ({acc0:.3f})")
+    axes[1].set_ylabel(f"mean NLL of the span - dense's ({nll0:.3f} nats)")
+    for ax in axes:
+        ax.set_xlabel("bytes moved per decode step, % of a dense fp16 step")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    n = sum(1 for r in rows if r["policy"] == "dense" and r["config"] == "dense")
+    fig.suptitle("SmolLM2-135M, copy task (20 prompts, 2k-6k tokens, 400 scored tokens); "
+                 "labels: rows per step" + ("" if n == 1 else f" ({n} dense rows)"), fontsize=10)
+    path = os.path.join(out, "accuracy_copy_frontier.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--csv", default="docs/accuracy.csv")
@@ -355,6 +416,8 @@ def main():
     ap.add_argument("--markdown", default="", help="also write the tables as markdown here")
     ap.add_argument("--best", default="", help="stage budgets rows of the best configuration "
                     "(docs/accuracy_best.csv): accuracy_best.png")
+    ap.add_argument("--copy", default="", help="stage copy rows of the oracle and kvscout + correction "
+                    "(docs/accuracy_copy_best.csv): accuracy_copy_frontier.png")
     a = ap.parse_args()
     rows = load(a.csv)
     os.makedirs(a.out, exist_ok=True)
@@ -371,6 +434,8 @@ def main():
         made.append(markdown(rows, a.markdown))
     if a.best:
         made.append(plot_best(load(a.best), a.out))
+    if a.copy:
+        made.append(plot_copy(load(a.copy), a.out))
     for m in made:
         if m:
             print(m)

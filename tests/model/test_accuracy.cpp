@@ -1,7 +1,8 @@
 // The accuracy harness's evaluator (tools/model/llama_eval.hpp) on the real SmolLM2-135M-Instruct,
 // a small form of tools/accuracy: layer-major teacher-forced evaluation equals step-by-step
-// decoding, the oracle with every token equals dense, the oracle's attention-mass recall bounds
-// InfiniGen's at the same budget. [model]: needs the file scripts/fetch_model.sh places.
+// decoding, the oracle with every token equals dense, a dense prefill is dense up to where it
+// ends, the oracle's attention-mass recall bounds InfiniGen's at the same budget. [model]: needs
+// the file scripts/fetch_model.sh places.
 
 #include <catch2/catch.hpp>
 
@@ -118,6 +119,30 @@ TEST_CASE("layer-major evaluation equals step-by-step decoding, and the oracle b
   full.budget = 1.0;
   const km::eval_result rf = ev.run(full);
   REQUIRE(std::abs(rf.ppl() / rd.ppl() - 1) <= 1e-6);
+
+  // 2b. A dense prefill (sparse_from): with sparse_from = T the oracle at 20 % is dense; with
+  //     sparse_from = 120 its predictions before step 120 are dense's, bit for bit, and some of
+  //     the later ones are not (its cap, 20 % of 120+ rows, is far below the rows).
+  {
+    km::eval_options p = full;
+    p.budget = 0.2;
+    p.sparse_from = T;
+    const km::eval_result all_dense = ev.run(p);
+    REQUIRE(all_dense.token_nll == rd.token_nll);
+    p.sparse_from = 120;
+    const km::eval_result pre = ev.run(p);
+    REQUIRE(pre.token_nll.size() == rd.token_nll.size());
+    double before = 0, after = 0;
+    for (std::size_t t = 0; t < pre.token_nll.size(); ++t) {
+      double& worst = t < 120 ? before : after;
+      worst = std::max(worst, std::abs(pre.token_nll[t] - rd.token_nll[t]));
+    }
+    INFO("largest NLL difference from dense before step 120: " << before << ", after: " << after);
+    CHECK(before == 0);
+    CHECK(after > 1e-4);
+    p.sparse_from = T + 1;
+    REQUIRE_THROWS_WITH(ev.run(p), Catch::Contains("sparse_from " + std::to_string(T + 1)));
+  }
 
   // 3. At a 20 % budget: the oracle's recall bounds InfiniGen's (same cap, same keep-set), and
   //    the driver's oracle scores match kvscout::oracle_policy_host::score.

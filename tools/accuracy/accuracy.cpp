@@ -40,6 +40,9 @@
 //           "target" per line), scored the same way plus greedy exact match; accuracy_prompts.csv.
 //           --prompts without --stages runs this stage alone
 //   Stages copy and prompts alone leave accuracy.csv / accuracy_layers.csv untouched.
+//   --dense-prefill (any stage): the steps before the first scored prediction attend densely
+//   (the prompt's prefill, as an engine runs it), the policy selects from there on; the sparse
+//   rows' selector column (and in stages copy and prompts, their names) end in "+dense_prefill".
 //
 // Names: "infinigen_paper" (CSV policy column) is presets::infinigen_paper, InfiniGen as its
 // authors' code runs it; "infinigen" rows are infinigen_policy_host with kvscout's knobs, of which
@@ -178,6 +181,9 @@ struct infinigen_knobs {
   // eval_options::layer_shares (empty: none), and the rule that made them, for the name.
   std::vector<double> layer_shares;
   const char* layer_rule = "";
+  // eval_options::sparse_from = score_from: the steps before the first scored prediction attend
+  // densely (a dense prefill; --dense-prefill). Named "+dense_prefill" in the selector column.
+  bool dense_prefill = false;
 };
 
 // eval_options' budget / correct / late_scores for knobs k at a total budget.
@@ -251,10 +257,15 @@ std::string selector_name(const infinigen_knobs& k) {
 // The CSV's selector column: kvscout's knobs for infinigen rows, top-k (head-pooled or not) for
 // the other sparse policies.
 std::string selector_column(eval_policy p, const infinigen_knobs& k) {
-  if (p == eval_policy::infinigen) return selector_name(k);
   if (p == eval_policy::dense) return "";
-  std::string n = !k.pooled ? "topk" : k.pool_rule == pooled_rule::coverage ? "topk+covered" : "topk+pooled";
-  if (!k.layer_shares.empty()) n += std::string("+layers_") + k.layer_rule;
+  std::string n;
+  if (p == eval_policy::infinigen) {
+    n = selector_name(k);
+  } else {
+    n = !k.pooled ? "topk" : k.pool_rule == pooled_rule::coverage ? "topk+covered" : "topk+pooled";
+    if (!k.layer_shares.empty()) n += std::string("+layers_") + k.layer_rule;
+  }
+  if (k.dense_prefill) n += "+dense_prefill";
   return n;
 }
 
@@ -311,7 +322,9 @@ class harness {
   }
 
   eval_result run(const std::string& stage, text_run& tx, kv_format f, eval_policy p, double budget,
-                  const infinigen_knobs& k) {
+                  const infinigen_knobs& knobs) {
+    infinigen_knobs k = knobs;
+    k.dense_prefill = k.dense_prefill || dense_prefill;
     eval_options o;
     o.policy = p;
     o.format = f;
@@ -363,8 +376,10 @@ class harness {
     return ev.run(o);
   }
 
-  // The knobs' part of eval_options, the same for every stage (policy p at `budget`).
+  // The knobs' part of eval_options, the same for every stage (policy p at `budget`; after
+  // o.score_from is set).
   void apply_knobs(eval_options& o, eval_policy p, double budget, const infinigen_knobs& k) {
+    o.sparse_from = k.dense_prefill && p != eval_policy::dense ? o.score_from : 0;
     o.aggregation = p == eval_policy::infinigen ? k.aggregation : gqa_aggregation::max_logit;
     o.pool_heads = k.pooled && p != eval_policy::dense;
     o.pool_rule = k.pool_rule;
@@ -407,6 +422,9 @@ class harness {
   }
 
   int metric_every = 8;
+  // --dense-prefill: in every stage, the steps before the first scored prediction attend densely
+  // (the prompt's prefill, as an engine runs it); the policy selects from there on.
+  bool dense_prefill = false;
   int kivi_residual = 128, kivi_group = 32, quest_page = 16;
   int pool_tokens = 0;  // host pool capacity per (layer, KV head); 0: unbounded
   eviction pool_eviction = eviction::counter;
@@ -689,6 +707,7 @@ int main(int argc, char** argv) try {
   for (const char* st : {"sweep", "matrix", "paper", "planes", "kivi_rest", "ablation", "pool", "correction", "budgets", "ranking"})
     main_stages = main_stages || stages.find(st) != std::string::npos;
   harness hz(w, cal, out_dir, skip, append, main_stages);
+  hz.dense_prefill = flag(argc, argv, "--dense-prefill");
   text_run lt;
   lt.name = long_path.substr(long_path.find_last_of('/') + 1);
   lt.tokens = n_long;
@@ -1120,14 +1139,20 @@ int main(int argc, char** argv) try {
         arg(argc, argv, "--copy-policies", "dense,control,oracle,kvscout_default,infinigen_paper");
     infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
     rank_overrides(def);
-    // kvscout's configurations with --rank-* overrides carry them in their names.
+    // kvscout's configurations with --rank-* overrides carry them in their names; with
+    // --dense-prefill, every sparse configuration carries "+dense_prefill".
     const auto rank_labelled = [&](std::vector<retrieval_config> v) {
-      if (rank_r == 0 && rank_bits == 0 && !late_aggregation && late_r == 0) return v;
       char tag[80];
       std::snprintf(tag, sizeof tag, "+r%d_keys%db_late_r%d_%s", def.r, rank_bits, late_r > 0 ? late_r : def.r,
                     to_string(def.late_aggregation.value_or(def.aggregation)));
-      for (auto& c : v)
-        if (c.policy == eval_policy::infinigen && c.name.rfind("kvscout", 0) == 0) c.name += tag;
+      const bool ranked = rank_r != 0 || rank_bits != 0 || late_aggregation || late_r != 0;
+      for (auto& c : v) {
+        if (ranked && c.policy == eval_policy::infinigen && c.name.rfind("kvscout", 0) == 0) c.name += tag;
+        if (hz.dense_prefill && c.policy != eval_policy::dense) {
+          c.name += "+dense_prefill";
+          c.knobs.dense_prefill = true;
+        }
+      }
       return v;
     };
     // kvscout_corrected: the share of each budget held back for the correction step.

@@ -174,6 +174,10 @@ struct eval_options {
   /// Negative log-likelihood of the predictions made at positions [score_from, T - 1); bytes and
   /// rows fetched are counted over the same steps.
   int score_from = 0;
+  /// Steps t < sparse_from attend to every cached row, whatever the policy: a dense prefill, as
+  /// an engine runs a prompt before it decodes. The policy still receives every token's keys, and
+  /// its selection starts at step sparse_from. 0: every step through the policy.
+  int sparse_from = 0;
   /// Attention-mass recall and overlap with the oracle every metric_every-th step >= metric_from
   /// (0: none).
   int metric_every = 0;
@@ -323,6 +327,8 @@ class layer_major_eval {
   eval_result run(const eval_options& o) {
     const auto t_start = std::chrono::steady_clock::now();
     KVSCOUT_EXPECTS(o.budget > 0 && o.budget <= 1, "budget ", o.budget, " must be in (0, 1]");
+    KVSCOUT_EXPECTS(o.sparse_from >= 0 && o.sparse_from <= T_, "sparse_from ", o.sparse_from,
+                    " must be in [0, ", T_, "], the sequence's tokens");
     KVSCOUT_EXPECTS(o.policy != eval_policy::infinigen || o.plans != nullptr,
                     "the infinigen policy needs skew plans");
     KVSCOUT_EXPECTS(o.correct >= 0 && o.budget + o.correct <= 1, "correct ", o.correct,
@@ -784,7 +790,7 @@ class layer_major_eval {
         const int t = t0 + i;
         const int n = visible(o, t);
         const int budget = cap(o, t, l);
-        const bool select_all = !sparse || n <= budget;
+        const bool select_all = !sparse || n <= budget || t < o.sparse_from;
         const bool counted = t >= o.score_from && t < T_ - 1;
         // ---- the policy's selection of [0, n) per KV head ----
         keep_set keep = o.keep;
