@@ -354,15 +354,19 @@ COPY_LAYERS, COPY_SKIP = 30, 2
 
 
 def copy_label(row):
-    who = "oracle top-k" if row["policy"] == "oracle" else "kvscout + correction"
+    if row["policy"] == "oracle":
+        who = "oracle top-k, heads pooled" if "pooled" in row["selector"] else "oracle top-k, per-layer budgets"
+    else:
+        who = "kvscout + correction (per-layer budgets)"
     return who + (", dense prefill" if row["config"].endswith("+dense_prefill") else ", every token")
 
 
 COPY_STYLE = {
-    "oracle top-k, every token": dict(color="black", marker="o", ls="-"),
-    "kvscout + correction, every token": dict(color="tab:blue", marker="s", ls="-"),
-    "oracle top-k, dense prefill": dict(color="black", marker="o", ls="--", mfc="white"),
-    "kvscout + correction, dense prefill": dict(color="tab:blue", marker="s", ls="--", mfc="white"),
+    "oracle top-k, per-layer budgets, every token": dict(color="black", marker="o", ls="-"),
+    "kvscout + correction (per-layer budgets), every token": dict(color="tab:blue", marker="s", ls="-"),
+    "oracle top-k, per-layer budgets, dense prefill": dict(color="black", marker="o", ls="--", mfc="white"),
+    "kvscout + correction (per-layer budgets), dense prefill": dict(color="tab:blue", marker="s", ls="--", mfc="white"),
+    "oracle top-k, heads pooled, every token": dict(color="tab:gray", marker="^", ls=":"),
 }
 
 
@@ -393,7 +397,8 @@ def plot_copy(rows, out):
     axes[0].axhline(0.97, color="gray", lw=0.8, ls=":", label="goal: 0.97 of dense's (at 5 % of rows)")
     axes[1].axhline(0.03, color="gray", lw=0.8, ls=":", label="goal: dense + 0.03 nats (at 10 % of rows)")
     axes[0].set_ylabel(f"token accuracy / dense's ({acc0:.3f})")
-    axes[1].set_ylabel(f"mean NLL of the span - dense's ({nll0:.3f} nats)")
+    axes[1].set_ylabel(f"mean NLL of the span - dense's ({nll0:.3f} nats; log)")
+    axes[1].set_yscale("log")
     for ax in axes:
         ax.set_xlabel("bytes moved per decode step, % of a dense fp16 step")
         ax.grid(True, alpha=0.3)
