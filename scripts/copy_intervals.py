@@ -9,6 +9,11 @@ the configurations do on one prompt). The 20 tokens of one prompt's span are not
 prompts, not tokens, are what is resampled.
 
     python3 scripts/copy_intervals.py docs/accuracy_copy_best.csv [--rounds 4000] [--seed 1]
+        [--diff A@PCT B@PCT ...]
+
+--diff A@PCT B@PCT (repeatable) prints, instead, configuration B at budget PCT minus A: the
+change in correct tokens as a share of dense's and the change in mean NLL, paired over the same
+prompts in every resample.
 """
 import argparse
 import csv
@@ -21,6 +26,7 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--rounds", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--diff", nargs=2, action="append", default=[], metavar=("A@PCT", "B@PCT"))
     a = ap.parse_args()
     by = {}
     for r in csv.DictReader(open(a.csv)):
@@ -40,6 +46,25 @@ def main():
         return (correct / correct0 if correct0 else float("nan")), nll / tokens
 
     lo, hi = int(0.025 * a.rounds), int(0.975 * a.rounds) - 1
+
+    def key(text):
+        name, at, pct = text.rpartition("@")
+        if not at or (name, float(pct)) not in by:
+            sys.exit(f"--diff {text}: expected CONFIG@PCT of a configuration in {a.csv}")
+        return name, float(pct)
+
+    if a.diff:
+        for x, y in a.diff:
+            ca, cb = by[key(x)], by[key(y)]
+            prompts = sorted(set(ca) & set(cb) & set(dense))
+            diff = lambda idx: tuple(q - p for p, q in zip(stat(ca, idx), stat(cb, idx)))
+            acc, nll = diff(prompts)
+            boot = [diff([rng.choice(prompts) for _ in prompts]) for _ in range(a.rounds)]
+            ba = sorted(b[0] for b in boot)
+            bn = sorted(b[1] for b in boot)
+            print(f"{y} - {x}: accuracy / dense {acc:+.3f} [{ba[lo]:+.3f}, {ba[hi]:+.3f}]  "
+                  f"NLL {nll:+.3f} [{bn[lo]:+.3f}, {bn[hi]:+.3f}]   ({len(prompts)} prompts)")
+        return
     print(f"{'configuration':<72} {'budget':>6}  {'accuracy / dense':>24}  {'NLL - dense (nats)':>26}")
     for (name, budget), cfg in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         if name == "dense":
