@@ -36,7 +36,6 @@ def main():
     dense = by.get(("dense", 100.0))
     if not dense:
         sys.exit(f"{a.csv}: no per-prompt rows of configuration dense")
-    rng = random.Random(a.seed)
 
     def stat(cfg, idx):
         correct = sum(round(float(cfg[i]["token_accuracy"]) * int(cfg[i]["target_tokens"])) for i in idx)
@@ -47,16 +46,28 @@ def main():
 
     lo, hi = int(0.025 * a.rounds), int(0.975 * a.rounds) - 1
 
+    # One generator per row or pair, seeded by its names: an interval does not depend on which
+    # other rows the CSV holds or in which order --diff pairs come.
+    def rng_for(*names):
+        return random.Random(f"{a.seed}|" + "|".join(names))
+
     def key(text):
         name, at, pct = text.rpartition("@")
-        if not at or (name, float(pct)) not in by:
+        try:
+            k = (name, float(pct))
+        except ValueError:
+            k = None
+        if not at or k not in by:
             sys.exit(f"--diff {text}: expected CONFIG@PCT of a configuration in {a.csv}")
-        return name, float(pct)
+        return k
 
     if a.diff:
         for x, y in a.diff:
             ca, cb = by[key(x)], by[key(y)]
             prompts = sorted(set(ca) & set(cb) & set(dense))
+            if len(prompts) < 2:
+                sys.exit(f"--diff {x} {y}: fewer than 2 prompts in common")
+            rng = rng_for(x, y)
             diff = lambda idx: tuple(q - p for p, q in zip(stat(ca, idx), stat(cb, idx)))
             acc, nll = diff(prompts)
             boot = [diff([rng.choice(prompts) for _ in prompts]) for _ in range(a.rounds)]
@@ -73,6 +84,7 @@ def main():
         if len(prompts) < 2:
             continue
         acc, nll = stat(cfg, prompts)
+        rng = rng_for(name, f"{budget:g}")
         boot = [stat(cfg, [rng.choice(prompts) for _ in prompts]) for _ in range(a.rounds)]
         ba = sorted(b[0] for b in boot)
         bn = sorted(b[1] for b in boot)

@@ -373,7 +373,10 @@ COPY_STYLE = {
 def plot_copy(rows, out):
     """accuracy_copy_frontier.png: the copy task's token accuracy (share of dense's) and mean NLL
     (over dense's) against the bytes moved per step (share of a dense fp16 step's)."""
-    rows = [r for r in rows if r["stage"] == "copy" and r["prompt"] == "all"]
+    # The configurations of the copy frontier only: dense, the oracles, kvscout + correction.
+    known = ("dense", "oracle_layers", "oracle_pooled", "kvscout_layers_corrected")
+    rows = [r for r in rows if r["stage"] == "copy" and r["prompt"] == "all"
+            and r["config"].split("+")[0] in known]
     dense = [r for r in rows if r["policy"] == "dense" and r["config"] == "dense"]
     if not dense:
         return None
@@ -404,7 +407,7 @@ def plot_copy(rows, out):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     n = sum(1 for r in rows if r["policy"] == "dense" and r["config"] == "dense")
-    fig.suptitle("SmolLM2-135M, copy task (20 prompts, 2k-6k tokens, 400 scored tokens); "
+    fig.suptitle(f"SmolLM2-135M, copy task ({dense[0]['target_tokens']} scored tokens); "
                  "labels: rows per step" + ("" if n == 1 else f" ({n} dense rows)"), fontsize=10)
     path = os.path.join(out, "accuracy_copy_frontier.png")
     fig.tight_layout()
