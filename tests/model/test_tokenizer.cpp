@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -420,6 +422,59 @@ TEST_CASE("tiny vocabulary: special tokens are matched in text", "[tokenizer]") 
   CHECK(tok.type(id_end) == token_type::control);
   CHECK(tok.type(id_pad) == token_type::user_defined);
   CHECK(tok.type('a') == token_type::normal);
+}
+
+TEST_CASE("thousands of special tokens: the longest at each position, as a plain scan finds it",
+          "[tokenizer]") {
+  // 256 byte tokens and no merges, so ordinary text encodes byte by byte; 3,000 distinct
+  // specials over a four-letter alphabet, many of them prefixes of others ("<a", "<ab", ...).
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(byte_char(b));
+  std::mt19937 rng(45);
+  const std::string alphabet = "<ab>";
+  std::set<std::string> seen;
+  std::vector<std::string> specials;
+  while (specials.size() < 3000) {
+    std::string t = "<";
+    const int len = 1 + static_cast<int>(rng() % 9);
+    for (int i = 0; i < len; ++i) t += alphabet[rng() % alphabet.size()];
+    if (seen.insert(t).second) specials.push_back(t);
+  }
+  for (const std::string& t : specials) tokens.push_back(t);
+  std::vector<std::int32_t> types(tokens.size(), 1);
+  std::fill(types.begin() + 256, types.end(), 3);  // control
+  const bpe_tokenizer tok(tokens, types, {}, -1, -1);
+
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += alphabet[rng() % alphabet.size()];
+  // The reference: at each position, every special tried, the longest match taken.
+  ids_t want;
+  for (std::size_t i = 0; i < text.size();) {
+    std::int32_t hit = -1;
+    std::size_t hit_len = 0;
+    for (std::size_t k = 0; k < specials.size(); ++k) {
+      if (specials[k].size() > hit_len && std::string_view(text).substr(i).starts_with(specials[k])) {
+        hit = static_cast<std::int32_t>(256 + k);
+        hit_len = specials[k].size();
+      }
+    }
+    if (hit >= 0) {
+      want.push_back(hit);
+      i += hit_len;
+    } else {
+      want.push_back(static_cast<unsigned char>(text[i]));
+      ++i;
+    }
+  }
+  const ids_t got = tok.encode(text);
+  REQUIRE(got.size() == want.size());
+  CHECK(got == want);
+  CHECK(std::count_if(got.begin(), got.end(), [](std::int32_t id) { return id >= 256; }) > 1000);
+  CHECK(tok.decode(got) == text);
+  // A prefix of a special that continues otherwise: the shorter special, then bytes.
+  const bpe_tokenizer nested({byte_char('<'), byte_char('a'), byte_char('b'), "<a", "<ab", "<abb"},
+                             {1, 1, 1, 3, 3, 3}, {}, -1, -1);
+  CHECK(nested.encode("<abbb<aba<") == ids_t{5, 2, 4, 1, 0});
 }
 
 TEST_CASE("tiny vocabulary: decode and token lookups", "[tokenizer]") {

@@ -549,7 +549,7 @@ class bpe_tokenizer {
       const std::string& s = tokens_[id];
       if (is_literal(types_[id])) {
         text_[id] = s;
-        if (!s.empty()) specials_.push_back(id);
+        if (!s.empty()) add_special(id);
         continue;
       }
       std::string& out = text_[id];
@@ -565,13 +565,6 @@ class bpe_tokenizer {
         i += u.len;
       }
     }
-    std::stable_sort(specials_.begin(), specials_.end(), [&](std::int32_t x, std::int32_t y) {
-      return tokens_[x].size() > tokens_[y].size();
-    });
-    for (const std::int32_t id : specials_) {
-      special_first_[static_cast<unsigned char>(tokens_[id][0])] = true;
-    }
-
     for (int byte = 0; byte < 256; ++byte) {
       std::string ch;
       b::append_utf8(ch, b::byte_to_unicode[byte]);
@@ -631,13 +624,7 @@ class bpe_tokenizer {
         ++i;
         continue;
       }
-      std::int32_t hit = -1;
-      for (const std::int32_t id : specials_) {  // longest first
-        if (text.substr(i).starts_with(tokens_[id])) {
-          hit = id;
-          break;
-        }
-      }
+      const std::int32_t hit = longest_special_at(text, i);
       if (hit < 0) {
         ++i;
         continue;
@@ -721,6 +708,40 @@ class bpe_tokenizer {
     std::vector<candidate> heap;
   };
 
+  void add_special(std::int32_t id) {
+    const std::string& s = tokens_[id];
+    special_first_[static_cast<unsigned char>(s[0])] = true;
+    std::int32_t node = 0;
+    for (const char c : s) {
+      KVSCOUT_EXPECTS(special_end_.size() < std::numeric_limits<std::int32_t>::max(),
+                      "special tokens of more than 2^31 bytes in all");
+      const auto next = static_cast<std::int32_t>(special_end_.size());
+      const auto [it, inserted] = special_edges_.try_emplace(special_key(node, c), next);
+      if (inserted) special_end_.push_back(-1);
+      node = it->second;
+    }
+    special_end_[static_cast<std::size_t>(node)] = id;  // tokens are unique: set once
+  }
+
+  static std::uint64_t special_key(std::int32_t node, char c) noexcept {
+    return (static_cast<std::uint64_t>(node) << 8) | static_cast<unsigned char>(c);
+  }
+
+  /// The longest special token that `text` holds at `pos`, or -1.
+  [[nodiscard]] std::int32_t longest_special_at(std::string_view text, std::size_t pos) const {
+    std::int32_t node = 0;
+    std::int32_t hit = -1;
+    for (std::size_t j = pos; j < text.size(); ++j) {
+      const auto it = special_edges_.find(special_key(node, text[j]));
+      if (it == special_edges_.end()) break;
+      node = it->second;
+      if (special_end_[static_cast<std::size_t>(node)] >= 0) {
+        hit = special_end_[static_cast<std::size_t>(node)];
+      }
+    }
+    return hit;
+  }
+
   static constexpr bool is_literal(token_type t) noexcept {
     return t == token_type::control || t == token_type::user_defined;
   }
@@ -798,8 +819,13 @@ class bpe_tokenizer {
   std::unordered_map<std::string, std::int32_t> ids_;
   std::unordered_map<std::uint64_t, merge_entry> merges_;  // (left id, right id) -> rank, result
   std::array<std::int32_t, 256> byte_id_{};                 // byte -> its single-byte token, -1
-  std::vector<std::int32_t> specials_;                     // literal tokens, longest first
-  std::array<bool, 256> special_first_{};                  // first bytes of specials_
+  // The literal (special) tokens as a byte trie: node 0 is the root, an edge is keyed by
+  // (node << 8 | byte), and special_end_[node] is the token spelled by the path to it, or -1.
+  // Finding the longest special at a position walks the trie once (at most the longest
+  // special's length), whatever the number of specials.
+  std::unordered_map<std::uint64_t, std::int32_t> special_edges_;
+  std::vector<std::int32_t> special_end_{-1};
+  std::array<bool, 256> special_first_{};  // first bytes of the specials
   std::int32_t bos_;
   std::int32_t eos_;
   pre_tokenizer pre_;
