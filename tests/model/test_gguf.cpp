@@ -19,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -605,6 +606,43 @@ TEST_CASE("gguf: bad header", "[gguf][corrupt]") {
     const std::uint64_t three = 3;
     std::memcpy(&b[8], &three, 8);
     REQUIRE_THROWS_AS(gguf_file(write_file("ntensors3.gguf", b)), kvscout::error);
+  }
+}
+
+TEST_CASE("gguf: from_bytes reads a file held in memory as the file itself", "[gguf]") {
+  const bytes b = small_valid_file();
+  const gguf_file disk(write_file("memory.gguf", b), load_mode::read);
+  std::vector<std::byte> buffer(b.size());
+  std::memcpy(buffer.data(), b.data(), b.size());
+  const gguf_file mem = gguf_file::from_bytes(buffer, "a buffer");
+  CHECK(mem.path() == "a buffer");
+  CHECK(mem.file_size() == disk.file_size());
+  CHECK(mem.data_offset() == disk.data_offset());
+  CHECK(mem.metadata().size() == disk.metadata().size());
+  CHECK(mem.get_string_array("tokenizer.ggml.tokens") == std::vector<std::string>{"<s>", "a", "bc"});
+  REQUIRE(mem.tensors().size() == disk.tensors().size());
+  // The bytes are copied: the buffer may go away.
+  std::fill(buffer.begin(), buffer.end(), std::byte{0});
+  for (std::size_t i = 0; i < mem.tensors().size(); ++i) {
+    CHECK(mem.tensors()[i].name == disk.tensors()[i].name);
+    CHECK(mem.dequantize(mem.tensors()[i].name) == disk.dequantize(disk.tensors()[i].name));
+  }
+  // Moving keeps the views valid, as for a file.
+  gguf_file first = gguf_file::from_bytes(std::as_bytes(std::span(b.data(), b.size())));
+  const gguf_file moved = std::move(first);
+  CHECK(moved.path() == "<memory>");
+  CHECK(moved.dequantize("norm") == std::vector<float>{1.0f, 2.0f, 3.0f});
+  // Errors name the buffer; every truncation is one.
+  REQUIRE_THROWS_WITH(gguf_file::from_bytes({}), Contains("truncated file: the magic"));
+  bytes wrong = b;
+  wrong[0] = 'X';
+  REQUIRE_THROWS_WITH(gguf_file::from_bytes(std::as_bytes(std::span(wrong.data(), wrong.size())),
+                                            "the download"),
+                      Contains("not a GGUF file: 'the download'"));
+  for (std::size_t n = 0; n < b.size(); ++n) {
+    CAPTURE(n);
+    REQUIRE_THROWS_WITH(gguf_file::from_bytes(std::as_bytes(std::span(b.data(), n))),
+                        Contains("truncated"));
   }
 }
 

@@ -34,8 +34,8 @@
 // Nothing reads outside the file, whatever its contents.
 //
 // Lifetime. gguf_value, tensor_info::data and the string_views handed out point into the file's
-// bytes (an mmap, or a heap copy with load_mode::read); they are valid while the gguf_file that
-// produced them lives. gguf_file is move-only; moving it keeps them valid.
+// bytes (an mmap, or a heap copy with load_mode::read or gguf_file::from_bytes); they are valid
+// while the gguf_file that produced them lives. gguf_file is move-only; moving it keeps them valid.
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -340,6 +340,13 @@ class file_bytes {
       }
       data_ = copy_.get();
     }
+  }
+  /// A heap copy of bytes already in memory (exactly their size, as load_mode::read).
+  explicit file_bytes(std::span<const std::byte> bytes) : size_(bytes.size()) {
+    if (bytes.empty()) return;
+    copy_ = std::make_unique<std::byte[]>(bytes.size());
+    std::memcpy(copy_.get(), bytes.data(), bytes.size());
+    data_ = copy_.get();
   }
   file_bytes(const file_bytes&) = delete;
   file_bytes& operator=(const file_bytes&) = delete;
@@ -710,6 +717,14 @@ class gguf_file {
     parse();
   }
 
+  /// A GGUF file already in memory (a test's or a fuzzer's buffer): the bytes are copied once,
+  /// as with load_mode::read, and checked as a file is; `name` stands for the path in messages
+  /// and path().
+  [[nodiscard]] static gguf_file from_bytes(std::span<const std::byte> bytes,
+                                            std::string name = "<memory>") {
+    return gguf_file(from_memory{}, bytes, std::move(name));
+  }
+
   gguf_file(const gguf_file&) = delete;
   gguf_file& operator=(const gguf_file&) = delete;
   gguf_file(gguf_file&&) noexcept = default;
@@ -809,6 +824,12 @@ class gguf_file {
   }
 
  private:
+  struct from_memory {};
+  gguf_file(from_memory, std::span<const std::byte> bytes, std::string name)
+      : path_(std::move(name)), bytes_(bytes) {
+    parse();
+  }
+
   static std::string supported_types_text() {
     std::string s;
     for (auto t : supported_ggml_types) {
