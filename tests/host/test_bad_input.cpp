@@ -115,12 +115,22 @@ TEST_CASE("paged layouts reject strides and tables that overflow", "[errors][kv]
 TEST_CASE("page tables and paged layouts that describe no cache are errors, not crashes",
           "[errors][kv][paged]") {
   // A decreasing indptr with a null indices array: the null check passed (indptr[1] ==
-  // indptr[0]), then sequence 0's 5 pages were read from null.
+  // indptr[0]), then sequence 0's 5 pages were read from null. The whole indptr is checked
+  // first now; a non-decreasing one with pages still needs indices.
   {
     std::vector<int32_t> indptr = {0, 5, 0}, last = {1, 1};
     const kvscout::flashinfer_page_table pt{indptr.data(), nullptr, last.data(), 2};
-    REQUIRE_THROWS_WITH(pt.validate(4, 8), Contains("page table indices is null, but sequence 0 "
+    REQUIRE_THROWS_WITH(pt.validate(4, 8), Contains("indptr[1] = 5 > indptr[2] = 0"));
+    std::vector<int32_t> flat = {0, 5, 5};
+    const kvscout::flashinfer_page_table p1{flat.data(), nullptr, last.data(), 2};
+    REQUIRE_THROWS_WITH(p1.validate(4, 8), Contains("page table indices is null, but sequence 0 "
                                                     "has 5 pages"));
+    // indices holds indptr[num_seqs] = 1 entry; sequence 0's 3 pages were read from it (past its
+    // end) before the decrease at sequence 1 was seen (ASan; the fuzz target layout_metadata
+    // keeps the input as regress_flashinfer_indptr_dip).
+    std::vector<int32_t> dip = {0, 3, 1}, one_page = {0};
+    const kvscout::flashinfer_page_table p4{dip.data(), one_page.data(), last.data(), 2};
+    REQUIRE_THROWS_WITH(p4.validate(4, 8), Contains("indptr[1] = 3 > indptr[2] = 1"));
     std::vector<int32_t> down = {0, 0, 3, 1};
     std::vector<int32_t> last3 = {1, 1, 1}, ids = {0, 1, 2};
     const kvscout::flashinfer_page_table p2{down.data(), ids.data(), last3.data(), 3};

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "kv_fixtures.hpp"
 #include "kvscout/core/workspace.hpp"
@@ -134,10 +135,10 @@ struct dest_buffer {
 template <class Case>
 void check_gather(const std::vector<int32_t>& lens, int heads, int capacity, int threads,
                   std::uint32_t seed, kvscout::gather_stores stores = kvscout::gather_stores::cached,
-                  std::size_t misalign = 0) {
+                  std::size_t misalign = 0, int prefetch_rows = 8) {
   using layout = typename Case::layout;
   using executor = kvscout::gather_executor_host<layout>;
-  CAPTURE(Case::name(), heads, capacity, threads, seed, stores, misalign);
+  CAPTURE(Case::name(), heads, capacity, threads, seed, stores, misalign, prefetch_rows);
   std::mt19937 rng(seed);
   layout_fixture<Case> f(lens, heads, rng);
   std::vector<std::byte> k(f.bytes), v(f.bytes);
@@ -148,6 +149,7 @@ void check_gather(const std::vector<int32_t>& lens, int heads, int capacity, int
   const int n = static_cast<int>(lens.size());
   kvscout::host_gather_config cfg{n, heads, capacity, threads};
   cfg.stores = stores;
+  cfg.prefetch_rows = prefetch_rows;
   const auto ws_storage = kvscout::make_workspace<executor>(cfg);
   executor ex(cfg, ws_storage.span());
 
@@ -199,6 +201,18 @@ TEST_CASE("host gather streams past the automatic threshold and still matches", 
   // V: past gather_streaming_bytes, so automatic streams (the decision is tested below).
   using Case = layout_case<kind::padded, kvscout::hnd, kvscout::half, 128>;
   check_gather<Case>({4200}, 8, 4096, 2, 77, kvscout::gather_stores::automatic, 0);
+}
+
+TEST_CASE("host gather takes any prefetch distance, INT_MAX included", "[fetch][gather]") {
+  // The distance is compared with the rows left, never added to a row index: INT_MAX once
+  // overflowed `i + dist` (UBSan reports it; tests/fuzz/corpus/layout_metadata holds the input
+  // regress_prefetch_int_max for the fuzz target).
+  using Case = layout_case<kind::padded, kvscout::hnd, kvscout::half, 128>;
+  const std::vector<int32_t> lens = {15, 16, 17, 0, 1, 40};
+  for (const int dist : {0, 1, 23, 24, std::numeric_limits<int>::max() - 1,
+                         std::numeric_limits<int>::max()}) {
+    check_gather<Case>(lens, 3, 24, 1, 300, kvscout::gather_stores::cached, 0, dist);
+  }
 }
 
 TEST_CASE("host gather merges adjacent rows and still matches", "[fetch][gather]") {

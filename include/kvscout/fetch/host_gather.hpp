@@ -137,7 +137,7 @@ void gather_row_range(const Layout l, const std::byte* const kbase, const std::b
     while (i < i_end) {
       const int t = idx[i];
       // Rows are scattered: keep `dist` rows of loads in flight ahead of the copies.
-      if (dist > 0 && i + dist < i_end) {
+      if (dist > 0 && dist < i_end - i) {  // (i + dist overflows for a dist near INT_MAX)
         const int ahead = idx[i + dist];
         prefetch_bytes(kbase + l.k_offset(s, ahead, h), kb);
         prefetch_bytes(vbase + l.v_offset(s, ahead, h), vb);

@@ -47,9 +47,13 @@ struct flashinfer_page_table {
     KVSCOUT_EXPECTS(indptr != nullptr, "page table indptr is null");
     KVSCOUT_EXPECTS(seqs == 0 || last_page_len != nullptr, "page table last_page_len is null");
     KVSCOUT_EXPECTS(indptr[0] >= 0, "page table indptr[0] = ", indptr[0], " is negative");
+    // All of indptr before any page id: indices holds indptr[num_seqs] entries, which cover every
+    // sequence's pages only when indptr never decreases.
     for (int s = 0; s < seqs; ++s) {
       KVSCOUT_EXPECTS(indptr[s + 1] >= indptr[s], "page table indptr is not non-decreasing: "
                       "indptr[", s, "] = ", indptr[s], " > indptr[", s + 1, "] = ", indptr[s + 1]);
+    }
+    for (int s = 0; s < seqs; ++s) {
       const int n = num_pages(s);
       // Checked here, after indptr[s + 1] >= indptr[s]: a decreasing indptr is reported as such.
       KVSCOUT_EXPECTS(n == 0 || indices != nullptr, "page table indices is null, but sequence ", s,
