@@ -471,6 +471,11 @@ TEST_CASE("thousands of special tokens: the longest at each position, as a plain
   CHECK(got == want);
   CHECK(std::count_if(got.begin(), got.end(), [](std::int32_t id) { return id >= 256; }) > 1000);
   CHECK(tok.decode(got) == text);
+  // A control token spelled like a byte's character is not that byte's token.
+  const bpe_tokenizer ctrl_space({byte_char(' '), byte_char('a')}, {3, 1}, {}, -1, -1);
+  CHECK_FALSE(ctrl_space.has_byte_token(' '));
+  CHECK(ctrl_space.has_byte_token('a'));
+  CHECK(ctrl_space.encode(" a", false, false) == ids_t{1});
   // A prefix of a special that continues otherwise: the shorter special, then bytes.
   const bpe_tokenizer nested({byte_char('<'), byte_char('a'), byte_char('b'), "<a", "<ab", "<abb"},
                              {1, 1, 1, 3, 3, 3}, {}, -1, -1);

@@ -18,7 +18,9 @@
 //      merged, repeatedly (leftmost first among equal ranks), until no listed pair is left.
 // Decoding concatenates each token's bytes: the byte alphabet mapped back for normal tokens, the
 // text as stored for control / user-defined tokens. decode(encode(s)) == s for every byte string
-// whose bytes all have a single-byte token (has_byte_token). A vocabulary may lack some: SmolLM2
+// whose bytes all have a single-byte token (has_byte_token: a normal token; one spelled like the
+// byte but of control or user-defined type does not count), unless a merge's result is a control
+// or user-defined token, which decodes to its stored text. A vocabulary may lack some: SmolLM2
 // has no token for 21 bytes (0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2,
 // 0xF5-0xFF: control characters, and bytes that UTF-8 never uses or uses only for unassigned
 // planes). Such bytes are left out of the encoding, as Hugging Face tokenizers and llama.cpp do.
@@ -569,7 +571,9 @@ class bpe_tokenizer {
       std::string ch;
       b::append_utf8(ch, b::byte_to_unicode[byte]);
       const auto it = ids_.find(ch);
-      byte_id_[byte] = it == ids_.end() ? -1 : it->second;
+      // A control or user-defined token spelled like a byte's character is not that byte: it
+      // decodes to its stored text, so the byte counts as having no token.
+      byte_id_[byte] = it == ids_.end() || is_literal(types_[it->second]) ? -1 : it->second;
     }
 
     KVSCOUT_EXPECTS(merges.size() <= max_id, merges.size(), " merges do not fit int32 ranks");
