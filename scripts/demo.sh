@@ -13,8 +13,13 @@ kvscout_install_deps cmake ninja-build g++ python3 python3-pip libeigen3-dev
 model=$(bash "$root/scripts/fetch_model.sh" | tail -n 1)
 text="${KVSCOUT_DATA_DIR:-$root/tests/data}/pg19_firstbook.txt"
 [[ -f "$text" ]] || text="$root/tests/data/pg19_firstbook.txt"  # in the repository: tests/data/README.md
-echo "== building the demo (build-demo/)" >&2
-cmake -S "$root" -B "$root/build-demo" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DKVSCOUT_BUILD_TESTS=OFF -DKVSCOUT_BUILD_BENCHMARKS=OFF -DKVSCOUT_ENABLE_CUDA=OFF >/dev/null
-cmake --build "$root/build-demo" --target 01_smollm2_speculative >/dev/null
-"$root/build-demo/examples/01_smollm2_speculative" --model "$model" --text "$text" "$@"
+# KVSCOUT_DEMO_BUILD: an existing, configured tree to build the demo in (CI: scripts/test.sh's
+# build/, which has already compiled it, -O2 and uninstrumented); by default its own build-demo/.
+build=${KVSCOUT_DEMO_BUILD:-$root/build-demo}
+if [[ -z "${KVSCOUT_DEMO_BUILD:-}" || ! -f "$build/CMakeCache.txt" ]]; then
+  echo "== building the demo ($build)" >&2
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DKVSCOUT_BUILD_TESTS=OFF -DKVSCOUT_BUILD_BENCHMARKS=OFF -DKVSCOUT_ENABLE_CUDA=OFF >/dev/null
+fi
+cmake --build "$build" --target 01_smollm2_speculative >/dev/null
+"$build/examples/01_smollm2_speculative" --model "$model" --text "$text" "$@"

@@ -87,6 +87,19 @@ struct fetch_fixture {
     std::memset(anchor_src, 3, 2 * slots * row);
     KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   }
+  fetch_fixture(const fetch_fixture&) = delete;
+  fetch_fixture& operator=(const fetch_fixture&) = delete;
+  // Runs at exit (the fixtures are static): errors are not checked, as the CUDA runtime may be
+  // shutting down. Without it the sanitized emulator build reported every buffer as leaked.
+  ~fetch_fixture() {
+    cudaStreamDestroy(stream);
+    for (std::byte* p : {k, v, anchor_src}) cudaFreeHost(p);
+    for (void* p : {static_cast<void*>(d_len), static_cast<void*>(d_idx),
+                    static_cast<void*>(d_counts), static_cast<void*>(dst_k),
+                    static_cast<void*>(dst_v)}) {
+      cudaFree(p);
+    }
+  }
   std::size_t moved_bytes() const { return static_cast<std::size_t>(kHeads) * capacity * 2 * row; }
   kvscout::selection_view<kvscout::host_space> host_sel(int c) const {
     return {{idx[c].data(), idx[c].size()}, {counts.data(), counts.size()}, 1, kHeads, capacity};

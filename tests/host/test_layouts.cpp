@@ -5,7 +5,9 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <functional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "kv_fixtures.hpp"
@@ -15,6 +17,45 @@
 using namespace kvtest;
 
 namespace {
+
+// What check_rows reads of a layout, type-erased: the checks below are compiled once, not once per
+// layout x dtype x head_dim case (88 of them: that cost 107 s of compile time under the
+// sanitizers, docs/testing.md); only these few calls are instantiated per case.
+struct layout_probe {
+  std::string name;
+  std::size_t row, bytes;
+  std::function<std::size_t(int, int, int)> k_offset, v_offset, ref_offset;
+  std::function<int(int, int, int, int)> contiguous_rows;
+};
+
+void check_rows(const layout_probe& p, const std::vector<int32_t>& lens, int heads,
+                std::uint32_t seed) {
+  CAPTURE(p.name, heads, lens.size(), seed);
+  std::set<std::size_t> seen;
+  for (int s = 0; s < static_cast<int>(lens.size()); ++s) {
+    for (int t = 0; t < lens[s]; ++t) {
+      for (int h = 0; h < heads; ++h) {
+        CAPTURE(s, t, h);
+        const std::size_t off = p.k_offset(s, t, h);
+        REQUIRE(off == p.ref_offset(s, t, h));
+        REQUIRE(p.v_offset(s, t, h) == off);
+        REQUIRE(off % p.row == 0);
+        REQUIRE(off + p.row <= p.bytes);
+        REQUIRE(seen.insert(off).second);  // no two rows share memory
+        // contiguous_rows: exact maximal run, for several caps n.
+        for (int n : {1, 2, 5, lens[s] - t}) {
+          if (n < 1 || n > lens[s] - t) continue;
+          const int run = p.contiguous_rows(s, t, h, n);
+          CAPTURE(n, run);
+          REQUIRE(run >= 1);
+          REQUIRE(run <= n);
+          for (int i = 1; i < run; ++i) REQUIRE(p.k_offset(s, t + i, h) == off + i * p.row);
+          if (run < n) REQUIRE(p.k_offset(s, t + run, h) != off + run * p.row);
+        }
+      }
+    }
+  }
+}
 
 template <class Case>
 void check_layout(const std::vector<int32_t>& lens, int heads, std::uint32_t seed) {
@@ -27,32 +68,13 @@ void check_layout(const std::vector<int32_t>& lens, int heads, std::uint32_t see
   REQUIRE(l.k_row_bytes() == f.row);
   REQUIRE(l.v_row_bytes() == f.row);
   REQUIRE_NOTHROW(l.validate(f.bytes, f.bytes));
-
-  std::set<std::size_t> seen;
-  for (int s = 0; s < l.num_seqs(); ++s) {
-    REQUIRE(l.seq_len(s) == lens[s]);
-    for (int t = 0; t < lens[s]; ++t) {
-      for (int h = 0; h < heads; ++h) {
-        CAPTURE(s, t, h);
-        const std::size_t off = l.k_offset(s, t, h);
-        REQUIRE(off == f.ref_offset(s, t, h));
-        REQUIRE(l.v_offset(s, t, h) == off);
-        REQUIRE(off % f.row == 0);
-        REQUIRE(off + f.row <= f.bytes);
-        REQUIRE(seen.insert(off).second);  // no two rows share memory
-        // contiguous_rows: exact maximal run, for several caps n.
-        for (int n : {1, 2, 5, lens[s] - t}) {
-          if (n < 1 || n > lens[s] - t) continue;
-          const int run = l.contiguous_rows(s, t, h, n);
-          CAPTURE(n, run);
-          REQUIRE(run >= 1);
-          REQUIRE(run <= n);
-          for (int i = 1; i < run; ++i) REQUIRE(l.k_offset(s, t + i, h) == off + i * f.row);
-          if (run < n) REQUIRE(l.k_offset(s, t + run, h) != off + run * f.row);
-        }
-      }
-    }
-  }
+  for (int s = 0; s < l.num_seqs(); ++s) REQUIRE(l.seq_len(s) == lens[s]);
+  check_rows({Case::name(), f.row, f.bytes,
+              [&](int s, int t, int h) -> std::size_t { return l.k_offset(s, t, h); },
+              [&](int s, int t, int h) -> std::size_t { return l.v_offset(s, t, h); },
+              [&](int s, int t, int h) { return f.ref_offset(s, t, h); },
+              [&](int s, int t, int h, int n) { return l.contiguous_rows(s, t, h, n); }},
+             lens, heads, seed);
 }
 
 }  // namespace

@@ -425,9 +425,12 @@ struct allocation {
   std::size_t bytes;
   memory_kind kind;
 };
+// Never destroyed: a program's static objects may free device or pinned memory in their
+// destructors at exit (bench_fetch_attention's fixtures do), after a function-local map made at
+// the first allocation would be gone.
 std::map<const unsigned char*, allocation>& allocations() {
-  static std::map<const unsigned char*, allocation> m;
-  return m;
+  static auto* m = new std::map<const unsigned char*, allocation>;
+  return *m;
 }
 const std::pair<const unsigned char* const, allocation>* find_allocation(const void* p) {
   auto& m = allocations();
