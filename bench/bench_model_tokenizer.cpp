@@ -37,20 +37,9 @@ std::string pg19() {
   return ss.str();
 }
 
-std::string byte_token(int b) {  // GPT-2's byte alphabet
-  auto printable = [](int x) { return (x >= 0x21 && x <= 0x7e) || (x >= 0xa1 && x <= 0xac) || x >= 0xae; };
-  int cp = b;
-  if (!printable(b)) {
-    cp = 0x100;
-    for (int x = 0; x < b; ++x) cp += printable(x) ? 0 : 1;
-  }
+std::string byte_token(int b) {  // the token of byte b in GPT-2's byte alphabet
   std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else {
-    s += static_cast<char>(0xc0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3f));
-  }
+  kvscout::model::detail::bpe::append_utf8(s, kvscout::model::detail::bpe::byte_to_unicode[b]);
   return s;
 }
 
