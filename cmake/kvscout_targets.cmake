@@ -7,19 +7,27 @@ function(kvscout_host_target target)
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion>)
 endfunction()
 
-# kvscout_sanitized(target [PUBLIC]): with KVSCOUT_SANITIZE set (scripts/test.sh: address,undefined),
-# `target` is compiled under those sanitizers at KVSCOUT_SANITIZE_OPT (-O1 -g1: fast enough to run
-# every host test once, with line numbers in the reports) with assertions on, whatever the build
-# type; its options come after the build type's, so they win. Without it, nothing changes.
+# kvscout_sanitized(target [PUBLIC] [OPT flags...]): with KVSCOUT_SANITIZE set (scripts/test.sh:
+# address,undefined), `target` is compiled under those sanitizers with assertions on, whatever the
+# build type, at KVSCOUT_SANITIZE_OPT (-O0 -g1) or the OPT flags given; its options come after the
+# build type's, so they win. Without KVSCOUT_SANITIZE, nothing changes.
+# With NO_OPT, no optimisation flags at all: each target built on `target` sets its own.
 function(kvscout_sanitized target)
   if(KVSCOUT_SANITIZE)
+    cmake_parse_arguments(_s "PUBLIC;NO_OPT" "" "OPT" ${ARGN})
     set(_scope PRIVATE)
-    if(ARGC GREATER 1)
-      set(_scope ${ARGV1})
+    if(_s_PUBLIC)
+      set(_scope PUBLIC)
+    endif()
+    set(_opt ${KVSCOUT_SANITIZE_OPT})
+    if(_s_OPT)
+      set(_opt ${_s_OPT})
+    elseif(_s_NO_OPT)
+      set(_opt)
     endif()
     target_compile_options(${target} ${_scope} -fsanitize=${KVSCOUT_SANITIZE}
                            -fno-omit-frame-pointer -fno-sanitize-recover=all
-                           ${KVSCOUT_SANITIZE_OPT} -UNDEBUG)
+                           ${_opt} -UNDEBUG)
     if(KVSCOUT_SANITIZE MATCHES "undefined" AND KVSCOUT_SANITIZE_EXCLUDE)
       # Each of these doubled UBSan's compile time or more for little: ASan already stops on a
       # null or out-of-object access and on a wrapped pointer that is dereferenced.
@@ -29,12 +37,18 @@ function(kvscout_sanitized target)
   endif()
 endfunction()
 
-# A host test (executable or objects): warnings, and the sanitizers when KVSCOUT_SANITIZE is set.
-# Only tests go through here: benchmarks, the demo, the harness and the CUDA objects stay
-# optimised and uninstrumented in the same tree.
+# kvscout_test_target(target [RUN_BOUND]): a host test (executable or objects): warnings, and the
+# sanitizers when KVSCOUT_SANITIZE is set, at KVSCOUT_SANITIZE_OPT (-O0 -g1: most tests' time is
+# their compile), or with RUN_BOUND at KVSCOUT_SANITIZE_OPT_RUN (-O1 -g1: tests whose time is their
+# run; docs/testing.md has the measurement). Only tests go through here: benchmarks, the demo,
+# the harness and the CUDA objects stay optimised and uninstrumented in the same tree.
 function(kvscout_test_target target)
   kvscout_host_target(${target})
-  kvscout_sanitized(${target})
+  if("RUN_BOUND" IN_LIST ARGN)
+    kvscout_sanitized(${target} OPT ${KVSCOUT_SANITIZE_OPT_RUN})
+  else()
+    kvscout_sanitized(${target})
+  endif()
 endfunction()
 
 # CUDA targets compile for CMAKE_CUDA_ARCHITECTURES (90 unless overridden).
@@ -45,6 +59,44 @@ function(kvscout_cuda_target target)
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra>)
   # nvcc 13 with CMake 3.25 has no CUDA20 dialect entry: pass the standard directly.
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+endfunction()
+
+# kvscout_cuda_program(target sources...): a GPU test, benchmark or example. Normally an
+# executable for CMAKE_CUDA_ARCHITECTURES. With KVSCOUT_CUDA_DEVICE_CODE_ONLY (scripts/test.sh
+# sets it where no GPU is visible, where these programs could only skip) it is device code only:
+# one nvcc run per source (--fatbin: the front end, cicc and ptxas for sm_80 and every
+# architecture of CMAKE_CUDA_ARCHITECTURES, no host compile, no link), about 45 % of the
+# executable's and the sm_80 check's nvcc time (docs/testing.md). The host side of the same
+# sources is compiled by g++ for the SIMT emulator (tests/simt), which runs it.
+function(kvscout_cuda_program target)
+  if(KVSCOUT_CUDA_DEVICE_CODE_ONLY)
+    add_library(${target} OBJECT ${ARGN})
+    kvscout_cuda_target(${target})
+    set(_archs 80-real)
+    foreach(a IN LISTS CMAKE_CUDA_ARCHITECTURES)
+      string(REGEX REPLACE "-(real|virtual)$" "" a "${a}")
+      list(APPEND _archs ${a}-real)
+    endforeach()
+    list(REMOVE_DUPLICATES _archs)
+    set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${_archs}")
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--fatbin>)
+  else()
+    add_executable(${target} ${ARGN})
+    kvscout_cuda_target(${target})
+  endif()
+endfunction()
+
+# kvscout_cuda_test(name target [args...]): registers a GPU test (label gpu; exit code 77 =
+# skipped where no device is present). Under KVSCOUT_CUDA_DEVICE_CODE_ONLY there is no program
+# to run: the test is registered DISABLED, so ctest lists it as not run.
+function(kvscout_cuda_test name target)
+  if(KVSCOUT_CUDA_DEVICE_CODE_ONLY)
+    add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -E false)
+    set_tests_properties(${name} PROPERTIES LABELS gpu DISABLED TRUE)
+  else()
+    add_test(NAME ${name} COMMAND ${target} ${ARGN})
+    set_tests_properties(${name} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)
+  endif()
 endfunction()
 
 # kvscout_all_in_one(out headers...): writes `out`, one file that includes every header given, so

@@ -3,9 +3,10 @@
 #   - the host tests (Catch2, the model tooling's, the README example, the examples, and the CUDA
 #     kernels on the host SIMT emulator) compiled once, under AddressSanitizer +
 #     UndefinedBehaviorSanitizer at -O1 (KVSCOUT_SANITIZE), and run once;
-#   - everything that needs optimising (benchmarks, the demo, the accuracy harness) at -O2 and
-#     the CUDA targets (nvcc, sm_90 and sm_80, when nvcc exists; GPU tests skip without a
-#     device), the header checks, compile-fail and packaging tests, uninstrumented.
+#   - everything that needs optimising (benchmarks, the demo, the accuracy harness) at -O2, the
+#     header checks, compile-fail and packaging tests, uninstrumented; and where a GPU is
+#     visible, the GPU tests and benchmarks (nvcc, sm_90 and sm_80), which then run too. Without
+#     a GPU, nvcc's checks are scripts/nvcc_check.sh's (CI).
 # docs/testing.md says where each label runs and why. Exits non-zero on any failure.
 #
 #   bash scripts/test.sh
@@ -29,11 +30,23 @@ export KVSCOUT_DATA_DIR=${KVSCOUT_DATA_DIR:-$root/tests/data}  # pg19_firstbook.
 
 took "dependencies and model"
 
-echo "== kvscout: build (build/: host tests under address,undefined at -O1, the rest -O2)"
+# Where no GPU is visible nothing nvcc compiles could run: the test build leaves nvcc out
+# (KVSCOUT_ENABLE_CUDA=OFF) and runs the GPU tests' kernels on the SIMT emulator (label simt).
+# scripts/nvcc_check.sh compiles every CUDA source with nvcc there (CI runs it). Where a GPU is
+# visible the GPU tests and examples are built and run. Override with KVSCOUT_ENABLE_CUDA=ON/OFF.
+enable_cuda=OFF
+if command -v nvcc >/dev/null && command -v nvidia-smi >/dev/null 2>&1 &&
+   nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  enable_cuda=ON
+fi
+enable_cuda=${KVSCOUT_ENABLE_CUDA:-$enable_cuda}
+
+echo "== kvscout: build (build/: host tests under address,undefined, the rest -O2; nvcc: $enable_cuda)"
 # -O2 as RelWithDebInfo, without its debug information: the same code, a third less compile time.
 cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG" "-DCMAKE_CUDA_FLAGS_RELEASE=-O2 -DNDEBUG" \
-  -DKVSCOUT_SANITIZE=address,undefined
+  -DKVSCOUT_SANITIZE=address,undefined "-DKVSCOUT_ENABLE_CUDA=$enable_cuda" \
+  -DKVSCOUT_ACCURACY_FLAGS=-O0  # compiled, not run, here: scripts/accuracy.sh builds it to run
 cmake --build "$root/build" -j "$jobs"
 took "build"
 (cd "$root/build" && ctest -j "$jobs" --output-on-failure)

@@ -6,7 +6,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
@@ -47,19 +49,32 @@ inline int run_all(const char* suite, const std::vector<test_case>& cases) {
   int failed_cases = 0;
   for (const auto& c : cases) {
     const int before = failures();
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       c.body();
     } catch (const std::exception& e) {
       ++failures();
       std::fprintf(stderr, "%s: unexpected exception: %s\n", c.name, e.what());
     }
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const bool ok = failures() == before;
     failed_cases += ok ? 0 : 1;
-    std::printf("%s %s.%s\n", ok ? "PASS" : "FAIL", suite, c.name);
+    // The wall time with it, host references included: where a suite's time goes.
+    std::printf("%s %s.%s (%.0f ms)\n", ok ? "PASS" : "FAIL", suite, c.name, ms);
   }
   std::printf("%d passed, %d failed\n", static_cast<int>(cases.size()) - failed_cases,
               failed_cases);
   return failed_cases == 0 ? 0 : 1;
+}
+
+/// Whether this is one of the SIMT emulator's reordered runs (KVSCOUT_SIMT_ORDER other than
+/// forward: tests/simt/CMakeLists.txt runs every suite forward, reversed and shuffled). Suites
+/// whose sweeps repeat one barrier structure many times narrow those sweeps there, and say so;
+/// the forward run, and every run on a device, sweeps everything.
+inline bool reordered_emulator_run() {
+  const char* order = std::getenv("KVSCOUT_SIMT_ORDER");
+  return order != nullptr && std::string(order) != "forward";
 }
 
 /// Whether f() throws a kvscout::error whose message contains `needle` (says what it got if not).

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -182,12 +183,21 @@ void check_threshold(const problem& p, int budget, float alpha, threshold_rule r
 
 // ---- cases -----------------------------------------------------------------------------------
 
+/// The keep sets a sweep runs: all of them, or in the emulator's reordered runs the first two
+/// (none, and sinks with a window). A keep set changes which entries are forced into a row's
+/// selection, not the kernels' barriers or shuffles; every keep set runs forward.
+std::vector<keep_set> keep_sets(std::initializer_list<keep_set> all) {
+  std::vector<keep_set> v(all);
+  if (gpu_test::reordered_emulator_run() && v.size() > 2) v.resize(2);
+  return v;
+}
+
 void topk_edge_lengths() {
   const int budget = 40;
   const std::vector<int> lens = {0, 1, 3, budget - 1, budget, budget + 1, 97, 1000, 4099};
   std::uint32_t seed = 1;
   for (data_kind kind : all_kinds) {
-    for (keep_set keep : {keep_set{0, 0}, keep_set{4, 8}, keep_set{20, 20}, keep_set{0, 40}}) {
+    for (keep_set keep : keep_sets({{0, 0}, {4, 8}, {20, 20}, {0, 40}})) {
       const problem p = make_problem(lens, 3, 4100, kind, seed++);
       check_topk(p, budget, keep, budget + 5, "topk_edge_lengths");
     }
@@ -205,7 +215,17 @@ void topk_k_one_and_k_len() {
   }
 }
 
+/// The SIMT emulator's reordered runs (gpu_test::reordered_emulator_run) skip the 128k-token
+/// rows: a long row repeats the barrier structure of the 4099-token rows chunk after chunk, and
+/// those rows run in every order. The forward run, and every device run, keep them.
+bool skip_long_rows(const char* what) {
+  if (!gpu_test::reordered_emulator_run()) return false;
+  std::printf("note: %s: 128k-token rows run in forward order only on the emulator\n", what);
+  return true;
+}
+
 void topk_long_rows() {
+  if (skip_long_rows("topk_long_rows")) return;
   // 128k tokens, several sequences with different lengths, budget 10 %.
   const int stride = 131072;
   std::uint32_t seed = 200;
@@ -220,13 +240,14 @@ void threshold_per_head_cases() {
   std::uint32_t seed = 300;
   for (data_kind kind : all_kinds) {
     for (float alpha : {0.f, 0.5f, 2.f, pinf}) {
-      for (keep_set keep : {keep_set{0, 0}, keep_set{4, 8}, keep_set{20, 20}}) {
+      for (keep_set keep : keep_sets({{0, 0}, {4, 8}, {20, 20}})) {
         const problem p = make_problem(lens, 2, 4100, kind, seed++);
         check_threshold(p, 40, alpha, threshold_rule::per_head, keep, 48, "threshold_per_head");
       }
     }
   }
   // Peaked long rows: few candidates; flat long rows: the cap binds.
+  if (skip_long_rows("threshold_per_head")) return;
   for (data_kind kind : {data_kind::normal, data_kind::ties}) {
     const problem p = make_problem({131072, 5000}, 2, 131072, kind, seed++);
     check_threshold(p, 13107, 1.f, threshold_rule::per_head, {4, 64}, 13107, "threshold_per_head_long");
@@ -245,8 +266,11 @@ void threshold_mean_cases() {
       }
     }
   }
-  const problem p = make_problem({131072, 70000, 0}, 4, 131072, data_kind::normal, seed++);
-  check_threshold(p, 13107, 1.5f, threshold_rule::infinigen_mean, {4, 64}, 13107, "threshold_mean_long");
+  if (!skip_long_rows("threshold_infinigen_mean")) {
+    const problem p = make_problem({131072, 70000, 0}, 4, 131072, data_kind::normal, seed);
+    check_threshold(p, 13107, 1.5f, threshold_rule::infinigen_mean, {4, 64}, 13107, "threshold_mean_long");
+  }
+  ++seed;
   // Only empty rows: the mean is 0, every count 0.
   const problem e = make_problem({0, 0}, 2, 16, data_kind::normal, seed++);
   check_threshold(e, 8, 1.f, threshold_rule::infinigen_mean, {1, 1}, 8, "threshold_mean_empty");

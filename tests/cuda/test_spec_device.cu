@@ -289,10 +289,7 @@ std::vector<shape> shapes() {
 /// and weight type, so the reordered runs sweep the shapes with float keys and weights only; the
 /// other types, and the 128k row, run once (forward, and always on a device). Under
 /// AddressSanitizer on a 2-core 2 GHz machine the full sweep in every order passed 900 s each.
-bool reordered_emulator_run() {
-  const char* order = std::getenv("KVSCOUT_SIMT_ORDER");
-  return order != nullptr && std::string(order) != "forward";
-}
+using gpu_test::reordered_emulator_run;
 
 template <class PkT, class WT = float>
 void all_shapes() {
