@@ -41,7 +41,7 @@ endfunction()
 # sanitizers when KVSCOUT_SANITIZE is set, at KVSCOUT_SANITIZE_OPT (-O0 -g1: most tests' time is
 # their compile), or with RUN_BOUND at KVSCOUT_SANITIZE_OPT_RUN (-O1 -g1: tests whose time is their
 # run; docs/testing.md has the measurement). Only tests go through here: benchmarks, the demo,
-# the harness and the CUDA objects stay optimised and uninstrumented in the same tree.
+# the harness and the CUDA objects stay uninstrumented in the same tree.
 function(kvscout_test_target target)
   kvscout_host_target(${target})
   if("RUN_BOUND" IN_LIST ARGN)
@@ -62,8 +62,8 @@ function(kvscout_cuda_target target)
 endfunction()
 
 # kvscout_cuda_program(target sources...): a GPU test, benchmark or example. Normally an
-# executable for CMAKE_CUDA_ARCHITECTURES. With KVSCOUT_CUDA_DEVICE_CODE_ONLY (scripts/test.sh
-# sets it where no GPU is visible, where these programs could only skip) it is device code only:
+# executable for CMAKE_CUDA_ARCHITECTURES. With KVSCOUT_CUDA_DEVICE_CODE_ONLY (scripts/nvcc_check.sh
+# sets it: without a GPU these programs could only skip) it is device code only:
 # one nvcc run per source (--fatbin: the front end, cicc and ptxas for sm_80 and every
 # architecture of CMAKE_CUDA_ARCHITECTURES, no host compile, no link), about 45 % of the
 # executable's and the sm_80 check's nvcc time (docs/testing.md). The host side of the same
@@ -74,6 +74,10 @@ function(kvscout_cuda_program target)
     kvscout_cuda_target(${target})
     set(_archs 80-real)
     foreach(a IN LISTS CMAKE_CUDA_ARCHITECTURES)
+      if(NOT a MATCHES "^[0-9]+[a-z]?(-real|-virtual)?$")
+        message(FATAL_ERROR "KVSCOUT_CUDA_DEVICE_CODE_ONLY needs numbered CMAKE_CUDA_ARCHITECTURES "
+                            "(e.g. 90), got '${a}'")
+      endif()
       string(REGEX REPLACE "-(real|virtual)$" "" a "${a}")
       list(APPEND _archs ${a}-real)
     endforeach()

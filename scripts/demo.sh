@@ -14,7 +14,7 @@ model=$(bash "$root/scripts/fetch_model.sh" | tail -n 1)
 text="${KVSCOUT_DATA_DIR:-$root/tests/data}/pg19_firstbook.txt"
 [[ -f "$text" ]] || text="$root/tests/data/pg19_firstbook.txt"  # in the repository: tests/data/README.md
 # KVSCOUT_DEMO_BUILD: an existing, configured tree to build the demo in (CI: scripts/test.sh's
-# build/, which has already compiled it, -O2 and uninstrumented); by default its own build-demo/.
+# build/, -O2 and uninstrumented like build-demo/); by default its own build-demo/.
 build=${KVSCOUT_DEMO_BUILD:-$root/build-demo}
 if [[ -z "${KVSCOUT_DEMO_BUILD:-}" || ! -f "$build/CMakeCache.txt" ]]; then
   echo "== building the demo ($build)" >&2

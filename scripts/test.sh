@@ -2,9 +2,11 @@
 # Sets up a fresh Debian machine and runs every test kvscout has, in one build tree (build/):
 #   - the host tests (Catch2, the model tooling's, the README example, the examples, and the CUDA
 #     kernels on the host SIMT emulator) compiled once, under AddressSanitizer +
-#     UndefinedBehaviorSanitizer at -O1 (KVSCOUT_SANITIZE), and run once;
-#   - everything that needs optimising (benchmarks, the demo, the accuracy harness) at -O2, the
-#     header checks, compile-fail and packaging tests, uninstrumented; and where a GPU is
+#     UndefinedBehaviorSanitizer (KVSCOUT_SANITIZE) at -O0, or -O1 where their time is their run,
+#     and run once;
+#   - the benchmarks (-O2), the header checks, compile-fail and packaging tests, uninstrumented
+#     (the demo and the accuracy harness are not built: they are programs, not tests); and where
+#     a GPU is
 #     visible, the GPU tests and benchmarks (nvcc, sm_90 and sm_80), which then run too. Without
 #     a GPU, nvcc's checks are scripts/nvcc_check.sh's (CI).
 # docs/testing.md says where each label runs and why. Exits non-zero on any failure.
@@ -36,7 +38,7 @@ took "dependencies and model"
 # visible the GPU tests and examples are built and run. Override with KVSCOUT_ENABLE_CUDA=ON/OFF.
 enable_cuda=OFF
 if command -v nvcc >/dev/null && command -v nvidia-smi >/dev/null 2>&1 &&
-   nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+   [[ $(nvidia-smi -L 2>/dev/null) == GPU* ]]; then
   enable_cuda=ON
 fi
 enable_cuda=${KVSCOUT_ENABLE_CUDA:-$enable_cuda}
@@ -45,8 +47,11 @@ echo "== kvscout: build (build/: host tests under address,undefined, the rest -O
 # -O2 as RelWithDebInfo, without its debug information: the same code, a third less compile time.
 cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG" "-DCMAKE_CUDA_FLAGS_RELEASE=-O2 -DNDEBUG" \
-  -DKVSCOUT_SANITIZE=address,undefined "-DKVSCOUT_ENABLE_CUDA=$enable_cuda" \
-  -DKVSCOUT_ACCURACY_FLAGS=-O0  # compiled, not run, here: scripts/accuracy.sh builds it to run
+  -DKVSCOUT_SANITIZE=address,undefined "-DKVSCOUT_SANITIZE_OPT=-O0;-g1" \
+  "-DKVSCOUT_SANITIZE_OPT_RUN=-O1;-g1" "-DKVSCOUT_ENABLE_CUDA=$enable_cuda" \
+  -DKVSCOUT_MODEL_PROGRAMS_IN_ALL=OFF -DKVSCOUT_ACCURACY_FLAGS=-O0
+# The demo and the accuracy harness are programs, not tests (KVSCOUT_MODEL_PROGRAMS_IN_ALL=OFF):
+# the README's demo command builds the demo; CI compiles both in this tree.
 cmake --build "$root/build" -j "$jobs"
 took "build"
 (cd "$root/build" && ctest -j "$jobs" --output-on-failure)
