@@ -17,6 +17,9 @@
 //   u16 n_merges, then n_merges x { u16 left, u16 right }
 //                 left < 0x8000: the merge "tokens[left % n] tokens[right % n]" (n tokens so far)
 //                 else: the merge string is tokens[right % n] as it is (mostly malformed)
+//                 A merge whose two sides hold more than 1 KiB together is skipped: merges of
+//                 merges double a token each time, so a few hundred input bytes asked for
+//                 gigabytes (corpus: regress_oom_merge_doubling, 2 GB and 13 s before).
 //   i16 bos, i16 eos
 //   u32 repeat    with flag bit 6, the text is the rest of the input repeated max(repeat, 1)
 //                 times, at most 1 MiB (otherwise ignored: long texts are slow to fuzz, so only
@@ -52,6 +55,7 @@ namespace m = kvscout::model;
 namespace bpe = kvscout::model::detail::bpe;
 
 constexpr std::size_t max_text = std::size_t{1} << 20;
+constexpr std::size_t max_joined = 1024;  // bytes of a merge's two sides together
 
 struct vocabulary {
   std::vector<std::string> tokens;
@@ -177,6 +181,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     const std::string left = v.tokens[l % n];
     const std::string right = v.tokens[r % n];
+    if (left.size() + right.size() > max_joined) continue;
     v.merges.push_back(left + " " + right);
     if (add_joined && std::find(v.tokens.begin(), v.tokens.end(), left + right) == v.tokens.end()) {
       v.tokens.push_back(left + right);

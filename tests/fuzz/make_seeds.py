@@ -172,6 +172,12 @@ def seeds_tokenizer():
     # sharing their first bytes, over 1 MiB of text that starts one at every other byte.
     many = [(3, "<|%d|>" % i) for i in range(5000)]
     write("tokenizer", "hang_5000_specials", tok_input(F_LONG, many, [], -1, -1, "<|", repeat=1 << 19))
+    # Regression: merges of merges with their joined tokens added double a token each time; 40 of
+    # them asked for 2^41 bytes (libFuzzer out-of-memory). The target skips merges over 1 KiB.
+    doubling = struct.pack("<BH", F_JOINED, 1) + struct.pack("<BB", 1, 2) + b"ab"
+    doubling += struct.pack("<H", 40) + b"".join(struct.pack("<HH", i, i) for i in range(40))
+    write("tokenizer", "regress_oom_merge_doubling",
+          doubling + struct.pack("<hhI", -1, -1, 0) + b"ab" * 64)
 
 
 # ---- prompt files -------------------------------------------------------------------------------
