@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -790,7 +789,8 @@ TEST_CASE("SmolLM2 tokenizer: bytes without a token", "[tokenizer][model]") {
   CHECK(tok.decode(tok.encode("x\xff\xfey")) == "xy");
 }
 
-TEST_CASE("SmolLM2 tokenizer: encodes 100 KB well under a second", "[tokenizer][model]") {
+TEST_CASE("SmolLM2 tokenizer: 100 KB of text round-trips", "[tokenizer][model]") {
+  // Its speed (linear in the text, whatever the number of special tokens) is bench_tokenizer's.
   KVSCOUT_REAL_TOKENIZER_OR_SKIP(tok);
   std::string base = "The quick brown fox jumps over the lazy dog 12345 times; \xc3\xa9t\xc3\xa9 "
                      "\xe6\x97\xa5\xe6\x9c\xac.\n";
@@ -798,12 +798,8 @@ TEST_CASE("SmolLM2 tokenizer: encodes 100 KB well under a second", "[tokenizer][
   if (fs::exists(gpl)) base = slurp(gpl);
   std::string text;
   while (text.size() < 100 * 1024) text += base;
-  const auto t0 = std::chrono::steady_clock::now();
   const ids_t ids = tok.encode(text);
-  const auto t1 = std::chrono::steady_clock::now();
-  const double s = std::chrono::duration<double>(t1 - t0).count();
-  WARN("encode: " << text.size() << " bytes -> " << ids.size() << " tokens in " << s * 1e3
-                  << " ms (" << static_cast<double>(text.size()) / 1024.0 / s << " KB/s)");
-  CHECK(s < 1.0);
+  CHECK(ids.size() > text.size() / 8);  // BPE merges, not one token per byte or per line
+  CHECK(ids.size() < text.size() / 2);
   CHECK(tok.decode(ids) == text);
 }

@@ -11,6 +11,7 @@
 
 #include <cublas_v2.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -90,16 +91,23 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   if ((k > 0 && (A == nullptr || B == nullptr)) || C == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   const double a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   kvscout_simt::detail::enqueue(handle->stream, [=] {
+    // op(A) as m rows of k and op(B) as n columns of k, widened once: the dot products then read
+    // both contiguously (the same products, summed in the same order, as indexing A and B).
+    std::vector<double> a_rows(static_cast<std::size_t>(m) * k), b_cols(static_cast<std::size_t>(n) * k);
+    for (int i = 0; i < m; ++i)
+      for (int p = 0; p < k; ++p)
+        a_rows[static_cast<std::size_t>(i) * k + p] =
+            load(A, Atype, ta ? std::int64_t{p} + std::int64_t{i} * lda : std::int64_t{i} + std::int64_t{p} * lda);
+    for (int j = 0; j < n; ++j)
+      for (int p = 0; p < k; ++p)
+        b_cols[static_cast<std::size_t>(j) * k + p] =
+            load(B, Btype, tb ? std::int64_t{j} + std::int64_t{p} * ldb : std::int64_t{p} + std::int64_t{j} * ldb);
     for (int j = 0; j < n; ++j)
       for (int i = 0; i < m; ++i) {
+        const double* ar = a_rows.data() + static_cast<std::size_t>(i) * k;
+        const double* bc = b_cols.data() + static_cast<std::size_t>(j) * k;
         double acc = 0;
-        for (int p = 0; p < k; ++p) {
-          const std::int64_t ai = ta ? std::int64_t{p} + std::int64_t{i} * lda
-                                     : std::int64_t{i} + std::int64_t{p} * lda;
-          const std::int64_t bi = tb ? std::int64_t{j} + std::int64_t{p} * ldb
-                                     : std::int64_t{p} + std::int64_t{j} * ldb;
-          acc += load(A, Atype, ai) * load(B, Btype, bi);
-        }
+        for (int p = 0; p < k; ++p) acc += ar[p] * bc[p];
         const std::int64_t ci = std::int64_t{i} + std::int64_t{j} * ldc;
         const double old = b == 0.0 ? 0.0 : b * load(C, Ctype, ci);  // beta 0: C not read
         store(C, Ctype, ci, a * acc + old);
