@@ -2,10 +2,7 @@
 # of the folders before it in the order docs/architecture.md states, on its line
 #   Layer order: core < kv < ... < eval
 # and nothing above. Every folder must be in the order (a new folder is placed, not slipped in);
-# the top-level headers (kvscout.hpp, presets.hpp) sit above every folder. A renamed folder keeps
-# forwarding headers at its old name for one release; the line
-#   Forwarding folders: old = new, ...
-# names them, and an old folder takes its new folder's place in the order.
+# the top-level headers (kvscout.hpp, presets.hpp) sit above every folder.
 #   cmake -DROOT=<source dir> -P cmake/check_layers.cmake      (ctest: `layers`)
 if(NOT ROOT)
   message(FATAL_ERROR "check_layers: pass -DROOT=<source dir>")
@@ -21,46 +18,12 @@ string(REPLACE " " "" _order "${_order_text}")
 string(REPLACE "<" ";" _order "${_order}")
 list(LENGTH _order _top)  # rank of the top-level headers
 
-# old folder -> the rank of its new one (a rank for each name, in two parallel lists)
-set(_alias_names "")
-set(_alias_ranks "")
-string(REGEX MATCH "Forwarding folders: ([a-z_ =,]+)" _m "${_doc}")
-if(_m)
-  string(REPLACE " " "" _pairs "${CMAKE_MATCH_1}")
-  string(REPLACE "," ";" _pairs "${_pairs}")
-  foreach(p IN LISTS _pairs)
-    if(NOT p MATCHES "^([a-z_]+)=([a-z_]+)$")
-      message(FATAL_ERROR "check_layers: 'Forwarding folders:' entry '${p}' is not old = new")
-    endif()
-    set(_old "${CMAKE_MATCH_1}")
-    list(FIND _order "${CMAKE_MATCH_2}" _r)
-    if(_r EQUAL -1)
-      message(FATAL_ERROR "check_layers: forwarding folder ${_old}/ names ${CMAKE_MATCH_2}/, "
-                          "which is not in the layer order (${_order_text})")
-    endif()
-    list(APPEND _alias_names "${_old}")
-    list(APPEND _alias_ranks "${_r}")
-  endforeach()
-endif()
-# The rank of folder `name` in `out`: its place in the order, its new folder's if it forwards,
-# -1 if neither.
-function(_rank name out)
-  list(FIND _order "${name}" _r)
-  if(_r EQUAL -1)
-    list(FIND _alias_names "${name}" _a)
-    if(NOT _a EQUAL -1)
-      list(GET _alias_ranks ${_a} _r)
-    endif()
-  endif()
-  set(${out} ${_r} PARENT_SCOPE)
-endfunction()
-
 set(_inc "${ROOT}/include/kvscout")
 file(GLOB _dirs LIST_DIRECTORIES true RELATIVE "${_inc}" "${_inc}/*")
 set(_errors "")
 foreach(d IN LISTS _dirs)
   if(IS_DIRECTORY "${_inc}/${d}")
-    _rank("${d}" _r)
+    list(FIND _order "${d}" _r)
     if(_r EQUAL -1)
       string(APPEND _errors "  folder ${d}/ is not in the layer order (${_order_text})\n")
     endif()
@@ -71,7 +34,7 @@ file(GLOB_RECURSE _headers RELATIVE "${_inc}" "${_inc}/*.hpp" "${_inc}/*.cuh")
 set(_count 0)
 foreach(h IN LISTS _headers)
   if(h MATCHES "^([a-z_]+)/")
-    _rank("${CMAKE_MATCH_1}" _own)
+    list(FIND _order "${CMAKE_MATCH_1}" _own)
     set(_own_name "${CMAKE_MATCH_1}")
   else()
     set(_own ${_top})
@@ -81,7 +44,7 @@ foreach(h IN LISTS _headers)
   foreach(line IN LISTS _lines)
     math(EXPR _count "${_count} + 1")
     if(line MATCHES "kvscout/([a-z_]+)/")
-      _rank("${CMAKE_MATCH_1}" _dep)
+      list(FIND _order "${CMAKE_MATCH_1}" _dep)
       set(_dep_name "${CMAKE_MATCH_1}")
     else()
       set(_dep ${_top})

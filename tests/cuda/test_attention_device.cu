@@ -58,6 +58,7 @@ static_assert(kvscout::attention_rows_cuda<complete_rows>);
 static_assert(!kvscout::attention_rows_cuda<rows_without_load_v>);
 static_assert(!kvscout::attention_rows_cuda<rows_with_void_load_k>);
 static_assert(!kvscout::attention_rows_cuda<int>);
+static_assert(!kvscout::attention_rows_cuda<kvscout::gathered_rows_host<half, 128>>);
 
 }  // namespace rows_concept
 

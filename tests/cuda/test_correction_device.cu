@@ -30,6 +30,8 @@ namespace {
 
 using kvscout::rope_mode;
 
+static_assert(kvscout::query_scoring_policy_cuda<kvscout::infinigen_policy_cuda<>>);
+
 kvscout::skew_plan plan_for(rope_mode mode, int D, int r, std::mt19937& rng) {
   const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
   std::vector<int> all(static_cast<std::size_t>(mode == rope_mode::rope_planes ? D / 2 : D));

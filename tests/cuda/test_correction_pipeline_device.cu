@@ -92,6 +92,13 @@ static_assert(!kvscout::row_caching_executor<counting_executor>);
 static_assert(kvscout::row_caching_executor<kvscout::zero_copy_executor_cuda<layout>>);
 
 using stages_t = kvscout::infinigen_stages_cuda<layout, kvscout::topk_selector_cuda>;
+// infinigen_stages_cuda is speculation_stages_cuda over the InfiniGen policy.
+using zero_copy_t = kvscout::zero_copy_executor_cuda<layout>;
+static_assert(std::is_same_v<kvscout::infinigen_stages_cuda<layout, kvscout::topk_selector_cuda,
+                                                            kvscout::half, kvscout::half, zero_copy_t>,
+                             kvscout::speculation_stages_cuda<
+                                 layout, kvscout::infinigen_policy_cuda<kvscout::half, kvscout::half>,
+                                 kvscout::topk_selector_cuda, zero_copy_t>>);
 using correction_t = kvscout::cuda_stage_correction<stages_t::executor_type>;
 using counting_stages_t =
     kvscout::infinigen_stages_cuda<layout, kvscout::topk_selector_cuda, float, float, counting_executor>;

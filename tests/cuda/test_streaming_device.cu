@@ -158,6 +158,15 @@ struct seq_id_spy : kvscout::streaming_policy_cuda {
   }
 };
 static_assert(kvscout::speculation_policy_cuda<seq_id_spy>);
+static_assert(!kvscout::query_scoring_policy_cuda<kvscout::streaming_policy_cuda>);
+
+// The stages over it, and a reference to them, are what decode_pipeline_cuda drives; an executor
+// is not.
+using streaming_stages = kvscout::speculation_stages_cuda<layout, kvscout::streaming_policy_cuda,
+                                                          kvscout::topk_selector_cuda>;
+static_assert(kvscout::pipeline_stages_cuda<streaming_stages>);
+static_assert(kvscout::pipeline_stages_cuda<kvscout::stages_ref_cuda<streaming_stages>>);
+static_assert(!kvscout::pipeline_stages_cuda<kvscout::zero_copy_executor_cuda<layout>>);
 
 // per_layer_budgets: layer 2 has its own selector, of budget 12 (capacity still `budget`): the
 // stages' per-layer selectors (cuda_stage_selectors).

@@ -18,13 +18,27 @@
 #include "kvscout/cache/partial_key_cache.hpp"
 #include "kvscout/select/detail/device_config.hpp"
 #include "kvscout/score/detail/aggregate.hpp"
+#include "kvscout/score/device_concepts.hpp"
 #include "kvscout/score/infinigen_device.hpp"
+#include "kvscout/score/streaming.hpp"
 
 namespace {
 
 using kvscout::device_span;
 using kvscout::gqa_aggregation;
 using kvscout::rope_mode;
+
+// The device policies' concepts, on a policy of declarations alone: score() makes a device
+// speculation policy, score_query() a query-scoring one; a host policy is neither.
+struct declared_device_policy {
+  void score(const kvscout::score_context<kvscout::device_space>&,
+             const kvscout::score_buffer<kvscout::device_space>&, const kvscout::cuda_exec&) {}
+  void score_query(device_span<const float>, const kvscout::score_context<kvscout::device_space>&,
+                   const kvscout::score_buffer<kvscout::device_space>&, const kvscout::cuda_exec&) {}
+};
+static_assert(kvscout::speculation_policy_cuda<declared_device_policy>);
+static_assert(kvscout::query_scoring_policy_cuda<declared_device_policy>);
+static_assert(!kvscout::speculation_policy_cuda<kvscout::streaming_policy_host>);
 
 template <class F>
 std::string error_of(F&& f) {

@@ -704,7 +704,7 @@ TEMPLATE_TEST_CASE("kivi streaming append: bulk and one-token appends agree, eve
 
 // ---- gather ----------------------------------------------------------------------------------
 
-TEST_CASE("kivi gather: host_gather_executor copies the selected records unchanged", "[kivi]") {
+TEST_CASE("kivi gather: gather_executor_host copies the selected records unchanged", "[kivi]") {
   using L = kvscout::kivi_layout<half, 128, 2>;
   kivi_fixture<L> f({700, 33, 260, 161}, 3, {.group = 32, .residual = 64}, 8);
   f.fill(false);

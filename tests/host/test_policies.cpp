@@ -1101,7 +1101,7 @@ TEST_CASE("streaming rejects a malformed score buffer", "[spec][streaming][error
   }
 }
 
-TEST_CASE("infinigen_policy takes its scratch in the caller's workspace and checks it",
+TEST_CASE("infinigen_policy_host takes its scratch in the caller's workspace and checks it",
           "[spec][infinigen][errors][workspace]") {
   // Two layers (0 dense), one sequence, GQA 2 (mean_logit: the group's mean query, qm_), r = 16.
   const int d_model = 64, r = 16, n = 40;

@@ -39,7 +39,7 @@ constexpr float qnan = std::numeric_limits<float>::quiet_NaN();
 constexpr std::int32_t index_poison = -7;
 constexpr std::int32_t count_poison = 0x7fffffff;
 
-static_assert(kvscout::topk_selector<topk_selector_host>);
+static_assert(kvscout::row_selector<topk_selector_host>);
 static_assert(kvscout::row_selector<threshold_selector_host>);
 
 // Types that are not selectors: no select(), select() on device views, or no execution argument

@@ -150,23 +150,4 @@ void decode_attention_cuda(const Rows& rows, const current_token<T, device_space
   decode_attention_cuda(rows, cur, q, out, p, plan, {}, exec);
 }
 
-// Deprecated (issue 33): the old names, kept for one release.
-[[deprecated("use plan_decode_attention_cuda")]] inline decode_attention_plan
-plan_decode_attention_device(decode_attention_shape sh) {
-  return plan_decode_attention_cuda(sh);
-}
-template <attention_rows_cuda Rows, kv_element T, class QSpan = const float, class O = float>
-[[deprecated("use decode_attention_cuda")]] void decode_attention_device(
-    const Rows& rows, const current_token<T, device_space>& cur, device_span<QSpan> q,
-    device_span<O> out, const attention_params& p, const decode_attention_plan& plan,
-    device_span<std::byte> workspace, const cuda_exec& exec) {
-  decode_attention_cuda(rows, cur, q, out, p, plan, workspace, exec);
-}
-template <attention_rows_cuda Rows, kv_element T, class QSpan = const float, class O = float>
-[[deprecated("use decode_attention_cuda")]] void decode_attention_device(
-    const Rows& rows, const current_token<T, device_space>& cur, device_span<QSpan> q,
-    device_span<O> out, const attention_params& p, const cuda_exec& exec) {
-  decode_attention_cuda(rows, cur, q, out, p, exec);
-}
-
 }  // namespace kvscout

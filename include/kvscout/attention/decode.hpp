@@ -65,11 +65,6 @@ struct current_token {
   [[nodiscard]] bool present() const { return k.data() != nullptr; }
 };
 
-/// Deprecated (issue 33): the device current token's old name, kept for one release.
-template <kv_element T>
-using device_current_token [[deprecated("use current_token<T, device_space>")]] =
-    current_token<T, device_space>;
-
 namespace detail {
 /// The scales of attention_params, host and device alike: each positive and finite, and the
 /// logit scale they make (scale * k_scale, in float) too.

@@ -295,11 +295,4 @@ class kivi_gathered_rows_host {
 static_assert(attention_rows<kivi_layout_rows_host<kivi_layout<half, 128, 2>>>);
 static_assert(attention_rows<kivi_gathered_rows_host<kivi_layout<half, 128, 4, float>>>);
 
-// Deprecated (issue 33): the old names, kept for one release.
-template <kivi_quantized_layout L>
-using kivi_layout_rows [[deprecated("use kivi_layout_rows_host")]] = kivi_layout_rows_host<L>;
-template <kivi_quantized_layout L>
-using kivi_gathered_rows [[deprecated("use kivi_gathered_rows_host")]] =
-    kivi_gathered_rows_host<L>;
-
 }  // namespace kvscout

@@ -360,19 +360,4 @@ class joined_rows_cuda {
   B b_{};
 };
 
-// Deprecated (issue 33): the old names, kept for one release.
-template <kv_element T, int HeadDim>
-using gathered_rows_device [[deprecated("use gathered_rows_cuda")]] =
-    gathered_rows_cuda<T, HeadDim>;
-template <kv_layout L>
-using layout_rows_device [[deprecated("use layout_rows_cuda")]] = layout_rows_cuda<L>;
-template <kivi_quantized_layout L>
-using kivi_gathered_rows_device [[deprecated("use kivi_gathered_rows_cuda")]] =
-    kivi_gathered_rows_cuda<L>;
-template <class A, class B>
-using joined_rows_device [[deprecated("use joined_rows_cuda")]] = joined_rows_cuda<A, B>;
-/// (A concept cannot be deprecated: this one is kept for one release as a plain alias.)
-template <class R>
-concept device_attention_rows = attention_rows_cuda<R>;
-
 }  // namespace kvscout

@@ -253,12 +253,4 @@ class joined_rows_host {
   const B& b_;
 };
 
-// Deprecated (issue 33): the old names, kept for one release.
-template <kv_layout L>
-using layout_rows [[deprecated("use layout_rows_host")]] = layout_rows_host<L>;
-template <kv_element T, int HeadDim>
-using gathered_rows [[deprecated("use gathered_rows_host")]] = gathered_rows_host<T, HeadDim>;
-template <class A, class B>
-using joined_rows [[deprecated("use joined_rows_host")]] = joined_rows_host<A, B>;
-
 }  // namespace kvscout

@@ -73,9 +73,7 @@ struct score_view {
 
 /// Where a speculation policy writes its scores (score/), host or device memory by Space:
 ///   scores [num_seqs, num_kv_heads, stride], row (s, h) written for t < seq_lens[s].
-/// view() is what a selector reads. (Until issue 33, `score_buffer` was the host struct and
-/// `device_score_buffer` the device one; the latter is a deprecated alias in
-/// score/device_context.hpp.)
+/// view() is what a selector reads.
 template <class Space>
 struct score_buffer {
   span<float, Space> scores;  // [num_seqs, num_kv_heads, stride]

@@ -152,9 +152,4 @@ static_assert(prefetch_executor<copy_engine_executor_cuda<contiguous_layout<half
 static_assert(prefetch_executor<copy_engine_executor_cuda<kivi_layout<half, 128, 4>>>);
 static_assert(!device_step_executor<copy_engine_executor_cuda<contiguous_layout<half, 128, hnd>>>);
 
-// Deprecated (issue 33): the old name, kept for one release.
-template <kv_layout Layout>
-using copy_engine_executor [[deprecated("use copy_engine_executor_cuda")]] =
-    copy_engine_executor_cuda<Layout>;
-
 }  // namespace kvscout

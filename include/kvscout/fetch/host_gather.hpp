@@ -296,9 +296,4 @@ static_assert(!device_step_executor<gather_executor_host<contiguous_layout<half,
 static_assert(
     prefetch_executor<gather_executor_host<paged_layout<float, 64, nhd, block_table, 16>>>);
 
-// Deprecated (issue 33): the old name, kept for one release.
-template <kv_layout Layout>
-using host_gather_executor [[deprecated("use gather_executor_host")]] =
-    gather_executor_host<Layout>;
-
 }  // namespace kvscout

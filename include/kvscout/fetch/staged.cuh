@@ -242,8 +242,4 @@ static_assert(prefetch_executor<staged_executor_cuda<contiguous_layout<half, 128
 static_assert(prefetch_executor<staged_executor_cuda<kivi_layout<half, 128, 2>>>);
 static_assert(!device_step_executor<staged_executor_cuda<contiguous_layout<half, 128, hnd>>>);
 
-// Deprecated (issue 33): the old name, kept for one release.
-template <kv_layout Layout>
-using staged_executor [[deprecated("use staged_executor_cuda")]] = staged_executor_cuda<Layout>;
-
 }  // namespace kvscout

@@ -364,9 +364,4 @@ static_assert(prefetch_executor<
 static_assert(prefetch_executor<zero_copy_executor_cuda<kivi_layout<half, 128, 2>>>);
 static_assert(device_step_executor<zero_copy_executor_cuda<contiguous_layout<half, 128, hnd>>>);
 
-// Deprecated (issue 33): the old name, kept for one release.
-template <kv_layout Layout>
-using zero_copy_executor [[deprecated("use zero_copy_executor_cuda")]] =
-    zero_copy_executor_cuda<Layout>;
-
 }  // namespace kvscout

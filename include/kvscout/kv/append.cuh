@@ -359,28 +359,4 @@ void kivi_append_cuda(const L& layout, const kivi_buffers<device_space>& b,
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
 }
 
-// Deprecated (issue 33): the old names, kept for one release.
-template <kv_layout L, class InSpan>
-  requires(!kivi_quantized_layout<L>)
-[[deprecated("use append_token_cuda")]] void append_token_device(
-    const L& layout, device_span<std::byte> k, device_span<std::byte> v,
-    device_span<InSpan> k_new, device_span<InSpan> v_new, const std::int32_t* positions,
-    kv_scales scales, const cuda_exec& exec) {
-  append_token_cuda(layout, k, v, k_new, v_new, positions, scales, exec);
-}
-template <kv_layout L, class InSpan>
-  requires(!kivi_quantized_layout<L>)
-[[deprecated("use append_token_cuda")]] void append_token_device(
-    const L& layout, device_span<std::byte> k, device_span<std::byte> v,
-    device_span<InSpan> k_new, device_span<InSpan> v_new, const std::int32_t* positions,
-    const cuda_exec& exec) {
-  append_token_cuda(layout, k, v, k_new, v_new, positions, exec);
-}
-template <kivi_quantized_layout L, class InSpan>
-[[deprecated("use kivi_append_cuda")]] void kivi_append_device(
-    const L& layout, const kivi_buffers<device_space>& b, std::int32_t* seq_lens,
-    device_span<InSpan> k_new, device_span<InSpan> v_new, const cuda_exec& exec) {
-  kivi_append_cuda(layout, b, seq_lens, k_new, v_new, exec);
-}
-
 }  // namespace kvscout

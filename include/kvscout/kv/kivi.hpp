@@ -601,8 +601,4 @@ class kivi_append_host {
   int32_t* lens_;
 };
 
-// Deprecated (issue 33): the old name, kept for one release.
-template <kivi_quantized_layout Layout>
-using kivi_host_writer [[deprecated("use kivi_append_host")]] = kivi_append_host<Layout>;
-
 }  // namespace kvscout

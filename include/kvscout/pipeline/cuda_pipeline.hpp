@@ -195,12 +195,4 @@ class decode_pipeline_cuda {
   int launched_[slots] = {-1, -1};  // host-side: the layer each slot was last launched for
 };
 
-// Deprecated (issue 33): the old names, kept for one release. (A concept cannot be deprecated:
-// pipeline_stages_cuda is a plain alias, to be removed in the next release.)
-template <pipeline_stages_cuda Stages>
-using cuda_decode_pipeline [[deprecated("use decode_pipeline_cuda")]] =
-    decode_pipeline_cuda<Stages>;
-template <class S>
-concept cuda_pipeline_stages = pipeline_stages_cuda<S>;
-
 }  // namespace kvscout

@@ -425,15 +425,4 @@ struct stages_ref_cuda {
   void fetch(int layer, int slot, const cuda_exec& x) { stages->fetch(layer, slot, x); }
 };
 
-// Deprecated (issue 33): the old names, kept for one release.
-template <kv_layout L, class Policy, class Selector, class Executor = zero_copy_executor_cuda<L>>
-using cuda_speculation_stages [[deprecated("use speculation_stages_cuda")]] =
-    speculation_stages_cuda<L, Policy, Selector, Executor>;
-template <kv_layout L, class Selector, compute_element PkT = float, compute_element WT = float,
-          class Executor = zero_copy_executor_cuda<L>>
-using infinigen_cuda_stages [[deprecated("use infinigen_stages_cuda")]] =
-    infinigen_stages_cuda<L, Selector, PkT, WT, Executor>;
-template <class S>
-using cuda_stages_ref [[deprecated("use stages_ref_cuda")]] = stages_ref_cuda<S>;
-
 }  // namespace kvscout

@@ -463,10 +463,4 @@ class decode_pipeline_host {
   fetch_stats stats_;
 };
 
-// Deprecated (issue 33): the old name, kept for one release.
-template <kv_layout L, speculation_policy P, row_selector Selector,
-          class Executor = gather_executor_host<L>>
-using host_decode_pipeline [[deprecated("use decode_pipeline_host")]] =
-    decode_pipeline_host<L, P, Selector, Executor>;
-
 }  // namespace kvscout

@@ -52,9 +52,6 @@ struct score_context<host_space> {
   host_span<const int32_t> seq_ids = {};
 };
 
-/// Deprecated (issue 33): the host score context's old name, kept for one release.
-using spec_context [[deprecated("use score_context<host_space>")]] = score_context<host_space>;
-
 namespace detail {
 /// The sequence that batch row s of `ctx` names in the policy's state (see score_context::seq_ids).
 inline int seq_of(const score_context<host_space>& ctx, int s) {

@@ -46,11 +46,4 @@ concept query_scoring_policy_cuda =
       p.score_query(q, ctx, out, exec);
     };
 
-// Deprecated (issue 33): the old names, kept for one release.
-// (A concept cannot be deprecated: these are plain aliases, to be removed in the next release.)
-template <class P>
-concept device_speculation_policy = speculation_policy_cuda<P>;
-template <class P>
-concept device_query_scoring_policy = query_scoring_policy_cuda<P>;
-
 }  // namespace kvscout

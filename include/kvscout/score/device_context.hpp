@@ -35,13 +35,6 @@ struct score_context<device_space> {
   device_span<const int32_t> seq_ids = {};
 };
 
-/// Deprecated (issue 33): the old names of the device context and score buffer (the buffer is
-/// core/selection.hpp's score_buffer<Space>), kept for one release.
-using device_spec_context [[deprecated("use score_context<device_space>")]] =
-    score_context<device_space>;
-using device_score_buffer [[deprecated("use score_buffer<device_space>")]] =
-    score_buffer<device_space>;
-
 namespace detail {
 
 /// The checks of a device score() call that hold for every policy: the buffer's heads against

@@ -154,7 +154,4 @@ class h2o_policy_host {
 
 static_assert(speculation_policy<h2o_policy_host>);
 
-// Deprecated (issue 33): the old names, kept for one release.
-using h2o_policy [[deprecated("use h2o_policy_host")]] = h2o_policy_host;
-
 }  // namespace kvscout

@@ -382,9 +382,4 @@ static_assert(speculation_policy_cuda<infinigen_policy_cuda<half>>);
 static_assert(speculation_policy_cuda<infinigen_policy_cuda<half, bfloat16>>);
 static_assert(speculation_policy_cuda<infinigen_policy_cuda<quantized_keys<2>>>);
 
-// Deprecated (issue 33): the old names, kept for one release.
-template <partial_key_format PkT = float, compute_element WT = float>
-using infinigen_speculator_cuda [[deprecated("use infinigen_policy_cuda")]] =
-    infinigen_policy_cuda<PkT, WT>;
-
 }  // namespace kvscout

@@ -340,7 +340,7 @@ class infinigen_policy_host {
   static std::size_t sum_prob_bytes(const config& cfg) {
     if (cfg.aggregation != gqa_aggregation::sum_prob && cfg.late_aggregation() != gqa_aggregation::sum_prob)
       return 0;
-    return sizeof(float) * detail::checked_size("infinigen_policy's sum_prob rows (group x max_tokens)",
+    return sizeof(float) * detail::checked_size("infinigen_policy_host's sum_prob rows (group x max_tokens)",
                                                 cfg.num_q_heads / cfg.num_kv_heads, cfg.max_tokens);
   }
   // Quantised keys: a tile's products q_c step_c, one row of head_dim per query head of a group.
@@ -1047,12 +1047,5 @@ class infinigen_query_scores_host {
 };
 
 static_assert(speculation_policy<infinigen_query_scores_host<infinigen_policy_host<>>>);
-
-// Deprecated (issue 33): the old names, kept for one release.
-template <partial_key_format PkT = float, compute_element WT = float>
-using infinigen_policy [[deprecated("use infinigen_policy_host")]] = infinigen_policy_host<PkT, WT>;
-template <class P>
-using infinigen_query_scores [[deprecated("use infinigen_query_scores_host")]] =
-    infinigen_query_scores_host<P>;
 
 }  // namespace kvscout

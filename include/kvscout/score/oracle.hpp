@@ -112,8 +112,4 @@ class oracle_policy_host {
   std::vector<float> k_scales_;
 };
 
-// Deprecated (issue 33): the old names, kept for one release.
-template <kv_layout L>
-using oracle_policy [[deprecated("use oracle_policy_host")]] = oracle_policy_host<L>;
-
 }  // namespace kvscout

@@ -160,8 +160,4 @@ class quest_policy_host {
 
 static_assert(speculation_policy<quest_policy_host<64>>);
 
-// Deprecated (issue 33): the old names, kept for one release.
-template <int HeadDim>
-using quest_policy [[deprecated("use quest_policy_host")]] = quest_policy_host<HeadDim>;
-
 }  // namespace kvscout

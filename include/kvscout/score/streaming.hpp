@@ -48,7 +48,4 @@ class streaming_policy_host {
 
 static_assert(speculation_policy<streaming_policy_host>);
 
-// Deprecated (issue 33): the old names, kept for one release.
-using streaming_policy [[deprecated("use streaming_policy_host")]] = streaming_policy_host;
-
 }  // namespace kvscout

@@ -15,7 +15,7 @@
 //   kvscout::keep_set keep{.sinks = 4, .recent = 64};
 //   const auto [head_end, tail_begin] = kvscout::keep_bounds(keep, len);
 //   // always selected: [0, head_end) and [tail_begin, len); chosen by score: the rest
-//   static_assert(kvscout::topk_selector<kvscout::topk_selector_host>);  // select/topk.hpp
+//   static_assert(kvscout::row_selector<kvscout::topk_selector_host>);  // select/topk.hpp
 
 #include <bit>
 #include <cmath>
@@ -109,9 +109,5 @@ concept row_selector =
       { S::workspace_alignment } -> std::convertible_to<std::size_t>;
       s.select(scores, out, x);
     };
-
-/// The former name of row_selector (it constrains threshold selectors too). Kept for one release.
-template <class S>
-concept topk_selector = row_selector<S>;
 
 }  // namespace kvscout
