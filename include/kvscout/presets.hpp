@@ -3,7 +3,9 @@
 // struct, so that a caller (and the accuracy harness, tools/accuracy/accuracy.cpp) names its method.
 //
 //   infinigen_paper(head_dim)   InfiniGen as its authors' code runs it (Lee et al., OSDI'24;
-//                               github.com/snu-comparch/InfiniGen).
+//                               github.com/snu-comparch/InfiniGen), from two of its paths: the
+//                               post-RoPE skew of its Llama accuracy path, the alpha 4 and the
+//                               query-only channels of its OPT speedup path.
 //   kvscout_default(head_dim)   kvscout's own configuration, which is NOT the paper's.
 //
 // Their perplexity on SmolLM2-135M, and the stage ablation between them: docs/accuracy.md.
@@ -100,8 +102,10 @@ struct speculation_preset {
 /// 2048). A default for callers who want the paper's setting.
 inline constexpr double infinigen_paper_budget = 0.2;
 
-/// InfiniGen as its authors' code runs it. Each field and its source (paths in
-/// github.com/snu-comparch/InfiniGen):
+/// InfiniGen as its authors' code runs it, combining two of its configurations: the post-RoPE
+/// skew of its Llama accuracy path (accuracy/) with the alpha 4 and query-only channels of its OPT
+/// speedup path (speedup/); neither path runs exactly this set. Each field and its source (paths
+/// in github.com/snu-comparch/InfiniGen):
 ///   mode            post_rope_skew, the paper's skewing (section 4.2; accuracy/setup/
 ///                   gen_llama_skewing_matrix.py, accuracy/src/modeling_llama_ours.py).
 ///   partial_ratio   0.2 (accuracy/setup/setup.sh: PARTIAL_RATIO=0.2; speedup/scripts/*/run.sh:

@@ -1,7 +1,7 @@
 // The accuracy harness's evaluator (tools/model/llama_eval.hpp) on the real SmolLM2-135M-Instruct,
 // a small form of tools/accuracy: layer-major teacher-forced evaluation equals step-by-step
 // decoding, the oracle with every token equals dense, a dense prefill is dense up to where it
-// ends, the oracle's attention-mass recall bounds InfiniGen's at the same budget. [model]: needs
+// ends, so is KIVI's prompt in fp16, the oracle's attention-mass recall bounds InfiniGen's at the same budget. [model]: needs
 // the file scripts/fetch_model.sh places.
 
 #include <catch2/catch.hpp>
@@ -142,6 +142,42 @@ TEST_CASE("layer-major evaluation equals step-by-step decoding, and the oracle b
     CHECK(after > 1e-4);
     p.sparse_from = T + 1;
     REQUIRE_THROWS_WITH(ev.run(p), Catch::Contains("sparse_from " + std::to_string(T + 1)));
+  }
+
+  // 2c. KIVI's prompt in fp16 (eval_options::kivi_fp16_prompt): the final hidden states of the
+  //     steps before score_from are dense fp16's bit for bit and later ones are not; quantised
+  //     from token 0 the prompt's already differ. The evaluator's cached dense layers are keyed by
+  //     it: runs in any order, or on a fresh evaluator, give the same results.
+  {
+    using M = km::layer_major_eval::row_matrix;
+    ev.run(dense);
+    const M fd = ev.final_hidden();
+    km::eval_options k0;
+    k0.format = km::kv_format::kivi2;
+    k0.kivi_residual = 32;  // quantisation starts within the 200 tokens
+    k0.score_from = 120;
+    km::eval_options kp = k0;
+    kp.kivi_fp16_prompt = true;
+    const km::eval_result r0 = ev.run(k0);
+    const M f0 = ev.final_hidden();
+    const km::eval_result rp = ev.run(kp);
+    const M fp = ev.final_hidden();
+    REQUIRE(ev.run(k0).token_nll == r0.token_nll);
+    km::layer_major_eval fresh(m->weights, ids);
+    REQUIRE(fresh.run(kp).token_nll == rp.token_nll);
+    CHECK(rp.token_nll != r0.token_nll);
+    const auto worst = [&](const M& a, int from, int to) {
+      double w = 0;
+      for (int t = from; t < to; ++t)
+        for (Eigen::Index i = 0; i < a.cols(); ++i) w = std::max(w, static_cast<double>(std::abs(a(t, i) - fd(t, i))));
+      return w;
+    };
+    INFO("largest final hidden-state difference from dense fp16: prompt in fp16 " << worst(fp, 0, 120)
+         << " before step 120, " << worst(fp, 120, T) << " after; quantised from token 0 " << worst(f0, 0, 120)
+         << " before step 120");
+    CHECK(worst(fp, 0, 120) == 0);
+    CHECK(worst(fp, 120, T) > 1e-3);
+    CHECK(worst(f0, 0, 120) > 1e-3);
   }
 
   // 3. At a 20 % budget: the oracle's recall bounds InfiniGen's (same cap, same keep-set), and

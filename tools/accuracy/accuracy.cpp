@@ -36,6 +36,10 @@
 //           correction step (share 0.25), at --pool-budgets (5,10,20 %), fp16 on both texts,
 //           KIVI-4 and KIVI-2 (if --formats names them) at --kivi-budgets (10 %); stage copy takes the configurations oracle_pooled, kvscout_pooled,
 //           kvscout_pooled_corrected, oracle_layers, kvscout_layers, kvscout_layers_corrected
+//   kivi_prompt KIVI-4 and KIVI-2 (those --formats names) on the long text, dense and kvscout's
+//           default at 10 %, quantised from token 0 (as every other stage) and with the prompt
+//           (the steps before the first scored prediction) in fp16 as KIVI's own evaluation runs
+//           it; the latter rows' format column reads "kivi2_fp16_prompt" / "kivi4_fp16_prompt"
 //   prompts a prompt file (--prompts FILE.jsonl, tools/model/prompt_file.hpp: "input" and
 //           "target" per line), scored the same way plus greedy exact match; accuracy_prompts.csv.
 //           --prompts without --stages runs this stage alone
@@ -338,15 +342,16 @@ class harness {
     o.quest_page = quest_page;
     o.pool_tokens = pool_tokens;
     o.pool_eviction = pool_eviction;
+    o.kivi_fp16_prompt = kivi_fp16_prompt;
     apply_knobs(o, p, budget, k);
     const eval_result r = tx.ev->run(o);
-    if (p == eval_policy::dense && pool_tokens == 0) tx.dense_ppl[static_cast<int>(f)] = r.ppl();
+    if (p == eval_policy::dense && pool_tokens == 0) tx.dense_ppl[dense_key(o)] = r.ppl();
     write(stage, tx, o, k, r);
     ++done_;
     const double el = seconds_since(start_);
     std::printf("[%3d] %-6s %-5s %-15s %-16s r=%-2d %-10s %-28s %5.1f%%  ppl %8.4f  fetch %.3f  recall %.3f "
                 "(oracle %.3f)  %5.1f s  (elapsed %.0f s)\n",
-                done_, stage.c_str(), to_string(f), policy_name(p, k),
+                done_, stage.c_str(), format_label(o), policy_name(p, k),
                 p == eval_policy::infinigen ? to_string(k.mode) : "-", p == eval_policy::infinigen ? k.r : 0,
                 p == eval_policy::infinigen ? to_string(k.aggregation) : "-",
                 selector_column(p, k).c_str(), 100 * (o.budget + o.correct), r.ppl(),
@@ -426,10 +431,22 @@ class harness {
   // (the prompt's prefill, as an engine runs it); the policy selects from there on.
   bool dense_prefill = false;
   int kivi_residual = 128, kivi_group = 32, quest_page = 16;
+  // KIVI's prompt in fp16 (eval_options::kivi_fp16_prompt): stage kivi_prompt sets it for its
+  // second half; its rows say so in the format column ("kivi2_fp16_prompt").
+  bool kivi_fp16_prompt = false;
   int pool_tokens = 0;  // host pool capacity per (layer, KV head); 0: unbounded
   eviction pool_eviction = eviction::counter;
 
  private:
+  static bool kivi_prompt_row(const eval_options& o) {
+    return o.kivi_fp16_prompt && (o.format == kv_format::kivi2 || o.format == kv_format::kivi4);
+  }
+  // The key of a run's dense perplexity: its format, and KIVI's prompt in fp16 or not.
+  static int dense_key(const eval_options& o) { return static_cast<int>(o.format) + (kivi_prompt_row(o) ? 100 : 0); }
+  static const char* format_label(const eval_options& o) {
+    if (!kivi_prompt_row(o)) return to_string(o.format);
+    return o.format == kv_format::kivi2 ? "kivi2_fp16_prompt" : "kivi4_fp16_prompt";
+  }
   // The pool as a percentage of the text's tokens, "" when unbounded.
   static std::string pool_pct(const text_run& tx, const eval_options& o) {
     if (o.pool_tokens <= 0) return "";
@@ -450,7 +467,7 @@ class harness {
     const bool ig = o.policy == eval_policy::infinigen;
     const double dense16 = tx.dense_ppl.count(static_cast<int>(kv_format::fp16))
                                ? tx.dense_ppl[static_cast<int>(kv_format::fp16)] : 0.0;
-    const double densef = tx.dense_ppl.count(static_cast<int>(o.format)) ? tx.dense_ppl[static_cast<int>(o.format)] : 0.0;
+    const double densef = tx.dense_ppl.count(dense_key(o)) ? tx.dense_ppl[dense_key(o)] : 0.0;
     // Bytes per decode step over all layers (the dense layers below skip fetch every row).
     double rows = 0, rows_dense = 0;
     for (std::size_t l = 0; l < r.rows_fetched.size(); ++l) rows += r.rows_fetched[l], rows_dense += r.rows_dense[l];
@@ -470,7 +487,7 @@ class harness {
     for (int s : r.samples) samples += s;
     std::snprintf(b, sizeof b,
                   "%s,%s,%d,%d,%d,%s,%s,%s,%d,%s,%s,%g,%.6f,%.6f,%.6f,%.6f,%g,%.1f,%.6f,%.6f,%.6f,%.6f,%.6f,%d,%.2f\n",
-                  stage.c_str(), tx.name.c_str(), tx.tokens, tx.score_from, r.scored, to_string(o.format),
+                  stage.c_str(), tx.name.c_str(), tx.tokens, tx.score_from, r.scored, format_label(o),
                   policy_name(o.policy, k), ig ? to_string(k.mode) : "", ig ? k.r : 0,
                   ig ? to_string(k.aggregation) : "", selector_column(o.policy, k).c_str(),
                   100 * (o.budget + o.correct), r.ppl(), dense16 > 0 ? r.ppl() / dense16 : 0.0, densef > 0 ? r.ppl() / densef : 0.0,
@@ -482,7 +499,7 @@ class harness {
     for (std::size_t l = 0; l < r.rows_fetched.size(); ++l) {
       const int n = r.samples[l];
       std::snprintf(b, sizeof b, "%s,%s,%s,%s,%s,%d,%s,%s,%g,%zu,%.6f,%.6f,%.6f,%.6f,%d\n", stage.c_str(),
-                    tx.name.c_str(), to_string(o.format), policy_name(o.policy, k), ig ? to_string(k.mode) : "",
+                    tx.name.c_str(), format_label(o), policy_name(o.policy, k), ig ? to_string(k.mode) : "",
                     ig ? k.r : 0, ig ? to_string(k.aggregation) : "",
                     selector_column(o.policy, k).c_str(), 100 * (o.budget + o.correct), l,
                     r.rows_dense[l] > 0 ? r.rows_fetched[l] / r.rows_dense[l] : 0.0, n > 0 ? r.recall[l] / n : 0.0,
@@ -704,7 +721,8 @@ int main(int argc, char** argv) try {
   std::printf("calibration samples collected in %.1f s\n", seconds_since(t_cal));
 
   bool main_stages = false;  // stages that write accuracy.csv / accuracy_layers.csv
-  for (const char* st : {"sweep", "matrix", "paper", "planes", "kivi_rest", "ablation", "pool", "correction", "budgets", "ranking"})
+  for (const char* st : {"sweep", "matrix", "paper", "planes", "kivi_rest", "kivi_prompt", "ablation", "pool",
+                         "correction", "budgets", "ranking"})
     main_stages = main_stages || stages.find(st) != std::string::npos;
   harness hz(w, cal, out_dir, skip, append, main_stages);
   hz.dense_prefill = flag(argc, argv, "--dense-prefill");
@@ -895,6 +913,22 @@ int main(int argc, char** argv) try {
         hz.run("kivi_rest", lt, f, eval_policy::h2o, b, {});
       }
     }
+  }
+  // ---- stage kivi_prompt: KIVI's formats quantised from token 0 (as every other stage runs them)
+  // and with the prompt in fp16, as KIVI's own evaluation runs it: dense, and kvscout's default
+  // at 10 % of the rows ------------------------------------------------------------------------
+  if (stages.find("kivi_prompt") != std::string::npos) {
+    if (!lt.dense_ppl.count(static_cast<int>(kv_format::fp16)))
+      hz.run("kivi_prompt", lt, kv_format::fp16, eval_policy::dense, 1.0, {});
+    for (const bool fp16_prompt : {false, true}) {
+      hz.kivi_fp16_prompt = fp16_prompt;
+      for (kv_format f : formats) {
+        if (f != kv_format::kivi2 && f != kv_format::kivi4) continue;
+        hz.run("kivi_prompt", lt, f, eval_policy::dense, 1.0, {});
+        hz.run("kivi_prompt", lt, f, eval_policy::infinigen, 0.10, best);
+      }
+    }
+    hz.kivi_fp16_prompt = false;
   }
   // ---- stage pool: a bounded host pool (issue 31), the default InfiniGen configuration at 10 %,
   // fp16 (rope_planes unless the matrix or --mode chose otherwise) ---------------------------------

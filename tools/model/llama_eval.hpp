@@ -171,6 +171,11 @@ struct eval_options {
   // KIVI
   int kivi_group = 32;
   int kivi_residual = 128;
+  /// KIVI only: the steps before score_from (the prompt) attend to every row in fp16 and the
+  /// cache is quantised from there on, as KIVI's own evaluation runs the prompt in full precision
+  /// and only then quantises its cache. false: quantised from token 0, which is harsher (the
+  /// prompt's own hidden states, and so its keys and values, already carry the quantisation).
+  bool kivi_fp16_prompt = false;
   /// Negative log-likelihood of the predictions made at positions [score_from, T - 1); bytes and
   /// rows fetched are counted over the same steps.
   int score_from = 0;
@@ -419,7 +424,7 @@ class layer_major_eval {
  private:
   struct prefix {
     bool done = false;
-    int group = 0, residual = 0;
+    int group = 0, residual = 0, score_from = 0;
     row_matrix h, xprev;
   };
 
@@ -535,6 +540,8 @@ class layer_major_eval {
   };
   [[nodiscard]] static kivi_lens kivi_at(const eval_options& o, int t) {
     if (o.format != kv_format::kivi2 && o.format != kv_format::kivi4) return {0, 0, t};
+    // The prompt in fp16: every row resident and unquantised (dense attention) before score_from.
+    if (o.kivi_fp16_prompt && t < o.score_from) return {0, 0, 0};
     const int32_t len = 0;
     const auto l = kivi_layout<half, D, 2>::padded(1, 0, &len, 1, {o.kivi_group, o.kivi_residual});
     return {l.key_quantized_len_for(t), l.value_quantized_len_for(t), l.quantized_len_for(t)};
@@ -570,12 +577,15 @@ class layer_major_eval {
   }
 
   prefix& prefix_of(const eval_options& o) {
-    prefix& p = prefixes_[static_cast<int>(o.format)];
-    if (!p.done || p.group != o.kivi_group || p.residual != o.kivi_residual) {
+    const bool fp16_prompt = o.kivi_fp16_prompt && (o.format == kv_format::kivi2 || o.format == kv_format::kivi4);
+    prefix& p = prefixes_[fp16_prompt ? 1 : 0][static_cast<int>(o.format)];
+    if (!p.done || p.group != o.kivi_group || p.residual != o.kivi_residual || p.score_from != o.score_from) {
       eval_options d;
       d.format = o.format;
       d.kivi_group = o.kivi_group;
       d.kivi_residual = o.kivi_residual;
+      d.kivi_fp16_prompt = fp16_prompt;
+      d.score_from = o.score_from;
       eval_result dummy;
       dummy.rows_fetched.assign(static_cast<std::size_t>(c_.n_layers), 0);
       dummy.rows_dense = dummy.recall = dummy.recall_oracle = dummy.overlap = dummy.rows_fetched;
@@ -590,6 +600,7 @@ class layer_major_eval {
       p.xprev = st.xprev;
       p.group = o.kivi_group;
       p.residual = o.kivi_residual;
+      p.score_from = o.score_from;
       p.done = true;
     }
     return p;
@@ -1132,7 +1143,7 @@ class layer_major_eval {
   int T_ = 0;
   rope_config rope_;
   rope_frequencies rope_freq_;   // rope_'s, computed once
-  prefix prefixes_[kv_format_count];  // by kv_format
+  prefix prefixes_[2][kv_format_count];  // by KIVI's prompt in fp16 (1) or not, kv_format
   row_matrix final_;
   std::vector<float> obs_;
 };
