@@ -4,7 +4,7 @@
 # with per-layer attention-mass recall and overlap with the oracle (tools/accuracy/accuracy.cpp).
 # Fetches the model, builds kvscout_accuracy (-O3 -march=native, build-accuracy/), runs the whole
 # harness on one core (about 35 minutes), writes
-#   docs/accuracy.csv          one row per configuration (columns: docs/accuracy.md)
+#   docs/accuracy.csv          one row per configuration (columns: docs/accuracy_log.md, "Metrics")
 #   docs/accuracy_layers.csv   one row per configuration and layer
 #   docs/img/accuracy_*.png    perplexity against bytes fetched per step, per-layer recall
 # (docs/ is the default of --out DIR; the plots go to DIR/img).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Paired bootstrap intervals for the copy task (docs/accuracy.md, issue 32).
+"""Paired bootstrap intervals for the copy task (docs/accuracy_log.md).
 
 Reads a stage-copy CSV of the accuracy harness (one row per prompt and configuration) and, for
 every configuration beside `dense`, prints its token accuracy as a share of dense's and its mean

@@ -194,7 +194,7 @@ def fmt_cell(v, ref=None):
 
 
 def markdown(rows, path):
-    """Markdown tables of the CSV (pasted into docs/accuracy.md)."""
+    """Markdown tables of the CSV (pasted into docs/accuracy_log.md)."""
     budgets = ["2", "5", "10", "20", "50"]
     out = []
     for stage, what in (("sweep", "the speculation's knobs"), ("planes", "the rope_planes mode's knobs")):

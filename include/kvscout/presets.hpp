@@ -8,7 +8,8 @@
 //                               query-only channels of its OPT speedup path.
 //   kvscout_default(head_dim)   kvscout's own configuration, which is NOT the paper's.
 //
-// Their perplexity on SmolLM2-135M, and the stage ablation between them: docs/accuracy.md.
+// Their perplexity on SmolLM2-135M: docs/accuracy.md; the stage ablation between them:
+// docs/accuracy_log.md.
 //
 //   const auto p = kvscout::presets::kvscout_default(head_dim);
 //   kvscout::skew_options opt = p.skew(model_rope);       // per (layer, kv head): calibrate_skew
@@ -120,7 +121,7 @@ inline constexpr double infinigen_paper_budget = 0.2;
 ///                   maximum, every head fetches min(mean count, cap) tokens, its best by score
 ///                   (speedup/infinigen/infinigen/kv_selection_controller.py, speculate_attention;
 ///                   accuracy/src/modeling_llama_ours.py, kv_cache_mask; paper section 4.3). Where
-///                   that code's threshold and cap differ: docs/accuracy.md, "How it is measured".
+///                   that code's threshold and cap differ: docs/accuracy_log.md, "How it is measured".
 ///   alpha           4 (speedup/scripts/*/run.sh: --alpha 4; accuracy/perplexity/table2.sh: 4 for
 ///                   OPT, 5 for the Llama-2 perplexity runs).
 ///   keep            none: the reference selects by score alone.
@@ -148,7 +149,7 @@ inline constexpr double infinigen_paper_budget = 0.2;
 
 /// kvscout's own configuration, chosen by the accuracy harness on SmolLM2-135M (GQA, RoPE,
 /// head_dim 64): InfiniGen's speculation (layer l's partial query from layer l - 1's input, scored
-/// against partial keys), the rest changed. The perplexities behind each field: docs/accuracy.md,
+/// against partial keys), the rest changed. The perplexities behind each field: docs/accuracy_log.md,
 /// "kvscout's defaults: what the harness chose", unless another section is named.
 ///   mode            rope_planes: whole RoPE planes, no skew (skew/plan.hpp); best at every budget
 ///                   on both texts.

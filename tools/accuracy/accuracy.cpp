@@ -803,7 +803,7 @@ int main(int argc, char** argv) try {
   const std::vector<double> budgets = {0.02, 0.05, 0.10, 0.20, 0.50};
   // The full policy set runs on fp16; the KIVI formats run the oracle, kvscout's speculation in
   // the RoPE mode that did best at 10 % on fp16, InfiniGen (paper), Quest and streaming (compute:
-  // see docs/accuracy.md).
+  // see docs/accuracy_log.md, "KV formats").
   rope_mode best_mode = best.mode;
   if (!mode_arg.empty()) {
     bool known = false;

@@ -128,7 +128,7 @@ struct infinigen_config {
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
   /// score_query's aggregation (the correction step's late ranking), where it differs from the
   /// speculation's; empty: `aggregation`. With the layer's own query, sum_prob ranks as the
-  /// oracle does (docs/accuracy.md, "What limits the ranking").
+  /// oracle does (docs/accuracy_log.md, "What limits the ranking").
   std::optional<gqa_aggregation> query_aggregation{};
 
   /// The aggregation score_query uses.
@@ -201,7 +201,7 @@ class infinigen_policy_host {
   /// alone, and no second cache is kept. Each speculation plan's channels must be among its
   /// correction plan's, with the same mode, RoPE and (post_rope_skew, pre_rope_folded) rotation
   /// A: calibrate_skew with the same samples and a larger r gives such a plan. Measured: with the
-  /// speculation at 32 channels and the correction at 64, docs/accuracy.md, "What limits the
+  /// speculation at 32 channels and the correction at 64, docs/accuracy_log.md, "What limits the
   /// ranking".
   infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
                         const std::vector<std::vector<skew_plan>>& correction_plans,

@@ -32,7 +32,7 @@
 //   head may select more or fewer than budget.
 //
 // select() keeps the per-step contract (docs/architecture.md). Host only: no device twin yet (it
-// did not pay for kvscout's speculation: docs/accuracy.md, "Budgets that follow the attention").
+// did not pay for kvscout's speculation: docs/accuracy_log.md, "Budgets that follow the attention").
 
 #include <algorithm>
 #include <cmath>
