@@ -32,6 +32,7 @@
 #include "kvscout/fetch/zero_copy.cuh"
 #include "kvscout/select/topk.cuh"
 #include "kvscout/score/infinigen.cuh"
+#include "cuda_memory.cuh"  // the example's allocations (examples/)
 
 namespace {
 
@@ -46,34 +47,7 @@ constexpr int budget = 64;        // rows fetched per (sequence, KV head), keep-
 constexpr float scale = 0.125f;   // 1 / sqrt(head_dim)
 using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;  // [S, H, max_tokens, D]
 
-// The example's memory, freed when it goes out of scope (an engine has its own allocators).
-struct cuda_memory {
-  std::vector<std::unique_ptr<void, cudaError_t (*)(void*)>> blocks;
-  template <class T> kvscout::device_span<T> alloc(size_t n) {
-    void* p = nullptr;
-    KVSCOUT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-    blocks.emplace_back(p, cudaFree);
-    return {static_cast<T*>(p), n};
-  }
-  template <class T> kvscout::device_span<T> upload(const std::vector<T>& v) {
-    const kvscout::device_span<T> d = alloc<T>(v.size());
-    KVSCOUT_CUDA_CHECK(cudaMemcpy(d.data(), v.data(), d.size_bytes(), cudaMemcpyHostToDevice));
-    return d;
-  }
-  // Pinned host memory mapped into the device's address space: the host's and the device's view.
-  template <class T> std::pair<kvscout::host_span<T>, kvscout::device_span<T>> mapped(size_t n) {
-    void *h = nullptr, *d = nullptr;
-    KVSCOUT_CUDA_CHECK(cudaHostAlloc(&h, n * sizeof(T), cudaHostAllocMapped));
-    blocks.emplace_back(h, cudaFreeHost);
-    KVSCOUT_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
-    return {{static_cast<T*>(h), n}, {static_cast<T*>(d), n}};
-  }
-};
-template <class T> std::vector<T> download(kvscout::device_span<T> d) {
-  std::vector<T> v(d.size());
-  KVSCOUT_CUDA_CHECK(cudaMemcpy(v.data(), d.data(), d.size_bytes(), cudaMemcpyDeviceToHost));
-  return v;
-}
+using examples::cuda_memory, examples::download;
 
 int run() {
   std::mt19937 rng(2025);
