@@ -1,7 +1,6 @@
 #pragma once
-// kvscout: speculative KV-cache prefetch for offloaded LLM decoding, as generic parts.
-// This umbrella header includes every host-compilable part (.hpp) except skew/calibrate.hpp,
-// which needs Eigen (offline calibration: include it where you calibrate). CUDA parts (.cuh) are
+// kvscout: speculative KV-cache prefetch for offloaded LLM decoding. This umbrella header includes
+// every host-compilable part except skew/calibrate.hpp (needs Eigen); CUDA parts (.cuh) are
 // included one by one from code compiled with nvcc.
 
 #include "kvscout/attention/cache_rows.hpp"

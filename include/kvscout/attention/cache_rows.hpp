@@ -1,14 +1,8 @@
 #pragma once
-// The whole-cache row source of a layout: what a consumer that reads every cached token of a host
-// cache (the dense reference, the oracle policy) constructs from one layer's view.
-//
-//   cache_view_t<L>  the view of one layer's host cache: kv_view<L, host_space>, or
-//                    kivi_view<L, host_space> for a KIVI layout (codes, records, resident params
-//                    and residual window)
-//   cache_rows_t<L>  its row source: layout_rows_host<L>, or kivi_layout_rows_host<L> (dequantised rows,
-//                    then the resident window, kv/kivi.hpp)
-//
-//   kvscout::cache_rows_t<L> rows(view);   // rows.load_k(s, h, t, dst) for t < rows.rows(s, h)
+// The whole-cache row source of a layout, for consumers that read every cached token of a host
+// cache (the dense reference, the oracle policy):
+//   cache_view_t<L>  kv_view<L, host_space>, or kivi_view<L, host_space> for a KIVI layout
+//   cache_rows_t<L>  layout_rows_host<L>, or kivi_layout_rows_host<L>
 
 #include "kvscout/attention/kivi_rows.hpp"
 #include "kvscout/attention/rows.hpp"

@@ -1,37 +1,25 @@
 #pragma once
 // Sparse (and dense) decode attention on the device: one new query per (sequence, query head)
 // against the rows of a device row source plus, optionally, the current token's K / V; GQA
-// without expanding KV; online softmax in fp32. The device twin of decode_attention_host
-// (attention/decode.hpp), matched to float tolerance by tests/cuda/test_attention_device.cu.
+// without expanding KV; online softmax in fp32. The device twin of decode_attention_host.
 //
-//   // setup, once per shape (attention/device_plan.hpp): the split and its workspace
 //   auto plan = kvscout::plan_decode_attention_cuda({.num_seqs = 1, .num_kv_heads = 8,
 //                                                    .num_q_heads = 32, .head_dim = 128,
-//                                                    .max_rows = capacity});
-//   // each step, after a zero-copy fetch into `dst` (gather_destination<device_space>) for `sel`:
+//                                                    .max_rows = capacity});   // setup, once
 //   kvscout::gathered_rows_cuda<kvscout::half, 128> rows(sel, k_rows, v_rows);
-//   kvscout::decode_attention_cuda(rows,
-//                                  kvscout::current_token<kvscout::half, kvscout::device_space>{k, v},
-//                                  q, out, {.num_q_heads = 32, .scale = 0.088f}, plan,
-//                                  workspace, {stream, d_status});   // cuda_exec, last
+//   kvscout::decode_attention_cuda(
+//       rows, kvscout::current_token<kvscout::half, kvscout::device_space>{k, v}, q, out,
+//       {.num_q_heads = 32, .scale = 0.088f}, plan, workspace, {stream, d_status});
 //
-// Row sources (attention/rows.cuh, concept attention_rows_cuda):
-//   gathered_rows_cuda<T, D>    the fetched T rows (sparse attention)
-//   kivi_gathered_rows_cuda<L>  the fetched KIVI records dequantised as read, then the resident
-//                               residual window (mirrors kivi_gathered_rows_host)
-//   layout_rows_cuda<L>         every token of a device-resident cache (dense anchor)
-//   joined_rows_cuda<A, B>      A's rows, then B's (the correction step's two sets, read in place)
-// Element types float / half / bfloat16; head_dim a multiple of 32 up to 256, static from the row
-// source. q and out are [num_seqs, num_q_heads, head_dim], float by default or any element type.
+// Row sources: attention/rows.cuh. Element types float / half / bfloat16; head_dim a multiple of
+// 32 up to 256. q and out are [num_seqs, num_q_heads, head_dim], float by default or any element
+// type.
 //
-// Launch (detail/decode_kernel.cuh): flash-decoding, blocks of 4 warps per (sequence, kv head,
-// split), up to 8 query heads each (each K / V row read once for all); with more than one split a
-// second kernel merges the softmax states. The plan sizes the split to fill the GPU in one wave.
-// Nothing is allocated or synchronises the host; the call only enqueues on exec.stream. Host-known
-// shapes and parameters are validated (kvscout::error naming the value); device data is checked in
-// the kernel (counts clamped, bad KIVI indices skipped, rows outside a dense cache's buffers
-// skipped) and reported through the optional status word exec.status (core/device_status.hpp).
-// Unlike the host version there is no per-row probability output.
+// Flash-decoding: blocks of 4 warps per (sequence, kv head, split), up to 8 query heads each; with
+// more than one split a second kernel merges the softmax states. Nothing is allocated or
+// synchronises the host. Host-known shapes and parameters are validated (kvscout::error); device
+// data is checked in the kernel and reported through exec.status. Unlike the host version there is
+// no per-row probability output.
 
 #include <cuda_runtime.h>
 
@@ -63,18 +51,16 @@ void launch_decode_attention(const decode_device_params<Rows, T, Q, O>& prm,
 }
 }  // namespace detail
 
-/// The plan for a shape on the current device: sh.num_sms = 0 asks the device for its SM count
-/// (once, here: build the plan at setup, not per step).
+/// sh.num_sms = 0 asks the device for its SM count (once, here: build the plan at setup).
 inline decode_attention_plan plan_decode_attention_cuda(decode_attention_shape sh) {
   if (sh.num_sms == 0) sh.num_sms = detail::current_sm_count();
   KVSCOUT_EXPECTS(sh.num_sms >= 1, "no current CUDA device to plan for (pass num_sms)");
   return plan_decode_attention(sh);
 }
 
-/// Attention split by `plan` (attention/device_plan.hpp) over `workspace` (at least
-/// plan.workspace_bytes(), 16-byte aligned, device memory the call may overwrite; nothing when
-/// plan.splits == 1). q and out: float by default (braced {ptr, size} means float) or any element
-/// type, deduced from the spans; q is widened to float as read, out rounded once as written.
+/// Attention split by `plan` over `workspace` (at least plan.workspace_bytes(), 16-byte aligned,
+/// device memory the call may overwrite; nothing when plan.splits == 1). q and out: float by
+/// default or any element type; q is widened to float as read, out rounded once as written.
 template <attention_rows_cuda Rows, kv_element T, class QSpan = const float, class O = float>
 void decode_attention_cuda(const Rows& rows, const current_token<T, device_space>& cur,
                            device_span<QSpan> q, device_span<O> out,
@@ -131,8 +117,8 @@ void decode_attention_cuda(const Rows& rows, const current_token<T, device_space
   }
 }
 
-/// Without a plan: one block per (sequence, kv head, block of query heads), no workspace. Fills the
-/// GPU only when num_seqs * num_kv_heads is a few times its SM count; for fewer pairs plan a split.
+/// Without a plan: no workspace; fills the GPU only when num_seqs * num_kv_heads is a few times its
+/// SM count.
 template <attention_rows_cuda Rows, kv_element T, class QSpan = const float, class O = float>
 void decode_attention_cuda(const Rows& rows, const current_token<T, device_space>& cur,
                            device_span<QSpan> q, device_span<O> out,

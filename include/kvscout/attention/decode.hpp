@@ -4,28 +4,23 @@
 //
 //   out[s, qh, :] = sum_i softmax_i(scale * q[s, qh] . k_i) v_i,   kv head h = qh / (Hq / H)
 //
-// with k_i and v_i the stored values times k_scale and v_scale (attention_params; fp8 caches).
-// The same routine is the dense reference (layout_rows_host: every cached token) and sparse
-// attention (gathered_rows_host: the fetched rows). Each K / V row is loaded once per group of up
-// to 16 query heads (GQA); the softmax is online, so nothing is allocated. Acc = float (the
-// default) works in blocks of 16 rows; Acc = double accumulates in fp64, one row at a time in the
-// plain order. Tests hold both to an fp64 definition.
+// with k_i and v_i the stored values times k_scale and v_scale (fp8 caches). The same routine is
+// the dense reference (layout_rows_host) and sparse attention (gathered_rows_host). Each K / V row
+// is loaded once per group of up to 16 query heads; the softmax is online, so nothing is
+// allocated. Acc = double accumulates in fp64, one row at a time in the plain order.
 //
-// A logit that overflows float in the float path (q . k, or q . k times the scale, past 3.4e38)
-// makes that head's output NaN rather than a wrong finite value, and with probs the group's
-// probabilities of that (sequence, kv head) too; NaN keys or queries do the same. A logit of
-// -inf only gets weight 0.
+// A logit that overflows float in the float path makes that head's output NaN rather than a wrong
+// finite value, and with probs the group's probabilities of that (sequence, kv head) too; NaN keys
+// or queries do the same. A logit of -inf only gets weight 0.
 //
 //   kvscout::layout_rows_host rows(kv);                       // kv: kv_view<layout, host_space>
 //   kvscout::decode_attention_host(rows, kvscout::current_token<kvscout::half>{k_cur, v_cur}, q,
 //                                  out, {.num_q_heads = 9, .scale = 0.125f});
-//   kvscout::decode_attention_host(rows, {}, q, out, p);   // no current token
 //
 // Optional `probs` [num_seqs, num_kv_heads, probs_stride]: each row's attention probability summed
-// over the group's query heads (the current token, when given, is the entry after the last row);
-// attention-mass metrics and the h2o policy read it. Optional `pool` (core/thread_pool.hpp): the
-// (sequence, kv head) pairs are split over its threads (the same bits); the rows' loads then run
-// there and must not throw (kvscout's row sources check everything when they are built).
+// over the group's query heads (the current token, when given, is the entry after the last row).
+// Optional `pool`: the (sequence, kv head) pairs are split over its threads (the same bits); the
+// rows' loads then run there and must not throw.
 
 #include <algorithm>
 #include <cmath>
@@ -49,15 +44,14 @@ namespace kvscout {
 struct attention_params {
   int num_q_heads = 0;
   float scale = 0.f;  // usually 1 / sqrt(head_dim)
-  // Dequantisation scales of a cache that stores K / scale and V / scale (fp8 caches, vLLM's
-  // k_scale / v_scale): every key and value attention reads, the current token's included, is
-  // multiplied back. 1 for caches that store the values themselves.
+  // Dequantisation scales of a cache that stores K / scale and V / scale (fp8 caches): every key
+  // and value attention reads, the current token's included, is multiplied back.
   float k_scale = 1.f;
   float v_scale = 1.f;
 };
 
 /// The current token's K / V [num_seqs, num_kv_heads, head_dim] in the cache's element type (the
-/// exact values the cache will hold), in Space (device_space: decode_attention_cuda). Empty: none.
+/// exact values the cache will hold). Empty: none.
 template <kv_element T, class Space = host_space>
 struct current_token {
   span<const T, Space> k;
@@ -66,8 +60,7 @@ struct current_token {
 };
 
 namespace detail {
-/// The scales of attention_params, host and device alike: each positive and finite, and the
-/// logit scale they make (scale * k_scale, in float) too.
+/// Each positive and finite, and their product scale * k_scale (in float) too.
 inline void check_attention_scales(const attention_params& p) {
   KVSCOUT_EXPECTS(std::isfinite(p.scale) && p.scale > 0.f, "scale must be positive and finite, got ",
                   p.scale);
@@ -82,8 +75,8 @@ inline void check_attention_scales(const attention_params& p) {
 }  // namespace detail
 
 namespace detail {
-/// The element type of a row source's rows where it names one (every kvscout source does), else
-/// float: the default type of the current token, so that `{}` (no current token) needs no type.
+/// The rows' element type where the source names one, else float, so that `{}` (no current token)
+/// needs no type.
 template <class Rows>
 struct rows_element {
   using type = float;
@@ -116,8 +109,8 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
   const auto overlap = [](const float* a, std::size_t an, const float* b, std::size_t bn) {
     return detail::bytes_overlap(a, an * sizeof(float), b, bn * sizeof(float));
   };
-  // Each group of query heads is read before its outputs are written, so out may be q itself;
-  // not shifted against it, and not with probs (their pass reads the queries again).
+  // Each group of query heads is read before its outputs are written, so out may be q itself (not
+  // shifted against it, and not with probs, whose pass reads the queries again).
   const bool in_place = out.data() == q.data() && probs.data() == nullptr;
   KVSCOUT_EXPECTS(in_place || !overlap(out.data(), q_elems, q.data(), q_elems),
                   "out overlaps q: only out == q without probs is allowed (the probabilities "
@@ -146,18 +139,15 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
   const Acc logit_scale = static_cast<Acc>(p.scale) * static_cast<Acc>(p.k_scale);
   const Acc v_scale = static_cast<Acc>(p.v_scale);
   constexpr int R = 16;  // rows per block of the float path
-  // The reference's logit of query head j of the group against one row, summed in Acc.
   const auto logit_of = [&](const float* qs, int j, const float* k) {
     Acc dot = 0;
     const float* qj = qs + static_cast<std::size_t>(j) * D;
     for (int c = 0; c < D; ++c) dot += static_cast<Acc>(qj[c]) * static_cast<Acc>(k[c]);
     return dot * logit_scale;
   };
-  // One (sequence, kv head) pair: its rows, its query heads' outputs and probabilities. Pairs share
-  // nothing, so each gets the same bits on any thread.
+  // Pairs share nothing, so each gets the same bits on any thread.
   const auto one_pair = [&](int s, int h) {
     Acc m[chunk], l[chunk], acc[chunk][D];
-    // Row buffers: a block of R rows for the float path, one row for the reference.
     alignas(64) float kblk[std::is_same_v<Acc, float> ? R : 1][D];
     alignas(64) float vblk[std::is_same_v<Acc, float> ? R : 1][D];
     alignas(64) float logit_blk[chunk][R];
@@ -187,8 +177,8 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
         for (int c = 0; c < D; ++c) acc[j][c] = 0;
       }
       if constexpr (std::is_same_v<Acc, float>) {
-        // Blocks of R rows: the block's logits for the whole group (dot_rows_multi), one rescale
-        // per head and block, then the block's V rows multiply-added a register of channels at a time.
+        // Blocks of R rows: the block's logits for the whole group, one rescale per head and block,
+        // then the block's V rows multiply-added a register of channels at a time.
         for (int i0 = 0; i0 < total; i0 += R) {
           const int nb = std::min(R, total - i0);
           for (int b = 0; b < nb; ++b) load(i0 + b, true, kblk[b]);
@@ -225,8 +215,7 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
           }
         }
       } else {
-        // The fp64 reference: one row at a time, every sum in Acc, in the plain order, through the
-        // online softmax every path shares (core/detail/online_softmax.hpp).
+        // The fp64 reference: one row at a time, every sum in Acc, in the plain order.
         for (int i = 0; i < total; ++i) {
           load(i, true, kbuf);
           load(i, false, vbuf);
@@ -243,8 +232,8 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
           o[c] = total > 0 ? static_cast<float>(acc[j][c] / l[j] * v_scale) : 0.f;
       }
       if (prow != nullptr) {
-        // Second pass over K only: each row's probability, summed over the group. The float path
-        // forms each exponent by the first pass's explicit multiply-add (no contraction in one only).
+        // Second pass over K only. The float path forms each exponent by the first pass's explicit
+        // multiply-add (no contraction in one only).
         if constexpr (std::is_same_v<Acc, float>) {
           for (int i0 = 0; i0 < total; i0 += R) {
             const int nb = std::min(R, total - i0);
@@ -270,8 +259,7 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
       for (int h = 0; h < H; ++h) one_pair(s, h);
     return;
   }
-  // thread_pool::run requires a task that does not throw: a row source's loads must not (the
-  // shapes and buffers were checked above; kvscout's row sources check theirs at construction).
+  // thread_pool::run requires a task that does not throw: a row source's loads must not.
   pool->run([&](int part, int parts) noexcept {
     const int i1 = static_cast<int>(static_cast<std::int64_t>(pairs) * (part + 1) / parts);
     for (int i = static_cast<int>(static_cast<std::int64_t>(pairs) * part / parts); i < i1; ++i)

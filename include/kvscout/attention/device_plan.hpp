@@ -1,23 +1,15 @@
 #pragma once
-// How the device decode attention (attention/decode.cuh) spreads one call over the GPU: the
-// launch plan, built on the host once per shape (not per step), and the workspace it needs.
-// Plain C++: launch shapes are tested on the host (tests/host/test_cuda_facades_fetch.cpp).
+// How the device decode attention spreads one call over the GPU: the launch plan, built on the
+// host once per shape (not per step), and the workspace it needs. Plain C++, tested on the host.
 //
 // Flash-decoding: each (sequence, kv head, block of query heads) is read by `splits` blocks of
 // `rows_per_split` rows; with splits > 1 the blocks write partial softmax states to the caller's
 // workspace and a second kernel merges them. The plan picks splits so that the grid fills the
-// SMs in one wave (blocks_per_sm blocks each, the kernel's occupancy), with at most
-// ceil(max_rows / min_rows_per_split) splits:
+// SMs in one wave, with at most ceil(max_rows / min_rows_per_split) splits.
 //
-//   auto plan = kvscout::plan_decode_attention_cuda({.num_seqs = 1, .num_kv_heads = 8,
-//                                                    .num_q_heads = 32, .head_dim = 128,
-//                                                    .max_rows = 1638});
-//   // cudaMalloc plan.workspace_bytes() once; then each step:
-//   kvscout::decode_attention_cuda(rows, cur, q, out, params, plan, workspace, {stream, d_status});
-//
-// max_rows is the most rows a (sequence, kv head) pair reads (the selection's capacity, plus
-// the KIVI residual window and the current token where they apply). It shapes the split only:
-// rows past it are read by the last split, so a larger count costs time, never rows.
+// max_rows is the most rows a (sequence, kv head) pair reads (the selection's capacity, plus the
+// KIVI residual window and the current token where they apply). It shapes the split only: rows
+// past it are read by the last split, so a larger count costs time, never rows.
 
 #include <cstddef>
 
@@ -31,11 +23,10 @@ struct decode_attention_shape {
   int num_q_heads = 0;
   int head_dim = 0;
   int max_rows = 0;
-  // The GPU's SM count; 0: plan_decode_attention_cuda in decode.cuh asks the current device.
+  // 0: plan_decode_attention_cuda in decode.cuh asks the current device.
   int num_sms = 0;
-  // Blocks the plan gives each SM at most (one wave, no tail): 0 = by the kernel's occupancy on
-  // sm_90 (nvcc 13): 3 with up to 4 query heads a block (148 registers for 16-bit rows), 2 with 8
-  // (190 to 210). KIVI rows with 4 heads a block use 233 registers: pass 2.
+  // Blocks per SM at most (one wave, no tail); 0 = by the kernel's occupancy on sm_90. KIVI rows
+  // with 4 heads a block need more registers: pass 2.
   int blocks_per_sm = 0;
   int min_rows_per_split = 32;   // at most ceil(max_rows / min_rows_per_split) splits
 };
@@ -51,7 +42,7 @@ struct decode_attention_plan {
     return static_cast<std::size_t>(num_seqs) * num_kv_heads * splits * head_blocks;
   }
   /// Partial states: (m, l) then head_dim floats per (sequence, query head, split); 0 when
-  /// splits == 1 (no merge).
+  /// splits == 1.
   [[nodiscard]] std::size_t ml_bytes() const {
     return splits == 1 ? 0
                        : (static_cast<std::size_t>(num_seqs) * num_q_heads * splits * 8 + 15) /
@@ -64,7 +55,6 @@ struct decode_attention_plan {
   }
 };
 
-/// The plan for a shape whose SM count is known (num_sms > 0).
 inline decode_attention_plan plan_decode_attention(const decode_attention_shape& sh) {
   KVSCOUT_EXPECTS(sh.num_seqs >= 0 && sh.num_kv_heads >= 1, "shape [num_seqs ", sh.num_seqs,
                   ", num_kv_heads ", sh.num_kv_heads, "] is invalid");
@@ -92,14 +82,13 @@ inline decode_attention_plan plan_decode_attention(const decode_attention_shape&
   const long long base = static_cast<long long>(sh.num_seqs) * sh.num_kv_heads * p.head_blocks;
   const int per_sm = sh.blocks_per_sm > 0 ? sh.blocks_per_sm : (p.heads_per_block <= 4 ? 3 : 2);
   const long long target = static_cast<long long>(sh.num_sms) * per_sm;
-  // Rounded down: the grid fits one wave, where rounding up would leave a tail of a few blocks
-  // for a second (416 blocks on 396 slots would run 20 of them late).
+  // Rounded down: the grid fits one wave, where rounding up would leave a tail for a second.
   long long splits = base == 0 || base >= target ? 1 : target / base;
   const long long by_rows = (sh.max_rows + sh.min_rows_per_split - 1) / sh.min_rows_per_split;
   splits = splits < by_rows ? splits : by_rows;
   splits = splits < 1 ? 1 : (splits > 65535 ? 65535 : splits);  // grid.y
   p.rows_per_split = static_cast<int>((sh.max_rows + splits - 1) / splits);
-  // No split left empty by the rounding (1766 rows over 49 splits of 37 need 48).
+  // No split left empty by the rounding.
   if (p.rows_per_split > 0) splits = (sh.max_rows + p.rows_per_split - 1) / p.rows_per_split;
   p.splits = static_cast<int>(splits);
   return p;

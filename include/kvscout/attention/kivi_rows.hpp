@@ -1,22 +1,15 @@
 #pragma once
 // Row sources for decode attention over a KIVI cache (kv/kivi.hpp). A quantised row is dequantised
-// into attention's float buffer as it is read (keys with their key group's per-channel parameters,
-// values with the per-group parameters in the record); the window not yet fetchable is read from
-// its resident ring (full precision, or dequantised where KIVI's rule already quantised a key or,
-// R = 0, a value). No full-precision copy of a quantised row exists: only the quantised bytes
-// cross the link.
+// into attention's float buffer as it is read; the window not yet fetchable is read from its
+// resident ring. No full-precision copy of a quantised row exists: only the quantised bytes cross
+// the link.
 //
-//   kivi_layout_rows_host<L>    every token of (s, h) in cache order: the quantised tokens
-//                               [0, quantized_len), then the residual window [quantized_len, len).
-//                               The dense reference over the quantised cache.
-//   kivi_gathered_rows_host<L>  the counts[s, h] records an executor gathered (core/selection.hpp's
-//                               layout, rows of k_row_bytes / v_row_bytes), then the whole resident
-//                               window: rows(s, h) = counts[s, h] + residual_len(s).
+//   kivi_layout_rows_host<L>    every token of (s, h) in cache order: the quantised tokens, then
+//                               the residual window. The dense reference over the quantised cache.
+//   kivi_gathered_rows_host<L>  the counts[s, h] records an executor gathered, then the whole
+//                               resident window: rows(s, h) = counts[s, h] + residual_len(s).
 // token(s, h, i) is the cache position of row i in both, so rows stay in ascending token order.
 //
-//   using layout = kvscout::kivi_layout<kvscout::half, 128, 2>;
-//   auto kv = store.buffers().view(l);                            // kivi_view<layout, host_space>
-//   gather.submit(kv.quantized(), selection, destination).wait(); // gather_executor_host<layout>
 //   kvscout::kivi_gathered_rows_host rows(l, selection, destination, kv.resident);
 //   kvscout::decode_attention_host(rows, current, q, out, {.num_q_heads = 32, .scale = 0.088f});
 
@@ -37,30 +30,25 @@
 namespace kvscout {
 namespace detail {
 
-// ---- host dequantisation, a register of channels at a time ----------------------------------
-// Bit for bit as kv/detail/kivi_pack.hpp's kivi_dequantize_key_row / kivi_dequantize_value_row
-// (x' = fma(code, scale, zero), one rounding; NaN payloads aside), a host_float_lanes register at a
-// time: codes unpacked by shifts within one little-endian word, parameters widened by load_lanes, one
-// madd (docs/performance.md, "Host kernel constants"). Without host_madd_fused, madd is a multiply then
-// an add, still the fma's value for half parameters: a code (< 16) times a half (11 significant
-// bits; its subnormals are normal floats) is exact in float, so only the add rounds. Float
-// parameters there keep the scalar fma.
+// Host dequantisation, bit for bit as kivi_dequantize_key_row / kivi_dequantize_value_row
+// (x' = fma(code, scale, zero), one rounding; NaN payloads aside), a register at a time. Without
+// host_madd_fused, madd is a multiply then an add, still the fma's value for half parameters: a
+// code (< 16) times a half is exact in float, so only the add rounds. Float parameters there keep
+// the scalar fma.
 template <kivi_scale_type S>
 inline constexpr bool kivi_host_lanes_exact = std::is_same_v<S, half> || host_madd_fused;
 
-// The codes of the host_float_lanes channels of a packed row starting at `packed` (a channel
-// that is a multiple of the lane count, so a whole byte), as floats.
+// The codes of the host_float_lanes channels starting at `packed` (a whole byte), as floats.
 template <int Bits>
 inline host_vec kivi_code_lanes(const std::uint8_t* packed) {
   constexpr int N = host_float_lanes;
   constexpr int bytes = N * Bits / 8;  // 1 to 8
   typedef std::int32_t i32xN __attribute__((vector_size(N * 4)));
-  // The bytes through a scalar, then broadcast: a copy into a vector in memory would be a
-  // store, a narrower store and a wide reload (a store-forwarding stall per register).
+  // Through a scalar, then broadcast: a copy into a vector in memory would stall store forwarding.
   std::uint64_t bits = 0;
   std::memcpy(&bits, packed, bytes);
-  // Lane t holds bits [t * Bits % 32, + Bits) of word t * Bits / 32 (a second word only with
-  // 16 lanes and 4 bits): both words broadcast, each lane's picked by a constant mask.
+  // Lane t holds bits [t * Bits % 32, + Bits) of word t * Bits / 32: both words broadcast, each
+  // lane's picked by a constant mask.
   i32xN high, shift;
   for (int t = 0; t < N; ++t) {
     high[t] = t * Bits / 32 != 0 ? -1 : 0;
@@ -78,7 +66,6 @@ inline host_vec kivi_code_lanes(const std::uint8_t* packed) {
 
 inline constexpr bool kivi_host_little_endian = std::endian::native == std::endian::little;
 
-// Key row of D channels: out[c] = fma(code[c], scale[c], zero[c]).
 template <int Bits, kivi_scale_type S, int D>
 inline void kivi_host_key_row(const std::uint8_t* codes, const S* scale, const S* zero,
                               float* out) {
@@ -97,8 +84,7 @@ inline void kivi_host_key_row(const std::uint8_t* codes, const S* scale, const S
                              kivi_to_float(zero[c]));
 }
 
-// Value row of D channels in groups of G (G divides D): out[c] = fma(code[c], scales[c / G],
-// zeros[c / G]).
+// G divides D: out[c] = fma(code[c], scales[c / G], zeros[c / G]).
 template <int Bits, kivi_scale_type S, int D>
 inline void kivi_host_value_row(const std::uint8_t* codes, const S* scales, const S* zeros, int G,
                                 float* out) {
@@ -134,8 +120,7 @@ inline void kivi_host_value_row(const std::uint8_t* codes, const S* scales, cons
                              kivi_to_float(zeros[c / G]));
 }
 
-// Key row of quantised token t of (s, h) from its record [k_row_bytes]: parameters of key group
-// t / G from the resident k_params.
+// Parameters of key group t / G from the resident k_params.
 template <kivi_quantized_layout L>
 inline void kivi_load_key(const L& l, const std::byte* record, const std::byte* k_params, int s,
                           int t, int h, float* dst) {
@@ -145,7 +130,6 @@ inline void kivi_load_key(const L& l, const std::byte* record, const std::byte* 
                                              scale + L::head_dim, dst);
 }
 
-// Value row from its record [v_row_bytes]: codes, then scales[D / G], zeros[D / G].
 template <kivi_quantized_layout L>
 inline void kivi_load_value(const L& l, const std::byte* record, float* dst) {
   using S = typename L::scale_type;
@@ -157,7 +141,6 @@ inline void kivi_load_value(const L& l, const std::byte* record, float* dst) {
 
 }  // namespace detail
 
-/// Every token of a KIVI cache, quantised ones dequantised on the fly.
 template <kivi_quantized_layout L>
 class kivi_layout_rows_host {
  public:
@@ -195,7 +178,6 @@ class kivi_layout_rows_host {
   kivi_view<L, host_space> kv_;
 };
 
-/// The quantised rows an executor gathered for a selection, then each sequence's residual window.
 template <kivi_quantized_layout L>
 class kivi_gathered_rows_host {
  public:
@@ -203,8 +185,7 @@ class kivi_gathered_rows_host {
   static constexpr int head_dim = L::head_dim;
 
   /// k / v: the gathered records, [num_seqs, num_kv_heads, capacity, k_row_bytes / v_row_bytes].
-  /// Checks the selection against the layout (every listed token must be quantised: key group
-  /// parameters are looked up by token) and the record and resident buffers.
+  /// Every listed token must be quantised (key group parameters are looked up by token).
   kivi_gathered_rows_host(const L& layout, const selection_view<host_space>& sel,
                           host_span<const std::byte> k, host_span<const std::byte> v,
                           const kivi_resident_view<host_space>& resident)
@@ -243,7 +224,6 @@ class kivi_gathered_rows_host {
     }
   }
 
-  /// Same, reading the destination a prefetch executor wrote.
   kivi_gathered_rows_host(const L& layout, const selection_view<host_space>& sel,
                           const gather_destination<host_space>& gathered,
                           const kivi_resident_view<host_space>& resident)

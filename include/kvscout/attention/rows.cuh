@@ -14,8 +14,8 @@
 //   load_k(s, h, i, c0, float (&)[E], status) -> bool   false: row skipped (bad index, raised)
 //   load_v(s, h, i, c0, float (&)[E])     only after load_k returned true
 //
-// The per-element math is the host's (to_float; kivi_code + kivi_dequantize, kv/detail/kivi_pack.hpp),
-// so a dequantised element has the same bits here as in kivi_gathered_rows_host.
+// The per-element math is the host's, so a dequantised element has the same bits here as in
+// kivi_gathered_rows_host.
 
 #include <cuda_runtime.h>
 
@@ -43,10 +43,8 @@ KVSCOUT_DEVICE int clamp_count(int n, int capacity) { return n < 0 ? 0 : (n > ca
 }  // namespace detail
 
 /// A row source decode_attention_cuda reads: copied by value into the kernel, shapes on the host,
-/// and the three device calls of this file's opening comment (E = 8 for 16-bit rows of 128);
-/// rows() returns a count the source trusts or has clamped. An engine's own row source (its
-/// quantised or paged format read in place) models this to reuse the kernel. (head_dim is checked
-/// first, so the per-lane array type is only formed for types that have one.)
+/// and the three device calls above; rows() returns a count the source trusts or has clamped. An
+/// engine's own row source models this to reuse the kernel.
 template <class R>
 concept attention_rows_cuda =
     std::copyable<R> &&
@@ -67,7 +65,6 @@ concept attention_rows_cuda =
           s, h, i, c0, part);
     };
 
-/// The rows a prefetch executor gathered into device memory (core/selection.hpp layout), T rows.
 template <kv_element T, int HeadDim>
 class gathered_rows_cuda {
  public:
@@ -89,8 +86,8 @@ class gathered_rows_cuda {
     detail::check_gathered_cuda(sel, k.size_bytes(), k.data(), v.size_bytes(), v.data(),
                                   HeadDim * sizeof(T), HeadDim * sizeof(T));
   }
-  /// The same over the byte buffers an executor wrote (the gather_destination it was given),
-  /// read as T rows; the same checks (sizes, 16-byte alignment).
+  /// The same over the byte buffers an executor wrote, read as T rows (sizes, 16-byte alignment
+  /// checked).
   gathered_rows_cuda(const selection_view<device_space>& sel,
                        const gather_destination<device_space>& rows)
       : gathered_rows_cuda(sel, typed(rows.k), typed(rows.v)) {}
@@ -127,13 +124,11 @@ class gathered_rows_cuda {
   int num_seqs_ = 0, num_kv_heads_ = 0, capacity_ = 0;
 
   static device_span<const T> typed(device_span<std::byte> b) {
-    // Whole elements only; the alignment is checked with the sizes.
     return {reinterpret_cast<const T*>(b.data()), b.size() / sizeof(T)};
   }
 };
 
-/// Every cached token of a device-resident (or mapped) cache read through its layout: the dense
-/// anchor. Not for KIVI layouts (their rows are records; see kivi_gathered_rows_cuda).
+/// Every cached token of a device-resident (or mapped) cache: the dense anchor. Not for KIVI.
 template <kv_layout L>
   requires(!kivi_quantized_layout<L>)
 class layout_rows_cuda {
@@ -143,8 +138,8 @@ class layout_rows_cuda {
   static constexpr int head_dim = L::head_dim;
 
   layout_rows_cuda() = default;
-  /// The layout's metadata must be device-readable; it is not validated here (validate it on a
-  /// host copy). Rows whose bytes fall outside the buffers are skipped (out_of_bounds).
+  /// The layout's metadata must be device-readable; it is not validated here (validate it on a host
+  /// copy). Rows whose bytes fall outside the buffers are skipped (out_of_bounds).
   explicit layout_rows_cuda(const kv_view<L, device_space>& kv)
       : l_(kv.layout), k_(kv.k.data()), v_(kv.v.data()), k_bytes_(kv.k.size()),
         v_bytes_(kv.v.size()) {
@@ -167,9 +162,8 @@ class layout_rows_cuda {
       detail::raise_device_status(status, device_status::out_of_bounds);
       return false;
     }
-    // load_row_part reads E elements with 16- or 8-byte loads where their size allows; a row
-    // the layout places off that alignment (a user layout, a page stride that is not a multiple
-    // of it) is skipped with `misaligned` instead of faulting on the load.
+    // A row the layout places off the load's alignment is skipped with `misaligned` instead of
+    // faulting on the load.
     constexpr std::size_t part = sizeof(element_type) * E;
     constexpr std::size_t align = part % 16 == 0 ? 16 : (part % 8 == 0 ? 8 : sizeof(element_type));
     if ((ko | vo) % align != 0) {
@@ -193,8 +187,7 @@ class layout_rows_cuda {
   std::size_t k_bytes_ = 0, v_bytes_ = 0;
 };
 
-/// The device twin of kivi_gathered_rows_host: the gathered KIVI records (core/selection.hpp layout,
-/// k_row_bytes / v_row_bytes per row), dequantised as read, then the resident window (kv/kivi.hpp);
+/// The gathered KIVI records, dequantised as read, then the resident window;
 /// rows(s, h) = counts[s, h] + residual_len(s).
 template <kivi_quantized_layout L>
 class kivi_gathered_rows_cuda {
@@ -205,8 +198,8 @@ class kivi_gathered_rows_cuda {
 
   kivi_gathered_rows_cuda() = default;
   /// The layout's lengths, the selection, the gathered records and the resident buffers must be
-  /// device-readable. Host checks of shapes, sizes and alignment; indices are checked on the
-  /// device (a token outside the quantised tokens is skipped, bad_index).
+  /// device-readable. Indices are checked on the device (outside the quantised tokens: skipped,
+  /// bad_index).
   kivi_gathered_rows_cuda(const L& layout, const selection_view<device_space>& sel,
                             const gather_destination<device_space>& gathered,
                             const kivi_resident_view<device_space>& resident)
@@ -310,13 +303,10 @@ class kivi_gathered_rows_cuda {
   int capacity_ = 0;
 };
 
-/// Two device row sources of one element type, head_dim and shape read as one: (s, h) has a's
-/// rows, then b's (the device twin of joined_rows_host; used for the correction step's rows,
-/// pipeline/cuda_stages.cuh, so nothing is copied into one set). Holds both by value; each load
-/// reads a's count once more (clamped as rows() clamps it; only rows() reports a bad one).
-///
-///   kvscout::joined_rows_cuda rows(kvscout::gathered_rows_cuda<half, 128>(sel, dst),
-///                                  kvscout::gathered_rows_cuda<half, 128>(added, added_dst));
+/// Two device row sources of one element type, head_dim and shape read as one: (s, h) has a's rows,
+/// then b's (the correction step's rows, so nothing is copied into one set). Holds both by value;
+/// each load reads a's count once more (clamped as rows() clamps it; only rows() reports a bad
+/// one).
 template <attention_rows_cuda A, attention_rows_cuda B>
   requires std::same_as<typename A::element_type, typename B::element_type> &&
            (A::head_dim == B::head_dim)

@@ -1,18 +1,11 @@
 #pragma once
 // Row sources for decode attention: where the K / V rows of each (sequence, kv head) come from.
-//
 // Attention reads rows only through load_k / load_v (one row into a float[head_dim] buffer), so
-// the same attention code serves the whole cache read through a layout (dense reference), the
-// contiguous rows a prefetch executor gathered (sparse attention), and KIVI's quantized rows,
-// dequantised as they are read (attention/kivi_rows.hpp).
-//
-//   layout_rows_host<L>    rows of (s, h) are the cached tokens 0 .. seq_len(s)-1, read via the layout
-//   gathered_rows_host<T, D> rows of (s, h) are the `counts[s, h]` entries an executor wrote:
-//                     k / v [num_seqs, num_kv_heads, capacity, D] (core/selection.hpp);
-//                     gathered_rows_host(layout, sel, dst) takes T and D from the cache's layout
+// the same code serves the whole cache (dense reference), the gathered rows (sparse attention),
+// and KIVI's quantized rows (attention/kivi_rows.hpp).
 //
 // Every source answers: num_seqs(), num_kv_heads(), rows(s, h), token(s, h, i) (the cache position
-// of row i, for attention-mass bookkeeping), load_k(s, h, i, float*), load_v(s, h, i, float*).
+// of row i), load_k(s, h, i, float*), load_v(s, h, i, float*).
 
 #include <concepts>
 #include <cstddef>
@@ -42,13 +35,10 @@ concept attention_rows = requires(const R& r, int s, int h, int i, float* dst) {
 };
 
 namespace detail {
-/// One row of D elements of T as floats, each exact (to_float's value; NaN stays NaN, its
-/// payload may differ). Float, half and bfloat16 rows widen a register at a time (load_lanes:
-/// F16C where the target has it). fp8 rows too on F16C targets, through half, which holds every
-/// fp8 value: an e5m2 code is the high byte of the half of the same value; an e4m3 code, shifted
-/// into a half's exponent and mantissa, is its value times 2^-8 (subnormals included), so the
-/// float is multiplied back by 256, exactly. E4M3's NaN codes (magnitude 0x7f) become half NaNs.
-/// Elsewhere fp8 rows look up to_float's table.
+/// One row of D elements of T as floats, each exact (a NaN's payload may differ). fp8 rows widen
+/// through half on F16C targets: an e5m2 code is the high byte of the half of the same value; an
+/// e4m3 code, shifted into a half's exponent and mantissa, is its value times 2^-8, so the float is
+/// multiplied back by 256, exactly. Elsewhere fp8 rows look up to_float's table.
 template <class T, int D>
 inline void load_row(const std::byte* p, float* dst) {
   const T* row = reinterpret_cast<const T*>(p);
@@ -88,9 +78,8 @@ inline void load_row(const std::byte* p, float* dst) {
 }
 }  // namespace detail
 
-/// All cached tokens of a host KV cache, read through its layout. Not for KIVI layouts, whose
-/// rows are packed codes: their row source is kivi_layout_rows_host (cache_rows_t<L> picks the right
-/// one, attention/cache_rows.hpp).
+/// All cached tokens of a host KV cache, read through its layout. Not for KIVI layouts
+/// (kivi_layout_rows_host; cache_rows_t<L> picks the right one).
 template <kv_layout L>
   requires(!kivi_quantized_layout<L>)
 class layout_rows_host {
@@ -118,7 +107,6 @@ class layout_rows_host {
   kv_view<L, host_space> kv_;
 };
 
-/// The rows a prefetch executor gathered for a selection.
 template <kv_element T, int HeadDim>
 class gathered_rows_host {
  public:
@@ -146,14 +134,12 @@ class gathered_rows_host {
     }
   }
 
-  /// The same over the byte buffers an executor wrote (the gather_destination it was given),
-  /// read as T rows: checks that they are aligned for T, then the sizes as above.
+  /// The same over the byte buffers an executor wrote, read as T rows (alignment checked).
   gathered_rows_host(const selection_view<host_space>& sel,
                      const gather_destination<host_space>& rows)
       : gathered_rows_host(sel, typed(rows.k, "K"), typed(rows.v, "V")) {}
 
-  /// The rows gathered from a cache of layout `layout`: T and HeadDim are the layout's (deduced:
-  /// `gathered_rows_host rows(layout, sel, dst)`), so the rows cannot be read at another width; the
+  /// T and HeadDim are the layout's (deduced: `gathered_rows_host rows(layout, sel, dst)`); the
   /// selection's shape must be the layout's.
   template <kv_layout L>
     requires(!kivi_quantized_layout<L>)
@@ -208,9 +194,8 @@ gathered_rows_host(const L&, const selection_view<host_space>&,
                    const gather_destination<host_space>&)
     -> gathered_rows_host<typename L::element_type, L::head_dim>;
 
-/// Two row sources of one shape read as one: (s, h) has a's rows, then b's. A pipeline's
-/// speculated rows and the rows its correction step added (pipeline/host_pipeline.hpp); any
-/// attention_rows pair of one element type, head_dim and shape (checked). Holds references.
+/// Two row sources of one element type, head_dim and shape (checked) read as one: (s, h) has a's
+/// rows, then b's. Holds references.
 template <attention_rows A, attention_rows B>
   requires std::same_as<typename A::element_type, typename B::element_type>
 class joined_rows_host {

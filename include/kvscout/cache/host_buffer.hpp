@@ -1,18 +1,13 @@
 #pragma once
 // An owning, aligned host allocation for a host KV store, set up once, outside the decode loop.
 //
-// Gathering selected rows reads scattered rows of a cache far larger than the TLB reach of 4 KiB
-// pages; with 2 MiB pages one TLB entry covers 512 times as much, and the gather stops waiting on
-// page walks (docs/performance.md has the measured difference). host_pages::huge asks the kernel
-// for transparent huge pages (Linux: a 2 MiB-aligned anonymous mapping with MADV_HUGEPAGE); where
-// that is unavailable the buffer still works with normal pages and huge_pages() says so.
-// The memory can later be page-locked for the GPU (cudaHostRegister) without copying.
+// host_pages::huge asks the kernel for transparent huge pages (Linux: a 2 MiB-aligned anonymous
+// mapping with MADV_HUGEPAGE): a gather of scattered rows then stops waiting on page walks. Where
+// that is unavailable the buffer still works with normal pages and huge_pages() says so. The
+// memory can later be page-locked for the GPU (cudaHostRegister) without copying.
 //
-//   kvscout::host_buffer<kvscout::half> k(num_elems, kvscout::host_pages::huge);
-//   kvscout::host_span<kvscout::half> s = k.span();
-//
-// Contents start zeroed (anonymous mappings are). T must be trivially copyable. A buffer may
-// instead borrow the caller's memory (host_buffer(host_span<T>)), which it never frees.
+// Contents start zeroed. T must be trivially copyable. A buffer may instead borrow the caller's
+// memory (host_buffer(host_span<T>)), which it never frees.
 
 #include <cstddef>
 #include <cstdint>
@@ -43,15 +38,13 @@ class host_buffer {
   host_buffer() = default;
 
   explicit host_buffer(std::size_t count, host_pages pages = host_pages::normal) : size_(count) {
-    // The mapping rounds up to whole huge pages and may take one more (for the alignment): the
-    // size must leave room for both.
+    // The mapping rounds up to whole huge pages and may take one more (for the alignment).
     KVSCOUT_EXPECTS(count <= (SIZE_MAX - 2 * huge_page_bytes) / sizeof(T), "host_buffer of ",
                     count, " elements of ", sizeof(T), " bytes overflows size_t (at most ",
                     (SIZE_MAX - 2 * huge_page_bytes) / sizeof(T), ")");
     const std::size_t bytes = count * sizeof(T);
     if (bytes == 0) return;
 #if defined(__linux__)
-    // Round up to whole huge pages so the mapping can be backed by them.
     mapped_ = (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
     void* p = mmap(nullptr, mapped_ + (pages == host_pages::huge ? huge_page_bytes : 0),
                    PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -59,7 +52,6 @@ class host_buffer {
     base_ = p;
     std::byte* start = static_cast<std::byte*>(p);
     if (pages == host_pages::huge) {
-      // Align the start to 2 MiB inside the over-sized mapping.
       const auto addr = reinterpret_cast<std::uintptr_t>(start);
       start += (huge_page_bytes - addr % huge_page_bytes) % huge_page_bytes;
       mapped_ += huge_page_bytes;
@@ -77,8 +69,8 @@ class host_buffer {
 #endif
   }
 
-  /// Borrows the caller's memory: not freed here, its contents as the caller left them (a store
-  /// over memory an engine owns). `borrowed` must be aligned for T.
+  /// Borrows the caller's memory: not freed here, its contents as the caller left them. `borrowed`
+  /// must be aligned for T.
   explicit host_buffer(host_span<T> borrowed) noexcept : data_(borrowed.data()), size_(borrowed.size()) {}
   host_buffer(host_buffer&& o) noexcept { swap(o); }
   host_buffer& operator=(host_buffer&& o) noexcept {
@@ -93,7 +85,6 @@ class host_buffer {
   [[nodiscard]] const T* data() const noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
-  /// Whether the kernel accepted the request for huge pages.
   [[nodiscard]] bool huge_pages() const noexcept { return huge_; }
 
   T* begin() noexcept { return data_; }
@@ -131,8 +122,7 @@ class host_buffer {
 };
 
 namespace detail {
-/// The checks of caller memory for a store: non-null where bytes are needed, at least `need`
-/// bytes, at `alignment`. Errors name the store, the sizes and the address.
+/// Non-null where bytes are needed, at least `need` bytes, at `alignment`.
 inline void check_cache_memory(const char* what, host_span<std::byte> memory, std::size_t need,
                                std::size_t alignment) {
   KVSCOUT_EXPECTS(memory.size() >= need, what, ": the caller's memory holds ", memory.size(),
@@ -142,15 +132,13 @@ inline void check_cache_memory(const char* what, host_span<std::byte> memory, st
                   ": the caller's memory must be ", alignment, "-byte aligned, got address ",
                   static_cast<const void*>(memory.data()));
 }
-/// The set-up of a store over caller memory: the checks above, then its first `need` bytes zeroed.
-/// Returns memory.data().
+/// The checks above, then the first `need` bytes zeroed. Returns memory.data().
 inline std::byte* zeroed_cache_memory(const char* what, host_span<std::byte> memory, std::size_t need,
                                       std::size_t alignment) {
   check_cache_memory(what, memory, need, alignment);
   if (need > 0) std::memset(memory.data(), 0, need);
   return memory.data();
 }
-/// The same, borrowed as need / sizeof(T) elements of T.
 template <class T>
 host_buffer<T> borrow_zeroed(const char* what, host_span<std::byte> memory, std::size_t need,
                              std::size_t alignment) {

@@ -1,34 +1,24 @@
 #pragma once
 // A bounded host KV pool: which cached tokens of each (layer, sequence, kv head) are still held in
-// host memory, `capacity` at most, and which physical slot [0, capacity) each one occupies. It owns
-// no K / V rows: the engine moves them (into the slot the pool names).
+// host memory, `capacity` at most, and which physical slot [0, capacity) each one occupies. It
+// owns no K / V rows: the engine moves them (into the slot the pool names).
 //
-// The method is InfiniGen's (Lee et al., OSDI'24, section 4.4; its source, and what kvscout does
-// differently: docs/architecture.md, "The bounded host pool"): once the pool is full, one token is
-// evicted for good before each new token enters. The victim is a resident token older than half
-// the sequence (at row i, before token i + 1 enters: [0, floor(i / 2)); a wider window where none
-// is), never one of [0, pinned_sinks), chosen by
-//   eviction::counter  the fewest selections since the token entered (once per step that selected it);
-//   eviction::lru      the oldest last selection (a never-selected token counts as selected before
-//                      step 0, so it goes first).
+// The method is InfiniGen's (Lee et al., OSDI'24, section 4.4; what kvscout does differently:
+// docs/architecture.md): once the pool is full, one token is evicted for good before each new
+// token enters. The victim is a resident token older than half the sequence (at row i, before
+// token i + 1 enters: [0, floor(i / 2)); a wider window where none is), never one of
+// [0, pinned_sinks), chosen by
+//   eviction::counter  the fewest selections since the token entered (once per selecting step);
+//   eviction::lru      the oldest last selection (a never-selected token goes first).
 // Ties go to the lowest token index. A new token takes slot `resident` while the pool fills, then
 // the victim's slot.
 //
-// Per step, for one layer, in InfiniGen's order (a step's selection counts before its token enters):
+// Per step and layer, in InfiniGen's order (a step's selection counts before its token enters):
 //   pool.observe(layer, selection.view());   // what the speculation selected (counter / LRU)
 //   pool.append(layer, s, t);                // token t = length(s) enters, evicting when full
-// Both keep the per-step contract (docs/architecture.md) and change nothing on bad input.
-// observe() costs O(selected rows); append() O(length) per kv head when it evicts. Readers skip
-// evicted tokens through resident() / slot() / slots() (-1 when evicted), live_tokens() or
-// drop_evicted().
-//
-// Memory: num_layers * num_seqs * num_kv_heads * (12 * max_tokens + 4 * capacity + 8) bytes and
-// 8 * num_layers + 4 * num_layers * num_seqs more (workspace_bytes(cfg)): the pool's own, or the
-// caller's (the constructor that takes it, at workspace_alignment, never freed here).
-//
-//   kvscout::host_pool pool({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
-//                            .max_tokens = 8192, .capacity = 2048,
-//                            .policy = kvscout::eviction::counter, .pinned_sinks = 4});
+// Both change nothing on bad input. observe() costs O(selected rows); append() O(length) per kv
+// head when it evicts. Readers skip evicted tokens through resident() / slot() / slots() (-1 when
+// evicted), live_tokens() or drop_evicted().
 
 #include <algorithm>
 #include <cstddef>
@@ -71,8 +61,7 @@ class host_pool {
   };
   using config_type = config;
 
-  /// The bytes of the pool's state: its keys and slots per token, its slots' tokens, its counts.
-  /// Checks the config.
+  /// The bytes of the pool's state. Checks the config.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
     const sizes z = sizes_of(cfg);
@@ -84,11 +73,9 @@ class host_pool {
     return detail::checked_sum(what, detail::checked_size(what, wide, sizeof(std::int64_t)),
                                detail::checked_size(what, narrow, sizeof(int)));
   }
-  /// The alignment the caller's memory must have (64-bit keys first).
   static constexpr std::size_t workspace_alignment = alignof(std::int64_t);
   static_assert(sizeof(int) == sizeof(std::int32_t), "host_pool carves its slots and tokens as one int array");
 
-  /// The pool allocates its state once, here.
   explicit host_pool(const config& cfg) : own_(workspace_bytes(cfg)) { init(cfg, own_.span()); }
   /// The state in the caller's memory: at least workspace_bytes(cfg) bytes at workspace_alignment,
   /// initialised here (an empty pool), never freed here, not shared while the pool lives.
@@ -112,7 +99,6 @@ class host_pool {
             detail::checked_size("host_pool slots (rows x capacity)", rows, cfg.capacity),
             static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs, static_cast<std::size_t>(cfg.num_layers)};
   }
-  // Carves the state from `memory` (checked), 64-bit arrays first, and sets an empty pool.
   void init(const config& cfg, host_span<std::byte> memory) {
     cfg_ = cfg;
     const sizes z = sizes_of(cfg);
@@ -152,8 +138,8 @@ class host_pool {
  public:
 
   /// Counts the step's selection of `layer`: row s of the view is sequence seq_ids[s] (s when
-  /// seq_ids is empty). Every selected token must be resident: selection must not name an
-  /// evicted token (drop_evicted() removes them). Advances the layer's LRU clock by one.
+  /// seq_ids is empty). Every selected token must be resident (drop_evicted() removes the others).
+  /// Advances the layer's LRU clock by one.
   void observe(int layer, const selection_view<host_space>& sel,
                host_span<const int32_t> seq_ids = {}) {
     check_layer(layer);
@@ -173,8 +159,8 @@ class host_pool {
     }
   }
 
-  /// Token t = length(layer, s) of sequence s enters the pool of `layer` for every kv head; where
-  /// the (layer, s, h) pool is full, one token is evicted first and t takes its slot (evicted()).
+  /// Token t = length(layer, s) of sequence s enters the pool of `layer` for every kv head; a full
+  /// (layer, s, h) pool evicts one token first and t takes its slot (evicted()).
   void append(int layer, int s, int t) {
     check_layer(layer);
     check_seq(s);
@@ -205,7 +191,6 @@ class host_pool {
     ++len_[lin(layer, s)];
   }
 
-  /// Clears sequence s in every layer (a new sequence in its slot).
   void reset(int s) {
     check_seq(s);
     for (int layer = 0; layer < cfg_.num_layers; ++layer) {
@@ -221,36 +206,33 @@ class host_pool {
     }
   }
 
-  /// Tokens appended to sequence s of `layer` (resident or evicted).
+  /// Resident or evicted.
   [[nodiscard]] int length(int layer, int s) const {
     check_layer(layer);
     check_seq(s);
     return len_[lin(layer, s)];
   }
-  /// Tokens resident in the (layer, s, h) pool: min(length, capacity).
   [[nodiscard]] int resident_count(int layer, int s, int h) const {
     check_row(layer, s, h);
     return resident_[row(layer, s, h)];
   }
-  /// The token the last append() evicted from (layer, s, h), -1 if it evicted none.
   [[nodiscard]] int evicted(int layer, int s, int h) const {
     check_row(layer, s, h);
     return evicted_[row(layer, s, h)];
   }
-  /// The slot of token t in [0, capacity), -1 when t was evicted. t in [0, length).
+  /// -1 when t was evicted. t in [0, length).
   [[nodiscard]] int slot(int layer, int s, int h, int t) const {
     check_token(layer, s, h, t);
     return slots_of(layer, s, h)[t];
   }
   [[nodiscard]] bool resident(int layer, int s, int h, int t) const { return slot(layer, s, h, t) >= 0; }
-  /// The token in slot i of (layer, s, h), -1 when the slot is still empty. i in [0, capacity).
+  /// -1 when the slot is still empty. i in [0, capacity).
   [[nodiscard]] int token_in_slot(int layer, int s, int h, int i) const {
     check_row(layer, s, h);
     KVSCOUT_EXPECTS(i >= 0 && i < cfg_.capacity, "slot ", i, " is out of range [0, capacity = ",
                     cfg_.capacity, ")");
     return token_[row(layer, s, h) * static_cast<std::size_t>(cfg_.capacity) + static_cast<std::size_t>(i)];
   }
-  /// Every token's slot, [length(layer, s)], -1 for evicted tokens: a mask and the mapping.
   [[nodiscard]] host_span<const int> slots(int layer, int s, int h) const {
     check_row(layer, s, h);
     return {slots_of(layer, s, h), static_cast<std::size_t>(len_[lin(layer, s)])};
@@ -261,8 +243,8 @@ class host_pool {
     check_token(layer, s, h, t);
     return keys(layer, s, h)[t];
   }
-  /// Writes the resident tokens of (layer, s, h) below `below` (length(layer, s) when negative),
-  /// ascending, into out; returns how many. out must hold them all.
+  /// Writes the resident tokens below `below` (length(layer, s) when negative), ascending, into
+  /// out; returns how many. out must hold them all.
   int live_tokens(int layer, int s, int h, host_span<int32_t> out, int below = -1) const {
     check_row(layer, s, h);
     const int len = len_[lin(layer, s)];
@@ -280,9 +262,8 @@ class host_pool {
       if (slot[t] >= 0) out[static_cast<std::size_t>(c++)] = t;
     return c;
   }
-  /// Removes the evicted tokens of `layer` from a selection in place (rows as in observe());
-  /// the rest keep their ascending order. Returns how many it removed. Indices must be in
-  /// [0, length) of their sequence.
+  /// Removes the evicted tokens of `layer` from a selection in place (rows as in observe()), order
+  /// kept; returns how many. Indices must be in [0, length) of their sequence.
   int drop_evicted(int layer, const selection_buffers<host_space>& sel,
                    host_span<const int32_t> seq_ids = {}) const {
     check_layer(layer);
@@ -307,9 +288,9 @@ class host_pool {
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:
-  // The victim of (layer, s, h) before token t enters: the smallest key among the resident,
-  // unpinned tokens of InfiniGen's window [0, floor((t - 1) / 2)), lowest index on ties; where
-  // that window holds none, of [0, t - floor((capacity - pinned_sinks) / 2)).
+  // The smallest key among the resident, unpinned tokens of InfiniGen's window
+  // [0, floor((t - 1) / 2)), lowest index on ties; where that window holds none, of
+  // [0, t - floor((capacity - pinned_sinks) / 2)).
   int victim(int layer, int s, int h, int t) const {
     const int* slot = slots_of(layer, s, h);
     const std::int64_t* key = keys(layer, s, h);
@@ -324,7 +305,7 @@ class host_pool {
     const int window = t >= 1 ? (t - 1) / 2 : 0;
     int v = scan(lo, window);
     if (v < 0) v = scan(lo, t - (cfg_.capacity - cfg_.pinned_sinks) / 2);
-    // Resident tokens number capacity, at most pinned_sinks of them below lo and at most
+    // At most pinned_sinks resident tokens lie below lo and at most
     // floor((capacity - pinned_sinks) / 2) above the widened window: one is always found.
     KVSCOUT_EXPECTS(v >= 0, "host_pool found no token to evict in (layer, s, h) = (", layer, ", ",
                     s, ", ", h, ") before token ", t, " (internal error)");
@@ -351,7 +332,6 @@ class host_pool {
     KVSCOUT_EXPECTS(t >= 0 && t < len, "token ", t, " of sequence ", s, " of layer ", layer,
                     " is out of range [0, length = ", len, ")");
   }
-  // Everything observe() / drop_evicted() read, checked before anything changes.
   void check_selection(int layer, const selection_view<host_space>& sel,
                        host_span<const int32_t> seq_ids, bool allow_evicted = false) const {
     KVSCOUT_EXPECTS(sel.num_seqs >= 0 && sel.num_seqs <= cfg_.num_seqs, "selection holds ",

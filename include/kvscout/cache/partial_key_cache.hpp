@@ -7,18 +7,12 @@
 // channel), channel-major inside a tile:
 //   [num_seqs, num_kv_heads, ceil(max_tokens / B), r, B]
 //   element (s, h, c, t) at (((s * H + h) * tiles + t / B) * r + c) * B + t % B
-// Scoring computes sum_c q~[c] * pk[c][t] for the B tokens of a tile at once: it reads one
-// contiguous r * 64-byte tile, vectorises over tokens, and the whole cache of a head is one
-// sequential stream (on the GPU: a warp reads whole lines, coalesced over tokens).
-// Memory: the cache's own (host_buffer), or the caller's (memory_bytes, the span constructor).
-// num_seqs * num_kv_heads * tiles * r * B * sizeof(T) bytes, about
-// num_seqs * num_kv_heads * r * max_tokens * sizeof(T) (3 KV heads, r = 16, 8192 tokens, float:
-// 1.5 MiB per layer and sequence).
+// Scoring computes sum_c q~[c] * pk[c][t] for the B tokens of a tile at once, vectorised over
+// tokens; a head's whole cache is one sequential stream (on the GPU: coalesced over tokens).
 //
-//   kvscout::partial_key_cache<float> pkc(/*num_seqs=*/1, /*num_kv_heads=*/3, /*r=*/16, /*max_tokens=*/8192);
+//   kvscout::partial_key_cache<float> pkc(/*num_seqs=*/1, /*num_kv_heads=*/3, /*r=*/16,
+//                                         /*max_tokens=*/8192);
 //   pkc.append(s, h, t, pk);                    // pk: float[r]
-//   const float* tile = pkc.tile(s, h, t / 16); // [r, 16]: channel c of tokens 16 * (t / 16) + i
-//   float v = pkc.at(s, h, c, t);
 
 #include <cstddef>
 
@@ -39,8 +33,8 @@ class partial_key_cache {
     data_ = host_buffer<T>(elements(num_seqs, num_kv_heads, r, max_tokens), pages);
     tiles_ = tiles_for(max_tokens);
   }
-  /// The same cache in the caller's memory: at least memory_bytes(...) bytes at
-  /// memory_alignment, zeroed here, never freed here.
+  /// The same cache in the caller's memory: at least memory_bytes(...) bytes at memory_alignment,
+  /// zeroed here, never freed here.
   partial_key_cache(int num_seqs, int num_kv_heads, int r, int max_tokens, host_span<std::byte> memory)
       : num_seqs_(num_seqs), num_kv_heads_(num_kv_heads), r_(r), max_tokens_(max_tokens) {
     data_ = detail::borrow_zeroed<T>("partial_key_cache", memory,
@@ -48,18 +42,14 @@ class partial_key_cache {
     tiles_ = tiles_for(max_tokens);
   }
 
-  /// The alignment of caller memory: one tile line.
   static constexpr std::size_t memory_alignment = 64;
-  /// Bytes a cache of this shape takes in caller memory. Checks the sizes.
   [[nodiscard]] static std::size_t memory_bytes(int num_seqs, int num_kv_heads, int r, int max_tokens) {
     return detail::checked_size("partial_key_cache bytes (elements x element size)",
                                 elements(num_seqs, num_kv_heads, r, max_tokens), sizeof(T));
   }
 
-  /// Tokens per tile: one 64-byte line of one channel.
   static constexpr int block_tokens = static_cast<int>(64 / sizeof(T));
 
-  /// Writes the partial key pk[0..r) of token t of (s, h).
   void append(int s, int h, int t, const float* pk) {
     KVSCOUT_EXPECTS(s >= 0 && s < num_seqs_, "sequence ", s, " is out of range [0, ", num_seqs_, ")");
     KVSCOUT_EXPECTS(h >= 0 && h < num_kv_heads_, "kv_head ", h, " is out of range [0, ",
@@ -71,9 +61,8 @@ class partial_key_cache {
     for (int c = 0; c < r_; ++c) base[static_cast<std::size_t>(c) * block_tokens] = from_float<T>(pk[c]);
   }
 
-  /// Tile b of (s, h): [r, block_tokens], channel c of token b * block_tokens + i at c * block_tokens + i.
+  /// [r, block_tokens], channel c of token b * block_tokens + i at c * block_tokens + i.
   [[nodiscard]] const T* tile(int s, int h, int b) const { return data_.data() + tile_offset(s, h, b); }
-  /// Channel c of token t of (s, h).
   [[nodiscard]] T at(int s, int h, int c, int t) const {
     return tile(s, h, t / block_tokens)[static_cast<std::size_t>(c) * block_tokens + t % block_tokens];
   }
@@ -84,8 +73,7 @@ class partial_key_cache {
   [[nodiscard]] int max_tokens() const { return max_tokens_; }
   [[nodiscard]] int tiles() const { return tiles_; }
   [[nodiscard]] std::size_t bytes() const { return data_.size_bytes(); }
-  /// Bytes of the tiles that hold tokens [0, n) of every (sequence, kv head): what scoring reads.
-  /// n in [0, max_tokens].
+  /// What scoring reads for tokens [0, n) of every (sequence, kv head). n in [0, max_tokens].
   [[nodiscard]] std::size_t bytes_for(int n) const {
     KVSCOUT_EXPECTS(n >= 0 && n <= max_tokens_, "bytes_for(", n,
                     "): the token count must be in [0, max_tokens = ", max_tokens_, "]");

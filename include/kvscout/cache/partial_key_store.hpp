@@ -1,11 +1,7 @@
 #pragma once
-// The formats partial keys can be kept in, and the cache that keeps each: a compute element
-// (float, half, bfloat16) in a partial_key_cache<T>, or a quantized_keys<Bits, Group> tag in a
-// quantized_partial_key_cache<Bits, Group>. infinigen_policy_host<PkT> holds a
-// partial_key_store<PkT> per speculated layer.
-//
-//   static_assert(kvscout::partial_key_format<kvscout::quantized_keys<4>>);
-//   kvscout::partial_key_store<kvscout::quantized_keys<4>> keys(1, 3, 64, 8192);
+// The formats partial keys can be kept in, and the cache that keeps each: a compute element (float,
+// half, bfloat16) in a partial_key_cache<T>, or a quantized_keys<Bits, Group> tag in a
+// quantized_partial_key_cache<Bits, Group>.
 
 #include <type_traits>
 
@@ -20,7 +16,6 @@ struct is_quantized_keys : std::false_type {};
 template <int Bits, int Group>
 struct is_quantized_keys<quantized_keys<Bits, Group>>
     : std::bool_constant<supported_key_quantization(Bits, Group)> {};
-/// Whether T is a supported quantized_keys tag.
 template <class T>
 inline constexpr bool is_quantized_keys_v = is_quantized_keys<T>::value;
 
@@ -39,7 +34,6 @@ struct partial_key_store_of<quantized_keys<Bits, Group>> {
 };
 }  // namespace detail
 
-/// The cache that keeps partial keys of format PkT.
 template <partial_key_format PkT>
 using partial_key_store = typename detail::partial_key_store_of<PkT>::type;
 

@@ -1,9 +1,8 @@
 #pragma once
 // Quantised partial key cache: for one layer, the partial keys (skew/) of every cached token, per
 // sequence and KV head, r channels each, quantised per channel over groups of G tokens to Bits
-// bits (kvscout's own format; the key scheme is KIVI's: asymmetric, per channel, group min and
-// max, round to nearest, the newest incomplete group kept in full precision). Preallocated to a
-// maximum length; appending writes one token in place; nothing is ever reallocated.
+// bits (kvscout's own format; the key scheme is KIVI's). Preallocated to a maximum length;
+// appending writes one token in place; nothing is ever reallocated.
 //
 // Quantisation of channel c of a complete group (tokens gG .. gG + G - 1), levels = 2^Bits - 1:
 //   min_c  = min_t x[c][t]                     (float)
@@ -15,25 +14,17 @@
 // when its last token is appended the group is quantised into place and the staging tile is
 // cleared. Tokens not yet appended read 0, as in partial_key_cache.
 //
-// Layout, chosen for scoring (logit(t) = sum_c q_c min_c + sum_c (q_c step_c) code[c][t], the
-// first sum and the products q_c step_c once per tile, then one multiply-add chain per channel
-// over the tile's codes): per (sequence, kv head), one tile per group, each one contiguous
-// tile_floats() floats (a multiple of 64 bytes):
-//   [num_seqs, num_kv_heads, ceil(max_tokens / G)] tiles of
+// Layout, chosen for scoring (logit(t) = sum_c q_c min_c + sum_c (q_c step_c) code[c][t]):
+//   [num_seqs, num_kv_heads, ceil(max_tokens / G)] tiles of tile_floats() floats (64-byte lines):
 //     min [r] float, step [r] float, codes [r, line_bytes] bytes (channel-major), padding
 //   line_bytes = G * Bits / 8: the codes of one channel. Token i of the group is in byte
-//   i % line_bytes at bit Bits * (i / line_bytes): each "plane" of bits holds line_bytes
-//   consecutive tokens, so a plane's codes are one shift and one mask of a byte vector away from
-//   lanes of consecutive tokens (no shuffles).
+//   i % line_bytes at bit Bits * (i / line_bytes): each bit plane holds line_bytes consecutive
+//   tokens, one shift and one mask of a byte vector away from lanes (no shuffles).
 //   staging [num_seqs, num_kv_heads, r, G] floats (channel c of token i at c * G + i).
-// Memory: num_seqs * num_kv_heads * (tiles * tile_floats() * 4 + r * G * 4) bytes; per token
-// and (sequence, kv head) about r * (Bits / 8 + 8 / G) bytes: r = 64, G = 32: 48 bytes at 4 bits,
-// 32 at 2 bits, against 128 for 64 fp16 channels and 64 for 32 fp16 channels.
 //
 //   kvscout::quantized_partial_key_cache<4> pkc(/*num_seqs=*/1, /*num_kv_heads=*/3, /*r=*/64,
 //                                               /*max_tokens=*/8192);
 //   pkc.append(s, h, t, pk);                      // pk: float[r], t = tokens appended so far
-//   float v = pkc.dequantized(s, h, c, t);
 
 #include <cmath>
 #include <cstddef>
@@ -47,15 +38,13 @@
 
 namespace kvscout {
 
-/// Whether partial keys can be quantised to `bits` bits over groups of `group` tokens.
 constexpr bool supported_key_quantization(int bits, int group) noexcept {
   return (bits == 2 || bits == 4 || bits == 8) &&
          (group == 16 || group == 32 || group == 64 || group == 128);
 }
 
 /// The format tag of quantised partial keys: Bits per channel code (2, 4 or 8), over groups of
-/// Group tokens (16, 32, 64 or 128). infinigen_policy_host<quantized_keys<4>> keeps its partial
-/// keys in a quantized_partial_key_cache<4>.
+/// Group tokens (16, 32, 64 or 128).
 template <int Bits, int Group = 32>
 struct quantized_keys {
   static constexpr int bits = Bits;
@@ -70,11 +59,8 @@ class quantized_partial_key_cache {
 
  public:
   static constexpr int bits = Bits;
-  /// Tokens per group (one tile).
   static constexpr int group_tokens = Group;
-  /// The largest code, 2^Bits - 1.
   static constexpr int levels = (1 << Bits) - 1;
-  /// Bytes of one channel's codes in a tile.
   static constexpr int line_bytes = Group * Bits / 8;
 
   quantized_partial_key_cache() = default;
@@ -88,8 +74,8 @@ class quantized_partial_key_cache {
     staging_ = host_buffer<float>(z.staging_total, pages);
     count_ = host_buffer<int>(z.counts);
   }
-  /// The same cache in the caller's memory (tiles, staging tiles, token counts, in that order):
-  /// at least memory_bytes(...) bytes at memory_alignment, zeroed here, never freed here.
+  /// The same cache in the caller's memory (tiles, staging tiles, token counts, in that order): at
+  /// least memory_bytes(...) bytes at memory_alignment, zeroed here, never freed here.
   quantized_partial_key_cache(int num_seqs, int num_kv_heads, int r, int max_tokens,
                               host_span<std::byte> memory)
       : num_seqs_(num_seqs), num_kv_heads_(num_kv_heads), r_(r), max_tokens_(max_tokens) {
@@ -104,16 +90,14 @@ class quantized_partial_key_cache {
         host_span<int>{reinterpret_cast<int*>(f + z.tile_total + z.staging_total), z.counts});
   }
 
-  /// The alignment of caller memory: one tile line.
   static constexpr std::size_t memory_alignment = 64;
-  /// Bytes a cache of this shape takes in caller memory. Checks the sizes.
   [[nodiscard]] static std::size_t memory_bytes(int num_seqs, int num_kv_heads, int r, int max_tokens) {
     return sizes_for(num_seqs, num_kv_heads, r, max_tokens).bytes();
   }
 
   /// Checks that append(s, h, t, pk) would be accepted, writing nothing: s and h in range, t the
-  /// next token of (s, h) (appends come in order), and every value of pk[0..r) finite (a NaN or
-  /// infinity would poison its group's min and step).
+  /// next token of (s, h), and every value of pk[0..r) finite (a NaN or infinity would poison its
+  /// group's min and step).
   void check_append(int s, int h, int t, const float* pk) const {
     KVSCOUT_EXPECTS(s >= 0 && s < num_seqs_, "sequence ", s, " is out of range [0, ", num_seqs_,
                     ")");
@@ -131,8 +115,8 @@ class quantized_partial_key_cache {
                       ") is not finite; it would poison its group's min and step");
   }
 
-  /// Writes the partial key pk[0..r) of token t of (s, h), t = appended(s, h); the token's group
-  /// is quantised when t is its last token. Refused (nothing written) as check_append says.
+  /// t = appended(s, h); the group is quantised when t is its last token. Refused (nothing written)
+  /// as check_append says.
   void append(int s, int h, int t, const float* pk) {
     check_append(s, h, t, pk);
     float* st = staging(s, h);
@@ -142,39 +126,35 @@ class quantized_partial_key_cache {
     if (i == Group - 1) flush(s, h, t / Group);
   }
 
-  /// Tokens appended to (s, h) so far; tokens [0, complete_groups(s, h) * G) are quantised.
   [[nodiscard]] int appended(int s, int h) const {
     return count_[static_cast<std::size_t>(s) * num_kv_heads_ + h];
   }
   [[nodiscard]] int complete_groups(int s, int h) const { return appended(s, h) / Group; }
 
-  /// Tile b of (s, h) (a complete group, b < complete_groups(s, h)): min [r], step [r].
+  /// Complete group b < complete_groups(s, h): min [r], step [r].
   [[nodiscard]] const float* group_min(int s, int h, int b) const {
     return data_.data() + tile_offset(s, h, b);
   }
   [[nodiscard]] const float* group_step(int s, int h, int b) const {
     return group_min(s, h, b) + r_;
   }
-  /// Tile b's codes: [r, line_bytes], channel c's at c * line_bytes.
   [[nodiscard]] const std::uint8_t* group_codes(int s, int h, int b) const {
     return reinterpret_cast<const std::uint8_t*>(group_min(s, h, b) +
                                                  2 * static_cast<std::size_t>(r_));
   }
-  /// The code of channel c of token t (its group complete).
   [[nodiscard]] int code(int s, int h, int c, int t) const {
     const int i = t % Group;
     const std::uint8_t byte =
         group_codes(s, h, t / Group)[static_cast<std::size_t>(c) * line_bytes + i % line_bytes];
     return (byte >> (Bits * (i / line_bytes))) & levels;
   }
-  /// (s, h)'s staging tile, the newest incomplete group: [r, G] floats, channel c of token
-  /// complete_groups(s, h) * G + i at c * G + i (0 past the appended tokens).
+  /// The newest incomplete group: [r, G] floats, channel c of token complete_groups(s, h) * G + i
+  /// at c * G + i (0 past the appended tokens).
   [[nodiscard]] const float* staging(int s, int h) const {
     return staging_.data() + (static_cast<std::size_t>(s) * num_kv_heads_ + h) * r_ * Group;
   }
-  /// Channel c of token t of (s, h) as scoring sees it: min + step * code for a complete group,
-  /// the exact value in the staging tile, 0 for a token not appended. Not range-checked (as
-  /// partial_key_cache::at): s, h, c, t in range.
+  /// As scoring sees it: min + step * code for a complete group, the exact value in the staging
+  /// tile, 0 for a token not appended. Not range-checked (as partial_key_cache::at).
   [[nodiscard]] float dequantized(int s, int h, int c, int t) const {
     const int b = t / Group;
     if (b == complete_groups(s, h))
@@ -188,14 +168,11 @@ class quantized_partial_key_cache {
   [[nodiscard]] int r() const { return r_; }
   [[nodiscard]] int max_tokens() const { return max_tokens_; }
   [[nodiscard]] int tiles() const { return tiles_; }
-  /// Floats per tile (min, step, codes, padding to 64 bytes).
   [[nodiscard]] std::size_t tile_floats() const { return tile_floats_; }
-  /// Bytes held: the tiles, the staging tiles and the token counts.
   [[nodiscard]] std::size_t bytes() const {
     return data_.size_bytes() + staging_.size_bytes() + count_.size_bytes();
   }
-  /// Bytes scoring reads for tokens [0, n) of every (sequence, kv head): the n / G complete
-  /// tiles, and the staging tile where n % G tokens remain. n in [0, max_tokens].
+  /// Bytes scoring reads for tokens [0, n) of every (sequence, kv head). n in [0, max_tokens].
   [[nodiscard]] std::size_t bytes_for(int n) const {
     KVSCOUT_EXPECTS(n >= 0 && n <= max_tokens_, "bytes_for(", n,
                     "): the token count must be in [0, max_tokens = ", max_tokens_, "]");
@@ -209,7 +186,6 @@ class quantized_partial_key_cache {
   struct sizes {
     int tiles;
     std::size_t tile_floats, tile_total, staging_total, counts, total_bytes;
-    // Tiles and staging are whole 64-byte lines (tile_floats and r x Group are multiples of 16).
     [[nodiscard]] std::size_t bytes() const { return total_bytes; }
   };
   static sizes sizes_for(int num_seqs, int num_kv_heads, int r, int max_tokens) {
@@ -218,7 +194,6 @@ class quantized_partial_key_cache {
                     ", num_kv_heads ", num_kv_heads, ", r ", r, ", max_tokens ", max_tokens);
     sizes z{};
     z.tiles = max_tokens / Group + (max_tokens % Group != 0 ? 1 : 0);
-    // min and step (2r floats), then the codes, rounded up to whole 64-byte lines.
     const std::size_t raw = detail::checked_size("quantized_partial_key_cache tile bytes (r x "
                                                  "(8 + line bytes))",
                                                  r, 8 + line_bytes);
@@ -244,7 +219,6 @@ class quantized_partial_key_cache {
   float* staging(int s, int h) {
     return staging_.data() + (static_cast<std::size_t>(s) * num_kv_heads_ + h) * r_ * Group;
   }
-  // Quantises the full staging tile of (s, h) into tile b and clears the staging tile.
   void flush(int s, int h, int b) {
     float* st = staging(s, h);
     float* mn = data_.data() + tile_offset(s, h, b);
@@ -257,7 +231,6 @@ class quantized_partial_key_cache {
         lo = x[i] < lo ? x[i] : lo;
         hi = x[i] > hi ? x[i] : hi;
       }
-      // In double: hi - lo of finite floats may exceed the float range.
       const float sc = static_cast<float>((static_cast<double>(hi) - lo) / levels);
       mn[c] = lo;
       step[c] = sc;

@@ -1,12 +1,7 @@
 #pragma once
-// Checked CUDA runtime calls. Builds with a plain host compiler (only the CUDA runtime headers
-// are needed); linking needs CUDA::cudart where these are called.
-//
-//   KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(...));           // throws kvscout::error on failure
-//   KVSCOUT_CUDA_CHECK_NO_THROW(cudaEventDestroy(ev));  // for destructors: reports, returns
-//
-// On failure both forms call cudaGetLastError() so that a non-sticky error does not leak into the
-// next, unrelated check (the same discipline as CUB's CubDebug).
+// Checked CUDA runtime calls (CUDA runtime headers only). KVSCOUT_CUDA_CHECK throws kvscout::error
+// on failure; KVSCOUT_CUDA_CHECK_NO_THROW, for destructors, reports and returns. Both call
+// cudaGetLastError() on failure so that a non-sticky error does not leak into the next check.
 
 #include <cuda_runtime_api.h>
 
@@ -25,7 +20,6 @@ inline void cuda_check(cudaError_t status, const char* expr, const char* functio
               "): ", cudaGetErrorString(status));
 }
 
-/// Returns the status; prints one line to stderr on failure. Never throws.
 inline cudaError_t cuda_check_no_throw(cudaError_t status, const char* expr, const char* file,
                                        int line) noexcept {
   if (status != cudaSuccess) {

@@ -1,16 +1,13 @@
 #pragma once
-// Runtime-to-static dispatch, done once at the outermost host API.
-//
-// One generic helper over a constexpr list of supported values. The callable receives the value
-// as a std::integral_constant, so everything below it is compiled for that value only:
+// Runtime-to-static dispatch, done once at the outermost host API. The callable receives the
+// value as a std::integral_constant, so everything below it is compiled for that value only:
 //
 //   kvscout::dispatch(kvscout::supported_head_dims, head_dim, "head_dim", [&](auto hd) {
-//     run<decltype(hd)::value>(...);          // hd is std::integral_constant<int, 128>
+//     run<decltype(hd)::value>(...);
 //   });
 //
-// Passing a std::integral_constant instead of a runtime value skips the search (as CuTe's static
-// integers do); a static value outside the list is a compile-time error. A runtime value outside
-// the list throws kvscout::error naming the value and the supported set.
+// A std::integral_constant argument skips the search; a static value outside the list is a
+// compile-time error, a runtime one throws kvscout::error naming the value and the supported set.
 
 #include <sstream>
 #include <string>
@@ -21,7 +18,6 @@
 
 namespace kvscout {
 
-/// A compile-time list of supported values of one parameter.
 template <auto... Vs>
 struct value_list {
   static constexpr std::size_t size = sizeof...(Vs);
@@ -31,9 +27,7 @@ struct value_list {
   }
 };
 
-/// The head dimensions kvscout instantiates by default.
 inline constexpr value_list<64, 128, 256> supported_head_dims{};
-/// The element types kvscout instantiates by default.
 inline constexpr value_list<dtype::f32, dtype::f16, dtype::bf16, dtype::f8e4m3, dtype::f8e5m2>
     supported_dtypes{};
 
@@ -67,8 +61,8 @@ decltype(auto) dispatch_search(T value, const char* what, F& f, value_list<All..
 
 }  // namespace detail
 
-/// Calls f(std::integral_constant<decltype(V), V>{}) for the V in `list` equal to `value`.
-/// `what` names the parameter in the error message.
+/// Calls f(std::integral_constant<decltype(V), V>{}) for the V in `list` equal to `value`. `what`
+/// names the parameter in the error message.
 template <auto... Vs, class T, class F>
 decltype(auto) dispatch(value_list<Vs...> list, T value, const char* what, F&& f) {
   static_assert(sizeof...(Vs) > 0, "kvscout::dispatch: the list of supported values is empty");
@@ -82,13 +76,11 @@ decltype(auto) dispatch(value_list<Vs...> list, T value, const char* what, F&& f
   }
 }
 
-/// dispatch over supported_head_dims: f receives std::integral_constant<int, HeadDim>.
 template <class T, class F>
 decltype(auto) dispatch_head_dim(T head_dim, F&& f) {
   return dispatch(supported_head_dims, head_dim, "head_dim", f);
 }
 
-/// dispatch over supported_dtypes: f receives std::type_identity<Element>.
 template <class F>
 decltype(auto) dispatch_dtype(dtype d, F&& f) {
   return dispatch(supported_dtypes, d, "dtype", [&](auto tag) -> decltype(auto) {

@@ -1,18 +1,10 @@
 #pragma once
 // Element types of a KV cache: float, half (__half), bfloat16 (__nv_bfloat16) and the two OCP
-// 8-bit floats, fp8_e4m3 (__nv_fp8_e4m3) and fp8_e5m2 (__nv_fp8_e5m2).
-//
-// The narrow types are CUDA's own, from <cuda_fp16.h>, <cuda_bf16.h> and <cuda_fp8.h>; their
-// conversions are host-callable, so every algorithm is tested on the CPU with the exact types a GPU
-// engine uses. from_float rounds to nearest even; into fp8 it saturates to the largest finite value
-// (CUDA's __NV_SATFINITE: +-448 for e4m3, +-57344 for e5m2, infinities included), NaN stays NaN.
-// An fp8 cache usually stores x / scale with one scale per layer for K and one for V (vLLM's
-// k_scale / v_scale): attention takes them (attention_params), appends divide by them.
-//
-//   using T = kvscout::half;
-//   static_assert(kvscout::dtype_traits<T>::id == kvscout::dtype::f16);
-//   T x = kvscout::from_float<T>(0.5f);
-//   float y = kvscout::to_float(x);                // 0.5f
+// 8-bit floats, fp8_e4m3 and fp8_e5m2; CUDA's own types, whose conversions are host-callable, so
+// every algorithm is tested on the CPU with the exact types a GPU engine uses. from_float rounds
+// to nearest even; into fp8 it saturates to the largest finite value (__NV_SATFINITE), NaN stays
+// NaN. An fp8 cache usually stores x / scale with one scale per layer for K and one for V
+// (vLLM's k_scale / v_scale): attention takes them (attention_params), appends divide by them.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -31,12 +23,9 @@ namespace kvscout {
 
 using half = __half;
 using bfloat16 = __nv_bfloat16;
-/// OCP FP8 E4M3 (bias 7, no infinities, NaN = S.1111.111, largest finite 448).
 using fp8_e4m3 = __nv_fp8_e4m3;
-/// OCP FP8 E5M2 (bias 15, IEEE-style infinities and NaNs, largest finite 57344).
 using fp8_e5m2 = __nv_fp8_e5m2;
 
-/// Runtime tag of an element type; dispatched once, at the outermost host API.
 enum class dtype : int { f32 = 0, f16 = 1, bf16 = 2, f8e4m3 = 3, f8e5m2 = 4 };
 
 constexpr std::string_view to_string(dtype d) noexcept {
@@ -56,8 +45,7 @@ inline std::ostream& operator<<(std::ostream& os, dtype d) {
   return os << s;
 }
 
-/// Traits of a supported element type. Unsupported types have no specialisation, so using one
-/// fails at compile time (see is_kv_element).
+/// Unsupported types have no specialisation, so using one fails at compile time.
 template <class T>
 struct dtype_traits;
 
@@ -65,7 +53,6 @@ template <>
 struct dtype_traits<float> {
   static constexpr dtype id = dtype::f32;
   static constexpr std::string_view name = "f32";
-  /// Unit round-off (half the distance from 1 to the next value).
   static constexpr double epsilon = 5.9604644775390625e-08;  // 2^-24
 };
 template <>
@@ -93,13 +80,11 @@ struct dtype_traits<fp8_e5m2> {
   static constexpr double epsilon = 1.25e-01;  // 2^-3
 };
 
-/// A type kvscout can store in a KV cache.
 template <class T>
 concept kv_element = requires {
   { dtype_traits<std::remove_cv_t<T>>::id } -> std::convertible_to<dtype>;
 };
 
-/// The element type for a runtime tag: dtype_of_t<dtype::f16> is half.
 template <dtype D>
 struct dtype_of;
 template <>
@@ -125,7 +110,6 @@ struct dtype_of<dtype::f8e5m2> {
 template <dtype D>
 using dtype_of_t = typename dtype_of<D>::type;
 
-/// Bytes per element; 0 for a value that names no element type.
 constexpr std::size_t size_of(dtype d) noexcept {
   switch (d) {
     case dtype::f32: return 4;
@@ -137,31 +121,25 @@ constexpr std::size_t size_of(dtype d) noexcept {
   return 0;
 }
 
-/// Whether T is one of the 8-bit floats (stored scaled: see the header comment).
 template <class T>
 inline constexpr bool is_fp8_v =
     std::is_same_v<std::remove_cv_t<T>, fp8_e4m3> || std::is_same_v<std::remove_cv_t<T>, fp8_e5m2>;
 
-/// float, half or bfloat16: the types values are computed in and handed over as (queries,
-/// outputs, keys given to speculation, partial keys). fp8 is a storage type of KV rows only: its
-/// values carry a scale that those interfaces do not take.
+/// float, half or bfloat16: the types values are computed in and handed over as. fp8 is a storage
+/// type of KV rows only: its values carry a scale that those interfaces do not take.
 template <class T>
 concept compute_element = kv_element<T> && !is_fp8_v<T>;
 
-/// Elements per 16-byte vector: the natural unit of a coalesced load on the GPU and of SIMD
-/// on the CPU. Derived from sizeof(T), never hard-coded per instantiation.
+/// Elements per 16-byte vector: a coalesced load on the GPU, SIMD on the CPU.
 template <kv_element T>
 inline constexpr int vec_width = static_cast<int>(16 / sizeof(T));
 
-// Conversions, written once for both backends.
 KVSCOUT_HOST_DEVICE float to_float(float x) { return x; }
 KVSCOUT_HOST_DEVICE float to_float(half x) { return __half2float(x); }
 KVSCOUT_HOST_DEVICE float to_float(bfloat16 x) { return __bfloat162float(x); }
 namespace detail {
-/// Every value of an OCP 8-bit float with `mbits` mantissa bits and exponent bias `bias`, by
-/// code: the host widens fp8 with one load (cuda_fp8.h's host path converts bit by bit, several
-/// times slower than attention's arithmetic). E4M3 (mbits 3) has no infinities and one NaN per
-/// sign; E5M2 (mbits 2) has IEEE-style infinities and NaNs.
+/// Every value of an OCP 8-bit float by code: the host widens fp8 with one load (cuda_fp8.h's host
+/// path converts bit by bit, several times slower).
 struct fp8_values {
   float v[256];
   constexpr fp8_values(int mbits, int bias) : v{} {
@@ -176,7 +154,6 @@ struct fp8_values {
         mag = m == 0 ? std::numeric_limits<float>::infinity()
                      : std::numeric_limits<float>::quiet_NaN();
       } else {
-        // (e == 0 ? m : 2^mbits + m) * 2^(max(e, 1) - bias - mbits), exactly (powers of two).
         float scale = 1.f;
         const int p = (e == 0 ? 1 : e) - bias - mbits;
         for (int i = 0; i < p; ++i) scale *= 2.f;
@@ -206,7 +183,6 @@ KVSCOUT_HOST_DEVICE float to_float(fp8_e5m2 x) {
 #endif
 }
 
-/// Round-to-nearest-even conversion from float (saturating into fp8).
 template <kv_element T>
 KVSCOUT_HOST_DEVICE T from_float(float x) {
   if constexpr (std::is_same_v<T, float>) {
@@ -221,26 +197,22 @@ KVSCOUT_HOST_DEVICE T from_float(float x) {
   }
 }
 
-/// The dequantisation scales of a cache that stores K / k and V / v (fp8 caches: one pair per
-/// layer, vLLM's k_scale / v_scale); 1 for caches that store the values themselves.
+/// The dequantisation scales of a cache that stores K / k and V / v (fp8 caches); 1 otherwise.
 struct kv_scales {
   float k = 1.f;
   float v = 1.f;
 };
 
-/// Loads p[i] as float.
 template <kv_element T>
 KVSCOUT_HOST_DEVICE float load_float(const T* p, std::size_t i) {
   return to_float(p[i]);
 }
 
-/// Stores v into p[i] with round-to-nearest-even.
 template <kv_element T>
 KVSCOUT_HOST_DEVICE void store_float(T* p, std::size_t i, float v) {
   p[i] = from_float<T>(v);
 }
 
-/// Converts between element types through float.
 template <kv_element To, kv_element From>
 KVSCOUT_HOST_DEVICE To convert(From x) {
   if constexpr (std::is_same_v<To, From>) {

@@ -1,18 +1,12 @@
 #pragma once
-// Errors. Host facades validate their inputs and throw kvscout::error; nothing in include/
-// calls exit() or abort(). The message names the offending values and what was expected, then
-// the failed condition, the function that checked it and its source location, e.g. (from
-// gather_executor_host::submit, whose selection checks are shared with the other executors):
+// Errors. Host facades validate their inputs and throw kvscout::error; nothing in include/ calls
+// exit() or abort(). The message names the offending values and what was expected, then the
+// failed condition, the function that checked it (maybe a checker shared by several facades) and
+// its source location, e.g.
 //
 //   kvscout::error: check_host_selection: token index 4096 (entry 3) for sequence 1, kv_head 0
 //     is out of range [0, seq_len = 4096) [expected `t >= 0 && t < len`]
 //     (at include/kvscout/fetch/detail/checks.hpp:<line>)
-//
-// The function is the one that checked, which may be a checker shared by several facades; the
-// message alone (error::message()) says what was wrong.
-//
-// KVSCOUT_EXPECTS(cond, parts...) streams `parts` (any mix of strings and values with an
-// operator<<) into the message when `cond` is false.
 
 #include <cstddef>
 #include <sstream>
@@ -24,7 +18,7 @@
 namespace kvscout {
 
 /// The one exception type kvscout throws. what() holds the full message; the parts are also
-/// available one by one for callers that log structured errors.
+/// available one by one.
 class error : public std::runtime_error {
  public:
   error(std::string message, std::string function, std::string file, int line)
@@ -34,7 +28,6 @@ class error : public std::runtime_error {
         file_(std::move(file)),
         line_(line) {}
 
-  /// The message without location: what was wrong and which values were seen.
   [[nodiscard]] const std::string& message() const noexcept { return message_; }
   [[nodiscard]] const std::string& function() const noexcept { return function_; }
   [[nodiscard]] const std::string& file() const noexcept { return file_; }
@@ -70,8 +63,7 @@ std::string concat_message(const Parts&... parts) {
   return os.str();
 }
 
-/// Strips the directories in front of include/ or the last path component, so messages do not
-/// carry the build machine's absolute paths.
+/// Strips the directories in front of include/, so messages do not carry the build machine's paths.
 constexpr std::string_view short_file(std::string_view path) {
   const auto pos = path.rfind("include/kvscout/");
   if (pos != std::string_view::npos) return path.substr(pos);
@@ -88,11 +80,10 @@ template <class... Parts>
 }  // namespace detail
 }  // namespace kvscout
 
-/// Throws kvscout::error built from the streamed parts.
 #define KVSCOUT_FAIL(...) ::kvscout::detail::throw_error(__func__, __FILE__, __LINE__, __VA_ARGS__)
 
-/// Throws kvscout::error when `cond` is false; the message is the streamed parts followed by the
-/// condition's text.
+/// Throws kvscout::error when `cond` is false; the message is the streamed parts (any values with
+/// an operator<<) followed by the condition's text.
 #define KVSCOUT_EXPECTS(cond, ...)                                                         \
   do {                                                                                     \
     if (!(cond)) [[unlikely]] {                                                            \

@@ -1,23 +1,15 @@
 #pragma once
 // Completion of stream-ordered GPU work: one CUDA event, recorded on the caller's stream after
-// the work. wait() blocks the host thread (cudaEventSynchronize); ready() polls (cudaEventQuery).
-// A pipeline does neither: it makes its compute stream wait on event() (cudaStreamWaitEvent), so
-// nothing blocks the host and the whole step stays capturable in a CUDA graph.
+// the work. wait() blocks the host thread; ready() polls. A pipeline does neither: it makes its
+// compute stream wait on event(), so the whole step stays capturable in a CUDA graph.
 //
-// Under capture: a completion made while its stream is being captured (an executor's submit()
-// inside cudaStreamBeginCapture) belongs to that capture. Wait on it only from another captured
-// stream of the same capture (cudaStreamWaitEvent). wait(), ready() or a wait from an uncaptured
-// stream are capture errors (thrown as kvscout::error; untested: docs/testing.md, GPU tests), and
-// the event does not follow later replays of the graph: after a replay, order on the replay's
-// stream instead.
+// Under capture: a completion made while its stream is being captured belongs to that capture.
+// Wait on it only from another captured stream of the same capture. wait(), ready() or a wait
+// from an uncaptured stream are capture errors (thrown as kvscout::error), and the event does not
+// follow later replays of the graph: after a replay, order on the replay's stream instead.
 //
-//   kvscout::cuda_event ev;                                   // setup: created once
-//   ... enqueue work on stream ...
-//   ev.record(stream);
 //   kvscout::event_completion c{ev.get()};
 //   cudaStreamWaitEvent(compute_stream, c.event(), 0);        // or c.wait() / c.ready()
-//
-// Builds with a plain host compiler (CUDA runtime headers only).
 
 #include <cuda_runtime_api.h>
 
@@ -26,7 +18,6 @@
 
 namespace kvscout {
 
-/// An owned CUDA event (timing disabled), created at setup and destroyed with its owner.
 class cuda_event {
  public:
   cuda_event() { KVSCOUT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
@@ -54,18 +45,17 @@ class cuda_event {
   cudaEvent_t event_ = nullptr;
 };
 
-/// The completion of work enqueued before an event record. Valid until the event is recorded
-/// again (an executor re-records its event on the next submit).
+/// Valid until the event is recorded again (an executor re-records its event on the next submit).
 class event_completion {
  public:
   event_completion() = default;
   explicit event_completion(cudaEvent_t e) noexcept : event_(e) {}
 
-  /// Blocks until the work is done (no-op for a default-constructed completion).
+  /// No-op for a default-constructed completion.
   void wait() const {
     if (event_ != nullptr) KVSCOUT_CUDA_CHECK(cudaEventSynchronize(event_));
   }
-  /// True once the work is done; throws kvscout::error if the work failed.
+  /// Throws kvscout::error if the work failed.
   [[nodiscard]] bool ready() const {
     if (event_ == nullptr) return true;
     const cudaError_t st = cudaEventQuery(event_);
@@ -73,7 +63,6 @@ class event_completion {
     KVSCOUT_CUDA_CHECK(st);
     return true;
   }
-  /// The event, for cudaStreamWaitEvent.
   [[nodiscard]] cudaEvent_t event() const noexcept { return event_; }
 
  private:

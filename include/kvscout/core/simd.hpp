@@ -1,15 +1,13 @@
 #pragma once
 // Host vector helpers written with GCC / Clang vector extensions, in vectors of the target's
-// register width (host_float_lanes: 4 with SSE2, 8 with AVX / AVX2, 16 with AVX-512), mostly
-// without intrinsics. The sums keep 16 lanes whatever the width, so their bits do not depend on it.
+// register width (host_float_lanes: 4 with SSE2, 8 with AVX / AVX2, 16 with AVX-512). The sums
+// keep 16 lanes whatever the width, so their bits do not depend on it.
 //
 //   float d = kvscout::detail::dot(a, b, n);   // 16 independent partial sums, then a reduction
 //   kvscout::detail::dot_rows(W, ld, x, n, rows, y);   // y[j] = dot(W + j * ld, x, n), same bits
-//   kvscout::detail::dot_rows_multi(W, ld, X, ldx, count, n, rows, Y, ldy);   // count x's at once
 //
-// The rows (W, `a`) may be float, half or bfloat16: each element is widened exactly to float as it
-// is loaded and the arithmetic is float, so they give the bits of float rows holding the same
-// values (finite values; NaN stays NaN).
+// The rows (W, `a`) may be float, half or bfloat16: each element is widened exactly to float, so
+// they give the bits of float rows holding the same values.
 
 #include <cstddef>
 #include <cstdint>
@@ -24,16 +22,14 @@
 namespace kvscout::detail {
 
 #if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_FMA || defined(__FP_FAST_FMAF)
-/// Whether madd rounds once (a fused multiply-add) on this target: the #if chain of madd below.
 inline constexpr bool host_madd_fused = true;
 #else
 inline constexpr bool host_madd_fused = false;
 #endif
 
 /// acc + x * y, one rounding where the target has FMA, two where it has not, always the same. Left
-/// to the compiler (-ffp-contract=fast), fusing depends on the code around it, and with it the bits
-/// that dot, dot_rows and scoring promise to agree on; so those kernels multiply-add through these.
-// Fused exactly where __FP_FAST_FMAF says the target has the instruction (so it could contract).
+/// to the compiler, fusing depends on the code around it, and with it the bits that dot, dot_rows
+/// and scoring promise to agree on.
 inline host_vec madd(host_vec acc, host_vec x, host_vec y) {
 #if KVSCOUT_HOST_AVX512
   return _mm512_fmadd_ps(x, y, acc);
@@ -59,8 +55,7 @@ inline float madd(float acc, float x, float y) {
 #endif
 }
 
-/// host_float_lanes consecutive elements of a float, half or bfloat16 row as floats: the exact
-/// value of every element (NaN stays NaN; its payload may differ between the paths below).
+/// host_float_lanes consecutive elements as floats, exactly (a NaN's payload may differ).
 template <compute_element W>
 inline host_vec load_lanes(const W* p) {
   [[maybe_unused]] constexpr int N = host_float_lanes;
@@ -68,10 +63,8 @@ inline host_vec load_lanes(const W* p) {
   if constexpr (std::is_same_v<W, float>) {
     std::memcpy(&x, p, sizeof x);
   } else if constexpr (std::is_same_v<W, bfloat16>) {
-    // A bfloat16 is the high half of the float it widens to.
 #if KVSCOUT_HOST_AVX512
-    // One 16-lane zero extension; GCC splits the generic form below on Intel cores (a slower
-    // GEMV: docs/performance.md, "Host kernel constants").
+    // One 16-lane zero extension; GCC splits the generic form below on Intel cores.
     const __m512i w = _mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
     std::memcpy(&x, &w, sizeof x);
@@ -95,12 +88,9 @@ inline host_vec load_lanes(const W* p) {
       for (int t = 0; t < N; ++t) x[t] = to_float(p[t]);
     }
 #elif !defined(__CUDACC__)
-    // IEEE half to float in integer arithmetic, branch-free, for targets without F16C
-    // (docs/performance.md, "Host kernel constants"). Normal: exponent rebiased by 127 - 15;
-    // infinity / NaN: exponent all ones, mantissa kept; subnormal and zero: mantissa x 2^-24, exact
-    // and independent of the FPU's denormal modes. Four lanes at a time (one SSE2 register: GCC
-    // scalarises comparisons of wider generic vectors on targets without them), signed (SSE2
-    // compares and converts signed 32-bit integers only; every value is below 2^16), by masks.
+    // IEEE half to float in integer arithmetic, branch-free, for targets without F16C; subnormals
+    // exact and independent of the FPU's denormal modes. Four lanes at a time (GCC scalarises
+    // comparisons of wider generic vectors without AVX), signed (SSE2 compares signed 32-bit only).
     typedef std::int32_t i32x4 __attribute__((vector_size(16)));
     typedef float f32x4 __attribute__((vector_size(16)));
     typedef std::uint16_t u16x4 __attribute__((vector_size(8)));
@@ -128,8 +118,8 @@ inline host_vec load_lanes(const W* p) {
   return x;
 }
 
-/// The sum of 16 logical lanes held in 16 / host_float_lanes vectors (lane l * N + k is v[l][k]),
-/// as a tree (lane i + lane i + 8, then + 4, + 2, + 1): the same additions on every target.
+/// The sum of 16 logical lanes held in 16 / host_float_lanes vectors, as a tree: the same additions
+/// on every target.
 inline float sum16(const host_vec* v) {
   float_vec<4>::type p[4];  // lanes 0-3, 4-7, 8-11, 12-15
   std::memcpy(p, v, sizeof p);
@@ -138,7 +128,7 @@ inline float sum16(const host_vec* v) {
 }
 
 /// sum_i a[i] * b[i] with 16 independent partial sums, so bound by reading a and b, not by one
-/// chain's latency (the order of the additions differs from a plain loop; it is the same on every target).
+/// chain's latency.
 template <compute_element W>
 inline float dot(const W* a, const float* b, int n) {
   constexpr int N = host_float_lanes, L = 16 / N;
@@ -156,8 +146,7 @@ inline float dot(const W* a, const float* b, int n) {
 }
 
 /// out[v * ldo + j] = dot(a + j * lda, b + v * ldb, n) for j in [0, rows) and v in [0, B), with
-/// dot()'s bits, R rows and B vectors at a time: each row load feeds B chains, each vector load R,
-/// and the FMA units get R * B independent chains. Rows past the last whole group of R take dot().
+/// dot()'s bits, R rows and B vectors at a time. Rows past the last whole group of R take dot().
 template <int R, int B, compute_element W>
 void dot_rows_block(const W* a, std::size_t lda, const float* b, std::size_t ldb, int n,
                     int rows, float* out, std::size_t ldo) {
@@ -167,9 +156,8 @@ void dot_rows_block(const W* a, std::size_t lda, const float* b, std::size_t ldb
     const W* aj = a + static_cast<std::size_t>(j) * lda;
     host_vec lanes[B][R][L] = {};
     int i = 0;
-    // The multiply-add loops are unrolled: rolled (as GCC leaves them), they keep `lanes` in
-    // memory, a store and a reload per multiply-add. The reduction's loops stay rolled: unrolled,
-    // GCC 12 at -O3 warns falsely that the tail loop's second iteration "invokes undefined behavior".
+    // The multiply-add loops are unrolled: rolled, they keep `lanes` in memory. The reduction's
+    // loops stay rolled: unrolled, GCC 12 at -O3 warns falsely of undefined behaviour.
     for (; i + 16 <= n; i += 16)
       KVSCOUT_HOST_UNROLL for (int l = 0; l < L; ++l) {
         host_vec y[B];
@@ -197,21 +185,18 @@ void dot_rows_block(const W* a, std::size_t lda, const float* b, std::size_t ldb
           dot(a + static_cast<std::size_t>(j) * lda, b + static_cast<std::size_t>(v) * ldb, n);
 }
 
-/// Rows per block of dot_rows: its R * 16 / host_float_lanes accumulators, the vector's pieces
-/// and a row's fill 16 registers at most on narrower targets (AVX-512 has 32).
+/// Its accumulators, the vector's pieces and a row's fill 16 registers at most on narrower targets.
 inline constexpr int dot_rows_per_block =
     host_float_lanes == 16 ? 8 : (host_float_lanes == 8 ? 4 : 2);
 
-/// out[j] = dot(a + j * lda, b, n) for j in [0, rows): dot()'s bits, dot_rows_per_block rows at
-/// a time.
+/// out[j] = dot(a + j * lda, b, n) for j in [0, rows), with dot()'s bits.
 template <compute_element W>
 inline void dot_rows(const W* a, std::size_t lda, const float* b, int n, int rows, float* out) {
   dot_rows_block<dot_rows_per_block, 1>(a, lda, b, 0, n, rows, out, 0);
 }
 
-/// out[v * ldo + j] = dot(a + j * lda, b + v * ldb, n) for j in [0, rows), v in [0, count), dot()'s
-/// bits for each. With AVX-512 it reads the rows once per 4 vectors (16 accumulators, 4 vectors and
-/// a row fill 21 of the 32 registers); narrower targets would spill, so each vector takes dot_rows.
+/// dot_rows for `count` vectors, dot()'s bits for each. With AVX-512 it reads the rows once per 4
+/// vectors; narrower targets would spill, so each vector takes dot_rows.
 template <compute_element W>
 inline void dot_rows_multi(const W* a, std::size_t lda, const float* b, std::size_t ldb,
                            int count, int n, int rows, float* out, std::size_t ldo) {

@@ -1,15 +1,7 @@
 #pragma once
-// Non-owning views whose type carries the memory space.
-//
-// A host_span<T> and a device_span<T> are different types, so passing device memory where host
-// memory is expected (or the reverse) does not compile. Element access is offered only where the
-// memory can be read: host spans from host code, device spans from device code.
-//
-//   std::vector<float> v(1024);
-//   kvscout::host_span<float> s(v.data(), v.size());
-//   kvscout::host_span<float> t = v;                // from a contiguous host container
-//   kvscout::host_span<const float> c = s;          // adding const is implicit
-//   auto bytes = kvscout::as_bytes(c);              // host_span<const std::byte>
+// Non-owning views whose type carries the memory space: passing device memory where host memory
+// is expected (or the reverse) does not compile. Element access is offered only where the memory
+// can be read: host spans from host code, device spans from device code.
 
 #include <concepts>
 #include <cstddef>
@@ -20,11 +12,9 @@
 
 namespace kvscout {
 
-/// Memory reachable by the CPU (pageable or pinned).
 struct host_space {
   static constexpr const char* name = "host";
 };
-/// Device global memory.
 struct device_space {
   static constexpr const char* name = "device";
 };
@@ -50,15 +40,14 @@ class span {
   KVSCOUT_HOST_DEVICE constexpr span(T* data, std::size_t size) noexcept
       : data_(data), size_(size) {}
 
-  /// span<T, S> -> span<const T, S>; never across memory spaces.
+  /// Never across memory spaces.
   template <class U>
     requires(!std::same_as<U, T> && std::is_convertible_v<U (*)[], T (*)[]>)
   KVSCOUT_HOST_DEVICE constexpr span(const span<U, Space>& other) noexcept
       : data_(other.data()), size_(other.size()) {}
 
-  /// A host span over a contiguous host container (std::vector, std::array, std::span, ...):
-  /// its data() and size(). Host spans only, because a container's memory space is not in its
-  /// type; lvalues only, so that a span never outlives a temporary it was made from.
+  /// A host span over a contiguous host container (a container's memory space is not in its type);
+  /// lvalues only, so that a span never outlives a temporary it was made from.
   template <class R, class S = Space>
     requires std::same_as<S, host_space> && (!detail::is_kvscout_span<std::remove_cv_t<R>>) &&
              std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
@@ -79,7 +68,6 @@ class span {
     return span(data_ + offset, count);
   }
 
-  /// Host memory is indexed from host code.
   template <class S = Space>
     requires std::same_as<S, host_space>
   constexpr T& operator[](std::size_t i) const noexcept {
@@ -97,7 +85,6 @@ class span {
   }
 
 #if KVSCOUT_CUDA_COMPILER
-  /// Device memory is indexed from device code.
   template <class S = Space>
     requires std::same_as<S, device_space>
   __device__ __forceinline__ T& operator[](std::size_t i) const noexcept {
@@ -115,7 +102,6 @@ using host_span = span<T, host_space>;
 template <class T>
 using device_span = span<T, device_space>;
 
-/// The same memory as bytes.
 template <class T, class Space>
 KVSCOUT_HOST_DEVICE span<const std::byte, Space> as_bytes(span<T, Space> s) noexcept {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size_bytes()};

@@ -1,12 +1,7 @@
 #pragma once
-// A fixed pool of host threads for fork-join work in the decode loop.
-//
-// Threads are started once, at construction (setup); run() then hands the same callable to every
-// thread, the calling thread included, and returns when all have finished. run() allocates
-// nothing and takes no lock while the work itself runs.
-//
-//   kvscout::thread_pool pool(2);                  // the caller + 1 worker
-//   pool.run([&](int part, int parts) noexcept { ... });    // part in [0, parts)
+// A fixed pool of host threads for fork-join work in the decode loop, started once at
+// construction. run() hands the same callable to every thread, the caller included, and returns
+// when all have finished; it allocates nothing and takes no lock while the work runs.
 
 #include <condition_variable>
 #include <cstdint>
@@ -44,9 +39,8 @@ class thread_pool {
 
   [[nodiscard]] int size() const noexcept { return threads_; }
 
-  /// Calls f(part, size()) once for every part in [0, size()); part 0 runs on the caller.
-  /// f must not throw (checked at compile time: an exception on a worker, or one that unwinds
-  /// the caller while workers still run f, could not be handled).
+  /// Calls f(part, size()) once for every part in [0, size()); part 0 runs on the caller. f must
+  /// not throw (checked at compile time).
   template <class F>
   void run(F&& f) {
     static_assert(std::is_nothrow_invocable_v<std::remove_reference_t<F>&, int, int>,

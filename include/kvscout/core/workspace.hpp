@@ -1,17 +1,12 @@
 #pragma once
 // Owned workspaces sized by a part's own query, for callers that do not bring their own memory
-// (examples, tests, tools; an engine passes spans of its allocator's memory instead). Set-up time
-// only: these allocate.
+// (examples, tests, tools). Set-up time only: these allocate.
 //
 //   auto ws = kvscout::make_workspace<kvscout::gather_executor_host<L>>(cfg);
 //   kvscout::gather_executor_host<L> gather(cfg, ws.span());
 //
-//   auto dws = kvscout::make_device_workspace<kvscout::topk_selector_cuda>(cfg);  // cudaMalloc
-//   kvscout::topk_selector_cuda select(cfg, dws.span());
-//
 // make_workspace<Part>(args...) holds Part::workspace_bytes(args...) bytes at
-// Part::workspace_alignment, the two members every part with a workspace has (the concepts
-// prefetch_executor and row_selector ask for both). A zero-byte workspace is an empty span.
+// Part::workspace_alignment. A zero-byte workspace is an empty span.
 
 #include <cuda_runtime_api.h>
 
@@ -37,7 +32,6 @@ struct device_free {
 };
 }  // namespace detail
 
-/// An owned, aligned host workspace.
 class host_workspace {
  public:
   host_workspace() = default;
@@ -59,7 +53,7 @@ class host_workspace {
   std::size_t bytes_ = 0;
 };
 
-/// An owned device workspace (cudaMalloc: 256-byte aligned).
+/// cudaMalloc: 256-byte aligned.
 class device_workspace {
  public:
   device_workspace() = default;
@@ -81,7 +75,6 @@ class device_workspace {
   std::size_t bytes_ = 0;
 };
 
-/// The host workspace Part asks for with these arguments (its config, and for some parts more).
 template <class Part, class... Args>
   requires requires(const Args&... a) {
     { Part::workspace_bytes(a...) } -> std::convertible_to<std::size_t>;
@@ -91,7 +84,6 @@ host_workspace make_workspace(const Args&... args) {
   return host_workspace(Part::workspace_bytes(args...), Part::workspace_alignment);
 }
 
-/// The device workspace Part asks for with these arguments.
 template <class Part, class... Args>
   requires requires(const Args&... a) {
     { Part::workspace_bytes(a...) } -> std::convertible_to<std::size_t>;

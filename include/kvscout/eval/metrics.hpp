@@ -1,12 +1,5 @@
 #pragma once
 // Metrics for judging a selection (accuracy harness, tests).
-//
-//   attention_mass_recall  share of the true attention mass that the selected rows carry
-//   overlap                share of a reference set (the oracle's top-k) that a selection found
-//   relative_error         ||out - ref|| / ||ref|| in fp64, e.g. sparse against dense attention
-//   bytes_fetched          bytes a selection moves across the link (K + V rows)
-//   common_count           |a ∩ b| of two ascending index lists (rows a step re-selects: what a
-//                          device row cache would not fetch again)
 
 #include <cmath>
 #include <cstddef>
@@ -18,9 +11,8 @@
 
 namespace kvscout {
 
-/// probs[0..n): the true attention probabilities of the cached tokens of one (sequence, kv head)
-/// (any non-negative weights; e.g. summed over the GQA group). selected: ascending token indices.
-/// Returns sum over selected / sum over all (1 when the total is 0).
+/// probs[0..n): non-negative weights of one (sequence, kv head)'s cached tokens; selected:
+/// ascending token indices. Returns sum over selected / sum over all (1 when the total is 0).
 inline double attention_mass_recall(const float* probs, int n, const int32_t* selected, int count) {
   KVSCOUT_EXPECTS(n >= 0 && count >= 0, "attention_mass_recall: n = ", n, " and count = ", count,
                   " must be non-negative");
@@ -53,14 +45,12 @@ inline void check_ascending(const int32_t* a, int n, const char* what) {
 }
 }  // namespace detail
 
-/// |a ∩ b| for ascending index lists (checked).
 inline int common_count(const int32_t* a, int na, const int32_t* b, int nb) {
   detail::check_ascending(a, na, "common_count: list a");
   detail::check_ascending(b, nb, "common_count: list b");
   return detail::common_count_sorted(a, na, b, nb);
 }
 
-/// |a ∩ b| / |b| for ascending index lists (1 when b is empty).
 inline double overlap(const int32_t* a, int na, const int32_t* b, int nb) {
   return nb > 0 ? static_cast<double>(common_count(a, na, b, nb)) / nb : 1.0;
 }

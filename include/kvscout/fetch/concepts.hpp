@@ -1,18 +1,11 @@
 #pragma once
-// The prefetch_executor concept: something that moves selected KV rows into a contiguous destination.
-//
-// Protocol, the same for every executor (host gather, CUDA zero-copy, copy engine, staged):
-//   1. size query      E::workspace_bytes(config) -> bytes of caller-owned workspace, whose
-//                      address must be a multiple of E::workspace_alignment (checked at setup)
-//   2. setup           E e(config, workspace)      (may start threads, create events; the only
-//                                                   place an executor may allocate)
-//   3. per step        auto c = e.submit(source, selection, destination, exec);
-//                      exec: E::exec_type (core/exec.hpp), the call's own execution argument:
-//                      cuda_exec{stream, status} for the CUDA executors, host_exec{} for the
-//                      host gather. No executor stores a stream or a status word.
-//   4. completion      c.wait() blocks until the rows are in place; c.ready() polls.
-// A selection names, per (sequence, kv_head), ascending token indices and a count (see
-// core/selection.hpp); the executor neither knows nor cares why they were chosen.
+// The prefetch_executor concept: something that moves selected KV rows into a contiguous
+// destination. The protocol, the same for every executor:
+//   1. E::workspace_bytes(config): bytes of caller-owned workspace at E::workspace_alignment
+//   2. E e(config, workspace): may start threads, create events; the only place it may allocate
+//   3. per step, auto c = e.submit(source, selection, destination, exec); exec: E::exec_type.
+//      No executor stores a stream or a status word.
+//   4. c.wait() blocks until the rows are in place; c.ready() polls.
 
 #include <concepts>
 #include <cstddef>
@@ -43,10 +36,9 @@ concept prefetch_executor =
     };
 
 /// Whether an executor fits a device decode step that never waits for the device and can be
-/// captured in a CUDA graph (the library's hot-path rule): its selection is device-resident (a
-/// device selector's output needs no copy back) and its submit() does not block the calling thread
-/// on the device. An executor whose submit() may block declares `static constexpr bool
-/// submit_blocks_host = true` (the staged executor). Pipelines static_assert it.
+/// captured in a CUDA graph: its selection is device-resident and its submit() does not block the
+/// calling thread. An executor whose submit() may block declares `static constexpr bool
+/// submit_blocks_host = true`. Pipelines static_assert it.
 template <class E>
 inline constexpr bool device_step_executor =
     prefetch_executor<E> &&

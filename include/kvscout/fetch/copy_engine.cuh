@@ -1,34 +1,26 @@
 #pragma once
 // Copy-engine executor: the selected rows move as DMA copies (the GPU's copy engines, no SM
-// time), one copy per run of rows that are adjacent in the source and consecutive in the
-// selection, issued as one cudaMemcpyBatchAsync (CUDA >= 12.8) or one cudaMemcpyAsync per run.
+// time), one copy per run of rows adjacent in the source and consecutive in the selection, issued
+// as one cudaMemcpyBatchAsync (CUDA >= 12.8) or one cudaMemcpyAsync per run.
 //
 //   kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512};
 //   std::vector<std::byte> ws(kvscout::copy_engine_executor_cuda<layout>::workspace_bytes(cfg));
 //   kvscout::copy_engine_executor_cuda<layout> fetch(cfg, {ws.data(), ws.size()});
 //   auto c = fetch.submit(pinned_kv, host_selection, device_destination, {stream});
 //
-// The honest constraint: a run list is built from the selection, and memcpy APIs are called by
-// the host; a device kernel could emit run descriptors but cannot launch the copies (no device
-// side memcpy API reaches the copy engines). So this executor takes a host-visible selection
-// (selection_view<host_space>: computed on the host, or copied back from the device by a caller
-// who accepts that D2H and its synchronisation). Its selection_type says so; a device selection
-// does not compile. Use zero_copy_executor_cuda when the selection is on the device.
+// The host builds the run list and calls the memcpy APIs (no device-side memcpy reaches the copy
+// engines), so this executor takes a host-visible selection; a device selection does not compile.
 //
-// The source is the host KV store addressed by host pointers (kv_view<Layout, host_space>; its
-// metadata is read on the host); it should be pinned (cudaHostAlloc / cudaHostRegister),
-// otherwise the driver stages pageable copies and they are neither asynchronous nor fast.
-// submit() validates everything first (as gather_executor_host: shapes, sizes, the layout's
-// metadata, every count and index in range and strictly ascending) and throws kvscout::error
-// naming the bad value; then builds the copy list in the caller's workspace (no allocation) and
-// enqueues it on exec.stream (cuda_exec, submit()'s last argument; its status word is unused:
-// every check runs on the host and throws). The host thread does the run building and the API calls; it never
-// waits for the device. The batch API needs a stream other than the legacy default stream; with
-// the default stream (or use_batch_api = false, or an older runtime) copies go one by one.
+// The source is the host KV store (metadata read on the host); it should be pinned, otherwise the
+// driver stages pageable copies and they are neither asynchronous nor fast. submit() validates
+// everything first (as gather_executor_host) and throws kvscout::error naming the bad value; then
+// builds the copy list in the caller's workspace and enqueues it on exec.stream (exec.status is
+// unused). The host thread never waits for the device. The batch API needs a stream other than
+// the legacy default stream; otherwise copies go one by one.
 //
-// Completion: an event recorded on exec.stream after the copies (event_completion). Once
-// submit() returns, the selection and the workspace may be reused (the copy list was consumed by
-// the API calls); the source must stay unchanged until the event completes.
+// Completion: an event recorded on exec.stream after the copies. Once submit() returns, the
+// selection and the workspace may be reused; the source must stay unchanged until the event
+// completes.
 
 #include <cuda_runtime_api.h>
 
@@ -67,14 +59,11 @@ class copy_engine_executor_cuda {
   using completion_type = event_completion;
   using exec_type = cuda_exec;
 
-  /// Host workspace: the running row counts and the copy list (2 * slots copies at most).
   [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
     return detail::copy_engine_workspace_bytes(cfg);
   }
-  /// The alignment the workspace's address must have (it holds 64-bit counts).
   static constexpr std::size_t workspace_alignment = alignof(std::int64_t);
 
-  /// Whether this build can batch (CUDA runtime >= 12.8).
   static constexpr bool batch_api_available = KVSCOUT_HAS_MEMCPY_BATCH != 0;
 
   copy_engine_executor_cuda(const config_type& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
@@ -95,10 +84,9 @@ class copy_engine_executor_cuda {
 
   [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }
   [[nodiscard]] cudaEvent_t event() const noexcept { return event_.get(); }
-  /// Copies the last submit issued (K and V counted separately), for statistics.
+  /// K and V counted separately.
   [[nodiscard]] std::size_t last_copy_count() const noexcept { return last_copies_; }
 
-  /// Enqueues the copies on exec.stream (exec.status is not used: the host checks everything).
   completion_type submit(const source_type& src, const selection_type& sel,
                          const destination_type& dst, const exec_type& exec) {
     detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
@@ -116,8 +104,8 @@ class copy_engine_executor_cuda {
  private:
   void enqueue(std::size_t n, cudaStream_t stream) {
 #if KVSCOUT_HAS_MEMCPY_BATCH
-    // The legacy default stream is not allowed for batches (and per-thread default streams are
-    // not distinguishable here), so only an explicit stream batches.
+    // The legacy default stream is not allowed for batches (and per-thread default streams are not
+    // distinguishable here).
     if (cfg_.use_batch_api && stream != nullptr && stream != cudaStreamLegacy) {
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // the store may change between steps

@@ -1,9 +1,8 @@
 #pragma once
 // Host gather executor: copies the selected K and V rows from a host KV cache of any layout into
-// a contiguous host destination, merging rows that are adjacent in both source and destination
-// into one copy, optionally over several threads.
+// a contiguous host destination (core/selection.hpp's layout), merging rows that are adjacent in
+// both source and destination into one copy, optionally over several threads.
 //
-//   using layout = kvscout::contiguous_layout<kvscout::half, 128, kvscout::hnd>;
 //   kvscout::host_gather_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
 //                                   .threads = 2};
 //   std::vector<std::byte> ws(kvscout::gather_executor_host<layout>::workspace_bytes(cfg));
@@ -11,10 +10,9 @@
 //   gather.submit(source, selection, destination).wait();   // exec: host_exec{}, defaulted
 //
 // submit() validates everything before it writes a byte (dimensions, buffer sizes, counts, every
-// index in range and strictly ascending; no destination row over the source, the selection or the
-// workspace, no workspace over anything given) and throws kvscout::error naming the bad value; it
-// allocates nothing. It cannot see the layout's metadata (a page table): keep the destination off
-// it. The destination layout is core/selection.hpp's.
+// index in range and strictly ascending, no overlaps) and throws kvscout::error naming the bad
+// value; it allocates nothing. It cannot see the layout's metadata (a page table): keep the
+// destination off it.
 
 #include <algorithm>
 #include <cstddef>
@@ -41,9 +39,8 @@ namespace kvscout {
 
 namespace detail {
 
-/// Whether streaming (non-temporal) stores are compiled in: 64-byte ones where the compiler
-/// targets AVX-512, 16-byte ones on any other x86-64 (SSE2), plain copies elsewhere; and the
-/// destination alignment they need.
+/// Whether streaming (non-temporal) stores are compiled in: 64-byte ones with AVX-512, 16-byte ones
+/// on any other x86-64, plain copies elsewhere.
 inline constexpr bool gather_can_stream = KVSCOUT_HOST_SSE2 != 0;
 #if KVSCOUT_HOST_AVX512
 inline constexpr std::size_t gather_stream_width = 64;
@@ -51,8 +48,8 @@ inline constexpr std::size_t gather_stream_width = 64;
 inline constexpr std::size_t gather_stream_width = 16;
 #endif
 
-/// Copies n bytes; with Streaming, by non-temporal stores where dst and n allow them (the caller
-/// fences once at the end: stream_fence).
+/// With Streaming, by non-temporal stores where dst and n allow them (the caller fences once at the
+/// end: stream_fence).
 template <bool Streaming>
 inline void copy_row_bytes(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
 #if KVSCOUT_HOST_SSE2
@@ -68,8 +65,7 @@ inline void copy_row_bytes(std::byte* dst, const std::byte* src, std::size_t n) 
       const auto load = [](const std::byte* p) { return _mm_loadu_si128(reinterpret_cast<const reg*>(p)); };
       const auto store = [](std::byte* p, reg x) { _mm_stream_si128(reinterpret_cast<reg*>(p), x); };
 #endif
-      // Four loads, then four stores: a 256-byte row is one step, and its loads are all in
-      // flight before the first store waits on one.
+      // Four loads, then four stores: a row's loads are all in flight before the first store waits.
       std::size_t o = 0;
       for (; o + 4 * w <= n; o += 4 * w) {
         const reg a = load(src + o), b = load(src + o + w), c = load(src + o + 2 * w),
@@ -87,7 +83,6 @@ inline void copy_row_bytes(std::byte* dst, const std::byte* src, std::size_t n) 
   std::memcpy(dst, src, n);
 }
 
-/// Orders the streaming stores before whatever the caller does next (they are weakly ordered).
 template <bool Streaming>
 inline void stream_fence() noexcept {
 #if KVSCOUT_HOST_SSE2
@@ -95,12 +90,11 @@ inline void stream_fence() noexcept {
 #endif
 }
 
-// Locality 1 (prefetcht2): the hint measured best (docs/performance.md, "Host kernel constants").
+// Locality 1 (prefetcht2): the hint measured best.
 inline void prefetch_bytes(const std::byte* p, std::size_t bytes) noexcept {
 #if defined(__GNUC__) || defined(__clang__)
   constexpr std::size_t line = 64;
   for (std::size_t o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 0, 1);
-  // A row that does not start on a line may end on one more (e.g. 48-byte KIVI-2 records).
   if (bytes % line != 0) __builtin_prefetch(p + bytes - 1, 0, 1);
 #else
   (void)p, (void)bytes;
@@ -109,10 +103,9 @@ inline void prefetch_bytes(const std::byte* p, std::size_t bytes) noexcept {
 
 /// Copies the selected rows [first, last) of the flattened (sequence, kv_head, entry) order
 /// (prefix[r]: selected rows before pair r), prefetching `dist` rows ahead. Entry i of pair r lands
-/// at destination row r * capacity + i (Packed = false: core/selection.hpp's layout) or prefix[r] + i
-/// (Packed = true: back to back, the staged executor's staging buffer). Arguments are by value: the
-/// copies write through std::byte pointers, which may alias anything, so references would force
-/// reloads on every row.
+/// at destination row r * capacity + i (Packed = false) or prefix[r] + i (Packed = true: back to
+/// back, the staged executor's buffer). Arguments are by value: the copies write through std::byte
+/// pointers, which may alias anything, so references would force reloads on every row.
 template <bool Packed, bool Streaming = false, kv_layout Layout>
 void gather_row_range(const Layout l, const std::byte* const kbase, const std::byte* const vbase,
                       const std::int32_t* const indices, const std::int64_t* const prefix,
@@ -122,7 +115,6 @@ void gather_row_range(const Layout l, const std::byte* const kbase, const std::b
   if (first >= last) return;
   const std::size_t kb = l.k_row_bytes();
   const std::size_t vb = l.v_row_bytes();
-  // The pair holding row `first`: the last r with prefix[r] <= first.
   std::size_t r =
       static_cast<std::size_t>(std::upper_bound(prefix, prefix + pairs + 1, first) - prefix) - 1;
   for (std::int64_t row = first; row < last; ++r) {
@@ -136,14 +128,13 @@ void gather_row_range(const Layout l, const std::byte* const kbase, const std::b
     const std::size_t dst0 = Packed ? static_cast<std::size_t>(prefix[r]) : r * capacity;
     while (i < i_end) {
       const int t = idx[i];
-      // Rows are scattered: keep `dist` rows of loads in flight ahead of the copies.
       if (dist > 0 && dist < i_end - i) {  // (i + dist overflows for a dist near INT_MAX)
         const int ahead = idx[i + dist];
         prefetch_bytes(kbase + l.k_offset(s, ahead, h), kb);
         prefetch_bytes(vbase + l.v_offset(s, ahead, h), vb);
       }
       // Runs of adjacent rows are merged into one memcpy; streaming copies row by row, which keeps
-      // more rows' loads in flight (docs/performance.md, "Host kernel constants").
+      // more rows' loads in flight.
       int run = 1;
       if constexpr (!Streaming) {
         const int max_run = l.contiguous_rows(s, t, h, i_end - i);
@@ -161,7 +152,6 @@ void gather_row_range(const Layout l, const std::byte* const kbase, const std::b
   stream_fence<Streaming>();
 }
 
-/// Whether a gather of `bytes` bytes streams its stores under `stores`.
 inline bool gather_streams(gather_stores stores, std::size_t bytes) noexcept {
   if (!gather_can_stream) return false;
   return stores == gather_stores::streaming ||
@@ -190,13 +180,12 @@ class gather_executor_host {
   using completion_type = ready_completion;
   using exec_type = host_exec;
 
-  /// Workspace: the running row count of every (sequence, kv_head), which splits the rows
-  /// evenly between the threads.
+  /// Workspace: the running row count of every (sequence, kv_head), which splits the rows evenly
+  /// between the threads.
   [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
     check_config(cfg);
     return (static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads + 1) * sizeof(std::int64_t);
   }
-  /// The alignment the workspace's address must have (it holds 64-bit counts).
   static constexpr std::size_t workspace_alignment = alignof(std::int64_t);
 
   gather_executor_host(const config_type& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
@@ -212,11 +201,10 @@ class gather_executor_host {
   }
 
   [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }
-  /// The executor's cfg.threads threads (the caller's included), idle between submits: the host
-  /// pipeline runs its attention on them too.
+  /// The executor's threads (the caller's included), idle between submits: the host pipeline runs
+  /// its attention on them too.
   [[nodiscard]] thread_pool& pool() noexcept { return *pool_; }
 
-  /// exec: empty (the threads are the executor's own), defaulted; the prefetch_executor concept names it.
   completion_type submit(const source_type& src, const selection_type& sel,
                          const destination_type& dst, host_exec exec = {}) {
     (void)exec;
@@ -251,13 +239,11 @@ class gather_executor_host {
                     "stores ", cfg.stores, " is not one of automatic, cached, streaming");
   }
 
-  // Checks every input and fills prefix_ with the running row counts; returns the total.
   std::int64_t validate(const source_type& src, const selection_type& sel,
                         const destination_type& dst) {
     detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
                               /*vector_aligned=*/false);
-    // The workspace (the running counts, written by the check below and read by the copy) must
-    // be apart from everything the submit reads or writes.
+    // The workspace must be apart from everything the submit reads or writes.
     const std::size_t pairs = detail::fetch_pairs(cfg_.num_seqs, cfg_.num_kv_heads);
     const std::size_t slots = pairs * static_cast<std::size_t>(cfg_.capacity);
     using region = std::tuple<const char*, const void*, std::size_t>;

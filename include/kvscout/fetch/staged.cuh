@@ -1,29 +1,23 @@
 #pragma once
 // Staged executor: host threads gather the selected rows, packed back to back, into a pinned
 // staging buffer; one bulk cudaMemcpyAsync moves exactly those bytes (plus the row counts) to a
-// device landing area; a small kernel scatters them device to device into the destination laid out
-// as core/selection.hpp says. The link carries one large transfer per step instead of one per run,
-// at the price of a host pass over the rows (docs/performance.md).
+// device landing area; a small kernel scatters them into the destination. The link carries one
+// large transfer per step instead of one per run, at the price of a host pass over the rows.
 //
 //   kvscout::staged_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
 //                              .k_row_bytes = l.k_row_bytes(), .v_row_bytes = l.v_row_bytes(),
 //                              .threads = 2};
-//   // pinned host workspace (cudaHostAlloc) and device workspace, sized by the executor:
-//   //   staged_executor_cuda<layout>::workspace_bytes(cfg), ::device_workspace_bytes(cfg)
 //   kvscout::staged_executor_cuda<layout> fetch(cfg, pinned_ws, device_ws);
 //   auto c = fetch.submit(host_kv, host_selection, device_destination, {stream});
 //
-// Like the copy engine, it needs a host-visible selection (selection_view<host_space>): the host
-// threads must know which rows to gather. Use zero_copy_executor_cuda for a device selection.
+// It needs a host-visible selection: the host threads must know which rows to gather.
 //
-// Staging rotates over config.stages buffers (default 2). A submit first waits for the bulk copy
-// that last read its stage (cudaEventSynchronize on that stage's event: a wait only when `stages`
-// submits are still in flight, never a device-wide synchronisation), then validates (as
-// gather_executor_host, throwing kvscout::error before anything is written), gathers with
-// config.threads threads (started at setup), and enqueues the bulk copy and the scatter kernel on
-// exec.stream (exec.status is unused: every check runs on the host and throws). The device landing
-// area is a single stage: each bulk copy waits on the previous submit's event, so consecutive
-// submits may use different streams. Completion: the stage's event, recorded after the scatter.
+// Staging rotates over config.stages buffers. A submit first waits for the bulk copy that last
+// read its stage (a wait only when `stages` submits are still in flight), then validates (as
+// gather_executor_host, throwing before anything is written), gathers, and enqueues the bulk copy
+// and the scatter kernel on exec.stream (exec.status is unused). The device landing area is a
+// single stage: each bulk copy waits on the previous submit's event, so consecutive submits may
+// use different streams. Completion: the stage's event, recorded after the scatter.
 
 #include <cuda_runtime.h>
 
@@ -64,9 +58,9 @@ struct staged_scatter_params {
   int capacity;
 };
 
-// One block per (sequence, kv_head) pair at a time (grid-stride): rows [prefix[r], prefix[r+1])
-// of the packed landing area go to destination slots r * capacity + 0, 1, ...
-// (A template only so that the header can be included by several translation units.)
+// One block per (sequence, kv_head) pair at a time (grid-stride): rows [prefix[r], prefix[r+1]) of
+// the landing area go to destination slots r * capacity + 0, 1, ... (A template only so that the
+// header can be included by several translation units.)
 template <int Unused = 0>
 __global__ void staged_scatter_kernel(const __grid_constant__ staged_scatter_params p) {
   constexpr std::size_t V = fetch_vector_bytes;
@@ -106,26 +100,20 @@ class staged_executor_cuda {
   using config_type = staged_config;
   using source_type = kv_view<Layout, host_space>;
   using selection_type = selection_view<host_space>;  // host-visible: see the header comment
-  /// submit() waits for the copy that last read a staging buffer before reusing it
-  /// (fetch/concepts.hpp, device_step_executor).
   static constexpr bool submit_blocks_host = true;
   using destination_type = gather_destination<device_space>;
   using completion_type = event_completion;
   using exec_type = cuda_exec;
 
-  /// Pinned host workspace: `stages` staging buffers.
   [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
     return detail::staged_workspace_bytes(cfg);
   }
-  /// Device workspace: the landing area of one stage.
   [[nodiscard]] static std::size_t device_workspace_bytes(const config_type& cfg) {
     return detail::staged_device_workspace_bytes(cfg);
   }
-  /// The alignment both workspaces' addresses must have (the copies move 16-byte vectors).
   static constexpr std::size_t workspace_alignment = detail::fetch_vector_bytes;
 
-  /// Setup: checks both workspaces (sizes, 16-byte alignment, the host one pinned), starts the
-  /// threads, creates one event per stage.
+  /// Checks both workspaces (sizes, 16-byte alignment, the host one pinned).
   staged_executor_cuda(const config_type& cfg, host_span<std::byte> pinned_workspace,
                        device_span<std::byte> device_workspace)
       : cfg_(cfg) {
@@ -150,10 +138,8 @@ class staged_executor_cuda {
   }
 
   [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }
-  /// The event the last submit recorded.
   [[nodiscard]] cudaEvent_t event() const noexcept { return events_[last_stage_].get(); }
 
-  /// Gathers on the host, then enqueues the bulk copy and the scatter on exec.stream.
   completion_type submit(const source_type& src, const selection_type& sel,
                          const destination_type& dst, const exec_type& exec) {
     const cudaStream_t stream = exec.stream;
@@ -171,7 +157,6 @@ class staged_executor_cuda {
                     static_cast<const void*>(dst.v.data()), " must be ", a, "-byte aligned");
     const std::size_t stage = next_stage_;
     std::byte* const base = staging_ + stage * stage_bytes_;
-    // The copy that last read this stage must be done before the threads overwrite it.
     if (used_[stage]) KVSCOUT_CUDA_CHECK(cudaEventSynchronize(events_[stage].get()));
     auto* const prefix = reinterpret_cast<std::int64_t*>(base);
     const std::int64_t total = detail::check_host_selection(src, sel, prefix);
@@ -192,8 +177,8 @@ class staged_executor_cuda {
         }
       });
       const std::size_t bytes = header + static_cast<std::size_t>(total) * (kb + vb);
-      // The landing area is one stage: the previous submit's scatter (its event) reads it, and
-      // that submit may have used another stream.
+      // The landing area is one stage: the previous submit's scatter reads it, maybe on another
+      // stream.
       if (any_used_) KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(stream, events_[last_stage_].get(), 0));
       KVSCOUT_CUDA_CHECK(
           cudaMemcpyAsync(landing_, base, bytes, cudaMemcpyHostToDevice, stream));
@@ -214,8 +199,7 @@ class staged_executor_cuda {
   }
 
  private:
-  // Packs rows [first, last) of the flattened (sequence, kv_head, entry) order at k_stage + row * kb
-  // (and likewise V) with the host gather's loop, whose streaming stores end with a fence.
+  // Packs rows [first, last) at k_stage + row * kb (and likewise V) with the host gather's loop.
   template <bool Streaming>
   void gather(const source_type& src, const selection_type& sel, const std::int64_t* prefix,
               std::int64_t first, std::int64_t last, std::byte* k_stage,

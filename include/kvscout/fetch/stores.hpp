@@ -1,6 +1,4 @@
 #pragma once
-// How a host-side gather writes the rows it copies: gather_executor_host's and
-// staged_executor_cuda's `stores` (fetch/host_gather.hpp has the copy loop that honours it).
 
 #include <cstddef>
 #include <ostream>
@@ -9,14 +7,12 @@ namespace kvscout {
 
 /// How a host gather writes its destination.
 ///   cached:    ordinary stores (memcpy): the rows stay in the cache for whoever reads them next.
-///   streaming: non-temporal stores where the destination row is aligned to the store width
-///              (64 B with AVX-512, else 16 B; memcpy otherwise): the destination lines are not
-///              read first and do not evict the cache, which pays once a gather is larger than
-///              the cache (memcpy does the same for large copies).
+///   streaming: non-temporal stores where the destination row is aligned to the store width: the
+///              destination lines are not read first and do not evict the cache.
 ///   automatic: streaming when a submit moves at least gather_streaming_bytes, cached otherwise.
 enum class gather_stores : int { automatic = 0, cached = 1, streaming = 2 };
 
-/// automatic's threshold: about what one core's share of a last-level cache holds.
+/// About one core's share of a last-level cache.
 inline constexpr std::size_t gather_streaming_bytes = std::size_t{4} << 20;
 
 inline std::ostream& operator<<(std::ostream& os, gather_stores s) {

@@ -1,43 +1,36 @@
 #pragma once
 // Zero-copy gather executor: a kernel reads the selected K and V rows straight from mapped pinned
-// host memory (the source's base pointers are the device aliases, cudaHostGetDevicePointer) and
-// writes them to the device destination laid out as core/selection.hpp says. The selection stays
-// on the device, so a step needs no host round trip and can be captured in a CUDA graph.
+// host memory (the source's base pointers are the device aliases) and writes them to the device
+// destination laid out as core/selection.hpp says. The selection stays on the device, so a step
+// needs no host round trip and can be captured in a CUDA graph.
 //
 //   using layout = kvscout::contiguous_layout<kvscout::half, 128, kvscout::hnd>;
 //   kvscout::zero_copy_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512};
 //   kvscout::zero_copy_executor_cuda<layout> fetch(cfg);   // workspace_bytes(cfg) == 0
 //   // layout metadata (seq_lens, page tables) must be device-readable (device or mapped memory)
 //   auto c = fetch.submit({dev_layout, k_alias, v_alias}, device_selection, device_destination,
-//                         {stream, d_status});        // cuda_exec (core/exec.hpp), per call
+//                         {stream, d_status});
 //   cudaStreamWaitEvent(compute, c.event(), 0);       // or c.wait()
 //
-// Launch shape: items = (sequence, kv_head, chunk of 128 selected entries); a grid of at most
-// config.max_blocks blocks (default 8: the SMs the gather may take from compute) strides over the
-// items. Per item the block resolves and checks its entries' K / V source offsets into shared
-// memory, then copies the rows as 16-byte vectors, consecutive threads on consecutive vectors of a
-// row, each thread keeping `unroll` (4) loads in flight before its stores.
+// A grid of at most config.max_blocks blocks (default 8: the SMs the gather may take from
+// compute) strides over items of (sequence, kv_head, 128 selected entries); rows are copied as
+// 16-byte vectors, `unroll` (4) loads in flight per thread.
 //
-// Checks. submit() validates on the host what the host knows: shapes, sizes, null pointers, 16-byte
-// alignment of the bases and row sizes. It cannot read the selection nor, in general, the layout's
-// metadata (both may be device memory), so it does not call layout.validate(): validate the layout
-// once on a host copy when its metadata changes. On the device a count outside [0, capacity] is
-// clamped, and a token outside [0, seq_len(s)), a row outside the source span or a row not 16-byte
-// aligned is skipped (its destination slot left as it was); each raises a bit in exec.status
-// (core/device_status.hpp; null: not reported). Ascending order is not checked (it does not affect
-// safety). Nothing is read or written out of bounds whatever the device data holds, as long as the
-// spans' sizes are right.
+// submit() validates on the host what the host knows: shapes, sizes, null pointers, 16-byte
+// alignment of the bases and row sizes. It does not call layout.validate() (the metadata may be
+// device memory): validate the layout once on a host copy when its metadata changes. On the
+// device a count outside [0, capacity] is clamped, and a token outside [0, seq_len(s)), a row
+// outside the source span or a row not 16-byte aligned is skipped (its destination slot left as
+// it was); each raises a bit in exec.status. Ascending order is not checked. Nothing is read or
+// written out of bounds whatever the device data holds, as long as the spans' sizes are right.
 //
 // Row cache: submit(src, sel, dst, cache, exec) copies a selected token device to device from the
-// rows a previous submit of the same layer left (row_cache_view) where the cached selection of its
-// (sequence, kv head) holds it (binary search: cached indices are ascending); the others cross the
-// link. A cache.row_map entry outside [-1, num_seqs) is treated as -1 and raises bad_seq_id (for
-// rows that select a token); a cached count outside [0, capacity] is treated as 0 and raises
-// bad_count. The cached buffers must not overlap the destination (keep two sets per layer and
-// alternate them by step: pipeline/cuda_stages.cuh does).
+// rows a previous submit of the same layer left (row_cache_view) where the cached selection holds
+// it; the others cross the link. A cache.row_map entry outside [-1, num_seqs) is treated as -1
+// (bad_seq_id); a cached count outside [0, capacity] as 0 (bad_count). The cached buffers must
+// not overlap the destination (keep two sets per layer and alternate them by step).
 //
-// Completion: an event recorded on exec.stream after the kernel (event_completion); valid until
-// the next submit().
+// Completion: an event recorded on exec.stream after the kernel; valid until the next submit().
 
 #include <cuda_runtime.h>
 
@@ -62,9 +55,8 @@
 namespace kvscout {
 namespace detail {
 
-// Rows a block resolves at once and then copies: 128 rows of 256-byte K and V rows are 64 KB,
-// four copy passes of the block's 256 threads x 4 vectors per resolve (whose dependent loads
-// hold nothing in flight), so a few blocks keep the link busy.
+// 128 rows of 256-byte K and V rows are 64 KB, four copy passes of 256 threads x 4 vectors per
+// resolve (whose dependent loads hold nothing in flight), so a few blocks keep the link busy.
 inline constexpr int zero_copy_rows_per_item = 128;
 inline constexpr int zero_copy_unroll = 4;
 inline constexpr std::size_t zero_copy_skip = ~std::size_t{0};  // offset marker: row skipped
@@ -85,7 +77,6 @@ struct zero_copy_params {
   int chunks_per_pair;  // ceil(capacity / rows_per_item)
   long long items;      // pairs * chunks_per_pair
   int* status;
-  // Row cache (all null without one): the previous selection of this layer and its rows.
   const std::int32_t* cached_indices;  // [num_seqs, num_kv_heads, capacity]
   const std::int32_t* cached_counts;   // [num_seqs, num_kv_heads]
   const std::byte* cached_k;           // [num_seqs, num_kv_heads, capacity, k_row_bytes]
@@ -95,7 +86,6 @@ struct zero_copy_params {
   int num_seqs;
 };
 
-// Position of token t among the first n ascending entries of `row`, or -1.
 KVSCOUT_HOST_DEVICE int find_sorted(const std::int32_t* row, int n, int t) {
   int lo = 0, hi = n;
   while (lo < hi) {
@@ -121,7 +111,6 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
   for (long long item = blockIdx.x; item < p.items; item += gridDim.x) {
     const long long pair = item / p.chunks_per_pair;
     const int first = static_cast<int>(item - pair * p.chunks_per_pair) * R;
-    // Every thread reads the same count, so the skip below is uniform across the block.
     int n = p.counts[pair];
     if (n < 0 || n > p.capacity) {
       if (threadIdx.x == 0 && first == 0) raise_device_status(p.status, device_status::bad_count);
@@ -136,7 +125,6 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
       const int t = p.indices[slot];
       std::size_t ko = zero_copy_skip, vo = zero_copy_skip;
       bool hit = false;
-      // The cached row holding row s's sequence (-1: none), as the cache's pair index.
       int cs = s;
       if (p.cached_row_map != nullptr) {
         cs = p.cached_row_map[s];
@@ -162,7 +150,6 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
         }
       }
       if (hit) {
-        // served from the cache: offsets set above
       } else if (t < 0 || t >= l.seq_len(s)) {
         raise_device_status(p.status, device_status::bad_index);
       } else {
@@ -218,13 +205,12 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
 
 }  // namespace detail
 
-/// Rows a previous submit left in device memory: zero_copy_executor_cuda's row cache (header comment).
 struct row_cache_view {
   selection_view<device_space> selection;
   gather_destination<device_space> rows;
   unsigned long long* hits = nullptr;  // optional device counter: rows served from the cache
-  /// [num_seqs], where batch rows changed sequence since (continuous batching): for each batch row,
-  /// the row of `selection` that holds its sequence, or -1 for none; empty: row s is cached row s.
+  /// [num_seqs], where batch rows changed sequence since: for each batch row, the row of
+  /// `selection` that holds its sequence, or -1 for none; empty: row s is cached row s.
   device_span<const std::int32_t> row_map = {};
 };
 
@@ -234,21 +220,18 @@ class zero_copy_executor_cuda {
   static_assert(detail::layout_passes_to_kernels<Layout>());
   using layout_type = Layout;
   using config_type = zero_copy_config;
-  /// The device aliases of mapped host memory (or device memory); metadata device-readable.
   using source_type = kv_view<Layout, device_space>;
   using selection_type = selection_view<device_space>;
   using destination_type = gather_destination<device_space>;
   using completion_type = event_completion;
   using exec_type = cuda_exec;
 
-  /// No workspace: the kernel needs none (any address will do).
   static constexpr std::size_t workspace_alignment = 1;
   [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
     detail::check_zero_copy_config(cfg);
     return 0;
   }
 
-  /// Setup: checks the config, creates the event.
   explicit zero_copy_executor_cuda(const config_type& cfg, device_span<std::byte> workspace = {})
       : cfg_(cfg) {
     (void)workspace;
@@ -257,16 +240,13 @@ class zero_copy_executor_cuda {
   }
 
   [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }
-  /// The event the last submit recorded.
   [[nodiscard]] cudaEvent_t event() const noexcept { return event_.get(); }
 
-  /// Enqueues the gather on exec.stream; bad device data raises bits in exec.status.
   completion_type submit(const source_type& src, const selection_type& sel,
                          const destination_type& dst, const exec_type& exec) {
     return launch(src, sel, dst, nullptr, exec);
   }
 
-  /// The same, serving the rows `cache` holds from device memory (row cache, header comment).
   completion_type submit(const source_type& src, const selection_type& sel,
                          const destination_type& dst, const row_cache_view& cache,
                          const exec_type& exec) {
@@ -316,7 +296,6 @@ class zero_copy_executor_cuda {
     return completion_type{event_.get()};
   }
 
-  // The cache must have the executor's shape, hold whole rows, and not overlap the destination.
   void check_cache(const Layout& l, const row_cache_view& c, const destination_type& dst) const {
     const auto& cs = c.selection;
     KVSCOUT_EXPECTS(cs.num_seqs == cfg_.num_seqs && cs.num_kv_heads == cfg_.num_kv_heads &&

@@ -2,38 +2,27 @@
 // Appending the new token's K / V on the device, into buffers that may be mapped host memory
 // (device aliases) or device memory.
 //
-//   // contiguous / paged layouts: row of token positions[s] (or seq_len(s) when positions is
-//   // null) of every (sequence, kv head); the caller updates the lengths / page tables after.
 //   kvscout::append_token_cuda(layout, k_cache, v_cache, k_new, v_new, d_positions,
-//                              {stream, d_status});           // cuda_exec (core/exec.hpp)
-//
-//   // KIVI: kivi_append_host::append for one token per sequence, on the device (KIVI's rule,
-//   // kv/kivi.hpp); seq_lens[s] (device-resident, the array the layout reads) is incremented.
+//                              {stream, d_status});
 //   kvscout::kivi_append_cuda(layout, device_buffers, d_seq_lens, k_new, v_new,
 //                             {stream, d_status});
 //
 // k_new / v_new: [num_seqs, num_kv_heads, head_dim] device arrays of float or of the cache's
-// element type T (float input is rounded to T first, as a host caller would). A cache that stores
-// K / k_scale and V / v_scale (fp8 caches) passes the scales (kv_scales, before exec): float
-// input is divided by them before rounding; input already in a narrower T is stored as given.
+// element type T (float input is rounded to T first). fp8 caches pass the scales (kv_scales,
+// before exec): float input is divided by them before rounding; input already in T is stored as
+// given.
 //
-// KIVI codes, scales and zeros are bit-identical to kivi_append_host's (tests/cuda/
-// test_append_device.cu compares every byte): the same KVSCOUT_HOST_DEVICE functions
-// (kv/detail/kivi_pack.hpp) in the same order, IEEE-rounded float operations (nvcc's default
+// KIVI codes, scales and zeros are bit-identical to kivi_append_host's: the same
+// KVSCOUT_HOST_DEVICE functions in the same order, IEEE-rounded float operations (nvcc's default
 // -prec-div=true) and round-to-nearest-even conversions. --use_fast_math would break this.
 //
-// Launch: one block (256 threads) per sequence; KIVI's steps are separated by __syncthreads.
-//
-// Device checks (generic): the position t must be a slot sequence s owns (detail::append_room,
-// checked before any page table entry is read; per layout: docs/cuda_fetch.md), otherwise the
-// sequence is skipped (nothing written, bad_index); then a row outside the buffers (bad page id)
-// is skipped (out_of_bounds), as is a row not 16-byte aligned (misaligned). A block table's new
-// page id must be stored before the append (stale ids past the sequence's pages cannot be
-// detected); other kv_layouts get only the buffer bounds checked. KIVI: a full sequence
-// (seq_lens[s] >= capacity) or input that is not finite or exceeds the scale type's range (as
-// kivi_append_host rejects) skips the whole sequence (bad_index / bad_value; length unchanged).
-// Bits go to the optional status word exec.status (core/device_status.hpp). Host-known shapes and
-// buffer sizes throw kvscout::error first. Every append enqueues on exec.stream only.
+// Device checks: the position t must be a slot sequence s owns (checked before any page table
+// entry is read), otherwise the sequence is skipped (bad_index); then a row outside the buffers
+// (bad page id) is skipped (out_of_bounds), as is a row not 16-byte aligned (misaligned). A
+// block table's new page id must be stored before the append (stale ids past the sequence's
+// pages cannot be detected). KIVI: a full sequence or input that kivi_append_host rejects skips
+// the whole sequence (bad_index / bad_value; length unchanged). Bits go to exec.status;
+// host-known shapes and buffer sizes throw kvscout::error first. Enqueues on exec.stream only.
 //
 // Concurrency: an append must not race an in-flight fetch of the same rows; order them on streams
 // (a quantised group's records become visible to fetches only when seq_lens grows, last).
@@ -92,7 +81,6 @@ __global__ void __launch_bounds__(append_threads)
   const int s = static_cast<int>(blockIdx.x);
   const int H = l.num_kv_heads();
   const int t = p.positions != nullptr ? p.positions[s] : l.seq_len(s);
-  // Uniform across the block (every thread reads the same t and metadata).
   if (t < 0 || !p.room.owns(l, s, t)) {
     if (threadIdx.x == 0) raise_device_status(p.status, device_status::bad_index);
     return;
@@ -146,8 +134,8 @@ inline constexpr std::size_t kivi_max_v_record_bytes =
     (L::v_code_bytes + 2 * static_cast<std::size_t>(L::head_dim) * sizeof(typename L::scale_type) +
      15) / 16 * 16;  // G = 1: one scale and zero per channel
 
-// The value of token t of head h, from its ring slot into its record (built in registers, stored
-// in 16-byte pieces, padding zero); `keep`: the slot then holds the dequantised row. One thread.
+// The value of token t of head h from its ring slot into its record (padding zero); `keep`: the
+// slot then holds the dequantised row. One thread.
 template <class L>
 __device__ void kivi_append_value(const L& l, std::byte* v_records, std::byte* v_residual, int s,
                                   int t, int h, bool keep) {
@@ -172,7 +160,6 @@ __device__ void kivi_append_value(const L& l, std::byte* v_records, std::byte* v
                                               kivi_to_float(zeros[c / G])));
 }
 
-// One block per sequence: the host writer's steps (kv/kivi.hpp) with a barrier between each.
 template <class L, class In>
 __global__ void __launch_bounds__(append_threads)
     kivi_append_kernel(const __grid_constant__ kivi_append_params<L, In> p) {
@@ -190,7 +177,6 @@ __global__ void __launch_bounds__(append_threads)
     if (threadIdx.x == 0) raise_device_status(p.status, device_status::bad_index);
     return;
   }
-  // The host writer's input check, before anything is written.
   const std::size_t in0 = static_cast<std::size_t>(s) * H * D;
   bool bad = false;
   for (int x = threadIdx.x; x < H * D; x += blockDim.x) {
@@ -211,7 +197,6 @@ __global__ void __launch_bounds__(append_threads)
       kivi_append_value(l, p.v_records, p.v_residual, s, v0, h, false);
     __syncthreads();
   }
-  // (2) The new token enters its ring slot.
   for (int x = threadIdx.x; x < H * D; x += blockDim.x) {
     const int h = x / D, c = x - (x / D) * D;
     const std::size_t off = l.residual_offset(s, len, h);
@@ -225,9 +210,9 @@ __global__ void __launch_bounds__(append_threads)
       kivi_append_value(l, p.v_records, p.v_residual, s, len, h, true);
     __syncthreads();
   }
-  // (4) The key block, when full: tokens [k0, k1) in groups of G. Per (head, group, code byte), a
-  // thread computes its `per` channels' parameters, that byte of each record and (tokens still in
-  // the window) those channels dequantised back into the ring: it touches only its own channels.
+  // (4) The key block, when full: per (head, group, code byte), a thread computes its `per`
+  // channels' parameters, that byte of each record and those channels dequantised back into the
+  // ring: it touches only its own channels.
   const int k0 = l.key_quantized_len_for(len), k1 = l.key_quantized_len_for(next);
   if (k1 > k0) {
     const int G = l.group();
@@ -274,7 +259,6 @@ __global__ void __launch_bounds__(append_threads)
         }
       }
     }
-    // Key record padding (bytes [code_bytes, k_row_bytes)) is zero, as the host writer's.
     const int k_pad = static_cast<int>(l.k_row_bytes()) - code_bytes;
     if (k_pad > 0) {
       const int n = k1 - k0;
@@ -294,8 +278,8 @@ __global__ void __launch_bounds__(append_threads)
 /// Writes the new token of every sequence at position positions[s] (device array; null:
 /// layout.seq_len(s)) into a contiguous or paged layout; the caller updates lengths / page tables
 /// afterwards (a new page must be in the table before). A position the sequence does not own skips
-/// it (bad_index). In: float or the layout's element type, const or not (deduced from the spans,
-/// which must agree). scales: the cache's K / V scales (fp8 caches).
+/// it (bad_index). In: float or the layout's element type (the spans must agree). scales: fp8
+/// caches' K / V scales.
 template <kv_layout L, class InSpan>
   requires(!kivi_quantized_layout<L>)
 void append_token_cuda(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
@@ -327,7 +311,6 @@ void append_token_cuda(const L& layout, device_span<std::byte> k, device_span<st
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
 }
 
-/// The same with unit scales (every cache but fp8 ones stores K and V as given).
 template <kv_layout L, class InSpan>
   requires(!kivi_quantized_layout<L>)
 void append_token_cuda(const L& layout, device_span<std::byte> k, device_span<std::byte> v,
@@ -336,8 +319,8 @@ void append_token_cuda(const L& layout, device_span<std::byte> k, device_span<st
   append_token_cuda(layout, k, v, k_new, v_new, positions, kv_scales{}, exec);
 }
 
-/// Appends one token to every sequence of a KIVI cache on the device (header comment). seq_lens:
-/// the device array the layout reads, incremented per sequence appended. In: float or T, const or not.
+/// Appends one token to every sequence of a KIVI cache on the device. seq_lens: the device array
+/// the layout reads, incremented per sequence appended.
 template <kivi_quantized_layout L, class InSpan>
 void kivi_append_cuda(const L& layout, const kivi_buffers<device_space>& b,
                       std::int32_t* seq_lens, device_span<InSpan> k_new,

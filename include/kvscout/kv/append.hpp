@@ -3,29 +3,16 @@
 // host twin of append_token_cuda (kv/append.cuh), for engines whose KV store is on the host and
 // for prefill.
 //
-//   // one new token per sequence at positions[s] (empty: seq_len(s)); the caller then advances
-//   // the lengths / page tables, as after the device append
 //   kvscout::append_token_host(layout, k_cache, v_cache, k_new, v_new, positions);
-//   // prefill: tokens [first, first + count) of sequence s from rows [count, num_kv_heads, head_dim]
 //   kvscout::write_tokens_host(layout, k_cache, v_cache, s, first, count, k_rows, v_rows);
 //
-// Input: float or the cache's element type T. Float input is divided by the kv_scales and rounded
-// once to T, as the device append does; input already in T is stored as given. So both appends
-// write the same bytes. The slots a sequence may write are the device append's
-// (kv/detail/append_room.hpp): padded contiguous t < capacity; ragged t < seq_len(s), the last
-// sequence up to total_tokens; FlashInfer pages, a page already in the sequence's table; block
-// table, t / page_size < max_blocks_per_seq.
-//
-// Where the device append skips a bad sequence and raises a status bit, the host append checks
-// everything first and throws a kvscout::error naming the value; nothing is written when it
-// throws. It refuses:
-//   - a position outside the slots the sequence owns;
-//   - a row outside the buffers (a page id past the pool);
-//   - two sequences that would write the same row (page tables that share a page);
-//   - input that overlaps the cache;
-//   - short input;
-//   - scales that are not positive and finite.
-// KIVI caches are written by kivi_append_host (kv/kivi.hpp).
+// Float input is divided by the kv_scales and rounded once to T, as the device append does; input
+// already in T is stored as given, so both appends write the same bytes. The slots a sequence may
+// write are the device append's. Where the device append skips a bad sequence, the host append
+// checks everything first and throws a kvscout::error naming the value, writing nothing. It
+// refuses a position outside the sequence's slots, a row outside the buffers, two sequences that
+// would write the same row, input that overlaps the cache, short input, and scales that are not
+// positive and finite. KIVI caches are written by kivi_append_host (kv/kivi.hpp).
 
 #include <algorithm>
 #include <cstddef>
@@ -47,7 +34,6 @@
 namespace kvscout {
 namespace detail {
 
-/// The byte range of one token's K (or V) rows of every head must lie inside the buffer.
 template <kv_layout L>
 void check_host_rows(const L& l, int s, int t, std::size_t k_bytes, std::size_t v_bytes) {
   for (int h = 0; h < l.num_kv_heads(); ++h) {
@@ -60,7 +46,7 @@ void check_host_rows(const L& l, int s, int t, std::size_t k_bytes, std::size_t 
   }
 }
 
-/// No two (sequence, token) writes land on the same K row: rows from the offsets, sorted.
+/// No two (sequence, token) writes land on the same K row.
 template <kv_layout L>
 void check_host_rows_distinct(const L& l, const std::vector<std::pair<int, int>>& writes) {
   std::vector<std::pair<std::size_t, int>> rows;  // (K offset of head 0 of the token, write index)
@@ -79,7 +65,6 @@ void check_host_rows_distinct(const L& l, const std::vector<std::pair<int, int>>
   }
 }
 
-/// Converts and stores one token of one sequence (checked already).
 template <kv_layout L, class In>
 void store_token_host(const L& l, std::byte* k, std::byte* v, int s, int t, const In* k_in,
                       const In* v_in, kv_scales scales) {
@@ -123,9 +108,8 @@ void check_input_apart(const In* k_in, const In* v_in, std::size_t n, host_span<
 
 }  // namespace detail
 
-/// One new token per sequence, at positions[s] (empty: the layout's seq_len(s)), into a host cache.
-/// k_new / v_new: [num_seqs, num_kv_heads, head_dim], float or the cache's element type.
-/// Throws kvscout::error, writing nothing, on any bad input (the header comment).
+/// One new token per sequence, at positions[s] (empty: the layout's seq_len(s)). k_new / v_new:
+/// [num_seqs, num_kv_heads, head_dim]. The caller then advances the lengths / page tables.
 template <kv_layout L, class InSpan>
   requires(!kivi_quantized_layout<L>)
 void append_token_host(const L& layout, host_span<std::byte> k, host_span<std::byte> v,
@@ -163,9 +147,7 @@ void append_token_host(const L& layout, host_span<std::byte> k, host_span<std::b
 }
 
 /// Tokens [first, first + count) of sequence s (prefill, or a chunk of it) from rows
-/// [count, num_kv_heads, head_dim], float or the cache's element type. Every token's slot must be
-/// one s owns, as for append_token_host (a paged sequence's pages must be in its table first).
-/// Throws kvscout::error, writing nothing, on any bad input.
+/// [count, num_kv_heads, head_dim]. A paged sequence's pages must be in its table first.
 template <kv_layout L, class InSpan>
   requires(!kivi_quantized_layout<L>)
 void write_tokens_host(const L& layout, host_span<std::byte> k, host_span<std::byte> v, int seq,

@@ -1,26 +1,20 @@
 #pragma once
-// The kv_layout concept: a KV layout is address math, nothing more.
-//
-// A layout maps (sequence, token, kv_head) to the byte offset of that token's K row from the K
-// base pointer and of its V row from the V base pointer. It does not know where the memory lives
-// (host, device, mapped) and owns none of it; its metadata (lengths, page tables) is read through
-// pointers that must be readable where the layout is used.
+// The kv_layout concept: a KV layout is address math, nothing more. It maps (sequence, token,
+// kv_head) to the byte offsets of that token's K and V rows from their base pointers, owns no
+// memory, and reads its metadata (lengths, page tables) through pointers that must be readable
+// where the layout is used.
 //
 // Requirements, for a const L& l, int s (sequence), t (token), h (kv head), n (row count):
-//   L::element_type                 the element type a row is made of (for attention)
-//   L::head_dim                     elements per row, a compile-time constant
-//   l.num_seqs(), l.num_kv_heads()  the batch shape
-//   l.seq_len(s)                    tokens currently in sequence s
+//   L::element_type, L::head_dim    a row's element type; elements per row, compile-time
+//   l.num_seqs(), l.num_kv_heads(), l.seq_len(s)
 //   l.k_row_bytes(), l.v_row_bytes() bytes one K row / V row occupies and moves
 //   l.k_offset(s,t,h), l.v_offset(s,t,h)  byte offsets of the rows from their base pointers
-//   l.contiguous_rows(s,t,h,n)      how many of the rows of tokens t, t+1, ..., t+n-1 (head h)
-//                                   follow one another in memory from t on, in [1, n] for n >= 1;
-//                                   executors merge such runs into one copy
+//   l.contiguous_rows(s,t,h,n)      how many of the rows of tokens t .. t+n-1 (head h) follow one
+//                                   another in memory, in [1, n]; executors merge such runs
 //   l.validate(k_bytes, v_bytes)    host-side check of the metadata against buffers of those
 //                                   sizes; throws kvscout::error naming the bad value
 // For the CUDA backend the queries and offsets must also be KVSCOUT_HOST_DEVICE, and the layout
-// trivially copyable and default-constructible (kernels take it by value): docs/layouts.md,
-// "Writing your own".
+// trivially copyable and default-constructible (kernels take it by value): docs/layouts.md.
 
 #include <concepts>
 #include <cstddef>
@@ -46,16 +40,13 @@ concept kv_layout = std::copyable<L> && requires(const L& l, int s, int t, int h
   l.validate(bytes, bytes);
 };
 
-/// What a layout must also be for kernels to take it by value (the CUDA backend checks this
-/// with a static_assert; its member functions must also be KVSCOUT_HOST_DEVICE, which no
-/// concept can check).
+/// What a layout must also be for kernels to take it by value; its member functions must also be
+/// KVSCOUT_HOST_DEVICE, which no concept can check.
 template <class L>
 inline constexpr bool kernel_passable_layout =
     std::is_trivially_copyable_v<L> && std::is_default_constructible_v<L>;
 
 namespace detail {
-/// The device entry points' check, with its one message:
-/// static_assert(detail::layout_passes_to_kernels<L>()).
 template <class L>
 consteval bool layout_passes_to_kernels() {
   static_assert(kernel_passable_layout<L>,
@@ -65,14 +56,12 @@ consteval bool layout_passes_to_kernels() {
 }
 }  // namespace detail
 
-/// Byte offsets of the K and V rows of one (sequence, token, kv head).
 struct row_offsets {
   std::size_t k;
   std::size_t v;
 };
 
-/// The offsets of (s, t, h) after checking each index on the host; for tools and tests that
-/// address single rows. Hot paths call k_offset / v_offset directly on validated inputs.
+/// The offsets of (s, t, h) after checking each index on the host, for tools and tests.
 template <kv_layout L>
 row_offsets checked_row_offsets(const L& l, int s, int t, int h) {
   KVSCOUT_EXPECTS(s >= 0 && s < l.num_seqs(), "sequence ", s, " is out of range [0, ",
@@ -85,7 +74,6 @@ row_offsets checked_row_offsets(const L& l, int s, int t, int h) {
   return {l.k_offset(s, t, h), l.v_offset(s, t, h)};
 }
 
-/// Order of the dimensions inside a contiguous buffer or a page.
 /// NHD: [tokens, kv_heads, head_dim]; the rows of one head are kv_heads rows apart.
 struct nhd {
   static constexpr const char* name = "NHD";

@@ -1,20 +1,12 @@
 #pragma once
-// Contiguous KV layouts, NHD or HND, for batches of sequences of different lengths.
-//
-// Two batch forms, each in both orders (K and V use separate buffers of the same shape):
-//   padded  every sequence owns `capacity` token slots:
+// Contiguous KV layouts, NHD or HND, for batches of sequences of different lengths; K and V use
+// separate buffers of the same shape.
+//   padded  every sequence owns `capacity` token slots, lengths from seq_lens[num_seqs]:
 //             NHD  [num_seqs, capacity, kv_heads, head_dim]
 //             HND  [num_seqs, kv_heads, capacity, head_dim]   (the Hugging Face cache shape)
-//           lengths come from seq_lens[num_seqs], each <= capacity.
-//   ragged  the sequences share one buffer of `total_tokens` slots, sequence s owning tokens
-//           [indptr[s], indptr[s+1]) (FlashInfer's ragged form):
+//   ragged  sequence s owns tokens [indptr[s], indptr[s+1]) of one shared buffer:
 //             NHD  [total_tokens, kv_heads, head_dim]
 //             HND  [kv_heads, total_tokens, head_dim]
-//
-//   std::vector<int> lens = {5, 17};
-//   auto l = kvscout::contiguous_layout<kvscout::half, 128, kvscout::hnd>::padded(
-//       /*num_kv_heads=*/8, /*capacity=*/32, lens.data(), /*num_seqs=*/2);
-//   std::size_t off = l.k_offset(1, 3, 2);  // bytes from the K base to (seq 1, token 3, head 2)
 
 #include <algorithm>
 #include <cstddef>
@@ -42,8 +34,7 @@ class contiguous_layout {
 
   contiguous_layout() = default;
 
-  /// Padded batch: each sequence owns `capacity` slots; seq_lens[num_seqs] must stay readable
-  /// where the layout is used.
+  /// seq_lens[num_seqs] must stay readable where the layout is used.
   static contiguous_layout padded(int num_kv_heads, int capacity, const int32_t* seq_lens,
                                   int num_seqs) {
     KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
@@ -64,8 +55,7 @@ class contiguous_layout {
     return l;
   }
 
-  /// Ragged batch: sequence s holds tokens [indptr[s], indptr[s+1]) of a shared buffer of
-  /// `total_tokens` slots; indptr[num_seqs + 1] must stay readable where the layout is used.
+  /// indptr[num_seqs + 1] must stay readable where the layout is used.
   static contiguous_layout ragged(int num_kv_heads, int total_tokens, const int32_t* indptr,
                                   int num_seqs) {
     KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
@@ -100,15 +90,14 @@ class contiguous_layout {
   }
   KVSCOUT_HOST_DEVICE std::size_t v_offset(int s, int t, int h) const { return k_offset(s, t, h); }
 
-  /// Rows of one head are adjacent when the token stride is one row (HND, or NHD with a
-  /// single KV head); then a run extends to the end of the sequence.
+  /// Rows of one head are adjacent when the token stride is one row (HND, or NHD with a single KV
+  /// head); then a run extends to the end of the sequence.
   KVSCOUT_HOST_DEVICE int contiguous_rows(int s, int t, int /*h*/, int n) const {
     if (token_stride_ != HeadDim) return n > 0 ? 1 : 0;
     const int left = seq_len(s) - t;
     return n < left ? n : left;
   }
 
-  /// Host-side check of lengths / indptr against the capacity and of the buffers' sizes.
   void validate(std::size_t k_bytes, std::size_t v_bytes) const {
     const std::size_t need = required_bytes();
     KVSCOUT_EXPECTS(k_bytes >= need, "K buffer holds ", k_bytes, " bytes but the layout needs ",
@@ -132,7 +121,6 @@ class contiguous_layout {
     }
   }
 
-  /// Bytes one of the K / V buffers must hold.
   std::size_t required_bytes() const {
     const std::size_t seqs = indptr_ != nullptr ? 1 : static_cast<std::size_t>(num_seqs_);
     return seqs * static_cast<std::size_t>(capacity_) * static_cast<std::size_t>(num_kv_heads_) *

@@ -1,32 +1,27 @@
 #pragma once
 // KIVI-quantised KV layout (Liu et al., ICML'24): 2- or 4-bit asymmetric quantisation (key and
 // value widths separate: kivi_bits), keys per channel over groups of G tokens, values per token
-// over groups of G channels, recent tokens in full precision as KIVI keeps them; and the host
-// writer that quantises tokens as they leave the full-precision window.
+// over groups of G channels, recent tokens in full precision; and the host writer that quantises
+// tokens as they leave the full-precision window.
 //
 //   using layout = kvscout::kivi_layout<kvscout::half, 128, /*Bits=*/2>;   // fp16 scales / zeros
-//   std::vector<int32_t> lens = {0, 0};                                    // tokens per sequence
 //   auto l = layout::padded(/*num_kv_heads=*/8, /*capacity=*/4096, lens.data(), /*num_seqs=*/2,
 //                           {.group = 32, .residual = 128});
 //   kvscout::kivi_host_storage store(l);                     // or any 16-byte aligned buffers
 //   kvscout::kivi_append_host<layout> w(l, store.buffers(), lens.data());
 //   w.append(/*s=*/0, k_token, v_token);                     // [8, 128] each; lens[0] becomes 1
-//   auto kv = store.buffers().view(l);                       // kivi_view: what attention reads
-//   executor.submit(kv.quantized(), selection, destination); // fetches K codes and V records only
+//   executor.submit(store.buffers().view(l).quantized(), selection, destination);
 //
-// ## Which tokens are quantised (KIVI's rule; the why: docs/layouts.md, "KIVI-quantized")
-// len = seq_lens[s], R the residual length (a multiple of G; R = 0 is kvscout's extension),
-// B = key_block() = R (G when R = 0):
+// Which tokens are quantised (KIVI's rule; docs/layouts.md): len = seq_lens[s], R the residual
+// length (a multiple of G; R = 0 is kvscout's extension), B = key_block() = R (G when R = 0):
 //   key_quantized_len   = B * floor(len / B)   keys are quantised B at a time
 //   value_quantized_len = max(0, len - R)      the R most recent values stay in full precision
-// seq_len(s) = the smaller: the tokens executors fetch and selectors choose among (score_view
-// lengths: fill_quantized_lens). The window [seq_len, len) (residual_len(s), at most B tokens) is
-// never fetched: it is resident where attention runs (rows KIVI already quantised are kept
-// dequantised, rounded once to T), and attention reads all of it after the selected rows
-// (attention/kivi_rows.hpp). Not binary-compatible with KIVI's cache: each token's row is a key
-// record and a value record with its own scales and zeros, fetched alone.
+// seq_len(s) = the smaller: the tokens executors fetch and selectors choose among. The window
+// [seq_len, len) is never fetched: it is resident where attention runs (rows already quantised
+// are kept dequantised, rounded once to T), and attention reads all of it after the selected rows.
+// Not binary-compatible with KIVI's cache: each token's key and value records are fetched alone.
 //
-// ## Buffers (per (sequence, kv head) slices of `capacity` tokens; every buffer 16-byte aligned)
+// Buffers (per (sequence, kv head) slices of `capacity` tokens; every buffer 16-byte aligned)
 // Qc = quantized_capacity(), Kq = key_quantized_len(capacity), W = residual_slots():
 //   k_codes     [num_seqs, H, Qc, k_row_bytes]         key record of token t: packed codes of its D
 //                                                      channels, zero-padded to 16 bytes
@@ -35,16 +30,10 @@
 //   k_params    [num_seqs, H, Kq / G, 2, D]  Scale     key group j: scale[D] then zero[D]
 //   k_residual  [num_seqs, H, W, D]          T         token t of the window in slot t % W (a ring:
 //   v_residual  [num_seqs, H, W, D]          T         nothing moves on quantising)
-// Executors fetch only k_codes and v_records; k_params (shared by G tokens: 2 * D * sizeof(Scale) /
-// G bytes per token) and the residual stay resident. Code packing: detail/kivi_pack.hpp. Bytes
-// per row: k_row_bytes() + v_row_bytes() (a table: docs/layouts.md).
+// Executors fetch only k_codes and v_records; k_params and the residual stay resident.
 //
-// Error bound: for a group with minimum mn, maximum mx, exact scale s* = (mx - mn) / L, stored
-// scale s and zero z (L = 2^Bits - 1), every element x dequantises to x' with
-//   |x - x'| <= max(s / 2, |z - mn| + L * |s - s*|) <= s / 2 + u * (|mn| + L * s*) + float round-off,
-// u the unit round-off of Scale (2^-11 for fp16, plus an absolute 2^-25 below its normal range;
-// 2^-24 for fp32). Inside the grid q = round((x - z) / s) is within half a step; below it (x < z,
-// only when rounding moved z above mn) x' = z and x >= mn; above it x' = z + L s and x <= mx.
+// Error bound: for a group with minimum mn, exact scale s* = (mx - mn) / L, stored scale s and zero
+// z, |x - x'| <= s / 2 + u * (|mn| + L * s*) + round-off, u the unit round-off of Scale.
 
 #include <algorithm>
 #include <cmath>
@@ -69,7 +58,6 @@
 
 namespace kvscout {
 
-/// The bit widths kivi_layout supports, for dispatch at the outermost API.
 inline constexpr value_list<2, 4> supported_kivi_bits{};
 
 /// Key and value bit widths of a kivi_layout: `2` (K2 / V2, KIVI-2), `4`, or `kivi_bits{2, 4}`
@@ -81,10 +69,8 @@ struct kivi_bits {
   constexpr kivi_bits(int k, int v) : key(k), value(v) {}
 };
 
-/// Alignment of every KIVI buffer and size granule of every record: one 16-byte vector load.
 inline constexpr std::size_t kivi_alignment = 16;
 
-/// Runtime shape of the quantisation: G and R.
 struct kivi_options {
   int group = 32;      // G: tokens per key group, channels per value group (must divide head_dim)
   int residual = 128;  // R: KIVI's residual length, a multiple of G (see the rule above)
@@ -115,10 +101,8 @@ class kivi_layout {
   static constexpr int head_dim = HeadDim;
   static constexpr int key_bits = Bits.key;
   static constexpr int value_bits = Bits.value;
-  /// Packed codes of one key row: D * key_bits / 8 bytes; of one value row: D * value_bits / 8.
   static constexpr std::size_t k_code_bytes = detail::kivi_code_bytes<key_bits>(HeadDim);
   static constexpr std::size_t v_code_bytes = detail::kivi_code_bytes<value_bits>(HeadDim);
-  /// A key record: the codes, padded to 16 bytes.
   static constexpr std::size_t k_record_bytes = align_up(k_code_bytes);
 
   kivi_layout() = default;
@@ -153,7 +137,6 @@ class kivi_layout {
     l.key_groups_ = l.key_quantized_len_for(capacity) / opt.group;
     l.v_record_bytes_ = align_up(v_code_bytes + 2 * static_cast<std::size_t>(HeadDim / opt.group) *
                                                     sizeof(Scale));
-    // Every buffer size below is a product of these: none may wrap.
     const std::size_t record_max = std::max({k_record_bytes, l.v_record_bytes_,
                                              k_params_group_bytes});
     detail::checked_size("a KIVI record buffer's bytes (num_seqs x num_kv_heads x quantised "
@@ -169,41 +152,31 @@ class kivi_layout {
   KVSCOUT_HOST_DEVICE int num_kv_heads() const { return num_kv_heads_; }
   KVSCOUT_HOST_DEVICE int group() const { return group_; }
   KVSCOUT_HOST_DEVICE int residual() const { return residual_; }
-  /// Most tokens per sequence.
   KVSCOUT_HOST_DEVICE int capacity() const { return capacity_; }
-  /// Record slots per (sequence, kv head): the most tokens with a quantised key or value.
   KVSCOUT_HOST_DEVICE int quantized_capacity() const { return quantized_capacity_; }
-  /// Key groups per (sequence, kv head): key_quantized_len_for(capacity()) / G.
   KVSCOUT_HOST_DEVICE int key_groups() const { return key_groups_; }
-  /// Keys are quantised this many at a time: B = R (G when R = 0), a multiple of G.
   KVSCOUT_HOST_DEVICE int key_block() const { return residual_ > 0 ? residual_ : group_; }
-  /// Residual ring slots per (sequence, kv head): key_block(), the most tokens the window holds
-  /// (the capacity where that is smaller, at least 1: a flush needs B tokens, so it never comes).
+  /// key_block(), or the capacity where that is smaller (at least 1: a flush then never comes).
   KVSCOUT_HOST_DEVICE int residual_slots() const {
     const int b = key_block();
     return b <= capacity_ ? b : (capacity_ > 0 ? capacity_ : 1);
   }
   KVSCOUT_HOST_DEVICE const int32_t* seq_lens() const { return lens_; }
 
-  /// Tokens with a quantised key in a sequence of `len` tokens: B * floor(len / B).
   KVSCOUT_HOST_DEVICE int key_quantized_len_for(int len) const {
     const int b = key_block();
     return len / b * b;
   }
-  /// Tokens with a quantised value: max(0, len - R).
   KVSCOUT_HOST_DEVICE int value_quantized_len_for(int len) const {
     return len > residual_ ? len - residual_ : 0;
   }
-  /// Tokens with both quantised (executors fetch them, selectors see them): len - R once len >= R > 0.
+  /// Tokens executors fetch and selectors see: len - R once len >= R > 0.
   KVSCOUT_HOST_DEVICE int quantized_len_for(int len) const {
     const int k = key_quantized_len_for(len), v = value_quantized_len_for(len);
     return k < v ? k : v;
   }
-  /// All tokens of sequence s.
   KVSCOUT_HOST_DEVICE int total_len(int s) const { return lens_[s]; }
-  /// The tokens executors and selectors see: the quantised ones.
   KVSCOUT_HOST_DEVICE int seq_len(int s) const { return quantized_len_for(lens_[s]); }
-  /// Tokens of sequence s in the full-precision window: total_len(s) - seq_len(s).
   KVSCOUT_HOST_DEVICE int residual_len(int s) const {
     return lens_[s] - quantized_len_for(lens_[s]);
   }
@@ -211,7 +184,6 @@ class kivi_layout {
   KVSCOUT_HOST_DEVICE std::size_t k_row_bytes() const { return k_record_bytes; }
   KVSCOUT_HOST_DEVICE std::size_t v_row_bytes() const { return v_record_bytes_; }
 
-  /// Byte offsets of the key record / value record of quantised token t (t < seq_len(s)).
   KVSCOUT_HOST_DEVICE std::size_t k_offset(int s, int t, int h) const {
     return record_index(s, t, h) * k_record_bytes;
   }
@@ -219,27 +191,22 @@ class kivi_layout {
     return record_index(s, t, h) * v_record_bytes_;
   }
 
-  /// A (sequence, kv head)'s records are adjacent: a run extends to the end of the quantised tokens.
   KVSCOUT_HOST_DEVICE int contiguous_rows(int s, int t, int /*h*/, int n) const {
     const int left = seq_len(s) - t;
     return n < left ? n : left;
   }
 
-  /// Inside a value record: byte offsets of scales[D / G] and of zeros[D / G].
   KVSCOUT_HOST_DEVICE std::size_t v_scales_offset() const { return v_code_bytes; }
   KVSCOUT_HOST_DEVICE std::size_t v_zeros_offset() const {
     return v_code_bytes + static_cast<std::size_t>(HeadDim / group_) * sizeof(Scale);
   }
 
-  /// Bytes of one key group's parameters: scale[D] then zero[D].
   static constexpr std::size_t k_params_group_bytes = 2 * sizeof(Scale) * HeadDim;
-  /// Byte offset, in k_params, of the scales of key group j (tokens [j * G, (j + 1) * G)).
   KVSCOUT_HOST_DEVICE std::size_t k_params_offset(int s, int j, int h) const {
     return ((static_cast<std::size_t>(s) * num_kv_heads_ + h) * key_groups() + j) *
            k_params_group_bytes;
   }
 
-  /// Byte offset in k_residual / v_residual of window token t (seq_len(s) <= t < total_len(s)).
   KVSCOUT_HOST_DEVICE std::size_t residual_offset(int s, int t, int h) const {
     const int w = residual_slots();
     return ((static_cast<std::size_t>(s) * num_kv_heads_ + h) * w + t % w) * HeadDim * sizeof(T);
@@ -250,12 +217,10 @@ class kivi_layout {
   std::size_t required_k_params_bytes() const {
     return slots() * key_groups() * k_params_group_bytes;
   }
-  /// Bytes of each of k_residual and v_residual.
   std::size_t required_residual_bytes() const {
     return slots() * residual_slots() * HeadDim * sizeof(T);
   }
 
-  /// Host-side check of every length against the capacity.
   void validate_lengths() const {
     for (int s = 0; s < num_seqs_; ++s) {
       KVSCOUT_EXPECTS(lens_[s] >= 0 && lens_[s] <= capacity_, "seq_lens[", s, "] = ", lens_[s],
@@ -263,7 +228,6 @@ class kivi_layout {
     }
   }
 
-  /// The kv_layout check: lengths, and the sizes of the K code and V record buffers.
   void validate(std::size_t k_bytes, std::size_t v_bytes) const {
     validate_lengths();
     KVSCOUT_EXPECTS(k_bytes >= required_k_bytes(), "K code buffer holds ", k_bytes,
@@ -276,7 +240,6 @@ class kivi_layout {
                     " quantised slots of ", v_record_bytes_, " bytes)");
   }
 
-  /// Sizes of the resident buffers: key group parameters and the two residual windows.
   void validate_resident(std::size_t k_params_bytes, std::size_t k_residual_bytes,
                          std::size_t v_residual_bytes) const {
     KVSCOUT_EXPECTS(k_params_bytes >= required_k_params_bytes(), "key parameter buffer holds ",
@@ -290,7 +253,6 @@ class kivi_layout {
                     v_residual_bytes, " bytes but the layout needs ", required_residual_bytes());
   }
 
-  /// Writes quantized_len(s) for every sequence: the lengths a selector's score_view carries.
   void fill_quantized_lens(host_span<int32_t> out) const {
     KVSCOUT_EXPECTS(out.size() >= static_cast<std::size_t>(num_seqs_), "output holds ", out.size(),
                     " entries, expected num_seqs = ", num_seqs_);
@@ -328,7 +290,6 @@ struct is_kivi_layout : std::false_type {};
 template <kv_element T, int D, kivi_bits B, class S>
 struct is_kivi_layout<kivi_layout<T, D, B, S>> : std::true_type {};
 
-/// A kivi_layout instantiation.
 template <class L>
 concept kivi_quantized_layout = is_kivi_layout<L>::value && kv_layout<L>;
 
@@ -341,14 +302,12 @@ inline void kivi_check_buffer(const std::byte* p, std::size_t size, std::size_t 
 }
 }  // namespace detail
 
-/// The resident part of a KIVI cache: what stays where attention runs and is never fetched.
 template <class Space>
 struct kivi_resident_view {
   span<const std::byte, Space> k_params;    // [num_seqs, H, Kq / G, 2, D] Scale
   span<const std::byte, Space> k_residual;  // [num_seqs, H, W, D] T
   span<const std::byte, Space> v_residual;  // [num_seqs, H, W, D] T
 
-  /// Null / alignment / size checks against a layout.
   template <kivi_quantized_layout L>
   void validate(const L& l) const {
     detail::kivi_check_buffer(k_params.data(), k_params.size(), l.required_k_params_bytes(),
@@ -360,7 +319,6 @@ struct kivi_resident_view {
   }
 };
 
-/// A whole KIVI cache: the layout and its five buffers (shapes in the header comment).
 template <class Layout, class Space>
 struct kivi_view {
   Layout layout;
@@ -368,10 +326,8 @@ struct kivi_view {
   span<const std::byte, Space> v_records;   // [num_seqs, H, Qc, v_row_bytes]   fetched
   kivi_resident_view<Space> resident;       // key parameters, residual windows: not fetched
 
-  /// What a prefetch executor takes: the layout over the K codes and V records.
   KVSCOUT_HOST_DEVICE kv_view<Layout, Space> quantized() const { return {layout, k_codes, v_records}; }
 
-  /// Lengths, and null / alignment / size checks of all five buffers.
   void validate() const {
     layout.validate(k_codes.size(), v_records.size());
     detail::kivi_check_buffer(k_codes.data(), k_codes.size(), layout.required_k_bytes(),
@@ -382,7 +338,6 @@ struct kivi_view {
   }
 };
 
-/// The five buffers of a KIVI cache, writable.
 template <class Space>
 struct kivi_buffers {
   span<std::byte, Space> k_codes;
@@ -396,7 +351,6 @@ struct kivi_buffers {
     return {l, k_codes, v_records, {k_params, k_residual, v_residual}};
   }
 
-  /// A writer fills all five: the bytes each needs for `l` must not overlap another's.
   template <kivi_quantized_layout L>
   void check_distinct(const L& l) const {
     const std::byte* p[5] = {k_codes.data(), v_records.data(), k_params.data(), k_residual.data(),
@@ -416,8 +370,7 @@ struct kivi_buffers {
   }
 };
 
-/// Owning host storage for a layout's five buffers, 16-byte aligned, zero-filled. For tests,
-/// benchmarks and examples; engines bring their own memory (pinned host store, device buffers).
+/// Owning host storage, 16-byte aligned, zero-filled: for tests, benchmarks and examples.
 class kivi_host_storage {
  public:
   template <kivi_quantized_layout L>
@@ -444,7 +397,6 @@ class kivi_host_storage {
   };
   using owned = std::unique_ptr<std::byte[], aligned_delete>;
   static owned alloc(std::size_t bytes) {
-    // One extra granule so that even an empty buffer has a valid, aligned address.
     const std::size_t n = bytes + kivi_alignment;
     owned p(static_cast<std::byte*>(::operator new[](n, std::align_val_t{kivi_alignment})));
     std::memset(p.get(), 0, n);
@@ -454,11 +406,11 @@ class kivi_host_storage {
   std::size_t sizes_[5];
 };
 
-/// Appends tokens to a host KIVI cache by KIVI's rule (header comment) and increments seq_lens[s],
-/// the array the layout reads. Validates before writing anything: sequence index, capacity, input
-/// sizes, finite inputs, and (fp16 scales) |x| <= 65504. Not thread-safe per sequence; different
-/// sequences may be appended from different threads. An append rewrites window rows that readers
-/// of the current lengths see: a concurrent reader needs the caller's synchronisation.
+/// Appends tokens by KIVI's rule and increments seq_lens[s], the array the layout reads. Validates
+/// before writing anything: sequence index, capacity, input sizes, finite inputs, and (fp16 scales)
+/// |x| <= 65504. Different sequences may be appended from different threads. An append rewrites
+/// window rows that readers of the current lengths see: a concurrent reader needs the caller's
+/// synchronisation.
 template <kivi_quantized_layout Layout>
 class kivi_append_host {
  public:
@@ -476,12 +428,11 @@ class kivi_append_host {
     b.check_distinct(l);
   }
 
-  /// Appends one token to sequence s: k, v [num_kv_heads, head_dim].
   void append(int s, host_span<const element_type> k, host_span<const element_type> v) {
     append(s, 1, k, v);
   }
 
-  /// Appends n tokens to sequence s: k, v [n, num_kv_heads, head_dim] (prefill).
+  /// k, v [n, num_kv_heads, head_dim].
   void append(int s, int n, host_span<const element_type> k, host_span<const element_type> v) {
     KVSCOUT_EXPECTS(s >= 0 && s < l_.num_seqs(), "sequence ", s, " is out of range [0, ",
                     l_.num_seqs(), ")");
@@ -511,8 +462,8 @@ class kivi_append_host {
   static constexpr int VBits = Layout::value_bits;
 
   static void check_values(const T* x, std::size_t n, const char* what) {
-    // fp16 scales: zero = min and scale = (max - min) / L stay finite when |x| <= 65504.
-    // fp32 scales: half the float range, so that max - min cannot overflow either.
+    // fp16 scales: zero = min and scale = (max - min) / L stay finite when |x| <= 65504; fp32: half
+    // the float range, so that max - min cannot overflow either.
     const float limit =
         std::is_same_v<S, half> ? 65504.f : 0.5f * std::numeric_limits<float>::max();
     for (std::size_t i = 0; i < n; ++i) {
@@ -535,21 +486,18 @@ class kivi_append_host {
     const int H = l_.num_kv_heads();
     constexpr std::size_t row = head_dim * sizeof(T);
     const int v0 = l_.value_quantized_len_for(len), v1 = l_.value_quantized_len_for(next);
-    // The value leaving the window (token len - R) is quantised before the new token takes its slot.
     if (v1 > v0 && v0 < len) quantise_value(s, v0, false);
     for (int h = 0; h < H; ++h) {
       std::memcpy(k_ring(s, len, h), k + static_cast<std::size_t>(h) * head_dim, row);
       std::memcpy(v_ring(s, len, h), v + static_cast<std::size_t>(h) * head_dim, row);
     }
-    // R = 0: the new token's value is quantised at once and stays in the window dequantised.
     if (v1 > v0 && v0 == len) quantise_value(s, len, true);
     const int k0 = l_.key_quantized_len_for(len), k1 = l_.key_quantized_len_for(next);
     if (k1 > k0) quantise_keys(s, k0, k1, l_.quantized_len_for(next));
     lens_[s] = next;
   }
 
-  // Quantises the value of token t of every head from its ring slot into its record; `keep`:
-  // the slot then holds the dequantised row (the token stays in the window).
+  // `keep`: the ring slot then holds the dequantised row (the token stays in the window).
   void quantise_value(int s, int t, bool keep) {
     const int G = l_.group();
     for (int h = 0; h < l_.num_kv_heads(); ++h) {
@@ -567,14 +515,13 @@ class kivi_append_host {
     }
   }
 
-  // Quantises the keys of tokens [k0, k1) (whole groups of G) of every head into their records and
-  // group parameters; ring slots from token `window` on then hold them dequantised.
+  // Tokens [k0, k1) (whole groups of G); ring slots from token `window` on then hold them
+  // dequantised.
   void quantise_keys(int s, int k0, int k1, int window) {
     const int G = l_.group();
     const T* rows[head_dim];  // G <= head_dim (G divides it)
     for (int h = 0; h < l_.num_kv_heads(); ++h) {
       for (int q0 = k0; q0 < k1; q0 += G) {
-        // Zero the group's (adjacent) key records: padding bytes are deterministic.
         std::memset(b_.k_codes.data() + l_.k_offset(s, q0, h), 0,
                     static_cast<std::size_t>(G) * l_.k_row_bytes());
         for (int i = 0; i < G; ++i) rows[i] = k_ring(s, q0 + i, h);

@@ -1,14 +1,10 @@
 #pragma once
-// Page tables: which physical pages hold a sequence's tokens. Two forms, one concept.
-//
+// Page tables: which physical pages hold a sequence's tokens. Two forms, one concept; both only
+// hold pointers, whose arrays must stay readable where the table is used.
 //   flashinfer_page_table  CSR form: indptr[num_seqs + 1] into indices[] (page ids), and
-//                          last_page_len[num_seqs] in [1, page_size] for a sequence with pages;
-//                          seq_len = (pages - 1) * page_size + last_page_len.
+//                          last_page_len[num_seqs] in [1, page_size] for a sequence with pages.
 //   block_table            vLLM form: table[num_seqs, max_blocks_per_seq] (row-major) of page
-//                          ids, and seq_lens[num_seqs]; the first ceil(seq_len / page_size)
-//                          entries of a row are used.
-//
-// Both only hold pointers; the arrays must stay readable where the table is used.
+//                          ids, and seq_lens[num_seqs].
 
 #include <concepts>
 #include <cstdint>
@@ -18,8 +14,8 @@
 
 namespace kvscout {
 
-/// A page table answers, for a sequence, its length and the physical page of a logical page.
-/// validate(page_size, num_pages) checks it on the host and throws kvscout::error.
+/// A sequence's length and the physical page of a logical page; validate(page_size, num_pages)
+/// checks it on the host.
 template <class P>
 concept page_table = std::copyable<P> && requires(const P& p, int s, int i, int page_size) {
   { p.num_seqs() } -> std::same_as<int>;
@@ -47,15 +43,14 @@ struct flashinfer_page_table {
     KVSCOUT_EXPECTS(indptr != nullptr, "page table indptr is null");
     KVSCOUT_EXPECTS(seqs == 0 || last_page_len != nullptr, "page table last_page_len is null");
     KVSCOUT_EXPECTS(indptr[0] >= 0, "page table indptr[0] = ", indptr[0], " is negative");
-    // All of indptr before any page id: indices holds indptr[num_seqs] entries, which cover every
-    // sequence's pages only when indptr never decreases.
+    // All of indptr before any page id: indices covers every sequence's pages only when indptr
+    // never decreases.
     for (int s = 0; s < seqs; ++s) {
       KVSCOUT_EXPECTS(indptr[s + 1] >= indptr[s], "page table indptr is not non-decreasing: "
                       "indptr[", s, "] = ", indptr[s], " > indptr[", s + 1, "] = ", indptr[s + 1]);
     }
     for (int s = 0; s < seqs; ++s) {
       const int n = num_pages(s);
-      // Checked here, after indptr[s + 1] >= indptr[s]: a decreasing indptr is reported as such.
       KVSCOUT_EXPECTS(n == 0 || indices != nullptr, "page table indices is null, but sequence ", s,
                       " has ", n, " pages (indptr[", s, "] = ", indptr[s], ", indptr[", s + 1,
                       "] = ", indptr[s + 1], ")");
@@ -64,7 +59,6 @@ struct flashinfer_page_table {
                         "last_page_len[", s, "] = ", last_page_len[s], " disagrees with page_size ",
                         page_size, ": expected a value in [1, ", page_size, "] for a sequence with ",
                         n, " pages");
-        // seq_len is an int: (n - 1) * page_size + last_page_len must fit.
         const std::int64_t len = static_cast<std::int64_t>(n - 1) * page_size + last_page_len[s];
         KVSCOUT_EXPECTS(len <= INT32_MAX, "sequence ", s, " has ", n, " pages of ", page_size,
                         " tokens: ", len, " tokens exceed the int range of a sequence length");
@@ -95,7 +89,6 @@ struct block_table {
     KVSCOUT_EXPECTS(max_blocks_per_seq >= 0, "max_blocks_per_seq must be non-negative, got ",
                     max_blocks_per_seq);
     KVSCOUT_EXPECTS(seqs == 0 || seq_lens != nullptr, "block table seq_lens is null");
-    // A table of no blocks may be null: every sequence is then empty (checked below).
     KVSCOUT_EXPECTS(seqs == 0 || max_blocks_per_seq == 0 || table != nullptr,
                     "block table is null, with ", seqs, " sequences of ", max_blocks_per_seq,
                     " blocks");

@@ -6,11 +6,8 @@
 //   HND  [num_pages, kv_heads, page_size, head_dim]     (FlashInfer HND)
 // `page_stride` (elements between consecutive pages) defaults to page_size * kv_heads * head_dim;
 // a larger stride describes pages that interleave K and V ([num_pages, 2, ...]): pass the same
-// buffer with the V base offset by one half-page.
+// buffer with the V base offset by one half-page. PageSize: static, or dynamic_extent.
 //
-// The page size is static (PageSize > 0) or runtime (PageSize = dynamic_extent).
-//
-//   kvscout::flashinfer_page_table pt{indptr, indices, last_page_len, num_seqs};
 //   auto l = kvscout::paged_layout<kvscout::half, 128, kvscout::hnd,
 //                                  kvscout::flashinfer_page_table, 16>(pt, /*num_kv_heads=*/8);
 
@@ -46,14 +43,12 @@ class paged_layout {
 
   paged_layout() = default;
 
-  /// Static page size.
   paged_layout(PageTable table, int num_kv_heads, std::int64_t page_stride = 0)
     requires(PageSize != dynamic_extent)
       : table_(table), num_kv_heads_(num_kv_heads) {
     init(PageSize, page_stride);
   }
 
-  /// Runtime page size.
   paged_layout(PageTable table, int num_kv_heads, int page_size, std::int64_t page_stride = 0)
     requires(PageSize == dynamic_extent)
       : table_(table), num_kv_heads_(num_kv_heads) {
@@ -91,9 +86,8 @@ class paged_layout {
   }
   KVSCOUT_HOST_DEVICE std::size_t v_offset(int s, int t, int h) const { return k_offset(s, t, h); }
 
-  /// Within a page, rows of a head are adjacent when the token stride is one row (HND, or NHD
-  /// with one KV head). A run continues into the next page when that page happens to follow in
-  /// memory (physically consecutive pages).
+  /// Within a page, rows of a head are adjacent when the token stride is one row (HND, or NHD with
+  /// one KV head); a run continues into the next page when that page follows in memory.
   KVSCOUT_HOST_DEVICE int contiguous_rows(int s, int t, int h, int n) const {
     if (n <= 0) return 0;
     const bool rows_adjacent = std::is_same_v<Order, hnd> || num_kv_heads_ == 1;
@@ -109,8 +103,7 @@ class paged_layout {
     return run < limit ? run : limit;
   }
 
-  /// Host-side check of the page table against the page size and the number of pages the
-  /// buffers hold.
+  /// Checks the page table against the page size and the number of pages the buffers hold.
   void validate(std::size_t k_bytes, std::size_t v_bytes) const {
     KVSCOUT_EXPECTS(page_stride_ > 0, "paged_layout has page_stride ", page_stride_,
                     ": a default-constructed layout describes no cache; build it from a page "
@@ -118,15 +111,12 @@ class paged_layout {
     const std::size_t page_bytes = static_cast<std::size_t>(page_stride_) * sizeof(T);
     const std::size_t used = static_cast<std::size_t>(page_size()) * num_kv_heads_ * row_bytes;
     const std::size_t smaller = k_bytes < v_bytes ? k_bytes : v_bytes;
-    // The last page needs only its used part, not the whole stride.
     const std::size_t pages = smaller < used ? 0 : (smaller - used) / page_bytes + 1;
-    // Page ids are ints: a buffer with more pages than that still holds every id.
     try {
       table_.validate(page_size(), pages > INT32_MAX ? INT32_MAX : static_cast<int>(pages));
     } catch (const error& e) {
-      // A page id past the buffers is as often buffers sized for another shape: say how the
-      // page count was derived. (Both page tables' id checks say "page id ..."; their other
-      // errors are about the table alone and pass unchanged.)
+      // A page id past the buffers is as often buffers sized for another shape: say how the page
+      // count was derived.
       if (e.message().rfind("page id ", 0) != 0) throw;
       std::ostringstream why;
       why << e.message() << "; the K / V buffers (" << k_bytes << " / " << v_bytes
@@ -149,7 +139,6 @@ class paged_layout {
     KVSCOUT_EXPECTS(page_stride_ >= dense, "page_stride = ", page_stride_,
                     " elements is smaller than one page (page_size * kv_heads * head_dim = ", dense,
                     ")");
-    // Page offsets in bytes (page * page_stride * sizeof(T)) are 64-bit.
     constexpr std::int64_t stride_max =
         std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(2 * sizeof(T));
     KVSCOUT_EXPECTS(page_stride_ <= stride_max, "page_stride = ", page_stride_,

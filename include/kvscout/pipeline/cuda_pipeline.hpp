@@ -3,14 +3,11 @@
 //
 // What runs is the caller's: the pipeline takes two stages, `speculate(layer, slot, exec)` (score
 // and select the layer's rows into selection slot `slot`) and `fetch(layer, slot, exec)` (move the
-// rows that slot names into row buffer `slot`), and orders them against the caller's compute stream
-// with events. The pipeline keeps its events and its configuration, no stream: every call takes
-// the step's cuda_pipeline_exec last (the three streams and the device status word), and each
-// stage gets a cuda_exec (core/exec.hpp) of its stream and that word. Nothing blocks the host,
-// allocates, or reads device memory, so a whole step can be captured in a CUDA graph
-// (tests/cuda/test_pipeline_device.cu).
+// rows that slot names into row buffer `slot`), and orders them against the caller's compute
+// stream with events. Every call takes the step's cuda_pipeline_exec last. Nothing blocks the
+// host, allocates, or reads device memory, so a whole step can be captured in a CUDA graph.
 //
-// One step over L layers, slot(i) = i % 2 (layer i's rows are fetched while layer i - 1 reads its own):
+// One step, slot(i) = i % 2 (layer i's rows are fetched while layer i - 1 reads its own):
 //
 //   compute  ... layer i-1: x_{i-1} ready -> [record input_ready] ... attention(i-1) ... layer i:
 //            [wait fetched(slot i)] attention(i) over row buffer slot(i) ...
@@ -19,13 +16,11 @@
 //                                                                  [record fetched(slot i)]
 //
 // The buffers of slot(i) are free when speculate(i) / fetch(i) start: their previous user, layer
-// i - 2's attention, was enqueued before input_ready of layer i - 1, which both side streams wait on.
-// Appending layer i's token on the compute stream after attention(i) cannot race a fetch: the one
-// in flight reads layer i + 1's cache; layer i's next fetch is ordered after it through input_ready.
-// The sequence lengths the fetches read must likewise advance on the compute stream, after the last
-// layer's appends. x_i lives in an input buffer of slot(i + 1), as the selection and rows do
-// (speculate(i + 1) reads it on the side stream); the compute stream writes it again (x_{i+2})
-// only after wait_rows(i + 1).
+// i - 2's attention, was enqueued before input_ready of layer i - 1, which both side streams wait
+// on. Appending layer i's token on the compute stream after attention(i) cannot race a fetch: the
+// one in flight reads layer i + 1's cache. The sequence lengths the fetches read must likewise
+// advance on the compute stream, after the last layer's appends. x_i lives in an input buffer of
+// slot(i + 1); the compute stream writes it again (x_{i+2}) only after wait_rows(i + 1).
 //
 //   kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = 2}, stages);
 //   const kvscout::cuda_pipeline_exec x{compute, side, copy, d_status};   // d_status optional
@@ -36,8 +31,8 @@
 //     ... attention(i), append, MLP on `compute` ...
 //   }
 //
-// Layers below skip_layers attend densely and are never speculated; layer skip_layers is
-// speculated at the previous layer, or by speculate_first() when skip_layers == 0.
+// Layer skip_layers is speculated at the previous layer, or by speculate_first() when
+// skip_layers == 0.
 
 #include <cuda_runtime_api.h>
 
@@ -52,7 +47,7 @@
 namespace kvscout {
 
 /// The two stages the pipeline orders. Both only enqueue work on exec.stream and report device
-/// faults into exec.status (core/device_status.hpp).
+/// faults into exec.status.
 template <class S>
 concept pipeline_stages_cuda = requires(S& s, int layer, int slot, const cuda_exec& exec) {
   s.speculate(layer, slot, exec);
@@ -65,11 +60,10 @@ struct cuda_pipeline_config {
   bool overlap = true;  // false: speculation and fetch run on the compute stream, in line
 };
 
-/// The pipeline's execution argument, passed to every call: the caller's streams (the model's
-/// compute stream, a side stream for speculation and a copy stream for fetches; three distinct
-/// streams when overlap is on) and the device status word the stages report into (null: none).
-/// The slots' reuse is ordered on the compute stream: pass the same streams to every call of a
-/// step, and order a new compute stream after the old one before a step that changes it.
+/// The caller's streams (compute, a side stream for speculation, a copy stream for fetches; three
+/// distinct streams when overlap is on) and the device status word (null: none). The slots' reuse
+/// is ordered on the compute stream: pass the same streams to every call of a step, and order a new
+/// compute stream after the old one before a step that changes it.
 struct cuda_pipeline_exec {
   cudaStream_t compute = nullptr;
   cudaStream_t speculate = nullptr;
@@ -83,7 +77,6 @@ class decode_pipeline_cuda {
   using config_type = cuda_pipeline_config;
   static constexpr int slots = 2;
 
-  /// Validates the configuration and creates the events (the only allocation).
   decode_pipeline_cuda(const cuda_pipeline_config& cfg, Stages stages) : cfg_(cfg), stages_(std::move(stages)) {
     KVSCOUT_EXPECTS(cfg.num_layers > 0, "num_layers must be positive, got ", cfg.num_layers);
     KVSCOUT_EXPECTS(cfg.skip_layers >= 0 && cfg.skip_layers <= cfg.num_layers, "skip_layers = ",
@@ -106,15 +99,12 @@ class decode_pipeline_cuda {
   [[nodiscard]] const cuda_pipeline_config& configuration() const noexcept { return cfg_; }
   [[nodiscard]] Stages& stages() noexcept { return stages_; }
 
-  /// The selection slot and row buffer layer i uses.
   [[nodiscard]] static constexpr int slot(int layer) noexcept { return layer % slots; }
-  /// Whether layer i attends over fetched rows (true) or densely (false).
   [[nodiscard]] bool sparse(int layer) const noexcept {
     return layer >= cfg_.skip_layers && layer < cfg_.num_layers;
   }
 
-  /// With skip_layers == 0: speculates layer 0; call at the start of the step, once its input is
-  /// ready on x.compute.
+  /// With skip_layers == 0: speculates layer 0, once its input is ready on x.compute.
   void speculate_first(const cuda_pipeline_exec& x) {
     KVSCOUT_EXPECTS(cfg_.skip_layers == 0, "speculate_first() is for skip_layers == 0; layer ",
                     cfg_.skip_layers, " is speculated by input_ready(", cfg_.skip_layers - 1, ")");
@@ -122,16 +112,15 @@ class decode_pipeline_cuda {
     launch(0, x);
   }
 
-  /// Layer i's attention input is ready on x.compute: start speculating and fetching layer i + 1
-  /// (when sparse) on x.speculate and x.copy, the stages reporting into x.status.
+  /// Starts speculating and fetching layer i + 1 (when sparse) on x.speculate and x.copy.
   void input_ready(int layer, const cuda_pipeline_exec& x) {
     check_layer(layer);
     check_streams(x);
     if (sparse(layer + 1)) launch(layer + 1, x);
   }
 
-  /// Makes x.compute wait until layer i's rows are in row buffer slot(i). A no-op for dense
-  /// layers. Throws if layer i was not launched (input_ready(i - 1) not called this step).
+  /// Makes x.compute wait until layer i's rows are in row buffer slot(i). A no-op for dense layers.
+  /// Throws if layer i was not launched (input_ready(i - 1) not called this step).
   void wait_rows(int layer, const cuda_pipeline_exec& x) {
     check_layer(layer);
     check_streams(x);
@@ -143,8 +132,8 @@ class decode_pipeline_cuda {
                     "; call input_ready(", layer - 1, ") (or speculate_first() for layer 0) first");
     launched_[b] = -1;  // consumed: the next wait on this slot needs a new launch
     if (cfg_.overlap) {
-      // fetched implies selected; waiting on selected too joins the speculate stream into compute
-      // directly: no captured fork is joined only through copy (cudaErrorStreamCaptureUnjoined).
+      // Waiting on selected too joins the speculate stream into compute directly: no captured fork
+      // is joined only through copy (cudaErrorStreamCaptureUnjoined).
       KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(x.compute, selected_[slot(layer)], 0));
       KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(x.compute, fetched_[slot(layer)], 0));
     }

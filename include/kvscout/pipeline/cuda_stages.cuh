@@ -2,37 +2,26 @@
 // Device parts as the two stages of decode_pipeline_cuda (pipeline/cuda_pipeline.hpp), and an
 // optional third, the correction step, that the caller runs on the compute stream:
 //
-//   speculate(i, b, exec)    layer i's policy (any speculation_policy_cuda) scores every cached
-//                            token from slot b's layer input (x_{i-1}); the selector writes slot
-//                            b's selection                     (score/infinigen.cuh, select/*.cuh)
-//   fetch(i, b, exec)        the executor (any device_step_executor; zero_copy_executor_cuda by
-//                            default) moves those rows from layer i's host cache into slot b's
-//                            row buffers                                        (fetch/zero_copy.cuh)
-//   correct(i, b, q, exec)   after wait_rows(i): scores layer i's own query q, selects what slot b's
-//                            selection missed, fetches it into added(i, b)  (select/correction.cuh)
+//   speculate(i, b, exec)    layer i's policy scores every cached token from slot b's layer input
+//                            (x_{i-1}); the selector writes slot b's selection
+//   fetch(i, b, exec)        the executor moves those rows from layer i's host cache into slot b's
+//                            row buffers
+//   correct(i, b, q, exec)   after wait_rows(i): scores layer i's own query q, selects what
+//                            slot b's selection missed, fetches it into added(i, b)
 //
-// Everything is caller-owned and set up once: a policy per speculated layer (a stateless one may
-// serve every layer), selectors, one executor, one score buffer (speculation and selection run in
-// order on the side stream), per slot the layer input, and the buffer sets (cuda_stage_buffering).
-// Nothing here allocates, synchronises or reads device memory on the host, so a step can be
-// captured in a CUDA graph. Each stage call hands the cuda_exec it gets from the pipeline, whole,
-// to the policy, selector and executor: they enqueue on its stream and report into its status word.
+// Everything is caller-owned and set up once. Nothing here allocates, synchronises or reads device
+// memory on the host, so a step can be captured in a CUDA graph.
 //
 //   kvscout::infinigen_stages_cuda<layout, kvscout::topk_selector_cuda> stages(
 //       speculators, selector, fetch, sources, scores, {positions, seq_lens, max_tokens},
 //       {x0, x1}, buffer_sets);
-//   // any other policy: speculation_stages_cuda<layout, Policy, Selector>, same arguments;
-//   // per-layer budgets: a std::vector<Selector*> (one per layer) in place of `selector`
 //   kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = 2},
 //                                      kvscout::stages_ref_cuda<decltype(stages)>{&stages});
-//   const kvscout::cuda_pipeline_exec x{compute, side, copy, d_status};
 //   // layer i: write x_i into stages.x(pipe.slot(i + 1)), pipe.input_ready(i, x),
 //   //          pipe.wait_rows(i, x), attention over stages.buffers(i, pipe.slot(i)) ...
-//   //          (correction: stages.correct(i, pipe.slot(i), q_i, {compute, d_status}), then
-//   //           attention over joined_rows_cuda of buffers(i, slot) and added(i, slot))
 //
 // The lengths and positions are device arrays the compute stream advances after a step's appends;
-// max_seq_len (host-known, e.g. max_tokens) sizes the scoring grid.
+// max_seq_len (host-known) sizes the scoring grid.
 
 #include <cuda_runtime.h>
 
@@ -56,37 +45,33 @@
 
 namespace kvscout {
 
-/// A selection and the rows fetched for it (device memory, caller-owned).
 struct cuda_stage_buffers {
   selection_buffers<device_space> selection;  // what the selector writes, the executor reads
   gather_destination<device_space> rows;      // where the executor writes the selected rows
 };
 
-/// The per-step device arrays the stages read.
 struct cuda_stage_lengths {
   device_span<const int32_t> positions;  // [num_seqs] position of the decoded token (RoPE)
   device_span<const int32_t> seq_lens;   // [num_seqs] cached tokens (the current one excluded)
   int max_seq_len = 0;                   // host-known bound on every seq_lens[s]
-  /// [num_seqs] the sequence of the policies' state (InfiniGen's partial keys) each batch row
-  /// reads, or empty: row s is sequence s (score_context<device_space>::seq_ids; continuous batching).
+  /// [num_seqs] the sequence of the policies' state each batch row reads, or empty: row s is
+  /// sequence s (continuous batching).
   device_span<const int32_t> seq_ids = {};
   /// row_cache buffering: [num_seqs] the batch row that held each row's sequence at the previous
-  /// step, or -1 for a sequence new to the batch (row_cache_view::row_map), advanced by the caller.
-  /// Empty: every row holds the sequence it held before (else call reset_cache). Required with
-  /// seq_ids (a cache hit would otherwise copy another sequence's rows). Unused with slots.
+  /// step, or -1 for a sequence new to the batch, advanced by the caller. Empty: every row holds
+  /// the sequence it held before. Required with seq_ids (a cache hit would otherwise copy another
+  /// sequence's rows). Unused with slots.
   device_span<const int32_t> cached_rows = {};
 };
 
-/// Where the selections and rows live.
 ///   slots      two buffer sets, by the pipeline's slot (layer parity): the least memory
 ///   row_cache  two sets per layer, by step parity: layer i's fetch at step t copies the rows it
-///              fetched at step t - 1 from the other set on the device (zero_copy_executor_cuda's
-///              row_cache_view). Call next_step() after each step's last layer; a captured graph
-///              holds one parity, so capture two (even and odd steps).
+///              fetched at step t - 1 from the other set on the device. Call next_step() after
+///              each step's last layer; a captured graph holds one parity, so capture two.
 enum class cuda_stage_buffering { slots, row_cache };
 
-/// The correction step's parts (optional; caller-owned, set up once): selector and executor of
-/// capacity `sets[b].selection.capacity`, a late-score buffer of its own (correct(i) runs while
+/// The correction step's parts (optional): selector and executor of capacity
+/// `sets[b].selection.capacity`, a late-score buffer of its own (correct(i) runs while
 /// speculate(i + 1) writes the speculation's), and by slot the added rows' selection and rows.
 template <class Executor>
 struct cuda_stage_correction {
@@ -96,8 +81,6 @@ struct cuda_stage_correction {
   std::array<cuda_stage_buffers, 2> sets{};  // by slot: the added rows' selection and rows
 };
 
-/// An executor that can serve rows a previous submit left on the device (row_cache buffering):
-/// its submit also takes a row_cache_view (zero_copy_executor_cuda).
 template <class E>
 concept row_caching_executor =
     requires(E& e, const typename E::source_type& src, const typename E::selection_type& sel,
@@ -106,8 +89,8 @@ concept row_caching_executor =
       e.submit(src, sel, dst, cache, x);
     };
 
-/// The speculated layers' selectors: one for every layer (a Selector& converts), or one per layer
-/// (null below skip_layers; one may serve several; e.g. layer_budget_shares, select/budgets.hpp).
+/// One selector for every layer (a Selector& converts), or one per layer (null below skip_layers;
+/// one may serve several).
 template <class Selector>
 struct cuda_stage_selectors {
   cuda_stage_selectors(Selector& every_layer) : all(&every_layer) {}  // NOLINT(google-explicit-constructor)
@@ -116,8 +99,6 @@ struct cuda_stage_selectors {
   std::vector<Selector*> per_layer;
 };
 
-/// Executor: any device_step_executor reading a kv_view<L, device_space> into a
-/// gather_destination<device_space>; row_cache buffering needs a row_caching_executor.
 template <kv_layout L, class Policy, class Selector, class Executor = zero_copy_executor_cuda<L>>
   requires speculation_policy_cuda<Policy> && row_selector<Selector>
 class speculation_stages_cuda {
@@ -172,7 +153,6 @@ class speculation_stages_cuda {
       KVSCOUT_EXPECTS(speculators_[i] == nullptr || sel != nullptr, "layer ", i,
                       " has a speculation policy but a null selector");
       if constexpr (requires { sel->configuration().capacity; }) {
-        // A selector of another shape would throw inside speculate(): say so here.
         const int cap = sets_.empty() ? 0 : sets_[0].selection.capacity;
         if (sel != nullptr && !sets_.empty()) {  // (no sets: refused below)
           const auto& c = sel->configuration();
@@ -209,14 +189,11 @@ class speculation_stages_cuda {
     KVSCOUT_EXPECTS(sets_.size() == want, "got ", sets_.size(), " buffer sets, expected ", want,
                     buffering == cuda_stage_buffering::slots ? " (two slots)" : " (two per layer)");
     if (buffering_ == cuda_stage_buffering::row_cache) {
-      // Set-up: nothing is cached yet (the first step's "previous" selections are empty).
       reset_cache(cuda_exec{});
       KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     }
   }
 
-  /// The same with the correction step's parts, checked against the speculation's (static_assert:
-  /// the policy must be a query_scoring_policy_cuda).
   speculation_stages_cuda(std::vector<speculator_type*> speculators,
                           cuda_stage_selectors<Selector> selectors, executor_type& fetch,
                           std::vector<kv_view<L, device_space>> sources,
@@ -233,7 +210,7 @@ class speculation_stages_cuda {
     check_correction();
   }
 
-  /// row_cache: forget every cached row (a new batch of sequences), enqueued on exec.stream.
+  /// row_cache: forget every cached row (a new batch of sequences).
   void reset_cache(const cuda_exec& exec) {
     const cudaStream_t stream = exec.stream;
     if (buffering_ != cuda_stage_buffering::row_cache) return;
@@ -246,27 +223,21 @@ class speculation_stages_cuda {
   [[nodiscard]] int num_layers() const noexcept { return static_cast<int>(speculators_.size()); }
   [[nodiscard]] cuda_stage_buffering buffering() const noexcept { return buffering_; }
 
-  /// The buffers layer i's attention reads at this step (pass the pipeline's slot(i)).
   [[nodiscard]] const cuda_stage_buffers& buffers(int layer, int slot) const {
     return sets_[set_index(layer, slot, parity_)];
   }
-  /// Its selection as sparse attention reads it.
   [[nodiscard]] selection_view<device_space> selection(int layer, int slot) const {
     return buffers(layer, slot).selection.view();
   }
-  /// The input slot b's speculation reads (write x_i into x(slot(i + 1)) before input_ready(i)).
   [[nodiscard]] device_span<const float> x(int b) const { return x_[check_slot(b)]; }
 
-  /// A bound on the lengths for the steps to come (sizes the scoring grid).
   void set_max_seq_len(int n) {
     KVSCOUT_EXPECTS(n >= 0, "max_seq_len must be non-negative, got ", n);
     lengths_.max_seq_len = n;
   }
-  /// row_cache: the step is over; the next one fetches into the other set of each layer.
   void next_step() noexcept { parity_ ^= 1; }
   [[nodiscard]] int step_parity() const noexcept { return parity_; }
 
-  /// Scores layer i from slot b's input and selects into slot b's selection, on exec.stream.
   void speculate(int layer, int b, const cuda_exec& exec) {
     speculator_type* spec = speculator(layer);
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
@@ -277,9 +248,7 @@ class speculation_stages_cuda {
                                                         exec);
   }
 
-  /// Whether the stages were built with the correction step's parts.
   [[nodiscard]] bool has_correction() const noexcept { return correction_.selector != nullptr; }
-  /// The rows layer i's correction added at this step (pass the pipeline's slot(i)).
   [[nodiscard]] const cuda_stage_buffers& added(int layer, int slot) const {
     KVSCOUT_EXPECTS(has_correction(), "added(): the stages were built without correction parts "
                     "(cuda_stage_correction)");
@@ -288,11 +257,10 @@ class speculation_stages_cuda {
   }
 
   /// Layer i's correction on exec.stream (the compute stream, after wait_rows(i)): scores its own
-  /// query q [num_seqs, num_q_heads, head_dim] (floats, after RoPE) into the late scores, selects
-  /// the best rows slot b's speculation missed (at most the correction's capacity per (sequence,
-  /// kv head)) and fetches them into added(i, b), on the critical path. Attend over joined_rows_cuda
-  /// of buffers(i, b) and added(i, b) (attention/decode.cuh). Refused at compile time for a policy
-  /// without score_query, at run time for stages built without correction parts.
+  /// query q [num_seqs, num_q_heads, head_dim] (floats, after RoPE), selects the best rows slot b's
+  /// speculation missed and fetches them into added(i, b), on the critical path. Attend over
+  /// joined_rows_cuda of buffers(i, b) and added(i, b). Refused at run time for stages built
+  /// without correction parts.
   void correct(int layer, int b, device_span<const float> q, const cuda_exec& exec) {
     static_assert(query_scoring_policy_cuda<speculator_type>,
                   "speculation_stages_cuda::correct: the correction step needs a policy with "
@@ -312,7 +280,6 @@ class speculation_stages_cuda {
                                     add.selection.view(), add.rows, exec);
   }
 
-  /// Fetches the rows slot b names from layer i's source, on exec.stream.
   void fetch(int layer, int b, const cuda_exec& exec) {
     (void)speculator(layer);  // range check
     const cuda_stage_buffers& cur = sets_[set_index(layer, b, parity_)];
@@ -332,7 +299,6 @@ class speculation_stages_cuda {
   }
 
  private:
-  // Host-known shapes of the correction's parts against each other and the speculation's.
   void check_correction() const {
     static_assert(query_scoring_policy_cuda<speculator_type>,
                   "speculation_stages_cuda: correction parts given for a policy without "
@@ -409,14 +375,11 @@ class speculation_stages_cuda {
   int parity_ = 0;
 };
 
-/// kvscout's InfiniGen speculator as the policy of every speculated layer (partial keys of PkT,
-/// partial W_Q rows of WT).
 template <kv_layout L, class Selector, compute_element PkT = float, compute_element WT = float,
           class Executor = zero_copy_executor_cuda<L>>
 using infinigen_stages_cuda =
     speculation_stages_cuda<L, infinigen_policy_cuda<PkT, WT>, Selector, Executor>;
 
-/// A reference to stages, so the pipeline can drive stages the caller keeps (std::ref).
 template <class S>
   requires pipeline_stages_cuda<S>
 struct stages_ref_cuda {

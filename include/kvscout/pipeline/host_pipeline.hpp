@@ -8,35 +8,17 @@
 //                              plus the current token
 // Policies that need layer i's own query (P::needs_query: oracle, quest) speculate inside attend().
 //
-// Correction (cfg.correction_capacity > 0, a policy with score_query such as infinigen_policy_host):
-// attend(i) first scores layer i's own query against the same partial keys and fetches, on the
-// critical path, the best correction_capacity rows per (sequence, kv head) the speculation missed
-// (select/correction.hpp); attention reads both sets (joined_rows_host); fetch_stats::corrected
-// counts them. Two buffer sets alternate by layer parity (double buffering; the gather is synchronous).
+// Correction (cfg.correction_capacity > 0, a policy with score_query): attend(i) first scores
+// layer i's own query against the same partial keys and fetches, on the critical path, the best
+// correction_capacity rows per (sequence, kv head) the speculation missed; attention reads both.
+// Two buffer sets alternate by layer parity.
 //
-// Memory: every buffer is carved from one caller-owned workspace of workspace_bytes(cfg) bytes at
-// workspace_alignment, zeroed at construction; speculate() and attend() allocate nothing
-// (make_workspace<pipeline type>(cfg), core/workspace.hpp, holds one). Regions, in order:
-//   scores        num_seqs * num_kv_heads * max_tokens floats
-//   row maxima    num_seqs * num_kv_heads floats
-//   probabilities num_seqs * num_kv_heads * (capacity + correction_capacity + 1) floats
-//   selections    2 x (num_seqs * num_kv_heads * (capacity + 1)) int32
-//   destinations  2 x 2 x num_seqs * num_kv_heads * capacity * head_dim elements (K and V)
-//   correction    (1 + 2 * head_dim elements) x capacity per (sequence, kv head), and the
-//                 correction selector's workspace (correction_capacity > 0 only)
-//   previous      num_layers x num_seqs * num_kv_heads * (capacity + 1) int32 (track_reuse only)
-//
-// Executor, policy and selectors are the caller's. The executor: any host_step_executor of L
-// (gather_executor_host<L> by default, from gather_config_for(cfg)); with pool(), attention runs on
-// its threads too (the same bits). Selectors: one for every layer, or one per layer (null below
-// skip_layers; budgets: select/budgets.hpp), each of the pipeline's shape; capacity bounds all
-// budgets. track_reuse: stats().reused[i] counts, per (sequence, kv head), the rows layer i selected
-// that its previous step selected too.
+// Memory: every buffer is carved from one caller-owned workspace of workspace_bytes(cfg) bytes,
+// zeroed at construction; speculate() and attend() allocate nothing. Executor, policy and
+// selectors are the caller's; with the executor's pool(), attention runs on its threads too (the
+// same bits). Selectors: one for every layer, or one per layer (null below skip_layers).
 //
 //   using pipe_t = kvscout::decode_pipeline_host<layout, policy_t, selector_t>;
-//   auto gws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(
-//       kvscout::gather_config_for(cfg));
-//   kvscout::gather_executor_host<layout> gather(kvscout::gather_config_for(cfg), gws.span());
 //   auto ws = kvscout::make_workspace<pipe_t>(cfg);
 //   pipe_t pipe(cfg, policy, selector, gather, ws.span());
 //   for (int i = 0; i < L; ++i) {
@@ -83,22 +65,19 @@ struct host_pipeline_config {
   int threads = 1;     // gather (and so attention) threads, the caller's included
   float scale = 0.f;   // attention scale, usually 1 / sqrt(head_dim)
   bool track_reuse = true;  // count rows re-selected from the previous step (fetch_stats::reused)
-  /// Most rows the correction step adds per (sequence, kv head) at a layer, at most capacity; 0: none.
+  /// Most rows the correction step adds per (sequence, kv head), at most capacity; 0: none.
   int correction_capacity = 0;
-  // How the gather writes the fetched rows (fetch/host_gather.hpp): automatic streams a layer's
-  // fetch of 4 MiB or more past the cache; cached keeps it there for the attention that reads it.
+  // automatic streams a layer's fetch of 4 MiB or more past the cache; cached keeps it there for
+  // the attention that reads it.
   gather_stores stores = gather_stores::automatic;
 };
 
-/// The host gather's config for a pipeline of this config: its shape, threads and stores.
 [[nodiscard]] inline host_gather_config gather_config_for(const host_pipeline_config& cfg) {
   host_gather_config gc{cfg.num_seqs, cfg.num_kv_heads, cfg.capacity, cfg.threads};
   gc.stores = cfg.stores;
   return gc;
 }
 
-/// An executor the host pipeline can drive: a prefetch_executor that reads a host kv_view of
-/// Layout and a host selection, writes host rows, and takes host_exec.
 template <class E, class Layout>
 concept host_step_executor =
     prefetch_executor<E> && std::same_as<typename E::source_type, kv_view<Layout, host_space>> &&
@@ -106,16 +85,15 @@ concept host_step_executor =
     std::same_as<typename E::destination_type, gather_destination<host_space>> &&
     std::same_as<typename E::exec_type, host_exec>;
 
-/// Per-step statistics: rows and bytes the fetches moved, per layer.
 struct fetch_stats {
   std::vector<std::int64_t> rows;    // [num_layers], accumulated (corrected rows included)
   std::vector<std::int64_t> bytes;   // [num_layers], accumulated
-  std::vector<std::int64_t> reused;  // [num_layers], accumulated: rows also selected the step before
+  std::vector<std::int64_t> reused;  // [num_layers]: rows also selected the step before
   std::vector<std::int64_t> corrected;  // [num_layers], accumulated: rows the correction step added
 };
 
 /// L: a layout of float, half, bfloat16 or fp8 rows (fp8: attend() takes the layer's scales); not
-/// KIVI yet (compose kivi_gathered_rows_host with a selector and the gather directly).
+/// KIVI (compose kivi_gathered_rows_host with a selector and the gather directly).
 template <kv_layout L, speculation_policy P, row_selector Selector,
           class Executor = gather_executor_host<L>>
   requires(!kivi_quantized_layout<L> && std::same_as<typename Selector::memory_space, host_space> &&
@@ -129,25 +107,22 @@ class decode_pipeline_host {
   using executor_type = Executor;
   static constexpr int head_dim = L::head_dim;
 
-  /// Workspace: every buffer of the step (the header comment lists them). Checks the config.
   [[nodiscard]] static std::size_t workspace_bytes(const host_pipeline_config& cfg) {
     check_config(cfg);
     return carve(cfg, nullptr).bytes;
   }
-  /// The alignment the workspace's address must have: a cache line, where every region starts.
   static constexpr std::size_t workspace_alignment = 64;
 
   /// policy, selector, executor: used by reference (they outlive the pipeline); the selector's and
-  /// executor's shapes are checked against cfg here. workspace: at least workspace_bytes(cfg) bytes
-  /// at workspace_alignment, the pipeline's alone while it lives.
+  /// executor's shapes are checked against cfg here. workspace: the pipeline's alone while it
+  /// lives.
   decode_pipeline_host(const host_pipeline_config& cfg, P& policy, Selector& selector,
                        Executor& executor, host_span<std::byte> workspace)
       : decode_pipeline_host(cfg, policy,
                              std::vector<Selector*>(static_cast<std::size_t>(std::max(cfg.num_layers, 0)),
                                                     &selector),
                              executor, workspace) {}
-  /// Per-layer selectors: selectors[i] selects layer i's rows (null below skip_layers; one selector
-  /// may serve several), each with the pipeline's shape.
+  /// selectors[i] selects layer i's rows (null below skip_layers; one may serve several).
   decode_pipeline_host(const host_pipeline_config& cfg, P& policy, std::vector<Selector*> selectors,
                        Executor& executor, host_span<std::byte> workspace)
       : cfg_(cfg), policy_(policy), selectors_(std::move(selectors)), executor_(executor) {
@@ -160,7 +135,6 @@ class decode_pipeline_host {
       KVSCOUT_EXPECTS(sel != nullptr, "layer ", i, " is speculated (skip_layers = ", cfg.skip_layers,
                       ") but its selector is null");
       if constexpr (requires { sel->configuration().capacity; }) {
-        // Another shape would throw at the first speculate(): say so here, in the pipeline's terms.
         const auto& sc = sel->configuration();
         KVSCOUT_EXPECTS(sc.num_seqs == cfg.num_seqs && sc.num_kv_heads == cfg.num_kv_heads &&
                             sc.stride == cfg.max_tokens && sc.capacity == cfg.capacity,
@@ -171,7 +145,6 @@ class decode_pipeline_host {
       }
     }
     if constexpr (requires { executor.configuration().capacity; }) {
-      // The pipeline hands the executor [num_seqs, num_kv_heads, capacity] selections.
       const auto& ec = executor.configuration();
       KVSCOUT_EXPECTS(ec.num_seqs == cfg.num_seqs && ec.num_kv_heads == cfg.num_kv_heads &&
                           ec.capacity == cfg.capacity,
@@ -204,16 +177,14 @@ class decode_pipeline_host {
     stats_.corrected.assign(static_cast<std::size_t>(cfg.num_layers), 0);
   }
 
-  /// Scores, selects and fetches layer `layer`'s rows from its cache `kv` (during layer - 1).
   void speculate(int layer, const score_context<host_space>& ctx,
                  const kv_view<L, host_space>& kv) {
     KVSCOUT_EXPECTS(layer >= cfg_.skip_layers && layer < cfg_.num_layers, "layer ", layer,
                     " is not speculated: expected [skip_layers = ", cfg_.skip_layers,
                     ", num_layers = ", cfg_.num_layers, ")");
     buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
-    // The policy hands each row's maximum to the selector (score_buffer::row_max), sparing a
-    // threshold selector a pass. NaN first: a policy that does not write them leaves no hint, not
-    // a stale one (which would cost a second pass; never a different selection).
+    // NaN first: a policy that does not write the row maxima leaves no hint rather than a stale
+    // one.
     std::fill(row_max_.begin(), row_max_.end(), std::numeric_limits<float>::quiet_NaN());
     const score_buffer<host_space> out{{scores_.data(), scores_.size()}, cfg_.num_seqs,
                                        cfg_.num_kv_heads, cfg_.max_tokens,
@@ -232,9 +203,8 @@ class decode_pipeline_host {
     b.layer = layer;
   }
 
-  /// Layer `layer`'s attention for the current token: dense below skip_layers, otherwise sparse
-  /// over the rows speculate() fetched (speculating now if the policy needs the query). `scales`:
-  /// the layer's k / v scales where its cache stores K / k and V / v (fp8 caches).
+  /// Dense below skip_layers, otherwise sparse over the rows speculate() fetched (speculating now
+  /// if the policy needs the query). `scales`: the layer's k / v scales for fp8 caches.
   void attend(int layer, const score_context<host_space>& ctx, const kv_view<L, host_space>& kv,
               const current_token<element_type>& cur, host_span<float> out,
               kv_scales scales = {}) {
@@ -274,13 +244,11 @@ class decode_pipeline_host {
     b.layer = -1;  // consumed
   }
 
-  /// Forwards a token's keys to the policy (partial key cache, page bounds), if it keeps any.
   void append(int layer, int s, int t, const float* k_pre, const float* k_post) {
     if constexpr (requires { policy_.append(layer, s, t, k_pre, k_post); })
       policy_.append(layer, s, t, k_pre, k_post);
   }
 
-  /// The selection of the last speculate() of `layer` (valid until the next one of its parity).
   [[nodiscard]] selection_view<host_space> last_selection(int layer) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
                     " is out of range [0, ", cfg_.num_layers, ")");
@@ -288,15 +256,14 @@ class decode_pipeline_host {
     return {{b.indices.data(), b.indices.size()}, {b.counts.data(), b.counts.size()},
             cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
   }
-  /// The rows the last attend()'s correction added (layer last_corrected_layer()): [num_seqs,
-  /// num_kv_heads, capacity], at most correction_capacity per row, ascending. Empty without.
+  /// The rows the last attend()'s correction added, ascending, at most correction_capacity per
+  /// row: [num_seqs, num_kv_heads, capacity] (layer last_corrected_layer()). Empty without.
   [[nodiscard]] selection_view<host_space> last_correction() const {
     if (cfg_.correction_capacity == 0) return {};  // no rows, no shape
     return {{corr_.indices.data(), corr_.indices.size()}, {corr_.counts.data(), corr_.counts.size()},
             cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
   }
   [[nodiscard]] int last_corrected_layer() const noexcept { return corr_.layer; }
-  /// The last speculate()'s scores (or a correction's late scores): [num_seqs, num_kv_heads, max_tokens].
   [[nodiscard]] host_span<const float> last_scores() const { return {scores_.data(), scores_.size()}; }
   [[nodiscard]] const fetch_stats& stats() const { return stats_; }
   [[nodiscard]] const host_pipeline_config& configuration() const noexcept { return cfg_; }
@@ -307,8 +274,6 @@ class decode_pipeline_host {
     host_span<element_type> k, v;        // [num_seqs, num_kv_heads, capacity, head_dim]
     int layer = -1;  // which layer's rows the buffer holds
   };
-  // The workspace's regions (the header comment), each at a multiple of workspace_alignment
-  // from base; with base == nullptr only the sizes (bytes: the total).
   struct carved {
     host_span<float> scores, row_max, probs;
     buffer buffers[2];
@@ -344,7 +309,6 @@ class decode_pipeline_host {
     c.buffers[0] = take_buffer();
     c.buffers[1] = take_buffer();
     if (cfg.correction_capacity != 0) {
-      // Buffers of the speculation's shape (capacity slots), so that one executor serves both.
       c.corr = take_buffer();
       c.corr_ws = take(correction_selector_host::workspace_bytes(correction_config(cfg)),
                        static_cast<std::byte*>(nullptr));
@@ -375,7 +339,6 @@ class decode_pipeline_host {
   static correction_selector_host::config correction_config(const host_pipeline_config& cfg) {
     return {cfg.num_seqs, cfg.num_kv_heads, cfg.max_tokens, cfg.capacity, cfg.correction_capacity};
   }
-  // The attention's threads: the executor's, where it has them.
   thread_pool* pool() {
     if constexpr (requires(Executor& e) { { e.pool() } -> std::same_as<thread_pool&>; }) {
       return &executor_.pool();
@@ -383,8 +346,8 @@ class decode_pipeline_host {
       return nullptr;
     }
   }
-  // Per (sequence, kv head): rows of this selection that layer's previous one held; then keep
-  // this one as the previous. previous_ row r of a layer: [count, indices...].
+  // Rows this selection shares with the layer's previous one, then keeps this one as the previous.
+  // previous_ row r of a layer: [count, indices...].
   void count_reuse(int layer, const buffer& b) {
     const std::size_t pairs = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads;
     const std::size_t row = static_cast<std::size_t>(cfg_.capacity) + 1;
@@ -393,7 +356,6 @@ class decode_pipeline_host {
       int32_t* prev = previous_.data() + (static_cast<std::size_t>(layer) * pairs + r) * row;
       const int32_t* cur = b.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
       const int n = b.counts[r];
-      // Both lists passed the gather's check (strictly ascending): no second check here.
       reused += detail::common_count_sorted(prev + 1, prev[0], cur, n);
       prev[0] = n;
       std::copy(cur, cur + n, prev + 1);
@@ -411,7 +373,6 @@ class decode_pipeline_host {
                     "infinigen_policy_host); this one has none");
   }
 
-  // The correction step of layer `layer` over its speculated rows b (see the header comment).
   void correct(int layer, const score_context<host_space>& ctx, const kv_view<L, host_space>& kv,
                const buffer& b) {
     if constexpr (requires(P& p, const score_context<host_space>& c,
@@ -451,13 +412,11 @@ class decode_pipeline_host {
   P& policy_;
   std::vector<Selector*> selectors_;  // [num_layers], null below skip_layers
   Executor& executor_;
-  // Spans into the caller's workspace (carve()).
   host_span<float> scores_;
   host_span<float> row_max_;  // [num_seqs, num_kv_heads]: the rows' maxima, policy to selector
   buffer buffers_[2];
   host_span<float> probs_;
   host_span<int32_t> previous_;  // [num_layers, num_seqs * num_kv_heads, 1 + capacity]
-  // The correction step's rows and selector (its workspace a region of the pipeline's).
   buffer corr_;
   std::optional<correction_selector_host> corrector_;
   fetch_stats stats_;

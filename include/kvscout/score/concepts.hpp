@@ -2,22 +2,21 @@
 // The speculation_policy concept: something that scores every cached token of layer i, per
 // (sequence, kv head), so that a selector (select/) can choose which rows to fetch.
 //
-//   P::needs_query            false: scores are known before layer i runs (InfiniGen speculates
-//                             during layer i-1; streaming and h2o need no query), so the fetch can
+//   P::needs_query            false: scores are known before layer i runs, so the fetch can
 //                             overlap layer i-1. true: the policy needs layer i's own query (the
 //                             oracle, Quest) and runs at the start of layer i.
 //   p.score(layer, ctx, out)  writes out.scores [num_seqs, num_kv_heads, stride] for t < seq_len,
 //                             and where out.row_max is given each row's maximum (a selector's hint)
-// Every policy checks its inputs (detail::check_score_buffer) and throws kvscout::error before it
-// writes a score, so bad input leaves out.scores as it was. Optional hooks the pipeline calls:
-//   p.append(layer, s, t, k_pre_rope, k_post_rope)  a token's keys ([num_kv_heads, head_dim] floats)
+// Every policy checks its inputs and throws kvscout::error before it writes a score, so bad input
+// leaves out.scores as it was. Optional hooks the pipeline calls:
+//   p.append(layer, s, t, k_pre_rope, k_post_rope)  a token's keys ([num_kv_heads, head_dim])
 //                                                   entered sequence s's cache at position t
 //   p.observe(layer, ctx, rows, probs, stride, has_current)  (h2o) attention probabilities of the
-//                                                   rows attended (attention/decode.hpp) and, when
-//                                                   has_current, of the current token
+//                                                   rows attended and, when has_current, of the
+//                                                   current token
 //
-// Score scale: logits are q.k * scale with scale = 1 / sqrt(head_dim) (the attention's own), so a
-// threshold alpha is in logit units, as in InfiniGen.
+// Score scale: logits are q.k * scale (the attention's own), so a threshold alpha is in logit
+// units, as in InfiniGen.
 
 #include <algorithm>
 #include <cmath>
@@ -34,26 +33,22 @@
 
 namespace kvscout {
 
-/// What a policy reads for one decode step of one layer, in Space's memory: the host context here,
-/// the device one in score/device_context.hpp (its fields differ: a host-known length bound, no query).
+/// The device context (score/device_context.hpp) differs: a host-known length bound, no query.
 template <class Space>
 struct score_context;
 
-/// What a host policy may read for one decode step of one layer.
 template <>
 struct score_context<host_space> {
-  host_span<const float> x;            // [num_seqs, d_model] layer i-1's normalised input (InfiniGen)
-  host_span<const float> q;            // [num_seqs, num_q_heads, head_dim] layer i's query (late policies)
+  host_span<const float> x;            // [num_seqs, d_model] layer i-1's normalised input
+  host_span<const float> q;            // [num_seqs, num_q_heads, head_dim] layer i's query
   host_span<const int32_t> positions;  // [num_seqs] position of the token being decoded (RoPE)
-  host_span<const int32_t> seq_lens;   // [num_seqs] cached tokens to score (the current one excluded)
-  /// [num_seqs] where batch row s keeps its state: the sequence index of the policy's partial
-  /// keys, attention mass or page bounds (the oracle: of its cache). Empty: row s is sequence s.
-  /// Any order (continuous batching); distinct, below the policy's sequence count (score() checks).
+  host_span<const int32_t> seq_lens;   // [num_seqs] cached tokens to score
+  /// [num_seqs] where batch row s keeps its state (the policy's sequence index). Empty: row s is
+  /// sequence s. Any order; distinct, below the policy's sequence count (score() checks).
   host_span<const int32_t> seq_ids = {};
 };
 
 namespace detail {
-/// The sequence that batch row s of `ctx` names in the policy's state (see score_context::seq_ids).
 inline int seq_of(const score_context<host_space>& ctx, int s) {
   return ctx.seq_ids.empty() ? s : ctx.seq_ids[s];
 }
@@ -61,7 +56,6 @@ inline int seq_of(const score_context<host_space>& ctx, int s) {
 
 /// How the scores of the query heads of one GQA group become one score per KV head.
 ///   max_logit  the largest logit of the group (a token matters if any head attends to it)
-///   mean_logit the mean logit
 ///   sum_prob   the sum over the group of each head's softmax probability (attention mass)
 enum class gqa_aggregation { max_logit, mean_logit, sum_prob };
 
@@ -73,8 +67,8 @@ concept speculation_policy = requires(P& p, int layer, const score_context<host_
 };
 
 namespace detail {
-/// The shape checks every policy's constructor makes: positive sizes, and a state of num_layers x
-/// num_seqs x num_kv_heads x max_tokens x `per_token` floats whose size fits in size_t.
+/// Positive sizes, and a state of num_layers x num_seqs x num_kv_heads x max_tokens x `per_token`
+/// floats whose size fits in size_t.
 inline void check_policy_sizes(const char* policy, int num_layers, int num_seqs, int num_kv_heads,
                                int max_tokens, std::size_t per_token = 1) {
   KVSCOUT_EXPECTS(num_layers > 0 && num_seqs > 0 && num_kv_heads > 0 && max_tokens > 0, policy,
@@ -88,7 +82,6 @@ inline void check_gqa(int num_q_heads, int num_kv_heads) {
                   "num_q_heads = ", num_q_heads, " must be a positive multiple of num_kv_heads = ",
                   num_kv_heads);
 }
-/// An aggregation the policies know (a value cast from another integer is refused by name).
 inline void check_aggregation(gqa_aggregation a, const char* field) {
   KVSCOUT_EXPECTS(a == gqa_aggregation::max_logit || a == gqa_aggregation::mean_logit ||
                       a == gqa_aggregation::sum_prob,
@@ -100,13 +93,11 @@ inline void check_scale(float scale) {
                   scale);
 }
 
-/// check_seq_ids finds repeats with a stack bitmap (512 bytes, the words below max_seqs cleared per
-/// call) for policies holding up to this many sequences; beyond (streaming: no bound), by pairs.
+/// Up to this many sequences, check_seq_ids finds repeats with a stack bitmap; beyond, by pairs.
 inline constexpr int seq_id_bitmap_max = 4096;
 
 /// ctx.seq_ids, when given: num_seqs entries, each in [0, max_seqs), no two equal (two rows of one
-/// sequence would add its attention mass twice). Allocates nothing; O(num_seqs) where max_seqs
-/// <= seq_id_bitmap_max, O(num_seqs^2) beyond.
+/// sequence would add its attention mass twice). Allocates nothing.
 inline void check_seq_ids(const score_context<host_space>& ctx, int num_seqs, int max_seqs,
                           const char* holder = "the policy's") {
   if (ctx.seq_ids.empty()) return;
@@ -120,7 +111,6 @@ inline void check_seq_ids(const score_context<host_space>& ctx, int num_seqs, in
     const int id = ctx.seq_ids[s];
     KVSCOUT_EXPECTS(id >= 0 && id < max_seqs, "seq_ids[", s, "] = ", id,
                     " is outside [0, ", holder, " num_seqs = ", max_seqs, ")");
-    // The bitmap answers "seen before?" in O(1); only a repeat (an error) searches for the earlier row.
     const auto earlier = [&] {
       const std::int32_t* ids = ctx.seq_ids.data();
       return static_cast<int>(std::find(ids, ids + s, id) - ids);
@@ -140,9 +130,8 @@ inline void check_seq_ids(const score_context<host_space>& ctx, int num_seqs, in
 }
 
 /// The checks every policy's score() makes before it writes a score. A policy with per-sequence
-/// state (page bounds, partial keys, attention mass) passes how many sequences and tokens per
-/// sequence it holds, so that no score buffer or seq_lens past them reads past it (streaming passes
-/// none). `holder` names whose state the limits are ("the policy's", or the oracle's "the cache's").
+/// state passes how many sequences and tokens per sequence it holds, so that no score buffer or
+/// seq_lens past them reads past it. `holder` names whose state the limits are.
 inline void check_score_buffer(const score_buffer<host_space>& out,
                                const score_context<host_space>& ctx, int num_kv_heads,
                                int max_seqs = std::numeric_limits<int>::max(),
@@ -177,8 +166,8 @@ inline void check_score_buffer(const score_buffer<host_space>& out,
   }
 }
 
-/// Where out.row_max is given, writes each of its rows' maxima, read back from the scores: for
-/// the policies that do not form them while scoring. Call after the scores are written.
+/// Where out.row_max is given, writes each row's maximum, read back from the scores. Call after the
+/// scores are written.
 inline void write_row_max(const score_buffer<host_space>& out,
                           const score_context<host_space>& ctx) {
   if (out.row_max.empty()) return;

@@ -1,27 +1,18 @@
 #pragma once
 // The speculation_policy_cuda concept: what the CUDA pipeline's stages need of a speculation
-// policy (pipeline/cuda_stages.cuh), so that an engine's own GPU policy plugs in beside
-// kvscout's infinigen_policy_cuda (score/infinigen.cuh) and streaming_policy_cuda
-// (score/streaming.cuh).
+// policy, so that an engine's own GPU policy plugs in beside kvscout's.
 //
 //   p.score(ctx, out, exec)     enqueues, on exec.stream only, the work that writes out.scores
-//                               [num_seqs, num_kv_heads, stride] for t < seq_lens[s] (read on the
-//                               device, clamped to [0, ctx.max_seq_len] and reported in
-//                               exec.status); larger scores are kept first by the selectors
-//                               (select/concepts.hpp). exec: a cuda_exec (core/exec.hpp), the
-//                               call's own stream and device status word.
+//                               [num_seqs, num_kv_heads, stride] for t < seq_lens[s] (clamped to
+//                               [0, ctx.max_seq_len], device_status::bad_length)
 //
-// One policy object serves one layer, or several: the stages hold a pointer per layer and may
-// repeat one. Beyond the signature (the compiler cannot check it), score() keeps the per-step
-// contract (docs/architecture.md): detail::check_device_score_call holds the host checks every
-// policy shares; lengths outside [0, max_seq_len] are clamped and raise device_status::bad_length
-// (detail::raise_device_status, core/device_status.hpp).
-// Per-token state (InfiniGen's partial keys) is the policy's own business: the stages do not
-// append; the engine does, on the compute stream, as for its KV cache.
+// One policy object serves one layer, or several. detail::check_device_score_call holds the host
+// checks every policy shares. Per-token state (InfiniGen's partial keys) is the policy's own
+// business: the stages do not append; the engine does, on the compute stream.
 //
-// query_scoring_policy_cuda: a policy that also scores the layer's own query, for the
-// correction step (p.score_query(q, ctx, out, exec); q [num_seqs, num_q_heads, head_dim] floats
-// on the device; ctx.x and ctx.positions unread): infinigen_policy_cuda.
+// query_scoring_policy_cuda: a policy that also scores the layer's own query, for the correction
+// step (p.score_query(q, ctx, out, exec); q [num_seqs, num_q_heads, head_dim] floats on the
+// device).
 
 #include <concepts>
 

@@ -1,8 +1,6 @@
 #pragma once
 // What a device speculation policy reads and writes for one decode step of one layer, and the
-// checks of a score() call that every device policy shares. Host-compilable (no kernels, no CUDA
-// runtime), so the checks are tested on machines without a GPU. The concept that device
-// policies satisfy is in score/device_concepts.hpp.
+// checks of a score() call that every device policy shares. Host-compilable, tested without a GPU.
 
 #include <cstddef>
 #include <cstdint>
@@ -13,34 +11,27 @@
 
 namespace kvscout {
 
-/// (Declared in score/concepts.hpp too, with the host context.)
 template <class Space>
 struct score_context;
 
-/// What the device speculation reads for one decode step (all device memory).
 template <>
 struct score_context<device_space> {
   device_span<const float> x;            // [num_seqs, d_model] layer i-1's normalised input
   device_span<const int32_t> positions;  // [num_seqs] position of the decoded token (RoPE)
   device_span<const int32_t> seq_lens;   // [num_seqs] cached tokens to score
-  /// A host-known bound on every seq_lens[s] (e.g. the longest sequence, or max_tokens): it sizes
-  /// the grid. Lengths above it (or above the cache or the stride) are clamped on the device.
-  /// (The device status word a clamped length raises device_status::bad_length in is the
-  /// score() call's cuda_exec::status, core/exec.hpp; max_seq_len = 0 launches nothing.)
+  /// A host-known bound on every seq_lens[s]: it sizes the grid. Lengths above it (or above the
+  /// cache or the stride) are clamped on the device; max_seq_len = 0 launches nothing.
   int max_seq_len = 0;
-  /// [num_seqs] the sequence of the policy's state (partial keys) that batch row s reads, or
-  /// empty: row s is sequence s. For continuous batching (score_context::seq_ids on the host). Host
-  /// code cannot check device values: an id outside the policy's sequences raises
-  /// device_status::bad_seq_id and its row is scored -inf.
+  /// [num_seqs] the sequence of the policy's state that batch row s reads, or empty: row s is
+  /// sequence s. An id outside the policy's sequences raises device_status::bad_seq_id and its row
+  /// is scored -inf.
   device_span<const int32_t> seq_ids = {};
 };
 
 namespace detail {
 
-/// The checks of a device score() call that hold for every policy: the buffer's heads against
-/// the policy's, max_seq_len against the buffer's stride, the buffer's size and the sequence
-/// lengths it reads. Policies check what they hold themselves (sequences, cache length, inputs)
-/// before calling this.
+/// The checks that hold for every policy; policies check what they hold themselves (sequences,
+/// cache length, inputs) before calling this.
 inline void check_device_score_call(int num_kv_heads, const score_context<device_space>& ctx,
                                     const score_buffer<device_space>& out) {
   KVSCOUT_EXPECTS(out.num_seqs >= 1, "score buffer num_seqs = ", out.num_seqs,

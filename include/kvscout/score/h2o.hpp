@@ -1,17 +1,14 @@
 #pragma once
-// h2o: heavy hitters (H2O, Zhang et al. 2023). A token's score is the attention probability it
-// has received so far, accumulated over decode steps and summed over its GQA group; pair it with
-// a selector keep_set.recent window, as H2O does. Needs no query: the scores exist before layer i.
+// h2o: heavy hitters (H2O, Zhang et al., NeurIPS'23). A token's score is the attention probability
+// it has received so far, accumulated over decode steps and summed over its GQA group; pair it with
+// a selector keep_set.recent window, as H2O does. Needs no query.
 //
-// Memory: one float per (layer, sequence, kv head, token slot), zeroed at construction:
-// num_layers * num_seqs * num_kv_heads * max_tokens * 4 bytes, the policy's own or the caller's
-// (workspace_bytes(cfg) at workspace_alignment; state, not scratch: it lives with the policy).
-// reset(s) clears a sequence.
+// Memory: one float per (layer, sequence, kv head, token slot), zeroed at construction, the
+// policy's own or the caller's (state, not scratch: it lives with the policy). reset(s) clears a
+// sequence.
 //
 //   kvscout::h2o_policy_host h2o({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
 //                                 .max_tokens = 8192});
-//   auto ws = kvscout::make_workspace<kvscout::h2o_policy_host>(cfg);   // or in caller memory
-//   kvscout::h2o_policy_host h2o2(cfg, ws.span());
 
 #include <algorithm>
 #include <cstddef>
@@ -34,13 +31,11 @@ class h2o_policy_host {
   using config_type = config;
   static constexpr bool needs_query = false;
 
-  /// The accumulated mass, in floats. Checks the config's sizes.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return detail::checked_size("h2o_policy_host's mass in bytes", elements(cfg), sizeof(float));
   }
   static constexpr std::size_t workspace_alignment = alignof(float);
 
-  /// The mass in memory of the policy's own.
   explicit h2o_policy_host(const config& cfg) : cfg_(cfg), mass_(elements(cfg)) {}
   /// The mass in the caller's memory: at least workspace_bytes(cfg) bytes at workspace_alignment,
   /// zeroed here, never freed here, not shared with anything else while the policy lives.
@@ -52,7 +47,6 @@ class h2o_policy_host {
   void score(int layer, const score_context<host_space>& ctx,
              const score_buffer<host_space>& out) const {
     check_layer(layer);
-    // The mass holds cfg_.num_seqs sequences of cfg_.max_tokens tokens.
     detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
     for (int s = 0; s < out.num_seqs; ++s)
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
@@ -62,10 +56,10 @@ class h2o_policy_host {
     detail::write_row_max(out, ctx);
   }
 
-  /// Adds the probabilities of the rows attended at this step (and of the current token, which
-  /// sits at position seq_lens[s], when the attention had one; one at or past max_tokens is not
-  /// kept). probs is [rows.num_seqs(), num_kv_heads, stride], as decode_attention_host writes it.
-  /// Row s adds to sequence ctx.seq_ids[s] (s when seq_ids is empty), as score() reads it.
+  /// Adds the probabilities of the rows attended at this step (and of the current token at position
+  /// seq_lens[s], when the attention had one and it is below max_tokens). probs is
+  /// [rows.num_seqs(), num_kv_heads, stride], as decode_attention_host writes it. Row s adds to
+  /// sequence ctx.seq_ids[s] (s when seq_ids is empty).
   template <attention_rows Rows>
   void observe(int layer, const score_context<host_space>& ctx, const Rows& rows,
                host_span<const float> probs, int stride, bool has_current = true) {
@@ -90,7 +84,6 @@ class h2o_policy_host {
         std::fill(mass(layer, s, h), mass(layer, s, h) + cfg_.max_tokens, 0.f);
   }
 
-  /// The configuration this policy was built with.
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:
@@ -98,8 +91,7 @@ class h2o_policy_host {
     KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
                     " is out of range [0, ", cfg_.num_layers, ")");
   }
-  // Everything observe() reads or adds to, checked before the first addition, so bad input
-  // leaves the mass as it was.
+  // Checked before the first addition, so bad input leaves the mass as it was.
   template <attention_rows Rows>
   void check_observe(const score_context<host_space>& ctx, const Rows& rows,
                      host_span<const float> probs, int stride, bool has_current) const {

@@ -1,25 +1,20 @@
 #pragma once
 // InfiniGen's speculation on the device, for one layer: every query head's partial query, the
 // scores of every cached token of every (sequence, kv head) aggregated over the GQA group, and
-// the device partial key cache. Mirrors infinigen_policy_host (score/infinigen.hpp), the GPU
-// tests' reference.
+// the device partial key cache. Mirrors infinigen_policy_host, the GPU tests' reference.
 //
 //   using spec = kvscout::infinigen_policy_cuda<kvscout::half>;
 //   // setup (once per layer): the only place anything is copied synchronously
-//   void* ws;  cudaMalloc(&ws, spec::workspace_bytes(cfg));
 //   spec sp(cfg, plans /* [num_kv_heads] */, w_q, b_q,
 //           {static_cast<std::byte*>(ws), spec::workspace_bytes(cfg)});
-//   // as tokens enter the cache (keys [count, num_kv_heads, head_dim]; see append())
-//   sp.append(keys, seq_ids, token_ids, count, {stream, d_status});   // cuda_exec, last
-//   // per decode step, during layer i - 1
+//   sp.append(keys, seq_ids, token_ids, count, {stream, d_status});   // as tokens enter the cache
 //   sp.score({.x = x, .positions = pos, .seq_lens = lens, .max_seq_len = bound},
 //            {.scores = scores, .num_seqs = S, .num_kv_heads = H, .stride = stride},
-//            {stream, d_status});
+//            {stream, d_status});                                    // during layer i - 1
 //
-// score() and append() keep the per-step contract (docs/architecture.md): seq_lens are clamped
-// to [0, max_seq_len] and append pairs outside [0, num_seqs) x [0, max_tokens) are skipped, each
-// raising a bit in exec.status (core/device_status.hpp). Scores are logits times cfg.scale, row
-// (s, h) written for t < seq_lens[s] only. Kernels and launch shapes: score/detail/infinigen_kernels.cuh.
+// seq_lens are clamped to [0, max_seq_len] and append pairs outside [0, num_seqs) x
+// [0, max_tokens) are skipped, each raising a bit in exec.status. Scores are logits times
+// cfg.scale, row (s, h) written for t < seq_lens[s] only.
 
 #include <cuda_runtime.h>
 
@@ -44,9 +39,8 @@
 
 namespace kvscout {
 
-/// PkT: the partial keys' format (cache/partial_key_store.hpp): float, half, bfloat16, or
-/// quantized_keys<Bits, Group> (quantized_key_view: scored from the codes, appended in order);
-/// WT: the partial query weights' (float, or the model's half / bfloat16: half the bytes).
+/// PkT: the partial keys' format: float, half, bfloat16, or quantized_keys<Bits, Group> (scored
+/// from the codes, appended in order); WT: the partial query weights' (float, half or bfloat16).
 template <partial_key_format PkT = float, compute_element WT = float>
 class infinigen_policy_cuda {
  public:
@@ -56,18 +50,15 @@ class infinigen_policy_cuda {
   using key_format = PkT;
   static constexpr bool quantized = is_quantized_keys_v<PkT>;
 
-  /// Bytes of device workspace: weights, scratch and the partial key cache (detail::infinigen_cuda_layout).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return detail::infinigen_cuda_layout_of<PkT, WT>(cfg).total;
   }
-  /// The alignment the workspace's address must have (cudaMalloc's 256).
   static constexpr std::size_t workspace_alignment = detail::infinigen_workspace_alignment;
 
   /// plans: one per kv head (mode, r, head_dim as in cfg); w_q [num_q_heads * head_dim, d_model],
-  /// b_q [num_q_heads * head_dim] or empty: the layer's query projection in float, half or
-  /// bfloat16, on the host, read here only. The partial weights (rounded once to WT) go into the
-  /// workspace by a synchronous cudaMemcpy. The cache is not cleared: a token must be appended
-  /// before a length covers it.
+  /// b_q [num_q_heads * head_dim] or empty, on the host, read here only. The partial weights go
+  /// into the workspace by a synchronous cudaMemcpy. The cache is not cleared: a token must be
+  /// appended before a length covers it.
   infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
                         host_span<const float> w_q, host_span<const float> b_q,
                         device_span<std::byte> workspace)
@@ -79,10 +70,9 @@ class infinigen_policy_cuda {
                         device_span<std::byte> workspace)
       : infinigen_policy_cuda(build_tag{}, cfg, plans, nullptr, w_q, b_q, workspace) {}
 
-  /// One cache read at two widths (kvscout's; as infinigen_policy_host's): score() speculates with
-  /// `plans` (cfg.r channels), score_query() reads `correction_plans` (cfg.correction_r channels,
-  /// one per kv head, each holding its speculation plan's channels, with the same mode, RoPE and
-  /// rotation). The cache holds correction_r channels per token, the speculation's first.
+  /// One cache read at two widths (as infinigen_policy_host's): score() reads cfg.r channels,
+  /// score_query() all cfg.correction_r of `correction_plans` (one per kv head, each holding its
+  /// speculation plan's channels, with the same mode, RoPE and rotation).
   infinigen_policy_cuda(const config& cfg, const std::vector<skew_plan>& plans,
                         const std::vector<skew_plan>& correction_plans,
                         host_span<const float> w_q, host_span<const float> b_q,
@@ -110,8 +100,7 @@ class infinigen_policy_cuda {
     rope_ = plans[0].rope;
     const int H = cfg.num_kv_heads, Hq = cfg.num_q_heads, g = Hq / H, D = cfg.head_dim,
               r = cfg.key_r();
-    // The cache's plans: the speculation's, or the correction's with the speculation's channels
-    // first (the rotation and channels below are the cache's; the weights the speculation's).
+    // The rotation and channels below are the cache's; the weights the speculation's.
     std::vector<skew_plan> key_plans;
     if (correction_plans != nullptr) {
       for (int h = 0; h < H; ++h)
@@ -127,7 +116,6 @@ class infinigen_policy_cuda {
     for (int qh = 0; qh < Hq; ++qh) {
       const partial_query_weights w = detail::make_partial_query_weights_from(
           plans[static_cast<std::size_t>(qh / g)], w_q, b_q, cfg.d_model, qh);
-      // Rounded once to WT, as the host policy's are.
       const std::vector<WT> rounded = weights_as<WT>(w).weight;
       std::memcpy(weights.data() + static_cast<std::size_t>(qh) * rows * dm, rounded.data(),
                   sizeof(WT) * rows * dm);
@@ -159,7 +147,6 @@ class infinigen_policy_cuda {
     upload(layout_.channels, channels);
     upload(layout_.planes, planes);
     if constexpr (quantized) {
-      // Counts and staging start at 0 (the host cache's state before its first append).
       KVSCOUT_CUDA_CHECK(cudaMemset(base_ + layout_.keys, 0,
                                     detail::device_key_format<PkT>::bytes(cfg.num_seqs, H, r, cfg.max_tokens)));
     }
@@ -168,30 +155,27 @@ class infinigen_policy_cuda {
  public:
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
-  /// Whether append() takes keys after RoPE (post_rope_skew, rope_planes) or before it.
   [[nodiscard]] bool rotated_keys() const noexcept { return cfg_.mode != rope_mode::pre_rope_folded; }
 
-  /// The partial key cache, in the workspace: partial_key_view<PkT>, or quantized_key_view.
   [[nodiscard]] device_key_view<PkT> keys() const noexcept {
     return detail::device_key_format<PkT>::make(base_ + layout_.keys, cfg_.num_seqs,
                                                 cfg_.num_kv_heads, cfg_.key_r(), cfg_.max_tokens);
   }
-  /// The scaled partial queries of the last score() call, [num_seqs, num_q_heads, r].
   [[nodiscard]] device_span<const float> partial_queries() const noexcept {
     return {at<float>(layout_.q),
             static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_q_heads * static_cast<std::size_t>(cfg_.r)};
   }
 
-  /// Projects and stores `count` tokens' partial keys: keys [count, num_kv_heads, head_dim] in
-  /// float, half or bfloat16 (RoPE'd at their own positions unless the mode is pre_rope_folded);
-  /// token n goes to sequence seq_ids[n], position token_ids[n] (device memory; pairs out of range
-  /// are skipped and raise device_status::bad_index). The pairs of one call must be distinct
-  /// (unchecked: the ids are on the device); a repeated slot keeps either entry's key (the host
-  /// policy: the last).
-  /// Quantised keys take each sequence's tokens as one run of consecutive entries and positions
-  /// per call, from where the sequence stopped (or from 0: a new sequence in the slot); an entry
-  /// that breaks this is skipped and raises bad_order, a non-finite value is stored as 0 and
-  /// raises bad_value.
+  /// Projects and stores `count` tokens' partial keys: keys [count, num_kv_heads, head_dim] (RoPE'd
+  /// at their own positions unless the mode is pre_rope_folded); token n goes to sequence
+  /// seq_ids[n], position token_ids[n] (device memory; pairs out of range are skipped and raise
+  /// device_status::bad_index). The pairs of one call must be distinct (unchecked); a repeated slot
+  /// keeps either entry's key.
+  ///
+  /// Quantised keys take each sequence's tokens as one run of consecutive entries and positions per
+  /// call, from where the sequence stopped (or from 0: a new sequence in the slot); an entry that
+  /// breaks this is skipped and raises bad_order, a non-finite value is stored as 0 and raises
+  /// bad_value.
   template <class KSpan = const float>
   void append(device_span<KSpan> keys, device_span<const int32_t> seq_ids,
               device_span<const int32_t> token_ids, int count, const cuda_exec& exec) {
@@ -205,8 +189,7 @@ class infinigen_policy_cuda {
     if (count == 0) return;
     const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads));
     if constexpr (quantized) {
-      // Three launches (score/detail/infinigen_kernels.cuh, "append, quantised partial keys"):
-      // the groups the call completes quantised, the rest staged, then the counts.
+      // The groups the call completes quantised, the rest staged, then the counts.
       constexpr int Bits = PkT::bits, Group = PkT::group;
       const auto p = append_params(keys.data(), seq_ids, token_ids, count, exec.status);
       const std::size_t smem = sizeof(float) * static_cast<std::size_t>(p.r) * Group;
@@ -224,9 +207,8 @@ class infinigen_policy_cuda {
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
 
-  /// Writes out.scores[s, h, t] for t < seq_lens[s] (see the header comment). max_seq_len = 0
-  /// launches nothing (partial_queries() then keeps the previous call's values). Enqueues on
-  /// exec.stream; a clamped length or a bad sequence id raises its bit in exec.status.
+  /// Writes out.scores[s, h, t] for t < seq_lens[s]. max_seq_len = 0 launches nothing
+  /// (partial_queries() then keeps the previous call's values). Enqueues on exec.stream.
   void score(const score_context<device_space>& ctx, const score_buffer<device_space>& out,
              const cuda_exec& exec) {
     detail::check_infinigen_cuda_score(cfg_, ctx, out);
@@ -243,11 +225,10 @@ class infinigen_policy_cuda {
     score_rows(p, shapes, stream);
   }
 
-  /// The correction step's scores (kvscout's; reference: infinigen_policy_host::score_query): the
-  /// layer's own query q [num_seqs, num_q_heads, head_dim] floats on the device, after RoPE,
-  /// projected as a key is and scored against the same partial keys; ctx.x and ctx.positions are
-  /// not read; pre_rope_folded plans are refused. It shares score()'s partial-query scratch: the
-  /// caller orders calls of the two on one speculator (one stream, or an event).
+  /// The correction step's scores: the layer's own query q [num_seqs, num_q_heads, head_dim] floats
+  /// on the device, after RoPE, projected as a key is and scored against the same partial keys;
+  /// pre_rope_folded plans are refused. It shares score()'s partial-query scratch: the caller
+  /// orders calls of the two on one speculator (one stream, or an event).
   void score_query(device_span<const float> q, const score_context<device_space>& ctx,
                    const score_buffer<device_space>& out, const cuda_exec& exec) {
     detail::check_infinigen_cuda_score_query(cfg_, q.size(), q.data() != nullptr, ctx, out);
@@ -265,7 +246,6 @@ class infinigen_policy_cuda {
   }
 
  private:
-  // What every append launch reads.
   template <class K>
   detail::key_append_params<device_key_view<PkT>, K> append_params(const K* k, device_span<const int32_t> seq_ids,
                                                                     device_span<const int32_t> token_ids,
@@ -290,7 +270,6 @@ class infinigen_policy_cuda {
     return dim3(static_cast<unsigned>(g[0]), static_cast<unsigned>(g[1]), static_cast<unsigned>(g[2]));
   }
 
-  // The scoring launches over the partial queries in p.q (score and score_query).
   void score_rows(const detail::infinigen_params<PkT>& p, const detail::spec_launch_shapes& shapes,
                   cudaStream_t stream) const {
     const dim3 grid = dim(shapes.score);
@@ -322,7 +301,6 @@ class infinigen_policy_cuda {
     KVSCOUT_CUDA_CHECK(cudaMemcpy(at<T>(offset), v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice));
   }
 
-  /// Group sizes 1, 2, 4 and 8 get kernels with the size static; others go 8 heads at a time.
   template <class F>
   static void with_group(int g, F&& f) {
     switch (g) {

@@ -7,23 +7,11 @@
 //   score[s, h, t]   = aggregate over the g query heads of the group (score/concepts.hpp)
 //
 // Layers without plans (below skip_layers) are not tracked: append() to them does nothing, score()
-// of them throws. append() and score() keep the per-step contract (docs/architecture.md).
-//
-// Memory. The scratch of a step (the block's partial queries, RoPE tables, one projected key, a
-// group's mean query) is a caller-owned workspace of workspace_bytes(cfg) bytes at
-// workspace_alignment, the convention of the selectors and executors; it is sized for the
-// largest r a plan may have (head_dim), since the config does not name r. The policy's state,
-// sized by the plans (each layer's r, which layers are speculated), is the partial key caches,
-// which grow with sequences and tokens, and the partial W_Q rows built from the model's weights
-// in the constructor. It is the caller's where it asks: memory_bytes(cfg, plans[,
-// correction_plans]) bytes passed to the constructor that takes `memory` last; otherwise the
-// policy allocates it once, here.
+// of them throws. State (partial key caches, partial W_Q rows): the caller's where it passes
+// memory_bytes(...) bytes to the constructor that takes `memory` last; otherwise allocated here.
 //
 //   auto ws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(cfg);
 //   kvscout::infinigen_policy_host<> p(cfg, plans, w_q, b_q, ws.span());   // plans[layer][kv_head]
-//   // or the state in the engine's memory (64-byte aligned):
-//   //   state.resize(infinigen_policy_host<>::memory_bytes(cfg, plans));
-//   //   infinigen_policy_host<> p(cfg, plans, {}, w_q, b_q, ws.span(), state_span);
 //   p.append(layer, s, t, k_pre_rope, k_post_rope);        // as tokens enter the cache
 //   p.score(layer, {.x = x, .positions = pos, .seq_lens = lens}, out);   // during layer - 1
 
@@ -53,7 +41,6 @@
 namespace kvscout {
 
 namespace detail {
-/// N quantised codes as bytes and widened to 32-bit integers (a quantised tile's piece).
 template <int N>
 struct code_vec {
   typedef std::uint8_t bytes __attribute__((vector_size(N)));
@@ -61,9 +48,8 @@ struct code_vec {
 };
 
 /// N bytes widened to 32-bit lanes: lane i holds p[i % LB] (LB >= 4 bytes at p, repeated where
-/// LB < N: a piece of N tokens that spans N / LB bit planes). One zero extension where the target
-/// has it: GCC 12 turns __builtin_convertvector from bytes to ints into a byte-by-byte scalar
-/// sequence.
+/// LB < N). One zero extension: GCC 12 turns __builtin_convertvector from bytes to ints into a
+/// byte-by-byte scalar sequence.
 template <int N, int LB>
 inline typename code_vec<N>::ints widen_codes(const std::uint8_t* p) {
   static_assert(LB >= 4 && (LB >= N || N % LB == 0), "a piece is whole repeats of the bytes");
@@ -115,7 +101,6 @@ inline typename code_vec<N>::ints widen_codes(const std::uint8_t* p) {
 }
 }  // namespace detail
 
-/// The shape of an infinigen_policy_host, whatever its element types.
 struct infinigen_config {
   int num_layers = 0;
   int num_seqs = 0;
@@ -126,40 +111,27 @@ struct infinigen_config {
   int max_tokens = 0;
   float scale = 0.f;
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
-  /// score_query's aggregation (the correction step's late ranking), where it differs from the
-  /// speculation's; empty: `aggregation`. With the layer's own query, sum_prob ranks as the
-  /// oracle does (docs/accuracy_log.md, "What limits the ranking").
+  /// score_query's aggregation (the correction step's late ranking); empty: `aggregation`.
   std::optional<gqa_aggregation> query_aggregation{};
 
-  /// The aggregation score_query uses.
   [[nodiscard]] gqa_aggregation late_aggregation() const noexcept {
     return query_aggregation.value_or(aggregation);
   }
 };
 
-/// PkT: the partial keys' format (cache/partial_key_store.hpp): an element type (float, half,
-/// bfloat16: a partial_key_cache<PkT>) or quantized_keys<Bits, Group> (a
-/// quantized_partial_key_cache: r channels at Bits bits, scored from the codes); WT: the partial
-/// query weights' element type (float, or the model's half / bfloat16: half the bytes the
-/// per-step GEMV reads, and half the memory).
+/// PkT: the partial keys' format: an element type (float, half, bfloat16) or
+/// quantized_keys<Bits, Group> (scored from the codes); WT: the partial query weights' element
+/// type (float, or the model's half / bfloat16: half the bytes the per-step GEMV reads).
 template <partial_key_format PkT = float, compute_element WT = float>
 class infinigen_policy_host {
  public:
   using config = infinigen_config;
   using config_type = config;
   static constexpr bool needs_query = false;
-  /// The cache each speculated layer keeps its partial keys in.
   using key_store = partial_key_store<PkT>;
   static constexpr bool quantized = is_quantized_keys_v<PkT>;
 
-  /// Workspace: the scratch of one score() / score_query() / append() (the partial queries of
-  /// query_block sequences, their RoPE tables, one projected key, a group's mean query), sized
-  /// for r = head_dim, the largest a plan may have: about
-  /// 4 * (query_block * num_q_heads * head_dim + 2 * head_dim) + query_block * 1 KiB bytes, and
-  /// where either aggregation is sum_prob a group's logit rows, 4 * g * max_tokens bytes; with
-  /// quantised keys, 4 * g * head_dim bytes more (a tile's products q_c step_c for each query
-  /// head of a group).
-  /// Checks the config (the checks the constructor makes before it reads the plans).
+  /// Scratch of one score() / score_query() / append(), sized for r = head_dim. Checks the config.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
     return sizeof(rope_table) * query_block +
@@ -169,16 +141,14 @@ class infinigen_policy_host {
            sizeof(float) * 2 * static_cast<std::size_t>(cfg.head_dim) + sum_prob_bytes(cfg) +
            quantized_bytes(cfg);
   }
-  /// The alignment the workspace's address must have (RoPE tables and floats).
   static constexpr std::size_t workspace_alignment =
       alignof(rope_table) > alignof(float) ? alignof(rope_table) : alignof(float);
 
-  /// plans[layer] is empty (layer not speculated) or holds one plan per KV head, all with the
-  /// same r. w_q[layer] / b_q[layer]: layer's W_Q [num_q_heads * head_dim, d_model] and bias
-  /// (may be empty), float or the model's own half / bfloat16 (no float copy of the model is
-  /// needed); they are read here only, to build the partial weights. workspace: at least
-  /// workspace_bytes(cfg) bytes at workspace_alignment, the caller's, used by every later call
-  /// (one call at a time) and not to be shared with anything else while the policy lives.
+  /// plans[layer] is empty (layer not speculated) or holds one plan per KV head, all with the same
+  /// r. w_q[layer] / b_q[layer]: layer's W_Q [num_q_heads * head_dim, d_model] and bias (may be
+  /// empty), float or the model's half / bfloat16, read here only. workspace: at least
+  /// workspace_bytes(cfg) bytes, the caller's, used by every later call (one call at a time) and
+  /// not shared with anything else while the policy lives.
   infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
                         const std::vector<host_span<const float>>& w_q,
                         const std::vector<host_span<const float>>& b_q,
@@ -193,16 +163,11 @@ class infinigen_policy_host {
       : infinigen_policy_host(build_tag{}, cfg, plans, nullptr, w_q, b_q, workspace) {}
 
   /// One cache read at two widths (kvscout's, not InfiniGen's): score() speculates with `plans`
-  /// (r_s channels) and score_query(), the correction step's late ranking, reads the wider
-  /// `correction_plans` (r_c >= r_s channels, [layer][kv head], each layer empty or one per kv
-  /// head of a speculated layer). A layer's cache holds r_c channels per token, the speculation's
-  /// r_s first (detail::nested_key_plan; key_plans(layer) is the order): the speculation reads
-  /// the first r_s channels of each tile, so it scores exactly as a policy built from `plans`
-  /// alone, and no second cache is kept. Each speculation plan's channels must be among its
-  /// correction plan's, with the same mode, RoPE and (post_rope_skew, pre_rope_folded) rotation
-  /// A: calibrate_skew with the same samples and a larger r gives such a plan. Measured: with the
-  /// speculation at 32 channels and the correction at 64, docs/accuracy_log.md, "What limits the
-  /// ranking".
+  /// (r_s channels) and score_query() reads the wider `correction_plans` (r_c >= r_s channels,
+  /// [layer][kv head]). A layer's cache holds r_c channels per token, the speculation's r_s first,
+  /// so the speculation scores exactly as a policy built from `plans` alone. Each speculation
+  /// plan's channels must be among its correction plan's, with the same mode, RoPE and rotation A:
+  /// calibrate_skew with the same samples and a larger r gives such a plan.
   infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
                         const std::vector<std::vector<skew_plan>>& correction_plans,
                         const std::vector<host_span<const float>>& w_q,
@@ -218,22 +183,16 @@ class infinigen_policy_host {
                         host_span<std::byte> workspace)
       : infinigen_policy_host(build_tag{}, cfg, plans, &correction_plans, w_q, b_q, workspace) {}
 
-  /// The policy's state in the caller's memory (the constructor below), memory_bytes bytes: the
-  /// partial key caches first, key_memory_bytes of them, then the partial W_Q rows,
-  /// weight_memory_bytes. Each piece starts at a multiple of memory_alignment.
-  /// Checks the config and the plans it reads (each speculated layer's first); the constructor
-  /// checks the rest.
+  /// The partial key caches (key_memory_bytes), then the partial W_Q rows (weight_memory_bytes),
+  /// each piece at memory_alignment. Checks the config and each speculated layer's first plan.
   [[nodiscard]] static std::size_t memory_bytes(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
                                                 const std::vector<std::vector<skew_plan>>& correction_plans = {}) {
     return detail::checked_sum("infinigen_policy_host memory bytes", key_memory_bytes(cfg, plans, correction_plans),
                                weight_memory_bytes(cfg, plans));
   }
-  /// The alignment the caller's memory must have: one cache line.
   static constexpr std::size_t memory_alignment = 64;
 
-  /// The partial key caches: the bytes of every speculated layer's cache, at the width of its
-  /// correction plans where it has them (key_store::memory_bytes at num_seqs x num_kv_heads x r x
-  /// max_tokens), layer after layer.
+  /// Every speculated layer's cache, at its correction plans' width where it has them.
   [[nodiscard]] static std::size_t key_memory_bytes(
       const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
       const std::vector<std::vector<skew_plan>>& correction_plans = {}) {
@@ -255,10 +214,8 @@ class infinigen_policy_host {
     }
     return total;
   }
-  /// The partial W_Q rows: for every query head of every speculated layer, in order, the rows
-  /// (basic_partial_query_weights::rows() x d_model of WT), then their bias (rows() floats), the
-  /// rotation A[:, S] (post_rope_skew: head_dim x r floats) and the planes (rope_planes: r / 2
-  /// ints), each piece at memory_alignment.
+  /// For every query head of every speculated layer: the rows, their bias, the rotation A[:, S] and
+  /// the planes.
   [[nodiscard]] static std::size_t weight_memory_bytes(const config& cfg,
                                                        const std::vector<std::vector<skew_plan>>& plans) {
     check_config(cfg);
@@ -274,11 +231,9 @@ class infinigen_policy_host {
     return total;
   }
 
-  /// The same policy with its state, the partial key caches and the partial W_Q rows, in the
-  /// caller's memory: at least memory_bytes(cfg, plans, correction_plans) bytes at
-  /// memory_alignment, written here (the caches zeroed, the weights built), never freed here, not
-  /// to be shared with anything else while the policy lives. correction_plans may be empty (no
-  /// correction width).
+  /// The same policy with its state in the caller's memory: at least memory_bytes(cfg, plans,
+  /// correction_plans) bytes at memory_alignment, written here, never freed here, not shared with
+  /// anything else while the policy lives. correction_plans may be empty.
   template <compute_element In>
   infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
                         const std::vector<std::vector<skew_plan>>& correction_plans,
@@ -297,7 +252,6 @@ class infinigen_policy_host {
   static std::size_t key_layer_bytes(const config& cfg, int r) {
     return aligned(key_store::memory_bytes(cfg.num_seqs, cfg.num_kv_heads, r, cfg.max_tokens));
   }
-  // One query head's partial weights in memory, each piece padded to memory_alignment.
   struct weight_sizes {
     std::size_t weight = 0, bias = 0, rotation = 0, planes = 0;  // elements
     [[nodiscard]] std::size_t total() const {
@@ -313,8 +267,7 @@ class infinigen_policy_host {
             static_cast<std::size_t>(rows), skew ? static_cast<std::size_t>(cfg.head_dim) * p.r : 0,
             p.mode == rope_mode::rope_planes ? static_cast<std::size_t>(p.r / 2) : 0};
   }
-  // Writes w (float) into memory at `at` as the layout of weight_memory_bytes, the rows narrowed
-  // to WT as weights_as<WT> does; returns the view of it and advances `at`.
+  // Writes w into memory at `at`, the rows narrowed to WT; returns the view and advances `at`.
   static partial_query_weights_view<WT> place_weights(const partial_query_weights& w, const weight_sizes& z,
                                                       std::byte* base, std::size_t& at) {
     KVSCOUT_EXPECTS(w.weight.size() == z.weight && w.bias.size() == z.bias && w.rotation.size() == z.rotation &&
@@ -336,14 +289,12 @@ class infinigen_policy_host {
     return {{static_cast<const partial_query_shape&>(w)}, {rows, z.weight}, {bias, z.bias}, {rot, z.rotation},
             {planes, z.planes}};
   }
-  // sum_prob's logit rows (one per query head of a group), where either aggregation is sum_prob.
   static std::size_t sum_prob_bytes(const config& cfg) {
     if (cfg.aggregation != gqa_aggregation::sum_prob && cfg.late_aggregation() != gqa_aggregation::sum_prob)
       return 0;
     return sizeof(float) * detail::checked_size("infinigen_policy_host's sum_prob rows (group x max_tokens)",
                                                 cfg.num_q_heads / cfg.num_kv_heads, cfg.max_tokens);
   }
-  // Quantised keys: a tile's products q_c step_c, one row of head_dim per query head of a group.
   static std::size_t quantized_bytes(const config& cfg) {
     if constexpr (quantized)
       return sizeof(float) * static_cast<std::size_t>(cfg.num_q_heads / cfg.num_kv_heads) *
@@ -363,8 +314,6 @@ class infinigen_policy_host {
     detail::check_aggregation(cfg.aggregation, "aggregation");
     detail::check_aggregation(cfg.late_aggregation(), "query_aggregation");
   }
-  // Carves the scratch out of the caller's workspace (checked first): [query_block] RoPE tables,
-  // then qp_ [query_block, num_q_heads, head_dim], pk_ [head_dim], qm_ [head_dim] floats.
   void carve(host_span<std::byte> workspace) {
     const std::size_t need = workspace_bytes(cfg_);
     KVSCOUT_EXPECTS(workspace.size() >= need, "infinigen_policy_host: workspace holds ",
@@ -401,8 +350,8 @@ class infinigen_policy_host {
                     correction_plans ? correction_plans->size() : 0, ")");
     static const std::vector<std::vector<skew_plan>> none;
     const std::vector<std::vector<skew_plan>>& wide_plans = correction_plans ? *correction_plans : none;
-    // The state: the caller's memory, checked, weights after the caches; or, owned, the weights
-    // in one allocation and each cache its own (fresh pages, zero and not touched until written).
+    // Owned: the weights in one allocation and each cache its own (fresh pages, untouched until
+    // written).
     host_span<std::byte> memory;
     std::size_t key_at = 0, weight_at = 0;  // the next layer's cache, the next head's weights
     if (caller_memory != nullptr) {
@@ -480,7 +429,7 @@ class infinigen_policy_host {
       if (caller_memory == nullptr) {
         st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
       } else {
-        const std::size_t b = key_layer_bytes(cfg, st.r);  // the cache's bytes, padded to the alignment
+        const std::size_t b = key_layer_bytes(cfg, st.r);  // padded to the alignment
         st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens, memory.subspan(key_at, b));
         key_at += b;
       }
@@ -496,14 +445,12 @@ class infinigen_policy_host {
     check_layer(layer);
     return state(layer).cache;
   }
-  /// How layer `layer`'s cache projects a key (and score_query a query): one plan per kv head,
-  /// whose channels are the cache's in order. The speculation's plans unless the layer has
-  /// correction plans; then theirs, the speculation's channels first (detail::nested_key_plan).
+  /// One plan per kv head whose channels are the cache's in order: the correction plans where the
+  /// layer has them (the speculation's channels first), else the speculation's.
   [[nodiscard]] const std::vector<skew_plan>& key_plans(int layer) const {
     check_layer(layer);
     return state(layer).key_plans;
   }
-  /// The channels score() reads (the speculation's r) and score_query() reads (the cache's).
   [[nodiscard]] int speculation_channels(int layer) const {
     check_layer(layer);
     return state(layer).spec_r;
@@ -515,8 +462,7 @@ class infinigen_policy_host {
 
   /// Token t of sequence s entered layer `layer`'s cache; k_pre / k_post are its keys before and
   /// after RoPE, [num_kv_heads, head_dim] floats (equal for models without RoPE). A layer without
-  /// plans keeps no keys, so appending to it does nothing: the pipeline appends every layer's
-  /// tokens, the dense ones below skip_layers too. A layer outside [0, num_layers) throws.
+  /// plans keeps no keys (appending does nothing); a layer outside [0, num_layers) throws.
   void append(int layer, int s, int t, const float* k_pre, const float* k_post) {
     check_layer(layer);
     if (!tracks(layer)) return;
@@ -525,9 +471,8 @@ class infinigen_policy_host {
     KVSCOUT_EXPECTS((pre ? k_pre : k_post) != nullptr, "infinigen_policy_host::append: ",
                     pre ? "k_pre" : "k_post", " is null (layer ", layer, ", token ", t, ")");
     if constexpr (quantized) {
-      // A quantised cache takes tokens in order and refuses non-finite values: every head's
-      // partial key is projected and checked before any is written, so a refusal writes nothing.
-      // (qp_ is score()'s scratch; append() and score() do not run at once.)
+      // A quantised cache refuses non-finite values: every head's key is projected and checked
+      // before any is written, so a refusal writes nothing.
       const std::size_t r = static_cast<std::size_t>(st.r);
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
         const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
@@ -539,7 +484,6 @@ class infinigen_policy_host {
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
         const skew_plan& p = st.key_plans[static_cast<std::size_t>(h)];
         const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
-        // The plans were checked at construction and are the policy's own copies.
         detail::project_key_checked_plan(p, k, pk_);
         st.cache.append(s, h, t, pk_);
       }
@@ -548,20 +492,15 @@ class infinigen_policy_host {
 
   void score(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out) {
     KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
-    // The partial key caches hold cfg_.num_seqs sequences of cfg_.max_tokens tokens.
     detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
     layer_state& st = state(layer);
-    // The speculation's channels: the first spec_r of the cache's r.
     const int S = out.num_seqs, H = cfg_.num_kv_heads, Hq = cfg_.num_q_heads, g = Hq / H,
               r = st.spec_r;
     KVSCOUT_EXPECTS(ctx.x.size() >= static_cast<std::size_t>(S) * cfg_.d_model, "x holds ",
                     ctx.x.size(), " floats, expected [", S, ", ", cfg_.d_model, "]");
     KVSCOUT_EXPECTS(ctx.positions.size() >= static_cast<std::size_t>(S), "positions holds ",
                     ctx.positions.size(), " entries, expected ", S);
-    // Sequences in blocks of query_block: the partial queries of the whole block first, head by
-    // head, so each head's weights come from memory once per block (partial_queries rereads
-    // them from L2: per 4 sequences with AVX-512, per sequence otherwise), then the block's rows.
-    // Each sequence's RoPE rotation is computed once for all heads, for the planes they use.
+    // Sequences in blocks of query_block, so each head's weights come from memory once per block.
     const bool rope = st.plans[0].mode != rope_mode::pre_rope_folded;
     const bool some_planes = !st.rope_planes.empty();
     const std::size_t ldq = static_cast<std::size_t>(Hq) * r;
@@ -579,7 +518,6 @@ class infinigen_policy_host {
         }
       const float* x = ctx.x.data() + static_cast<std::size_t>(s0) * cfg_.d_model;
       for (int qh = 0; qh < Hq; ++qh) {
-        // Pre-multiplied by the attention scale.
         float* q = qp_ + static_cast<std::size_t>(qh) * r;
         partial_queries(st.weights[static_cast<std::size_t>(qh)], x,
                         static_cast<std::size_t>(cfg_.d_model), count, rope_, q, ldq);
@@ -600,15 +538,12 @@ class infinigen_policy_host {
 
   /// The correction step's scores (kvscout's, not InfiniGen's): layer `layer`'s own query
   /// ctx.q [num_seqs, num_q_heads, head_dim], after RoPE, projected by the layer's plans as a key
-  /// is (skew/plan.hpp: (q A)[channels], the RoPE planes' channels in rope_planes mode) and
-  /// scored against the same partial keys, aggregated over each GQA group as score() does:
+  /// is and scored against the same partial keys, aggregated as score() does:
   ///
   ///   logit[s, qh, t] = scale * ((q[s, qh] A_h)[S_h]) . pk[s, h, t],   h = qh / g
   ///
-  /// So it ranks the tokens as score() would with a perfect layer-ahead prediction of the query.
-  /// Runs at the start of layer `layer`, when its query exists (the pipeline's correct step).
-  /// A pre_rope_folded layer keeps pre-RoPE partial keys, which a query after RoPE does not
-  /// match: refused. Allocates nothing.
+  /// Runs at the start of layer `layer`, when its query exists. A pre_rope_folded layer keeps
+  /// pre-RoPE partial keys, which a query after RoPE does not match: refused. Allocates nothing.
   void score_query(int layer, const score_context<host_space>& ctx,
                    const score_buffer<host_space>& out) {
     KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
@@ -639,7 +574,6 @@ class infinigen_policy_host {
       }
   }
 
-  /// The configuration this policy was built with.
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:
@@ -650,8 +584,7 @@ class infinigen_policy_host {
     key_store cache;
     int r = 0;        // the cache's channels (score_query reads them all)
     int spec_r = 0;   // the speculation's: the first spec_r of them
-    // rope_planes mode: the planes the kv heads' plans rotate (sorted, unique), the only ones
-    // score() computes a rotation for; empty in the other modes (every plane, or none).
+    // rope_planes mode: the planes the kv heads' plans rotate (sorted, unique); empty otherwise.
     std::vector<int> rope_planes;
     rope_frequencies freq;   // the layer's RoPE (one per layer: layers may differ in theta)
   };
@@ -663,18 +596,13 @@ class infinigen_policy_host {
   layer_state& state(int layer) { return layers_[static_cast<std::size_t>(layer)]; }
   const layer_state& state(int layer) const { return layers_[static_cast<std::size_t>(layer)]; }
 
-  // One (s, h) row (s: the sequence in the partial key cache). The g query heads of the group
-  // are scored together over register-sized blocks of tokens: each channel block of the partial
-  // keys is loaded once and multiply-added into g accumulators (vectorised over tokens), so the
-  // loop is bound by reading the keys.
-  // qg: the group's g partial queries, [g, r]. Returns the row's largest non-NaN score (-inf if
-  // none): score_buffer::row_max.
-  // r: the channels scored, the first r of the cache's.
+  // One (s, h) row. The g query heads of the group are scored together, so the loop is bound by
+  // reading the keys. qg: [g, r]; r: the first r of the cache's channels. Returns the row's largest
+  // non-NaN score (-inf if none).
   float score_row(const layer_state& st, const float* qg, int r, int s, int h, int g, int n,
                   float* row, gqa_aggregation agg) {
     if (agg == gqa_aggregation::sum_prob) {
-      // Each head's logits by the vectorised tiles (one row per head), then the group's mass:
-      // sum over the heads of exp(logit - the head's max) / the head's normaliser, in double.
+      // sum over the heads of exp(logit - the head's max) / its normaliser, in double.
       if (n == 0) return -std::numeric_limits<float>::infinity();
       double inv_z[detail::max_group];
       float top[detail::max_group];
@@ -683,7 +611,6 @@ class infinigen_policy_host {
         const float* qj = qg + static_cast<std::size_t>(j) * r;
         if constexpr (quantized) top[j] = score_quantized<1>(qj, r, st.cache, s, h, n, true, 1.f, lj);
         else top[j] = score_tiles<1>(qj, r, st.cache, s, h, n, true, 1.f, lj);
-        // One exponential per logit: kept in the row (as float) for the sum below.
         double z = 0;
         for (int t = 0; t < n; ++t) {
           const double e = std::exp(static_cast<double>(lj[t]) - top[j]);
@@ -724,8 +651,6 @@ class infinigen_policy_host {
       }
       return score_quantized<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
     } else {
-      // Common group sizes get a kernel with the group size known at compile time. Rows whose
-      // partial keys are cache-sized pin each key line in a register (see score_tiles).
       const bool pin = static_cast<std::size_t>(n) * static_cast<std::size_t>(r) * sizeof(PkT) <=
                        pin_row_bytes;
       if (g <= 8) {
@@ -741,8 +666,7 @@ class infinigen_policy_host {
     }
   }
 
-  // A quantised tile's affine terms for one query head q [r]: returns sum_c q_c min_c and writes
-  // w[c] = q_c step_c, so that logit(t) = sum_c q_c min_c + sum_c w[c] code[c][t].
+  // Returns sum_c q_c min_c and writes w[c] = q_c step_c: logit(t) = that + sum_c w[c] code[c][t].
   static float affine_terms(const float* q, const float* mn, const float* step, int r, float* w) {
     constexpr int W = detail::host_float_lanes;
     using vec = detail::host_vec;
@@ -766,23 +690,16 @@ class infinigen_policy_host {
     return b;
   }
 
-  // score_tiles for quantised keys (quantized_partial_key_cache's layout): per complete group,
-  // the affine terms of each query head once (affine_terms), then per channel the tile's codes
-  // are widened to floats a register of tokens at a time (a zero extension of the bytes, a shift
-  // and a mask: the bit planes hold consecutive tokens), and multiply-added into the G heads'
-  // accumulators; the tokens of the
-  // newest incomplete group (and any past the appended ones, 0) are scored exactly from the
-  // staging tile. G > 0: static group size; G == 0: runtime `g_dyn`. Returns the largest non-NaN
-  // score written (-inf if none). Out of line: inlined, the row ran slower (docs/performance.md,
-  // "Host kernel constants").
+  // score_tiles for quantised keys; the newest incomplete group is scored exactly from the staging
+  // tile. G == 0: runtime `g_dyn`. Out of line: inlined, the row is slower.
   template <int G>
   __attribute__((noinline)) float score_quantized(const float* qg, int r, const key_store& cache,
                                                   int s, int h, int n, bool use_max, float inv_g,
                                                   float* row, int g_dyn = 0) {
     constexpr int Gt = key_store::group_tokens, LB = key_store::line_bytes;
     constexpr int bits = key_store::bits, levels = key_store::levels;
-    // A piece: PW consecutive tokens, one register of floats; a bit plane holds LB tokens, so a
-    // piece is part of one plane (LB >= PW: one shift) or spans PW / LB of them (a shift per lane).
+    // A piece: PW consecutive tokens; a bit plane holds LB tokens, so a piece is part of one plane
+    // (LB >= PW: one shift) or spans PW / LB of them (a shift per lane).
     constexpr int PW = detail::host_float_lanes;
     constexpr int NP = Gt / PW;
     static_assert(Gt % PW == 0, "a group is whole pieces");
@@ -860,18 +777,12 @@ class infinigen_policy_host {
     return tail_top;
   }
 
-  // The row size up to which scoring pins its key lines (Pin below): faster from the caches,
-  // slower from memory (docs/performance.md, "Host kernel constants").
+  // Scoring pins its key lines up to this row size: faster from the caches, slower from memory.
   static constexpr std::size_t pin_row_bytes = std::size_t{4} << 20;
 
-  // G > 0: static group size; G == 0: runtime group size `g` (slower, any size). Pin: hold each
-  // key line in a register for the G multiply-adds that use it.
-  // A tile line of tb tokens lives in L vectors of W floats per query head (W: the target's
-  // register width, detail::host_float_lanes), so the g accumulators stay in registers and each
-  // tile of partial keys is read once, sequentially, for the whole group. Every lane's sum is
-  // formed in the same order whatever W is, so the scores' bits do not depend on the target's
-  // vector width. Returns the largest non-NaN score written (-inf if none), kept as the scores
-  // leave the registers: one vector maximum per W scores, beside G * r multiply-adds.
+  // G == 0: runtime `g` (slower). Pin: hold each key line in a register for the G multiply-adds
+  // that use it. Every lane's sum is formed in the same order whatever the vector width, so the
+  // scores' bits do not depend on the target. Returns the largest non-NaN score (-inf if none).
   template <int G, bool Pin = false>
   static float score_tiles(const float* qg, int r, const key_store& cache, int s, int h, int n,
                            bool use_max, float inv_g, float* row, int g_dyn = 0) {
@@ -880,12 +791,9 @@ class infinigen_policy_host {
     constexpr int L = tb / W;
     static_assert(tb % W == 0, "a tile line is whole vectors");
     using vec = detail::host_vec;
-    // By value (detail::load_lanes): a vector written through a reference into an array is kept
-    // in memory, and each line then reaches the multiply-adds through a store and a reload.
+    // By value: a vector written through a reference into an array is kept in memory.
     const auto load = [](const PkT* p) { return detail::load_lanes(p); };
-    // Inlined whatever the compiler's budget: called out of line (as GCC did with AVX-512
-    // vectors), it takes the accumulators' address, and they then live in memory, stored and
-    // reloaded on every channel step of the loops below.
+    // Inlined whatever the compiler's budget: out of line, the accumulators would live in memory.
     const auto fold = [use_max, inv_g](const vec* acc, int g, int stride)
                           __attribute__((always_inline)) {
       vec a = acc[0];
@@ -899,22 +807,15 @@ class infinigen_policy_host {
     };
     const int g = G > 0 ? G : g_dyn;
     constexpr int gcap = G > 0 ? G : detail::max_group;
-    // The running maximum of the scores written, lane-wise (x > top is false for a NaN x, so
-    // top never holds one), and of the lanes of a last partial line.
+    // Running lane-wise maximum (x > top is false for a NaN x, so top never holds one).
     vec top = vec{} - std::numeric_limits<float>::infinity();  // 0 - inf: -inf in every lane
     float tail_top = -std::numeric_limits<float>::infinity();
     int t0 = 0, b = 0;
     if constexpr (G > 0) {
-      // T whole tiles at a time: T * G * L independent multiply-add chains (one tile's G chains,
-      // r deep, leave the FMA units waiting on their latency), and each query element is
-      // broadcast once for T tiles. Each sum is formed in the same order as in the loop below.
-      // T tiles read side by side are T streams to the hardware prefetchers, which then leave
-      // memory bandwidth unused: every line of the group score_prefetch_bytes ahead is
-      // prefetched, in address order, one per line read (a hint: past the end it loads nothing).
-      // T * L * (G + 1) vector values live at once: with 32 registers (AVX-512) the counts
-      // below, measured; with 16, as many tiles as 16 registers hold, and where not even one
-      // tile's L * (G + 1) fit (2-byte keys with g >= 4 on AVX2), none: the loop below then
-      // scores one register-wide piece of a tile at a time (G accumulators).
+      // T whole tiles at a time: T * G * L independent multiply-add chains. T streams defeat the
+      // hardware prefetchers, so every line score_prefetch_bytes ahead is prefetched in address
+      // order. Where no tile fits the registers (2-byte keys with g >= 4 on AVX2), the loop below
+      // scores one register-wide piece at a time.
       constexpr int T_wide = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 3 : 2;
       constexpr int T = W == 16 ? (L == 1 ? T_wide : (T_wide / 2 > 0 ? T_wide / 2 : 1))
                                 : 16 / (L * (G + 1));
@@ -924,8 +825,7 @@ class infinigen_policy_host {
           const PkT* tiles[T];
           for (int u = 0; u < T; ++u) tiles[u] = cache.tile(s, h, b + u);
           const char* ahead = reinterpret_cast<const char*>(tiles[0]) + score_prefetch_bytes;
-          // Unrolled completely (KVSCOUT_HOST_UNROLL) so that acc and pv are registers
-          // (docs/performance.md, "Host kernel constants").
+          // Unrolled completely so that acc and pv are registers.
           vec acc[T][G][L] = {};
           for (int c = 0; c < r; ++c) {
             vec pv[T][L];
@@ -937,14 +837,9 @@ class infinigen_policy_host {
               for (int l = 0; l < L; ++l) {
                 vec x = load(p + l * W);
 #if defined(__AVX512F__)
-                // Each key line feeds G multiply-adds. Left alone, GCC folds the load into every
-                // one of them (G loads of the same line instead of one), and from the caches the
-                // loads, not the multiply-adds, set the pace; the empty asm pins the value in a
-                // register (one 64-byte register, hence AVX-512 only). With G = 1 the folded load
-                // is the one load, so it is left to the compiler; rows read from memory are faster
-                // without the pin (measured: docs/performance.md, "Reading the speculation and
-                // selection tables").
-                // (On a local: pinning the array element kept the array in memory.)
+                // GCC folds the load into each of the G multiply-adds; from the caches the loads
+                // set the pace, so the empty asm pins the value in a 64-byte register. Rows read
+                // from memory are faster without.
                 if constexpr (Pin && G > 1 && sizeof(vec) == 64) asm("" : "+v"(x));
 #endif
                 pv[u][l] = x;
@@ -995,23 +890,19 @@ class infinigen_policy_host {
     return tail_top;
   }
 
-  // How far ahead of the read the scoring loop prefetches, about latency x bandwidth of one
-  // core's memory stream (docs/performance.md, "Host kernel constants").
+  // About latency x bandwidth of one core's memory stream.
 #if defined(__AVX512F__)
   static constexpr std::size_t score_prefetch_bytes = 12288;
 #else
   static constexpr std::size_t score_prefetch_bytes = 4096;
 #endif
 
-  // How many sequences' partial queries are computed together (each head's weights are read
-  // once for them; partial_queries reads them once per 4 sequences, from L2 after the first).
   static constexpr int query_block = 8;
 
   config cfg_;
   host_buffer<std::byte> own_;  // the partial weights, where the caller gave no memory
   std::vector<layer_state> layers_;
-  // Scratch in the caller's workspace (carve()), sized for r = head_dim; a layer uses the first
-  // r of each head's head_dim floats' worth (qp_ rows are r apart, as before).
+  // Scratch in the caller's workspace, sized for r = head_dim; a layer uses the first r of each.
   float* qp_ = nullptr;    // [query_block, num_q_heads, r] scaled partial queries
   float* pk_ = nullptr;    // [r] one projected key
   float* qm_ = nullptr;    // [r] a group's mean partial query (mean_logit)
@@ -1024,10 +915,9 @@ static_assert(speculation_policy<infinigen_policy_host<>>);
 static_assert(speculation_policy<infinigen_policy_host<half, bfloat16>>);
 static_assert(speculation_policy<infinigen_policy_host<quantized_keys<4>>>);
 
-/// An infinigen_policy_host's score_query as a policy of its own (needs_query = true): what a
-/// pipeline's correction step scores with, or the late ranking alone (layer l's own query against
-/// the partial keys, no speculation). Holds a reference; the policy outlives it. append() feeds
-/// the policy's partial keys.
+/// An infinigen_policy_host's score_query as a policy of its own (needs_query = true): a pipeline's
+/// correction step, or the late ranking alone. Holds a reference; the policy outlives it. append()
+/// feeds the policy's partial keys.
 template <class P>
 class infinigen_query_scores_host {
  public:

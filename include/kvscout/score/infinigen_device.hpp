@@ -1,20 +1,13 @@
 #pragma once
 // Host-side part of the device speculation (score/infinigen.cuh): config, partial key cache
 // layout, workspace layout and every check made before a launch. Host-compilable (no kernels), so
-// it is tested without a GPU (tests/host/test_cuda_facades.cpp).
+// it is tested without a GPU.
 //
 // Device partial key cache: the host partial_key_cache's tile layout, byte for byte, in a region
-// of the speculator's workspace (why: docs/cuda_speculation.md, "Memory layouts"):
-//   [num_seqs, num_kv_heads, tiles, R, B],  B = 64 / sizeof(T) tokens,  tiles = ceil(max_tokens / B)
+// of the speculator's workspace (docs/cuda_speculation.md):
+//   [num_seqs, num_kv_heads, tiles, R, B], B = 64 / sizeof(T) tokens, tiles = ceil(max_tokens / B)
 //   element (s, h, c, t) at (((s * H + h) * tiles + t / B) * R + c) * B + t % B
-// R = cfg.key_r(): r, or correction_r with the speculation's r channels first (score() reads each
-// tile's first r channel lines, score_query() all R).
-//
-//   kvscout::infinigen_cuda_config cfg{.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
-//                                      .head_dim = 128, .d_model = 4096, .max_tokens = 32768,
-//                                      .r = 32, .mode = kvscout::rope_mode::post_rope_skew,
-//                                      .scale = 0.08838835f};
-//   std::size_t bytes = kvscout::infinigen_policy_cuda<kvscout::half>::workspace_bytes(cfg);
+// R = cfg.key_r(): r, or correction_r with the speculation's r channels first.
 
 #include <cstddef>
 #include <cstdint>
@@ -35,7 +28,6 @@
 
 namespace kvscout {
 
-/// What the device speculator of one layer is sized for.
 struct infinigen_cuda_config {
   int num_seqs = 0;      // sequences of a batch (at most)
   int num_kv_heads = 0;  // H
@@ -47,21 +39,18 @@ struct infinigen_cuda_config {
   rope_mode mode = rope_mode::post_rope_skew;  // every kv head's plan has this mode
   float scale = 0.f;     // logit scale, 1 / sqrt(head_dim) for the attention's own
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
-  /// score_query's aggregation (the correction step's); empty: `aggregation` (as infinigen_config's).
   std::optional<gqa_aggregation> query_aggregation{};
-  /// The channels score_query reads, where more than r (0: r): the cache then holds correction_r
-  /// channels per token, the speculation's first (the constructor with correction plans).
+  /// The channels score_query reads, where more than r (0: r); the cache then holds them, the
+  /// speculation's first.
   int correction_r = 0;
 
-  /// The aggregation score_query uses.
   [[nodiscard]] gqa_aggregation late_aggregation() const noexcept {
     return query_aggregation.value_or(aggregation);
   }
-  /// The channels of each cached token's partial key: correction_r, or r where it is 0.
   [[nodiscard]] int key_r() const noexcept { return correction_r > 0 ? correction_r : r; }
 };
 
-/// The device partial key cache of one layer (layout in the header comment): a view into the workspace.
+/// A view into the workspace (layout in the header comment).
 template <compute_element T, class Space = device_space>
 struct partial_key_view {
   static constexpr int block_tokens = static_cast<int>(64 / sizeof(T));
@@ -81,23 +70,19 @@ struct partial_key_view {
            static_cast<std::size_t>(r) * block_tokens;
   }
   KVSCOUT_HOST_DEVICE int tiles() const { return tiles_for(max_tokens); }
-  /// Offset of tile b of (s, h): [r, block_tokens].
   KVSCOUT_HOST_DEVICE std::size_t tile_offset(int s, int h, int b) const {
     return ((static_cast<std::size_t>(s) * num_kv_heads + h) * tiles() + b) *
            static_cast<std::size_t>(r) * block_tokens;
   }
-  /// Offset of channel c of token t of (s, h).
   KVSCOUT_HOST_DEVICE std::size_t offset(int s, int h, int c, int t) const {
     return tile_offset(s, h, t / block_tokens) + static_cast<std::size_t>(c) * block_tokens +
            t % block_tokens;
   }
 };
 
-/// The device quantised partial key cache of one layer: the host quantized_partial_key_cache's
-/// format byte for byte (its header states it), plus the token counts. A view over three regions
-/// of the speculator's workspace:
-///   tiles    float [num_seqs, num_kv_heads, tiles, tile_floats]: min [R], step [R], codes
-///            [R, line_bytes] bytes, padding to 64 bytes
+/// The host quantized_partial_key_cache's format byte for byte, plus the token counts, over three
+/// regions of the speculator's workspace:
+///   tiles    float [num_seqs, num_kv_heads, tiles, tile_floats]
 ///   staging  float [num_seqs, num_kv_heads, R, Group]: the newest incomplete group, exact
 ///   counts   int32 [num_seqs, num_kv_heads]: tokens appended
 template <int Bits, int Group = 32, class Space = device_space>
@@ -108,7 +93,6 @@ struct quantized_key_view {
   static constexpr int group_tokens = Group;
   static constexpr int levels = (1 << Bits) - 1;
   static constexpr int line_bytes = Group * Bits / 8;
-  /// Tokens a scoring thread's consecutive run may span: always inside one group.
   static constexpr int block_tokens = Group;
 
   span<float, Space> tile_data;
@@ -120,7 +104,6 @@ struct quantized_key_view {
   int max_tokens = 0;
 
   KVSCOUT_HOST_DEVICE static int tiles_for(int max_tokens) { return (max_tokens + Group - 1) / Group; }
-  /// Floats per tile: as quantized_partial_key_cache::tile_floats().
   KVSCOUT_HOST_DEVICE static std::size_t tile_floats_for(int r) {
     const std::size_t raw = static_cast<std::size_t>(r) * (8 + line_bytes);
     return (raw + 63) / 64 * 16;
@@ -134,19 +117,17 @@ struct quantized_key_view {
     return static_cast<std::size_t>(num_seqs) * num_kv_heads * static_cast<std::size_t>(r) * Group;
   }
   KVSCOUT_HOST_DEVICE int tiles() const { return tiles_for(max_tokens); }
-  /// Offset (floats) of tile b of (s, h).
   KVSCOUT_HOST_DEVICE std::size_t tile_offset(int s, int h, int b) const {
     return ((static_cast<std::size_t>(s) * num_kv_heads + h) * tiles() + b) * tile_floats_for(r);
   }
-  /// Offset (floats) of (s, h)'s staging tile, [R, Group].
   KVSCOUT_HOST_DEVICE std::size_t staging_offset(int s, int h) const {
     return (static_cast<std::size_t>(s) * num_kv_heads + h) * static_cast<std::size_t>(r) * Group;
   }
 };
 
 namespace detail {
-/// How a partial key format lives in device memory: the view the kernels read, the bytes of
-/// the workspace's key region (256-byte aligned parts) and the view over such a region.
+/// How a partial key format lives in device memory: the view the kernels read, the bytes of the
+/// workspace's key region and the view over such a region.
 template <class PkT>
 struct device_key_format {
   using view = partial_key_view<PkT>;
@@ -188,8 +169,7 @@ struct device_key_format<quantized_keys<Bits, Group>> {
 };
 }  // namespace detail
 
-/// The view infinigen_policy_cuda<PkT>::keys() returns: partial_key_view<PkT>, or
-/// quantized_key_view<Bits, Group> for quantized_keys<Bits, Group>.
+/// partial_key_view<PkT>, or quantized_key_view<Bits, Group> for quantized_keys<Bits, Group>.
 template <class PkT>
 using device_key_view = typename detail::device_key_format<PkT>::view;
 
@@ -206,9 +186,8 @@ inline constexpr int spec_finish_outputs = 4;     // partial-query elements per 
 inline constexpr int spec_finish_threads = spec_finish_lanes * spec_finish_outputs;
 inline constexpr int spec_max_grid_yz = 65535;    // kv heads (y) and sequences (z) of a grid
 inline constexpr std::size_t spec_max_group_smem = 32 * 1024;  // g * r floats in shared memory
-inline constexpr std::size_t spec_max_quantize_smem = 32 * 1024;  // R * Group floats (quantised keys)
+inline constexpr std::size_t spec_max_quantize_smem = 32 * 1024;  // R * Group floats
 
-/// Where each part of the speculator's workspace lives (byte offsets, 256-byte aligned).
 ///   weights   WT [num_q_heads, rows, d_model]     partial W_Q rows (make_partial_query_weights)
 ///   bias      float [num_q_heads, rows]
 ///   rotation  float [num_kv_heads, head_dim, R]   A[:, S] per kv head (not for rope_planes)
@@ -229,8 +208,8 @@ struct infinigen_cuda_layout {
 
 inline std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
-/// The grids score() launches for num_seqs sequences of up to max_len tokens: GEMV, finish and
-/// scoring (x, y, z each). Host code, so the shapes are tested without a GPU.
+/// The grids score() launches for num_seqs sequences of up to max_len tokens. Host code, so the
+/// shapes are tested without a GPU.
 struct spec_launch_shapes {
   long long gemv_blocks = 0;
   long long finish[3] = {0, 0, 0};
@@ -251,7 +230,6 @@ inline spec_launch_shapes spec_shapes(const infinigen_cuda_config& c, int rows, 
   return l;
 }
 
-/// The checks of a config (shapes, GQA, scale, r, mode, device limits).
 inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
   KVSCOUT_EXPECTS(c.num_seqs > 0 && c.num_kv_heads > 0 && c.max_tokens > 0,
                   "infinigen_policy_cuda needs positive sizes, got seqs ", c.num_seqs,
@@ -329,7 +307,6 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
                      ? 2 * sizeof(float) * S * H * static_cast<std::size_t>(l.chunks) * g
                      : 0);
   if constexpr (device_key_format<PkT>::quantized) {
-    // The quantising kernel holds one group's partial keys, [R, Group] floats, in shared memory.
     const std::size_t group_bytes = sizeof(float) * static_cast<std::size_t>(c.key_r()) * PkT::group;
     KVSCOUT_EXPECTS(group_bytes <= spec_max_quantize_smem, "quantised partial keys: a group of ",
                     PkT::group, " tokens x ", c.key_r(), " channels is ", group_bytes,
@@ -341,8 +318,8 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
   return l;
 }
 
-/// The checks of the setup arguments: one plan per kv head, consistent with the config; W_Q and
-/// b_Q sizes (make_partial_query_weights checks their values). In: float, half or bfloat16.
+/// One plan per kv head, consistent with the config; W_Q and b_Q sizes (make_partial_query_weights
+/// checks their values).
 template <class In = float>
 void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
                                 const std::vector<skew_plan>& plans, host_span<const In> w_q,
@@ -386,10 +363,9 @@ void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
                   " elements, expected 0 or num_q_heads * head_dim = ", b_need);
 }
 
-/// The speculator's workspace alignment: its parts start on 256-byte boundaries.
 inline constexpr std::size_t infinigen_workspace_alignment = 256;
 
-/// Checks a caller-owned device workspace (size, null, alignment; its contents are not read).
+/// Size, null, alignment; its contents are not read.
 inline void check_infinigen_cuda_workspace(device_span<std::byte> workspace, std::size_t need) {
   KVSCOUT_EXPECTS(workspace.size() >= need, "workspace holds ", workspace.size(),
                   " bytes, expected at least workspace_bytes(config) = ", need);
@@ -401,8 +377,7 @@ inline void check_infinigen_cuda_workspace(device_span<std::byte> workspace, std
                   static_cast<const void*>(workspace.data()));
 }
 
-/// The checks score() and score_query() share: the buffer's sequences and the length bound
-/// against the config, then every policy's (check_device_score_call).
+/// The checks score() and score_query() share.
 inline void check_infinigen_cuda_scores(const infinigen_cuda_config& c,
                                         const score_context<device_space>& ctx,
                                         const score_buffer<device_space>& out) {
@@ -426,8 +401,6 @@ inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
                   "positions holds ", ctx.positions.size(), " entries, expected num_seqs = ", s);
 }
 
-/// The checks of a score_query() call: the layer's own query q [num_seqs, num_q_heads, head_dim]
-/// instead of x and positions, and plans whose partial keys are after RoPE.
 inline void check_infinigen_cuda_score_query(const infinigen_cuda_config& c, std::size_t q_size,
                                              bool q_present, const score_context<device_space>& ctx,
                                              const score_buffer<device_space>& out) {
@@ -441,8 +414,6 @@ inline void check_infinigen_cuda_score_query(const infinigen_cuda_config& c, std
                   c.num_q_heads, ", ", c.head_dim, "]");
 }
 
-/// The checks of an append() call: `count` keys [count, num_kv_heads, head_dim] for the
-/// (seq_ids[n], token_ids[n]) pairs.
 inline void check_infinigen_cuda_append(const infinigen_cuda_config& c, std::size_t key_elements,
                                         bool keys_present, device_span<const int32_t> seq_ids,
                                         device_span<const int32_t> token_ids, int count) {

@@ -1,16 +1,12 @@
 #pragma once
-// oracle: the true scores of layer i, from its own query and the full cached keys. The upper
-// bound every other policy is measured against (it needs what speculation does not have: layer
-// i's query and every key, so it runs at the start of layer i: needs_query = true).
+// oracle: the true scores of layer i, from its own query and the full cached keys: the upper
+// bound every other policy is measured against (needs_query = true).
 //
-// Keys are read as attention reads them (attention/cache_rows.hpp): through the layout, or, for a
-// KIVI cache, dequantised, then the resident window as attention reads it; an fp8 cache's keys times
-// the layer's k_scale (the optional per-layer `k_scales`). So on a quantised cache the oracle
-// ranks by the logits attention will actually compute.
+// Keys are read as attention reads them: through the layout, or, for a KIVI cache, dequantised
+// (then the resident window); an fp8 cache's keys times the layer's k_scale. So on a quantised
+// cache the oracle ranks by the logits attention will actually compute.
 //
 //   kvscout::oracle_policy_host<layout> oracle({.num_q_heads = 9, .scale = 0.125f}, per_layer_kv);
-//   // per_layer_kv: std::vector<kvscout::cache_view_t<layout>>, one per layer
-//   kvscout::oracle_policy_host<fp8_layout> o8(cfg, per_layer_kv, per_layer_k_scales);
 
 #include <cmath>
 #include <cstddef>
@@ -41,7 +37,7 @@ class oracle_policy_host {
   using view_type = cache_view_t<L>;
 
   /// layers[i] is layer i's host cache (its metadata must stay valid while the policy is used).
-  /// k_scales: empty, or layer i's k_scale at [i] for caches that store K / k_scale (fp8).
+  /// k_scales: empty, or layer i's k_scale at [i] (fp8 caches).
   oracle_policy_host(const config& cfg, std::vector<view_type> layers,
                      std::vector<float> k_scales = {})
       : cfg_(cfg), layers_(std::move(layers)), k_scales_(std::move(k_scales)) {
@@ -52,7 +48,6 @@ class oracle_policy_host {
     for (std::size_t i = 0; i < k_scales_.size(); ++i)
       KVSCOUT_EXPECTS(std::isfinite(k_scales_[i]) && k_scales_[i] > 0.f, "k_scales[", i, "] = ",
                       k_scales_[i], " must be positive and finite");
-    // Every layer's group size is num_q_heads / its kv heads: each must divide.
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const int H = layers_[i].layout.num_kv_heads();
       KVSCOUT_EXPECTS(H >= 1 && cfg.num_q_heads >= 1 && cfg.num_q_heads % H == 0,
@@ -68,7 +63,6 @@ class oracle_policy_host {
                     " is out of range [0, ", layers_.size(), ")");
     const cache_rows_t<L> rows(layers_[static_cast<std::size_t>(layer)]);
     const int H = rows.num_kv_heads();
-    // The cache holds rows.num_seqs() sequences, each with its own length (checked below).
     detail::check_score_buffer(out, ctx, H, rows.num_seqs(), std::numeric_limits<int>::max(),
                                "the cache's");
     const int g = cfg_.num_q_heads / H;
@@ -76,7 +70,6 @@ class oracle_policy_host {
                     "the oracle needs layer ", layer, "'s query: q holds ", ctx.q.size(),
                     " floats, expected [", out.num_seqs, ", ", cfg_.num_q_heads, ", ", head_dim, "]");
     // Every sequence's length before the first score is written, so a bad one leaves out as it was.
-    // Row s reads the cache's sequence seq_of(ctx, s) (checked above).
     for (int s = 0; s < out.num_seqs; ++s) {
       const int seq = detail::seq_of(ctx, s);
       KVSCOUT_EXPECTS(ctx.seq_lens[s] <= rows.rows(seq, 0), "seq_lens[", s, "] = ",
@@ -103,7 +96,6 @@ class oracle_policy_host {
     detail::write_row_max(out, ctx);
   }
 
-  /// The configuration this policy was built with.
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:

@@ -2,16 +2,8 @@
 // quest: query-aware page selection (Quest, Tang et al. ICML'24). For every page of P tokens the
 // policy keeps the per-channel minimum and maximum of the (post-RoPE) keys; the largest q.k any
 // key of the page can reach is bounded by sum_c max(q_c * min_c, q_c * max_c). Every token of a
-// page gets the page's bound (aggregated over the GQA group), so a top-k selector picks whole pages
-// in bound order. Needs layer i's query: needs_query = true.
-//
-// Memory: [num_layers, num_seqs, num_kv_heads, max_pages, 2, head_dim] floats, set up once: the
-// policy's own, or the caller's (workspace_bytes(cfg) at workspace_alignment, zeroed at
-// construction; state, not scratch: it lives with the policy).
-//
-//   kvscout::quest_policy_host<64> quest({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
-//                                         .num_q_heads = 9, .max_tokens = 8192, .page_size = 16,
-//                                         .scale = 0.125f});
+// page gets the page's bound, so a top-k selector picks whole pages in bound order. Needs layer
+// i's query. Memory: the page bounds, the policy's own or the caller's (state, not scratch).
 
 #include <algorithm>
 #include <cstddef>
@@ -42,13 +34,11 @@ class quest_policy_host {
   static constexpr bool needs_query = true;
   static constexpr int head_dim = HeadDim;
 
-  /// The page bounds, in floats. Checks the config.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return detail::checked_size("quest_policy_host's page bounds in bytes", elements(cfg), sizeof(float));
   }
   static constexpr std::size_t workspace_alignment = alignof(float);
 
-  /// The page bounds in memory of the policy's own.
   explicit quest_policy_host(const config& cfg)
       : cfg_(cfg), max_pages_(pages_of(cfg)), bounds_(elements(cfg)) {}
   /// The page bounds in the caller's memory: at least workspace_bytes(cfg) bytes at
@@ -59,7 +49,7 @@ class quest_policy_host {
         bounds_(detail::borrow_zeroed<float>("quest_policy_host workspace", workspace, workspace_bytes(cfg),
                                              workspace_alignment)) {}
 
-  /// Token t of sequence s entered layer `layer`'s cache; k_post is [num_kv_heads, head_dim].
+  /// k_post is [num_kv_heads, head_dim].
   void append(int layer, int s, int t, const float* /*k_pre_rope*/, const float* k_post) {
     KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer, " is out of range [0, ",
                     cfg_.num_layers, ")");
@@ -84,7 +74,6 @@ class quest_policy_host {
              const score_buffer<host_space>& out) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer, " is out of range [0, ",
                     cfg_.num_layers, ")");
-    // The page bounds hold cfg_.num_seqs sequences of cfg_.max_tokens tokens.
     detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
     const int g = cfg_.num_q_heads / cfg_.num_kv_heads;
     KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(out.num_seqs) * cfg_.num_q_heads * HeadDim,
@@ -97,7 +86,6 @@ class quest_policy_host {
       for (int h = 0; h < cfg_.num_kv_heads; ++h) {
         const float* qg = ctx.q.data() + (static_cast<std::size_t>(s) * cfg_.num_q_heads + h * g) * HeadDim;
         float* row = out.row(s, h);
-        // Page bounds first, page p's into row[p] (pages <= len, so they fit) ...
         detail::aggregate_scores(pages, g, cfg_.aggregation, row,
                                  [&](int p, float* z) {
                                    const float* mn = page(layer, seq, h, p);
@@ -110,8 +98,8 @@ class quest_policy_host {
                                      z[j] = ub * cfg_.scale;
                                    }
                                  });
-        // ... then spread to every token of its page, last page first: page p writes indices
-        // >= p * page_size >= p, so no bound is overwritten before it is read.
+        // Spread to every token of its page, last page first: page p writes
+        // indices >= p * page_size >= p, so no bound is overwritten before it is read.
         for (int p = pages - 1; p >= 0; --p) {
           const float b = row[p];
           const int t1 = std::min(len, (p + 1) * cfg_.page_size);
@@ -124,7 +112,6 @@ class quest_policy_host {
 
   [[nodiscard]] int page_size() const { return cfg_.page_size; }
 
-  /// The configuration this policy was built with.
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:

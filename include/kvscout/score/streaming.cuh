@@ -1,21 +1,16 @@
 #pragma once
 // streaming_policy_cuda: attention sinks + a recent window (StreamingLLM) on the device, the
-// scores of streaming_policy_host (score/streaming.hpp) bit for bit:
+// scores of streaming_policy_host bit for bit:
 //
 //   score[s, h, t] = +inf for t < sinks, float(t) otherwise,   t < seq_lens[s]
 //
-// so a top-k selector with budget B keeps the sinks and the B - sinks most recent tokens (float(t)
-// is exact below 2^24 tokens; past that, neighbours tie and the lower index wins). A threshold
-// selector is no use here: with sinks the row maximum is +inf, so it keeps only the sinks and its
-// keep-set. The policy needs no query, no keys and no workspace, and one object serves every
-// layer. It is also the smallest example of a speculation_policy_cuda
-// (score/device_concepts.hpp): a policy an engine writes for itself has this shape.
+// so a top-k selector with budget B keeps the sinks and the B - sinks most recent tokens. A
+// threshold selector is no use here: with sinks the row maximum is +inf. The policy needs no
+// query, no keys and no workspace, and one object serves every layer: the smallest example of a
+// speculation_policy_cuda.
 //
 //   kvscout::streaming_policy_cuda p({.num_kv_heads = 8, .sinks = 4});
 //   p.score({.seq_lens = lens, .max_seq_len = max_len}, scores, {stream, d_status});
-//
-// score() keeps the per-step contract (docs/architecture.md) with one kernel; seq_lens are
-// clamped to [0, max_seq_len] on the device; x and positions are not read.
 
 #include <cuda_runtime.h>
 
@@ -48,9 +43,8 @@ struct streaming_params {
   int* status;  // the device status word, or null
 };
 
-// grid (chunks of block_threads * tokens_per_thread tokens, num_kv_heads, num_seqs); each thread
-// writes tokens_per_thread tokens, block_threads apart (coalesced stores).
-// (A template only so that the header can be included by several translation units.)
+// Each thread writes tokens_per_thread tokens, block_threads apart (coalesced stores). A template
+// only so that the header can be included by several translation units.
 template <int Unused = 0>
 __global__ void __launch_bounds__(streaming_block_threads)
     streaming_scores(const __grid_constant__ streaming_params p) {
@@ -88,8 +82,8 @@ class streaming_policy_cuda {
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
-  /// Writes out.scores[s, h, t] for t < seq_lens[s] (clamped to max_seq_len, raising
-  /// device_status::bad_length in exec.status). max_seq_len = 0 launches nothing.
+  /// seq_lens clamped to max_seq_len (raising device_status::bad_length). max_seq_len = 0 launches
+  /// nothing.
   void score(const score_context<device_space>& ctx, const score_buffer<device_space>& out,
              const cuda_exec& exec) const {
     const cudaStream_t stream = exec.stream;
@@ -97,7 +91,6 @@ class streaming_policy_cuda {
     constexpr int per_block = detail::streaming_block_threads * detail::streaming_tokens_per_thread;
     KVSCOUT_EXPECTS(out.num_seqs <= 65535, "score buffer num_seqs = ", out.num_seqs,
                     " exceeds the grid's 65535");
-    // Token indices stay below max_seq_len + per_block, which must fit an int.
     KVSCOUT_EXPECTS(ctx.max_seq_len <= INT_MAX - per_block, "max_seq_len = ", ctx.max_seq_len,
                     " exceeds ", INT_MAX - per_block);
     if (ctx.max_seq_len == 0) return;

@@ -1,10 +1,7 @@
 #pragma once
 // streaming: attention sinks + a recent window (StreamingLLM). Needs no query and no keys.
-//
-// Scores encode recency: score[t] = t, and +inf for the first `sinks` tokens. Any top-k selector
-// with budget B then keeps the sinks and the B - sinks most recent tokens, which is the policy.
-//
-//   kvscout::streaming_policy_host p({.num_kv_heads = 3, .sinks = 4});
+// score[t] = t, and +inf for the first `sinks` tokens: any top-k selector with budget B then keeps
+// the sinks and the B - sinks most recent tokens, which is the policy.
 
 #include <limits>
 
@@ -39,7 +36,6 @@ class streaming_policy_host {
     detail::write_row_max(out, ctx);
   }
 
-  /// The configuration this policy was built with.
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:

@@ -1,11 +1,8 @@
 #pragma once
-// Per-layer budgets that follow the attention (kvscout's; issue 32 part 2). The same share of rows keeps
-// 99 % of one layer's attention mass and 80 % of another's; from mass curves measured once (at prefill,
-// or on a calibration text), the rows moved per step are re-divided among the layers at no extra bytes.
+// Per-layer budgets that follow the attention (kvscout's). The same share of rows keeps 99 % of one
+// layer's attention mass and 80 % of another's; from mass curves measured once (at prefill, or on
+// a calibration text), the rows moved per step are re-divided among the layers at no extra bytes.
 //
-//   std::vector<double> curves(L * bins, 0.0);          // per layer, summed over samples
-//   std::vector<int> samples(L, 0);
-//   // for sampled attention rows of layer l (probabilities, or a KV head's group mass):
 //   kvscout::add_mass_curve(mass_row, scratch, {&curves[l * bins], bins});  ++samples[l];
 //   // ... divide each layer's curve by its samples, then:
 //   kvscout::layer_budget_shares({curves.data(), curves.size()}, L, bins, /*first_layer=*/2,
@@ -13,17 +10,13 @@
 //   // layer l's selector: budget * shares[l] of its cached rows (mean of shares = 1)
 //
 // A mass curve's entry b is the share of an attention row's mass that its best
-// ceil((b + 1) / bins * n) of n rows hold (non-decreasing, the last 1). layer_budget_shares first
-// gives each layer min_share of its even share (rounded up to whole steps; 0 by default), then
-// hands out the rest of round(budget * bins) steps of 1 / bins per layer from first_layer on, one
-// at a time:
-//   coverage  to the layer whose curve is lowest at its current share (every layer keeps about
-//             the same share of its mass: the most spread layer is not starved)
-//   mass      to the layer whose curve rises most over the next step (the most mass in all where
-//             the curves are concave, as the curves of rows longer than bins are)
-// A layer's share of the budget is its steps over round(budget * bins): the shares from
-// first_layer on average exactly 1 (1 below first_layer). Set-up code, not on the decode path;
-// inputs are checked first and errors name the bad value.
+// ceil((b + 1) / bins * n) of n rows hold. layer_budget_shares first gives each layer min_share of
+// its even share, then hands out the rest of round(budget * bins) steps of 1 / bins per layer from
+// first_layer on, one at a time:
+//   coverage  to the layer whose curve is lowest at its current share
+//   mass      to the layer whose curve rises most over the next step
+// The shares from first_layer on average exactly 1 (1 below first_layer). Set-up code; inputs are
+// checked first.
 
 #include <algorithm>
 #include <cmath>
@@ -36,7 +29,6 @@
 
 namespace kvscout {
 
-/// How layer_budget_shares divides the rows among the layers.
 enum class layer_budget_rule : int {
   coverage = 0,  // the same share of each layer's attention mass, as high as the rows allow
   mass = 1,      // the most attention mass over all layers
@@ -52,9 +44,8 @@ inline std::ostream& operator<<(std::ostream& os, layer_budget_rule r) {
   return os << "layer_budget_rule(" << static_cast<int>(r) << ")";
 }
 
-/// Adds one attention row's mass curve to curve (curve.size() bins): mass holds the row's n
-/// non-negative weights (probabilities, or a KV head's summed group probabilities; they need not
-/// sum to 1); scratch holds at least n floats. A row of zero total mass adds nothing.
+/// mass holds the row's n non-negative weights (they need not sum to 1); scratch at least n floats.
+/// A row of zero total mass adds nothing.
 inline void add_mass_curve(host_span<const float> mass, host_span<float> scratch, host_span<double> curve) {
   const std::size_t n = mass.size(), bins = curve.size();
   KVSCOUT_EXPECTS(bins > 0, "curve has no bins");
@@ -79,8 +70,8 @@ inline void add_mass_curve(host_span<const float> mass, host_span<float> scratch
   }
 }
 
-/// Each layer's share of the budget (see the header comment). curves: [num_layers, bins] mean
-/// mass curves (entries in [0, 1], non-decreasing along a layer); out: num_layers shares.
+/// curves: [num_layers, bins] mean mass curves (in [0, 1], non-decreasing along a layer); out:
+/// num_layers shares.
 inline void layer_budget_shares(host_span<const double> curves, int num_layers, int bins, int first_layer,
                                 double budget, layer_budget_rule rule, host_span<double> out,
                                 double min_share = 0) {
@@ -103,8 +94,7 @@ inline void layer_budget_shares(host_span<const double> curves, int num_layers, 
       KVSCOUT_EXPECTS(v >= 0 && v <= 1 + 1e-6 && v >= prev - 1e-9, "curves[", l, ", ", b, "] = ", v,
                       ": expected a value in [0, 1], not below the bin before (", prev, ")");
     }
-  // out[l]: layer l's steps, min_share of its even share first; the curve at u steps is
-  // curves[l, u - 1] (0 at none).
+  // The curve at u steps is curves[l, u - 1] (0 at none).
   const long long per = std::llround(budget * bins);
   KVSCOUT_EXPECTS(per >= 1, "budget * bins = ", budget * bins, " (budget ", budget, ", bins ", bins,
                   ") must round to at least 1 step per layer");

@@ -1,21 +1,13 @@
 #pragma once
-// The row_selector concept, keep-sets, and the order-preserving score keys every selector (host
-// and CUDA) ranks by.
+// The row_selector concept, keep-sets, and the order-preserving score keys every selector ranks by.
 //
-// A selector turns per-token scores into a selection: per (sequence, kv_head), strictly ascending
-// token indices and a count (core/selection.hpp). Protocol, as for the executors:
+// A selector turns per-token scores into a selection (core/selection.hpp). Protocol, as for the
+// executors:
 //   1. S::workspace_bytes(config): bytes of caller-owned workspace, at an address that is a
 //      multiple of S::workspace_alignment (the constructor checks it)
 //   2. S sel(config, workspace): the only place a selector may allocate
-//   3. per step, sel.select(scores, out, x): writes out.indices and out.counts, returns nothing
-//      (the per-step contract: docs/architecture.md)
-// Workspace, scores and buffers live in S::memory_space; x is S::exec_type (core/exec.hpp):
-// cuda_exec{stream, status} for the device selectors, host_exec{} (defaulted) for the host ones.
-//
-//   kvscout::keep_set keep{.sinks = 4, .recent = 64};
-//   const auto [head_end, tail_begin] = kvscout::keep_bounds(keep, len);
-//   // always selected: [0, head_end) and [tail_begin, len); chosen by score: the rest
-//   static_assert(kvscout::row_selector<kvscout::topk_selector_host>);  // select/topk.hpp
+//   3. per step, sel.select(scores, out, x): writes out.indices and out.counts
+// Workspace, scores and buffers live in S::memory_space; x is S::exec_type (core/exec.hpp).
 
 #include <bit>
 #include <cmath>
@@ -30,25 +22,22 @@
 
 namespace kvscout {
 
-/// Tokens selected whatever their score (NaN included): the first `sinks` tokens of a row
-/// (attention sinks) and the last `recent` (the local window). For a row of length len the
-/// keep-set is [0, min(sinks, len)) u [max(0, len - recent), len); the two parts may overlap.
+/// Tokens selected whatever their score (NaN included): the first `sinks` tokens of a row and the
+/// last `recent`: [0, min(sinks, len)) u [max(0, len - recent), len); the two may overlap.
 struct keep_set {
   int sinks = 0;
   int recent = 0;
 };
 
-/// The keep-set of a row of `len` tokens as two ranges: [0, head_end) and [tail_begin, len),
-/// with head_end <= tail_begin, so the tokens chosen by score are exactly [head_end, tail_begin).
+/// [0, head_end) and [tail_begin, len), with head_end <= tail_begin: the tokens chosen by score are
+/// exactly [head_end, tail_begin).
 struct keep_range {
   int head_end;
   int tail_begin;
 
-  /// How many tokens of the row the keep-set holds.
   KVSCOUT_HOST_DEVICE int size(int len) const { return head_end + (len - tail_begin); }
 };
 
-/// Requires sinks, recent >= 0 and len >= 0 (selectors validate them first).
 KVSCOUT_HOST_DEVICE keep_range keep_bounds(keep_set keep, int len) {
   const int head_end = keep.sinks < len ? keep.sinks : len;
   const int tail = len - keep.recent;
@@ -57,10 +46,9 @@ KVSCOUT_HOST_DEVICE keep_range keep_bounds(keep_set keep, int len) {
 
 /// An unsigned key that orders as the scores do, so that selection can count bits (radix select):
 ///   score_key(x) < score_key(y)  iff  x < y        for non-NaN x, y (-inf and +inf included)
-///   score_key(-0.f) == score_key(+0.f)              (they compare equal as floats)
-///   score_key(NaN) == 0, below every other key      (NaN is ignored: never chosen by score)
-/// Every non-NaN score has a key >= 1; UINT32_MAX is never a key. The key, 2^31 plus or minus the
-/// magnitude bits, is computed without branches: a score's sign is as unpredictable as the score.
+///   score_key(-0.f) == score_key(+0.f)
+///   score_key(NaN) == 0, below every other key      (never chosen by score)
+/// UINT32_MAX is never a key. Branch-free: a score's sign is as unpredictable as the score.
 KVSCOUT_HOST_DEVICE std::uint32_t score_key(float x) {
 #if KVSCOUT_DEVICE_PASS
   const std::uint32_t b = __float_as_uint(x);
@@ -73,7 +61,7 @@ KVSCOUT_HOST_DEVICE std::uint32_t score_key(float x) {
   return key & (0u - static_cast<std::uint32_t>(mag <= 0x7f800000u));  // NaN -> 0
 }
 
-/// The score a non-zero key came from (+0 for the key of either zero); score_from_key(0) is a NaN.
+/// +0 for the key of either zero; score_from_key(0) is a NaN.
 KVSCOUT_HOST_DEVICE float score_from_key(std::uint32_t key) {
   const std::uint32_t b = key >= 0x80000000u ? key - 0x80000000u
                           : key == 0         ? 0x7fc00000u
@@ -85,13 +73,12 @@ KVSCOUT_HOST_DEVICE float score_from_key(std::uint32_t key) {
 #endif
 }
 
-/// The lowest threshold candidate score in a row whose largest score is m: m - alpha (in float
-/// arithmetic); -inf for m = -inf, and for alpha = +inf (every non-NaN score, also when m = +inf).
+/// m - alpha (in float arithmetic); -inf for m = -inf, and for alpha = +inf (every non-NaN score,
+/// also when m = +inf).
 KVSCOUT_HOST_DEVICE float threshold_floor(float m, float alpha) {
   return alpha < INFINITY ? m - alpha : -INFINITY;
 }
 
-/// A selector (top-k and threshold alike): score_view rows to selection_buffers rows, in S::memory_space.
 template <class S>
 concept row_selector =
     requires {

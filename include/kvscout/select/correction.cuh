@@ -1,25 +1,20 @@
 #pragma once
-// The correction step's selector on the device: correction_selector_host's semantics
-// (select/correction.hpp), the same indices, as three launches on one stream:
-//   1. mask    the speculated rows' late scores become NaN (one block per row; in place: the late
-//              scores are the caller's scratch, written by score_query for this step)
+// The correction step's selector on the device: correction_selector_host's semantics and indices,
+// as three launches on one stream:
+//   1. mask    the speculated rows' late scores become NaN (in place: the late scores are the
+//              caller's scratch, written by score_query for this step)
 //   2. top-k   topk_selector_cuda at budget `extra`, no keep-set, over the masked scores
-//   3. filter  rows with no more than `extra` unspeculated rows: all of them instead (top-k took
-//              every row of such a row, the speculated ones too)
-// Counts and lengths stay on the device; nothing is read back, nothing allocated.
+//   3. filter  rows with no more than `extra` unspeculated rows: all of them instead
+// Nothing is read back, nothing allocated.
 //
-//   kvscout::correction_selector_cuda::config cfg{.num_seqs = 1, .num_kv_heads = 8,
-//       .stride = 4096, .capacity = 64, .extra = 64};
 //   auto ws = kvscout::make_device_workspace<kvscout::correction_selector_cuda>(cfg);
 //   kvscout::correction_selector_cuda corr(cfg, ws.span());
-//   corr.select(late, seq_lens, speculated, added, {stream, d_status});   // late: device_span<float>
+//   corr.select(late, seq_lens, speculated, added, {stream, d_status});
 //
-// select() checks what the host knows (shapes, sizes, pointers) and throws kvscout::error naming
-// the bad value. Device data is never trusted for addressing: lengths are clamped to
-// [0, stride], speculated counts to [0, capacity] (device_status::bad_length / bad_count), and
-// a speculated index outside [0, len) is skipped by the mask, and one not above its predecessor
-// reported (device_status::bad_index): the filter's output for such a row is then undefined but
-// stays inside the row's slots.
+// select() checks what the host knows and throws kvscout::error naming the bad value. Lengths are
+// clamped to [0, stride], speculated counts to [0, capacity], a speculated index outside [0, len)
+// is skipped by the mask, and one not above its predecessor reported (bad_index): the filter's
+// output for such a row is then undefined but stays inside the row's slots.
 
 #include <cuda_runtime.h>
 
@@ -70,7 +65,6 @@ KVSCOUT_DEVICE int correction_spec_count(const correction_params& p, int row) {
   return n;
 }
 
-/// Step 1: the speculated rows' scores become NaN.
 __global__ void __launch_bounds__(correction_threads) correction_mask(const correction_params p) {
   const int row = static_cast<int>(blockIdx.x);
   const int len = correction_len(p, row);
@@ -79,7 +73,6 @@ __global__ void __launch_bounds__(correction_threads) correction_mask(const corr
   float* sc = p.scores + static_cast<std::size_t>(row) * p.stride;
   for (int j = static_cast<int>(threadIdx.x); j < n; j += blockDim.x) {
     const int t = sp[j];
-    // Outside the row, or not strictly ascending (the filter's search assumes it): reported.
     if (t < 0 || t >= len || (j > 0 && t <= sp[j - 1])) {
       raise_device_status(p.status, device_status::bad_index);
       if (t < 0 || t >= len) continue;
@@ -88,8 +81,7 @@ __global__ void __launch_bounds__(correction_threads) correction_mask(const corr
   }
 }
 
-/// Step 3: a row with no more than `extra` unspeculated rows takes all of them: row t of
-/// [0, len) not speculated goes to slot t - |{speculated < t}| (the speculated rows ascending).
+/// Step 3: row t of [0, len) not speculated goes to slot t - |{speculated < t}|.
 __global__ void __launch_bounds__(correction_threads) correction_filter(const correction_params p) {
   const int row = static_cast<int>(blockIdx.x);
   const int len = correction_len(p, row);
@@ -109,13 +101,11 @@ __global__ void __launch_bounds__(correction_threads) correction_filter(const co
     }
     const bool speculated = lo < n && sp[lo] == t;
     const int slot = t - lo;
-    // With valid (ascending, in-row) speculated rows slot is in [0, len - n] and below capacity;
-    // bad ones (reported by the mask) must not address outside the row's slots.
+    // Bad speculated rows (reported by the mask) must not address outside the row's slots.
     if (!speculated && slot >= 0 && slot < p.capacity) out[slot] = t;
   }
   if (threadIdx.x == 0) {
-    // Unspeculated rows: len minus the speculated ones inside [0, len) (all of them when valid),
-    // within [0, extra] whatever the speculated rows hold.
+    // Within [0, extra] whatever the speculated rows hold.
     int inside = 0;
     for (int j = 0; j < n; ++j) inside += (sp[j] >= 0 && sp[j] < len) ? 1 : 0;
     const int c = len - inside;
@@ -131,13 +121,11 @@ class correction_selector_cuda {
   using config_type = config;
   using memory_space = device_space;
 
-  /// The top-k selector's configuration the correction runs (budget extra, no keep-set).
   [[nodiscard]] static topk_selector_host::config topk_config(const config& cfg) {
     detail::check_correction_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
                                     cfg.extra);
     return {cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity, cfg.extra, {}};
   }
-  /// Bytes of device workspace: the top-k selector's.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return topk_selector_cuda::workspace_bytes(topk_config(cfg));
   }
@@ -148,8 +136,7 @@ class correction_selector_cuda {
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
-  /// Writes the rows to add for every (sequence, kv_head) row; masks the speculated rows of
-  /// `late` (NaN) on the way. late: [num_seqs, num_kv_heads, stride] scores of this step.
+  /// Masks the speculated rows of `late` (NaN) on the way. late: [num_seqs, num_kv_heads, stride].
   void select(device_span<float> late, device_span<const std::int32_t> seq_lens,
               const selection_view<device_space>& speculated,
               const selection_buffers<device_space>& out, const cuda_exec& exec) {

@@ -1,26 +1,19 @@
 #pragma once
-// The correction step's selector (kvscout's; no published offloading system has it): once layer
-// i's own query exists, which rows did the speculation miss?
+// The correction step's selector (kvscout's): once layer i's own query exists, which rows did the
+// speculation miss?
 //
 // Per (sequence, kv head) row of length len = seq_lens[s]:
 //   added = the `extra` best rows by late score among [0, len) minus the speculated rows (NaN
 //           never chosen by score; ties go to the lower token index), written ascending; where
-//           no more than `extra` rows are left unspeculated, all of them (top-k's rule for a
-//           row that fits its budget, select/topk.hpp)
-// So the rows moved for the layer are |speculated| + |added|, and no added row is one the
-// speculation already moved. This is top-k with the speculated rows' scores masked: the device
-// twin (select/correction.cuh) runs it as a mask, the device top-k and a filter. Equivalently,
-// where extra + |speculated| <= K: the `extra` best of what the late top-K holds and the
-// speculation lacks.
+//           no more than `extra` rows are left unspeculated, all of them
+// So no added row is one the speculation already moved. This is top-k with the speculated rows'
+// scores masked.
 //
-//   kvscout::correction_selector_host::config cfg{.num_seqs = 1, .num_kv_heads = 8,
-//       .stride = 4096, .capacity = 64, .extra = 64};
 //   auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
 //   kvscout::correction_selector_host corr(cfg, ws.span());
 //   corr.select(late_scores, speculated, added);   // score_view, selection_view, selection_buffers
 //
-// select() keeps the per-step contract (docs/architecture.md); the speculated rows must be
-// strictly ascending and inside [0, len) (an executor's rule).
+// The speculated rows must be strictly ascending and inside [0, len).
 
 #include <algorithm>
 #include <cmath>
@@ -38,7 +31,6 @@
 namespace kvscout {
 
 namespace detail {
-/// The checks of a correction selector's config, host and device alike.
 inline void check_correction_config(int num_seqs, int num_kv_heads, int stride, int capacity,
                                     int extra) {
   KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
@@ -48,7 +40,6 @@ inline void check_correction_config(int num_seqs, int num_kv_heads, int stride, 
                   capacity, "] (rows added per (sequence, kv head))");
 }
 
-/// The speculated selection's shape and sizes against the correction's (host and device).
 template <class Space>
 void check_speculated_shape(int num_seqs, int num_kv_heads, const selection_view<Space>& sp) {
   KVSCOUT_EXPECTS(sp.num_seqs == num_seqs && sp.num_kv_heads == num_kv_heads,
@@ -77,7 +68,6 @@ class correction_selector_host {
   using config_type = config;
   using memory_space = host_space;
 
-  /// Workspace: the top-k selector's (about 12 * stride + 16 KiB) and one masked score row.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     detail::check_correction_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
                                     cfg.extra);
@@ -94,7 +84,6 @@ class correction_selector_host {
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
-  /// Writes the rows to add for every (sequence, kv_head) row (see the header comment).
   void select(const score_view<host_space>& scores, const selection_view<host_space>& speculated,
               const selection_buffers<host_space>& out) {
     detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,

@@ -1,6 +1,6 @@
 #pragma once
-// Head-pooled top-k on the host (kvscout's; issue 32 part 2): a sequence's KV heads share one
-// budget, budget * num_kv_heads rows, instead of each taking `budget`, so a head whose attention is
+// Head-pooled top-k on the host (kvscout's): a sequence's KV heads share one budget,
+// budget * num_kv_heads rows, instead of each taking `budget`, so a head whose attention is
 // concentrated gives rows to one whose attention is spread.
 //
 //   kvscout::pooled_topk_selector_host::config cfg{.num_seqs = 1, .num_kv_heads = 8,
@@ -12,27 +12,22 @@
 //
 // Per sequence s of length len = seq_lens[s], with H = num_kv_heads:
 //   - len <= budget: every head selects all len tokens (top-k's rule).
-//   - otherwise every head takes its keep-set (select/concepts.hpp), and the K = H * (budget -
-//     |keep|) other rows are shared among the heads; no head takes more than capacity rows,
-//     keep-set included (the excess goes to the others). pooled_rule::mass: the K best across the
-//     heads by a score that compares across heads:
+//   - otherwise every head takes its keep-set, and the K = H * (budget - |keep|) other rows are
+//     shared among the heads; no head takes more than capacity rows, keep-set included (the
+//     excess goes to the others). pooled_rule::mass: the K best across the heads by a score that
+//     compares across heads:
 //       logit  the row's softmax: s - m_h - log sum_t exp(s_t - m_h) (m_h the head's maximum; NaN
 //              ignored; a head with a +inf score ranks its +inf rows first, the rest -inf);
 //       mass   the score itself (already attention mass, e.g. oracle_policy_host's or sum_prob's).
 //     Ties at the boundary go to the lower head, then to the lower token index; NaN is never
 //     chosen by score, so a sequence with NaNs may select fewer rows.
 //     pooled_rule::coverage: each head's probabilities (logit: its softmax; mass: the scores over
-//     the sum of the finite positive ones, others 0: a +inf mass counts as none, though within
-//     its head it is still the first row taken), and the counts that give every head the same
+//     the sum of the finite positive ones, others 0), and the counts that give every head the same
 //     share of its own mass, keep-set included, as high as K rows allow; leftover rows go one at a
 //     time to the head of lowest share.
 //   Within a head the rows are its best by its own score: out.indices[s, h, 0:count] strictly
-//   ascending, out.counts[s, h] = count. Pooling needs capacity > budget (capacity == budget gives
-//   per-head top-k). A sequence selects at most H * budget rows, as topk_selector_host does; a
-//   head may select more or fewer than budget.
-//
-// select() keeps the per-step contract (docs/architecture.md). Host only: no device twin yet (it
-// did not pay for kvscout's speculation: docs/accuracy_log.md, "Budgets that follow the attention").
+//   ascending, out.counts[s, h] = count. Pooling needs capacity > budget. A sequence selects at
+//   most H * budget rows; a head may select more or fewer than budget. Host only.
 
 #include <algorithm>
 #include <cmath>
@@ -52,17 +47,14 @@
 
 namespace kvscout {
 
-/// How pooled_topk_selector_host compares scores across heads.
 enum class pooled_scale : int {
   logit = 0,  // scores are logits: each head's softmax (log-probability) is compared
   mass = 1,   // scores are attention mass already: compared as they are
 };
 
-/// How pooled_topk_selector_host shares the rows among the heads.
 enum class pooled_rule : int {
-  /// The rows of highest probability across the heads: the most attention mass in all.
   mass = 0,
-  /// Every head reaches the same share of its own attention mass (coverage), as high as rows allow.
+  /// Every head reaches the same share of its own attention mass, as high as rows allow.
   coverage = 1,
 };
 
@@ -129,7 +121,6 @@ class pooled_topk_selector_host {
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
-  /// Writes the selection of every (sequence, kv_head) row to out (see the header comment).
   void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out,
               host_exec = {}) {
     detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
@@ -159,8 +150,8 @@ class pooled_topk_selector_host {
     KVSCOUT_EXPECTS(cfg.rule == pooled_rule::mass || cfg.rule == pooled_rule::coverage,
                     "rule = ", cfg.rule, ": expected pooled_rule::mass or pooled_rule::coverage");
   }
-  // The comparable value of every non-keep row of sequence s into value_ [h * stride + t] (NaN
-  // where not a candidate), then how many rows each head takes beyond its keep-set (count_).
+  // Each non-keep row's comparable value into value_ [h * stride + t] (NaN where not a candidate),
+  // then how many rows each head takes beyond its keep-set (count_).
   void allot(const score_view<host_space>& scores, int s, int len) {
     const int H = cfg_.num_kv_heads;
     const keep_range kr = keep_bounds(cfg_.keep, len);
@@ -171,8 +162,7 @@ class pooled_topk_selector_host {
     for (int h = 0; h < H; ++h) {
       const float* row = scores.scores.data() + scores.row(s, h);
       float* v = value_ + static_cast<std::size_t>(h) * cfg_.stride;
-      // Mass rule: the comparable values (logit: log-probability, +inf rows first where the
-      // maximum is +inf). Coverage (cover()) only counts the candidates here.
+      // Coverage (cover()) only counts the candidates here.
       const bool values = cfg_.rule == pooled_rule::mass;
       const head_norm nm = values && cfg_.scale == pooled_scale::logit ? normaliser(row, len)
                                                                       : head_norm{cfg_.scale};
@@ -213,7 +203,6 @@ class pooled_topk_selector_host {
           if (active(h)) count[h] = 0;
         return;
       }
-      // Pool the active heads' candidates and find the want-th largest.
       std::size_t n = 0;
       for (int h = 0; h < H; ++h) {
         if (!active(h)) continue;
@@ -237,9 +226,9 @@ class pooled_topk_selector_host {
         }
       }
       if (capped) continue;
-      // The rows above tau all fit; the rest of want comes from the ties at tau, to the lower
-      // heads first. Where the heads' room for ties is short of that, the heads whose ties fill
-      // their cap take the cap and leave (the threshold falls below tau).
+      // The rows above tau all fit; the rest of want comes from the ties at tau, lower heads first.
+      // Where the heads' room for ties is short of that, the heads whose ties fill their cap take
+      // it and leave (the threshold falls below tau).
       long long left = want, room = 0;
       for (int h = 0; h < H; ++h)
         if (active(h)) left -= above[h], room += std::min(ties[h], av[h] - above[h]);
@@ -258,9 +247,9 @@ class pooled_topk_selector_host {
     }
   }
 
-  // pooled_rule::coverage: each head's candidate probabilities, sorted descending, as running sums
-  // in pool_ [h * stride]; the highest coverage every head reaches within want rows, by bisection;
-  // the leftover rows to the heads of lowest coverage.
+  // Each head's candidate probabilities, sorted descending, as running sums in pool_ [h * stride];
+  // the highest coverage every head reaches within want rows, by bisection; the leftover rows to
+  // the heads of lowest coverage.
   void cover(const score_view<host_space>& scores, int s, int len, long long want) {
     const int H = cfg_.num_kv_heads;
     const keep_range kr = keep_bounds(cfg_.keep, len);
@@ -285,7 +274,6 @@ class pooled_topk_selector_host {
       n_of[h] = n;
       kept_[h] = static_cast<float>(kept);
     }
-    // Head h's coverage with j candidates, and the fewest candidates that reach c (capped).
     const auto coverage = [&](int h, int j) {
       return kept_[h] + (j > 0 ? pool_[static_cast<std::size_t>(h) * cfg_.stride + static_cast<std::size_t>(j - 1)] : 0.f);
     };
@@ -314,9 +302,8 @@ class pooled_topk_selector_host {
     }
   }
 
-  // Probabilities within one head: logit scale, its softmax (where its maximum is +inf, its +inf
-  // rows share 1; where -inf, every row is 0); mass scale, the non-negative finite scores over
-  // their sum (others 0).
+  // logit scale: the head's softmax (where its maximum is +inf, its +inf rows share 1; where -inf,
+  // every row is 0); mass scale: the non-negative finite scores over their sum (others 0).
   struct head_norm {
     pooled_scale scale;
     double shift = 0, norm = 0;  // logit: m + log Z; mass: the sum. inf_rows: logit, m = +inf

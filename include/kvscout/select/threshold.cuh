@@ -1,25 +1,17 @@
 #pragma once
-// Threshold selector on the device: the semantics of threshold_selector_host
-// (select/threshold.hpp), both rules, the same indices, ties included.
-//   per_head        (kvscout's rule) one kernel, one block per row: the row maximum (block reduction), then the
-//                   best budget - |keep| candidates >= max - alpha (radix select, ordered
-//                   compaction: select/detail/radix_select.cuh); where rows are few and long,
-//                   each row split over several blocks (select/detail/radix_select_split.cuh)
-//   infinigen_mean  (InfiniGen's rule) two kernels, no host round trip: every row's candidate
-//                   count into the workspace, then every block sums the counts itself (rows are
-//                   few) for the mean and selects its row's best min(mean, slots)
+// Threshold selector on the device: the semantics of threshold_selector_host, both rules, the
+// same indices, ties included.
+//   per_head        one kernel, one block per row: the row maximum, then the best budget - |keep|
+//                   candidates >= max - alpha; where rows are few and long, each row split over
+//                   several blocks
+//   infinigen_mean  two kernels, no host round trip: every row's candidate count into the
+//                   workspace, then every block sums the counts itself (rows are few) for the mean
+//                   and selects its row's best min(mean, slots)
 //
-//   kvscout::threshold_selector_cuda::config cfg{
-//       .num_seqs = 1, .num_kv_heads = 8, .stride = 4096, .capacity = 512, .alpha = 4.f,
-//       .budget = 512, .rule = kvscout::threshold_rule::infinigen_mean,
-//       .keep = {.sinks = 4, .recent = 64}};
-//   const std::size_t bytes = kvscout::threshold_selector_cuda::workspace_bytes(cfg);
-//   void* ws;  cudaMalloc(&ws, bytes);
-//   kvscout::threshold_selector_cuda sel(cfg, {static_cast<std::byte*>(ws), bytes});
+//   kvscout::threshold_selector_cuda sel(cfg, workspace);   // cfg: threshold_selector_host::config
 //   sel.select(scores, out, {stream, d_status});
 //
-// select() keeps the per-step contract (docs/architecture.md); seq_lens are clamped to
-// [0, stride] on the device (device_status::bad_length).
+// seq_lens are clamped to [0, stride] on the device (device_status::bad_length).
 
 #include <cuda_runtime.h>
 
@@ -42,22 +34,20 @@ namespace kvscout {
 
 class threshold_selector_cuda : public detail::device_selector_base<threshold_selector_host::config> {
  public:
-  /// Bytes of device workspace: [num_seqs * num_kv_heads] int32 for infinigen_mean; the split
-  /// kernels' for per_head rows that split (0 for short rows).
+  /// [num_seqs * num_kv_heads] int32 for infinigen_mean; the split kernels' for per_head rows that
+  /// split (0 for short rows).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg,
                                                 select_split_options opt = {}) {
     return detail::threshold_cuda_workspace_bytes(cfg, opt);
   }
 
-  /// opt: how long rows split over blocks (per_head; device_config.hpp); the SM count is asked
-  /// here when opt.num_sms is 0. The workspace must hold workspace_bytes(cfg, opt).
+  /// opt: how long rows split over blocks (per_head); the SM count is asked here when opt.num_sms
+  /// is 0.
   threshold_selector_cuda(const config& cfg, device_span<std::byte> workspace,
                           select_split_options opt = {})
       : device_selector_base(cfg, workspace, workspace_bytes(cfg, opt), opt,
                              cfg.rule == threshold_rule::per_head) {}
 
-  /// Writes the selection of every (sequence, kv_head) row to out, on exec.stream. A length
-  /// outside [0, stride] raises device_status::bad_length in *exec.status (null: not reported).
   void select(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
               const cuda_exec& exec) {
     const cudaStream_t stream = exec.stream;

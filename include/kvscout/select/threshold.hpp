@@ -1,8 +1,7 @@
 #pragma once
 // Threshold selector on the host: per (sequence, kv_head), the keep-set and the tokens whose score
 // is within alpha of the row's maximum, capped at budget tokens in all. Two rules (threshold_rule):
-// per_head, the default, is kvscout's own; infinigen_mean is InfiniGen's (OSDI'24), which
-// presets::infinigen_paper (presets.hpp) uses.
+// per_head, the default, is kvscout's own; infinigen_mean is InfiniGen's (OSDI'24).
 //
 //   kvscout::threshold_selector_host::config cfg{
 //       .num_seqs = 1, .num_kv_heads = 8, .stride = 4096, .capacity = 512, .alpha = 4.f,
@@ -12,8 +11,8 @@
 //   kvscout::threshold_selector_host sel(cfg, {ws.data(), ws.size()});
 //   sel.select(scores, out);  // score_view<host_space>, selection_buffers<host_space>
 //
-// Semantics, per row (s, h) of length len = seq_lens[s], keep-set K (select/concepts.hpp; always
-// selected, NaN included), k = budget - |K| slots for the other tokens:
+// Semantics, per row (s, h) of length len = seq_lens[s], keep-set K (always selected, NaN
+// included), k = budget - |K| slots for the other tokens:
 //   m      = the largest non-NaN score of the row, keep-set included (-inf if none)
 //   floor  = m - alpha in float arithmetic; -inf when alpha = +inf (threshold_floor)
 //   candidates = the tokens outside K with score >= floor (so the maximum itself qualifies, also
@@ -22,18 +21,12 @@
 //            them (largest score, ties to the lowest token index).
 //   infinigen_mean: n = floor(mean over the rows with len > 0 of their candidate counts); every
 //            row takes K and the best min(n, k) tokens outside K by score (not only its own
-//            candidates; NaN ignored), as InfiniGen sizes one fetch for all heads (speedup/infinigen/
-//            infinigen/kv_selection_controller.py: topk of min(int(mean count), max_num_kv)).
+//            candidates; NaN ignored), as InfiniGen sizes one fetch for all heads.
 // budget is a cap, not a quota: a short row (len <= budget) still selects by threshold.
 // Output: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count; entries past
-// the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= budget <=
-// capacity. select() keeps the per-step contract (docs/architecture.md).
-//
-// Cost: per_head with the rows' maxima given (score_view::row_max: a hint, checked, never trusted;
-// docs/architecture.md) is one compaction per row; without, a maximum and a compaction (rows up to
-// short_row tokens) or one vectorised pass with a sampled bound (select/detail/host_rows.hpp).
-// infinigen_mean: two passes per row (maximum, count), then a top-k. The result never depends on
-// a hint or a sample (docs/performance.md).
+// the count are not written. Requires alpha >= 0 (not NaN), sinks + recent <= budget <= capacity.
+// score_view::row_max is a hint, checked, never trusted: the result never depends on a hint or a
+// sample.
 
 #include <algorithm>
 #include <cstddef>
@@ -50,10 +43,9 @@
 
 namespace kvscout {
 
-/// How the threshold selector turns per-row candidate counts into selections.
 enum class threshold_rule : int {
   infinigen_mean = 0,  // InfiniGen's rule: every row takes the mean candidate count of all rows
-  per_head = 1,        // kvscout's rule (not InfiniGen's): every row takes its own candidates, capped
+  per_head = 1,        // kvscout's rule: every row takes its own candidates, capped
 };
 
 inline std::ostream& operator<<(std::ostream& os, threshold_rule r) {
@@ -69,11 +61,9 @@ inline std::ostream& operator<<(std::ostream& os, threshold_rule r) {
 namespace detail {
 
 /// Rows up to this many tokens (16 KiB of scores) take a maximum and a compaction, longer rows one
-/// pass with a running floor (docs/performance.md, "Host kernel constants").
+/// pass with a running floor.
 inline constexpr int short_row = 4096;
 
-/// What per_head_row hands on to the next row: its maximum, read during this row's compaction (on
-/// AVX-512 builds the two overlap: docs/performance.md, "Host kernel constants").
 struct row_lookahead {
   std::optional<float> known;     // in: this row's maximum over all its len scores, if read
   const float* next = nullptr;    // in: the next row, or null
@@ -82,15 +72,14 @@ struct row_lookahead {
   std::optional<float> hint;      // in: score_view::row_max of this row, unchecked
 };
 
-/// Where a row's candidates against a hinted maximum m (score_view::row_max) stand. The largest
-/// candidate or keep-set score equals m exactly when the hint is right: if the true maximum M
-/// reaches threshold_floor(m, alpha), M is that largest; if not, there are no candidates and the
-/// largest is below m. So one look at the few candidates checks the hint.
+/// Where a row's candidates against a hinted maximum m stand. The largest candidate or keep-set
+/// score equals m exactly when the hint is right: if the true maximum M reaches
+/// threshold_floor(m, alpha), M is that largest; if not, there are no candidates and the largest is
+/// below m. So one look at the few candidates checks the hint.
 enum class hint_result { right, wrong, too_many };
 
 inline hint_result check_hint(const float* row, const std::int32_t* cand, int kept, float keep_max,
                               float m) {
-  // Four independent maxima: one compare-and-select chain would cost its latency per candidate.
   const auto up = [row](float t, std::int32_t i) {
     const float x = row[i];
     return x > t ? x : t;
@@ -108,15 +97,12 @@ inline hint_result check_hint(const float* row, const std::int32_t* cand, int ke
   return top == m ? hint_result::right : hint_result::wrong;  // a NaN hint is never right
 }
 
-/// One row of the per_head rule (semantics in the header comment); returns the count.
 inline int per_head_row(const float* row, int len, keep_set keep, int budget, float alpha,
                         const row_workspace& ws, std::int32_t* out, row_lookahead& la) {
   const keep_range kr = keep_bounds(keep, len);
   const int a = kr.head_end;
   const int n = kr.tail_begin - a;
   const int k = budget - kr.size(len);
-  // The keep-set's scores count for the maximum. The row's maximum (the keep-set's included)
-  // may be known already; a compaction reads the next row's maximum along where there is one.
   std::optional<float> keep_max_value;
   const auto keep_max = [&] {
     if (!keep_max_value)
@@ -132,9 +118,8 @@ inline int per_head_row(const float* row, int len, keep_set keep, int budget, fl
     la.next_max = next_max;
     return got;
   };
-  // With a hint, one compaction against its floor, then check_hint: kept >= 0 where the hint is
-  // right, -1 where wrong (the row goes as without one). too_many: more than `limit` candidates
-  // against the hint's floor (then the capped path below, which does not depend on the maximum).
+  // With a hint, one compaction against its floor, then check_hint: -1 where the hint is wrong (the
+  // row goes as without one). too_many: more than `limit` candidates against the hint's floor.
   const auto hinted = [&](int limit, hint_result& how) {
     const int kept = compact(threshold_floor(*la.hint, alpha), limit);
     how = kept < 0 || kept > limit ? hint_result::too_many
@@ -144,27 +129,24 @@ inline int per_head_row(const float* row, int len, keep_set keep, int budget, fl
   int c = emit_range(0, a, out);
   if (n > 0 && k > 0) {
     if (n <= k) {
-      // Every candidate fits: the exact maximum (a vector pass, or the hint), then one compaction.
       hint_result how = hint_result::wrong;
       int taken = la.hint ? hinted(INT_MAX, how) : -1;
       if (taken < 0) taken = compact(threshold_floor(row_max(), alpha), INT_MAX);
       std::memcpy(out + c, ws.cand, sizeof(std::int32_t) * static_cast<std::size_t>(taken));
       c += taken;
     } else {
-      // Peaked rows (attention logits) have few candidates: if no more than k reach the final
-      // floor, they are the answer. Past short_list_max (or k) the sampled path below takes over.
+      // Peaked rows have few candidates: if no more than k reach the final floor, they are the
+      // answer. Past short_list_max (or k) the sampled path below takes over.
       const int limit = k < short_list_max ? k : short_list_max;
       hint_result how = hint_result::wrong;
       int kept = la.hint ? hinted(limit, how) : -1;
       if (how == hint_result::right || how == hint_result::too_many) {
-        // Decided by the hint: its candidates, or the capped path.
       } else if (n <= short_row) {
-        // A short row stays in the L1 cache: the exact maximum, then one compaction against
-        // the final floor, costs less than the one pass with a running floor below.
+        // A short row stays in L1: the exact maximum, then one compaction against the final floor.
         kept = compact(threshold_floor(row_max(), alpha), limit);
       } else {
-        // One pass collects the candidates of the running maximum; the final floor then
-        // filters the few that a lower running maximum let in.
+        // One pass collects the candidates of the running maximum; the final floor then filters the
+        // few that a lower running maximum let in.
         float m = keep_max();
         const int got = collect_candidates(row + a, n, a, -INFINITY, alpha, m, ws.cand, limit);
         if (got >= 0) kept = filter_at_least(row, ws.cand, got, threshold_floor(m, alpha));
@@ -191,20 +173,18 @@ class threshold_selector_host {
     int capacity = 0;   // index slots per (sequence, kv_head) in the selection buffers
     float alpha = 0.f;  // candidates score >= row max - alpha; >= 0, +inf admits all
     int budget = 0;  // most tokens selected per (sequence, kv_head), keep-set included
-    threshold_rule rule = threshold_rule::per_head;  // kvscout's rule; InfiniGen's is infinigen_mean
+    threshold_rule rule = threshold_rule::per_head;  // kvscout's rule
     keep_set keep{};
   };
   using config_type = config;
   using memory_space = host_space;
   using exec_type = host_exec;  // select()'s last argument, defaulted (core/exec.hpp)
 
-  /// Workspace: a radix histogram, a score sample, candidate lists of one row (about
-  /// 12 * stride + 16 KiB bytes), and for infinigen_mean 8 bytes per row.
+  /// Workspace: about 12 * stride + 16 KiB bytes, and for infinigen_mean 8 bytes per row.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
     return sizeof(std::uint32_t) * (detail::row_workspace::words(cfg.stride) + stats_words(cfg));
   }
-  /// The alignment the workspace's address must have.
   static constexpr std::size_t workspace_alignment = detail::row_workspace_alignment;
 
   threshold_selector_host(const config& cfg, host_span<std::byte> workspace)
@@ -221,7 +201,6 @@ class threshold_selector_host {
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
-  /// Writes the selection of every (sequence, kv_head) row to out (see the header comment).
   void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out,
               host_exec = {}) {
     detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
@@ -237,7 +216,6 @@ class threshold_selector_host {
   static std::size_t rows(const config& cfg) {
     return static_cast<std::size_t>(cfg.num_seqs) * static_cast<std::size_t>(cfg.num_kv_heads);
   }
-  // infinigen_mean keeps each row's maximum and candidate count from pass 1 for pass 2.
   static std::size_t stats_words(const config& cfg) {
     return cfg.rule == threshold_rule::infinigen_mean ? 2 * rows(cfg) : 0;
   }
@@ -253,9 +231,7 @@ class threshold_selector_host {
 
   void select_per_head(const score_view<host_space>& scores,
                        const selection_buffers<host_space>& out) const {
-    // Rows in order, each handing the next its maximum where it read it (row_lookahead); rows of
-    // up to short_row tokens outside the keep-set are read ahead. With hints (score_view::row_max),
-    // each row is one compaction against its hint's floor and nothing is read ahead.
+    // Each row hands the next its maximum where it read it; with hints, nothing is read ahead.
     const int H = cfg_.num_kv_heads;
     const bool hinted = !scores.row_max.empty();
     detail::row_lookahead la;
@@ -267,8 +243,7 @@ class threshold_selector_host {
         const std::size_t r = static_cast<std::size_t>(s) * H + h;
         la.next = nullptr;
         if (hinted) {
-          // NaN: no hint for this row (what a policy that does not write row_max leaves where
-          // the caller filled it with NaN, as the host pipeline does).
+          // NaN: no hint for this row (as the host pipeline leaves rows its policy did not write).
           const float m = scores.row_max[r];
           la.hint = m == m ? std::optional<float>(m) : std::nullopt;
         } else if (ns < cfg_.num_seqs) {
@@ -288,7 +263,6 @@ class threshold_selector_host {
 
   void select_infinigen_mean(const score_view<host_space>& scores,
                              const selection_buffers<host_space>& out) const {
-    // Pass 1: every row's maximum and candidate count (kept for pass 2), for the mean.
     const int H = cfg_.num_kv_heads;
     long long total = 0;
     long long nonempty_rows = 0;
@@ -310,8 +284,8 @@ class threshold_selector_host {
     }
     const long long mean = nonempty_rows > 0 ? total / nonempty_rows : 0;
     // Pass 2: every row takes the keep-set and its best min(mean, slots) other tokens. Where the
-    // row has at least that many candidates, the best are among them: radix select on a short
-    // list collected against the known maximum, instead of sampling the row for a bound.
+    // row has that many candidates, the best are among them: radix select on a short list, no
+    // sample.
     for (int s = 0; s < cfg_.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       const keep_range kr = keep_bounds(cfg_.keep, len);

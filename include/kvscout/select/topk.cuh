@@ -1,20 +1,14 @@
 #pragma once
-// Exact top-k selector on the device: the semantics of topk_selector_host (select/topk.hpp), the
-// same indices, ties included, written by a radix select over score keys and an
-// order-preserving compaction: one thread block per (sequence, kv_head) row where rows fill the
-// device (select/detail/radix_select.cuh), else each row split over several blocks
-// (select/detail/radix_select_split.cuh: 32 rows of 128k tokens run as 32 x 16 blocks).
+// Exact top-k selector on the device: the semantics of topk_selector_host, the same indices, ties
+// included, by a radix select over score keys and an order-preserving compaction: one thread
+// block per (sequence, kv_head) row where rows fill the device, else each row split over several
+// blocks.
 //
-//   kvscout::topk_selector_cuda::config cfg{.num_seqs = 1, .num_kv_heads = 8, .stride = 4096,
-//                                           .capacity = 512, .budget = 512,
-//                                           .keep = {.sinks = 4, .recent = 64}};
-//   // workspace_bytes(cfg): the split kernels' histograms and counts (0 for short rows)
-//   kvscout::topk_selector_cuda topk(cfg, workspace);
-//   // score_view<device_space>, selection_buffers<device_space>, cuda_exec (core/exec.hpp)
+//   kvscout::topk_selector_cuda topk(cfg, workspace);   // cfg: topk_selector_host::config
 //   topk.select(scores, out, {stream, d_status});
 //
-// select() keeps the per-step contract (docs/architecture.md); seq_lens are clamped to
-// [0, stride] on the device (device_status::bad_length). Counts stay on the device (out.counts).
+// seq_lens are clamped to [0, stride] on the device (device_status::bad_length). Counts stay on
+// the device.
 
 #include <cuda_runtime.h>
 
@@ -36,20 +30,16 @@ namespace kvscout {
 
 class topk_selector_cuda : public detail::device_selector_base<topk_selector_host::config> {
  public:
-  /// Bytes of device workspace: the split kernels' histograms and counts (0 for short rows).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg,
                                                 select_split_options opt = {}) {
     return detail::topk_cuda_workspace_bytes(cfg, opt);
   }
 
-  /// opt: how long rows split over blocks (device_config.hpp); the SM count is asked here when
-  /// opt.num_sms is 0. The workspace must hold workspace_bytes(cfg, opt).
+  /// opt: how long rows split over blocks; the SM count is asked here when opt.num_sms is 0.
   topk_selector_cuda(const config& cfg, device_span<std::byte> workspace,
                      select_split_options opt = {})
       : device_selector_base(cfg, workspace, workspace_bytes(cfg, opt), opt, true) {}
 
-  /// Writes the selection of every (sequence, kv_head) row to out, on exec.stream. A length
-  /// outside [0, stride] raises device_status::bad_length in *exec.status (null: not reported).
   void select(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
               const cuda_exec& exec) {
     const cudaStream_t stream = exec.stream;

@@ -9,22 +9,12 @@
 //   kvscout::topk_selector_host topk(cfg, {ws.data(), ws.size()});
 //   topk.select(scores, out);  // score_view<host_space>, selection_buffers<host_space>
 //
-// Semantics, per row (s, h) of length len = seq_lens[s]:
-//   - len <= budget: all len tokens are selected.
-//   - otherwise: the keep-set (select/concepts.hpp: the first min(sinks, len) and the last
-//     min(recent, len) tokens, whatever their scores, NaN included) and the best
-//     budget - |keep| other tokens by score. Best = largest score; -inf is a legal (lowest)
-//     score and +inf the highest; ties at the boundary go to the lowest token indices.
-//   - NaN is ignored: a NaN score is never chosen by score, so a row with NaNs may select fewer
-//     than budget tokens.
-// Output: out.indices[s, h, 0:count] strictly ascending, out.counts[s, h] = count; entries past
-// the count are not written. Budget counts the keep-set: sinks + recent <= budget <= capacity.
-//
-// Exact without sorting: a sampled lower bound keeps a few more than k tokens in one vectorised
-// pass over a row, and radix select on order-preserving keys picks the k among them
-// (select/detail/host_rows.hpp, select/detail/radix_select.hpp); short rows go to radix select
-// directly. select() keeps the per-step contract (docs/architecture.md): every input is
-// checked before anything is written.
+// Per row (s, h) of length len = seq_lens[s]: len <= budget selects all len tokens; otherwise the
+// keep-set (NaN included) and the best budget - |keep| other tokens by score (-inf is a legal,
+// lowest score; ties go to the lowest token indices; NaN is never chosen by score, so a row with
+// NaNs may select fewer). Output: out.indices[s, h, 0:count] strictly ascending,
+// out.counts[s, h] = count; entries past the count are not written.
+// sinks + recent <= budget <= capacity. Every input is checked before anything is written.
 
 #include <cstddef>
 #include <cstdint>
@@ -38,7 +28,6 @@
 namespace kvscout {
 namespace detail {
 
-/// One row of top-k selection (semantics in the header comment); returns the count.
 inline int topk_row_host(const float* row, int len, keep_set keep, int budget,
                          const row_workspace& ws, std::int32_t* out) {
   if (len <= budget) return emit_range(0, len, out);
@@ -65,13 +54,12 @@ class topk_selector_host {
   using memory_space = host_space;
   using exec_type = host_exec;  // select()'s last argument, defaulted (core/exec.hpp)
 
-  /// Workspace: a radix histogram, a score sample, candidate lists of one row (about
+  /// Workspace: a radix histogram, a score sample, one row's candidate lists (about
   /// 12 * stride + 16 KiB bytes).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
     return sizeof(std::uint32_t) * detail::row_workspace::words(cfg.stride);
   }
-  /// The alignment the workspace's address must have.
   static constexpr std::size_t workspace_alignment = detail::row_workspace_alignment;
 
   topk_selector_host(const config& cfg, host_span<std::byte> workspace)
@@ -81,7 +69,6 @@ class topk_selector_host {
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
-  /// Writes the selection of every (sequence, kv_head) row to out (see the header comment).
   void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out,
               host_exec = {}) {
     detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,

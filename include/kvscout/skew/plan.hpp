@@ -1,34 +1,23 @@
 #pragma once
 // A skew plan: how one (layer, kv head) turns a query and a key into the short partial vectors
 // whose dot product approximates the attention score (InfiniGen, OSDI'24). Built offline by
-// calibrate_skew (skew/calibrate.hpp, needs Eigen); this header needs no Eigen and is what decode
-// code includes.
+// calibrate_skew (needs Eigen); this header needs no Eigen.
 //
 // The plan holds an orthogonal D x D matrix A and a channel set S of r columns. Because A is
 // orthogonal, (q A) . (k A) = q . k exactly; skewing concentrates the query's energy in few
 // columns, so the partial dot product over S approximates the score:
 //     score(q, k) ~= sum_{i < r} q~[i] * pk[i],   q~ = (q A)[S],  pk = (k A)[S].
-// Where 1/sqrt(d) lives: nowhere in the plan. Partial queries and keys are unscaled; whoever
-// scores them (score/) multiplies by 1/sqrt(head_dim), as attention does.
+// Partial queries and keys are unscaled; whoever scores them multiplies by 1/sqrt(head_dim).
 //
 // RoPE models need the partial query rotated at the decoded position. Three modes:
 //   post_rope_skew   A from RoPE'd samples. q~ = RoPE_pos(W_head x + b) A[:, S]: the head's full
 //                    query projection is computed, rotated, then skewed. pk = RoPE_t(k) A[:, S].
 //   rope_planes      A = identity; S = whole RoPE planes (pairs of channels) with the largest
 //                    norm, r = 2 * planes. Only those r rows of W_Q are computed, then rotated
-//                    plane by plane. pk = RoPE_t(k) restricted to those channels. The partial
-//                    score is exactly the selected planes' share of the true RoPE'd q . k.
+//                    plane by plane; the partial score is exactly those planes' share of q . k.
 //   pre_rope_folded  for models without RoPE: A folded into the weights, q~ = x . (W_head^T A_S)
 //                    + (b A)[S]; pk = k A[:, S] with the un-rotated key.
 //
-//   const kvscout::skew_plan& plan = plans[layer][kv_head];               // from calibrate_skew
-//   auto w = kvscout::make_partial_query_weights(plan, W_Q, b_Q, d_model, q_head);  // once
-//   std::vector<float> pk(plan.r), qp(plan.r);
-//   kvscout::project_key(plan, k_roped, pk.data());          // at prefill / append, per token
-//   kvscout::partial_query(w, x, pos, qp.data());            // at decode, per step
-//   // or a batch: X [count, ldx], one rope_table per sequence (its position), Q [count, ldq]
-//   kvscout::partial_queries(w, X, ldx, count, tables.data(), Q.data(), ldq);
-//   float s = 0; for (int i = 0; i < plan.r; ++i) s += qp[i] * pk[i];   // then * 1/sqrt(D)
 
 #include <algorithm>
 #include <cmath>
@@ -47,7 +36,6 @@
 
 namespace kvscout {
 
-/// How the partial query gets its position (see the header comment).
 enum class rope_mode : int { post_rope_skew = 0, rope_planes = 1, pre_rope_folded = 2 };
 
 inline const char* to_string(rope_mode m) noexcept {
@@ -60,21 +48,17 @@ inline const char* to_string(rope_mode m) noexcept {
 }
 
 struct skew_options {
-  /// Partial dimension; 0 = default_partial_dim(head_dim). Must be in [1, head_dim]; even for
-  /// rope_planes (whole planes).
+  /// Partial dimension; 0 = default_partial_dim(head_dim). In [1, head_dim]; even for rope_planes.
   int r = 0;
   /// Also rank columns (planes) by the keys' magnitude and mix those in. S keeps exactly r
-  /// channels: S is the first r distinct entries of q_1, k_1, q_2, k_2, ..., where q_t / k_t is the
-  /// column (plane) ranked t-th by sum |q'| / sum |k'| over the samples.
+  /// channels: the first r distinct entries of q_1, k_1, q_2, k_2, ..., where q_t / k_t is the
+  /// column ranked t-th by sum |q'| / sum |k'| over the samples.
   bool union_with_keys = false;
   rope_mode mode = rope_mode::post_rope_skew;
-  /// RoPE of the model (post_rope_skew, rope_planes). head_dim 0 = the calibrated head_dim.
   rope_config rope{};
 };
 
-/// Partial dimension used when none is given: head_dim / 4 rounded up to a multiple of 8 (eight
-/// halves = one 16-byte vector per partial key row), at most head_dim.
-/// 64 -> 16, 128 -> 32, 256 -> 64.
+/// head_dim / 4 rounded up to a multiple of 8 (one 16-byte vector of halves), at most head_dim.
 inline int default_partial_dim(int head_dim) {
   KVSCOUT_EXPECTS(head_dim > 0, "head_dim must be positive, got ", head_dim);
   const int quarter = (head_dim + 3) / 4;
@@ -82,29 +66,21 @@ inline int default_partial_dim(int head_dim) {
   return r < head_dim ? r : head_dim;
 }
 
-/// The calibrated result for one (layer, kv head).
 struct skew_plan {
   rope_mode mode = rope_mode::post_rope_skew;
   int head_dim = 0;
   int r = 0;
-  /// RoPE of the model, head_dim filled in (unused by pre_rope_folded).
   rope_config rope{};
-  /// [head_dim, head_dim] row-major, orthogonal; q' = q A, i.e. q'[j] = sum_d q[d] A[d * D + j].
-  /// Identity for rope_planes.
+  /// [head_dim, head_dim] row-major, orthogonal; q' = q A. Identity for rope_planes.
   std::vector<float> A;
-  /// [r]: element i of a partial vector is channel channels[i] of the skewed vector q A.
-  /// post_rope_skew / pre_rope_folded: ascending. rope_planes: plane by plane,
-  /// (a_0, b_0, a_1, b_1, ...) of planes[0], planes[1], ..., the layout apply_rope_planes expects.
+  /// [r]: element i of a partial vector is channel channels[i] of q A. Ascending, except
+  /// rope_planes: plane by plane (a_0, b_0, a_1, b_1, ...), the layout apply_rope_planes expects.
   std::vector<int> channels;
-  /// [r / 2] ascending RoPE planes (rope_planes only; empty otherwise).
   std::vector<int> planes;
 };
 
-/// The rope_planes plan that keeps the given RoPE planes (each a pair of channels, in the model's
-/// channel convention): A = identity, channels (a_0, b_0, a_1, b_1, ...) of planes[0], planes[1],
-/// .... calibrate_skew uses it with the planes it ranks; an engine that picks planes another way
-/// builds its plan here. rope.head_dim is the head dimension; planes must be strictly ascending,
-/// in [0, head_dim / 2), and at least one.
+/// The rope_planes plan that keeps the given RoPE planes (A = identity), for an engine that picks
+/// planes its own way. planes must be strictly ascending, in [0, head_dim / 2), and at least one.
 inline skew_plan rope_planes_plan(const rope_config& rope, std::vector<int> planes) {
   const int D = rope.head_dim;
   KVSCOUT_EXPECTS(D >= 2 && D % 2 == 0, "rope_planes_plan: head_dim must be a positive even number, got ",
@@ -137,8 +113,6 @@ inline skew_plan rope_planes_plan(const rope_config& rope, std::vector<int> plan
 
 namespace detail {
 
-/// Consistency checks of a plan (sizes, and the ranges of its r channels and planes, that decode
-/// code relies on): O(r).
 inline void check_plan(const skew_plan& p) {
   KVSCOUT_EXPECTS(p.head_dim > 0, "skew_plan head_dim must be positive, got ", p.head_dim);
   KVSCOUT_EXPECTS(p.r >= 1 && p.r <= p.head_dim, "skew_plan r = ", p.r,
@@ -172,11 +146,9 @@ inline void check_plan(const skew_plan& p) {
   }
 }
 
-/// sum_d k[d] * a[d * stride] over d = 0 .. n - 1, ascending, float accumulation: element i of
-/// a partial key, with a = &A[0, channels[i]] (stride head_dim) or a column of a packed
-/// A[:, S] (stride r). Written once for project_key and the device append. The device pass rounds
-/// every product and sum on its own (no FMA contraction), so it gives the bits of a host build
-/// that does not contract either (the default x86-64 target).
+/// sum_d k[d] * a[d * stride] over d = 0 .. n - 1, ascending, float accumulation. Shared by
+/// project_key and the device append; the device rounds every product and sum on its own (no FMA
+/// contraction), so it matches a host build that does not contract either (the default x86-64).
 KVSCOUT_HOST_DEVICE float skew_dot(const float* k, const float* a, int n, std::size_t stride) {
   float acc = 0.f;
   for (int d = 0; d < n; ++d) {
@@ -189,11 +161,9 @@ KVSCOUT_HOST_DEVICE float skew_dot(const float* k, const float* a, int n, std::s
   return acc;
 }
 
-/// Element i of a post_rope_skew partial query, from the head's projected query y[head_dim]
-/// (W_h x + b_h, not yet rotated): every plane j, ascending, is rotated by (cs[j], sn[j]) and its
-/// share of (RoPE(y) A[:, S])[i] is added. rotation = A[:, S], [head_dim, r] row-major. The
-/// device speculation computes one element per thread with it; the host computes whole rows with
-/// post_rope_skew_row, the same sums in the same order (tested against this function).
+/// Element i of a post_rope_skew partial query from the head's projected, unrotated query
+/// y[head_dim]; rotation = A[:, S], [head_dim, r] row-major. The device computes one element per
+/// thread; post_rope_skew_row computes whole rows with the same sums in the same order.
 KVSCOUT_HOST_DEVICE float post_rope_skew_element(const float* y, const rope_config& rope,
                                                  const float* cs, const float* sn,
                                                  const float* rotation, int head_dim, int r,
@@ -210,16 +180,12 @@ KVSCOUT_HOST_DEVICE float post_rope_skew_element(const float* y, const rope_conf
   return acc;
 }
 
-/// The plan one partial key cache is projected with when a narrow plan (the speculation's) reads
-/// the first narrow.r of its channels and a wide plan (the correction's) reads all of them:
-/// `wide` with its channels reordered, narrow's first in narrow's order, then the rest in wide's
-/// order. A partial key then holds, at [0, narrow.r), exactly what narrow projects, and a narrow
-/// partial query scores the cache's first narrow.r channels as it would score a cache of its own.
-/// Both plans must have passed check_plan; `where` names them in errors ("layer 3, kv head 1").
-/// Refused: modes, head dims or RoPE configurations that differ, narrow.r > wide.r, a channel of
-/// narrow's that wide lacks, and (post_rope_skew, pre_rope_folded) rotations A that differ (one
-/// cache holds one projection). The result's planes are not ascending; it is for projecting keys
-/// and queries (project_key_checked_plan), not for building partial query weights.
+/// The plan a partial key cache is projected with when a narrow plan (the speculation's) reads the
+/// first narrow.r channels and a wide one (the correction's) reads all: `wide` with narrow's
+/// channels first, in narrow's order. Both plans must have passed check_plan; `where` names them in
+/// errors. Refused: modes, head dims, RoPE or rotations A that differ, narrow.r > wide.r, a channel
+/// of narrow's that wide lacks. The result's planes are not ascending: it projects keys and queries
+/// only, never builds partial query weights.
 inline skew_plan nested_key_plan(const skew_plan& narrow, const skew_plan& wide,
                                  const std::string& where) {
   KVSCOUT_EXPECTS(narrow.mode == wide.mode, where, ": the correction plan's mode ",
@@ -264,25 +230,20 @@ inline skew_plan nested_key_plan(const skew_plan& narrow, const skew_plan& wide,
 
 }  // namespace detail
 
-/// The partial key as stored in the partial key cache: pk[i] = (k A)[channels[i]], pk[r].
-/// Input k[head_dim]: post_rope_skew and rope_planes take the RoPE'd key (rotated at its own
-/// position, as it is attended); pre_rope_folded takes the key as the model produces it (no RoPE).
-/// Allocates nothing. Accumulates in float. Checks the plan (O(r)); callers that checked it once
-/// (a policy, at construction) use detail::project_key_checked_plan per token.
+/// pk[i] = (k A)[channels[i]]. post_rope_skew and rope_planes take the key RoPE'd at its own
+/// position; pre_rope_folded the un-rotated key. Allocates nothing. Checks the plan (O(r)); callers
+/// that checked it once use detail::project_key_checked_plan per token.
 inline void project_key(const skew_plan& plan, const float* k, float* pk);
 
 namespace detail {
-/// project_key for a plan that already passed check_plan.
 inline void project_key_checked_plan(const skew_plan& plan, const float* k, float* pk) {
   const int D = plan.head_dim;
   const int r = plan.r;
   const int* ch = plan.channels.data();
   if (plan.mode == rope_mode::rope_planes) {
-    // A is the identity: a gather of whole planes.
     for (int i = 0; i < r; ++i) pk[i] = k[ch[i]];
     return;
   }
-  // pk[i] = sum_d k[d] A[d, ch[i]], d ascending (detail::skew_dot, shared with the device).
   const float* A = plan.A.data();
   for (int i = 0; i < r; ++i) pk[i] = skew_dot(k, A + ch[i], D, static_cast<std::size_t>(D));
 }
@@ -294,8 +255,6 @@ inline void project_key(const skew_plan& plan, const float* k, float* pk) {
   detail::project_key_checked_plan(plan, k, pk);
 }
 
-/// The mode and sizes of one query head's partial weights, shared by the owning form
-/// (basic_partial_query_weights) and the viewing one (partial_query_weights_view).
 struct partial_query_shape {
   rope_mode mode = rope_mode::post_rope_skew;
   int d_model = 0;
@@ -303,15 +262,11 @@ struct partial_query_shape {
   int r = 0;
   rope_config rope{};
 
-  /// The weight rows: head_dim (post_rope_skew: the head's whole query) or r.
   [[nodiscard]] int rows() const noexcept {
     return mode == rope_mode::post_rope_skew ? head_dim : r;
   }
 };
 
-/// basic_partial_query_weights without the ownership: the same arrays over memory someone else
-/// holds (infinigen_policy_host keeps its weights in the caller's memory this way). What
-/// partial_queries reads.
 template <compute_element W = float>
 struct partial_query_weights_view : partial_query_shape {
   using weight_type = W;
@@ -321,26 +276,19 @@ struct partial_query_weights_view : partial_query_shape {
   host_span<const int> planes;      // rope_planes: [r / 2]
 };
 
-/// What partial_query needs for one query head, laid out for a GEMV over x[d_model]. Built once,
-/// offline, by make_partial_query_weights (float); weights_as<W> keeps the weight rows in half or
-/// bfloat16 (the model's own type: half the bytes), the rest in float. `weight` is out-features x
-/// in-features, like W_Q.
+/// What partial_query needs for one query head, laid out for a GEMV over x[d_model].
 template <compute_element W = float>
 struct basic_partial_query_weights : partial_query_shape {
   using weight_type = W;
-  /// [rows(), d_model] row-major.
-  ///   post_rope_skew:  the head's rows of W_Q, [head_dim, d_model].
-  ///   rope_planes:     the selected rows of W_Q in plane layout (channels order), [r, d_model].
-  ///   pre_rope_folded: (W_head^T A[:, S])^T, i.e. row i = sum_d A[d, S_i] W_head[d, :], [r, d_model].
+  /// [rows(), d_model] row-major (out x in, like W_Q).
+  ///   post_rope_skew:  the head's rows of W_Q.
+  ///   rope_planes:     the selected rows of W_Q in channels order.
+  ///   pre_rope_folded: (W_head^T A[:, S])^T, i.e. row i = sum_d A[d, S_i] W_head[d, :].
   std::vector<W> weight;
-  /// [rows()]: b_head, b_head[channels] or (b_head A)[S] per mode; zeros when the model has no bias.
   std::vector<float> bias;
-  /// post_rope_skew only: A[:, S], [head_dim, r] row-major; empty otherwise.
   std::vector<float> rotation;
-  /// rope_planes only: [r / 2], the plane of partial elements (2i, 2i + 1); empty otherwise.
   std::vector<int> planes;
 
-  /// The same weights, not owned (partial_query_weights_view).
   [[nodiscard]] partial_query_weights_view<W> view() const noexcept {
     return {{static_cast<const partial_query_shape&>(*this)},
             {weight.data(), weight.size()},
@@ -352,9 +300,8 @@ struct basic_partial_query_weights : partial_query_shape {
 
 using partial_query_weights = basic_partial_query_weights<float>;
 
-/// The same weights with the rows rounded once to W (to nearest even; exact where the model's
-/// W_Q was already W, for post_rope_skew and rope_planes, whose rows are W_Q's own). Bias, rotation
-/// and planes stay as they are.
+/// The rows rounded once to W (to nearest even; exact where W_Q was already W, except for
+/// pre_rope_folded). Bias, rotation and planes stay float.
 template <compute_element W>
 basic_partial_query_weights<W> weights_as(const partial_query_weights& w) {
   basic_partial_query_weights<W> out;
@@ -387,7 +334,6 @@ partial_query_weights make_partial_query_weights_from(const skew_plan& plan,
   KVSCOUT_EXPECTS(b_Q.empty() || b_Q.size() == num_q_heads * D, "b_Q has ", b_Q.size(),
                   " elements, expected 0 or num_q_heads * head_dim = ", num_q_heads * D);
 
-  // The head's slice: W_h [D, d_model], b_h [D].
   const In* W = W_Q.data() + static_cast<std::size_t>(q_head) * head_elems;
   const In* b = b_Q.empty() ? nullptr : b_Q.data() + static_cast<std::size_t>(q_head) * D;
   for (std::size_t i = 0; i < head_elems; ++i) {
@@ -437,7 +383,6 @@ partial_query_weights make_partial_query_weights_from(const skew_plan& plan,
       break;
     }
     case rope_mode::pre_rope_folded: {
-      // Folded in double, rounded once: row i = sum_d A[d, S_i] W[d, :]; bias i = sum_d b[d] A[d, S_i].
       w.weight.resize(static_cast<std::size_t>(r) * d_model);
       w.bias.resize(static_cast<std::size_t>(r));
       std::vector<double> acc(static_cast<std::size_t>(d_model));
@@ -465,12 +410,10 @@ partial_query_weights make_partial_query_weights_from(const skew_plan& plan,
 }
 }  // namespace detail
 
-/// Builds the partial query weights of query head q_head from the model's query projection.
-///   W_Q [num_q_heads * head_dim, d_model] row-major (out x in, as PyTorch / GGUF store it);
-///   b_Q [num_q_heads * head_dim] or empty. Query head qh owns rows [qh * D, (qh + 1) * D).
-/// The plan must be the one of the kv head serving q_head (q_head / group under GQA). W_Q and b_Q
-/// may be float or the model's own half / bfloat16 (read as they are, widened exactly); the
-/// weights built are float (weights_as<W> narrows them).
+/// W_Q [num_q_heads * head_dim, d_model] row-major (out x in, as PyTorch / GGUF store it); b_Q
+/// [num_q_heads * head_dim] or empty. The plan must be the one of the kv head serving q_head
+/// (q_head / group under GQA). W_Q and b_Q may be float, half or bfloat16 (widened exactly); the
+/// weights built are float.
 inline partial_query_weights make_partial_query_weights(const skew_plan& plan,
                                                         host_span<const float> W_Q,
                                                         host_span<const float> b_Q, int d_model,
@@ -487,10 +430,8 @@ partial_query_weights make_partial_query_weights(const skew_plan& plan, host_spa
 
 namespace detail {
 
-/// A post_rope_skew partial query from the head's projected query y[head_dim]: out[i] =
-/// post_rope_skew_element(y, ..., i) for every i < r, each formed in the same order (plane j
-/// ascending), with each plane rotated once for all r elements and the r sums vectorised over i
-/// (row j of A[:, S] is contiguous). Host only; the device computes one element per thread.
+/// post_rope_skew_element for every i < r, in the same order, the r sums vectorised over i. Host
+/// only.
 inline void post_rope_skew_row(const float* y, const rope_config& rope, const float* cs,
                                const float* sn, const float* rotation, int head_dim, int r,
                                float* out) {
@@ -509,15 +450,10 @@ inline void post_rope_skew_row(const float* y, const rope_config& rope, const fl
 }  // namespace detail
 
 /// The partial queries of one query head for `count` sequences: q[v * ldq + i], i < r, from the
-/// layer input x[v * ldx + :] (post-norm hidden state, d_model floats) at the decode position
-/// whose rotation rt[v] holds (rt may be null for pre_rope_folded, which has no RoPE). Allocates
-/// nothing; float accumulation.
-///   post_rope_skew:  q = W_h x + b_h, RoPE at pos, then q A[:, S] (plane by plane).
-///   rope_planes:     the r selected rows of W_h x + b_h, then each plane rotated at pos.
-///   pre_rope_folded: x . (W_h^T A_S) + (b_h A)[S].
-/// The GEMV reads the head's weights once per 4 sequences (detail::dot_rows_multi): with a batch
-/// of sequences the weights, not the inputs, are the bytes that cost. Each sequence gets the bits
-/// partial_query gives it alone.
+/// layer input x[v * ldx + :] (post-norm, d_model floats) at the position whose rotation rt[v]
+/// holds (rt may be null for pre_rope_folded). Allocates nothing; float accumulation. The GEMV
+/// reads the head's weights once per 4 sequences; each sequence gets the bits partial_query gives
+/// it alone.
 template <compute_element W>
 void partial_queries(const partial_query_weights_view<W>& w, const float* x, std::size_t ldx,
                      int count, const rope_table* rt, float* q, std::size_t ldq) {
@@ -551,8 +487,7 @@ void partial_queries(const partial_query_weights_view<W>& w, const float* x, std
                       " elements, expected head_dim * r = ", w.head_dim * r);
       KVSCOUT_EXPECTS(w.head_dim <= 2 * rope_table::max_planes, "partial_queries: head_dim ",
                       w.head_dim, " exceeds ", 2 * rope_table::max_planes);
-      // The heads' queries W_h x + b_h of up to `block` sequences (stack scratch, head_dim <=
-      // 512), then each one rotated and skewed.
+      // Stack scratch for up to `block` sequences' queries (head_dim <= 512).
       constexpr int block = 4;
       float y[block][2 * rope_table::max_planes];
       const int D = w.head_dim;
@@ -597,8 +532,6 @@ void partial_queries(const basic_partial_query_weights<W>& w, const float* x, st
   partial_queries(w.view(), x, ldx, count, rt, q, ldq);
 }
 
-/// The partial query q_partial[r] of one query head for one sequence, at the position whose
-/// rotation rt holds (unused by pre_rope_folded): partial_queries with count 1.
 template <compute_element W>
 void partial_query(const partial_query_weights_view<W>& w, const float* x, const rope_table& rt,
                    float* q_partial) {
@@ -611,8 +544,6 @@ void partial_query(const basic_partial_query_weights<W>& w, const float* x, cons
   partial_query(w.view(), x, rt, q_partial);
 }
 
-/// As above, computing the rotation for `pos` (callers that score many heads at one position
-/// build the rope_table once and call the overload above).
 template <compute_element W>
 void partial_query(const basic_partial_query_weights<W>& w, const float* x, int pos,
                    float* q_partial) {

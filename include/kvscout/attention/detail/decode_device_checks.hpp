@@ -1,7 +1,6 @@
 #pragma once
-// Host-side half of the CUDA decode attention (attention/decode.cuh): the validation of
-// everything the host knows (shapes, sizes, parameters). Plain C++, so the error messages are
-// tested without a GPU (tests/host/test_cuda_facades_fetch.cpp).
+// Host-side half of the CUDA decode attention: validation of everything the host knows. Plain C++,
+// tested without a GPU.
 
 #include <cmath>
 #include <cstddef>
@@ -18,19 +17,15 @@ namespace kvscout {
 
 namespace detail {
 
-/// Largest query-head group one block handles; larger groups use several blocks (grid.z).
 inline constexpr int decode_device_max_group = 8;
 
-/// The head dims the device attention supports: a multiple of 32 up to 256.
 template <int D>
 inline constexpr bool decode_device_head_dim_ok = D % 32 == 0 && D >= 32 && D <= 256;
 
-/// Warps of a decode attention block.
 inline constexpr int decode_device_warps = 4;
 
-/// Elements of a row one lane reads: the fewest lanes per row (a power of two dividing head_dim,
-/// at most 32) that give each lane 16 bytes or 8 elements, whichever comes first. half / bf16
-/// rows of 128: 16 lanes of 8 elements (one 16-byte load each), float rows: 4, fp8 rows: 8.
+/// Elements of a row one lane reads: the fewest lanes per row (a power of two dividing head_dim, at
+/// most 32) that give each lane 16 bytes or 8 elements, whichever comes first.
 template <class T, int D>
 inline constexpr int decode_lane_elems = [] {
   int lanes = 32;
@@ -68,7 +63,6 @@ inline void check_decode_cuda(int num_seqs, int num_kv_heads, int head_dim,
                   " exceeds the grid limit");
 }
 
-/// A plan (attention/device_plan.hpp) against the call it is used for, and its workspace.
 inline void check_decode_plan(const decode_attention_plan& plan, int num_seqs, int num_kv_heads,
                               int num_q_heads, int head_dim, std::size_t workspace_bytes,
                               const void* workspace) {
@@ -98,15 +92,13 @@ inline void check_decode_plan(const decode_attention_plan& plan, int num_seqs, i
                   "the workspace at ", workspace, " must be non-null and 16-byte aligned");
 }
 
-/// The alignment load_row_part needs for E elements of T: the width of the loads it makes (16 or
-/// 8 bytes where E * sizeof(T) is a multiple of that, else one element).
+/// The width of load_row_part's loads: 16 or 8 bytes where E * sizeof(T) is a multiple of that,
+/// else one element.
 template <class T, int E>
 inline constexpr std::size_t row_part_alignment =
     (E * sizeof(T)) % 16 == 0 ? 16 : ((E * sizeof(T)) % 8 == 0 ? 8 : sizeof(T));
 
-/// The kernel reads the current token's K / V rows (head_dim / 32 elements per lane) with the
-/// loads of load_row_part: their base addresses must be aligned to row_part_alignment (a
-/// misaligned vector load faults the whole context).
+/// A misaligned vector load of the current token's rows would fault the whole context.
 inline void check_current_token_alignment(const void* k, const void* v, std::size_t align) {
   const auto ka = reinterpret_cast<std::uintptr_t>(k), va = reinterpret_cast<std::uintptr_t>(v);
   KVSCOUT_EXPECTS(ka % align == 0 && va % align == 0, "the current token's K / V must start on ",
@@ -114,7 +106,6 @@ inline void check_current_token_alignment(const void* k, const void* v, std::siz
                   "-byte loads), got addresses with remainders ", ka % align, " / ", va % align);
 }
 
-/// A device selection and the gathered rows (row_bytes each, K and V) it indexes.
 inline void check_gathered_cuda(const selection_view<device_space>& sel, std::size_t k_bytes,
                                 const void* k, std::size_t v_bytes, const void* v,
                                 std::size_t k_row_bytes, std::size_t v_row_bytes) {

@@ -3,21 +3,14 @@
 //
 // decode_attention_kernel: grid (num_seqs * num_kv_heads, splits, ceil(g / G)), Warps warps a
 // block. A block owns one (sequence, kv head), the G query heads of its group that grid.z names
-// (GQA: each K / V row is read once and used by all of them; G = 1, 4 or 8) and one split of
-// the pair's rows: rows [split * rows_per_split, +rows_per_split), the last split everything
-// after its start (so a count above the plan's max_rows costs time, never rows).
-// Inside the block a row is read by LPR = head_dim / E lanes, E elements each (up to 16 bytes,
-// decode_lane_elems), so a warp reads RPW = 32 / LPR rows at once; each warp takes the block's
-// rows RPW at a time, two such groups in flight (U = 2; one for G = 8, whose
-// accumulators leave no registers for a second). Every (warp, row slot) keeps its own
-// online-softmax state per query head (core/detail/online_softmax.hpp), the lane holding
-// E channels of the accumulator; a row's logit is the sum over its LPR lanes (butterfly
-// shuffles, every lane of the row ends with the same bits). After the rows: the row slots of a
-// warp are merged by shuffles, the warps in shared memory. With one split the block writes the
-// output; with more it writes its state (m, l, acc) to the workspace and
-// decode_attention_merge_kernel (grid num_seqs * num_q_heads, head_dim threads) merges the
-// splits: M = the largest m of the non-empty splits, out = sum_b acc_b e^(m_b - M) /
-// sum_b l_b e^(m_b - M). Empty row sets give 0; NaN logits give NaN.
+// (each K / V row read once for all of them) and one split of the pair's rows, the last split
+// everything after its start. A row is read by LPR = head_dim / E lanes, so a warp reads
+// RPW = 32 / LPR rows at once, U groups in flight (one for G = 8, whose accumulators leave no
+// registers for a second). Every (warp, row slot) keeps its own online-softmax state per query
+// head; a row's logit is the sum over its LPR lanes (butterfly shuffles: every lane of the row
+// ends with the same bits). The row slots are merged by shuffles, the warps in shared memory.
+// With more than one split the block writes (m, l, acc) to the workspace and
+// decode_attention_merge_kernel merges the splits. Empty row sets give 0; NaN logits give NaN.
 
 #include <cuda_runtime.h>
 
@@ -93,7 +86,6 @@ __global__ void __launch_bounds__(Warps * 32)
                                        : (total < r0 + p.rows_per_split ? total
                                                                         : r0 + p.rows_per_split);
 
-  // Row i's K and V parts of this lane; false: the row is skipped (the source said so).
   const auto load = [&](int i, float (&k)[E], float (&v)[E]) -> bool {
     if (i < n) {
       if (!p.rows.template load_k<E>(s, h, i, c0, k, row_leader ? p.status : nullptr))
@@ -117,7 +109,7 @@ __global__ void __launch_bounds__(Warps * 32)
   }
 
   // `base` is warp-uniform, so every lane reaches every shuffle; rows past r1 or skipped by the
-  // source are loaded as nothing and not pushed.
+  // source are not pushed.
   for (int base = r0 + warp * RPW; base < r1; base += step * U) {
     float k[U][E], v[U][E];
     bool ok[U];
@@ -148,7 +140,6 @@ __global__ void __launch_bounds__(Warps * 32)
     }
   }
 
-  // The warp's row slots into slot 0: lanes o apart hold the same channels of another slot.
 #pragma unroll
   for (int o = LPR; o < 32; o <<= 1) {
 #pragma unroll
@@ -178,7 +169,6 @@ __global__ void __launch_bounds__(Warps * 32)
   }
   __syncthreads();
 
-  // The warps, merged: M = the largest m of the non-empty states, each weighted by e^(m_w - M).
   for (int x = threadIdx.x; x < gj * D; x += blockDim.x) {
     const int j = x / D, c = x - (x / D) * D;
     float M = -INFINITY;
@@ -214,7 +204,6 @@ struct decode_merge_params {
   float v_scale;
 };
 
-/// One block per (sequence, query head) row, a thread per channel: the splits' states merged.
 template <kv_element O>
 __global__ void __launch_bounds__(256)
     decode_attention_merge_kernel(const __grid_constant__ decode_merge_params<O> p) {

@@ -1,6 +1,6 @@
 #pragma once
-// Sizes computed from caller-given dimensions, checked: a product that does not fit in size_t is
-// an error naming what was being sized and its factors, never a wrapped (too small) size.
+// Sizes from caller-given dimensions, checked: an overflow is an error naming what was sized and
+// its factors, never a wrapped (too small) size.
 
 #include <cstddef>
 #include <sstream>
@@ -11,8 +11,6 @@
 
 namespace kvscout::detail {
 
-/// The product of the non-negative factors as size_t; throws kvscout::error naming `what` and
-/// the factors when it does not fit.
 template <class... I>
 std::size_t checked_size(const char* what, I... factors) {
   std::size_t r = 1;
@@ -29,7 +27,6 @@ std::size_t checked_size(const char* what, I... factors) {
   return r;
 }
 
-/// a + b as size_t; throws kvscout::error naming `what` and both terms when it does not fit.
 inline std::size_t checked_sum(const char* what, std::size_t a, std::size_t b) {
   std::size_t r = 0;
   KVSCOUT_EXPECTS(!__builtin_add_overflow(a, b, &r), what, " = ", a, " + ", b, " does not fit in size_t");

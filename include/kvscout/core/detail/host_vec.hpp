@@ -1,23 +1,19 @@
 #pragma once
-// The host's native float vector (GCC / Clang vector extensions) and the one row maximum every
-// host part uses: score_buffer::row_max (score/), the selectors' plain scans (select/detail/
-// host_rows.hpp) and the model tools' softmax (tools/model). core/simd.hpp builds its GEMV and
-// dot products on the same vector type.
+// The host's native float vector (GCC / Clang vector extensions) and the one row maximum every host
+// part uses.
 
 #include <cstring>
 #include <limits>
 
 namespace kvscout::detail {
 
-/// N floats as one vector value.
 template <int N>
 struct float_vec {
   typedef float type __attribute__((vector_size(N * sizeof(float))));
 };
 
-/// The floats one vector register of the target holds. Loops that keep arrays of vectors use
-/// this width: GCC passes wider ones through the stack there (docs/performance.md, "Host kernel
-/// constants").
+/// The floats one vector register of the target holds: GCC passes wider vectors kept in arrays
+/// through the stack.
 #if defined(__AVX512F__)
 inline constexpr int host_float_lanes = 16;
 #elif defined(__AVX__)
@@ -26,12 +22,10 @@ inline constexpr int host_float_lanes = 8;
 inline constexpr int host_float_lanes = 4;
 #endif
 
-/// The native vector of floats (host_float_lanes of them).
 using host_vec = float_vec<host_float_lanes>::type;
 
-/// The largest non-NaN of p[0, n), -inf if there is none (score_buffer::row_max): four vectors
-/// of running maxima, then their lanes and the tail. x > m is false for a NaN x, so no lane ever
-/// holds a NaN. (Four separate locals, not an array: GCC keeps an array of vectors in memory.)
+/// The largest non-NaN of p[0, n), -inf if none. x > m is false for a NaN x, so no lane ever holds
+/// a NaN. Four separate locals, not an array: GCC keeps an array of vectors in memory.
 inline float max_non_nan(const float* p, int n) {
   constexpr int W = host_float_lanes;
   const auto up = [](host_vec m, const float* q) __attribute__((always_inline)) {

@@ -1,11 +1,7 @@
 #pragma once
-// How kvscout launches a kernel and reaches its dynamic shared memory. Every
-// launch site calls detail::launch instead of writing <<<>>>, and every kernel
-// that takes dynamic shared memory asks detail::dynamic_shared for it. Under
-// nvcc these are exactly the launch and the `extern __shared__` array; under
-// the host SIMT emulator of the tests (tests/simt, which defines
-// KVSCOUT_SIMT_HOST) the same kernels run on the CPU, so CI executes every
-// kernel even though it has no GPU.
+// How kvscout launches a kernel and reaches its dynamic shared memory. Under nvcc these are exactly
+// the launch and the `extern __shared__` array; under the tests' host SIMT emulator
+// (KVSCOUT_SIMT_HOST) the same kernels run on the CPU, so CI executes every kernel without a GPU.
 
 #include <cuda_runtime.h>
 
@@ -16,8 +12,8 @@
 
 namespace kvscout::detail {
 
-/// kernel<<<grid, block, smem, stream>>>(args...). The arguments convert to the
-/// kernel's parameter types here, as they would at the launch.
+/// kernel<<<grid, block, smem, stream>>>(args...), the arguments converted to the kernel's
+/// parameter types here.
 template <class... Params, class... Args>
 inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block,
                    std::size_t smem, cudaStream_t stream, Args &&...args) {
@@ -31,7 +27,7 @@ inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block,
 #endif
 }
 
-/// The current device's SM count (setup-time: plans and selectors ask it once, when built).
+/// Setup-time: plans and selectors ask it once, when built.
 inline int current_sm_count() {
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -42,8 +38,7 @@ inline int current_sm_count() {
   return sms;
 }
 
-/// The block's dynamic shared memory (the launch's `smem` bytes), 16-byte
-/// aligned.
+/// The launch's `smem` bytes, 16-byte aligned.
 template <class T> KVSCOUT_DEVICE T *dynamic_shared() {
 #if defined(KVSCOUT_SIMT_HOST)
   return static_cast<T *>(::kvscout_simt::detail::dynamic_shared());

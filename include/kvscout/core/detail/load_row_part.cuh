@@ -1,7 +1,5 @@
 #pragma once
-// Vector loads of a few consecutive elements, widened to float: the device attention's row parts
-// (attention/rows.cuh) and the device scoring's token groups
-// (score/detail/infinigen_kernels.cuh).
+// Vector loads of a few consecutive elements, widened to float.
 
 #include <cuda_runtime.h>
 
@@ -10,9 +8,8 @@
 
 namespace kvscout::detail {
 
-/// E consecutive elements at p as float, read with the widest loads their size allows: 16-byte
-/// loads where E * sizeof(T) is a multiple of 16, 8-byte where it is a multiple of 8, else
-/// element loads (16-bit rows of head_dim 96 / 160 / 224). p must be aligned to that width.
+/// E consecutive elements at p as float, with the widest loads their size allows (16, 8 bytes, else
+/// element loads). p must be aligned to that width.
 template <kv_element T, int E>
 KVSCOUT_DEVICE void load_row_part(const T* p, float (&dst)[E]) {
   constexpr int bytes = E * static_cast<int>(sizeof(T));

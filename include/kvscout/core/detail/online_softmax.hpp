@@ -1,16 +1,12 @@
 #pragma once
-// The online softmax, written once for every path that needs one: the host attention (its fp64
-// reference row by row, its float path a block of rows at a time: attention/decode.hpp), the
-// device attention (attention/detail/decode_kernel.cuh) and the sum_prob aggregation of
-// speculation scores, host and device (score/detail/aggregate.hpp,
-// score/detail/infinigen_kernels.cuh).
+// The online softmax, written once for every path that needs one: the host and device attention
+// and the sum_prob aggregation of speculation scores, host and device.
 //
 // A state (m, l, acc) summarises the rows pushed so far:
 //   m = the largest logit, l = sum_i e^(x_i - m), acc = sum_i e^(x_i - m) v_i.
-// softmax_push folds in one row of logit x and returns the two factors the caller applies to
-// its accumulator, acc = acc * f + w * v (the accumulator is the caller's: a lane holds a slice
-// of channels, the host a whole row). softmax_merge folds in another state (a split, a warp, a
-// half-warp) the same way: acc = acc * fa + acc_b * fb.
+// softmax_push folds in one row of logit x and returns the two factors the caller applies to its
+// accumulator, acc = acc * f + w * v. softmax_merge folds in another state the same way:
+// acc = acc * fa + acc_b * fb.
 //
 // Edge cases, the same on every path:
 // - an empty state is l == 0 (and m = -inf, acc = 0); merging it changes nothing;
@@ -31,7 +27,6 @@ struct softmax_factors {
   Acc w;  // multiplies what is added (the row's v, or the merged state's accumulator)
 };
 
-/// exp in the precision of T.
 template <class T>
 KVSCOUT_HOST_DEVICE T softmax_exp(T x) {
   if constexpr (sizeof(T) == sizeof(float)) {
@@ -41,10 +36,9 @@ KVSCOUT_HOST_DEVICE T softmax_exp(T x) {
   }
 }
 
-/// Folds a row of logit x into (m, l).
 template <class Acc>
 KVSCOUT_HOST_DEVICE softmax_factors<Acc> softmax_push(Acc& m, Acc& l, Acc x) {
-  // A -inf logit weighs nothing, wherever it comes (first, e^(-inf - -inf) would be NaN).
+  // First, e^(-inf - -inf) would be NaN.
   if (x == -static_cast<Acc>(INFINITY)) return {Acc(1), Acc(0)};
   if (x > m) {
     const Acc f = softmax_exp(m - x);  // 0 on the first row (m = -inf)
@@ -58,9 +52,8 @@ KVSCOUT_HOST_DEVICE softmax_factors<Acc> softmax_push(Acc& m, Acc& l, Acc x) {
 }
 
 /// Raises the state's maximum to bm where bm is larger (a block of rows about to be pushed at
-/// once, the host attention's float path): l is rescaled and *f set to the factor the caller's
-/// accumulator needs; returns false (nothing to rescale) otherwise. The block's rows then add
-/// e^(x - m) each to l (and times v to the accumulator).
+/// once): l is rescaled and *f set to the factor the caller's accumulator needs; returns false
+/// otherwise. The block's rows then add e^(x - m) each to l.
 template <class Acc>
 KVSCOUT_HOST_DEVICE bool softmax_raise(Acc& m, Acc& l, Acc bm, Acc* f) {
   if (!(bm > m)) return false;
@@ -70,7 +63,6 @@ KVSCOUT_HOST_DEVICE bool softmax_raise(Acc& m, Acc& l, Acc bm, Acc* f) {
   return true;
 }
 
-/// Folds the state (mb, lb) into (m, l).
 template <class Acc>
 KVSCOUT_HOST_DEVICE softmax_factors<Acc> softmax_merge(Acc& m, Acc& l, Acc mb, Acc lb) {
   const Acc M = mb > m ? mb : m;
@@ -81,16 +73,13 @@ KVSCOUT_HOST_DEVICE softmax_factors<Acc> softmax_merge(Acc& m, Acc& l, Acc mb, A
   return {fa, fb};
 }
 
-/// The n-ary merge of states b = 0 .. n-1 (the device attention's warps and splits): with M the
-/// largest m of the non-empty states (l != 0), state b weighs e^(m_b - M) (0 when empty), the
-/// merged l = sum l_b w_b and acc = sum acc_b w_b. The same weights softmax_merge gives, folded
-/// once rather than pairwise.
+/// The n-ary merge of states b = 0 .. n-1: with M the largest m of the non-empty states, state b
+/// weighs e^(m_b - M) (0 when empty). The same weights softmax_merge gives, folded once.
 template <class Acc>
 KVSCOUT_HOST_DEVICE Acc softmax_weight(Acc mb, Acc lb, Acc M) {
   return lb == Acc(0) ? Acc(0) : softmax_exp(mb - M);
 }
 
-/// A row's share e^(x - m) / l of the state's softmax (the sum_prob aggregation's mass).
 template <class Acc>
 KVSCOUT_HOST_DEVICE Acc softmax_share(Acc x, Acc m, Acc l) {
   return softmax_exp(x - m) / l;

@@ -1,8 +1,7 @@
 #pragma once
-// The checks every executor makes before it moves a byte, shared by the host gather and the CUDA
-// executors: shapes, null pointers and buffer sizes of the views (check_fetch_views), and, where the
-// selection is host-readable, every count and index (check_host_selection). Each failure is a
-// kvscout::error naming the bad value. Host-only C++.
+// The checks every executor makes before it moves a byte: shapes, null pointers and buffer sizes of
+// the views (check_fetch_views), and, where the selection is host-readable, every count and index
+// (check_host_selection).
 
 #include <cstddef>
 #include <cstdint>
@@ -22,8 +21,7 @@ inline std::size_t fetch_pairs(int num_seqs, int num_kv_heads) {
   return static_cast<std::size_t>(num_seqs) * static_cast<std::size_t>(num_kv_heads);
 }
 
-/// Shapes, null pointers, buffer sizes and (for kernels that move 16-byte vectors) alignment:
-/// everything a CUDA executor can check without reading the selection or the layout's metadata
+/// Everything a CUDA executor can check without reading the selection or the layout's metadata
 /// (either may live in device memory).
 template <kv_layout L, class SrcSpace, class SelSpace, class DstSpace>
 void check_fetch_views(int num_seqs, int num_kv_heads, int capacity,
@@ -68,10 +66,8 @@ void check_fetch_views(int num_seqs, int num_kv_heads, int capacity,
                     static_cast<const void*>(dst.k.data()), " / ",
                     static_cast<const void*>(dst.v.data()), " must be ", a, "-byte aligned");
   }
-  // The rows written must not land on each other or on the cache they are read from (the source
-  // K and V may share a buffer: pages that interleave K and V), nor on the selection. (The
-  // layout's own metadata, a page table, is the caller's to keep apart: a layout does not
-  // expose it.)
+  // The rows written must not land on each other, on the cache they are read from (K and V may
+  // share a buffer), or on the selection. The layout's own metadata is the caller's to keep apart.
   KVSCOUT_EXPECTS(!bytes_overlap(dst.k.data(), k_need, dst.v.data(), v_need),
                   "destination K and V overlap (", k_need, " bytes at ",
                   static_cast<const void*>(dst.k.data()), ", ", v_need, " bytes at ",
@@ -83,7 +79,6 @@ void check_fetch_views(int num_seqs, int num_kv_heads, int capacity,
                         !bytes_overlap(p, n, src.v.data(), src.v.size()),
                     "destination ", what, " (", n, " bytes at ", p,
                     ") overlaps the source K / V cache it gathers from");
-    // Nor on the selection: the copy reads the indices while it writes rows.
     KVSCOUT_EXPECTS(!bytes_overlap(p, n, sel.indices.data(), slots * sizeof(std::int32_t)) &&
                         !bytes_overlap(p, n, sel.counts.data(), pairs * sizeof(std::int32_t)),
                     "destination ", what, " (", n, " bytes at ", p,
@@ -91,16 +86,14 @@ void check_fetch_views(int num_seqs, int num_kv_heads, int capacity,
   }
 }
 
-/// A host-visible selection, checked in full against a host-readable layout (every count and
-/// index, strictly ascending, the layout's metadata against the source sizes), as
+/// A host-visible selection, checked in full against a host-readable layout, as
 /// gather_executor_host does; fills prefix[pairs + 1] with the running row counts and returns the
-/// total. Nothing is written anywhere else.
+/// total.
 template <kv_layout L>
 std::int64_t check_host_selection(const kv_view<L, host_space>& src,
                                   const selection_view<host_space>& sel, std::int64_t* prefix) {
   const L& l = src.layout;
   l.validate(src.k.size(), src.v.size());
-  // A KIVI layout's seq_len counts its quantised tokens; the residual window is not gathered.
   constexpr const char* quantized_hint =
       requires(const L& x) { x.residual_len(0); }
           ? " (a KIVI layout's seq_len is its quantised length: select among the quantised "

@@ -1,10 +1,6 @@
 #pragma once
-// Host-side half of the CUDA prefetch executors (fetch/zero_copy.cuh, fetch/copy_engine.cuh,
-// fetch/staged.cuh; their configs are public, in fetch/cuda_config.hpp): workspace sizes, the
-// validation of everything the host knows (shapes, buffer sizes, alignment; for host-visible
-// selections every count and index too), and the run list of the copy-engine executor. Plain
-// C++ (CUDA runtime headers only), so the error messages and the run merging are tested on
-// machines without a GPU (tests/host/test_cuda_facades_fetch.cpp).
+// Host-side half of the CUDA prefetch executors: workspace sizes, the validation of everything the
+// host knows, and the copy-engine executor's run list. Plain C++, tested without a GPU.
 
 #include <cuda_runtime_api.h>
 
@@ -60,8 +56,7 @@ inline void check_staged_config(const staged_config& cfg) {
                   "stores ", cfg.stores, " is not one of automatic, cached, streaming");
 }
 
-/// Copy engine workspace (host memory): prefix[pairs + 1] int64, then three arrays of
-/// 2 * slots entries (one K and one V copy per run at most): destinations, sources, sizes.
+/// prefix[pairs + 1] int64, then destinations, sources and sizes of 2 * slots copies at most.
 inline std::size_t copy_engine_workspace_bytes(const copy_engine_config& cfg) {
   check_copy_engine_config(cfg);
   const std::size_t pairs = fetch_pairs(cfg.num_seqs, cfg.num_kv_heads);
@@ -69,8 +64,8 @@ inline std::size_t copy_engine_workspace_bytes(const copy_engine_config& cfg) {
   return (pairs + 1) * sizeof(std::int64_t) + copies * (2 * sizeof(void*) + sizeof(std::size_t));
 }
 
-/// Staged: bytes of one stage. [prefix[pairs + 1] int64, padded to 16 B][K rows, compact]
-/// [V rows, compact]; the rows of a step are packed in (sequence, kv_head, entry) order.
+/// [prefix[pairs + 1] int64, padded to 16 B][K rows, compact][V rows, compact], packed in
+/// (sequence, kv_head, entry) order.
 inline std::size_t staged_header_bytes(const staged_config& cfg) {
   const std::size_t pairs = fetch_pairs(cfg.num_seqs, cfg.num_kv_heads);
   const std::size_t h = (pairs + 1) * sizeof(std::int64_t);
@@ -82,11 +77,9 @@ inline std::size_t staged_stage_bytes(const staged_config& cfg) {
       fetch_pairs(cfg.num_seqs, cfg.num_kv_heads) * static_cast<std::size_t>(cfg.capacity);
   return staged_header_bytes(cfg) + slots * (cfg.k_row_bytes + cfg.v_row_bytes);
 }
-/// Pinned host workspace: `stages` stages.
 inline std::size_t staged_workspace_bytes(const staged_config& cfg) {
   return staged_stage_bytes(cfg) * static_cast<std::size_t>(cfg.stages);
 }
-/// Device workspace: one stage (the landing area of the bulk copy).
 inline std::size_t staged_device_workspace_bytes(const staged_config& cfg) {
   return staged_stage_bytes(cfg);
 }
@@ -99,10 +92,8 @@ inline void check_workspace(const void* p, std::size_t size, std::size_t need,
                   " must be ", align, "-byte aligned");
 }
 
-/// The copy list of a validated host selection: one K copy and one V copy per run of rows that
-/// are adjacent in the source (layout.contiguous_rows) and consecutive in the selection (hence
-/// adjacent in the destination). Copy c moves sizes[c] bytes from srcs[c] to dsts[c]; K and V
-/// copies alternate. Returns the number of copies (even). The arrays hold 2 * slots entries.
+/// One K copy and one V copy per run of rows adjacent in the source and consecutive in the
+/// selection; K and V copies alternate. Returns the number of copies. The arrays hold 2 * slots.
 template <kv_layout L>
 std::size_t build_copy_runs(const L& l, const std::byte* k_src, const std::byte* v_src,
                             std::byte* k_dst, std::byte* v_dst,

@@ -1,6 +1,5 @@
 #pragma once
-// Host-side half of the device append (kv/append.cuh): validation of what the host knows.
-// Plain C++, tested without a GPU (tests/host/test_cuda_facades_fetch.cpp).
+// Host-side half of the device append: validation of what the host knows, tested without a GPU.
 
 #include <cmath>
 #include <cstddef>
@@ -16,17 +15,15 @@
 
 namespace kvscout::detail {
 
-/// Append scales divide the input: each must be positive and finite.
 inline void check_kv_scales(const kv_scales& s) {
   KVSCOUT_EXPECTS(std::isfinite(s.k) && s.k > 0.f && std::isfinite(s.v) && s.v > 0.f,
                   "kv_scales must be positive and finite, got k = ", s.k, ", v = ", s.v);
 }
 
-/// Append input types: float, or the cache's own element type.
 template <class In, class T>
 inline constexpr bool append_input_ok = std::is_same_v<In, float> || std::is_same_v<In, T>;
 
-/// The largest |x| a KIVI cache with scale type S accepts (as kivi_append_host).
+/// As kivi_append_host.
 template <class S>
 constexpr float kivi_append_limit() {
   return std::is_same_v<S, half> ? 65504.f : 0.5f * std::numeric_limits<float>::max();
@@ -41,8 +38,7 @@ inline void check_append_inputs(int num_seqs, int num_kv_heads, int head_dim, st
   KVSCOUT_EXPECTS(elems == 0 || (k != nullptr && v != nullptr), "new K or V is null");
 }
 
-/// Generic layouts: the destination buffers (device pointers, possibly aliases of mapped host
-/// memory) must be non-null and 16-byte aligned; row sizes a multiple of 16.
+/// Destination buffers non-null and 16-byte aligned; row sizes a multiple of 16.
 template <kv_layout L>
 void check_append_layout(const L& l, const std::byte* k, const std::byte* v) {
   KVSCOUT_EXPECTS(k != nullptr && v != nullptr, "K or V cache buffer is null");
@@ -54,8 +50,8 @@ void check_append_layout(const L& l, const std::byte* k, const std::byte* v) {
                   l.k_row_bytes(), " / V ", l.v_row_bytes(), " must be multiples of 16 bytes");
 }
 
-/// KIVI: seq_lens must be the (writable, device-readable) array the layout reads; the five
-/// buffers non-null, 16-byte aligned and large enough. No metadata is read on the host.
+/// seq_lens must be the array the layout reads; the five buffers non-null, 16-byte aligned and
+/// large enough. No metadata is read on the host.
 template <kivi_quantized_layout L, class Space>
 void check_kivi_append(const L& l, const kivi_buffers<Space>& b, const std::int32_t* seq_lens) {
   KVSCOUT_EXPECTS(seq_lens != nullptr && seq_lens == l.seq_lens(),

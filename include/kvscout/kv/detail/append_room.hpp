@@ -1,6 +1,4 @@
 #pragma once
-// The slots a sequence owns, for appending a token: one rule for the device append
-// (kv/append.cuh) and the host append (kv/append.hpp). Plain C++ (host and device callable).
 
 #include <cstddef>
 #include <type_traits>
@@ -13,10 +11,8 @@
 
 namespace kvscout::detail {
 
-// Which slots a sequence owns: the rule both appends keep (kv/append.cuh on the device,
-// kv/append.hpp on the host; docs/cuda_fetch.md lists it per layout). make() runs on the host (it
-// may use host-only layout queries); owns(l, s, t), for t >= 0, runs where the layout's metadata
-// lives, before any of the layout's page table entries for t is read. rule() words it for errors.
+// Which slots a sequence owns: the rule both appends keep. make() runs on the host; owns(l, s, t),
+// for t >= 0, runs where the layout's metadata lives, before any page table entry for t is read.
 // Primary template: a layout kvscout does not know; only the buffer bounds apply.
 template <class L>
 struct append_room {
@@ -28,9 +24,7 @@ struct append_room {
 template <kv_element T, int D, kv_order O>
 struct append_room<contiguous_layout<T, D, O>> {
   using layout = contiguous_layout<T, D, O>;
-  // Padded: slots per sequence (the capacity: slot capacity would be the next sequence's slot 0,
-  // or for HND the next head's); ragged: total_tokens. The layout keeps both
-  // private; required_bytes() = (padded ? num_seqs : 1) * slots * num_kv_heads * row.
+  // Padded: slots per sequence (the capacity); ragged: total_tokens.
   long long slots = 0;
 
   static append_room make(const layout& l) {
@@ -47,8 +41,7 @@ struct append_room<contiguous_layout<T, D, O>> {
     if (!l.is_ragged()) return t < slots;
     if (t < l.seq_len(s)) return true;  // its own slots [indptr[s], indptr[s+1])
     if (s != l.num_seqs() - 1) return false;  // slot indptr[s+1] + ... belongs to a later one
-    // The last sequence may grow into the free tail [indptr[num_seqs], total_tokens). Its first
-    // slot indptr[s] is k_offset(s, 0, 0) over the bytes between consecutive tokens of a head.
+    // The last sequence may grow into the free tail [indptr[num_seqs], total_tokens).
     const std::size_t token_bytes =
         l.k_row_bytes() * (std::is_same_v<O, nhd> ? static_cast<std::size_t>(l.num_kv_heads()) : 1);
     const long long first = static_cast<long long>(l.k_offset(s, 0, 0) / token_bytes);

@@ -1,17 +1,8 @@
 #pragma once
-// KIVI quantisation math, written once for the host and for CUDA kernels (kv/kivi.hpp's writer,
-// device kernels per lane): a group's affine parameters, quantising / dequantising one element,
-// code packing, and the row loops built from them. The row loops are the definition:
-// attention/kivi_rows.hpp dequantises host rows to the same bits (tests/host/test_kivi_rows.cpp).
-//
-//   // Four values, one group, 2 bits, fp16 scale / zero:
-//   const float x[4] = {0.f, 1.f, 2.f, 3.f};
-//   auto a = kvscout::detail::kivi_make_affine<2, kvscout::half>(0.f, 3.f);  // scale 1, zero 0
-//   std::uint8_t codes[4], packed[1];
-//   for (int c = 0; c < 4; ++c)
-//     codes[c] = static_cast<std::uint8_t>(kvscout::detail::kivi_quantize<2>(
-//         x[c], kvscout::detail::kivi_to_float(a.scale), kvscout::detail::kivi_to_float(a.zero)));
-//   kvscout::detail::kivi_pack<2>(codes, 4, packed);                          // packed[0] == 0xE4
+// KIVI quantisation math, written once for the host and for CUDA kernels: a group's affine
+// parameters, quantising / dequantising one element, code packing, and the row loops built from
+// them. The row loops are the definition: attention/kivi_rows.hpp dequantises host rows to the
+// same bits.
 //
 // Quantisation (Bits = 2 or 4, L = 2^Bits - 1 levels above zero), for a group with minimum mn and
 // maximum mx, all arithmetic in float:
@@ -20,7 +11,7 @@
 //   q     = floor(clamp((x - zero) / scale, 0, L) + 0.5)      (q = 0 when scale == 0)
 //   x'    = fma(q, scale, zero)
 // q uses the *stored* (rounded) scale and zero: dequantising gives the nearest level of the stored
-// grid. Error bound per element: kv/kivi.hpp.
+// grid.
 //
 // Packing: element c of a row is in byte c / (8 / Bits), bits [(c % (8 / Bits)) * Bits, + Bits),
 // element 0 lowest: 2-bit byte b = q[4b] | q[4b+1] << 2 | q[4b+2] << 4 | q[4b+3] << 6, 4-bit
@@ -38,7 +29,6 @@
 
 namespace kvscout {
 
-/// Scale / zero types a KIVI cache may store.
 template <class S>
 concept kivi_scale_type = std::is_same_v<S, half> || std::is_same_v<S, float>;
 
@@ -47,11 +37,9 @@ namespace detail {
 template <int Bits>
 inline constexpr bool kivi_bits_supported = Bits == 2 || Bits == 4;
 
-/// Levels above zero: 3 for 2 bits, 15 for 4 bits.
 template <int Bits>
 inline constexpr int kivi_levels = (1 << Bits) - 1;
 
-/// Codes in one byte: 4 for 2 bits, 2 for 4 bits.
 template <int Bits>
 inline constexpr int kivi_codes_per_byte = 8 / Bits;
 
@@ -61,7 +49,7 @@ KVSCOUT_HOST_DEVICE constexpr std::size_t kivi_code_bytes(int n) {
   return static_cast<std::size_t>(n) * Bits / 8;
 }
 
-// Bit casts that compile on both sides (std::bit_cast is a host function to nvcc).
+// std::bit_cast is a host function to nvcc.
 KVSCOUT_HOST_DEVICE std::uint32_t kivi_float_bits(float x) {
 #if KVSCOUT_DEVICE_PASS
   return __float_as_uint(x);
@@ -77,15 +65,14 @@ KVSCOUT_HOST_DEVICE float kivi_bits_float(std::uint32_t u) {
 #endif
 }
 
-/// float(h) for the raw bits of an IEEE half, exact for every value (subnormals, infinities; NaN
-/// stays NaN). Branch-free, so that a host loop vectorises (cuda_fp16.h's host path does not);
-/// subnormals go through int -> float, so the result does not depend on the thread's FTZ / DAZ.
+/// float(h) for the raw bits of an IEEE half, exact for every value. Branch-free, so that a host
+/// loop vectorises; subnormals go through int -> float, so the result does not depend on FTZ / DAZ.
 KVSCOUT_HOST_DEVICE float kivi_half_bits_to_float(std::uint32_t h) {
   const std::uint32_t em = h & 0x7fffu;                  // exponent and mantissa
   const std::uint32_t normal = (em << 13) + 0x38000000u;  // rebias 15 -> 127: + (112 << 23)
   const std::uint32_t special = (em << 13) | 0x7f800000u; // infinity or NaN
   const std::uint32_t sub = kivi_float_bits(static_cast<float>(em) * 0x1p-24f);  // em * 2^-24
-  // Selects by masks, not branches (GCC does not if-convert the ternaries here).
+  // Masks, not branches: GCC does not if-convert the ternaries here.
   const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>(em < 0x0400u);
   const std::uint32_t is_special = 0u - static_cast<std::uint32_t>(em >= 0x7c00u);
   const std::uint32_t bits = (sub & is_sub) | (special & is_special) |
@@ -93,7 +80,6 @@ KVSCOUT_HOST_DEVICE float kivi_half_bits_to_float(std::uint32_t h) {
   return kivi_bits_float(bits | ((h & 0x8000u) << 16));
 }
 
-/// A stored scale / zero as float.
 KVSCOUT_HOST_DEVICE float kivi_to_float(float x) { return x; }
 KVSCOUT_HOST_DEVICE float kivi_to_float(half x) {
 #if KVSCOUT_DEVICE_PASS
@@ -103,7 +89,7 @@ KVSCOUT_HOST_DEVICE float kivi_to_float(half x) {
 #endif
 }
 
-/// fma in float, the same instruction on both sides (the host build may not contract a * b + c).
+/// The same instruction on both sides (the host build may not contract a * b + c).
 KVSCOUT_HOST_DEVICE float kivi_fma(float a, float b, float c) {
 #if KVSCOUT_DEVICE_PASS
   return __fmaf_rn(a, b, c);
@@ -112,23 +98,21 @@ KVSCOUT_HOST_DEVICE float kivi_fma(float a, float b, float c) {
 #endif
 }
 
-/// The stored affine parameters of one group.
 template <kivi_scale_type S>
 struct kivi_affine {
   S scale;
   S zero;
 };
 
-/// Scale and zero of a group with minimum mn and maximum mx (mn <= mx, both finite).
+/// mn <= mx, both finite.
 template <int Bits, kivi_scale_type S>
 KVSCOUT_HOST_DEVICE kivi_affine<S> kivi_make_affine(float mn, float mx) {
   static_assert(kivi_bits_supported<Bits>, "kvscout KIVI: Bits must be 2 or 4 (KIVI-2 or KIVI-4)");
-  // mx == mn gives exactly 0: every element of a constant group dequantises to `zero`.
   const float scale = (mx - mn) / static_cast<float>(kivi_levels<Bits>);
   return {from_float<S>(scale), from_float<S>(mn)};
 }
 
-/// The code of x for a stored (scale, zero), in [0, 2^Bits - 1]. Ties round up.
+/// In [0, 2^Bits - 1]. Ties round up.
 template <int Bits>
 KVSCOUT_HOST_DEVICE std::uint32_t kivi_quantize(float x, float scale, float zero) {
   static_assert(kivi_bits_supported<Bits>, "kvscout KIVI: Bits must be 2 or 4 (KIVI-2 or KIVI-4)");
@@ -139,12 +123,10 @@ KVSCOUT_HOST_DEVICE std::uint32_t kivi_quantize(float x, float scale, float zero
   return static_cast<std::uint32_t>(y + 0.5f);
 }
 
-/// x' = q * scale + zero, one rounding (fma).
 KVSCOUT_HOST_DEVICE float kivi_dequantize(std::uint32_t q, float scale, float zero) {
   return kivi_fma(static_cast<float>(q), scale, zero);
 }
 
-/// The code of element c of a packed row.
 template <int Bits>
 KVSCOUT_HOST_DEVICE std::uint32_t kivi_code(const std::uint8_t* packed, int c) {
   constexpr int per = kivi_codes_per_byte<Bits>;
@@ -152,7 +134,7 @@ KVSCOUT_HOST_DEVICE std::uint32_t kivi_code(const std::uint8_t* packed, int c) {
   return (static_cast<std::uint32_t>(packed[c / per]) >> ((c % per) * Bits)) & mask;
 }
 
-/// Packs n codes (each < 2^Bits; n a multiple of 8 / Bits) into n * Bits / 8 bytes.
+/// Each code < 2^Bits; n a multiple of 8 / Bits.
 template <int Bits>
 KVSCOUT_HOST_DEVICE void kivi_pack(const std::uint8_t* codes, int n, std::uint8_t* packed) {
   static_assert(kivi_bits_supported<Bits>, "kvscout KIVI: Bits must be 2 or 4 (KIVI-2 or KIVI-4)");
@@ -165,14 +147,13 @@ KVSCOUT_HOST_DEVICE void kivi_pack(const std::uint8_t* codes, int n, std::uint8_
   }
 }
 
-/// Unpacks n codes (n a multiple of 8 / Bits).
 template <int Bits>
 KVSCOUT_HOST_DEVICE void kivi_unpack(const std::uint8_t* packed, int n, std::uint8_t* codes) {
   for (int c = 0; c < n; ++c) codes[c] = static_cast<std::uint8_t>(kivi_code<Bits>(packed, c));
 }
 
-/// Quantises one value row x[D] per token over groups of G channels (G divides D):
-/// scales[D / G], zeros[D / G] and the packed codes[D * Bits / 8].
+/// One value row x[D] per token over groups of G channels (G divides D): scales[D / G],
+/// zeros[D / G] and the packed codes[D * Bits / 8].
 template <int Bits, kivi_scale_type S, kv_element T>
 KVSCOUT_HOST_DEVICE void kivi_quantize_value_row(const T* x, int D, int G, std::uint8_t* codes,
                                                  S* scales, S* zeros) {
@@ -196,9 +177,8 @@ KVSCOUT_HOST_DEVICE void kivi_quantize_value_row(const T* x, int D, int G, std::
   }
 }
 
-/// Quantises one key group per channel over G tokens: rows[G] point at the tokens' keys [D];
-/// writes scale[D], zero[D] (one pair per channel) and the packed codes of token i at
-/// records + i * record_stride (D * Bits / 8 bytes each).
+/// One key group per channel over G tokens: rows[G] point at the tokens' keys [D]; writes scale[D],
+/// zero[D] and the packed codes of token i at records + i * record_stride.
 template <int Bits, kivi_scale_type S, kv_element T>
 KVSCOUT_HOST_DEVICE void kivi_quantize_key_group(const T* const* rows, int G, int D, S* scale,
                                                  S* zero, std::uint8_t* records,
@@ -225,7 +205,6 @@ KVSCOUT_HOST_DEVICE void kivi_quantize_key_group(const T* const* rows, int G, in
   }
 }
 
-/// Dequantises a key row: out[c] = code[c] * scale[c] + zero[c] (the token's group's parameters).
 template <int Bits, kivi_scale_type S>
 KVSCOUT_HOST_DEVICE void kivi_dequantize_key_row(const std::uint8_t* codes, const S* scale,
                                                  const S* zero, int D, float* out) {
@@ -241,13 +220,12 @@ KVSCOUT_HOST_DEVICE void kivi_dequantize_key_row(const std::uint8_t* codes, cons
   }
 }
 
-/// Dequantises a value row: out[c] = code[c] * scales[c / G] + zeros[c / G].
 template <int Bits, kivi_scale_type S>
 KVSCOUT_HOST_DEVICE void kivi_dequantize_value_row(const std::uint8_t* codes, const S* scales,
                                                    const S* zeros, int D, int G, float* out) {
   constexpr int per = kivi_codes_per_byte<Bits>;
   constexpr std::uint32_t mask = (1u << Bits) - 1u;
-  // Two simple loops (codes, then parameters) vectorise; one over c with c / per and a runtime G not.
+  // Two simple loops (codes, then parameters) vectorise; one with a runtime G would not.
   for (int b = 0; b < D / per; ++b) {
     const std::uint32_t byte = codes[b];
     for (int k = 0; k < per; ++k) out[b * per + k] = static_cast<float>((byte >> (k * Bits)) & mask);

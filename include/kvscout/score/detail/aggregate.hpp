@@ -14,11 +14,8 @@ namespace kvscout::detail {
 
 inline constexpr int max_group = 64;  // query heads per KV head the host policies support
 
-// sum_prob's statistics per query head: the online softmax of core/detail/online_softmax.hpp
-// (in double on the host, float on the device).
-
-/// Writes row[t] for t < n. logits(t, float* out) fills out[0..g) with the group's logits of
-/// token t. sum_prob evaluates the logits twice (max and normaliser first, then the mass).
+/// Writes row[t] for t < n. logits(t, float* out) fills out[0..g) with the group's logits of token
+/// t. sum_prob evaluates the logits twice (max and normaliser first, then the mass).
 template <class LogitsFn>
 void aggregate_scores(int n, int g, gqa_aggregation agg, float* row, LogitsFn&& logits) {
   KVSCOUT_EXPECTS(g >= 1 && g <= max_group, "GQA group of ", g, " query heads is outside [1, ",

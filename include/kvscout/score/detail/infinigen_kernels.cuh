@@ -1,20 +1,17 @@
 #pragma once
 // Kernels of the device speculation (score/infinigen.cuh). Every per-element formula is a
-// KVSCOUT_HOST_DEVICE function the host path calls too: skew_dot, post_rope_skew_element,
-// rope_rotate, rope_cos_sin, softmax_push / softmax_merge / softmax_share, to_float / from_float.
+// KVSCOUT_HOST_DEVICE function the host path calls too.
 //
-// Launch shapes (T = spec_block_threads = 128; docs/cuda_speculation.md, "Kernels and launch shapes"):
-//   partial_query_gemv  grid ceil(Hq * rows / 8), block 256: one warp per row of W, read in the
-//                       weights' own type with 16-byte loads, 4 in flight per lane (coalesced over
-//                       d_model); sequences in chunks of 8, so W is read once per 8 sequences
-//   partial_query_finish grid (num_seqs, Hq, ceil(r / 4)), block 64: RoPE table and RoPE'd rows in
-//                       shared memory, then 16 threads share each output element's dot over head_dim
-//   score_group         grid (chunks, H, S), block T: 1024 tokens per block, 8 consecutive tokens per
-//                       thread with 16-byte loads per channel; the group's partial queries in shared
-//                       memory, its logits in registers (G static for common group sizes)
+// Launch shapes (T = spec_block_threads = 128; docs/cuda_speculation.md):
+//   partial_query_gemv  grid ceil(Hq * rows / 8), block 256: one warp per row of W, 16-byte loads,
+//                       4 in flight per lane; sequences in chunks of 8, so W is read once per 8
+//   partial_query_finish grid (num_seqs, Hq, ceil(r / 4)), block 64: 16 threads share each output
+//                       element's dot over head_dim
+//   score_group         grid (chunks, H, S), block T: 1024 tokens per block, 8 consecutive tokens
+//                       per thread; the group's partial queries in shared memory
 //   softmax_stats,      (sum_prob) as score_group: per block and query head the softmax (max, sum),
 //   score_sum_prob      then the row's block stats merged and sum_j exp(z_j - m_j) / l_j written
-//   append_keys         grid (count, H), block 128: the key in shared memory, one thread per element
+//   append_keys         grid (count, H), block 128: one thread per element
 
 #include <cuda_runtime.h>
 
@@ -33,12 +30,10 @@
 
 namespace kvscout::detail {
 
-/// Everything the speculation kernels read, built on the host once per launch.
 template <class PkT>
 struct infinigen_params {
-  // setup-time data (workspace)
-  // [Hq, rows, d_model] of the speculator's weight type WT, which only partial_query_gemv<.., WT>
-  // reads (so the scoring kernels are not instantiated once per weight type).
+  // [Hq, rows, d_model] of WT, which only partial_query_gemv reads (so the scoring kernels are not
+  // instantiated once per weight type).
   const void* weights;
   const float* bias;        // [Hq, rows]
   const float* rotation;    // [H, D, key_r]
@@ -48,7 +43,6 @@ struct infinigen_params {
   float* q;                 // [S, Hq, r]
   float2* stats;            // [S, H, max_chunks, g]
   device_key_view<PkT> keys;
-  // per call
   const float* x;                 // [S, d_model]
   const std::int32_t* positions;  // [S]
   const std::int32_t* seq_lens;   // [S]
@@ -72,16 +66,16 @@ struct infinigen_params {
   float scale;
   int* status;  // the device status word, or null
 
-  /// seq_lens[s] clamped to [0, max_len]: bad lengths on the device never read or write out of
-  /// bounds; they raise device_status::bad_length (once per block).
+  /// seq_lens[s] clamped to [0, max_len]: bad lengths never read or write out of bounds; they raise
+  /// device_status::bad_length (once per block).
   __device__ __forceinline__ int length(int s) const {
     const int n = seq_lens[s];
     if (n >= 0 && n <= max_len) return n;
     if (threadIdx.x == 0) raise_device_status(status, device_status::bad_length);
     return n < 0 ? 0 : max_len;
   }
-  /// The sequence of `keys` that batch row s reads, or -1 for an id outside [0, keys.num_seqs)
-  /// (raises device_status::bad_seq_id, once per block).
+  /// keys' sequence for batch row s, or -1 for an id outside [0, keys.num_seqs) (raises
+  /// device_status::bad_seq_id, once per block).
   __device__ __forceinline__ int seq(int s) const {
     if (seq_ids == nullptr) return s;
     const int c = seq_ids[s];
@@ -91,7 +85,6 @@ struct infinigen_params {
   }
 };
 
-/// A row whose sequence id is bad: -inf for the block's tokens below len (nothing was read).
 template <int Threads, int PerThread>
 __device__ __forceinline__ void score_bad_seq(float* row, int t0, int len) {
   for (int k = 0; k < PerThread; ++k) {
@@ -101,11 +94,8 @@ __device__ __forceinline__ void score_bad_seq(float* row, int t0, int len) {
   }
 }
 
-// ---- reading partial keys ----------------------------------------------------------------------
-// A reader gives channel ch of N consecutive tokens t .. t + N - 1 (inside one tile or group) as
-// floats: load<N>(ch, v); one(ch) for token t alone. reader_at(keys, s, h, t) makes one.
+// A reader gives channel ch of N consecutive tokens t .. t + N - 1 as floats: load<N>(ch, v).
 
-/// Partial keys of a compute element: the tile line's N elements with one vector load.
 template <class PkT>
 struct key_reader {
   static constexpr int B = partial_key_view<PkT>::block_tokens;
@@ -121,14 +111,13 @@ KVSCOUT_DEVICE key_reader<PkT> reader_at(const partial_key_view<PkT>& k, int s, 
   return {k.data.data() + k.offset(s, h, 0, t)};
 }
 
-/// Quantised partial keys: a complete group's codes, min + step * code (N = 8: one 8-byte load
-/// of one bit plane where a channel's line is whole 8-byte words); the newest group's exact
-/// staging values; 0 past the tokens appended (the host cache's dequantized()).
+/// Quantised partial keys: a complete group's codes, min + step * code; the newest group's exact
+/// staging values; 0 past the tokens appended (as the host cache's dequantized()).
 template <int Bits, int Group>
 struct quantized_key_reader {
   using view = quantized_key_view<Bits, Group>;
   static constexpr int LB = view::line_bytes;
-  const float* mn = nullptr;              // the tile's min [R], then step [R]; null if not quantised
+  const float* mn = nullptr;              // min [R], then step [R]; null if not quantised
   const std::uint8_t* codes = nullptr;    // the tile's codes [R, LB]
   const float* stage = nullptr;           // staging tile + i; null if neither
   int r = 0;
@@ -188,8 +177,7 @@ KVSCOUT_DEVICE quantized_key_reader<Bits, Group> reader_at(const quantized_key_v
   return rd;
 }
 
-/// Channel i of kv head h's partial key (or a query projected as a key) from x (head_dim floats in
-/// shared memory): a gather in rope_planes mode, skew_dot with A[:, S] otherwise. stride: key_r.
+/// Channel i of kv head h's partial key (or a query projected as a key) from x in shared memory.
 KVSCOUT_DEVICE float project_channel(const float* x, const float* rotation, const std::int32_t* channels,
                                      rope_mode mode, int h, int i, int head_dim, int stride) {
   if (mode == rope_mode::rope_planes) return x[channels[static_cast<std::size_t>(h) * stride + i]];
@@ -197,7 +185,6 @@ KVSCOUT_DEVICE float project_channel(const float* x, const float* rotation, cons
                   static_cast<std::size_t>(stride));
 }
 
-/// Everything an append launch reads; View: partial_key_view<PkT> or quantized_key_view.
 template <class View, class K>
 struct key_append_params {
   const float* rotation;          // [H, D, r]
@@ -213,7 +200,6 @@ struct key_append_params {
   rope_mode mode;
   int* status;  // the device status word, or null
 
-  /// Loads entry m's key of kv head h into ks (head_dim floats); the block's threads share it.
   __device__ void load_key(int m, int h, float* ks) const {
     const K* src = k + (static_cast<std::size_t>(m) * num_kv_heads + h) * head_dim;
     for (int d = static_cast<int>(threadIdx.x); d < head_dim; d += blockDim.x) ks[d] = to_float(src[d]);
@@ -222,8 +208,8 @@ struct key_append_params {
     return project_channel(ks, rotation, channels, mode, h, i, head_dim, r);
   }
 
-  /// Quantised caches: whether entry n may be appended (the contract above quantise_groups);
-  /// raises the status bits where not, if `report`.
+  /// Quantised caches: whether entry n may be appended (the contract above quantise_groups); raises
+  /// the status bits where not, if `report`.
   __device__ bool valid(int n, bool report) const {
     const int s = seq_ids[n], t = token_ids[n];
     if (s < 0 || s >= keys.num_seqs || t < 0 || t >= keys.max_tokens) {
@@ -233,9 +219,8 @@ struct key_append_params {
     bool ok = true;
     if (n > 0 && seq_ids[n - 1] == s) ok = token_ids[n - 1] == t - 1;
     if (ok) {
-      // The run's first entry: where the count (or 0) says the run starts.
       const int count_s = keys.counts[static_cast<std::size_t>(s) * keys.num_kv_heads];
-      // (t0 <= t keeps n0 <= n: a count past t, e.g. a restart at 0, names no entry after n.)
+      // t0 <= t keeps n0 <= n: a count past t (e.g. a restart at 0) names no entry after n.
       const auto starts_at = [&](int t0) {
         const int n0 = n - (t - t0);
         return t0 >= 0 && t0 <= t && n0 >= 0 && seq_ids[n0] == s && token_ids[n0] == t0 &&
@@ -253,8 +238,6 @@ KVSCOUT_DEVICE float warp_sum(float v) {
   return v;
 }
 
-// ---- partial query ---------------------------------------------------------------------------
-
 template <class PkT, class WT>
 __global__ void __launch_bounds__(spec_gemv_threads)
     partial_query_gemv(const __grid_constant__ infinigen_params<PkT> p) {
@@ -267,12 +250,10 @@ __global__ void __launch_bounds__(spec_gemv_threads)
   const int total_rows = p.num_q_heads * p.rows;
   if (row >= total_rows) return;  // whole warps leave; no block-wide synchronisation follows
   const WT* w = static_cast<const WT*>(p.weights) + static_cast<std::size_t>(row) * p.d_model;
-  // 16-byte loads where every row starts on 16 bytes (d_model a multiple of V, an aligned base:
-  // the workspace layout aligns it); element loads otherwise and for the tail.
   const bool vec = p.d_model % V == 0 && reinterpret_cast<std::uintptr_t>(p.weights) % 16 == 0;
   const int nvec = vec ? p.d_model / V : 0;
-  // x's V floats beside each weight vector as float4 loads where x allows (a lane's V floats are
-  // contiguous; element loads would touch V times the cache lines per warp instruction).
+  // x as float4 loads where it allows: element loads would touch V times the cache lines per warp
+  // instruction.
   const bool x_vec = reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0 && p.d_model % 4 == 0;
   for (int s0 = 0; s0 < p.num_seqs; s0 += seq_chunk) {
     const int ns = p.num_seqs - s0 < seq_chunk ? p.num_seqs - s0 : seq_chunk;
@@ -334,9 +315,7 @@ __global__ void __launch_bounds__(spec_gemv_threads)
   }
 }
 
-/// A block turns one query head's GEMV rows y into spec_finish_outputs of its r partial-query
-/// elements; post_rope_skew: sum_c rope(y)_c A[c, i], spec_finish_lanes threads per element,
-/// reduced by shuffles.
+/// A block turns one query head's GEMV rows y into spec_finish_outputs partial-query elements.
 template <class PkT>
 __global__ void __launch_bounds__(spec_finish_threads)
     partial_query_finish(const __grid_constant__ infinigen_params<PkT> p) {
@@ -372,7 +351,6 @@ __global__ void __launch_bounds__(spec_finish_threads)
   float v = 0.f;
   if (p.mode == rope_mode::post_rope_skew) {
     if (i < r) {
-      // The cache's first r columns of A[:, S] are the speculation's.
       const float* rot = p.rotation + static_cast<std::size_t>(h) * p.head_dim * p.key_r + i;
       for (int c = part; c < p.head_dim; c += L)
         v = fmaf(yr[c], rot[static_cast<std::size_t>(c) * p.key_r], v);
@@ -395,10 +373,7 @@ __global__ void __launch_bounds__(spec_finish_threads)
     p.q[(static_cast<std::size_t>(s) * p.num_q_heads + qh) * r + i] = v * p.scale;
 }
 
-// ---- scoring ---------------------------------------------------------------------------------
-
-/// The logits of query heads [j0, j0 + GC) of the group (those < g) for the token `rd` reads
-/// (reader_at); qs = the group's [g, r] partial queries.
+/// The logits of query heads [j0, j0 + GC) of the group (those < g) for the token `rd` reads.
 template <int GC, bool Exact, class Reader>
 KVSCOUT_DEVICE void group_logits(const Reader& rd, const float* qs, int r, int j0, int g,
                                  float (&acc)[GC]) {
@@ -413,7 +388,6 @@ KVSCOUT_DEVICE void group_logits(const Reader& rd, const float* qs, int r, int j
   }
 }
 
-/// Loads the group's scaled partial queries [g, r] of (s, h) into shared memory.
 template <class PkT>
 KVSCOUT_DEVICE void load_group(const infinigen_params<PkT>& p, int s, int h, float* qs) {
   const int n = p.group * p.r;
@@ -422,9 +396,9 @@ KVSCOUT_DEVICE void load_group(const infinigen_params<PkT>& p, int s, int h, flo
   for (int e = static_cast<int>(threadIdx.x); e < n; e += blockDim.x) qs[e] = src[e];
 }
 
-/// max_logit / mean_logit: score = max (a > z ? a : z, as the host's score_tiles folds) or mean
-/// (sum in head order times 1 / g; the host scores the mean query: equal up to rounding order).
-/// G > 0: the group size, static; G == 0: any group size, 8 heads at a time.
+/// max_logit / mean_logit: max (folded as the host's score_tiles does) or mean (sum in head order
+/// times 1 / g; the host scores the mean query: equal up to rounding order). G == 0: any group
+/// size, 8 heads at a time.
 template <class PkT, int G>
 __global__ void __launch_bounds__(spec_block_threads)
     score_group(const __grid_constant__ infinigen_params<PkT> p) {
@@ -446,8 +420,6 @@ __global__ void __launch_bounds__(spec_block_threads)
   }
   load_group(p, s, h, qs);
   __syncthreads();
-  // A thread scores TPT consecutive tokens of one tile with one vector load per channel; every
-  // token's logits are summed in channel order, as group_logits and the host do.
   constexpr int TPT = spec_tokens_per_thread;
   constexpr int B = device_key_view<PkT>::block_tokens;
   static_assert(B % TPT == 0 && spec_tokens_per_block == TPT * spec_block_threads);
@@ -456,7 +428,7 @@ __global__ void __launch_bounds__(spec_block_threads)
   const int g = G > 0 ? G : p.group;
   const bool use_max = p.aggregation == gqa_aggregation::max_logit;
   const float inv_g = 1.f / static_cast<float>(g);
-  // Tokens t .. t + TPT - 1 past len lie in the same tile, inside the cache: read, not written.
+  // Tokens past len lie in the same tile, inside the cache: read, not written.
   const auto rd = reader_at(p.keys, c, h, t);
   float a[TPT];
   for (int j0 = 0; j0 < g; j0 += GC) {
@@ -505,7 +477,7 @@ struct softmax_stats_merge {
   }
 };
 
-/// sum_prob, pass 1: per block and query head j, the softmax (max, sum of exp) to stats[s, h, blockIdx.x, j].
+/// sum_prob, pass 1: per block and query head j, (max, sum of exp) to stats[s, h, blockIdx.x, j].
 template <class PkT, int G>
 __global__ void __launch_bounds__(spec_block_threads)
     softmax_stats(const __grid_constant__ infinigen_params<PkT> p) {
@@ -545,7 +517,7 @@ __global__ void __launch_bounds__(spec_block_threads)
   }
 }
 
-/// sum_prob, pass 2: merges the statistics of the row's blocks, then score = sum over the group of
+/// sum_prob, pass 2: merges the row's block statistics, then score = sum over the group of
 /// exp(z_j - m_j) / l_j.
 template <class PkT, int G>
 __global__ void __launch_bounds__(spec_block_threads)
@@ -601,12 +573,10 @@ __global__ void __launch_bounds__(spec_block_threads)
   }
 }
 
-// ---- the correction step's partial queries ------------------------------------------------
-
 inline constexpr int spec_project_threads = 64;
 
-/// score_query's partial queries: the layer's own query q [S, Hq, D] (after RoPE) projected as a key
-/// is (project_channel), times the scale, into p.q [S, Hq, r], r = key_r. Grid (S, Hq).
+/// score_query's partial queries: the layer's own query q [S, Hq, D] (after RoPE) projected as a
+/// key is, times the scale, into p.q [S, Hq, key_r]. Grid (S, Hq).
 template <class PkT>
 __global__ void __launch_bounds__(spec_project_threads)
     project_true_query(const __grid_constant__ infinigen_params<PkT> p, const float* q) {
@@ -624,8 +594,6 @@ __global__ void __launch_bounds__(spec_project_threads)
   }
 }
 
-// ---- append ----------------------------------------------------------------------------------
-
 inline constexpr int spec_append_threads = 128;
 
 template <class PkT, class K>
@@ -636,7 +604,6 @@ __global__ void __launch_bounds__(spec_append_threads)
   const int h = static_cast<int>(blockIdx.y);
   const int s = p.seq_ids[n];
   const int t = p.token_ids[n];
-  // Bad pairs on the device are skipped (nothing written), never out of bounds, and reported.
   if (s < 0 || s >= p.keys.num_seqs || t < 0 || t >= p.keys.max_tokens) {
     if (h == 0 && threadIdx.x == 0) raise_device_status(p.status, device_status::bad_index);
     return;
@@ -648,19 +615,18 @@ __global__ void __launch_bounds__(spec_append_threads)
     dst[p.keys.offset(s, h, i, t)] = from_float<PkT>(p.project(ks, h, i));
 }
 
-// ---- append, quantised partial keys --------------------------------------------------------
-// Three launches per append(): quantise_groups, stage_tail, count_tokens. Contract: per call, each
-// sequence's tokens are one run of consecutive entries and positions, starting at the sequence's
-// count (or at 0: a new sequence in the slot). An entry that breaks it (checked in O(1)) is skipped
-// and raises device_status::bad_order; positions or sequences out of range, bad_index; a
+// Quantised partial keys: three launches per append(): quantise_groups, stage_tail, count_tokens.
+// Contract: per call, each sequence's tokens are one run of consecutive entries and positions,
+// starting at the sequence's count (or at 0: a new sequence in the slot). An entry that breaks it
+// is skipped and raises device_status::bad_order; positions or sequences out of range, bad_index; a
 // non-finite partial key value is stored as 0 and raises bad_value (the host cache refuses it).
 
 template <int Bits, int Group, class K>
 using qk_append_params = key_append_params<quantized_key_view<Bits, Group>, K>;
 
 /// grid (count, H), dynamic shared memory r * Group floats. Where entry n completes its group, the
-/// group's partial keys (from this batch, else the staging tile) are quantised into the group's
-/// tile as quantized_partial_key_cache::append does, and the staging tile is cleared.
+/// group is quantised into its tile as quantized_partial_key_cache::append does, and the staging
+/// tile is cleared.
 template <int Bits, int Group, class K>
 __global__ void __launch_bounds__(spec_append_threads)
     quantise_groups(const __grid_constant__ qk_append_params<Bits, Group, K> p) {
@@ -709,7 +675,6 @@ __global__ void __launch_bounds__(spec_append_threads)
       lo = xc[i] < lo ? xc[i] : lo;
       hi = xc[i] > hi ? xc[i] : hi;
     }
-    // As the host cache: the step in double, codes rounded to nearest (ties to even).
     const float sc = static_cast<float>((static_cast<double>(hi) - lo) / view::levels);
     mn[c] = lo;
     step[c] = sc;
@@ -731,8 +696,7 @@ __global__ void __launch_bounds__(spec_append_threads)
   for (int e = static_cast<int>(threadIdx.x); e < r * Group; e += blockDim.x) st[e] = 0.f;
 }
 
-/// grid (count, H): entry n's group does not complete in this batch, so its partial key goes
-/// to the staging tile. Reports the bad entries.
+/// grid (count, H): a group this batch does not complete goes to the staging tile.
 template <int Bits, int Group, class K>
 __global__ void __launch_bounds__(spec_append_threads)
     stage_tail(const __grid_constant__ qk_append_params<Bits, Group, K> p) {
@@ -761,14 +725,12 @@ __global__ void __launch_bounds__(spec_append_threads)
   if (bad) raise_device_status(p.status, device_status::bad_value);
 }
 
-/// grid (count), one thread: the last valid entry of each run sets its sequence's count (every
-/// kv head), after reading the old one (valid()).
+/// grid (count), one thread: the last valid entry of each run sets its sequence's count.
 template <int Bits, int Group, class K>
 __global__ void count_tokens(const __grid_constant__ qk_append_params<Bits, Group, K> p) {
   const int n = static_cast<int>(blockIdx.x);
   if (threadIdx.x != 0 || !p.valid(n, false)) return;
   const int s = p.seq_ids[n], t = p.token_ids[n];
-  // The run goes on where the next entry is its next position (else it ends here, or breaks).
   if (n + 1 < p.count && p.seq_ids[n + 1] == s && p.token_ids[n + 1] == t + 1) return;
   for (int h = 0; h < p.num_kv_heads; ++h)
     p.keys.counts[static_cast<std::size_t>(s) * p.num_kv_heads + h] = t + 1;

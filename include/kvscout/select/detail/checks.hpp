@@ -1,7 +1,6 @@
 #pragma once
-// Input checks shared by the host and the CUDA selectors (select/topk.hpp, select/threshold.hpp,
-// select/topk.cuh, select/threshold.cuh): config shapes and budgets, view shapes, sizes and
-// pointers. Host-compilable, so the checks of the device facades are tested without a GPU.
+// Input checks shared by the host and the CUDA selectors. Host-compilable, so the checks of the
+// device facades are tested without a GPU.
 
 #include <cstddef>
 #include <type_traits>
@@ -13,10 +12,7 @@
 
 namespace kvscout::detail {
 
-// ---- input checks ----------------------------------------------------------------------------
-
-/// Checks the shape and budget of a selector config. `budget_name` is the config field that
-/// holds the budget ("budget", "budget").
+/// `budget_name` is the config field that holds the budget.
 inline void check_selector_config(int num_seqs, int num_kv_heads, int stride, int capacity,
                                   const char* budget_name, int budget, keep_set keep) {
   KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
@@ -34,9 +30,8 @@ inline void check_selector_config(int num_seqs, int num_kv_heads, int stride, in
                   " + recent ", keep.recent);
 }
 
-/// Checks scores and output buffers against a config's shape, every size and pointer, and
-/// (host memory only: device memory is not read here) every sequence length, before anything is
-/// written. Device selectors clamp the lengths they read instead (select/topk.cuh).
+/// Before anything is written: every size and pointer, and, in host memory only, every sequence
+/// length (device selectors clamp the lengths they read instead).
 template <class Space>
 void check_selector_views(int num_seqs, int num_kv_heads, int stride, int capacity,
                           const score_view<Space>& scores, const selection_buffers<Space>& out) {

@@ -1,10 +1,7 @@
 #pragma once
-// Host-side part of the CUDA selectors (select/topk.cuh, select/threshold.cuh): launch shape,
-// workspace sizes and every check the facades make before a launch. Host-compilable, so that the
-// validation is tested on machines without a GPU (tests/host/test_cuda_facades.cpp).
-//
-// The device selectors take the host selectors' config types unchanged (the same fields mean the
-// same thing), so an engine switches backends without touching its configuration.
+// Host-side part of the CUDA selectors: launch shape, workspace sizes and every check the
+// facades make before a launch. Host-compilable, so that the validation is tested without a GPU.
+// The device selectors take the host selectors' config types unchanged.
 
 #include <cstddef>
 #include <cstdint>
@@ -18,11 +15,9 @@
 
 namespace kvscout::detail {
 
-/// Threads of a selection block; one block selects one (sequence, kv_head) row.
 inline constexpr int select_block_threads = 256;
-/// Scores per thread and tile of the ordered compaction (a tile is threads * items scores).
+/// A tile is threads * items scores.
 inline constexpr int select_items_per_thread = 8;
-/// Grid limit: rows (num_seqs * num_kv_heads) are the grid's x dimension.
 inline constexpr long long select_max_rows = 2147483647LL;
 
 inline void check_select_rows(int num_seqs, int num_kv_heads) {
@@ -31,14 +26,12 @@ inline void check_select_rows(int num_seqs, int num_kv_heads) {
                   " exceeds the grid limit ", select_max_rows);
 }
 
-/// The checks of topk_selector_host's config, and the device's grid limit.
 inline void check_topk_cuda_config(const topk_selector_host::config& cfg) {
   check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity, "budget",
                         cfg.budget, cfg.keep);
   check_select_rows(cfg.num_seqs, cfg.num_kv_heads);
 }
 
-/// The checks of threshold_selector_host's config, and the device's grid limit.
 inline void check_threshold_cuda_config(const threshold_selector_host::config& cfg) {
   check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity, "budget",
                         cfg.budget, cfg.keep);
@@ -49,23 +42,19 @@ inline void check_threshold_cuda_config(const threshold_selector_host::config& c
   check_select_rows(cfg.num_seqs, cfg.num_kv_heads);
 }
 
-/// A long row split over several blocks (select/detail/radix_select_split.cuh): `chunks` blocks
-/// of chunk_tokens tokens (a multiple of select_split_options::min_chunk_tokens) per row;
-/// chunks == 1: one block per row (radix_select.cuh).
+/// A long row split over `chunks` blocks of chunk_tokens tokens (a multiple of
+/// select_split_options::min_chunk_tokens) per row; chunks == 1: one block per row.
 struct select_split {
   int chunks = 1;
   int chunk_tokens = 0;
 };
 
-/// The compaction's tile: the default chunk granule, so that every chunk starts a whole tile.
 inline constexpr int select_split_granule = select_block_threads * select_items_per_thread;
 
-/// Bytes of the split kernels' per-row state (radix_select_split.cuh: select_split_row).
 inline constexpr std::size_t select_split_state_bytes = 32;
 
-/// The split for `rows` rows of up to `stride` tokens on num_sms SMs: about 4 blocks per SM,
-/// no chunk below min_chunk_tokens (rounded up to a multiple of it), at most 64 chunks; one
-/// block per row where rows alone fill the device or a row is too short to split.
+/// About 4 blocks per SM, no chunk below min_chunk_tokens, at most 64 chunks; one block per row
+/// where rows alone fill the device or a row is too short to split.
 inline select_split plan_select_split(long long rows, int stride, select_split_options opt) {
   KVSCOUT_EXPECTS(opt.num_sms >= 1 && opt.min_chunk_tokens >= 1, "select_split_options: num_sms = ",
                   opt.num_sms, " and min_chunk_tokens = ", opt.min_chunk_tokens,
@@ -86,16 +75,15 @@ inline select_split plan_select_split(long long rows, int stride, select_split_o
   return {static_cast<int>(chunks), static_cast<int>(chunk)};
 }
 
-/// The most chunks any device splits a row into for these options (workspace sizing: the SM
-/// count is not known yet).
+/// The most chunks any device splits a row into (workspace sizing: the SM count is not known yet).
 inline int max_select_chunks(int stride, select_split_options opt) {
   const long long c = (static_cast<long long>(stride) + opt.min_chunk_tokens - 1) /
                       opt.min_chunk_tokens;
   return static_cast<int>(c < 1 ? 1 : (c > 64 ? 64 : c));
 }
 
-/// Workspace of the split kernels: per row a global histogram, the state, and per chunk its
-/// (greater, equal) counts and its maximum; 0 where no device could split (one chunk at most).
+/// Per row a global histogram and the state, per chunk its (greater, equal) counts and maximum; 0
+/// where no device could split.
 inline std::size_t select_split_workspace_bytes(long long rows, int stride,
                                                 select_split_options opt) {
   const int chunks = max_select_chunks(stride, opt);
@@ -105,7 +93,6 @@ inline std::size_t select_split_workspace_bytes(long long rows, int stride,
   return (static_cast<std::size_t>(rows) * per_row + 255) / 256 * 256;
 }
 
-/// Device workspace of the top-k selector: the split kernels' (none where rows are never split).
 inline std::size_t topk_cuda_workspace_bytes(const topk_selector_host::config& cfg,
                                              select_split_options opt = {}) {
   check_topk_cuda_config(cfg);
@@ -113,9 +100,8 @@ inline std::size_t topk_cuda_workspace_bytes(const topk_selector_host::config& c
                                       cfg.stride, opt);
 }
 
-/// Device workspace of the threshold selector: infinigen_mean keeps every row's candidate count
-/// ([num_seqs * num_kv_heads] int32, -1 for empty rows) between its two kernels (its rows are
-/// never split); per_head the split kernels'.
+/// infinigen_mean keeps every row's candidate count between its two kernels (its rows are never
+/// split); per_head needs the split kernels'.
 inline std::size_t threshold_cuda_workspace_bytes(const threshold_selector_host::config& cfg,
                                                   select_split_options opt = {}) {
   check_threshold_cuda_config(cfg);
@@ -126,10 +112,9 @@ inline std::size_t threshold_cuda_workspace_bytes(const threshold_selector_host:
          static_cast<std::size_t>(cfg.num_kv_heads);
 }
 
-/// The device selectors' workspace alignment.
 inline constexpr std::size_t device_selector_workspace_alignment = 16;
 
-/// Checks a caller-owned device workspace (size, null, alignment; its contents are not read).
+/// Size, null, alignment; its contents are not read.
 inline void check_device_workspace(span<std::byte, device_space> workspace, std::size_t need) {
   KVSCOUT_EXPECTS(workspace.size() >= need, "workspace holds ", workspace.size(),
                   " bytes, expected at least workspace_bytes(config) = ", need);

@@ -1,8 +1,6 @@
 #pragma once
-// What the two device selectors (select/topk.cuh, select/threshold.cuh) share, written once: the
-// config (the host selector's), the workspace and its check, how long rows split over blocks, and
-// the prologue of select(): the host-known checks of the views and the kernel parameters. Each
-// facade adds only its workspace size and its kernels.
+// What the two device selectors share: the config (the host selector's), the workspace and its
+// check, how long rows split over blocks, and the prologue of select().
 
 #include <cuda_runtime.h>
 
@@ -26,16 +24,13 @@ class device_selector_base {
   using config_type = Config;
   using memory_space = device_space;
   using exec_type = cuda_exec;  // select()'s last argument: stream and device status word
-  /// The alignment the workspace's address must have (cudaMalloc gives 256).
   static constexpr std::size_t workspace_alignment = device_selector_workspace_alignment;
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
-  /// How select() splits each row: chunks == 1 is one block per row.
   [[nodiscard]] select_split split() const noexcept { return split_; }
 
  protected:
-  /// need: the facade's workspace_bytes(cfg, opt); splits: whether long rows may split over
-  /// blocks (the SM count is asked here when opt.num_sms is 0).
+  /// need: the facade's workspace_bytes(cfg, opt); splits: whether long rows may split over blocks.
   device_selector_base(const Config& cfg, device_span<std::byte> workspace, std::size_t need,
                        select_split_options opt, bool splits)
       : cfg_(cfg), workspace_(workspace.data()), max_chunks_(max_select_chunks(cfg.stride, opt)) {
@@ -43,7 +38,7 @@ class device_selector_base {
     if (splits) split_ = device_select_split(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, opt);
   }
 
-  /// The checks of select() and its kernels' parameters; false when there is no row to select.
+  /// False when there is no row to select.
   bool prologue(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
                 const cuda_exec& exec, select_params& p) const {
     check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity, scores, out);
@@ -64,7 +59,6 @@ class device_selector_base {
   [[nodiscard]] long long rows() const noexcept {
     return static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
   }
-  /// The split kernels over this selector's workspace (top-k or threshold per_head).
   void run_split(const select_params& p, bool topk, cudaStream_t stream) const {
     run_split_select(split_params_in(p, split_, topk, workspace_, max_chunks_), stream);
   }

@@ -1,20 +1,14 @@
 #pragma once
-// Row machinery shared by the host selectors (select/topk.hpp, select/threshold.hpp): input
-// checks, the per-row workspace, vectorised row scans, a sampled lower bound, and the exact
-// "best k of a range" pipeline built on radix select (detail/radix_select.hpp).
+// Row machinery shared by the host selectors: input checks, the per-row workspace, vectorised row
+// scans, a sampled lower bound, and the exact "best k of a range" pipeline built on radix select.
 //
-//   row_workspace ws = row_workspace::carve(words, stride);    // words: row_workspace::words
-//   int count = best_of_range(row, a, n, k, ws, out);          // the best k of row[a, a + n)
+// The best k of a long range, exactly: sample_lower_bound gives a score L that about
+// k + 3.5 standard deviations of tokens reach; collect_candidates keeps the tokens >= L (and >= the
+// running maximum - alpha); filter_and_count drops what a lower running maximum let in and counts
+// the first radix digit; radix select on the survivors. If fewer than k tokens reach L, the range
+// is redone without it: only the time depends on the sample, never the result.
 //
-// The best k of a long range, exactly, in one vectorised pass plus scans of a few more than k:
-// sample_lower_bound gives a score L that about k + 3.5 standard deviations of tokens reach;
-// collect_candidates keeps the tokens >= L (and >= the running maximum - alpha) and finds the
-// maximum; filter_and_count drops what a lower running maximum let in and counts the first radix
-// digit; radix select on the survivors. If fewer than k tokens reach L, the range is redone
-// without it: only the time depends on the sample, never the result.
-//
-// Scans use SSE2, AVX2 or AVX-512 where the compiler targets them (KVSCOUT_HOST_SSE2/AVX2/AVX512),
-// portable loops otherwise; the tests compare the vector versions with the portable ones.
+// The tests compare the SSE2 / AVX2 / AVX-512 scans with the portable ones.
 
 #include <cmath>
 #include <climits>
@@ -35,10 +29,8 @@
 
 namespace kvscout::detail {
 
-/// The host selectors' workspace alignment: it is used as 32-bit words.
 inline constexpr std::size_t row_workspace_alignment = alignof(std::uint32_t);
 
-/// Checks a caller-owned workspace and returns it as 32-bit words.
 inline std::uint32_t* workspace_words(host_span<std::byte> workspace, std::size_t need) {
   KVSCOUT_EXPECTS(workspace.size() >= need, "workspace holds ", workspace.size(),
                   " bytes, expected at least workspace_bytes(config) = ", need);
@@ -49,12 +41,9 @@ inline std::uint32_t* workspace_words(host_span<std::byte> workspace, std::size_
   return reinterpret_cast<std::uint32_t*>(workspace.data());
 }
 
-// ---- per-row workspace and output ------------------------------------------------------------
-
 inline constexpr int sample_max = 2048;  // sampled scores per row at most
 inline constexpr int sample_min = 128;   // fewer would not bound k well enough to pay off
 
-/// Workspace of the host selectors, in 32-bit words: one row's (rows run one after another).
 struct row_workspace {
   std::uint32_t* hist;   // [radix_buckets + 1]
   std::uint32_t* keys;   // [sample_max]  the sampled scores' keys
@@ -77,20 +66,16 @@ struct row_workspace {
   }
 };
 
-/// Writes the positions begin, begin + 1, ..., end - 1 to out; returns how many.
 inline int emit_range(int begin, int end, std::int32_t* out) {
   for (int t = begin; t < end; ++t) out[t - begin] = t;
   return end > begin ? end - begin : 0;
 }
 
-// ---- row scans ---------------------------------------------------------------------------------
-
-/// Whether the scans below use SSE2 by default.
 inline constexpr bool select_simd = KVSCOUT_HOST_SSE2 != 0;
 
 #if KVSCOUT_HOST_AVX512
-/// The largest non-NaN of q[0, qn) and init, 64 scores a step: step() reads the next group from
-/// inside another scan's loop, result() the rest. max_of uses it too, so both give the same bits.
+/// The largest non-NaN of q[0, qn) and init, 64 scores a step, so that another scan's loop can
+/// carry it; max_of uses it too, so both give the same bits.
 struct max_carry512 {
   __m512 a[4];
   int j = 0;  // q[0, j) is in a
@@ -113,7 +98,6 @@ struct max_carry512 {
   }
 };
 #elif KVSCOUT_HOST_AVX2
-/// The largest lane of v (running maxima: no lane holds a NaN).
 inline float horizontal_max256(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_shuffle_ps(m, m, 0x4e));
@@ -121,7 +105,6 @@ inline float horizontal_max256(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
-/// max_carry512's AVX2 form: 32 scores a step, four 8-lane maxima.
 struct max_carry256 {
   __m256 a[4];
   int j = 0;  // q[0, j) is in a
@@ -130,7 +113,6 @@ struct max_carry256 {
           _mm256_set1_ps(init)} {}
   void step(const float* q, int qn) {
     if (j + 32 > qn) return;
-    // _mm256_max_ps(x, acc) returns acc where x is NaN: NaN is ignored.
     KVSCOUT_HOST_UNROLL
     for (int v = 0; v < 4; ++v) a[v] = _mm256_max_ps(_mm256_loadu_ps(q + j + 8 * v), a[v]);
     j += 32;
@@ -145,7 +127,6 @@ struct max_carry256 {
 };
 #endif
 
-/// The largest non-NaN of p[0, n) and init.
 template <bool Simd = select_simd>
 float max_of(const float* p, int n, float init) {
   int i = 0;
@@ -164,7 +145,6 @@ float max_of(const float* p, int n, float init) {
   return m;
 }
 
-/// How many of p[0, n) are >= bound (NaN never is).
 template <bool Simd = select_simd>
 int count_at_least(const float* p, int n, float bound) {
   int i = 0;
@@ -188,7 +168,6 @@ int count_at_least(const float* p, int n, float bound) {
   }
 #elif KVSCOUT_HOST_AVX2
   if constexpr (Simd) {
-    // Four 8-lane counters: an ordered compare (NaN never counts) is -1 where true, subtracted.
     const __m256 b = _mm256_set1_ps(bound);
     __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                       _mm256_setzero_si256()};
@@ -208,7 +187,6 @@ int count_at_least(const float* p, int n, float bound) {
 #elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
     const __m128 b = _mm_set1_ps(bound);
-    // A true compare is all ones = -1: subtracting it counts.
     __m128i c0 = _mm_setzero_si128(), c1 = c0, c2 = c0, c3 = c0;
     for (; i + 16 <= n; i += 16) {
       c0 = _mm_sub_epi32(c0, _mm_castps_si128(_mm_cmpge_ps(_mm_loadu_ps(p + i), b)));
@@ -227,7 +205,6 @@ int count_at_least(const float* p, int n, float bound) {
 }
 
 #if KVSCOUT_HOST_SSE2
-/// For a 4-bit compare mask: the lanes that passed, packed to the front, and how many.
 struct compress_table {
   alignas(16) std::int32_t lanes[16][4];
   std::int32_t count[16];
@@ -242,14 +219,12 @@ struct compress_table {
 };
 inline constexpr compress_table compress_lut{};
 
-/// Appends base + i for each lane i set in mask at out + c in one store (writes out[c, c + 4)).
 inline int compress_store(int mask, __m128i base, std::int32_t* out, int c) {
   const __m128i lanes = _mm_load_si128(reinterpret_cast<const __m128i*>(compress_lut.lanes[mask]));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), _mm_add_epi32(base, lanes));
   return c + compress_lut.count[mask];
 }
 
-/// Appends first + j for each of the 16 scores x[0..3] (j = 0..15) >= bound; returns the new count.
 inline int compress_block(const __m128 (&x)[4], int first, __m128 bound, std::int32_t* out, int c) {
   const __m128i four = _mm_set1_epi32(4);
   __m128i base = _mm_set1_epi32(first);
@@ -269,7 +244,6 @@ inline float horizontal_max(__m128 v) {
 #endif
 
 #if KVSCOUT_HOST_AVX512
-/// Bit j: score j of x[0..3] (64 scores) >= b, ordered (NaN never passes).
 inline __mmask64 at_least_mask64(const __m512 (&x)[4], __m512 b) {
   const __mmask16 k0 = _mm512_cmp_ps_mask(x[0], b, _CMP_GE_OQ);
   const __mmask16 k1 = _mm512_cmp_ps_mask(x[1], b, _CMP_GE_OQ);
@@ -278,12 +252,11 @@ inline __mmask64 at_least_mask64(const __m512 (&x)[4], __m512 b) {
   return _mm512_kunpackd(_mm512_kunpackw(k3, k2), _mm512_kunpackw(k1, k0));
 }
 
-/// Appends first + j for every set bit j of `bits` (a group of 64 positions), ascending, at
-/// out + c; returns the new count. Writes inside out[c, c + 64).
+/// Appends first + j for every set bit j of `bits`, ascending, inside out[c, c + 64).
 inline int emit_bits64(__mmask64 bits, int first, std::int32_t* out, int c) {
   const __m512i base = _mm512_set1_epi32(first);
 #if defined(__AVX512VBMI2__)
-  // One compress of the byte offsets 0..63; 16 are widened and stored, the rest only when more are set.
+  // One compress of the byte offsets 0..63.
   const __m512i offsets = _mm512_set_epi8(
       63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42, 41,
       40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
@@ -302,8 +275,7 @@ inline int emit_bits64(__mmask64 bits, int first, std::int32_t* out, int c) {
   }
   return c + taken;
 #else
-  // Four 16-lane compresses in registers, each with one full store: the memory form of
-  // compress is microcoded on some CPUs.
+  // Four 16-lane compresses in registers: the memory form of compress is microcoded on some CPUs.
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   KVSCOUT_HOST_UNROLL
   for (int q = 0; q < 4; ++q) {
@@ -318,7 +290,6 @@ inline int emit_bits64(__mmask64 bits, int first, std::int32_t* out, int c) {
 #endif
 
 #if KVSCOUT_HOST_AVX2
-/// For an 8-bit compare mask: the lanes that passed, packed to the front (as bytes), and how many.
 struct compress_table8 {
   alignas(64) std::uint8_t lanes[256][8];
   std::uint8_t count[256];
@@ -333,7 +304,6 @@ struct compress_table8 {
 };
 inline constexpr compress_table8 compress_lut8{};
 
-/// Bit j: score j of x[0..3] (32 scores) >= b, ordered (NaN never passes).
 inline std::uint32_t at_least_mask32(const __m256 (&x)[4], __m256 b) {
   std::uint32_t bits = 0;
   KVSCOUT_HOST_UNROLL
@@ -343,9 +313,8 @@ inline std::uint32_t at_least_mask32(const __m256 (&x)[4], __m256 b) {
   return bits;
 }
 
-/// Appends first + j for every set bit j of `bits` (32 positions, not 0), ascending, at out + c;
-/// returns the new count. Both write inside out[c, c + 32), alike: `sparse` one store per set bit
-/// (for one or two), the dense one 8-lane store per 8 bits, branch-free (for many).
+/// Both write inside out[c, c + 32) (bits not 0): `sparse` one store per set bit (for one or two),
+/// the dense one 8-lane store per 8 bits, branch-free (for many).
 inline int emit_bits32_sparse(std::uint32_t bits, int first, std::int32_t* out, int c) {
   do {
     out[c++] = first + __builtin_ctz(bits);
@@ -368,11 +337,10 @@ inline int emit_bits32(std::uint32_t bits, int first, std::int32_t* out, int c) 
 
 #endif
 
-/// Positions where the row scans check a caller's limit on their list.
 inline constexpr int collect_window = 256;
 
-/// max_of(q, qn, -inf) carried along another scan's loop: step() once per vector block of it (64
-/// scores with AVX-512, 32 with AVX2), then result(). Elsewhere result() is a max_of pass after it.
+/// max_of(q, qn, -inf) carried along another scan's loop: step() once per vector block, then
+/// result().
 template <bool Simd>
 struct max_carry {
 #if KVSCOUT_HOST_AVX512 || KVSCOUT_HOST_AVX2
@@ -394,9 +362,9 @@ struct max_carry {
 #endif
 };
 
-/// Runs block(i, dense) for i = 0, B, 2B, ... while i + B <= n, collect_window positions at a
-/// time; returns the position reached. Before each window: if c > limit, sets gave_up and stops;
-/// dense = ByDensity && c * 16 > i. Per window, not per block, to keep both out of the block loop.
+/// Runs block(i, dense) for i = 0, B, 2B, ... while i + B <= n, collect_window positions at a time;
+/// returns the position reached. Before each window: if c > limit, sets gave_up and stops;
+/// dense = ByDensity && c * 16 > i. Per window, to keep both out of the block loop.
 template <int B, bool ByDensity, class Block>
 __attribute__((always_inline)) inline int by_windows(int n, const int& c, int limit,
                                                      bool& gave_up, Block&& block) {
@@ -418,11 +386,9 @@ __attribute__((always_inline)) inline int by_windows(int n, const int& c, int li
 }
 
 /// Writes first + i for every i in [0, n) with p[i] >= bound, ascending, to out[0, n); returns how
-/// many. `limit`: returns -1 as soon as more than `limit` are written (checked every collect_window
-/// positions, alike in every version; out is then unspecified).
-/// With Ahead, also sets *qmax = max_of(q, qn, -inf) of another row q, even where it gives up.
-/// AVX-512 and AVX2 builds read q in the same loop, so that the compaction (bound by compares and
-/// stores) and the next row's maximum (an L2 read) overlap (per_head_row).
+/// many, or -1 as soon as more than `limit` are written (checked every collect_window positions;
+/// out is then unspecified). With Ahead, also sets *qmax = max_of(q, qn, -inf) of another row q,
+/// read in the same loop so that the compaction and the next row's L2 read overlap.
 template <bool Simd = select_simd, bool Ahead = false>
 int compact_at_least_impl(const float* p, int n, int first, float bound, std::int32_t* out,
                           int limit, [[maybe_unused]] const float* q, [[maybe_unused]] int qn,
@@ -433,7 +399,6 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
   [[maybe_unused]] max_carry<Simd> ahead;
 #if KVSCOUT_HOST_AVX512
   if constexpr (Simd) {
-    // Group i writes inside out[c, c + 64) with c <= i: inside out[0, n).
     const __m512 b = _mm512_set1_ps(bound);
     const auto group = [&](int j, auto) __attribute__((always_inline)) {
       if constexpr (Ahead) ahead.step(q, qn);
@@ -446,8 +411,7 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
   }
 #elif KVSCOUT_HOST_AVX2
   if constexpr (Simd) {
-    // Block i writes inside out[c, c + 32) with c <= i. Dense emission once more than two positions
-    // per block were kept so far (docs/performance.md, "Host kernel constants").
+    // Block i writes inside out[c, c + 32) with c <= i. Dense emission past two kept per block.
     const __m256 b = _mm256_set1_ps(bound);
     const auto block = [&](int j, auto dense) __attribute__((always_inline)) {
       if constexpr (Ahead) ahead.step(q, qn);
@@ -461,7 +425,6 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
   }
 #elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
-    // Block i writes at most out[c, c + 16) with c <= i, inside out[0, n).
     const __m128 b = _mm_set1_ps(bound);
     const auto block = [&](int j, auto) __attribute__((always_inline)) {
       const __m128 x[4] = {_mm_loadu_ps(p + j), _mm_loadu_ps(p + j + 4), _mm_loadu_ps(p + j + 8),
@@ -483,14 +446,12 @@ int compact_at_least_impl(const float* p, int n, int first, float bound, std::in
   return gave_up ? -1 : c;
 }
 
-/// compact_at_least_impl without a second row.
 template <bool Simd = select_simd>
 int compact_at_least(const float* p, int n, int first, float bound, std::int32_t* out,
                      int limit = INT_MAX) {
   return compact_at_least_impl<Simd, false>(p, n, first, bound, out, limit, nullptr, 0, nullptr);
 }
 
-/// compact_at_least, and *qmax = max_of(q, qn, -inf) (read in the same loop on AVX-512 and AVX2).
 template <bool Simd = select_simd>
 int compact_at_least_and_max(const float* p, int n, int first, float bound, std::int32_t* out,
                              int limit, const float* q, int qn, float* qmax) {
@@ -499,18 +460,15 @@ int compact_at_least_and_max(const float* p, int n, int first, float bound, std:
 
 /// One pass over p[0, n) that finds the maximum and keeps every token that can still be a
 /// candidate: p[i] >= max(lower, threshold_floor(M(i), alpha)), M(i) a maximum known at i, never
-/// above the row's. So every token >= max(lower, threshold_floor(final max, alpha)) is kept, and
-/// some below (the caller filters them: filter_at_least). `rm`: the running max in and out (NaN
-/// ignored). Writes first + i ascending to out[0, n); returns how many. M(i) depends on positions
-/// only, so every version keeps the same list:
+/// above the row's; the caller filters the extra (filter_at_least). `rm`: the running max in and
+/// out (NaN ignored). Writes first + i ascending to out[0, n); returns how many. M(i) depends on
+/// positions only, so every version keeps the same list:
 ///   m0   = max(rm, p[0, min(n, collect_prefix)))   (so that a row does not start at -inf)
 ///   M(i) = m0                          for i in window 0
 ///   M(i) = max(m0, p[0, 256 (w - 1)))  for i in window w = [256 w, 256 w + 256), w >= 1
-/// The vector versions reduce a window's bound a window early, so the compares never wait on it.
 inline constexpr int collect_prefix = 512;
 
-/// `limit`: give up and return -1 as soon as more than `limit` positions are kept (checked at the
-/// start of each window; out and rm are then unspecified).
+/// `limit`: returns -1 as soon as more than `limit` positions are kept (out and rm unspecified).
 template <bool Simd = select_simd>
 int collect_candidates(const float* p, int n, int first, float lower, float alpha, float& rm,
                        std::int32_t* out, int limit = INT_MAX) {
@@ -545,8 +503,7 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
         x[q] = _mm512_loadu_ps(p + i + 16 * q);
         acc[q] = _mm512_max_ps(x[q], acc[q]);
       }
-      // Skip groups without a candidate (docs/performance.md, "Host kernel constants"). Stores
-      // write inside out[c, c + 64) with c <= i.
+      // Skip groups without a candidate. Stores write inside out[c, c + 64) with c <= i.
       const __mmask64 bits = at_least_mask64(x, bv);
       if (bits != 0) c = emit_bits64(bits, first + i, out, c);
     }
@@ -555,7 +512,6 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
   }
 #elif KVSCOUT_HOST_AVX2
   if constexpr (Simd) {
-    // The AVX-512 loop in 8-lane form; stores write inside out[c, c + 32) with c <= i.
     __m256 acc[4] = {_mm256_set1_ps(m0), _mm256_set1_ps(m0), _mm256_set1_ps(m0),
                      _mm256_set1_ps(m0)};
     __m256 bv = _mm256_set1_ps(bound);
@@ -570,9 +526,8 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
             _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3])));
       }
       __m256 x[4];
-      // Prefetch 4 KiB ahead into L1, or loads after a mispredicted emission wait on L3
-      // (docs/performance.md, "Host kernel constants"). An integer address: past the row's end
-      // it is no pointer into an object, and a prefetch does not fault.
+      // Prefetch 4 KiB ahead into L1, or loads after a mispredicted emission wait on L3. An integer
+      // address: past the row's end it is no pointer into an object, and a prefetch does not fault.
       const auto ahead_of = reinterpret_cast<std::uintptr_t>(p + i) + 4096;
       _mm_prefetch(reinterpret_cast<const char*>(ahead_of), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(ahead_of + 64), _MM_HINT_T0);
@@ -590,7 +545,6 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
   }
 #elif KVSCOUT_HOST_SSE2
   if constexpr (Simd) {
-    // Four running maxima; _mm_max_ps(x, acc) returns acc where x is NaN, so they never hold one.
     __m128 acc[4] = {_mm_set1_ps(m0), _mm_set1_ps(m0), _mm_set1_ps(m0), _mm_set1_ps(m0)};
     __m128 bv = _mm_set1_ps(bound);
     for (; i + 16 <= n; i += 16) {
@@ -602,8 +556,8 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
       }
       const __m128 x[4] = {_mm_loadu_ps(p + i), _mm_loadu_ps(p + i + 4), _mm_loadu_ps(p + i + 8),
                            _mm_loadu_ps(p + i + 12)};
-      // Skip blocks without a candidate (most, on a peaked row) by the OR of the compares; a max
-      // of the block would let a NaN lane hide a candidate.
+      // Skip blocks without a candidate by the OR of the compares; a max of the block would let a
+      // NaN lane hide a candidate.
       const __m128 any = _mm_or_ps(_mm_or_ps(_mm_cmpge_ps(x[0], bv), _mm_cmpge_ps(x[1], bv)),
                                    _mm_or_ps(_mm_cmpge_ps(x[2], bv), _mm_cmpge_ps(x[3], bv)));
       if (_mm_movemask_ps(any) != 0) c = compress_block(x, first + i, bv, out, c);
@@ -627,7 +581,7 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
   return c;
 }
 
-/// Keeps the positions t of list[0, n) with row[t] >= floor (NaN never is), in order; returns how many.
+/// Keeps the positions t of list[0, n) with row[t] >= floor (NaN never is), in order.
 template <bool Simd = select_simd>
 int filter_at_least(const float* row, std::int32_t* list, int n, float floor) {
   int i = 0;
@@ -652,9 +606,8 @@ int filter_at_least(const float* row, std::int32_t* list, int n, float floor) {
   return c;
 }
 
-/// Keeps the positions t of list[0, n) whose score key is >= lo (lo = score_key(bound): scores >=
-/// bound), in order; writes their keys to keys[0, count) and counts their digit d into hist
-/// (pre-zeroed, 1 << d.bits counters plus one for the dropped) for radix select; returns how many.
+/// Keeps the positions t of list[0, n) whose score key is >= lo, in order, their keys to
+/// keys[0, count), and counts their digit d into hist (pre-zeroed, plus one for the dropped).
 inline int filter_and_count(const float* row, std::int32_t* list, int n, std::uint32_t lo,
                             radix_digit d, std::uint32_t* keys, std::uint32_t* hist) {
   const std::uint32_t dropped = std::uint32_t{1} << d.bits;
@@ -671,24 +624,21 @@ inline int filter_and_count(const float* row, std::int32_t* list, int n, std::ui
   return c;
 }
 
-/// Lists up to this long are radix-selected with short_digit_bits-wide digits: a pass clears and
-/// walks 1 << bits counters however short the list (2048 for radix_bits).
+/// Lists up to this long use short_digit_bits-wide digits: a pass walks 1 << bits counters.
 inline constexpr int short_digit_list = 1024;
 inline constexpr int short_digit_bits = 8;
 
-/// The radix digit width for a list of n keys.
 inline int digit_bits_for(int n) {
   return n <= short_digit_list ? short_digit_bits : radix_bits;
 }
 
-/// A row's candidates are worth collecting into a short list while there are at most this many;
-/// past it the selectors bound the row by a sample instead.
+/// Past this many candidates the selectors bound the row by a sample instead.
 inline constexpr int short_list_max = 2048;
 
 /// A score L such that, very likely, at least k of p[0, n) are >= L and not many more than k: the
-/// score of rank k * S / n + 3.5 standard deviations + 4 in a stratified sample of S ~ (n / 2)^(2/3)
-/// scores (one per equal segment, at a hashed offset). -inf where no such bound helps (short rows,
-/// k close to n, NaN-heavy samples). Workspace: keys [sample_max], hist, pos [sample_max].
+/// score of rank k * S / n + 3.5 standard deviations + 4 in a stratified sample of
+/// S ~ (n / 2)^(2/3) scores. -inf where no such bound helps (short rows, k close to n, NaN-heavy
+/// samples). Workspace: keys [sample_max], hist, pos [sample_max].
 inline float sample_lower_bound(const float* p, int n, int k, std::uint32_t* keys,
                                 std::uint32_t* hist, std::int32_t* pos) {
   constexpr float none = -INFINITY;
@@ -702,7 +652,6 @@ inline float sample_lower_bound(const float* p, int n, int k, std::uint32_t* key
   const int segment = n / samples;
   std::uint32_t key_lo = 0xffffffffu, key_hi = 0u;
   for (int j = 0; j < samples; ++j) {
-    // A hashed offset in [0, segment): 16 bits of a Fibonacci hash, scaled (no division).
     const std::uint64_t h = (static_cast<std::uint32_t>(j) * 2654435761u) >> 16;
     const int offset = static_cast<int>((h * static_cast<std::uint64_t>(segment)) >> 16);
     const std::uint32_t key = score_key(p[j * segment + offset]);
@@ -710,25 +659,21 @@ inline float sample_lower_bound(const float* p, int n, int k, std::uint32_t* key
     key_lo = key < key_lo ? key : key_lo;
     key_hi = key > key_hi ? key : key_hi;
   }
-  // The sample is a short list: its keys' own range and narrow digits (short_digit_list).
   const radix_cut cut = radix_select_host([keys](int i) { return keys[i]; }, samples,
                                           static_cast<int>(rank), hist, pos, key_lo, key_hi,
                                           digit_bits_for(samples));
   return cut.key == 0 ? none : score_from_key(cut.key);
 }
 
-// ---- the best k of a range ---------------------------------------------------------------------
-
-/// The best k of row[begin, end) (NaN ignored, ties to the lowest index), ascending, to out; returns
-/// how many (fewer than k only where NaNs leave fewer). Workspace: hist [radix_buckets], pos [end - begin].
+/// The best k of row[begin, end) (NaN ignored, ties to the lowest index), ascending, to out.
+/// Workspace: hist [radix_buckets], pos [end - begin].
 inline int take_best_host(const float* row, int begin, int end, int k, std::uint32_t* hist,
                           std::int32_t* pos, std::int32_t* out) {
   const int n = end - begin;
   if (n <= 0 || k <= 0) return 0;
   const float* p = row + begin;
   const radix_cut cut = radix_select_host([p](int i) { return score_key(p[i]); }, n, k, hist, pos);
-  // Emission into pos (free again; entry c <= i is written at step i, whether taken or not), so
-  // nothing past the count reaches out.
+  // Emission into pos (entry c <= i is written at step i), so nothing past the count reaches out.
   int ties = cut.ties;
   int c = 0;
   for (int i = 0; i < n; ++i) {
@@ -740,10 +685,9 @@ inline int take_best_host(const float* row, int begin, int end, int k, std::uint
 }
 
 /// Among the tokens [a, a + n) of a row: the candidates (scores >= threshold_floor(m, alpha), m the
-/// largest non-NaN score of the range and rm; alpha = +inf: every non-NaN token), or the best k of
-/// them where there are more (ties to the lowest index), ascending to out; returns how many.
-/// `lower`: any score, a hint that about k tokens reach it (sample_lower_bound; -inf for none); the
-/// result is exact whatever it is. Workspace: hist, pos, cand, ckeys of a row_workspace.
+/// largest non-NaN score of the range and rm), or the best k of them where there are more,
+/// ascending to out. `lower`: a hint that about k tokens reach it (-inf for none); the result is
+/// exact whatever it is.
 inline int best_above_floor(const float* row, int a, int n, int k, float alpha, float rm,
                             float lower, const row_workspace& ws, std::int32_t* out) {
   const float* p = row + a;
@@ -753,12 +697,10 @@ inline int best_above_floor(const float* row, int a, int n, int k, float alpha, 
   float m = rm;
   int c = collect_candidates(p, n, a, lower, alpha, m, cand);
   const float floor = threshold_floor(m, alpha);
-  // Every candidate's key lies in [lo, hi]: plan the digits on it; count the first while dropping
-  // what a lower running maximum let in (leaving every token >= max(lower, floor)).
+  // Every candidate's key lies in [lo, hi]: plan the digits on it.
   std::uint32_t lo = score_key(lower > floor ? lower : floor);
   const std::uint32_t hi = score_key(m);
   int top = radix_significant_bits(lo, hi);
-  // Short lists take narrower digits (more passes, each over a 16x smaller histogram).
   int bits = digit_bits_for(c);
   std::memset(ws.hist, 0, sizeof(std::uint32_t) * ((std::size_t{1} << bits) + 1));
   c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo, bits), keys, ws.hist);
@@ -772,8 +714,7 @@ inline int best_above_floor(const float* row, int a, int n, int k, float alpha, 
     c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo, bits), keys, ws.hist);
   }
   if (c > k) {
-    // More candidates than slots: the best k of them. Every token equal to the k-th score is in
-    // the list, so ties still go to the lowest indices.
+    // Every token equal to the k-th score is in the list, so ties still go to the lowest indices.
     const radix_cut cut = top == 0 ? radix_cut_at(lo, k)  // all candidates score the same
                                    : radix_select_counted([keys](int i) { return keys[i]; }, c, k,
                                                           ws.hist, ws.pos, top, lo, bits);
@@ -789,8 +730,7 @@ inline int best_above_floor(const float* row, int a, int n, int k, float alpha, 
   return c;
 }
 
-/// The best k non-NaN tokens of [a, a + n) of a row (ties to the lowest index), ascending, to out;
-/// returns how many. Long rows go through a sampled bound, short ones straight to radix select.
+/// The best k non-NaN tokens of [a, a + n) of a row (ties to the lowest index), ascending, to out.
 inline int best_of_range(const float* row, int a, int n, int k, const row_workspace& ws,
                          std::int32_t* out) {
   if (n <= 0 || k <= 0) return 0;

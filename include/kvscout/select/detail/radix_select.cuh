@@ -1,23 +1,19 @@
 #pragma once
 // Device selection kernels (select/topk.cuh, select/threshold.cuh): one thread block selects one
 // (sequence, kv_head) row, with the host selectors' semantics exactly: the same keys (score_key),
-// digit plan (radix_plan) and cut (radix_cut: every key above cut.key and the first cut.ties keys
-// equal to it in token order), so the device writes the host's indices, ties included.
+// digit plan (radix_plan) and cut (radix_cut), so the device writes the host's indices, ties
+// included.
 //
-// Per row, for candidate tokens [a, b), keys >= lo (lo >= 1 excludes NaN, whose key is 0), k slots
-// (docs/cuda_speculation.md, "Kernels and launch shapes"):
+// Per row, for candidate tokens [a, b), keys >= lo (lo >= 1 excludes NaN, whose key is 0), k slots:
 //   1. radix select (block_radix_cut): three passes (digits of 11, 11 and 10 bits, most
 //      significant first), each a shared-memory histogram of the keys that agree with the prefix
-//      found so far, then a block-wide scan over the buckets from the top for the k-th largest key.
-//      If pass 0 counts no more than k keys, all are taken (cut = lo - 1) and the rest skipped.
-//   2. ordered compaction (block_compact): tiles loaded blocked (cub::BlockLoad, warp transpose),
-//      one block-wide scan of packed (ties, greater) counts per tile; a taken token goes to
-//      greater_before + min(ties_before, cut.ties), so the indices come out ascending.
+//      so far, then a block-wide scan over the buckets from the top for the k-th largest key.
+//      If pass 0 counts no more than k keys, all are taken (cut = lo - 1).
+//   2. ordered compaction (block_compact): one block-wide scan of packed (ties, greater) counts
+//      per tile; a taken token goes to greater_before + min(ties_before, cut.ties), so the indices
+//      come out ascending.
 // The keep-set's head [0, a) and tail [b, len) are written around the chosen tokens.
-//
-// Shared memory: a 2048-counter histogram (8 KiB) and CUB's temporary storage. The kernels are
-// templates (on the block size, select_block_threads only) so that the header can be included by
-// any number of translation units.
+// The kernels are templates so that the header can be included by any number of translation units.
 
 #include <cuda_runtime.h>
 
@@ -34,7 +30,6 @@
 
 namespace kvscout::detail {
 
-/// Kernel arguments of every selection kernel (one struct, __grid_constant__).
 struct select_params {
   const float* scores;           // [num_seqs, num_kv_heads, stride]
   const std::int32_t* seq_lens;  // [num_seqs]
@@ -50,8 +45,8 @@ struct select_params {
   keep_set keep;
   int* status;  // the device status word, or null
 
-  /// seq_lens[s] clamped to [0, stride]: a bad length on the device never reads past a row; it
-  /// raises device_status::bad_length (once per block).
+  /// seq_lens[s] clamped to [0, stride]: a bad length never reads past a row; it raises
+  /// device_status::bad_length (once per block).
   __device__ __forceinline__ int length(int s) const {
     const int n = seq_lens[s];
     if (n >= 0 && n <= stride) return n;
@@ -91,7 +86,6 @@ struct sum_op {
   KVSCOUT_DEVICE long long operator()(long long a, long long b) const { return a + b; }
 };
 
-/// The largest non-NaN score of row[0, n) (-inf if none), in every thread.
 template <int Threads>
 KVSCOUT_DEVICE float block_row_max(const float* row, int n, select_smem& sm) {
   float m = -INFINITY;
@@ -104,7 +98,6 @@ KVSCOUT_DEVICE float block_row_max(const float* row, int n, select_smem& sm) {
   return r;
 }
 
-/// How many of row[a, b) are >= bound (NaN never is), in every thread.
 template <int Threads>
 KVSCOUT_DEVICE long long block_count_at_least(const float* row, int a, int b, float bound,
                                               select_smem& sm) {
@@ -118,10 +111,9 @@ KVSCOUT_DEVICE long long block_count_at_least(const float* row, int a, int b, fl
   return r;
 }
 
-/// One pass's decision from its histogram (count(bucket): shared or global counters): the bucket
-/// holding the kk-th largest key, walking the nb buckets from the top, thread tid owning buckets
-/// nb - 1 - (tid * per_thread + q). Returns the keys counted in all (every thread); where that is
-/// more than kk, *bucket and *rank (the wanted key's rank inside the bucket) are set in every thread.
+/// One pass's decision from its histogram: the bucket holding the kk-th largest key, walking the nb
+/// buckets from the top. Returns the keys counted in all (every thread); where that is more than
+/// kk, *bucket and *rank (the wanted key's rank inside the bucket) are set in every thread.
 template <int Threads, class Count>
 KVSCOUT_DEVICE int block_find_bucket(int nb, int kk, Count&& count, select_smem& sm, int* bucket,
                                      int* rank) {
@@ -154,7 +146,7 @@ KVSCOUT_DEVICE int block_find_bucket(int nb, int kk, Count&& count, select_smem&
 }
 
 /// The cut that takes the best k (k >= 1) of the keys >= lo (lo >= 1) of row[a, b), ties to the
-/// lowest index (see the header comment). Every thread returns the same cut.
+/// lowest index. Every thread returns the same cut.
 template <int Threads>
 KVSCOUT_DEVICE radix_cut block_radix_cut(const float* row, int a, int b, std::uint32_t lo, int k,
                                          select_smem& sm) {
@@ -176,8 +168,7 @@ KVSCOUT_DEVICE radix_cut block_radix_cut(const float* row, int a, int b, std::ui
     int bucket = 0, rank = 0;
     const int total = block_find_bucket<Threads>(
         nb, kk, [&](int i) { return sm.hist[i]; }, sm, &bucket, &rank);
-    // Pass 0 counts every candidate: no more than k of them, and all are taken. (Later passes
-    // always hold more than kk: the bucket chosen before held the kk-th key.)
+    // Pass 0 counts every candidate: no more than k of them, and all are taken.
     if (pass == 0 && total <= kk) return radix_cut{lo - 1u, 0};
     prefix |= static_cast<std::uint32_t>(bucket) << d.shift;
     known |= static_cast<std::uint32_t>(nb - 1) << d.shift;
@@ -188,7 +179,7 @@ KVSCOUT_DEVICE radix_cut block_radix_cut(const float* row, int a, int b, std::ui
 
 /// Writes the tokens of row[a, b) that `cut` takes, ascending, to out[0, count); returns count (in
 /// every thread). gt_base / eq_base: the keys above / equal to the cut before row[a] (a split row's
-/// earlier chunks); out[0] is then the slot of the first token that could be taken overall.
+/// earlier chunks).
 template <int Threads, int Items>
 KVSCOUT_DEVICE int block_compact(const float* row, int a, int b, radix_cut cut, std::int32_t* out,
                                  select_smem& sm, unsigned long long gt_base = 0,
@@ -199,8 +190,7 @@ KVSCOUT_DEVICE int block_compact(const float* row, int a, int b, radix_cut cut, 
   for (int t0 = a; t0 < b; t0 += tile) {
     const int valid = b - t0 < tile ? b - t0 : tile;
     float v[Items];
-    // Past the range: NaN, key 0, never taken (cut.key >= 0 and a key-0 tie needs cut.ties > 0,
-    // which radix_cut_at never gives key 0).
+    // Past the range: NaN, key 0, never taken.
     select_smem::load_t(sm.temp.load).Load(row + t0, v, valid, __int_as_float(0x7fc00000));
     __syncthreads();
     std::uint32_t key[Items];
@@ -233,8 +223,7 @@ KVSCOUT_DEVICE int block_compact(const float* row, int a, int b, radix_cut cut, 
   return static_cast<int>(gt_base + (eq_base < ties ? eq_base : ties));
 }
 
-/// The row's keep-set around the best k of [a, b) with keys >= lo: head [0, a), chosen, tail
-/// [b, len). Writes out[0, count) and counts[row] = count.
+/// The keep-set around the best k of [a, b) with keys >= lo. Writes out[0, count) and counts[row].
 template <int Threads, int Items>
 KVSCOUT_DEVICE void emit_row(const float* row, int len, keep_range kr, std::uint32_t lo, int k,
                              std::int32_t* out, std::int32_t* count, select_smem& sm) {
@@ -251,8 +240,6 @@ KVSCOUT_DEVICE void emit_row(const float* row, int len, keep_range kr, std::uint
   if (tid == 0) *count = a + chosen + (len - b);
 }
 
-/// Top-k: len <= budget takes the whole row (NaN included); otherwise the keep-set and the best
-/// budget - |keep| others (NaN never).
 template <int Threads = select_block_threads>
 __global__ void __launch_bounds__(Threads)
     topk_rows(const __grid_constant__ select_params p) {
@@ -273,8 +260,8 @@ __global__ void __launch_bounds__(Threads)
                                                           out, p.counts + row, sm);
 }
 
-/// Threshold, per_head: m = the row's largest non-NaN score (keep-set included); the keep-set
-/// and the best budget - |keep| of the tokens outside it with score >= threshold_floor(m, alpha).
+/// Threshold, per_head: the keep-set and the best budget - |keep| of the tokens outside it with
+/// score >= threshold_floor(row max, alpha).
 template <int Threads = select_block_threads>
 __global__ void __launch_bounds__(Threads)
     threshold_rows(const __grid_constant__ select_params p) {
@@ -294,8 +281,8 @@ __global__ void __launch_bounds__(Threads)
       sc, len, kr, lo, k, p.indices + static_cast<std::size_t>(row) * p.capacity, p.counts + row, sm);
 }
 
-/// Threshold, infinigen_mean, pass 1: every row's candidate count (tokens outside the keep-set
-/// with score >= threshold_floor(row max, alpha)); -1 for an empty row (not in the mean).
+/// Threshold, infinigen_mean, pass 1: every row's candidate count; -1 for an empty row (not in the
+/// mean).
 template <int Threads = select_block_threads>
 __global__ void __launch_bounds__(Threads)
     threshold_mean_counts(const __grid_constant__ select_params p) {

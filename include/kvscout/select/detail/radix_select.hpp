@@ -3,24 +3,21 @@
 //
 // Keys are score_key() values: 32 bits, larger is better, 0 = NaN = never chosen. Each pass counts
 // one digit (at most 11 bits, most significant first) of the remaining candidates; only the bucket
-// holding the k-th best key goes on to the next digit, until the k-th key and how many keys equal
-// to it to take are known exactly. A caller that knows bounds [key_lo, key_hi] of its keys passes
-// them: digits of key - key_lo spread a narrow range of scores over all the buckets.
+// holding the k-th best key goes on to the next digit. A caller that knows bounds [key_lo, key_hi]
+// of its keys passes them: digits of key - key_lo spread a narrow range over all the buckets.
 //
 // The result, a radix_cut, selects every key > cut.key and the first cut.ties keys equal to it in
 // row order (ties go to the lowest positions), so emitting the selection in ascending order is one
 // scan (radix_take). Fewer than k non-NaN keys: the cut takes every non-NaN key ({0, 0}).
 //
-//   std::uint32_t hist[kvscout::detail::radix_buckets];
-//   std::vector<std::int32_t> pos(n);                         // workspace: candidate positions
 //   auto cut = kvscout::detail::radix_select_host(
 //       [&](int i) { return kvscout::score_key(row[i]); }, n, k, hist, pos.data());
 //   int ties = cut.ties, count = 0;
 //   for (int i = 0; i < n; ++i)
 //     if (kvscout::detail::radix_take(kvscout::score_key(row[i]), cut, ties)) out[count++] = i;
 //
-// The digit plan, the take rule and the bucket walk are KVSCOUT_HOST_DEVICE so that a CUDA radix
-// select (block-wide histograms) computes the same cut.
+// The digit plan, the take rule and the bucket walk are KVSCOUT_HOST_DEVICE so that the CUDA radix
+// select computes the same cut.
 
 #include <bit>
 #include <cstddef>
@@ -35,7 +32,6 @@ namespace kvscout::detail {
 inline constexpr int radix_bits = 11;
 inline constexpr int radix_buckets = 1 << radix_bits;  // counters of one histogram
 
-/// How many low bits the offsets key - lo of keys in [lo, hi] occupy: 0 to 32.
 KVSCOUT_HOST_DEVICE int radix_significant_bits(std::uint32_t lo, std::uint32_t hi) {
   const std::uint32_t range = hi - lo;
 #if KVSCOUT_DEVICE_PASS
@@ -45,8 +41,7 @@ KVSCOUT_HOST_DEVICE int radix_significant_bits(std::uint32_t lo, std::uint32_t h
 #endif
 }
 
-/// Digit `pass` (0 = most significant) of offsets of `top` significant bits: bits
-/// [shift, shift + bits) of key - base.
+/// Digit `pass` (0 = most significant): bits [shift, shift + bits) of key - base.
 struct radix_digit {
   int shift;
   int bits;
@@ -56,20 +51,18 @@ struct radix_digit {
     return ((key - base) >> shift) & ((std::uint32_t{1} << bits) - 1u);
   }
 };
-/// Digits are radix_bits wide unless `bits` says otherwise (the host takes narrower digits for
-/// short candidate lists: a pass costs a histogram of 1 << bits counters whatever the list).
+/// The host takes narrower digits for short candidate lists: a pass costs a histogram of 1 << bits
+/// counters whatever the list.
 KVSCOUT_HOST_DEVICE radix_digit radix_plan(int top, int pass, std::uint32_t base,
                                            int bits = radix_bits) {
   const int hi = top - bits * pass;
   const int lo = hi > bits ? hi - bits : 0;
   return {lo, hi - lo, base};
 }
-/// Passes a plan for `top` significant bits needs.
 KVSCOUT_HOST_DEVICE int radix_passes(int top, int bits = radix_bits) {
   return (top + bits - 1) / bits;
 }
 
-/// What a selection takes: keys > key, and the first `ties` keys == key.
 struct radix_cut {
   std::uint32_t key;
   int ties;
@@ -77,17 +70,14 @@ struct radix_cut {
 
 /// Takes nothing (UINT32_MAX is never a score key).
 KVSCOUT_HOST_DEVICE radix_cut radix_cut_none() { return {0xffffffffu, 0}; }
-/// Takes every non-NaN key.
 KVSCOUT_HOST_DEVICE radix_cut radix_cut_all() { return {0u, 0}; }
-/// Takes `ties` keys equal to `key` and all above; key 0 (NaN) is never taken.
+/// Key 0 (NaN) is never taken.
 KVSCOUT_HOST_DEVICE radix_cut radix_cut_at(std::uint32_t key, int ties) {
   return key == 0 ? radix_cut_all() : radix_cut{key, ties};
 }
 
-/// Whether the next key in row order is taken; `ties_left` starts at cut.ties.
 KVSCOUT_HOST_DEVICE bool radix_take(std::uint32_t key, radix_cut cut, int& ties_left) {
   if (key == cut.key) [[unlikely]] {
-    // Ties are rare in real scores: a branch keeps the tie count off every other key's path.
     const bool tie = ties_left > 0;
     ties_left -= static_cast<int>(tie);
     return tie;
@@ -95,15 +85,14 @@ KVSCOUT_HOST_DEVICE bool radix_take(std::uint32_t key, radix_cut cut, int& ties_
   return key > cut.key;
 }
 
-/// The bucket of a histogram that holds the k-th largest entry (1-based k), walking down from
-/// the top, and the rank of that entry inside the bucket (k minus the entries of the buckets
-/// above). k must be in [1, sum of hist].
+/// The bucket holding the k-th largest entry (1-based k), walking down from the top, and its rank
+/// inside the bucket. k must be in [1, sum of hist].
 struct radix_bucket {
   int bucket;
   int k;
 };
 KVSCOUT_HOST_DEVICE radix_bucket radix_find_bucket(const std::uint32_t* hist, int buckets, int k) {
-  // Whole groups of 16 buckets first (their sums vectorise): most buckets of a short list are empty.
+  // Groups of 16 buckets first (their sums vectorise): most buckets of a short list are empty.
   constexpr int group = 16;
   int b = buckets - 1;
   while (b + 1 >= 2 * group) {
@@ -121,8 +110,7 @@ KVSCOUT_HOST_DEVICE radix_bucket radix_find_bucket(const std::uint32_t* hist, in
   return {b, k};
 }
 
-/// The rest of radix_select_host, given the histogram of digit 0 of every key (digits `bits` wide,
-/// radix_plan), for callers that count it on the way.
+/// The rest of radix_select_host, given the histogram of digit 0 of every key.
 template <class KeyAt>
 radix_cut radix_select_counted(KeyAt&& key_at, int n, int k, std::uint32_t* hist, std::int32_t* pos,
                                int top, std::uint32_t base, int bits = radix_bits) {
@@ -133,7 +121,6 @@ radix_cut radix_select_counted(KeyAt&& key_at, int n, int k, std::uint32_t* hist
   int m = static_cast<int>(hist[rb.bucket]);
   if (passes == 1) return radix_cut_at(base + prefix, rb.k);
 
-  // Second scan: keep the positions of that bucket only (branch-free compaction).
   {
     const std::uint32_t want = static_cast<std::uint32_t>(rb.bucket);
     int c = 0;
@@ -144,7 +131,6 @@ radix_cut radix_select_counted(KeyAt&& key_at, int n, int k, std::uint32_t* hist
   }
 
   for (int pass = 1; pass < passes; ++pass) {
-    // Short cut: the whole bucket is taken; the cut is its smallest key.
     if (rb.k == m) {
       std::uint32_t lo = 0xffffffffu;
       for (int i = 0; i < m; ++i) {
@@ -160,7 +146,6 @@ radix_cut radix_select_counted(KeyAt&& key_at, int n, int k, std::uint32_t* hist
     for (int i = 0; i < m; ++i) ++hist[d.of(key_at(pos[i]))];
     rb = radix_find_bucket(hist, 1 << d.bits, rb.k);
     prefix |= static_cast<std::uint32_t>(rb.bucket) << d.shift;
-    // After the last digit the candidates left equal the k-th key.
     if (pass + 1 == passes) return radix_cut_at(base + prefix, rb.k);
     const int next = static_cast<int>(hist[rb.bucket]);
     if (next != m) {
@@ -177,9 +162,8 @@ radix_cut radix_select_counted(KeyAt&& key_at, int n, int k, std::uint32_t* hist
   return radix_cut_all();  // not reached: the last pass returns
 }
 
-/// The cut for the k best of the n keys key_at(0), ..., key_at(n - 1) (an invocable int -> uint32_t,
-/// called a few times per position), all in [key_lo, key_hi]. Workspace: hist [radix_buckets], pos
-/// [n] (the first digit's survivors). Cost: two scans of the keys, then of the survivors only.
+/// The cut for the k best of the n keys key_at(0), ..., key_at(n - 1), all in [key_lo, key_hi].
+/// Workspace: hist [radix_buckets], pos [n]. Cost: two scans of the keys, then of the survivors.
 template <class KeyAt>
 radix_cut radix_select_host(KeyAt&& key_at, int n, int k, std::uint32_t* hist, std::int32_t* pos,
                             std::uint32_t key_lo = 0u, std::uint32_t key_hi = 0xffffffffu,
@@ -188,7 +172,6 @@ radix_cut radix_select_host(KeyAt&& key_at, int n, int k, std::uint32_t* hist, s
   if (k >= n) return radix_cut_all();
   const int top = radix_significant_bits(key_lo, key_hi);
   if (top == 0) return radix_cut_at(key_lo, k);  // all keys are equal
-  // First scan: histogram of digit 0.
   const radix_digit d = radix_plan(top, 0, key_lo, bits);
   std::memset(hist, 0, sizeof(std::uint32_t) << d.bits);
   for (int i = 0; i < n; ++i) ++hist[d.of(key_at(i))];

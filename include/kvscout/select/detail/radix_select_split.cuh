@@ -1,24 +1,19 @@
 #pragma once
-// Selection of long rows by several blocks per row (select/topk.cuh, select/threshold.cuh use it
-// where rows are few and long: 32 rows of 128k tokens on 132 SMs). The same keys, digit plan,
-// cut and output as the one-block kernels of radix_select.cuh, bit for bit: only who counts
-// changes. Grid (chunks, rows) for every kernel; chunk c of a row holds its tokens
+// Selection of long rows by several blocks per row (where rows are few and long). The same keys,
+// digit plan, cut and output as the one-block kernels of radix_select.cuh, bit for bit: only who
+// counts changes. Grid (chunks, rows) for every kernel; chunk c of a row holds its tokens
 // [c * chunk_tokens, (c + 1) * chunk_tokens).
 //
 //   split_row_max     (threshold, per_head) each chunk's largest non-NaN score -> chunk_max
-//   split_hist        one per radix pass: each chunk's histogram of the candidates that agree
-//                     with the digits found so far, added to the row's global histogram; the
-//                     row's last block to finish (an arrival counter) reads the whole histogram,
-//                     finds the digit (block_find_bucket) and writes the row's state (or, after
-//                     pass 0 finds that every candidate fits, the final cut), then clears the
-//                     histogram and the counter for the next pass
+//   split_hist        one per radix pass: each chunk's histogram added to the row's global one;
+//                     the row's last block to finish (an arrival counter) finds the digit, writes
+//                     the row's state (or the final cut), then clears the histogram and counter
 //   split_count       each chunk's (greater, equal) counts against the row's cut
 //   split_scatter     each chunk's ordered compaction, at the offsets its earlier chunks' counts
-//                     give; chunk 0 writes the keep-set's head, the last chunk its tail and the
-//                     row's count
-// select() clears the histograms and counters (cudaMemsetAsync) before split_hist's first pass,
-// so the workspace needs no initial contents. Every decision a block makes from a row's length
-// (keep-set, whether to select at all) is made alike by all its blocks.
+//                     give; chunk 0 writes the keep-set's head, the last chunk its tail and count
+// select() clears the histograms and counters before split_hist's first pass, so the workspace
+// needs no initial contents. Every decision a block makes from a row's length is made alike by
+// all its blocks.
 
 #include <cuda_runtime.h>
 
@@ -31,7 +26,6 @@
 
 namespace kvscout::detail {
 
-/// A row's state between the split kernels (workspace, select_split_state_bytes).
 struct select_split_row {
   std::uint32_t prefix;  // the digits found so far
   std::uint32_t known;   // the bits they cover
@@ -55,7 +49,6 @@ struct split_select_params {
   float* chunk_max;                 // [rows, chunks]
 };
 
-/// What every block of a row derives from its length alike.
 struct split_row_shape {
   int len;
   keep_range kr;
@@ -74,7 +67,6 @@ KVSCOUT_DEVICE split_row_shape split_shape(const split_select_params& sp, int ro
   return r;
 }
 
-/// Chunk c's part of [a, b).
 KVSCOUT_DEVICE void chunk_range(const split_select_params& sp, int c, int a, int b, int* lo_out,
                                 int* hi_out) {
   const long long c0 = static_cast<long long>(c) * sp.chunk_tokens;
@@ -141,8 +133,8 @@ __global__ void __launch_bounds__(Threads)
   std::uint32_t* gh = sp.hist + static_cast<std::size_t>(row) * radix_buckets;
   for (int i = tid; i < nb; i += Threads)
     if (sm.hist[i] != 0u) atomicAdd(&gh[i], sm.hist[i]);
-  // The last block of the row to arrive sees every block's counts (the fence orders each
-  // block's adds before its arrival).
+  // The last block of the row to arrive sees every block's counts (the fence orders each block's
+  // adds before its arrival).
   __threadfence();
   __syncthreads();
   if (tid == 0) last = atomicAdd(&st->arrivals, 1u) == static_cast<unsigned>(sp.chunks - 1) ? 1 : 0;
@@ -250,9 +242,8 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
-/// The split a selector of num_seqs x num_kv_heads rows of up to `stride` tokens uses on the
-/// current device (opt.num_sms = 0: its SM count, asked here, at setup); one block per row where
-/// no device could split such rows or there is no device.
+/// opt.num_sms = 0: the device's SM count, asked here, at setup. One block per row where no device
+/// could split such rows or there is no device.
 inline select_split device_select_split(int num_seqs, int num_kv_heads, int stride,
                                         select_split_options opt) {
   if (max_select_chunks(stride, opt) <= 1) return {1, stride};
@@ -261,8 +252,7 @@ inline select_split device_select_split(int num_seqs, int num_kv_heads, int stri
   return plan_select_split(static_cast<long long>(num_seqs) * num_kv_heads, stride, opt);
 }
 
-/// Enqueues the split selection of every row on `stream`: clears the histograms and arrival
-/// counters, then the kernels in order (split_row_max for the threshold only).
+/// Clears the histograms and arrival counters, then enqueues the kernels in order.
 inline void run_split_select(const split_select_params& sp, cudaStream_t stream) {
   const std::size_t rows = static_cast<std::size_t>(sp.p.num_seqs) * sp.p.num_kv_heads;
   KVSCOUT_CUDA_CHECK(cudaMemsetAsync(sp.state, 0, rows * sizeof(select_split_row), stream));
@@ -276,8 +266,6 @@ inline void run_split_select(const split_select_params& sp, cudaStream_t stream)
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
 }
 
-/// The split's workspace carved as select_split_workspace_bytes laid it out (chunk arrays sized
-/// for max_chunks).
 inline split_select_params split_params_in(const select_params& p, select_split split, bool topk,
                                            std::byte* ws, int max_chunks) {
   const std::size_t rows = static_cast<std::size_t>(p.num_seqs) * p.num_kv_heads;

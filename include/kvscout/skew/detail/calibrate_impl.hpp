@@ -1,6 +1,5 @@
 #pragma once
-// The definition of calibrate_skew (skew/calibrate.hpp, which includes this file unless
-// KVSCOUT_SEPARATE_CALIBRATION leaves it to one translation unit). Needs Eigen.
+// The definition of calibrate_skew (skew/calibrate.hpp). Needs Eigen.
 
 #include <algorithm>
 #include <cmath>
@@ -20,8 +19,7 @@ namespace kvscout {
 
 namespace detail {
 
-/// Indices 0..n-1 ordered by score, largest first; equal scores keep the lower index first, so
-/// ties resolve the same way on every machine.
+/// Indices 0..n-1 by score, largest first; ties keep the lower index first, on every machine.
 inline std::vector<int> rank_by_score(const std::vector<double>& score) {
   std::vector<int> idx(score.size());
   std::iota(idx.begin(), idx.end(), 0);
@@ -54,7 +52,6 @@ using row_major_f = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::
 
 }  // namespace detail
 
-// Documented in skew/calibrate.hpp.
 KVSCOUT_CALIBRATION_INLINE skew_plan calibrate_skew(host_span<const float> q_samples,
                                                     host_span<const float> k_samples, int n,
                                                     int group, int head_dim,
@@ -133,7 +130,7 @@ KVSCOUT_CALIBRATION_INLINE skew_plan calibrate_skew(host_span<const float> q_sam
     return rope_planes_plan(plan.rope, detail::pick_top(q_rank, k_rank, r / 2));
   }
 
-  // Skew modes. Q [n * g, D] in double; only V is needed, never U (which would be [n * g]^2).
+  // Skew modes: only V is needed, never U (which would be [n * g]^2).
   const Eigen::MatrixXd Q =
       Eigen::Map<const detail::row_major_f>(q_samples.data(), static_cast<Eigen::Index>(rows),
                                             head_dim)
@@ -148,7 +145,6 @@ KVSCOUT_CALIBRATION_INLINE skew_plan calibrate_skew(host_span<const float> q_sam
     if (V(at, j) < 0) V.col(j) = -V.col(j);
   }
 
-  // Column sums of |q'| over all n * g samples, [D].
   const auto column_abs_sums = [&](const Eigen::MatrixXd& X) {
     const Eigen::VectorXd s = (X * V).cwiseAbs().colwise().sum().transpose();
     return std::vector<double>(s.data(), s.data() + s.size());

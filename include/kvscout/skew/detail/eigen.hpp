@@ -1,7 +1,6 @@
 #pragma once
-// Eigen (Debian's libeigen3-dev, header-only), for offline calibration and the tools' GEMMs.
-// Eigen's own headers trip our warning flags (conversions, shadowing, a -O2 false positive of
-// -Wmaybe-uninitialized); they are not ours to fix, so silence them for Eigen only.
+// Eigen, for offline calibration and the tools' GEMMs. Its own headers trip our warning flags; they
+// are not ours to fix, so silence them for Eigen only.
 
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
