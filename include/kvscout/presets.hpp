@@ -83,7 +83,8 @@ inline constexpr double infinigen_paper_budget = 0.2;
 
 /// InfiniGen as its authors' code runs it (paths in github.com/snu-comparch/InfiniGen): the
 /// post-RoPE skew of its Llama accuracy path with the alpha 4 and query-only channels of its OPT
-/// speedup path; neither path runs exactly this set.
+/// speedup path; neither path runs exactly this set. Each field's source in the reference's code:
+/// docs/speculation.md.
 ///   r               int(head_dim * 0.2), truncated as Python's int() does: 128 -> 25, 64 -> 12.
 ///   union_with_keys false, as the system; the Llama accuracy path also ORs in the keys' top
 ///                   columns (r to 2r channels), kvscout keeps exactly r.
