@@ -111,6 +111,7 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
   for (long long item = blockIdx.x; item < p.items; item += gridDim.x) {
     const long long pair = item / p.chunks_per_pair;
     const int first = static_cast<int>(item - pair * p.chunks_per_pair) * R;
+    // Every thread reads the same count, so the skip below is uniform across the block.
     int n = p.counts[pair];
     if (n < 0 || n > p.capacity) {
       if (threadIdx.x == 0 && first == 0) raise_device_status(p.status, device_status::bad_count);
