@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <memory>
 #include <random>
 #include <utility>
@@ -200,17 +199,4 @@ int run() {
 
 }  // namespace
 
-int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();
-    std::printf("02_cuda_decode_step: no CUDA device found, nothing to run (skipped)\n");
-    return 77;
-  }
-  try {
-    return run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "02_cuda_decode_step: %s\n", e.what());
-    return 1;
-  }
-}
+int main() { return examples::run_example("02_cuda_decode_step", run); }

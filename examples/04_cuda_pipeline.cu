@@ -18,7 +18,6 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <exception>
 #include <random>
 #include <vector>
 
@@ -204,17 +203,4 @@ int run() {
 
 }  // namespace
 
-int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();
-    std::printf("04_cuda_pipeline: no CUDA device found, nothing to run (skipped)\n");
-    return 77;
-  }
-  try {
-    return run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "04_cuda_pipeline: %s\n", e.what());
-    return 1;
-  }
-}
+int main() { return examples::run_example("04_cuda_pipeline", run); }

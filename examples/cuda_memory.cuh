@@ -1,11 +1,14 @@
 #pragma once
-// The CUDA examples' memory: device, uploaded and mapped pinned host blocks, freed when the
-// cuda_memory goes out of scope (an engine has its own allocators). Not part of the library.
+// The CUDA examples' memory (device, uploaded and mapped pinned host blocks, freed when the
+// cuda_memory goes out of scope; an engine has its own allocators) and their main(). Not part of
+// the library.
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
+#include <exception>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -44,6 +47,23 @@ template <class T> std::vector<T> download(kvscout::device_span<T> d) {
   std::vector<T> v(d.size());
   KVSCOUT_CUDA_CHECK(cudaMemcpy(v.data(), d.data(), d.size_bytes(), cudaMemcpyDeviceToHost));
   return v;
+}
+
+/// main() of a CUDA example: 77 (ctest: skipped) without a device, else run()'s exit code; an
+/// exception is printed and exits 1.
+template <class F> int run_example(const char* name, F&& run) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    std::printf("%s: no CUDA device found, nothing to run (skipped)\n", name);
+    return 77;
+  }
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 }  // namespace examples
