@@ -101,7 +101,7 @@ void run_gather(benchmark::State& state, int density, int threads) {
   const int32_t len = tokens;
   const layout l = layout::padded(heads, tokens, &len, 1);
   const selections sel = make_selections(tokens, density);
-  kvscout::host_gather_config cfg{1, heads, sel.capacity, threads};
+  kvscout::host_gather_config cfg{{.num_seqs = 1, .num_kv_heads = heads}, sel.capacity, threads};
   auto ws = kvscout::make_workspace<executor>(cfg);
   executor ex(cfg, ws.span());
   const kvscout::kv_view<layout, kvscout::host_space> src{l, {a.k.data(), a.k.size()},

@@ -157,7 +157,7 @@ void run_gather(benchmark::State& state, const Layout& l, std::size_t k_bytes, s
       dv(rows * l.v_row_bytes(), kvscout::host_pages::huge);
   std::fill(dk.begin(), dk.end(), std::byte{1});
   std::fill(dv.begin(), dv.end(), std::byte{2});
-  kvscout::host_gather_config cfg{1, heads, sel.capacity, threads};
+  kvscout::host_gather_config cfg{{.num_seqs = 1, .num_kv_heads = heads}, sel.capacity, threads};
   const auto ws = kvscout::make_workspace<executor>(cfg);
   executor ex(cfg, ws.span());
   const kvscout::gather_destination<kvscout::host_space> dst{{dk.data(), dk.size()},
@@ -292,7 +292,7 @@ void attention_kivi(benchmark::State& state) {
   const kvscout::selection_view<kvscout::host_space> sel{
       {idx.data(), idx.size()}, {counts.data(), counts.size()}, 1, heads, selected};
   using executor = kvscout::gather_executor_host<L>;
-  const kvscout::host_gather_config cfg{1, heads, selected, 1};
+  const kvscout::host_gather_config cfg{{.num_seqs = 1, .num_kv_heads = heads}, selected, 1};
   const auto ws = kvscout::make_workspace<executor>(cfg);
   executor ex(cfg, ws.span());
   kvscout::host_buffer<std::byte> dk(idx.size() * l.k_row_bytes()), dv(idx.size() * l.v_row_bytes());

@@ -127,27 +127,31 @@ void run_selector(benchmark::State& state, const typename Selector::config& cfg,
 void BM_topk_radix(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int k = n / 10;
-  run_selector<kvscout::topk_selector_host>(state, {1, rows, n, k, k, {}}, n);
+  run_selector<kvscout::topk_selector_host>(state, {{.num_seqs = 1, .num_kv_heads = rows,
+                                                    .max_tokens = n}, k, k, {}}, n);
 }
 
 void BM_topk_radix_logits(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int k = n / 10;
-  run_selector<kvscout::topk_selector_host>(state, {1, rows, n, k, k, {}}, n, 4.f);
+  run_selector<kvscout::topk_selector_host>(state, {{.num_seqs = 1, .num_kv_heads = rows,
+                                                    .max_tokens = n}, k, k, {}}, n, 4.f);
 }
 
 void BM_pooled_topk(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int k = n / 10;
   run_selector<kvscout::pooled_topk_selector_host>(
-      state, {1, rows, n, n, k, {}, kvscout::pooled_scale::logit, kvscout::pooled_rule::mass}, n, 4.f);
+      state, {{.num_seqs = 1, .num_kv_heads = rows, .max_tokens = n}, n, k, {},
+              kvscout::pooled_scale::logit, kvscout::pooled_rule::mass}, n, 4.f);
 }
 
 void BM_pooled_topk_coverage(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int k = n / 10;
   run_selector<kvscout::pooled_topk_selector_host>(
-      state, {1, rows, n, n, k, {}, kvscout::pooled_scale::logit, kvscout::pooled_rule::coverage}, n, 4.f);
+      state, {{.num_seqs = 1, .num_kv_heads = rows, .max_tokens = n}, n, k, {},
+              kvscout::pooled_scale::logit, kvscout::pooled_rule::coverage}, n, 4.f);
 }
 
 void BM_topk_nth_element(benchmark::State& state) {
@@ -188,21 +192,24 @@ void BM_threshold(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int k = n / 10;
   run_selector<kvscout::threshold_selector_host>(
-      state, {1, rows, n, k, 5.f, k, kvscout::threshold_rule::per_head, {}}, n);
+      state, {{.num_seqs = 1, .num_kv_heads = rows, .max_tokens = n}, k, 5.f, k,
+              kvscout::threshold_rule::per_head, {}}, n);
 }
 
 void BM_threshold_logits(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int k = n / 10;
   run_selector<kvscout::threshold_selector_host>(
-      state, {1, rows, n, k, 5.f, k, kvscout::threshold_rule::per_head, {}}, n, 4.f);
+      state, {{.num_seqs = 1, .num_kv_heads = rows, .max_tokens = n}, k, 5.f, k,
+              kvscout::threshold_rule::per_head, {}}, n, 4.f);
 }
 
 void BM_threshold_logits_row_max(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int k = n / 10;
   run_selector<kvscout::threshold_selector_host>(
-      state, {1, rows, n, k, 5.f, k, kvscout::threshold_rule::per_head, {}}, n, 4.f, true);
+      state, {{.num_seqs = 1, .num_kv_heads = rows, .max_tokens = n}, k, 5.f, k,
+              kvscout::threshold_rule::per_head, {}}, n, 4.f, true);
 }
 
 // InfiniGen's own rule on the same logit rows: one count (the mean over the rows of how many
@@ -211,13 +218,15 @@ void BM_threshold_infinigen_logits(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int k = n / 10;
   run_selector<kvscout::threshold_selector_host>(
-      state, {1, rows, n, k, 5.f, k, kvscout::threshold_rule::infinigen_mean, {}}, n, 4.f);
+      state, {{.num_seqs = 1, .num_kv_heads = rows, .max_tokens = n}, k, 5.f, k,
+              kvscout::threshold_rule::infinigen_mean, {}}, n, 4.f);
 }
 
 void BM_threshold_uncapped(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   run_selector<kvscout::threshold_selector_host>(
-      state, {1, rows, n, n, 5.f, n, kvscout::threshold_rule::per_head, {}}, n, 4.f);
+      state, {{.num_seqs = 1, .num_kv_heads = rows, .max_tokens = n}, n, 5.f, n,
+              kvscout::threshold_rule::per_head, {}}, n, 4.f);
 }
 
 void BM_stream_pass(benchmark::State& state) {

@@ -115,7 +115,9 @@ struct fixture {
     for (int h = 0; h < H; ++h) plans.push_back(make_plan(mode, h, rr));
     // Every layer builds its own partial weights and keys (its own memory) from the same W_Q.
     const auto L = static_cast<std::size_t>(layers);
-    kvscout::infinigen_config cfg{layers, held, H, Hq, D, d_model, n, 0.125f, agg};
+    kvscout::infinigen_config cfg{{.num_layers = layers, .num_seqs = held,
+                                   .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
+                                   .d_model = d_model, .max_tokens = n, .scale = 0.125f}, agg};
     policy_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT, WT>>(cfg);
     policy = std::make_unique<kvscout::infinigen_policy_host<PkT, WT>>(
         cfg, std::vector<std::vector<kvscout::skew_plan>>(L, plans),
@@ -414,12 +416,15 @@ void BM_correction_step(benchmark::State& state) {
                                   {f.lens.data(), 1}};
   const kvscout::score_buffer<kvscout::host_space> out{{f.scores.data(), f.scores.size()}, 1, H, n};
   f.policy->score(0, ctx, out);
-  const kvscout::topk_selector_host::config tc{1, H, n, spec, spec, {4, 16}};
+  const kvscout::topk_selector_host::config tc{{.num_seqs = 1, .num_kv_heads = H,
+                                                .max_tokens = n},
+                                               spec, spec, {4, 16}};
   auto tws = kvscout::make_workspace<kvscout::topk_selector_host>(tc);
   std::vector<int32_t> sidx(static_cast<std::size_t>(H) * spec), scnt(H), aidx(static_cast<std::size_t>(H) * extra), acnt(H);
   kvscout::topk_selector_host(tc, tws.span())
       .select(out.view({f.lens.data(), 1}), {{sidx.data(), sidx.size()}, {scnt.data(), scnt.size()}, 1, H, spec});
-  const kvscout::correction_selector_host::config cc{1, H, n, extra, extra};
+  const kvscout::correction_selector_host::config cc{{.num_seqs = 1, .num_kv_heads = H,
+                                                      .max_tokens = n}, extra, extra};
   auto cws = kvscout::make_workspace<kvscout::correction_selector_host>(cc);
   kvscout::correction_selector_host corr(cc, cws.span());
   for (auto _ : state) {

@@ -81,7 +81,7 @@ int main(int argc, char** argv) try {
     }
 
   // Setup: size query, caller-owned workspace, executor (starts its threads once).
-  kvscout::host_gather_config cfg{num_seqs, heads, capacity, threads};
+  kvscout::host_gather_config cfg{{.num_seqs = num_seqs, .num_kv_heads = heads}, capacity, threads};
   auto ws = kvscout::make_workspace<executor>(cfg);  // workspace_bytes(cfg) at workspace_alignment
   executor gather(cfg, ws.span());
 

@@ -83,6 +83,11 @@ int main(int argc, char** argv) try {
   using session_t = model::llama_session<64>;
   using layout = session_t::layout;
 
+  // The step's dimensions, once: every part's config holds them.
+  const decode_shape shape{.num_layers = c.n_layers, .num_seqs = 1, .num_kv_heads = c.n_kv_heads,
+                           .num_q_heads = c.n_heads, .head_dim = 64, .d_model = c.d_model,
+                           .max_tokens = max_tokens, .scale = 0.125f};
+
   // ---- 2. calibration on the first 128 tokens (query / key samples of every layer) ------------
   std::printf("calibrating the speculation (RoPE planes, r = %d) on 128 tokens ...\n", r);
   std::vector<std::vector<float>> qs(static_cast<std::size_t>(c.n_layers)), ks(qs.size());
@@ -94,19 +99,8 @@ int main(int argc, char** argv) try {
     };
     for (int i = 0; i < 128; ++i) cal.step(all[static_cast<std::size_t>(i)]);
   }
-  const int g = c.n_heads / c.n_kv_heads, n = 128;
-  std::vector<std::vector<skew_plan>> plans(static_cast<std::size_t>(c.n_layers));
-  for (int l = skip; l < c.n_layers; ++l)
-    for (int h = 0; h < c.n_kv_heads; ++h) {
-      std::vector<float> q(static_cast<std::size_t>(n) * g * 64), k(static_cast<std::size_t>(n) * 64);
-      for (int t = 0; t < n; ++t) {
-        std::copy_n(&qs[l][(static_cast<std::size_t>(t) * c.n_heads + h * g) * 64], g * 64, &q[static_cast<std::size_t>(t) * g * 64]);
-        std::copy_n(&ks[l][(static_cast<std::size_t>(t) * c.n_kv_heads + h) * 64], 64, &k[static_cast<std::size_t>(t) * 64]);
-      }
-      plans[static_cast<std::size_t>(l)].push_back(calibrate_skew(
-          {q.data(), q.size()}, {k.data(), k.size()}, n, g, 64,
-          {r, false, rope_mode::rope_planes, {64, c.rope_theta, c.rope}}));
-    }
+  const skew_options opt{r, false, rope_mode::rope_planes, {64, c.rope_theta, c.rope}};
+  const auto plans = calibrate_skew_layers(shape, qs, ks, 128, opt, skip);  // [layer][KV head]
 
   // ---- 3. the prompt: dense vs speculative ----------------------------------------------------
   // A user turn holding the passage (scored for perplexity) and a question about it.
@@ -120,16 +114,16 @@ int main(int argc, char** argv) try {
   for (const auto& L : w.layers) wq.push_back({L.wq.data(), L.wq.size()});
   // Each part's workspace sized by its own query (make_workspace: this example has no allocator
   // of its own).
-  const infinigen_config pc{c.n_layers, 1, c.n_kv_heads, c.n_heads, 64, c.d_model, max_tokens,
-                            0.125f, gqa_aggregation::max_logit};
+  const infinigen_config pc{.shape = shape, .aggregation = gqa_aggregation::max_logit};
   auto policy_ws = make_workspace<infinigen_policy_host<>>(pc);
   infinigen_policy_host<> policy(pc, plans, wq, bq, policy_ws.span());
-  topk_selector_host::config sc{1, c.n_kv_heads, max_tokens, budget, budget, {4, 16}};
+  const topk_selector_host::config sc{.shape = shape, .capacity = budget, .budget = budget,
+                                      .keep = {4, 16}};
   std::vector<std::byte> ws(topk_selector_host::workspace_bytes(sc));
   topk_selector_host selector(sc, {ws.data(), ws.size()});
   using pipe_t = decode_pipeline_host<layout, infinigen_policy_host<>, topk_selector_host>;
-  const host_pipeline_config cfg{c.n_layers, skip, 1, c.n_kv_heads, c.n_heads, max_tokens,
-                                 budget, 2, 0.125f};
+  const host_pipeline_config cfg{
+      .shape = shape, .skip_layers = skip, .capacity = budget, .threads = 2};
   auto gather_ws = make_workspace<gather_executor_host<layout>>(gather_config_for(cfg));
   gather_executor_host<layout> gather(gather_config_for(cfg), gather_ws.span());
   auto pipe_ws = make_workspace<pipe_t>(cfg);

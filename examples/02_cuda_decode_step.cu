@@ -29,6 +29,7 @@
 #include "kvscout/kvscout.hpp"  // every host-compilable part; the CUDA parts one by one:
 #include "kvscout/attention/decode.cuh"
 #include "kvscout/fetch/zero_copy.cuh"
+#include "kvscout/pipeline/cuda_stages.cuh"  // cuda_stage_memory: the step's buffers
 #include "kvscout/select/topk.cuh"
 #include "kvscout/score/infinigen.cuh"
 #include "cuda_memory.cuh"  // the example's allocations (examples/)
@@ -96,9 +97,12 @@ int run() {
   cudaStream_t stream{};
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&stream));
   using speculator_t = kvscout::infinigen_policy_cuda<float>;
-  const kvscout::infinigen_cuda_config spec_cfg{S, H, Hq, D, d_model, max_tokens, r,
-                                                kvscout::rope_mode::rope_planes, scale,
-                                                kvscout::gqa_aggregation::max_logit};
+  // The step's dimensions, once; every part's config holds them and adds its own settings.
+  const kvscout::decode_shape shape{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+                                    .head_dim = D, .d_model = d_model, .max_tokens = max_tokens,
+                                    .scale = scale};
+  const kvscout::infinigen_cuda_config spec_cfg{.shape = shape, .r = r,
+                                                .mode = kvscout::rope_mode::rope_planes};
   speculator_t spec(spec_cfg, plans, {w_q.data(), w_q.size()}, {},
                     mem.alloc<std::byte>(speculator_t::workspace_bytes(spec_cfg)));
   // Prefill: the speculator's partial key cache takes its r channels of every cached key.
@@ -116,7 +120,8 @@ int run() {
               {stream});  // the execution argument (core/exec.hpp): a stream, a status word
 
   // Top-k keeps 4 attention sinks and the 16 most recent tokens, and fills the budget by score.
-  const kvscout::topk_selector_cuda::config sel_cfg{S, H, max_tokens, budget, budget, {4, 16}};
+  const kvscout::topk_selector_cuda::config sel_cfg{.shape = shape, .capacity = budget,
+                                                    .budget = budget, .keep = {4, 16}};
   kvscout::topk_selector_cuda selector(
       sel_cfg, mem.alloc<std::byte>(kvscout::topk_selector_cuda::workspace_bytes(sel_cfg)));
   // Kernels flag bad device data (say, an index past a length) in a status word that kvscout never
@@ -124,33 +129,29 @@ int run() {
   // The zero-copy executor needs no workspace (its workspace_bytes is 0).
   const kvscout::device_span<int> status = mem.upload(std::vector<int>{0});
   const kvscout::cuda_exec exec{stream, status.data()};
-  kvscout::zero_copy_executor_cuda<layout> fetch(
-      {.num_seqs = S, .num_kv_heads = H, .capacity = budget});
+  kvscout::zero_copy_executor_cuda<layout> fetch({.shape = shape, .capacity = budget});
 
-  const size_t slots = size_t(S) * H * budget;
   const auto d_x = mem.upload(x), d_q = mem.upload(q), out = mem.alloc<float>(q.size());
   const auto d_positions = mem.upload(lens);  // the new token's position is its sequence length
-  const kvscout::score_buffer<kvscout::device_space> scores{mem.alloc<float>(size_t(S) * H * max_tokens), S, H,
-                                            max_tokens};
-  const kvscout::selection_buffers<kvscout::device_space> selection{
-      mem.alloc<int32_t>(slots), mem.alloc<int32_t>(size_t(S) * H), S, H, budget};
-  const auto rows_k = mem.alloc<half>(slots * D), rows_v = mem.alloc<half>(slots * D);
+  // The score buffer, the selection and the fetched rows, carved from one allocation.
+  const size_t kv_row = D * sizeof(half);  // a K row's bytes, and a V row's
+  const size_t step_bytes = kvscout::cuda_stage_memory::bytes(shape, budget, kv_row, kv_row);
+  const kvscout::cuda_stage_memory m = kvscout::cuda_stage_memory::carve(
+      shape, budget, kv_row, kv_row, mem.alloc<std::byte>(step_bytes));
+  const auto& [selection, fetched] = m.set[0];  // what the selector writes, where rows land
   const kvscout::kv_view<layout, kvscout::device_space> source{  // the host cache, GPU view
       dev_layout, kvscout::as_bytes(k_dev), kvscout::as_bytes(v_dev)};
-  const kvscout::gather_destination<kvscout::device_space> fetched{
-      kvscout::as_writable_bytes(rows_k), kvscout::as_writable_bytes(rows_v)};
-  const kvscout::gathered_rows_cuda<half, D> rows(selection.view(), rows_k, rows_v);
+  const kvscout::gathered_rows_cuda<half, D> rows(selection.view(), fetched);
   const kvscout::current_token<half, kvscout::device_space> current{mem.upload(k_new), mem.upload(v_new)};
   // Attention splits each (sequence, KV head)'s rows over blocks (flash-decoding), planned once
   // for this shape and device, with a workspace for the blocks' partial softmax states.
   const kvscout::decode_attention_plan plan = kvscout::plan_decode_attention_cuda(
-      {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
-       .max_rows = budget + 1});  // the selected rows and the current token
+      {.shape = shape, .max_rows = budget + 1});  // the selected rows and the current token
   const kvscout::device_span<std::byte> attention_ws = mem.alloc<std::byte>(plan.workspace_bytes());
 
   // ---- the decode step: four enqueues on one stream; no allocation, no host synchronisation -----
-  spec.score({d_x, d_positions, d_lens, max_tokens}, scores, exec);
-  selector.select(scores.view(d_lens), selection, exec);
+  spec.score({d_x, d_positions, d_lens, max_tokens}, m.scores, exec);
+  selector.select(m.scores.view(d_lens), selection, exec);
   (void)fetch.submit(source, selection.view(), fetched, exec);  // an event recorded on `stream`
   kvscout::decode_attention_cuda(rows, current, d_q, out, {Hq, scale}, plan, attention_ws, exec);
   KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(stream));  // only to look at the results
@@ -171,10 +172,10 @@ int run() {
   const kvscout::selection_view<kvscout::host_space> host_sel{
       {idx.data(), idx.size()}, {cnt.data(), cnt.size()}, S, H, budget};
   using gather_t = kvscout::gather_executor_host<layout>;
-  const kvscout::host_gather_config gather_cfg{S, H, budget};
+  const kvscout::host_gather_config gather_cfg{.shape = shape, .capacity = budget};
   const kvscout::host_workspace gather_ws = kvscout::make_workspace<gather_t>(gather_cfg);
   gather_t gather(gather_cfg, gather_ws.span());
-  std::vector<half> gk(slots * D), gv(slots * D);
+  std::vector<half> gk(size_t(S) * H * budget * D), gv(gk.size());
   gather.submit({host_layout, kvscout::as_bytes(k_host), kvscout::as_bytes(v_host)}, host_sel,
                 {kvscout::as_writable_bytes(kvscout::host_span<half>(gk.data(), gk.size())),
                  kvscout::as_writable_bytes(kvscout::host_span<half>(gv.data(), gv.size()))})

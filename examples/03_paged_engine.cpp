@@ -79,9 +79,10 @@ int main() try {
       std::vector<ks::skew_plan>(H, ks::rope_planes_plan(rope, planes))};
   const std::vector<ks::host_span<const float>> w_q_of_layer{{w_q.data(), w_q.size()}};
   const std::vector<ks::host_span<const float>> b_q_of_layer(1);  // no query bias
-  const ks::infinigen_config policy_cfg{.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
-                                        .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
-                                        .max_tokens = max_tokens, .scale = scale};
+  const ks::decode_shape shape{.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
+                               .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
+                               .max_tokens = max_tokens, .scale = scale};
+  const ks::infinigen_config policy_cfg{.shape = shape};
   // The policy's scratch, from the engine's memory (operator new's alignment covers
   // workspace_alignment); its partial keys and weights it allocates itself, here, once.
   std::vector<std::byte> policy_ws(ks::infinigen_policy_host<>::workspace_bytes(policy_cfg));
@@ -133,13 +134,11 @@ int main() try {
   const ks::score_buffer<ks::host_space> score_rows{scores, S, H, max_tokens};
   bool full_is_dense = false;
   for (const int budget : {max_tokens, 128, 64, 32}) {
-    const ks::topk_selector_host::config sc{.num_seqs = S, .num_kv_heads = H,
-                                            .stride = max_tokens, .capacity = budget,
-                                            .budget = budget, .keep = {.sinks = 4, .recent = 16}};
+    const ks::topk_selector_host::config sc{.shape = shape, .capacity = budget, .budget = budget,
+                                            .keep = {.sinks = 4, .recent = 16}};
     auto select_ws = ks::make_workspace<ks::topk_selector_host>(sc);
     ks::topk_selector_host topk(sc, select_ws.span());
-    const ks::host_gather_config gc{.num_seqs = S, .num_kv_heads = H, .capacity = budget,
-                                    .threads = 1};
+    const ks::host_gather_config gc{.shape = shape, .capacity = budget, .threads = 1};
     auto gather_ws = ks::make_workspace<gather_t>(gc);
     gather_t gather(gc, gather_ws.span());
     std::vector<int32_t> indices(static_cast<std::size_t>(S) * H * budget), counts(S * H);

@@ -91,36 +91,33 @@ int run() {
   cudaStream_t compute{}, side{}, copy{};
   for (cudaStream_t* st : {&compute, &side, &copy}) KVSCOUT_CUDA_CHECK(cudaStreamCreate(st));
   const auto status = mem.upload(std::vector<int>{0});
-  const kvscout::infinigen_cuda_config spec_cfg{S, H, Hq, D, d_model, max_tokens, r,
-                                                kvscout::rope_mode::rope_planes, scale};
+  const kvscout::decode_shape shape{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+                                    .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
+                                    .max_tokens = max_tokens, .scale = scale};
+  const kvscout::infinigen_cuda_config spec_cfg{.shape = shape, .r = r,
+                                                .mode = kvscout::rope_mode::rope_planes};
   std::deque<policy> policies;            // one per speculated layer, never moved
   std::vector<policy*> spec(L, nullptr);  // null: a dense layer
   for (int i = skip; i < L; ++i)
     spec[i] = &policies.emplace_back(spec_cfg, plans, w_q_span, kvscout::host_span<const float>{},
                                      mem.alloc<std::byte>(policy::workspace_bytes(spec_cfg)));
-  const kvscout::topk_selector_cuda::config sel_cfg{S, H, max_tokens, budget, budget, {4, 16}};
+  const kvscout::topk_selector_cuda::config sel_cfg{.shape = shape, .capacity = budget,
+                                                    .budget = budget, .keep = {4, 16}};
   kvscout::topk_selector_cuda selector(
       sel_cfg, mem.alloc<std::byte>(kvscout::topk_selector_cuda::workspace_bytes(sel_cfg)));
-  kvscout::zero_copy_executor_cuda<layout> fetch(
-      {.num_seqs = S, .num_kv_heads = H, .capacity = budget});
-  const size_t slots = size_t(S) * H * budget, row_bytes = slots * D * sizeof(half);
-  const auto slot_set = [&] {  // one selection and its fetched rows
-    return kvscout::cuda_stage_buffers{
-        {mem.alloc<int32_t>(slots), mem.alloc<int32_t>(size_t(S) * H), S, H, budget},
-        {mem.alloc<std::byte>(row_bytes), mem.alloc<std::byte>(row_bytes)}};
-  };
-  const kvscout::score_buffer<kvscout::device_space> scores{
-      mem.alloc<float>(size_t(S) * H * max_tokens), S, H, max_tokens};
-  const size_t x_n = size_t(S) * d_model;  // a layer's input, written where the stages read it
-  const std::array x_slot{mem.alloc<float>(x_n), mem.alloc<float>(x_n)};
-  stages_t stages(spec, selector, fetch, sources, scores, {d_positions, d_lens, max_tokens},
-                  {x_slot[0], x_slot[1]}, {slot_set(), slot_set()});
-  kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = skip},
+  kvscout::zero_copy_executor_cuda<layout> fetch({.shape = shape, .capacity = budget});
+  // The score buffer, the two layer-input slots and two sets of selected rows, in one allocation.
+  const size_t row = lay.k_row_bytes();  // the V rows are as long
+  const size_t bytes = kvscout::cuda_stage_memory::bytes(shape, budget, row, row);
+  const kvscout::cuda_stage_memory m =
+      kvscout::cuda_stage_memory::carve(shape, budget, row, row, mem.alloc<std::byte>(bytes));
+  stages_t stages(spec, selector, fetch, sources, m.scores, {d_positions, d_lens, max_tokens},
+                  m.inputs(), m.sets());
+  kvscout::decode_pipeline_cuda pipe({.shape = shape, .skip_layers = skip},
                                      kvscout::stages_ref_cuda<stages_t>{&stages});
   const kvscout::cuda_pipeline_exec x{compute, side, copy, status.data()};
   const kvscout::decode_attention_plan plan = kvscout::plan_decode_attention_cuda(
-      {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
-       .max_rows = max_tokens + 1});  // a dense layer: every cached row and the new token
+      {.shape = shape, .max_rows = max_tokens + 1});  // dense: every cached row and the new one
   const auto attention_ws = mem.alloc<std::byte>(plan.workspace_bytes());
 
   // ---- prefill: each speculator's partial key cache takes its channels of every cached key ----
@@ -163,7 +160,7 @@ int run() {
   // ---- the decode step: per layer, the model's input, two pipeline calls, the attention --------
   for (int i = 0; i < L; ++i) {
     // x_i, the input the speculation of layer i + 1 reads (the model writes it in place).
-    KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(x_slot[pipe.slot(i + 1)].data(), d_x[i].data(),
+    KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(m.x[pipe.slot(i + 1)].data(), d_x[i].data(),
                                        d_x[i].size_bytes(), cudaMemcpyDeviceToDevice, compute));
     pipe.input_ready(i, x);  // side stream: speculate layer i + 1; copy stream: fetch its rows
     pipe.wait_rows(i, x);    // the compute stream waits for layer i's rows
@@ -172,15 +169,17 @@ int run() {
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());  // only to check the results
 
   // ---- the same parts in line on one stream: the reference ------------------------------------
-  const kvscout::cuda_stage_buffers line = slot_set();
+  const kvscout::cuda_stage_memory in_line =
+      kvscout::cuda_stage_memory::carve(shape, budget, row, row, mem.alloc<std::byte>(bytes));
+  const kvscout::cuda_stage_buffers& line = in_line.set[0];
   const kvscout::cuda_exec one{compute, status.data()};
   for (int i = 0; i < L; ++i) {
     if (i < skip) {
       attend(i, nullptr, ref[i], compute);
       continue;
     }
-    spec[i]->score({d_x[i - 1], d_positions, d_lens, max_tokens}, scores, one);
-    selector.select(scores.view(d_lens), line.selection, one);
+    spec[i]->score({d_x[i - 1], d_positions, d_lens, max_tokens}, in_line.scores, one);
+    selector.select(in_line.scores.view(d_lens), line.selection, one);
     (void)fetch.submit(sources[i], line.selection.view(), line.rows, one);
     attend(i, &line, ref[i], compute);
   }

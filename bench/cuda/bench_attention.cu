@@ -107,8 +107,8 @@ struct attention_fixture {
     q = std::make_unique<device_buffer>(kQHeads * kDim * 2, 3);  // half queries
     out = std::make_unique<device_buffer>(kQHeads * kDim * 2, 4);
     copy = std::make_unique<device_buffer>(bytes(), 8);
-    plan = kvscout::plan_decode_attention_cuda({.num_seqs = 1, .num_kv_heads = kHeads,
-                                                .num_q_heads = kQHeads, .head_dim = kDim,
+    plan = kvscout::plan_decode_attention_cuda({.shape = {.num_seqs = 1, .num_kv_heads = kHeads,
+                                                .num_q_heads = kQHeads, .head_dim = kDim},
                                                 .max_rows = max_rows,
                                                 .blocks_per_sm = kind >= 3 ? 2 : 0});
     ws = std::make_unique<device_buffer>(plan.workspace_bytes(), 9);

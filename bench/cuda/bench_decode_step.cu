@@ -403,15 +403,17 @@ void bm_gemm_under_fetch_body(benchmark::State& st, int executor, int blocks, bo
   std::unique_ptr<kvscout::copy_engine_executor_cuda<contiguous>> ce;
   std::vector<std::byte> ce_ws;
   if (executor == 0) {
-    zc = std::make_unique<kvscout::zero_copy_executor_cuda<contiguous>>(kvscout::zero_copy_config{
-        .num_seqs = 1, .num_kv_heads = H, .capacity = sel.capacity,
-        .max_blocks = blocks == 0 ? 2 * sms : blocks});
+    zc = std::make_unique<kvscout::zero_copy_executor_cuda<contiguous>>(
+        kvscout::zero_copy_config{.shape = {.num_seqs = 1, .num_kv_heads = H},
+                                  .capacity = sel.capacity,
+                                  .max_blocks = blocks == 0 ? 2 * sms : blocks});
     const kvscout::kv_view<contiguous, kvscout::device_space> src{f.dev_l, {f.dk, f.cache_bytes}, {f.dv, f.cache_bytes}};
     const kvscout::selection_view<kvscout::device_space> dsel{
         {sel.d_idx, sel.idx.size()}, {sel.d_cnt, sel.cnt.size()}, 1, H, sel.capacity};
     fetch = [&, src, dsel] { (void)zc->submit(src, dsel, dst, {f.copy}); };
   } else {
-    const kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = H, .capacity = sel.capacity};
+    const kvscout::copy_engine_config cfg{.shape = {.num_seqs = 1, .num_kv_heads = H},
+                                          .capacity = sel.capacity};
     ce_ws.resize(kvscout::copy_engine_executor_cuda<contiguous>::workspace_bytes(cfg));
     ce = std::make_unique<kvscout::copy_engine_executor_cuda<contiguous>>(cfg, kvscout::host_span<std::byte>(ce_ws.data(), ce_ws.size()));
     const kvscout::kv_view<contiguous, kvscout::host_space> src{f.host_l, {f.hk, f.cache_bytes}, {f.hv, f.cache_bytes}};

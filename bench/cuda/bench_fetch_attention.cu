@@ -168,7 +168,7 @@ void bm_zero_copy(benchmark::State& st) {
   auto& f = fixture<T>(static_cast<int>(st.range(0)));
   using E = kvscout::zero_copy_executor_cuda<typename fetch_fixture<T>::layout>;
   // range(1): the SM budget (config.max_blocks; 0 = the default, zero_copy_default_blocks).
-  E ex({.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity,
+  E ex({.shape = {.num_seqs = 1, .num_kv_heads = kHeads}, .capacity = f.capacity,
         .max_blocks = static_cast<int>(st.range(1))});
   const double anchor = f.anchor_gbps();
   gpu_bench::event_timer t;
@@ -191,7 +191,7 @@ void bm_zero_copy_row_cache(benchmark::State& st) {
   auto& f = fixture<T>(static_cast<int>(st.range(0)));
   const int reuse_pct = static_cast<int>(st.range(1));
   using E = kvscout::zero_copy_executor_cuda<typename fetch_fixture<T>::layout>;
-  E ex({.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity});
+  E ex({.shape = {.num_seqs = 1, .num_kv_heads = kHeads}, .capacity = f.capacity});
   const std::size_t slots = static_cast<std::size_t>(kHeads) * f.capacity;
   // Previous selections: per rotation and head, keep reuse_pct % of the current tokens and
   // replace the rest with tokens not selected now.
@@ -254,8 +254,8 @@ template <class T, bool Batch>
 void bm_copy_engine(benchmark::State& st) {
   auto& f = fixture<T>(static_cast<int>(st.range(0)));
   using E = kvscout::copy_engine_executor_cuda<typename fetch_fixture<T>::layout>;
-  kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity,
-                                  .use_batch_api = Batch};
+  kvscout::copy_engine_config cfg{.shape = {.num_seqs = 1, .num_kv_heads = kHeads},
+                                  .capacity = f.capacity, .use_batch_api = Batch};
   std::vector<std::byte> ws(E::workspace_bytes(cfg));
   E ex(cfg, {ws.data(), ws.size()});
   const double anchor = f.anchor_gbps();
@@ -275,8 +275,8 @@ template <class T>
 void bm_staged(benchmark::State& st) {
   auto& f = fixture<T>(static_cast<int>(st.range(0)));
   using E = kvscout::staged_executor_cuda<typename fetch_fixture<T>::layout>;
-  kvscout::staged_config cfg{.num_seqs = 1, .num_kv_heads = kHeads, .capacity = f.capacity,
-                             .k_row_bytes = f.row, .v_row_bytes = f.row,
+  kvscout::staged_config cfg{.shape = {.num_seqs = 1, .num_kv_heads = kHeads},
+                             .capacity = f.capacity, .k_row_bytes = f.row, .v_row_bytes = f.row,
                              .threads = static_cast<int>(st.range(1))};
   std::byte *pinned = nullptr, *dev = nullptr;
   KVSCOUT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), E::workspace_bytes(cfg), 0));

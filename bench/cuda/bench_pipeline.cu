@@ -82,7 +82,7 @@ void bm_pipeline_step(benchmark::State& st) {
   KVSCOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
   {
     kvscout::decode_pipeline_cuda pipe(
-        {.num_layers = L, .skip_layers = 2, .overlap = overlap},
+        {.shape = {.num_layers = L}, .skip_layers = 2, .overlap = overlap},
         synthetic_stages{partial, partial_bytes, host, rows, fetch_bytes, sink, sms * 4});
     const kvscout::cuda_pipeline_exec x = overlap ? kvscout::cuda_pipeline_exec{compute, side, copy}
                                                   : kvscout::cuda_pipeline_exec{compute, compute, compute};

@@ -84,8 +84,16 @@ void fill(T* p, std::size_t n, std::uint32_t seed) {
 }
 
 kvscout::infinigen_cuda_config spec_config(int n) {
-  return {1, H, Hq, D, d_model, n, R, kvscout::rope_mode::post_rope_skew,
-          1.f / std::sqrt(static_cast<float>(D)), kvscout::gqa_aggregation::max_logit};
+  return {.shape = {.num_seqs = 1,
+                    .num_kv_heads = H,
+                    .num_q_heads = Hq,
+                    .head_dim = D,
+                    .d_model = d_model,
+                    .max_tokens = n,
+                    .scale = 1.f / std::sqrt(static_cast<float>(D))},
+          .r = R,
+          .mode = kvscout::rope_mode::post_rope_skew,
+          .aggregation = kvscout::gqa_aggregation::max_logit};
 }
 
 /// Bytes of partial keys one score() reads for n tokens of every kv head.
@@ -112,7 +120,7 @@ struct spec_copy {
     const auto keys = sp->keys();
     if constexpr (Spec::quantized) {
       fill(keys.tile_data.data(), keys.tile_data.size(), seed);
-      const std::vector<std::int32_t> counts(keys.counts.size(), cfg.max_tokens);
+      const std::vector<std::int32_t> counts(keys.counts.size(), cfg.shape.max_tokens);
       KVSCOUT_CUDA_CHECK(cudaMemcpy(keys.counts.data(), counts.data(), sizeof(std::int32_t) * counts.size(),
                                     cudaMemcpyHostToDevice));
     } else {
@@ -242,7 +250,8 @@ void bm_topk(benchmark::State& st) {
   const int n = static_cast<int>(st.range(0));
   score_fixture f(n);
   cub_sort anchor(n);
-  const kvscout::topk_selector_cuda::config cfg{1, H, n, n / 10, n / 10, {4, 64}};
+  const kvscout::topk_selector_cuda::config cfg{{.num_seqs = 1, .num_kv_heads = H, .max_tokens = n},
+                                                n / 10, n / 10, {4, 64}};
   device_buffer<std::byte> ws(kvscout::topk_selector_cuda::workspace_bytes(cfg));
   kvscout::topk_selector_cuda sel(cfg, {ws.p, ws.n});
   gpu_bench::event_timer timer;
@@ -269,8 +278,9 @@ void bm_topk(benchmark::State& st) {
 void bm_threshold(benchmark::State& st) {
   const int n = static_cast<int>(st.range(0));
   score_fixture f(n);
-  const kvscout::threshold_selector_cuda::config cfg{
-      1, H, n, n / 10, 4.f, n / 10, kvscout::threshold_rule::per_head, {4, 64}};
+  const kvscout::threshold_selector_cuda::config cfg{{.num_seqs = 1, .num_kv_heads = H,
+                                                     .max_tokens = n}, n / 10, 4.f, n / 10,
+                                                     kvscout::threshold_rule::per_head, {4, 64}};
   device_buffer<std::byte> ws(kvscout::threshold_selector_cuda::workspace_bytes(cfg));
   kvscout::threshold_selector_cuda sel(cfg, {ws.p, ws.n});
   gpu_bench::event_timer timer;
@@ -287,7 +297,8 @@ void bm_spec_topk(benchmark::State& st) {
   const int n = static_cast<int>(st.range(0));
   spec_fixture<> f(n);
   device_buffer<std::int32_t> indices(static_cast<std::size_t>(H) * (n / 10)), counts(H);
-  const kvscout::topk_selector_cuda::config cfg{1, H, n, n / 10, n / 10, {4, 64}};
+  const kvscout::topk_selector_cuda::config cfg{{.num_seqs = 1, .num_kv_heads = H, .max_tokens = n},
+                                                n / 10, n / 10, {4, 64}};
   device_buffer<std::byte> ws(kvscout::topk_selector_cuda::workspace_bytes(cfg));
   kvscout::topk_selector_cuda sel(cfg, {ws.p, ws.n});
   const kvscout::selection_buffers<kvscout::device_space> out{{indices.p, indices.n}, {counts.p, counts.n}, 1, H, n / 10};
@@ -307,7 +318,7 @@ void bm_spec_topk(benchmark::State& st) {
 void bm_streaming(benchmark::State& st) {
   const int n = static_cast<int>(st.range(0));
   score_fixture f(n);  // its rotated score buffers are the kernel's destinations
-  const kvscout::streaming_policy_cuda policy({.num_kv_heads = H, .sinks = 4});
+  const kvscout::streaming_policy_cuda policy({.shape = {.num_kv_heads = H}, .sinks = 4});
   const std::size_t row = static_cast<std::size_t>(H) * n;
   device_buffer<float> anchor_out(f.scores.n);  // the memset's, rotated alike
   auto dst = [&](int copy) { return f.scores.p + static_cast<std::size_t>(copy % f.copies) * row; };

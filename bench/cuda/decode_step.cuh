@@ -864,9 +864,11 @@ class decode_stack {
     std::vector<int> planes(r / 2);
     std::iota(planes.begin(), planes.end(), 0);
     const std::vector<kvscout::skew_plan> plans(H, kvscout::rope_planes_plan(rope, planes));
-    const kvscout::infinigen_cuda_config sc{S, H, Hq, D, dm, max_len_ + 1, r,
+    const kvscout::infinigen_cuda_config sc{{.num_seqs = S, .num_kv_heads = H,
+                                             .num_q_heads = Hq, .head_dim = D, .d_model = dm,
+                                             .max_tokens = max_len_ + 1,
+                                             .scale = 1.f / std::sqrt(static_cast<float>(D))}, r,
                                             kvscout::rope_mode::rope_planes,
-                                            1.f / std::sqrt(static_cast<float>(D)),
                                             kvscout::gqa_aggregation::max_logit};
     // Prefill each cache's partial keys once; layers sharing a cache share its speculator state
     // only in content: each layer has its own speculator (own W_Q rows, own partial key cache).
@@ -900,12 +902,15 @@ class decode_stack {
       return v;
     }());
     // Selector: budget_rows per (sequence, kv head), 4 sinks and 16 recent tokens kept.
-    const kvscout::topk_selector_cuda::config tc{S, H, max_len_ + 1, budget_rows_, budget_rows_, {4, 16}};
+    const kvscout::topk_selector_cuda::config tc{{.num_seqs = S, .num_kv_heads = H,
+                                                  .max_tokens = max_len_ + 1}, budget_rows_,
+                                                 budget_rows_, {4, 16}};
     const std::size_t tb = kvscout::topk_selector_cuda::workspace_bytes(tc);
     selector_ = std::make_unique<kvscout::topk_selector_cuda>(tc, kvscout::device_span<std::byte>(a_.device<std::byte>(tb), tb));
-    zc_ = std::make_unique<kvscout::zero_copy_executor_cuda<L>>(kvscout::zero_copy_config{
-        .num_seqs = S, .num_kv_heads = H, .capacity = budget_rows_,
-        .max_blocks = cfg_.gather_blocks});
+    zc_ = std::make_unique<kvscout::zero_copy_executor_cuda<L>>(
+        kvscout::zero_copy_config{.shape = {.num_seqs = S, .num_kv_heads = H},
+                                  .capacity = budget_rows_,
+                                  .max_blocks = cfg_.gather_blocks});
     std::vector<kvscout::kv_view<L, kvscout::device_space>> sources;
     for (int l = 0; l < NL; ++l)
       sources.push_back({dev_layout_, {alias_k_[cache_of(l)], k_bytes_}, {alias_v_[cache_of(l)], v_bytes_}});
@@ -937,12 +942,17 @@ class decode_stack {
     slot_stages_ = std::make_unique<stages_t>(sp, *selector_, *zc_, sources, sb, lengths, xin, slot_sets);
     if constexpr (!kivi) {
       // kvscout_corrected: the same speculation and slots, plus the correction's parts.
-      const kvscout::correction_selector_cuda::config cc{S, H, max_len_ + 1, extra_rows_, extra_rows_};
+      const kvscout::correction_selector_cuda::config cc{{.num_seqs = S,
+                                                          .num_kv_heads = H,
+                                                          .max_tokens = max_len_ + 1}, extra_rows_,
+                                                         extra_rows_};
       const std::size_t cb = kvscout::correction_selector_cuda::workspace_bytes(cc);
       corr_selector_ = std::make_unique<kvscout::correction_selector_cuda>(
           cc, kvscout::device_span<std::byte>(a_.device<std::byte>(cb), cb));
-      corr_zc_ = std::make_unique<kvscout::zero_copy_executor_cuda<L>>(kvscout::zero_copy_config{
-          .num_seqs = S, .num_kv_heads = H, .capacity = extra_rows_, .max_blocks = cfg_.gather_blocks});
+      corr_zc_ = std::make_unique<kvscout::zero_copy_executor_cuda<L>>(
+          kvscout::zero_copy_config{.shape = {.num_seqs = S, .num_kv_heads = H},
+                                    .capacity = extra_rows_,
+                                    .max_blocks = cfg_.gather_blocks});
       const std::size_t ln = static_cast<std::size_t>(S) * H * (max_len_ + 1);
       const auto make_added = [&]() {
         const std::size_t slots = static_cast<std::size_t>(S) * H * extra_rows_;
@@ -965,12 +975,13 @@ class decode_stack {
     int window = 0;
     if constexpr (kivi) window = traits::options.residual + traits::options.group;
     sparse_plan_ = kvscout::plan_decode_attention_cuda(
-        {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
+        {.shape = {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D},
          .max_rows = budget_rows_ + window + 1});
     dense_plan_ = kvscout::plan_decode_attention_cuda(
-        {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D, .max_rows = max_len_ + 1});
+        {.shape = {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D},
+         .max_rows = max_len_ + 1});
     corr_plan_ = kvscout::plan_decode_attention_cuda(
-        {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
+        {.shape = {.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D},
          .max_rows = budget_rows_ + extra_rows_ + 1});
     const std::size_t wsb = std::max({sparse_plan_.workspace_bytes(), dense_plan_.workspace_bytes(),
                                       corr_plan_.workspace_bytes()});
@@ -994,7 +1005,8 @@ class decode_stack {
       }
     }
     // InfiniGen: the staged executor on the copy stream, the selection's host copies.
-    const kvscout::staged_config stc{.num_seqs = S, .num_kv_heads = H, .capacity = budget_rows_,
+    const kvscout::staged_config stc{.shape = {.num_seqs = S, .num_kv_heads = H},
+                                     .capacity = budget_rows_,
                                      .k_row_bytes = host_layout_.k_row_bytes(),
                                      .v_row_bytes = host_layout_.v_row_bytes(),
                                      .threads = std::max(1, cfg_.staged_threads)};
@@ -1008,13 +1020,15 @@ class decode_stack {
       host_idx_[b] = a_.pinned<std::int32_t>(slots);
       host_cnt_[b] = a_.pinned<std::int32_t>(static_cast<std::size_t>(S) * H);
     }
-    pipe_ = std::make_unique<pipeline_t>(kvscout::cuda_pipeline_config{.num_layers = m_.layers, .skip_layers = 0},
-                                         switch_stages{slot_stages_.get(), true});
-    cache_pipe_ = std::make_unique<pipeline_t>(kvscout::cuda_pipeline_config{.num_layers = m_.layers, .skip_layers = 0},
-                                               switch_stages{cache_stages_.get(), true});
+    pipe_ = std::make_unique<pipeline_t>(
+        kvscout::cuda_pipeline_config{.shape = {.num_layers = m_.layers}, .skip_layers = 0},
+        switch_stages{slot_stages_.get(), true});
+    cache_pipe_ = std::make_unique<pipeline_t>(
+        kvscout::cuda_pipeline_config{.shape = {.num_layers = m_.layers}, .skip_layers = 0},
+        switch_stages{cache_stages_.get(), true});
     if constexpr (!kivi)
       corr_pipe_ = std::make_unique<pipeline_t>(
-          kvscout::cuda_pipeline_config{.num_layers = m_.layers, .skip_layers = 0},
+          kvscout::cuda_pipeline_config{.shape = {.num_layers = m_.layers}, .skip_layers = 0},
           switch_stages{corr_stages_.get(), true});
   }
 

@@ -24,6 +24,7 @@
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/simd.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/core/workspace.hpp"

@@ -9,7 +9,7 @@
 //   const auto p = kvscout::presets::kvscout_default(head_dim);
 //   kvscout::skew_options opt = p.skew(model_rope);       // per (layer, kv head): calibrate_skew
 //   // plans below p.skip_layers stay empty (those layers attend densely)
-//   kvscout::infinigen_config cfg{..., .aggregation = p.aggregation,
+//   kvscout::infinigen_config cfg{.shape = shape, .aggregation = p.aggregation,
 //                                 .query_aggregation = p.query_aggregation};
 //   // p.selector: topk_selector_host{..., .budget = cap, .keep = p.keep}, or
 //   //   threshold_selector_host{..., .alpha = p.alpha, .budget = cap, .rule = p.rule, ...}

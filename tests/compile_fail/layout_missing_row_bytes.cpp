@@ -19,6 +19,6 @@ struct broken_layout {
 };
 
 int main() {
-  kvscout::host_gather_config cfg{1, 1, 1, 1};
+  kvscout::host_gather_config cfg{.shape = {.num_seqs = 1, .num_kv_heads = 1}, .capacity = 1};
   return static_cast<int>(kvscout::gather_executor_host<broken_layout>::workspace_bytes(cfg));
 }

@@ -26,7 +26,8 @@ gathered_host_rows<T> host_gather_rows(const Layout& layout, const T* k_cache, c
   const std::size_t slots = static_cast<std::size_t>(sel.num_seqs) * sel.num_kv_heads * sel.capacity;
   gathered_host_rows<T> out{std::vector<T>(slots * layout.k_row_bytes() / sizeof(T)),
                             std::vector<T>(slots * layout.v_row_bytes() / sizeof(T))};
-  const kvscout::host_gather_config cfg{sel.num_seqs, sel.num_kv_heads, sel.capacity, 1};
+  const kvscout::host_gather_config cfg{{.num_seqs = sel.num_seqs,
+                                         .num_kv_heads = sel.num_kv_heads}, sel.capacity, 1};
   const auto ws = kvscout::make_workspace<kvscout::gather_executor_host<Layout>>(cfg);
   kvscout::gather_executor_host<Layout> gather(cfg, ws.span());
   gather

@@ -88,8 +88,8 @@ void attend(const Rows& rows, const kvscout::current_token<T, kvscout::device_sp
     return;
   }
   const auto plan = kvscout::plan_decode_attention_cuda(
-      {.num_seqs = rows.num_seqs(), .num_kv_heads = rows.num_kv_heads(),
-       .num_q_heads = p.num_q_heads, .head_dim = Rows::head_dim, .max_rows = g_split->max_rows,
+      {.shape = {.num_seqs = rows.num_seqs(), .num_kv_heads = rows.num_kv_heads(),
+       .num_q_heads = p.num_q_heads, .head_dim = Rows::head_dim}, .max_rows = g_split->max_rows,
        .num_sms = 132, .min_rows_per_split = g_split->min_rows_per_split});
   device_vector<std::byte> ws(plan.workspace_bytes());  // poisoned: unwritten partials show
   kvscout::decode_attention_cuda(rows, cur, q, out, p, plan, {ws.data(), plan.workspace_bytes()},
@@ -231,7 +231,7 @@ void kivi_case(double density, std::uint32_t seed, bool corrupt = false) {
   };
   std::byte* gkp = align16(gk);
   std::byte* gvp = align16(gv);
-  kvscout::host_gather_config hc{.num_seqs = 3, .num_kv_heads = H, .capacity = cap};
+  kvscout::host_gather_config hc{.shape = {.num_seqs = 3, .num_kv_heads = H}, .capacity = cap};
   auto ws = kvscout::make_workspace<kvscout::gather_executor_host<L>>(hc);
   kvscout::gather_executor_host<L> gather(hc, ws.span());
   const auto b = cache.store.buffers();

@@ -67,14 +67,17 @@ void score_query_case(rope_mode mode, int g, std::uint32_t seed,
   for (int h = 0; h < H; ++h) plans.push_back(plan_for(mode, D, r, rng));
   std::vector<float> w_q(static_cast<std::size_t>(Hq) * D * dm);
   for (auto& v : w_q) v = nd(rng) / 7.f;
-  kvscout::infinigen_config hc{1, S, H, Hq, D, dm, max_tokens, scale,
+  kvscout::infinigen_config hc{{.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
+                               .num_q_heads = Hq, .head_dim = D, .d_model = dm,
+                               .max_tokens = max_tokens, .scale = scale},
                                kvscout::gqa_aggregation::max_logit};
   hc.query_aggregation = late;
   auto host_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(hc);
   kvscout::infinigen_policy_host<PkT> host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{}},
                                       host_ws.span());
-  kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, mode, scale,
-                                    kvscout::gqa_aggregation::max_logit};
+  kvscout::infinigen_cuda_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+                                    .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
+                                    .scale = scale}, r, mode, kvscout::gqa_aggregation::max_logit};
   dc.query_aggregation = late;  // the late ranking's own (sum_prob), the speculation's max_logit
   using spec = kvscout::infinigen_policy_cuda<PkT>;
   auto ws = kvscout::make_device_workspace<spec>(dc);
@@ -131,7 +134,9 @@ void score_query_refused(rope_mode mode, std::size_t q_len, const char* needle) 
       plan_for(mode == rope_mode::rope_planes ? mode : rope_mode::post_rope_skew, D, r, rng)};
   plans[0].mode = mode;
   std::vector<float> w_q(static_cast<std::size_t>(D) * dm, 0.01f);
-  const kvscout::infinigen_cuda_config dc{1, H, H, D, dm, 16, r, mode, 0.125f};
+  const kvscout::infinigen_cuda_config dc{{.num_seqs = 1, .num_kv_heads = H, .num_q_heads = H,
+                                          .head_dim = D, .d_model = dm, .max_tokens = 16,
+                                          .scale = 0.125f}, r, mode};
   using spec = kvscout::infinigen_policy_cuda<float>;
   auto ws = kvscout::make_device_workspace<spec>(dc);
   spec dev(dc, plans, {w_q.data(), w_q.size()}, {}, ws.span());
@@ -173,7 +178,8 @@ void selector_matches_host() {
         if (rng() % 4 == 0) sidx[static_cast<std::size_t>(row) * spec_cap + c++] = t;
       scnt[static_cast<std::size_t>(row)] = c;
     }
-    const kvscout::correction_selector_host::config cfg{S, H, stride, cap, extra};
+    const kvscout::correction_selector_host::config cfg{{.num_seqs = S, .num_kv_heads = H,
+                                                        .max_tokens = stride}, cap, extra};
     // Host.
     auto hws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
     kvscout::correction_selector_host hsel(cfg, hws.span());
@@ -208,7 +214,8 @@ void selector_reports_bad_device_data() {
   const int stride = 64, cap = 8;
   std::vector<float> scores(stride);
   for (int t = 0; t < stride; ++t) scores[static_cast<std::size_t>(t)] = static_cast<float>(t % 13);
-  const kvscout::correction_selector_host::config cfg{1, 1, stride, cap, 4};
+  const kvscout::correction_selector_host::config cfg{{.num_seqs = 1, .num_kv_heads = 1,
+                                                      .max_tokens = stride}, cap, 4};
   auto dws = kvscout::make_device_workspace<kvscout::correction_selector_cuda>(cfg);
   kvscout::correction_selector_cuda dsel(cfg, dws.span());
   gpu_test::device_vector<float> dsc(scores);
@@ -225,7 +232,8 @@ void selector_reports_bad_device_data() {
   // and out of range: reported, and the output stays inside the row's slots with a count of at
   // most extra (the buffers past the row keep their poison).
   {
-    const kvscout::correction_selector_host::config c2{2, 1, stride, cap, 4};
+    const kvscout::correction_selector_host::config c2{{.num_seqs = 2, .num_kv_heads = 1,
+                                                       .max_tokens = stride}, cap, 4};
     auto ws2 = kvscout::make_device_workspace<kvscout::correction_selector_cuda>(c2);
     kvscout::correction_selector_cuda sel2(c2, ws2.span());
     std::vector<float> two(static_cast<std::size_t>(2) * stride, 1.f);
@@ -247,7 +255,10 @@ void selector_reports_bad_device_data() {
   }
   // Host-known errors are refused by name before any launch.
   GPU_CHECK(gpu_test::throws_with(
-      [&] { (void)kvscout::correction_selector_cuda::workspace_bytes({1, 1, stride, cap, 9}); },
+      [&] {
+        (void)kvscout::correction_selector_cuda::workspace_bytes(
+            {{.num_seqs = 1, .num_kv_heads = 1, .max_tokens = stride}, cap, 9});
+      },
       "extra = 9 must be in [1, capacity = 8]"));
   GPU_CHECK(gpu_test::throws_with(
       [&] {
@@ -289,11 +300,15 @@ void nested_case(rope_mode mode, int g, kvscout::gqa_aggregation agg, std::uint3
   }
   std::vector<float> w_q(static_cast<std::size_t>(Hq) * D * dm);
   for (auto& v : w_q) v = nd(rng) / 7.f;
-  kvscout::infinigen_config hc{1, S, H, Hq, D, dm, max_tokens, scale, agg};
+  kvscout::infinigen_config hc{{.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
+                               .num_q_heads = Hq, .head_dim = D, .d_model = dm,
+                               .max_tokens = max_tokens, .scale = scale}, agg};
   auto host_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(hc);
   kvscout::infinigen_policy_host<PkT> host(hc, {narrow}, {wide}, {{w_q.data(), w_q.size()}}, {{}},
                                            host_ws.span());
-  kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, mode, scale, agg};
+  kvscout::infinigen_cuda_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+                                    .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
+                                    .scale = scale}, r, mode, agg};
   using spec = kvscout::infinigen_policy_cuda<PkT>;
   auto ws_narrow = kvscout::make_device_workspace<spec>(dc);
   spec only(dc, narrow, {w_q.data(), w_q.size()}, {}, ws_narrow.span());
@@ -359,9 +374,28 @@ void nested_cache_refuses() {
   const kvscout::skew_plan other = plan_for(rope_mode::rope_planes, D, 16, rng);
   std::vector<float> w_q(static_cast<std::size_t>(D) * dm, 0.01f);
   using spec = kvscout::infinigen_policy_cuda<float>;
-  kvscout::infinigen_cuda_config dc{1, 1, 1, D, dm, 16, 16, rope_mode::rope_planes, 0.125f};
-  auto ws = kvscout::make_device_workspace<spec>(kvscout::infinigen_cuda_config{1, 1, 1, D, dm, 16, 16,
-      rope_mode::rope_planes, 0.125f, kvscout::gqa_aggregation::max_logit, std::nullopt, 32});
+  kvscout::infinigen_cuda_config dc{{.num_seqs = 1,
+                                     .num_kv_heads = 1,
+                                     .num_q_heads = 1,
+                                     .head_dim = D,
+                                     .d_model = dm,
+                                     .max_tokens = 16,
+                                     .scale = 0.125f},
+                                    16,
+                                    rope_mode::rope_planes};
+  auto ws = kvscout::make_device_workspace<spec>(
+      kvscout::infinigen_cuda_config{{.num_seqs = 1,
+                                      .num_kv_heads = 1,
+                                      .num_q_heads = 1,
+                                      .head_dim = D,
+                                      .d_model = dm,
+                                      .max_tokens = 16,
+                                      .scale = 0.125f},
+                                     16,
+                                     rope_mode::rope_planes,
+                                     kvscout::gqa_aggregation::max_logit,
+                                     std::nullopt,
+                                     32});
   GPU_CHECK(gpu_test::throws_with(
       [&] { spec(dc, {other}, {wide}, {w_q.data(), w_q.size()}, {}, ws.span()); },
       "correction_r is 0"));

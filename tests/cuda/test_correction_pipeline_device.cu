@@ -66,8 +66,10 @@ using gpu_test::dspan;
 std::vector<float> host_late_scores(const world& w, int l) {
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int i = 0; i < L; ++i) wq.push_back({w.w_q[i].data(), w.w_q[i].size()});
-  const kvscout::infinigen_config pc{L, S, H, Hq, D, dm, max_tokens, scale,
-                                    kvscout::gqa_aggregation::max_logit};
+  const kvscout::infinigen_config pc{{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+                                     .num_q_heads = Hq, .head_dim = D, .d_model = dm,
+                                     .max_tokens = max_tokens, .scale = scale},
+                                     kvscout::gqa_aggregation::max_logit};
   auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
   kvscout::infinigen_policy_host<float> policy(pc, w.plans, wq, bq, pws.span());
   for (int s = 0; s < S; ++s)
@@ -129,19 +131,25 @@ void corrected_step_matches_host() {
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&compute));
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&side));
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&copy));
-  const kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, kvscout::rope_mode::rope_planes,
-                                          scale, kvscout::gqa_aggregation::max_logit};
+  const kvscout::infinigen_cuda_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+                                          .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
+                                          .scale = scale}, r, kvscout::rope_mode::rope_planes,
+                                          kvscout::gqa_aggregation::max_logit};
   const speculators specs(w, dc, compute);
 
-  const kvscout::topk_selector_cuda::config sc{S, H, max_tokens, budget, budget, keep};
+  const kvscout::topk_selector_cuda::config sc{{.num_seqs = S, .num_kv_heads = H,
+                                               .max_tokens = max_tokens}, budget, budget, keep};
   gpu_test::device_vector<std::byte> sel_ws(std::max<std::size_t>(1, kvscout::topk_selector_cuda::workspace_bytes(sc)));
   kvscout::topk_selector_cuda selector(sc, {sel_ws.data(), kvscout::topk_selector_cuda::workspace_bytes(sc)});
-  const kvscout::correction_selector_cuda::config cc{S, H, max_tokens, extra, extra};
+  const kvscout::correction_selector_cuda::config cc{{.num_seqs = S, .num_kv_heads = H,
+                                                     .max_tokens = max_tokens}, extra, extra};
   const std::size_t cwb = kvscout::correction_selector_cuda::workspace_bytes(cc);
   gpu_test::device_vector<std::byte> corr_ws(std::max<std::size_t>(1, cwb));
   kvscout::correction_selector_cuda corr(cc, {corr_ws.data(), cwb});
-  kvscout::zero_copy_executor_cuda<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
-  kvscout::zero_copy_executor_cuda<layout> corr_fetch({.num_seqs = S, .num_kv_heads = H, .capacity = extra});
+  kvscout::zero_copy_executor_cuda<layout> fetch({.shape = {.num_seqs = S, .num_kv_heads = H},
+                                                  .capacity = budget});
+  kvscout::zero_copy_executor_cuda<layout> corr_fetch({.shape = {.num_seqs = S, .num_kv_heads = H},
+                                                       .capacity = extra});
   gpu_test::device_vector<int> status(std::vector<int>{0});
   std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
   for (int l = 0; l < L; ++l)
@@ -166,9 +174,9 @@ void corrected_step_matches_host() {
   stages_t cache_stages(specs.per_layer, selector, fetch, sources, score_buf, lengths, x_in, layer_sets,
                         kvscout::cuda_stage_buffering::row_cache, hits.data(), correction);
   GPU_CHECK(stages.has_correction() && cache_stages.has_correction());
-  kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = skip},
+  kvscout::decode_pipeline_cuda pipe({.shape = {.num_layers = L}, .skip_layers = skip},
                                      kvscout::stages_ref_cuda<stages_t>{&stages});
-  kvscout::decode_pipeline_cuda cache_pipe({.num_layers = L, .skip_layers = skip},
+  kvscout::decode_pipeline_cuda cache_pipe({.shape = {.num_layers = L}, .skip_layers = skip},
                                            kvscout::stages_ref_cuda<stages_t>{&cache_stages});
 
   gpu_test::device_vector<float> x_all(w.x), q_all(w.q);
@@ -323,15 +331,17 @@ void corrected_step_matches_host() {
 
   // ---- any device_step_executor (issue 33): an engine's own gives the same bits -----------
   {
-    const kvscout::zero_copy_config own_cfg{.num_seqs = S, .num_kv_heads = H, .capacity = budget};
+    const kvscout::zero_copy_config own_cfg{.shape = {.num_seqs = S, .num_kv_heads = H},
+                                            .capacity = budget};
     static_assert(counting_executor::workspace_alignment == 1);
     counting_executor own_fetch(own_cfg, {nullptr, counting_executor::workspace_bytes(own_cfg)});  // 0
-    counting_executor own_corr_fetch({.num_seqs = S, .num_kv_heads = H, .capacity = extra});
+    counting_executor own_corr_fetch({.shape = {.num_seqs = S, .num_kv_heads = H},
+                                      .capacity = extra});
     const kvscout::cuda_stage_correction<counting_executor> own_corr{
         &corr, &own_corr_fetch, correction.scores, correction.sets};
     counting_stages_t own(specs.per_layer, selector, own_fetch, sources, score_buf, lengths, x_in,
                           slot_sets, kvscout::cuda_stage_buffering::slots, nullptr, own_corr);
-    kvscout::decode_pipeline_cuda own_pipe({.num_layers = L, .skip_layers = skip},
+    kvscout::decode_pipeline_cuda own_pipe({.shape = {.num_layers = L}, .skip_layers = skip},
                                            kvscout::stages_ref_cuda<counting_stages_t>{&own});
     out_all.poison();
     rec_add.poison();

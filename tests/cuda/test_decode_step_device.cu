@@ -62,7 +62,9 @@ struct host_selection {
 host_selection host_select(const world& w, int l) {
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int i = 0; i < L; ++i) wq.push_back({w.w_q[i].data(), w.w_q[i].size()});
-  const kvscout::infinigen_config pc{L, S, H, Hq, D, dm, max_tokens, scale,
+  const kvscout::infinigen_config pc{{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+                                     .num_q_heads = Hq, .head_dim = D, .d_model = dm,
+                                     .max_tokens = max_tokens, .scale = scale},
                                      kvscout::gqa_aggregation::max_logit};
   auto policy_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
   kvscout::infinigen_policy_host<float> policy(pc, w.plans, wq, bq, policy_ws.span());
@@ -77,7 +79,8 @@ host_selection host_select(const world& w, int l) {
   policy.score(l, {.x = {&w.x[static_cast<std::size_t>(l - 1) * S * dm], static_cast<std::size_t>(S) * dm},
                    .q = {}, .positions = {pos.data(), pos.size()}, .seq_lens = {lens.data(), lens.size()}},
                {{out.scores.data(), out.scores.size()}, S, H, max_tokens});
-  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, keep};
+  kvscout::topk_selector_host::config sc{{.num_seqs = S, .num_kv_heads = H,
+                                         .max_tokens = max_tokens}, budget, budget, keep};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, ws.span());
   out.idx.assign(static_cast<std::size_t>(S) * H * budget, -1);
@@ -95,18 +98,22 @@ void step_matches_host() {
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&copy));
 
   // ---- device set-up: speculators (partial key caches filled from the host caches) ------------
-  kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, kvscout::rope_mode::rope_planes,
-                                    scale, kvscout::gqa_aggregation::max_logit};
+  kvscout::infinigen_cuda_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+                                    .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
+                                    .scale = scale}, r, kvscout::rope_mode::rope_planes,
+                                    kvscout::gqa_aggregation::max_logit};
   const speculators specs(w, dc, compute);
   const std::vector<speculators::spec_t*>& spec_ptrs = specs.per_layer;
 
   // ---- selector, executor, buffers --------------------------------------------------------------
-  kvscout::topk_selector_cuda::config sc{S, H, max_tokens, budget, budget, keep};
+  kvscout::topk_selector_cuda::config sc{{.num_seqs = S, .num_kv_heads = H,
+                                         .max_tokens = max_tokens}, budget, budget, keep};
   gpu_test::device_vector<std::byte> sel_ws(std::max<std::size_t>(1, kvscout::topk_selector_cuda::workspace_bytes(sc)));
   kvscout::topk_selector_cuda selector(sc, {sel_ws.data(), kvscout::topk_selector_cuda::workspace_bytes(sc)});
   gpu_test::device_vector<int> status(1);
   KVSCOUT_CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(int)));
-  kvscout::zero_copy_executor_cuda<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
+  kvscout::zero_copy_executor_cuda<layout> fetch({.shape = {.num_seqs = S, .num_kv_heads = H},
+                                                  .capacity = budget});
   std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
   const std::size_t cache_bytes = static_cast<std::size_t>(S) * H * max_tokens * D * sizeof(half);
   for (int l = 0; l < L; ++l)
@@ -144,9 +151,9 @@ void step_matches_host() {
   stages_t slot_stages(spec_ptrs, selector, fetch, sources, score_buf, lengths, x_in, slot_sets);
   stages_t cache_stages(spec_ptrs, selector, fetch, sources, score_buf, lengths, x_in, layer_sets,
                         kvscout::cuda_stage_buffering::row_cache, hits.data());
-  kvscout::decode_pipeline_cuda slot_pipe({.num_layers = L, .skip_layers = skip},
+  kvscout::decode_pipeline_cuda slot_pipe({.shape = {.num_layers = L}, .skip_layers = skip},
                                           kvscout::stages_ref_cuda<stages_t>{&slot_stages});
-  kvscout::decode_pipeline_cuda cache_pipe({.num_layers = L, .skip_layers = skip},
+  kvscout::decode_pipeline_cuda cache_pipe({.shape = {.num_layers = L}, .skip_layers = skip},
                                            kvscout::stages_ref_cuda<stages_t>{&cache_stages});
   using pipe_t = decltype(slot_pipe);
   // The stages' policy, selector and fetch report into status.
@@ -308,7 +315,7 @@ void step_matches_host() {
   // outputs are the eager step's, bit for bit; with the row cache, cached_rows decides the hits.
   {
     kvscout::infinigen_cuda_config dc3 = dc;
-    dc3.num_seqs = 3;
+    dc3.shape.num_seqs = 3;
     const int slot_of[S] = {2, 0};
     const speculators specs3(w, dc3, compute, {slot_of[0], slot_of[1]}, 1);  // sequence 1: the decoy
     const std::vector<speculators::spec_t*>& ptrs3 = specs3.per_layer;
@@ -317,7 +324,7 @@ void step_matches_host() {
     kvscout::cuda_stage_lengths lengths3 = lengths;
     lengths3.seq_ids = dspan<const int32_t>(ids);
     stages_t id_stages(ptrs3, selector, fetch, sources, score_buf, lengths3, x_in, slot_sets);
-    kvscout::decode_pipeline_cuda id_pipe({.num_layers = L, .skip_layers = skip},
+    kvscout::decode_pipeline_cuda id_pipe({.shape = {.num_layers = L}, .skip_layers = skip},
                                           kvscout::stages_ref_cuda<stages_t>{&id_stages});
     out_all.poison();
     rec_idx.poison();
@@ -338,7 +345,7 @@ void step_matches_host() {
     cached3.cached_rows = dspan<const int32_t>(prev_rows);
     stages_t id_cache_stages(ptrs3, selector, fetch, sources, score_buf, cached3, x_in, layer_sets,
                              kvscout::cuda_stage_buffering::row_cache, hits.data());
-    kvscout::decode_pipeline_cuda id_cache_pipe({.num_layers = L, .skip_layers = skip},
+    kvscout::decode_pipeline_cuda id_cache_pipe({.shape = {.num_layers = L}, .skip_layers = skip},
                                                 kvscout::stages_ref_cuda<stages_t>{&id_cache_stages});
     const std::vector<int32_t> row_maps[3] = {{0, 1}, {0, 1}, {-1, -1}};
     const unsigned long long want_hits[3] = {0ull, static_cast<unsigned long long>(selected_rows), 0ull};

@@ -62,7 +62,7 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
   stream_holder stream;
 
   // Reference: the host gather over the same (pinned) bytes.
-  kvscout::host_gather_config hc{.num_seqs = S, .num_kv_heads = H, .capacity = cap};
+  kvscout::host_gather_config hc{.shape = {.num_seqs = S, .num_kv_heads = H}, .capacity = cap};
   auto ws = kvscout::make_workspace<kvscout::gather_executor_host<Layout>>(hc);
   kvscout::gather_executor_host<Layout> gather(hc, ws.span());
   std::vector<std::byte> ref_k(slots * kb, poison), ref_v(slots * vb, poison);
@@ -78,7 +78,7 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
   clear_status(status);
 
   {  // zero copy: device aliases of the mapped source, device-resident metadata and selection
-    kvscout::zero_copy_config zc{.num_seqs = S, .num_kv_heads = H, .capacity = cap};
+    kvscout::zero_copy_config zc{.shape = {.num_seqs = S, .num_kv_heads = H}, .capacity = cap};
     GPU_CHECK(kvscout::zero_copy_executor_cuda<Layout>::workspace_bytes(zc) == 0);
     kvscout::zero_copy_executor_cuda<Layout> ex(zc);
     const kvscout::kv_view<Layout, kvscout::device_space> src{
@@ -94,7 +94,7 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
   for (bool batch : {true, false}) {  // copy engine
     dk.poison();
     dv.poison();
-    kvscout::copy_engine_config cc{.num_seqs = S, .num_kv_heads = H, .capacity = cap,
+    kvscout::copy_engine_config cc{.shape = {.num_seqs = S, .num_kv_heads = H}, .capacity = cap,
                                    .use_batch_api = batch};
     auto cws = kvscout::make_workspace<kvscout::copy_engine_executor_cuda<Layout>>(cc);
     kvscout::copy_engine_executor_cuda<Layout> ex(cc, cws.span());
@@ -107,7 +107,7 @@ void check_executors(const std::string& name, const Layout& host_l, const Layout
   {  // staged: two threads, two stages, three submits (the stages rotate and are reused), the
      // second on another stream (each bulk copy waits for the previous submit's scatter)
     stream_holder other;
-    kvscout::staged_config sc{.num_seqs = S, .num_kv_heads = H, .capacity = cap,
+    kvscout::staged_config sc{.shape = {.num_seqs = S, .num_kv_heads = H}, .capacity = cap,
                               .k_row_bytes = kb, .v_row_bytes = vb, .threads = 2, .stages = 2};
     pinned_vector<std::byte> pws(kvscout::staged_executor_cuda<Layout>::workspace_bytes(sc));
     device_vector<std::byte> dws(kvscout::staged_executor_cuda<Layout>::device_workspace_bytes(sc));
@@ -193,7 +193,7 @@ void bad_device_data() {
   device_vector<std::byte> dk(slots * row), dv(slots * row);
   device_vector<int> status(1);
   clear_status(status);
-  kvscout::zero_copy_config zc{.num_seqs = 2, .num_kv_heads = heads, .capacity = cap};
+  kvscout::zero_copy_config zc{.shape = {.num_seqs = 2, .num_kv_heads = heads}, .capacity = cap};
   kvscout::zero_copy_executor_cuda<Layout> ex(zc);
   ex.submit({dl.layout, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}},
             {{d_idx.data(), idx.size()}, {d_counts.data(), counts.size()}, 2, heads, cap},
@@ -255,7 +255,7 @@ struct row_cache_case {
         a(std::vector<int>(lens.begin(), lens.end()), heads, cap, density, rng),
         b(std::vector<int>(lens.begin(), lens.end()), heads, cap, density, rng), da(a), db(b),
         ak(slots * row), av(slots * row), bk(slots * row), bv(slots * row), status(1), hits(1),
-        ex({.num_seqs = S, .num_kv_heads = heads, .capacity = cap}),
+        ex({.shape = {.num_seqs = S, .num_kv_heads = heads}, .capacity = cap}),
         src{dl.layout, {k.device_data(), k.bytes()}, {v.device_data(), v.bytes()}} {
     fill_random_bytes(k.data(), k.bytes(), seed + 1);
     fill_random_bytes(v.data(), v.bytes(), seed + 2);

@@ -131,7 +131,8 @@ void enqueue_step(Pipe& pipe, fixture& f, int skip, bool wait, bool check_host,
 void ordered_eagerly() {
   for (int skip : {0, 1, 2}) {
     fixture f;
-    kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = skip}, f.stages(200000));
+    kvscout::decode_pipeline_cuda pipe({.shape = {.num_layers = fixture::L}, .skip_layers = skip},
+                                       f.stages(200000));
     const kvscout::cuda_pipeline_exec x{f.compute, f.side, f.copy, f.errors.data()};
     for (int step = 0; step < 6; ++step) {
       if (skip == 0) pipe.speculate_first(x);
@@ -150,7 +151,8 @@ void ordered_eagerly() {
 
 void serial_mode_is_ordered() {
   fixture f;
-  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 2, .overlap = false},
+  kvscout::decode_pipeline_cuda pipe({.shape = {.num_layers = fixture::L}, .skip_layers = 2,
+                                      .overlap = false},
                                      f.stages(20000));
   for (int step = 0; step < 4; ++step) enqueue_step(pipe, f, 2, true, false, {f.compute, f.compute, f.compute});
   GPU_CHECK(f.read_errors() == 0);
@@ -165,7 +167,8 @@ void control_without_waits_fails() {
   kvscout_simt::detail::set_order("forward");
 #endif
   fixture f;
-  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 2}, f.stages(2000000));
+  kvscout::decode_pipeline_cuda pipe({.shape = {.num_layers = fixture::L}, .skip_layers = 2},
+                                     f.stages(2000000));
   for (int step = 0; step < 3; ++step) enqueue_step(pipe, f, 2, false, false, {f.compute, f.side, f.copy});
   const int e = f.read_errors();
 #if defined(KVSCOUT_SIMT_HOST)
@@ -180,14 +183,16 @@ void append_during_fetch_does_not_race() {
   // attention(i) rewrites layer i's host row (the append) while fetch(i + 1) is in flight; every
   // fetch must still see the row as the previous step left it.
   fixture f;
-  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 1}, f.stages(200000));
+  kvscout::decode_pipeline_cuda pipe({.shape = {.num_layers = fixture::L}, .skip_layers = 1},
+                                     f.stages(200000));
   for (int step = 0; step < 5; ++step) enqueue_step(pipe, f, 1, true, true, {f.compute, f.side, f.copy});
   GPU_CHECK(f.read_errors() == 0);
 }
 
 void captured_in_a_graph() {
   fixture f;
-  kvscout::decode_pipeline_cuda pipe({.num_layers = fixture::L, .skip_layers = 2}, f.stages(100000));
+  kvscout::decode_pipeline_cuda pipe({.shape = {.num_layers = fixture::L}, .skip_layers = 2},
+                                     f.stages(100000));
   cudaGraph_t graph{};
   KVSCOUT_CUDA_CHECK(cudaStreamBeginCapture(f.compute, cudaStreamCaptureModeThreadLocal));
   enqueue_step(pipe, f, 2, true, false, {f.compute, f.side, f.copy});
@@ -205,14 +210,14 @@ void bad_config_throws() {
   fixture f;
   bool thrown = false;
   try {
-    kvscout::decode_pipeline_cuda pipe({.num_layers = 4, .skip_layers = 5}, f.stages(0));
+    kvscout::decode_pipeline_cuda pipe({.shape = {.num_layers = 4}, .skip_layers = 5}, f.stages(0));
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("skip_layers = 5") != std::string::npos;
   }
   GPU_CHECK(thrown);
   thrown = false;
   try {
-    kvscout::decode_pipeline_cuda pipe({.num_layers = 4}, f.stages(0));
+    kvscout::decode_pipeline_cuda pipe({.shape = {.num_layers = 4}}, f.stages(0));
     pipe.input_ready(0, {f.compute, f.compute, f.copy});  // refused before anything is enqueued
   } catch (const kvscout::error& e) {
     thrown = std::string(e.what()).find("three distinct streams") != std::string::npos;
@@ -222,7 +227,8 @@ void bad_config_throws() {
   for (const bool first : {false, true}) {
     thrown = false;
     try {
-      kvscout::decode_pipeline_cuda pipe({.num_layers = 4, .skip_layers = first ? 0 : 2}, f.stages(0));
+      kvscout::decode_pipeline_cuda pipe({.shape = {.num_layers = 4}, .skip_layers = first ? 0 : 2},
+                                         f.stages(0));
       if (first) pipe.speculate_first({f.compute, f.side, f.side});
       else pipe.wait_rows(0, {f.compute, f.copy, f.copy});
     } catch (const kvscout::error& e) {
@@ -233,7 +239,7 @@ void bad_config_throws() {
   // Waiting for a layer that was never launched is refused (it would wait on a stale event).
   thrown = false;
   try {
-    kvscout::decode_pipeline_cuda pipe({.num_layers = 4, .skip_layers = 2}, f.stages(0));
+    kvscout::decode_pipeline_cuda pipe({.shape = {.num_layers = 4}, .skip_layers = 2}, f.stages(0));
     const kvscout::cuda_pipeline_exec x{f.compute, f.side, f.copy};
     pipe.input_ready(0, x);
     pipe.input_ready(1, x);  // launches layer 2

@@ -165,7 +165,8 @@ bool same(const result& host, const result& dev, int capacity, const char* what)
 }
 
 void check_topk(const problem& p, int budget, keep_set keep, int capacity, const char* what) {
-  kvscout::topk_selector_cuda::config cfg{p.S, p.H, p.stride, capacity, budget, keep};
+  kvscout::topk_selector_cuda::config cfg{{.num_seqs = p.S, .num_kv_heads = p.H,
+                                          .max_tokens = p.stride}, capacity, budget, keep};
   const result h = run_host<kvscout::topk_selector_host>(cfg, p);
   const result d = run_device<kvscout::topk_selector_cuda>(cfg, p);
   GPU_CHECK(same(h, d, capacity, what));
@@ -174,7 +175,9 @@ void check_topk(const problem& p, int budget, keep_set keep, int capacity, const
 
 void check_threshold(const problem& p, int budget, float alpha, threshold_rule rule,
                      keep_set keep, int capacity, const char* what) {
-  kvscout::threshold_selector_cuda::config cfg{p.S, p.H, p.stride, capacity, alpha, budget, rule, keep};
+  kvscout::threshold_selector_cuda::config cfg{{.num_seqs = p.S, .num_kv_heads = p.H,
+                                               .max_tokens = p.stride}, capacity, alpha, budget,
+                                               rule, keep};
   const result h = run_host<kvscout::threshold_selector_host>(cfg, p);
   const result d = run_device<kvscout::threshold_selector_cuda>(cfg, p);
   GPU_CHECK(same(h, d, capacity, what));
@@ -280,13 +283,15 @@ void device_lengths_are_clamped() {
   // The device reads lengths the host cannot check: -5 acts as 0, stride + 100 as stride.
   const problem p = make_problem({0, 300}, 2, 300, data_kind::normal, 500);
   const std::vector<std::int32_t> bad = {-5, 400};
-  kvscout::topk_selector_cuda::config cfg{p.S, p.H, p.stride, 32, 32, {2, 2}};
+  kvscout::topk_selector_cuda::config cfg{{.num_seqs = p.S, .num_kv_heads = p.H,
+                                          .max_tokens = p.stride}, 32, 32, {2, 2}};
   const result h = run_host<kvscout::topk_selector_host>(cfg, p);
   const result d = run_device<kvscout::topk_selector_cuda>(cfg, p, &bad);
   GPU_CHECK(same(h, d, 32, "clamped_topk"));
   GPU_CHECK(d.status == kvscout::device_status::bad_length);  // and reported
   for (const threshold_rule rule : {threshold_rule::infinigen_mean, threshold_rule::per_head}) {
-    kvscout::threshold_selector_cuda::config tc{p.S, p.H, p.stride, 32, 1.f, 32, rule, {2, 2}};
+    kvscout::threshold_selector_cuda::config tc{{.num_seqs = p.S, .num_kv_heads = p.H,
+                                                .max_tokens = p.stride}, 32, 1.f, 32, rule, {2, 2}};
     const result th = run_host<kvscout::threshold_selector_host>(tc, p);
     const result td = run_device<kvscout::threshold_selector_cuda>(tc, p, &bad);
     GPU_CHECK(same(th, td, 32, "clamped_threshold"));
@@ -300,7 +305,9 @@ void device_lengths_are_clamped() {
     GPU_CHECK(same(h, o, 32, "clamped_topk_one"));
     GPU_CHECK(o.status == kvscout::device_status::bad_length);
     const result ot = run_device<kvscout::threshold_selector_cuda>(
-        {p.S, p.H, p.stride, 32, 1.f, 32, threshold_rule::per_head, {2, 2}}, p, &one_bad);
+        {{.num_seqs = p.S, .num_kv_heads = p.H, .max_tokens = p.stride}, 32, 1.f, 32,
+         threshold_rule::per_head, {2, 2}},
+        p, &one_bad);
     GPU_CHECK(ot.status == kvscout::device_status::bad_length);
   }
 }
@@ -310,14 +317,32 @@ using gpu_test::throws_with;
 void bad_input_throws() {
   using topk = kvscout::topk_selector_cuda;
   using thr = kvscout::threshold_selector_cuda;
-  GPU_CHECK(throws_with([] { (void)topk::workspace_bytes({1, 1, 100, 10, 11, {}}); }, "budget 11"));
-  GPU_CHECK(throws_with([] { (void)topk::workspace_bytes({1, 1, 100, 10, 8, {5, 5}}); }, "sinks 5"));
-  GPU_CHECK(throws_with([] { (void)thr::workspace_bytes({1, 1, 100, 10, -1.f, 8, threshold_rule::per_head, {}}); },
-                        "-1"));
+  GPU_CHECK(throws_with(
+      [] {
+        (void)topk::workspace_bytes(
+            {{.num_seqs = 1, .num_kv_heads = 1, .max_tokens = 100}, 10, 11, {}});
+      },
+      "budget 11"));
+  GPU_CHECK(throws_with(
+      [] {
+        (void)topk::workspace_bytes(
+            {{.num_seqs = 1, .num_kv_heads = 1, .max_tokens = 100}, 10, 8, {5, 5}});
+      },
+      "sinks 5"));
+  GPU_CHECK(throws_with(
+      [] {
+        (void)thr::workspace_bytes({{.num_seqs = 1, .num_kv_heads = 1, .max_tokens = 100},
+                                    10,
+                                    -1.f,
+                                    8,
+                                    threshold_rule::per_head,
+                                    {}});
+      },
+      "-1"));
   // Views that do not match the config, before anything is launched.
   gpu_test::device_vector<float> scores(2 * 100);
   gpu_test::device_vector<std::int32_t> lens(2), idx(2 * 10), counts(2);
-  topk sel({2, 1, 100, 10, 10, {}}, {});
+  topk sel({{.num_seqs = 2, .num_kv_heads = 1, .max_tokens = 100}, 10, 10, {}}, {});
   GPU_CHECK(throws_with(
       [&] {
         sel.select({{scores.data(), 150}, {lens.data(), 2}, 2, 1, 100},
@@ -336,7 +361,8 @@ void bad_input_throws() {
                    {{idx.data(), 7}, {counts.data(), 2}, 2, 1, 10}, kvscout::cuda_exec{});
       },
       "selection indices holds 7"));
-  const thr::config mean{2, 1, 100, 10, 1.f, 10, threshold_rule::infinigen_mean, {}};
+  const thr::config mean{{.num_seqs = 2, .num_kv_heads = 1, .max_tokens = 100}, 10, 1.f, 10,
+                         threshold_rule::infinigen_mean, {}};
   GPU_CHECK(throws_with([&] { thr t(mean, {}); }, "workspace holds 0"));
 }
 
@@ -346,7 +372,9 @@ void split_shapes() {
   // The split the selectors choose: 32 rows of 128k on 132 SMs run as 32 x 16 blocks; rows that
   // fill the device alone, or short rows, stay one block each.
   const auto topk_split = [](int S, int H, int stride, kvscout::select_split_options o) {
-    const kvscout::topk_selector_cuda::config cfg{S, H, stride, stride / 10, stride / 10, {4, 64}};
+    const kvscout::topk_selector_cuda::config cfg{{.num_seqs = S, .num_kv_heads = H,
+                                                  .max_tokens = stride}, stride / 10, stride / 10,
+                                                  {4, 64}};
     gpu_test::device_vector<std::byte> ws(kvscout::topk_selector_cuda::workspace_bytes(cfg, o));
     kvscout::topk_selector_cuda sel(cfg, {ws.data(), kvscout::topk_selector_cuda::workspace_bytes(cfg, o)}, o);
     return sel.split();

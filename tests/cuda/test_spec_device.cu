@@ -113,12 +113,16 @@ void run_case(const shape& sh, std::uint32_t seed) {
 
   // Host reference.
   using policy = kvscout::infinigen_policy_host<PkT, WT>;
-  typename policy::config hc{1, S, H, Hq, D, dm, max_tokens, scale, sh.agg};
+  typename policy::config hc{{.num_layers = 1, .num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+                             .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
+                             .scale = scale}, sh.agg};
   auto host_ws = kvscout::make_workspace<policy>(hc);
   policy host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{b_q.data(), b_q.size()}}, host_ws.span());
 
   // Device.
-  kvscout::infinigen_cuda_config dc{S, H, Hq, D, dm, max_tokens, r, sh.mode, scale, sh.agg};
+  kvscout::infinigen_cuda_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+                                    .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
+                                    .scale = scale}, r, sh.mode, sh.agg};
   using spec = kvscout::infinigen_policy_cuda<PkT, WT>;
   const std::size_t ws_bytes = spec::workspace_bytes(dc);
   gpu_test::device_vector<std::byte> ws(ws_bytes);
@@ -326,7 +330,9 @@ void bad_input_throws() {
   std::mt19937 rng(9);
   std::vector<kvscout::skew_plan> plans = {random_plan(sh, rng), random_plan(sh, rng)};
   std::vector<float> w_q(4 * 64 * 64, 0.01f), b_q;
-  kvscout::infinigen_cuda_config cfg{1, 2, 4, 64, 64, 100, 16, rope_mode::post_rope_skew, 0.125f,
+  kvscout::infinigen_cuda_config cfg{{.num_seqs = 1, .num_kv_heads = 2, .num_q_heads = 4,
+                                     .head_dim = 64, .d_model = 64, .max_tokens = 100,
+                                     .scale = 0.125f}, 16, rope_mode::post_rope_skew,
                                      gqa_aggregation::max_logit};
   using spec = kvscout::infinigen_policy_cuda<float>;
   const std::size_t bytes = spec::workspace_bytes(cfg);
@@ -360,7 +366,9 @@ small_setup small_speculator(rope_mode mode, float sigma, std::mt19937& rng) {
   const shape sh{1, 2, 64, 16, 64, mode, kvscout::rope_style::interleaved,
                  gqa_aggregation::sum_prob, {40}, true};
   small_setup u{{random_plan(sh, rng)}, std::vector<float>(2 * 64 * 64),
-                {2, 1, 2, 64, 64, 64, 16, mode, 0.125f, gqa_aggregation::sum_prob}};
+                {{.num_seqs = 2, .num_kv_heads = 1, .num_q_heads = 2, .head_dim = 64, .d_model = 64,
+                  .max_tokens = 64, .scale = 0.125f},
+                 16, mode, gqa_aggregation::sum_prob}};
   std::normal_distribution<float> nd(0.f, sigma);
   for (auto& v : u.w_q) v = nd(rng);
   return u;
@@ -499,7 +507,7 @@ void seq_ids_name_the_sequences() {
   for (gqa_aggregation agg : {gqa_aggregation::max_logit, gqa_aggregation::sum_prob}) {
     std::mt19937 rng(31);
     small_setup u = small_speculator(rope_mode::post_rope_skew, 0.1f, rng);
-    u.cfg.num_seqs = 3;
+    u.cfg.shape.num_seqs = 3;
     u.cfg.aggregation = agg;
     using spec = kvscout::infinigen_policy_cuda<float>;
     gpu_test::device_vector<std::byte> ws(spec::workspace_bytes(u.cfg));

@@ -48,7 +48,7 @@ std::vector<float> host_scores(int H, int sinks, const std::vector<int32_t>& len
                                float fill) {
   const int S = static_cast<int>(lens.size());
   std::vector<float> out(static_cast<std::size_t>(S) * H * stride, fill);
-  kvscout::streaming_policy_host p({.num_kv_heads = H, .sinks = sinks});
+  kvscout::streaming_policy_host p({.shape = {.num_kv_heads = H}, .sinks = sinks});
   p.score(0, {.x = {}, .q = {}, .positions = {}, .seq_lens = {lens.data(), lens.size()}},
           {{out.data(), out.size()}, S, H, stride});
   return out;
@@ -78,7 +78,7 @@ void scores_match_host() {
   const std::vector<int32_t> lens = {1300, 3, 0, 517};
   const int S = static_cast<int>(lens.size());
   for (int sinks : {0, 4, 2000}) {
-    kvscout::streaming_policy_cuda p({.num_kv_heads = H, .sinks = sinks});
+    kvscout::streaming_policy_cuda p({.shape = {.num_kv_heads = H}, .sinks = sinks});
     gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
     gpu_test::device_vector<int32_t> dl(lens);
     gpu_test::device_vector<int> status(std::vector<int>{0});
@@ -91,7 +91,7 @@ void scores_match_host() {
   // Lengths beyond max_seq_len are clamped to it, negative ones to 0: the device's lengths are
   // never trusted for addressing.
   {
-    kvscout::streaming_policy_cuda p({.num_kv_heads = H, .sinks = 4});
+    kvscout::streaming_policy_cuda p({.shape = {.num_kv_heads = H}, .sinks = 4});
     const std::vector<int32_t> bad = {5000, -7, 600, 100};
     gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
     gpu_test::device_vector<int32_t> dl(bad);
@@ -105,7 +105,7 @@ void scores_match_host() {
   }
   // A negative length alone raises it too.
   {
-    kvscout::streaming_policy_cuda p({.num_kv_heads = H, .sinks = 4});
+    kvscout::streaming_policy_cuda p({.shape = {.num_kv_heads = H}, .sinks = 4});
     gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
     gpu_test::device_vector<int32_t> dl(std::vector<int32_t>{600, -1, 0, 100});
     gpu_test::device_vector<int> status(std::vector<int>{0});
@@ -117,10 +117,12 @@ void scores_match_host() {
 
 void bad_input_throws() {
   using policy = kvscout::streaming_policy_cuda;
-  GPU_CHECK(throws_with([] { policy p({.num_kv_heads = 0, .sinks = 4}); }, "num_kv_heads must be positive, got 0"));
-  GPU_CHECK(throws_with([] { policy p({.num_kv_heads = 2, .sinks = -1}); }, "sinks must be non-negative, got -1"));
+  GPU_CHECK(throws_with([] { policy p({.shape = {.num_kv_heads = 0}, .sinks = 4}); },
+                        "num_kv_heads must be positive, got 0"));
+  GPU_CHECK(throws_with([] { policy p({.shape = {.num_kv_heads = 2}, .sinks = -1}); },
+                        "sinks must be non-negative, got -1"));
   constexpr int S = 2, H = 2, stride = 64;
-  policy p({.num_kv_heads = H, .sinks = 4});
+  policy p({.shape = {.num_kv_heads = H}, .sinks = 4});
   gpu_test::device_vector<float> scores(static_cast<std::size_t>(S) * H * stride);
   gpu_test::device_vector<int32_t> dl(std::vector<int32_t>{40, 50});
   scores.poison();
@@ -194,15 +196,17 @@ void pipeline_selects(bool per_layer_budgets) {
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&side));
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&copy));
 
-  seq_id_spy policy({.num_kv_heads = H, .sinks = sinks});
+  seq_id_spy policy({.shape = {.num_kv_heads = H}, .sinks = sinks});
   std::vector<seq_id_spy*> per_layer(L, &policy);  // one object, every layer
   per_layer[0] = nullptr;                                               // below skip_layers
   // No keep-set: what is selected is the policy's scores alone.
-  kvscout::topk_selector_cuda::config sc{S, H, max_tokens, budget, budget, {0, 0}};
+  kvscout::topk_selector_cuda::config sc{{.num_seqs = S, .num_kv_heads = H,
+                                         .max_tokens = max_tokens}, budget, budget, {0, 0}};
   gpu_test::device_vector<std::byte> sel_ws(
       std::max<std::size_t>(1, kvscout::topk_selector_cuda::workspace_bytes(sc)));
   kvscout::topk_selector_cuda selector(sc, {sel_ws.data(), kvscout::topk_selector_cuda::workspace_bytes(sc)});
-  kvscout::topk_selector_cuda::config sc2{S, H, max_tokens, budget, budget2, {0, 0}};
+  kvscout::topk_selector_cuda::config sc2{{.num_seqs = S, .num_kv_heads = H,
+                                          .max_tokens = max_tokens}, budget, budget2, {0, 0}};
   gpu_test::device_vector<std::byte> sel_ws2(
       std::max<std::size_t>(1, kvscout::topk_selector_cuda::workspace_bytes(sc2)));
   kvscout::topk_selector_cuda selector2(sc2, {sel_ws2.data(), kvscout::topk_selector_cuda::workspace_bytes(sc2)});
@@ -213,7 +217,8 @@ void pipeline_selects(bool per_layer_budgets) {
   const auto budget_of = [&](int l) { return per_layer_budgets && l == 2 ? budget2 : budget; };
   gpu_test::device_vector<int> status(1);
   KVSCOUT_CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(int)));
-  kvscout::zero_copy_executor_cuda<layout> fetch({.num_seqs = S, .num_kv_heads = H, .capacity = budget});
+  kvscout::zero_copy_executor_cuda<layout> fetch({.shape = {.num_seqs = S, .num_kv_heads = H},
+                                                  .capacity = budget});
   const std::size_t cache_bytes = cache * sizeof(half);
   std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
   for (int l = 0; l < L; ++l)
@@ -274,14 +279,16 @@ void pipeline_selects(bool per_layer_budgets) {
     GPU_CHECK(refusal({&selector, &selector}, "got 2 selectors, expected one per layer (3 layers)"));
     GPU_CHECK(refusal({&selector, &selector, nullptr}, "layer 2 has a speculation policy but a null selector"));
     // A selector of another capacity than the buffer sets' is refused when the stages are built.
-    kvscout::topk_selector_cuda::config sc3{S, H, max_tokens, budget2, budget2, {0, 0}};
+    kvscout::topk_selector_cuda::config sc3{{.num_seqs = S, .num_kv_heads = H,
+                                            .max_tokens = max_tokens}, budget2, budget2, {0, 0}};
     gpu_test::device_vector<std::byte> sel_ws3(
         std::max<std::size_t>(1, kvscout::topk_selector_cuda::workspace_bytes(sc3)));
     kvscout::topk_selector_cuda selector3(sc3, {sel_ws3.data(), kvscout::topk_selector_cuda::workspace_bytes(sc3)});
     GPU_CHECK(refusal({nullptr, &selector, &selector3},
-                      "layer 2's selector configured for [num_seqs, num_kv_heads, stride, capacity] = [2, 2, 512, 12]"));
+                      "layer 2's selector configured for [num_seqs, num_kv_heads, max_tokens, "
+                      "capacity] = [2, 2, 512, 12]"));
   }
-  kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = skip},
+  kvscout::decode_pipeline_cuda pipe({.shape = {.num_layers = L}, .skip_layers = skip},
                                      kvscout::stages_ref_cuda<stages_t>{&stages});
   // The policy, the selector and the fetch report into status.
   const kvscout::cuda_pipeline_exec x{compute, side, copy, status.data()};

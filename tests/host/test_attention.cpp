@@ -300,7 +300,7 @@ TEMPLATE_TEST_CASE("sparse attention over gathered rows matches the definition o
       std::copy(ts.begin(), ts.end(), idx.begin() + (s * f.H + h) * cap);
     }
   using layout = typename attn_fixture<T>::layout;
-  kvscout::host_gather_config gc{f.S, f.H, cap, 1};
+  kvscout::host_gather_config gc{{.num_seqs = f.S, .num_kv_heads = f.H}, cap, 1};
   auto ws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(gc);
   kvscout::gather_executor_host<layout> ex(gc, ws.span());
   std::vector<T> dk(idx.size() * 64), dv(dk.size());

@@ -188,7 +188,8 @@ TEST_CASE("host buffers and partial key caches reject sizes past their arithmeti
 TEST_CASE("policy and cache state that does not fit is rejected", "[errors][spec]") {
   REQUIRE_THROWS_WITH(kvscout::partial_key_cache<float>(1 << 16, 1 << 16, 1 << 12, (1 << 16) * 16),
                       Contains("partial_key_cache elements") && Contains("does not fit"));
-  REQUIRE_THROWS_WITH(kvscout::h2o_policy_host({1 << 16, 1 << 16, 1 << 16, 1 << 16}),
+  REQUIRE_THROWS_WITH(kvscout::h2o_policy_host({{.num_layers = 1 << 16, .num_seqs = 1 << 16,
+                                                .num_kv_heads = 1 << 16, .max_tokens = 1 << 16}}),
                       Contains("the policy's state in bytes"));
   // In caller memory: 2^62 elements fit size_t, their bytes do not; a wrapped (small) size would
   // let an empty span pass and the first append write out of bounds.
@@ -200,24 +201,34 @@ TEST_CASE("policy and cache state that does not fit is rejected", "[errors][spec
   REQUIRE_THROWS_WITH((kvscout::quantized_partial_key_cache<8, 16>::memory_bytes(1 << 15, 1 << 15, 1 << 13, 1 << 21)),
                       Contains("quantized_partial_key_cache") && Contains("does not fit"));
   // max_tokens + page_size - 1 overflowed an int.
-  REQUIRE_THROWS_WITH(kvscout::quest_policy_host<16>({1 << 12, 1 << 12, 1 << 8, 1 << 8, INT_MAX, 16,
-                                                      0.25f}),
+  REQUIRE_THROWS_WITH(kvscout::quest_policy_host<16>({{.num_layers = 1 << 12, .num_seqs = 1 << 12,
+                                                      .num_kv_heads = 1 << 8, .num_q_heads = 1 << 8,
+                                                      .max_tokens = INT_MAX, .scale = 0.25f}, 16}),
                       Contains("does not fit in size_t"));
   // The page count itself: max_tokens + page_size - 1 overflowed an int before the state size
   // was ever checked; now it is one page of INT_MAX tokens.
-  const kvscout::quest_policy_host<16> one_page({1, 1, 1, 1, INT_MAX, INT_MAX, 0.25f});
-  CHECK(one_page.configuration().max_tokens == INT_MAX);
+  const kvscout::quest_policy_host<16> one_page({{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1,
+                                                 .num_q_heads = 1, .max_tokens = INT_MAX,
+                                                 .scale = 0.25f}, INT_MAX});
+  CHECK(one_page.configuration().shape.max_tokens == INT_MAX);
   // An infinite scale made every quest score inf (the ranking lost); now every policy that takes
   // a scale wants it finite.
-  REQUIRE_THROWS_WITH(kvscout::quest_policy_host<16>({1, 1, 1, 1, 32, 8,
-                                                      std::numeric_limits<float>::infinity()}),
-                      Contains("scale must be positive and finite, got inf"));
+  REQUIRE_THROWS_WITH(
+      kvscout::quest_policy_host<16>({{.num_layers = 1,
+                                       .num_seqs = 1,
+                                       .num_kv_heads = 1,
+                                       .num_q_heads = 1,
+                                       .max_tokens = 32,
+                                       .scale = std::numeric_limits<float>::infinity()},
+                                      8}),
+      Contains("scale must be positive and finite, got inf"));
 }
 
 TEST_CASE("null key pointers are rejected before they are read", "[errors][spec]") {
   kvscout::partial_key_cache<float> pkc(1, 1, 4, 16);
   REQUIRE_THROWS_WITH(pkc.append(0, 0, 3, nullptr), Contains("partial key of token 3 is null"));
-  kvscout::quest_policy_host<16> q({1, 1, 1, 1, 16, 4, 0.25f});
+  kvscout::quest_policy_host<16> q({{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1,
+                                    .num_q_heads = 1, .max_tokens = 16, .scale = 0.25f}, 4});
   REQUIRE_THROWS_WITH(q.append(0, 0, 0, nullptr, nullptr), Contains("k_post is null"));
 }
 
@@ -230,7 +241,8 @@ TEST_CASE("the oracle checks the GQA group of every layer", "[errors][spec]") {
   std::vector<kvscout::kv_view<L, kvscout::host_space>> layers = {
       {l0, cbytes_of(k0), cbytes_of(k0)}, {l1, cbytes_of(k1), cbytes_of(k1)}};
   REQUIRE_THROWS_WITH(
-      (kvscout::oracle_policy_host<L>({3, 0.5f, kvscout::gqa_aggregation::max_logit}, layers)),
+      (kvscout::oracle_policy_host<L>({{.num_q_heads = 3, .scale = 0.5f},
+                                       kvscout::gqa_aggregation::max_logit}, layers)),
       Contains("num_q_heads = 3 must be a positive multiple of layer 1's num_kv_heads = 2"));
 }
 
@@ -281,7 +293,7 @@ TEST_CASE("a gather into overlapping buffers is rejected before it writes", "[er
   for (int i = 0; i < 16; ++i)
     k[i] = 100.f + static_cast<float>(i), v[i] = 200.f + static_cast<float>(i);
   std::vector<int32_t> idx = {1, 2}, cnt = {2};
-  const kvscout::host_gather_config cfg{.num_seqs = 1, .num_kv_heads = 1, .capacity = 2};
+  const kvscout::host_gather_config cfg{.shape = {.num_seqs = 1, .num_kv_heads = 1}, .capacity = 2};
   const auto ws = kvscout::make_workspace<kvscout::gather_executor_host<L>>(cfg);
   kvscout::gather_executor_host<L> g(cfg, ws.span());
   const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), 2}, {cnt.data(), 1}, 1, 1, 2};
@@ -427,11 +439,14 @@ TEST_CASE("attention refuses outputs that overlap its query", "[errors][attentio
 TEST_CASE("the host pipeline's last_selection checks the layer", "[errors][pipeline]") {
   using L = kvscout::contiguous_layout<float, 4, kvscout::hnd>;
   const int H = 1, MT = 8;
-  kvscout::streaming_policy_host sp({H, 0});
-  const kvscout::topk_selector_host::config sc{1, H, MT, 2, 2, {}};
+  kvscout::streaming_policy_host sp({{.num_kv_heads = H}, 0});
+  const kvscout::topk_selector_host::config sc{{.num_seqs = 1, .num_kv_heads = H, .max_tokens = MT},
+                                               2, 2, {}};
   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(sc) + 16);
   kvscout::topk_selector_host sel(sc, {ws.data(), ws.size()});
-  const kvscout::host_pipeline_config pc{2, 0, 1, H, 1, MT, 2, 1, 0.5f};
+  const kvscout::host_pipeline_config pc{{.num_layers = 2, .num_seqs = 1, .num_kv_heads = H,
+                                         .num_q_heads = 1, .max_tokens = MT, .scale = 0.5f}, 0, 2,
+                                         1};
   using pipe_t = kvscout::decode_pipeline_host<L, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   auto gws = kvscout::make_workspace<kvscout::gather_executor_host<L>>(kvscout::gather_config_for(pc));
   kvscout::gather_executor_host<L> gather(kvscout::gather_config_for(pc), gws.span());

@@ -38,7 +38,9 @@ TEST_CASE("score_query is the layer's own query, projected as a key, against the
         CAPTURE(kvscout::to_string(mode), g, r);
         const slice m(2, 2, g, 70, 31u + static_cast<unsigned>(g * 10 + r));
         const auto plans = m.plans(r, mode, 5u + static_cast<unsigned>(r));
-        const kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, 96, 0.125f,
+        const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = m.S, .num_kv_heads = m.H,
+                                           .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
+                                           .max_tokens = 96, .scale = 0.125f},
                                            kvscout::gqa_aggregation::max_logit};
         auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
         kvscout::infinigen_policy_host<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
@@ -106,7 +108,9 @@ TEST_CASE("score_query refuses what it cannot score", "[spec][infinigen][correct
   const slice m(1, 2, 2, 20, 3u);
   const auto folded = m.plans(16, kvscout::rope_mode::pre_rope_folded, 4u);
   const auto planes = m.plans(16, kvscout::rope_mode::rope_planes, 4u);
-  const kvscout::infinigen_config pc{3, 1, m.H, m.Hq, D, m.d_model, 32, 0.125f};
+  const kvscout::infinigen_config pc{{.num_layers = 3, .num_seqs = 1, .num_kv_heads = m.H,
+                                     .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
+                                     .max_tokens = 32, .scale = 0.125f}};
   auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
   kvscout::infinigen_policy_host<> p(pc, {{}, folded, planes},
                                      {{}, {m.wq.data(), m.wq.size()}, {m.wq.data(), m.wq.size()}},
@@ -138,7 +142,9 @@ TEST_CASE("score_query aggregates the group by query_aggregation, score() by agg
                                   {pos.data(), 2}, {lens.data(), 2}};
   // Scores of score() and score_query() of a policy with these aggregations.
   const auto run = [&](gqa_aggregation spec, std::optional<gqa_aggregation> late) {
-    kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, 96, 0.125f, spec};
+    kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = m.S, .num_kv_heads = m.H,
+                                 .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
+                                 .max_tokens = 96, .scale = 0.125f}, spec};
     pc.query_aggregation = late;
     auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
     kvscout::infinigen_policy_host<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
@@ -195,7 +201,9 @@ TEST_CASE("score_query aggregates the group by query_aggregation, score() by agg
     }
   REQUIRE(differs);
   // A value that is no aggregation is refused by its field's name.
-  kvscout::infinigen_config bad{1, m.S, m.H, m.Hq, D, m.d_model, 96, 0.125f};
+  kvscout::infinigen_config bad{{.num_layers = 1, .num_seqs = m.S, .num_kv_heads = m.H,
+                                .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
+                                .max_tokens = 96, .scale = 0.125f}};
   bad.query_aggregation = static_cast<gqa_aggregation>(7);
   REQUIRE_THROWS_WITH(kvscout::infinigen_policy_host<>::workspace_bytes(bad),
                       Catch::Contains("query_aggregation = 7 is no gqa_aggregation"));
@@ -256,7 +264,8 @@ TEST_CASE("the correction adds the best rows by late score that the speculation 
         std::copy(v.begin(), v.end(), sp_idx.begin() + (static_cast<std::size_t>(s) * H + h) * spec_cap);
         sp_cnt[static_cast<std::size_t>(s) * H + h] = static_cast<int>(v.size());
       }
-    const kvscout::correction_selector_host::config cfg{S, H, stride, cap, extra};
+    const kvscout::correction_selector_host::config cfg{{.num_seqs = S, .num_kv_heads = H,
+                                                        .max_tokens = stride}, cap, extra};
     auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
     kvscout::correction_selector_host corr(cfg, ws.span());
     std::vector<int32_t> idx(static_cast<std::size_t>(S) * H * cap, -7), cnt(static_cast<std::size_t>(S) * H, -7);
@@ -289,7 +298,8 @@ TEST_CASE("the correction adds nothing the speculation already holds, and holds 
   std::vector<int32_t> lens{stride};
   const auto run = [&](std::vector<int32_t> spec, int extra, int len = 100) {
     lens[0] = len;
-    const kvscout::correction_selector_host::config cfg{1, 1, stride, 8, extra};
+    const kvscout::correction_selector_host::config cfg{{.num_seqs = 1, .num_kv_heads = 1,
+                                                        .max_tokens = stride}, 8, extra};
     auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
     kvscout::correction_selector_host corr(cfg, ws.span());
     std::vector<int32_t> cnt{static_cast<int32_t>(spec.size())}, idx(8), n(1);
@@ -311,7 +321,8 @@ TEST_CASE("the correction refuses a malformed speculated selection and config",
   const int stride = 50;
   std::vector<float> scores(stride, 1.f);
   std::vector<int32_t> lens{40}, idx(8), n(1);
-  const kvscout::correction_selector_host::config cfg{1, 1, stride, 8, 4};
+  const kvscout::correction_selector_host::config cfg{{.num_seqs = 1, .num_kv_heads = 1,
+                                                      .max_tokens = stride}, 8, 4};
   auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
   kvscout::correction_selector_host corr(cfg, ws.span());
   const auto run = [&](std::vector<int32_t> spec, int count) {
@@ -326,8 +337,14 @@ TEST_CASE("the correction refuses a malformed speculated selection and config",
   REQUIRE_THROWS_WITH(run({-1}, 1), Catch::Contains("speculated index -1"));
   REQUIRE_THROWS_WITH(run({1, 2}, 3), Catch::Contains("speculated count of (seq 0, kv head 0) = 3"));
   REQUIRE(n[0] == -3);  // nothing written
-  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({1, 1, stride, 8, 9}),
+  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({{.num_seqs = 1,
+                                                                          .num_kv_heads = 1,
+                                                                          .max_tokens = stride}, 8,
+                                                                          9}),
                       Catch::Contains("extra = 9 must be in [1, capacity = 8]"));
-  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({1, 1, stride, 8, 0}),
+  REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes({{.num_seqs = 1,
+                                                                          .num_kv_heads = 1,
+                                                                          .max_tokens = stride}, 8,
+                                                                          0}),
                       Catch::Contains("extra = 0 must be in [1, capacity = 8]"));
 }

@@ -51,8 +51,9 @@ std::string error_of(F&& f) {
 }
 
 kvscout::infinigen_cuda_config good_config() {
-  return {2, 4, 16, 128, 512, 4096, 32, rope_mode::post_rope_skew, 0.0883883f,
-          gqa_aggregation::sum_prob};
+  return {.shape = {.num_seqs = 2, .num_kv_heads = 4, .num_q_heads = 16, .head_dim = 128,
+                    .d_model = 512, .max_tokens = 4096, .scale = 0.0883883f},
+          .r = 32, .mode = rope_mode::post_rope_skew, .aggregation = gqa_aggregation::sum_prob};
 }
 
 /// A fake device address (never dereferenced), 256-byte aligned.
@@ -85,7 +86,7 @@ kvscout::skew_plan identity_plan(int D, int r, rope_mode mode) {
 TEST_CASE("infinigen_cuda config checks name the bad value", "[cuda_facades][spec]") {
   REQUIRE_NOTHROW(kvscout::detail::check_infinigen_cuda_config(good_config()));
   auto c = good_config();
-  c.num_q_heads = 18;
+  c.shape.num_q_heads = 18;
   CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
              Catch::Contains("num_q_heads = 18"));
   c = good_config();
@@ -98,20 +99,20 @@ TEST_CASE("infinigen_cuda config checks name the bad value", "[cuda_facades][spe
   CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
              Catch::Contains("even r"));
   c = good_config();
-  c.scale = -1.f;
+  c.shape.scale = -1.f;
   CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
              Catch::Contains("-1"));
   c = good_config();
-  c.head_dim = 1024;
+  c.shape.head_dim = 1024;
   c.r = 32;
   CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
              Catch::Contains("1024"));
   c = good_config();
-  c.num_kv_heads = 1;
-  c.num_q_heads = 64;
+  c.shape.num_kv_heads = 1;
+  c.shape.num_q_heads = 64;
   c.r = 128;  // 64 * 128 floats = 32 KiB: fits
   REQUIRE_NOTHROW(kvscout::detail::check_infinigen_cuda_config(c));
-  c.num_q_heads = 65;
+  c.shape.num_q_heads = 65;
   CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
              Catch::Contains("65"));
   c = good_config();
@@ -123,7 +124,7 @@ TEST_CASE("infinigen_cuda config checks name the bad value", "[cuda_facades][spe
   CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
              Catch::Contains("query_aggregation = 5 is no gqa_aggregation"));
   c = good_config();
-  c.num_seqs = 70000;
+  c.shape.num_seqs = 70000;
   CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
              Catch::Contains("70000"));
   // The correction's channels: 0 (r), or in [r, head_dim]; whole planes for rope_planes.
@@ -141,11 +142,11 @@ TEST_CASE("infinigen_cuda config checks name the bad value", "[cuda_facades][spe
   c.correction_r = 64;
   REQUIRE_NOTHROW(kvscout::detail::check_infinigen_cuda_config(c));
   CHECK(c.key_r() == 64);
-  c.num_kv_heads = 1;
-  c.num_q_heads = 64;
+  c.shape.num_kv_heads = 1;
+  c.shape.num_q_heads = 64;
   c.correction_r = 128;  // the group's partial queries at the correction's width: 64 * 128 floats fit
   REQUIRE_NOTHROW(kvscout::detail::check_infinigen_cuda_config(c));
-  c.head_dim = 256;
+  c.shape.head_dim = 256;
   c.correction_r = 136;  // 64 * 136 floats: over 32 KiB
   CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_config(c); }),
              Catch::Contains("(g = 64, r = 136: 34816 bytes) exceed"));
@@ -243,10 +244,10 @@ TEMPLATE_TEST_CASE("partial_key_view addresses the host partial_key_cache's layo
 
 TEST_CASE("infinigen_cuda setup and call checks name the bad value", "[cuda_facades][spec]") {
   auto c = good_config();
-  c.num_kv_heads = 2;
-  c.num_q_heads = 4;
-  c.head_dim = 64;
-  c.d_model = 32;
+  c.shape.num_kv_heads = 2;
+  c.shape.num_q_heads = 4;
+  c.shape.head_dim = 64;
+  c.shape.d_model = 32;
   c.r = 16;
   std::vector<kvscout::skew_plan> plans(2, identity_plan(64, 16, rope_mode::post_rope_skew));
   std::vector<float> w(4 * 64 * 32, 0.5f), b;
@@ -325,23 +326,36 @@ TEST_CASE("device selector checks name the bad value", "[cuda_facades][select]")
   using kvscout::threshold_rule;
   using kvscout::detail::threshold_cuda_workspace_bytes;
   using kvscout::detail::topk_cuda_workspace_bytes;
-  CHECK(topk_cuda_workspace_bytes({2, 4, 100, 10, 10, {2, 2}}) == 0);
-  CHECK(threshold_cuda_workspace_bytes({2, 4, 100, 10, 1.f, 10, threshold_rule::per_head, {}}) == 0);
-  CHECK(threshold_cuda_workspace_bytes({2, 4, 100, 10, 1.f, 10, threshold_rule::infinigen_mean, {}}) ==
+  CHECK(topk_cuda_workspace_bytes({{.num_seqs = 2, .num_kv_heads = 4, .max_tokens = 100}, 10, 10,
+                                   {2, 2}}) == 0);
+  CHECK(threshold_cuda_workspace_bytes({{.num_seqs = 2, .num_kv_heads = 4,
+                                         .max_tokens = 100}, 10,
+                                        1.f, 10, threshold_rule::per_head, {}}) == 0);
+  CHECK(threshold_cuda_workspace_bytes({{.num_seqs = 2, .num_kv_heads = 4,
+                                         .max_tokens = 100}, 10,
+                                        1.f, 10, threshold_rule::infinigen_mean, {}}) ==
         2 * 4 * sizeof(std::int32_t));
-  CHECK_THAT(error_of([] { (void)topk_cuda_workspace_bytes({1, 1, 100, 10, 11, {}}); }),
+  CHECK_THAT(error_of([] { (void)topk_cuda_workspace_bytes({{.num_seqs = 1, .num_kv_heads = 1,
+                                                            .max_tokens = 100}, 10, 11, {}}); }),
              Catch::Contains("budget 11"));
-  CHECK_THAT(error_of([] { (void)topk_cuda_workspace_bytes({1, 0, 100, 10, 5, {}}); }),
+  CHECK_THAT(error_of([] { (void)topk_cuda_workspace_bytes({{.num_seqs = 1, .num_kv_heads = 0,
+                                                            .max_tokens = 100}, 10, 5, {}}); }),
              Catch::Contains("num_kv_heads must be positive, got 0"));
   CHECK_THAT(error_of([] {
-               (void)threshold_cuda_workspace_bytes({1, 1, 100, 10, NAN, 10, threshold_rule::per_head, {}});
+               (void)threshold_cuda_workspace_bytes({{.num_seqs = 1, .num_kv_heads = 1,
+                                                      .max_tokens = 100}, 10, NAN, 10,
+                                                     threshold_rule::per_head, {}});
              }),
              Catch::Contains("alpha"));
   CHECK_THAT(error_of([] {
-               (void)threshold_cuda_workspace_bytes({1, 1, 100, 10, 1.f, 10, static_cast<threshold_rule>(5), {}});
+               (void)threshold_cuda_workspace_bytes({{.num_seqs = 1, .num_kv_heads = 1,
+                                                      .max_tokens = 100}, 10, 1.f, 10,
+                                                     static_cast<threshold_rule>(5), {}});
              }),
              Catch::Contains("threshold_rule(5)"));
-  CHECK_THAT(error_of([] { (void)topk_cuda_workspace_bytes({70000, 70000, 100, 10, 10, {}}); }),
+  CHECK_THAT(error_of([] { (void)topk_cuda_workspace_bytes({{.num_seqs = 70000,
+                                                            .num_kv_heads = 70000,
+                                                            .max_tokens = 100}, 10, 10, {}}); }),
              Catch::Contains("4900000000"));
 
   // Device views: sizes and pointers are checked, lengths (device memory) are not read.

@@ -65,12 +65,12 @@ void check_runs_replay(std::uint32_t seed, double density) {
   std::vector<std::byte> got_k(dst_bytes, std::byte{0xCD}), got_v(dst_bytes, std::byte{0xCD});
   kv_view<layout, host_space> src{f.layout, {k.data(), k.size()}, {v.data(), v.size()}};
 
-  host_gather_config hc{.num_seqs = 3, .num_kv_heads = heads, .capacity = capacity};
+  host_gather_config hc{.shape = {.num_seqs = 3, .num_kv_heads = heads}, .capacity = capacity};
   auto ws = make_workspace<gather_executor_host<layout>>(hc);
   gather_executor_host<layout> gather(hc, ws.span());
   gather.submit(src, sel.view(), {{ref_k.data(), dst_bytes}, {ref_v.data(), dst_bytes}});
 
-  copy_engine_config cc{.num_seqs = 3, .num_kv_heads = heads, .capacity = capacity};
+  copy_engine_config cc{.shape = {.num_seqs = 3, .num_kv_heads = heads}, .capacity = capacity};
   REQUIRE(detail::copy_engine_workspace_bytes(cc) ==
           (9 + 1) * 8 + 2 * 9 * 64 * (2 * sizeof(void*) + sizeof(std::size_t)));
   std::vector<std::int64_t> prefix(10);
@@ -123,7 +123,7 @@ TEST_CASE("device status bits are described", "[cuda][facade]") {
 }
 
 TEST_CASE("CUDA executor configs are validated with the bad value named", "[cuda][facade]") {
-  zero_copy_config z{.num_seqs = 1, .num_kv_heads = 2, .capacity = 8};
+  zero_copy_config z{.shape = {.num_seqs = 1, .num_kv_heads = 2}, .capacity = 8};
   REQUIRE_NOTHROW(detail::check_zero_copy_config(z));
   z.threads_per_block = 100;
   REQUIRE_THROWS_WITH(detail::check_zero_copy_config(z),
@@ -132,13 +132,13 @@ TEST_CASE("CUDA executor configs are validated with the bad value named", "[cuda
   z.max_blocks = -3;
   REQUIRE_THROWS_WITH(detail::check_zero_copy_config(z), Contains("max_blocks") && Contains("-3"));
   z.max_blocks = 0;
-  z.num_kv_heads = 0;
+  z.shape.num_kv_heads = 0;
   REQUIRE_THROWS_WITH(detail::check_zero_copy_config(z), Contains("num_kv_heads must be positive"));
 
-  copy_engine_config c{.num_seqs = -1, .num_kv_heads = 2, .capacity = 8};
+  copy_engine_config c{.shape = {.num_seqs = -1, .num_kv_heads = 2}, .capacity = 8};
   REQUIRE_THROWS_WITH(detail::copy_engine_workspace_bytes(c), Contains("num_seqs") && Contains("-1"));
 
-  staged_config s{.num_seqs = 2, .num_kv_heads = 3, .capacity = 5, .k_row_bytes = 256,
+  staged_config s{.shape = {.num_seqs = 2, .num_kv_heads = 3}, .capacity = 5, .k_row_bytes = 256,
                   .v_row_bytes = 48};
   // header: (6 + 1) * 8 = 56 -> 64; rows: 30 * (256 + 48)
   REQUIRE(detail::staged_stage_bytes(s) == 64 + 30 * (256 + 48));
@@ -327,9 +327,9 @@ TEST_CASE("device attention plans fill a 132-SM device at the benchmark shapes",
   for (const int seqs : {1, 8}) {
     for (const int rows : {1638, 1638 + 128, 3276, 32768, 32768 + 128}) {
       CAPTURE(seqs, rows);
-      const auto p = plan_decode_attention({.num_seqs = seqs, .num_kv_heads = 8,
-                                            .num_q_heads = 32, .head_dim = 128,
-                                            .max_rows = rows, .num_sms = 132});
+      const auto p = plan_decode_attention({.shape = {.num_seqs = seqs, .num_kv_heads = 8,
+                                            .num_q_heads = 32, .head_dim = 128}, .max_rows = rows,
+                                            .num_sms = 132});
       CHECK(p.blocks() >= 132);
       CHECK(p.heads_per_block == 4);
       CHECK(p.head_blocks == 1);
@@ -345,58 +345,68 @@ TEST_CASE("device attention plans fill a 132-SM device at the benchmark shapes",
   }
   // 1638 rows of one sequence, 4 heads a block: 3 blocks per SM (the kernel's occupancy) make
   // 396 slots; 49 splits of 34 rows fill 392 of them in one wave.
-  const auto p = plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
-                                        .head_dim = 128, .max_rows = 1638, .num_sms = 132});
+  const auto p = plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 8,
+                                        .num_q_heads = 32, .head_dim = 128}, .max_rows = 1638,
+                                        .num_sms = 132});
   CHECK(p.splits == 49);
   CHECK(p.rows_per_split == 34);
   CHECK(p.blocks() <= 3 * 132);
   // 8 heads a block (64 query heads over 8 kv heads): 2 blocks per SM.
-  const auto p8 = plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 64,
-                                         .head_dim = 128, .max_rows = 32768, .num_sms = 132});
+  const auto p8 = plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 8,
+                                         .num_q_heads = 64, .head_dim = 128}, .max_rows = 32768,
+                                         .num_sms = 132});
   CHECK(p8.heads_per_block == 8);
   CHECK(p8.blocks() <= 2 * 132);
   CHECK(p8.blocks() >= 132);
   // An explicit budget: KIVI rows (2 blocks per SM).
-  CHECK(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
-                               .head_dim = 128, .max_rows = 32768, .num_sms = 132,
+  CHECK(plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
+                               .head_dim = 128}, .max_rows = 32768, .num_sms = 132,
                                .blocks_per_sm = 2})
             .blocks() <= 2 * 132);
   // Enough pairs to fill the device alone: no split, no workspace.
-  const auto big = plan_decode_attention({.num_seqs = 80, .num_kv_heads = 8, .num_q_heads = 32,
-                                          .head_dim = 128, .max_rows = 4096, .num_sms = 132});
+  const auto big = plan_decode_attention({.shape = {.num_seqs = 80, .num_kv_heads = 8,
+                                          .num_q_heads = 32, .head_dim = 128}, .max_rows = 4096,
+                                          .num_sms = 132});
   CHECK(big.splits == 1);
   CHECK(big.workspace_bytes() == 0);
   // Groups: MHA, GQA 3 (SmolLM2), GQA 8, GQA 12 (two blocks of 8).
-  CHECK(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 4, .num_q_heads = 4,
-                               .head_dim = 64, .max_rows = 100, .num_sms = 132})
+  CHECK(plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 4, .num_q_heads = 4,
+                               .head_dim = 64}, .max_rows = 100, .num_sms = 132})
             .heads_per_block == 1);
-  const auto g3 = plan_decode_attention({.num_seqs = 1, .num_kv_heads = 3, .num_q_heads = 9,
-                                         .head_dim = 64, .max_rows = 100, .num_sms = 132});
+  const auto g3 = plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 3,
+                                         .num_q_heads = 9, .head_dim = 64}, .max_rows = 100,
+                                         .num_sms = 132});
   CHECK((g3.heads_per_block == 4 && g3.head_blocks == 1));
-  const auto g12 = plan_decode_attention({.num_seqs = 1, .num_kv_heads = 1, .num_q_heads = 12,
-                                          .head_dim = 64, .max_rows = 100, .num_sms = 132});
+  const auto g12 = plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 1,
+                                          .num_q_heads = 12, .head_dim = 64}, .max_rows = 100,
+                                          .num_sms = 132});
   CHECK((g12.heads_per_block == 8 && g12.head_blocks == 2));
   // No rows: one split.
-  CHECK(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
-                               .head_dim = 128, .max_rows = 0, .num_sms = 132})
+  CHECK(plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
+                               .head_dim = 128}, .max_rows = 0, .num_sms = 132})
             .splits == 1);
 }
 
 TEST_CASE("device attention plans and their workspaces are validated", "[cuda][facade]") {
-  CHECK_THROWS_WITH(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 12,
-                                           .head_dim = 128, .max_rows = 10, .num_sms = 132}),
+  CHECK_THROWS_WITH(plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 8,
+                                           .num_q_heads = 12, .head_dim = 128}, .max_rows = 10,
+                                           .num_sms = 132}),
                     Contains("num_q_heads = 12") && Contains("num_kv_heads = 8"));
-  CHECK_THROWS_WITH(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
-                                           .head_dim = 96 + 4, .max_rows = 10, .num_sms = 132}),
+  CHECK_THROWS_WITH(plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 8,
+                                           .num_q_heads = 32, .head_dim = 96 + 4}, .max_rows = 10,
+                                           .num_sms = 132}),
                     Contains("head_dim = 100"));
-  CHECK_THROWS_WITH(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
-                                           .head_dim = 128, .max_rows = -1, .num_sms = 132}),
+  CHECK_THROWS_WITH(plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 8,
+                                           .num_q_heads = 32, .head_dim = 128}, .max_rows = -1,
+                                           .num_sms = 132}),
                     Contains("max_rows must be >= 0, got -1"));
-  CHECK_THROWS_WITH(plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
-                                           .head_dim = 128, .max_rows = 10, .num_sms = 0}),
+  CHECK_THROWS_WITH(plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 8,
+                                           .num_q_heads = 32, .head_dim = 128}, .max_rows = 10,
+                                           .num_sms = 0}),
                     Contains("num_sms = 0"));
-  const auto p = plan_decode_attention({.num_seqs = 1, .num_kv_heads = 8, .num_q_heads = 32,
-                                        .head_dim = 128, .max_rows = 1638, .num_sms = 132});
+  const auto p = plan_decode_attention({.shape = {.num_seqs = 1, .num_kv_heads = 8,
+                                        .num_q_heads = 32, .head_dim = 128}, .max_rows = 1638,
+                                        .num_sms = 132});
   REQUIRE(p.workspace_bytes() > 0);
   alignas(16) static std::byte ws[16];
   // The plan against the call: another shape, a short, null or misaligned workspace.
@@ -447,7 +457,8 @@ TEST_CASE("device selection splits long rows over enough blocks for a 132-SM dev
   CHECK(detail::select_split_workspace_bytes(32, 2048, {}) == 0);
   CHECK(detail::select_split_workspace_bytes(32, 131072, {}) >=
         32 * (2048 * 4 + detail::select_split_state_bytes + 64 * 12));
-  CHECK(detail::topk_cuda_workspace_bytes({1, 32, 131072, 13107, 13107, {4, 64}}) ==
+  CHECK(detail::topk_cuda_workspace_bytes({{.num_seqs = 1, .num_kv_heads = 32,
+                                           .max_tokens = 131072}, 13107, 13107, {4, 64}}) ==
         detail::select_split_workspace_bytes(32, 131072, {}));
   CHECK_THROWS_WITH(plan_select_split(32, 131072, {0, 2048}), Contains("num_sms = 0"));
 }
@@ -456,8 +467,10 @@ TEST_CASE("device speculation launches a block per SM at the benchmark shapes",
           "[cuda][facade][launch]") {
   // bench_spec_select.cu: one Llama-7B layer, 32 kv heads = 32 query heads, head_dim 128, r = 32,
   // post-RoPE skew (the GEMV computes whole query heads: rows = head_dim), one sequence.
-  const infinigen_cuda_config cfg{1, 32, 32, 128, 4096, 131072, 32, rope_mode::post_rope_skew,
-                                  0.088f, gqa_aggregation::max_logit};
+  const infinigen_cuda_config cfg{{.num_seqs = 1, .num_kv_heads = 32, .num_q_heads = 32,
+                                  .head_dim = 128, .d_model = 4096, .max_tokens = 131072,
+                                  .scale = 0.088f}, 32, rope_mode::post_rope_skew,
+                                  gqa_aggregation::max_logit};
   for (const int n : {8192, 32768, 131072}) {
     CAPTURE(n);
     const auto l = detail::spec_shapes(cfg, 128, 1, n);

@@ -147,7 +147,7 @@ void check_gather(const std::vector<int32_t>& lens, int heads, int capacity, int
   random_selection sel(lens, heads, capacity, rng);
 
   const int n = static_cast<int>(lens.size());
-  kvscout::host_gather_config cfg{n, heads, capacity, threads};
+  kvscout::host_gather_config cfg{{.num_seqs = n, .num_kv_heads = heads}, capacity, threads};
   cfg.stores = stores;
   cfg.prefetch_rows = prefetch_rows;
   const auto ws_storage = kvscout::make_workspace<executor>(cfg);
@@ -234,7 +234,7 @@ struct gather_problem {
   std::vector<int32_t> indices{0, 6, -1, 2, 3, -1, 1, 2, 3, 0, -1, -1};  // [2, 2, 3]
   std::vector<int32_t> counts{2, 2, 3, 1};
   std::vector<std::byte> k, v, dk, dv;
-  kvscout::host_gather_config cfg{2, 2, 3, 1};
+  kvscout::host_gather_config cfg{{.num_seqs = 2, .num_kv_heads = 2}, 3, 1};
   kvscout::host_workspace ws = kvscout::make_workspace<executor>(cfg);
   layout l{{indptr.data(), pages.data(), last.data(), 2}, 2};
 

@@ -69,7 +69,8 @@ TEST_CASE("host_pool: eviction order of a hand-worked sequence, counter and LRU"
   const std::vector<std::vector<int32_t>> sel = {{}, {0}, {1}, {0, 2}, {3}, {}, {2, 3}, {3, 4}};
   for (eviction policy : {eviction::counter, eviction::lru}) {
     CAPTURE(kvscout::to_string(policy));
-    host_pool p({1, 1, 1, 16, 4, policy, 0});
+    host_pool p({{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1, .max_tokens = 16}, 4, policy,
+                 0});
     std::vector<int> victims;
     for (int t = 0; t < 8; ++t) {
       step(p, sel[static_cast<std::size_t>(t)], t);
@@ -100,7 +101,8 @@ TEST_CASE("host_pool: eviction order of a hand-worked sequence, counter and LRU"
 TEST_CASE("host_pool: pinned sinks are never evicted, never-selected tokens go first", "[host_pool]") {
   // Capacity 3, token 0 pinned, nothing ever selected: every victim comes from the widened window
   // [1, t - floor((3 - 1) / 2)) = [1, t - 1), lowest index first.
-  host_pool p({1, 1, 1, 12, 3, eviction::lru, 1});
+  host_pool p({{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1, .max_tokens = 12}, 3,
+               eviction::lru, 1});
   std::vector<int> victims;
   for (int t = 0; t < 8; ++t) {
     step(p, {}, t);
@@ -111,7 +113,8 @@ TEST_CASE("host_pool: pinned sinks are never evicted, never-selected tokens go f
 
   // LRU: InfiniGen's window before token 4 holds only token 0, which goes although it was
   // just selected; later victims come from the widened window, never-selected tokens by index.
-  host_pool q({1, 1, 1, 12, 4, eviction::lru, 0});
+  host_pool q({{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1, .max_tokens = 12}, 4,
+               eviction::lru, 0});
   for (int t = 0; t < 4; ++t) step(q, {}, t);  // 0..3, none selected
   step(q, {0}, 4);  // window before 4: {0}; 0 was just selected, but it is the only candidate
   CHECK(q.evicted(0, 0, 0) == 0);
@@ -124,7 +127,8 @@ TEST_CASE("host_pool: pinned sinks are never evicted, never-selected tokens go f
 TEST_CASE("host_pool: capacity at or above the length evicts nothing", "[host_pool]") {
   std::mt19937 rng(7);
   for (eviction policy : {eviction::counter, eviction::lru}) {
-    host_pool p({2, 2, 3, 40, 40, policy, 4});
+    host_pool p({{.num_layers = 2, .num_seqs = 2, .num_kv_heads = 3, .max_tokens = 40}, 40, policy,
+                 4});
     std::vector<int32_t> idx(2 * 3 * 40), cnt(2 * 3);
     for (int t = 0; t < 40; ++t)
       for (int layer = 0; layer < 2; ++layer) {
@@ -205,7 +209,8 @@ TEST_CASE("host_pool: matches a std::map reference over seeded random runs", "[h
         const int sinks = seed == 2 ? std::min(3, C - 1) : 0;
         CAPTURE(seed, C, kvscout::to_string(policy), sinks);
         std::mt19937 rng(seed * 1000 + static_cast<unsigned>(C));
-        host_pool p({L, S, H, T, C, policy, sinks});
+        host_pool p({{.num_layers = L, .num_seqs = S, .num_kv_heads = H, .max_tokens = T}, C,
+                     policy, sinks});
         std::vector<reference_pool> ref(static_cast<std::size_t>(L * S * H), reference_pool{C, sinks, policy, {}, {}});
         auto R = [&](int l, int s, int h) -> reference_pool& {
           return ref[static_cast<std::size_t>((l * S + s) * H + h)];
@@ -264,7 +269,8 @@ TEST_CASE("host_pool: matches a std::map reference over seeded random runs", "[h
 }
 
 TEST_CASE("host_pool: drop_evicted and live_tokens below a bound", "[host_pool]") {
-  host_pool p({1, 2, 1, 32, 6, eviction::counter, 2});
+  host_pool p({{.num_layers = 1, .num_seqs = 2, .num_kv_heads = 1, .max_tokens = 32}, 6,
+               eviction::counter, 2});
   for (int t = 0; t < 20; ++t)
     for (int s = 0; s < 2; ++s) p.append(0, s, t);
   const std::vector<int> live = resident_tokens(p, 0, 0, 0);
@@ -289,17 +295,39 @@ TEST_CASE("host_pool: drop_evicted and live_tokens below a bound", "[host_pool]"
 
 TEST_CASE("host_pool: bad input names the value and changes nothing", "[host_pool][bad_input]") {
   using cfg = host_pool::config;
-  REQUIRE_THROWS_WITH(host_pool(cfg{1, 1, 1, 8, 0, eviction::lru, 0}),
+  REQUIRE_THROWS_WITH(host_pool(cfg{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1,
+                                    .max_tokens = 8}, 0, eviction::lru, 0}),
                       Contains("host_pool capacity 0 must be in [1, max_tokens = 8]"));
-  REQUIRE_THROWS_WITH(host_pool(cfg{1, 1, 1, 8, -3, eviction::lru, 0}), Contains("capacity -3"));
-  REQUIRE_THROWS_WITH(host_pool(cfg{1, 1, 1, 8, 9, eviction::lru, 0}), Contains("capacity 9 must be in [1, max_tokens = 8]"));
-  REQUIRE_THROWS_WITH(host_pool(cfg{1, 0, 1, 8, 4, eviction::lru, 0}), Contains("num_seqs 0"));
-  REQUIRE_THROWS_WITH(host_pool(cfg{1, 1, 1, 8, 4, eviction::lru, 4}),
-                      Contains("pinned_sinks 4 must be in [0, capacity = 4)"));
-  REQUIRE_THROWS_WITH(host_pool(cfg{1, 1, 1, 8, 4, static_cast<eviction>(5), 0}),
+  REQUIRE_THROWS_WITH(
+      host_pool(cfg{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1, .max_tokens = 8},
+                    -3,
+                    eviction::lru,
+                    0}),
+      Contains("capacity -3"));
+  REQUIRE_THROWS_WITH(
+      host_pool(cfg{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1, .max_tokens = 8},
+                    9,
+                    eviction::lru,
+                    0}),
+      Contains("capacity 9 must be in [1, max_tokens = 8]"));
+  REQUIRE_THROWS_WITH(
+      host_pool(cfg{{.num_layers = 1, .num_seqs = 0, .num_kv_heads = 1, .max_tokens = 8},
+                    4,
+                    eviction::lru,
+                    0}),
+      Contains("num_seqs 0"));
+  REQUIRE_THROWS_WITH(
+      host_pool(cfg{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1, .max_tokens = 8},
+                    4,
+                    eviction::lru,
+                    4}),
+      Contains("pinned_sinks 4 must be in [0, capacity = 4)"));
+  REQUIRE_THROWS_WITH(host_pool(cfg{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1,
+                                    .max_tokens = 8}, 4, static_cast<eviction>(5), 0}),
                       Contains("eviction policy 5 is not eviction::counter"));
 
-  host_pool p({2, 2, 1, 8, 3, eviction::counter, 0});
+  host_pool p({{.num_layers = 2, .num_seqs = 2, .num_kv_heads = 1, .max_tokens = 8}, 3,
+               eviction::counter, 0});
   for (int t = 0; t < 5; ++t) p.append(1, 0, t);  // layer 1, sequence 0: tokens 0..4, 0 and 1 evicted
   REQUIRE_THROWS_WITH(p.append(2, 0, 0), Contains("layer 2 is out of range [0, 2)"));
   REQUIRE_THROWS_WITH(p.append(1, 2, 0), Contains("sequence 2 is out of range [0, 2)"));
@@ -360,7 +388,9 @@ TEST_CASE("host_pool: bad input names the value and changes nothing", "[host_poo
 
 TEST_CASE("host_pool: its state in the caller's memory is the same pool", "[host_pool][workspace]") {
   constexpr int L = 2, S = 2, H = 2, T = 60, C = 9;
-  const host_pool::config cfg{L, S, H, T, C, eviction::lru, 2};
+  const host_pool::config cfg{{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+                               .max_tokens = T},
+                              C, eviction::lru, 2};
   const std::size_t need = host_pool::workspace_bytes(cfg);
   // 8 bytes per key and per layer's clock, 4 per slot of a token, per token of a slot, per count.
   const std::size_t rows = static_cast<std::size_t>(L) * S * H;
@@ -421,6 +451,8 @@ TEST_CASE("host_pool: its state in the caller's memory is the same pool", "[host
                       Contains("host_pool workspace: the caller's memory holds " + std::to_string(need - 1) +
                                " bytes, expected at least " + std::to_string(need)));
   REQUIRE_THROWS_WITH(host_pool(cfg, mem.span().subspan(4, need)), Contains("must be 8-byte aligned"));
-  REQUIRE_THROWS_WITH(host_pool::workspace_bytes({1, 1, 1, 8, 9, eviction::lru, 0}),
+  REQUIRE_THROWS_WITH(host_pool::workspace_bytes({{.num_layers = 1, .num_seqs = 1,
+                                                   .num_kv_heads = 1, .max_tokens = 8}, 9,
+                                                  eviction::lru, 0}),
                       Contains("capacity 9 must be in [1, max_tokens = 8]"));
 }

@@ -725,7 +725,8 @@ TEST_CASE("kivi gather: gather_executor_host copies the selected records unchang
   for (int threads : {1, 2}) {
     CAPTURE(threads);
     using ex_t = kvscout::gather_executor_host<L>;
-    const kvscout::host_gather_config cfg{f.num_seqs, f.H, cap, threads};
+    const kvscout::host_gather_config cfg{{.num_seqs = f.num_seqs, .num_kv_heads = f.H}, cap,
+                                          threads};
     const auto ws = kvscout::make_workspace<ex_t>(cfg);
     ex_t ex(cfg, ws.span());
     const std::size_t slots = idx.size();
@@ -866,7 +867,7 @@ TEMPLATE_TEST_CASE("kivi attention: dense and sparse over KIVI rows match fp64 a
     const kvscout::selection_view<kvscout::host_space> sel{
         {idx.data(), idx.size()}, {counts.data(), counts.size()}, f.num_seqs, H, cap};
     using ex_t = kvscout::gather_executor_host<L>;
-    const kvscout::host_gather_config cfg{f.num_seqs, H, cap, 1};
+    const kvscout::host_gather_config cfg{{.num_seqs = f.num_seqs, .num_kv_heads = H}, cap, 1};
     const auto ws = kvscout::make_workspace<ex_t>(cfg);
     ex_t ex(cfg, ws.span());
     // 16-byte aligned destination: std::vector of a 16-byte aligned type.
@@ -903,7 +904,7 @@ TEMPLATE_TEST_CASE("kivi attention: dense and sparse over KIVI rows match fp64 a
         for (int t = 0; t < f.l.seq_len(s); ++t) idx2[(s * H + h) * cap2 + t] = t;
     const kvscout::selection_view<kvscout::host_space> all{
         {idx2.data(), idx2.size()}, {counts.data(), counts.size()}, f.num_seqs, H, cap2};
-    const kvscout::host_gather_config cfg2{f.num_seqs, H, cap2, 1};
+    const kvscout::host_gather_config cfg2{{.num_seqs = f.num_seqs, .num_kv_heads = H}, cap2, 1};
     const auto ws2 = kvscout::make_workspace<ex_t>(cfg2);
     ex_t ex2(cfg2, ws2.span());
     std::vector<granule> dk2(idx2.size() * f.l.k_row_bytes() / 16), dv2(idx2.size() * f.l.v_row_bytes() / 16);
@@ -1004,9 +1005,9 @@ TEST_CASE("kivi composes with a top-k selector over the quantised tokens", "[kiv
   std::uniform_real_distribution<float> ud(-1.f, 1.f);
   std::vector<float> scores(static_cast<std::size_t>(2) * H * stride);
   for (auto& x : scores) x = ud(rng);
-  kvscout::topk_selector_host::config scfg{.num_seqs = 2, .num_kv_heads = H, .stride = stride,
-                                           .capacity = budget, .budget = budget,
-                                           .keep = {.sinks = 2, .recent = 4}};
+  kvscout::topk_selector_host::config scfg{.shape = {.num_seqs = 2, .num_kv_heads = H,
+                                           .max_tokens = stride}, .capacity = budget,
+                                           .budget = budget, .keep = {.sinks = 2, .recent = 4}};
   std::vector<std::byte> sws(kvscout::topk_selector_host::workspace_bytes(scfg));
   kvscout::topk_selector_host topk(scfg, {sws.data(), sws.size()});
   std::vector<int32_t> idx(static_cast<std::size_t>(2) * H * budget), counts(2 * H);
@@ -1014,7 +1015,7 @@ TEST_CASE("kivi composes with a top-k selector over the quantised tokens", "[kiv
       {idx.data(), idx.size()}, {counts.data(), counts.size()}, 2, H, budget};
   topk.select({{scores.data(), scores.size()}, {qlens.data(), qlens.size()}, 2, H, stride}, selb);
   using ex_t = kvscout::gather_executor_host<L>;
-  const kvscout::host_gather_config cfg{2, H, budget, 1};
+  const kvscout::host_gather_config cfg{{.num_seqs = 2, .num_kv_heads = H}, budget, 1};
   const auto ws = kvscout::make_workspace<ex_t>(cfg);
   ex_t ex(cfg, ws.span());
   struct alignas(16) granule { std::byte b[16]; };
@@ -1056,7 +1057,7 @@ TEMPLATE_TEST_CASE("kivi: the oracle policy scores a KIVI cache by its dequantis
   std::vector<int32_t> lens(f.lens.begin(), f.lens.end()), pos(lens);
   for (auto agg : {kvscout::gqa_aggregation::max_logit, kvscout::gqa_aggregation::mean_logit}) {
     CAPTURE(static_cast<int>(agg));
-    kvscout::oracle_policy_host<L> oracle({Hq, scale, agg}, {f.view()});
+    kvscout::oracle_policy_host<L> oracle({{.num_q_heads = Hq, .scale = scale}, agg}, {f.view()});
     std::vector<float> scores(static_cast<std::size_t>(f.num_seqs) * H * stride, -7.f);
     oracle.score(0, {.x = {}, .q = {q.data(), q.size()}, .positions = {pos.data(), pos.size()},
                      .seq_lens = {lens.data(), lens.size()}},
@@ -1107,7 +1108,8 @@ TEST_CASE("kivi: h2o accumulates the attention paid to a KIVI cache's rows", "[k
                                  {out.data(), out.size()}, {Hq, 0.125f}, {probs.data(), probs.size()},
                                  stride);
   std::vector<int32_t> lens(f.lens.begin(), f.lens.end());
-  kvscout::h2o_policy_host h2o({.num_layers = 1, .num_seqs = 2, .num_kv_heads = H, .max_tokens = stride});
+  kvscout::h2o_policy_host h2o({.shape = {.num_layers = 1, .num_seqs = 2, .num_kv_heads = H,
+                                .max_tokens = stride}});
   const kvscout::score_context<kvscout::host_space> ctx{.x = {}, .q = {}, .positions = {}, .seq_lens = {lens.data(), lens.size()}};
   h2o.observe(0, ctx, rows, {probs.data(), probs.size()}, stride, /*has_current=*/false);
   std::vector<float> scores(probs.size(), -7.f);
@@ -1162,7 +1164,8 @@ TEST_CASE("kivi usage examples compile and run", "[kivi]") {
   }
   const kvscout::selection_view<kvscout::host_space> selection{
       {indices.data(), indices.size()}, {counts.data(), counts.size()}, 2, 8, capacity};
-  const kvscout::host_gather_config cfg{.num_seqs = 2, .num_kv_heads = 8, .capacity = capacity};
+  const kvscout::host_gather_config cfg{.shape = {.num_seqs = 2, .num_kv_heads = 8},
+                                        .capacity = capacity};
   auto ws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(cfg);
   kvscout::gather_executor_host<layout> gather(cfg, ws.span());
   struct alignas(16) granule { std::byte b[16]; };  // 16-byte aligned destination rows
@@ -1270,7 +1273,7 @@ TEST_CASE("kivi bad input throws kvscout::error naming the value", "[kivi]") {
     const kvscout::selection_view<kvscout::host_space> sel{
         {idx.data(), idx.size()}, {counts.data(), counts.size()}, 2, 2, 2};
     using ex_t = kvscout::gather_executor_host<L>;
-    const kvscout::host_gather_config cfg{2, 2, 2, 1};
+    const kvscout::host_gather_config cfg{{.num_seqs = 2, .num_kv_heads = 2}, 2, 1};
     const auto ws = kvscout::make_workspace<ex_t>(cfg);
     ex_t ex(cfg, ws.span());
     struct alignas(16) granule { std::byte b[16]; };

@@ -136,7 +136,7 @@ TEST_CASE("paged layout: page_stride describes pages that interleave K and V", "
   std::vector<int32_t> idx = {0, 9, 3, 9}, counts = {2, 2};  // (s 0, h 0): 0, 9; (h 1): 3, 9
   const kvscout::selection_view<kvscout::host_space> sel{{idx.data(), idx.size()},
                                                          {counts.data(), counts.size()}, 1, H, 2};
-  const kvscout::host_gather_config cfg{1, H, 2};
+  const kvscout::host_gather_config cfg{{.num_seqs = 1, .num_kv_heads = H}, 2};
   auto ws = kvscout::make_workspace<kvscout::gather_executor_host<decltype(l)>>(cfg);
   kvscout::gather_executor_host<decltype(l)> g(cfg, ws.span());
   constexpr std::size_t row = D * 2;

@@ -49,7 +49,9 @@ TEMPLATE_TEST_CASE("one partial key cache serves a narrow speculation and a wide
         const slice m(2, 2, g, 70, 11u + static_cast<unsigned>(g), slice::keys::channel_offsets);
         const auto narrow = m.plans(rs, mode, 7u);
         const auto wide = m.plans(rc, mode, 7u);
-        kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, max_tokens, 0.125f, agg};
+        kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = m.S, .num_kv_heads = m.H,
+                                     .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
+                                     .max_tokens = max_tokens, .scale = 0.125f}, agg};
         pc.query_aggregation = agg == gqa_aggregation::sum_prob ? gqa_aggregation::max_logit : gqa_aggregation::sum_prob;
         const std::vector<kvscout::host_span<const float>> w{{m.wq.data(), m.wq.size()}}, b{{m.bq.data(), m.bq.size()}};
         auto ws1 = kvscout::make_workspace<P>(pc), ws2 = kvscout::make_workspace<P>(pc), ws3 = kvscout::make_workspace<P>(pc);
@@ -143,7 +145,9 @@ TEST_CASE("a correction plan that does not nest the speculation's is refused by 
           "[spec][infinigen][nested][errors]") {
   using P = kvscout::infinigen_policy_host<>;
   const slice m(1, 2, 2, 8, 5u);
-  kvscout::infinigen_config pc{2, m.S, m.H, m.Hq, D, m.d_model, 16, 0.125f};
+  kvscout::infinigen_config pc{{.num_layers = 2, .num_seqs = m.S, .num_kv_heads = m.H,
+                               .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
+                               .max_tokens = 16, .scale = 0.125f}};
   const std::vector<kvscout::host_span<const float>> w(2, {m.wq.data(), m.wq.size()}), b(2, {m.bq.data(), m.bq.size()});
   auto ws = kvscout::make_workspace<P>(pc);
   const auto planes = m.plans(16, kvscout::rope_mode::rope_planes, 3u);
@@ -197,7 +201,9 @@ TEMPLATE_TEST_CASE("the policy's state in the caller's memory (partial key cache
   const auto wide = m.plans(40, kvscout::rope_mode::rope_planes, 5u);
   // Layer 0 dense, layer 1 the speculation's width, layer 2 one cache at two widths.
   const plans_t plans{{}, narrow, narrow}, corr{{}, {}, wide};
-  kvscout::infinigen_config pc{3, m.S, m.H, m.Hq, D, m.d_model, max_tokens, 0.125f};
+  kvscout::infinigen_config pc{{.num_layers = 3, .num_seqs = m.S, .num_kv_heads = m.H,
+                               .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
+                               .max_tokens = max_tokens, .scale = 0.125f}};
   pc.query_aggregation = kvscout::gqa_aggregation::sum_prob;
   const std::vector<kvscout::host_span<const float>> w(3, {m.wq.data(), m.wq.size()}), b(3, {m.bq.data(), m.bq.size()});
 
@@ -324,7 +330,9 @@ TEMPLATE_TEST_CASE("the state in the caller's memory for every mode and weight t
   using P = kvscout::infinigen_policy_host<float, TestType>;
   constexpr int max_tokens = 80, stride = 84, r = 12;
   const slice m(2, 2, 3, 70, 23u, slice::keys::channel_offsets);
-  kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, max_tokens, 0.125f};
+  kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = m.S, .num_kv_heads = m.H,
+                               .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
+                               .max_tokens = max_tokens, .scale = 0.125f}};
   const std::vector<kvscout::host_span<const float>> w(1, {m.wq.data(), m.wq.size()}), b(1, {m.bq.data(), m.bq.size()});
   const auto pad = [](std::size_t x) { return (x + 63) / 64 * 64; };
   std::vector<int32_t> lens{m.n, m.n - 5}, pos{m.pos, m.pos};

@@ -113,9 +113,13 @@ struct owned_infinigen {
 std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, int r) {
   model m(L, Hq, H, 1, max_tokens, 1234);
   m.collect = true;
-  kvscout::streaming_policy_host sp({H, 4});
-  topk_pipeline<kvscout::streaming_policy_host> tp({L, L, 1, H, Hq, max_tokens, 8, 1, 0.125f}, sp,
-                                                   {1, H, max_tokens, 8, 8, {}});
+  kvscout::streaming_policy_host sp({{.num_kv_heads = H}, 4});
+  topk_pipeline<kvscout::streaming_policy_host> tp({{.num_layers = L, .num_seqs = 1,
+                                                    .num_kv_heads = H, .num_q_heads = Hq,
+                                                    .max_tokens = max_tokens, .scale = 0.125f}, L,
+                                                    8, 1}, sp,
+                                                   {{.num_seqs = 1, .num_kv_heads = H,
+                                                    .max_tokens = max_tokens}, 8, 8, {}});
   auto& pipe = tp.pipe;
   std::vector<float> hs;
   for (int t = 0; t < 64; ++t) m.step(pipe, hs, m.embedding(9000u + t), true);
@@ -139,9 +143,18 @@ std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, 
 template <class Policy, class Inspect>
 std::vector<float> run(model& m, Policy& policy, int budget, Inspect&& inspect,
                        kvscout::gather_stores stores = kvscout::gather_stores::automatic) {
-  kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
+  kvscout::host_pipeline_config pc{{.num_layers = L,
+                                    .num_seqs = S,
+                                    .num_kv_heads = H,
+                                    .num_q_heads = Hq,
+                                    .max_tokens = max_tokens,
+                                    .scale = 0.125f},
+                                   2,
+                                   budget,
+                                   2};
   pc.stores = stores;
-  topk_pipeline<Policy> tp(pc, policy, {S, H, max_tokens, budget, budget, {}});
+  topk_pipeline<Policy> tp(pc, policy, {{.num_seqs = S, .num_kv_heads = H,
+                                        .max_tokens = max_tokens}, budget, budget, {}});
   auto& pipe = tp.pipe;
   std::vector<float> hs;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
@@ -154,10 +167,14 @@ std::vector<float> run(model& m, Policy& policy, int budget, Inspect&& inspect,
 
 std::vector<float> run_dense() {
   model m(L, Hq, H, S, max_tokens, 77);
-  kvscout::streaming_policy_host p({H, 4});
+  kvscout::streaming_policy_host p({{.num_kv_heads = H}, 4});
   std::vector<float> hs;
-  topk_pipeline<kvscout::streaming_policy_host> tp({L, L, S, H, Hq, max_tokens, 8, 1, 0.125f}, p,
-                                                   {S, H, max_tokens, 8, 8, {}});
+  topk_pipeline<kvscout::streaming_policy_host> tp({{.num_layers = L, .num_seqs = S,
+                                                    .num_kv_heads = H, .num_q_heads = Hq,
+                                                    .max_tokens = max_tokens, .scale = 0.125f}, L,
+                                                    8, 1}, p,
+                                                   {{.num_seqs = S, .num_kv_heads = H,
+                                                    .max_tokens = max_tokens}, 8, 8, {}});
   auto& pipe = tp.pipe;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
   for (int t = 0; t < steps; ++t) m.step(pipe, hs, m.embedding(500u + t), true);
@@ -178,24 +195,27 @@ TEST_CASE("with a budget of every token the pipeline equals dense decoding", "[p
   };
   {
     model m(L, Hq, H, S, max_tokens, 77);
-    kvscout::streaming_policy_host p({H, 4});
+    kvscout::streaming_policy_host p({{.num_kv_heads = H}, 4});
     check(run(m, p, max_tokens, no_inspect), "streaming");
   }
   {
     model m(L, Hq, H, S, max_tokens, 77);
-    kvscout::h2o_policy_host p({L, S, H, max_tokens});
+    kvscout::h2o_policy_host p({{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+                                 .max_tokens = max_tokens}});
     check(run(m, p, max_tokens, no_inspect), "h2o");
   }
   {
     model m(L, Hq, H, S, max_tokens, 77);
-    kvscout::quest_policy_host<D> p({L, S, H, Hq, max_tokens, 16, 0.125f});
+    kvscout::quest_policy_host<D> p({{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+                                      .num_q_heads = Hq, .max_tokens = max_tokens, .scale = 0.125f},
+                                     16});
     check(run(m, p, max_tokens, no_inspect), "quest");
   }
   {
     model m(L, Hq, H, S, max_tokens, 77);
     std::vector<kvscout::kv_view<layout, kvscout::host_space>> views;
     for (int l = 0; l < L; ++l) views.push_back(m.view(l));
-    kvscout::oracle_policy_host<layout> p({Hq, 0.125f}, views);
+    kvscout::oracle_policy_host<layout> p({{.num_q_heads = Hq, .scale = 0.125f}}, views);
     check(run(m, p, max_tokens, no_inspect), "oracle");
   }
   for (auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes}) {
@@ -203,7 +223,15 @@ TEST_CASE("with a budget of every token the pipeline equals dense decoding", "[p
     const auto plans = calibrate(mode, 16);
     std::vector<kvscout::host_span<const float>> wq, bq(L);
     for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-    owned_infinigen p({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+    owned_infinigen p({{.num_layers = L,
+                        .num_seqs = S,
+                        .num_kv_heads = H,
+                        .num_q_heads = Hq,
+                        .head_dim = D,
+                        .d_model = m.d,
+                        .max_tokens = max_tokens,
+                        .scale = 0.125f}},
+                      plans, wq, bq);
     check(run(m, p.policy, max_tokens, no_inspect), kvscout::to_string(mode));
   }
 }
@@ -215,15 +243,25 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   const auto plans = calibrate(kvscout::rope_mode::post_rope_skew, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  owned_infinigen owned({{.num_layers = L,
+                          .num_seqs = S,
+                          .num_kv_heads = H,
+                          .num_q_heads = Hq,
+                          .head_dim = D,
+                          .d_model = m.d,
+                          .max_tokens = max_tokens,
+                          .scale = 0.125f}},
+                        plans, wq, bq);
   kvscout::infinigen_policy_host<>& ig = owned.policy;
   // At every speculated layer of every decode step: the true attention probabilities of the
   // cached tokens (dense, on the state the pipeline is decoding), the oracle's top-budget set by
   // those probabilities, and the mass each set covers.
   std::vector<kvscout::kv_view<layout, kvscout::host_space>> views;
   for (int l = 0; l < L; ++l) views.push_back(m.view(l));
-  kvscout::oracle_policy_host<layout> oracle({Hq, 0.125f, kvscout::gqa_aggregation::sum_prob}, views);
-  kvscout::topk_selector_host::config oc{S, H, max_tokens, budget, budget, {}};
+  kvscout::oracle_policy_host<layout> oracle({{.num_q_heads = Hq, .scale = 0.125f},
+                                              kvscout::gqa_aggregation::sum_prob}, views);
+  kvscout::topk_selector_host::config oc{{.num_seqs = S, .num_kv_heads = H,
+                                          .max_tokens = max_tokens}, budget, budget, {}};
   auto ows = kvscout::make_workspace<kvscout::topk_selector_host>(oc);
   kvscout::topk_selector_host oracle_sel(oc, ows.span());
   std::vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens), probs(static_cast<std::size_t>(S) * H * (max_tokens + 1));
@@ -262,8 +300,17 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
         ++samples;
       }
   };
-  topk_pipeline<kvscout::infinigen_policy_host<>> tp({L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f}, ig,
-                                                     {S, H, max_tokens, budget, budget, {}});
+  topk_pipeline<kvscout::infinigen_policy_host<>> tp(
+      {{.num_layers = L,
+        .num_seqs = S,
+        .num_kv_heads = H,
+        .num_q_heads = Hq,
+        .max_tokens = max_tokens,
+        .scale = 0.125f},
+       2,
+       budget,
+       2},
+      ig, {{.num_seqs = S, .num_kv_heads = H, .max_tokens = max_tokens}, budget, budget, {}});
   auto& pipe = tp.pipe;
   std::vector<float> hs;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
@@ -315,9 +362,13 @@ TEST_CASE("the pipeline attends an fp8 cache with the layer's scales", "[pipelin
   std::vector<int32_t> pos = {n};
   const kvscout::score_context<kvscout::host_space> ctx{{}, {q.data(), q.size()}, {pos.data(), 1}, {lens.data(), 1}};
 
-  kvscout::streaming_policy_host sp({H, 4});
-  topk_pipeline<kvscout::streaming_policy_host, Lay> tp({3, 2, 1, H, Hq, cap, cap, 1, 0.125f}, sp,
-                                                        {1, H, cap, cap, cap, {}});
+  kvscout::streaming_policy_host sp({{.num_kv_heads = H}, 4});
+  topk_pipeline<kvscout::streaming_policy_host, Lay> tp({{.num_layers = 3, .num_seqs = 1,
+                                                         .num_kv_heads = H, .num_q_heads = Hq,
+                                                         .max_tokens = cap, .scale = 0.125f}, 2,
+                                                         cap, 1}, sp,
+                                                        {{.num_seqs = 1, .num_kv_heads = H,
+                                                         .max_tokens = cap}, cap, cap, {}});
   auto& pipe = tp.pipe;
 
   std::vector<float> want(q.size()), unscaled(q.size()), dense(q.size()), sparse(q.size());
@@ -338,9 +389,13 @@ TEST_CASE("the pipeline attends an fp8 cache with the layer's scales", "[pipelin
 
 TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
   model m(L, Hq, H, S, max_tokens, 5);
-  kvscout::streaming_policy_host p({H, 4});
-  topk_pipeline<kvscout::streaming_policy_host> tp({L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f}, p,
-                                                   {S, H, max_tokens, 8, 8, {}});
+  kvscout::streaming_policy_host p({{.num_kv_heads = H}, 4});
+  topk_pipeline<kvscout::streaming_policy_host> tp({{.num_layers = L, .num_seqs = S,
+                                                    .num_kv_heads = H, .num_q_heads = Hq,
+                                                    .max_tokens = max_tokens, .scale = 0.125f}, 2,
+                                                    8, 1}, p,
+                                                   {{.num_seqs = S, .num_kv_heads = H,
+                                                    .max_tokens = max_tokens}, 8, 8, {}});
   auto& pipe = tp.pipe;
   using pipe_t = decltype(tp)::pipe_t;
   auto& sel = tp.sel;
@@ -351,15 +406,29 @@ TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
                       Catch::Contains("attend(3) without speculate(3) first"));
   REQUIRE_THROWS_WITH(pipe.speculate(1, ctx, m.view(1)),
                       Catch::Contains("layer 1 is not speculated: expected [skip_layers = 2, num_layers = 4)"));
-  REQUIRE_THROWS_WITH(build<pipe_t>({L, 2, S, H, Hq, max_tokens, max_tokens + 1, 1, 0.125f}, p, sel),
+  REQUIRE_THROWS_WITH(build<pipe_t>({{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+                                     .num_q_heads = Hq, .max_tokens = max_tokens, .scale = 0.125f},
+                                     2, max_tokens + 1, 1}, p, sel),
                       Catch::Contains("capacity = 97 must be in [1, max_tokens = 96]"));
-  REQUIRE_THROWS_WITH(build<pipe_t>({L, 2, S, H, 5, max_tokens, 8, 1, 0.125f}, p, sel),
+  REQUIRE_THROWS_WITH(build<pipe_t>({{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+                                     .num_q_heads = 5, .max_tokens = max_tokens, .scale = 0.125f},
+                                     2, 8, 1}, p, sel),
                       Catch::Contains("num_q_heads = 5"));
   // A selector configured for another shape is refused when the pipeline is built.
-  REQUIRE_THROWS_WITH(build<pipe_t>({L, 2, S, H, Hq, max_tokens, 16, 1, 0.125f}, p, sel),
-                      Catch::Contains("selector configured for [num_seqs, num_kv_heads, stride, "
-                                      "capacity] = [2, 2, 96, 8], expected the pipeline's [2, 2, "
-                                      "96 (max_tokens), 16]"));
+  REQUIRE_THROWS_WITH(
+      build<pipe_t>({{.num_layers = L,
+                      .num_seqs = S,
+                      .num_kv_heads = H,
+                      .num_q_heads = Hq,
+                      .max_tokens = max_tokens,
+                      .scale = 0.125f},
+                     2,
+                     16,
+                     1},
+                    p, sel),
+      Catch::Contains("selector configured for [num_seqs, num_kv_heads, max_tokens, "
+                      "capacity] = [2, 2, 96, 8], expected the pipeline's [2, 2, "
+                      "96, 16]"));
 }
 
 TEST_CASE("the pipeline decodes the same bits with cached and streaming gather stores",
@@ -368,7 +437,7 @@ TEST_CASE("the pipeline decodes the same bits with cached and streaming gather s
   // after prompt + decode must be identical.
   const auto final_state = [](kvscout::gather_stores stores) {
     model m(L, Hq, H, S, max_tokens, 77);
-    kvscout::streaming_policy_host p({H, 4});
+    kvscout::streaming_policy_host p({{.num_kv_heads = H}, 4});
     return run(m, p, 12, [](const auto&) {}, stores);
   };
   const std::vector<float> cached = final_state(kvscout::gather_stores::cached);
@@ -410,15 +479,34 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
   const auto plans = calibrate(kvscout::rope_mode::rope_planes, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  owned_infinigen owned({{.num_layers = L,
+                          .num_seqs = S,
+                          .num_kv_heads = H,
+                          .num_q_heads = Hq,
+                          .head_dim = D,
+                          .d_model = m.d,
+                          .max_tokens = max_tokens,
+                          .scale = 0.125f}},
+                        plans, wq, bq);
   kvscout::infinigen_policy_host<>& ig = owned.policy;
   const kvscout::keep_set keep{1, 2};
-  kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
+  kvscout::host_pipeline_config pc{{.num_layers = L,
+                                    .num_seqs = S,
+                                    .num_kv_heads = H,
+                                    .num_q_heads = Hq,
+                                    .max_tokens = max_tokens,
+                                    .scale = 0.125f},
+                                   2,
+                                   budget,
+                                   2};
   pc.correction_capacity = extra;
-  topk_pipeline<kvscout::infinigen_policy_host<>> tp(pc, ig, {S, H, max_tokens, budget, budget, keep});
+  topk_pipeline<kvscout::infinigen_policy_host<>> tp(pc, ig, {{.num_seqs = S, .num_kv_heads = H,
+                                                              .max_tokens = max_tokens}, budget,
+                                                              budget, keep});
   auto& pipe = tp.pipe;
   // The test's own correction: the late scores of the same policy, the same selector semantics.
-  const kvscout::correction_selector_host::config cc{S, H, max_tokens, extra, extra};
+  const kvscout::correction_selector_host::config cc{{.num_seqs = S, .num_kv_heads = H,
+                                                      .max_tokens = max_tokens}, extra, extra};
   auto cws = kvscout::make_workspace<kvscout::correction_selector_host>(cc);
   kvscout::correction_selector_host corr(cc, cws.span());
   std::vector<float> late(static_cast<std::size_t>(S) * H * max_tokens), want_out(static_cast<std::size_t>(S) * Hq * D);
@@ -477,11 +565,20 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
 
 TEST_CASE("a correction step needs a policy that scores the layer's own query",
           "[pipeline][correction][errors]") {
-  kvscout::streaming_policy_host sp({H, 4});
-  kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
+  kvscout::streaming_policy_host sp({{.num_kv_heads = H}, 4});
+  kvscout::topk_selector_host::config sc{{.num_seqs = S, .num_kv_heads = H,
+                                          .max_tokens = max_tokens}, 8, 8, {}};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, ws.span());
-  kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
+  kvscout::host_pipeline_config pc{{.num_layers = L,
+                                    .num_seqs = S,
+                                    .num_kv_heads = H,
+                                    .num_q_heads = Hq,
+                                    .max_tokens = max_tokens,
+                                    .scale = 0.125f},
+                                   2,
+                                   8,
+                                   1};
   pc.correction_capacity = 4;
   using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
   REQUIRE_THROWS_WITH(build<pipe_t>(pc, sp, sel), Catch::Contains("correction_capacity = 4 needs a policy that scores"));
@@ -506,11 +603,22 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
   const auto plans = calibrate(kvscout::rope_mode::rope_planes, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  owned_infinigen owned({L, S, H, Hq, D, m.d, max_tokens, 0.125f}, plans, wq, bq);
+  owned_infinigen owned({{.num_layers = L,
+                          .num_seqs = S,
+                          .num_kv_heads = H,
+                          .num_q_heads = Hq,
+                          .head_dim = D,
+                          .d_model = m.d,
+                          .max_tokens = max_tokens,
+                          .scale = 0.125f}},
+                        plans, wq, bq);
   kvscout::infinigen_policy_host<>& ig = owned.policy;
   kvscout::infinigen_query_scores_host<kvscout::infinigen_policy_host<>> late(ig);
-  const kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
-  topk_pipeline<decltype(late)> tp({L, 2, S, H, Hq, max_tokens, budget, 1, 0.125f}, late, sc);
+  const kvscout::topk_selector_host::config sc{{.num_seqs = S, .num_kv_heads = H,
+                                                .max_tokens = max_tokens}, budget, budget, {}};
+  topk_pipeline<decltype(late)> tp({{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+                                    .num_q_heads = Hq, .max_tokens = max_tokens, .scale = 0.125f},
+                                    2, budget, 1}, late, sc);
   auto& pipe = tp.pipe;
   // The selection the late ranking must make at each sparse layer, from the same scores.
   auto ows = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
@@ -546,7 +654,7 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
     const float k = kvscout::to_float(m.kc[2][(static_cast<std::size_t>(0) * max_tokens + t_last) * D + pl.channels[static_cast<std::size_t>(c)]]);
     REQUIRE(ig.keys(2).at(0, 0, c, t_last) == Approx(k).epsilon(2e-3).margin(2e-3));
   }
-  REQUIRE(late.configuration().num_layers == L);
+  REQUIRE(late.configuration().shape.num_layers == L);
 }
 
 namespace {
@@ -579,10 +687,19 @@ static_assert(std::is_same_v<
 TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper decodes the same bits",
           "[pipeline][executor]") {
   const int budget = 16;
-  kvscout::topk_selector_host::config sc{S, H, max_tokens, budget, budget, {}};
+  kvscout::topk_selector_host::config sc{{.num_seqs = S, .num_kv_heads = H,
+                                          .max_tokens = max_tokens}, budget, budget, {}};
   auto sel_ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, sel_ws.span());
-  kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, budget, 2, 0.125f};
+  kvscout::host_pipeline_config pc{{.num_layers = L,
+                                    .num_seqs = S,
+                                    .num_kv_heads = H,
+                                    .num_q_heads = Hq,
+                                    .max_tokens = max_tokens,
+                                    .scale = 0.125f},
+                                   2,
+                                   budget,
+                                   2};
   const auto decode = [&](auto& pipe, model& m) {
     std::vector<float> hs;
     for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
@@ -593,7 +710,7 @@ TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper de
   using gather_pipe = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host,
                                                     kvscout::topk_selector_host>;
   model m1(L, Hq, H, S, max_tokens, 42);
-  kvscout::streaming_policy_host p1({H, 4});
+  kvscout::streaming_policy_host p1({{.num_kv_heads = H}, 4});
   pipe_memory<gather_pipe> mem(pc);
   gather_pipe with_gather(pc, p1, sel, mem.gather, mem.ws.span());
   const std::vector<float> want = decode(with_gather, m1);
@@ -601,7 +718,7 @@ TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper de
   using counting_pipe = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host,
                                                       kvscout::topk_selector_host, counting_executor>;
   model m2(L, Hq, H, S, max_tokens, 42);
-  kvscout::streaming_policy_host p2({H, 4});
+  kvscout::streaming_policy_host p2({{.num_kv_heads = H}, 4});
   auto exec_ws = kvscout::make_workspace<counting_executor>(kvscout::gather_config_for(pc));
   counting_executor counting(kvscout::gather_config_for(pc), exec_ws.span());
   auto ws = kvscout::make_workspace<counting_pipe>(pc);
@@ -623,12 +740,21 @@ TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper de
 
 TEST_CASE("the pipeline takes its buffers in the caller's workspace and checks it",
           "[pipeline][errors][workspace]") {
-  kvscout::streaming_policy_host p({H, 4});
-  kvscout::topk_selector_host::config sc{S, H, max_tokens, 8, 8, {}};
+  kvscout::streaming_policy_host p({{.num_kv_heads = H}, 4});
+  kvscout::topk_selector_host::config sc{{.num_seqs = S, .num_kv_heads = H,
+                                          .max_tokens = max_tokens}, 8, 8, {}};
   auto sel_ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, sel_ws.span());
   using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
-  kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, 8, 1, 0.125f};
+  kvscout::host_pipeline_config pc{{.num_layers = L,
+                                    .num_seqs = S,
+                                    .num_kv_heads = H,
+                                    .num_q_heads = Hq,
+                                    .max_tokens = max_tokens,
+                                    .scale = 0.125f},
+                                   2,
+                                   8,
+                                   1};
   pipe_memory<pipe_t> mem(pc);
   const std::size_t need = pipe_t::workspace_bytes(pc);
   SECTION("its size: the regions the header lists, each from a cache line") {
@@ -679,9 +805,12 @@ TEST_CASE("per-layer selectors give each layer its own budget", "[pipeline][budg
   constexpr int cap = 16;
   using pipe_t =
       kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
-  const kvscout::host_pipeline_config pc{L, 2, S, H, Hq, max_tokens, cap, 1, 0.125f};
+  const kvscout::host_pipeline_config pc{{.num_layers = L, .num_seqs = S,
+                                          .num_kv_heads = H, .num_q_heads = Hq,
+                                          .max_tokens = max_tokens, .scale = 0.125f}, 2, cap, 1};
   const auto make = [](int budget) {
-    return kvscout::topk_selector_host::config{S, H, max_tokens, cap, budget, {}};
+    return kvscout::topk_selector_host::config{{.num_seqs = S, .num_kv_heads = H,
+                                                .max_tokens = max_tokens}, cap, budget, {}};
   };
   auto ws4 = kvscout::make_workspace<kvscout::topk_selector_host>(make(4));
   auto ws12 = kvscout::make_workspace<kvscout::topk_selector_host>(make(12));
@@ -689,7 +818,7 @@ TEST_CASE("per-layer selectors give each layer its own budget", "[pipeline][budg
   kvscout::topk_selector_host sel4(make(4), ws4.span()), sel12(make(12), ws12.span()), sel16(make(cap), ws16.span());
   const auto decode = [&](std::vector<kvscout::topk_selector_host*> sels, std::vector<std::int64_t>& rows) {
     model m(L, Hq, H, S, max_tokens, 91);
-    kvscout::streaming_policy_host p({H, 4});
+    kvscout::streaming_policy_host p({{.num_kv_heads = H}, 4});
     pipe_memory<pipe_t> mem(pc);
     pipe_t pipe = sels.empty() ? pipe_t(pc, p, sel16, mem.gather, mem.ws.span())
                                : pipe_t(pc, p, std::move(sels), mem.gather, mem.ws.span());
@@ -711,15 +840,19 @@ TEST_CASE("per-layer selectors give each layer its own budget", "[pipeline][budg
   REQUIRE(rows_split[3] == static_cast<std::int64_t>(steps) * S * H * 12);
   REQUIRE(split != shared);
   // Refusals: one per layer, none null where speculated, each with the pipeline's shape.
-  kvscout::streaming_policy_host p({H, 4});
+  kvscout::streaming_policy_host p({{.num_kv_heads = H}, 4});
   pipe_memory<pipe_t> mem(pc);
   REQUIRE_THROWS_WITH(pipe_t(pc, p, std::vector<kvscout::topk_selector_host*>{&sel4, &sel4}, mem.gather, mem.ws.span()),
                       Catch::Contains("got 2 selectors, expected one per layer (num_layers = 4)"));
   REQUIRE_THROWS_WITH(pipe_t(pc, p, std::vector<kvscout::topk_selector_host*>{&sel4, &sel4, &sel4, nullptr}, mem.gather, mem.ws.span()),
                       Catch::Contains("layer 3 is speculated (skip_layers = 2) but its selector is null"));
-  const kvscout::topk_selector_host::config other{S, H, max_tokens, 8, 4, {}};
+  const kvscout::topk_selector_host::config other{{.num_seqs = S, .num_kv_heads = H,
+                                                   .max_tokens = max_tokens}, 8, 4, {}};
   auto wso = kvscout::make_workspace<kvscout::topk_selector_host>(other);
   kvscout::topk_selector_host sel_other(other, wso.span());
-  REQUIRE_THROWS_WITH(pipe_t(pc, p, std::vector<kvscout::topk_selector_host*>{nullptr, nullptr, &sel4, &sel_other}, mem.gather, mem.ws.span()),
-                      Catch::Contains("layer 3's selector configured for [num_seqs, num_kv_heads, stride, capacity] = [2, 2, 96, 8]"));
+  REQUIRE_THROWS_WITH(
+      pipe_t(pc, p, std::vector<kvscout::topk_selector_host*>{nullptr, nullptr, &sel4, &sel_other},
+             mem.gather, mem.ws.span()),
+      Catch::Contains("layer 3's selector configured for [num_seqs, num_kv_heads, max_tokens, "
+                      "capacity] = [2, 2, 96, 8]"));
 }

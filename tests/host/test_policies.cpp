@@ -14,7 +14,8 @@ TEST_CASE("oracle scores are the true logits aggregated over the group", "[spec]
     for (auto agg : {kvscout::gqa_aggregation::max_logit, kvscout::gqa_aggregation::mean_logit,
                      kvscout::gqa_aggregation::sum_prob}) {
       CAPTURE(g, static_cast<int>(agg));
-      kvscout::oracle_policy_host<layout> oracle({f.Hq, scale, agg}, {f.view()});
+      kvscout::oracle_policy_host<layout> oracle({{.num_q_heads = f.Hq, .scale = scale}, agg},
+                                                 {f.view()});
       std::vector<float> scores;
       const auto out = buffer_for(scores, f.S, f.H, f.cap);
       const kvscout::score_context<kvscout::host_space> ctx{{}, {f.q.data(), f.q.size()}, {}, {f.lens.data(), f.lens.size()}};
@@ -42,7 +43,7 @@ TEST_CASE("oracle scores are the true logits aggregated over the group", "[spec]
 }
 
 TEST_CASE("streaming scores keep the sinks and the most recent tokens on top", "[spec][streaming]") {
-  kvscout::streaming_policy_host p({2, 4});
+  kvscout::streaming_policy_host p({{.num_kv_heads = 2}, 4});
   std::vector<int32_t> lens{10, 3};
   std::vector<float> scores;
   const auto out = buffer_for(scores, 2, 2, 12);
@@ -55,7 +56,8 @@ TEST_CASE("streaming scores keep the sinks and the most recent tokens on top", "
 }
 
 TEST_CASE("h2o scores are the accumulated attention mass", "[spec][h2o]") {
-  kvscout::h2o_policy_host p({2, 1, 1, 16});
+  kvscout::h2o_policy_host p({{.num_layers = 2, .num_seqs = 1, .num_kv_heads = 1,
+                               .max_tokens = 16}});
   std::vector<int32_t> lens{5};
   // Step 1 attended tokens {1, 3} and the current token (position 5); step 2 tokens {0, 1}.
   std::vector<int32_t> idx{1, 3, 0, 0}, counts{2};
@@ -82,8 +84,12 @@ TEST_CASE("h2o scores are the accumulated attention mass", "[spec][h2o]") {
 
 TEST_CASE("h2o's mass and quest's page bounds in the caller's memory: the same policy", "[spec][h2o][quest][workspace]") {
   cache_fixture f(3, 91u);
-  const kvscout::quest_policy_host<D>::config qc{2, f.S, f.H, f.Hq, f.cap, 8, 0.125f, kvscout::gqa_aggregation::max_logit};
-  const kvscout::h2o_policy_host::config hc{2, f.S, f.H, f.cap};
+  const kvscout::quest_policy_host<D>::config qc{{.num_layers = 2, .num_seqs = f.S,
+                                                  .num_kv_heads = f.H, .num_q_heads = f.Hq,
+                                                  .max_tokens = f.cap, .scale = 0.125f}, 8,
+                                                 kvscout::gqa_aggregation::max_logit};
+  const kvscout::h2o_policy_host::config hc{{.num_layers = 2, .num_seqs = f.S,
+                                             .num_kv_heads = f.H, .max_tokens = f.cap}};
   const std::size_t qb = kvscout::quest_policy_host<D>::workspace_bytes(qc), hb = kvscout::h2o_policy_host::workspace_bytes(hc);
   REQUIRE(qb == sizeof(float) * 2 * f.S * f.H * ((f.cap + 7) / 8) * 2 * D);
   REQUIRE(hb == sizeof(float) * 2 * f.S * f.H * f.cap);
@@ -145,7 +151,10 @@ TEST_CASE("quest page bounds never underestimate a key's score", "[spec][quest]"
   for (int g : {1, 3}) {
     cache_fixture f(g, 70u + g);
     const float scale = 0.125f;
-    kvscout::quest_policy_host<D> quest({1, f.S, f.H, f.Hq, f.cap, 16, scale, kvscout::gqa_aggregation::max_logit});
+    kvscout::quest_policy_host<D> quest({{.num_layers = 1, .num_seqs = f.S,
+                                          .num_kv_heads = f.H, .num_q_heads = f.Hq,
+                                          .max_tokens = f.cap, .scale = scale},
+                                         16, kvscout::gqa_aggregation::max_logit});
     std::vector<float> k_post(static_cast<std::size_t>(f.H) * D);
     for (int s = 0; s < f.S; ++s)
       for (int t = 0; t < f.lens[s]; ++t) {
@@ -165,7 +174,9 @@ TEST_CASE("quest page bounds never underestimate a key's score", "[spec][quest]"
         }
   }
   SECTION("the page holding the aligned key ranks first") {
-    kvscout::quest_policy_host<D> quest({1, 1, 1, 1, 64, 8, 0.125f});
+    kvscout::quest_policy_host<D> quest({{.num_layers = 1, .num_seqs = 1,
+                                          .num_kv_heads = 1, .num_q_heads = 1, .max_tokens = 64,
+                                          .scale = 0.125f}, 8});
     std::vector<float> key(D);
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.f, 0.1f);
@@ -208,7 +219,9 @@ TEST_CASE("infinigen with a full partial dimension scores exactly like the oracl
     for (int h = 0; h < H; ++h)
       plans.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200, g, D,
                                               {D, false, mode, rope}));
-    const kvscout::infinigen_config pc{1, 1, H, Hq, D, d_model, 128, 0.125f,
+    const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = H,
+                                        .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
+                                        .max_tokens = 128, .scale = 0.125f},
                                        kvscout::gqa_aggregation::max_logit};
     auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
     kvscout::infinigen_policy_host<> p(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}},
@@ -266,7 +279,9 @@ void check_tiles_agree(int g, kvscout::gqa_aggregation agg) {
   for (auto& w : wq) w = nd(rng) / 8.f;
   for (auto& w : x) w = nd(rng);
   std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
-  const kvscout::infinigen_config pc{1, 1, H, Hq, D, d_model, full, 0.125f, agg};
+  const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = H,
+                                      .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
+                                      .max_tokens = full, .scale = 0.125f}, agg};
   auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(pc);
   kvscout::infinigen_policy_host<PkT> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
   std::vector<float> k(static_cast<std::size_t>(H) * D);
@@ -346,7 +361,9 @@ TEST_CASE("infinigen scores the same bits on rows past the register-pinning boun
   for (auto& w : wq) w = nd(rng) / 8.f;
   for (auto& w : x) w = nd(rng);
   std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
-  const kvscout::infinigen_config pc{1, 1, H, Hq, D, d_model, full, 0.125f,
+  const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = H,
+                                      .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
+                                      .max_tokens = full, .scale = 0.125f},
                                      kvscout::gqa_aggregation::max_logit};
   auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
   kvscout::infinigen_policy_host<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
@@ -472,7 +489,9 @@ TEST_CASE("infinigen, RoPE planes: each kv head's queries rotate its own planes"
   for (auto& w : bq) w = 0.1f * nd(rng);
   for (auto& w : x) w = nd(rng);
   const kvscout::host_span<const float> W_Q(wq.data(), wq.size()), b_Q(bq.data(), bq.size());
-  const kvscout::infinigen_config pc{L, 1, H, Hq, D, d_model, n, 0.125f,
+  const kvscout::infinigen_config pc{{.num_layers = L, .num_seqs = 1, .num_kv_heads = H,
+                                      .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
+                                      .max_tokens = n, .scale = 0.125f},
                                      kvscout::gqa_aggregation::max_logit};
   auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
   kvscout::infinigen_policy_host<> p(pc, plans, {W_Q, W_Q, W_Q}, {b_Q, b_Q, b_Q}, pws.span());
@@ -531,7 +550,15 @@ TEST_CASE("infinigen writes each row's maximum as it scores: tails, NaN keys, em
       for (auto& w : wq) w = nd(rng) / 8.f;
       for (auto& w : x) w = nd(rng);
       std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
-      const kvscout::infinigen_config pc{1, S, H, Hq, D, d_model, cap, 0.125f, agg};
+      const kvscout::infinigen_config pc{{.num_layers = 1,
+                                          .num_seqs = S,
+                                          .num_kv_heads = H,
+                                          .num_q_heads = Hq,
+                                          .head_dim = D,
+                                          .d_model = d_model,
+                                          .max_tokens = cap,
+                                          .scale = 0.125f},
+                                         agg};
       auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
       kvscout::infinigen_policy_host<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
       std::vector<float> k(static_cast<std::size_t>(H) * D);
@@ -587,7 +614,9 @@ TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
     const std::vector<kvscout::skew_plan> plans = calibrated_plans(qs, ks, H, g, r, mode, rope);
     // ws: the policy's workspace, the caller's (it outlives the policy).
     const auto make = [&](int seqs, kvscout::host_workspace& ws) {
-      const kvscout::infinigen_config pc{1, seqs, H, Hq, D, d_model, cap, 0.125f,
+      const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = seqs,
+                                          .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
+                                          .d_model = d_model, .max_tokens = cap, .scale = 0.125f},
                                          kvscout::gqa_aggregation::max_logit};
       ws = kvscout::make_workspace<policy>(pc);
       return policy(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}}, ws.span());
@@ -728,7 +757,9 @@ TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of f
       std::vector<W> wq_in, bq_in;
       round_to_w(wq, wq_in, wq_w);
       round_to_w(bq, bq_in, bq);  // bq itself now holds values W represents
-      const kvscout::infinigen_config cfg{1, S, H, Hq, D, d_model, cap, 0.125f,
+      const kvscout::infinigen_config cfg{{.num_layers = 1, .num_seqs = S,
+                                           .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
+                                           .d_model = d_model, .max_tokens = cap, .scale = 0.125f},
                                           kvscout::gqa_aggregation::max_logit};
       using narrow_t = kvscout::infinigen_policy_host<float, W>;
       using wide_t = kvscout::infinigen_policy_host<float, float>;

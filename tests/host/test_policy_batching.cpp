@@ -90,7 +90,10 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
                        kvscout::gqa_aggregation::sum_prob}) {
         CAPTURE(kvscout::to_string(mode), static_cast<int>(agg));
         // Layer 0 dense, layer 1 speculated.
-        const kvscout::infinigen_config pc{2, f.S, f.H, f.Hq, D, f.d_model, f.cap, 0.125f, agg};
+        const kvscout::infinigen_config pc{{.num_layers = 2, .num_seqs = f.S,
+                                            .num_kv_heads = f.H, .num_q_heads = f.Hq, .head_dim = D,
+                                            .d_model = f.d_model, .max_tokens = f.cap,
+                                            .scale = 0.125f}, agg};
         auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
         kvscout::infinigen_policy_host<> p(pc, {{}, calibrated_plans(qs, ks, f.H, f.g, 16, mode, f.rope)},
                                            {{}, {wq.data(), wq.size()}}, {{}, {bq.data(), bq.size()}},
@@ -102,7 +105,9 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
       }
   }
   SECTION("quest") {
-    kvscout::quest_policy_host<D> p({2, f.S, f.H, f.Hq, f.cap, 8, 0.125f});
+    kvscout::quest_policy_host<D> p({{.num_layers = 2, .num_seqs = f.S,
+                                      .num_kv_heads = f.H, .num_q_heads = f.Hq, .max_tokens = f.cap,
+                                      .scale = 0.125f}, 8});
     for (int s = 0; s < f.S; ++s)
       for (int t = 0; t < f.lens[s]; ++t) p.append(1, s, t, nullptr, &f.kpost[f.key_at(s, t)]);
     f.require_rows_of_seq_ids(p);
@@ -118,11 +123,12 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
     const kvscout::kv_view<layout, kvscout::host_space> view{
         l, kvscout::as_bytes(kvscout::host_span<const float>(k.data(), k.size())),
         kvscout::as_bytes(kvscout::host_span<const float>(v.data(), v.size()))};
-    kvscout::oracle_policy_host<layout> p({f.Hq, 0.125f}, {view, view});
+    kvscout::oracle_policy_host<layout> p({{.num_q_heads = f.Hq, .scale = 0.125f}}, {view, view});
     f.require_rows_of_seq_ids(p);
   }
   SECTION("h2o: observe adds to, and score reads, the sequence's mass") {
-    kvscout::h2o_policy_host p({2, f.S, f.H, f.cap});
+    kvscout::h2o_policy_host p({{.num_layers = 2, .num_seqs = f.S, .num_kv_heads = f.H,
+                                 .max_tokens = f.cap}});
     // Two steps of the batch, each attending 3 rows per (row, head) plus the current token.
     token_rows rows;
     rows.seqs = f.B, rows.heads = f.H, rows.n = 3;
@@ -150,7 +156,7 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
                         [](float m) { return m > 0.f; }));
   }
   SECTION("streaming keeps no state: the rows are the batch's own") {
-    kvscout::streaming_policy_host p({f.H, 2});
+    kvscout::streaming_policy_host p({{.num_kv_heads = f.H}, 2});
     f.require_rows_of_seq_ids(p);
   }
 }
@@ -202,18 +208,28 @@ TEST_CASE("policies refuse seq_ids they do not hold, repeated or too few",
   };
   SECTION("infinigen") {
     std::vector<float> wq(static_cast<std::size_t>(f.Hq) * D * f.d_model, 0.01f);
-    const kvscout::infinigen_config pc{2, f.S, f.H, f.Hq, D, f.d_model, f.cap, 0.125f};
+    const kvscout::infinigen_config pc{{.num_layers = 2,
+                                        .num_seqs = f.S,
+                                        .num_kv_heads = f.H,
+                                        .num_q_heads = f.Hq,
+                                        .head_dim = D,
+                                        .d_model = f.d_model,
+                                        .max_tokens = f.cap,
+                                        .scale = 0.125f}};
     auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
     kvscout::infinigen_policy_host<> p(pc, {{}, std::vector<kvscout::skew_plan>(f.H, identity_planes(16))},
                                        {{}, {wq.data(), wq.size()}}, {{}, {}}, pws.span());
     every_case(p, "the policy's");
   }
   SECTION("quest") {
-    kvscout::quest_policy_host<D> p({2, f.S, f.H, f.Hq, f.cap, 8, 0.125f});
+    kvscout::quest_policy_host<D> p({{.num_layers = 2, .num_seqs = f.S,
+                                      .num_kv_heads = f.H, .num_q_heads = f.Hq, .max_tokens = f.cap,
+                                      .scale = 0.125f}, 8});
     every_case(p, "the policy's");
   }
   SECTION("h2o, and its observe") {
-    kvscout::h2o_policy_host p({2, f.S, f.H, f.cap});
+    kvscout::h2o_policy_host p({{.num_layers = 2, .num_seqs = f.S, .num_kv_heads = f.H,
+                                 .max_tokens = f.cap}});
     every_case(p, "the policy's");
     token_rows rows;
     rows.seqs = f.B, rows.heads = f.H, rows.n = 1;
@@ -231,7 +247,8 @@ TEST_CASE("policies refuse seq_ids they do not hold, repeated or too few",
   }
   SECTION("oracle: the cache's sequences") {
     cache_fixture c(3, 12u);  // 2 sequences
-    kvscout::oracle_policy_host<layout> p({c.Hq, 0.125f}, {c.view(), c.view()});
+    kvscout::oracle_policy_host<layout> p({{.num_q_heads = c.Hq, .scale = 0.125f}},
+                                          {c.view(), c.view()});
     std::vector<int32_t> lens{8, 8}, seq_ids{1, 2};
     const kvscout::score_context<kvscout::host_space> ctx{{}, {c.q.data(), c.q.size()}, {}, {lens.data(), 2},
                                     {seq_ids.data(), 2}};
@@ -241,7 +258,7 @@ TEST_CASE("policies refuse seq_ids they do not hold, repeated or too few",
     REQUIRE(untouched(scores));
   }
   SECTION("streaming: repeated or too few (it holds no sequences to bound them)") {
-    kvscout::streaming_policy_host p({f.H, 2});
+    kvscout::streaming_policy_host p({{.num_kv_heads = f.H}, 2});
     refuses(p, {3, 0, 3}, "seq_ids[0] and seq_ids[2] are both 3");
     refuses(p, {3, 0}, "seq_ids holds 2 entries, expected num_seqs = 3 (or none)");
   }

@@ -9,7 +9,8 @@ using namespace policy_test;  // NOLINT(google-build-using-namespace): the tests
 
 TEST_CASE("quest rejects sequences its page bounds do not hold", "[spec][quest][errors]") {
   // 2 sequences of at most 64 tokens; a third sequence or a longer one would read past them.
-  kvscout::quest_policy_host<D> quest({1, 2, 1, 1, 64, 8, 0.125f});
+  kvscout::quest_policy_host<D> quest({{.num_layers = 1, .num_seqs = 2, .num_kv_heads = 1,
+                                        .num_q_heads = 1, .max_tokens = 64, .scale = 0.125f}, 8});
   std::vector<float> key(D, 1.f), q(static_cast<std::size_t>(3) * D, 1.f), scores;
   for (int s = 0; s < 2; ++s)
     for (int t = 0; t < 64; ++t) quest.append(0, s, t, nullptr, key.data());
@@ -38,7 +39,8 @@ TEST_CASE("quest rejects sequences its page bounds do not hold", "[spec][quest][
 }
 
 TEST_CASE("h2o score rejects sequences its mass does not hold", "[spec][h2o][errors]") {
-  kvscout::h2o_policy_host p({1, 1, 1, 16});
+  kvscout::h2o_policy_host p({{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1,
+                               .max_tokens = 16}});
   std::vector<float> scores;
   SECTION("more sequences than the policy's num_seqs") {
     std::vector<int32_t> lens{4, 4};
@@ -64,7 +66,8 @@ TEST_CASE("h2o score rejects sequences its mass does not hold", "[spec][h2o][err
 TEST_CASE("h2o observe rejects rows and probabilities past its mass", "[spec][h2o][errors]") {
   // Each bad call comes after a good row (token 1), so a check made while adding would already
   // have changed the mass; the scores afterwards show it unchanged.
-  kvscout::h2o_policy_host p({1, 1, 1, 16});
+  kvscout::h2o_policy_host p({{.num_layers = 1, .num_seqs = 1, .num_kv_heads = 1,
+                               .max_tokens = 16}});
   std::vector<int32_t> lens{5};
   std::vector<float> probs{0.5f, 0.25f, 0.25f, 0.f, 0.f};
   const kvscout::score_context<kvscout::host_space> ctx{{}, {}, {}, {lens.data(), lens.size()}};
@@ -131,7 +134,7 @@ TEST_CASE("h2o observe rejects rows and probabilities past its mass", "[spec][h2
 
 TEST_CASE("oracle rejects sequences its cache does not hold", "[spec][oracle][errors]") {
   cache_fixture f(1, 9u);  // 2 sequences of 80 and 33 tokens
-  kvscout::oracle_policy_host<layout> oracle({f.Hq, 0.125f}, {f.view()});
+  kvscout::oracle_policy_host<layout> oracle({{.num_q_heads = f.Hq, .scale = 0.125f}}, {f.view()});
   std::vector<float> q(static_cast<std::size_t>(3) * f.Hq * D, 1.f), scores;
   SECTION("more sequences than the cache's") {
     std::vector<int32_t> lens{8, 8, 8};
@@ -151,7 +154,7 @@ TEST_CASE("oracle rejects sequences its cache does not hold", "[spec][oracle][er
 }
 
 TEST_CASE("streaming rejects a malformed score buffer", "[spec][streaming][errors]") {
-  kvscout::streaming_policy_host p({2, 4});
+  kvscout::streaming_policy_host p({{.num_kv_heads = 2}, 4});
   std::vector<float> scores;
   SECTION("a sequence longer than the stride, after a valid one") {
     std::vector<int32_t> lens2{10, 13};
@@ -202,7 +205,9 @@ TEST_CASE("infinigen_policy_host takes its scratch in the caller's workspace and
   // Two layers (0 dense), one sequence, GQA 2 (mean_logit: the group's mean query, qm_), r = 16.
   const int d_model = 64, r = 16, n = 40;
   using P = kvscout::infinigen_policy_host<>;
-  const kvscout::infinigen_config pc{2, 1, 1, 2, D, d_model, 64, 0.125f,
+  const kvscout::infinigen_config pc{{.num_layers = 2, .num_seqs = 1, .num_kv_heads = 1,
+                                      .num_q_heads = 2, .head_dim = D, .d_model = d_model,
+                                      .max_tokens = 64, .scale = 0.125f},
                                      kvscout::gqa_aggregation::mean_logit};
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
@@ -236,8 +241,8 @@ TEST_CASE("infinigen_policy_host takes its scratch in the caller's workspace and
   }
   SECTION("a bad config is refused by the size query too") {
     kvscout::infinigen_config bad = pc;
-    bad.num_kv_heads = 2;
-    bad.num_q_heads = 3;
+    bad.shape.num_kv_heads = 2;
+    bad.shape.num_q_heads = 3;
     REQUIRE_THROWS_WITH(P::workspace_bytes(bad),
                         Catch::Contains("num_q_heads = 3 must be a positive multiple of "
                                         "num_kv_heads = 2"));
@@ -271,7 +276,9 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
   // Layer 0 is dense (no plans, not tracked), layer 1 speculated; 1 sequence of at most 32 tokens.
   const int d_model = 64, r = 16;
   std::vector<float> wq(static_cast<std::size_t>(D) * d_model, 0.01f), x(2 * d_model, 1.f);
-  const kvscout::infinigen_config pc{2, 1, 1, 1, D, d_model, 32, 0.125f};
+  const kvscout::infinigen_config pc{{.num_layers = 2, .num_seqs = 1, .num_kv_heads = 1,
+                                      .num_q_heads = 1, .head_dim = D, .d_model = d_model,
+                                      .max_tokens = 32, .scale = 0.125f}};
   auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
   kvscout::infinigen_policy_host<> p(pc, {{}, {identity_planes(r)}}, {{}, {wq.data(), wq.size()}},
                                      {{}, {}}, pws.span());
@@ -317,7 +324,9 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
     const std::vector<float> w(static_cast<std::size_t>(big) * dm, 0.5f);
     const std::vector<std::vector<kvscout::skew_plan>> plans{
         {kvscout::rope_planes_plan(rope, {0, 300})}};
-    const kvscout::infinigen_config big_cfg{1, 1, 1, 1, big, dm, 8, 0.125f,
+    const kvscout::infinigen_config big_cfg{{.num_layers = 1, .num_seqs = 1,
+                                             .num_kv_heads = 1, .num_q_heads = 1, .head_dim = big,
+                                             .d_model = dm, .max_tokens = 8, .scale = 0.125f},
                                             kvscout::gqa_aggregation::max_logit};
     REQUIRE_THROWS_WITH(
         kvscout::infinigen_policy_host<>(big_cfg, plans, {{w.data(), w.size()}}, {{}},
@@ -370,10 +379,11 @@ TEST_CASE("the oracle over an fp8 cache takes each layer's k_scale", "[spec][ora
     v8.push_back({l8, bytes(k8[layer]), bytes(k8[layer])});
     v32.push_back({l32, bytes(k32[layer]), bytes(k32[layer])});
   }
-  const typename kvscout::oracle_policy_host<L8>::config cfg{Hq, 0.125f,
-                                                        kvscout::gqa_aggregation::sum_prob};
+  const typename kvscout::oracle_policy_host<L8>::config cfg{{.num_q_heads = Hq, .scale = 0.125f},
+                                                             kvscout::gqa_aggregation::sum_prob};
   kvscout::oracle_policy_host<L8> scaled(cfg, v8, k_scales), unscaled(cfg, v8);
-  kvscout::oracle_policy_host<L32> reference({Hq, 0.125f, kvscout::gqa_aggregation::sum_prob}, v32);
+  kvscout::oracle_policy_host<L32> reference({{.num_q_heads = Hq, .scale = 0.125f},
+                                              kvscout::gqa_aggregation::sum_prob}, v32);
   std::vector<float> q(static_cast<std::size_t>(Hq) * D);
   for (auto& x : q) x = nd(rng);
   const kvscout::score_context<kvscout::host_space> ctx{{}, {q.data(), q.size()}, {}, {lens.data(), 1}};

@@ -131,7 +131,7 @@ TEST_CASE("pooled top-k equals the greedy reference on tied mass scores, caps, N
     }
     for (int s = 0; s < p.S; ++s) p.lens.push_back(static_cast<std::int32_t>(rng() % (p.stride + 1)));
     pooled_topk_selector_host::config c;
-    c.num_seqs = p.S, c.num_kv_heads = p.H, c.stride = p.stride;
+    c.shape.num_seqs = p.S, c.shape.num_kv_heads = p.H, c.shape.max_tokens = p.stride;
     c.keep = {static_cast<int>(rng() % 3), static_cast<int>(rng() % 4)};
     c.budget = c.keep.sinks + c.keep.recent + 1 + static_cast<int>(rng() % 12);
     c.capacity = c.budget + static_cast<int>(rng() % 3 == 0 ? 0 : rng() % 20);  // often tight
@@ -157,8 +157,9 @@ TEST_CASE("pooled top-k on logits with NaN, infinities and heads of no candidate
     for (int t = 0; t < p.stride; ++t) p.scores[2 * static_cast<std::size_t>(p.stride) + t] = nan_f;
     for (int t = 0; t < p.stride; ++t) p.scores[7 * static_cast<std::size_t>(p.stride) + t] = -inf_f;
     p.lens = {80, 40 + static_cast<std::int32_t>(rng() % 40)};
-    pooled_topk_selector_host::config c{p.S, p.H, p.stride, 20 + static_cast<int>(rng() % 40), 12, {2, 3},
-                                        pooled_scale::logit};
+    pooled_topk_selector_host::config c{{.num_seqs = p.S, .num_kv_heads = p.H,
+                                         .max_tokens = p.stride}, 20 + static_cast<int>(rng() % 40),
+                                        12, {2, 3}, pooled_scale::logit};
     INFO("trial " << trial);
     require_equal(p, c, run(p, c));
   }
@@ -179,7 +180,9 @@ TEST_CASE("pooled top-k on logits compares each head's softmax", "[select][poole
           p.scores[(static_cast<std::size_t>(s) * p.H + h) * p.stride + t] = off + temp * nd(rng);
       }
     p.lens = {600 + static_cast<std::int32_t>(rng() % 100), 300};
-    pooled_topk_selector_host::config c{p.S, p.H, p.stride, 400, 60, {4, 16}, pooled_scale::logit};
+    pooled_topk_selector_host::config c{{.num_seqs = p.S, .num_kv_heads = p.H,
+                                         .max_tokens = p.stride}, 400, 60, {4, 16},
+                                        pooled_scale::logit};
     INFO("trial " << trial);
     const result r = run(p, c);
     require_equal(p, c, r);
@@ -210,9 +213,12 @@ TEST_CASE("pooled top-k keeps at least per-head top-k's attention mass at the sa
       for (int t = 0; t < p.stride; ++t) r[t] = static_cast<float>(r[t] / z);
     }
   p.lens = {2048, 1500, 900};
-  const pooled_topk_selector_host::config c{p.S, p.H, p.stride, 2048, 100, {4, 16}, pooled_scale::mass};
+  const pooled_topk_selector_host::config c{{.num_seqs = p.S, .num_kv_heads = p.H,
+                                             .max_tokens = p.stride}, 2048, 100, {4, 16},
+                                            pooled_scale::mass};
   const result pooled = run(p, c);
-  const kvscout::topk_selector_host::config tc{p.S, p.H, p.stride, 2048, 100, {4, 16}};
+  const kvscout::topk_selector_host::config tc{{.num_seqs = p.S, .num_kv_heads = p.H,
+                                                .max_tokens = p.stride}, 2048, 100, {4, 16}};
   auto tws = kvscout::make_workspace<kvscout::topk_selector_host>(tc);
   kvscout::topk_selector_host topk(tc, tws.span());
   result per_head;
@@ -244,9 +250,11 @@ TEST_CASE("pooled top-k with one head is top-k", "[select][pooled]") {
   for (int i = 0; i < p.S * p.stride; ++i) p.scores.push_back(nd(rng));
   p.lens = {500, 77};
   for (pooled_scale sc : {pooled_scale::logit, pooled_scale::mass}) {
-    const pooled_topk_selector_host::config c{p.S, 1, p.stride, 200, 90, {4, 16}, sc};
+    const pooled_topk_selector_host::config c{{.num_seqs = p.S, .num_kv_heads = 1,
+                                               .max_tokens = p.stride}, 200, 90, {4, 16}, sc};
     const result a = run(p, c);
-    const kvscout::topk_selector_host::config tc{p.S, 1, p.stride, 200, 90, {4, 16}};
+    const kvscout::topk_selector_host::config tc{{.num_seqs = p.S, .num_kv_heads = 1,
+                                                  .max_tokens = p.stride}, 200, 90, {4, 16}};
     auto tws = kvscout::make_workspace<kvscout::topk_selector_host>(tc);
     kvscout::topk_selector_host topk(tc, tws.span());
     result b;
@@ -261,16 +269,27 @@ TEST_CASE("pooled top-k with one head is top-k", "[select][pooled]") {
 
 TEST_CASE("pooled top-k refuses bad configurations and views by name", "[select][pooled]") {
   using cfg = pooled_topk_selector_host::config;
-  REQUIRE_THROWS_WITH(pooled_topk_selector_host::workspace_bytes(cfg{1, 2, 100, 50, 60, {}, pooled_scale::logit}),
+  REQUIRE_THROWS_WITH(pooled_topk_selector_host::workspace_bytes(cfg{{.num_seqs = 1,
+                                                                     .num_kv_heads = 2,
+                                                                     .max_tokens = 100}, 50, 60, {},
+                                                                     pooled_scale::logit}),
                       Catch::Contains("budget 60 is larger than the destination capacity 50"));
-  REQUIRE_THROWS_WITH(pooled_topk_selector_host::workspace_bytes(cfg{1, 2, 100, 50, 10, {8, 8}, pooled_scale::logit}),
+  REQUIRE_THROWS_WITH(pooled_topk_selector_host::workspace_bytes(cfg{{.num_seqs = 1,
+                                                                     .num_kv_heads = 2,
+                                                                     .max_tokens = 100}, 50, 10,
+                                                                     {8, 8}, pooled_scale::logit}),
                       Catch::Contains("smaller than the keep-set"));
-  REQUIRE_THROWS_WITH(pooled_topk_selector_host::workspace_bytes(cfg{1, 2, 100, 50, 10, {}, static_cast<pooled_scale>(7)}),
+  REQUIRE_THROWS_WITH(pooled_topk_selector_host::workspace_bytes(cfg{{.num_seqs = 1,
+                                                                     .num_kv_heads = 2,
+                                                                     .max_tokens = 100}, 50, 10, {},
+                                                                     static_cast<pooled_scale>(7)}),
                       Catch::Contains("scale = pooled_scale(7)"));
   REQUIRE_THROWS_WITH(pooled_topk_selector_host::workspace_bytes(
-                          cfg{1, 2, 100, 50, 10, {}, pooled_scale::logit, static_cast<kvscout::pooled_rule>(5)}),
+                          cfg{{.num_seqs = 1, .num_kv_heads = 2, .max_tokens = 100}, 50, 10, {},
+                              pooled_scale::logit, static_cast<kvscout::pooled_rule>(5)}),
                       Catch::Contains("rule = pooled_rule(5)"));
-  const cfg c{1, 2, 100, 50, 10, {}, pooled_scale::logit};
+  const cfg c{{.num_seqs = 1, .num_kv_heads = 2, .max_tokens = 100}, 50, 10, {},
+              pooled_scale::logit};
   std::vector<std::byte> small(64);
   REQUIRE_THROWS_WITH(pooled_topk_selector_host(c, {small.data(), small.size()}),
                       Catch::Contains("expected at least workspace_bytes(config)"));
@@ -279,7 +298,7 @@ TEST_CASE("pooled top-k refuses bad configurations and views by name", "[select]
   std::vector<float> sc(200, 1.f);
   std::vector<std::int32_t> idx(100, -7), cnt(2, -7), lens{101};
   REQUIRE_THROWS_WITH(sel.select({{sc.data(), sc.size()}, {lens.data(), 1}, 1, 2, 100}, {{idx.data(), idx.size()}, {cnt.data(), 2}, 1, 2, 50}),
-                      Catch::Contains("seq_lens[0] = 101 is outside [0, stride = 100]"));
+                      Catch::Contains("seq_lens[0] = 101 is outside [0, max_tokens = 100]"));
   REQUIRE(cnt == std::vector<std::int32_t>{-7, -7});  // nothing written
 }
 
@@ -321,7 +340,7 @@ TEST_CASE("pooled coverage rule reaches the best common coverage (brute force ov
         p.scores.push_back(sc == pooled_scale::mass ? std::exp(x) : x);
       }
     pooled_topk_selector_host::config c;
-    c.num_seqs = 1, c.num_kv_heads = p.H, c.stride = p.stride;
+    c.shape.num_seqs = 1, c.shape.num_kv_heads = p.H, c.shape.max_tokens = p.stride;
     c.keep = {static_cast<int>(rng() % 2), static_cast<int>(rng() % 2)};
     c.budget = c.keep.sinks + c.keep.recent + 1 + static_cast<int>(rng() % 5);
     c.capacity = c.budget + static_cast<int>(rng() % 4);

@@ -165,7 +165,9 @@ TEST_CASE("infinigen_paper's selector gives every head the mean count; kvscout_d
 
   const auto paper = kvscout::presets::infinigen_paper(64);
   REQUIRE(paper.selector == selector_kind::threshold);
-  const kvscout::threshold_selector_host::config tc{1, H, T, T, paper.alpha, cap, paper.rule, paper.keep};
+  const kvscout::threshold_selector_host::config tc{{.num_seqs = 1, .num_kv_heads = H,
+                                                     .max_tokens = T}, T, paper.alpha, cap,
+                                                    paper.rule, paper.keep};
   auto ws = kvscout::make_workspace<kvscout::threshold_selector_host>(tc);
   kvscout::threshold_selector_host thr(tc, ws.span());
   thr.select(sv, out);
@@ -176,7 +178,9 @@ TEST_CASE("infinigen_paper's selector gives every head the mean count; kvscout_d
 
   const auto mine = kvscout::presets::kvscout_default(64);
   REQUIRE(mine.selector == selector_kind::topk);
-  const kvscout::topk_selector_host::config kc{1, H, T, T, 24, mine.keep};
+  const kvscout::topk_selector_host::config kc{{.num_seqs = 1, .num_kv_heads = H,
+                                                .max_tokens = T},
+                                               T, 24, mine.keep};
   auto kws = kvscout::make_workspace<kvscout::topk_selector_host>(kc);
   kvscout::topk_selector_host topk(kc, kws.span());
   topk.select(sv, out);

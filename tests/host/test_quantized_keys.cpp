@@ -202,7 +202,9 @@ TEMPLATE_TEST_CASE("infinigen_policy_host over quantised partial keys scores the
         CAPTURE(TestType::bits, TestType::group, kvscout::to_string(mode), g, r, static_cast<int>(agg));
         slice m(2, 2, g, 70, 31u + static_cast<unsigned>(g * 10 + r));
         const auto plans = m.plans(r, mode, 5u + static_cast<unsigned>(r));
-        kvscout::infinigen_config pc{1, m.S, m.H, m.Hq, D, m.d_model, max_tokens, 0.125f, agg};
+        kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = m.S, .num_kv_heads = m.H,
+                                     .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
+                                     .max_tokens = max_tokens, .scale = 0.125f}, agg};
         pc.query_aggregation = agg;
         auto pws = kvscout::make_workspace<P>(pc);
         P p(pc, {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}}, pws.span());
@@ -302,7 +304,9 @@ TEST_CASE("infinigen_policy_host over quantised keys refuses an append whole", "
   using P = kvscout::infinigen_policy_host<kvscout::quantized_keys<4>, kvscout::half>;
   slice m(1, 2, 2, 40, 3u);
   const auto plans = m.plans(16, kvscout::rope_mode::rope_planes, 4u);
-  const kvscout::infinigen_config pc{1, 1, m.H, m.Hq, D, m.d_model, 40, 0.125f};
+  const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = m.H,
+                                     .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
+                                     .max_tokens = 40, .scale = 0.125f}};
   auto pws = kvscout::make_workspace<P>(pc);
   REQUIRE(P::workspace_bytes(pc) == kvscout::infinigen_policy_host<>::workspace_bytes(pc) + sizeof(float) * 2 * D);
   std::vector<kvscout::half> wh(m.wq.size());

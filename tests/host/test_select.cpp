@@ -440,7 +440,11 @@ TEST_CASE("topk_selector_host matches a full stable sort", "[select][topk]") {
           const int capacity = budget + static_cast<int>(rng() % 3);
           std::vector<data_kind> kinds = {kind, data_kind::ties_specials};
           batch b(edge_lengths(budget, rng), heads, capacity, kinds, rng);
-          const topk_selector_host::config cfg{b.num_seqs, heads, b.stride, capacity, budget, keep};
+          const topk_selector_host::config cfg{
+              {.num_seqs = b.num_seqs, .num_kv_heads = heads, .max_tokens = b.stride},
+              capacity,
+              budget,
+              keep};
           auto ws = workspace_for(topk_selector_host::workspace_bytes(cfg));
           topk_selector_host topk(cfg, {ws.data(), ws.size()});
           topk.select(b.view(), b.buffers());
@@ -468,7 +472,8 @@ TEST_CASE("topk_selector_host: k = 1, k = len, keep-sets covering the row", "[se
                                     keep_set{budget / 2, budget - budget / 2}}) {
           CAPTURE(len, name(kind), budget, keep.sinks, keep.recent);
           batch b({len}, 2, budget, {kind}, rng);
-          const topk_selector_host::config cfg{1, 2, b.stride, budget, budget, keep};
+          const topk_selector_host::config cfg{{.num_seqs = 1, .num_kv_heads = 2,
+                                                .max_tokens = b.stride}, budget, budget, keep};
           auto ws = workspace_for(topk_selector_host::workspace_bytes(cfg));
           topk_selector_host topk(cfg, {ws.data(), ws.size()});
           topk.select(b.view(), b.buffers());
@@ -487,7 +492,8 @@ TEST_CASE("topk_selector_host on long rows (sampled lower bound)", "[select][top
     for (int budget : {16, 300, 1500, 7000}) {
       CAPTURE(name(kind), budget);
       batch b({20000, 4099, 8191}, 3, budget, {kind, data_kind::normal}, rng);
-      const topk_selector_host::config cfg{3, 3, b.stride, budget, budget, {4, 8}};
+      const topk_selector_host::config cfg{{.num_seqs = 3, .num_kv_heads = 3,
+                                            .max_tokens = b.stride}, budget, budget, {4, 8}};
       auto ws = workspace_for(topk_selector_host::workspace_bytes(cfg));
       topk_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
       std::vector<std::vector<int>> want;
@@ -509,7 +515,9 @@ TEST_CASE("topk_selector_host: -inf is selectable, +inf first, NaN ignored", "[s
            {1, {4}}, {3, {2, 4, 6}}, {4, {1, 2, 4, 6}}, {6, {1, 2, 4, 5, 6}}}) {
     CAPTURE(budget);
     std::fill(b.indices.begin(), b.indices.end(), index_poison);
-    const topk_selector_host::config cfg{1, 1, b.stride, 6, budget, {}};
+    const topk_selector_host::config cfg{{.num_seqs = 1, .num_kv_heads = 1,
+                                          .max_tokens = b.stride},
+                                         6, budget, {}};
     auto ws = workspace_for(topk_selector_host::workspace_bytes(cfg));
     topk_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
     check_rows(b, {want});  // budget 6: only five are not NaN
@@ -533,9 +541,10 @@ TEST_CASE("threshold_selector_host per_head matches its definition", "[select][t
             const int capacity = budget + static_cast<int>(rng() % 3);
             batch b(edge_lengths(budget, rng), heads, capacity, {kind, data_kind::specials},
                     rng);
-            const threshold_selector_host::config cfg{
-                b.num_seqs, heads, b.stride, capacity, alpha, budget, threshold_rule::per_head,
-                keep};
+            const threshold_selector_host::config cfg{{.num_seqs = b.num_seqs,
+                                                       .num_kv_heads = heads,
+                                                       .max_tokens = b.stride}, capacity, alpha,
+                                                      budget, threshold_rule::per_head, keep};
             auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
             threshold_selector_host sel(cfg, {ws.data(), ws.size()});
             sel.select(b.view(), b.buffers());
@@ -566,8 +575,9 @@ TEST_CASE("threshold_selector_host per_head on long rows (sampled lower bound)",
         // 4099 and 4108 tokens leave 4087 and 4096 outside the keep-set: the short-row path
         // (detail::short_row), with its own give-up; 8191 and 20000 take the one-pass path.
         batch b({20000, 4099, 8191, 4108}, 3, budget, {kind}, rng);
-        const threshold_selector_host::config cfg{
-            4, 3, b.stride, budget, alpha, budget, threshold_rule::per_head, {4, 8}};
+        const threshold_selector_host::config cfg{{.num_seqs = 4, .num_kv_heads = 3,
+                                                   .max_tokens = b.stride}, budget, alpha, budget,
+                                                  threshold_rule::per_head, {4, 8}};
         auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
         threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
         std::vector<std::vector<int>> want;
@@ -617,14 +627,10 @@ TEST_CASE("threshold_selector_host infinigen_mean matches its definition", "[sel
             CAPTURE(heads, budget, keep.sinks, keep.recent, alpha, name(kind));
             batch b(edge_lengths(budget, rng), heads, budget,
                     {kind, data_kind::normal, data_kind::ties_specials}, rng);
-            const threshold_selector_host::config cfg{b.num_seqs,
-                                                      heads,
-                                                      b.stride,
-                                                      budget,
-                                                      alpha,
-                                                      budget,
-                                                      threshold_rule::infinigen_mean,
-                                                      keep};
+            const threshold_selector_host::config cfg{{.num_seqs = b.num_seqs,
+                                                       .num_kv_heads = heads,
+                                                       .max_tokens = b.stride}, budget, alpha,
+                                                      budget, threshold_rule::infinigen_mean, keep};
             auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
             threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
             check_rows(b, ref_infinigen(b, keep, budget, alpha));
@@ -675,8 +681,9 @@ TEST_CASE("threshold_selector_host infinigen_mean on long rows", "[select][thres
       for (int budget : {16, 300, 4000}) {
         CAPTURE(name(kind), alpha, budget);
         batch b({20000, 4099, 8191, 4108, 0, 6000}, 3, budget, {kind, data_kind::normal}, rng);
-        const threshold_selector_host::config cfg{
-            6, 3, b.stride, budget, alpha, budget, threshold_rule::infinigen_mean, {4, 8}};
+        const threshold_selector_host::config cfg{{.num_seqs = 6, .num_kv_heads = 3,
+                                                   .max_tokens = b.stride}, budget, alpha, budget,
+                                                  threshold_rule::infinigen_mean, {4, 8}};
         auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
         threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
         check_rows(b, ref_infinigen(b, {4, 8}, budget, alpha));
@@ -702,7 +709,8 @@ TEST_CASE("threshold edge cases: the max qualifies at +inf, all qualify at -inf"
   for (const threshold_rule rule : {threshold_rule::per_head, threshold_rule::infinigen_mean}) {
     CAPTURE(rule);
     std::fill(b.indices.begin(), b.indices.end(), index_poison);
-    const threshold_selector_host::config cfg{3, 1, b.stride, 6, 1.f, 6, rule, {}};
+    const threshold_selector_host::config cfg{{.num_seqs = 3, .num_kv_heads = 1,
+                                               .max_tokens = b.stride}, 6, 1.f, 6, rule, {}};
     auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
     threshold_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
     if (rule == threshold_rule::per_head) {
@@ -779,9 +787,10 @@ TEST_CASE("threshold per_head: a row_max hint, right or wrong, never changes the
                   top.push_back(m);
                   want.push_back(ref_per_head(row, b.lens[s], keep, budget, alpha));
                 }
-              const threshold_selector_host::config cfg{b.num_seqs, b.heads, b.stride,
-                                                        budget,  alpha,   budget,
-                                                        threshold_rule::per_head, keep};
+              const threshold_selector_host::config cfg{{.num_seqs = b.num_seqs,
+                                                         .num_kv_heads = b.heads,
+                                                         .max_tokens = b.stride}, budget, alpha,
+                                                        budget, threshold_rule::per_head, keep};
               auto ws = workspace_for(threshold_selector_host::workspace_bytes(cfg));
               threshold_selector_host sel(cfg, {ws.data(), ws.size()});
               auto view = b.view();
@@ -913,7 +922,7 @@ TEST_CASE("selectors reject bad configs, naming the value", "[select][errors]") 
   using hcfg = threshold_selector_host::config;
   const auto topk_bytes = [](tcfg c) { return topk_selector_host::workspace_bytes(c); };
   const auto thr_bytes = [](hcfg c) { return threshold_selector_host::workspace_bytes(c); };
-  const tcfg good{2, 3, 100, 16, 16, {2, 4}};
+  const tcfg good{{.num_seqs = 2, .num_kv_heads = 3, .max_tokens = 100}, 16, 16, {2, 4}};
   CHECK(topk_bytes(good) > 0);
   auto t = good;
   t.budget = 0;
@@ -928,14 +937,15 @@ TEST_CASE("selectors reject bad configs, naming the value", "[select][errors]") 
   REQUIRE_THROWS_WITH(topk_bytes(t), Contains("keep.sinks must be non-negative, got -1"));
   t = good, t.keep.recent = -3;
   REQUIRE_THROWS_WITH(topk_bytes(t), Contains("keep.recent must be non-negative, got -3"));
-  t = good, t.num_kv_heads = 0;
+  t = good, t.shape.num_kv_heads = 0;
   REQUIRE_THROWS_WITH(topk_bytes(t), Contains("num_kv_heads must be positive, got 0"));
-  t = good, t.num_seqs = -2;
+  t = good, t.shape.num_seqs = -2;
   REQUIRE_THROWS_WITH(topk_bytes(t), Contains("num_seqs must be non-negative, got -2"));
-  t = good, t.stride = -1;
-  REQUIRE_THROWS_WITH(topk_bytes(t), Contains("stride must be non-negative, got -1"));
+  t = good, t.shape.max_tokens = -1;
+  REQUIRE_THROWS_WITH(topk_bytes(t), Contains("max_tokens must be non-negative, got -1"));
 
-  const hcfg hgood{2, 3, 100, 16, 2.f, 16, threshold_rule::per_head, {2, 4}};
+  const hcfg hgood{{.num_seqs = 2, .num_kv_heads = 3, .max_tokens = 100}, 16, 2.f, 16,
+                   threshold_rule::per_head, {2, 4}};
   CHECK(thr_bytes(hgood) > 0);
   auto h = hgood;
   h.alpha = -0.5f;
@@ -958,7 +968,7 @@ TEST_CASE("selectors reject bad configs, naming the value", "[select][errors]") 
   std::vector<std::uint32_t> words(topk_bytes(good) / 4 + 1);
   auto* bytes = reinterpret_cast<std::byte*>(words.data());
   REQUIRE_THROWS_WITH(topk_selector_host(t, {bytes, words.size() * 4}),
-                      Contains("stride must be non-negative"));
+                      Contains("max_tokens must be non-negative"));
   REQUIRE_THROWS_WITH(topk_selector_host(good, {bytes, topk_bytes(good) - 4}),
                       Contains("workspace holds " + std::to_string(topk_bytes(good) - 4) +
                                " bytes, expected at least workspace_bytes(config) = " +
@@ -984,8 +994,11 @@ TEST_CASE("selectors reject bad configs, naming the value", "[select][errors]") 
 
 TEST_CASE("the host selectors' workspace alignment is the one they declare", "[select][errors]") {
   using Catch::Contains;
-  const topk_selector_host::config t{2, 3, 64, 16, 10, {1, 1}};
-  const threshold_selector_host::config h{2, 3, 64, 16, 2.f, 10, threshold_rule::per_head, {1, 1}};
+  const topk_selector_host::config t{{.num_seqs = 2, .num_kv_heads = 3, .max_tokens = 64}, 16, 10,
+                                     {1, 1}};
+  const threshold_selector_host::config h{{.num_seqs = 2, .num_kv_heads = 3,
+                                           .max_tokens = 64}, 16,
+                                          2.f, 10, threshold_rule::per_head, {1, 1}};
   STATIC_REQUIRE(topk_selector_host::workspace_alignment == alignof(std::uint32_t));
   STATIC_REQUIRE(threshold_selector_host::workspace_alignment == alignof(std::uint32_t));
   const std::size_t need = std::max(topk_selector_host::workspace_bytes(t),
@@ -1006,9 +1019,11 @@ TEST_CASE("select() rejects bad views before writing anything", "[select][errors
   using Catch::Contains;
   std::mt19937 rng(51);
   batch b({50, 30}, 3, 16, {data_kind::normal}, rng);
-  const topk_selector_host::config tcfg{2, 3, b.stride, 16, 10, {1, 1}};
-  const threshold_selector_host::config hcfg{
-      2, 3, b.stride, 16, 1.f, 10, threshold_rule::infinigen_mean, {1, 1}};
+  const topk_selector_host::config tcfg{{.num_seqs = 2, .num_kv_heads = 3, .max_tokens = b.stride},
+                                        16, 10, {1, 1}};
+  const threshold_selector_host::config hcfg{{.num_seqs = 2, .num_kv_heads = 3,
+                                             .max_tokens = b.stride}, 16, 1.f, 10,
+                                             threshold_rule::infinigen_mean, {1, 1}};
   auto tws = workspace_for(topk_selector_host::workspace_bytes(tcfg));
   auto hws = workspace_for(threshold_selector_host::workspace_bytes(hcfg));
   topk_selector_host topk(tcfg, {tws.data(), tws.size()});
@@ -1025,7 +1040,9 @@ TEST_CASE("select() rejects bad views before writing anything", "[select][errors
     v.num_kv_heads = 4;
     expect_error(v, b.buffers(),
                  "score view shape [num_seqs, num_kv_heads, stride] = [2, 4, " +
-                     std::to_string(b.stride) + "] differs from the config's [2, 3, " +
+                     std::to_string(b.stride) +
+                     "] differs from the config's [num_seqs, num_kv_heads, "
+                     "max_tokens] = [2, 3, " +
                      std::to_string(b.stride) + "]");
     v = b.view();
     v.stride += 1;
@@ -1080,9 +1097,9 @@ TEST_CASE("select() rejects bad views before writing anything", "[select][errors
     v.seq_lens = {lens.data(), lens.size()};
     expect_error(v, b.buffers(),
                  "seq_lens[1] = " + std::to_string(b.stride + 1) +
-                     " is outside [0, stride = " + std::to_string(b.stride) + "]");
+                     " is outside [0, max_tokens = " + std::to_string(b.stride) + "]");
     lens = {50, -1};
-    expect_error(v, b.buffers(), "seq_lens[1] = -1 is outside [0, stride = ");
+    expect_error(v, b.buffers(), "seq_lens[1] = -1 is outside [0, max_tokens = ");
   }
   {
     // Row maxima, where given, cover every row.
@@ -1106,11 +1123,8 @@ TEST_CASE("the header examples compile and run", "[select][example]") {
   const auto scores = b.view();
   const auto out = b.buffers();
   {
-    kvscout::topk_selector_host::config cfg{.num_seqs = 1,
-                                            .num_kv_heads = 8,
-                                            .stride = b.stride,
-                                            .capacity = 512,
-                                            .budget = 512,
+    kvscout::topk_selector_host::config cfg{.shape = {.num_seqs = 1, .num_kv_heads = 8,
+                                            .max_tokens = b.stride}, .capacity = 512, .budget = 512,
                                             .keep = {.sinks = 4, .recent = 64}};
     std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(cfg));
     kvscout::topk_selector_host topk(cfg, {ws.data(), ws.size()});
@@ -1118,12 +1132,9 @@ TEST_CASE("the header examples compile and run", "[select][example]") {
     CHECK(b.counts[0] == 512);
   }
   {
-    kvscout::threshold_selector_host::config cfg{.num_seqs = 1,
-                                                 .num_kv_heads = 8,
-                                                 .stride = b.stride,
-                                                 .capacity = 512,
-                                                 .alpha = 4.f,
-                                                 .budget = 512,
+    kvscout::threshold_selector_host::config cfg{.shape = {.num_seqs = 1, .num_kv_heads = 8,
+                                                 .max_tokens = b.stride}, .capacity = 512,
+                                                 .alpha = 4.f, .budget = 512,
                                                  .rule = kvscout::threshold_rule::per_head,
                                                  .keep = {.sinks = 4, .recent = 64}};
     std::vector<std::byte> ws(kvscout::threshold_selector_host::workspace_bytes(cfg));

@@ -914,3 +914,60 @@ TEST_CASE("rope_planes_plan keeps the given planes and checks them", "[skew]") {
   REQUIRE_THROWS_WITH(kvscout::rope_planes_plan({63, 10000.f, kvscout::rope_style::split_half}, {0}),
                       Contains("head_dim must be a positive even number, got 63"));
 }
+
+TEST_CASE(
+    "calibrate_skew_layers: each (layer, kv head) plan is calibrate_skew's on its own samples",
+    "[skew]") {
+  std::mt19937 rng(46);
+  constexpr int L = 3, H = 2, Hq = 4, D = 16, n = 24, g = Hq / H;
+  const kvscout::decode_shape shape{
+      .num_layers = L, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D};
+  std::vector<std::vector<float>> qs, ks;  // per layer: [n, Hq, D] and [n, H, D]
+  for (int l = 0; l < L; ++l) {
+    qs.push_back(normal_vec(static_cast<std::size_t>(n) * Hq * D, rng));
+    ks.push_back(normal_vec(static_cast<std::size_t>(n) * H * D, rng));
+  }
+  for (const kvscout::rope_mode mode :
+       {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes}) {
+    kvscout::skew_options opt;
+    opt.r = 4;
+    opt.mode = mode;
+    opt.rope = {.head_dim = D};
+    const auto plans = kvscout::calibrate_skew_layers(shape, qs, ks, n, opt, 1);
+    REQUIRE(plans.size() == L);
+    CHECK(plans[0].empty());  // below first_layer
+    for (int l = 1; l < L; ++l) {
+      REQUIRE(plans[l].size() == H);
+      for (int h = 0; h < H; ++h) {
+        // The reference: the group's heads and the kv head's key gathered by hand.
+        std::vector<float> q, k;
+        for (int t = 0; t < n; ++t) {
+          const float* qt = qs[l].data() + (static_cast<std::size_t>(t) * Hq + h * g) * D;
+          q.insert(q.end(), qt, qt + g * D);
+          const float* kt = ks[l].data() + (static_cast<std::size_t>(t) * H + h) * D;
+          k.insert(k.end(), kt, kt + D);
+        }
+        const kvscout::skew_plan want =
+            kvscout::calibrate_skew({q.data(), q.size()}, {k.data(), k.size()}, n, g, D, opt);
+        CHECK(plans[l][h].channels == want.channels);
+        CHECK(plans[l][h].A == want.A);
+        CHECK(plans[l][h].r == want.r);
+      }
+    }
+  }
+  kvscout::skew_options opt;
+  opt.r = 4;
+  opt.rope = {.head_dim = D};
+  using Catch::Contains;
+  CHECK_THROWS_WITH(kvscout::calibrate_skew_layers(shape, {qs[0]}, ks, n, opt),
+                    Contains("got 1 query and 3 key sample sets, expected one per layer"));
+  auto short_k = ks;
+  short_k[2].pop_back();
+  CHECK_THROWS_WITH(kvscout::calibrate_skew_layers(shape, qs, short_k, n, opt),
+                    Contains("layer 2 has 1536 query and 767 key floats"));
+  auto bad = shape;
+  bad.num_q_heads = 3;
+  CHECK_THROWS_WITH(kvscout::calibrate_skew_layers(bad, qs, ks, n, opt), Contains("num_q_heads 3"));
+  CHECK_THROWS_WITH(kvscout::calibrate_skew_layers(shape, qs, ks, n, opt, L + 1),
+                    Contains("first_layer = 4 is outside [0, num_layers = 3]"));
+}

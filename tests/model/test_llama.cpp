@@ -69,13 +69,16 @@ TEST_CASE("decoding through a pipeline that fetches every token equals dense dec
   const auto& c = m->weights.cfg;
   constexpr int max_tokens = 64;
   session_t dense(m->weights, max_tokens, 2), sparse(m->weights, max_tokens, 2);
-  kvscout::streaming_policy_host policy({c.n_kv_heads, 4});
-  kvscout::topk_selector_host::config sc{1, c.n_kv_heads, max_tokens, max_tokens, max_tokens, {}};
+  kvscout::streaming_policy_host policy({{.num_kv_heads = c.n_kv_heads}, 4});
+  kvscout::topk_selector_host::config sc{{.num_seqs = 1, .num_kv_heads = c.n_kv_heads,
+                                          .max_tokens = max_tokens}, max_tokens, max_tokens, {}};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, ws.span());
   using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
-  const kvscout::host_pipeline_config pc{c.n_layers, 2, 1, c.n_kv_heads, c.n_heads, max_tokens,
-                                         max_tokens, 1, 0.125f};
+  const kvscout::host_pipeline_config pc{{.num_layers = c.n_layers, .num_seqs = 1,
+                                          .num_kv_heads = c.n_kv_heads, .num_q_heads = c.n_heads,
+                                          .max_tokens = max_tokens, .scale = 0.125f}, 2, max_tokens,
+                                         1};
   auto gws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(kvscout::gather_config_for(pc));
   kvscout::gather_executor_host<layout> gather(kvscout::gather_config_for(pc), gws.span());
   auto pws = kvscout::make_workspace<pipe_t>(pc);

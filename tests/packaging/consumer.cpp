@@ -15,7 +15,7 @@ int main() {
     v[i] = kvscout::from_float<kvscout::half>(-static_cast<float>(i % 89));
   }
   std::vector<int32_t> idx = {0, 1, 19}, count = {3};
-  kvscout::host_gather_config cfg{1, 1, 3, 1};
+  kvscout::host_gather_config cfg{.shape = {.num_seqs = 1, .num_kv_heads = 1}, .capacity = 3};
   using ex_t = kvscout::gather_executor_host<layout>;
   auto ws = kvscout::make_workspace<ex_t>(cfg);
   ex_t ex(cfg, ws.span());

@@ -466,10 +466,14 @@ class layer_major_eval {
       oscore.assign(static_cast<std::size_t>(T) + 1, 0.f);
       // Either selector runs in this workspace: the larger of the two (infinigen_mean also keeps
       // 8 bytes per row).
-      const topk_selector_host::config sc{1, H, T, T, T, {}};
-      const threshold_selector_host::config tc{1, H, T, T, 0.f, T,
-                                               threshold_rule::infinigen_mean, {}};
-      const pooled_topk_selector_host::config pc{1, H, T, T, T, {}, pooled_scale::logit};
+      const topk_selector_host::config sc{{.num_seqs = 1, .num_kv_heads = H,
+                                           .max_tokens = T}, T, T,
+                                          {}};
+      const threshold_selector_host::config tc{{.num_seqs = 1, .num_kv_heads = H,
+                                                .max_tokens = T},
+                                               T, 0.f, T, threshold_rule::infinigen_mean, {}};
+      const pooled_topk_selector_host::config pc{{.num_seqs = 1, .num_kv_heads = H,
+                                                  .max_tokens = T}, T, T, {}, pooled_scale::logit};
       sel_ws.resize(std::max({topk_selector_host::workspace_bytes(sc),
                               threshold_selector_host::workspace_bytes(tc),
                               pooled_topk_selector_host::workspace_bytes(pc)}));
@@ -480,14 +484,17 @@ class layer_major_eval {
         add_idx.assign(sel_idx.size(), 0);
         add_cnt.assign(sel_cnt.size(), 0);
         merged.assign(static_cast<std::size_t>(T), 0);
-        corr_ws.resize(correction_selector_host::workspace_bytes({1, H, T, T, T}));
+        corr_ws.resize(correction_selector_host::workspace_bytes({{.num_seqs = 1, .num_kv_heads = H,
+                                                                  .max_tokens = T}, T, T}));
       }
       const float scale = 1.f / std::sqrt(static_cast<float>(D));
       switch (opt.policy) {
         case eval_policy::infinigen: {
           std::vector<host_span<const float>> wq, bq(static_cast<std::size_t>(L));
           for (const auto& layer : ev.w_.layers) wq.push_back({layer.wq.data(), layer.wq.size()});
-          infinigen_config ic{L, 1, H, Hq, D, ev.c_.d_model, T, scale, opt.aggregation};
+          infinigen_config ic{{.num_layers = L, .num_seqs = 1, .num_kv_heads = H,
+                               .num_q_heads = Hq, .head_dim = D, .d_model = ev.c_.d_model,
+                               .max_tokens = T, .scale = scale}, opt.aggregation};
           ic.query_aggregation = opt.late_aggregation;
           const auto make = [&](const std::vector<std::vector<skew_plan>>& plans) -> std::unique_ptr<infinigen_scorer> {
             if (opt.library_keys) {
@@ -510,13 +517,20 @@ class layer_major_eval {
         }
         case eval_policy::quest:
           quest = std::make_unique<quest_policy_host<D>>(
-              quest_policy_host<D>::config{L, 1, H, Hq, T, opt.quest_page, scale, opt.aggregation});
+              quest_policy_host<D>::config{{.num_layers = L, .num_seqs = 1,
+                                            .num_kv_heads = H, .num_q_heads = Hq, .max_tokens = T,
+                                            .scale = scale},
+                                           opt.quest_page, opt.aggregation});
           break;
         case eval_policy::h2o:
-          h2o = std::make_unique<h2o_policy_host>(h2o_policy_host::config{L, 1, H, T});
+          h2o = std::make_unique<h2o_policy_host>(h2o_policy_host::config{{.num_layers = L,
+                                                                           .num_seqs = 1,
+                                                                           .num_kv_heads = H,
+                                                                           .max_tokens = T}});
           break;
         case eval_policy::streaming:
-          stream = std::make_unique<streaming_policy_host>(streaming_policy_host::config{H, opt.keep.sinks});
+          stream = std::make_unique<streaming_policy_host>(
+              streaming_policy_host::config{{.num_kv_heads = H}, opt.keep.sinks});
           break;
         default:
           break;
@@ -525,8 +539,11 @@ class layer_major_eval {
         KVSCOUT_EXPECTS(opt.format != kv_format::kivi2 && opt.format != kv_format::kivi4,
                         "the host pool (pool_tokens = ", opt.pool_tokens, ") needs an fp16, fp32 "
                         "or fp8 cache, got ", to_string(opt.format));
-        pool = std::make_unique<host_pool>(host_pool::config{
-            L, 1, H, T, std::min(opt.pool_tokens, T), opt.pool_eviction, opt.keep.sinks});
+        pool = std::make_unique<host_pool>(host_pool::config{{.num_layers = L,
+                                                              .num_seqs = 1, .num_kv_heads = H,
+                                                              .max_tokens = T},
+                                                             std::min(opt.pool_tokens, T),
+                                                             opt.pool_eviction, opt.keep.sinks});
       }
     }
   };
@@ -748,17 +765,22 @@ class layer_major_eval {
     const selection_buffers<host_space> out{{idx, static_cast<std::size_t>(H) * T_},
                                             {cnt, static_cast<std::size_t>(H)}, 1, H, T_};
     if (threshold) {
-      const threshold_selector_host::config sc{1, H, T_, T_, o.alpha, budget, o.rule, keep};
+      const threshold_selector_host::config sc{{.num_seqs = 1, .num_kv_heads = H,
+                                                .max_tokens = T_},
+                                               T_, o.alpha, budget, o.rule, keep};
       threshold_selector_host sel(sc, {st.sel_ws.data(), st.sel_ws.size()});
       sel.select(sv, out);
     } else if (o.pool_heads) {
-      const pooled_topk_selector_host::config pc{1, H, T_, T_, budget, keep,
+      const pooled_topk_selector_host::config pc{{.num_seqs = 1, .num_kv_heads = H,
+                                                  .max_tokens = T_}, T_, budget, keep,
                                                  mass ? pooled_scale::mass : pooled_scale::logit,
                                                  o.pool_rule};
       pooled_topk_selector_host sel(pc, {st.sel_ws.data(), st.sel_ws.size()});
       sel.select(sv, out);
     } else {
-      const topk_selector_host::config sc{1, H, T_, T_, budget, keep};
+      const topk_selector_host::config sc{{.num_seqs = 1, .num_kv_heads = H,
+                                           .max_tokens = T_}, T_,
+                                          budget, keep};
       topk_selector_host sel(sc, {st.sel_ws.data(), st.sel_ws.size()});
       sel.select(sv, out);
     }
@@ -965,7 +987,9 @@ class layer_major_eval {
     const score_buffer<host_space> lb{{st.late.data(), st.late.size()}, 1, H, T_};
     st.late_policy().score_query(l, ctx, lb);
     const int32_t len = n;
-    const correction_selector_host::config cc{1, H, T_, T_, extra};
+    const correction_selector_host::config cc{{.num_seqs = 1, .num_kv_heads = H,
+                                               .max_tokens = T_},
+                                              T_, extra};
     correction_selector_host corr(cc, {st.corr_ws.data(), st.corr_ws.size()});
     corr.select(lb.view({&len, 1}),
                 {{st.sel_idx.data(), st.sel_idx.size()}, {st.sel_cnt.data(), st.sel_cnt.size()}, 1, H, T_},
@@ -1092,7 +1116,8 @@ class layer_major_eval {
                                            as_bytes(host_span<const half>(v.data(), v.size()))};
     std::vector<kv_view<layout, host_space>> layers(static_cast<std::size_t>(l) + 1, view);
     const float scale = 1.f / std::sqrt(static_cast<float>(D));
-    oracle_policy_host<layout> oracle({c_.n_heads, scale, gqa_aggregation::sum_prob}, layers);
+    oracle_policy_host<layout> oracle({{.num_q_heads = c_.n_heads, .scale = scale},
+                                       gqa_aggregation::sum_prob}, layers);
     std::vector<float> ref(static_cast<std::size_t>(H) * T_, 0.f);
     const int32_t pos = t;
     oracle.score(l, {{}, {&st.q(t, 0), static_cast<std::size_t>(c_.n_heads * D)}, {&pos, 1}, {&len, 1}},

@@ -3,8 +3,7 @@
 // against the rows of a device row source plus, optionally, the current token's K / V; GQA
 // without expanding KV; online softmax in fp32. The device twin of decode_attention_host.
 //
-//   auto plan = kvscout::plan_decode_attention_cuda({.num_seqs = 1, .num_kv_heads = 8,
-//                                                    .num_q_heads = 32, .head_dim = 128,
+//   auto plan = kvscout::plan_decode_attention_cuda({.shape = shape,
 //                                                    .max_rows = capacity});   // setup, once
 //   kvscout::gathered_rows_cuda<kvscout::half, 128> rows(sel, k_rows, v_rows);
 //   kvscout::decode_attention_cuda(
@@ -52,7 +51,7 @@ void launch_decode_attention(const decode_device_params<Rows, T, Q, O>& prm,
 }  // namespace detail
 
 /// sh.num_sms = 0 asks the device for its SM count (once, here: build the plan at setup).
-inline decode_attention_plan plan_decode_attention_cuda(decode_attention_shape sh) {
+inline decode_attention_plan plan_decode_attention_cuda(decode_attention_config sh) {
   if (sh.num_sms == 0) sh.num_sms = detail::current_sm_count();
   KVSCOUT_EXPECTS(sh.num_sms >= 1, "no current CUDA device to plan for (pass num_sms)");
   return plan_decode_attention(sh);

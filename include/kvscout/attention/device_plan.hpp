@@ -14,14 +14,12 @@
 #include <cstddef>
 
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/shape.hpp"
 
 namespace kvscout {
 
-struct decode_attention_shape {
-  int num_seqs = 0;
-  int num_kv_heads = 0;
-  int num_q_heads = 0;
-  int head_dim = 0;
+struct decode_attention_config {
+  decode_shape shape{};  // num_seqs, num_kv_heads, num_q_heads, head_dim
   int max_rows = 0;
   // 0: plan_decode_attention_cuda in decode.cuh asks the current device.
   int num_sms = 0;
@@ -55,31 +53,34 @@ struct decode_attention_plan {
   }
 };
 
-inline decode_attention_plan plan_decode_attention(const decode_attention_shape& sh) {
-  KVSCOUT_EXPECTS(sh.num_seqs >= 0 && sh.num_kv_heads >= 1, "shape [num_seqs ", sh.num_seqs,
-                  ", num_kv_heads ", sh.num_kv_heads, "] is invalid");
-  KVSCOUT_EXPECTS(sh.num_q_heads >= 1 && sh.num_q_heads % sh.num_kv_heads == 0, "num_q_heads = ",
-                  sh.num_q_heads, " must be a positive multiple of num_kv_heads = ",
-                  sh.num_kv_heads);
-  KVSCOUT_EXPECTS(sh.head_dim % 32 == 0 && sh.head_dim >= 32 && sh.head_dim <= 256,
-                  "head_dim = ", sh.head_dim, " must be a multiple of 32 in [32, 256]");
+inline decode_attention_plan plan_decode_attention(const decode_attention_config& sh) {
+  KVSCOUT_EXPECTS(sh.shape.num_seqs >= 0 && sh.shape.num_kv_heads >= 1, "shape [num_seqs ",
+                  sh.shape.num_seqs, ", num_kv_heads ", sh.shape.num_kv_heads, "] is invalid");
+  KVSCOUT_EXPECTS(sh.shape.num_q_heads >= 1 && sh.shape.num_q_heads % sh.shape.num_kv_heads == 0,
+                  "num_q_heads = ", sh.shape.num_q_heads,
+                  " must be a positive multiple of num_kv_heads = ", sh.shape.num_kv_heads);
+  KVSCOUT_EXPECTS(
+      sh.shape.head_dim % 32 == 0 && sh.shape.head_dim >= 32 && sh.shape.head_dim <= 256,
+      "head_dim = ", sh.shape.head_dim, " must be a multiple of 32 in [32, 256]");
   KVSCOUT_EXPECTS(sh.max_rows >= 0, "max_rows must be >= 0, got ", sh.max_rows);
   KVSCOUT_EXPECTS(sh.num_sms >= 1 && sh.blocks_per_sm >= 0 && sh.min_rows_per_split >= 1,
                   "num_sms = ", sh.num_sms, ", blocks_per_sm = ", sh.blocks_per_sm,
                   ", min_rows_per_split = ", sh.min_rows_per_split,
                   " must be positive (blocks_per_sm: or 0, by occupancy)");
-  KVSCOUT_EXPECTS(static_cast<long long>(sh.num_seqs) * sh.num_kv_heads <= 0x7fffffffLL,
+  KVSCOUT_EXPECTS(static_cast<long long>(sh.shape.num_seqs) * sh.shape.num_kv_heads <= 0x7fffffffLL,
                   "num_seqs * num_kv_heads = ",
-                  static_cast<long long>(sh.num_seqs) * sh.num_kv_heads, " exceeds the grid limit");
+                  static_cast<long long>(sh.shape.num_seqs) * sh.shape.num_kv_heads,
+                  " exceeds the grid limit");
   decode_attention_plan p;
-  p.num_seqs = sh.num_seqs;
-  p.num_kv_heads = sh.num_kv_heads;
-  p.num_q_heads = sh.num_q_heads;
-  p.head_dim = sh.head_dim;
-  const int g = sh.num_q_heads / sh.num_kv_heads;
+  p.num_seqs = sh.shape.num_seqs;
+  p.num_kv_heads = sh.shape.num_kv_heads;
+  p.num_q_heads = sh.shape.num_q_heads;
+  p.head_dim = sh.shape.head_dim;
+  const int g = sh.shape.num_q_heads / sh.shape.num_kv_heads;
   p.heads_per_block = g <= 1 ? 1 : (g <= 4 ? 4 : 8);
   p.head_blocks = (g + p.heads_per_block - 1) / p.heads_per_block;
-  const long long base = static_cast<long long>(sh.num_seqs) * sh.num_kv_heads * p.head_blocks;
+  const long long base =
+      static_cast<long long>(sh.shape.num_seqs) * sh.shape.num_kv_heads * p.head_blocks;
   const int per_sm = sh.blocks_per_sm > 0 ? sh.blocks_per_sm : (p.heads_per_block <= 4 ? 3 : 2);
   const long long target = static_cast<long long>(sh.num_sms) * per_sm;
   // Rounded down: the grid fits one wave, where rounding up would leave a tail for a second.

@@ -30,6 +30,7 @@
 #include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/span.hpp"
 
 namespace kvscout {
@@ -51,10 +52,7 @@ inline const char* to_string(eviction e) {
 class host_pool {
  public:
   struct config {
-    int num_layers = 0;
-    int num_seqs = 0;
-    int num_kv_heads = 0;
-    int max_tokens = 0;  // token ids per sequence: [0, max_tokens)
+    decode_shape shape{};  // num_layers, num_seqs, num_kv_heads, max_tokens (ids [0, max_tokens))
     int capacity = 0;    // resident tokens per (layer, sequence, kv head), in [1, max_tokens]
     eviction policy = eviction::counter;
     int pinned_sinks = 0;  // tokens [0, pinned_sinks) are never evicted; < capacity
@@ -93,11 +91,14 @@ class host_pool {
     std::size_t rows, keys, tokens, lens, steps;  // elements
   };
   static sizes sizes_of(const config& cfg) {
-    const std::size_t rows = detail::checked_size("host_pool rows (layers x seqs x kv heads)", cfg.num_layers,
-                                                  cfg.num_seqs, cfg.num_kv_heads);
-    return {rows, detail::checked_size("host_pool keys (rows x max_tokens)", rows, cfg.max_tokens),
+    const std::size_t rows =
+        detail::checked_size("host_pool rows (layers x seqs x kv heads)", cfg.shape.num_layers,
+                             cfg.shape.num_seqs, cfg.shape.num_kv_heads);
+    return {rows,
+            detail::checked_size("host_pool keys (rows x max_tokens)", rows, cfg.shape.max_tokens),
             detail::checked_size("host_pool slots (rows x capacity)", rows, cfg.capacity),
-            static_cast<std::size_t>(cfg.num_layers) * cfg.num_seqs, static_cast<std::size_t>(cfg.num_layers)};
+            static_cast<std::size_t>(cfg.shape.num_layers) * cfg.shape.num_seqs,
+            static_cast<std::size_t>(cfg.shape.num_layers)};
   }
   void init(const config& cfg, host_span<std::byte> memory) {
     cfg_ = cfg;
@@ -120,13 +121,13 @@ class host_pool {
     std::fill(len_.begin(), len_.end(), 0);
   }
   static void check_config(const config& cfg) {
-    KVSCOUT_EXPECTS(cfg.num_layers > 0 && cfg.num_seqs > 0 && cfg.num_kv_heads > 0 &&
-                        cfg.max_tokens > 0,
-                    "host_pool needs positive sizes, got num_layers ", cfg.num_layers,
-                    ", num_seqs ", cfg.num_seqs, ", num_kv_heads ", cfg.num_kv_heads,
-                    ", max_tokens ", cfg.max_tokens);
-    KVSCOUT_EXPECTS(cfg.capacity > 0 && cfg.capacity <= cfg.max_tokens, "host_pool capacity ",
-                    cfg.capacity, " must be in [1, max_tokens = ", cfg.max_tokens, "]");
+    KVSCOUT_EXPECTS(cfg.shape.num_layers > 0 && cfg.shape.num_seqs > 0 &&
+                        cfg.shape.num_kv_heads > 0 && cfg.shape.max_tokens > 0,
+                    "host_pool needs positive sizes, got num_layers ", cfg.shape.num_layers,
+                    ", num_seqs ", cfg.shape.num_seqs, ", num_kv_heads ", cfg.shape.num_kv_heads,
+                    ", max_tokens ", cfg.shape.max_tokens);
+    KVSCOUT_EXPECTS(cfg.capacity > 0 && cfg.capacity <= cfg.shape.max_tokens, "host_pool capacity ",
+                    cfg.capacity, " must be in [1, max_tokens = ", cfg.shape.max_tokens, "]");
     KVSCOUT_EXPECTS(cfg.policy == eviction::counter || cfg.policy == eviction::lru,
                     "host_pool eviction policy ", static_cast<int>(cfg.policy),
                     " is not eviction::counter (0) or eviction::lru (1)");
@@ -167,10 +168,10 @@ class host_pool {
     const int len = len_[lin(layer, s)];
     KVSCOUT_EXPECTS(t == len, "token ", t, " appended to sequence ", s, " of layer ", layer,
                     ": expected the next token, length = ", len);
-    KVSCOUT_EXPECTS(t < cfg_.max_tokens, "token ", t, " of sequence ", s,
-                    " is out of range [0, max_tokens = ", cfg_.max_tokens,
+    KVSCOUT_EXPECTS(t < cfg_.shape.max_tokens, "token ", t, " of sequence ", s,
+                    " is out of range [0, max_tokens = ", cfg_.shape.max_tokens,
                     "): the pool never grows");
-    for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+    for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
       const std::size_t r = row(layer, s, h);
       int* slot = slots_of(layer, s, h);
       int32_t* tok = token_.data() + r * static_cast<std::size_t>(cfg_.capacity);
@@ -193,11 +194,11 @@ class host_pool {
 
   void reset(int s) {
     check_seq(s);
-    for (int layer = 0; layer < cfg_.num_layers; ++layer) {
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+    for (int layer = 0; layer < cfg_.shape.num_layers; ++layer) {
+      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
         const std::size_t r = row(layer, s, h);
-        std::fill_n(keys(layer, s, h), cfg_.max_tokens, 0);
-        std::fill_n(slots_of(layer, s, h), cfg_.max_tokens, -1);
+        std::fill_n(keys(layer, s, h), cfg_.shape.max_tokens, 0);
+        std::fill_n(slots_of(layer, s, h), cfg_.shape.max_tokens, -1);
         std::fill_n(token_.data() + r * static_cast<std::size_t>(cfg_.capacity), cfg_.capacity, -1);
         resident_[r] = 0;
         evicted_[r] = -1;
@@ -313,18 +314,18 @@ class host_pool {
   }
 
   void check_layer(int layer) const {
-    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
-                    " is out of range [0, ", cfg_.num_layers, ")");
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.shape.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.shape.num_layers, ")");
   }
   void check_seq(int s) const {
-    KVSCOUT_EXPECTS(s >= 0 && s < cfg_.num_seqs, "sequence ", s, " is out of range [0, ",
-                    cfg_.num_seqs, ")");
+    KVSCOUT_EXPECTS(s >= 0 && s < cfg_.shape.num_seqs, "sequence ", s, " is out of range [0, ",
+                    cfg_.shape.num_seqs, ")");
   }
   void check_row(int layer, int s, int h) const {
     check_layer(layer);
     check_seq(s);
-    KVSCOUT_EXPECTS(h >= 0 && h < cfg_.num_kv_heads, "kv_head ", h, " is out of range [0, ",
-                    cfg_.num_kv_heads, ")");
+    KVSCOUT_EXPECTS(h >= 0 && h < cfg_.shape.num_kv_heads, "kv_head ", h, " is out of range [0, ",
+                    cfg_.shape.num_kv_heads, ")");
   }
   void check_token(int layer, int s, int h, int t) const {
     check_row(layer, s, h);
@@ -334,11 +335,11 @@ class host_pool {
   }
   void check_selection(int layer, const selection_view<host_space>& sel,
                        host_span<const int32_t> seq_ids, bool allow_evicted = false) const {
-    KVSCOUT_EXPECTS(sel.num_seqs >= 0 && sel.num_seqs <= cfg_.num_seqs, "selection holds ",
-                    sel.num_seqs, " sequences, expected [0, the pool's num_seqs = ", cfg_.num_seqs,
-                    "]");
-    KVSCOUT_EXPECTS(sel.num_kv_heads == cfg_.num_kv_heads, "selection has ", sel.num_kv_heads,
-                    " kv heads, the pool ", cfg_.num_kv_heads);
+    KVSCOUT_EXPECTS(sel.num_seqs >= 0 && sel.num_seqs <= cfg_.shape.num_seqs, "selection holds ",
+                    sel.num_seqs,
+                    " sequences, expected [0, the pool's num_seqs = ", cfg_.shape.num_seqs, "]");
+    KVSCOUT_EXPECTS(sel.num_kv_heads == cfg_.shape.num_kv_heads, "selection has ", sel.num_kv_heads,
+                    " kv heads, the pool ", cfg_.shape.num_kv_heads);
     KVSCOUT_EXPECTS(sel.capacity >= 0, "selection capacity ", sel.capacity, " is negative");
     const std::size_t rows = static_cast<std::size_t>(sel.num_seqs) * sel.num_kv_heads;
     KVSCOUT_EXPECTS(sel.counts.size() >= rows, "selection counts hold ", sel.counts.size(),
@@ -352,8 +353,8 @@ class host_pool {
                     sel.num_seqs);
     for (std::size_t r = 0; r < seq_ids.size(); ++r) {
       const int s = seq_ids[r];
-      KVSCOUT_EXPECTS(s >= 0 && s < cfg_.num_seqs, "seq_ids[", r, "] = ", s,
-                      " is out of range [0, ", cfg_.num_seqs, ")");
+      KVSCOUT_EXPECTS(s >= 0 && s < cfg_.shape.num_seqs, "seq_ids[", r, "] = ", s,
+                      " is out of range [0, ", cfg_.shape.num_seqs, ")");
       for (std::size_t q = 0; q < r; ++q)
         KVSCOUT_EXPECTS(seq_ids[q] != s, "seq_ids[", q, "] and seq_ids[", r,
                         "] both name sequence ", s, ": expected one row per sequence");
@@ -384,19 +385,23 @@ class host_pool {
     }
   }
 
-  std::size_t lin(int layer, int s) const { return static_cast<std::size_t>(layer) * cfg_.num_seqs + s; }
-  std::size_t row(int layer, int s, int h) const { return lin(layer, s) * cfg_.num_kv_heads + h; }
+  std::size_t lin(int layer, int s) const {
+    return static_cast<std::size_t>(layer) * cfg_.shape.num_seqs + s;
+  }
+  std::size_t row(int layer, int s, int h) const {
+    return lin(layer, s) * cfg_.shape.num_kv_heads + h;
+  }
   std::int64_t* keys(int layer, int s, int h) {
-    return key_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.max_tokens);
+    return key_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.shape.max_tokens);
   }
   const std::int64_t* keys(int layer, int s, int h) const {
-    return key_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.max_tokens);
+    return key_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.shape.max_tokens);
   }
   int* slots_of(int layer, int s, int h) {
-    return slot_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.max_tokens);
+    return slot_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.shape.max_tokens);
   }
   const int* slots_of(int layer, int s, int h) const {
-    return slot_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.max_tokens);
+    return slot_.data() + row(layer, s, h) * static_cast<std::size_t>(cfg_.shape.max_tokens);
   }
 
   config cfg_;

@@ -3,7 +3,7 @@
 // time), one copy per run of rows adjacent in the source and consecutive in the selection, issued
 // as one cudaMemcpyBatchAsync (CUDA >= 12.8) or one cudaMemcpyAsync per run.
 //
-//   kvscout::copy_engine_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512};
+//   kvscout::copy_engine_config cfg{.shape = shape, .capacity = 512};
 //   std::vector<std::byte> ws(kvscout::copy_engine_executor_cuda<layout>::workspace_bytes(cfg));
 //   kvscout::copy_engine_executor_cuda<layout> fetch(cfg, {ws.data(), ws.size()});
 //   auto c = fetch.submit(pinned_kv, host_selection, device_destination, {stream});
@@ -70,7 +70,7 @@ class copy_engine_executor_cuda {
     const std::size_t need = workspace_bytes(cfg);
     detail::check_workspace(workspace.data(), workspace.size(), need, workspace_alignment,
                             "workspace");
-    const std::size_t pairs = detail::fetch_pairs(cfg.num_seqs, cfg.num_kv_heads);
+    const std::size_t pairs = detail::fetch_pairs(cfg.shape.num_seqs, cfg.shape.num_kv_heads);
     const std::size_t copies = 2 * pairs * static_cast<std::size_t>(cfg.capacity);
     std::byte* p = workspace.data();
     prefix_ = reinterpret_cast<std::int64_t*>(p);
@@ -89,7 +89,8 @@ class copy_engine_executor_cuda {
 
   completion_type submit(const source_type& src, const selection_type& sel,
                          const destination_type& dst, const exec_type& exec) {
-    detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
+    detail::check_fetch_views(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads, cfg_.capacity, src, sel,
+                              dst,
                               /*vector_aligned=*/false);
     detail::check_host_selection(src, sel, prefix_);
     const std::size_t n =

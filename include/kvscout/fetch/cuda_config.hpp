@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "kvscout/core/shape.hpp"
 #include "kvscout/fetch/stores.hpp"
 
 namespace kvscout {
@@ -12,8 +13,7 @@ namespace kvscout {
 inline constexpr int zero_copy_default_blocks = 8;
 
 struct zero_copy_config {
-  int num_seqs = 0;
-  int num_kv_heads = 0;
+  decode_shape shape{};           // num_seqs, num_kv_heads
   int capacity = 0;               // most rows selected per (sequence, kv_head)
   // Grid bound: the SMs the gather may occupy. 0: zero_copy_default_blocks, about the fewest that
   // keep the link busy without slowing concurrent compute. Raise it where no compute runs beside.
@@ -23,8 +23,7 @@ struct zero_copy_config {
 
 /// The selection must be host-visible.
 struct copy_engine_config {
-  int num_seqs = 0;
-  int num_kv_heads = 0;
+  decode_shape shape{};           // num_seqs, num_kv_heads
   int capacity = 0;
   // false: one cudaMemcpyAsync per run. The legacy default stream never batches.
   bool use_batch_api = true;
@@ -32,8 +31,7 @@ struct copy_engine_config {
 
 /// The selection must be host-visible.
 struct staged_config {
-  int num_seqs = 0;
-  int num_kv_heads = 0;
+  decode_shape shape{};           // num_seqs, num_kv_heads
   int capacity = 0;
   std::size_t k_row_bytes = 0;    // the layout's k_row_bytes() / v_row_bytes() (sizes staging)
   std::size_t v_row_bytes = 0;

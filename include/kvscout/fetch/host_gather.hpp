@@ -3,8 +3,7 @@
 // a contiguous host destination (core/selection.hpp's layout), merging rows that are adjacent in
 // both source and destination into one copy, optionally over several threads.
 //
-//   kvscout::host_gather_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
-//                                   .threads = 2};
+//   kvscout::host_gather_config cfg{.shape = shape, .capacity = 512, .threads = 2};
 //   std::vector<std::byte> ws(kvscout::gather_executor_host<layout>::workspace_bytes(cfg));
 //   kvscout::gather_executor_host<layout> gather(cfg, {ws.data(), ws.size()});
 //   gather.submit(source, selection, destination).wait();   // exec: host_exec{}, defaulted
@@ -21,6 +20,7 @@
 #include <memory>
 #include <tuple>
 
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/thread_pool.hpp"
 #include "kvscout/core/config.hpp"
 #include "kvscout/core/detail/x86_intrinsics.hpp"
@@ -161,8 +161,7 @@ inline bool gather_streams(gather_stores stores, std::size_t bytes) noexcept {
 }  // namespace detail
 
 struct host_gather_config {
-  int num_seqs = 0;
-  int num_kv_heads = 0;
+  decode_shape shape{};   // num_seqs, num_kv_heads
   int capacity = 0;       // most rows selected per (sequence, kv_head)
   int threads = 1;        // copying threads, the caller included
   int prefetch_rows = 8;  // software prefetch distance in selected rows (0 turns it off)
@@ -184,7 +183,8 @@ class gather_executor_host {
   /// between the threads.
   [[nodiscard]] static std::size_t workspace_bytes(const config_type& cfg) {
     check_config(cfg);
-    return (static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads + 1) * sizeof(std::int64_t);
+    return (static_cast<std::size_t>(cfg.shape.num_seqs) * cfg.shape.num_kv_heads + 1) *
+           sizeof(std::int64_t);
   }
   static constexpr std::size_t workspace_alignment = alignof(std::int64_t);
 
@@ -227,9 +227,10 @@ class gather_executor_host {
 
  private:
   static void check_config(const config_type& cfg) {
-    KVSCOUT_EXPECTS(cfg.num_seqs >= 0, "num_seqs must be non-negative, got ", cfg.num_seqs);
-    KVSCOUT_EXPECTS(cfg.num_kv_heads > 0, "num_kv_heads must be positive, got ",
-                    cfg.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.shape.num_seqs >= 0, "num_seqs must be non-negative, got ",
+                    cfg.shape.num_seqs);
+    KVSCOUT_EXPECTS(cfg.shape.num_kv_heads > 0, "num_kv_heads must be positive, got ",
+                    cfg.shape.num_kv_heads);
     KVSCOUT_EXPECTS(cfg.capacity >= 0, "capacity must be non-negative, got ", cfg.capacity);
     KVSCOUT_EXPECTS(cfg.threads >= 1, "threads must be at least 1, got ", cfg.threads);
     KVSCOUT_EXPECTS(cfg.prefetch_rows >= 0, "prefetch_rows must be non-negative, got ",
@@ -241,10 +242,11 @@ class gather_executor_host {
 
   std::int64_t validate(const source_type& src, const selection_type& sel,
                         const destination_type& dst) {
-    detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
+    detail::check_fetch_views(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads, cfg_.capacity, src, sel,
+                              dst,
                               /*vector_aligned=*/false);
     // The workspace must be apart from everything the submit reads or writes.
-    const std::size_t pairs = detail::fetch_pairs(cfg_.num_seqs, cfg_.num_kv_heads);
+    const std::size_t pairs = detail::fetch_pairs(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads);
     const std::size_t slots = pairs * static_cast<std::size_t>(cfg_.capacity);
     using region = std::tuple<const char*, const void*, std::size_t>;
     for (const auto& [what, p, n] :
@@ -267,9 +269,9 @@ class gather_executor_host {
                  std::int64_t first, std::int64_t last) const noexcept {
     detail::gather_row_range<false, Streaming>(
         src.layout, src.k.data(), src.v.data(), sel.indices.data(), prefix_,
-        static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads, cfg_.num_kv_heads,
-        static_cast<std::size_t>(cfg_.capacity), cfg_.prefetch_rows, dst.k.data(), dst.v.data(),
-        first, last);
+        static_cast<std::size_t>(cfg_.shape.num_seqs) * cfg_.shape.num_kv_heads,
+        cfg_.shape.num_kv_heads, static_cast<std::size_t>(cfg_.capacity), cfg_.prefetch_rows,
+        dst.k.data(), dst.v.data(), first, last);
   }
 
   config_type cfg_;

@@ -4,7 +4,7 @@
 // device landing area; a small kernel scatters them into the destination. The link carries one
 // large transfer per step instead of one per run, at the price of a host pass over the rows.
 //
-//   kvscout::staged_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512,
+//   kvscout::staged_config cfg{.shape = shape, .capacity = 512,
 //                              .k_row_bytes = l.k_row_bytes(), .v_row_bytes = l.v_row_bytes(),
 //                              .threads = 2};
 //   kvscout::staged_executor_cuda<layout> fetch(cfg, pinned_ws, device_ws);
@@ -144,7 +144,8 @@ class staged_executor_cuda {
                          const destination_type& dst, const exec_type& exec) {
     const cudaStream_t stream = exec.stream;
     const Layout& l = src.layout;
-    detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
+    detail::check_fetch_views(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads, cfg_.capacity, src, sel,
+                              dst,
                               /*vector_aligned=*/false);
     KVSCOUT_EXPECTS(l.k_row_bytes() == cfg_.k_row_bytes && l.v_row_bytes() == cfg_.v_row_bytes,
                     "the layout's rows (K ", l.k_row_bytes(), ", V ", l.v_row_bytes(),
@@ -182,7 +183,7 @@ class staged_executor_cuda {
       if (any_used_) KVSCOUT_CUDA_CHECK(cudaStreamWaitEvent(stream, events_[last_stage_].get(), 0));
       KVSCOUT_CUDA_CHECK(
           cudaMemcpyAsync(landing_, base, bytes, cudaMemcpyHostToDevice, stream));
-      const long long pairs = static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
+      const long long pairs = static_cast<long long>(cfg_.shape.num_seqs) * cfg_.shape.num_kv_heads;
       detail::staged_scatter_params p{landing_, header,       dst.k.data(),  dst.v.data(),
                                       kb,       vb,           pairs,         cfg_.capacity};
       const long long grid = std::min<long long>(pairs, 1024);
@@ -206,7 +207,7 @@ class staged_executor_cuda {
               std::byte* v_stage) const noexcept {
     detail::gather_row_range<true, Streaming>(
         src.layout, src.k.data(), src.v.data(), sel.indices.data(), prefix,
-        detail::fetch_pairs(cfg_.num_seqs, cfg_.num_kv_heads), cfg_.num_kv_heads,
+        detail::fetch_pairs(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads), cfg_.shape.num_kv_heads,
         static_cast<std::size_t>(cfg_.capacity), cfg_.prefetch_rows, k_stage, v_stage, first, last);
   }
 

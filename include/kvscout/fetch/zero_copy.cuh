@@ -5,7 +5,7 @@
 // needs no host round trip and can be captured in a CUDA graph.
 //
 //   using layout = kvscout::contiguous_layout<kvscout::half, 128, kvscout::hnd>;
-//   kvscout::zero_copy_config cfg{.num_seqs = 1, .num_kv_heads = 8, .capacity = 512};
+//   kvscout::zero_copy_config cfg{.shape = shape, .capacity = 512};
 //   kvscout::zero_copy_executor_cuda<layout> fetch(cfg);   // workspace_bytes(cfg) == 0
 //   // layout metadata (seq_lens, page tables) must be device-readable (device or mapped memory)
 //   auto c = fetch.submit({dev_layout, k_alias, v_alias}, device_selection, device_destination,
@@ -258,10 +258,11 @@ class zero_copy_executor_cuda {
   completion_type launch(const source_type& src, const selection_type& sel,
                          const destination_type& dst, const row_cache_view* cache,
                          const exec_type& exec) {
-    detail::check_fetch_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity, src, sel, dst,
+    detail::check_fetch_views(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads, cfg_.capacity, src, sel,
+                              dst,
                               /*vector_aligned=*/true);
     if (cache != nullptr) check_cache(src.layout, *cache, dst);
-    const long long pairs = static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
+    const long long pairs = static_cast<long long>(cfg_.shape.num_seqs) * cfg_.shape.num_kv_heads;
     const int chunks = (cfg_.capacity + detail::zero_copy_rows_per_item - 1) /
                        detail::zero_copy_rows_per_item;
     const long long items = pairs * chunks;
@@ -275,7 +276,7 @@ class zero_copy_executor_cuda {
                                          sel.counts.data(),
                                          dst.k.data(),
                                          dst.v.data(),
-                                         cfg_.num_kv_heads,
+                                         cfg_.shape.num_kv_heads,
                                          cfg_.capacity,
                                          chunks,
                                          items,
@@ -287,7 +288,7 @@ class zero_copy_executor_cuda {
                                          cache ? cache->hits : nullptr,
                                          cache && !cache->row_map.empty() ? cache->row_map.data()
                                                                           : nullptr,
-                                         cfg_.num_seqs};
+                                         cfg_.shape.num_seqs};
       const long long grid = items < cfg_.max_blocks ? items : cfg_.max_blocks;
       detail::launch(detail::zero_copy_gather_kernel<Layout>, static_cast<unsigned>(grid),
                      static_cast<unsigned>(cfg_.threads_per_block), 0, exec.stream, p);
@@ -299,22 +300,24 @@ class zero_copy_executor_cuda {
 
   void check_cache(const Layout& l, const row_cache_view& c, const destination_type& dst) const {
     const auto& cs = c.selection;
-    KVSCOUT_EXPECTS(cs.num_seqs == cfg_.num_seqs && cs.num_kv_heads == cfg_.num_kv_heads &&
-                        cs.capacity == cfg_.capacity,
+    KVSCOUT_EXPECTS(cs.num_seqs == cfg_.shape.num_seqs &&
+                        cs.num_kv_heads == cfg_.shape.num_kv_heads && cs.capacity == cfg_.capacity,
                     "row cache selection shape [", cs.num_seqs, ", ", cs.num_kv_heads, ", ",
-                    cs.capacity, "] differs from the executor's [", cfg_.num_seqs, ", ",
-                    cfg_.num_kv_heads, ", ", cfg_.capacity, "]");
-    const std::size_t pairs = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads;
+                    cs.capacity, "] differs from the executor's [", cfg_.shape.num_seqs, ", ",
+                    cfg_.shape.num_kv_heads, ", ", cfg_.capacity, "]");
+    const std::size_t pairs =
+        static_cast<std::size_t>(cfg_.shape.num_seqs) * cfg_.shape.num_kv_heads;
     const std::size_t slots = pairs * static_cast<std::size_t>(cfg_.capacity);
     KVSCOUT_EXPECTS((cs.indices.data() != nullptr && cs.counts.data() != nullptr) || slots == 0,
                     "row cache selection indices or counts is null");
     KVSCOUT_EXPECTS(cs.indices.size() >= slots && cs.counts.size() >= pairs,
                     "row cache selection holds ", cs.indices.size(), " indices / ",
                     cs.counts.size(), " counts, expected ", slots, " / ", pairs);
-    KVSCOUT_EXPECTS(c.row_map.empty() || (c.row_map.data() != nullptr &&
-                                          c.row_map.size() >= static_cast<std::size_t>(cfg_.num_seqs)),
-                    "row cache row_map holds ", c.row_map.size(), " entries, expected num_seqs = ",
-                    cfg_.num_seqs, " (or none)");
+    KVSCOUT_EXPECTS(
+        c.row_map.empty() || (c.row_map.data() != nullptr &&
+                              c.row_map.size() >= static_cast<std::size_t>(cfg_.shape.num_seqs)),
+        "row cache row_map holds ", c.row_map.size(),
+        " entries, expected num_seqs = ", cfg_.shape.num_seqs, " (or none)");
     const std::size_t k_need = slots * l.k_row_bytes(), v_need = slots * l.v_row_bytes();
     KVSCOUT_EXPECTS(c.rows.k.size() >= k_need && c.rows.v.size() >= v_need, "row cache rows hold ",
                     c.rows.k.size(), " / ", c.rows.v.size(), " bytes (K / V), expected ", k_need,

@@ -22,7 +22,7 @@
 // advance on the compute stream, after the last layer's appends. x_i lives in an input buffer of
 // slot(i + 1); the compute stream writes it again (x_{i+2}) only after wait_rows(i + 1).
 //
-//   kvscout::decode_pipeline_cuda pipe({.num_layers = L, .skip_layers = 2}, stages);
+//   kvscout::decode_pipeline_cuda pipe({.shape = shape, .skip_layers = 2}, stages);
 //   const kvscout::cuda_pipeline_exec x{compute, side, copy, d_status};   // d_status optional
 //   for (int i = 0; i < L; ++i) {
 //     ... layer i's attention input x_i on `compute` ...
@@ -43,6 +43,7 @@
 #include "kvscout/core/cuda_check.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/exec.hpp"
+#include "kvscout/core/shape.hpp"
 
 namespace kvscout {
 
@@ -55,7 +56,7 @@ concept pipeline_stages_cuda = requires(S& s, int layer, int slot, const cuda_ex
 };
 
 struct cuda_pipeline_config {
-  int num_layers = 0;
+  decode_shape shape{};  // num_layers
   int skip_layers = 2;  // layers [0, skip_layers) attend densely
   bool overlap = true;  // false: speculation and fetch run on the compute stream, in line
 };
@@ -78,9 +79,11 @@ class decode_pipeline_cuda {
   static constexpr int slots = 2;
 
   decode_pipeline_cuda(const cuda_pipeline_config& cfg, Stages stages) : cfg_(cfg), stages_(std::move(stages)) {
-    KVSCOUT_EXPECTS(cfg.num_layers > 0, "num_layers must be positive, got ", cfg.num_layers);
-    KVSCOUT_EXPECTS(cfg.skip_layers >= 0 && cfg.skip_layers <= cfg.num_layers, "skip_layers = ",
-                    cfg.skip_layers, " must be in [0, num_layers = ", cfg.num_layers, "]");
+    KVSCOUT_EXPECTS(cfg.shape.num_layers > 0, "num_layers must be positive, got ",
+                    cfg.shape.num_layers);
+    KVSCOUT_EXPECTS(cfg.skip_layers >= 0 && cfg.skip_layers <= cfg.shape.num_layers,
+                    "skip_layers = ", cfg.skip_layers,
+                    " must be in [0, num_layers = ", cfg.shape.num_layers, "]");
     try {
       KVSCOUT_CUDA_CHECK(cudaEventCreateWithFlags(&input_ready_, cudaEventDisableTiming));
       for (int b = 0; b < slots; ++b) {
@@ -101,7 +104,7 @@ class decode_pipeline_cuda {
 
   [[nodiscard]] static constexpr int slot(int layer) noexcept { return layer % slots; }
   [[nodiscard]] bool sparse(int layer) const noexcept {
-    return layer >= cfg_.skip_layers && layer < cfg_.num_layers;
+    return layer >= cfg_.skip_layers && layer < cfg_.shape.num_layers;
   }
 
   /// With skip_layers == 0: speculates layer 0, once its input is ready on x.compute.
@@ -162,8 +165,8 @@ class decode_pipeline_cuda {
   }
 
   void check_layer(int layer) const {
-    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
-                    " is out of range [0, num_layers = ", cfg_.num_layers, ")");
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.shape.num_layers, "layer ", layer,
+                    " is out of range [0, num_layers = ", cfg_.shape.num_layers, ")");
   }
 
   void destroy() noexcept {

@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstddef>
 #include <concepts>
 #include <cstdint>
 #include <utility>
@@ -34,6 +35,7 @@
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/fetch/zero_copy.cuh"
 #include "kvscout/kv/concepts.hpp"
@@ -48,6 +50,85 @@ namespace kvscout {
 struct cuda_stage_buffers {
   selection_buffers<device_space> selection;  // what the selector writes, the executor reads
   gather_destination<device_space> rows;      // where the executor writes the selected rows
+};
+
+/// The stages' device buffers for slots buffering, carved from one allocation the caller owns: the
+/// score buffer [num_seqs, num_kv_heads, max_tokens], the two layer-input slots [num_seqs,
+/// d_model] and two buffer sets of `capacity` rows per (sequence, kv head).
+///
+///   auto m = cuda_stage_memory::carve(shape, cap, lay.k_row_bytes(), lay.v_row_bytes(),
+///                                     alloc(cuda_stage_memory::bytes(shape, cap, kb, vb)));
+///   stages_t stages(spec, selector, fetch, sources, m.scores, lengths, m.inputs(), m.sets());
+struct cuda_stage_memory {
+  score_buffer<device_space> scores{};
+  std::array<device_span<float>, 2> x{};
+  std::array<cuda_stage_buffers, 2> set{};
+
+  [[nodiscard]] static std::size_t bytes(const decode_shape& shape, int capacity,
+                                         std::size_t k_row_bytes, std::size_t v_row_bytes) {
+    return layout(shape, capacity, k_row_bytes, v_row_bytes).total;
+  }
+  /// memory: at least bytes(...) bytes of device memory, 256-byte aligned.
+  [[nodiscard]] static cuda_stage_memory carve(const decode_shape& shape, int capacity,
+                                               std::size_t k_row_bytes, std::size_t v_row_bytes,
+                                               device_span<std::byte> memory) {
+    const sizes z = layout(shape, capacity, k_row_bytes, v_row_bytes);
+    KVSCOUT_EXPECTS(memory.size() >= z.total, "cuda_stage_memory: memory holds ", memory.size(),
+                    " bytes, expected at least bytes(...) = ", z.total);
+    KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(memory.data()) % 256 == 0,
+                    "cuda_stage_memory: memory must be 256-byte aligned");
+    std::byte* base = memory.data();
+    const auto at = [&](std::size_t off) { return base + off; };
+    const int S = shape.num_seqs, H = shape.num_kv_heads;
+    cuda_stage_memory m;
+    m.scores = {{reinterpret_cast<float*>(at(z.scores)), z.score_n}, S, H, shape.max_tokens};
+    for (int b = 0; b < 2; ++b) {
+      m.x[b] = {reinterpret_cast<float*>(at(z.x[b])), z.x_n};
+      m.set[b] = {{{reinterpret_cast<std::int32_t*>(at(z.indices[b])), z.slots},
+                   {reinterpret_cast<std::int32_t*>(at(z.counts[b])), z.rows},
+                   S, H, capacity},
+                  {{at(z.k[b]), z.slots * k_row_bytes}, {at(z.v[b]), z.slots * v_row_bytes}}};
+    }
+    return m;
+  }
+  [[nodiscard]] std::array<device_span<const float>, 2> inputs() const { return {x[0], x[1]}; }
+  [[nodiscard]] std::vector<cuda_stage_buffers> sets() const { return {set[0], set[1]}; }
+
+ private:
+  struct sizes {
+    std::size_t rows = 0, slots = 0, score_n = 0, x_n = 0, scores = 0, total = 0;
+    std::size_t x[2]{}, indices[2]{}, counts[2]{}, k[2]{}, v[2]{};
+  };
+  static sizes layout(const decode_shape& shape, int capacity, std::size_t k_row_bytes,
+                      std::size_t v_row_bytes) {
+    KVSCOUT_EXPECTS(shape.num_seqs > 0 && shape.num_kv_heads > 0 && shape.max_tokens > 0 &&
+                        shape.d_model > 0,
+                    "cuda_stage_memory: shape [num_seqs ", shape.num_seqs, ", num_kv_heads ",
+                    shape.num_kv_heads, ", max_tokens ", shape.max_tokens, ", d_model ",
+                    shape.d_model, "] must be positive");
+    KVSCOUT_EXPECTS(capacity > 0, "cuda_stage_memory: capacity must be positive, got ", capacity);
+    sizes z;
+    z.rows = static_cast<std::size_t>(shape.num_seqs) * shape.num_kv_heads;
+    z.slots = z.rows * static_cast<std::size_t>(capacity);
+    z.score_n = z.rows * static_cast<std::size_t>(shape.max_tokens);
+    z.x_n = static_cast<std::size_t>(shape.num_seqs) * shape.d_model;
+    std::size_t at = 0;
+    const auto take = [&](std::size_t n) {
+      const std::size_t here = at;
+      at = (at + n + 255) / 256 * 256;
+      return here;
+    };
+    z.scores = take(sizeof(float) * z.score_n);
+    for (int b = 0; b < 2; ++b) {
+      z.x[b] = take(sizeof(float) * z.x_n);
+      z.indices[b] = take(sizeof(std::int32_t) * z.slots);
+      z.counts[b] = take(sizeof(std::int32_t) * z.rows);
+      z.k[b] = take(z.slots * k_row_bytes);
+      z.v[b] = take(z.slots * v_row_bytes);
+    }
+    z.total = at;
+    return z;
+  }
 };
 
 struct cuda_stage_lengths {
@@ -156,12 +237,15 @@ class speculation_stages_cuda {
         const int cap = sets_.empty() ? 0 : sets_[0].selection.capacity;
         if (sel != nullptr && !sets_.empty()) {  // (no sets: refused below)
           const auto& c = sel->configuration();
-          KVSCOUT_EXPECTS(c.num_seqs == scores.num_seqs && c.num_kv_heads == scores.num_kv_heads &&
-                              c.stride == scores.stride && c.capacity == cap,
-                          "layer ", i, "'s selector configured for [num_seqs, num_kv_heads, stride, "
-                          "capacity] = [", c.num_seqs, ", ", c.num_kv_heads, ", ", c.stride, ", ",
-                          c.capacity, "], expected the scores' and buffer sets' [", scores.num_seqs,
-                          ", ", scores.num_kv_heads, ", ", scores.stride, ", ", cap, "]");
+          KVSCOUT_EXPECTS(
+              c.shape.num_seqs == scores.num_seqs && c.shape.num_kv_heads == scores.num_kv_heads &&
+                  c.shape.max_tokens == scores.stride && c.capacity == cap,
+              "layer ", i,
+              "'s selector configured for [num_seqs, num_kv_heads, max_tokens, "
+              "capacity] = [",
+              c.shape.num_seqs, ", ", c.shape.num_kv_heads, ", ", c.shape.max_tokens, ", ",
+              c.capacity, "], expected the scores' and buffer sets' [", scores.num_seqs, ", ",
+              scores.num_kv_heads, ", ", scores.stride, ", ", cap, "]");
         }
       }
     }
@@ -321,10 +405,12 @@ class speculation_stages_cuda {
     KVSCOUT_EXPECTS(late + c.scores.scores.size() <= spec || spec + scores_.scores.size() <= late,
                     "the correction's late-score buffer overlaps the speculation's score buffer: "
                     "speculate(i + 1) writes that one while correct(i) runs; give it its own");
-    KVSCOUT_EXPECTS(cc.num_seqs == scores_.num_seqs && cc.num_kv_heads == scores_.num_kv_heads &&
-                        cc.stride == c.scores.stride,
-                    "correction selector config [num_seqs, num_kv_heads, stride] = [", cc.num_seqs,
-                    ", ", cc.num_kv_heads, ", ", cc.stride, "], expected the late scores' [",
+    KVSCOUT_EXPECTS(cc.shape.num_seqs == scores_.num_seqs &&
+                        cc.shape.num_kv_heads == scores_.num_kv_heads &&
+                        cc.shape.max_tokens == c.scores.stride,
+                    "correction selector config [num_seqs, num_kv_heads, max_tokens] = [",
+                    cc.shape.num_seqs, ", ", cc.shape.num_kv_heads, ", ", cc.shape.max_tokens,
+                    "], expected the late scores' [",
                     c.scores.num_seqs, ", ", c.scores.num_kv_heads, ", ", c.scores.stride, "]");
     for (int b = 0; b < 2; ++b) {
       const auto& sel = c.sets[static_cast<std::size_t>(b)].selection;

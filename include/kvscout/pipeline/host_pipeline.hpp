@@ -43,6 +43,7 @@
 #include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/thread_pool.hpp"
 #include "kvscout/fetch/concepts.hpp"
 #include "kvscout/fetch/host_gather.hpp"
@@ -55,15 +56,10 @@
 namespace kvscout {
 
 struct host_pipeline_config {
-  int num_layers = 0;
+  decode_shape shape{};  // num_layers, num_seqs, num_kv_heads, num_q_heads, max_tokens, scale
   int skip_layers = 2;  // layers [0, skip_layers) attend densely
-  int num_seqs = 0;
-  int num_kv_heads = 0;
-  int num_q_heads = 0;
-  int max_tokens = 0;  // score row stride: at least every cached length
   int capacity = 0;    // most rows fetched per (sequence, kv head): the selector's budget
   int threads = 1;     // gather (and so attention) threads, the caller's included
-  float scale = 0.f;   // attention scale, usually 1 / sqrt(head_dim)
   bool track_reuse = true;  // count rows re-selected from the previous step (fetch_stats::reused)
   /// Most rows the correction step adds per (sequence, kv head), at most capacity; 0: none.
   int correction_capacity = 0;
@@ -73,7 +69,7 @@ struct host_pipeline_config {
 };
 
 [[nodiscard]] inline host_gather_config gather_config_for(const host_pipeline_config& cfg) {
-  host_gather_config gc{cfg.num_seqs, cfg.num_kv_heads, cfg.capacity, cfg.threads};
+  host_gather_config gc{cfg.shape, cfg.capacity, cfg.threads};
   gc.stores = cfg.stores;
   return gc;
 }
@@ -118,40 +114,44 @@ class decode_pipeline_host {
   /// lives.
   decode_pipeline_host(const host_pipeline_config& cfg, P& policy, Selector& selector,
                        Executor& executor, host_span<std::byte> workspace)
-      : decode_pipeline_host(cfg, policy,
-                             std::vector<Selector*>(static_cast<std::size_t>(std::max(cfg.num_layers, 0)),
-                                                    &selector),
-                             executor, workspace) {}
+      : decode_pipeline_host(
+            cfg, policy,
+            std::vector<Selector*>(static_cast<std::size_t>(std::max(cfg.shape.num_layers, 0)),
+                                   &selector),
+            executor, workspace) {}
   /// selectors[i] selects layer i's rows (null below skip_layers; one may serve several).
   decode_pipeline_host(const host_pipeline_config& cfg, P& policy, std::vector<Selector*> selectors,
                        Executor& executor, host_span<std::byte> workspace)
       : cfg_(cfg), policy_(policy), selectors_(std::move(selectors)), executor_(executor) {
     check_config(cfg);
-    KVSCOUT_EXPECTS(selectors_.size() == static_cast<std::size_t>(cfg.num_layers), "got ",
+    KVSCOUT_EXPECTS(selectors_.size() == static_cast<std::size_t>(cfg.shape.num_layers), "got ",
                     selectors_.size(), " selectors, expected one per layer (num_layers = ",
-                    cfg.num_layers, ")");
-    for (int i = cfg.skip_layers; i < cfg.num_layers; ++i) {
+                    cfg.shape.num_layers, ")");
+    for (int i = cfg.skip_layers; i < cfg.shape.num_layers; ++i) {
       const Selector* sel = selectors_[static_cast<std::size_t>(i)];
       KVSCOUT_EXPECTS(sel != nullptr, "layer ", i, " is speculated (skip_layers = ", cfg.skip_layers,
                       ") but its selector is null");
       if constexpr (requires { sel->configuration().capacity; }) {
         const auto& sc = sel->configuration();
-        KVSCOUT_EXPECTS(sc.num_seqs == cfg.num_seqs && sc.num_kv_heads == cfg.num_kv_heads &&
-                            sc.stride == cfg.max_tokens && sc.capacity == cfg.capacity,
-                        "layer ", i, "'s selector configured for [num_seqs, num_kv_heads, stride, capacity] = [",
-                        sc.num_seqs, ", ", sc.num_kv_heads, ", ", sc.stride, ", ", sc.capacity,
-                        "], expected the pipeline's [", cfg.num_seqs, ", ", cfg.num_kv_heads, ", ",
-                        cfg.max_tokens, " (max_tokens), ", cfg.capacity, "]");
+        KVSCOUT_EXPECTS(
+            sc.shape.num_seqs == cfg.shape.num_seqs &&
+                sc.shape.num_kv_heads == cfg.shape.num_kv_heads &&
+                sc.shape.max_tokens == cfg.shape.max_tokens && sc.capacity == cfg.capacity,
+            "layer ", i,
+            "'s selector configured for [num_seqs, num_kv_heads, max_tokens, capacity] = [",
+            sc.shape.num_seqs, ", ", sc.shape.num_kv_heads, ", ", sc.shape.max_tokens, ", ",
+            sc.capacity, "], expected the pipeline's [", cfg.shape.num_seqs, ", ",
+            cfg.shape.num_kv_heads, ", ", cfg.shape.max_tokens, ", ", cfg.capacity, "]");
       }
     }
     if constexpr (requires { executor.configuration().capacity; }) {
       const auto& ec = executor.configuration();
-      KVSCOUT_EXPECTS(ec.num_seqs == cfg.num_seqs && ec.num_kv_heads == cfg.num_kv_heads &&
-                          ec.capacity == cfg.capacity,
-                      "executor configured for [num_seqs, num_kv_heads, capacity] = [",
-                      ec.num_seqs, ", ", ec.num_kv_heads, ", ", ec.capacity,
-                      "], expected the pipeline's [", cfg.num_seqs, ", ", cfg.num_kv_heads, ", ",
-                      cfg.capacity, "]");
+      KVSCOUT_EXPECTS(
+          ec.shape.num_seqs == cfg.shape.num_seqs &&
+              ec.shape.num_kv_heads == cfg.shape.num_kv_heads && ec.capacity == cfg.capacity,
+          "executor configured for [num_seqs, num_kv_heads, capacity] = [", ec.shape.num_seqs, ", ",
+          ec.shape.num_kv_heads, ", ", ec.capacity, "], expected the pipeline's [",
+          cfg.shape.num_seqs, ", ", cfg.shape.num_kv_heads, ", ", cfg.capacity, "]");
     }
     if (cfg.correction_capacity != 0) check_correction_policy();
     const std::size_t need = carve(cfg, nullptr).bytes;
@@ -171,23 +171,23 @@ class decode_pipeline_host {
     corr_ = c.corr;
     previous_ = c.previous;
     if (cfg.correction_capacity != 0) corrector_.emplace(correction_config(cfg), c.corr_ws);
-    stats_.rows.assign(static_cast<std::size_t>(cfg.num_layers), 0);
-    stats_.bytes.assign(static_cast<std::size_t>(cfg.num_layers), 0);
-    stats_.reused.assign(static_cast<std::size_t>(cfg.num_layers), 0);
-    stats_.corrected.assign(static_cast<std::size_t>(cfg.num_layers), 0);
+    stats_.rows.assign(static_cast<std::size_t>(cfg.shape.num_layers), 0);
+    stats_.bytes.assign(static_cast<std::size_t>(cfg.shape.num_layers), 0);
+    stats_.reused.assign(static_cast<std::size_t>(cfg.shape.num_layers), 0);
+    stats_.corrected.assign(static_cast<std::size_t>(cfg.shape.num_layers), 0);
   }
 
   void speculate(int layer, const score_context<host_space>& ctx,
                  const kv_view<L, host_space>& kv) {
-    KVSCOUT_EXPECTS(layer >= cfg_.skip_layers && layer < cfg_.num_layers, "layer ", layer,
+    KVSCOUT_EXPECTS(layer >= cfg_.skip_layers && layer < cfg_.shape.num_layers, "layer ", layer,
                     " is not speculated: expected [skip_layers = ", cfg_.skip_layers,
-                    ", num_layers = ", cfg_.num_layers, ")");
+                    ", num_layers = ", cfg_.shape.num_layers, ")");
     buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
     // NaN first: a policy that does not write the row maxima leaves no hint rather than a stale
     // one.
     std::fill(row_max_.begin(), row_max_.end(), std::numeric_limits<float>::quiet_NaN());
-    const score_buffer<host_space> out{{scores_.data(), scores_.size()}, cfg_.num_seqs,
-                                       cfg_.num_kv_heads, cfg_.max_tokens,
+    const score_buffer<host_space> out{{scores_.data(), scores_.size()}, cfg_.shape.num_seqs,
+                                       cfg_.shape.num_kv_heads, cfg_.shape.max_tokens,
                                        {row_max_.data(), row_max_.size()}};
     policy_.score(layer, ctx, out);
     selectors_[static_cast<std::size_t>(layer)]->select(out.view(ctx.seq_lens), selection(b));
@@ -208,9 +208,9 @@ class decode_pipeline_host {
   void attend(int layer, const score_context<host_space>& ctx, const kv_view<L, host_space>& kv,
               const current_token<element_type>& cur, host_span<float> out,
               kv_scales scales = {}) {
-    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
-                    " is out of range [0, ", cfg_.num_layers, ")");
-    const attention_params ap{cfg_.num_q_heads, cfg_.scale, scales.k, scales.v};
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.shape.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.shape.num_layers, ")");
+    const attention_params ap{cfg_.shape.num_q_heads, cfg_.shape.scale, scales.k, scales.v};
     if (layer < cfg_.skip_layers) {
       decode_attention_host(layout_rows_host<L>(kv), cur, ctx.q, out, ap, {}, 0, pool());
       return;
@@ -250,18 +250,18 @@ class decode_pipeline_host {
   }
 
   [[nodiscard]] selection_view<host_space> last_selection(int layer) const {
-    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
-                    " is out of range [0, ", cfg_.num_layers, ")");
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.shape.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.shape.num_layers, ")");
     const buffer& b = buffers_[static_cast<std::size_t>(layer % 2)];
     return {{b.indices.data(), b.indices.size()}, {b.counts.data(), b.counts.size()},
-            cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
+            cfg_.shape.num_seqs, cfg_.shape.num_kv_heads, cfg_.capacity};
   }
   /// The rows the last attend()'s correction added, ascending, at most correction_capacity per
   /// row: [num_seqs, num_kv_heads, capacity] (layer last_corrected_layer()). Empty without.
   [[nodiscard]] selection_view<host_space> last_correction() const {
     if (cfg_.correction_capacity == 0) return {};  // no rows, no shape
     return {{corr_.indices.data(), corr_.indices.size()}, {corr_.counts.data(), corr_.counts.size()},
-            cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
+            cfg_.shape.num_seqs, cfg_.shape.num_kv_heads, cfg_.capacity};
   }
   [[nodiscard]] int last_corrected_layer() const noexcept { return corr_.layer; }
   [[nodiscard]] host_span<const float> last_scores() const { return {scores_.data(), scores_.size()}; }
@@ -291,7 +291,7 @@ class decode_pipeline_host {
       at += detail::checked_size("decode_pipeline_host workspace region bytes", n, sizeof(T));
       return host_span<T>(p, n);
     };
-    const std::size_t pairs = static_cast<std::size_t>(cfg.num_seqs) * cfg.num_kv_heads;
+    const std::size_t pairs = static_cast<std::size_t>(cfg.shape.num_seqs) * cfg.shape.num_kv_heads;
     const std::size_t slots = pairs * static_cast<std::size_t>(cfg.capacity);
     const auto take_buffer = [&] {
       buffer b;
@@ -301,8 +301,9 @@ class decode_pipeline_host {
       b.v = take(slots * head_dim, static_cast<element_type*>(nullptr));
       return b;
     };
-    c.scores = take(detail::checked_size("decode_pipeline_host scores", pairs, cfg.max_tokens),
-                    static_cast<float*>(nullptr));
+    c.scores =
+        take(detail::checked_size("decode_pipeline_host scores", pairs, cfg.shape.max_tokens),
+             static_cast<float*>(nullptr));
     c.row_max = take(pairs, static_cast<float*>(nullptr));
     c.probs = take(pairs * static_cast<std::size_t>(cfg.capacity + cfg.correction_capacity + 1),
                    static_cast<float*>(nullptr));
@@ -315,7 +316,7 @@ class decode_pipeline_host {
     }
     if (cfg.track_reuse)
       c.previous = take(detail::checked_size("decode_pipeline_host previous selections",
-                                             cfg.num_layers, pairs, cfg.capacity + 1),
+                                             cfg.shape.num_layers, pairs, cfg.capacity + 1),
                         static_cast<int32_t*>(nullptr));
     c.bytes = at;
     return c;
@@ -324,20 +325,24 @@ class decode_pipeline_host {
                 workspace_alignment % alignof(element_type) == 0);
 
   static void check_config(const host_pipeline_config& cfg) {
-    KVSCOUT_EXPECTS(cfg.num_layers > 0, "num_layers must be positive, got ", cfg.num_layers);
+    KVSCOUT_EXPECTS(cfg.shape.num_layers > 0, "num_layers must be positive, got ",
+                    cfg.shape.num_layers);
     KVSCOUT_EXPECTS(cfg.skip_layers >= 0, "skip_layers must be non-negative, got ",
                     cfg.skip_layers);
-    KVSCOUT_EXPECTS(cfg.num_seqs > 0 && cfg.num_kv_heads > 0, "num_seqs and num_kv_heads must be "
-                    "positive, got ", cfg.num_seqs, " and ", cfg.num_kv_heads);
-    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
-    KVSCOUT_EXPECTS(cfg.capacity >= 1 && cfg.capacity <= cfg.max_tokens, "capacity = ",
-                    cfg.capacity, " must be in [1, max_tokens = ", cfg.max_tokens, "]");
+    KVSCOUT_EXPECTS(cfg.shape.num_seqs > 0 && cfg.shape.num_kv_heads > 0,
+                    "num_seqs and num_kv_heads must be "
+                    "positive, got ",
+                    cfg.shape.num_seqs, " and ", cfg.shape.num_kv_heads);
+    detail::check_gqa(cfg.shape.num_q_heads, cfg.shape.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.capacity >= 1 && cfg.capacity <= cfg.shape.max_tokens,
+                    "capacity = ", cfg.capacity,
+                    " must be in [1, max_tokens = ", cfg.shape.max_tokens, "]");
     KVSCOUT_EXPECTS(cfg.correction_capacity >= 0 && cfg.correction_capacity <= cfg.capacity,
                     "correction_capacity = ", cfg.correction_capacity, " must be in [0, capacity = ",
                     cfg.capacity, "] (the correction's rows use the speculation's slots and gather)");
   }
   static correction_selector_host::config correction_config(const host_pipeline_config& cfg) {
-    return {cfg.num_seqs, cfg.num_kv_heads, cfg.max_tokens, cfg.capacity, cfg.correction_capacity};
+    return {.shape = cfg.shape, .capacity = cfg.capacity, .extra = cfg.correction_capacity};
   }
   thread_pool* pool() {
     if constexpr (requires(Executor& e) { { e.pool() } -> std::same_as<thread_pool&>; }) {
@@ -349,7 +354,8 @@ class decode_pipeline_host {
   // Rows this selection shares with the layer's previous one, then keeps this one as the previous.
   // previous_ row r of a layer: [count, indices...].
   void count_reuse(int layer, const buffer& b) {
-    const std::size_t pairs = static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_kv_heads;
+    const std::size_t pairs =
+        static_cast<std::size_t>(cfg_.shape.num_seqs) * cfg_.shape.num_kv_heads;
     const std::size_t row = static_cast<std::size_t>(cfg_.capacity) + 1;
     std::int64_t reused = 0;
     for (std::size_t r = 0; r < pairs; ++r) {
@@ -379,12 +385,14 @@ class decode_pipeline_host {
                            const score_buffer<host_space>& o) {
                     p.score_query(0, c, o);
                   }) {
-      const score_buffer<host_space> late{{scores_.data(), scores_.size()}, cfg_.num_seqs,
-                                          cfg_.num_kv_heads, cfg_.max_tokens};
+      const score_buffer<host_space> late{{scores_.data(), scores_.size()}, cfg_.shape.num_seqs,
+                                          cfg_.shape.num_kv_heads, cfg_.shape.max_tokens};
       policy_.score_query(layer, ctx, late);
       const selection_view<host_space> speculated{{b.indices.data(), b.indices.size()},
                                                   {b.counts.data(), b.counts.size()},
-                                                  cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
+                                                  cfg_.shape.num_seqs,
+                                                  cfg_.shape.num_kv_heads,
+                                                  cfg_.capacity};
       corrector_->select(late.view(ctx.seq_lens), speculated, correction_selection());
       executor_.submit(kv, correction_selection().view(),
                        {as_writable_bytes(corr_.k), as_writable_bytes(corr_.v)}, host_exec{})
@@ -400,12 +408,12 @@ class decode_pipeline_host {
 
   selection_buffers<host_space> correction_selection() {
     return {{corr_.indices.data(), corr_.indices.size()}, {corr_.counts.data(), corr_.counts.size()},
-            cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
+            cfg_.shape.num_seqs, cfg_.shape.num_kv_heads, cfg_.capacity};
   }
 
   selection_buffers<host_space> selection(buffer& b) {
     return {{b.indices.data(), b.indices.size()}, {b.counts.data(), b.counts.size()},
-            cfg_.num_seqs, cfg_.num_kv_heads, cfg_.capacity};
+            cfg_.shape.num_seqs, cfg_.shape.num_kv_heads, cfg_.capacity};
   }
 
   host_pipeline_config cfg_;

@@ -7,8 +7,7 @@
 // policy's own or the caller's (state, not scratch: it lives with the policy). reset(s) clears a
 // sequence.
 //
-//   kvscout::h2o_policy_host h2o({.num_layers = 30, .num_seqs = 1, .num_kv_heads = 3,
-//                                 .max_tokens = 8192});
+//   kvscout::h2o_policy_host h2o({.shape = shape});  // num_layers, num_seqs, num_kv_heads, max_tokens
 
 #include <algorithm>
 #include <cstddef>
@@ -16,6 +15,7 @@
 #include "kvscout/attention/rows.hpp"
 #include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/score/concepts.hpp"
 
 namespace kvscout {
@@ -23,10 +23,7 @@ namespace kvscout {
 class h2o_policy_host {
  public:
   struct config {
-    int num_layers = 0;
-    int num_seqs = 0;
-    int num_kv_heads = 0;
-    int max_tokens = 0;
+    decode_shape shape{};  // num_layers, num_seqs, num_kv_heads, max_tokens
   };
   using config_type = config;
   static constexpr bool needs_query = false;
@@ -47,9 +44,10 @@ class h2o_policy_host {
   void score(int layer, const score_context<host_space>& ctx,
              const score_buffer<host_space>& out) const {
     check_layer(layer);
-    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
+    detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads, cfg_.shape.num_seqs,
+                               cfg_.shape.max_tokens);
     for (int s = 0; s < out.num_seqs; ++s)
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
         const float* m = mass(layer, detail::seq_of(ctx, s), h);
         std::copy(m, m + ctx.seq_lens[s], out.row(s, h));
       }
@@ -72,34 +70,34 @@ class h2o_policy_host {
                                             static_cast<std::size_t>(stride);
         const int n = rows.rows(s, h);
         for (int i = 0; i < n; ++i) m[rows.token(s, h, i)] += p[i];
-        if (has_current && ctx.seq_lens[s] < cfg_.max_tokens) m[ctx.seq_lens[s]] += p[n];
+        if (has_current && ctx.seq_lens[s] < cfg_.shape.max_tokens) m[ctx.seq_lens[s]] += p[n];
       }
   }
 
   void reset(int s) {
-    KVSCOUT_EXPECTS(s >= 0 && s < cfg_.num_seqs, "sequence ", s, " is out of range [0, ",
-                    cfg_.num_seqs, ")");
-    for (int layer = 0; layer < cfg_.num_layers; ++layer)
-      for (int h = 0; h < cfg_.num_kv_heads; ++h)
-        std::fill(mass(layer, s, h), mass(layer, s, h) + cfg_.max_tokens, 0.f);
+    KVSCOUT_EXPECTS(s >= 0 && s < cfg_.shape.num_seqs, "sequence ", s, " is out of range [0, ",
+                    cfg_.shape.num_seqs, ")");
+    for (int layer = 0; layer < cfg_.shape.num_layers; ++layer)
+      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h)
+        std::fill(mass(layer, s, h), mass(layer, s, h) + cfg_.shape.max_tokens, 0.f);
   }
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
  private:
   void check_layer(int layer) const {
-    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
-                    " is out of range [0, ", cfg_.num_layers, ")");
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.shape.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.shape.num_layers, ")");
   }
   // Checked before the first addition, so bad input leaves the mass as it was.
   template <attention_rows Rows>
   void check_observe(const score_context<host_space>& ctx, const Rows& rows,
                      host_span<const float> probs, int stride, bool has_current) const {
     const int S = rows.num_seqs(), H = rows.num_kv_heads();
-    KVSCOUT_EXPECTS(S >= 0 && S <= cfg_.num_seqs, "rows hold ", S,
-                    " sequences, expected [0, the policy's num_seqs = ", cfg_.num_seqs, "]");
-    KVSCOUT_EXPECTS(H == cfg_.num_kv_heads, "rows have ", H, " kv heads, the policy ",
-                    cfg_.num_kv_heads);
+    KVSCOUT_EXPECTS(S >= 0 && S <= cfg_.shape.num_seqs, "rows hold ", S,
+                    " sequences, expected [0, the policy's num_seqs = ", cfg_.shape.num_seqs, "]");
+    KVSCOUT_EXPECTS(H == cfg_.shape.num_kv_heads, "rows have ", H, " kv heads, the policy ",
+                    cfg_.shape.num_kv_heads);
     KVSCOUT_EXPECTS(stride >= 0, "stride must be non-negative, got ", stride);
     const std::size_t need = static_cast<std::size_t>(S) * H * static_cast<std::size_t>(stride);
     KVSCOUT_EXPECTS(probs.size() >= need && (probs.data() != nullptr || need == 0), "probs holds ",
@@ -107,7 +105,7 @@ class h2o_policy_host {
     if (has_current)
       KVSCOUT_EXPECTS(ctx.seq_lens.size() >= static_cast<std::size_t>(S), "seq_lens holds ",
                       ctx.seq_lens.size(), " entries, expected num_seqs = ", S);
-    detail::check_seq_ids(ctx, S, cfg_.num_seqs);
+    detail::check_seq_ids(ctx, S, cfg_.shape.num_seqs);
     for (int s = 0; s < S; ++s) {
       if (has_current)
         KVSCOUT_EXPECTS(ctx.seq_lens[s] >= 0, "seq_lens[", s, "] = ", ctx.seq_lens[s],
@@ -119,22 +117,25 @@ class h2o_policy_host {
                         ", expected at most stride = ", stride, " probabilities");
         for (int i = 0; i < n; ++i) {
           const int t = rows.token(s, h, i);
-          KVSCOUT_EXPECTS(t >= 0 && t < cfg_.max_tokens, "row ", i, " of (s, h) = (", s, ", ", h,
-                          ") is token ", t, ", out of range [0, max_tokens = ", cfg_.max_tokens,
-                          ")");
+          KVSCOUT_EXPECTS(t >= 0 && t < cfg_.shape.max_tokens, "row ", i, " of (s, h) = (", s, ", ",
+                          h, ") is token ", t,
+                          ", out of range [0, max_tokens = ", cfg_.shape.max_tokens, ")");
         }
       }
     }
   }
   static std::size_t elements(const config& cfg) {
-    detail::check_policy_sizes("h2o_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
-                               cfg.max_tokens);
-    return detail::checked_size("h2o_policy_host's mass (layers x seqs x kv heads x max_tokens floats)",
-                                cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads, cfg.max_tokens);
+    detail::check_policy_sizes("h2o_policy_host", cfg.shape.num_layers, cfg.shape.num_seqs,
+                               cfg.shape.num_kv_heads, cfg.shape.max_tokens);
+    return detail::checked_size(
+        "h2o_policy_host's mass (layers x seqs x kv heads x max_tokens floats)",
+        cfg.shape.num_layers, cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.shape.max_tokens);
   }
   float* mass(int layer, int s, int h) {
-    return mass_.data() + ((static_cast<std::size_t>(layer) * cfg_.num_seqs + s) * cfg_.num_kv_heads + h) *
-                              static_cast<std::size_t>(cfg_.max_tokens);
+    return mass_.data() +
+           ((static_cast<std::size_t>(layer) * cfg_.shape.num_seqs + s) * cfg_.shape.num_kv_heads +
+            h) *
+               static_cast<std::size_t>(cfg_.shape.max_tokens);
   }
   const float* mass(int layer, int s, int h) const {
     return const_cast<h2o_policy_host*>(this)->mass(layer, s, h);

@@ -14,7 +14,7 @@
 //
 // seq_lens are clamped to [0, max_seq_len] and append pairs outside [0, num_seqs) x
 // [0, max_tokens) are skipped, each raising a bit in exec.status. Scores are logits times
-// cfg.scale, row (s, h) written for t < seq_lens[s] only.
+// cfg.shape.scale, row (s, h) written for t < seq_lens[s] only.
 
 #include <cuda_runtime.h>
 
@@ -98,8 +98,8 @@ class infinigen_policy_cuda {
     detail::check_infinigen_cuda_plans(cfg, plans, w_q, b_q, correction_plans);
     base_ = workspace.data();
     rope_ = plans[0].rope;
-    const int H = cfg.num_kv_heads, Hq = cfg.num_q_heads, g = Hq / H, D = cfg.head_dim,
-              r = cfg.key_r();
+    const int H = cfg.shape.num_kv_heads, Hq = cfg.shape.num_q_heads, g = Hq / H,
+              D = cfg.shape.head_dim, r = cfg.key_r();
     // The rotation and channels below are the cache's; the weights the speculation's.
     std::vector<skew_plan> key_plans;
     if (correction_plans != nullptr) {
@@ -110,12 +110,12 @@ class infinigen_policy_cuda {
     }
     const std::vector<skew_plan>& kp = correction_plans != nullptr ? key_plans : plans;
     const std::size_t rows = static_cast<std::size_t>(layout_.rows);
-    const std::size_t dm = static_cast<std::size_t>(cfg.d_model);
+    const std::size_t dm = static_cast<std::size_t>(cfg.shape.d_model);
     std::vector<WT> weights(static_cast<std::size_t>(Hq) * rows * dm);
     std::vector<float> bias(static_cast<std::size_t>(Hq) * rows);
     for (int qh = 0; qh < Hq; ++qh) {
       const partial_query_weights w = detail::make_partial_query_weights_from(
-          plans[static_cast<std::size_t>(qh / g)], w_q, b_q, cfg.d_model, qh);
+          plans[static_cast<std::size_t>(qh / g)], w_q, b_q, cfg.shape.d_model, qh);
       const std::vector<WT> rounded = weights_as<WT>(w).weight;
       std::memcpy(weights.data() + static_cast<std::size_t>(qh) * rows * dm, rounded.data(),
                   sizeof(WT) * rows * dm);
@@ -147,8 +147,9 @@ class infinigen_policy_cuda {
     upload(layout_.channels, channels);
     upload(layout_.planes, planes);
     if constexpr (quantized) {
-      KVSCOUT_CUDA_CHECK(cudaMemset(base_ + layout_.keys, 0,
-                                    detail::device_key_format<PkT>::bytes(cfg.num_seqs, H, r, cfg.max_tokens)));
+      KVSCOUT_CUDA_CHECK(cudaMemset(
+          base_ + layout_.keys, 0,
+          detail::device_key_format<PkT>::bytes(cfg.shape.num_seqs, H, r, cfg.shape.max_tokens)));
     }
   }
 
@@ -158,12 +159,13 @@ class infinigen_policy_cuda {
   [[nodiscard]] bool rotated_keys() const noexcept { return cfg_.mode != rope_mode::pre_rope_folded; }
 
   [[nodiscard]] device_key_view<PkT> keys() const noexcept {
-    return detail::device_key_format<PkT>::make(base_ + layout_.keys, cfg_.num_seqs,
-                                                cfg_.num_kv_heads, cfg_.key_r(), cfg_.max_tokens);
+    return detail::device_key_format<PkT>::make(base_ + layout_.keys, cfg_.shape.num_seqs,
+                                                cfg_.shape.num_kv_heads, cfg_.key_r(),
+                                                cfg_.shape.max_tokens);
   }
   [[nodiscard]] device_span<const float> partial_queries() const noexcept {
-    return {at<float>(layout_.q),
-            static_cast<std::size_t>(cfg_.num_seqs) * cfg_.num_q_heads * static_cast<std::size_t>(cfg_.r)};
+    return {at<float>(layout_.q), static_cast<std::size_t>(cfg_.shape.num_seqs) *
+                                      cfg_.shape.num_q_heads * static_cast<std::size_t>(cfg_.r)};
   }
 
   /// Projects and stores `count` tokens' partial keys: keys [count, num_kv_heads, head_dim] (RoPE'd
@@ -187,7 +189,7 @@ class infinigen_policy_cuda {
     detail::check_infinigen_cuda_append(cfg_, keys.size(), keys.data() != nullptr, seq_ids,
                                         token_ids, count);
     if (count == 0) return;
-    const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.num_kv_heads));
+    const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(cfg_.shape.num_kv_heads));
     if constexpr (quantized) {
       // The groups the call completes quantised, the rest staged, then the counts.
       constexpr int Bits = PkT::bits, Group = PkT::group;
@@ -258,8 +260,8 @@ class infinigen_policy_cuda {
     p.seq_ids = seq_ids.data();
     p.token_ids = token_ids.data();
     p.count = count;
-    p.num_kv_heads = cfg_.num_kv_heads;
-    p.head_dim = cfg_.head_dim;
+    p.num_kv_heads = cfg_.shape.num_kv_heads;
+    p.head_dim = cfg_.shape.head_dim;
     p.r = cfg_.key_r();
     p.mode = cfg_.mode;
     p.status = status;
@@ -330,11 +332,11 @@ class infinigen_policy_cuda {
     p.seq_ids = ctx.seq_ids.empty() ? nullptr : ctx.seq_ids.data();
     p.scores = out.scores.data();
     p.num_seqs = out.num_seqs;
-    p.num_kv_heads = cfg_.num_kv_heads;
-    p.num_q_heads = cfg_.num_q_heads;
-    p.group = cfg_.num_q_heads / cfg_.num_kv_heads;
-    p.head_dim = cfg_.head_dim;
-    p.d_model = cfg_.d_model;
+    p.num_kv_heads = cfg_.shape.num_kv_heads;
+    p.num_q_heads = cfg_.shape.num_q_heads;
+    p.group = cfg_.shape.num_q_heads / cfg_.shape.num_kv_heads;
+    p.head_dim = cfg_.shape.head_dim;
+    p.d_model = cfg_.shape.d_model;
     p.r = cfg_.r;
     p.key_r = cfg_.key_r();
     p.rows = layout_.rows;
@@ -345,7 +347,7 @@ class infinigen_policy_cuda {
     p.rope = rope_;
     p.mode = cfg_.mode;
     p.aggregation = cfg_.aggregation;
-    p.scale = cfg_.scale;
+    p.scale = cfg_.shape.scale;
     return p;
   }
 

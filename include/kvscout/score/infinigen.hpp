@@ -33,6 +33,7 @@
 #include "kvscout/cache/partial_key_store.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/dispatch.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/simd.hpp"
 #include "kvscout/skew/plan.hpp"
 #include "kvscout/score/concepts.hpp"
@@ -102,14 +103,7 @@ inline typename code_vec<N>::ints widen_codes(const std::uint8_t* p) {
 }  // namespace detail
 
 struct infinigen_config {
-  int num_layers = 0;
-  int num_seqs = 0;
-  int num_kv_heads = 0;
-  int num_q_heads = 0;
-  int head_dim = 0;
-  int d_model = 0;
-  int max_tokens = 0;
-  float scale = 0.f;
+  decode_shape shape{};  // every field
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
   /// score_query's aggregation (the correction step's late ranking); empty: `aggregation`.
   std::optional<gqa_aggregation> query_aggregation{};
@@ -135,10 +129,11 @@ class infinigen_policy_host {
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
     return sizeof(rope_table) * query_block +
-           sizeof(float) * detail::checked_size("infinigen_policy_host's scratch floats (query_block x "
-                                                "num_q_heads x head_dim)",
-                                                query_block, cfg.num_q_heads, cfg.head_dim) +
-           sizeof(float) * 2 * static_cast<std::size_t>(cfg.head_dim) + sum_prob_bytes(cfg) +
+           sizeof(float) * detail::checked_size(
+                               "infinigen_policy_host's scratch floats (query_block x "
+                               "num_q_heads x head_dim)",
+                               query_block, cfg.shape.num_q_heads, cfg.shape.head_dim) +
+           sizeof(float) * 2 * static_cast<std::size_t>(cfg.shape.head_dim) + sum_prob_bytes(cfg) +
            quantized_bytes(cfg);
   }
   static constexpr std::size_t workspace_alignment =
@@ -197,12 +192,12 @@ class infinigen_policy_host {
       const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
       const std::vector<std::vector<skew_plan>>& correction_plans = {}) {
     check_config(cfg);
-    const auto L = static_cast<std::size_t>(cfg.num_layers);
-    KVSCOUT_EXPECTS(plans.size() == L, "key_memory_bytes: expected one entry per layer (", cfg.num_layers,
-                    ") in plans, got ", plans.size());
+    const auto L = static_cast<std::size_t>(cfg.shape.num_layers);
+    KVSCOUT_EXPECTS(plans.size() == L, "key_memory_bytes: expected one entry per layer (",
+                    cfg.shape.num_layers, ") in plans, got ", plans.size());
     KVSCOUT_EXPECTS(correction_plans.empty() || correction_plans.size() == L,
                     "key_memory_bytes: expected no correction plans or one entry per layer (",
-                    cfg.num_layers, "), got ", correction_plans.size());
+                    cfg.shape.num_layers, "), got ", correction_plans.size());
     std::size_t total = 0;
     for (std::size_t l = 0; l < L; ++l) {
       if (plans[l].empty()) continue;
@@ -219,15 +214,16 @@ class infinigen_policy_host {
   [[nodiscard]] static std::size_t weight_memory_bytes(const config& cfg,
                                                        const std::vector<std::vector<skew_plan>>& plans) {
     check_config(cfg);
-    KVSCOUT_EXPECTS(plans.size() == static_cast<std::size_t>(cfg.num_layers),
-                    "weight_memory_bytes: expected one entry per layer (", cfg.num_layers, ") in plans, got ",
-                    plans.size());
+    KVSCOUT_EXPECTS(plans.size() == static_cast<std::size_t>(cfg.shape.num_layers),
+                    "weight_memory_bytes: expected one entry per layer (", cfg.shape.num_layers,
+                    ") in plans, got ", plans.size());
     std::size_t total = 0;
     for (const auto& pl : plans)
       if (!pl.empty())
-        total = detail::checked_sum("infinigen_policy_host weight memory bytes", total,
-                                    detail::checked_size("infinigen_policy_host weight memory bytes of a layer",
-                                                         cfg.num_q_heads, head_weight_sizes(cfg, pl[0]).total()));
+        total = detail::checked_sum(
+            "infinigen_policy_host weight memory bytes", total,
+            detail::checked_size("infinigen_policy_host weight memory bytes of a layer",
+                                 cfg.shape.num_q_heads, head_weight_sizes(cfg, pl[0]).total()));
     return total;
   }
 
@@ -250,7 +246,8 @@ class infinigen_policy_host {
            memory_alignment;
   }
   static std::size_t key_layer_bytes(const config& cfg, int r) {
-    return aligned(key_store::memory_bytes(cfg.num_seqs, cfg.num_kv_heads, r, cfg.max_tokens));
+    return aligned(key_store::memory_bytes(cfg.shape.num_seqs, cfg.shape.num_kv_heads, r,
+                                           cfg.shape.max_tokens));
   }
   struct weight_sizes {
     std::size_t weight = 0, bias = 0, rotation = 0, planes = 0;  // elements
@@ -262,9 +259,11 @@ class infinigen_policy_host {
   static weight_sizes head_weight_sizes(const config& cfg, const skew_plan& p) {
     detail::check_plan(p);
     const bool skew = p.mode == rope_mode::post_rope_skew;
-    const int rows = skew ? cfg.head_dim : p.r;
-    return {detail::checked_size("infinigen_policy_host partial W_Q rows (rows x d_model)", rows, cfg.d_model),
-            static_cast<std::size_t>(rows), skew ? static_cast<std::size_t>(cfg.head_dim) * p.r : 0,
+    const int rows = skew ? cfg.shape.head_dim : p.r;
+    return {detail::checked_size("infinigen_policy_host partial W_Q rows (rows x d_model)", rows,
+                                 cfg.shape.d_model),
+            static_cast<std::size_t>(rows),
+            skew ? static_cast<std::size_t>(cfg.shape.head_dim) * p.r : 0,
             p.mode == rope_mode::rope_planes ? static_cast<std::size_t>(p.r / 2) : 0};
   }
   // Writes w into memory at `at`, the rows narrowed to WT; returns the view and advances `at`.
@@ -292,25 +291,30 @@ class infinigen_policy_host {
   static std::size_t sum_prob_bytes(const config& cfg) {
     if (cfg.aggregation != gqa_aggregation::sum_prob && cfg.late_aggregation() != gqa_aggregation::sum_prob)
       return 0;
-    return sizeof(float) * detail::checked_size("infinigen_policy_host's sum_prob rows (group x max_tokens)",
-                                                cfg.num_q_heads / cfg.num_kv_heads, cfg.max_tokens);
+    return sizeof(float) *
+           detail::checked_size("infinigen_policy_host's sum_prob rows (group x max_tokens)",
+                                cfg.shape.num_q_heads / cfg.shape.num_kv_heads,
+                                cfg.shape.max_tokens);
   }
   static std::size_t quantized_bytes(const config& cfg) {
     if constexpr (quantized)
-      return sizeof(float) * static_cast<std::size_t>(cfg.num_q_heads / cfg.num_kv_heads) *
-             static_cast<std::size_t>(cfg.head_dim);
+      return sizeof(float) *
+             static_cast<std::size_t>(cfg.shape.num_q_heads / cfg.shape.num_kv_heads) *
+             static_cast<std::size_t>(cfg.shape.head_dim);
     else
       return 0;
   }
   static void check_config(const config& cfg) {
-    detail::check_policy_sizes("infinigen_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
-                               cfg.max_tokens);
-    KVSCOUT_EXPECTS(cfg.head_dim > 0 && cfg.d_model > 0, "head_dim and d_model must be positive, got ",
-                    cfg.head_dim, " and ", cfg.d_model);
-    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
-    KVSCOUT_EXPECTS(cfg.num_q_heads / cfg.num_kv_heads <= detail::max_group, "GQA group of ",
-                    cfg.num_q_heads / cfg.num_kv_heads, " exceeds ", detail::max_group);
-    detail::check_scale(cfg.scale);
+    detail::check_policy_sizes("infinigen_policy_host", cfg.shape.num_layers, cfg.shape.num_seqs,
+                               cfg.shape.num_kv_heads, cfg.shape.max_tokens);
+    KVSCOUT_EXPECTS(cfg.shape.head_dim > 0 && cfg.shape.d_model > 0,
+                    "head_dim and d_model must be positive, got ", cfg.shape.head_dim, " and ",
+                    cfg.shape.d_model);
+    detail::check_gqa(cfg.shape.num_q_heads, cfg.shape.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.shape.num_q_heads / cfg.shape.num_kv_heads <= detail::max_group,
+                    "GQA group of ", cfg.shape.num_q_heads / cfg.shape.num_kv_heads, " exceeds ",
+                    detail::max_group);
+    detail::check_scale(cfg.shape.scale);
     detail::check_aggregation(cfg.aggregation, "aggregation");
     detail::check_aggregation(cfg.late_aggregation(), "query_aggregation");
   }
@@ -327,10 +331,11 @@ class infinigen_policy_host {
     rope_ = reinterpret_cast<rope_table*>(workspace.data());
     std::uninitialized_default_construct_n(rope_, query_block);
     qp_ = reinterpret_cast<float*>(workspace.data() + sizeof(rope_table) * query_block);
-    pk_ = qp_ + static_cast<std::size_t>(query_block) * cfg_.num_q_heads * cfg_.head_dim;
-    qm_ = pk_ + cfg_.head_dim;
-    lg_ = sum_prob_bytes(cfg_) > 0 ? qm_ + cfg_.head_dim : nullptr;
-    if constexpr (quantized) qw_ = qm_ + cfg_.head_dim + sum_prob_bytes(cfg_) / sizeof(float);
+    pk_ =
+        qp_ + static_cast<std::size_t>(query_block) * cfg_.shape.num_q_heads * cfg_.shape.head_dim;
+    qm_ = pk_ + cfg_.shape.head_dim;
+    lg_ = sum_prob_bytes(cfg_) > 0 ? qm_ + cfg_.shape.head_dim : nullptr;
+    if constexpr (quantized) qw_ = qm_ + cfg_.shape.head_dim + sum_prob_bytes(cfg_) / sizeof(float);
   }
   template <compute_element In>
   infinigen_policy_host(build_tag, const config& cfg,
@@ -339,15 +344,16 @@ class infinigen_policy_host {
                         const std::vector<host_span<const In>>& w_q,
                         const std::vector<host_span<const In>>& b_q, host_span<std::byte> workspace,
                         const host_span<std::byte>* caller_memory = nullptr)
-      : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.num_layers)) {
+      : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.shape.num_layers)) {
     carve(workspace);  // checks the config too
     KVSCOUT_EXPECTS(plans.size() == layers_.size() && w_q.size() == layers_.size() &&
                         b_q.size() == layers_.size(),
-                    "expected one entry per layer (", cfg.num_layers, ") in plans (", plans.size(),
-                    "), w_q (", w_q.size(), ") and b_q (", b_q.size(), ")");
+                    "expected one entry per layer (", cfg.shape.num_layers, ") in plans (",
+                    plans.size(), "), w_q (", w_q.size(), ") and b_q (", b_q.size(), ")");
     KVSCOUT_EXPECTS(correction_plans == nullptr || correction_plans->size() == layers_.size(),
-                    "expected one entry per layer (", cfg.num_layers, ") in correction_plans (",
-                    correction_plans ? correction_plans->size() : 0, ")");
+                    "expected one entry per layer (", cfg.shape.num_layers,
+                    ") in correction_plans (", correction_plans ? correction_plans->size() : 0,
+                    ")");
     static const std::vector<std::vector<skew_plan>> none;
     const std::vector<std::vector<skew_plan>>& wide_plans = correction_plans ? *correction_plans : none;
     // Owned: the weights in one allocation and each cache its own (fresh pages, untouched until
@@ -363,8 +369,8 @@ class infinigen_policy_host {
       own_ = host_buffer<std::byte>(weight_memory_bytes(cfg, plans));
       memory = own_.span();
     }
-    const int g = cfg.num_q_heads / cfg.num_kv_heads;
-    for (int l = 0; l < cfg.num_layers; ++l) {
+    const int g = cfg.shape.num_q_heads / cfg.shape.num_kv_heads;
+    for (int l = 0; l < cfg.shape.num_layers; ++l) {
       const auto& pl = plans[static_cast<std::size_t>(l)];
       const std::vector<skew_plan>* wide =
           correction_plans && !(*correction_plans)[static_cast<std::size_t>(l)].empty()
@@ -374,26 +380,27 @@ class infinigen_policy_host {
                       " has correction plans but no speculation plans; the correction reads the "
                       "speculated layers' caches");
       if (pl.empty()) continue;
-      KVSCOUT_EXPECTS(static_cast<int>(pl.size()) == cfg.num_kv_heads, "layer ", l, " has ",
-                      pl.size(), " skew plans, expected one per kv head (", cfg.num_kv_heads, ")");
+      KVSCOUT_EXPECTS(static_cast<int>(pl.size()) == cfg.shape.num_kv_heads, "layer ", l, " has ",
+                      pl.size(), " skew plans, expected one per kv head (", cfg.shape.num_kv_heads,
+                      ")");
       layer_state& st = layers_[static_cast<std::size_t>(l)];
       st.plans = pl;
       st.r = pl[0].r;
       for (const auto& p : pl) {
         detail::check_plan(p);
         KVSCOUT_EXPECTS(p.r == st.r, "layer ", l, " mixes partial dims ", st.r, " and ", p.r);
-        KVSCOUT_EXPECTS(p.head_dim == cfg.head_dim, "layer ", l, " plan head_dim ", p.head_dim,
-                        " differs from the model's ", cfg.head_dim);
+        KVSCOUT_EXPECTS(p.head_dim == cfg.shape.head_dim, "layer ", l, " plan head_dim ",
+                        p.head_dim, " differs from the model's ", cfg.shape.head_dim);
         KVSCOUT_EXPECTS(p.mode == pl[0].mode && p.rope.head_dim == pl[0].rope.head_dim &&
                             p.rope.theta == pl[0].rope.theta && p.rope.style == pl[0].rope.style,
                         "layer ", l, " mixes RoPE modes or configurations across kv heads");
       }
       st.spec_r = st.r;
       if (wide) {
-        KVSCOUT_EXPECTS(static_cast<int>(wide->size()) == cfg.num_kv_heads, "layer ", l, " has ",
-                        wide->size(), " correction plans, expected one per kv head (",
-                        cfg.num_kv_heads, ")");
-        for (int h = 0; h < cfg.num_kv_heads; ++h) {
+        KVSCOUT_EXPECTS(static_cast<int>(wide->size()) == cfg.shape.num_kv_heads, "layer ", l,
+                        " has ", wide->size(), " correction plans, expected one per kv head (",
+                        cfg.shape.num_kv_heads, ")");
+        for (int h = 0; h < cfg.shape.num_kv_heads; ++h) {
           const skew_plan& w = (*wide)[static_cast<std::size_t>(h)];
           detail::check_plan(w);
           KVSCOUT_EXPECTS(w.r == (*wide)[0].r, "layer ", l, " mixes correction partial dims ",
@@ -407,15 +414,16 @@ class infinigen_policy_host {
         st.key_plans = pl;
       }
       const weight_sizes wz = head_weight_sizes(cfg, pl[0]);  // one r and mode per layer
-      for (int qh = 0; qh < cfg.num_q_heads; ++qh) {
+      for (int qh = 0; qh < cfg.shape.num_q_heads; ++qh) {
         const std::size_t lu = static_cast<std::size_t>(l);
-        st.weights.push_back(place_weights(detail::make_partial_query_weights_from(
-                                               pl[static_cast<std::size_t>(qh / g)], w_q[lu], b_q[lu], cfg.d_model, qh),
-                                           wz, memory.data(), weight_at));
+        st.weights.push_back(place_weights(
+            detail::make_partial_query_weights_from(pl[static_cast<std::size_t>(qh / g)], w_q[lu],
+                                                    b_q[lu], cfg.shape.d_model, qh),
+            wz, memory.data(), weight_at));
       }
       if (st.plans[0].mode != rope_mode::pre_rope_folded) {
-        KVSCOUT_EXPECTS(cfg.head_dim <= 2 * rope_table::max_planes, "layer ", l, ": head_dim ",
-                        cfg.head_dim, " exceeds the RoPE modes' limit ",
+        KVSCOUT_EXPECTS(cfg.shape.head_dim <= 2 * rope_table::max_planes, "layer ", l,
+                        ": head_dim ", cfg.shape.head_dim, " exceeds the RoPE modes' limit ",
                         2 * rope_table::max_planes);
         st.freq = rope_frequencies(st.plans[0].rope);
       }
@@ -427,10 +435,12 @@ class infinigen_policy_host {
                              st.rope_planes.end());
       }
       if (caller_memory == nullptr) {
-        st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens);
+        st.cache =
+            key_store(cfg.shape.num_seqs, cfg.shape.num_kv_heads, st.r, cfg.shape.max_tokens);
       } else {
         const std::size_t b = key_layer_bytes(cfg, st.r);  // padded to the alignment
-        st.cache = key_store(cfg.num_seqs, cfg.num_kv_heads, st.r, cfg.max_tokens, memory.subspan(key_at, b));
+        st.cache = key_store(cfg.shape.num_seqs, cfg.shape.num_kv_heads, st.r, cfg.shape.max_tokens,
+                             memory.subspan(key_at, b));
         key_at += b;
       }
     }
@@ -439,7 +449,8 @@ class infinigen_policy_host {
  public:
 
   [[nodiscard]] bool tracks(int layer) const {
-    return layer >= 0 && layer < cfg_.num_layers && !layers_[static_cast<std::size_t>(layer)].plans.empty();
+    return layer >= 0 && layer < cfg_.shape.num_layers &&
+           !layers_[static_cast<std::size_t>(layer)].plans.empty();
   }
   [[nodiscard]] const key_store& keys(int layer) const {
     check_layer(layer);
@@ -474,16 +485,16 @@ class infinigen_policy_host {
       // A quantised cache refuses non-finite values: every head's key is projected and checked
       // before any is written, so a refusal writes nothing.
       const std::size_t r = static_cast<std::size_t>(st.r);
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
-        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
+      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
+        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.shape.head_dim;
         detail::project_key_checked_plan(st.key_plans[static_cast<std::size_t>(h)], k, qp_ + h * r);
         st.cache.check_append(s, h, t, qp_ + h * r);
       }
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) st.cache.append(s, h, t, qp_ + h * r);
+      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) st.cache.append(s, h, t, qp_ + h * r);
     } else {
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
         const skew_plan& p = st.key_plans[static_cast<std::size_t>(h)];
-        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.head_dim;
+        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.shape.head_dim;
         detail::project_key_checked_plan(p, k, pk_);
         st.cache.append(s, h, t, pk_);
       }
@@ -492,12 +503,13 @@ class infinigen_policy_host {
 
   void score(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out) {
     KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
-    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
+    detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads, cfg_.shape.num_seqs,
+                               cfg_.shape.max_tokens);
     layer_state& st = state(layer);
-    const int S = out.num_seqs, H = cfg_.num_kv_heads, Hq = cfg_.num_q_heads, g = Hq / H,
-              r = st.spec_r;
-    KVSCOUT_EXPECTS(ctx.x.size() >= static_cast<std::size_t>(S) * cfg_.d_model, "x holds ",
-                    ctx.x.size(), " floats, expected [", S, ", ", cfg_.d_model, "]");
+    const int S = out.num_seqs, H = cfg_.shape.num_kv_heads, Hq = cfg_.shape.num_q_heads,
+              g = Hq / H, r = st.spec_r;
+    KVSCOUT_EXPECTS(ctx.x.size() >= static_cast<std::size_t>(S) * cfg_.shape.d_model, "x holds ",
+                    ctx.x.size(), " floats, expected [", S, ", ", cfg_.shape.d_model, "]");
     KVSCOUT_EXPECTS(ctx.positions.size() >= static_cast<std::size_t>(S), "positions holds ",
                     ctx.positions.size(), " entries, expected ", S);
     // Sequences in blocks of query_block, so each head's weights come from memory once per block.
@@ -516,13 +528,13 @@ class infinigen_policy_host {
             rt.fill(st.freq, ctx.positions[s0 + v]);
           }
         }
-      const float* x = ctx.x.data() + static_cast<std::size_t>(s0) * cfg_.d_model;
+      const float* x = ctx.x.data() + static_cast<std::size_t>(s0) * cfg_.shape.d_model;
       for (int qh = 0; qh < Hq; ++qh) {
         float* q = qp_ + static_cast<std::size_t>(qh) * r;
         partial_queries(st.weights[static_cast<std::size_t>(qh)], x,
-                        static_cast<std::size_t>(cfg_.d_model), count, rope_, q, ldq);
+                        static_cast<std::size_t>(cfg_.shape.d_model), count, rope_, q, ldq);
         for (int v = 0; v < count; ++v)
-          for (int c = 0; c < r; ++c) q[v * ldq + static_cast<std::size_t>(c)] *= cfg_.scale;
+          for (int c = 0; c < r; ++c) q[v * ldq + static_cast<std::size_t>(c)] *= cfg_.shape.scale;
       }
       for (int v = 0; v < count; ++v)
         for (int h = 0; h < H; ++h) {
@@ -547,25 +559,27 @@ class infinigen_policy_host {
   void score_query(int layer, const score_context<host_space>& ctx,
                    const score_buffer<host_space>& out) {
     KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
-    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
+    detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads, cfg_.shape.num_seqs,
+                               cfg_.shape.max_tokens);
     layer_state& st = state(layer);
     KVSCOUT_EXPECTS(st.plans[0].mode != rope_mode::pre_rope_folded, "score_query: layer ", layer,
                     "'s plans are pre_rope_folded (partial keys before RoPE); a query after RoPE "
                     "needs post_rope_skew or rope_planes plans");
-    const int S = out.num_seqs, H = cfg_.num_kv_heads, Hq = cfg_.num_q_heads, g = Hq / H, r = st.r;
-    const std::size_t qrow = static_cast<std::size_t>(Hq) * cfg_.head_dim;
+    const int S = out.num_seqs, H = cfg_.shape.num_kv_heads, Hq = cfg_.shape.num_q_heads,
+              g = Hq / H, r = st.r;
+    const std::size_t qrow = static_cast<std::size_t>(Hq) * cfg_.shape.head_dim;
     KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(S) * qrow, "q holds ", ctx.q.size(),
-                    " floats, expected [", S, ", ", Hq, ", ", cfg_.head_dim, "]");
+                    " floats, expected [", S, ", ", Hq, ", ", cfg_.shape.head_dim, "]");
     float* qg = qp_;  // [g, r]: one group's scaled partial queries
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < H; ++h) {
         const skew_plan& p = st.key_plans[static_cast<std::size_t>(h)];
         for (int j = 0; j < g; ++j) {
           const float* q = ctx.q.data() + static_cast<std::size_t>(s) * qrow +
-                           static_cast<std::size_t>(h * g + j) * cfg_.head_dim;
+                           static_cast<std::size_t>(h * g + j) * cfg_.shape.head_dim;
           float* out_q = qg + static_cast<std::size_t>(j) * r;
           detail::project_key_checked_plan(p, q, out_q);
-          for (int c = 0; c < r; ++c) out_q[c] *= cfg_.scale;
+          for (int c = 0; c < r; ++c) out_q[c] *= cfg_.shape.scale;
         }
         const float top =
             score_row(st, qg, r, detail::seq_of(ctx, s), h, g, ctx.seq_lens[s], out.row(s, h),
@@ -590,8 +604,8 @@ class infinigen_policy_host {
   };
 
   void check_layer(int layer) const {
-    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer,
-                    " is out of range [0, ", cfg_.num_layers, ")");
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.shape.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.shape.num_layers, ")");
   }
   layer_state& state(int layer) { return layers_[static_cast<std::size_t>(layer)]; }
   const layer_state& state(int layer) const { return layers_[static_cast<std::size_t>(layer)]; }
@@ -607,7 +621,7 @@ class infinigen_policy_host {
       double inv_z[detail::max_group];
       float top[detail::max_group];
       for (int j = 0; j < g; ++j) {
-        float* lj = lg_ + static_cast<std::size_t>(j) * cfg_.max_tokens;
+        float* lj = lg_ + static_cast<std::size_t>(j) * cfg_.shape.max_tokens;
         const float* qj = qg + static_cast<std::size_t>(j) * r;
         if constexpr (quantized) top[j] = score_quantized<1>(qj, r, st.cache, s, h, n, true, 1.f, lj);
         else top[j] = score_tiles<1>(qj, r, st.cache, s, h, n, true, 1.f, lj);
@@ -622,7 +636,8 @@ class infinigen_policy_host {
       for (int t = 0; t < n; ++t) {
         double a = 0;
         for (int j = 0; j < g; ++j)
-          a += static_cast<double>(lg_[static_cast<std::size_t>(j) * cfg_.max_tokens + t]) * inv_z[j];
+          a += static_cast<double>(lg_[static_cast<std::size_t>(j) * cfg_.shape.max_tokens + t]) *
+               inv_z[j];
         row[t] = static_cast<float>(a);
       }
       return detail::max_non_nan(row, n);

@@ -20,6 +20,7 @@
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/rope.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/skew/plan.hpp"
 #include "kvscout/score/concepts.hpp"
@@ -29,15 +30,9 @@
 namespace kvscout {
 
 struct infinigen_cuda_config {
-  int num_seqs = 0;      // sequences of a batch (at most)
-  int num_kv_heads = 0;  // H
-  int num_q_heads = 0;   // H * g
-  int head_dim = 0;      // D
-  int d_model = 0;       // width of x
-  int max_tokens = 0;    // partial key cache capacity per (sequence, kv head)
+  decode_shape shape{};  // every field but num_layers (one policy serves one layer)
   int r = 0;             // partial dimension (every kv head's plan has this r)
   rope_mode mode = rope_mode::post_rope_skew;  // every kv head's plan has this mode
-  float scale = 0.f;     // logit scale, 1 / sqrt(head_dim) for the attention's own
   gqa_aggregation aggregation = gqa_aggregation::max_logit;
   std::optional<gqa_aggregation> query_aggregation{};
   /// The channels score_query reads, where more than r (0: r); the cache then holds them, the
@@ -219,34 +214,36 @@ struct spec_launch_shapes {
 inline spec_launch_shapes spec_shapes(const infinigen_cuda_config& c, int rows, int num_seqs,
                                       int max_len) {
   spec_launch_shapes l;
-  const long long total_rows = static_cast<long long>(c.num_q_heads) * rows;
+  const long long total_rows = static_cast<long long>(c.shape.num_q_heads) * rows;
   l.gemv_blocks = (total_rows + spec_gemv_warps - 1) / spec_gemv_warps;
   l.finish[0] = num_seqs;
-  l.finish[1] = c.num_q_heads;
+  l.finish[1] = c.shape.num_q_heads;
   l.finish[2] = (c.r + spec_finish_outputs - 1) / spec_finish_outputs;
   l.score[0] = (static_cast<long long>(max_len) + spec_tokens_per_block - 1) / spec_tokens_per_block;
-  l.score[1] = c.num_kv_heads;
+  l.score[1] = c.shape.num_kv_heads;
   l.score[2] = num_seqs;
   return l;
 }
 
 inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
-  KVSCOUT_EXPECTS(c.num_seqs > 0 && c.num_kv_heads > 0 && c.max_tokens > 0,
-                  "infinigen_policy_cuda needs positive sizes, got seqs ", c.num_seqs,
-                  ", kv heads ", c.num_kv_heads, ", max_tokens ", c.max_tokens);
-  KVSCOUT_EXPECTS(c.head_dim > 0 && c.d_model > 0, "head_dim and d_model must be positive, got ",
-                  c.head_dim, " and ", c.d_model);
-  check_gqa(c.num_q_heads, c.num_kv_heads);
-  const int g = c.num_q_heads / c.num_kv_heads;
-  KVSCOUT_EXPECTS(c.num_q_heads <= spec_max_grid_yz, "num_q_heads = ", c.num_q_heads,
+  KVSCOUT_EXPECTS(c.shape.num_seqs > 0 && c.shape.num_kv_heads > 0 && c.shape.max_tokens > 0,
+                  "infinigen_policy_cuda needs positive sizes, got seqs ", c.shape.num_seqs,
+                  ", kv heads ", c.shape.num_kv_heads, ", max_tokens ", c.shape.max_tokens);
+  KVSCOUT_EXPECTS(c.shape.head_dim > 0 && c.shape.d_model > 0,
+                  "head_dim and d_model must be positive, got ", c.shape.head_dim, " and ",
+                  c.shape.d_model);
+  check_gqa(c.shape.num_q_heads, c.shape.num_kv_heads);
+  const int g = c.shape.num_q_heads / c.shape.num_kv_heads;
+  KVSCOUT_EXPECTS(c.shape.num_q_heads <= spec_max_grid_yz, "num_q_heads = ", c.shape.num_q_heads,
                   " exceeds the grid limit ", spec_max_grid_yz, " (the finish kernel's grid.y)");
   KVSCOUT_EXPECTS(g <= max_group, "GQA group of ", g, " query heads exceeds ", max_group);
-  check_scale(c.scale);
-  KVSCOUT_EXPECTS(c.r >= 1 && c.r <= c.head_dim, "r = ", c.r, " must be in [1, head_dim = ",
-                  c.head_dim, "]");
-  KVSCOUT_EXPECTS(c.correction_r == 0 || (c.correction_r >= c.r && c.correction_r <= c.head_dim),
-                  "correction_r = ", c.correction_r, " must be 0 (r) or in [r = ", c.r,
-                  ", head_dim = ", c.head_dim, "]");
+  check_scale(c.shape.scale);
+  KVSCOUT_EXPECTS(c.r >= 1 && c.r <= c.shape.head_dim, "r = ", c.r,
+                  " must be in [1, head_dim = ", c.shape.head_dim, "]");
+  KVSCOUT_EXPECTS(
+      c.correction_r == 0 || (c.correction_r >= c.r && c.correction_r <= c.shape.head_dim),
+      "correction_r = ", c.correction_r, " must be 0 (r) or in [r = ", c.r,
+      ", head_dim = ", c.shape.head_dim, "]");
   KVSCOUT_EXPECTS(c.mode == rope_mode::post_rope_skew || c.mode == rope_mode::rope_planes ||
                       c.mode == rope_mode::pre_rope_folded,
                   "unsupported rope_mode ", static_cast<int>(c.mode),
@@ -256,15 +253,16 @@ inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
     KVSCOUT_EXPECTS(c.key_r() % 2 == 0, "rope_planes needs an even correction_r (whole planes), got ",
                     c.correction_r);
   }
-  KVSCOUT_EXPECTS(c.head_dim <= 2 * rope_table::max_planes, "head_dim ", c.head_dim,
+  KVSCOUT_EXPECTS(c.shape.head_dim <= 2 * rope_table::max_planes, "head_dim ", c.shape.head_dim,
                   " exceeds the device speculation's limit ", 2 * rope_table::max_planes);
   if (c.mode != rope_mode::pre_rope_folded) {
-    KVSCOUT_EXPECTS(c.head_dim % 2 == 0, "RoPE modes need an even head_dim, got ", c.head_dim);
+    KVSCOUT_EXPECTS(c.shape.head_dim % 2 == 0, "RoPE modes need an even head_dim, got ",
+                    c.shape.head_dim);
   }
   check_aggregation(c.aggregation, "aggregation");
   check_aggregation(c.late_aggregation(), "query_aggregation");
-  KVSCOUT_EXPECTS(c.num_seqs <= spec_max_grid_yz && c.num_kv_heads <= spec_max_grid_yz,
-                  "num_seqs = ", c.num_seqs, " and num_kv_heads = ", c.num_kv_heads,
+  KVSCOUT_EXPECTS(c.shape.num_seqs <= spec_max_grid_yz && c.shape.num_kv_heads <= spec_max_grid_yz,
+                  "num_seqs = ", c.shape.num_seqs, " and num_kv_heads = ", c.shape.num_kv_heads,
                   " must be at most ", spec_max_grid_yz, " (grid limit)");
   const std::size_t group_bytes = sizeof(float) * static_cast<std::size_t>(g) * c.key_r();
   KVSCOUT_EXPECTS(group_bytes <= spec_max_group_smem, "a GQA group's partial queries (g = ", g,
@@ -276,17 +274,18 @@ template <class PkT, class WT = float>
 infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
   check_infinigen_cuda_config(c);
   infinigen_cuda_layout l;
-  const std::size_t S = static_cast<std::size_t>(c.num_seqs);
-  const std::size_t H = static_cast<std::size_t>(c.num_kv_heads);
-  const std::size_t Hq = static_cast<std::size_t>(c.num_q_heads);
+  const std::size_t S = static_cast<std::size_t>(c.shape.num_seqs);
+  const std::size_t H = static_cast<std::size_t>(c.shape.num_kv_heads);
+  const std::size_t Hq = static_cast<std::size_t>(c.shape.num_q_heads);
   const std::size_t g = Hq / H;
   const std::size_t r = static_cast<std::size_t>(c.r);
   const std::size_t R = static_cast<std::size_t>(c.key_r());
-  l.rows = c.mode == rope_mode::post_rope_skew ? c.head_dim : c.r;
-  l.chunks = (c.max_tokens + spec_tokens_per_block - 1) / spec_tokens_per_block;
+  l.rows = c.mode == rope_mode::post_rope_skew ? c.shape.head_dim : c.r;
+  l.chunks = (c.shape.max_tokens + spec_tokens_per_block - 1) / spec_tokens_per_block;
   l.key_elements = 0;
   if constexpr (!device_key_format<PkT>::quantized)
-    l.key_elements = partial_key_view<PkT>::elements_for(c.num_seqs, c.num_kv_heads, c.key_r(), c.max_tokens);
+    l.key_elements = partial_key_view<PkT>::elements_for(c.shape.num_seqs, c.shape.num_kv_heads,
+                                                         c.key_r(), c.shape.max_tokens);
   std::size_t at = 0;
   const auto take = [&](std::size_t bytes) {
     const std::size_t here = at;
@@ -294,11 +293,11 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
     return here;
   };
   const std::size_t rows = static_cast<std::size_t>(l.rows);
-  l.weights = take(sizeof(WT) * Hq * rows * static_cast<std::size_t>(c.d_model));
+  l.weights = take(sizeof(WT) * Hq * rows * static_cast<std::size_t>(c.shape.d_model));
   l.bias = take(sizeof(float) * Hq * rows);
   l.rotation = take(c.mode == rope_mode::rope_planes
                         ? 0
-                        : sizeof(float) * H * static_cast<std::size_t>(c.head_dim) * R);
+                        : sizeof(float) * H * static_cast<std::size_t>(c.shape.head_dim) * R);
   l.channels = take(sizeof(std::int32_t) * H * R);
   l.planes = take(c.mode == rope_mode::rope_planes ? sizeof(std::int32_t) * H * (r / 2) : 0);
   l.y = take(sizeof(float) * S * Hq * rows);
@@ -313,7 +312,8 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
                     " bytes of floats, over the ", spec_max_quantize_smem,
                     " bytes of shared memory the quantising kernel uses; use a smaller group or r");
   }
-  l.keys = take(device_key_format<PkT>::bytes(c.num_seqs, c.num_kv_heads, c.key_r(), c.max_tokens));
+  l.keys = take(device_key_format<PkT>::bytes(c.shape.num_seqs, c.shape.num_kv_heads, c.key_r(),
+                                              c.shape.max_tokens));
   l.total = at;
   return l;
 }
@@ -325,24 +325,24 @@ void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
                                 const std::vector<skew_plan>& plans, host_span<const In> w_q,
                                 host_span<const In> b_q,
                                 const std::vector<skew_plan>* correction_plans = nullptr) {
-  KVSCOUT_EXPECTS(static_cast<int>(plans.size()) == c.num_kv_heads, "got ", plans.size(),
-                  " skew plans, expected one per kv head (", c.num_kv_heads, ")");
+  KVSCOUT_EXPECTS(static_cast<int>(plans.size()) == c.shape.num_kv_heads, "got ", plans.size(),
+                  " skew plans, expected one per kv head (", c.shape.num_kv_heads, ")");
   for (std::size_t h = 0; h < plans.size(); ++h) {
     const skew_plan& p = plans[h];
     check_plan(p);
     KVSCOUT_EXPECTS(p.mode == c.mode, "plan of kv head ", h, " has mode ", to_string(p.mode),
                     ", the config ", to_string(c.mode));
     KVSCOUT_EXPECTS(p.r == c.r, "plan of kv head ", h, " has r = ", p.r, ", the config ", c.r);
-    KVSCOUT_EXPECTS(p.head_dim == c.head_dim, "plan of kv head ", h, " has head_dim ", p.head_dim,
-                    ", the config ", c.head_dim);
+    KVSCOUT_EXPECTS(p.head_dim == c.shape.head_dim, "plan of kv head ", h, " has head_dim ",
+                    p.head_dim, ", the config ", c.shape.head_dim);
     KVSCOUT_EXPECTS(p.rope.head_dim == plans[0].rope.head_dim &&
                         p.rope.theta == plans[0].rope.theta && p.rope.style == plans[0].rope.style,
                     "plan of kv head ", h, " has another RoPE configuration than kv head 0");
   }
   if (correction_plans != nullptr) {
-    KVSCOUT_EXPECTS(static_cast<int>(correction_plans->size()) == c.num_kv_heads, "got ",
+    KVSCOUT_EXPECTS(static_cast<int>(correction_plans->size()) == c.shape.num_kv_heads, "got ",
                     correction_plans->size(), " correction plans, expected one per kv head (",
-                    c.num_kv_heads, ")");
+                    c.shape.num_kv_heads, ")");
     KVSCOUT_EXPECTS(c.correction_r > 0, "correction plans were given but the config's "
                     "correction_r is 0; set it to their r");
     for (std::size_t h = 0; h < correction_plans->size(); ++h) {
@@ -355,10 +355,11 @@ void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
     KVSCOUT_EXPECTS(c.correction_r == 0 || c.correction_r == c.r, "the config's correction_r = ",
                     c.correction_r, " needs correction plans of that r (none were given)");
   }
-  const std::size_t w_need = static_cast<std::size_t>(c.num_q_heads) * c.head_dim * c.d_model;
+  const std::size_t w_need =
+      static_cast<std::size_t>(c.shape.num_q_heads) * c.shape.head_dim * c.shape.d_model;
   KVSCOUT_EXPECTS(w_q.size() == w_need, "W_Q holds ", w_q.size(),
                   " elements, expected num_q_heads * head_dim * d_model = ", w_need);
-  const std::size_t b_need = static_cast<std::size_t>(c.num_q_heads) * c.head_dim;
+  const std::size_t b_need = static_cast<std::size_t>(c.shape.num_q_heads) * c.shape.head_dim;
   KVSCOUT_EXPECTS(b_q.empty() || b_q.size() == b_need, "b_Q holds ", b_q.size(),
                   " elements, expected 0 or num_q_heads * head_dim = ", b_need);
 }
@@ -382,11 +383,11 @@ inline void check_infinigen_cuda_scores(const infinigen_cuda_config& c,
                                         const score_context<device_space>& ctx,
                                         const score_buffer<device_space>& out) {
   const int S = out.num_seqs;
-  KVSCOUT_EXPECTS(S >= 1 && S <= c.num_seqs, "score buffer num_seqs = ", S,
-                  " is outside [1, config num_seqs = ", c.num_seqs, "]");
-  KVSCOUT_EXPECTS(ctx.max_seq_len >= 0 && ctx.max_seq_len <= c.max_tokens, "max_seq_len = ",
-                  ctx.max_seq_len, " is outside [0, max_tokens = ", c.max_tokens, "]");
-  check_device_score_call(c.num_kv_heads, ctx, out);
+  KVSCOUT_EXPECTS(S >= 1 && S <= c.shape.num_seqs, "score buffer num_seqs = ", S,
+                  " is outside [1, config num_seqs = ", c.shape.num_seqs, "]");
+  KVSCOUT_EXPECTS(ctx.max_seq_len >= 0 && ctx.max_seq_len <= c.shape.max_tokens, "max_seq_len = ",
+                  ctx.max_seq_len, " is outside [0, max_tokens = ", c.shape.max_tokens, "]");
+  check_device_score_call(c.shape.num_kv_heads, ctx, out);
 }
 
 inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
@@ -394,7 +395,7 @@ inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
                                        const score_buffer<device_space>& out) {
   check_infinigen_cuda_scores(c, ctx, out);
   const std::size_t s = static_cast<std::size_t>(out.num_seqs);
-  const std::size_t x_need = s * static_cast<std::size_t>(c.d_model);
+  const std::size_t x_need = s * static_cast<std::size_t>(c.shape.d_model);
   KVSCOUT_EXPECTS(ctx.x.size() >= x_need && ctx.x.data() != nullptr, "x holds ", ctx.x.size(),
                   " floats, expected num_seqs * d_model = ", x_need);
   KVSCOUT_EXPECTS(ctx.positions.size() >= s && ctx.positions.data() != nullptr,
@@ -409,9 +410,10 @@ inline void check_infinigen_cuda_score_query(const infinigen_cuda_config& c, std
                   "post_rope_skew or rope_planes plans");
   check_infinigen_cuda_scores(c, ctx, out);
   const int S = out.num_seqs;
-  const std::size_t need = static_cast<std::size_t>(S) * c.num_q_heads * static_cast<std::size_t>(c.head_dim);
+  const std::size_t need = static_cast<std::size_t>(S) * c.shape.num_q_heads *
+                           static_cast<std::size_t>(c.shape.head_dim);
   KVSCOUT_EXPECTS(q_size >= need && q_present, "q holds ", q_size, " floats, expected [", S, ", ",
-                  c.num_q_heads, ", ", c.head_dim, "]");
+                  c.shape.num_q_heads, ", ", c.shape.head_dim, "]");
 }
 
 inline void check_infinigen_cuda_append(const infinigen_cuda_config& c, std::size_t key_elements,
@@ -419,7 +421,8 @@ inline void check_infinigen_cuda_append(const infinigen_cuda_config& c, std::siz
                                         device_span<const int32_t> token_ids, int count) {
   KVSCOUT_EXPECTS(count >= 0, "count must be non-negative, got ", count);
   const std::size_t n = static_cast<std::size_t>(count);
-  const std::size_t key_need = n * c.num_kv_heads * static_cast<std::size_t>(c.head_dim);
+  const std::size_t key_need =
+      n * c.shape.num_kv_heads * static_cast<std::size_t>(c.shape.head_dim);
   KVSCOUT_EXPECTS(key_elements >= key_need && (keys_present || n == 0), "keys holds ",
                   key_elements, " elements, expected count * num_kv_heads * head_dim = ",
                   key_need);

@@ -6,7 +6,7 @@
 // (then the resident window); an fp8 cache's keys times the layer's k_scale. So on a quantised
 // cache the oracle ranks by the logits attention will actually compute.
 //
-//   kvscout::oracle_policy_host<layout> oracle({.num_q_heads = 9, .scale = 0.125f}, per_layer_kv);
+//   kvscout::oracle_policy_host<layout> oracle({.shape = shape}, per_layer_kv);  // Hq, scale
 
 #include <cmath>
 #include <cstddef>
@@ -15,6 +15,7 @@
 
 #include "kvscout/attention/cache_rows.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/simd.hpp"
 #include "kvscout/kv/concepts.hpp"
 #include "kvscout/score/concepts.hpp"
@@ -26,8 +27,7 @@ template <kv_layout L>
 class oracle_policy_host {
  public:
   struct config {
-    int num_q_heads = 0;
-    float scale = 0.f;
+    decode_shape shape{};  // num_q_heads, scale
     gqa_aggregation aggregation = gqa_aggregation::sum_prob;
   };
   using config_type = config;
@@ -50,11 +50,11 @@ class oracle_policy_host {
                       k_scales_[i], " must be positive and finite");
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const int H = layers_[i].layout.num_kv_heads();
-      KVSCOUT_EXPECTS(H >= 1 && cfg.num_q_heads >= 1 && cfg.num_q_heads % H == 0,
-                      "num_q_heads = ", cfg.num_q_heads,
+      KVSCOUT_EXPECTS(H >= 1 && cfg.shape.num_q_heads >= 1 && cfg.shape.num_q_heads % H == 0,
+                      "num_q_heads = ", cfg.shape.num_q_heads,
                       " must be a positive multiple of layer ", i, "'s num_kv_heads = ", H);
     }
-    detail::check_scale(cfg.scale);
+    detail::check_scale(cfg.shape.scale);
   }
 
   void score(int layer, const score_context<host_space>& ctx,
@@ -65,10 +65,11 @@ class oracle_policy_host {
     const int H = rows.num_kv_heads();
     detail::check_score_buffer(out, ctx, H, rows.num_seqs(), std::numeric_limits<int>::max(),
                                "the cache's");
-    const int g = cfg_.num_q_heads / H;
-    KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(out.num_seqs) * cfg_.num_q_heads * head_dim,
-                    "the oracle needs layer ", layer, "'s query: q holds ", ctx.q.size(),
-                    " floats, expected [", out.num_seqs, ", ", cfg_.num_q_heads, ", ", head_dim, "]");
+    const int g = cfg_.shape.num_q_heads / H;
+    KVSCOUT_EXPECTS(
+        ctx.q.size() >= static_cast<std::size_t>(out.num_seqs) * cfg_.shape.num_q_heads * head_dim,
+        "the oracle needs layer ", layer, "'s query: q holds ", ctx.q.size(), " floats, expected [",
+        out.num_seqs, ", ", cfg_.shape.num_q_heads, ", ", head_dim, "]");
     // Every sequence's length before the first score is written, so a bad one leaves out as it was.
     for (int s = 0; s < out.num_seqs; ++s) {
       const int seq = detail::seq_of(ctx, s);
@@ -77,13 +78,14 @@ class oracle_policy_host {
                       " (sequence ", seq, ")");
     }
     float k[head_dim];
-    const float logit_scale =
-        k_scales_.empty() ? cfg_.scale : cfg_.scale * k_scales_[static_cast<std::size_t>(layer)];
+    const float logit_scale = k_scales_.empty()
+                                  ? cfg_.shape.scale
+                                  : cfg_.shape.scale * k_scales_[static_cast<std::size_t>(layer)];
     for (int s = 0; s < out.num_seqs; ++s) {
       const int seq = detail::seq_of(ctx, s);
       for (int h = 0; h < H; ++h) {
-        const float* qg =
-            ctx.q.data() + (static_cast<std::size_t>(s) * cfg_.num_q_heads + h * g) * head_dim;
+        const float* qg = ctx.q.data() +
+                          (static_cast<std::size_t>(s) * cfg_.shape.num_q_heads + h * g) * head_dim;
         detail::aggregate_scores(ctx.seq_lens[s], g, cfg_.aggregation, out.row(s, h),
                                  [&](int t, float* z) {
                                    rows.load_k(seq, h, t, k);

@@ -12,6 +12,7 @@
 
 #include "kvscout/cache/host_buffer.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/score/concepts.hpp"
 #include "kvscout/score/detail/aggregate.hpp"
 
@@ -21,13 +22,8 @@ template <int HeadDim>
 class quest_policy_host {
  public:
   struct config {
-    int num_layers = 0;
-    int num_seqs = 0;
-    int num_kv_heads = 0;
-    int num_q_heads = 0;
-    int max_tokens = 0;
+    decode_shape shape{};  // num_layers, num_seqs, num_kv_heads, num_q_heads, max_tokens, scale
     int page_size = 16;
-    float scale = 0.f;
     gqa_aggregation aggregation = gqa_aggregation::max_logit;
   };
   using config_type = config;
@@ -51,15 +47,15 @@ class quest_policy_host {
 
   /// k_post is [num_kv_heads, head_dim].
   void append(int layer, int s, int t, const float* /*k_pre_rope*/, const float* k_post) {
-    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer, " is out of range [0, ",
-                    cfg_.num_layers, ")");
-    KVSCOUT_EXPECTS(s >= 0 && s < cfg_.num_seqs, "sequence ", s, " is out of range [0, ",
-                    cfg_.num_seqs, ")");
-    KVSCOUT_EXPECTS(t >= 0 && t < cfg_.max_tokens, "token ", t, " is out of range [0, max_tokens = ",
-                    cfg_.max_tokens, ")");
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.shape.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.shape.num_layers, ")");
+    KVSCOUT_EXPECTS(s >= 0 && s < cfg_.shape.num_seqs, "sequence ", s, " is out of range [0, ",
+                    cfg_.shape.num_seqs, ")");
+    KVSCOUT_EXPECTS(t >= 0 && t < cfg_.shape.max_tokens, "token ", t,
+                    " is out of range [0, max_tokens = ", cfg_.shape.max_tokens, ")");
     KVSCOUT_EXPECTS(k_post != nullptr, "k_post is null: quest_policy_host bounds the post-RoPE keys");
     const bool first = t % cfg_.page_size == 0;
-    for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+    for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
       float* mn = page(layer, s, h, t / cfg_.page_size);
       float* mx = mn + HeadDim;
       const float* k = k_post + static_cast<std::size_t>(h) * HeadDim;
@@ -72,19 +68,21 @@ class quest_policy_host {
 
   void score(int layer, const score_context<host_space>& ctx,
              const score_buffer<host_space>& out) const {
-    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.num_layers, "layer ", layer, " is out of range [0, ",
-                    cfg_.num_layers, ")");
-    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads, cfg_.num_seqs, cfg_.max_tokens);
-    const int g = cfg_.num_q_heads / cfg_.num_kv_heads;
-    KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(out.num_seqs) * cfg_.num_q_heads * HeadDim,
-                    "quest needs layer ", layer, "'s query: q holds ", ctx.q.size(),
-                    " floats, expected [", out.num_seqs, ", ", cfg_.num_q_heads, ", ", HeadDim,
-                    "]");
+    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.shape.num_layers, "layer ", layer,
+                    " is out of range [0, ", cfg_.shape.num_layers, ")");
+    detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads, cfg_.shape.num_seqs,
+                               cfg_.shape.max_tokens);
+    const int g = cfg_.shape.num_q_heads / cfg_.shape.num_kv_heads;
+    KVSCOUT_EXPECTS(
+        ctx.q.size() >= static_cast<std::size_t>(out.num_seqs) * cfg_.shape.num_q_heads * HeadDim,
+        "quest needs layer ", layer, "'s query: q holds ", ctx.q.size(), " floats, expected [",
+        out.num_seqs, ", ", cfg_.shape.num_q_heads, ", ", HeadDim, "]");
     for (int s = 0; s < out.num_seqs; ++s) {
       const int len = ctx.seq_lens[s], seq = detail::seq_of(ctx, s);
       const int pages = (len + cfg_.page_size - 1) / cfg_.page_size;
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
-        const float* qg = ctx.q.data() + (static_cast<std::size_t>(s) * cfg_.num_q_heads + h * g) * HeadDim;
+      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
+        const float* qg =
+            ctx.q.data() + (static_cast<std::size_t>(s) * cfg_.shape.num_q_heads + h * g) * HeadDim;
         float* row = out.row(s, h);
         detail::aggregate_scores(pages, g, cfg_.aggregation, row,
                                  [&](int p, float* z) {
@@ -95,7 +93,7 @@ class quest_policy_host {
                                      float ub = 0;
                                      for (int c = 0; c < HeadDim; ++c)
                                        ub += std::max(q[c] * mn[c], q[c] * mx[c]);
-                                     z[j] = ub * cfg_.scale;
+                                     z[j] = ub * cfg_.shape.scale;
                                    }
                                  });
         // Spread to every token of its page, last page first: page p writes
@@ -117,24 +115,31 @@ class quest_policy_host {
  private:
   static int pages_of(const config& cfg) {
     check(cfg);
-    return static_cast<int>((static_cast<std::int64_t>(cfg.max_tokens) + cfg.page_size - 1) / cfg.page_size);
+    return static_cast<int>((static_cast<std::int64_t>(cfg.shape.max_tokens) + cfg.page_size - 1) /
+                            cfg.page_size);
   }
   static void check(const config& cfg) {
-    detail::check_policy_sizes("quest_policy_host", cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads,
-                               cfg.max_tokens);
+    detail::check_policy_sizes("quest_policy_host", cfg.shape.num_layers, cfg.shape.num_seqs,
+                               cfg.shape.num_kv_heads, cfg.shape.max_tokens);
     KVSCOUT_EXPECTS(cfg.page_size >= 1, "page_size must be positive, got ", cfg.page_size);
-    detail::check_gqa(cfg.num_q_heads, cfg.num_kv_heads);
-    detail::check_scale(cfg.scale);
+    detail::check_gqa(cfg.shape.num_q_heads, cfg.shape.num_kv_heads);
+    detail::check_scale(cfg.shape.scale);
   }
   static std::size_t elements(const config& cfg) {
-    return detail::checked_size("quest_policy_host's page bounds (layers x seqs x kv heads x pages x 2 x "
-                                "head_dim floats)",
-                                cfg.num_layers, cfg.num_seqs, cfg.num_kv_heads, pages_of(cfg), 2 * HeadDim);
+    return detail::checked_size(
+        "quest_policy_host's page bounds (layers x seqs x kv heads x pages x 2 x "
+        "head_dim floats)",
+        cfg.shape.num_layers, cfg.shape.num_seqs, cfg.shape.num_kv_heads, pages_of(cfg),
+        2 * HeadDim);
   }
   float* page(int layer, int s, int h, int p) {
-    return bounds_.data() +
-           ((((static_cast<std::size_t>(layer) * cfg_.num_seqs + s) * cfg_.num_kv_heads + h) * max_pages_ + p) * 2) *
-               HeadDim;
+    return bounds_.data() + ((((static_cast<std::size_t>(layer) * cfg_.shape.num_seqs + s) *
+                                   cfg_.shape.num_kv_heads +
+                               h) *
+                                  max_pages_ +
+                              p) *
+                             2) *
+                                HeadDim;
   }
   const float* page(int layer, int s, int h, int p) const {
     return const_cast<quest_policy_host*>(this)->page(layer, s, h, p);

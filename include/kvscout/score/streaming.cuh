@@ -24,6 +24,7 @@
 #include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/exec.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/score/device_concepts.hpp"
 
 namespace kvscout {
@@ -68,14 +69,15 @@ __global__ void __launch_bounds__(streaming_block_threads)
 class streaming_policy_cuda {
  public:
   struct config {
-    int num_kv_heads = 0;
+    decode_shape shape{};  // num_kv_heads
     int sinks = 4;
   };
   using config_type = config;
 
   explicit streaming_policy_cuda(const config& cfg) : cfg_(cfg) {
-    KVSCOUT_EXPECTS(cfg.num_kv_heads > 0, "num_kv_heads must be positive, got ", cfg.num_kv_heads);
-    KVSCOUT_EXPECTS(cfg.num_kv_heads <= 65535, "num_kv_heads = ", cfg.num_kv_heads,
+    KVSCOUT_EXPECTS(cfg.shape.num_kv_heads > 0, "num_kv_heads must be positive, got ",
+                    cfg.shape.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.shape.num_kv_heads <= 65535, "num_kv_heads = ", cfg.shape.num_kv_heads,
                     " exceeds the grid's 65535");
     KVSCOUT_EXPECTS(cfg.sinks >= 0, "sinks must be non-negative, got ", cfg.sinks);
   }
@@ -87,7 +89,7 @@ class streaming_policy_cuda {
   void score(const score_context<device_space>& ctx, const score_buffer<device_space>& out,
              const cuda_exec& exec) const {
     const cudaStream_t stream = exec.stream;
-    detail::check_device_score_call(cfg_.num_kv_heads, ctx, out);
+    detail::check_device_score_call(cfg_.shape.num_kv_heads, ctx, out);
     constexpr int per_block = detail::streaming_block_threads * detail::streaming_tokens_per_thread;
     KVSCOUT_EXPECTS(out.num_seqs <= 65535, "score buffer num_seqs = ", out.num_seqs,
                     " exceeds the grid's 65535");
@@ -95,10 +97,11 @@ class streaming_policy_cuda {
                     " exceeds ", INT_MAX - per_block);
     if (ctx.max_seq_len == 0) return;
     const dim3 grid(static_cast<unsigned>((ctx.max_seq_len + per_block - 1) / per_block),
-                    static_cast<unsigned>(cfg_.num_kv_heads), static_cast<unsigned>(out.num_seqs));
+                    static_cast<unsigned>(cfg_.shape.num_kv_heads),
+                    static_cast<unsigned>(out.num_seqs));
     detail::launch(detail::streaming_scores<>, grid, detail::streaming_block_threads, 0, stream,
                    detail::streaming_params{out.scores.data(), ctx.seq_lens.data(),
-                                            cfg_.num_kv_heads, out.stride, ctx.max_seq_len,
+                                            cfg_.shape.num_kv_heads, out.stride, ctx.max_seq_len,
                                             cfg_.sinks, exec.status});
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }

@@ -5,6 +5,7 @@
 
 #include <limits>
 
+#include "kvscout/core/shape.hpp"
 #include "kvscout/score/concepts.hpp"
 
 namespace kvscout {
@@ -12,20 +13,21 @@ namespace kvscout {
 class streaming_policy_host {
  public:
   struct config {
-    int num_kv_heads = 0;
+    decode_shape shape{};  // num_kv_heads
     int sinks = 4;
   };
   using config_type = config;
   static constexpr bool needs_query = false;
 
   explicit streaming_policy_host(const config& cfg) : cfg_(cfg) {
-    KVSCOUT_EXPECTS(cfg.num_kv_heads > 0, "num_kv_heads must be positive, got ", cfg.num_kv_heads);
+    KVSCOUT_EXPECTS(cfg.shape.num_kv_heads > 0, "num_kv_heads must be positive, got ",
+                    cfg.shape.num_kv_heads);
     KVSCOUT_EXPECTS(cfg.sinks >= 0, "sinks must be non-negative, got ", cfg.sinks);
   }
 
   void score(int /*layer*/, const score_context<host_space>& ctx,
              const score_buffer<host_space>& out) const {
-    detail::check_score_buffer(out, ctx, cfg_.num_kv_heads);
+    detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads);
     for (int s = 0; s < out.num_seqs; ++s) {
       for (int h = 0; h < out.num_kv_heads; ++h) {
         float* row = out.row(s, h);

@@ -122,9 +122,9 @@ class correction_selector_cuda {
   using memory_space = device_space;
 
   [[nodiscard]] static topk_selector_host::config topk_config(const config& cfg) {
-    detail::check_correction_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
-                                    cfg.extra);
-    return {cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity, cfg.extra, {}};
+    detail::check_correction_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads,
+                                    cfg.shape.max_tokens, cfg.capacity, cfg.extra);
+    return {.shape = cfg.shape, .capacity = cfg.capacity, .budget = cfg.extra, .keep = {}};
   }
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return topk_selector_cuda::workspace_bytes(topk_config(cfg));
@@ -140,17 +140,20 @@ class correction_selector_cuda {
   void select(device_span<float> late, device_span<const std::int32_t> seq_lens,
               const selection_view<device_space>& speculated,
               const selection_buffers<device_space>& out, const cuda_exec& exec) {
-    const score_view<device_space> view{{late.data(), late.size()}, seq_lens, cfg_.num_seqs,
-                                        cfg_.num_kv_heads, cfg_.stride};
-    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
-                                 view, out);
-    detail::check_speculated_shape(cfg_.num_seqs, cfg_.num_kv_heads, speculated);
-    const int rows = cfg_.num_seqs * cfg_.num_kv_heads;
+    const score_view<device_space> view{{late.data(), late.size()},
+                                        seq_lens,
+                                        cfg_.shape.num_seqs,
+                                        cfg_.shape.num_kv_heads,
+                                        cfg_.shape.max_tokens};
+    detail::check_selector_views(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads,
+                                 cfg_.shape.max_tokens, cfg_.capacity, view, out);
+    detail::check_speculated_shape(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads, speculated);
+    const int rows = cfg_.shape.num_seqs * cfg_.shape.num_kv_heads;
     if (rows == 0) return;
     const detail::correction_params p{late.data(),          seq_lens.data(),
                                       speculated.indices.data(), speculated.counts.data(),
                                       out.indices.data(),   out.counts.data(),
-                                      cfg_.num_kv_heads,    cfg_.stride,
+                                      cfg_.shape.num_kv_heads,    cfg_.shape.max_tokens,
                                       speculated.capacity,  cfg_.capacity,
                                       cfg_.extra,           exec.status};
     const cudaStream_t stream = exec.stream;

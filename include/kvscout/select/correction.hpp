@@ -23,6 +23,7 @@
 
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/detail/checks.hpp"
@@ -31,11 +32,11 @@
 namespace kvscout {
 
 namespace detail {
-inline void check_correction_config(int num_seqs, int num_kv_heads, int stride, int capacity,
+inline void check_correction_config(int num_seqs, int num_kv_heads, int max_tokens, int capacity,
                                     int extra) {
   KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
   KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
-  KVSCOUT_EXPECTS(stride >= 0, "stride must be non-negative, got ", stride);
+  KVSCOUT_EXPECTS(max_tokens >= 0, "max_tokens must be non-negative, got ", max_tokens);
   KVSCOUT_EXPECTS(extra >= 1 && extra <= capacity, "extra = ", extra, " must be in [1, capacity = ",
                   capacity, "] (rows added per (sequence, kv head))");
 }
@@ -59,9 +60,7 @@ void check_speculated_shape(int num_seqs, int num_kv_heads, const selection_view
 class correction_selector_host {
  public:
   struct config {
-    int num_seqs = 0;
-    int num_kv_heads = 0;
-    int stride = 0;    // score row stride: tokens per row, >= every seq_lens[s]
+    decode_shape shape{};  // num_seqs, num_kv_heads, max_tokens (the score rows' stride)
     int capacity = 0;  // index slots per (sequence, kv_head) in the output buffers
     int extra = 0;     // rows added per (sequence, kv_head) at most: in [1, capacity]
   };
@@ -69,31 +68,31 @@ class correction_selector_host {
   using memory_space = host_space;
 
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
-    detail::check_correction_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
-                                    cfg.extra);
-    return sizeof(std::uint32_t) * (detail::row_workspace::words(cfg.stride) +
-                                    static_cast<std::size_t>(cfg.stride));
+    detail::check_correction_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads,
+                                    cfg.shape.max_tokens, cfg.capacity, cfg.extra);
+    return sizeof(std::uint32_t) * (detail::row_workspace::words(cfg.shape.max_tokens) +
+                                    static_cast<std::size_t>(cfg.shape.max_tokens));
   }
   static constexpr std::size_t workspace_alignment = detail::row_workspace_alignment;
 
   correction_selector_host(const config& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
     std::uint32_t* w = detail::workspace_words(workspace, workspace_bytes(cfg));
-    ws_ = detail::row_workspace::carve(w, cfg.stride);
-    masked_ = reinterpret_cast<float*>(w + detail::row_workspace::words(cfg.stride));
+    ws_ = detail::row_workspace::carve(w, cfg.shape.max_tokens);
+    masked_ = reinterpret_cast<float*>(w + detail::row_workspace::words(cfg.shape.max_tokens));
   }
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
   void select(const score_view<host_space>& scores, const selection_view<host_space>& speculated,
               const selection_buffers<host_space>& out) {
-    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
-                                 scores, out);
-    detail::check_speculated_shape(cfg_.num_seqs, cfg_.num_kv_heads, speculated);
+    detail::check_selector_views(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads,
+                                 cfg_.shape.max_tokens, cfg_.capacity, scores, out);
+    detail::check_speculated_shape(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads, speculated);
     check_speculated_rows(scores, speculated);
     const float nan = std::numeric_limits<float>::quiet_NaN();
-    for (int s = 0; s < cfg_.num_seqs; ++s) {
+    for (int s = 0; s < cfg_.shape.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
         const std::size_t r = speculated.row(s, h);
         const std::int32_t* sp =
             speculated.indices.data() + r * static_cast<std::size_t>(speculated.capacity);
@@ -121,9 +120,9 @@ class correction_selector_host {
  private:
   void check_speculated_rows(const score_view<host_space>& scores,
                              const selection_view<host_space>& sp) const {
-    for (int s = 0; s < cfg_.num_seqs; ++s) {
+    for (int s = 0; s < cfg_.shape.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
         const std::size_t r = sp.row(s, h);
         const int n = sp.counts[r];
         KVSCOUT_EXPECTS(n >= 0 && n <= sp.capacity, "speculated count of (seq ", s, ", kv head ",

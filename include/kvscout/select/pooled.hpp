@@ -3,8 +3,8 @@
 // budget * num_kv_heads rows, instead of each taking `budget`, so a head whose attention is
 // concentrated gives rows to one whose attention is spread.
 //
-//   kvscout::pooled_topk_selector_host::config cfg{.num_seqs = 1, .num_kv_heads = 8,
-//       .stride = 4096, .capacity = 1024, .budget = 256, .keep = {4, 16},
+//   kvscout::pooled_topk_selector_host::config cfg{.shape = shape,
+//       .capacity = 1024, .budget = 256, .keep = {4, 16},
 //       .scale = kvscout::pooled_scale::logit};
 //   auto ws = kvscout::make_workspace<kvscout::pooled_topk_selector_host>(cfg);
 //   kvscout::pooled_topk_selector_host pool(cfg, ws.span());
@@ -39,6 +39,7 @@
 
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/detail/checks.hpp"
@@ -81,9 +82,7 @@ inline std::ostream& operator<<(std::ostream& os, pooled_scale s) {
 class pooled_topk_selector_host {
  public:
   struct config {
-    int num_seqs = 0;
-    int num_kv_heads = 0;
-    int stride = 0;    // score row stride: tokens per row, >= every seq_lens[s]
+    decode_shape shape{};  // num_seqs, num_kv_heads, max_tokens (the score rows' stride)
     int capacity = 0;  // index slots per (sequence, kv_head): the most one head may take
     int budget = 0;    // mean tokens per (sequence, kv_head), keep-set included
     keep_set keep{};
@@ -98,35 +97,37 @@ class pooled_topk_selector_host {
   /// words per kv head.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
-    KVSCOUT_EXPECTS(static_cast<unsigned long long>(cfg.num_kv_heads) * static_cast<unsigned long long>(cfg.stride) <=
+    KVSCOUT_EXPECTS(static_cast<unsigned long long>(cfg.shape.num_kv_heads) *
+                            static_cast<unsigned long long>(cfg.shape.max_tokens) <=
                         (std::numeric_limits<std::size_t>::max() / sizeof(std::uint32_t) - 64) / 4,
-                    "num_kv_heads * stride = ", cfg.num_kv_heads, " * ", cfg.stride,
+                    "num_kv_heads * stride = ", cfg.shape.num_kv_heads, " * ", cfg.shape.max_tokens,
                     " is too large for a workspace size");
-    return sizeof(std::uint32_t) * (detail::row_workspace::words(cfg.stride) + 2 * pooled_words(cfg) +
-                                    5 * static_cast<std::size_t>(cfg.num_kv_heads));
+    return sizeof(std::uint32_t) *
+           (detail::row_workspace::words(cfg.shape.max_tokens) + 2 * pooled_words(cfg) +
+            5 * static_cast<std::size_t>(cfg.shape.num_kv_heads));
   }
   static constexpr std::size_t workspace_alignment = detail::row_workspace_alignment;
 
   pooled_topk_selector_host(const config& cfg, host_span<std::byte> workspace) : cfg_(cfg) {
     std::uint32_t* w = detail::workspace_words(workspace, workspace_bytes(cfg));
-    ws_ = detail::row_workspace::carve(w, cfg.stride);
-    value_ = reinterpret_cast<float*>(w + detail::row_workspace::words(cfg.stride));
+    ws_ = detail::row_workspace::carve(w, cfg.shape.max_tokens);
+    value_ = reinterpret_cast<float*>(w + detail::row_workspace::words(cfg.shape.max_tokens));
     pool_ = value_ + pooled_words(cfg);
     count_ = reinterpret_cast<std::int32_t*>(pool_ + pooled_words(cfg));
-    avail_ = count_ + cfg.num_kv_heads;
-    above_ = avail_ + cfg.num_kv_heads;
-    ties_ = above_ + cfg.num_kv_heads;
-    kept_ = reinterpret_cast<float*>(ties_ + cfg.num_kv_heads);
+    avail_ = count_ + cfg.shape.num_kv_heads;
+    above_ = avail_ + cfg.shape.num_kv_heads;
+    ties_ = above_ + cfg.shape.num_kv_heads;
+    kept_ = reinterpret_cast<float*>(ties_ + cfg.shape.num_kv_heads);
   }
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
   void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out,
               host_exec = {}) {
-    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
-                                 scores, out);
-    const int H = cfg_.num_kv_heads;
-    for (int s = 0; s < cfg_.num_seqs; ++s) {
+    detail::check_selector_views(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads,
+                                 cfg_.shape.max_tokens, cfg_.capacity, scores, out);
+    const int H = cfg_.shape.num_kv_heads;
+    for (int s = 0; s < cfg_.shape.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       if (len > cfg_.budget) allot(scores, s, len);
       for (int h = 0; h < H; ++h) {
@@ -140,11 +141,12 @@ class pooled_topk_selector_host {
 
  private:
   static std::size_t pooled_words(const config& cfg) {
-    return static_cast<std::size_t>(cfg.num_kv_heads) * static_cast<std::size_t>(cfg.stride);
+    return static_cast<std::size_t>(cfg.shape.num_kv_heads) *
+           static_cast<std::size_t>(cfg.shape.max_tokens);
   }
   static void check_config(const config& cfg) {
-    detail::check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
-                                  "budget", cfg.budget, cfg.keep);
+    detail::check_selector_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.shape.max_tokens,
+                                  cfg.capacity, "budget", cfg.budget, cfg.keep);
     KVSCOUT_EXPECTS(cfg.scale == pooled_scale::logit || cfg.scale == pooled_scale::mass,
                     "scale = ", cfg.scale, ": expected pooled_scale::logit or pooled_scale::mass");
     KVSCOUT_EXPECTS(cfg.rule == pooled_rule::mass || cfg.rule == pooled_rule::coverage,
@@ -153,7 +155,7 @@ class pooled_topk_selector_host {
   // Each non-keep row's comparable value into value_ [h * stride + t] (NaN where not a candidate),
   // then how many rows each head takes beyond its keep-set (count_).
   void allot(const score_view<host_space>& scores, int s, int len) {
-    const int H = cfg_.num_kv_heads;
+    const int H = cfg_.shape.num_kv_heads;
     const keep_range kr = keep_bounds(cfg_.keep, len);
     const int keep = kr.size(len);
     const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -161,7 +163,7 @@ class pooled_topk_selector_host {
     std::int32_t *count = count_, *av = avail_, *above = above_, *ties = ties_;
     for (int h = 0; h < H; ++h) {
       const float* row = scores.scores.data() + scores.row(s, h);
-      float* v = value_ + static_cast<std::size_t>(h) * cfg_.stride;
+      float* v = value_ + static_cast<std::size_t>(h) * cfg_.shape.max_tokens;
       // Coverage (cover()) only counts the candidates here.
       const bool values = cfg_.rule == pooled_rule::mass;
       const head_norm nm = values && cfg_.scale == pooled_scale::logit ? normaliser(row, len)
@@ -206,7 +208,7 @@ class pooled_topk_selector_host {
       std::size_t n = 0;
       for (int h = 0; h < H; ++h) {
         if (!active(h)) continue;
-        const float* v = value_ + static_cast<std::size_t>(h) * cfg_.stride;
+        const float* v = value_ + static_cast<std::size_t>(h) * cfg_.shape.max_tokens;
         for (int t = kr.head_end; t < kr.tail_begin; ++t)
           if (!std::isnan(v[t])) pool_[n++] = v[t];
       }
@@ -215,7 +217,7 @@ class pooled_topk_selector_host {
       bool capped = false;
       for (int h = 0; h < H; ++h) {
         if (!active(h)) continue;
-        const float* v = value_ + static_cast<std::size_t>(h) * cfg_.stride;
+        const float* v = value_ + static_cast<std::size_t>(h) * cfg_.shape.max_tokens;
         int a = 0, e = 0;
         for (int t = kr.head_end; t < kr.tail_begin; ++t) a += v[t] > tau, e += v[t] == tau;
         above[h] = a, ties[h] = e;
@@ -251,13 +253,13 @@ class pooled_topk_selector_host {
   // the highest coverage every head reaches within want rows, by bisection; the leftover rows to
   // the heads of lowest coverage.
   void cover(const score_view<host_space>& scores, int s, int len, long long want) {
-    const int H = cfg_.num_kv_heads;
+    const int H = cfg_.shape.num_kv_heads;
     const keep_range kr = keep_bounds(cfg_.keep, len);
     std::int32_t *count = count_, *av = avail_, *n_of = above_;
     for (int h = 0; h < H; ++h) {
       const float* row = scores.scores.data() + scores.row(s, h);
       const head_norm nm = normaliser(row, len);
-      float* p = pool_ + static_cast<std::size_t>(h) * cfg_.stride;
+      float* p = pool_ + static_cast<std::size_t>(h) * cfg_.shape.max_tokens;
       int n = 0;
       double kept = 0;
       for (int t = 0; t < len; ++t) {
@@ -275,11 +277,13 @@ class pooled_topk_selector_host {
       kept_[h] = static_cast<float>(kept);
     }
     const auto coverage = [&](int h, int j) {
-      return kept_[h] + (j > 0 ? pool_[static_cast<std::size_t>(h) * cfg_.stride + static_cast<std::size_t>(j - 1)] : 0.f);
+      return kept_[h] + (j > 0 ? pool_[static_cast<std::size_t>(h) * cfg_.shape.max_tokens +
+                                       static_cast<std::size_t>(j - 1)]
+                               : 0.f);
     };
     const auto need = [&](int h, double c) -> int {
       if (kept_[h] >= c) return 0;
-      const float* p = pool_ + static_cast<std::size_t>(h) * cfg_.stride;
+      const float* p = pool_ + static_cast<std::size_t>(h) * cfg_.shape.max_tokens;
       const int j = static_cast<int>(std::lower_bound(p, p + n_of[h], static_cast<float>(c - kept_[h])) - p) + 1;
       return std::min(j, av[h]);
     };

@@ -4,7 +4,7 @@
 // per_head, the default, is kvscout's own; infinigen_mean is InfiniGen's (OSDI'24).
 //
 //   kvscout::threshold_selector_host::config cfg{
-//       .num_seqs = 1, .num_kv_heads = 8, .stride = 4096, .capacity = 512, .alpha = 4.f,
+//       .shape = shape, .capacity = 512, .alpha = 4.f,   // shape: core/shape.hpp
 //       .budget = 512, .rule = kvscout::threshold_rule::per_head,
 //       .keep = {.sinks = 4, .recent = 64}};
 //   std::vector<std::byte> ws(kvscout::threshold_selector_host::workspace_bytes(cfg));
@@ -37,6 +37,7 @@
 
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/detail/host_rows.hpp"
@@ -167,9 +168,7 @@ inline int per_head_row(const float* row, int len, keep_set keep, int budget, fl
 class threshold_selector_host {
  public:
   struct config {
-    int num_seqs = 0;
-    int num_kv_heads = 0;
-    int stride = 0;     // score row stride: tokens per row, >= every seq_lens[s]
+    decode_shape shape{};  // num_seqs, num_kv_heads, max_tokens (the score rows' stride)
     int capacity = 0;   // index slots per (sequence, kv_head) in the selection buffers
     float alpha = 0.f;  // candidates score >= row max - alpha; >= 0, +inf admits all
     int budget = 0;  // most tokens selected per (sequence, kv_head), keep-set included
@@ -183,17 +182,18 @@ class threshold_selector_host {
   /// Workspace: about 12 * stride + 16 KiB bytes, and for infinigen_mean 8 bytes per row.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
-    return sizeof(std::uint32_t) * (detail::row_workspace::words(cfg.stride) + stats_words(cfg));
+    return sizeof(std::uint32_t) *
+           (detail::row_workspace::words(cfg.shape.max_tokens) + stats_words(cfg));
   }
   static constexpr std::size_t workspace_alignment = detail::row_workspace_alignment;
 
   threshold_selector_host(const config& cfg, host_span<std::byte> workspace)
       : cfg_(cfg),
         ws_(detail::row_workspace::carve(detail::workspace_words(workspace, workspace_bytes(cfg)),
-                                         cfg.stride)) {
+                                         cfg.shape.max_tokens)) {
     if (stats_words(cfg) > 0) {
       std::uint32_t* stats = reinterpret_cast<std::uint32_t*>(workspace.data()) +
-                             detail::row_workspace::words(cfg.stride);
+                             detail::row_workspace::words(cfg.shape.max_tokens);
       row_max_ = reinterpret_cast<float*>(stats);
       row_count_ = reinterpret_cast<std::int32_t*>(stats) + rows(cfg);
     }
@@ -203,8 +203,8 @@ class threshold_selector_host {
 
   void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out,
               host_exec = {}) {
-    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
-                                 scores, out);
+    detail::check_selector_views(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads,
+                                 cfg_.shape.max_tokens, cfg_.capacity, scores, out);
     if (cfg_.rule == threshold_rule::per_head) {
       select_per_head(scores, out);
     } else {
@@ -214,15 +214,16 @@ class threshold_selector_host {
 
  private:
   static std::size_t rows(const config& cfg) {
-    return static_cast<std::size_t>(cfg.num_seqs) * static_cast<std::size_t>(cfg.num_kv_heads);
+    return static_cast<std::size_t>(cfg.shape.num_seqs) *
+           static_cast<std::size_t>(cfg.shape.num_kv_heads);
   }
   static std::size_t stats_words(const config& cfg) {
     return cfg.rule == threshold_rule::infinigen_mean ? 2 * rows(cfg) : 0;
   }
 
   static void check_config(const config& cfg) {
-    detail::check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
-                                  "budget", cfg.budget, cfg.keep);
+    detail::check_selector_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.shape.max_tokens,
+                                  cfg.capacity, "budget", cfg.budget, cfg.keep);
     KVSCOUT_EXPECTS(cfg.alpha >= 0.f, "alpha must be a non-negative number, got ", cfg.alpha);
     KVSCOUT_EXPECTS(
         cfg.rule == threshold_rule::per_head || cfg.rule == threshold_rule::infinigen_mean, "rule ",
@@ -232,10 +233,10 @@ class threshold_selector_host {
   void select_per_head(const score_view<host_space>& scores,
                        const selection_buffers<host_space>& out) const {
     // Each row hands the next its maximum where it read it; with hints, nothing is read ahead.
-    const int H = cfg_.num_kv_heads;
+    const int H = cfg_.shape.num_kv_heads;
     const bool hinted = !scores.row_max.empty();
     detail::row_lookahead la;
-    for (int s = 0; s < cfg_.num_seqs; ++s) {
+    for (int s = 0; s < cfg_.shape.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       for (int h = 0; h < H; ++h) {
         const int ns = h + 1 < H ? s : s + 1;
@@ -246,7 +247,7 @@ class threshold_selector_host {
           // NaN: no hint for this row (as the host pipeline leaves rows its policy did not write).
           const float m = scores.row_max[r];
           la.hint = m == m ? std::optional<float>(m) : std::nullopt;
-        } else if (ns < cfg_.num_seqs) {
+        } else if (ns < cfg_.shape.num_seqs) {
           la.next_len = scores.seq_lens[static_cast<std::size_t>(ns)];
           const keep_range nk = keep_bounds(cfg_.keep, la.next_len);
           if (nk.tail_begin - nk.head_end <= detail::short_row)
@@ -263,10 +264,10 @@ class threshold_selector_host {
 
   void select_infinigen_mean(const score_view<host_space>& scores,
                              const selection_buffers<host_space>& out) const {
-    const int H = cfg_.num_kv_heads;
+    const int H = cfg_.shape.num_kv_heads;
     long long total = 0;
     long long nonempty_rows = 0;
-    for (int s = 0; s < cfg_.num_seqs; ++s) {
+    for (int s = 0; s < cfg_.shape.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       const keep_range kr = keep_bounds(cfg_.keep, len);
       for (int h = 0; h < H; ++h) {
@@ -286,7 +287,7 @@ class threshold_selector_host {
     // Pass 2: every row takes the keep-set and its best min(mean, slots) other tokens. Where the
     // row has that many candidates, the best are among them: radix select on a short list, no
     // sample.
-    for (int s = 0; s < cfg_.num_seqs; ++s) {
+    for (int s = 0; s < cfg_.shape.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       const keep_range kr = keep_bounds(cfg_.keep, len);
       const int a = kr.head_end;

@@ -2,7 +2,7 @@
 // Exact top-k selector on the host: per (sequence, kv_head), the keep-set and the best-scoring
 // other tokens, `budget` tokens in all, written as ascending token indices.
 //
-//   kvscout::topk_selector_host::config cfg{.num_seqs = 1, .num_kv_heads = 8, .stride = 4096,
+//   kvscout::topk_selector_host::config cfg{.shape = shape,   // num_seqs, num_kv_heads, max_tokens
 //                                           .capacity = 512, .budget = 512,
 //                                           .keep = {.sinks = 4, .recent = 64}};
 //   std::vector<std::byte> ws(kvscout::topk_selector_host::workspace_bytes(cfg));
@@ -21,6 +21,7 @@
 
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/selection.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/select/concepts.hpp"
 #include "kvscout/select/detail/host_rows.hpp"
@@ -43,9 +44,7 @@ inline int topk_row_host(const float* row, int len, keep_set keep, int budget,
 class topk_selector_host {
  public:
   struct config {
-    int num_seqs = 0;
-    int num_kv_heads = 0;
-    int stride = 0;    // score row stride: tokens per row, >= every seq_lens[s]
+    decode_shape shape{};  // num_seqs, num_kv_heads, max_tokens (the score rows' stride)
     int capacity = 0;  // index slots per (sequence, kv_head) in the selection buffers
     int budget = 0;    // tokens selected per (sequence, kv_head), keep-set included
     keep_set keep{};
@@ -58,25 +57,25 @@ class topk_selector_host {
   /// 12 * stride + 16 KiB bytes).
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
-    return sizeof(std::uint32_t) * detail::row_workspace::words(cfg.stride);
+    return sizeof(std::uint32_t) * detail::row_workspace::words(cfg.shape.max_tokens);
   }
   static constexpr std::size_t workspace_alignment = detail::row_workspace_alignment;
 
   topk_selector_host(const config& cfg, host_span<std::byte> workspace)
       : cfg_(cfg),
         ws_(detail::row_workspace::carve(detail::workspace_words(workspace, workspace_bytes(cfg)),
-                                         cfg.stride)) {}
+                                         cfg.shape.max_tokens)) {}
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
   void select(const score_view<host_space>& scores, const selection_buffers<host_space>& out,
               host_exec = {}) {
-    detail::check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity,
-                                 scores, out);
-    for (int s = 0; s < cfg_.num_seqs; ++s) {
+    detail::check_selector_views(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads,
+                                 cfg_.shape.max_tokens, cfg_.capacity, scores, out);
+    for (int s = 0; s < cfg_.shape.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
-      for (int h = 0; h < cfg_.num_kv_heads; ++h) {
-        const std::size_t r = static_cast<std::size_t>(s) * cfg_.num_kv_heads + h;
+      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
+        const std::size_t r = static_cast<std::size_t>(s) * cfg_.shape.num_kv_heads + h;
         out.counts[r] = detail::topk_row_host(
             scores.scores.data() + scores.row(s, h), len, cfg_.keep, cfg_.budget, ws_,
             out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity));
@@ -86,8 +85,8 @@ class topk_selector_host {
 
  private:
   static void check_config(const config& cfg) {
-    detail::check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity,
-                                  "budget", cfg.budget, cfg.keep);
+    detail::check_selector_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.shape.max_tokens,
+                                  cfg.capacity, "budget", cfg.budget, cfg.keep);
   }
 
   config cfg_;

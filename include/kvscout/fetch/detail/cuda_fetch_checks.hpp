@@ -26,7 +26,7 @@ inline void check_fetch_shape(int num_seqs, int num_kv_heads, int capacity) {
 }
 
 inline void check_zero_copy_config(const zero_copy_config& cfg) {
-  check_fetch_shape(cfg.num_seqs, cfg.num_kv_heads, cfg.capacity);
+  check_fetch_shape(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.capacity);
   KVSCOUT_EXPECTS(cfg.max_blocks >= 0, "max_blocks must be non-negative (0: the default, zero_copy_default_blocks), got ",
                   cfg.max_blocks);
   KVSCOUT_EXPECTS(cfg.threads_per_block >= 32 && cfg.threads_per_block <= 1024 &&
@@ -36,11 +36,11 @@ inline void check_zero_copy_config(const zero_copy_config& cfg) {
 }
 
 inline void check_copy_engine_config(const copy_engine_config& cfg) {
-  check_fetch_shape(cfg.num_seqs, cfg.num_kv_heads, cfg.capacity);
+  check_fetch_shape(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.capacity);
 }
 
 inline void check_staged_config(const staged_config& cfg) {
-  check_fetch_shape(cfg.num_seqs, cfg.num_kv_heads, cfg.capacity);
+  check_fetch_shape(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.capacity);
   KVSCOUT_EXPECTS(cfg.k_row_bytes > 0 && cfg.k_row_bytes % fetch_vector_bytes == 0,
                   "k_row_bytes must be a positive multiple of ", fetch_vector_bytes, ", got ",
                   cfg.k_row_bytes);
@@ -59,7 +59,7 @@ inline void check_staged_config(const staged_config& cfg) {
 /// prefix[pairs + 1] int64, then destinations, sources and sizes of 2 * slots copies at most.
 inline std::size_t copy_engine_workspace_bytes(const copy_engine_config& cfg) {
   check_copy_engine_config(cfg);
-  const std::size_t pairs = fetch_pairs(cfg.num_seqs, cfg.num_kv_heads);
+  const std::size_t pairs = fetch_pairs(cfg.shape.num_seqs, cfg.shape.num_kv_heads);
   const std::size_t copies = 2 * pairs * static_cast<std::size_t>(cfg.capacity);
   return (pairs + 1) * sizeof(std::int64_t) + copies * (2 * sizeof(void*) + sizeof(std::size_t));
 }
@@ -67,14 +67,14 @@ inline std::size_t copy_engine_workspace_bytes(const copy_engine_config& cfg) {
 /// [prefix[pairs + 1] int64, padded to 16 B][K rows, compact][V rows, compact], packed in
 /// (sequence, kv_head, entry) order.
 inline std::size_t staged_header_bytes(const staged_config& cfg) {
-  const std::size_t pairs = fetch_pairs(cfg.num_seqs, cfg.num_kv_heads);
+  const std::size_t pairs = fetch_pairs(cfg.shape.num_seqs, cfg.shape.num_kv_heads);
   const std::size_t h = (pairs + 1) * sizeof(std::int64_t);
   return (h + fetch_vector_bytes - 1) / fetch_vector_bytes * fetch_vector_bytes;
 }
 inline std::size_t staged_stage_bytes(const staged_config& cfg) {
   check_staged_config(cfg);
-  const std::size_t slots =
-      fetch_pairs(cfg.num_seqs, cfg.num_kv_heads) * static_cast<std::size_t>(cfg.capacity);
+  const std::size_t slots = fetch_pairs(cfg.shape.num_seqs, cfg.shape.num_kv_heads) *
+                            static_cast<std::size_t>(cfg.capacity);
   return staged_header_bytes(cfg) + slots * (cfg.k_row_bytes + cfg.v_row_bytes);
 }
 inline std::size_t staged_workspace_bytes(const staged_config& cfg) {

@@ -13,11 +13,11 @@
 namespace kvscout::detail {
 
 /// `budget_name` is the config field that holds the budget.
-inline void check_selector_config(int num_seqs, int num_kv_heads, int stride, int capacity,
+inline void check_selector_config(int num_seqs, int num_kv_heads, int max_tokens, int capacity,
                                   const char* budget_name, int budget, keep_set keep) {
   KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
   KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
-  KVSCOUT_EXPECTS(stride >= 0, "stride must be non-negative, got ", stride);
+  KVSCOUT_EXPECTS(max_tokens >= 0, "max_tokens must be non-negative, got ", max_tokens);
   KVSCOUT_EXPECTS(capacity >= 0, "capacity must be non-negative, got ", capacity);
   KVSCOUT_EXPECTS(keep.sinks >= 0, "keep.sinks must be non-negative, got ", keep.sinks);
   KVSCOUT_EXPECTS(keep.recent >= 0, "keep.recent must be non-negative, got ", keep.recent);
@@ -38,8 +38,8 @@ void check_selector_views(int num_seqs, int num_kv_heads, int stride, int capaci
   KVSCOUT_EXPECTS(
       scores.num_seqs == num_seqs && scores.num_kv_heads == num_kv_heads && scores.stride == stride,
       "score view shape [num_seqs, num_kv_heads, stride] = [", scores.num_seqs, ", ",
-      scores.num_kv_heads, ", ", scores.stride, "] differs from the config's [", num_seqs, ", ",
-      num_kv_heads, ", ", stride, "]");
+      scores.num_kv_heads, ", ", scores.stride, "] differs from the config's [num_seqs, ",
+      "num_kv_heads, max_tokens] = [", num_seqs, ", ", num_kv_heads, ", ", stride, "]");
   KVSCOUT_EXPECTS(
       out.num_seqs == num_seqs && out.num_kv_heads == num_kv_heads && out.capacity == capacity,
       "selection buffers shape [num_seqs, num_kv_heads, capacity] = [", out.num_seqs, ", ",
@@ -70,7 +70,7 @@ void check_selector_views(int num_seqs, int num_kv_heads, int stride, int capaci
     for (int s = 0; s < num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
       KVSCOUT_EXPECTS(len >= 0 && len <= stride, "seq_lens[", s, "] = ", len,
-                      " is outside [0, stride = ", stride, "]");
+                      " is outside [0, max_tokens = ", stride, "]");
     }
   }
 }

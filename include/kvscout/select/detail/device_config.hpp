@@ -27,19 +27,19 @@ inline void check_select_rows(int num_seqs, int num_kv_heads) {
 }
 
 inline void check_topk_cuda_config(const topk_selector_host::config& cfg) {
-  check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity, "budget",
-                        cfg.budget, cfg.keep);
-  check_select_rows(cfg.num_seqs, cfg.num_kv_heads);
+  check_selector_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.shape.max_tokens,
+                        cfg.capacity, "budget", cfg.budget, cfg.keep);
+  check_select_rows(cfg.shape.num_seqs, cfg.shape.num_kv_heads);
 }
 
 inline void check_threshold_cuda_config(const threshold_selector_host::config& cfg) {
-  check_selector_config(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, cfg.capacity, "budget",
-                        cfg.budget, cfg.keep);
+  check_selector_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.shape.max_tokens,
+                        cfg.capacity, "budget", cfg.budget, cfg.keep);
   KVSCOUT_EXPECTS(cfg.alpha >= 0.f, "alpha must be a non-negative number, got ", cfg.alpha);
   KVSCOUT_EXPECTS(
       cfg.rule == threshold_rule::per_head || cfg.rule == threshold_rule::infinigen_mean, "rule ",
       cfg.rule, " is not one of infinigen_mean, per_head");
-  check_select_rows(cfg.num_seqs, cfg.num_kv_heads);
+  check_select_rows(cfg.shape.num_seqs, cfg.shape.num_kv_heads);
 }
 
 /// A long row split over `chunks` blocks of chunk_tokens tokens (a multiple of
@@ -96,8 +96,9 @@ inline std::size_t select_split_workspace_bytes(long long rows, int stride,
 inline std::size_t topk_cuda_workspace_bytes(const topk_selector_host::config& cfg,
                                              select_split_options opt = {}) {
   check_topk_cuda_config(cfg);
-  return select_split_workspace_bytes(static_cast<long long>(cfg.num_seqs) * cfg.num_kv_heads,
-                                      cfg.stride, opt);
+  return select_split_workspace_bytes(
+      static_cast<long long>(cfg.shape.num_seqs) * cfg.shape.num_kv_heads, cfg.shape.max_tokens,
+      opt);
 }
 
 /// infinigen_mean keeps every row's candidate count between its two kernels (its rows are never
@@ -106,10 +107,11 @@ inline std::size_t threshold_cuda_workspace_bytes(const threshold_selector_host:
                                                   select_split_options opt = {}) {
   check_threshold_cuda_config(cfg);
   if (cfg.rule == threshold_rule::per_head)
-    return select_split_workspace_bytes(static_cast<long long>(cfg.num_seqs) * cfg.num_kv_heads,
-                                        cfg.stride, opt);
-  return sizeof(std::int32_t) * static_cast<std::size_t>(cfg.num_seqs) *
-         static_cast<std::size_t>(cfg.num_kv_heads);
+    return select_split_workspace_bytes(
+        static_cast<long long>(cfg.shape.num_seqs) * cfg.shape.num_kv_heads, cfg.shape.max_tokens,
+        opt);
+  return sizeof(std::int32_t) * static_cast<std::size_t>(cfg.shape.num_seqs) *
+         static_cast<std::size_t>(cfg.shape.num_kv_heads);
 }
 
 inline constexpr std::size_t device_selector_workspace_alignment = 16;

@@ -33,23 +33,28 @@ class device_selector_base {
   /// need: the facade's workspace_bytes(cfg, opt); splits: whether long rows may split over blocks.
   device_selector_base(const Config& cfg, device_span<std::byte> workspace, std::size_t need,
                        select_split_options opt, bool splits)
-      : cfg_(cfg), workspace_(workspace.data()), max_chunks_(max_select_chunks(cfg.stride, opt)) {
+      : cfg_(cfg),
+        workspace_(workspace.data()),
+        max_chunks_(max_select_chunks(cfg.shape.max_tokens, opt)) {
     check_device_workspace(workspace, need);
-    if (splits) split_ = device_select_split(cfg.num_seqs, cfg.num_kv_heads, cfg.stride, opt);
+    if (splits)
+      split_ = device_select_split(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.shape.max_tokens,
+                                   opt);
   }
 
   /// False when there is no row to select.
   bool prologue(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
                 const cuda_exec& exec, select_params& p) const {
-    check_selector_views(cfg_.num_seqs, cfg_.num_kv_heads, cfg_.stride, cfg_.capacity, scores, out);
+    check_selector_views(cfg_.shape.num_seqs, cfg_.shape.num_kv_heads, cfg_.shape.max_tokens,
+                         cfg_.capacity, scores, out);
     p = select_params{};
     p.scores = scores.scores.data();
     p.seq_lens = scores.seq_lens.data();
     p.indices = out.indices.data();
     p.counts = out.counts.data();
-    p.num_seqs = cfg_.num_seqs;
-    p.num_kv_heads = cfg_.num_kv_heads;
-    p.stride = cfg_.stride;
+    p.num_seqs = cfg_.shape.num_seqs;
+    p.num_kv_heads = cfg_.shape.num_kv_heads;
+    p.stride = cfg_.shape.max_tokens;
     p.capacity = cfg_.capacity;
     p.budget = cfg_.budget;
     p.keep = cfg_.keep;
@@ -57,7 +62,7 @@ class device_selector_base {
     return rows() > 0;
   }
   [[nodiscard]] long long rows() const noexcept {
-    return static_cast<long long>(cfg_.num_seqs) * cfg_.num_kv_heads;
+    return static_cast<long long>(cfg_.shape.num_seqs) * cfg_.shape.num_kv_heads;
   }
   void run_split(const select_params& p, bool topk, cudaStream_t stream) const {
     run_split_select(split_params_in(p, split_, topk, workspace_, max_chunks_), stream);
