@@ -115,9 +115,10 @@ struct fixture {
     for (int h = 0; h < H; ++h) plans.push_back(make_plan(mode, h, rr));
     // Every layer builds its own partial weights and keys (its own memory) from the same W_Q.
     const auto L = static_cast<std::size_t>(layers);
-    kvscout::infinigen_config cfg{{.num_layers = layers, .num_seqs = held,
+    kvscout::infinigen_config cfg{.shape = {.num_layers = layers, .num_seqs = held,
                                    .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
-                                   .d_model = d_model, .max_tokens = n, .scale = 0.125f}, agg};
+                                   .d_model = d_model, .max_tokens = n, .scale = 0.125f},
+                                  .aggregation = agg};
     policy_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT, WT>>(cfg);
     policy = std::make_unique<kvscout::infinigen_policy_host<PkT, WT>>(
         cfg, std::vector<std::vector<kvscout::skew_plan>>(L, plans),

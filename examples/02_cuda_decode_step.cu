@@ -101,7 +101,7 @@ int run() {
   const kvscout::decode_shape shape{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
                                     .head_dim = D, .d_model = d_model, .max_tokens = max_tokens,
                                     .scale = scale};
-  const kvscout::infinigen_cuda_config spec_cfg{.shape = shape, .r = r,
+  const kvscout::infinigen_config spec_cfg{.shape = shape, .r = r,
                                                 .mode = kvscout::rope_mode::rope_planes};
   speculator_t spec(spec_cfg, plans, {w_q.data(), w_q.size()}, {},
                     mem.alloc<std::byte>(speculator_t::workspace_bytes(spec_cfg)));

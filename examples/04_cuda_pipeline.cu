@@ -94,7 +94,7 @@ int run() {
   const kvscout::decode_shape shape{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
                                     .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
                                     .max_tokens = max_tokens, .scale = scale};
-  const kvscout::infinigen_cuda_config spec_cfg{.shape = shape, .r = r,
+  const kvscout::infinigen_config spec_cfg{.shape = shape, .r = r,
                                                 .mode = kvscout::rope_mode::rope_planes};
   std::deque<policy> policies;            // one per speculated layer, never moved
   std::vector<policy*> spec(L, nullptr);  // null: a dense layer

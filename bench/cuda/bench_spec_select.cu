@@ -83,7 +83,7 @@ void fill(T* p, std::size_t n, std::uint32_t seed) {
   KVSCOUT_CUDA_CHECK(cudaGetLastError());
 }
 
-kvscout::infinigen_cuda_config spec_config(int n) {
+kvscout::infinigen_config spec_config(int n) {
   return {.shape = {.num_seqs = 1,
                     .num_kv_heads = H,
                     .num_q_heads = Hq,
@@ -111,7 +111,7 @@ template <class Spec>
 struct spec_copy {
   device_buffer<std::byte> ws;
   std::unique_ptr<Spec> sp;
-  spec_copy(const kvscout::infinigen_cuda_config& cfg, const std::vector<kvscout::skew_plan>& plans,
+  spec_copy(const kvscout::infinigen_config& cfg, const std::vector<kvscout::skew_plan>& plans,
             const std::vector<float>& w_q, std::uint32_t seed)
       : ws(Spec::workspace_bytes(cfg)) {
     sp = std::make_unique<Spec>(cfg, plans, kvscout::host_span<const float>(w_q.data(), w_q.size()),

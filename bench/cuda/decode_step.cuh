@@ -864,7 +864,7 @@ class decode_stack {
     std::vector<int> planes(r / 2);
     std::iota(planes.begin(), planes.end(), 0);
     const std::vector<kvscout::skew_plan> plans(H, kvscout::rope_planes_plan(rope, planes));
-    const kvscout::infinigen_cuda_config sc{{.num_seqs = S, .num_kv_heads = H,
+    const kvscout::infinigen_config sc{{.num_seqs = S, .num_kv_heads = H,
                                              .num_q_heads = Hq, .head_dim = D, .d_model = dm,
                                              .max_tokens = max_len_ + 1,
                                              .scale = 1.f / std::sqrt(static_cast<float>(D))}, r,

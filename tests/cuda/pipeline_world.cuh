@@ -111,7 +111,7 @@ struct pipeline_speculators {
   std::vector<std::unique_ptr<spec_t>> owned;
   std::vector<spec_t*> per_layer = std::vector<spec_t*>(World::L, nullptr);
 
-  pipeline_speculators(World& w, const kvscout::infinigen_cuda_config& cfg, cudaStream_t stream,
+  pipeline_speculators(World& w, const kvscout::infinigen_config& cfg, cudaStream_t stream,
                        std::vector<int> slot_of = {}, int decoy = -1) {
     constexpr int S = World::S, H = World::H, D = World::D;
     std::normal_distribution<float> nd(0.f, 1.f);

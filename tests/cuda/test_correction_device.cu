@@ -67,15 +67,15 @@ void score_query_case(rope_mode mode, int g, std::uint32_t seed,
   for (int h = 0; h < H; ++h) plans.push_back(plan_for(mode, D, r, rng));
   std::vector<float> w_q(static_cast<std::size_t>(Hq) * D * dm);
   for (auto& v : w_q) v = nd(rng) / 7.f;
-  kvscout::infinigen_config hc{{.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
+  kvscout::infinigen_config hc{.shape = {.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
                                .num_q_heads = Hq, .head_dim = D, .d_model = dm,
                                .max_tokens = max_tokens, .scale = scale},
-                               kvscout::gqa_aggregation::max_logit};
+                               .aggregation = kvscout::gqa_aggregation::max_logit};
   hc.query_aggregation = late;
   auto host_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(hc);
   kvscout::infinigen_policy_host<PkT> host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{}},
                                       host_ws.span());
-  kvscout::infinigen_cuda_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+  kvscout::infinigen_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
                                     .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
                                     .scale = scale}, r, mode, kvscout::gqa_aggregation::max_logit};
   dc.query_aggregation = late;  // the late ranking's own (sum_prob), the speculation's max_logit
@@ -134,7 +134,7 @@ void score_query_refused(rope_mode mode, std::size_t q_len, const char* needle) 
       plan_for(mode == rope_mode::rope_planes ? mode : rope_mode::post_rope_skew, D, r, rng)};
   plans[0].mode = mode;
   std::vector<float> w_q(static_cast<std::size_t>(D) * dm, 0.01f);
-  const kvscout::infinigen_cuda_config dc{{.num_seqs = 1, .num_kv_heads = H, .num_q_heads = H,
+  const kvscout::infinigen_config dc{{.num_seqs = 1, .num_kv_heads = H, .num_q_heads = H,
                                           .head_dim = D, .d_model = dm, .max_tokens = 16,
                                           .scale = 0.125f}, r, mode};
   using spec = kvscout::infinigen_policy_cuda<float>;
@@ -300,13 +300,14 @@ void nested_case(rope_mode mode, int g, kvscout::gqa_aggregation agg, std::uint3
   }
   std::vector<float> w_q(static_cast<std::size_t>(Hq) * D * dm);
   for (auto& v : w_q) v = nd(rng) / 7.f;
-  kvscout::infinigen_config hc{{.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
+  kvscout::infinigen_config hc{.shape = {.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
                                .num_q_heads = Hq, .head_dim = D, .d_model = dm,
-                               .max_tokens = max_tokens, .scale = scale}, agg};
+                               .max_tokens = max_tokens, .scale = scale},
+                               .aggregation = agg};
   auto host_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(hc);
   kvscout::infinigen_policy_host<PkT> host(hc, {narrow}, {wide}, {{w_q.data(), w_q.size()}}, {{}},
                                            host_ws.span());
-  kvscout::infinigen_cuda_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+  kvscout::infinigen_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
                                     .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
                                     .scale = scale}, r, mode, agg};
   using spec = kvscout::infinigen_policy_cuda<PkT>;
@@ -374,7 +375,7 @@ void nested_cache_refuses() {
   const kvscout::skew_plan other = plan_for(rope_mode::rope_planes, D, 16, rng);
   std::vector<float> w_q(static_cast<std::size_t>(D) * dm, 0.01f);
   using spec = kvscout::infinigen_policy_cuda<float>;
-  kvscout::infinigen_cuda_config dc{{.num_seqs = 1,
+  kvscout::infinigen_config dc{{.num_seqs = 1,
                                      .num_kv_heads = 1,
                                      .num_q_heads = 1,
                                      .head_dim = D,
@@ -384,7 +385,7 @@ void nested_cache_refuses() {
                                     16,
                                     rope_mode::rope_planes};
   auto ws = kvscout::make_device_workspace<spec>(
-      kvscout::infinigen_cuda_config{{.num_seqs = 1,
+      kvscout::infinigen_config{{.num_seqs = 1,
                                       .num_kv_heads = 1,
                                       .num_q_heads = 1,
                                       .head_dim = D,

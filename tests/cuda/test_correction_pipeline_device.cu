@@ -66,10 +66,10 @@ using gpu_test::dspan;
 std::vector<float> host_late_scores(const world& w, int l) {
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int i = 0; i < L; ++i) wq.push_back({w.w_q[i].data(), w.w_q[i].size()});
-  const kvscout::infinigen_config pc{{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+  const kvscout::infinigen_config pc{.shape = {.num_layers = L, .num_seqs = S, .num_kv_heads = H,
                                      .num_q_heads = Hq, .head_dim = D, .d_model = dm,
                                      .max_tokens = max_tokens, .scale = scale},
-                                     kvscout::gqa_aggregation::max_logit};
+                                     .aggregation = kvscout::gqa_aggregation::max_logit};
   auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
   kvscout::infinigen_policy_host<float> policy(pc, w.plans, wq, bq, pws.span());
   for (int s = 0; s < S; ++s)
@@ -131,7 +131,7 @@ void corrected_step_matches_host() {
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&compute));
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&side));
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&copy));
-  const kvscout::infinigen_cuda_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+  const kvscout::infinigen_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
                                           .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
                                           .scale = scale}, r, kvscout::rope_mode::rope_planes,
                                           kvscout::gqa_aggregation::max_logit};

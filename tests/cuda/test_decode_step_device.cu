@@ -62,10 +62,10 @@ struct host_selection {
 host_selection host_select(const world& w, int l) {
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int i = 0; i < L; ++i) wq.push_back({w.w_q[i].data(), w.w_q[i].size()});
-  const kvscout::infinigen_config pc{{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+  const kvscout::infinigen_config pc{.shape = {.num_layers = L, .num_seqs = S, .num_kv_heads = H,
                                      .num_q_heads = Hq, .head_dim = D, .d_model = dm,
                                      .max_tokens = max_tokens, .scale = scale},
-                                     kvscout::gqa_aggregation::max_logit};
+                                     .aggregation = kvscout::gqa_aggregation::max_logit};
   auto policy_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
   kvscout::infinigen_policy_host<float> policy(pc, w.plans, wq, bq, policy_ws.span());
   for (int s = 0; s < S; ++s)
@@ -98,7 +98,7 @@ void step_matches_host() {
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&copy));
 
   // ---- device set-up: speculators (partial key caches filled from the host caches) ------------
-  kvscout::infinigen_cuda_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+  kvscout::infinigen_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
                                     .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
                                     .scale = scale}, r, kvscout::rope_mode::rope_planes,
                                     kvscout::gqa_aggregation::max_logit};
@@ -314,7 +314,7 @@ void step_matches_host() {
   // that dropped the ids would score batch row 0 against batch row 1's keys. The selections and
   // outputs are the eager step's, bit for bit; with the row cache, cached_rows decides the hits.
   {
-    kvscout::infinigen_cuda_config dc3 = dc;
+    kvscout::infinigen_config dc3 = dc;
     dc3.shape.num_seqs = 3;
     const int slot_of[S] = {2, 0};
     const speculators specs3(w, dc3, compute, {slot_of[0], slot_of[1]}, 1);  // sequence 1: the decoy

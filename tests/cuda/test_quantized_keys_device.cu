@@ -80,12 +80,13 @@ void matches_host(int g, kvscout::gqa_aggregation agg, std::uint32_t seed) {
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> w_q(static_cast<std::size_t>(Hq) * D * dm);
   for (auto& v : w_q) v = nd(rng) / 6.f;
-  kvscout::infinigen_config hc{{.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
+  kvscout::infinigen_config hc{.shape = {.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
                                .num_q_heads = Hq, .head_dim = D, .d_model = dm,
-                               .max_tokens = max_tokens, .scale = scale}, agg};
+                               .max_tokens = max_tokens, .scale = scale},
+                               .aggregation = agg};
   auto hws = kvscout::make_workspace<kvscout::infinigen_policy_host<fmt>>(hc);
   kvscout::infinigen_policy_host<fmt> host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{}}, hws.span());
-  const kvscout::infinigen_cuda_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+  const kvscout::infinigen_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
                                           .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
                                           .scale = scale}, r, rope_mode::rope_planes, agg};
   using spec = kvscout::infinigen_policy_cuda<fmt>;
@@ -187,7 +188,7 @@ void bad_appends_are_reported() {
   const int H = 1, r = 8, dm = 16;
   const auto plans = plans_for(H, r, 0);
   std::vector<float> w_q(static_cast<std::size_t>(D) * dm, 0.02f);
-  const kvscout::infinigen_cuda_config dc{{.num_seqs = 2, .num_kv_heads = H, .num_q_heads = H,
+  const kvscout::infinigen_config dc{{.num_seqs = 2, .num_kv_heads = H, .num_q_heads = H,
                                           .head_dim = D, .d_model = dm, .max_tokens = 64,
                                           .scale = 0.125f}, r, rope_mode::rope_planes};
   auto ws = kvscout::make_device_workspace<spec>(dc);
@@ -242,7 +243,7 @@ void bad_appends_are_reported() {
 
 // The setup checks of the format: a group too large for the quantising kernel's shared memory.
 void refuses_a_group_too_large() {
-  const kvscout::infinigen_cuda_config dc{{.num_seqs = 1, .num_kv_heads = 1, .num_q_heads = 1,
+  const kvscout::infinigen_config dc{{.num_seqs = 1, .num_kv_heads = 1, .num_q_heads = 1,
                                           .head_dim = 128, .d_model = 16, .max_tokens = 256,
                                           .scale = 0.125f}, 128, rope_mode::rope_planes};
   GPU_CHECK(gpu_test::throws_with(

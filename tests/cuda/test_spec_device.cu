@@ -113,14 +113,20 @@ void run_case(const shape& sh, std::uint32_t seed) {
 
   // Host reference.
   using policy = kvscout::infinigen_policy_host<PkT, WT>;
-  typename policy::config hc{{.num_layers = 1, .num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
-                             .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
-                             .scale = scale}, sh.agg};
+  typename policy::config hc{.shape = {.num_layers = 1,
+                                       .num_seqs = S,
+                                       .num_kv_heads = H,
+                                       .num_q_heads = Hq,
+                                       .head_dim = D,
+                                       .d_model = dm,
+                                       .max_tokens = max_tokens,
+                                       .scale = scale},
+                             .aggregation = sh.agg};
   auto host_ws = kvscout::make_workspace<policy>(hc);
   policy host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{b_q.data(), b_q.size()}}, host_ws.span());
 
   // Device.
-  kvscout::infinigen_cuda_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
+  kvscout::infinigen_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
                                     .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
                                     .scale = scale}, r, sh.mode, sh.agg};
   using spec = kvscout::infinigen_policy_cuda<PkT, WT>;
@@ -330,7 +336,7 @@ void bad_input_throws() {
   std::mt19937 rng(9);
   std::vector<kvscout::skew_plan> plans = {random_plan(sh, rng), random_plan(sh, rng)};
   std::vector<float> w_q(4 * 64 * 64, 0.01f), b_q;
-  kvscout::infinigen_cuda_config cfg{{.num_seqs = 1, .num_kv_heads = 2, .num_q_heads = 4,
+  kvscout::infinigen_config cfg{{.num_seqs = 1, .num_kv_heads = 2, .num_q_heads = 4,
                                      .head_dim = 64, .d_model = 64, .max_tokens = 100,
                                      .scale = 0.125f}, 16, rope_mode::post_rope_skew,
                                      gqa_aggregation::max_logit};
@@ -360,7 +366,7 @@ void bad_input_throws() {
 struct small_setup {
   std::vector<kvscout::skew_plan> plans;
   std::vector<float> w_q;
-  kvscout::infinigen_cuda_config cfg;
+  kvscout::infinigen_config cfg;
 };
 small_setup small_speculator(rope_mode mode, float sigma, std::mt19937& rng) {
   const shape sh{1, 2, 64, 16, 64, mode, kvscout::rope_style::interleaved,

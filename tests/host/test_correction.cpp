@@ -38,10 +38,15 @@ TEST_CASE("score_query is the layer's own query, projected as a key, against the
         CAPTURE(kvscout::to_string(mode), g, r);
         const slice m(2, 2, g, 70, 31u + static_cast<unsigned>(g * 10 + r));
         const auto plans = m.plans(r, mode, 5u + static_cast<unsigned>(r));
-        const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = m.S, .num_kv_heads = m.H,
-                                           .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
-                                           .max_tokens = 96, .scale = 0.125f},
-                                           kvscout::gqa_aggregation::max_logit};
+        const kvscout::infinigen_config pc{.shape = {.num_layers = 1,
+                                                     .num_seqs = m.S,
+                                                     .num_kv_heads = m.H,
+                                                     .num_q_heads = m.Hq,
+                                                     .head_dim = D,
+                                                     .d_model = m.d_model,
+                                                     .max_tokens = 96,
+                                                     .scale = 0.125f},
+                                           .aggregation = kvscout::gqa_aggregation::max_logit};
         auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
         kvscout::infinigen_policy_host<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
                                            {{m.bq.data(), m.bq.size()}}, pws.span());
@@ -142,9 +147,10 @@ TEST_CASE("score_query aggregates the group by query_aggregation, score() by agg
                                   {pos.data(), 2}, {lens.data(), 2}};
   // Scores of score() and score_query() of a policy with these aggregations.
   const auto run = [&](gqa_aggregation spec, std::optional<gqa_aggregation> late) {
-    kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = m.S, .num_kv_heads = m.H,
+    kvscout::infinigen_config pc{.shape = {.num_layers = 1, .num_seqs = m.S, .num_kv_heads = m.H,
                                  .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
-                                 .max_tokens = 96, .scale = 0.125f}, spec};
+                                 .max_tokens = 96, .scale = 0.125f},
+                                 .aggregation = spec};
     pc.query_aggregation = late;
     auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
     kvscout::infinigen_policy_host<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
@@ -347,4 +353,39 @@ TEST_CASE("the correction refuses a malformed speculated selection and config",
                                                                           .max_tokens = stride}, 8,
                                                                           0}),
                       Catch::Contains("extra = 0 must be in [1, capacity = 8]"));
+}
+
+TEST_CASE("the host policy checks the config's r, mode and correction_r against its plans",
+          "[spec][infinigen][errors]") {
+  const slice m(2, 2, 1, 40, 77u);
+  const auto plans = m.plans(16, kvscout::rope_mode::rope_planes, 5u);
+  const auto wide = m.plans(32, kvscout::rope_mode::rope_planes, 5u);
+  const auto build = [&](int r, kvscout::rope_mode mode, int correction_r) {
+    const kvscout::infinigen_config pc{.shape = {.num_layers = 1,
+                                                 .num_seqs = m.S,
+                                                 .num_kv_heads = m.H,
+                                                 .num_q_heads = m.Hq,
+                                                 .head_dim = D,
+                                                 .d_model = m.d_model,
+                                                 .max_tokens = 64,
+                                                 .scale = 0.125f},
+                                       .r = r,
+                                       .mode = mode,
+                                       .correction_r = correction_r};
+    auto ws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
+    kvscout::infinigen_policy_host<> p(pc, {plans}, {wide}, {{m.wq.data(), m.wq.size()}},
+                                       {{m.bq.data(), m.bq.size()}}, ws.span());
+  };
+  const auto planes = kvscout::rope_mode::rope_planes;
+  CHECK_NOTHROW(build(0, kvscout::rope_mode::post_rope_skew, 0));  // 0: the plans' own
+  CHECK_NOTHROW(build(16, planes, 32));
+  using Catch::Contains;
+  CHECK_THROWS_WITH(
+      build(12, planes, 0),
+      Contains("layer 0's plans have r = 16 and mode rope_planes, the config r = 12"));
+  CHECK_THROWS_WITH(build(16, kvscout::rope_mode::post_rope_skew, 0),
+                    Contains("the config r = 16 and mode post_rope_skew"));
+  CHECK_THROWS_WITH(
+      build(16, planes, 24),
+      Contains("layer 0's correction plans have r = 32, the config correction_r = 24"));
 }

@@ -50,7 +50,7 @@ std::string error_of(F&& f) {
   return "(no error)";
 }
 
-kvscout::infinigen_cuda_config good_config() {
+kvscout::infinigen_config good_config() {
   return {.shape = {.num_seqs = 2, .num_kv_heads = 4, .num_q_heads = 16, .head_dim = 128,
                     .d_model = 512, .max_tokens = 4096, .scale = 0.0883883f},
           .r = 32, .mode = rope_mode::post_rope_skew, .aggregation = gqa_aggregation::sum_prob};

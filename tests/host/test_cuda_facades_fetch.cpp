@@ -467,7 +467,7 @@ TEST_CASE("device speculation launches a block per SM at the benchmark shapes",
           "[cuda][facade][launch]") {
   // bench_spec_select.cu: one Llama-7B layer, 32 kv heads = 32 query heads, head_dim 128, r = 32,
   // post-RoPE skew (the GEMV computes whole query heads: rows = head_dim), one sequence.
-  const infinigen_cuda_config cfg{{.num_seqs = 1, .num_kv_heads = 32, .num_q_heads = 32,
+  const infinigen_config cfg{{.num_seqs = 1, .num_kv_heads = 32, .num_q_heads = 32,
                                   .head_dim = 128, .d_model = 4096, .max_tokens = 131072,
                                   .scale = 0.088f}, 32, rope_mode::post_rope_skew,
                                   gqa_aggregation::max_logit};

@@ -49,9 +49,15 @@ TEMPLATE_TEST_CASE("one partial key cache serves a narrow speculation and a wide
         const slice m(2, 2, g, 70, 11u + static_cast<unsigned>(g), slice::keys::channel_offsets);
         const auto narrow = m.plans(rs, mode, 7u);
         const auto wide = m.plans(rc, mode, 7u);
-        kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = m.S, .num_kv_heads = m.H,
-                                     .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
-                                     .max_tokens = max_tokens, .scale = 0.125f}, agg};
+        kvscout::infinigen_config pc{.shape = {.num_layers = 1,
+                                               .num_seqs = m.S,
+                                               .num_kv_heads = m.H,
+                                               .num_q_heads = m.Hq,
+                                               .head_dim = D,
+                                               .d_model = m.d_model,
+                                               .max_tokens = max_tokens,
+                                               .scale = 0.125f},
+                                     .aggregation = agg};
         pc.query_aggregation = agg == gqa_aggregation::sum_prob ? gqa_aggregation::max_logit : gqa_aggregation::sum_prob;
         const std::vector<kvscout::host_span<const float>> w{{m.wq.data(), m.wq.size()}}, b{{m.bq.data(), m.bq.size()}};
         auto ws1 = kvscout::make_workspace<P>(pc), ws2 = kvscout::make_workspace<P>(pc), ws3 = kvscout::make_workspace<P>(pc);

@@ -219,10 +219,10 @@ TEST_CASE("infinigen with a full partial dimension scores exactly like the oracl
     for (int h = 0; h < H; ++h)
       plans.push_back(kvscout::calibrate_skew({qs.data(), qs.size()}, {ks.data(), ks.size()}, 200, g, D,
                                               {D, false, mode, rope}));
-    const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = H,
+    const kvscout::infinigen_config pc{.shape = {.num_layers = 1, .num_seqs = 1, .num_kv_heads = H,
                                         .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
                                         .max_tokens = 128, .scale = 0.125f},
-                                       kvscout::gqa_aggregation::max_logit};
+                                       .aggregation = kvscout::gqa_aggregation::max_logit};
     auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
     kvscout::infinigen_policy_host<> p(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}},
                                        pws.span());
@@ -279,9 +279,10 @@ void check_tiles_agree(int g, kvscout::gqa_aggregation agg) {
   for (auto& w : wq) w = nd(rng) / 8.f;
   for (auto& w : x) w = nd(rng);
   std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
-  const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = H,
+  const kvscout::infinigen_config pc{.shape = {.num_layers = 1, .num_seqs = 1, .num_kv_heads = H,
                                       .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
-                                      .max_tokens = full, .scale = 0.125f}, agg};
+                                      .max_tokens = full, .scale = 0.125f},
+                                     .aggregation = agg};
   auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(pc);
   kvscout::infinigen_policy_host<PkT> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
   std::vector<float> k(static_cast<std::size_t>(H) * D);
@@ -361,10 +362,10 @@ TEST_CASE("infinigen scores the same bits on rows past the register-pinning boun
   for (auto& w : wq) w = nd(rng) / 8.f;
   for (auto& w : x) w = nd(rng);
   std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
-  const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = H,
+  const kvscout::infinigen_config pc{.shape = {.num_layers = 1, .num_seqs = 1, .num_kv_heads = H,
                                       .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
                                       .max_tokens = full, .scale = 0.125f},
-                                     kvscout::gqa_aggregation::max_logit};
+                                     .aggregation = kvscout::gqa_aggregation::max_logit};
   auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
   kvscout::infinigen_policy_host<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
   std::vector<float> k(static_cast<std::size_t>(H) * D);
@@ -489,10 +490,10 @@ TEST_CASE("infinigen, RoPE planes: each kv head's queries rotate its own planes"
   for (auto& w : bq) w = 0.1f * nd(rng);
   for (auto& w : x) w = nd(rng);
   const kvscout::host_span<const float> W_Q(wq.data(), wq.size()), b_Q(bq.data(), bq.size());
-  const kvscout::infinigen_config pc{{.num_layers = L, .num_seqs = 1, .num_kv_heads = H,
+  const kvscout::infinigen_config pc{.shape = {.num_layers = L, .num_seqs = 1, .num_kv_heads = H,
                                       .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
                                       .max_tokens = n, .scale = 0.125f},
-                                     kvscout::gqa_aggregation::max_logit};
+                                     .aggregation = kvscout::gqa_aggregation::max_logit};
   auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
   kvscout::infinigen_policy_host<> p(pc, plans, {W_Q, W_Q, W_Q}, {b_Q, b_Q, b_Q}, pws.span());
   std::vector<float> k(static_cast<std::size_t>(H) * D);
@@ -550,7 +551,7 @@ TEST_CASE("infinigen writes each row's maximum as it scores: tails, NaN keys, em
       for (auto& w : wq) w = nd(rng) / 8.f;
       for (auto& w : x) w = nd(rng);
       std::vector<kvscout::skew_plan> plans(H, identity_planes(r));
-      const kvscout::infinigen_config pc{{.num_layers = 1,
+      const kvscout::infinigen_config pc{.shape = {.num_layers = 1,
                                           .num_seqs = S,
                                           .num_kv_heads = H,
                                           .num_q_heads = Hq,
@@ -558,7 +559,7 @@ TEST_CASE("infinigen writes each row's maximum as it scores: tails, NaN keys, em
                                           .d_model = d_model,
                                           .max_tokens = cap,
                                           .scale = 0.125f},
-                                         agg};
+                                         .aggregation = agg};
       auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
       kvscout::infinigen_policy_host<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
       std::vector<float> k(static_cast<std::size_t>(H) * D);
@@ -614,10 +615,10 @@ TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
     const std::vector<kvscout::skew_plan> plans = calibrated_plans(qs, ks, H, g, r, mode, rope);
     // ws: the policy's workspace, the caller's (it outlives the policy).
     const auto make = [&](int seqs, kvscout::host_workspace& ws) {
-      const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = seqs,
+      const kvscout::infinigen_config pc{.shape = {.num_layers = 1, .num_seqs = seqs,
                                           .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
                                           .d_model = d_model, .max_tokens = cap, .scale = 0.125f},
-                                         kvscout::gqa_aggregation::max_logit};
+                                         .aggregation = kvscout::gqa_aggregation::max_logit};
       ws = kvscout::make_workspace<policy>(pc);
       return policy(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}}, ws.span());
     };
@@ -757,10 +758,10 @@ TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of f
       std::vector<W> wq_in, bq_in;
       round_to_w(wq, wq_in, wq_w);
       round_to_w(bq, bq_in, bq);  // bq itself now holds values W represents
-      const kvscout::infinigen_config cfg{{.num_layers = 1, .num_seqs = S,
+      const kvscout::infinigen_config cfg{.shape = {.num_layers = 1, .num_seqs = S,
                                            .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
                                            .d_model = d_model, .max_tokens = cap, .scale = 0.125f},
-                                          kvscout::gqa_aggregation::max_logit};
+                                          .aggregation = kvscout::gqa_aggregation::max_logit};
       using narrow_t = kvscout::infinigen_policy_host<float, W>;
       using wide_t = kvscout::infinigen_policy_host<float, float>;
       const std::vector<kvscout::host_span<const float>> b_f{{bq.data(), bq.size()}};

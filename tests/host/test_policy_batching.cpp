@@ -90,10 +90,11 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
                        kvscout::gqa_aggregation::sum_prob}) {
         CAPTURE(kvscout::to_string(mode), static_cast<int>(agg));
         // Layer 0 dense, layer 1 speculated.
-        const kvscout::infinigen_config pc{{.num_layers = 2, .num_seqs = f.S,
+        const kvscout::infinigen_config pc{.shape = {.num_layers = 2, .num_seqs = f.S,
                                             .num_kv_heads = f.H, .num_q_heads = f.Hq, .head_dim = D,
                                             .d_model = f.d_model, .max_tokens = f.cap,
-                                            .scale = 0.125f}, agg};
+                                            .scale = 0.125f},
+                                           .aggregation = agg};
         auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
         kvscout::infinigen_policy_host<> p(pc, {{}, calibrated_plans(qs, ks, f.H, f.g, 16, mode, f.rope)},
                                            {{}, {wq.data(), wq.size()}}, {{}, {bq.data(), bq.size()}},

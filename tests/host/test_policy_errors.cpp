@@ -205,10 +205,10 @@ TEST_CASE("infinigen_policy_host takes its scratch in the caller's workspace and
   // Two layers (0 dense), one sequence, GQA 2 (mean_logit: the group's mean query, qm_), r = 16.
   const int d_model = 64, r = 16, n = 40;
   using P = kvscout::infinigen_policy_host<>;
-  const kvscout::infinigen_config pc{{.num_layers = 2, .num_seqs = 1, .num_kv_heads = 1,
+  const kvscout::infinigen_config pc{.shape = {.num_layers = 2, .num_seqs = 1, .num_kv_heads = 1,
                                       .num_q_heads = 2, .head_dim = D, .d_model = d_model,
                                       .max_tokens = 64, .scale = 0.125f},
-                                     kvscout::gqa_aggregation::mean_logit};
+                                     .aggregation = kvscout::gqa_aggregation::mean_logit};
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
   std::vector<float> wq(static_cast<std::size_t>(2) * D * d_model), x(d_model), k(D);
@@ -324,10 +324,10 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
     const std::vector<float> w(static_cast<std::size_t>(big) * dm, 0.5f);
     const std::vector<std::vector<kvscout::skew_plan>> plans{
         {kvscout::rope_planes_plan(rope, {0, 300})}};
-    const kvscout::infinigen_config big_cfg{{.num_layers = 1, .num_seqs = 1,
+    const kvscout::infinigen_config big_cfg{.shape = {.num_layers = 1, .num_seqs = 1,
                                              .num_kv_heads = 1, .num_q_heads = 1, .head_dim = big,
                                              .d_model = dm, .max_tokens = 8, .scale = 0.125f},
-                                            kvscout::gqa_aggregation::max_logit};
+                                            .aggregation = kvscout::gqa_aggregation::max_logit};
     REQUIRE_THROWS_WITH(
         kvscout::infinigen_policy_host<>(big_cfg, plans, {{w.data(), w.size()}}, {{}},
                                          kvscout::make_workspace<kvscout::infinigen_policy_host<>>(big_cfg)

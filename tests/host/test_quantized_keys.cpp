@@ -202,9 +202,15 @@ TEMPLATE_TEST_CASE("infinigen_policy_host over quantised partial keys scores the
         CAPTURE(TestType::bits, TestType::group, kvscout::to_string(mode), g, r, static_cast<int>(agg));
         slice m(2, 2, g, 70, 31u + static_cast<unsigned>(g * 10 + r));
         const auto plans = m.plans(r, mode, 5u + static_cast<unsigned>(r));
-        kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = m.S, .num_kv_heads = m.H,
-                                     .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
-                                     .max_tokens = max_tokens, .scale = 0.125f}, agg};
+        kvscout::infinigen_config pc{.shape = {.num_layers = 1,
+                                               .num_seqs = m.S,
+                                               .num_kv_heads = m.H,
+                                               .num_q_heads = m.Hq,
+                                               .head_dim = D,
+                                               .d_model = m.d_model,
+                                               .max_tokens = max_tokens,
+                                               .scale = 0.125f},
+                                     .aggregation = agg};
         pc.query_aggregation = agg;
         auto pws = kvscout::make_workspace<P>(pc);
         P p(pc, {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}}, pws.span());

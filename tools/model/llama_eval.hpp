@@ -492,9 +492,10 @@ class layer_major_eval {
         case eval_policy::infinigen: {
           std::vector<host_span<const float>> wq, bq(static_cast<std::size_t>(L));
           for (const auto& layer : ev.w_.layers) wq.push_back({layer.wq.data(), layer.wq.size()});
-          infinigen_config ic{{.num_layers = L, .num_seqs = 1, .num_kv_heads = H,
+          infinigen_config ic{.shape = {.num_layers = L, .num_seqs = 1, .num_kv_heads = H,
                                .num_q_heads = Hq, .head_dim = D, .d_model = ev.c_.d_model,
-                               .max_tokens = T, .scale = scale}, opt.aggregation};
+                               .max_tokens = T, .scale = scale},
+                              .aggregation = opt.aggregation};
           ic.query_aggregation = opt.late_aggregation;
           const auto make = [&](const std::vector<std::vector<skew_plan>>& plans) -> std::unique_ptr<infinigen_scorer> {
             if (opt.library_keys) {

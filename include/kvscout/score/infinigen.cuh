@@ -44,7 +44,7 @@ namespace kvscout {
 template <partial_key_format PkT = float, compute_element WT = float>
 class infinigen_policy_cuda {
  public:
-  using config = infinigen_cuda_config;
+  using config = infinigen_config;
   using config_type = config;
   using memory_space = device_space;
   using key_format = PkT;

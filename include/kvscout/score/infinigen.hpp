@@ -38,6 +38,7 @@
 #include "kvscout/skew/plan.hpp"
 #include "kvscout/score/concepts.hpp"
 #include "kvscout/score/detail/aggregate.hpp"
+#include "kvscout/score/infinigen_config.hpp"
 
 namespace kvscout {
 
@@ -101,17 +102,6 @@ inline typename code_vec<N>::ints widen_codes(const std::uint8_t* p) {
   return r;
 }
 }  // namespace detail
-
-struct infinigen_config {
-  decode_shape shape{};  // every field
-  gqa_aggregation aggregation = gqa_aggregation::max_logit;
-  /// score_query's aggregation (the correction step's late ranking); empty: `aggregation`.
-  std::optional<gqa_aggregation> query_aggregation{};
-
-  [[nodiscard]] gqa_aggregation late_aggregation() const noexcept {
-    return query_aggregation.value_or(aggregation);
-  }
-};
 
 /// PkT: the partial keys' format: an element type (float, half, bfloat16) or
 /// quantized_keys<Bits, Group> (scored from the codes); WT: the partial query weights' element
@@ -396,6 +386,10 @@ class infinigen_policy_host {
                         "layer ", l, " mixes RoPE modes or configurations across kv heads");
       }
       st.spec_r = st.r;
+      KVSCOUT_EXPECTS(cfg.r == 0 || (st.spec_r == cfg.r && pl[0].mode == cfg.mode), "layer ", l,
+                      "'s plans have r = ", st.spec_r, " and mode ", to_string(pl[0].mode),
+                      ", the config r = ", cfg.r, " and mode ", to_string(cfg.mode),
+                      " (r = 0: the plans' own)");
       if (wide) {
         KVSCOUT_EXPECTS(static_cast<int>(wide->size()) == cfg.shape.num_kv_heads, "layer ", l,
                         " has ", wide->size(), " correction plans, expected one per kv head (",
@@ -410,6 +404,9 @@ class infinigen_policy_host {
               "layer " + std::to_string(l) + ", kv head " + std::to_string(h)));
         }
         st.r = (*wide)[0].r;
+        KVSCOUT_EXPECTS(cfg.correction_r == 0 || st.r == cfg.correction_r, "layer ", l,
+                        "'s correction plans have r = ", st.r, ", the config correction_r = ",
+                        cfg.correction_r, " (0: the plans' own)");
       } else {
         st.key_plans = pl;
       }

@@ -26,24 +26,9 @@
 #include "kvscout/score/concepts.hpp"
 #include "kvscout/score/device_context.hpp"
 #include "kvscout/score/detail/aggregate.hpp"
+#include "kvscout/score/infinigen_config.hpp"
 
 namespace kvscout {
-
-struct infinigen_cuda_config {
-  decode_shape shape{};  // every field but num_layers (one policy serves one layer)
-  int r = 0;             // partial dimension (every kv head's plan has this r)
-  rope_mode mode = rope_mode::post_rope_skew;  // every kv head's plan has this mode
-  gqa_aggregation aggregation = gqa_aggregation::max_logit;
-  std::optional<gqa_aggregation> query_aggregation{};
-  /// The channels score_query reads, where more than r (0: r); the cache then holds them, the
-  /// speculation's first.
-  int correction_r = 0;
-
-  [[nodiscard]] gqa_aggregation late_aggregation() const noexcept {
-    return query_aggregation.value_or(aggregation);
-  }
-  [[nodiscard]] int key_r() const noexcept { return correction_r > 0 ? correction_r : r; }
-};
 
 /// A view into the workspace (layout in the header comment).
 template <compute_element T, class Space = device_space>
@@ -211,7 +196,7 @@ struct spec_launch_shapes {
   long long score[3] = {0, 0, 0};
   [[nodiscard]] static long long count(const long long (&g)[3]) { return g[0] * g[1] * g[2]; }
 };
-inline spec_launch_shapes spec_shapes(const infinigen_cuda_config& c, int rows, int num_seqs,
+inline spec_launch_shapes spec_shapes(const infinigen_config& c, int rows, int num_seqs,
                                       int max_len) {
   spec_launch_shapes l;
   const long long total_rows = static_cast<long long>(c.shape.num_q_heads) * rows;
@@ -225,7 +210,7 @@ inline spec_launch_shapes spec_shapes(const infinigen_cuda_config& c, int rows, 
   return l;
 }
 
-inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
+inline void check_infinigen_cuda_config(const infinigen_config& c) {
   KVSCOUT_EXPECTS(c.shape.num_seqs > 0 && c.shape.num_kv_heads > 0 && c.shape.max_tokens > 0,
                   "infinigen_policy_cuda needs positive sizes, got seqs ", c.shape.num_seqs,
                   ", kv heads ", c.shape.num_kv_heads, ", max_tokens ", c.shape.max_tokens);
@@ -271,7 +256,7 @@ inline void check_infinigen_cuda_config(const infinigen_cuda_config& c) {
 }
 
 template <class PkT, class WT = float>
-infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
+infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_config& c) {
   check_infinigen_cuda_config(c);
   infinigen_cuda_layout l;
   const std::size_t S = static_cast<std::size_t>(c.shape.num_seqs);
@@ -321,7 +306,7 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_cuda_config& c) {
 /// One plan per kv head, consistent with the config; W_Q and b_Q sizes (make_partial_query_weights
 /// checks their values).
 template <class In = float>
-void check_infinigen_cuda_plans(const infinigen_cuda_config& c,
+void check_infinigen_cuda_plans(const infinigen_config& c,
                                 const std::vector<skew_plan>& plans, host_span<const In> w_q,
                                 host_span<const In> b_q,
                                 const std::vector<skew_plan>* correction_plans = nullptr) {
@@ -379,7 +364,7 @@ inline void check_infinigen_cuda_workspace(device_span<std::byte> workspace, std
 }
 
 /// The checks score() and score_query() share.
-inline void check_infinigen_cuda_scores(const infinigen_cuda_config& c,
+inline void check_infinigen_cuda_scores(const infinigen_config& c,
                                         const score_context<device_space>& ctx,
                                         const score_buffer<device_space>& out) {
   const int S = out.num_seqs;
@@ -390,7 +375,7 @@ inline void check_infinigen_cuda_scores(const infinigen_cuda_config& c,
   check_device_score_call(c.shape.num_kv_heads, ctx, out);
 }
 
-inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
+inline void check_infinigen_cuda_score(const infinigen_config& c,
                                        const score_context<device_space>& ctx,
                                        const score_buffer<device_space>& out) {
   check_infinigen_cuda_scores(c, ctx, out);
@@ -402,7 +387,7 @@ inline void check_infinigen_cuda_score(const infinigen_cuda_config& c,
                   "positions holds ", ctx.positions.size(), " entries, expected num_seqs = ", s);
 }
 
-inline void check_infinigen_cuda_score_query(const infinigen_cuda_config& c, std::size_t q_size,
+inline void check_infinigen_cuda_score_query(const infinigen_config& c, std::size_t q_size,
                                              bool q_present, const score_context<device_space>& ctx,
                                              const score_buffer<device_space>& out) {
   KVSCOUT_EXPECTS(c.mode != rope_mode::pre_rope_folded, "score_query: the plans are "
@@ -416,7 +401,7 @@ inline void check_infinigen_cuda_score_query(const infinigen_cuda_config& c, std
                   c.shape.num_q_heads, ", ", c.shape.head_dim, "]");
 }
 
-inline void check_infinigen_cuda_append(const infinigen_cuda_config& c, std::size_t key_elements,
+inline void check_infinigen_cuda_append(const infinigen_config& c, std::size_t key_elements,
                                         bool keys_present, device_span<const int32_t> seq_ids,
                                         device_span<const int32_t> token_ids, int count) {
   KVSCOUT_EXPECTS(count >= 0, "count must be non-negative, got ", count);
