@@ -166,8 +166,8 @@ void gather(const header& h, fuzz::reader& in, const Layout& l, const std::byte*
   }
 
   kvscout::host_gather_config cfg{};
-  cfg.num_seqs = h.num_seqs;
-  cfg.num_kv_heads = h.num_kv_heads;
+  cfg.shape.num_seqs = h.num_seqs;
+  cfg.shape.num_kv_heads = h.num_kv_heads;
   cfg.capacity = h.capacity;
   cfg.threads = 1 + (h.flags & 1);
   cfg.prefetch_rows = h.prefetch_rows;
