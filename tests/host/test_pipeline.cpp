@@ -33,6 +33,16 @@
 namespace {
 
 constexpr int D = 64, L = 4, Hq = 6, H = 2, S = 2, max_tokens = 96, prompt = 48, steps = 6;
+// The step's shape; every config below holds it (a part reads the fields it needs).
+const kvscout::decode_shape shape{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
+                                  .num_q_heads = Hq, .max_tokens = max_tokens, .scale = 0.125f};
+// The InfiniGen policy's, which also needs the model's widths.
+kvscout::decode_shape shape_of(int d_model) {
+  kvscout::decode_shape s = shape;
+  s.head_dim = D;
+  s.d_model = d_model;
+  return s;
+}
 using T = kvscout::half;
 using model = kvtest::toy_model<T, D>;
 using layout = model::layout;
@@ -143,18 +153,12 @@ std::vector<std::vector<kvscout::skew_plan>> calibrate(kvscout::rope_mode mode, 
 template <class Policy, class Inspect>
 std::vector<float> run(model& m, Policy& policy, int budget, Inspect&& inspect,
                        kvscout::gather_stores stores = kvscout::gather_stores::automatic) {
-  kvscout::host_pipeline_config pc{{.num_layers = L,
-                                    .num_seqs = S,
-                                    .num_kv_heads = H,
-                                    .num_q_heads = Hq,
-                                    .max_tokens = max_tokens,
-                                    .scale = 0.125f},
+  kvscout::host_pipeline_config pc{shape,
                                    2,
                                    budget,
                                    2};
   pc.stores = stores;
-  topk_pipeline<Policy> tp(pc, policy, {{.num_seqs = S, .num_kv_heads = H,
-                                        .max_tokens = max_tokens}, budget, budget, {}});
+  topk_pipeline<Policy> tp(pc, policy, {shape, budget, budget, {}});
   auto& pipe = tp.pipe;
   std::vector<float> hs;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
@@ -169,12 +173,9 @@ std::vector<float> run_dense() {
   model m(L, Hq, H, S, max_tokens, 77);
   kvscout::streaming_policy_host p({{.num_kv_heads = H}, 4});
   std::vector<float> hs;
-  topk_pipeline<kvscout::streaming_policy_host> tp({{.num_layers = L, .num_seqs = S,
-                                                    .num_kv_heads = H, .num_q_heads = Hq,
-                                                    .max_tokens = max_tokens, .scale = 0.125f}, L,
+  topk_pipeline<kvscout::streaming_policy_host> tp({shape, L,
                                                     8, 1}, p,
-                                                   {{.num_seqs = S, .num_kv_heads = H,
-                                                    .max_tokens = max_tokens}, 8, 8, {}});
+                                                   {shape, 8, 8, {}});
   auto& pipe = tp.pipe;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
   for (int t = 0; t < steps; ++t) m.step(pipe, hs, m.embedding(500u + t), true);
@@ -200,14 +201,12 @@ TEST_CASE("with a budget of every token the pipeline equals dense decoding", "[p
   }
   {
     model m(L, Hq, H, S, max_tokens, 77);
-    kvscout::h2o_policy_host p({{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
-                                 .max_tokens = max_tokens}});
+    kvscout::h2o_policy_host p({shape});
     check(run(m, p, max_tokens, no_inspect), "h2o");
   }
   {
     model m(L, Hq, H, S, max_tokens, 77);
-    kvscout::quest_policy_host<D> p({{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
-                                      .num_q_heads = Hq, .max_tokens = max_tokens, .scale = 0.125f},
+    kvscout::quest_policy_host<D> p({shape,
                                      16});
     check(run(m, p, max_tokens, no_inspect), "quest");
   }
@@ -223,14 +222,7 @@ TEST_CASE("with a budget of every token the pipeline equals dense decoding", "[p
     const auto plans = calibrate(mode, 16);
     std::vector<kvscout::host_span<const float>> wq, bq(L);
     for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-    owned_infinigen p({{.num_layers = L,
-                        .num_seqs = S,
-                        .num_kv_heads = H,
-                        .num_q_heads = Hq,
-                        .head_dim = D,
-                        .d_model = m.d,
-                        .max_tokens = max_tokens,
-                        .scale = 0.125f}},
+    owned_infinigen p({shape_of(m.d)},
                       plans, wq, bq);
     check(run(m, p.policy, max_tokens, no_inspect), kvscout::to_string(mode));
   }
@@ -243,14 +235,7 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   const auto plans = calibrate(kvscout::rope_mode::post_rope_skew, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  owned_infinigen owned({{.num_layers = L,
-                          .num_seqs = S,
-                          .num_kv_heads = H,
-                          .num_q_heads = Hq,
-                          .head_dim = D,
-                          .d_model = m.d,
-                          .max_tokens = max_tokens,
-                          .scale = 0.125f}},
+  owned_infinigen owned({shape_of(m.d)},
                         plans, wq, bq);
   kvscout::infinigen_policy_host<>& ig = owned.policy;
   // At every speculated layer of every decode step: the true attention probabilities of the
@@ -260,8 +245,7 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   for (int l = 0; l < L; ++l) views.push_back(m.view(l));
   kvscout::oracle_policy_host<layout> oracle({{.num_q_heads = Hq, .scale = 0.125f},
                                               kvscout::gqa_aggregation::sum_prob}, views);
-  kvscout::topk_selector_host::config oc{{.num_seqs = S, .num_kv_heads = H,
-                                          .max_tokens = max_tokens}, budget, budget, {}};
+  kvscout::topk_selector_host::config oc{shape, budget, budget, {}};
   auto ows = kvscout::make_workspace<kvscout::topk_selector_host>(oc);
   kvscout::topk_selector_host oracle_sel(oc, ows.span());
   std::vector<float> scores(static_cast<std::size_t>(S) * H * max_tokens), probs(static_cast<std::size_t>(S) * H * (max_tokens + 1));
@@ -301,16 +285,11 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
       }
   };
   topk_pipeline<kvscout::infinigen_policy_host<>> tp(
-      {{.num_layers = L,
-        .num_seqs = S,
-        .num_kv_heads = H,
-        .num_q_heads = Hq,
-        .max_tokens = max_tokens,
-        .scale = 0.125f},
+      {shape,
        2,
        budget,
        2},
-      ig, {{.num_seqs = S, .num_kv_heads = H, .max_tokens = max_tokens}, budget, budget, {}});
+      ig, {shape, budget, budget, {}});
   auto& pipe = tp.pipe;
   std::vector<float> hs;
   for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
@@ -390,12 +369,9 @@ TEST_CASE("the pipeline attends an fp8 cache with the layer's scales", "[pipelin
 TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
   model m(L, Hq, H, S, max_tokens, 5);
   kvscout::streaming_policy_host p({{.num_kv_heads = H}, 4});
-  topk_pipeline<kvscout::streaming_policy_host> tp({{.num_layers = L, .num_seqs = S,
-                                                    .num_kv_heads = H, .num_q_heads = Hq,
-                                                    .max_tokens = max_tokens, .scale = 0.125f}, 2,
+  topk_pipeline<kvscout::streaming_policy_host> tp({shape, 2,
                                                     8, 1}, p,
-                                                   {{.num_seqs = S, .num_kv_heads = H,
-                                                    .max_tokens = max_tokens}, 8, 8, {}});
+                                                   {shape, 8, 8, {}});
   auto& pipe = tp.pipe;
   using pipe_t = decltype(tp)::pipe_t;
   auto& sel = tp.sel;
@@ -406,8 +382,7 @@ TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
                       Catch::Contains("attend(3) without speculate(3) first"));
   REQUIRE_THROWS_WITH(pipe.speculate(1, ctx, m.view(1)),
                       Catch::Contains("layer 1 is not speculated: expected [skip_layers = 2, num_layers = 4)"));
-  REQUIRE_THROWS_WITH(build<pipe_t>({{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
-                                     .num_q_heads = Hq, .max_tokens = max_tokens, .scale = 0.125f},
+  REQUIRE_THROWS_WITH(build<pipe_t>({shape,
                                      2, max_tokens + 1, 1}, p, sel),
                       Catch::Contains("capacity = 97 must be in [1, max_tokens = 96]"));
   REQUIRE_THROWS_WITH(build<pipe_t>({{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
@@ -416,12 +391,7 @@ TEST_CASE("pipeline misuse is reported", "[pipeline][errors]") {
                       Catch::Contains("num_q_heads = 5"));
   // A selector configured for another shape is refused when the pipeline is built.
   REQUIRE_THROWS_WITH(
-      build<pipe_t>({{.num_layers = L,
-                      .num_seqs = S,
-                      .num_kv_heads = H,
-                      .num_q_heads = Hq,
-                      .max_tokens = max_tokens,
-                      .scale = 0.125f},
+      build<pipe_t>({shape,
                      2,
                      16,
                      1},
@@ -479,34 +449,20 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
   const auto plans = calibrate(kvscout::rope_mode::rope_planes, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  owned_infinigen owned({{.num_layers = L,
-                          .num_seqs = S,
-                          .num_kv_heads = H,
-                          .num_q_heads = Hq,
-                          .head_dim = D,
-                          .d_model = m.d,
-                          .max_tokens = max_tokens,
-                          .scale = 0.125f}},
+  owned_infinigen owned({shape_of(m.d)},
                         plans, wq, bq);
   kvscout::infinigen_policy_host<>& ig = owned.policy;
   const kvscout::keep_set keep{1, 2};
-  kvscout::host_pipeline_config pc{{.num_layers = L,
-                                    .num_seqs = S,
-                                    .num_kv_heads = H,
-                                    .num_q_heads = Hq,
-                                    .max_tokens = max_tokens,
-                                    .scale = 0.125f},
+  kvscout::host_pipeline_config pc{shape,
                                    2,
                                    budget,
                                    2};
   pc.correction_capacity = extra;
-  topk_pipeline<kvscout::infinigen_policy_host<>> tp(pc, ig, {{.num_seqs = S, .num_kv_heads = H,
-                                                              .max_tokens = max_tokens}, budget,
+  topk_pipeline<kvscout::infinigen_policy_host<>> tp(pc, ig, {shape, budget,
                                                               budget, keep});
   auto& pipe = tp.pipe;
   // The test's own correction: the late scores of the same policy, the same selector semantics.
-  const kvscout::correction_selector_host::config cc{{.num_seqs = S, .num_kv_heads = H,
-                                                      .max_tokens = max_tokens}, extra, extra};
+  const kvscout::correction_selector_host::config cc{shape, extra, extra};
   auto cws = kvscout::make_workspace<kvscout::correction_selector_host>(cc);
   kvscout::correction_selector_host corr(cc, cws.span());
   std::vector<float> late(static_cast<std::size_t>(S) * H * max_tokens), want_out(static_cast<std::size_t>(S) * Hq * D);
@@ -566,16 +522,10 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
 TEST_CASE("a correction step needs a policy that scores the layer's own query",
           "[pipeline][correction][errors]") {
   kvscout::streaming_policy_host sp({{.num_kv_heads = H}, 4});
-  kvscout::topk_selector_host::config sc{{.num_seqs = S, .num_kv_heads = H,
-                                          .max_tokens = max_tokens}, 8, 8, {}};
+  kvscout::topk_selector_host::config sc{shape, 8, 8, {}};
   auto ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, ws.span());
-  kvscout::host_pipeline_config pc{{.num_layers = L,
-                                    .num_seqs = S,
-                                    .num_kv_heads = H,
-                                    .num_q_heads = Hq,
-                                    .max_tokens = max_tokens,
-                                    .scale = 0.125f},
+  kvscout::host_pipeline_config pc{shape,
                                    2,
                                    8,
                                    1};
@@ -603,21 +553,12 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
   const auto plans = calibrate(kvscout::rope_mode::rope_planes, 16);
   std::vector<kvscout::host_span<const float>> wq, bq(L);
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
-  owned_infinigen owned({{.num_layers = L,
-                          .num_seqs = S,
-                          .num_kv_heads = H,
-                          .num_q_heads = Hq,
-                          .head_dim = D,
-                          .d_model = m.d,
-                          .max_tokens = max_tokens,
-                          .scale = 0.125f}},
+  owned_infinigen owned({shape_of(m.d)},
                         plans, wq, bq);
   kvscout::infinigen_policy_host<>& ig = owned.policy;
   kvscout::infinigen_query_scores_host<kvscout::infinigen_policy_host<>> late(ig);
-  const kvscout::topk_selector_host::config sc{{.num_seqs = S, .num_kv_heads = H,
-                                                .max_tokens = max_tokens}, budget, budget, {}};
-  topk_pipeline<decltype(late)> tp({{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
-                                    .num_q_heads = Hq, .max_tokens = max_tokens, .scale = 0.125f},
+  const kvscout::topk_selector_host::config sc{shape, budget, budget, {}};
+  topk_pipeline<decltype(late)> tp({shape,
                                     2, budget, 1}, late, sc);
   auto& pipe = tp.pipe;
   // The selection the late ranking must make at each sparse layer, from the same scores.
@@ -687,16 +628,10 @@ static_assert(std::is_same_v<
 TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper decodes the same bits",
           "[pipeline][executor]") {
   const int budget = 16;
-  kvscout::topk_selector_host::config sc{{.num_seqs = S, .num_kv_heads = H,
-                                          .max_tokens = max_tokens}, budget, budget, {}};
+  kvscout::topk_selector_host::config sc{shape, budget, budget, {}};
   auto sel_ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, sel_ws.span());
-  kvscout::host_pipeline_config pc{{.num_layers = L,
-                                    .num_seqs = S,
-                                    .num_kv_heads = H,
-                                    .num_q_heads = Hq,
-                                    .max_tokens = max_tokens,
-                                    .scale = 0.125f},
+  kvscout::host_pipeline_config pc{shape,
                                    2,
                                    budget,
                                    2};
@@ -741,17 +676,11 @@ TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper de
 TEST_CASE("the pipeline takes its buffers in the caller's workspace and checks it",
           "[pipeline][errors][workspace]") {
   kvscout::streaming_policy_host p({{.num_kv_heads = H}, 4});
-  kvscout::topk_selector_host::config sc{{.num_seqs = S, .num_kv_heads = H,
-                                          .max_tokens = max_tokens}, 8, 8, {}};
+  kvscout::topk_selector_host::config sc{shape, 8, 8, {}};
   auto sel_ws = kvscout::make_workspace<kvscout::topk_selector_host>(sc);
   kvscout::topk_selector_host sel(sc, sel_ws.span());
   using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
-  kvscout::host_pipeline_config pc{{.num_layers = L,
-                                    .num_seqs = S,
-                                    .num_kv_heads = H,
-                                    .num_q_heads = Hq,
-                                    .max_tokens = max_tokens,
-                                    .scale = 0.125f},
+  kvscout::host_pipeline_config pc{shape,
                                    2,
                                    8,
                                    1};
@@ -805,12 +734,9 @@ TEST_CASE("per-layer selectors give each layer its own budget", "[pipeline][budg
   constexpr int cap = 16;
   using pipe_t =
       kvscout::decode_pipeline_host<layout, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
-  const kvscout::host_pipeline_config pc{{.num_layers = L, .num_seqs = S,
-                                          .num_kv_heads = H, .num_q_heads = Hq,
-                                          .max_tokens = max_tokens, .scale = 0.125f}, 2, cap, 1};
+  const kvscout::host_pipeline_config pc{shape, 2, cap, 1};
   const auto make = [](int budget) {
-    return kvscout::topk_selector_host::config{{.num_seqs = S, .num_kv_heads = H,
-                                                .max_tokens = max_tokens}, cap, budget, {}};
+    return kvscout::topk_selector_host::config{shape, cap, budget, {}};
   };
   auto ws4 = kvscout::make_workspace<kvscout::topk_selector_host>(make(4));
   auto ws12 = kvscout::make_workspace<kvscout::topk_selector_host>(make(12));
@@ -846,8 +772,7 @@ TEST_CASE("per-layer selectors give each layer its own budget", "[pipeline][budg
                       Catch::Contains("got 2 selectors, expected one per layer (num_layers = 4)"));
   REQUIRE_THROWS_WITH(pipe_t(pc, p, std::vector<kvscout::topk_selector_host*>{&sel4, &sel4, &sel4, nullptr}, mem.gather, mem.ws.span()),
                       Catch::Contains("layer 3 is speculated (skip_layers = 2) but its selector is null"));
-  const kvscout::topk_selector_host::config other{{.num_seqs = S, .num_kv_heads = H,
-                                                   .max_tokens = max_tokens}, 8, 4, {}};
+  const kvscout::topk_selector_host::config other{shape, 8, 4, {}};
   auto wso = kvscout::make_workspace<kvscout::topk_selector_host>(other);
   kvscout::topk_selector_host sel_other(other, wso.span());
   REQUIRE_THROWS_WITH(
