@@ -2,19 +2,20 @@
 // speculation, on the CPU through kvscout's host backend.
 //
 // 1. Loads SmolLM2-135M-Instruct (GGUF, fetched by scripts/fetch_model.sh) and its tokenizer.
-// 2. Calibrates the speculation of layers >= 2 on the first tokens of a text: RoPE-plane
-//    selection with r = 32 of 64 channels, the default the accuracy harness chose
-//    (docs/accuracy.md).
-// 3. Feeds a prompt (a passage of real text and a question) densely and with speculation
-//    (budget tokens per KV head, sinks and a recent window kept), and compares the prompt's
-//    perplexity: speculation chooses, per layer and step, which cached rows are fetched.
+// 2. Calibrates presets::kvscout_default, kvscout's best measured configuration, in one call on
+//    another text (the first 1024 tokens of --calibration): its skew plans (RoPE planes, 32 of
+//    64 channels), its correction plans (all 64) and its per-layer budget shares.
+// 3. Feeds a prompt (a passage of 2,000 tokens of real text and a question) densely and with
+//    speculation (--budget 0.10: each step fetches 10 % of the cached rows per KV head, a quarter
+//    of them chosen by the correction step), and compares the passage's perplexity.
 // 4. Generates an answer with speculation and prints, per layer, the fraction of cached rows
 //    fetched and the bytes moved against fetching everything.
 //
-//   ./examples/01_smollm2_speculative --model PATH.gguf --text FILE [--budget 64] [--tokens 400]
+//   ./examples/01_smollm2_speculative --model PATH.gguf --text FILE [--calibration FILE]
+//       [--budget 0.10] [--tokens 2000]
 
+#include <kvscout/calibrate.hpp>
 #include <kvscout/kvscout.hpp>
-#include <kvscout/skew/calibrate.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -30,6 +31,14 @@
 #include "model/tokenizer_gguf.hpp"
 
 namespace {
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  KVSCOUT_EXPECTS(in.good(), "cannot read ", what, " ", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 std::string arg(int argc, char** argv, const char* name, const char* fallback) {
   for (int i = 1; i + 1 < argc; ++i)
@@ -55,15 +64,15 @@ int main(int argc, char** argv) try {
   using namespace kvscout;
   const std::string path = arg(argc, argv, "--model", "");
   const std::string text_path = arg(argc, argv, "--text", "");
-  const int budget = std::atoi(arg(argc, argv, "--budget", "64").c_str());
-  const int n_text = std::atoi(arg(argc, argv, "--tokens", "400").c_str());
+  const std::string cal_path = arg(argc, argv, "--calibration", text_path.c_str());
+  const double budget = std::atof(arg(argc, argv, "--budget", "0.10").c_str());
+  const int n_text = std::atoi(arg(argc, argv, "--tokens", "2000").c_str());
   const int n_gen = std::atoi(arg(argc, argv, "--generate", "24").c_str());
   KVSCOUT_EXPECTS(!path.empty() && !text_path.empty(), "usage: --model PATH.gguf --text FILE");
-  std::ifstream in(text_path);
-  KVSCOUT_EXPECTS(in.good(), "cannot read --text ", text_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  KVSCOUT_EXPECTS(budget > 0 && budget <= 0.5, "--budget ", budget,
+                  ": expected a share of the cached rows in (0, 0.5]");
+  const std::string text = read_file(text_path, "--text");
+  const std::string cal_text = read_file(cal_path, "--calibration");
 
   const auto t_load = std::chrono::steady_clock::now();
   model::gguf_file file(path);
@@ -75,10 +84,18 @@ int main(int argc, char** argv) try {
               c.head_dim,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
 
-  const std::vector<int32_t> all = tok.encode(text);
-  KVSCOUT_EXPECTS(static_cast<int>(all.size()) > n_text + 128, "the text has ", all.size(),
-                  " tokens, need more than ", n_text + 128);
-  constexpr int skip = 2, r = 32;
+  const std::vector<int32_t> all = tok.encode(text), cal_tokens = tok.encode(cal_text);
+  constexpr int n_cal = 1024;
+  // The calibration text's first n_cal tokens; the passage from the text's start, or after them
+  // where both are the same text.
+  const std::size_t from = cal_path == text_path ? n_cal : 0;
+  KVSCOUT_EXPECTS(static_cast<int>(all.size()) >= static_cast<int>(from) + n_text &&
+                      static_cast<int>(cal_tokens.size()) >= n_cal,
+                  "the text has ", all.size(), " tokens and the calibration text ",
+                  cal_tokens.size(), ", need ", from + static_cast<std::size_t>(n_text), " and ",
+                  n_cal);
+  const auto p = presets::kvscout_default(64);
+  const int skip = p.skip_layers;
   const int max_tokens = n_text + 64 + n_gen;
   using session_t = model::llama_session<64>;
   using layout = session_t::layout;
@@ -88,49 +105,55 @@ int main(int argc, char** argv) try {
                            .num_q_heads = c.n_heads, .head_dim = 64, .d_model = c.d_model,
                            .max_tokens = max_tokens, .scale = 0.125f};
 
-  // ---- 2. calibration on the first 128 tokens (query / key samples of every layer) ------------
-  std::printf("calibrating the speculation (RoPE planes, r = %d) on 128 tokens ...\n", r);
+  // ---- 2. calibration: the queries and keys (after RoPE) of every layer at n_cal tokens --------
+  std::printf("calibrating %s on %d tokens of %s ...\n", p.name, n_cal, cal_path.c_str());
   std::vector<std::vector<float>> qs(static_cast<std::size_t>(c.n_layers)), ks(qs.size());
   {
-    session_t cal(w, 128, 2);
+    session_t cal(w, n_cal, 2);
     cal.on_qk = [&](int l, const float* q, const float* k) {
       qs[static_cast<std::size_t>(l)].insert(qs[static_cast<std::size_t>(l)].end(), q, q + c.n_heads * 64);
       ks[static_cast<std::size_t>(l)].insert(ks[static_cast<std::size_t>(l)].end(), k, k + c.n_kv_heads * 64);
     };
-    for (int i = 0; i < 128; ++i) cal.step(all[static_cast<std::size_t>(i)]);
+    for (int i = 0; i < n_cal; ++i) cal.step(cal_tokens[static_cast<std::size_t>(i)]);
   }
-  const skew_options opt{r, false, rope_mode::rope_planes, {64, c.rope_theta, c.rope}};
-  const auto plans = calibrate_skew_layers(shape, qs, ks, 128, opt, skip);  // [layer][KV head]
+  const auto cal = presets::calibrate(p, shape, {64, c.rope_theta, c.rope}, qs, ks, n_cal);
+  const presets::step_budgets plan =
+      presets::budgets(p, shape, budget, cal.layer_shares(p, budget));
 
   // ---- 3. the prompt: dense vs speculative ----------------------------------------------------
   // A user turn holding the passage (scored for perplexity) and a question about it.
   const auto head = tok.encode("<|im_start|>user\n");
   std::vector<int32_t> prompt(head.begin(), head.end());
   const std::size_t scored_from = prompt.size();
-  prompt.insert(prompt.end(), all.begin() + 128, all.begin() + 128 + n_text);
+  prompt.insert(prompt.end(), all.begin() + static_cast<std::ptrdiff_t>(from),
+                all.begin() + static_cast<std::ptrdiff_t>(from) + n_text);
   const auto question = tok.encode(
       "\n\nIn one sentence, what is this passage about?<|im_end|>\n<|im_start|>assistant\n");
   std::vector<host_span<const float>> wq, bq(static_cast<std::size_t>(c.n_layers));
   for (const auto& L : w.layers) wq.push_back({L.wq.data(), L.wq.size()});
   // Each part's workspace sized by its own query (make_workspace: this example has no allocator
   // of its own).
-  const infinigen_config pc{.shape = shape, .aggregation = gqa_aggregation::max_logit};
-  auto policy_ws = make_workspace<infinigen_policy_host<>>(pc);
-  infinigen_policy_host<> policy(pc, plans, wq, bq, policy_ws.span());
-  const topk_selector_host::config sc{.shape = shape, .capacity = budget, .budget = budget,
-                                      .keep = {4, 16}};
-  std::vector<std::byte> ws(topk_selector_host::workspace_bytes(sc));
-  topk_selector_host selector(sc, {ws.data(), ws.size()});
-  using pipe_t = decode_pipeline_host<layout, infinigen_policy_host<>, topk_selector_host>;
-  const host_pipeline_config cfg{
-      .shape = shape, .skip_layers = skip, .capacity = budget, .threads = 2};
+  KVSCOUT_EXPECTS(p.key_bits == 2, p.name, " keeps its partial keys at ", p.key_bits, " bits");
+  using policy_t = infinigen_policy_host<presets::partial_keys_t<2>>;  // 2-bit partial keys
+  auto policy_ws = make_workspace<policy_t>(p.policy_config(shape));
+  policy_t policy(p.policy_config(shape), cal.plans, cal.correction_plans, wq, bq,
+                  policy_ws.span());
+  const presets::layer_selectors selectors(shape, plan);  // each layer's share of the budget
+  using pipe_t = decode_pipeline_host<layout, policy_t, topk_selector_host>;
+  const host_pipeline_config cfg{.shape = shape, .skip_layers = skip, .capacity = plan.capacity,
+                                 .threads = 2, .correction_capacity = plan.correction_capacity,
+                                 .correction_shares = plan.correction_shares()};
   auto gather_ws = make_workspace<gather_executor_host<layout>>(gather_config_for(cfg));
   gather_executor_host<layout> gather(gather_config_for(cfg), gather_ws.span());
   auto pipe_ws = make_workspace<pipe_t>(cfg);
-  pipe_t pipe(cfg, policy, selector, gather, pipe_ws.span());
+  pipe_t pipe(cfg, policy, selectors.pointers(), gather, pipe_ws.span());
 
   session_t dense(w, max_tokens, 2), spec(w, max_tokens, 2);
   double nll_dense = 0, nll_spec = 0;
+  // The passage's second half too: a step moves 10 % of what is cached, so early steps, with few
+  // tokens cached, move few rows (at least the 20 of the keep-set).
+  double late_dense = 0, late_spec = 0;
+  const std::size_t late_from = scored_from + static_cast<std::size_t>(n_text) / 2;
   std::int64_t dense_rows = 0;  // rows a full fetch would move per speculated layer
   const auto t0 = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < prompt.size(); ++i) {
@@ -138,8 +161,10 @@ int main(int argc, char** argv) try {
     const bool scored = i + 1 < prompt.size() && i + 1 > scored_from;
     const auto& a = dense.step(prompt[i]);
     if (scored) nll_dense -= log_softmax_at(a, prompt[i + 1]);
+    if (scored && i + 1 > late_from) late_dense -= log_softmax_at(a, prompt[i + 1]);
     const auto& b = spec.step(prompt[i], &pipe);
     if (scored) nll_spec -= log_softmax_at(b, prompt[i + 1]);
+    if (scored && i + 1 > late_from) late_spec -= log_softmax_at(b, prompt[i + 1]);
     if ((i + 1) % 100 == 0 || i + 1 == prompt.size())
       std::printf("  prompt %zu / %zu tokens (%.1f s)\n", i + 1, prompt.size(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -147,9 +172,16 @@ int main(int argc, char** argv) try {
   const double scored_tokens = static_cast<double>(prompt.size() - scored_from - 1);
   const double ppl_dense = std::exp(nll_dense / scored_tokens);
   const double ppl_spec = std::exp(nll_spec / scored_tokens);
-  std::printf("passage perplexity over %.0f tokens: dense %.3f, speculative (budget %d rows per KV head) "
-              "%.3f (%+.2f %%)\n",
-              scored_tokens, ppl_dense, budget, ppl_spec, 100.0 * (ppl_spec / ppl_dense - 1));
+  std::printf(
+      "passage perplexity over %.0f tokens: dense %.3f, speculative (%s, %.0f %% of the "
+      "cached rows per step) %.3f (%+.2f %%)\n",
+      scored_tokens, ppl_dense, p.name, 100 * budget, ppl_spec, 100.0 * (ppl_spec / ppl_dense - 1));
+  const double late_tokens = static_cast<double>(prompt.size() - late_from - 1);
+  const double late_ppl_dense = std::exp(late_dense / late_tokens);
+  const double late_ppl_spec = std::exp(late_spec / late_tokens);
+  std::printf("  its second half, %.0f tokens: dense %.3f, speculative %.3f (%+.2f %%)\n",
+              late_tokens, late_ppl_dense, late_ppl_spec,
+              100.0 * (late_ppl_spec / late_ppl_dense - 1));
 
   // ---- 4. generation with speculation ---------------------------------------------------------
   const std::vector<float>* logits = nullptr;
@@ -165,8 +197,8 @@ int main(int argc, char** argv) try {
     dense_rows += static_cast<std::int64_t>(spec.position()) * c.n_kv_heads;
     logits = &spec.step(next, &pipe);
   }
-  std::printf("answer (speculative, %d cached tokens, %d fetched per KV head and layer): %s\n",
-              spec.position(), budget, tok.decode(out).c_str());
+  std::printf("answer (speculative, %d cached tokens, %.0f %% fetched per KV head and layer): %s\n",
+              spec.position(), 100 * budget, tok.decode(out).c_str());
 
   // ---- per-layer report -------------------------------------------------------------------------
   const std::size_t row_bytes = 2 * 64 * sizeof(half);

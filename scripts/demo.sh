@@ -22,4 +22,7 @@ if [[ -z "${KVSCOUT_DEMO_BUILD:-}" || ! -f "$build/CMakeCache.txt" ]]; then
     -DKVSCOUT_BUILD_TESTS=OFF -DKVSCOUT_BUILD_BENCHMARKS=OFF -DKVSCOUT_ENABLE_CUDA=OFF >/dev/null
 fi
 cmake --build "$build" --target 01_smollm2_speculative >/dev/null
-"$build/examples/01_smollm2_speculative" --model "$model" --text "$text" "$@"
+# Calibration on another text: the GPL's, which every Debian system has (base-files).
+calibration=/usr/share/common-licenses/GPL-3
+[[ -f "$calibration" ]] || calibration="$text"
+"$build/examples/01_smollm2_speculative" --model "$model" --text "$text" --calibration "$calibration" "$@"

@@ -178,8 +178,13 @@ void selector_matches_host() {
         if (rng() % 4 == 0) sidx[static_cast<std::size_t>(row) * spec_cap + c++] = t;
       scnt[static_cast<std::size_t>(row)] = c;
     }
-    const kvscout::correction_selector_host::config cfg{{.num_seqs = S, .num_kv_heads = H,
-                                                        .max_tokens = stride}, cap, extra};
+    // Odd trials top each row up to a share of its length (total_share) instead.
+    const double shares[] = {0.05, 0.2, 0.5, 1.0};
+    const kvscout::correction_selector_host::config cfg{
+        .shape = {.num_seqs = S, .num_kv_heads = H, .max_tokens = stride},
+        .capacity = cap,
+        .extra = extra,
+        .total_share = trial % 2 == 1 ? shares[(trial / 2) % 4] : 0.0};
     // Host.
     auto hws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
     kvscout::correction_selector_host hsel(cfg, hws.span());

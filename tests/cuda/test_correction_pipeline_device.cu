@@ -125,7 +125,10 @@ struct buffer_store {
   }
 };
 
-void corrected_step_matches_host() {
+// per_layer: each speculated layer its own correction selector, topping its rows up to its own
+// share of the cached length (total_share; layer 1 adds 4 rows to sequence 0, layer 2 the cap of
+// 8, sequence 1's 90 tokens add none), as presets::step_budgets gives them.
+void corrected_step(bool per_layer) {
   world w;
   cudaStream_t compute{}, side{}, copy{};
   KVSCOUT_CUDA_CHECK(cudaStreamCreate(&compute));
@@ -146,6 +149,21 @@ void corrected_step_matches_host() {
   const std::size_t cwb = kvscout::correction_selector_cuda::workspace_bytes(cc);
   gpu_test::device_vector<std::byte> corr_ws(std::max<std::size_t>(1, cwb));
   kvscout::correction_selector_cuda corr(cc, {corr_ws.data(), cwb});
+  std::vector<kvscout::correction_selector_cuda::config> ccs(L, cc);  // each layer's
+  std::vector<std::unique_ptr<gpu_test::device_vector<std::byte>>> layer_ws;
+  std::vector<std::unique_ptr<kvscout::correction_selector_cuda>> layer_corr;
+  std::vector<kvscout::correction_selector_cuda*> by_layer;
+  if (per_layer) {
+    by_layer.assign(L, nullptr);
+    for (int l = skip; l < L; ++l) {
+      ccs[static_cast<std::size_t>(l)].total_share = l == 1 ? 0.1 : 0.12;
+      layer_ws.push_back(std::make_unique<gpu_test::device_vector<std::byte>>(cwb));
+      layer_corr.push_back(std::make_unique<kvscout::correction_selector_cuda>(
+          ccs[static_cast<std::size_t>(l)],
+          kvscout::device_span<std::byte>{layer_ws.back()->data(), cwb}));
+      by_layer[static_cast<std::size_t>(l)] = layer_corr.back().get();
+    }
+  }
   kvscout::zero_copy_executor_cuda<layout> fetch({.shape = {.num_seqs = S, .num_kv_heads = H},
                                                   .capacity = budget});
   kvscout::zero_copy_executor_cuda<layout> corr_fetch({.shape = {.num_seqs = S, .num_kv_heads = H},
@@ -164,7 +182,7 @@ void corrected_step_matches_host() {
   for (int i = 0; i < 2; ++i) slot_sets.push_back(store.make(budget));
   for (int i = 0; i < 2 * L; ++i) layer_sets.push_back(store.make(budget));
   const correction_t correction{&corr, &corr_fetch, {{late.data(), late.size()}, S, H, max_tokens},
-                                {store.make(extra), store.make(extra)}};
+                                {store.make(extra), store.make(extra)}, by_layer};
   gpu_test::device_vector<unsigned long long> hits(std::vector<unsigned long long>{0});
   const kvscout::score_buffer<kvscout::device_space> score_buf{{scores.data(), scores.size()}, S, H, max_tokens};
   const kvscout::cuda_stage_lengths lengths{dspan<const int32_t>(positions), dspan<const int32_t>(dev_lens), max_tokens};
@@ -232,8 +250,9 @@ void corrected_step_matches_host() {
     std::vector<int32_t> sp_i(d_idx.begin() + l * spec_n, d_idx.begin() + (l + 1) * spec_n);
     std::vector<int32_t> sp_c(d_cnt.begin() + l * S * H, d_cnt.begin() + (l + 1) * S * H);
     const kvscout::selection_view<kvscout::host_space> spec_v{{sp_i.data(), sp_i.size()}, {sp_c.data(), sp_c.size()}, S, H, budget};
-    const auto hws = kvscout::make_workspace<kvscout::correction_selector_host>(cc);
-    kvscout::correction_selector_host host_corr(cc, hws.span());
+    const auto hws = kvscout::make_workspace<kvscout::correction_selector_host>(
+        ccs[static_cast<std::size_t>(l)]);
+    kvscout::correction_selector_host host_corr(ccs[static_cast<std::size_t>(l)], hws.span());
     std::vector<int32_t> h_add(add_n, -1), h_add_cnt(S * H, -1);
     host_corr.select({{late_h.data(), late_h.size()}, {w.lens_init.data(), w.lens_init.size()}, S, H, max_tokens}, spec_v,
                      {{h_add.data(), h_add.size()}, {h_add_cnt.data(), h_add_cnt.size()}, S, H, extra});
@@ -287,6 +306,12 @@ void corrected_step_matches_host() {
               "tolerance (worst %.3g)\n",
               added_rows, add_mismatches, tie_differences, overlaps, attention_failures, worst);
   GPU_CHECK(added_rows >= static_cast<long long>(L - skip) * S * H);  // the step adds rows
+  if (per_layer) {  // rows (sequence, head): 0 and 1 are sequence 0's (200 tokens), 2 and 3 (90)
+    const int want[L][S * H] = {{0, 0, 0, 0}, {4, 4, 0, 0}, {8, 8, 0, 0}};
+    for (int l = skip; l < L; ++l)
+      for (int row = 0; row < S * H; ++row)
+        GPU_CHECK(d_add_cnt[static_cast<std::size_t>(l * S * H + row)] == want[l][row]);
+  }
   GPU_CHECK(add_mismatches == 0);
   GPU_CHECK(overlaps == 0);
   GPU_CHECK(attention_failures == 0);
@@ -338,7 +363,7 @@ void corrected_step_matches_host() {
     counting_executor own_corr_fetch({.shape = {.num_seqs = S, .num_kv_heads = H},
                                       .capacity = extra});
     const kvscout::cuda_stage_correction<counting_executor> own_corr{
-        &corr, &own_corr_fetch, correction.scores, correction.sets};
+        &corr, &own_corr_fetch, correction.scores, correction.sets, correction.per_layer};
     counting_stages_t own(specs.per_layer, selector, own_fetch, sources, score_buf, lengths, x_in,
                           slot_sets, kvscout::cuda_stage_buffering::slots, nullptr, own_corr);
     kvscout::decode_pipeline_cuda own_pipe({.shape = {.num_layers = L}, .skip_layers = skip},
@@ -417,5 +442,6 @@ void corrected_step_matches_host() {
 
 int main() {
   return gpu_test::run_all("correction_pipeline_device",
-                           {{"corrected_step_matches_host", corrected_step_matches_host}});
+                           {{"corrected_step_matches_host", [] { corrected_step(false); }},
+                            {"per_layer_totals_match_host", [] { corrected_step(true); }}});
 }

@@ -10,6 +10,7 @@
 // kvscout::error naming the value; bad lengths on the device are clamped to [0, stride] and
 // raise device_status::bad_length.
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -193,6 +194,43 @@ std::vector<keep_set> keep_sets(std::initializer_list<keep_set> all) {
   std::vector<keep_set> v(all);
   if (gpu_test::reordered_emulator_run() && v.size() > 2) v.resize(2);
   return v;
+}
+
+/// budget_share: each row's budget follows its own length on the device as on the host, in one
+/// block per row and in split rows (4099 tokens).
+void budget_share_cases() {
+  const std::vector<int> lens = {0, 1, 19, 20, 21, 150, 999, 4099};
+  std::uint32_t seed = 700;
+  for (const double share : {0.05, 0.1, 0.75}) {
+    for (keep_set keep : keep_sets({{0, 0}, {4, 16}})) {
+      const problem p = make_problem(lens, 2, 4100, data_kind::ties, seed++);
+      kvscout::topk_selector_cuda::config cfg{
+          .shape = {.num_seqs = p.S, .num_kv_heads = p.H, .max_tokens = p.stride},
+          .capacity = 3200,
+          .budget = 3100,
+          .keep = keep,
+          .budget_share = share};
+      const result h = run_host<kvscout::topk_selector_host>(cfg, p);
+      // Row 4 is (sequence 2, head 0), 19 tokens long.
+      GPU_CHECK(h.counts[4] ==
+                std::min(19, std::max(keep.sinks + keep.recent,
+                                      static_cast<int>(std::ceil(share * 19 - 1e-9)))));
+      GPU_CHECK(
+          same(h, run_device<kvscout::topk_selector_cuda>(cfg, p), cfg.capacity, "topk_share"));
+      for (const threshold_rule rule : {threshold_rule::per_head, threshold_rule::infinigen_mean}) {
+        kvscout::threshold_selector_cuda::config tc{.shape = cfg.shape,
+                                                    .capacity = 3200,
+                                                    .alpha = 2.f,
+                                                    .budget = 3100,
+                                                    .rule = rule,
+                                                    .keep = keep,
+                                                    .budget_share = share};
+        const result th = run_host<kvscout::threshold_selector_host>(tc, p);
+        GPU_CHECK(same(th, run_device<kvscout::threshold_selector_cuda>(tc, p), tc.capacity,
+                       "threshold_share"));
+      }
+    }
+  }
 }
 
 void topk_edge_lengths() {
@@ -392,6 +430,7 @@ int main() {
       {"topk_edge_lengths", topk_edge_lengths},
       {"topk_k_one_and_k_len", topk_k_one_and_k_len},
       {"topk_long_rows", topk_long_rows},
+      {"budget_share", budget_share_cases},
       {"threshold_per_head", threshold_per_head_cases},
       {"threshold_infinigen_mean", threshold_mean_cases},
       {"device_lengths_are_clamped", device_lengths_are_clamped},

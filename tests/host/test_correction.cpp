@@ -246,9 +246,11 @@ TEST_CASE("the correction adds the best rows by late score that the speculation 
           "[select][correction]") {
   std::mt19937 rng(2024);
   const int S = 3, H = 2, stride = 700, cap = 64;
+  const double shares[] = {0.0, 0.05, 0.3, 0.9, 1.0};  // total_share: 0 is a fixed `extra`
   for (int trial = 0; trial < 60; ++trial) {
     const int extra = 1 + static_cast<int>(rng() % cap);
-    CAPTURE(trial, extra);
+    const double total_share = shares[trial % 5];
+    CAPTURE(trial, extra, total_share);
     std::vector<int32_t> lens(S);
     for (auto& l : lens) l = static_cast<int>(rng() % (stride + 1));
     lens[0] = std::min(lens[0], extra + 5);  // a row with few unspeculated rows
@@ -270,8 +272,11 @@ TEST_CASE("the correction adds the best rows by late score that the speculation 
         std::copy(v.begin(), v.end(), sp_idx.begin() + (static_cast<std::size_t>(s) * H + h) * spec_cap);
         sp_cnt[static_cast<std::size_t>(s) * H + h] = static_cast<int>(v.size());
       }
-    const kvscout::correction_selector_host::config cfg{{.num_seqs = S, .num_kv_heads = H,
-                                                        .max_tokens = stride}, cap, extra};
+    const kvscout::correction_selector_host::config cfg{
+        .shape = {.num_seqs = S, .num_kv_heads = H, .max_tokens = stride},
+        .capacity = cap,
+        .extra = extra,
+        .total_share = total_share};
     auto ws = kvscout::make_workspace<kvscout::correction_selector_host>(cfg);
     kvscout::correction_selector_host corr(cfg, ws.span());
     std::vector<int32_t> idx(static_cast<std::size_t>(S) * H * cap, -7), cnt(static_cast<std::size_t>(S) * H, -7);
@@ -286,7 +291,12 @@ TEST_CASE("the correction adds the best rows by late score that the speculation 
         const std::size_t rr = static_cast<std::size_t>(s) * H + h;
         const std::vector<float> row(scores.begin() + static_cast<std::ptrdiff_t>(rr * stride),
                                      scores.begin() + static_cast<std::ptrdiff_t>((rr + 1) * stride));
-        const auto want = reference_added(row, lens[static_cast<std::size_t>(s)], extra, spec[rr]);
+        // With a total share, the row is topped up to ceil(share * len) rows in all.
+        const int len = lens[static_cast<std::size_t>(s)], ns = static_cast<int>(spec[rr].size());
+        const int total = std::min(len, static_cast<int>(std::ceil(total_share * len - 1e-9)));
+        const int e = total_share > 0 ? std::clamp(total - ns, 0, extra) : extra;
+        CAPTURE(e);
+        const auto want = reference_added(row, len, e, spec[rr]);
         const std::vector<int32_t> got(idx.begin() + static_cast<std::ptrdiff_t>(rr * cap),
                                        idx.begin() + static_cast<std::ptrdiff_t>(rr * cap + cnt[rr]));
         REQUIRE(got == want);
@@ -353,6 +363,16 @@ TEST_CASE("the correction refuses a malformed speculated selection and config",
                                                                           .max_tokens = stride}, 8,
                                                                           0}),
                       Catch::Contains("extra = 0 must be in [1, capacity = 8]"));
+  for (const double bad : {-0.1, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    CAPTURE(bad);
+    REQUIRE_THROWS_WITH(kvscout::correction_selector_host::workspace_bytes(
+                            {.shape = {.num_seqs = 1, .num_kv_heads = 1, .max_tokens = stride},
+                             .capacity = 8,
+                             .extra = 4,
+                             .total_share = bad}),
+                        Catch::Contains("total_share = ") &&
+                            Catch::Contains("expected a share of the cached rows in [0, 1]"));
+  }
 }
 
 TEST_CASE("the host policy checks the config's r, mode and correction_r against its plans",

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <iterator>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/pipeline/host_pipeline.hpp"
+#include "kvscout/presets.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
 #include "kvscout/skew/calibrate.hpp"
@@ -780,4 +782,81 @@ TEST_CASE("per-layer selectors give each layer its own budget", "[pipeline][budg
              mem.gather, mem.ws.span()),
       Catch::Contains("layer 3's selector configured for [num_seqs, num_kv_heads, max_tokens, "
                       "capacity] = [2, 2, 96, 8]"));
+}
+
+TEST_CASE(
+    "a preset's step budgets: each layer's rows follow the cached length, the correction tops them "
+    "up",
+    "[pipeline][budgets][correction]") {
+  auto p = kvscout::presets::kvscout_default(D);
+  p.keep = {1, 2};  // a keep-set below the budgets at these lengths
+  const std::vector<double> layer_shares{1.0, 1.0, 0.6, 1.4};
+  const double budget = 0.4;
+  const kvscout::presets::step_budgets b =
+      kvscout::presets::budgets(p, shape, budget, layer_shares);
+  REQUIRE(b.speculated[2] == budget * 0.75 * 0.6);
+  REQUIRE(b.total[3] == (budget * 0.75 + budget * 0.25) * 1.4);
+  model m(L, Hq, H, S, max_tokens, 91);
+  const auto plans = calibrate(kvscout::rope_mode::rope_planes, 16);
+  std::vector<kvscout::host_span<const float>> wq, bq(L);
+  for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
+  owned_infinigen owned({shape_of(m.d)}, plans, wq, bq);
+  kvscout::host_pipeline_config pc{
+      .shape = shape, .skip_layers = 2, .capacity = b.capacity, .threads = 2};
+  pc.correction_capacity = b.correction_capacity;
+  pc.correction_shares = b.correction_shares();
+  const kvscout::presets::layer_selectors selectors(shape, b);
+  const std::vector<kvscout::topk_selector_host*>& per_layer = selectors.pointers();
+  REQUIRE(per_layer.size() == L);
+  REQUIRE((per_layer[0] == nullptr && per_layer[1] == nullptr));
+  for (int l = 2; l < L; ++l) {
+    REQUIRE(per_layer[static_cast<std::size_t>(l)]->configuration().budget_share ==
+            b.speculated[static_cast<std::size_t>(l)]);
+    REQUIRE(per_layer[static_cast<std::size_t>(l)]->configuration().capacity == b.capacity);
+  }
+  using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::infinigen_policy_host<>,
+                                               kvscout::topk_selector_host>;
+  pipe_memory<pipe_t> mem(pc);
+  pipe_t pipe(pc, owned.policy, per_layer, mem.gather, mem.ws.span());
+  std::vector<int32_t> lens;
+  bool live = false;
+  int checked = 0;
+  std::int64_t added_total = 0;
+  m.on_attend = [&](int, const kvscout::score_context<kvscout::host_space>& ctx,
+                    const kvscout::current_token<T>&) {
+    lens.assign(ctx.seq_lens.begin(), ctx.seq_lens.end());
+  };
+  m.on_output = [&](int l, const std::vector<float>&) {
+    if (!live || l < 2) return;
+    const double s = b.speculated[static_cast<std::size_t>(l)],
+                 t = b.total[static_cast<std::size_t>(l)];
+    const auto spec = pipe.last_selection(l);
+    const auto added = pipe.last_correction();
+    for (int r = 0; r < S * H; ++r) {
+      const int len = lens[static_cast<std::size_t>(r / H)];
+      CAPTURE(l, r, len, s, t);
+      const int want_spec = std::min(len, std::max(3, static_cast<int>(std::ceil(s * len - 1e-9))));
+      const int want_total = std::min(len, static_cast<int>(std::ceil(t * len - 1e-9)));
+      REQUIRE(spec.counts[r] == want_spec);
+      REQUIRE(added.counts[r] == std::clamp(want_total - want_spec, 0, b.correction_capacity));
+      REQUIRE(want_total - want_spec <= b.correction_capacity);  // the capacity bound holds
+      added_total += added.counts[r];
+    }
+    ++checked;
+  };
+  std::vector<float> hs;
+  for (int t = 0; t < prompt; ++t) m.step(pipe, hs, m.embedding(100u + t), true);
+  live = true;
+  for (int t = 0; t < steps; ++t) m.step(pipe, hs, m.embedding(500u + t));
+  REQUIRE(checked == steps * (L - 2));
+  REQUIRE(added_total > 0);
+  // A share per layer, or none; each a share of the rows.
+  pc.correction_shares = {0.1, 0.2};
+  REQUIRE_THROWS_WITH(
+      pipe_t(pc, owned.policy, per_layer, mem.gather, mem.ws.span()),
+      Catch::Contains("correction_shares holds 2 entries, expected none or one per layer"));
+  pc.correction_shares = {0, 0, 0.5, 1.5};
+  REQUIRE_THROWS_WITH(
+      pipe_t(pc, owned.policy, per_layer, mem.gather, mem.ws.span()),
+      Catch::Contains("correction_shares[3] = 1.5: expected a share of the cached rows in [0, 1]"));
 }

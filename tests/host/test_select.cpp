@@ -485,6 +485,84 @@ TEST_CASE("topk_selector_host: k = 1, k = len, keep-sets covering the row", "[se
   }
 }
 
+TEST_CASE("row_budget: a share of the cached length, at least the keep-set, at most the budget",
+          "[select][budget]") {
+  using kvscout::row_budget;
+  CHECK(row_budget(7, 0.0, {4, 16}, 1000) == 7);      // no share: the fixed budget
+  CHECK(row_budget(500, 0.1, {4, 16}, 1000) == 100);  // 0.1 * 1000 is 100, not 101
+  CHECK(row_budget(500, 0.1, {}, 1005) == 101);       // ceil(100.5)
+  CHECK(row_budget(100, 0.1, {}, 1005) == 100);       // at most the budget
+  CHECK(row_budget(500, 0.1, {4, 16}, 150) == 20);    // at least the keep-set (15 -> 20)
+  CHECK(row_budget(500, 0.25, {}, 3) == 1);
+  CHECK(row_budget(500, 0.25, {}, 0) == 0);
+  CHECK(row_budget(500, 1.0, {}, 333) == 333);
+  // The library's rounding is the definition's: ceil(share * len) over a range of lengths.
+  for (int len = 0; len <= 4096; ++len)
+    for (const double share : {0.05, 0.075, 0.1, 0.2 * 0.75, 0.3}) {
+      const int want = static_cast<int>(std::ceil(share * len - 1e-9));
+      REQUIRE(row_budget(1 << 20, share, {}, len) == want);
+    }
+}
+
+TEST_CASE("selectors with a budget_share select as at each row's own budget", "[select][budget]") {
+  std::mt19937 rng(31);
+  for (const double share : {0.02, 0.1, 0.33, 1.0}) {
+    for (const keep_set keep : {keep_set{0, 0}, keep_set{4, 16}}) {
+      CAPTURE(share, keep.sinks, keep.recent);
+      const int cap = 400;
+      batch b({0, 1, 19, 20, 21, 150, 999, 1500, 4000}, 2, cap,
+              {data_kind::normal, data_kind::ties_specials}, rng);
+      topk_selector_host::config cfg{
+          .shape = {.num_seqs = b.num_seqs, .num_kv_heads = 2, .max_tokens = b.stride},
+          .capacity = cap,
+          .budget = cap,
+          .keep = keep,
+          .budget_share = share};
+      auto ws = workspace_for(topk_selector_host::workspace_bytes(cfg));
+      topk_selector_host(cfg, {ws.data(), ws.size()}).select(b.view(), b.buffers());
+      std::vector<std::vector<int>> want;
+      for (int s = 0; s < b.num_seqs; ++s) {
+        const int len = b.lens[s];
+        const int rb = std::min(cap, std::max(keep.sinks + keep.recent,
+                                              static_cast<int>(std::ceil(share * len - 1e-9))));
+        for (int h = 0; h < 2; ++h) want.push_back(ref_topk(b.row(s, h), len, keep, rb));
+      }
+      check_rows(b, want);
+      // per_head threshold: the cap of each row follows its length the same way.
+      const threshold_selector_host::config tc{.shape = cfg.shape,
+                                               .capacity = cap,
+                                               .alpha = 1.f,
+                                               .budget = cap,
+                                               .rule = threshold_rule::per_head,
+                                               .keep = keep,
+                                               .budget_share = share};
+      auto tws = workspace_for(threshold_selector_host::workspace_bytes(tc));
+      std::fill(b.indices.begin(), b.indices.end(), index_poison);
+      std::fill(b.counts.begin(), b.counts.end(), count_poison);
+      threshold_selector_host(tc, {tws.data(), tws.size()}).select(b.view(), b.buffers());
+      want.clear();
+      for (int s = 0; s < b.num_seqs; ++s) {
+        const int len = b.lens[s];
+        const int rb = std::min(cap, std::max(keep.sinks + keep.recent,
+                                              static_cast<int>(std::ceil(share * len - 1e-9))));
+        for (int h = 0; h < 2; ++h) want.push_back(ref_per_head(b.row(s, h), len, keep, rb, 1.f));
+      }
+      check_rows(b, want);
+    }
+  }
+  for (const double bad : {-0.5, 1.01, std::numeric_limits<double>::quiet_NaN()}) {
+    CAPTURE(bad);
+    const topk_selector_host::config cfg{
+        .shape = {.num_seqs = 1, .num_kv_heads = 1, .max_tokens = 10},
+        .capacity = 4,
+        .budget = 4,
+        .budget_share = bad};
+    REQUIRE_THROWS_WITH(topk_selector_host::workspace_bytes(cfg),
+                        Catch::Contains("budget_share = ") &&
+                            Catch::Contains("expected a share of the cached rows in [0, 1]"));
+  }
+}
+
 TEST_CASE("topk_selector_host on long rows (sampled lower bound)", "[select][topk]") {
   // Long rows take the sampled path; trends, ties and NaN runs test the sample's assumptions.
   std::mt19937 rng(24);

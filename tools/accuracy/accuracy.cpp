@@ -188,6 +188,10 @@ struct infinigen_knobs {
   // eval_options::sparse_from = score_from: the steps before the first scored prediction attend
   // densely (a dense prefill; --dense-prefill). Named "+dense_prefill" in the selector column.
   bool dense_prefill = false;
+  // A preset's per-layer budget shares (speculation_preset::layer_rule), computed for each budget
+  // by harness::run from the long text's mass curves; empty: none.
+  std::optional<layer_budget_rule> preset_layer_rule;
+  double preset_layer_floor = 0;
 };
 
 // eval_options' budget / correct / late_scores for knobs k at a total budget.
@@ -209,14 +213,23 @@ infinigen_knobs knobs_of(const presets::speculation_preset& p, int skip) {
   k.rule = p.rule;
   k.keep = p.keep;
   k.preset = p.name;
+  // The correction step, its channels, the partial keys' bits and the layer shares: the preset's
+  // own, as the library runs it (presets::budgets, infinigen_policy_host<partial_keys_t<bits>>).
+  k.correct_share = p.correction_share;
+  if (p.correction_share > 0) k.late_r = p.correction_channels();
+  k.key_bits = p.key_bits;
+  k.library_keys = p.key_bits > 0;
+  k.preset_layer_rule = p.layer_rule;
+  k.preset_layer_floor = p.layer_floor;
   return k;
 }
 
 // The CSV's policy column: InfiniGen's own configuration under its preset's name.
 const char* policy_name(eval_policy p, const infinigen_knobs& k) {
   if (p == eval_policy::infinigen && k.preset != nullptr &&
-      std::strcmp(k.preset, "infinigen_paper") == 0)
-    return "infinigen_paper";
+      (std::strcmp(k.preset, "infinigen_paper") == 0 ||
+       std::strcmp(k.preset, "kvscout_default") == 0))
+    return k.preset;
   return to_string(p);
 }
 
@@ -329,6 +342,12 @@ class harness {
                   const infinigen_knobs& knobs) {
     infinigen_knobs k = knobs;
     k.dense_prefill = k.dense_prefill || dense_prefill;
+    if (k.preset_layer_rule && k.layer_shares.empty() && p != eval_policy::dense) {
+      KVSCOUT_EXPECTS(static_cast<bool>(preset_shares), k.preset,
+                      " needs layer shares: no mass curves to take them from");
+      k.layer_shares = preset_shares(k, budget);
+      k.layer_rule = "preset";
+    }
     eval_options o;
     o.policy = p;
     o.format = f;
@@ -426,6 +445,8 @@ class harness {
     return c;
   }
 
+  // The layer shares of a preset's knobs at a budget (main: from the long text's mass curves).
+  std::function<std::vector<double>(const infinigen_knobs&, double)> preset_shares;
   int metric_every = 8;
   // --dense-prefill: in every stage, the steps before the first scored prediction attend densely
   // (the prompt's prefill, as an engine runs it); the policy selects from there on.
@@ -722,7 +743,7 @@ int main(int argc, char** argv) try {
 
   bool main_stages = false;  // stages that write accuracy.csv / accuracy_layers.csv
   for (const char* st : {"sweep", "matrix", "paper", "planes", "kivi_rest", "kivi_prompt", "ablation", "pool",
-                         "correction", "budgets", "ranking"})
+                         "correction", "budgets", "ranking", "default"})
     main_stages = main_stages || stages.find(st) != std::string::npos;
   harness hz(w, cal, out_dir, skip, append, main_stages);
   hz.dense_prefill = flag(argc, argv, "--dense-prefill");
@@ -733,9 +754,29 @@ int main(int argc, char** argv) try {
   lt.ev = std::make_unique<model::layer_major_eval>(
       w, std::vector<int32_t>(long_ids.begin() + n_cal, long_ids.begin() + n_cal + n_long), skip);
 
+  // The presets' layer shares: the oracle's mass curves of the long text's unscored half, measured
+  // once on first use (what an engine measures at prefill or on a calibration text).
+  std::vector<std::vector<double>> preset_curves;
+  hz.preset_shares = [&](const infinigen_knobs& k, double b) {
+    if (preset_curves.empty()) preset_curves = hz.mass_curves(lt, 400);
+    std::ostringstream rule;
+    rule << *k.preset_layer_rule;
+    return layer_shares(preset_curves, skip, b, rule.str(), k.preset_layer_floor);
+  };
+  // ---- stage default: presets::kvscout_default by its name alone at --pool-budgets (5,10,20 %),
+  // fp16 on the long text, against dense
+  // ------------------------------------------------------------
+  if (stages.find("default") != std::string::npos) {
+    if (!lt.dense_ppl.count(static_cast<int>(kv_format::fp16)))
+      hz.run("default", lt, kv_format::fp16, eval_policy::dense, 1.0, {});
+    const infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    for (double b : parse_budgets(arg(argc, argv, "--pool-budgets", "5,10,20")))
+      hz.run("default", lt, kv_format::fp16, eval_policy::infinigen, b, def);
+  }
+
   // kvscout's default (the sweep below re-derives it) and InfiniGen's own configuration.
   const infinigen_knobs paper = knobs_of(presets::infinigen_paper(w.cfg.head_dim), skip);
-  infinigen_knobs best = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+  infinigen_knobs best = knobs_of(presets::kvscout_speculation_only(w.cfg.head_dim), skip);
   best.preset = nullptr;  // --r, --mode and the sweep may change it
   if (!r_arg.empty()) best.r = std::atoi(r_arg.c_str());
 
@@ -937,7 +978,7 @@ int main(int argc, char** argv) try {
   if (stages.find("ablation") != std::string::npos) {
     if (!lt.dense_ppl.count(static_cast<int>(kv_format::fp16)))
       hz.run("ablation", lt, kv_format::fp16, eval_policy::dense, 1.0, {});
-    const infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    const infinigen_knobs def = knobs_of(presets::kvscout_speculation_only(w.cfg.head_dim), skip);
     infinigen_knobs k = paper;
     k.preset = nullptr;
     const auto with = [&](auto&& change) {
@@ -979,7 +1020,7 @@ int main(int argc, char** argv) try {
   // step, and ranked by the layer's own query (the correction's bound), at 5 / 10 / 20 % of the
   // rows in total, for every format on the long text and fp16 on the short one -----------------
   if (stages.find("correction") != std::string::npos) {
-    const infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    const infinigen_knobs def = knobs_of(presets::kvscout_speculation_only(w.cfg.head_dim), skip);
     const auto rows = [&](text_run& tx, kv_format f) {
       if (!tx.dense_ppl.count(static_cast<int>(kv_format::fp16)))
         hz.run("correction", tx, kv_format::fp16, eval_policy::dense, 1.0, {});
@@ -1010,7 +1051,7 @@ int main(int argc, char** argv) try {
   // at 10 % on fp16: with r = head_dim the keys are whole and only the aggregation separates it
   // from the oracle.
   if (stages.find("ranking") != std::string::npos) {
-    const infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    const infinigen_knobs def = knobs_of(presets::kvscout_speculation_only(w.cfg.head_dim), skip);
     const auto rows = [&](text_run& tx) {
       if (!tx.dense_ppl.count(static_cast<int>(kv_format::fp16)))
         hz.run("ranking", tx, kv_format::fp16, eval_policy::dense, 1.0, {});
@@ -1112,7 +1153,7 @@ int main(int argc, char** argv) try {
       infinigen_knobs orc;
       orc.pooled = way.pooled, orc.pool_rule = way.pool_rule;
       orc.layer_shares = way.layer_shares, orc.layer_rule = way.layer_rule;
-      infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+      infinigen_knobs def = knobs_of(presets::kvscout_speculation_only(w.cfg.head_dim), skip);
       def.pooled = way.pooled, def.pool_rule = way.pool_rule;
       def.layer_shares = way.layer_shares, def.layer_rule = way.layer_rule;
       rank_overrides(def);
@@ -1171,7 +1212,7 @@ int main(int argc, char** argv) try {
     const std::vector<double> rbudgets = parse_budgets(arg(argc, argv, "--copy-budgets", "5,10"));
     const std::string extra =
         arg(argc, argv, "--copy-policies", "dense,control,oracle,kvscout_default,infinigen_paper");
-    infinigen_knobs def = knobs_of(presets::kvscout_default(w.cfg.head_dim), skip);
+    infinigen_knobs def = knobs_of(presets::kvscout_speculation_only(w.cfg.head_dim), skip);
     rank_overrides(def);
     // kvscout's configurations with --rank-* overrides carry them in their names; with
     // --dense-prefill, every sparse configuration carries "+dense_prefill".

@@ -160,6 +160,10 @@ struct cuda_stage_correction {
   Executor* fetch = nullptr;
   score_buffer<device_space> scores{};            // [num_seqs, num_kv_heads, stride] late scores
   std::array<cuda_stage_buffers, 2> sets{};  // by slot: the added rows' selection and rows
+  /// Empty, or one selector per layer (null below skip_layers), each with `selector`'s shape and
+  /// capacity: layer i's correction then runs per_layer[i] (e.g. each at its layer's total_share,
+  /// presets::step_budgets::total).
+  std::vector<correction_selector_cuda*> per_layer{};
 };
 
 template <class E>
@@ -358,8 +362,13 @@ class speculation_stages_cuda {
     const score_context<device_space> ctx{{}, {}, lengths_.seq_lens, lengths_.max_seq_len,
                                   lengths_.seq_ids};
     spec->score_query(q, ctx, correction_.scores, exec);
-    correction_.selector->select(correction_.scores.scores, lengths_.seq_lens,
-                                 cur.selection.view(), add.selection, exec);
+    correction_selector_cuda* sel = correction_.per_layer.empty()
+                                        ? correction_.selector
+                                        : correction_.per_layer[static_cast<std::size_t>(layer)];
+    KVSCOUT_EXPECTS(sel != nullptr, "correct(", layer, "): the layer's correction selector "
+                    "(cuda_stage_correction::per_layer) is null");
+    sel->select(correction_.scores.scores, lengths_.seq_lens, cur.selection.view(), add.selection,
+                exec);
     (void)correction_.fetch->submit(sources_[static_cast<std::size_t>(layer)],
                                     add.selection.view(), add.rows, exec);
   }
@@ -392,6 +401,16 @@ class speculation_stages_cuda {
     KVSCOUT_EXPECTS(c.fetch != nullptr, "the correction step has a selector but no executor "
                     "(cuda_stage_correction::fetch is null)");
     const auto& cc = c.selector->configuration();
+    KVSCOUT_EXPECTS(c.per_layer.empty() || c.per_layer.size() == speculators_.size(), "got ",
+                    c.per_layer.size(), " per-layer correction selectors, expected none or one per "
+                    "layer (", speculators_.size(), ")");
+    for (std::size_t l = 0; l < c.per_layer.size(); ++l) {
+      if (c.per_layer[l] == nullptr) continue;
+      const auto& lc = c.per_layer[l]->configuration();
+      KVSCOUT_EXPECTS(lc.shape == cc.shape && lc.capacity == cc.capacity, "layer ", l,
+                      "'s correction selector differs from cuda_stage_correction::selector in its "
+                      "shape or capacity (", lc.capacity, " vs ", cc.capacity, ")");
+    }
     KVSCOUT_EXPECTS(c.scores.scores.data() != nullptr && c.scores.num_seqs == scores_.num_seqs &&
                         c.scores.num_kv_heads == scores_.num_kv_heads &&
                         c.scores.stride >= lengths_.max_seq_len,

@@ -63,6 +63,10 @@ struct host_pipeline_config {
   bool track_reuse = true;  // count rows re-selected from the previous step (fetch_stats::reused)
   /// Most rows the correction step adds per (sequence, kv head), at most capacity; 0: none.
   int correction_capacity = 0;
+  /// [num_layers] or empty: layer i's correction tops each row of len cached tokens up to
+  /// ceil(correction_shares[i] * len) rows in all (correction_selector_host::config::total_share;
+  /// 0: correction_capacity rows added). presets::step_budgets::correction_shares() fills it.
+  std::vector<double> correction_shares{};
   // automatic streams a layer's fetch of 4 MiB or more past the cache; cached keeps it there for
   // the attention that reads it.
   gather_stores stores = gather_stores::automatic;
@@ -170,7 +174,7 @@ class decode_pipeline_host {
     buffers_[1] = c.buffers[1];
     corr_ = c.corr;
     previous_ = c.previous;
-    if (cfg.correction_capacity != 0) corrector_.emplace(correction_config(cfg), c.corr_ws);
+    corr_ws_ = c.corr_ws;
     stats_.rows.assign(static_cast<std::size_t>(cfg.shape.num_layers), 0);
     stats_.bytes.assign(static_cast<std::size_t>(cfg.shape.num_layers), 0);
     stats_.reused.assign(static_cast<std::size_t>(cfg.shape.num_layers), 0);
@@ -340,9 +344,28 @@ class decode_pipeline_host {
     KVSCOUT_EXPECTS(cfg.correction_capacity >= 0 && cfg.correction_capacity <= cfg.capacity,
                     "correction_capacity = ", cfg.correction_capacity, " must be in [0, capacity = ",
                     cfg.capacity, "] (the correction's rows use the speculation's slots and gather)");
+    KVSCOUT_EXPECTS(
+        cfg.correction_shares.empty() ||
+            (cfg.correction_capacity > 0 &&
+             cfg.correction_shares.size() == static_cast<std::size_t>(cfg.shape.num_layers)),
+        "correction_shares holds ", cfg.correction_shares.size(),
+        " entries, expected none or one per layer (num_layers = ", cfg.shape.num_layers,
+        ") with correction_capacity > 0 (got ", cfg.correction_capacity, ")");
+    for (std::size_t l = 0; l < cfg.correction_shares.size(); ++l) {
+      const double x = cfg.correction_shares[l];
+      KVSCOUT_EXPECTS(x >= 0 && x <= 1, "correction_shares[", l, "] = ", x,
+                      ": expected a share of the cached rows in [0, 1]");
+    }
   }
-  static correction_selector_host::config correction_config(const host_pipeline_config& cfg) {
-    return {.shape = cfg.shape, .capacity = cfg.capacity, .extra = cfg.correction_capacity};
+  static correction_selector_host::config correction_config(const host_pipeline_config& cfg,
+                                                            int layer = -1) {
+    const double share = layer >= 0 && !cfg.correction_shares.empty()
+                             ? cfg.correction_shares[static_cast<std::size_t>(layer)]
+                             : 0.0;
+    return {.shape = cfg.shape,
+            .capacity = cfg.capacity,
+            .extra = cfg.correction_capacity,
+            .total_share = share};
   }
   thread_pool* pool() {
     if constexpr (requires(Executor& e) { { e.pool() } -> std::same_as<thread_pool&>; }) {
@@ -393,7 +416,8 @@ class decode_pipeline_host {
                                                   cfg_.shape.num_seqs,
                                                   cfg_.shape.num_kv_heads,
                                                   cfg_.capacity};
-      corrector_->select(late.view(ctx.seq_lens), speculated, correction_selection());
+      correction_selector_host corrector(correction_config(cfg_, layer), corr_ws_);
+      corrector.select(late.view(ctx.seq_lens), speculated, correction_selection());
       executor_.submit(kv, correction_selection().view(),
                        {as_writable_bytes(corr_.k), as_writable_bytes(corr_.v)}, host_exec{})
           .wait();
@@ -426,7 +450,7 @@ class decode_pipeline_host {
   host_span<float> probs_;
   host_span<int32_t> previous_;  // [num_layers, num_seqs * num_kv_heads, 1 + capacity]
   buffer corr_;
-  std::optional<correction_selector_host> corrector_;
+  host_span<std::byte> corr_ws_;  // the correction selector's workspace (one per call, no state)
   fetch_stats stats_;
 };
 

@@ -23,8 +23,10 @@
 #include <cstddef>
 #include <functional>
 #include <ostream>
+#include <vector>
 
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/shape.hpp"
 #include "kvscout/core/span.hpp"
 
 namespace kvscout {
@@ -119,6 +121,81 @@ inline void layer_budget_shares(host_span<const double> curves, int num_layers, 
   }
   for (std::size_t l = 0; l < L; ++l)
     out[l] = l < static_cast<std::size_t>(first_layer) ? 1.0 : out[l] / static_cast<double>(per);
+}
+
+/// Every layer's mean mass curve ([num_layers, bins]; 0 below first_layer) from a calibration
+/// text's queries and keys as attention sees them (after RoPE), laid out as
+/// calibrate_skew_layers takes them: q[l] [n, num_q_heads, head_dim], k[l] [n, num_kv_heads,
+/// head_dim]. At every `every`-th position t in [max(1, n / 8), n), each KV head adds the mass of
+/// its query group over the t earlier tokens: the sum over the group of softmax(scale q_t . k_j),
+/// j < t (scale 0: 1 / sqrt(head_dim)).
+inline std::vector<double> layer_mass_curves(const decode_shape& shape,
+                                             const std::vector<std::vector<float>>& q,
+                                             const std::vector<std::vector<float>>& k, int n,
+                                             int bins, int first_layer = 0, int every = 16) {
+  const int L = shape.num_layers, H = shape.num_kv_heads, Hq = shape.num_q_heads,
+            D = shape.head_dim;
+  KVSCOUT_EXPECTS(L > 0 && H > 0 && D > 0 && Hq > 0 && Hq % H == 0,
+                  "layer_mass_curves: shape [num_layers ", L, ", num_kv_heads ", H,
+                  ", num_q_heads ", Hq, ", head_dim ", D,
+                  "] must be positive with num_q_heads a multiple of num_kv_heads");
+  KVSCOUT_EXPECTS(n >= 2 && bins > 0 && every > 0, "layer_mass_curves: n = ", n, ", bins = ", bins,
+                  ", every = ", every, ": expected n >= 2 and positive bins and every");
+  KVSCOUT_EXPECTS(first_layer >= 0 && first_layer <= L,
+                  "layer_mass_curves: first_layer = ", first_layer,
+                  " is outside [0, num_layers = ", L, "]");
+  KVSCOUT_EXPECTS(
+      q.size() == static_cast<std::size_t>(L) && k.size() == static_cast<std::size_t>(L),
+      "layer_mass_curves: got ", q.size(), " query and ", k.size(),
+      " key sets, expected one per layer (num_layers = ", L, ")");
+  const std::size_t un = static_cast<std::size_t>(n), ud = static_cast<std::size_t>(D),
+                    B = static_cast<std::size_t>(bins);
+  const int g = Hq / H;
+  const float scale = shape.scale > 0 ? shape.scale : 1.f / std::sqrt(static_cast<float>(D));
+  std::vector<double> curves(static_cast<std::size_t>(L) * B, 0.0);
+  std::vector<float> mass(un), logits(un), scratch(un);
+  for (int l = first_layer; l < L; ++l) {
+    const auto& ql = q[static_cast<std::size_t>(l)];
+    const auto& kl = k[static_cast<std::size_t>(l)];
+    KVSCOUT_EXPECTS(ql.size() == un * static_cast<std::size_t>(Hq) * ud &&
+                        kl.size() == un * static_cast<std::size_t>(H) * ud,
+                    "layer_mass_curves: layer ", l, " has ", ql.size(), " query and ", kl.size(),
+                    " key floats, expected n * num_q_heads * head_dim = ",
+                    un * static_cast<std::size_t>(Hq) * ud,
+                    " and n * num_kv_heads * head_dim = ", un * static_cast<std::size_t>(H) * ud);
+    long long samples = 0;
+    for (int t = std::max(1, n / 8); t < n; ++t) {
+      if (t % every != 0) continue;
+      const std::size_t ut = static_cast<std::size_t>(t);
+      for (int h = 0; h < H; ++h) {
+        std::fill(mass.begin(), mass.begin() + t, 0.f);
+        for (int j = 0; j < g; ++j) {
+          const float* qv =
+              ql.data() +
+              (ut * static_cast<std::size_t>(Hq) + static_cast<std::size_t>(h * g + j)) * ud;
+          float m = -INFINITY;
+          for (std::size_t i = 0; i < ut; ++i) {
+            const float* kv =
+                kl.data() + (i * static_cast<std::size_t>(H) + static_cast<std::size_t>(h)) * ud;
+            float dot = 0;
+            for (std::size_t c = 0; c < ud; ++c) dot += qv[c] * kv[c];
+            logits[i] = dot * scale;
+            m = std::max(m, logits[i]);
+          }
+          double z = 0;
+          for (std::size_t i = 0; i < ut; ++i) z += std::exp(static_cast<double>(logits[i] - m));
+          for (std::size_t i = 0; i < ut; ++i)
+            mass[i] += static_cast<float>(std::exp(static_cast<double>(logits[i] - m)) / z);
+        }
+        add_mass_curve({mass.data(), ut}, {scratch.data(), scratch.size()},
+                       {curves.data() + static_cast<std::size_t>(l) * B, B});
+        ++samples;
+      }
+    }
+    for (std::size_t b = 0; b < B && samples > 0; ++b)
+      curves[static_cast<std::size_t>(l) * B + b] /= static_cast<double>(samples);
+  }
+  return curves;
 }
 
 }  // namespace kvscout

@@ -44,6 +44,19 @@ KVSCOUT_HOST_DEVICE keep_range keep_bounds(keep_set keep, int len) {
   return {head_end, tail > head_end ? tail : head_end};
 }
 
+/// A selector's budget at a row of len cached tokens. budget_share 0: `budget` rows. Otherwise
+/// ceil(budget_share * len) rows (a product within 1e-9 of an integer rounds down to it), at least
+/// the keep-set's sinks + recent and at most `budget`: the budget follows the cached length.
+KVSCOUT_HOST_DEVICE int row_budget(int budget, double budget_share, keep_set keep, int len) {
+  if (!(budget_share > 0)) return budget;
+  const double x = budget_share * static_cast<double>(len) - 1e-9;
+  int b = x > 0 ? static_cast<int>(x) : 0;
+  if (static_cast<double>(b) < x) ++b;  // ceil, without <cmath> on the device
+  const int floor = keep.sinks + keep.recent;
+  b = b > floor ? b : floor;
+  return b < budget ? b : budget;
+}
+
 /// An unsigned key that orders as the scores do, so that selection can count bits (radix select):
 ///   score_key(x) < score_key(y)  iff  x < y        for non-NaN x, y (-inf and +inf included)
 ///   score_key(-0.f) == score_key(+0.f)

@@ -3,8 +3,9 @@
 // as three launches on one stream:
 //   1. mask    the speculated rows' late scores become NaN (in place: the late scores are the
 //              caller's scratch, written by score_query for this step)
-//   2. top-k   topk_selector_cuda at budget `extra`, no keep-set, over the masked scores
-//   3. filter  rows with no more than `extra` unspeculated rows: all of them instead
+//   2. top-k   topk_selector_cuda at each row's budget (correction_extra, which the mask writes
+//              to the workspace), no keep-set, over the masked scores
+//   3. filter  rows with no more than that many unspeculated rows: all of them instead
 // Nothing is read back, nothing allocated.
 //
 //   auto ws = kvscout::make_device_workspace<kvscout::correction_selector_cuda>(cfg);
@@ -41,7 +42,9 @@ struct correction_params {
   const std::int32_t* spec_cnt;  // [rows]
   std::int32_t* out_idx;         // [rows, capacity]
   std::int32_t* out_cnt;         // [rows]
+  std::int32_t* row_extra;        // [rows]: correction_extra of each row, written by the mask
   int num_kv_heads, stride, spec_capacity, capacity, extra;
+  double total_share;
   int* status;
 };
 
@@ -71,6 +74,7 @@ __global__ void __launch_bounds__(correction_threads) correction_mask(const corr
   const int n = correction_spec_count(p, row);
   const std::int32_t* sp = p.spec_idx + static_cast<std::size_t>(row) * p.spec_capacity;
   float* sc = p.scores + static_cast<std::size_t>(row) * p.stride;
+  if (threadIdx.x == 0) p.row_extra[row] = correction_extra(p.extra, p.total_share, len, n);
   for (int j = static_cast<int>(threadIdx.x); j < n; j += blockDim.x) {
     const int t = sp[j];
     if (t < 0 || t >= len || (j > 0 && t <= sp[j - 1])) {
@@ -86,7 +90,8 @@ __global__ void __launch_bounds__(correction_threads) correction_filter(const co
   const int row = static_cast<int>(blockIdx.x);
   const int len = correction_len(p, row);
   const int n = correction_spec_count(p, row);
-  if (len - n > p.extra) return;  // top-k's selection stands
+  const int extra = p.row_extra[row];
+  if (len - n > extra) return;  // top-k's selection stands
   const std::int32_t* sp = p.spec_idx + static_cast<std::size_t>(row) * p.spec_capacity;
   std::int32_t* out = p.out_idx + static_cast<std::size_t>(row) * p.capacity;
   for (int t = static_cast<int>(threadIdx.x); t < len; t += blockDim.x) {
@@ -109,7 +114,7 @@ __global__ void __launch_bounds__(correction_threads) correction_filter(const co
     int inside = 0;
     for (int j = 0; j < n; ++j) inside += (sp[j] >= 0 && sp[j] < len) ? 1 : 0;
     const int c = len - inside;
-    p.out_cnt[row] = c < 0 ? 0 : (c < p.extra ? c : p.extra);
+    p.out_cnt[row] = c < 0 ? 0 : (c < extra ? c : extra);
   }
 }
 
@@ -123,16 +128,22 @@ class correction_selector_cuda {
 
   [[nodiscard]] static topk_selector_host::config topk_config(const config& cfg) {
     detail::check_correction_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads,
-                                    cfg.shape.max_tokens, cfg.capacity, cfg.extra);
+                                    cfg.shape.max_tokens, cfg.capacity, cfg.extra,
+                                    cfg.total_share);
     return {.shape = cfg.shape, .capacity = cfg.capacity, .budget = cfg.extra, .keep = {}};
   }
+  /// The top-k's, then one budget per row.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
-    return topk_selector_cuda::workspace_bytes(topk_config(cfg));
+    return topk_bytes(cfg) + sizeof(std::int32_t) * static_cast<std::size_t>(cfg.shape.num_seqs) *
+                                 static_cast<std::size_t>(cfg.shape.num_kv_heads);
   }
   static constexpr std::size_t workspace_alignment = topk_selector_cuda::workspace_alignment;
 
   correction_selector_cuda(const config& cfg, device_span<std::byte> workspace)
-      : cfg_(cfg), topk_(topk_config(cfg), workspace) {}
+      : cfg_(cfg), topk_(topk_config(cfg), workspace) {
+    detail::check_device_workspace(workspace, workspace_bytes(cfg));
+    row_extra_ = reinterpret_cast<std::int32_t*>(workspace.data() + topk_bytes(cfg));
+  }
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
 
@@ -153,22 +164,29 @@ class correction_selector_cuda {
     const detail::correction_params p{late.data(),          seq_lens.data(),
                                       speculated.indices.data(), speculated.counts.data(),
                                       out.indices.data(),   out.counts.data(),
-                                      cfg_.shape.num_kv_heads,    cfg_.shape.max_tokens,
-                                      speculated.capacity,  cfg_.capacity,
-                                      cfg_.extra,           exec.status};
+                                      row_extra_,           cfg_.shape.num_kv_heads,
+                                      cfg_.shape.max_tokens, speculated.capacity,
+                                      cfg_.capacity,        cfg_.extra,
+                                      cfg_.total_share,     exec.status};
     const cudaStream_t stream = exec.stream;
     detail::launch(detail::correction_mask, static_cast<unsigned>(rows),
                    detail::correction_threads, 0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
-    topk_.select(view, out, exec);
+    topk_.select_rows(view, out, exec, row_extra_);
     detail::launch(detail::correction_filter, static_cast<unsigned>(rows),
                    detail::correction_threads, 0, stream, p);
     KVSCOUT_CUDA_CHECK(cudaGetLastError());
   }
 
  private:
+  static std::size_t topk_bytes(const config& cfg) {
+    const std::size_t a = workspace_alignment;
+    return (topk_selector_cuda::workspace_bytes(topk_config(cfg)) + a - 1) / a * a;
+  }
+
   config cfg_;
   topk_selector_cuda topk_;
+  std::int32_t* row_extra_ = nullptr;  // [rows], in the workspace
 };
 
 }  // namespace kvscout

@@ -2,10 +2,11 @@
 // The correction step's selector (kvscout's): once layer i's own query exists, which rows did the
 // speculation miss?
 //
-// Per (sequence, kv head) row of length len = seq_lens[s]:
-//   added = the `extra` best rows by late score among [0, len) minus the speculated rows (NaN
-//           never chosen by score; ties go to the lower token index), written ascending; where
-//           no more than `extra` rows are left unspeculated, all of them
+// Per (sequence, kv head) row of length len = seq_lens[s] with ns speculated rows, and
+// e = extra, or with total_share > 0 min(extra, max(0, min(len, ceil(total_share * len)) - ns)):
+//   added = the e best rows by late score among [0, len) minus the speculated rows (NaN never
+//           chosen by score; ties go to the lower token index), written ascending; where no more
+//           than e rows are left unspeculated, all of them
 // So no added row is one the speculation already moved. This is top-k with the speculated rows'
 // scores masked.
 //
@@ -32,8 +33,17 @@
 namespace kvscout {
 
 namespace detail {
+/// Rows the correction adds to a row of len cached tokens of which `speculated` are selected.
+KVSCOUT_HOST_DEVICE int correction_extra(int extra, double total_share, int len, int speculated) {
+  if (!(total_share > 0)) return extra;
+  const int e = row_budget(len, total_share, keep_set{}, len) - speculated;
+  return e < 0 ? 0 : (e < extra ? e : extra);
+}
+
 inline void check_correction_config(int num_seqs, int num_kv_heads, int max_tokens, int capacity,
-                                    int extra) {
+                                    int extra, double total_share) {
+  KVSCOUT_EXPECTS(total_share >= 0 && total_share <= 1, "total_share = ", total_share,
+                  ": expected a share of the cached rows in [0, 1] (0: `extra` rows added)");
   KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
   KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
   KVSCOUT_EXPECTS(max_tokens >= 0, "max_tokens must be non-negative, got ", max_tokens);
@@ -63,13 +73,17 @@ class correction_selector_host {
     decode_shape shape{};  // num_seqs, num_kv_heads, max_tokens (the score rows' stride)
     int capacity = 0;  // index slots per (sequence, kv_head) in the output buffers
     int extra = 0;     // rows added per (sequence, kv_head) at most: in [1, capacity]
+    /// > 0: a row of len cached tokens is topped up to ceil(total_share * len) rows in all, its
+    /// speculated rows included (correction_extra); 0: `extra` rows added.
+    double total_share = 0;
   };
   using config_type = config;
   using memory_space = host_space;
 
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     detail::check_correction_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads,
-                                    cfg.shape.max_tokens, cfg.capacity, cfg.extra);
+                                    cfg.shape.max_tokens, cfg.capacity, cfg.extra,
+                                    cfg.total_share);
     return sizeof(std::uint32_t) * (detail::row_workspace::words(cfg.shape.max_tokens) +
                                     static_cast<std::size_t>(cfg.shape.max_tokens));
   }
@@ -98,7 +112,8 @@ class correction_selector_host {
             speculated.indices.data() + r * static_cast<std::size_t>(speculated.capacity);
         const int ns = speculated.counts[r];
         std::int32_t* dst = out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity);
-        if (len - ns <= cfg_.extra) {  // every unspeculated row
+        const int extra = detail::correction_extra(cfg_.extra, cfg_.total_share, len, ns);
+        if (len - ns <= extra) {  // every unspeculated row
           int c = 0;
           for (int t = 0, j = 0; t < len; ++t) {
             if (j < ns && sp[j] == t) {
@@ -112,7 +127,7 @@ class correction_selector_host {
         }
         std::copy_n(scores.scores.data() + scores.row(s, h), len, masked_);
         for (int j = 0; j < ns; ++j) masked_[sp[j]] = nan;
-        out.counts[r] = detail::topk_row_host(masked_, len, {}, cfg_.extra, ws_, dst);
+        out.counts[r] = detail::topk_row_host(masked_, len, {}, extra, ws_, dst);
       }
     }
   }

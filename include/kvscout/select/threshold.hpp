@@ -174,6 +174,8 @@ class threshold_selector_host {
     int budget = 0;  // most tokens selected per (sequence, kv_head), keep-set included
     threshold_rule rule = threshold_rule::per_head;  // kvscout's rule
     keep_set keep{};
+    /// > 0: the cap of a row of len cached tokens is row_budget(budget, budget_share, keep, len).
+    double budget_share = 0;
   };
   using config_type = config;
   using memory_space = host_space;
@@ -223,7 +225,8 @@ class threshold_selector_host {
 
   static void check_config(const config& cfg) {
     detail::check_selector_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.shape.max_tokens,
-                                  cfg.capacity, "budget", cfg.budget, cfg.keep);
+                                  cfg.capacity, "budget", cfg.budget, cfg.keep,
+                                  cfg.budget_share);
     KVSCOUT_EXPECTS(cfg.alpha >= 0.f, "alpha must be a non-negative number, got ", cfg.alpha);
     KVSCOUT_EXPECTS(
         cfg.rule == threshold_rule::per_head || cfg.rule == threshold_rule::infinigen_mean, "rule ",
@@ -254,7 +257,8 @@ class threshold_selector_host {
             la.next = scores.scores.data() + scores.row(ns, nh);
         }
         out.counts[r] = detail::per_head_row(
-            scores.scores.data() + scores.row(s, h), len, cfg_.keep, cfg_.budget, cfg_.alpha,
+            scores.scores.data() + scores.row(s, h), len, cfg_.keep,
+            row_budget(cfg_.budget, cfg_.budget_share, cfg_.keep, len), cfg_.alpha,
             ws_, out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity), la);
         la.known = la.next_max;
         la.next_max.reset();
@@ -292,7 +296,7 @@ class threshold_selector_host {
       const keep_range kr = keep_bounds(cfg_.keep, len);
       const int a = kr.head_end;
       const int n = kr.tail_begin - kr.head_end;
-      const int slots = cfg_.budget - kr.size(len);
+      const int slots = row_budget(cfg_.budget, cfg_.budget_share, cfg_.keep, len) - kr.size(len);
       const int k = mean < slots ? static_cast<int>(mean) : slots;
       for (int h = 0; h < H; ++h) {
         const std::size_t r = static_cast<std::size_t>(s) * H + h;

@@ -42,9 +42,19 @@ class topk_selector_cuda : public detail::device_selector_base<topk_selector_hos
 
   void select(const score_view<device_space>& scores, const selection_buffers<device_space>& out,
               const cuda_exec& exec) {
+    select_rows(scores, out, exec, nullptr);
+  }
+
+ private:
+  friend class correction_selector_cuda;
+  /// row_budgets: null, or one budget per row in device memory (each in [0, capacity]).
+  void select_rows(const score_view<device_space>& scores,
+                   const selection_buffers<device_space>& out, const cuda_exec& exec,
+                   const std::int32_t* row_budgets) {
     const cudaStream_t stream = exec.stream;
     detail::select_params p;
     if (!prologue(scores, out, exec, p)) return;
+    p.row_budgets = row_budgets;
     if (split_.chunks > 1) {
       run_split(p, true, stream);
       return;

@@ -48,6 +48,9 @@ class topk_selector_host {
     int capacity = 0;  // index slots per (sequence, kv_head) in the selection buffers
     int budget = 0;    // tokens selected per (sequence, kv_head), keep-set included
     keep_set keep{};
+    /// > 0: a row of len cached tokens selects row_budget(budget, budget_share, keep, len) tokens,
+    /// a share of its length (budget is then the most); 0: `budget` tokens.
+    double budget_share = 0;
   };
   using config_type = config;
   using memory_space = host_space;
@@ -77,7 +80,8 @@ class topk_selector_host {
       for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
         const std::size_t r = static_cast<std::size_t>(s) * cfg_.shape.num_kv_heads + h;
         out.counts[r] = detail::topk_row_host(
-            scores.scores.data() + scores.row(s, h), len, cfg_.keep, cfg_.budget, ws_,
+            scores.scores.data() + scores.row(s, h), len, cfg_.keep,
+            row_budget(cfg_.budget, cfg_.budget_share, cfg_.keep, len), ws_,
             out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity));
       }
     }
@@ -86,7 +90,8 @@ class topk_selector_host {
  private:
   static void check_config(const config& cfg) {
     detail::check_selector_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.shape.max_tokens,
-                                  cfg.capacity, "budget", cfg.budget, cfg.keep);
+                                  cfg.capacity, "budget", cfg.budget, cfg.keep,
+                                  cfg.budget_share);
   }
 
   config cfg_;

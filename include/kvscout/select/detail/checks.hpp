@@ -14,7 +14,11 @@ namespace kvscout::detail {
 
 /// `budget_name` is the config field that holds the budget.
 inline void check_selector_config(int num_seqs, int num_kv_heads, int max_tokens, int capacity,
-                                  const char* budget_name, int budget, keep_set keep) {
+                                  const char* budget_name, int budget, keep_set keep,
+                                  double budget_share = 0) {
+  KVSCOUT_EXPECTS(budget_share >= 0 && budget_share <= 1, "budget_share = ", budget_share,
+                  ": expected a share of the cached rows in [0, 1] (0: a fixed ", budget_name,
+                  ")");
   KVSCOUT_EXPECTS(num_seqs >= 0, "num_seqs must be non-negative, got ", num_seqs);
   KVSCOUT_EXPECTS(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
   KVSCOUT_EXPECTS(max_tokens >= 0, "max_tokens must be non-negative, got ", max_tokens);

@@ -28,13 +28,13 @@ inline void check_select_rows(int num_seqs, int num_kv_heads) {
 
 inline void check_topk_cuda_config(const topk_selector_host::config& cfg) {
   check_selector_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.shape.max_tokens,
-                        cfg.capacity, "budget", cfg.budget, cfg.keep);
+                        cfg.capacity, "budget", cfg.budget, cfg.keep, cfg.budget_share);
   check_select_rows(cfg.shape.num_seqs, cfg.shape.num_kv_heads);
 }
 
 inline void check_threshold_cuda_config(const threshold_selector_host::config& cfg) {
   check_selector_config(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.shape.max_tokens,
-                        cfg.capacity, "budget", cfg.budget, cfg.keep);
+                        cfg.capacity, "budget", cfg.budget, cfg.keep, cfg.budget_share);
   KVSCOUT_EXPECTS(cfg.alpha >= 0.f, "alpha must be a non-negative number, got ", cfg.alpha);
   KVSCOUT_EXPECTS(
       cfg.rule == threshold_rule::per_head || cfg.rule == threshold_rule::infinigen_mean, "rule ",

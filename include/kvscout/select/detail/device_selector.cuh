@@ -57,6 +57,8 @@ class device_selector_base {
     p.stride = cfg_.shape.max_tokens;
     p.capacity = cfg_.capacity;
     p.budget = cfg_.budget;
+    p.budget_share = cfg_.budget_share;
+    p.row_budgets = nullptr;
     p.keep = cfg_.keep;
     p.status = exec.status;
     return rows() > 0;

@@ -41,6 +41,8 @@ struct select_params {
   int stride;
   int capacity;
   int budget;  // the most rows a row selects (both selectors' config.budget)
+  double budget_share;              // config.budget_share: row_budget()
+  const std::int32_t* row_budgets;  // [rows] or null: a budget per row (the correction's)
   float alpha;
   keep_set keep;
   int* status;  // the device status word, or null
@@ -52,6 +54,10 @@ struct select_params {
     if (n >= 0 && n <= stride) return n;
     if (threadIdx.x == 0) raise_device_status(status, device_status::bad_length);
     return n < 0 ? 0 : stride;
+  }
+  /// The budget of `row` at length len.
+  __device__ __forceinline__ int budget_at(int row, int len) const {
+    return row_budgets != nullptr ? row_budgets[row] : row_budget(budget, budget_share, keep, len);
   }
 };
 
@@ -250,13 +256,14 @@ __global__ void __launch_bounds__(Threads)
   const int len = p.length(s);
   const float* sc = p.scores + static_cast<std::size_t>(row) * p.stride;
   std::int32_t* out = p.indices + static_cast<std::size_t>(row) * p.capacity;
-  if (len <= p.budget) {
+  const int budget = p.budget_at(row, len);
+  if (len <= budget) {
     for (int t = static_cast<int>(threadIdx.x); t < len; t += select_block_threads) out[t] = t;
     if (threadIdx.x == 0) p.counts[row] = len;
     return;
   }
   const keep_range kr = keep_bounds(p.keep, len);
-  emit_row<select_block_threads, select_items_per_thread>(sc, len, kr, 1u, p.budget - kr.size(len),
+  emit_row<select_block_threads, select_items_per_thread>(sc, len, kr, 1u, budget - kr.size(len),
                                                           out, p.counts + row, sm);
 }
 
@@ -272,7 +279,7 @@ __global__ void __launch_bounds__(Threads)
   const int len = p.length(s);
   const float* sc = p.scores + static_cast<std::size_t>(row) * p.stride;
   const keep_range kr = keep_bounds(p.keep, len);
-  const int k = p.budget - kr.size(len);
+  const int k = p.budget_at(row, len) - kr.size(len);
   std::uint32_t lo = 1u;
   if (k > 0 && kr.tail_begin > kr.head_end) {
     lo = score_key(threshold_floor(block_row_max<select_block_threads>(sc, len, sm), p.alpha));
@@ -333,7 +340,7 @@ __global__ void __launch_bounds__(Threads)
   const int len = p.length(s);
   const float* sc = p.scores + static_cast<std::size_t>(row) * p.stride;
   const keep_range kr = keep_bounds(p.keep, len);
-  const int slots = p.budget - kr.size(len);
+  const int slots = p.budget_at(row, len) - kr.size(len);
   const int k = mean < slots ? static_cast<int>(mean) : slots;
   emit_row<select_block_threads, select_items_per_thread>(
       sc, len, kr, 1u, k, p.indices + static_cast<std::size_t>(row) * p.capacity, p.counts + row, sm);

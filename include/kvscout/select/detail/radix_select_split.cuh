@@ -60,9 +60,10 @@ struct split_row_shape {
 KVSCOUT_DEVICE split_row_shape split_shape(const split_select_params& sp, int row) {
   split_row_shape r{};
   r.len = sp.p.length(row / sp.p.num_kv_heads);
-  r.all = sp.topk && r.len <= sp.p.budget;
+  const int budget = sp.p.budget_at(row, r.len);
+  r.all = sp.topk && r.len <= budget;
   r.kr = keep_bounds(sp.p.keep, r.len);
-  r.k = sp.p.budget - r.kr.size(r.len);
+  r.k = budget - r.kr.size(r.len);
   r.select = !r.all && r.k > 0 && r.kr.tail_begin > r.kr.head_end;
   return r;
 }
