@@ -236,7 +236,8 @@ void time_attention(benchmark::State& state, const Rows& rows, attention_inputs&
   kvscout::thread_pool pool(static_cast<int>(state.range(2)));
   for (auto _ : state) {
     kvscout::decode_attention_host(rows, in.current(), {in.q.data(), in.q.size()},
-                                   {in.out.data(), in.out.size()}, p, {}, 0, &pool);
+                                   {in.out.data(), in.out.size()}, p, {}, 0,
+                                   kvscout::host_exec{&pool});
     benchmark::DoNotOptimize(in.out.data());
     benchmark::ClobberMemory();
   }
@@ -255,7 +256,7 @@ void attention_rows_of(benchmark::State& state) {
   std::vector<T> k(static_cast<std::size_t>(heads) * attended * head_dim), v(k.size());
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
-  const float scale = kvscout::is_fp8_v<T> ? 5.f / 448.f : 1.f;  // |x| < 5 here
+  const float scale = kvscout::detail::is_fp8_v<T> ? 5.f / 448.f : 1.f;  // |x| < 5 here
   for (auto& x : k) x = kvscout::from_float<T>(nd(rng) / scale);
   for (auto& x : v) x = kvscout::from_float<T>(nd(rng) / scale);
   std::vector<int32_t> idx(static_cast<std::size_t>(heads) * attended), counts(heads, attended);

@@ -263,7 +263,7 @@ void BM_compare_pass(benchmark::State& state) {
   std::vector<float> floors(rows);
   for (int r = 0; r < rows; ++r)
     floors[static_cast<std::size_t>(r)] =
-        kvscout::threshold_floor(kvscout::detail::max_of(s.row(r), n, -INFINITY), 5.f);
+        kvscout::detail::threshold_floor(kvscout::detail::max_of(s.row(r), n, -INFINITY), 5.f);
   std::int64_t counted = 0;
   for (auto _ : state) {
     for (int r = 0; r < rows; ++r) {

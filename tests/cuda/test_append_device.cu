@@ -74,8 +74,8 @@ void kivi_append_case(int steps, std::uint32_t seed, int residual = 64, int head
     // The host writer takes T: the float input rounded as the device rounds it.
     std::vector<T> kt(tok), vt(tok);
     for (std::size_t i = 0; i < tok; ++i) {
-      kt[i] = kvscout::convert<T>(kin[i]);
-      vt[i] = kvscout::convert<T>(vin[i]);
+      kt[i] = kvscout::detail::convert<T>(kin[i]);
+      vt[i] = kvscout::detail::convert<T>(vin[i]);
     }
     for (int s = 0; s < S; ++s) {
       const std::size_t off = static_cast<std::size_t>(s) * H * D;
@@ -200,7 +200,7 @@ void generic_case(const std::string& name, const L& host_l, const L& dev_l, std:
   const int st = read_status(status);
   if (st != want_status)
     std::fprintf(stderr, "%s: status %d (%s), expected %d\n", name.c_str(), st,
-                 kvscout::describe_device_status(st).c_str(), want_status);
+                 kvscout::device_status::describe(st).c_str(), want_status);
   GPU_CHECK(st == want_status);
 }
 

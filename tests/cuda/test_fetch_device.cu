@@ -202,7 +202,7 @@ void bad_device_data() {
   const int st = read_status(status);
   GPU_CHECK(st == (kvscout::device_status::bad_index | kvscout::device_status::bad_count |
                    kvscout::device_status::out_of_bounds));
-  if (st != 0) std::printf("  status: %s\n", kvscout::describe_device_status(st).c_str());
+  if (st != 0) std::printf("  status: %s\n", kvscout::device_status::describe(st).c_str());
   // Expected: every valid row in place, skipped rows poisoned.
   std::vector<std::byte> want(slots * row, poison);
   for (int s = 0; s < 2; ++s)

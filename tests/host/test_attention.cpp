@@ -270,12 +270,14 @@ TEST_CASE("decode attention split over a thread pool gives the bits it gives alo
       kvscout::thread_pool pool(threads);
       std::vector<float> out(f.q.size(), -1.f), probs(probs1.size(), -1.f);
       kvscout::decode_attention_host(rows, cur, {f.q.data(), f.q.size()}, {out.data(), out.size()},
-                                     p, {probs.data(), probs.size()}, stride, &pool);
+                                     p, {probs.data(), probs.size()}, stride,
+                                     kvscout::host_exec{&pool});
       REQUIRE(bits_equal(out, out1));
       REQUIRE(bits_equal(probs, probs1));
       std::vector<float> in_place = f.q;  // out == q
       kvscout::decode_attention_host(rows, cur, {in_place.data(), in_place.size()},
-                                     {in_place.data(), in_place.size()}, p, {}, 0, &pool);
+                                     {in_place.data(), in_place.size()}, p, {}, 0,
+                                     kvscout::host_exec{&pool});
       REQUIRE(bits_equal(in_place, plain1));
     }
   }

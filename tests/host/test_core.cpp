@@ -50,7 +50,7 @@ TEMPLATE_TEST_CASE("dtype conversions round to nearest even and round-trip", "[c
   using traits = kvscout::dtype_traits<T>;
   CHECK(kvscout::dtype_traits<kvscout::dtype_of_t<traits::id>>::id == traits::id);
   CHECK(kvscout::size_of(traits::id) == sizeof(T));
-  CHECK(kvscout::vec_width<T> * sizeof(T) == 16);
+  CHECK(kvscout::detail::vec_width<T> * sizeof(T) == 16);
 
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-100.f, 100.f);
@@ -75,10 +75,10 @@ TEMPLATE_TEST_CASE("dtype conversions round to nearest even and round-trip", "[c
   }
   // load / store through pointers, and convert between types.
   std::vector<T> buf(4);
-  kvscout::store_float(buf.data(), 2, 0.75f);
-  CHECK(kvscout::load_float(buf.data(), 2) == 0.75f);
-  CHECK(kvscout::to_float(kvscout::convert<float>(buf[2])) == 0.75f);
-  CHECK(kvscout::to_float(kvscout::convert<kvscout::half>(buf[2])) == 0.75f);
+  kvscout::detail::store_float(buf.data(), 2, 0.75f);
+  CHECK(kvscout::detail::load_float(buf.data(), 2) == 0.75f);
+  CHECK(kvscout::to_float(kvscout::detail::convert<float>(buf[2])) == 0.75f);
+  CHECK(kvscout::to_float(kvscout::detail::convert<kvscout::half>(buf[2])) == 0.75f);
   CHECK(std::isinf(kvscout::to_float(kvscout::from_float<T>(std::numeric_limits<float>::infinity()))));
   CHECK(std::isnan(kvscout::to_float(kvscout::from_float<T>(std::numeric_limits<float>::quiet_NaN()))));
 }
@@ -142,8 +142,8 @@ TEMPLATE_TEST_CASE("fp8 decodes every code as the OCP format defines it", "[core
   using traits = kvscout::dtype_traits<T>;
   CHECK(kvscout::dtype_traits<kvscout::dtype_of_t<traits::id>>::id == traits::id);
   CHECK(kvscout::size_of(traits::id) == 1);
-  CHECK(kvscout::vec_width<T> == 16);
-  CHECK(kvscout::is_fp8_v<T>);
+  CHECK(kvscout::detail::vec_width<T> == 16);
+  CHECK(kvscout::detail::is_fp8_v<T>);
   int nans = 0;
   for (unsigned c = 0; c < 256; ++c) {
     T x;
@@ -207,8 +207,10 @@ TEMPLATE_TEST_CASE("fp8 rounds to nearest even and saturates", "[core][dtype][fp
   const float nan = std::numeric_limits<float>::quiet_NaN();
   CHECK(std::isnan(kvscout::to_float(kvscout::from_float<T>(nan))));
   // Conversions between element types go through float.
-  CHECK(kvscout::to_float(kvscout::convert<kvscout::half>(kvscout::from_float<T>(-3.5f))) == -3.5f);
-  CHECK(kvscout::to_float(kvscout::convert<T>(kvscout::from_float<kvscout::half>(0.75f))) == 0.75f);
+  CHECK(kvscout::to_float(kvscout::detail::convert<kvscout::half>(kvscout::from_float<T>(-3.5f))) ==
+        -3.5f);
+  CHECK(kvscout::to_float(kvscout::detail::convert<T>(kvscout::from_float<kvscout::half>(0.75f))) ==
+        0.75f);
 }
 
 TEST_CASE("dtype names print", "[core][dtype]") {

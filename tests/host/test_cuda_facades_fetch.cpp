@@ -106,20 +106,20 @@ void check_runs_replay(std::uint32_t seed, double density) {
 }  // namespace
 
 TEST_CASE("device status bits are described", "[cuda][facade]") {
-  REQUIRE(describe_device_status(0) == "ok");
-  REQUIRE_THAT(describe_device_status(device_status::bad_index | device_status::bad_count),
+  REQUIRE(device_status::describe(0) == "ok");
+  REQUIRE_THAT(device_status::describe(device_status::bad_index | device_status::bad_count),
                Contains("token index out of range") && Contains("count outside"));
-  REQUIRE_THAT(describe_device_status(device_status::bad_length), Contains("sequence length"));
-  REQUIRE_THAT(describe_device_status(device_status::bad_length | (1 << 20)),
+  REQUIRE_THAT(device_status::describe(device_status::bad_length), Contains("sequence length"));
+  REQUIRE_THAT(device_status::describe(device_status::bad_length | (1 << 20)),
                Contains("sequence length") && Contains("unknown bits 1048576"));
-  REQUIRE_THAT(describe_device_status(1 << 20), Contains("unknown bits"));
+  REQUIRE_THAT(device_status::describe(1 << 20), Contains("unknown bits"));
   // Every bit has its own words.
   const int bits[] = {device_status::bad_index, device_status::bad_count,
                       device_status::out_of_bounds, device_status::misaligned,
                       device_status::bad_value, device_status::bad_length};
   for (int a : bits)
     for (int b : bits)
-      if (a != b) REQUIRE(describe_device_status(a) != describe_device_status(b));
+      if (a != b) REQUIRE(device_status::describe(a) != device_status::describe(b));
 }
 
 TEST_CASE("CUDA executor configs are validated with the bad value named", "[cuda][facade]") {

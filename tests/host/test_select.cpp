@@ -346,22 +346,23 @@ std::vector<std::int32_t> edge_lengths(int budget, std::mt19937& rng) {
 
 // ---- keys and radix select ---------------------------------------------------------------------
 
-TEST_CASE("score_key orders like the scores, NaN maps to 0, below everything", "[select][key]") {
-  using kvscout::score_key;
+TEST_CASE("kvscout::detail::score_key orders like the scores, NaN maps to 0, below everything",
+          "[select][key]") {
+  using kvscout::detail::score_key;
   const std::vector<float> ascending = {-pinf,         -FLT_MAX, -1e10f,       -1.f,    -FLT_MIN,
                                         -FLT_TRUE_MIN, 0.f,      FLT_TRUE_MIN, FLT_MIN, 0.5f,
                                         1.f,           3.f,      FLT_MAX,      pinf};
   for (std::size_t i = 0; i + 1 < ascending.size(); ++i) {
     CAPTURE(ascending[i], ascending[i + 1]);
-    CHECK(score_key(ascending[i]) < score_key(ascending[i + 1]));
-    CHECK(score_key(ascending[i]) >= 1u);
+    CHECK(kvscout::detail::score_key(ascending[i]) < kvscout::detail::score_key(ascending[i + 1]));
+    CHECK(kvscout::detail::score_key(ascending[i]) >= 1u);
   }
-  CHECK(score_key(-0.f) == score_key(0.f));
-  CHECK(score_key(qnan) == 0u);
-  CHECK(score_key(-qnan) == 0u);
-  CHECK(score_key(std::bit_cast<float>(0x7f800001u)) == 0u);  // a signalling NaN
-  CHECK(score_key(pinf) < 0xffffffffu);
-  CHECK(std::isnan(kvscout::score_from_key(0)));
+  CHECK(kvscout::detail::score_key(-0.f) == kvscout::detail::score_key(0.f));
+  CHECK(kvscout::detail::score_key(qnan) == 0u);
+  CHECK(kvscout::detail::score_key(-qnan) == 0u);
+  CHECK(kvscout::detail::score_key(std::bit_cast<float>(0x7f800001u)) == 0u);  // a signalling NaN
+  CHECK(kvscout::detail::score_key(pinf) < 0xffffffffu);
+  CHECK(std::isnan(kvscout::detail::score_from_key(0)));
 
   std::mt19937 rng(11);
   std::uniform_int_distribution<std::uint32_t> bits;
@@ -370,11 +371,12 @@ TEST_CASE("score_key orders like the scores, NaN maps to 0, below everything", "
     const float y = std::bit_cast<float>(bits(rng));
     CAPTURE(x, y);
     if (std::isnan(x) || std::isnan(y)) continue;
-    REQUIRE((score_key(x) < score_key(y)) == (x < y));
-    REQUIRE((score_key(x) == score_key(y)) == (x == y));
+    REQUIRE((kvscout::detail::score_key(x) < kvscout::detail::score_key(y)) == (x < y));
+    REQUIRE((kvscout::detail::score_key(x) == kvscout::detail::score_key(y)) == (x == y));
     // Round trip (the zeros come back as +0).
-    REQUIRE(kvscout::score_from_key(score_key(x)) == x);
-    REQUIRE(score_key(kvscout::score_from_key(score_key(x))) == score_key(x));
+    REQUIRE(kvscout::detail::score_from_key(kvscout::detail::score_key(x)) == x);
+    REQUIRE(kvscout::detail::score_key(kvscout::detail::score_from_key(
+                kvscout::detail::score_key(x))) == kvscout::detail::score_key(x));
   }
 }
 
@@ -963,7 +965,7 @@ TEST_CASE("vector and portable row scans agree", "[select][threshold]") {
     REQUIRE(std::bit_cast<std::uint32_t>(r1) == std::bit_cast<std::uint32_t>(r2));
     // The list holds every token at or above the final floor, and only tokens at or above the
     // bound (NaN never).
-    const float floor = std::max(bound, kvscout::threshold_floor(r1, 1.f));
+    const float floor = std::max(bound, kvscout::detail::threshold_floor(r1, 1.f));
     int at_floor = 0;
     for (int i = 0; i < n; ++i) at_floor += static_cast<int>(p[i] >= floor);
     const int kept1 = d::filter_at_least<true>(p, a.data(), k1, floor);
@@ -1224,12 +1226,12 @@ TEST_CASE("the header examples compile and run", "[select][example]") {
     // select/concepts.hpp
     const int len = 100;
     kvscout::keep_set keep{.sinks = 4, .recent = 64};
-    const auto [head_end, tail_begin] = kvscout::keep_bounds(keep, len);
+    const auto [head_end, tail_begin] = kvscout::detail::keep_bounds(keep, len);
     CHECK(head_end == 4);
     CHECK(tail_begin == 36);
-    CHECK(kvscout::keep_bounds(keep, len).size(len) == 68);
-    CHECK(kvscout::keep_bounds({10, 10}, 15).head_end == 10);
-    CHECK(kvscout::keep_bounds({10, 10}, 15).tail_begin == 10);
-    CHECK(kvscout::keep_bounds({10, 10}, 15).size(15) == 15);
+    CHECK(kvscout::detail::keep_bounds(keep, len).size(len) == 68);
+    CHECK(kvscout::detail::keep_bounds({10, 10}, 15).head_end == 10);
+    CHECK(kvscout::detail::keep_bounds({10, 10}, 15).tail_begin == 10);
+    CHECK(kvscout::detail::keep_bounds({10, 10}, 15).size(15) == 15);
   }
 }

@@ -62,8 +62,8 @@ double norm64(const std::vector<T>& v) {
 /// fp64 RoPE of a full head vector at pos.
 void rope64(std::vector<double>& x, int pos, const kvscout::rope_config& c) {
   for (int j = 0; j < c.head_dim / 2; ++j) {
-    const kvscout::rope_plane p = kvscout::rope_plane_channels(c, j);
-    const double ang = kvscout::rope_angle(c, j, pos);
+    const kvscout::detail::rope_plane p = kvscout::detail::rope_plane_channels(c, j);
+    const double ang = kvscout::detail::rope_angle(c, j, pos);
     const double a = x[p.a], b = x[p.b];
     x[p.a] = a * std::cos(ang) - b * std::sin(ang);
     x[p.b] = a * std::sin(ang) + b * std::cos(ang);
@@ -257,7 +257,7 @@ TEST_CASE("union_with_keys: first r distinct of q_1, k_1, q_2, k_2, ...", "[skew
     std::vector<float> q(static_cast<std::size_t>(n) * D), k(q.size()), k2(q.size());
     for (int s = 0; s < n; ++s)
       for (int j = 0; j < D / 2; ++j) {
-        const auto pl = kvscout::rope_plane_channels(rope, j);
+        const auto pl = kvscout::detail::rope_plane_channels(rope, j);
         const float qa = static_cast<float>(8 - j) * (1.f + 0.1f * static_cast<float>(s));
         const float ka = static_cast<float>(1 + j) * (1.f + 0.05f * static_cast<float>(s));
         q[s * D + pl.a] = qa;
@@ -525,7 +525,7 @@ TEST_CASE("rope_planes: the partial score is exactly the selected planes' share 
     for (int d = 0; d < D; ++d)
       for (int i = 0; i < d_model; ++i)
         WQ[(static_cast<std::size_t>(h) * D + d) * d_model + i] *=
-            0.1f + std::abs(plane_scale[kvscout::rope_plane_of(rope, d)]);
+            0.1f + std::abs(plane_scale[kvscout::detail::rope_plane_of(rope, d)]);
   const auto bQ = normal_vec(static_cast<std::size_t>(g) * D, rng, 0.3, 0.1);
   std::uniform_int_distribution<int> posd(0, 8000);
 
@@ -548,7 +548,7 @@ TEST_CASE("rope_planes: the partial score is exactly the selected planes' share 
   std::vector<double> plane_norm(static_cast<std::size_t>(D / 2), 0.0);
   for (std::size_t row = 0; row < q_pre.size() / D; ++row)
     for (int j = 0; j < D / 2; ++j) {
-      const auto pl = kvscout::rope_plane_channels(rope, j);
+      const auto pl = kvscout::detail::rope_plane_channels(rope, j);
       plane_norm[j] += std::hypot(static_cast<double>(q_pre[row * D + pl.a]),
                                   static_cast<double>(q_pre[row * D + pl.b]));
     }
@@ -563,7 +563,7 @@ TEST_CASE("rope_planes: the partial score is exactly the selected planes' share 
     // channels: (a, b) of each plane in order; A = identity.
     REQUIRE(p.channels.size() == static_cast<std::size_t>(p.r));
     for (std::size_t i = 0; i < p.planes.size(); ++i) {
-      const auto pl = kvscout::rope_plane_channels(rope, p.planes[i]);
+      const auto pl = kvscout::detail::rope_plane_channels(rope, p.planes[i]);
       CHECK(p.channels[2 * i] == pl.a);
       CHECK(p.channels[2 * i + 1] == pl.b);
     }
@@ -593,7 +593,7 @@ TEST_CASE("rope_planes: the partial score is exactly the selected planes' share 
         rope64(k64, pkp, rope);
         double ref = 0;  // selected planes' contributions to the RoPE'd q . k
         for (int j : p.planes) {
-          const auto pl = kvscout::rope_plane_channels(rope, j);
+          const auto pl = kvscout::detail::rope_plane_channels(rope, j);
           ref += q64[pl.a] * k64[pl.a] + q64[pl.b] * k64[pl.b];
         }
         for (int i = 0; i < p.r; ++i)
@@ -819,7 +819,7 @@ TEST_CASE("rope_table::fill of some planes: fill()'s bits for those, NaN for the
       REQUIRE(reused.planes == c->head_dim / 2);
       for (int j = 0; j < reused.planes; ++j) {
         float cs, sn;
-        kvscout::rope_cos_sin(*c, j, 3001, cs, sn);
+        kvscout::detail::rope_cos_sin(*c, j, 3001, cs, sn);
         REQUIRE(std::bit_cast<std::uint32_t>(reused.cs[j]) == std::bit_cast<std::uint32_t>(cs));
         REQUIRE(std::bit_cast<std::uint32_t>(reused.sn[j]) == std::bit_cast<std::uint32_t>(sn));
       }
@@ -896,7 +896,8 @@ TEST_CASE("rope_planes_plan keeps the given planes and checks them", "[skew]") {
     REQUIRE(p.r == 6);
     REQUIRE(p.planes == std::vector<int>{1, 5, 31});
     for (int i = 0; i < 3; ++i) {
-      const kvscout::rope_plane ch = kvscout::rope_plane_channels(rope, p.planes[i]);
+      const kvscout::detail::rope_plane ch =
+          kvscout::detail::rope_plane_channels(rope, p.planes[i]);
       REQUIRE(p.channels[2 * i] == ch.a);
       REQUIRE(p.channels[2 * i + 1] == ch.b);
     }

@@ -208,7 +208,7 @@ class llama_session {
       }
       if (!done)
         decode_attention_host(layout_rows_host<layout>(view(l)), cur, {q_.data(), q_.size()},
-                              {attn_.data(), attn_.size()}, {Hq, scale}, {}, 0, &pool_);
+                              {attn_.data(), attn_.size()}, {Hq, scale}, {}, 0, host_exec{&pool_});
       // Append the token's K / V (after attention: the cache never holds the current token
       // while it attends).
       for (int h = 0; h < H; ++h) {
@@ -241,8 +241,8 @@ class llama_session {
   // RoPE of one head at the table's position, in the model's channel convention.
   void rotate(float* x, const rope_table& rt) const {
     for (int j = 0; j < HeadDim / 2; ++j) {
-      const rope_plane p = rope_plane_channels(rope_, j);
-      rope_rotate(x[p.a], x[p.b], rt.cs[j], rt.sn[j]);
+      const kvscout::detail::rope_plane p = kvscout::detail::rope_plane_channels(rope_, j);
+      kvscout::detail::rope_rotate(x[p.a], x[p.b], rt.cs[j], rt.sn[j]);
     }
   }
 

@@ -584,7 +584,9 @@ class layer_major_eval {
   // The oracle's scores of step t (st.scores, [H, T], group mass) as mass curves.
   void add_curve(int l, int n, run_state& st, eval_result& r) const {
     const int H = c_.n_kv_heads, B = st.o.curve_bins;
-    const keep_range kr = st.o.curve_outside_keep ? keep_bounds(st.o.keep, n) : keep_range{0, n};
+    const kvscout::detail::keep_range kr = st.o.curve_outside_keep
+                                               ? kvscout::detail::keep_bounds(st.o.keep, n)
+                                               : kvscout::detail::keep_range{0, n};
     for (int h = 0; h < H; ++h) {
       add_mass_curve({st.scores.data() + static_cast<std::size_t>(h) * T_ + kr.head_end,
                       static_cast<std::size_t>(kr.tail_begin - kr.head_end)},
@@ -642,8 +644,8 @@ class layer_major_eval {
 
   void rotate(float* x, const rope_table& rt) const {
     for (int j = 0; j < D / 2; ++j) {
-      const rope_plane p = rope_plane_channels(rope_, j);
-      rope_rotate(x[p.a], x[p.b], rt.cs[j], rt.sn[j]);
+      const kvscout::detail::rope_plane p = kvscout::detail::rope_plane_channels(rope_, j);
+      kvscout::detail::rope_rotate(x[p.a], x[p.b], rt.cs[j], rt.sn[j]);
     }
   }
 

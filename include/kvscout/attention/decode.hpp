@@ -19,8 +19,8 @@
 //
 // Optional `probs` [num_seqs, num_kv_heads, probs_stride]: each row's attention probability summed
 // over the group's query heads (the current token, when given, is the entry after the last row).
-// Optional `pool`: the (sequence, kv head) pairs are split over its threads (the same bits); the
-// rows' loads then run there and must not throw.
+// Optional `exec.pool`: the (sequence, kv head) pairs are split over its threads (the same bits);
+// the rows' loads then run there and must not throw.
 
 #include <algorithm>
 #include <cmath>
@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "kvscout/attention/rows.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/thread_pool.hpp"
 #include "kvscout/core/detail/online_softmax.hpp"
 #include "kvscout/core/detail/overlap.hpp"
@@ -93,7 +94,7 @@ template <class Acc = float, attention_rows Rows,
 void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_span<const float> q,
                            host_span<float> out, const attention_params& p,
                            host_span<float> probs = {}, int probs_stride = 0,
-                           thread_pool* pool = nullptr) {
+                           host_exec exec = {}) {
   constexpr int D = Rows::head_dim;
   constexpr int chunk = 16;  // query heads sharing one load of a row
   const int S = rows.num_seqs();
@@ -254,6 +255,7 @@ void decode_attention_host(const Rows& rows, const current_token<T>& cur, host_s
     }
   };
   const int pairs = S * H;
+  thread_pool* const pool = exec.pool;
   if (pool == nullptr || pool->size() == 1 || pairs < 2) {
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < H; ++h) one_pair(s, h);

@@ -48,7 +48,7 @@ inline void load_row(const std::byte* p, float* dst) {
       const host_vec x = load_lanes(row + c);
       std::memcpy(dst + c, &x, sizeof x);
     }
-  } else if constexpr (is_fp8_v<T>) {
+  } else if constexpr (detail::is_fp8_v<T>) {
 #if KVSCOUT_HOST_F16C
     constexpr int N = host_float_lanes;
     static_assert(N == 8 || N == 16, "F16C implies AVX");

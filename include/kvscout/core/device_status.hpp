@@ -9,7 +9,7 @@
 //
 //   fetch.submit(src, sel, dst, {stream, status});   // status: cudaMalloc'd, zeroed by the caller
 //   int bits = 0; cudaMemcpy(&bits, status, sizeof bits, cudaMemcpyDeviceToHost);
-//   if (bits) std::puts(kvscout::describe_device_status(bits).c_str());
+//   if (bits) std::puts(kvscout::device_status::describe(bits).c_str());
 
 #include <string>
 
@@ -75,5 +75,4 @@ KVSCOUT_DEVICE void raise_device_status(int* status, int bits) {
 }
 }  // namespace detail
 
-inline std::string describe_device_status(int bits) { return device_status::describe(bits); }
 }  // namespace kvscout

@@ -121,18 +121,22 @@ constexpr std::size_t size_of(dtype d) noexcept {
   return 0;
 }
 
+namespace detail {
 template <class T>
 inline constexpr bool is_fp8_v =
     std::is_same_v<std::remove_cv_t<T>, fp8_e4m3> || std::is_same_v<std::remove_cv_t<T>, fp8_e5m2>;
+}  // namespace detail
 
 /// float, half or bfloat16: the types values are computed in and handed over as. fp8 is a storage
 /// type of KV rows only: its values carry a scale that those interfaces do not take.
 template <class T>
-concept compute_element = kv_element<T> && !is_fp8_v<T>;
+concept compute_element = kv_element<T> && !detail::is_fp8_v<T>;
 
+namespace detail {
 /// Elements per 16-byte vector: a coalesced load on the GPU, SIMD on the CPU.
 template <kv_element T>
 inline constexpr int vec_width = static_cast<int>(16 / sizeof(T));
+}  // namespace detail
 
 KVSCOUT_HOST_DEVICE float to_float(float x) { return x; }
 KVSCOUT_HOST_DEVICE float to_float(half x) { return __half2float(x); }
@@ -192,7 +196,7 @@ KVSCOUT_HOST_DEVICE T from_float(float x) {
   } else if constexpr (std::is_same_v<T, bfloat16>) {
     return __float2bfloat16_rn(x);
   } else {
-    static_assert(is_fp8_v<T>);
+    static_assert(detail::is_fp8_v<T>);
     return T(x);  // cuda_fp8.h: round to nearest even, __NV_SATFINITE
   }
 }
@@ -203,6 +207,7 @@ struct kv_scales {
   float v = 1.f;
 };
 
+namespace detail {
 template <kv_element T>
 KVSCOUT_HOST_DEVICE float load_float(const T* p, std::size_t i) {
   return to_float(p[i]);
@@ -221,5 +226,6 @@ KVSCOUT_HOST_DEVICE To convert(From x) {
     return from_float<To>(to_float(x));
   }
 }
+}  // namespace detail
 
 }  // namespace kvscout

@@ -22,8 +22,13 @@ struct cuda_exec {
   int* status = nullptr;
 };
 
-/// Empty: host calls run on the calling thread or the object's pool, and throw instead of
-/// reporting.
-struct host_exec {};
+class thread_pool;
+
+/// Where a host call runs: on the calling thread, or split over `pool` where the call can use one
+/// (decode_attention_host; parts that own threads, such as the host gather, use their own). Host
+/// calls throw instead of reporting.
+struct host_exec {
+  thread_pool* pool = nullptr;
+};
 
 }  // namespace kvscout

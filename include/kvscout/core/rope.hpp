@@ -24,6 +24,9 @@ struct rope_config {
   rope_style style = rope_style::split_half;
 };
 
+// The planes and the rotation, written once for the host and the device.
+namespace detail {
+
 struct rope_plane {
   int a;
   int b;
@@ -72,6 +75,8 @@ KVSCOUT_HOST_DEVICE void rope_cos_sin(const rope_config& c, int j, int pos, floa
   rope_cos_sin(rope_angle(c, j, pos), cs, sn);
 }
 
+}  // namespace detail
+
 /// The inverse frequencies of a configuration's planes, computed once for every table filled from
 /// them. Host only.
 struct rope_frequencies {
@@ -83,7 +88,7 @@ struct rope_frequencies {
   explicit rope_frequencies(const rope_config& c) {
     planes = c.head_dim / 2 < max_planes ? c.head_dim / 2 : max_planes;
     if (planes < 0) planes = 0;
-    for (int j = 0; j < planes; ++j) inv_freq[j] = rope_inv_freq(c, j);
+    for (int j = 0; j < planes; ++j) inv_freq[j] = detail::rope_inv_freq(c, j);
   }
 };
 
@@ -126,14 +131,14 @@ struct rope_table {
 
  private:
   void fill_plane(const rope_frequencies& f, int j, int pos) {
-    rope_cos_sin(rope_angle_at(f.inv_freq[j], pos), cs[j], sn[j]);
+    detail::rope_cos_sin(detail::rope_angle_at(f.inv_freq[j], pos), cs[j], sn[j]);
   }
 };
 
 KVSCOUT_HOST_DEVICE void apply_rope(float* x, int pos, const rope_config& c) {
   for (int j = 0; j < c.head_dim / 2; ++j) {
-    const rope_plane p = rope_plane_channels(c, j);
-    rope_rotate(x[p.a], x[p.b], rope_angle(c, j, pos));
+    const detail::rope_plane p = detail::rope_plane_channels(c, j);
+    detail::rope_rotate(x[p.a], x[p.b], detail::rope_angle(c, j, pos));
   }
 }
 
@@ -142,7 +147,7 @@ KVSCOUT_HOST_DEVICE void apply_rope(float* x, int pos, const rope_config& c) {
 KVSCOUT_HOST_DEVICE void apply_rope_planes(float* x, const int* planes, int num_planes, int pos,
                                            const rope_config& c) {
   for (int i = 0; i < num_planes; ++i) {
-    rope_rotate(x[2 * i], x[2 * i + 1], rope_angle(c, planes[i], pos));
+    detail::rope_rotate(x[2 * i], x[2 * i + 1], detail::rope_angle(c, planes[i], pos));
   }
 }
 

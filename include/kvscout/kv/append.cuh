@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(append_threads)
     append_token_kernel(const __grid_constant__ append_params<L, In> p) {
   using T = typename L::element_type;
   constexpr int D = L::head_dim;
-  constexpr int VW = vec_width<T>;  // elements per 16-byte vector
+  constexpr int VW = detail::vec_width<T>;  // elements per 16-byte vector
   constexpr int nvec = D / VW;
   const L& l = p.layout;
   const int s = static_cast<int>(blockIdx.x);
@@ -180,8 +180,8 @@ __global__ void __launch_bounds__(append_threads)
   const std::size_t in0 = static_cast<std::size_t>(s) * H * D;
   bool bad = false;
   for (int x = threadIdx.x; x < H * D; x += blockDim.x) {
-    const float kf = to_float(convert<T>(p.k_new[in0 + x]));
-    const float vf = to_float(convert<T>(p.v_new[in0 + x]));
+    const float kf = to_float(detail::convert<T>(p.k_new[in0 + x]));
+    const float vf = to_float(detail::convert<T>(p.v_new[in0 + x]));
     const float lim = kivi_append_limit<S>();
     bad |= !(isfinite(kf) && fabsf(kf) <= lim) || !(isfinite(vf) && fabsf(vf) <= lim);
   }
@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(append_threads)
   for (int x = threadIdx.x; x < H * D; x += blockDim.x) {
     const int h = x / D, c = x - (x / D) * D;
     const std::size_t off = l.residual_offset(s, len, h);
-    reinterpret_cast<T*>(p.k_residual + off)[c] = convert<T>(p.k_new[in0 + x]);
-    reinterpret_cast<T*>(p.v_residual + off)[c] = convert<T>(p.v_new[in0 + x]);
+    reinterpret_cast<T*>(p.k_residual + off)[c] = detail::convert<T>(p.k_new[in0 + x]);
+    reinterpret_cast<T*>(p.v_residual + off)[c] = detail::convert<T>(p.v_new[in0 + x]);
   }
   __syncthreads();
   // (3) R = 0: its value is quantised at once and stays in the window dequantised.

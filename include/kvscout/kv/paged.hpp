@@ -28,7 +28,7 @@ namespace kvscout {
 template <kv_element T, int HeadDim, kv_order Order, page_table PageTable,
           int PageSize = dynamic_extent>
 class paged_layout {
-  static_assert(HeadDim > 0 && HeadDim % vec_width<T> == 0,
+  static_assert(HeadDim > 0 && HeadDim % detail::vec_width<T> == 0,
                 "kvscout::paged_layout: HeadDim must be a positive multiple of the 16-byte vector "
                 "width of T");
   static_assert(PageSize == dynamic_extent || PageSize > 0,

@@ -193,7 +193,7 @@ class decode_pipeline_host {
     const score_buffer<host_space> out{{scores_.data(), scores_.size()}, cfg_.shape.num_seqs,
                                        cfg_.shape.num_kv_heads, cfg_.shape.max_tokens,
                                        {row_max_.data(), row_max_.size()}};
-    policy_.score(layer, ctx, out);
+    policy_.score(layer, ctx, out, host_exec{pool()});
     selectors_[static_cast<std::size_t>(layer)]->select(out.view(ctx.seq_lens), selection(b));
     executor_.submit(kv, selection(b).view(), {as_writable_bytes(b.k), as_writable_bytes(b.v)},
                      host_exec{})
@@ -216,7 +216,7 @@ class decode_pipeline_host {
                     " is out of range [0, ", cfg_.shape.num_layers, ")");
     const attention_params ap{cfg_.shape.num_q_heads, cfg_.shape.scale, scales.k, scales.v};
     if (layer < cfg_.skip_layers) {
-      decode_attention_host(layout_rows_host<L>(kv), cur, ctx.q, out, ap, {}, 0, pool());
+      decode_attention_host(layout_rows_host<L>(kv), cur, ctx.q, out, ap, {}, 0, host_exec{pool()});
       return;
     }
     if constexpr (P::needs_query) speculate(layer, ctx, kv);
@@ -229,10 +229,10 @@ class decode_pipeline_host {
       const int stride = cfg_.capacity + cfg_.correction_capacity + 1;
       if constexpr (requires { policy_.observe(layer, ctx, r, host_span<const float>{}, 0, true); }) {
         decode_attention_host(r, cur, ctx.q, out, ap, {probs_.data(), probs_.size()}, stride,
-                              pool());
+                              host_exec{pool()});
         policy_.observe(layer, ctx, r, {probs_.data(), probs_.size()}, stride, cur.present());
       } else {
-        decode_attention_host(r, cur, ctx.q, out, ap, {}, 0, pool());
+        decode_attention_host(r, cur, ctx.q, out, ap, {}, 0, host_exec{pool()});
       }
     };
     if (cfg_.correction_capacity > 0) {

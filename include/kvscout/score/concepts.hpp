@@ -5,8 +5,10 @@
 //   P::needs_query            false: scores are known before layer i runs, so the fetch can
 //                             overlap layer i-1. true: the policy needs layer i's own query (the
 //                             oracle, Quest) and runs at the start of layer i.
-//   p.score(layer, ctx, out)  writes out.scores [num_seqs, num_kv_heads, stride] for t < seq_len,
-//                             and where out.row_max is given each row's maximum (a selector's hint)
+//   p.score(layer, ctx, out, x)  writes out.scores [num_seqs, num_kv_heads, stride] for t <
+//                             seq_len, and where out.row_max is given each row's maximum (a
+//                             selector's hint); x: host_exec, last as cuda_exec is on the device
+//                             (every library policy defaults it)
 // Every policy checks its inputs and throws kvscout::error before it writes a score, so bad input
 // leaves out.scores as it was. Optional hooks the pipeline calls:
 //   p.append(layer, s, t, k_pre_rope, k_post_rope)  a token's keys ([num_kv_heads, head_dim])
@@ -28,6 +30,7 @@
 #include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/detail/host_vec.hpp"
 #include "kvscout/core/error.hpp"
+#include "kvscout/core/exec.hpp"
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/span.hpp"
 
@@ -61,9 +64,9 @@ enum class gqa_aggregation { max_logit, mean_logit, sum_prob };
 
 template <class P>
 concept speculation_policy = requires(P& p, int layer, const score_context<host_space>& ctx,
-                                      const score_buffer<host_space>& out) {
+                                      const score_buffer<host_space>& out, const host_exec& x) {
   { P::needs_query } -> std::convertible_to<bool>;
-  p.score(layer, ctx, out);
+  p.score(layer, ctx, out, x);
 };
 
 namespace detail {

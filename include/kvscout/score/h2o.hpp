@@ -42,7 +42,7 @@ class h2o_policy_host {
                                            workspace_alignment)) {}
 
   void score(int layer, const score_context<host_space>& ctx,
-             const score_buffer<host_space>& out) const {
+             const score_buffer<host_space>& out, host_exec = {}) const {
     check_layer(layer);
     detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads, cfg_.shape.num_seqs,
                                cfg_.shape.max_tokens);
@@ -60,7 +60,8 @@ class h2o_policy_host {
   /// sequence ctx.seq_ids[s] (s when seq_ids is empty).
   template <attention_rows Rows>
   void observe(int layer, const score_context<host_space>& ctx, const Rows& rows,
-               host_span<const float> probs, int stride, bool has_current = true) {
+               host_span<const float> probs, int stride, bool has_current = true,
+               host_exec = {}) {
     check_layer(layer);
     check_observe(ctx, rows, probs, stride, has_current);
     for (int s = 0; s < rows.num_seqs(); ++s)

@@ -58,7 +58,7 @@ class oracle_policy_host {
   }
 
   void score(int layer, const score_context<host_space>& ctx,
-             const score_buffer<host_space>& out) const {
+             const score_buffer<host_space>& out, host_exec = {}) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer ", layer,
                     " is out of range [0, ", layers_.size(), ")");
     const cache_rows_t<L> rows(layers_[static_cast<std::size_t>(layer)]);

@@ -46,7 +46,8 @@ class quest_policy_host {
                                              workspace_alignment)) {}
 
   /// k_post is [num_kv_heads, head_dim].
-  void append(int layer, int s, int t, const float* /*k_pre_rope*/, const float* k_post) {
+  void append(int layer, int s, int t, const float* /*k_pre_rope*/, const float* k_post,
+              host_exec = {}) {
     KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.shape.num_layers, "layer ", layer,
                     " is out of range [0, ", cfg_.shape.num_layers, ")");
     KVSCOUT_EXPECTS(s >= 0 && s < cfg_.shape.num_seqs, "sequence ", s, " is out of range [0, ",
@@ -67,7 +68,7 @@ class quest_policy_host {
   }
 
   void score(int layer, const score_context<host_space>& ctx,
-             const score_buffer<host_space>& out) const {
+             const score_buffer<host_space>& out, host_exec = {}) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.shape.num_layers, "layer ", layer,
                     " is out of range [0, ", cfg_.shape.num_layers, ")");
     detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads, cfg_.shape.num_seqs,

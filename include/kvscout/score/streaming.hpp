@@ -26,7 +26,7 @@ class streaming_policy_host {
   }
 
   void score(int /*layer*/, const score_context<host_space>& ctx,
-             const score_buffer<host_space>& out) const {
+             const score_buffer<host_space>& out, host_exec = {}) const {
     detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads);
     for (int s = 0; s < out.num_seqs; ++s) {
       for (int h = 0; h < out.num_kv_heads; ++h) {

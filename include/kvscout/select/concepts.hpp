@@ -29,6 +29,21 @@ struct keep_set {
   int recent = 0;
 };
 
+/// A selector's budget at a row of len cached tokens. budget_share 0: `budget` rows. Otherwise
+/// ceil(budget_share * len) rows (a product within 1e-9 of an integer rounds down to it), at least
+/// the keep-set's sinks + recent and at most `budget`: the budget follows the cached length.
+KVSCOUT_HOST_DEVICE int row_budget(int budget, double budget_share, keep_set keep, int len) {
+  if (!(budget_share > 0)) return budget;
+  const double x = budget_share * static_cast<double>(len) - 1e-9;
+  int b = x > 0 ? static_cast<int>(x) : 0;
+  if (static_cast<double>(b) < x) ++b;  // ceil, without <cmath> on the device
+  const int floor = keep.sinks + keep.recent;
+  b = b > floor ? b : floor;
+  return b < budget ? b : budget;
+}
+
+namespace detail {
+
 /// [0, head_end) and [tail_begin, len), with head_end <= tail_begin: the tokens chosen by score are
 /// exactly [head_end, tail_begin).
 struct keep_range {
@@ -42,19 +57,6 @@ KVSCOUT_HOST_DEVICE keep_range keep_bounds(keep_set keep, int len) {
   const int head_end = keep.sinks < len ? keep.sinks : len;
   const int tail = len - keep.recent;
   return {head_end, tail > head_end ? tail : head_end};
-}
-
-/// A selector's budget at a row of len cached tokens. budget_share 0: `budget` rows. Otherwise
-/// ceil(budget_share * len) rows (a product within 1e-9 of an integer rounds down to it), at least
-/// the keep-set's sinks + recent and at most `budget`: the budget follows the cached length.
-KVSCOUT_HOST_DEVICE int row_budget(int budget, double budget_share, keep_set keep, int len) {
-  if (!(budget_share > 0)) return budget;
-  const double x = budget_share * static_cast<double>(len) - 1e-9;
-  int b = x > 0 ? static_cast<int>(x) : 0;
-  if (static_cast<double>(b) < x) ++b;  // ceil, without <cmath> on the device
-  const int floor = keep.sinks + keep.recent;
-  b = b > floor ? b : floor;
-  return b < budget ? b : budget;
 }
 
 /// An unsigned key that orders as the scores do, so that selection can count bits (radix select):
@@ -91,6 +93,8 @@ KVSCOUT_HOST_DEVICE float score_from_key(std::uint32_t key) {
 KVSCOUT_HOST_DEVICE float threshold_floor(float m, float alpha) {
   return alpha < INFINITY ? m - alpha : -INFINITY;
 }
+
+}  // namespace detail
 
 template <class S>
 concept row_selector =

@@ -132,7 +132,9 @@ class pooled_topk_selector_host {
       if (len > cfg_.budget) allot(scores, s, len);
       for (int h = 0; h < H; ++h) {
         const std::size_t r = static_cast<std::size_t>(s) * H + h;
-        const int b = len <= cfg_.budget ? cfg_.budget : keep_bounds(cfg_.keep, len).size(len) + count_[h];
+        const int b = len <= cfg_.budget
+                          ? cfg_.budget
+                          : detail::keep_bounds(cfg_.keep, len).size(len) + count_[h];
         out.counts[r] = detail::topk_row_host(scores.scores.data() + scores.row(s, h), len, cfg_.keep,
                                               b, ws_, out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity));
       }
@@ -156,7 +158,7 @@ class pooled_topk_selector_host {
   // then how many rows each head takes beyond its keep-set (count_).
   void allot(const score_view<host_space>& scores, int s, int len) {
     const int H = cfg_.shape.num_kv_heads;
-    const keep_range kr = keep_bounds(cfg_.keep, len);
+    const detail::keep_range kr = detail::keep_bounds(cfg_.keep, len);
     const int keep = kr.size(len);
     const float nan = std::numeric_limits<float>::quiet_NaN();
     long long want = static_cast<long long>(H) * (cfg_.budget - keep);
@@ -254,7 +256,7 @@ class pooled_topk_selector_host {
   // the heads of lowest coverage.
   void cover(const score_view<host_space>& scores, int s, int len, long long want) {
     const int H = cfg_.shape.num_kv_heads;
-    const keep_range kr = keep_bounds(cfg_.keep, len);
+    const detail::keep_range kr = detail::keep_bounds(cfg_.keep, len);
     std::int32_t *count = count_, *av = avail_, *n_of = above_;
     for (int h = 0; h < H; ++h) {
       const float* row = scores.scores.data() + scores.row(s, h);

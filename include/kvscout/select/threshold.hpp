@@ -100,7 +100,7 @@ inline hint_result check_hint(const float* row, const std::int32_t* cand, int ke
 
 inline int per_head_row(const float* row, int len, keep_set keep, int budget, float alpha,
                         const row_workspace& ws, std::int32_t* out, row_lookahead& la) {
-  const keep_range kr = keep_bounds(keep, len);
+  const detail::keep_range kr = detail::keep_bounds(keep, len);
   const int a = kr.head_end;
   const int n = kr.tail_begin - a;
   const int k = budget - kr.size(len);
@@ -122,7 +122,7 @@ inline int per_head_row(const float* row, int len, keep_set keep, int budget, fl
   // With a hint, one compaction against its floor, then check_hint: -1 where the hint is wrong (the
   // row goes as without one). too_many: more than `limit` candidates against the hint's floor.
   const auto hinted = [&](int limit, hint_result& how) {
-    const int kept = compact(threshold_floor(*la.hint, alpha), limit);
+    const int kept = compact(detail::threshold_floor(*la.hint, alpha), limit);
     how = kept < 0 || kept > limit ? hint_result::too_many
                                    : check_hint(row, ws.cand, kept, keep_max(), *la.hint);
     return how == hint_result::right ? kept : -1;
@@ -132,7 +132,7 @@ inline int per_head_row(const float* row, int len, keep_set keep, int budget, fl
     if (n <= k) {
       hint_result how = hint_result::wrong;
       int taken = la.hint ? hinted(INT_MAX, how) : -1;
-      if (taken < 0) taken = compact(threshold_floor(row_max(), alpha), INT_MAX);
+      if (taken < 0) taken = compact(detail::threshold_floor(row_max(), alpha), INT_MAX);
       std::memcpy(out + c, ws.cand, sizeof(std::int32_t) * static_cast<std::size_t>(taken));
       c += taken;
     } else {
@@ -144,13 +144,13 @@ inline int per_head_row(const float* row, int len, keep_set keep, int budget, fl
       if (how == hint_result::right || how == hint_result::too_many) {
       } else if (n <= short_row) {
         // A short row stays in L1: the exact maximum, then one compaction against the final floor.
-        kept = compact(threshold_floor(row_max(), alpha), limit);
+        kept = compact(detail::threshold_floor(row_max(), alpha), limit);
       } else {
         // One pass collects the candidates of the running maximum; the final floor then filters the
         // few that a lower running maximum let in.
         float m = keep_max();
         const int got = collect_candidates(row + a, n, a, -INFINITY, alpha, m, ws.cand, limit);
-        if (got >= 0) kept = filter_at_least(row, ws.cand, got, threshold_floor(m, alpha));
+        if (got >= 0) kept = filter_at_least(row, ws.cand, got, detail::threshold_floor(m, alpha));
       }
       if (kept >= 0 && kept <= limit) {
         std::memcpy(out + c, ws.cand, sizeof(std::int32_t) * static_cast<std::size_t>(kept));
@@ -252,7 +252,7 @@ class threshold_selector_host {
           la.hint = m == m ? std::optional<float>(m) : std::nullopt;
         } else if (ns < cfg_.shape.num_seqs) {
           la.next_len = scores.seq_lens[static_cast<std::size_t>(ns)];
-          const keep_range nk = keep_bounds(cfg_.keep, la.next_len);
+          const detail::keep_range nk = detail::keep_bounds(cfg_.keep, la.next_len);
           if (nk.tail_begin - nk.head_end <= detail::short_row)
             la.next = scores.scores.data() + scores.row(ns, nh);
         }
@@ -273,7 +273,7 @@ class threshold_selector_host {
     long long nonempty_rows = 0;
     for (int s = 0; s < cfg_.shape.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
-      const keep_range kr = keep_bounds(cfg_.keep, len);
+      const detail::keep_range kr = detail::keep_bounds(cfg_.keep, len);
       for (int h = 0; h < H; ++h) {
         const std::size_t r = static_cast<std::size_t>(s) * H + h;
         row_max_[r] = -INFINITY;
@@ -282,7 +282,7 @@ class threshold_selector_host {
         const float* row = scores.scores.data() + scores.row(s, h);
         row_max_[r] = detail::max_of(row, len, -INFINITY);
         row_count_[r] = detail::count_at_least(row + kr.head_end, kr.tail_begin - kr.head_end,
-                                               threshold_floor(row_max_[r], cfg_.alpha));
+                                               detail::threshold_floor(row_max_[r], cfg_.alpha));
         total += row_count_[r];
         ++nonempty_rows;
       }
@@ -293,7 +293,7 @@ class threshold_selector_host {
     // sample.
     for (int s = 0; s < cfg_.shape.num_seqs; ++s) {
       const int len = scores.seq_lens[static_cast<std::size_t>(s)];
-      const keep_range kr = keep_bounds(cfg_.keep, len);
+      const detail::keep_range kr = detail::keep_bounds(cfg_.keep, len);
       const int a = kr.head_end;
       const int n = kr.tail_begin - kr.head_end;
       const int slots = row_budget(cfg_.budget, cfg_.budget_share, cfg_.keep, len) - kr.size(len);

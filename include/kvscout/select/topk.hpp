@@ -32,7 +32,7 @@ namespace detail {
 inline int topk_row_host(const float* row, int len, keep_set keep, int budget,
                          const row_workspace& ws, std::int32_t* out) {
   if (len <= budget) return emit_range(0, len, out);
-  const keep_range kr = keep_bounds(keep, len);
+  const detail::keep_range kr = detail::keep_bounds(keep, len);
   int c = emit_range(0, kr.head_end, out);
   c += best_of_range(row, kr.head_end, kr.tail_begin - kr.head_end, budget - kr.size(len), ws,
                      out + c);

@@ -103,7 +103,7 @@ inline skew_plan rope_planes_plan(const rope_config& rope, std::vector<int> plan
   for (int d = 0; d < D; ++d) plan.A[static_cast<std::size_t>(d) * D + d] = 1.f;
   plan.channels.reserve(static_cast<std::size_t>(plan.r));
   for (int j : planes) {
-    const rope_plane p = rope_plane_channels(rope, j);
+    const detail::rope_plane p = detail::rope_plane_channels(rope, j);
     plan.channels.push_back(p.a);
     plan.channels.push_back(p.b);
   }
@@ -170,10 +170,10 @@ KVSCOUT_HOST_DEVICE float post_rope_skew_element(const float* y, const rope_conf
                                                  int i) {
   float acc = 0.f;
   for (int j = 0; j < head_dim / 2; ++j) {
-    const rope_plane p = rope_plane_channels(rope, j);
+    const detail::rope_plane p = detail::rope_plane_channels(rope, j);
     float qa = y[p.a];
     float qb = y[p.b];
-    rope_rotate(qa, qb, cs[j], sn[j]);
+    detail::rope_rotate(qa, qb, cs[j], sn[j]);
     acc += qa * rotation[static_cast<std::size_t>(p.a) * r + i] +
            qb * rotation[static_cast<std::size_t>(p.b) * r + i];
   }
@@ -437,10 +437,10 @@ inline void post_rope_skew_row(const float* y, const rope_config& rope, const fl
                                float* out) {
   for (int i = 0; i < r; ++i) out[i] = 0.f;
   for (int j = 0; j < head_dim / 2; ++j) {
-    const rope_plane p = rope_plane_channels(rope, j);
+    const detail::rope_plane p = detail::rope_plane_channels(rope, j);
     float qa = y[p.a];
     float qb = y[p.b];
-    rope_rotate(qa, qb, cs[j], sn[j]);
+    detail::rope_rotate(qa, qb, cs[j], sn[j]);
     const float* ra = rotation + static_cast<std::size_t>(p.a) * r;
     const float* rb = rotation + static_cast<std::size_t>(p.b) * r;
     for (int i = 0; i < r; ++i) out[i] += qa * ra[i] + qb * rb[i];
@@ -515,7 +515,7 @@ void partial_queries(const partial_query_weights_view<W>& w, const float* x, std
         if (!planes) continue;
         for (int i = 0; i < r / 2; ++i) {
           const int j = w.planes[static_cast<std::size_t>(i)];
-          rope_rotate(qv[2 * i], qv[2 * i + 1], rt[v].cs[j], rt[v].sn[j]);
+          detail::rope_rotate(qv[2 * i], qv[2 * i + 1], rt[v].cs[j], rt[v].sn[j]);
         }
       }
       break;

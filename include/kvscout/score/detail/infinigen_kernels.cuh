@@ -331,15 +331,15 @@ __global__ void __launch_bounds__(spec_finish_threads)
   if (p.mode != rope_mode::pre_rope_folded) {
     const int pos = p.positions[s];
     for (int j = static_cast<int>(threadIdx.x); j < planes; j += blockDim.x)
-      rope_cos_sin(p.rope, j, pos, cs[j], sn[j]);
+      detail::rope_cos_sin(p.rope, j, pos, cs[j], sn[j]);
   }
   __syncthreads();
   if (p.mode == rope_mode::post_rope_skew) {
     for (int j = static_cast<int>(threadIdx.x); j < planes; j += blockDim.x) {
-      const rope_plane pl = rope_plane_channels(p.rope, j);
+      const detail::rope_plane pl = detail::rope_plane_channels(p.rope, j);
       float qa = y[pl.a];
       float qb = y[pl.b];
-      rope_rotate(qa, qb, cs[j], sn[j]);
+      detail::rope_rotate(qa, qb, cs[j], sn[j]);
       yr[pl.a] = qa;
       yr[pl.b] = qb;
     }
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(spec_finish_threads)
       const int j = p.planes[static_cast<std::size_t>(h) * (r / 2) + pair];
       float qa = y[2 * pair];
       float qb = y[2 * pair + 1];
-      rope_rotate(qa, qb, cs[j], sn[j]);
+      detail::rope_rotate(qa, qb, cs[j], sn[j]);
       v = (i & 1) ? qb : qa;
     } else {
       v = y[i];

@@ -480,7 +480,7 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
   float pend = m0;    // the maximum the next window's bound comes from
   float bound = lower;
   const auto window_bound = [lower, alpha](float known) {
-    const float f = threshold_floor(known, alpha);
+    const float f = detail::threshold_floor(known, alpha);
     return f > lower ? f : lower;
   };
 #if KVSCOUT_HOST_AVX512
@@ -614,7 +614,7 @@ inline int filter_and_count(const float* row, std::int32_t* list, int n, std::ui
   int c = 0;
   for (int i = 0; i < n; ++i) {
     const std::int32_t t = list[i];
-    const std::uint32_t key = score_key(row[t]);
+    const std::uint32_t key = detail::score_key(row[t]);
     const bool keep = key >= lo;
     list[c] = t;
     keys[c] = key;
@@ -654,7 +654,7 @@ inline float sample_lower_bound(const float* p, int n, int k, std::uint32_t* key
   for (int j = 0; j < samples; ++j) {
     const std::uint64_t h = (static_cast<std::uint32_t>(j) * 2654435761u) >> 16;
     const int offset = static_cast<int>((h * static_cast<std::uint64_t>(segment)) >> 16);
-    const std::uint32_t key = score_key(p[j * segment + offset]);
+    const std::uint32_t key = detail::score_key(p[j * segment + offset]);
     keys[j] = key;
     key_lo = key < key_lo ? key : key_lo;
     key_hi = key > key_hi ? key : key_hi;
@@ -662,7 +662,7 @@ inline float sample_lower_bound(const float* p, int n, int k, std::uint32_t* key
   const radix_cut cut = radix_select_host([keys](int i) { return keys[i]; }, samples,
                                           static_cast<int>(rank), hist, pos, key_lo, key_hi,
                                           digit_bits_for(samples));
-  return cut.key == 0 ? none : score_from_key(cut.key);
+  return cut.key == 0 ? none : detail::score_from_key(cut.key);
 }
 
 /// The best k of row[begin, end) (NaN ignored, ties to the lowest index), ascending, to out.
@@ -672,13 +672,14 @@ inline int take_best_host(const float* row, int begin, int end, int k, std::uint
   const int n = end - begin;
   if (n <= 0 || k <= 0) return 0;
   const float* p = row + begin;
-  const radix_cut cut = radix_select_host([p](int i) { return score_key(p[i]); }, n, k, hist, pos);
+  const radix_cut cut =
+      radix_select_host([p](int i) { return detail::score_key(p[i]); }, n, k, hist, pos);
   // Emission into pos (entry c <= i is written at step i), so nothing past the count reaches out.
   int ties = cut.ties;
   int c = 0;
   for (int i = 0; i < n; ++i) {
     pos[c] = begin + i;
-    c += static_cast<int>(radix_take(score_key(p[i]), cut, ties));
+    c += static_cast<int>(radix_take(detail::score_key(p[i]), cut, ties));
   }
   std::memcpy(out, pos, sizeof(std::int32_t) * static_cast<std::size_t>(c));
   return c;
@@ -696,17 +697,17 @@ inline int best_above_floor(const float* row, int a, int n, int k, float alpha, 
   if (!(lower > -INFINITY)) lower = -INFINITY;  // a NaN hint is no hint
   float m = rm;
   int c = collect_candidates(p, n, a, lower, alpha, m, cand);
-  const float floor = threshold_floor(m, alpha);
+  const float floor = detail::threshold_floor(m, alpha);
   // Every candidate's key lies in [lo, hi]: plan the digits on it.
-  std::uint32_t lo = score_key(lower > floor ? lower : floor);
-  const std::uint32_t hi = score_key(m);
+  std::uint32_t lo = detail::score_key(lower > floor ? lower : floor);
+  const std::uint32_t hi = detail::score_key(m);
   int top = radix_significant_bits(lo, hi);
   int bits = digit_bits_for(c);
   std::memset(ws.hist, 0, sizeof(std::uint32_t) * ((std::size_t{1} << bits) + 1));
   c = filter_and_count(row, cand, c, lo, radix_plan(top, 0, lo, bits), keys, ws.hist);
   if (lower > floor && c < k) {
     // The hint was too high (fewer than k tokens reach it): redo the row with the exact floor.
-    lo = score_key(floor);
+    lo = detail::score_key(floor);
     top = radix_significant_bits(lo, hi);
     c = compact_at_least(p, n, a, floor, cand);
     bits = digit_bits_for(c);

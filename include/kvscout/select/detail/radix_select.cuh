@@ -167,7 +167,7 @@ KVSCOUT_DEVICE radix_cut block_radix_cut(const float* row, int a, int b, std::ui
     for (int i = tid; i < nb; i += Threads) sm.hist[i] = 0;
     __syncthreads();
     for (int i = a + tid; i < b; i += Threads) {
-      const std::uint32_t key = score_key(row[i]);
+      const std::uint32_t key = detail::score_key(row[i]);
       if (key >= lo && (key & known) == prefix) atomicAdd(&sm.hist[d.of(key)], 1u);
     }
     __syncthreads();
@@ -203,7 +203,7 @@ KVSCOUT_DEVICE int block_compact(const float* row, int a, int b, radix_cut cut, 
     unsigned gt = 0, eq = 0;
 #pragma unroll
     for (int q = 0; q < Items; ++q) {
-      key[q] = score_key(v[q]);
+      key[q] = detail::score_key(v[q]);
       gt += key[q] > cut.key ? 1u : 0u;
       eq += key[q] == cut.key ? 1u : 0u;
     }
@@ -231,8 +231,8 @@ KVSCOUT_DEVICE int block_compact(const float* row, int a, int b, radix_cut cut, 
 
 /// The keep-set around the best k of [a, b) with keys >= lo. Writes out[0, count) and counts[row].
 template <int Threads, int Items>
-KVSCOUT_DEVICE void emit_row(const float* row, int len, keep_range kr, std::uint32_t lo, int k,
-                             std::int32_t* out, std::int32_t* count, select_smem& sm) {
+KVSCOUT_DEVICE void emit_row(const float* row, int len, detail::keep_range kr, std::uint32_t lo,
+                             int k, std::int32_t* out, std::int32_t* count, select_smem& sm) {
   const int tid = static_cast<int>(threadIdx.x);
   const int a = kr.head_end;
   const int b = kr.tail_begin;
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(Threads)
     if (threadIdx.x == 0) p.counts[row] = len;
     return;
   }
-  const keep_range kr = keep_bounds(p.keep, len);
+  const detail::keep_range kr = detail::keep_bounds(p.keep, len);
   emit_row<select_block_threads, select_items_per_thread>(sc, len, kr, 1u, budget - kr.size(len),
                                                           out, p.counts + row, sm);
 }
@@ -278,11 +278,12 @@ __global__ void __launch_bounds__(Threads)
   const int s = row / p.num_kv_heads;
   const int len = p.length(s);
   const float* sc = p.scores + static_cast<std::size_t>(row) * p.stride;
-  const keep_range kr = keep_bounds(p.keep, len);
+  const detail::keep_range kr = detail::keep_bounds(p.keep, len);
   const int k = p.budget_at(row, len) - kr.size(len);
   std::uint32_t lo = 1u;
   if (k > 0 && kr.tail_begin > kr.head_end) {
-    lo = score_key(threshold_floor(block_row_max<select_block_threads>(sc, len, sm), p.alpha));
+    lo = detail::score_key(
+        detail::threshold_floor(block_row_max<select_block_threads>(sc, len, sm), p.alpha));
   }
   emit_row<select_block_threads, select_items_per_thread>(
       sc, len, kr, lo, k, p.indices + static_cast<std::size_t>(row) * p.capacity, p.counts + row, sm);
@@ -303,8 +304,9 @@ __global__ void __launch_bounds__(Threads)
     return;
   }
   const float* sc = p.scores + static_cast<std::size_t>(row) * p.stride;
-  const keep_range kr = keep_bounds(p.keep, len);
-  const float floor = threshold_floor(block_row_max<select_block_threads>(sc, len, sm), p.alpha);
+  const detail::keep_range kr = detail::keep_bounds(p.keep, len);
+  const float floor =
+      detail::threshold_floor(block_row_max<select_block_threads>(sc, len, sm), p.alpha);
   const long long c = block_count_at_least<select_block_threads>(sc, kr.head_end, kr.tail_begin, floor, sm);
   if (threadIdx.x == 0) p.row_counts[row] = static_cast<std::int32_t>(c);
 }
@@ -339,7 +341,7 @@ __global__ void __launch_bounds__(Threads)
   const int s = row / p.num_kv_heads;
   const int len = p.length(s);
   const float* sc = p.scores + static_cast<std::size_t>(row) * p.stride;
-  const keep_range kr = keep_bounds(p.keep, len);
+  const detail::keep_range kr = detail::keep_bounds(p.keep, len);
   const int slots = p.budget_at(row, len) - kr.size(len);
   const int k = mean < slots ? static_cast<int>(mean) : slots;
   emit_row<select_block_threads, select_items_per_thread>(

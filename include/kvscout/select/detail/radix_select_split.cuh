@@ -51,7 +51,7 @@ struct split_select_params {
 
 struct split_row_shape {
   int len;
-  keep_range kr;
+  detail::keep_range kr;
   int k;       // slots for chosen tokens outside the keep-set
   bool all;    // top-k: the whole row fits (taken, NaN included)
   bool select; // a cut is needed (k > 0 and the range between the keep-set's ends is not empty)
@@ -62,7 +62,7 @@ KVSCOUT_DEVICE split_row_shape split_shape(const split_select_params& sp, int ro
   r.len = sp.p.length(row / sp.p.num_kv_heads);
   const int budget = sp.p.budget_at(row, r.len);
   r.all = sp.topk && r.len <= budget;
-  r.kr = keep_bounds(sp.p.keep, r.len);
+  r.kr = detail::keep_bounds(sp.p.keep, r.len);
   r.k = budget - r.kr.size(r.len);
   r.select = !r.all && r.k > 0 && r.kr.tail_begin > r.kr.head_end;
   return r;
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(Threads)
       float m = -INFINITY;
       for (int i = 0; i < sp.chunks; ++i)
         m = fmaxf(m, sp.chunk_max[static_cast<std::size_t>(row) * sp.chunks + i]);
-      lo = score_key(threshold_floor(m, sp.p.alpha));
+      lo = detail::score_key(detail::threshold_floor(m, sp.p.alpha));
     }
   } else {
     const volatile select_split_row* vs = st;
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(Threads)
   chunk_range(sp, c, r.kr.head_end, r.kr.tail_begin, &a, &b);
   const float* sc = sp.p.scores + static_cast<std::size_t>(row) * sp.p.stride;
   for (int i = a + tid; i < b; i += Threads) {
-    const std::uint32_t key = score_key(sc[i]);
+    const std::uint32_t key = detail::score_key(sc[i]);
     if (key >= lo && (key & known) == prefix) atomicAdd(&sm.hist[d.of(key)], 1u);
   }
   __syncthreads();
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(Threads) split_count(const __grid_constant__ s
   const float* sc = sp.p.scores + static_cast<std::size_t>(row) * sp.p.stride;
   long long gt = 0, eq = 0;
   for (int i = a + static_cast<int>(threadIdx.x); i < b; i += Threads) {
-    const std::uint32_t key = score_key(sc[i]);
+    const std::uint32_t key = detail::score_key(sc[i]);
     gt += key > cut_key ? 1 : 0;
     eq += key == cut_key ? 1 : 0;
   }

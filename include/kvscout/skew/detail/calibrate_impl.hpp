@@ -115,7 +115,7 @@ KVSCOUT_CALIBRATION_INLINE skew_plan calibrate_skew(host_span<const float> q_sam
       for (std::size_t row = 0; row < count; ++row) {
         const float* v = x + row * D;
         for (int j = 0; j < P; ++j) {
-          const rope_plane p = rope_plane_channels(plan.rope, j);
+          const detail::rope_plane p = detail::rope_plane_channels(plan.rope, j);
           const double a = v[p.a], b = v[p.b];
           s[j] += std::sqrt(a * a + b * b);
         }
