@@ -346,9 +346,7 @@ std::vector<std::int32_t> edge_lengths(int budget, std::mt19937& rng) {
 
 // ---- keys and radix select ---------------------------------------------------------------------
 
-TEST_CASE("kvscout::detail::score_key orders like the scores, NaN maps to 0, below everything",
-          "[select][key]") {
-  using kvscout::detail::score_key;
+TEST_CASE("score_key orders like the scores, NaN maps to 0, below everything", "[select][key]") {
   const std::vector<float> ascending = {-pinf,         -FLT_MAX, -1e10f,       -1.f,    -FLT_MIN,
                                         -FLT_TRUE_MIN, 0.f,      FLT_TRUE_MIN, FLT_MIN, 0.5f,
                                         1.f,           3.f,      FLT_MAX,      pinf};
