@@ -82,8 +82,8 @@ void BM_kivi_bytes_per_row(benchmark::State& state) {
   const int d = static_cast<int>(state.range(0));
   const int bits = static_cast<int>(state.range(1));
   const bool fp32 = state.range(2) == 32;
-  kvscout::dispatch(kvscout::value_list<64, 128>{}, d, "head_dim", [&](auto hd) {
-    kvscout::dispatch(kvscout::supported_kivi_bits, bits, "bits", [&](auto b) {
+  kvscout::detail::dispatch(kvscout::detail::value_list<64, 128>{}, d, "head_dim", [&](auto hd) {
+    kvscout::detail::dispatch(kvscout::detail::supported_kivi_bits, bits, "bits", [&](auto b) {
       constexpr int D = decltype(hd)::value, B = decltype(b)::value;
       if (fp32) {
         report_row_bytes<kivi<B, float, D>>(state);
@@ -195,7 +195,7 @@ void BM_gather(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(1));
   if (bits == 16) return gather_contiguous<half>(state, threads);
   if (bits == 8) return gather_contiguous<kvscout::fp8_e4m3>(state, threads);
-  kvscout::dispatch(kvscout::supported_kivi_bits, bits, "bits", [&](auto b) {
+  kvscout::detail::dispatch(kvscout::detail::supported_kivi_bits, bits, "bits", [&](auto b) {
     using L = kivi<decltype(b)::value>;
     // quantized_len = tokens: the residual window holds the R newest tokens beyond them.
     static const int32_t len = tokens + residual;
@@ -309,7 +309,7 @@ void BM_sparse_attention(benchmark::State& state) {
   const bool fp32_scales = state.range(1) == 32;
   if (bits == 16) return attention_rows_of<half>(state);
   if (bits == 8) return attention_rows_of<kvscout::fp8_e4m3>(state);
-  kvscout::dispatch(kvscout::supported_kivi_bits, bits, "bits", [&](auto b) {
+  kvscout::detail::dispatch(kvscout::detail::supported_kivi_bits, bits, "bits", [&](auto b) {
     constexpr int B = decltype(b)::value;
     if (fp32_scales) {
       attention_kivi<kivi<B, float>>(state);

@@ -143,8 +143,8 @@ int main(int argc, char** argv) try {
   const host_pipeline_config cfg{.shape = shape, .skip_layers = skip, .capacity = plan.capacity,
                                  .threads = 2, .correction_capacity = plan.correction_capacity,
                                  .correction_shares = plan.correction_shares()};
-  auto gather_ws = make_workspace<gather_executor_host<layout>>(gather_config_for(cfg));
-  gather_executor_host<layout> gather(gather_config_for(cfg), gather_ws.span());
+  auto gather_ws = make_workspace<gather_executor_host<layout>>(cfg.gather_config());
+  gather_executor_host<layout> gather(cfg.gather_config(), gather_ws.span());
   auto pipe_ws = make_workspace<pipe_t>(cfg);
   pipe_t pipe(cfg, policy, selectors.pointers(), gather, pipe_ws.span());
 

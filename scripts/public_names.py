@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The public names reachable from kvscout.hpp: the types, functions (overloads once),
-constants, enums and concepts declared in namespace kvscout and its non-detail namespaces,
+constants, enums and concepts declared in namespace kvscout and its non-detail namespaces
+(deduction guides are not names),
 from clang's AST of a unit that includes kvscout.hpp. Prints the count, then the names with
 --list.
 
@@ -24,7 +25,7 @@ def walk(node, path, names):
         if kind == 'NamespaceDecl':
             if name and name != 'detail' and not name.startswith('__'):
                 walk(c, path + [name], names)
-        elif name and kind in KINDS and not c.get('isImplicit'):
+        elif name and not name.startswith('<') and kind in KINDS and not c.get('isImplicit'):
             names.setdefault('::'.join(path + [name]), kind)
 
 

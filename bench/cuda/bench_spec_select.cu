@@ -99,7 +99,7 @@ kvscout::infinigen_config spec_config(int n) {
 /// Bytes of partial keys one score() reads for n tokens of every kv head.
 template <class PkT>
 double key_bytes_read(int n) {
-  if constexpr (kvscout::is_quantized_keys_v<PkT>)
+  if constexpr (kvscout::detail::is_quantized_keys_v<PkT>)
     return static_cast<double>(H) * R * (static_cast<double>(n) * PkT::bits / 8 + 8.0 * (n / PkT::group));
   else
     return static_cast<double>(H) * n * R * sizeof(PkT);

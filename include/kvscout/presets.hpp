@@ -38,20 +38,23 @@
 #include "kvscout/skew/plan.hpp"
 #include "kvscout/score/concepts.hpp"
 
-namespace kvscout::presets {
-
+namespace kvscout {
+namespace presets {
 enum class selector_kind : int {
   topk = 0,       // topk_selector_host / _cuda: the best `cap` tokens per (sequence, kv head)
   threshold = 1,  // threshold_selector_host / _cuda: max - alpha, with `rule`, capped at `cap`
 };
+}  // namespace presets
 
-inline const char* to_string(selector_kind s) noexcept {
+inline const char* to_string(presets::selector_kind s) noexcept {
   switch (s) {
-    case selector_kind::topk: return "topk";
-    case selector_kind::threshold: return "threshold";
+    case presets::selector_kind::topk: return "topk";
+    case presets::selector_kind::threshold: return "threshold";
   }
   return "unknown selector_kind";
 }
+
+namespace presets {
 
 struct speculation_preset {
   /// The harness's policy label: "infinigen_paper" or "kvscout_default".
@@ -288,9 +291,9 @@ struct step_budgets {
                     " is more than every cached row");
     b.speculated[static_cast<std::size_t>(l)] = s;
     b.total[static_cast<std::size_t>(l)] = t;
-    b.capacity = std::max(b.capacity, row_budget(T, s, p.keep, T));
+    b.capacity = std::max(b.capacity, detail::row_budget(T, s, p.keep, T));
     // ceil is subadditive: ceil(t n) - ceil(s n) <= ceil((t - s) n) <= ceil((t - s) T).
-    if (p.correction_share > 0) extra = std::max(extra, row_budget(T, t - s, {}, T) + 1);
+    if (p.correction_share > 0) extra = std::max(extra, detail::row_budget(T, t - s, {}, T) + 1);
   }
   b.correction_capacity = p.correction_share > 0 ? std::max(1, std::min(extra, b.capacity)) : 0;
   return b;
@@ -325,4 +328,5 @@ class layer_selectors {
   std::vector<topk_selector_host*> ptrs_;
 };
 
-}  // namespace kvscout::presets
+}  // namespace presets
+}  // namespace kvscout

@@ -221,7 +221,7 @@ void run_case(const shape& sh, std::uint32_t seed) {
         }
         float* q = qh.data() + (static_cast<std::size_t>(s) * Hq + qi) * r;
         // The host's GEMV over the same weights, rounded to WT as the speculator rounds them.
-        kvscout::partial_query(kvscout::weights_as<WT>(w),
+        kvscout::partial_query(kvscout::detail::weights_as<WT>(w),
                                x.data() + static_cast<std::size_t>(s) * dm, positions[s], q);
         for (int c = 0; c < r; ++c) {
           q[c] *= scale;

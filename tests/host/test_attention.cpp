@@ -117,8 +117,9 @@ template <class L>
 concept has_layout_rows = requires { typename kvscout::layout_rows_host<L>; };
 static_assert(has_layout_rows<kvscout::contiguous_layout<float, 64, kvscout::hnd>>);
 static_assert(!has_layout_rows<kvscout::kivi_layout<kvscout::half, 64, 2>>);
-static_assert(std::is_same_v<kvscout::cache_rows_t<kvscout::kivi_layout<kvscout::half, 64, 2>>,
-                             kvscout::kivi_layout_rows_host<kvscout::kivi_layout<kvscout::half, 64, 2>>>);
+static_assert(
+    std::is_same_v<kvscout::detail::cache_rows_t<kvscout::kivi_layout<kvscout::half, 64, 2>>,
+                   kvscout::kivi_layout_rows_host<kvscout::kivi_layout<kvscout::half, 64, 2>>>);
 // current_token's memory space defaults to the host.
 static_assert(std::is_same_v<kvscout::current_token<kvscout::half>,
                              kvscout::current_token<kvscout::half, kvscout::host_space>>);

@@ -448,8 +448,8 @@ TEST_CASE("the host pipeline's last_selection checks the layer", "[errors][pipel
                                          .num_q_heads = 1, .max_tokens = MT, .scale = 0.5f}, 0, 2,
                                          1};
   using pipe_t = kvscout::decode_pipeline_host<L, kvscout::streaming_policy_host, kvscout::topk_selector_host>;
-  auto gws = kvscout::make_workspace<kvscout::gather_executor_host<L>>(kvscout::gather_config_for(pc));
-  kvscout::gather_executor_host<L> gather(kvscout::gather_config_for(pc), gws.span());
+  auto gws = kvscout::make_workspace<kvscout::gather_executor_host<L>>(pc.gather_config());
+  kvscout::gather_executor_host<L> gather(pc.gather_config(), gws.span());
   auto pws = kvscout::make_workspace<pipe_t>(pc);
   pipe_t pipe(pc, sp, sel, gather, pws.span());
   CHECK_NOTHROW(pipe.last_selection(1));

@@ -42,13 +42,15 @@ TEST_CASE("add_mass_curve: the share of the mass the best rows hold, per bin", "
   const std::vector<float> m{4, 1, 3, 2};
   std::vector<float> scratch(4);
   std::vector<double> c4(4, 0.0), c3(3, 0.0);
-  kvscout::add_mass_curve({m.data(), m.size()}, {scratch.data(), scratch.size()}, {c4.data(), c4.size()});
+  kvscout::detail::add_mass_curve({m.data(), m.size()}, {scratch.data(), scratch.size()},
+                                  {c4.data(), c4.size()});
   REQUIRE(c4[0] == Approx(0.4));
   REQUIRE(c4[1] == Approx(0.7));
   REQUIRE(c4[2] == Approx(0.9));
   REQUIRE(c4[3] == Approx(1.0));
   // 3 bins over 4 rows: the best ceil(4 / 3) = 2, ceil(8 / 3) = 3, 4 rows.
-  kvscout::add_mass_curve({m.data(), m.size()}, {scratch.data(), scratch.size()}, {c3.data(), c3.size()});
+  kvscout::detail::add_mass_curve({m.data(), m.size()}, {scratch.data(), scratch.size()},
+                                  {c3.data(), c3.size()});
   REQUIRE(c3[0] == Approx(0.7));
   REQUIRE(c3[1] == Approx(0.9));
   REQUIRE(c3[2] == Approx(1.0));
@@ -61,7 +63,8 @@ TEST_CASE("add_mass_curve: the share of the mass the best rows hold, per bin", "
     std::vector<float> row(static_cast<std::size_t>(n));
     for (auto& x : row) x = ed(rng);
     std::vector<float> s(row.size());
-    kvscout::add_mass_curve({row.data(), row.size()}, {s.data(), s.size()}, {c.data(), c.size()});
+    kvscout::detail::add_mass_curve({row.data(), row.size()}, {s.data(), s.size()},
+                                    {c.data(), c.size()});
     std::vector<double> d(row.begin(), row.end());
     std::sort(d.rbegin(), d.rend());
     double total = 0;
@@ -78,7 +81,8 @@ TEST_CASE("add_mass_curve: the share of the mass the best rows hold, per bin", "
   const std::vector<float> z(5, 0.f);
   std::vector<double> cz(3, 0.0);
   std::vector<float> sz(5);
-  kvscout::add_mass_curve({z.data(), z.size()}, {sz.data(), sz.size()}, {cz.data(), cz.size()});
+  kvscout::detail::add_mass_curve({z.data(), z.size()}, {sz.data(), sz.size()},
+                                  {cz.data(), cz.size()});
   REQUIRE(cz == std::vector<double>(3, 0.0));
 }
 
@@ -93,7 +97,9 @@ TEST_CASE("layer_budget_shares: coverage is the best smallest share, mass the mo
       std::vector<float> row(36), s(36);
       const float sharp = 1.f + 3.f * static_cast<float>(rng() % 4);
       for (auto& x : row) x = std::pow(ed(rng), sharp);
-      kvscout::add_mass_curve({row.data(), row.size()}, {s.data(), s.size()}, {c[static_cast<std::size_t>(l)].data(), static_cast<std::size_t>(bins)});
+      kvscout::detail::add_mass_curve(
+          {row.data(), row.size()}, {s.data(), s.size()},
+          {c[static_cast<std::size_t>(l)].data(), static_cast<std::size_t>(bins)});
     }
     std::vector<double> flat;
     for (const auto& x : c) flat.insert(flat.end(), x.begin(), x.end());
@@ -157,10 +163,12 @@ TEST_CASE("layer shares average 1 and keep their floor when budget * bins is not
 TEST_CASE("mass curves and layer shares refuse bad input by name", "[budgets]") {
   std::vector<float> row{1.f, -2.f}, s(2);
   std::vector<double> c(4, 0.0), out(2);
-  REQUIRE_THROWS_WITH(kvscout::add_mass_curve({row.data(), 2}, {s.data(), 2}, {c.data(), 4}),
-                      Catch::Contains("mass[1] = -2: expected a finite non-negative weight"));
-  REQUIRE_THROWS_WITH(kvscout::add_mass_curve({row.data(), 2}, {s.data(), 1}, {c.data(), 4}),
-                      Catch::Contains("scratch holds 1 floats"));
+  REQUIRE_THROWS_WITH(
+      kvscout::detail::add_mass_curve({row.data(), 2}, {s.data(), 2}, {c.data(), 4}),
+      Catch::Contains("mass[1] = -2: expected a finite non-negative weight"));
+  REQUIRE_THROWS_WITH(
+      kvscout::detail::add_mass_curve({row.data(), 2}, {s.data(), 1}, {c.data(), 4}),
+      Catch::Contains("scratch holds 1 floats"));
   std::vector<double> curves{0.5, 0.4, 0.6, 1.0};  // layer 0 falls
   REQUIRE_THROWS_WITH(kvscout::layer_budget_shares({curves.data(), 4}, 2, 2, 0, 0.5, kvscout::layer_budget_rule::coverage, {out.data(), 2}),
                       Catch::Contains("curves[0, 1] = 0.4"));

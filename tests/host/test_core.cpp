@@ -48,8 +48,8 @@ TEMPLATE_TEST_CASE("dtype conversions round to nearest even and round-trip", "[c
                    kvscout::half, kvscout::bfloat16) {
   using T = TestType;
   using traits = kvscout::dtype_traits<T>;
-  CHECK(kvscout::dtype_traits<kvscout::dtype_of_t<traits::id>>::id == traits::id);
-  CHECK(kvscout::size_of(traits::id) == sizeof(T));
+  CHECK(kvscout::dtype_traits<kvscout::detail::dtype_of_t<traits::id>>::id == traits::id);
+  CHECK(kvscout::detail::size_of(traits::id) == sizeof(T));
   CHECK(kvscout::detail::vec_width<T> * sizeof(T) == 16);
 
   std::mt19937 rng(7);
@@ -140,8 +140,8 @@ TEMPLATE_TEST_CASE("fp8 decodes every code as the OCP format defines it", "[core
                    kvscout::fp8_e4m3, kvscout::fp8_e5m2) {
   using T = TestType;
   using traits = kvscout::dtype_traits<T>;
-  CHECK(kvscout::dtype_traits<kvscout::dtype_of_t<traits::id>>::id == traits::id);
-  CHECK(kvscout::size_of(traits::id) == 1);
+  CHECK(kvscout::dtype_traits<kvscout::detail::dtype_of_t<traits::id>>::id == traits::id);
+  CHECK(kvscout::detail::size_of(traits::id) == 1);
   CHECK(kvscout::detail::vec_width<T> == 16);
   CHECK(kvscout::detail::is_fp8_v<T>);
   int nans = 0;
@@ -218,10 +218,10 @@ TEST_CASE("dtype names print", "[core][dtype]") {
   os << kvscout::dtype::f16 << ' ' << kvscout::dtype::bf16 << ' ' << kvscout::dtype::f8e4m3 << ' '
      << kvscout::dtype::f8e5m2 << ' ' << static_cast<kvscout::dtype>(9);
   CHECK(os.str() == "f16 bf16 f8e4m3 f8e5m2 dtype(9)");
-  CHECK(kvscout::size_of(static_cast<kvscout::dtype>(9)) == 0);
+  CHECK(kvscout::detail::size_of(static_cast<kvscout::dtype>(9)) == 0);
 }
 
-TEST_CASE("dispatch turns a runtime head_dim into a static one", "[core][dispatch]") {
+TEST_CASE("dispatch_head_dim turns a runtime head_dim into a static one", "[core][dispatch]") {
   for (int hd : {64, 128, 256}) {
     const int seen = kvscout::dispatch_head_dim(hd, [](auto d) {
       static_assert(decltype(d)::value == 64 || decltype(d)::value == 128 ||
@@ -249,10 +249,10 @@ TEST_CASE("dispatch rejects unsupported values and names the supported set", "[c
                       Catch::Contains("unsupported dtype = dtype(7)") &&
                           Catch::Contains("{f32, f16, bf16, f8e4m3, f8e5m2}"));
   // A user-defined list: page sizes.
-  constexpr kvscout::value_list<8, 16, 32> pages{};
-  REQUIRE_THROWS_WITH(kvscout::dispatch(pages, 12, "page_size", [](auto) {}),
-                      Catch::Contains("unsupported page_size = 12") &&
-                          Catch::Contains("{8, 16, 32}"));
+  constexpr kvscout::detail::value_list<8, 16, 32> pages{};
+  REQUIRE_THROWS_WITH(
+      kvscout::detail::dispatch(pages, 12, "page_size", [](auto) {}),
+      Catch::Contains("unsupported page_size = 12") && Catch::Contains("{8, 16, 32}"));
 }
 
 TEST_CASE("dispatch_dtype hands over the element type", "[core][dispatch]") {
@@ -262,7 +262,7 @@ TEST_CASE("dispatch_dtype hands over the element type", "[core][dispatch]") {
       using T = typename decltype(tag)::type;
       return sizeof(T);
     });
-    CHECK(size == kvscout::size_of(d));
+    CHECK(size == kvscout::detail::size_of(d));
   }
 }
 

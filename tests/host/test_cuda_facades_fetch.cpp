@@ -428,7 +428,7 @@ TEST_CASE("device attention plans and their workspaces are validated", "[cuda][f
                     Contains("plan.splits = 0"));
   CHECK_NOTHROW(detail::check_decode_plan(p, 1, 8, 32, 128, p.workspace_bytes(), ws));
   // The zero-copy gather's default SM budget.
-  CHECK(zero_copy_default_blocks == 8);
+  CHECK(detail::zero_copy_default_blocks == 8);
 }
 
 TEST_CASE("device selection splits long rows over enough blocks for a 132-SM device",

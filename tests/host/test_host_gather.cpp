@@ -341,7 +341,7 @@ TEST_CASE("the host gather's workspace alignment is the one it declares", "[fetc
 TEST_CASE("host gather streams where it is asked to, or past the threshold", "[fetch][gather]") {
   using kvscout::gather_stores;
   using kvscout::detail::gather_streams;
-  constexpr std::size_t at = kvscout::gather_streaming_bytes;
+  constexpr std::size_t at = kvscout::detail::gather_streaming_bytes;
   constexpr bool can = kvscout::detail::gather_can_stream;
   REQUIRE(gather_streams(gather_stores::automatic, at) == can);
   REQUIRE(gather_streams(gather_stores::automatic, 10 * at) == can);

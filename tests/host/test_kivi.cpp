@@ -495,7 +495,7 @@ TEST_CASE("kivi layout: address math against the documented shapes", "[kivi]") {
         REQUIRE(l.v_offset(s, t, h) == rec * vr);
         REQUIRE(l.contiguous_rows(s, t, h, 1000) == q - t);
         REQUIRE(l.contiguous_rows(s, t, h, 2) == std::min(2, q - t));
-        const auto ro = kvscout::checked_row_offsets(l, s, t, h);
+        const auto ro = kvscout::detail::checked_row_offsets(l, s, t, h);
         REQUIRE(ro.k == rec * kr);
       }
       for (int j = 0; j < Kq / G; ++j)
@@ -505,7 +505,9 @@ TEST_CASE("kivi layout: address math against the documented shapes", "[kivi]") {
                 ((static_cast<std::size_t>(s) * H + h) * R + t % R) * 64 * 2);
     }
     // Executors see the quantised tokens only.
-    if (q < lens[s]) REQUIRE_THROWS_WITH(kvscout::checked_row_offsets(l, s, q, 0), Contains("out of range"));
+    if (q < lens[s])
+      REQUIRE_THROWS_WITH(kvscout::detail::checked_row_offsets(l, s, q, 0),
+                          Contains("out of range"));
   }
   std::vector<int32_t> ql(4, -1);
   l.fill_quantized_lens({ql.data(), ql.size()});

@@ -249,14 +249,15 @@ TEST_CASE("layout metadata that disagrees is rejected with the bad value", "[kv]
 TEST_CASE("checked_row_offsets names the index that is out of range", "[kv][errors]") {
   std::vector<int32_t> lens = {3, 5};
   auto l = kvscout::contiguous_layout<kvscout::half, 64, kvscout::nhd>::padded(4, 8, lens.data(), 2);
-  const auto ok = kvscout::checked_row_offsets(l, 1, 4, 3);
+  const auto ok = kvscout::detail::checked_row_offsets(l, 1, 4, 3);
   CHECK(ok.k == l.k_offset(1, 4, 3));
   CHECK(ok.v == l.v_offset(1, 4, 3));
-  REQUIRE_THROWS_WITH(kvscout::checked_row_offsets(l, 0, 0, 4),
+  REQUIRE_THROWS_WITH(kvscout::detail::checked_row_offsets(l, 0, 0, 4),
                       Catch::Contains("kv_head 4 is out of range [0, 4)"));
-  REQUIRE_THROWS_WITH(kvscout::checked_row_offsets(l, 0, 3, 0),
+  REQUIRE_THROWS_WITH(kvscout::detail::checked_row_offsets(l, 0, 3, 0),
                       Catch::Contains("token 3 is out of range [0, seq_len = 3) for sequence 0"));
-  REQUIRE_THROWS_WITH(kvscout::checked_row_offsets(l, 2, 0, 0),
+  REQUIRE_THROWS_WITH(kvscout::detail::checked_row_offsets(l, 2, 0, 0),
                       Catch::Contains("sequence 2 is out of range [0, 2)"));
-  REQUIRE_THROWS_WITH(kvscout::checked_row_offsets(l, 1, -1, 0), Catch::Contains("token -1"));
+  REQUIRE_THROWS_WITH(kvscout::detail::checked_row_offsets(l, 1, -1, 0),
+                      Catch::Contains("token -1"));
 }

@@ -77,8 +77,8 @@ template <class Pipe>
 struct pipe_memory {
   using executor_type = typename Pipe::executor_type;
   explicit pipe_memory(const kvscout::host_pipeline_config& pc)
-      : gather_ws(kvscout::make_workspace<executor_type>(kvscout::gather_config_for(pc))),
-        gather(kvscout::gather_config_for(pc), gather_ws.span()),
+      : gather_ws(kvscout::make_workspace<executor_type>(pc.gather_config())),
+        gather(pc.gather_config(), gather_ws.span()),
         ws(kvscout::make_workspace<Pipe>(pc)) {}
   kvscout::host_workspace gather_ws;
   executor_type gather;
@@ -656,8 +656,8 @@ TEST_CASE("the pipeline drives any host prefetch_executor: a counting wrapper de
                                                       kvscout::topk_selector_host, counting_executor>;
   model m2(L, Hq, H, S, max_tokens, 42);
   kvscout::streaming_policy_host p2({{.num_kv_heads = H}, 4});
-  auto exec_ws = kvscout::make_workspace<counting_executor>(kvscout::gather_config_for(pc));
-  counting_executor counting(kvscout::gather_config_for(pc), exec_ws.span());
+  auto exec_ws = kvscout::make_workspace<counting_executor>(pc.gather_config());
+  counting_executor counting(pc.gather_config(), exec_ws.span());
   auto ws = kvscout::make_workspace<counting_pipe>(pc);
   counting_pipe with_counting(pc, p2, sel, counting, ws.span());
   const std::vector<float> got = decode(with_counting, m2);
@@ -714,7 +714,7 @@ TEST_CASE("the pipeline takes its buffers in the caller's workspace and checks i
     REQUIRE_NOTHROW(pipe_t(pc, p, sel, mem.gather, {big.data() + 64, need + 64}));
   }
   SECTION("an executor configured for another shape is refused when the pipeline is built") {
-    kvscout::host_gather_config gc = kvscout::gather_config_for(pc);
+    kvscout::host_gather_config gc = pc.gather_config();
     gc.capacity = 16;
     auto gws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(gc);
     kvscout::gather_executor_host<layout> other(gc, gws.span());

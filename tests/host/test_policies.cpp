@@ -720,7 +720,7 @@ TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of f
     SECTION(std::string("partial_queries, ") + kvscout::to_string(mode)) {
       const auto w = kvscout::make_partial_query_weights(plans[0], {wq.data(), wq.size()},
                                                          {bq.data(), bq.size()}, d_model, 1);
-      const kvscout::basic_partial_query_weights<W> w16 = kvscout::weights_as<W>(w);
+      const kvscout::detail::basic_partial_query_weights<W> w16 = kvscout::detail::weights_as<W>(w);
       REQUIRE(w16.weight.size() == w.weight.size());
       for (std::size_t i = 0; i < w.weight.size(); ++i)
         REQUIRE(kvscout::to_float(w16.weight[i]) ==

@@ -80,8 +80,8 @@ TEST_CASE("kvscout_speculation_only: RoPE planes, top-k, not InfiniGen's rule", 
   CHECK(kvscout::presets::kvscout_default(6).r == 2);  // whole planes
   CHECK(kvscout::presets::kvscout_default(2).r == 2);
   CHECK_THROWS_AS(kvscout::presets::kvscout_default(63), kvscout::error);
-  CHECK(std::string(kvscout::presets::to_string(selector_kind::topk)) == "topk");
-  CHECK(std::string(kvscout::presets::to_string(selector_kind::threshold)) == "threshold");
+  CHECK(std::string(kvscout::to_string(selector_kind::topk)) == "topk");
+  CHECK(std::string(kvscout::to_string(selector_kind::threshold)) == "threshold");
 }
 
 TEST_CASE("kvscout_default: the speculation plus a correction, layer shares and 2-bit keys",

@@ -178,7 +178,8 @@ TEST_CASE("quantized_partial_key_cache refuses what it cannot hold, writing noth
   REQUIRE(cache.complete_groups(1, 2) == 1);
   REQUIRE(G == kvscout::quantized_partial_key_cache<4>::group_tokens);
   // Unsupported Bits or G are compile-time errors (tests/compile_fail/quantized_keys_bad_bits.cpp).
-  static_assert(!kvscout::supported_key_quantization(3, 32) && !kvscout::supported_key_quantization(4, 24));
+  static_assert(!kvscout::detail::supported_key_quantization(3, 32) &&
+                !kvscout::detail::supported_key_quantization(4, 24));
   static_assert(!kvscout::partial_key_format<kvscout::quantized_keys<3>> &&
                 !kvscout::partial_key_format<kvscout::quantized_keys<4, 48>>);
 }

@@ -487,7 +487,7 @@ TEST_CASE("topk_selector_host: k = 1, k = len, keep-sets covering the row", "[se
 
 TEST_CASE("row_budget: a share of the cached length, at least the keep-set, at most the budget",
           "[select][budget]") {
-  using kvscout::row_budget;
+  using kvscout::detail::row_budget;
   CHECK(row_budget(7, 0.0, {4, 16}, 1000) == 7);      // no share: the fixed budget
   CHECK(row_budget(500, 0.1, {4, 16}, 1000) == 100);  // 0.1 * 1000 is 100, not 101
   CHECK(row_budget(500, 0.1, {}, 1005) == 101);       // ceil(100.5)

@@ -152,14 +152,14 @@ std::vector<float> scaled_samples(std::size_t rows, int D, std::mt19937& rng) {
 
 TEST_CASE("default_partial_dim: head_dim / 4 up to a multiple of 8, at most head_dim",
           "[skew]") {
-  CHECK(kvscout::default_partial_dim(64) == 16);
-  CHECK(kvscout::default_partial_dim(128) == 32);
-  CHECK(kvscout::default_partial_dim(256) == 64);
-  CHECK(kvscout::default_partial_dim(96) == 24);
-  CHECK(kvscout::default_partial_dim(40) == 16);  // 10 -> 16
-  CHECK(kvscout::default_partial_dim(8) == 8);
-  CHECK(kvscout::default_partial_dim(6) == 6);  // capped at head_dim
-  CHECK_THROWS_WITH(kvscout::default_partial_dim(0), Catch::Contains("got 0"));
+  CHECK(kvscout::detail::default_partial_dim(64) == 16);
+  CHECK(kvscout::detail::default_partial_dim(128) == 32);
+  CHECK(kvscout::detail::default_partial_dim(256) == 64);
+  CHECK(kvscout::detail::default_partial_dim(96) == 24);
+  CHECK(kvscout::detail::default_partial_dim(40) == 16);  // 10 -> 16
+  CHECK(kvscout::detail::default_partial_dim(8) == 8);
+  CHECK(kvscout::detail::default_partial_dim(6) == 6);  // capped at head_dim
+  CHECK_THROWS_WITH(kvscout::detail::default_partial_dim(0), Catch::Contains("got 0"));
 
   // calibrate_skew uses it when opts.r == 0.
   std::mt19937 rng(1);

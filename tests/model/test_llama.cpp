@@ -79,8 +79,8 @@ TEST_CASE("decoding through a pipeline that fetches every token equals dense dec
                                           .num_kv_heads = c.n_kv_heads, .num_q_heads = c.n_heads,
                                           .max_tokens = max_tokens, .scale = 0.125f}, 2, max_tokens,
                                          1};
-  auto gws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(kvscout::gather_config_for(pc));
-  kvscout::gather_executor_host<layout> gather(kvscout::gather_config_for(pc), gws.span());
+  auto gws = kvscout::make_workspace<kvscout::gather_executor_host<layout>>(pc.gather_config());
+  kvscout::gather_executor_host<layout> gather(pc.gather_config(), gws.span());
   auto pws = kvscout::make_workspace<pipe_t>(pc);
   pipe_t pipe(pc, policy, sel, gather, pws.span());
   const auto ids = m->tok.encode("The quick brown fox jumps over the lazy dog. It was a bright cold day in April");

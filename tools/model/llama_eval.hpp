@@ -588,10 +588,11 @@ class layer_major_eval {
                                                ? kvscout::detail::keep_bounds(st.o.keep, n)
                                                : kvscout::detail::keep_range{0, n};
     for (int h = 0; h < H; ++h) {
-      add_mass_curve({st.scores.data() + static_cast<std::size_t>(h) * T_ + kr.head_end,
-                      static_cast<std::size_t>(kr.tail_begin - kr.head_end)},
-                     {st.e.data(), st.e.size()},
-                     {r.mass_curve.data() + static_cast<std::size_t>(l) * B, static_cast<std::size_t>(B)});
+      kvscout::detail::add_mass_curve(
+          {st.scores.data() + static_cast<std::size_t>(h) * T_ + kr.head_end,
+           static_cast<std::size_t>(kr.tail_begin - kr.head_end)},
+          {st.e.data(), st.e.size()},
+          {r.mass_curve.data() + static_cast<std::size_t>(l) * B, static_cast<std::size_t>(B)});
       ++r.curve_samples[static_cast<std::size_t>(l)];
     }
   }

@@ -35,7 +35,7 @@ namespace detail {
 // host_madd_fused, madd is a multiply then an add, still the fma's value for half parameters: a
 // code (< 16) times a half is exact in float, so only the add rounds. Float parameters there keep
 // the scalar fma.
-template <kivi_scale_type S>
+template <detail::kivi_scale_type S>
 inline constexpr bool kivi_host_lanes_exact = std::is_same_v<S, half> || host_madd_fused;
 
 // The codes of the host_float_lanes channels starting at `packed` (a whole byte), as floats.
@@ -66,7 +66,7 @@ inline host_vec kivi_code_lanes(const std::uint8_t* packed) {
 
 inline constexpr bool kivi_host_little_endian = std::endian::native == std::endian::little;
 
-template <int Bits, kivi_scale_type S, int D>
+template <int Bits, detail::kivi_scale_type S, int D>
 inline void kivi_host_key_row(const std::uint8_t* codes, const S* scale, const S* zero,
                               float* out) {
   constexpr int N = host_float_lanes;
@@ -85,7 +85,7 @@ inline void kivi_host_key_row(const std::uint8_t* codes, const S* scale, const S
 }
 
 // G divides D: out[c] = fma(code[c], scales[c / G], zeros[c / G]).
-template <int Bits, kivi_scale_type S, int D>
+template <int Bits, detail::kivi_scale_type S, int D>
 inline void kivi_host_value_row(const std::uint8_t* codes, const S* scales, const S* zeros, int G,
                                 float* out) {
   constexpr int N = host_float_lanes;

@@ -11,17 +11,19 @@
 
 namespace kvscout {
 
+namespace detail {
 template <class T>
 struct is_quantized_keys : std::false_type {};
 template <int Bits, int Group>
 struct is_quantized_keys<quantized_keys<Bits, Group>>
-    : std::bool_constant<supported_key_quantization(Bits, Group)> {};
+    : std::bool_constant<detail::supported_key_quantization(Bits, Group)> {};
 template <class T>
-inline constexpr bool is_quantized_keys_v = is_quantized_keys<T>::value;
+inline constexpr bool is_quantized_keys_v = detail::is_quantized_keys<T>::value;
+}  // namespace detail
 
 /// A format partial keys can be kept in: float, half, bfloat16, or quantized_keys<Bits, Group>.
 template <class T>
-concept partial_key_format = compute_element<T> || is_quantized_keys_v<T>;
+concept partial_key_format = compute_element<T> || detail::is_quantized_keys_v<T>;
 
 namespace detail {
 template <class T>

@@ -38,10 +38,12 @@
 
 namespace kvscout {
 
+namespace detail {
 constexpr bool supported_key_quantization(int bits, int group) noexcept {
   return (bits == 2 || bits == 4 || bits == 8) &&
          (group == 16 || group == 32 || group == 64 || group == 128);
 }
+}  // namespace detail
 
 /// The format tag of quantised partial keys: Bits per channel code (2, 4 or 8), over groups of
 /// Group tokens (16, 32, 64 or 128).
@@ -53,7 +55,7 @@ struct quantized_keys {
 
 template <int Bits, int Group = 32>
 class quantized_partial_key_cache {
-  static_assert(supported_key_quantization(Bits, Group),
+  static_assert(detail::supported_key_quantization(Bits, Group),
                 "quantized partial keys support Bits of 2, 4 or 8 and groups of 16, 32, 64 or "
                 "128 tokens");
 

@@ -2,9 +2,8 @@
 // Runtime-to-static dispatch, done once at the outermost host API. The callable receives the
 // value as a std::integral_constant, so everything below it is compiled for that value only:
 //
-//   kvscout::dispatch(kvscout::supported_head_dims, head_dim, "head_dim", [&](auto hd) {
-//     run<decltype(hd)::value>(...);
-//   });
+//   kvscout::dispatch_head_dim(head_dim, [&](auto hd) { run<decltype(hd)::value>(...); });
+//   kvscout::dispatch_dtype(d, [&](auto t) { run<typename decltype(t)::type>(...); });
 //
 // A std::integral_constant argument skips the search; a static value outside the list is a
 // compile-time error, a runtime one throws kvscout::error naming the value and the supported set.
@@ -17,6 +16,7 @@
 #include "kvscout/core/error.hpp"
 
 namespace kvscout {
+namespace detail {
 
 template <auto... Vs>
 struct value_list {
@@ -30,8 +30,6 @@ struct value_list {
 inline constexpr value_list<64, 128, 256> supported_head_dims{};
 inline constexpr value_list<dtype::f32, dtype::f16, dtype::bf16, dtype::f8e4m3, dtype::f8e5m2>
     supported_dtypes{};
-
-namespace detail {
 
 template <class T>
 struct is_integral_constant : std::false_type {};
@@ -49,7 +47,7 @@ std::string list_string() {
 }
 
 template <auto V, auto... Rest, class T, class F, auto... All>
-decltype(auto) dispatch_search(T value, const char* what, F& f, value_list<All...> all) {
+decltype(auto) dispatch_search(T value, const char* what, F& f, detail::value_list<All...> all) {
   if (value == V) return f(std::integral_constant<decltype(V), V>{});
   if constexpr (sizeof...(Rest) > 0) {
     return dispatch_search<Rest...>(value, what, f, all);
@@ -59,15 +57,13 @@ decltype(auto) dispatch_search(T value, const char* what, F& f, value_list<All..
   }
 }
 
-}  // namespace detail
-
 /// Calls f(std::integral_constant<decltype(V), V>{}) for the V in `list` equal to `value`. `what`
 /// names the parameter in the error message.
 template <auto... Vs, class T, class F>
 decltype(auto) dispatch(value_list<Vs...> list, T value, const char* what, F&& f) {
   static_assert(sizeof...(Vs) > 0, "kvscout::dispatch: the list of supported values is empty");
   if constexpr (detail::is_integral_constant<T>::value) {
-    static_assert(value_list<Vs...>::contains(T::value),
+    static_assert(detail::value_list<Vs...>::contains(T::value),
                   "kvscout::dispatch: this static value is not in the supported list");
     (void)what;
     return f(value);
@@ -76,15 +72,17 @@ decltype(auto) dispatch(value_list<Vs...> list, T value, const char* what, F&& f
   }
 }
 
+}  // namespace detail
+
 template <class T, class F>
 decltype(auto) dispatch_head_dim(T head_dim, F&& f) {
-  return dispatch(supported_head_dims, head_dim, "head_dim", f);
+  return detail::dispatch(detail::supported_head_dims, head_dim, "head_dim", f);
 }
 
 template <class F>
 decltype(auto) dispatch_dtype(dtype d, F&& f) {
-  return dispatch(supported_dtypes, d, "dtype", [&](auto tag) -> decltype(auto) {
-    return f(std::type_identity<dtype_of_t<decltype(tag)::value>>{});
+  return detail::dispatch(detail::supported_dtypes, d, "dtype", [&](auto tag) -> decltype(auto) {
+    return f(std::type_identity<detail::dtype_of_t<decltype(tag)::value>>{});
   });
 }
 

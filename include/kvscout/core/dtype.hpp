@@ -85,6 +85,7 @@ concept kv_element = requires {
   { dtype_traits<std::remove_cv_t<T>>::id } -> std::convertible_to<dtype>;
 };
 
+namespace detail {
 template <dtype D>
 struct dtype_of;
 template <>
@@ -108,7 +109,7 @@ struct dtype_of<dtype::f8e5m2> {
   using type = fp8_e5m2;
 };
 template <dtype D>
-using dtype_of_t = typename dtype_of<D>::type;
+using dtype_of_t = typename detail::dtype_of<D>::type;
 
 constexpr std::size_t size_of(dtype d) noexcept {
   switch (d) {
@@ -121,7 +122,6 @@ constexpr std::size_t size_of(dtype d) noexcept {
   return 0;
 }
 
-namespace detail {
 template <class T>
 inline constexpr bool is_fp8_v =
     std::is_same_v<std::remove_cv_t<T>, fp8_e4m3> || std::is_same_v<std::remove_cv_t<T>, fp8_e5m2>;

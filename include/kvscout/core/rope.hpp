@@ -142,6 +142,7 @@ KVSCOUT_HOST_DEVICE void apply_rope(float* x, int pos, const rope_config& c) {
   }
 }
 
+namespace detail {
 /// Applies RoPE at `pos` to a partial vector of whole planes: x[2 * i] and x[2 * i + 1] are the
 /// channels (a, b) of plane planes[i] (a RoPE-plane partial query / key).
 KVSCOUT_HOST_DEVICE void apply_rope_planes(float* x, const int* planes, int num_planes, int pos,
@@ -150,5 +151,6 @@ KVSCOUT_HOST_DEVICE void apply_rope_planes(float* x, const int* planes, int num_
     detail::rope_rotate(x[2 * i], x[2 * i + 1], detail::rope_angle(c, planes[i], pos));
   }
 }
+}  // namespace detail
 
 }  // namespace kvscout

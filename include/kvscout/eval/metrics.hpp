@@ -43,16 +43,16 @@ inline void check_ascending(const int32_t* a, int n, const char* what) {
     KVSCOUT_EXPECTS(a[i - 1] < a[i], what, " must be strictly ascending: ", a[i - 1], " then ",
                     a[i], " (entries ", i - 1, ", ", i, ")");
 }
-}  // namespace detail
 
 inline int common_count(const int32_t* a, int na, const int32_t* b, int nb) {
   detail::check_ascending(a, na, "common_count: list a");
   detail::check_ascending(b, nb, "common_count: list b");
   return detail::common_count_sorted(a, na, b, nb);
 }
+}  // namespace detail
 
 inline double overlap(const int32_t* a, int na, const int32_t* b, int nb) {
-  return nb > 0 ? static_cast<double>(common_count(a, na, b, nb)) / nb : 1.0;
+  return nb > 0 ? static_cast<double>(detail::common_count(a, na, b, nb)) / nb : 1.0;
 }
 
 inline double relative_error(host_span<const float> out, host_span<const float> ref) {

@@ -9,13 +9,15 @@
 
 namespace kvscout {
 
+namespace detail {
 /// The zero-copy gather's default grid bound (zero_copy_config::max_blocks = 0).
 inline constexpr int zero_copy_default_blocks = 8;
+}  // namespace detail
 
 struct zero_copy_config {
   decode_shape shape{};           // num_seqs, num_kv_heads
   int capacity = 0;               // most rows selected per (sequence, kv_head)
-  // Grid bound: the SMs the gather may occupy. 0: zero_copy_default_blocks, about the fewest that
+  // Grid bound: the SMs the gather may occupy. 0: 8 blocks, about the fewest that
   // keep the link busy without slowing concurrent compute. Raise it where no compute runs beside.
   int max_blocks = 0;
   int threads_per_block = 256;    // a multiple of 32 in [32, 1024]

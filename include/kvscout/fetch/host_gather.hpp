@@ -155,7 +155,7 @@ void gather_row_range(const Layout l, const std::byte* const kbase, const std::b
 inline bool gather_streams(gather_stores stores, std::size_t bytes) noexcept {
   if (!gather_can_stream) return false;
   return stores == gather_stores::streaming ||
-         (stores == gather_stores::automatic && bytes >= gather_streaming_bytes);
+         (stores == gather_stores::automatic && bytes >= detail::gather_streaming_bytes);
 }
 
 }  // namespace detail

@@ -237,7 +237,7 @@ class zero_copy_executor_cuda {
       : cfg_(cfg) {
     (void)workspace;
     detail::check_zero_copy_config(cfg);
-    if (cfg_.max_blocks == 0) cfg_.max_blocks = zero_copy_default_blocks;
+    if (cfg_.max_blocks == 0) cfg_.max_blocks = detail::zero_copy_default_blocks;
   }
 
   [[nodiscard]] const config_type& configuration() const noexcept { return cfg_; }

@@ -40,21 +40,20 @@ concept kv_layout = std::copyable<L> && requires(const L& l, int s, int t, int h
   l.validate(bytes, bytes);
 };
 
+namespace detail {
 /// What a layout must also be for kernels to take it by value; its member functions must also be
 /// KVSCOUT_HOST_DEVICE, which no concept can check.
 template <class L>
 inline constexpr bool kernel_passable_layout =
     std::is_trivially_copyable_v<L> && std::is_default_constructible_v<L>;
 
-namespace detail {
 template <class L>
 consteval bool layout_passes_to_kernels() {
-  static_assert(kernel_passable_layout<L>,
+  static_assert(detail::kernel_passable_layout<L>,
                 "kvscout: a layout used on the device must be trivially copyable and "
                 "default-constructible (kernels take it by value; docs/layouts.md)");
   return true;
 }
-}  // namespace detail
 
 struct row_offsets {
   std::size_t k;
@@ -73,6 +72,7 @@ row_offsets checked_row_offsets(const L& l, int s, int t, int h) {
                   ") for sequence ", s);
   return {l.k_offset(s, t, h), l.v_offset(s, t, h)};
 }
+}  // namespace detail
 
 /// NHD: [tokens, kv_heads, head_dim]; the rows of one head are kv_heads rows apart.
 struct nhd {
@@ -83,7 +83,9 @@ struct hnd {
   static constexpr const char* name = "HND";
 };
 
+namespace detail {
 template <class O>
 concept kv_order = std::same_as<O, nhd> || std::same_as<O, hnd>;
+}  // namespace detail
 
 }  // namespace kvscout

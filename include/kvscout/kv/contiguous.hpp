@@ -21,7 +21,7 @@
 
 namespace kvscout {
 
-template <kv_element T, int HeadDim, kv_order Order>
+template <kv_element T, int HeadDim, detail::kv_order Order>
 class contiguous_layout {
   static_assert(HeadDim > 0 && HeadDim % detail::vec_width<T> == 0,
                 "kvscout::contiguous_layout: HeadDim must be a positive multiple of the 16-byte "

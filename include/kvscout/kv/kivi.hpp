@@ -58,7 +58,9 @@
 
 namespace kvscout {
 
+namespace detail {
 inline constexpr value_list<2, 4> supported_kivi_bits{};
+}  // namespace detail
 
 /// Key and value bit widths of a kivi_layout: `2` (K2 / V2, KIVI-2), `4`, or `kivi_bits{2, 4}`
 /// (K2 / V4). An int converts, so kivi_layout<half, 128, 2> is kivi_layout<half, 128, {2, 2}>.
@@ -69,7 +71,9 @@ struct kivi_bits {
   constexpr kivi_bits(int k, int v) : key(k), value(v) {}
 };
 
+namespace detail {
 inline constexpr std::size_t kivi_alignment = 16;
+}  // namespace detail
 
 struct kivi_options {
   int group = 32;      // G: tokens per key group, channels per value group (must divide head_dim)
@@ -84,7 +88,7 @@ class kivi_layout {
   static_assert(compute_element<T>,
                 "kvscout::kivi_layout: T (the residual window's rows) must be float, half or "
                 "bfloat16");
-  static_assert(kivi_scale_type<Scale>,
+  static_assert(detail::kivi_scale_type<Scale>,
                 "kvscout::kivi_layout: Scale (the type of scales and zeros) must be kvscout::half "
                 "or float");
   static_assert(HeadDim > 0 && HeadDim % 16 == 0,
@@ -92,7 +96,7 @@ class kivi_layout {
                 "packed codes of a row fill whole 32-bit words");
 
   static constexpr std::size_t align_up(std::size_t n) {
-    return (n + kivi_alignment - 1) / kivi_alignment * kivi_alignment;
+    return (n + detail::kivi_alignment - 1) / detail::kivi_alignment * detail::kivi_alignment;
   }
 
  public:
@@ -285,19 +289,22 @@ static_assert(kv_layout<kivi_layout<float, 256, 2, float>>);
 static_assert(kv_layout<kivi_layout<half, 128, kivi_bits{2, 4}>>);
 static_assert(std::is_same_v<kivi_layout<half, 64, 2>, kivi_layout<half, 64, kivi_bits{2, 2}>>);
 
+namespace detail {
 template <class L>
 struct is_kivi_layout : std::false_type {};
 template <kv_element T, int D, kivi_bits B, class S>
 struct is_kivi_layout<kivi_layout<T, D, B, S>> : std::true_type {};
+}  // namespace detail
 
 template <class L>
-concept kivi_quantized_layout = is_kivi_layout<L>::value && kv_layout<L>;
+concept kivi_quantized_layout = detail::is_kivi_layout<L>::value && kv_layout<L>;
 
 namespace detail {
 inline void kivi_check_buffer(const std::byte* p, std::size_t size, std::size_t need, const char* what) {
   KVSCOUT_EXPECTS(p != nullptr || need == 0, what, " is null but ", need, " bytes are needed");
-  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(p) % kivi_alignment == 0, what, " at address ",
-                  static_cast<const void*>(p), " is not ", kivi_alignment, "-byte aligned");
+  KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(p) % detail::kivi_alignment == 0, what,
+                  " at address ", static_cast<const void*>(p), " is not ", detail::kivi_alignment,
+                  "-byte aligned");
   KVSCOUT_EXPECTS(size >= need, what, " holds ", size, " bytes, expected at least ", need);
 }
 }  // namespace detail
@@ -393,12 +400,14 @@ class kivi_host_storage {
 
  private:
   struct aligned_delete {
-    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kivi_alignment}); }
+    void operator()(std::byte* p) const {
+      ::operator delete[](p, std::align_val_t{detail::kivi_alignment});
+    }
   };
   using owned = std::unique_ptr<std::byte[], aligned_delete>;
   static owned alloc(std::size_t bytes) {
-    const std::size_t n = bytes + kivi_alignment;
-    owned p(static_cast<std::byte*>(::operator new[](n, std::align_val_t{kivi_alignment})));
+    const std::size_t n = bytes + detail::kivi_alignment;
+    owned p(static_cast<std::byte*>(::operator new[](n, std::align_val_t{detail::kivi_alignment})));
     std::memset(p.get(), 0, n);
     return p;
   }

@@ -25,7 +25,7 @@
 
 namespace kvscout {
 
-template <kv_element T, int HeadDim, kv_order Order, page_table PageTable,
+template <kv_element T, int HeadDim, detail::kv_order Order, page_table PageTable,
           int PageSize = dynamic_extent>
 class paged_layout {
   static_assert(HeadDim > 0 && HeadDim % detail::vec_width<T> == 0,

@@ -70,13 +70,14 @@ struct host_pipeline_config {
   // automatic streams a layer's fetch of 4 MiB or more past the cache; cached keeps it there for
   // the attention that reads it.
   gather_stores stores = gather_stores::automatic;
-};
 
-[[nodiscard]] inline host_gather_config gather_config_for(const host_pipeline_config& cfg) {
-  host_gather_config gc{cfg.shape, cfg.capacity, cfg.threads};
-  gc.stores = cfg.stores;
-  return gc;
-}
+  /// The gather executor's config: the pipeline's shape, capacity, threads and stores.
+  [[nodiscard]] host_gather_config gather_config() const {
+    host_gather_config gc{shape, capacity, threads};
+    gc.stores = stores;
+    return gc;
+  }
+};
 
 template <class E, class Layout>
 concept host_step_executor =

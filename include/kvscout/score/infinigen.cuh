@@ -48,7 +48,7 @@ class infinigen_policy_cuda {
   using config_type = config;
   using memory_space = device_space;
   using key_format = PkT;
-  static constexpr bool quantized = is_quantized_keys_v<PkT>;
+  static constexpr bool quantized = detail::is_quantized_keys_v<PkT>;
 
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return detail::infinigen_cuda_layout_of<PkT, WT>(cfg).total;
@@ -116,7 +116,7 @@ class infinigen_policy_cuda {
     for (int qh = 0; qh < Hq; ++qh) {
       const partial_query_weights w = detail::make_partial_query_weights_from(
           plans[static_cast<std::size_t>(qh / g)], w_q, b_q, cfg.shape.d_model, qh);
-      const std::vector<WT> rounded = weights_as<WT>(w).weight;
+      const std::vector<WT> rounded = detail::weights_as<WT>(w).weight;
       std::memcpy(weights.data() + static_cast<std::size_t>(qh) * rows * dm, rounded.data(),
                   sizeof(WT) * rows * dm);
       std::memcpy(bias.data() + static_cast<std::size_t>(qh) * rows, w.bias.data(),
@@ -158,7 +158,7 @@ class infinigen_policy_cuda {
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
   [[nodiscard]] bool rotated_keys() const noexcept { return cfg_.mode != rope_mode::pre_rope_folded; }
 
-  [[nodiscard]] device_key_view<PkT> keys() const noexcept {
+  [[nodiscard]] detail::device_key_view<PkT> keys() const noexcept {
     return detail::device_key_format<PkT>::make(base_ + layout_.keys, cfg_.shape.num_seqs,
                                                 cfg_.shape.num_kv_heads, cfg_.key_r(),
                                                 cfg_.shape.max_tokens);
@@ -249,10 +249,10 @@ class infinigen_policy_cuda {
 
  private:
   template <class K>
-  detail::key_append_params<device_key_view<PkT>, K> append_params(const K* k, device_span<const int32_t> seq_ids,
-                                                                    device_span<const int32_t> token_ids,
-                                                                    int count, int* status) const {
-    detail::key_append_params<device_key_view<PkT>, K> p{};
+  detail::key_append_params<detail::device_key_view<PkT>, K> append_params(
+      const K* k, device_span<const int32_t> seq_ids, device_span<const int32_t> token_ids,
+      int count, int* status) const {
+    detail::key_append_params<detail::device_key_view<PkT>, K> p{};
     p.rotation = at<float>(layout_.rotation);
     p.channels = at<std::int32_t>(layout_.channels);
     p.keys = keys();

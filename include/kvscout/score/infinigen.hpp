@@ -53,7 +53,7 @@ class infinigen_policy_host {
   using config_type = config;
   static constexpr bool needs_query = false;
   using key_store = partial_key_store<PkT>;
-  static constexpr bool quantized = is_quantized_keys_v<PkT>;
+  static constexpr bool quantized = detail::is_quantized_keys_v<PkT>;
 
   /// Scratch of one score() / score_query() / append(), sized for r = head_dim. Checks the config.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
@@ -197,8 +197,9 @@ class infinigen_policy_host {
             p.mode == rope_mode::rope_planes ? static_cast<std::size_t>(p.r / 2) : 0};
   }
   // Writes w into memory at `at`, the rows narrowed to WT; returns the view and advances `at`.
-  static partial_query_weights_view<WT> place_weights(const partial_query_weights& w, const weight_sizes& z,
-                                                      std::byte* base, std::size_t& at) {
+  static detail::partial_query_weights_view<WT> place_weights(const partial_query_weights& w,
+                                                              const weight_sizes& z,
+                                                              std::byte* base, std::size_t& at) {
     KVSCOUT_EXPECTS(w.weight.size() == z.weight && w.bias.size() == z.bias && w.rotation.size() == z.rotation &&
                        w.planes.size() == z.planes,
                    "infinigen_policy_host: partial weights of an unexpected size");
@@ -215,7 +216,10 @@ class infinigen_policy_host {
     std::copy(w.rotation.begin(), w.rotation.end(), rot);
     int* planes = reinterpret_cast<int*>(take(sizeof(int) * z.planes));
     std::copy(w.planes.begin(), w.planes.end(), planes);
-    return {{static_cast<const partial_query_shape&>(w)}, {rows, z.weight}, {bias, z.bias}, {rot, z.rotation},
+    return {{static_cast<const detail::partial_query_shape&>(w)},
+            {rows, z.weight},
+            {bias, z.bias},
+            {rot, z.rotation},
             {planes, z.planes}};
   }
   static std::size_t sum_prob_bytes(const config& cfg) {
@@ -532,7 +536,8 @@ class infinigen_policy_host {
   struct layer_state {
     std::vector<skew_plan> plans;                 // [num_kv_heads] the speculation's
     std::vector<skew_plan> key_plans;             // [num_kv_heads] the cache's (the correction's)
-    std::vector<partial_query_weights_view<WT>> weights;   // [num_q_heads], in the state memory
+    std::vector<detail::partial_query_weights_view<WT>>
+        weights;  // [num_q_heads], in the state memory
     key_store cache;
     int r = 0;        // the cache's channels (score_query reads them all)
     int spec_r = 0;   // the speculation's: the first spec_r of them
@@ -601,7 +606,7 @@ class infinigen_policy_host {
     if constexpr (quantized) {
       if (g <= 8) {
         float top = 0.f;
-        dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
+        detail::dispatch(detail::value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
           top = detail::host_score_quantized<decltype(G)::value>(qg, r, st.cache, s, h, n, use_max,
                                                                 inv_g, row, qw_);
         });
@@ -613,7 +618,7 @@ class infinigen_policy_host {
                        detail::host_score_pin_row_bytes;
       if (g <= 8) {
         float top = 0.f;
-        dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
+        detail::dispatch(detail::value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
           constexpr int gv = decltype(G)::value;
           top = pin ? detail::host_score_tiles<PkT, gv, true>(qg, r, st.cache, s, h, n, use_max,
                                                               inv_g, row)

@@ -60,6 +60,7 @@ struct partial_key_view {
   }
 };
 
+namespace detail {
 /// The host quantized_partial_key_cache's format byte for byte, plus the token counts, over three
 /// regions of the speculator's workspace:
 ///   tiles    float [num_seqs, num_kv_heads, tiles, tile_floats]
@@ -67,7 +68,7 @@ struct partial_key_view {
 ///   counts   int32 [num_seqs, num_kv_heads]: tokens appended
 template <int Bits, int Group = 32, class Space = device_space>
 struct quantized_key_view {
-  static_assert(supported_key_quantization(Bits, Group),
+  static_assert(detail::supported_key_quantization(Bits, Group),
                 "quantized partial keys support Bits of 2, 4 or 8 and groups of 16, 32, 64 or 128");
   static constexpr int bits = Bits;
   static constexpr int group_tokens = Group;
@@ -105,7 +106,6 @@ struct quantized_key_view {
   }
 };
 
-namespace detail {
 /// How a partial key format lives in device memory: the view the kernels read, the bytes of the
 /// workspace's key region and the view over such a region.
 template <class PkT>
@@ -122,7 +122,7 @@ struct device_key_format {
 };
 template <int Bits, int Group>
 struct device_key_format<quantized_keys<Bits, Group>> {
-  using view = quantized_key_view<Bits, Group>;
+  using view = detail::quantized_key_view<Bits, Group>;
   static constexpr bool quantized = true;
   static std::size_t round(std::size_t n) { return (n + 255) / 256 * 256; }
   static std::size_t tile_bytes(int S, int H, int R, int T) {
@@ -147,13 +147,10 @@ struct device_key_format<quantized_keys<Bits, Group>> {
     return v;
   }
 };
-}  // namespace detail
 
 /// partial_key_view<PkT>, or quantized_key_view<Bits, Group> for quantized_keys<Bits, Group>.
 template <class PkT>
-using device_key_view = typename detail::device_key_format<PkT>::view;
-
-namespace detail {
+using device_key_view = typename device_key_format<PkT>::view;
 
 inline constexpr int spec_block_threads = 128;   // threads of a scoring block
 inline constexpr int spec_tokens_per_thread = 8;  // tokens a scoring thread handles (16 bytes

@@ -34,7 +34,7 @@ class oracle_policy_host {
   static constexpr bool needs_query = true;
   static constexpr int head_dim = L::head_dim;
 
-  using view_type = cache_view_t<L>;
+  using view_type = detail::cache_view_t<L>;
 
   /// layers[i] is layer i's host cache (its metadata must stay valid while the policy is used).
   /// k_scales: empty, or layer i's k_scale at [i] (fp8 caches).
@@ -61,7 +61,7 @@ class oracle_policy_host {
              const score_buffer<host_space>& out, host_exec = {}) const {
     KVSCOUT_EXPECTS(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer ", layer,
                     " is out of range [0, ", layers_.size(), ")");
-    const cache_rows_t<L> rows(layers_[static_cast<std::size_t>(layer)]);
+    const detail::cache_rows_t<L> rows(layers_[static_cast<std::size_t>(layer)]);
     const int H = rows.num_kv_heads();
     detail::check_score_buffer(out, ctx, H, rows.num_seqs(), std::numeric_limits<int>::max(),
                                "the cache's");

@@ -3,9 +3,10 @@
 // layer's attention mass and 80 % of another's; from mass curves measured once (at prefill, or on
 // a calibration text), the rows moved per step are re-divided among the layers at no extra bytes.
 //
-//   kvscout::add_mass_curve(mass_row, scratch, {&curves[l * bins], bins});  ++samples[l];
-//   // ... divide each layer's curve by its samples, then:
-//   kvscout::layer_budget_shares({curves.data(), curves.size()}, L, bins, /*first_layer=*/2,
+//   // curves: [L, bins]; q, k: per layer, n tokens of post-RoPE queries and keys
+//   std::vector<double> curves = kvscout::layer_mass_curves(shape, q, k, n, bins,
+//   /*first_layer=*/2); kvscout::layer_budget_shares({curves.data(), curves.size()}, L, bins,
+//   /*first_layer=*/2,
 //                                /*budget=*/0.10, kvscout::layer_budget_rule::coverage, shares);
 //   // layer l's selector: budget * shares[l] of its cached rows (mean of shares = 1)
 //
@@ -46,6 +47,7 @@ inline std::ostream& operator<<(std::ostream& os, layer_budget_rule r) {
   return os << "layer_budget_rule(" << static_cast<int>(r) << ")";
 }
 
+namespace detail {
 /// mass holds the row's n non-negative weights (they need not sum to 1); scratch at least n floats.
 /// A row of zero total mass adds nothing.
 inline void add_mass_curve(host_span<const float> mass, host_span<float> scratch, host_span<double> curve) {
@@ -71,6 +73,7 @@ inline void add_mass_curve(host_span<const float> mass, host_span<float> scratch
     curve[b - 1] += acc / total;
   }
 }
+}  // namespace detail
 
 /// curves: [num_layers, bins] mean mass curves (in [0, 1], non-decreasing along a layer); out:
 /// num_layers shares.
@@ -187,8 +190,8 @@ inline std::vector<double> layer_mass_curves(const decode_shape& shape,
           for (std::size_t i = 0; i < ut; ++i)
             mass[i] += static_cast<float>(std::exp(static_cast<double>(logits[i] - m)) / z);
         }
-        add_mass_curve({mass.data(), ut}, {scratch.data(), scratch.size()},
-                       {curves.data() + static_cast<std::size_t>(l) * B, B});
+        detail::add_mass_curve({mass.data(), ut}, {scratch.data(), scratch.size()},
+                               {curves.data() + static_cast<std::size_t>(l) * B, B});
         ++samples;
       }
     }

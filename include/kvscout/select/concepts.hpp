@@ -29,6 +29,7 @@ struct keep_set {
   int recent = 0;
 };
 
+namespace detail {
 /// A selector's budget at a row of len cached tokens. budget_share 0: `budget` rows. Otherwise
 /// ceil(budget_share * len) rows (a product within 1e-9 of an integer rounds down to it), at least
 /// the keep-set's sinks + recent and at most `budget`: the budget follows the cached length.
@@ -41,8 +42,6 @@ KVSCOUT_HOST_DEVICE int row_budget(int budget, double budget_share, keep_set kee
   b = b > floor ? b : floor;
   return b < budget ? b : budget;
 }
-
-namespace detail {
 
 /// [0, head_end) and [tail_begin, len), with head_end <= tail_begin: the tokens chosen by score are
 /// exactly [head_end, tail_begin).

@@ -36,7 +36,7 @@ namespace detail {
 /// Rows the correction adds to a row of len cached tokens of which `speculated` are selected.
 KVSCOUT_HOST_DEVICE int correction_extra(int extra, double total_share, int len, int speculated) {
   if (!(total_share > 0)) return extra;
-  const int e = row_budget(len, total_share, keep_set{}, len) - speculated;
+  const int e = detail::row_budget(len, total_share, keep_set{}, len) - speculated;
   return e < 0 ? 0 : (e < extra ? e : extra);
 }
 

@@ -258,8 +258,8 @@ class threshold_selector_host {
         }
         out.counts[r] = detail::per_head_row(
             scores.scores.data() + scores.row(s, h), len, cfg_.keep,
-            row_budget(cfg_.budget, cfg_.budget_share, cfg_.keep, len), cfg_.alpha,
-            ws_, out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity), la);
+            detail::row_budget(cfg_.budget, cfg_.budget_share, cfg_.keep, len), cfg_.alpha, ws_,
+            out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity), la);
         la.known = la.next_max;
         la.next_max.reset();
       }
@@ -296,7 +296,8 @@ class threshold_selector_host {
       const detail::keep_range kr = detail::keep_bounds(cfg_.keep, len);
       const int a = kr.head_end;
       const int n = kr.tail_begin - kr.head_end;
-      const int slots = row_budget(cfg_.budget, cfg_.budget_share, cfg_.keep, len) - kr.size(len);
+      const int slots =
+          detail::row_budget(cfg_.budget, cfg_.budget_share, cfg_.keep, len) - kr.size(len);
       const int k = mean < slots ? static_cast<int>(mean) : slots;
       for (int h = 0; h < H; ++h) {
         const std::size_t r = static_cast<std::size_t>(s) * H + h;

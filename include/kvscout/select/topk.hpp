@@ -81,7 +81,7 @@ class topk_selector_host {
         const std::size_t r = static_cast<std::size_t>(s) * cfg_.shape.num_kv_heads + h;
         out.counts[r] = detail::topk_row_host(
             scores.scores.data() + scores.row(s, h), len, cfg_.keep,
-            row_budget(cfg_.budget, cfg_.budget_share, cfg_.keep, len), ws_,
+            detail::row_budget(cfg_.budget, cfg_.budget_share, cfg_.keep, len), ws_,
             out.indices.data() + r * static_cast<std::size_t>(cfg_.capacity));
       }
     }

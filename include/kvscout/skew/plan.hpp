@@ -58,6 +58,7 @@ struct skew_options {
   rope_config rope{};
 };
 
+namespace detail {
 /// head_dim / 4 rounded up to a multiple of 8 (one 16-byte vector of halves), at most head_dim.
 inline int default_partial_dim(int head_dim) {
   KVSCOUT_EXPECTS(head_dim > 0, "head_dim must be positive, got ", head_dim);
@@ -65,6 +66,7 @@ inline int default_partial_dim(int head_dim) {
   const int r = (quarter + 7) / 8 * 8;
   return r < head_dim ? r : head_dim;
 }
+}  // namespace detail
 
 struct skew_plan {
   rope_mode mode = rope_mode::post_rope_skew;
@@ -255,6 +257,7 @@ inline void project_key(const skew_plan& plan, const float* k, float* pk) {
   detail::project_key_checked_plan(plan, k, pk);
 }
 
+namespace detail {
 struct partial_query_shape {
   rope_mode mode = rope_mode::post_rope_skew;
   int d_model = 0;
@@ -268,7 +271,7 @@ struct partial_query_shape {
 };
 
 template <compute_element W = float>
-struct partial_query_weights_view : partial_query_shape {
+struct partial_query_weights_view : detail::partial_query_shape {
   using weight_type = W;
   host_span<const W> weight;        // [rows(), d_model]
   host_span<const float> bias;      // [rows()]
@@ -278,7 +281,7 @@ struct partial_query_weights_view : partial_query_shape {
 
 /// What partial_query needs for one query head, laid out for a GEMV over x[d_model].
 template <compute_element W = float>
-struct basic_partial_query_weights : partial_query_shape {
+struct basic_partial_query_weights : detail::partial_query_shape {
   using weight_type = W;
   /// [rows(), d_model] row-major (out x in, like W_Q).
   ///   post_rope_skew:  the head's rows of W_Q.
@@ -289,8 +292,8 @@ struct basic_partial_query_weights : partial_query_shape {
   std::vector<float> rotation;
   std::vector<int> planes;
 
-  [[nodiscard]] partial_query_weights_view<W> view() const noexcept {
-    return {{static_cast<const partial_query_shape&>(*this)},
+  [[nodiscard]] detail::partial_query_weights_view<W> view() const noexcept {
+    return {{static_cast<const detail::partial_query_shape&>(*this)},
             {weight.data(), weight.size()},
             {bias.data(), bias.size()},
             {rotation.data(), rotation.size()},
@@ -298,14 +301,12 @@ struct basic_partial_query_weights : partial_query_shape {
   }
 };
 
-using partial_query_weights = basic_partial_query_weights<float>;
-
 /// The rows rounded once to W (to nearest even; exact where W_Q was already W, except for
 /// pre_rope_folded). Bias, rotation and planes stay float.
 template <compute_element W>
-basic_partial_query_weights<W> weights_as(const partial_query_weights& w) {
-  basic_partial_query_weights<W> out;
-  static_cast<partial_query_shape&>(out) = w;
+basic_partial_query_weights<W> weights_as(const basic_partial_query_weights<float>& w) {
+  detail::basic_partial_query_weights<W> out;
+  static_cast<detail::partial_query_shape&>(out) = w;
   out.weight.resize(w.weight.size());
   for (std::size_t i = 0; i < w.weight.size(); ++i) out.weight[i] = from_float<W>(w.weight[i]);
   out.bias = w.bias;
@@ -313,6 +314,9 @@ basic_partial_query_weights<W> weights_as(const partial_query_weights& w) {
   out.planes = w.planes;
   return out;
 }
+}  // namespace detail
+
+using partial_query_weights = detail::basic_partial_query_weights<float>;
 
 namespace detail {
 template <compute_element In>
@@ -455,8 +459,8 @@ inline void post_rope_skew_row(const float* y, const rope_config& rope, const fl
 /// reads the head's weights once per 4 sequences; each sequence gets the bits partial_query gives
 /// it alone.
 template <compute_element W>
-void partial_queries(const partial_query_weights_view<W>& w, const float* x, std::size_t ldx,
-                     int count, const rope_table* rt, float* q, std::size_t ldq) {
+void partial_queries(const detail::partial_query_weights_view<W>& w, const float* x,
+                     std::size_t ldx, int count, const rope_table* rt, float* q, std::size_t ldq) {
   KVSCOUT_EXPECTS(count >= 0, "partial_queries: count must be >= 0, got ", count);
   if (count == 0) return;
   KVSCOUT_EXPECTS(x != nullptr && q != nullptr,
@@ -527,25 +531,25 @@ void partial_queries(const partial_query_weights_view<W>& w, const float* x, std
 }
 
 template <compute_element W>
-void partial_queries(const basic_partial_query_weights<W>& w, const float* x, std::size_t ldx,
-                     int count, const rope_table* rt, float* q, std::size_t ldq) {
+void partial_queries(const detail::basic_partial_query_weights<W>& w, const float* x,
+                     std::size_t ldx, int count, const rope_table* rt, float* q, std::size_t ldq) {
   partial_queries(w.view(), x, ldx, count, rt, q, ldq);
 }
 
 template <compute_element W>
-void partial_query(const partial_query_weights_view<W>& w, const float* x, const rope_table& rt,
-                   float* q_partial) {
+void partial_query(const detail::partial_query_weights_view<W>& w, const float* x,
+                   const rope_table& rt, float* q_partial) {
   partial_queries(w, x, static_cast<std::size_t>(w.d_model), 1, &rt, q_partial,
                   static_cast<std::size_t>(w.r));
 }
 template <compute_element W>
-void partial_query(const basic_partial_query_weights<W>& w, const float* x, const rope_table& rt,
-                   float* q_partial) {
+void partial_query(const detail::basic_partial_query_weights<W>& w, const float* x,
+                   const rope_table& rt, float* q_partial) {
   partial_query(w.view(), x, rt, q_partial);
 }
 
 template <compute_element W>
-void partial_query(const basic_partial_query_weights<W>& w, const float* x, int pos,
+void partial_query(const detail::basic_partial_query_weights<W>& w, const float* x, int pos,
                    float* q_partial) {
   rope_table rt;
   if (w.mode != rope_mode::pre_rope_folded) rt.fill(w.rope, pos);

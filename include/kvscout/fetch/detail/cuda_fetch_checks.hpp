@@ -27,7 +27,8 @@ inline void check_fetch_shape(int num_seqs, int num_kv_heads, int capacity) {
 
 inline void check_zero_copy_config(const zero_copy_config& cfg) {
   check_fetch_shape(cfg.shape.num_seqs, cfg.shape.num_kv_heads, cfg.capacity);
-  KVSCOUT_EXPECTS(cfg.max_blocks >= 0, "max_blocks must be non-negative (0: the default, zero_copy_default_blocks), got ",
+  KVSCOUT_EXPECTS(cfg.max_blocks >= 0,
+                  "max_blocks must be non-negative (0: the default, 8 blocks), got ",
                   cfg.max_blocks);
   KVSCOUT_EXPECTS(cfg.threads_per_block >= 32 && cfg.threads_per_block <= 1024 &&
                       cfg.threads_per_block % 32 == 0,

@@ -21,7 +21,7 @@ struct append_room {
   static const char* rule() { return "a layout kvscout does not know: any slot inside the buffers"; }
 };
 
-template <kv_element T, int D, kv_order O>
+template <kv_element T, int D, detail::kv_order O>
 struct append_room<contiguous_layout<T, D, O>> {
   using layout = contiguous_layout<T, D, O>;
   // Padded: slots per sequence (the capacity); ragged: total_tokens.
@@ -49,7 +49,7 @@ struct append_room<contiguous_layout<T, D, O>> {
   }
 };
 
-template <kv_element T, int D, kv_order O, int P>
+template <kv_element T, int D, detail::kv_order O, int P>
 struct append_room<paged_layout<T, D, O, flashinfer_page_table, P>> {
   using layout = paged_layout<T, D, O, flashinfer_page_table, P>;
   static append_room make(const layout&) { return {}; }
@@ -62,7 +62,7 @@ struct append_room<paged_layout<T, D, O, flashinfer_page_table, P>> {
   }
 };
 
-template <kv_element T, int D, kv_order O, int P>
+template <kv_element T, int D, detail::kv_order O, int P>
 struct append_room<paged_layout<T, D, O, block_table, P>> {
   using layout = paged_layout<T, D, O, block_table, P>;
   static append_room make(const layout&) { return {}; }

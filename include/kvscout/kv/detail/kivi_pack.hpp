@@ -29,10 +29,9 @@
 
 namespace kvscout {
 
+namespace detail {
 template <class S>
 concept kivi_scale_type = std::is_same_v<S, half> || std::is_same_v<S, float>;
-
-namespace detail {
 
 template <int Bits>
 inline constexpr bool kivi_bits_supported = Bits == 2 || Bits == 4;
@@ -98,14 +97,14 @@ KVSCOUT_HOST_DEVICE float kivi_fma(float a, float b, float c) {
 #endif
 }
 
-template <kivi_scale_type S>
+template <detail::kivi_scale_type S>
 struct kivi_affine {
   S scale;
   S zero;
 };
 
 /// mn <= mx, both finite.
-template <int Bits, kivi_scale_type S>
+template <int Bits, detail::kivi_scale_type S>
 KVSCOUT_HOST_DEVICE kivi_affine<S> kivi_make_affine(float mn, float mx) {
   static_assert(kivi_bits_supported<Bits>, "kvscout KIVI: Bits must be 2 or 4 (KIVI-2 or KIVI-4)");
   const float scale = (mx - mn) / static_cast<float>(kivi_levels<Bits>);
@@ -154,7 +153,7 @@ KVSCOUT_HOST_DEVICE void kivi_unpack(const std::uint8_t* packed, int n, std::uin
 
 /// One value row x[D] per token over groups of G channels (G divides D): scales[D / G],
 /// zeros[D / G] and the packed codes[D * Bits / 8].
-template <int Bits, kivi_scale_type S, kv_element T>
+template <int Bits, detail::kivi_scale_type S, kv_element T>
 KVSCOUT_HOST_DEVICE void kivi_quantize_value_row(const T* x, int D, int G, std::uint8_t* codes,
                                                  S* scales, S* zeros) {
   constexpr int per = kivi_codes_per_byte<Bits>;
@@ -179,7 +178,7 @@ KVSCOUT_HOST_DEVICE void kivi_quantize_value_row(const T* x, int D, int G, std::
 
 /// One key group per channel over G tokens: rows[G] point at the tokens' keys [D]; writes scale[D],
 /// zero[D] and the packed codes of token i at records + i * record_stride.
-template <int Bits, kivi_scale_type S, kv_element T>
+template <int Bits, detail::kivi_scale_type S, kv_element T>
 KVSCOUT_HOST_DEVICE void kivi_quantize_key_group(const T* const* rows, int G, int D, S* scale,
                                                  S* zero, std::uint8_t* records,
                                                  std::size_t record_stride) {
@@ -205,7 +204,7 @@ KVSCOUT_HOST_DEVICE void kivi_quantize_key_group(const T* const* rows, int G, in
   }
 }
 
-template <int Bits, kivi_scale_type S>
+template <int Bits, detail::kivi_scale_type S>
 KVSCOUT_HOST_DEVICE void kivi_dequantize_key_row(const std::uint8_t* codes, const S* scale,
                                                  const S* zero, int D, float* out) {
   constexpr int per = kivi_codes_per_byte<Bits>;
@@ -220,7 +219,7 @@ KVSCOUT_HOST_DEVICE void kivi_dequantize_key_row(const std::uint8_t* codes, cons
   }
 }
 
-template <int Bits, kivi_scale_type S>
+template <int Bits, detail::kivi_scale_type S>
 KVSCOUT_HOST_DEVICE void kivi_dequantize_value_row(const std::uint8_t* codes, const S* scales,
                                                    const S* zeros, int D, int G, float* out) {
   constexpr int per = kivi_codes_per_byte<Bits>;

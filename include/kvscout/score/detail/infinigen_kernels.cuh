@@ -42,7 +42,7 @@ struct infinigen_params {
   float* y;                 // [S, Hq, rows]
   float* q;                 // [S, Hq, r]
   float2* stats;            // [S, H, max_chunks, g]
-  device_key_view<PkT> keys;
+  detail::device_key_view<PkT> keys;
   const float* x;                 // [S, d_model]
   const std::int32_t* positions;  // [S]
   const std::int32_t* seq_lens;   // [S]
@@ -115,7 +115,7 @@ KVSCOUT_DEVICE key_reader<PkT> reader_at(const partial_key_view<PkT>& k, int s, 
 /// staging values; 0 past the tokens appended (as the host cache's dequantized()).
 template <int Bits, int Group>
 struct quantized_key_reader {
-  using view = quantized_key_view<Bits, Group>;
+  using view = detail::quantized_key_view<Bits, Group>;
   static constexpr int LB = view::line_bytes;
   const float* mn = nullptr;              // min [R], then step [R]; null if not quantised
   const std::uint8_t* codes = nullptr;    // the tile's codes [R, LB]
@@ -159,8 +159,8 @@ struct quantized_key_reader {
   }
 };
 template <int Bits, int Group>
-KVSCOUT_DEVICE quantized_key_reader<Bits, Group> reader_at(const quantized_key_view<Bits, Group>& k,
-                                                           int s, int h, int t) {
+KVSCOUT_DEVICE quantized_key_reader<Bits, Group> reader_at(
+    const detail::quantized_key_view<Bits, Group>& k, int s, int h, int t) {
   quantized_key_reader<Bits, Group> rd;
   rd.r = k.r;
   rd.i = t % Group;
@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(spec_block_threads)
   load_group(p, s, h, qs);
   __syncthreads();
   constexpr int TPT = spec_tokens_per_thread;
-  constexpr int B = device_key_view<PkT>::block_tokens;
+  constexpr int B = detail::device_key_view<PkT>::block_tokens;
   static_assert(B % TPT == 0 && spec_tokens_per_block == TPT * spec_block_threads);
   const int t = t0 + TPT * static_cast<int>(threadIdx.x);
   if (t >= len) return;  // no barrier follows
@@ -622,7 +622,7 @@ __global__ void __launch_bounds__(spec_append_threads)
 // non-finite partial key value is stored as 0 and raises bad_value (the host cache refuses it).
 
 template <int Bits, int Group, class K>
-using qk_append_params = key_append_params<quantized_key_view<Bits, Group>, K>;
+using qk_append_params = key_append_params<detail::quantized_key_view<Bits, Group>, K>;
 
 /// grid (count, H), dynamic shared memory r * Group floats. Where entry n completes its group, the
 /// group is quantised into its tile as quantized_partial_key_cache::append does, and the staging
@@ -630,7 +630,7 @@ using qk_append_params = key_append_params<quantized_key_view<Bits, Group>, K>;
 template <int Bits, int Group, class K>
 __global__ void __launch_bounds__(spec_append_threads)
     quantise_groups(const __grid_constant__ qk_append_params<Bits, Group, K> p) {
-  using view = quantized_key_view<Bits, Group>;
+  using view = detail::quantized_key_view<Bits, Group>;
   constexpr int LB = view::line_bytes;
   float* const x = dynamic_shared<float>();  // [r, Group]
   __shared__ float ks[2 * rope_table::max_planes];

@@ -57,7 +57,8 @@ struct select_params {
   }
   /// The budget of `row` at length len.
   __device__ __forceinline__ int budget_at(int row, int len) const {
-    return row_budgets != nullptr ? row_budgets[row] : row_budget(budget, budget_share, keep, len);
+    return row_budgets != nullptr ? row_budgets[row]
+                                  : detail::row_budget(budget, budget_share, keep, len);
   }
 };
 

@@ -90,7 +90,7 @@ KVSCOUT_CALIBRATION_INLINE skew_plan calibrate_skew(host_span<const float> q_sam
                     "RoPE theta must be positive and finite, got ", plan.rope.theta);
   }
 
-  const int r = opts.r == 0 ? default_partial_dim(head_dim) : opts.r;
+  const int r = opts.r == 0 ? detail::default_partial_dim(head_dim) : opts.r;
   KVSCOUT_EXPECTS(r > 0, "partial dimension r must be positive (0 = default), got r = ", opts.r);
   KVSCOUT_EXPECTS(r <= head_dim, "partial dimension r = ", r, " exceeds head_dim = ", head_dim);
   KVSCOUT_EXPECTS(mode != rope_mode::rope_planes || r % 2 == 0,
