@@ -117,8 +117,6 @@ int main(int argc, char** argv) try {
     for (int i = 0; i < n_cal; ++i) cal.step(cal_tokens[static_cast<std::size_t>(i)]);
   }
   const auto cal = presets::calibrate(p, shape, {64, c.rope_theta, c.rope}, qs, ks, n_cal);
-  const presets::step_budgets plan =
-      presets::budgets(p, shape, budget, cal.layer_shares(p, budget));
 
   // ---- 3. the prompt: dense vs speculative ----------------------------------------------------
   // A user turn holding the passage (scored for perplexity) and a question about it.
@@ -129,24 +127,12 @@ int main(int argc, char** argv) try {
                 all.begin() + static_cast<std::ptrdiff_t>(from) + n_text);
   const auto question = tok.encode(
       "\n\nIn one sentence, what is this passage about?<|im_end|>\n<|im_start|>assistant\n");
-  std::vector<host_span<const float>> wq, bq(static_cast<std::size_t>(c.n_layers));
+  std::vector<host_span<const float>> wq;  // each layer's W_Q (SmolLM2 has no query bias)
   for (const auto& L : w.layers) wq.push_back({L.wq.data(), L.wq.size()});
-  // Each part's workspace sized by its own query (make_workspace: this example has no allocator
-  // of its own).
-  KVSCOUT_EXPECTS(p.key_bits == 2, p.name, " keeps its partial keys at ", p.key_bits, " bits");
-  using policy_t = infinigen_policy_host<presets::partial_keys_t<2>>;  // 2-bit partial keys
-  auto policy_ws = make_workspace<policy_t>(p.policy_config(shape));
-  policy_t policy(p.policy_config(shape), cal.plans, cal.correction_plans, wq, bq,
-                  policy_ws.span());
-  const presets::layer_selectors selectors(shape, plan);  // each layer's share of the budget
-  using pipe_t = decode_pipeline_host<layout, policy_t, topk_selector_host>;
-  const host_pipeline_config cfg{.shape = shape, .skip_layers = skip, .capacity = plan.capacity,
-                                 .threads = 2, .correction_capacity = plan.correction_capacity,
-                                 .correction_shares = plan.correction_shares()};
-  auto gather_ws = make_workspace<gather_executor_host<layout>>(cfg.gather_config());
-  gather_executor_host<layout> gather(cfg.gather_config(), gather_ws.span());
-  auto pipe_ws = make_workspace<pipe_t>(cfg);
-  pipe_t pipe(cfg, policy, selectors.pointers(), gather, pipe_ws.span());
+  // The policy (2-bit partial keys), one top-k selector per layer at its share of the budget, the
+  // gather, the pipeline and their workspaces, owned by one object.
+  presets::pipeline_host<layout> owned(p, shape, cal, budget, wq, {}, /*threads=*/2);
+  auto& pipe = owned.pipeline();
 
   session_t dense(w, max_tokens, 2), spec(w, max_tokens, 2);
   double nll_dense = 0, nll_spec = 0;

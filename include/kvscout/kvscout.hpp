@@ -41,6 +41,7 @@
 #include "kvscout/kv/paged.hpp"
 #include "kvscout/pipeline/cuda_pipeline.hpp"
 #include "kvscout/pipeline/host_pipeline.hpp"
+#include "kvscout/preset_pipeline.hpp"
 #include "kvscout/presets.hpp"
 #include "kvscout/select/budgets.hpp"
 #include "kvscout/select/concepts.hpp"

@@ -299,11 +299,15 @@ struct step_budgets {
   return b;
 }
 
+
+}  // namespace presets
+
+namespace detail {
 /// One top-k selector per speculated layer, each at its layer's budget_share, with their
 /// workspaces: what decode_pipeline_host's per-layer constructor takes (pointers()).
 class layer_selectors {
  public:
-  layer_selectors(const decode_shape& shape, const step_budgets& b)
+  layer_selectors(const decode_shape& shape, const presets::step_budgets& b)
       : ptrs_(static_cast<std::size_t>(shape.num_layers), nullptr) {
     KVSCOUT_EXPECTS(b.speculated.size() == ptrs_.size(), "step_budgets for ", b.speculated.size(),
                     " layers, expected the shape's num_layers = ", shape.num_layers);
@@ -327,6 +331,6 @@ class layer_selectors {
   std::vector<topk_selector_host> sels_;  // never reallocated: its pointers are handed out
   std::vector<topk_selector_host*> ptrs_;
 };
+}  // namespace detail
 
-}  // namespace presets
 }  // namespace kvscout

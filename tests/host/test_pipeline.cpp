@@ -20,7 +20,9 @@
 #include "kvscout/core/configured.hpp"
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/eval/metrics.hpp"
+#include "kvscout/calibrate.hpp"
 #include "kvscout/pipeline/host_pipeline.hpp"
+#include "kvscout/preset_pipeline.hpp"
 #include "kvscout/presets.hpp"
 #include "kvscout/select/threshold.hpp"
 #include "kvscout/select/topk.hpp"
@@ -805,7 +807,7 @@ TEST_CASE(
       .shape = shape, .skip_layers = 2, .capacity = b.capacity, .threads = 2};
   pc.correction_capacity = b.correction_capacity;
   pc.correction_shares = b.correction_shares();
-  const kvscout::presets::layer_selectors selectors(shape, b);
+  const kvscout::detail::layer_selectors selectors(shape, b);
   const std::vector<kvscout::topk_selector_host*>& per_layer = selectors.pointers();
   REQUIRE(per_layer.size() == L);
   REQUIRE((per_layer[0] == nullptr && per_layer[1] == nullptr));
@@ -859,4 +861,98 @@ TEST_CASE(
   REQUIRE_THROWS_WITH(
       pipe_t(pc, owned.policy, per_layer, mem.gather, mem.ws.span()),
       Catch::Contains("correction_shares[3] = 1.5: expected a share of the cached rows in [0, 1]"));
+}
+
+TEST_CASE("presets::pipeline_host: a preset's pipeline in one call, the bits of its parts by hand",
+          "[pipeline][presets]") {
+  auto p = kvscout::presets::kvscout_default(D);
+  p.keep = {1, 2};
+  p.layer_bins = 40;
+  const double budget = 0.3;
+  const kvscout::decode_shape sh = shape_of(Hq * D);
+  // Calibration on another prompt of the same weights, one call.
+  model cm(L, Hq, H, 1, max_tokens, 1234);
+  cm.collect = true;
+  {
+    kvscout::streaming_policy_host sp({{.num_kv_heads = H}, 4});
+    topk_pipeline<kvscout::streaming_policy_host> tp(
+        {{.num_layers = L, .num_seqs = 1, .num_kv_heads = H, .num_q_heads = Hq,
+          .max_tokens = max_tokens, .scale = 0.125f}, L, 8, 1},
+        sp, {{.num_seqs = 1, .num_kv_heads = H, .max_tokens = max_tokens}, 8, 8, {}});
+    std::vector<float> hs;
+    for (int t = 0; t < 64; ++t) cm.step(tp.pipe, hs, cm.embedding(9000u + t), true);
+  }
+  const kvscout::presets::calibration cal =
+      kvscout::presets::calibrate(p, sh, cm.rope, cm.q_samples, cm.k_samples, 64);
+  REQUIRE(!cal.correction_plans.empty());
+  REQUIRE(!cal.layer_shares(p, budget).empty());
+
+  model ma(L, Hq, H, S, max_tokens, 91), mb(L, Hq, H, S, max_tokens, 91);
+  std::vector<kvscout::host_span<const float>> wq, bq(L);
+  for (int l = 0; l < L; ++l) wq.push_back({ma.wq[l].data(), ma.wq[l].size()});
+  kvscout::presets::pipeline_host<layout> owned(p, sh, cal, budget, wq, {}, 2);
+
+  // The same parts by hand.
+  using policy_t = kvscout::infinigen_policy_host<kvscout::presets::partial_keys_t<2>>;
+  const kvscout::presets::step_budgets b =
+      kvscout::presets::budgets(p, sh, budget, cal.layer_shares(p, budget));
+  auto policy_ws = kvscout::make_workspace<policy_t>(p.policy_config(sh));
+  policy_t policy(p.policy_config(sh), cal.plans, cal.correction_plans, wq, bq, policy_ws.span());
+  const kvscout::detail::layer_selectors selectors(sh, b);
+  const kvscout::host_pipeline_config pc{.shape = sh, .skip_layers = p.skip_layers,
+                                         .capacity = b.capacity, .threads = 2,
+                                         .correction_capacity = b.correction_capacity,
+                                         .correction_shares = b.correction_shares()};
+  using pipe_t = kvscout::decode_pipeline_host<layout, policy_t, kvscout::topk_selector_host>;
+  pipe_memory<pipe_t> mem(pc);
+  pipe_t pipe(pc, policy, selectors.pointers(), mem.gather, mem.ws.span());
+  REQUIRE(owned.configuration().capacity == b.capacity);
+  REQUIRE(owned.budgets().correction_capacity == b.correction_capacity);
+
+  std::vector<float> ha, hb;
+  for (int t = 0; t < prompt; ++t) {
+    ma.step(owned.pipeline(), ha, ma.embedding(100u + t), true);
+    mb.step(pipe, hb, mb.embedding(100u + t), true);
+  }
+  for (int t = 0; t < steps; ++t) {
+    ma.step(owned.pipeline(), ha, ma.embedding(500u + t));
+    mb.step(pipe, hb, mb.embedding(500u + t));
+    REQUIRE(ha == hb);
+  }
+  // Sparse: the speculated layers moved fewer rows than a dense fetch would have.
+  const auto& st = owned->stats();
+  for (int l = p.skip_layers; l < L; ++l) {
+    CAPTURE(l);
+    REQUIRE(st.rows[static_cast<std::size_t>(l)] > 0);
+    REQUIRE(st.rows[static_cast<std::size_t>(l)] == pipe.stats().rows[static_cast<std::size_t>(l)]);
+    const std::int64_t n = prompt + steps;  // every step's cached rows, fetched densely
+    REQUIRE(st.rows[static_cast<std::size_t>(l)] < S * H * n * (n + 1) / 2);
+  }
+
+  // What it does not build names the preset and what it expected.
+  using float_keys = kvscout::presets::pipeline_host<layout, float>;
+  REQUIRE_THROWS_WITH(float_keys(p, sh, cal, budget, wq, {}, 2),
+                      Catch::Contains("kvscout_default keeps its partial keys at 2 bits") &&
+                          Catch::Contains("partial_keys_t<2>"));
+  const auto paper = kvscout::presets::infinigen_paper(D);
+  REQUIRE_THROWS_WITH(kvscout::presets::pipeline_host<layout>(paper, sh, cal, budget, wq, {}, 2),
+                      Catch::Contains("infinigen_paper selects by threshold"));
+
+  // The speculation alone: float partial keys, no correction step, every layer the same share.
+  const auto only = kvscout::presets::kvscout_speculation_only(D);
+  const auto cal_only =
+      kvscout::presets::calibrate(only, sh, cm.rope, cm.q_samples, cm.k_samples, 64);
+  REQUIRE(cal_only.correction_plans.empty());
+  kvscout::presets::pipeline_host<layout, float> spec_only(only, sh, cal_only, budget, wq, {}, 1);
+  REQUIRE(spec_only.configuration().correction_capacity == 0);
+  model mc(L, Hq, H, S, max_tokens, 91);
+  std::vector<float> hc;
+  for (int t = 0; t < prompt; ++t) mc.step(spec_only.pipeline(), hc, mc.embedding(100u + t), true);
+  for (int t = 0; t < steps; ++t) mc.step(spec_only.pipeline(), hc, mc.embedding(500u + t));
+  REQUIRE(hc.size() == ha.size());
+  for (int l = only.skip_layers; l < L; ++l)
+    REQUIRE(spec_only->stats().rows[static_cast<std::size_t>(l)] > 0);
+  REQUIRE_THROWS_WITH(
+      (kvscout::presets::pipeline_host<layout>(only, sh, cal_only, budget, wq, {}, 1)),
+      Catch::Contains("kvscout_speculation_only keeps its partial keys at 0 bits"));
 }

@@ -96,6 +96,62 @@ KVSCOUT_HOST_DEVICE int find_sorted(const std::int32_t* row, int n, int t) {
   return lo < n && row[lo] == t ? lo : -1;
 }
 
+// Where row t of pair (s, h) comes from: the row cache where it holds t (cached), the source
+// otherwise; both offsets zero_copy_skip where the row is skipped (an index out of range, a row
+// outside the source or misaligned, reported in the status word).
+struct zero_copy_row_source {
+  std::size_t k;
+  std::size_t v;
+  bool cached;
+};
+
+template <class L>
+__device__ __forceinline__ zero_copy_row_source zero_copy_source_of(const zero_copy_params<L>& p,
+                                                                    int s, int h, int t,
+                                                                    std::size_t kb,
+                                                                    std::size_t vb) {
+  constexpr std::size_t V = fetch_vector_bytes;
+  const L& l = p.layout;
+  constexpr std::size_t skip = zero_copy_skip;
+  int cs = s;
+  if (p.cached_row_map != nullptr) {
+    cs = p.cached_row_map[s];
+    if (cs < -1 || cs >= p.num_seqs) {
+      raise_device_status(p.status, device_status::bad_seq_id);
+      cs = -1;
+    }
+  }
+  if (p.cached_indices != nullptr && cs >= 0 && t >= 0 && t < l.seq_len(s)) {
+    const long long cpair = static_cast<long long>(cs) * p.num_kv_heads + h;
+    int nc = p.cached_counts[cpair];
+    if (nc < 0 || nc > p.capacity) {
+      raise_device_status(p.status, device_status::bad_count);
+      nc = 0;
+    }
+    const std::size_t row0 = static_cast<std::size_t>(cpair) * p.capacity;
+    const int j = find_sorted(p.cached_indices + row0, nc, t);
+    if (j >= 0) {
+      if (p.hits != nullptr) atomicAdd(p.hits, 1ull);
+      return {(row0 + static_cast<std::size_t>(j)) * kb, (row0 + static_cast<std::size_t>(j)) * vb,
+              true};
+    }
+  }
+  if (t < 0 || t >= l.seq_len(s)) {
+    raise_device_status(p.status, device_status::bad_index);
+    return {skip, skip, false};
+  }
+  const std::size_t k = l.k_offset(s, t, h), v = l.v_offset(s, t, h);
+  if (k > p.k_src_bytes || kb > p.k_src_bytes - k || v > p.v_src_bytes || vb > p.v_src_bytes - v) {
+    raise_device_status(p.status, device_status::out_of_bounds);
+    return {skip, skip, false};
+  }
+  if ((k | v) % V != 0) {
+    raise_device_status(p.status, device_status::misaligned);
+    return {skip, skip, false};
+  }
+  return {k, v, false};
+}
+
 template <class L>
 __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params<L> p) {
   constexpr int R = zero_copy_rows_per_item;
@@ -123,51 +179,10 @@ __global__ void zero_copy_gather_kernel(const __grid_constant__ zero_copy_params
     const int h = static_cast<int>(pair - static_cast<long long>(s) * p.num_kv_heads);
     for (int r = static_cast<int>(threadIdx.x); r < rows; r += static_cast<int>(blockDim.x)) {
       const std::size_t slot = static_cast<std::size_t>(pair) * p.capacity + first + r;
-      const int t = p.indices[slot];
-      std::size_t ko = zero_copy_skip, vo = zero_copy_skip;
-      bool hit = false;
-      int cs = s;
-      if (p.cached_row_map != nullptr) {
-        cs = p.cached_row_map[s];
-        if (cs < -1 || cs >= p.num_seqs) {
-          raise_device_status(p.status, device_status::bad_seq_id);
-          cs = -1;
-        }
-      }
-      if (p.cached_indices != nullptr && cs >= 0 && t >= 0 && t < l.seq_len(s)) {
-        const long long cpair = static_cast<long long>(cs) * p.num_kv_heads + h;
-        int nc = p.cached_counts[cpair];
-        if (nc < 0 || nc > p.capacity) {
-          raise_device_status(p.status, device_status::bad_count);
-          nc = 0;
-        }
-        const std::size_t row0 = static_cast<std::size_t>(cpair) * p.capacity;
-        const int j = find_sorted(p.cached_indices + row0, nc, t);
-        if (j >= 0) {
-          hit = true;
-          ko = (row0 + static_cast<std::size_t>(j)) * kb;
-          vo = (row0 + static_cast<std::size_t>(j)) * vb;
-          if (p.hits != nullptr) atomicAdd(p.hits, 1ull);
-        }
-      }
-      if (hit) {
-      } else if (t < 0 || t >= l.seq_len(s)) {
-        raise_device_status(p.status, device_status::bad_index);
-      } else {
-        const std::size_t k = l.k_offset(s, t, h), v = l.v_offset(s, t, h);
-        if (k > p.k_src_bytes || kb > p.k_src_bytes - k || v > p.v_src_bytes ||
-            vb > p.v_src_bytes - v) {
-          raise_device_status(p.status, device_status::out_of_bounds);
-        } else if ((k | v) % V != 0) {
-          raise_device_status(p.status, device_status::misaligned);
-        } else {
-          ko = k;
-          vo = v;
-        }
-      }
-      k_off[r] = ko;
-      v_off[r] = vo;
-      cached[r] = hit;
+      const zero_copy_row_source src = zero_copy_source_of(p, s, h, p.indices[slot], kb, vb);
+      k_off[r] = src.k;
+      v_off[r] = src.v;
+      cached[r] = src.cached;
     }
     __syncthreads();
     const std::size_t slot0 = static_cast<std::size_t>(pair) * p.capacity + first;

@@ -160,15 +160,83 @@ __device__ void kivi_append_value(const L& l, std::byte* v_records, std::byte* v
                                               kivi_to_float(zeros[c / G])));
 }
 
+// The key block, when full: per (head, group, code byte), a thread computes its `per`
+// channels' parameters, that byte of each record and those channels dequantised back into the
+// ring: it touches only its own channels.
 template <class L, class In>
-__global__ void __launch_bounds__(append_threads)
-    kivi_append_kernel(const __grid_constant__ kivi_append_params<L, In> p) {
+__device__ void kivi_append_key_block(const kivi_append_params<L, In>& p, int s, int len,
+                                      int next) {
   using T = typename L::element_type;
   using S = typename L::scale_type;
   constexpr int D = L::head_dim;
   constexpr int KBits = L::key_bits;
   constexpr int per = kivi_codes_per_byte<KBits>;
   constexpr int code_bytes = static_cast<int>(L::k_code_bytes);
+  const L& l = p.layout;
+  const int H = l.num_kv_heads();
+  const int k0 = l.key_quantized_len_for(len), k1 = l.key_quantized_len_for(next);
+  if (k1 <= k0) return;
+  const int G = l.group();
+  const int groups = (k1 - k0) / G;
+  const int window = l.quantized_len_for(next);
+  for (int x = threadIdx.x; x < H * groups * code_bytes; x += blockDim.x) {
+    const int b = x % code_bytes, hg = x / code_bytes;
+    const int h = hg / groups, q0 = k0 + (hg - h * groups) * G;
+    S* scale = reinterpret_cast<S*>(p.k_params + l.k_params_offset(s, q0 / G, h));
+    S* zero = scale + D;
+    float sc[per], z[per];
+#pragma unroll
+    for (int k = 0; k < per; ++k) {
+      const int c = b * per + k;
+      float mn = to_float(reinterpret_cast<const T*>(p.k_residual + l.residual_offset(s, q0, h))[c]);
+      float mx = mn;
+      for (int i = 1; i < G; ++i) {
+        const float v =
+            to_float(reinterpret_cast<const T*>(p.k_residual + l.residual_offset(s, q0 + i, h))[c]);
+        mn = v < mn ? v : mn;
+        mx = v > mx ? v : mx;
+      }
+      const kivi_affine<S> a = kivi_make_affine<KBits, S>(mn, mx);
+      scale[c] = a.scale;
+      zero[c] = a.zero;
+      sc[k] = kivi_to_float(a.scale);
+      z[k] = kivi_to_float(a.zero);
+    }
+    for (int i = 0; i < G; ++i) {
+      T* xrow = reinterpret_cast<T*>(p.k_residual + l.residual_offset(s, q0 + i, h));
+      std::uint32_t byte = 0;
+      std::uint32_t q[per];
+#pragma unroll
+      for (int k = 0; k < per; ++k) {
+        q[k] = kivi_quantize<KBits>(to_float(xrow[b * per + k]), sc[k], z[k]);
+        byte |= q[k] << (k * KBits);
+      }
+      reinterpret_cast<std::uint8_t*>(p.k_codes + l.k_offset(s, q0 + i, h))[b] =
+          static_cast<std::uint8_t>(byte);
+      if (q0 + i >= window) {
+#pragma unroll
+        for (int k = 0; k < per; ++k)
+          xrow[b * per + k] = from_float<T>(kivi_dequantize(q[k], sc[k], z[k]));
+      }
+    }
+  }
+  const int k_pad = static_cast<int>(l.k_row_bytes()) - code_bytes;
+  if (k_pad > 0) {
+    const int n = k1 - k0;
+    for (int x = threadIdx.x; x < H * n * k_pad; x += blockDim.x) {
+      const int hi = x / k_pad, b = code_bytes + (x - hi * k_pad);
+      const int h = hi / n, i = hi - (hi / n) * n;
+      reinterpret_cast<std::uint8_t*>(p.k_codes + l.k_offset(s, k0 + i, h))[b] = 0;
+    }
+  }
+}
+
+template <class L, class In>
+__global__ void __launch_bounds__(append_threads)
+    kivi_append_kernel(const __grid_constant__ kivi_append_params<L, In> p) {
+  using T = typename L::element_type;
+  using S = typename L::scale_type;
+  constexpr int D = L::head_dim;
   const L& l = p.layout;
   const int s = static_cast<int>(blockIdx.x);
   const int H = l.num_kv_heads();
@@ -210,65 +278,7 @@ __global__ void __launch_bounds__(append_threads)
       kivi_append_value(l, p.v_records, p.v_residual, s, len, h, true);
     __syncthreads();
   }
-  // (4) The key block, when full: per (head, group, code byte), a thread computes its `per`
-  // channels' parameters, that byte of each record and those channels dequantised back into the
-  // ring: it touches only its own channels.
-  const int k0 = l.key_quantized_len_for(len), k1 = l.key_quantized_len_for(next);
-  if (k1 > k0) {
-    const int G = l.group();
-    const int groups = (k1 - k0) / G;
-    const int window = l.quantized_len_for(next);
-    for (int x = threadIdx.x; x < H * groups * code_bytes; x += blockDim.x) {
-      const int b = x % code_bytes, hg = x / code_bytes;
-      const int h = hg / groups, q0 = k0 + (hg - h * groups) * G;
-      S* scale = reinterpret_cast<S*>(p.k_params + l.k_params_offset(s, q0 / G, h));
-      S* zero = scale + D;
-      float sc[per], z[per];
-#pragma unroll
-      for (int k = 0; k < per; ++k) {
-        const int c = b * per + k;
-        float mn = to_float(reinterpret_cast<const T*>(p.k_residual + l.residual_offset(s, q0, h))[c]);
-        float mx = mn;
-        for (int i = 1; i < G; ++i) {
-          const float v =
-              to_float(reinterpret_cast<const T*>(p.k_residual + l.residual_offset(s, q0 + i, h))[c]);
-          mn = v < mn ? v : mn;
-          mx = v > mx ? v : mx;
-        }
-        const kivi_affine<S> a = kivi_make_affine<KBits, S>(mn, mx);
-        scale[c] = a.scale;
-        zero[c] = a.zero;
-        sc[k] = kivi_to_float(a.scale);
-        z[k] = kivi_to_float(a.zero);
-      }
-      for (int i = 0; i < G; ++i) {
-        T* xrow = reinterpret_cast<T*>(p.k_residual + l.residual_offset(s, q0 + i, h));
-        std::uint32_t byte = 0;
-        std::uint32_t q[per];
-#pragma unroll
-        for (int k = 0; k < per; ++k) {
-          q[k] = kivi_quantize<KBits>(to_float(xrow[b * per + k]), sc[k], z[k]);
-          byte |= q[k] << (k * KBits);
-        }
-        reinterpret_cast<std::uint8_t*>(p.k_codes + l.k_offset(s, q0 + i, h))[b] =
-            static_cast<std::uint8_t>(byte);
-        if (q0 + i >= window) {
-#pragma unroll
-          for (int k = 0; k < per; ++k)
-            xrow[b * per + k] = from_float<T>(kivi_dequantize(q[k], sc[k], z[k]));
-        }
-      }
-    }
-    const int k_pad = static_cast<int>(l.k_row_bytes()) - code_bytes;
-    if (k_pad > 0) {
-      const int n = k1 - k0;
-      for (int x = threadIdx.x; x < H * n * k_pad; x += blockDim.x) {
-        const int hi = x / k_pad, b = code_bytes + (x - hi * k_pad);
-        const int h = hi / n, i = hi - (hi / n) * n;
-        reinterpret_cast<std::uint8_t*>(p.k_codes + l.k_offset(s, k0 + i, h))[b] = 0;
-      }
-    }
-  }
+  kivi_append_key_block(p, s, len, next);
   __syncthreads();
   if (threadIdx.x == 0) p.seq_lens[s] = next;
 }

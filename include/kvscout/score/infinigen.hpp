@@ -303,87 +303,99 @@ class infinigen_policy_host {
       own_ = host_buffer<std::byte>(weight_memory_bytes(cfg, plans));
       memory = own_.span();
     }
-    const int g = cfg.shape.num_q_heads / cfg.shape.num_kv_heads;
     for (int l = 0; l < cfg.shape.num_layers; ++l) {
-      const auto& pl = plans[static_cast<std::size_t>(l)];
+      const auto lu = static_cast<std::size_t>(l);
       const std::vector<skew_plan>* wide =
-          correction_plans && !(*correction_plans)[static_cast<std::size_t>(l)].empty()
-              ? &(*correction_plans)[static_cast<std::size_t>(l)]
-              : nullptr;
-      KVSCOUT_EXPECTS(!(pl.empty() && wide), "layer ", l,
-                      " has correction plans but no speculation plans; the correction reads the "
-                      "speculated layers' caches");
-      if (pl.empty()) continue;
-      KVSCOUT_EXPECTS(static_cast<int>(pl.size()) == cfg.shape.num_kv_heads, "layer ", l, " has ",
-                      pl.size(), " skew plans, expected one per kv head (", cfg.shape.num_kv_heads,
-                      ")");
-      layer_state& st = layers_[static_cast<std::size_t>(l)];
-      st.plans = pl;
-      st.r = pl[0].r;
-      for (const auto& p : pl) {
-        detail::check_plan(p);
-        KVSCOUT_EXPECTS(p.r == st.r, "layer ", l, " mixes partial dims ", st.r, " and ", p.r);
-        KVSCOUT_EXPECTS(p.head_dim == cfg.shape.head_dim, "layer ", l, " plan head_dim ",
-                        p.head_dim, " differs from the model's ", cfg.shape.head_dim);
-        KVSCOUT_EXPECTS(p.mode == pl[0].mode && p.rope.head_dim == pl[0].rope.head_dim &&
-                            p.rope.theta == pl[0].rope.theta && p.rope.style == pl[0].rope.style,
-                        "layer ", l, " mixes RoPE modes or configurations across kv heads");
-      }
-      st.spec_r = st.r;
-      KVSCOUT_EXPECTS(cfg.r == 0 || (st.spec_r == cfg.r && pl[0].mode == cfg.mode), "layer ", l,
-                      "'s plans have r = ", st.spec_r, " and mode ", to_string(pl[0].mode),
-                      ", the config r = ", cfg.r, " and mode ", to_string(cfg.mode),
-                      " (r = 0: the plans' own)");
-      if (wide) {
-        KVSCOUT_EXPECTS(static_cast<int>(wide->size()) == cfg.shape.num_kv_heads, "layer ", l,
-                        " has ", wide->size(), " correction plans, expected one per kv head (",
-                        cfg.shape.num_kv_heads, ")");
-        for (int h = 0; h < cfg.shape.num_kv_heads; ++h) {
-          const skew_plan& w = (*wide)[static_cast<std::size_t>(h)];
-          detail::check_plan(w);
-          KVSCOUT_EXPECTS(w.r == (*wide)[0].r, "layer ", l, " mixes correction partial dims ",
-                          (*wide)[0].r, " and ", w.r);
-          st.key_plans.push_back(detail::nested_key_plan(
-              pl[static_cast<std::size_t>(h)], w,
-              "layer " + std::to_string(l) + ", kv head " + std::to_string(h)));
-        }
-        st.r = (*wide)[0].r;
-        KVSCOUT_EXPECTS(cfg.correction_r == 0 || st.r == cfg.correction_r, "layer ", l,
-                        "'s correction plans have r = ", st.r, ", the config correction_r = ",
-                        cfg.correction_r, " (0: the plans' own)");
-      } else {
-        st.key_plans = pl;
-      }
-      const weight_sizes wz = head_weight_sizes(cfg, pl[0]);  // one r and mode per layer
-      for (int qh = 0; qh < cfg.shape.num_q_heads; ++qh) {
-        const std::size_t lu = static_cast<std::size_t>(l);
-        st.weights.push_back(place_weights(
-            detail::make_partial_query_weights_from(pl[static_cast<std::size_t>(qh / g)], w_q[lu],
-                                                    b_q[lu], cfg.shape.d_model, qh),
-            wz, memory.data(), weight_at));
-      }
-      if (st.plans[0].mode != rope_mode::pre_rope_folded) {
-        KVSCOUT_EXPECTS(cfg.shape.head_dim <= 2 * rope_table::max_planes, "layer ", l,
-                        ": head_dim ", cfg.shape.head_dim, " exceeds the RoPE modes' limit ",
-                        2 * rope_table::max_planes);
-        st.freq = rope_frequencies(st.plans[0].rope);
-      }
-      if (st.plans[0].mode == rope_mode::rope_planes) {
-        for (const auto& p : pl) st.rope_planes.insert(st.rope_planes.end(), p.planes.begin(),
-                                                       p.planes.end());
-        std::sort(st.rope_planes.begin(), st.rope_planes.end());
-        st.rope_planes.erase(std::unique(st.rope_planes.begin(), st.rope_planes.end()),
-                             st.rope_planes.end());
-      }
-      if (caller_memory == nullptr) {
-        st.cache =
-            key_store(cfg.shape.num_seqs, cfg.shape.num_kv_heads, st.r, cfg.shape.max_tokens);
-      } else {
-        const std::size_t b = key_layer_bytes(cfg, st.r);  // padded to the alignment
-        st.cache = key_store(cfg.shape.num_seqs, cfg.shape.num_kv_heads, st.r, cfg.shape.max_tokens,
-                             memory.subspan(key_at, b));
-        key_at += b;
-      }
+          correction_plans && !(*correction_plans)[lu].empty() ? &(*correction_plans)[lu] : nullptr;
+      build_layer(l, plans[lu], wide, w_q[lu], b_q[lu], memory, caller_memory != nullptr, key_at,
+                  weight_at);
+    }
+  }
+  /// Checks layer l's speculation plans (and its correction plans, where given) and sets its
+  /// plans, widths and key plans.
+  void set_plans(int l, const std::vector<skew_plan>& pl, const std::vector<skew_plan>* wide) {
+    auto& st = layers_[static_cast<std::size_t>(l)];
+    KVSCOUT_EXPECTS(static_cast<int>(pl.size()) == cfg_.shape.num_kv_heads, "layer ", l, " has ",
+                    pl.size(), " skew plans, expected one per kv head (", cfg_.shape.num_kv_heads,
+                    ")");
+    st.plans = pl;
+    st.r = pl[0].r;
+    for (const auto& p : pl) {
+      detail::check_plan(p);
+      KVSCOUT_EXPECTS(p.r == st.r, "layer ", l, " mixes partial dims ", st.r, " and ", p.r);
+      KVSCOUT_EXPECTS(p.head_dim == cfg_.shape.head_dim, "layer ", l, " plan head_dim ",
+                      p.head_dim, " differs from the model's ", cfg_.shape.head_dim);
+      KVSCOUT_EXPECTS(p.mode == pl[0].mode && p.rope.head_dim == pl[0].rope.head_dim &&
+                          p.rope.theta == pl[0].rope.theta && p.rope.style == pl[0].rope.style,
+                      "layer ", l, " mixes RoPE modes or configurations across kv heads");
+    }
+    st.spec_r = st.r;
+    KVSCOUT_EXPECTS(cfg_.r == 0 || (st.spec_r == cfg_.r && pl[0].mode == cfg_.mode), "layer ", l,
+                    "'s plans have r = ", st.spec_r, " and mode ", to_string(pl[0].mode),
+                    ", the config r = ", cfg_.r, " and mode ", to_string(cfg_.mode),
+                    " (r = 0: the plans' own)");
+    if (wide == nullptr) {
+      st.key_plans = pl;
+      return;
+    }
+    KVSCOUT_EXPECTS(static_cast<int>(wide->size()) == cfg_.shape.num_kv_heads, "layer ", l, " has ",
+                    wide->size(), " correction plans, expected one per kv head (",
+                    cfg_.shape.num_kv_heads, ")");
+    for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
+      const skew_plan& w = (*wide)[static_cast<std::size_t>(h)];
+      detail::check_plan(w);
+      KVSCOUT_EXPECTS(w.r == (*wide)[0].r, "layer ", l, " mixes correction partial dims ",
+                      (*wide)[0].r, " and ", w.r);
+      st.key_plans.push_back(
+          detail::nested_key_plan(pl[static_cast<std::size_t>(h)], w,
+                                  "layer " + std::to_string(l) + ", kv head " + std::to_string(h)));
+    }
+    st.r = (*wide)[0].r;
+    KVSCOUT_EXPECTS(cfg_.correction_r == 0 || st.r == cfg_.correction_r, "layer ", l,
+                    "'s correction plans have r = ", st.r, ", the config correction_r = ",
+                    cfg_.correction_r, " (0: the plans' own)");
+  }
+  /// Layer l's state: its plans, its partial W_Q rows placed in `memory` at weight_at, its RoPE
+  /// frequencies and planes, and its key cache (in `memory` at key_at where the caller gave it).
+  template <compute_element In>
+  void build_layer(int l, const std::vector<skew_plan>& pl, const std::vector<skew_plan>* wide,
+                   host_span<const In> w_q, host_span<const In> b_q, host_span<std::byte> memory,
+                   bool caller_memory, std::size_t& key_at, std::size_t& weight_at) {
+    KVSCOUT_EXPECTS(!(pl.empty() && wide), "layer ", l,
+                    " has correction plans but no speculation plans; the correction reads the "
+                    "speculated layers' caches");
+    if (pl.empty()) return;
+    set_plans(l, pl, wide);
+    auto& st = layers_[static_cast<std::size_t>(l)];
+    const int g = cfg_.shape.num_q_heads / cfg_.shape.num_kv_heads;
+    const weight_sizes wz = head_weight_sizes(cfg_, pl[0]);  // one r and mode per layer
+    for (int qh = 0; qh < cfg_.shape.num_q_heads; ++qh) {
+      st.weights.push_back(place_weights(
+          detail::make_partial_query_weights_from(pl[static_cast<std::size_t>(qh / g)], w_q, b_q,
+                                                  cfg_.shape.d_model, qh),
+          wz, memory.data(), weight_at));
+    }
+    if (st.plans[0].mode != rope_mode::pre_rope_folded) {
+      KVSCOUT_EXPECTS(cfg_.shape.head_dim <= 2 * rope_table::max_planes, "layer ", l,
+                      ": head_dim ", cfg_.shape.head_dim, " exceeds the RoPE modes' limit ",
+                      2 * rope_table::max_planes);
+      st.freq = rope_frequencies(st.plans[0].rope);
+    }
+    if (st.plans[0].mode == rope_mode::rope_planes) {
+      for (const auto& p : pl)
+        st.rope_planes.insert(st.rope_planes.end(), p.planes.begin(), p.planes.end());
+      std::sort(st.rope_planes.begin(), st.rope_planes.end());
+      st.rope_planes.erase(std::unique(st.rope_planes.begin(), st.rope_planes.end()),
+                           st.rope_planes.end());
+    }
+    const decode_shape& sh = cfg_.shape;
+    if (!caller_memory) {
+      st.cache = key_store(sh.num_seqs, sh.num_kv_heads, st.r, sh.max_tokens);
+    } else {
+      const std::size_t b = key_layer_bytes(cfg_, st.r);  // padded to the alignment
+      st.cache = key_store(sh.num_seqs, sh.num_kv_heads, st.r, sh.max_tokens,
+                           memory.subspan(key_at, b));
+      key_at += b;
     }
   }
 

@@ -160,46 +160,57 @@ class pooled_topk_selector_host {
     const int H = cfg_.shape.num_kv_heads;
     const detail::keep_range kr = detail::keep_bounds(cfg_.keep, len);
     const int keep = kr.size(len);
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    long long want = static_cast<long long>(H) * (cfg_.budget - keep);
-    std::int32_t *count = count_, *av = avail_, *above = above_, *ties = ties_;
+    const long long want = static_cast<long long>(H) * (cfg_.budget - keep);
+    long long total = 0;
     for (int h = 0; h < H; ++h) {
       const float* row = scores.scores.data() + scores.row(s, h);
-      float* v = value_ + static_cast<std::size_t>(h) * cfg_.shape.max_tokens;
-      // Coverage (cover()) only counts the candidates here.
-      const bool values = cfg_.rule == pooled_rule::mass;
-      const head_norm nm = values && cfg_.scale == pooled_scale::logit ? normaliser(row, len)
-                                                                      : head_norm{cfg_.scale};
-      const float shift = static_cast<float>(nm.shift);
-      const float inf = std::numeric_limits<float>::infinity();
-      int n = 0;
-      for (int t = 0; t < len; ++t) {
-        float x = row[t];
-        if (t < kr.head_end || t >= kr.tail_begin || std::isnan(x)) {
-          if (values) v[t] = nan;
-          continue;
-        }
-        if (!values) {
-          ++n;
-          continue;
-        }
-        if (cfg_.scale == pooled_scale::logit) {
-          if (nm.inf_rows > 0)
-            x = x == inf ? x : -inf;
-          else if (x > -inf && std::isfinite(shift))
-            x -= shift;
-        }
-        v[t] = x;
-        ++n;
-      }
-      av[h] = count[h] = std::min(n, cfg_.capacity - keep);
+      const int n = candidates(row, value_ + static_cast<std::size_t>(h) * cfg_.shape.max_tokens,
+                               kr, len);
+      avail_[h] = count_[h] = std::min(n, cfg_.capacity - keep);
+      total += avail_[h];
+      ties_[h] = 0;
     }
-    // Water-filling: heads whose rows above the pool's threshold fill their cap take the cap and
-    // leave the pool (ties_[h] = -1); the threshold only falls as they leave, so they stay capped.
-    long long total = 0;
-    for (int h = 0; h < H; ++h) total += av[h], ties[h] = 0;
     if (total <= want) return;  // every candidate fits
     if (cfg_.rule == pooled_rule::coverage) return cover(scores, s, len, want);
+    water_fill(kr, want);
+  }
+  // A head's candidates (neither keep-set nor NaN): how many; under pooled_rule::mass also their
+  // comparable values into v (NaN elsewhere). Coverage (cover()) only counts them here.
+  int candidates(const float* row, float* v, const detail::keep_range& kr, int len) const {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    const bool values = cfg_.rule == pooled_rule::mass;
+    const head_norm nm = values && cfg_.scale == pooled_scale::logit ? normaliser(row, len)
+                                                                    : head_norm{cfg_.scale};
+    const float shift = static_cast<float>(nm.shift);
+    int n = 0;
+    for (int t = 0; t < len; ++t) {
+      float x = row[t];
+      if (t < kr.head_end || t >= kr.tail_begin || std::isnan(x)) {
+        if (values) v[t] = nan;
+        continue;
+      }
+      if (!values) {
+        ++n;
+        continue;
+      }
+      if (cfg_.scale == pooled_scale::logit) {
+        if (nm.inf_rows > 0)
+          x = x == inf ? x : -inf;
+        else if (x > -inf && std::isfinite(shift))
+          x -= shift;
+      }
+      v[t] = x;
+      ++n;
+    }
+    return n;
+  }
+  // pooled_rule::mass, more candidates than `want`: water-filling. Heads whose rows above the
+  // pool's threshold fill their cap take the cap and leave the pool (ties_[h] = -1); the threshold
+  // only falls as they leave, so they stay capped.
+  void water_fill(const detail::keep_range& kr, long long want) {
+    const int H = cfg_.shape.num_kv_heads;
+    std::int32_t *count = count_, *av = avail_, *above = above_, *ties = ties_;
     const auto active = [&](int h) { return ties[h] >= 0; };
     for (;;) {
       if (want <= 0) {

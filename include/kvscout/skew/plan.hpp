@@ -319,14 +319,18 @@ basic_partial_query_weights<W> weights_as(const basic_partial_query_weights<floa
 using partial_query_weights = detail::basic_partial_query_weights<float>;
 
 namespace detail {
+/// One query head's rows of W_Q and b_Q (b null where b_Q is empty), after checking the plan, the
+/// sizes and that every value is finite.
 template <compute_element In>
-partial_query_weights make_partial_query_weights_from(const skew_plan& plan,
-                                                      host_span<const In> W_Q,
-                                                      host_span<const In> b_Q, int d_model,
-                                                      int q_head) {
+struct head_rows {
+  const In* W;
+  const In* b;
+};
+template <compute_element In>
+head_rows<In> checked_head_rows(const skew_plan& plan, host_span<const In> W_Q,
+                                host_span<const In> b_Q, int d_model, int q_head) {
   detail::check_plan(plan);
   const int D = plan.head_dim;
-  const int r = plan.r;
   KVSCOUT_EXPECTS(d_model > 0, "d_model must be positive, got ", d_model);
   const std::size_t head_elems = static_cast<std::size_t>(D) * d_model;
   KVSCOUT_EXPECTS(!W_Q.empty() && W_Q.size() % head_elems == 0, "W_Q has ", W_Q.size(),
@@ -338,8 +342,9 @@ partial_query_weights make_partial_query_weights_from(const skew_plan& plan,
   KVSCOUT_EXPECTS(b_Q.empty() || b_Q.size() == num_q_heads * D, "b_Q has ", b_Q.size(),
                   " elements, expected 0 or num_q_heads * head_dim = ", num_q_heads * D);
 
-  const In* W = W_Q.data() + static_cast<std::size_t>(q_head) * head_elems;
-  const In* b = b_Q.empty() ? nullptr : b_Q.data() + static_cast<std::size_t>(q_head) * D;
+  head_rows<In> out{W_Q.data() + static_cast<std::size_t>(q_head) * head_elems, nullptr};
+  if (!b_Q.empty()) out.b = b_Q.data() + static_cast<std::size_t>(q_head) * D;
+  const In *W = out.W, *b = out.b;
   for (std::size_t i = 0; i < head_elems; ++i) {
     KVSCOUT_EXPECTS(std::isfinite(to_float(W[i])), "W_Q of q_head ", q_head, " holds ",
                     to_float(W[i]), " at row ", i / d_model, ", column ", i % d_model);
@@ -348,6 +353,19 @@ partial_query_weights make_partial_query_weights_from(const skew_plan& plan,
     KVSCOUT_EXPECTS(std::isfinite(to_float(b[d])), "b_Q of q_head ", q_head, " holds ",
                     to_float(b[d]), " at ", d);
   }
+  return out;
+}
+
+template <compute_element In>
+partial_query_weights make_partial_query_weights_from(const skew_plan& plan,
+                                                      host_span<const In> W_Q,
+                                                      host_span<const In> b_Q, int d_model,
+                                                      int q_head) {
+  const head_rows<In> hr = checked_head_rows(plan, W_Q, b_Q, d_model, q_head);
+  const In *W = hr.W, *b = hr.b;
+  const int D = plan.head_dim;
+  const int r = plan.r;
+  const std::size_t head_elems = static_cast<std::size_t>(D) * d_model;
   const auto bias_at = [&](int d) {
     return b == nullptr ? 0.0 : static_cast<double>(to_float(b[d]));
   };

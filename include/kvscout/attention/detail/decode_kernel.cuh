@@ -43,6 +43,115 @@ struct decode_device_params {
   float* part_acc;     // [num_seqs, num_q_heads, splits, head_dim]
 };
 
+// Row i of the pair's rows (the source's first n, then the current token): this lane's E channels
+// of K and V. False where the source skips the row.
+template <int E, class Rows, kv_element T, kv_element Q, kv_element O>
+__device__ __forceinline__ bool decode_load_row(const decode_device_params<Rows, T, Q, O>& p, int s,
+                                                int h, int n, int i, int c0, bool row_leader,
+                                                float (&k)[E], float (&v)[E]) {
+  if (i < n) {
+    if (!p.rows.template load_k<E>(s, h, i, c0, k, row_leader ? p.status : nullptr)) return false;
+    p.rows.template load_v<E>(s, h, i, c0, v);
+    return true;
+  }
+  const std::size_t off =
+      (static_cast<std::size_t>(s) * p.rows.num_kv_heads() + h) * Rows::head_dim + c0;
+  load_row_part<T, E>(p.cur_k + off, k);
+  load_row_part<T, E>(p.cur_v + off, v);
+  return true;
+}
+
+// Pushes one row (this lane's E channels of K and V) into the online softmax of each of the gj
+// query heads: the logit is the sum over the row's LPR lanes (butterfly shuffles, so every lane of
+// the row holds the same bits). Every lane reaches every shuffle; a row not ok is not pushed.
+template <int LPR, int G, int E>
+__device__ __forceinline__ void decode_push_row(const float (&qr)[G][E], const float (&k)[E],
+                                                const float (&v)[E], bool ok, int gj, float scale,
+                                                float (&m)[G], float (&l)[G], float (&acc)[G][E]) {
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) dot = fmaf(qr[j][e], k[e], dot);
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (ok && j < gj) {
+      const softmax_factors<float> f = softmax_push(m[j], l[j], dot * scale);
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[j][e] = fmaf(acc[j][e], f.f, f.w * v[e]);
+    }
+  }
+}
+
+// Merges a warp's row slots (lanes LPR apart) by shuffles, then writes the warp's state for the
+// gj query heads of its group to shared memory.
+template <int LPR, int G, int E, int Warps, int D>
+__device__ __forceinline__ void decode_warp_to_shared(float (&m)[G], float (&l)[G],
+                                                      float (&acc)[G][E], int gj, int warp,
+                                                      int lane, int c0, float (&m_s)[Warps][G],
+                                                      float (&l_s)[Warps][G],
+                                                      float (&acc_s)[Warps][G][D]) {
+#pragma unroll
+  for (int o = LPR; o < 32; o <<= 1) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const float mb = __shfl_xor_sync(0xffffffffu, m[j], o);
+      const float lb = __shfl_xor_sync(0xffffffffu, l[j], o);
+      float ab[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) ab[e] = __shfl_xor_sync(0xffffffffu, acc[j][e], o);
+      const softmax_factors<float> f = softmax_merge(m[j], l[j], mb, lb);
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[j][e] = acc[j][e] * f.f + ab[e] * f.w;
+    }
+  }
+  if (lane / LPR != 0) return;
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    if (j < gj) {
+      if (lane == 0) {
+        m_s[warp][j] = m[j];
+        l_s[warp][j] = l[j];
+      }
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc_s[warp][j][c0 + e] = acc[j][e];
+    }
+  }
+}
+
+// Merges the warps' states in shared memory: the output where the pair has one split, the split's
+// (m, l, acc) in the workspace otherwise.
+template <int G, int Warps, int D, class Rows, kv_element T, kv_element Q, kv_element O>
+__device__ __forceinline__ void decode_merge_warps(const decode_device_params<Rows, T, Q, O>& p,
+                                                   const float (&m_s)[Warps][G],
+                                                   const float (&l_s)[Warps][G],
+                                                   const float (&acc_s)[Warps][G][D], int gj,
+                                                   std::size_t qh0, int split) {
+  for (int x = threadIdx.x; x < gj * D; x += blockDim.x) {
+    const int j = x / D, c = x - (x / D) * D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Warps; ++w)
+      if (l_s[w][j] != 0.f) M = fmaxf(M, m_s[w][j]);
+    float L = 0.f, a = 0.f;
+#pragma unroll
+    for (int w = 0; w < Warps; ++w) {
+      if (l_s[w][j] != 0.f) {  // an empty warp's accumulator is 0: skipping it changes nothing
+        const float f = softmax_weight(m_s[w][j], l_s[w][j], M);
+        L += l_s[w][j] * f;
+        a += acc_s[w][j][c] * f;
+      }
+    }
+    if (p.splits == 1) {
+      p.out[(qh0 + j) * D + c] = from_float<O>(L == 0.f ? 0.f : a / L * p.v_scale);
+    } else {
+      const std::size_t at = (qh0 + j) * static_cast<std::size_t>(p.splits) + split;
+      p.part_acc[at * D + c] = a;
+      if (c == 0) p.part_ml[at] = make_float2(M, L);
+    }
+  }
+}
+
 template <class Rows, kv_element T, kv_element Q, kv_element O, int G, int Warps>
 __global__ void __launch_bounds__(Warps * 32)
     decode_attention_kernel(const __grid_constant__ decode_device_params<Rows, T, Q, O> p) {
@@ -86,19 +195,6 @@ __global__ void __launch_bounds__(Warps * 32)
                                        : (total < r0 + p.rows_per_split ? total
                                                                         : r0 + p.rows_per_split);
 
-  const auto load = [&](int i, float (&k)[E], float (&v)[E]) -> bool {
-    if (i < n) {
-      if (!p.rows.template load_k<E>(s, h, i, c0, k, row_leader ? p.status : nullptr))
-        return false;
-      p.rows.template load_v<E>(s, h, i, c0, v);
-      return true;
-    }
-    const std::size_t off = (static_cast<std::size_t>(s) * H + h) * D + c0;
-    load_row_part<T, E>(p.cur_k + off, k);
-    load_row_part<T, E>(p.cur_v + off, v);
-    return true;
-  };
-
   float m[G], l[G], acc[G][E];
 #pragma unroll
   for (int j = 0; j < G; ++j) {
@@ -116,82 +212,20 @@ __global__ void __launch_bounds__(Warps * 32)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int i = base + u * step + sub;
-      ok[u] = i < r1 && load(i, k[u], v[u]);
+      ok[u] = i < r1 && decode_load_row(p, s, h, n, i, c0, row_leader, k[u], v[u]);
       if (!ok[u]) {
 #pragma unroll
         for (int e = 0; e < E; ++e) k[u][e] = v[u][e] = 0.f;
       }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int j = 0; j < G; ++j) {
-        float dot = 0.f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) dot = fmaf(qr[j][e], k[u][e], dot);
-#pragma unroll
-        for (int o = LPR / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        if (ok[u] && j < gj) {
-          const softmax_factors<float> f = softmax_push(m[j], l[j], dot * p.scale);
-#pragma unroll
-          for (int e = 0; e < E; ++e) acc[j][e] = fmaf(acc[j][e], f.f, f.w * v[u][e]);
-        }
-      }
-    }
+    for (int u = 0; u < U; ++u) decode_push_row<LPR>(qr, k[u], v[u], ok[u], gj, p.scale, m, l, acc);
   }
 
-#pragma unroll
-  for (int o = LPR; o < 32; o <<= 1) {
-#pragma unroll
-    for (int j = 0; j < G; ++j) {
-      const float mb = __shfl_xor_sync(0xffffffffu, m[j], o);
-      const float lb = __shfl_xor_sync(0xffffffffu, l[j], o);
-      float ab[E];
-#pragma unroll
-      for (int e = 0; e < E; ++e) ab[e] = __shfl_xor_sync(0xffffffffu, acc[j][e], o);
-      const softmax_factors<float> f = softmax_merge(m[j], l[j], mb, lb);
-#pragma unroll
-      for (int e = 0; e < E; ++e) acc[j][e] = acc[j][e] * f.f + ab[e] * f.w;
-    }
-  }
-  if (sub == 0) {
-#pragma unroll
-    for (int j = 0; j < G; ++j) {
-      if (j < gj) {
-        if (lane == 0) {
-          m_s[warp][j] = m[j];
-          l_s[warp][j] = l[j];
-        }
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc_s[warp][j][c0 + e] = acc[j][e];
-      }
-    }
-  }
+  decode_warp_to_shared<LPR>(m, l, acc, gj, warp, lane, c0, m_s, l_s, acc_s);
   __syncthreads();
 
-  for (int x = threadIdx.x; x < gj * D; x += blockDim.x) {
-    const int j = x / D, c = x - (x / D) * D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < Warps; ++w)
-      if (l_s[w][j] != 0.f) M = fmaxf(M, m_s[w][j]);
-    float L = 0.f, a = 0.f;
-#pragma unroll
-    for (int w = 0; w < Warps; ++w) {
-      if (l_s[w][j] != 0.f) {  // an empty warp's accumulator is 0: skipping it changes nothing
-        const float f = softmax_weight(m_s[w][j], l_s[w][j], M);
-        L += l_s[w][j] * f;
-        a += acc_s[w][j][c] * f;
-      }
-    }
-    if (p.splits == 1) {
-      p.out[(qh0 + j) * D + c] = from_float<O>(L == 0.f ? 0.f : a / L * p.v_scale);
-    } else {
-      const std::size_t at = (qh0 + j) * static_cast<std::size_t>(p.splits) + split;
-      p.part_acc[at * D + c] = a;
-      if (c == 0) p.part_ml[at] = make_float2(M, L);
-    }
-  }
+  decode_merge_warps(p, m_s, l_s, acc_s, gj, qh0, split);
 }
 
 template <kv_element O>

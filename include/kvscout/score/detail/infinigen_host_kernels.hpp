@@ -198,6 +198,55 @@ inline constexpr std::size_t host_score_prefetch_bytes = 12288;
 inline constexpr std::size_t host_score_prefetch_bytes = 4096;
 #endif
 
+// The G group members' sums of one vector of tokens folded into one: their maximum (use_max) or
+// mean. Inlined whatever the compiler's budget: out of line, the accumulators would live in memory.
+__attribute__((always_inline)) inline detail::host_vec fold_group(const detail::host_vec* acc,
+                                                                  int g, int stride, bool use_max,
+                                                                  float inv_g) {
+  detail::host_vec a = acc[0];
+  if (use_max) {
+    for (int j = 1; j < g; ++j) a = a > acc[j * stride] ? a : acc[j * stride];
+  } else {
+    for (int j = 1; j < g; ++j) a += acc[j * stride];
+    a *= inv_g;
+  }
+  return a;
+}
+
+// From token t0 (tile b) to n, one register-wide piece of a tile line at a time, for every group
+// size: the tiles past the last whole block of T, and every tile where T is 0. Keeps the lane-wise
+// maximum of whole pieces in top and of the last partial piece in tail_top.
+template <class PkT, int G, class Store>
+__attribute__((always_inline)) inline void host_score_tile_tail(
+    const float* qg, int r, const Store& cache, int s, int h, int n, bool use_max, float inv_g,
+    float* row, int g, int t0, int b, detail::host_vec& top, float& tail_top) {
+  constexpr int tb = Store::block_tokens;
+  constexpr int W = detail::host_float_lanes;
+  constexpr int gcap = G > 0 ? G : detail::max_group;
+  using vec = detail::host_vec;
+  for (; t0 < n; t0 += tb, ++b) {
+    const int nb = n - t0 < tb ? n - t0 : tb;
+    const PkT* tile = cache.tile(s, h, b);
+    for (int l = 0; l * W < nb; ++l) {  // a whole tile line is read; lanes past n are ignored
+      vec acc[gcap] = {};
+      for (int c = 0; c < r; ++c) {
+        const vec pv = detail::load_lanes(tile + static_cast<std::size_t>(c) * tb + l * W);
+        for (int j = 0; j < g; ++j) acc[j] = detail::madd(acc[j], pv, qg[j * r + c]);
+      }
+      const vec a = fold_group(acc, g, 1, use_max, inv_g);
+      if (nb - l * W >= W) {
+        top = a > top ? a : top;
+        std::memcpy(row + t0 + l * W, &a, sizeof a);
+      } else {
+        for (int t = 0; t < nb - l * W; ++t) {
+          row[t0 + l * W + t] = a[t];
+          tail_top = a[t] > tail_top ? a[t] : tail_top;
+        }
+      }
+    }
+  }
+}
+
 // Scores one (s, h) row from float / half / bfloat16 tiles. G == 0: runtime `g` (slower). Pin: hold
 // each key line in a register for the G multiply-adds that use it. Every lane's sum is formed in
 // the same order whatever the vector width, so the scores' bits do not depend on the target.
@@ -210,36 +259,22 @@ float host_score_tiles(const float* qg, int r, const Store& cache, int s, int h,
   constexpr int L = tb / W;
   static_assert(tb % W == 0, "a tile line is whole vectors");
   using vec = detail::host_vec;
-  // By value: a vector written through a reference into an array is kept in memory.
-  const auto load = [](const PkT* p) { return detail::load_lanes(p); };
-  // Inlined whatever the compiler's budget: out of line, the accumulators would live in memory.
-  const auto fold =
-      [ use_max, inv_g ](const vec* acc, int g, int stride) __attribute__((always_inline)) {
-    vec a = acc[0];
-    if (use_max) {
-      for (int j = 1; j < g; ++j) a = a > acc[j * stride] ? a : acc[j * stride];
-    } else {
-      for (int j = 1; j < g; ++j) a += acc[j * stride];
-      a *= inv_g;
-    }
-    return a;
-  };
   const int g = G > 0 ? G : g_dyn;
-  constexpr int gcap = G > 0 ? G : detail::max_group;
   // Running lane-wise maximum (x > top is false for a NaN x, so top never holds one).
   vec top = vec{} - std::numeric_limits<float>::infinity();  // 0 - inf: -inf in every lane
   float tail_top = -std::numeric_limits<float>::infinity();
   int t0 = 0, b = 0;
   if constexpr (G > 0) {
-    // T whole tiles at a time: T * G * L independent multiply-add chains. T streams defeat the
-    // hardware prefetchers, so every line host_score_prefetch_bytes ahead is prefetched in address
-    // order. Where no tile fits the registers (2-byte keys with g >= 4 on AVX2), the loop below
-    // scores one register-wide piece at a time.
+    // T whole tiles at a time: T * G * L independent multiply-add chains. Where no tile fits the
+    // registers (2-byte keys with g >= 4 on AVX2), T is 0 and host_score_tile_tail scores one
+    // register-wide piece at a time.
     constexpr int T_wide = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 3 : 2;
     constexpr int T =
         W == 16 ? (L == 1 ? T_wide : (T_wide / 2 > 0 ? T_wide / 2 : 1)) : 16 / (L * (G + 1));
     static_assert(tb * sizeof(PkT) == 64, "a tile line is 64 bytes");
     if constexpr (T > 0) {
+      // T streams defeat the hardware prefetchers, so every line host_score_prefetch_bytes ahead
+      // is prefetched in address order.
       for (; t0 + T * tb <= n; t0 += T * tb, b += T) {
         const PkT* tiles[T];
         for (int u = 0; u < T; ++u) tiles[u] = cache.tile(s, h, b + u);
@@ -254,11 +289,12 @@ float host_score_tiles(const float* qg, int r, const Store& cache, int s, int h,
             const PkT* p = tiles[u] + static_cast<std::size_t>(c) * tb;
             KVSCOUT_HOST_UNROLL
             for (int l = 0; l < L; ++l) {
-              vec x = load(p + l * W);
+              // By value: a vector written through a reference into an array is kept in memory.
+              vec x = detail::load_lanes(p + l * W);
 #if defined(__AVX512F__)
-              // GCC folds the load into each of the G multiply-adds; from the caches the loads
-              // set the pace, so the empty asm pins the value in a 64-byte register. Rows read
-              // from memory are faster without.
+              // GCC folds the load into each of the G multiply-adds; from the caches the loads set
+              // the pace, so the empty asm pins the value in a 64-byte register. Rows read from
+              // memory are faster without.
               if constexpr (Pin && G > 1 && sizeof(vec) == 64) asm("" : "+v"(x));
 #endif
               pv[u][l] = x;
@@ -275,34 +311,15 @@ float host_score_tiles(const float* qg, int r, const Store& cache, int s, int h,
         KVSCOUT_HOST_UNROLL
         for (int u = 0; u < T; ++u) KVSCOUT_HOST_UNROLL
         for (int l = 0; l < L; ++l) {
-          const vec a = fold(&acc[u][0][l], G, L);
+          const vec a = fold_group(&acc[u][0][l], G, L, use_max, inv_g);
           top = a > top ? a : top;
           std::memcpy(row + t0 + u * tb + l * W, &a, sizeof a);
         }
       }
     }
   }
-  for (; t0 < n; t0 += tb, ++b) {
-    const int nb = n - t0 < tb ? n - t0 : tb;
-    const PkT* tile = cache.tile(s, h, b);
-    for (int l = 0; l * W < nb; ++l) {  // a whole tile line is read; lanes past n are ignored
-      vec acc[gcap] = {};
-      for (int c = 0; c < r; ++c) {
-        const vec pv = load(tile + static_cast<std::size_t>(c) * tb + l * W);
-        for (int j = 0; j < g; ++j) acc[j] = detail::madd(acc[j], pv, qg[j * r + c]);
-      }
-      const vec a = fold(acc, g, 1);
-      if (nb - l * W >= W) {
-        top = a > top ? a : top;
-        std::memcpy(row + t0 + l * W, &a, sizeof a);
-      } else {
-        for (int t = 0; t < nb - l * W; ++t) {
-          row[t0 + l * W + t] = a[t];
-          tail_top = a[t] > tail_top ? a[t] : tail_top;
-        }
-      }
-    }
-  }
+  host_score_tile_tail<PkT, G>(qg, r, cache, s, h, n, use_max, inv_g, row, g, t0, b, top,
+                                tail_top);
   for (int i = 0; i < W; ++i) tail_top = top[i] > tail_top ? top[i] : tail_top;
   return tail_top;
 }

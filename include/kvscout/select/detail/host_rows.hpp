@@ -73,8 +73,6 @@ inline int emit_range(int begin, int end, std::int32_t* out) {
 }
 
 
-inline constexpr int collect_window = 256;
-
 /// max_of(q, qn, -inf) carried along another scan's loop: step() once per vector block, then
 /// result().
 template <bool Simd>
@@ -210,99 +208,16 @@ int collect_candidates(const float* p, int n, int first, float lower, float alph
                        std::int32_t* out, int limit = INT_MAX) {
   const int prefix = n < collect_prefix ? n : collect_prefix;
   const float m0 = max_of<Simd>(p, prefix, rm);
-  int i = 0;
-  int c = 0;
-  float m = m0;       // the maximum of m0 and p[0, i)
-  float pend = m0;    // the maximum the next window's bound comes from
-  float bound = lower;
   const auto window_bound = [lower, alpha](float known) {
     const float f = detail::threshold_floor(known, alpha);
     return f > lower ? f : lower;
   };
-#if KVSCOUT_HOST_AVX512
+  collect_state st{0, 0, m0, m0, lower};
   if constexpr (Simd) {
-    // _mm512_max_ps(x, acc) returns acc where x is NaN; a NaN compares false (ordered): never kept.
-    __m512 acc[4] = {_mm512_set1_ps(m0), _mm512_set1_ps(m0), _mm512_set1_ps(m0),
-                     _mm512_set1_ps(m0)};
-    __m512 bv = _mm512_set1_ps(bound);
-    for (; i + 64 <= n; i += 64) {
-      if (i % collect_window == 0) {
-        if (c > limit) return -1;
-        bound = window_bound(pend);
-        bv = _mm512_set1_ps(bound);
-        pend = _mm512_reduce_max_ps(
-            _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
-      }
-      __m512 x[4];
-      KVSCOUT_HOST_UNROLL
-      for (int q = 0; q < 4; ++q) {
-        x[q] = _mm512_loadu_ps(p + i + 16 * q);
-        acc[q] = _mm512_max_ps(x[q], acc[q]);
-      }
-      // Skip groups without a candidate. Stores write inside out[c, c + 64) with c <= i.
-      const __mmask64 bits = at_least_mask64(x, bv);
-      if (bits != 0) c = emit_bits64(bits, first + i, out, c);
-    }
-    m = _mm512_reduce_max_ps(
-        _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
+    if (!collect_vectors(p, n, first, window_bound, st, out, limit)) return -1;
   }
-#elif KVSCOUT_HOST_AVX2
-  if constexpr (Simd) {
-    __m256 acc[4] = {_mm256_set1_ps(m0), _mm256_set1_ps(m0), _mm256_set1_ps(m0),
-                     _mm256_set1_ps(m0)};
-    __m256 bv = _mm256_set1_ps(bound);
-    bool dense = false;  // as in compact_at_least_impl
-    for (; i + 32 <= n; i += 32) {
-      if (i % collect_window == 0) {
-        if (c > limit) return -1;
-        dense = c * 16 > i;
-        bound = window_bound(pend);
-        bv = _mm256_set1_ps(bound);
-        pend = horizontal_max256(
-            _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3])));
-      }
-      __m256 x[4];
-      // Prefetch 4 KiB ahead into L1, or loads after a mispredicted emission wait on L3. An integer
-      // address: past the row's end it is no pointer into an object, and a prefetch does not fault.
-      const auto ahead_of = reinterpret_cast<std::uintptr_t>(p + i) + 4096;
-      _mm_prefetch(reinterpret_cast<const char*>(ahead_of), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(ahead_of + 64), _MM_HINT_T0);
-      KVSCOUT_HOST_UNROLL
-      for (int q = 0; q < 4; ++q) {
-        x[q] = _mm256_loadu_ps(p + i + 8 * q);
-        acc[q] = _mm256_max_ps(x[q], acc[q]);
-      }
-      const std::uint32_t bits = at_least_mask32(x, bv);
-      if (bits != 0) c = dense ? emit_bits32(bits, first + i, out, c)
-                               : emit_bits32_sparse(bits, first + i, out, c);
-    }
-    m = horizontal_max256(
-        _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3])));
-  }
-#elif KVSCOUT_HOST_SSE2
-  if constexpr (Simd) {
-    __m128 acc[4] = {_mm_set1_ps(m0), _mm_set1_ps(m0), _mm_set1_ps(m0), _mm_set1_ps(m0)};
-    __m128 bv = _mm_set1_ps(bound);
-    for (; i + 16 <= n; i += 16) {
-      if (i % collect_window == 0) {
-        if (c > limit) return -1;
-        bound = window_bound(pend);
-        bv = _mm_set1_ps(bound);
-        pend = horizontal_max(_mm_max_ps(_mm_max_ps(acc[0], acc[1]), _mm_max_ps(acc[2], acc[3])));
-      }
-      const __m128 x[4] = {_mm_loadu_ps(p + i), _mm_loadu_ps(p + i + 4), _mm_loadu_ps(p + i + 8),
-                           _mm_loadu_ps(p + i + 12)};
-      // Skip blocks without a candidate by the OR of the compares; a max of the block would let a
-      // NaN lane hide a candidate.
-      const __m128 any = _mm_or_ps(_mm_or_ps(_mm_cmpge_ps(x[0], bv), _mm_cmpge_ps(x[1], bv)),
-                                   _mm_or_ps(_mm_cmpge_ps(x[2], bv), _mm_cmpge_ps(x[3], bv)));
-      if (_mm_movemask_ps(any) != 0) c = compress_block(x, first + i, bv, out, c);
-      KVSCOUT_HOST_UNROLL
-      for (int q = 0; q < 4; ++q) acc[q] = _mm_max_ps(x[q], acc[q]);
-    }
-    m = horizontal_max(_mm_max_ps(_mm_max_ps(acc[0], acc[1]), _mm_max_ps(acc[2], acc[3])));
-  }
-#endif
+  int i = st.i, c = st.c;
+  float m = st.m, pend = st.pend, bound = st.bound;
   for (; i < n; ++i) {
     if (i % collect_window == 0) {
       if (c > limit) return -1;

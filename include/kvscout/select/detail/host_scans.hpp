@@ -281,4 +281,129 @@ inline int emit_bits32(std::uint32_t bits, int first, std::int32_t* out, int c) 
 
 #endif
 
+inline constexpr int collect_window = 256;
+
+/// collect_candidates' state between its vector and scalar parts: the next position, the count
+/// kept, the maximum so far, the maximum the next window's bound comes from, the bound in force.
+struct collect_state {
+  int i;
+  int c;
+  float m;
+  float pend;
+  float bound;
+};
+
+/// collect_candidates' vector part: whole vectors from st.i on, st updated for the scalar tail.
+/// Returns false as soon as more than `limit` positions are kept. One version per instruction set.
+#if KVSCOUT_HOST_AVX512
+template <class WindowBound>
+bool collect_vectors(const float* p, int n, int first, WindowBound window_bound,
+                     collect_state& st, std::int32_t* out, int limit) {
+  int i = st.i, c = st.c;
+  float m = st.m, pend = st.pend, bound = st.bound;
+  const float m0 = st.m;
+  // _mm512_max_ps(x, acc) returns acc where x is NaN; a NaN compares false (ordered): never kept.
+  __m512 acc[4] = {_mm512_set1_ps(m0), _mm512_set1_ps(m0), _mm512_set1_ps(m0),
+                   _mm512_set1_ps(m0)};
+  __m512 bv = _mm512_set1_ps(bound);
+  for (; i + 64 <= n; i += 64) {
+    if (i % collect_window == 0) {
+      if (c > limit) return false;
+      bound = window_bound(pend);
+      bv = _mm512_set1_ps(bound);
+      pend = _mm512_reduce_max_ps(
+          _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
+    }
+    __m512 x[4];
+    KVSCOUT_HOST_UNROLL
+    for (int q = 0; q < 4; ++q) {
+      x[q] = _mm512_loadu_ps(p + i + 16 * q);
+      acc[q] = _mm512_max_ps(x[q], acc[q]);
+    }
+    // Skip groups without a candidate. Stores write inside out[c, c + 64) with c <= i.
+    const __mmask64 bits = at_least_mask64(x, bv);
+    if (bits != 0) c = emit_bits64(bits, first + i, out, c);
+  }
+  m = _mm512_reduce_max_ps(
+      _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3])));
+  st = {i, c, m, pend, bound};
+  return true;
+}
+#elif KVSCOUT_HOST_AVX2
+template <class WindowBound>
+bool collect_vectors(const float* p, int n, int first, WindowBound window_bound,
+                     collect_state& st, std::int32_t* out, int limit) {
+  int i = st.i, c = st.c;
+  float m = st.m, pend = st.pend, bound = st.bound;
+  const float m0 = st.m;
+  __m256 acc[4] = {_mm256_set1_ps(m0), _mm256_set1_ps(m0), _mm256_set1_ps(m0),
+                   _mm256_set1_ps(m0)};
+  __m256 bv = _mm256_set1_ps(bound);
+  bool dense = false;  // as in compact_at_least_impl
+  for (; i + 32 <= n; i += 32) {
+    if (i % collect_window == 0) {
+      if (c > limit) return false;
+      dense = c * 16 > i;
+      bound = window_bound(pend);
+      bv = _mm256_set1_ps(bound);
+      pend = horizontal_max256(
+          _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3])));
+    }
+    __m256 x[4];
+    // Prefetch 4 KiB ahead into L1, or loads after a mispredicted emission wait on L3. An integer
+    // address: past the row's end it is no pointer into an object, and a prefetch does not fault.
+    const auto ahead_of = reinterpret_cast<std::uintptr_t>(p + i) + 4096;
+    _mm_prefetch(reinterpret_cast<const char*>(ahead_of), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(ahead_of + 64), _MM_HINT_T0);
+    KVSCOUT_HOST_UNROLL
+    for (int q = 0; q < 4; ++q) {
+      x[q] = _mm256_loadu_ps(p + i + 8 * q);
+      acc[q] = _mm256_max_ps(x[q], acc[q]);
+    }
+    const std::uint32_t bits = at_least_mask32(x, bv);
+    if (bits != 0) c = dense ? emit_bits32(bits, first + i, out, c)
+                             : emit_bits32_sparse(bits, first + i, out, c);
+  }
+  m = horizontal_max256(
+      _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3])));
+  st = {i, c, m, pend, bound};
+  return true;
+}
+#elif KVSCOUT_HOST_SSE2
+template <class WindowBound>
+bool collect_vectors(const float* p, int n, int first, WindowBound window_bound,
+                     collect_state& st, std::int32_t* out, int limit) {
+  int i = st.i, c = st.c;
+  float m = st.m, pend = st.pend, bound = st.bound;
+  const float m0 = st.m;
+  __m128 acc[4] = {_mm_set1_ps(m0), _mm_set1_ps(m0), _mm_set1_ps(m0), _mm_set1_ps(m0)};
+  __m128 bv = _mm_set1_ps(bound);
+  for (; i + 16 <= n; i += 16) {
+    if (i % collect_window == 0) {
+      if (c > limit) return false;
+      bound = window_bound(pend);
+      bv = _mm_set1_ps(bound);
+      pend = horizontal_max(_mm_max_ps(_mm_max_ps(acc[0], acc[1]), _mm_max_ps(acc[2], acc[3])));
+    }
+    const __m128 x[4] = {_mm_loadu_ps(p + i), _mm_loadu_ps(p + i + 4), _mm_loadu_ps(p + i + 8),
+                         _mm_loadu_ps(p + i + 12)};
+    // Skip blocks without a candidate by the OR of the compares; a max of the block would let a
+    // NaN lane hide a candidate.
+    const __m128 any = _mm_or_ps(_mm_or_ps(_mm_cmpge_ps(x[0], bv), _mm_cmpge_ps(x[1], bv)),
+                                 _mm_or_ps(_mm_cmpge_ps(x[2], bv), _mm_cmpge_ps(x[3], bv)));
+    if (_mm_movemask_ps(any) != 0) c = compress_block(x, first + i, bv, out, c);
+    KVSCOUT_HOST_UNROLL
+    for (int q = 0; q < 4; ++q) acc[q] = _mm_max_ps(x[q], acc[q]);
+  }
+  m = horizontal_max(_mm_max_ps(_mm_max_ps(acc[0], acc[1]), _mm_max_ps(acc[2], acc[3])));
+  st = {i, c, m, pend, bound};
+  return true;
+}
+#else
+template <class WindowBound>
+bool collect_vectors(const float*, int, int, WindowBound, collect_state&, std::int32_t*, int) {
+  return true;  // no vector instructions: the scalar loop does it all
+}
+#endif
+
 }  // namespace kvscout::detail

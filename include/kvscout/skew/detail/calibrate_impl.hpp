@@ -50,12 +50,10 @@ inline std::vector<int> pick_top(const std::vector<int>& q_rank, const std::vect
 
 using row_major_f = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-}  // namespace detail
-
-KVSCOUT_CALIBRATION_INLINE skew_plan calibrate_skew(host_span<const float> q_samples,
-                                                    host_span<const float> k_samples, int n,
-                                                    int group, int head_dim,
-                                                    const skew_options& opts) {
+/// Checks calibrate_skew's arguments and the samples; the plan's mode, head_dim, RoPE and r.
+inline skew_plan calibration_plan(host_span<const float> q_samples,
+                                  host_span<const float> k_samples, int n, int group, int head_dim,
+                                  const skew_options& opts) {
   KVSCOUT_EXPECTS(n > 0, "need at least one sample, got n = ", n);
   KVSCOUT_EXPECTS(group > 0, "GQA group size must be positive, got group = ", group);
   KVSCOUT_EXPECTS(head_dim > 0, "head_dim must be positive, got ", head_dim);
@@ -107,29 +105,46 @@ KVSCOUT_CALIBRATION_INLINE skew_plan calibrate_skew(host_span<const float> q_sam
                     " at sample ", i / D, ", channel ", i % D);
   }
 
-  if (mode == rope_mode::rope_planes) {
-    // Plane norms are RoPE-invariant, so this ranking holds at every position.
-    const int P = head_dim / 2;
-    const auto plane_scores = [&](const float* x, std::size_t count) {
-      std::vector<double> s(static_cast<std::size_t>(P), 0.0);
-      for (std::size_t row = 0; row < count; ++row) {
-        const float* v = x + row * D;
-        for (int j = 0; j < P; ++j) {
-          const detail::rope_plane p = detail::rope_plane_channels(plan.rope, j);
-          const double a = v[p.a], b = v[p.b];
-          s[j] += std::sqrt(a * a + b * b);
-        }
-      }
-      return s;
-    };
-    const std::vector<int> q_rank = detail::rank_by_score(plane_scores(q_samples.data(), rows));
-    const std::vector<int> k_rank =
-        opts.union_with_keys
-            ? detail::rank_by_score(plane_scores(k_samples.data(), static_cast<std::size_t>(n)))
-            : std::vector<int>{};
-    return rope_planes_plan(plan.rope, detail::pick_top(q_rank, k_rank, r / 2));
-  }
+  return plan;
+}
 
+/// rope_planes: the r / 2 planes of largest summed norm (RoPE-invariant, so the ranking holds at
+/// every position), over the queries and, where asked, the keys too.
+inline skew_plan planes_from_samples(const skew_plan& plan, host_span<const float> q_samples,
+                                     host_span<const float> k_samples, int n, int group,
+                                     const skew_options& opts) {
+  const std::size_t D = static_cast<std::size_t>(plan.head_dim);
+  const std::size_t rows = static_cast<std::size_t>(n) * static_cast<std::size_t>(group);
+  const int head_dim = plan.head_dim, r = plan.r;
+  const int P = head_dim / 2;
+  const auto plane_scores = [&](const float* x, std::size_t count) {
+    std::vector<double> s(static_cast<std::size_t>(P), 0.0);
+    for (std::size_t row = 0; row < count; ++row) {
+      const float* v = x + row * D;
+      for (int j = 0; j < P; ++j) {
+        const detail::rope_plane p = detail::rope_plane_channels(plan.rope, j);
+        const double a = v[p.a], b = v[p.b];
+        s[j] += std::sqrt(a * a + b * b);
+      }
+    }
+    return s;
+  };
+  const std::vector<int> q_rank = detail::rank_by_score(plane_scores(q_samples.data(), rows));
+  const std::vector<int> k_rank =
+      opts.union_with_keys
+          ? detail::rank_by_score(plane_scores(k_samples.data(), static_cast<std::size_t>(n)))
+          : std::vector<int>{};
+  return rope_planes_plan(plan.rope, detail::pick_top(q_rank, k_rank, r / 2));
+}
+
+/// The skew modes: A = V of the query samples' SVD (columns signed so their largest entry is
+/// positive), and the r channels of largest summed |Q V| (and |K V|, where asked).
+inline skew_plan skew_from_samples(skew_plan plan, host_span<const float> q_samples,
+                                   host_span<const float> k_samples, int n, int group,
+                                   const skew_options& opts) {
+  const std::size_t D = static_cast<std::size_t>(plan.head_dim);
+  const std::size_t rows = static_cast<std::size_t>(n) * static_cast<std::size_t>(group);
+  const int head_dim = plan.head_dim, r = plan.r;
   // Skew modes: only V is needed, never U (which would be [n * g]^2).
   const Eigen::MatrixXd Q =
       Eigen::Map<const detail::row_major_f>(q_samples.data(), static_cast<Eigen::Index>(rows),
@@ -164,6 +179,18 @@ KVSCOUT_CALIBRATION_INLINE skew_plan calibrate_skew(host_span<const float> q_sam
       plan.A[d * D + j] =
           static_cast<float>(V(static_cast<Eigen::Index>(d), static_cast<Eigen::Index>(j)));
   return plan;
+}
+
+}  // namespace detail
+
+KVSCOUT_CALIBRATION_INLINE skew_plan calibrate_skew(host_span<const float> q_samples,
+                                                    host_span<const float> k_samples, int n,
+                                                    int group, int head_dim,
+                                                    const skew_options& opts) {
+  const skew_plan plan = detail::calibration_plan(q_samples, k_samples, n, group, head_dim, opts);
+  if (plan.mode == rope_mode::rope_planes)
+    return detail::planes_from_samples(plan, q_samples, k_samples, n, group, opts);
+  return detail::skew_from_samples(plan, q_samples, k_samples, n, group, opts);
 }
 
 }  // namespace kvscout
