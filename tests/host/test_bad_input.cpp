@@ -5,7 +5,6 @@
 // results before).
 
 #include <catch2/catch.hpp>
-
 #include <climits>
 #include <cmath>
 #include <cstddef>
@@ -13,23 +12,24 @@
 #include <limits>
 #include <vector>
 
-#include "kvscout/core/workspace.hpp"
 #include "kvscout/attention/decode.hpp"
 #include "kvscout/cache/partial_key_cache.hpp"
 #include "kvscout/cache/quantized_partial_key_cache.hpp"
 #include "kvscout/core/detail/checked_size.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/eval/metrics.hpp"
 #include "kvscout/fetch/host_gather.hpp"
 #include "kvscout/kv/contiguous.hpp"
 #include "kvscout/kv/kivi.hpp"
 #include "kvscout/kv/paged.hpp"
 #include "kvscout/pipeline/host_pipeline.hpp"
-#include "kvscout/select/topk.hpp"
-#include "kvscout/skew/plan.hpp"
 #include "kvscout/score/h2o.hpp"
 #include "kvscout/score/oracle.hpp"
 #include "kvscout/score/quest.hpp"
 #include "kvscout/score/streaming.hpp"
+#include "kvscout/select/topk.hpp"
+#include "kvscout/skew/partial_query.hpp"
+#include "kvscout/skew/plan.hpp"
 
 using Catch::Contains;
 

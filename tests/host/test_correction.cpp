@@ -1,23 +1,23 @@
 // The correction step (issue 32, part 1): infinigen_policy_host::score_query against its definition,
 // and correction_selector_host against a brute-force reference of its own semantics.
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <optional>
-#include <utility>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kvscout/core/workspace.hpp"
-#include "kvscout/skew/calibrate.hpp"
-#include "kvscout/select/correction.hpp"
 #include "kvscout/score/infinigen.hpp"
+#include "kvscout/score/infinigen_query_scores.hpp"
+#include "kvscout/select/correction.hpp"
+#include "kvscout/skew/calibrate.hpp"
 #include "model_slice.hpp"
 
 namespace {

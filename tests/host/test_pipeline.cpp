@@ -3,10 +3,9 @@
 // selected rows move, and the oracle's selection carries at least as much attention mass as any
 // other policy's at the same budget.
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <bit>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -17,21 +16,22 @@
 #include <vector>
 
 #include "../common/counting_executor.hpp"
+#include "kvscout/calibrate.hpp"
 #include "kvscout/core/configured.hpp"
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/eval/metrics.hpp"
-#include "kvscout/calibrate.hpp"
 #include "kvscout/pipeline/host_pipeline.hpp"
 #include "kvscout/preset_pipeline.hpp"
 #include "kvscout/presets.hpp"
-#include "kvscout/select/threshold.hpp"
-#include "kvscout/select/topk.hpp"
-#include "kvscout/skew/calibrate.hpp"
 #include "kvscout/score/h2o.hpp"
 #include "kvscout/score/infinigen.hpp"
+#include "kvscout/score/infinigen_query_scores.hpp"
 #include "kvscout/score/oracle.hpp"
 #include "kvscout/score/quest.hpp"
 #include "kvscout/score/streaming.hpp"
+#include "kvscout/select/threshold.hpp"
+#include "kvscout/select/topk.hpp"
+#include "kvscout/skew/calibrate.hpp"
 #include "toy_model.hpp"
 
 namespace {

@@ -5,12 +5,11 @@
 // Dot products of random vectors can sit near zero, so score errors are measured relative to
 // |q| |k| (the scale of the terms), not to the score itself.
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <bit>
-#include <cstdint>
+#include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "kvscout/skew/calibrate.hpp"
+#include "kvscout/skew/partial_query.hpp"
 #include "kvscout/skew/plan.hpp"
 #include "random_orthogonal.hpp"
 

@@ -25,17 +25,20 @@
 #include <type_traits>
 #include <vector>
 
-#include "kvscout/core/detail/launch.cuh"
+#include "kvscout/cache/partial_key_store.hpp"
 #include "kvscout/core/cuda_check.hpp"
+#include "kvscout/core/detail/launch.cuh"
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/exec.hpp"
 #include "kvscout/core/span.hpp"
-#include "kvscout/skew/plan.hpp"
-#include "kvscout/cache/partial_key_store.hpp"
+#include "kvscout/score/detail/infinigen_append_kernels.cuh"
 #include "kvscout/score/detail/infinigen_kernels.cuh"
+#include "kvscout/score/detail/infinigen_query_kernels.cuh"
 #include "kvscout/score/device_concepts.hpp"
 #include "kvscout/score/infinigen_device.hpp"
+#include "kvscout/skew/partial_query.hpp"
+#include "kvscout/skew/plan.hpp"
 
 namespace kvscout {
 

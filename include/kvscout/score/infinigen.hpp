@@ -35,11 +35,13 @@
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/shape.hpp"
 #include "kvscout/core/simd.hpp"
-#include "kvscout/skew/plan.hpp"
 #include "kvscout/score/concepts.hpp"
 #include "kvscout/score/detail/aggregate.hpp"
 #include "kvscout/score/detail/infinigen_host_kernels.hpp"
+#include "kvscout/score/detail/infinigen_host_memory.hpp"
 #include "kvscout/score/infinigen_config.hpp"
+#include "kvscout/skew/partial_query.hpp"
+#include "kvscout/skew/plan.hpp"
 
 namespace kvscout {
 
@@ -53,18 +55,12 @@ class infinigen_policy_host {
   using config_type = config;
   static constexpr bool needs_query = false;
   using key_store = partial_key_store<PkT>;
+  using mem_layout = detail::infinigen_host_memory<PkT, WT>;
   static constexpr bool quantized = detail::is_quantized_keys_v<PkT>;
 
   /// Scratch of one score() / score_query() / append(), sized for r = head_dim. Checks the config.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
-    check_config(cfg);
-    return sizeof(rope_table) * query_block +
-           sizeof(float) * detail::checked_size(
-                               "infinigen_policy_host's scratch floats (query_block x "
-                               "num_q_heads x head_dim)",
-                               query_block, cfg.shape.num_q_heads, cfg.shape.head_dim) +
-           sizeof(float) * 2 * static_cast<std::size_t>(cfg.shape.head_dim) + sum_prob_bytes(cfg) +
-           quantized_bytes(cfg);
+    return mem_layout::workspace_bytes(cfg);
   }
   static constexpr std::size_t workspace_alignment =
       alignof(rope_table) > alignof(float) ? alignof(rope_table) : alignof(float);
@@ -115,46 +111,19 @@ class infinigen_policy_host {
     return detail::checked_sum("infinigen_policy_host memory bytes", key_memory_bytes(cfg, plans, correction_plans),
                                weight_memory_bytes(cfg, plans));
   }
-  static constexpr std::size_t memory_alignment = 64;
+  static constexpr std::size_t memory_alignment = mem_layout::memory_alignment;
 
   /// Every speculated layer's cache, at its correction plans' width where it has them.
   [[nodiscard]] static std::size_t key_memory_bytes(
       const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
       const std::vector<std::vector<skew_plan>>& correction_plans = {}) {
-    check_config(cfg);
-    const auto L = static_cast<std::size_t>(cfg.shape.num_layers);
-    KVSCOUT_EXPECTS(plans.size() == L, "key_memory_bytes: expected one entry per layer (",
-                    cfg.shape.num_layers, ") in plans, got ", plans.size());
-    KVSCOUT_EXPECTS(correction_plans.empty() || correction_plans.size() == L,
-                    "key_memory_bytes: expected no correction plans or one entry per layer (",
-                    cfg.shape.num_layers, "), got ", correction_plans.size());
-    std::size_t total = 0;
-    for (std::size_t l = 0; l < L; ++l) {
-      if (plans[l].empty()) continue;
-      const skew_plan& widest = !correction_plans.empty() && !correction_plans[l].empty() ? correction_plans[l][0]
-                                                                                         : plans[l][0];
-      detail::check_plan(widest);
-      const int r = widest.r;
-      total = detail::checked_sum("infinigen_policy_host key_memory bytes", total, key_layer_bytes(cfg, r));
-    }
-    return total;
+    return mem_layout::key_memory_bytes(cfg, plans, correction_plans);
   }
   /// For every query head of every speculated layer: the rows, their bias, the rotation A[:, S] and
   /// the planes.
-  [[nodiscard]] static std::size_t weight_memory_bytes(const config& cfg,
-                                                       const std::vector<std::vector<skew_plan>>& plans) {
-    check_config(cfg);
-    KVSCOUT_EXPECTS(plans.size() == static_cast<std::size_t>(cfg.shape.num_layers),
-                    "weight_memory_bytes: expected one entry per layer (", cfg.shape.num_layers,
-                    ") in plans, got ", plans.size());
-    std::size_t total = 0;
-    for (const auto& pl : plans)
-      if (!pl.empty())
-        total = detail::checked_sum(
-            "infinigen_policy_host weight memory bytes", total,
-            detail::checked_size("infinigen_policy_host weight memory bytes of a layer",
-                                 cfg.shape.num_q_heads, head_weight_sizes(cfg, pl[0]).total()));
-    return total;
+  [[nodiscard]] static std::size_t weight_memory_bytes(
+      const config& cfg, const std::vector<std::vector<skew_plan>>& plans) {
+    return mem_layout::weight_memory_bytes(cfg, plans);
   }
 
   /// The same policy with its state in the caller's memory: at least memory_bytes(cfg, plans,
@@ -171,87 +140,6 @@ class infinigen_policy_host {
 
  private:
   struct build_tag {};
-  static std::size_t aligned(std::size_t b) {
-    return detail::checked_sum("infinigen_policy_host memory bytes", b, memory_alignment - 1) / memory_alignment *
-           memory_alignment;
-  }
-  static std::size_t key_layer_bytes(const config& cfg, int r) {
-    return aligned(key_store::memory_bytes(cfg.shape.num_seqs, cfg.shape.num_kv_heads, r,
-                                           cfg.shape.max_tokens));
-  }
-  struct weight_sizes {
-    std::size_t weight = 0, bias = 0, rotation = 0, planes = 0;  // elements
-    [[nodiscard]] std::size_t total() const {
-      return aligned(detail::checked_size("infinigen_policy_host partial W_Q rows in bytes", weight, sizeof(WT))) +
-             aligned(sizeof(float) * bias) + aligned(sizeof(float) * rotation) + aligned(sizeof(int) * planes);
-    }
-  };
-  static weight_sizes head_weight_sizes(const config& cfg, const skew_plan& p) {
-    detail::check_plan(p);
-    const bool skew = p.mode == rope_mode::post_rope_skew;
-    const int rows = skew ? cfg.shape.head_dim : p.r;
-    return {detail::checked_size("infinigen_policy_host partial W_Q rows (rows x d_model)", rows,
-                                 cfg.shape.d_model),
-            static_cast<std::size_t>(rows),
-            skew ? static_cast<std::size_t>(cfg.shape.head_dim) * p.r : 0,
-            p.mode == rope_mode::rope_planes ? static_cast<std::size_t>(p.r / 2) : 0};
-  }
-  // Writes w into memory at `at`, the rows narrowed to WT; returns the view and advances `at`.
-  static detail::partial_query_weights_view<WT> place_weights(const partial_query_weights& w,
-                                                              const weight_sizes& z,
-                                                              std::byte* base, std::size_t& at) {
-    KVSCOUT_EXPECTS(w.weight.size() == z.weight && w.bias.size() == z.bias && w.rotation.size() == z.rotation &&
-                       w.planes.size() == z.planes,
-                   "infinigen_policy_host: partial weights of an unexpected size");
-    const auto take = [&](std::size_t bytes) {
-      std::byte* p = base + at;
-      at += aligned(bytes);
-      return p;
-    };
-    WT* rows = reinterpret_cast<WT*>(take(sizeof(WT) * z.weight));
-    for (std::size_t i = 0; i < z.weight; ++i) rows[i] = from_float<WT>(w.weight[i]);
-    float* bias = reinterpret_cast<float*>(take(sizeof(float) * z.bias));
-    std::copy(w.bias.begin(), w.bias.end(), bias);
-    float* rot = reinterpret_cast<float*>(take(sizeof(float) * z.rotation));
-    std::copy(w.rotation.begin(), w.rotation.end(), rot);
-    int* planes = reinterpret_cast<int*>(take(sizeof(int) * z.planes));
-    std::copy(w.planes.begin(), w.planes.end(), planes);
-    return {{static_cast<const detail::partial_query_shape&>(w)},
-            {rows, z.weight},
-            {bias, z.bias},
-            {rot, z.rotation},
-            {planes, z.planes}};
-  }
-  static std::size_t sum_prob_bytes(const config& cfg) {
-    if (cfg.aggregation != gqa_aggregation::sum_prob && cfg.late_aggregation() != gqa_aggregation::sum_prob)
-      return 0;
-    return sizeof(float) *
-           detail::checked_size("infinigen_policy_host's sum_prob rows (group x max_tokens)",
-                                cfg.shape.num_q_heads / cfg.shape.num_kv_heads,
-                                cfg.shape.max_tokens);
-  }
-  static std::size_t quantized_bytes(const config& cfg) {
-    if constexpr (quantized)
-      return sizeof(float) *
-             static_cast<std::size_t>(cfg.shape.num_q_heads / cfg.shape.num_kv_heads) *
-             static_cast<std::size_t>(cfg.shape.head_dim);
-    else
-      return 0;
-  }
-  static void check_config(const config& cfg) {
-    detail::check_policy_sizes("infinigen_policy_host", cfg.shape.num_layers, cfg.shape.num_seqs,
-                               cfg.shape.num_kv_heads, cfg.shape.max_tokens);
-    KVSCOUT_EXPECTS(cfg.shape.head_dim > 0 && cfg.shape.d_model > 0,
-                    "head_dim and d_model must be positive, got ", cfg.shape.head_dim, " and ",
-                    cfg.shape.d_model);
-    detail::check_gqa(cfg.shape.num_q_heads, cfg.shape.num_kv_heads);
-    KVSCOUT_EXPECTS(cfg.shape.num_q_heads / cfg.shape.num_kv_heads <= detail::max_group,
-                    "GQA group of ", cfg.shape.num_q_heads / cfg.shape.num_kv_heads, " exceeds ",
-                    detail::max_group);
-    detail::check_scale(cfg.shape.scale);
-    detail::check_aggregation(cfg.aggregation, "aggregation");
-    detail::check_aggregation(cfg.late_aggregation(), "query_aggregation");
-  }
   void carve(host_span<std::byte> workspace) {
     const std::size_t need = workspace_bytes(cfg_);
     KVSCOUT_EXPECTS(workspace.size() >= need, "infinigen_policy_host: workspace holds ",
@@ -268,8 +156,9 @@ class infinigen_policy_host {
     pk_ =
         qp_ + static_cast<std::size_t>(query_block) * cfg_.shape.num_q_heads * cfg_.shape.head_dim;
     qm_ = pk_ + cfg_.shape.head_dim;
-    lg_ = sum_prob_bytes(cfg_) > 0 ? qm_ + cfg_.shape.head_dim : nullptr;
-    if constexpr (quantized) qw_ = qm_ + cfg_.shape.head_dim + sum_prob_bytes(cfg_) / sizeof(float);
+    lg_ = mem_layout::sum_prob_bytes(cfg_) > 0 ? qm_ + cfg_.shape.head_dim : nullptr;
+    if constexpr (quantized)
+      qw_ = qm_ + cfg_.shape.head_dim + mem_layout::sum_prob_bytes(cfg_) / sizeof(float);
   }
   template <compute_element In>
   infinigen_policy_host(build_tag, const config& cfg,
@@ -368,9 +257,10 @@ class infinigen_policy_host {
     set_plans(l, pl, wide);
     auto& st = layers_[static_cast<std::size_t>(l)];
     const int g = cfg_.shape.num_q_heads / cfg_.shape.num_kv_heads;
-    const weight_sizes wz = head_weight_sizes(cfg_, pl[0]);  // one r and mode per layer
+    const typename mem_layout::weight_sizes wz =
+        mem_layout::head_weight_sizes(cfg_, pl[0]);  // one r and mode per layer
     for (int qh = 0; qh < cfg_.shape.num_q_heads; ++qh) {
-      st.weights.push_back(place_weights(
+      st.weights.push_back(mem_layout::place_weights(
           detail::make_partial_query_weights_from(pl[static_cast<std::size_t>(qh / g)], w_q, b_q,
                                                   cfg_.shape.d_model, qh),
           wz, memory.data(), weight_at));
@@ -392,7 +282,7 @@ class infinigen_policy_host {
     if (!caller_memory) {
       st.cache = key_store(sh.num_seqs, sh.num_kv_heads, st.r, sh.max_tokens);
     } else {
-      const std::size_t b = key_layer_bytes(cfg_, st.r);  // padded to the alignment
+      const std::size_t b = mem_layout::key_layer_bytes(cfg_, st.r);  // padded to the alignment
       st.cache = key_store(sh.num_seqs, sh.num_kv_heads, st.r, sh.max_tokens,
                            memory.subspan(key_at, b));
       key_at += b;
@@ -570,80 +460,11 @@ class infinigen_policy_host {
   // non-NaN score (-inf if none).
   float score_row(const layer_state& st, const float* qg, int r, int s, int h, int g, int n,
                   float* row, gqa_aggregation agg) {
-    if (agg == gqa_aggregation::sum_prob) {
-      // sum over the heads of exp(logit - the head's max) / its normaliser, in double.
-      if (n == 0) return -std::numeric_limits<float>::infinity();
-      double inv_z[detail::max_group];
-      float top[detail::max_group];
-      for (int j = 0; j < g; ++j) {
-        float* lj = lg_ + static_cast<std::size_t>(j) * cfg_.shape.max_tokens;
-        const float* qj = qg + static_cast<std::size_t>(j) * r;
-        if constexpr (quantized)
-          top[j] = detail::host_score_quantized<1>(qj, r, st.cache, s, h, n, true, 1.f, lj, qw_);
-        else
-          top[j] = detail::host_score_tiles<PkT, 1>(qj, r, st.cache, s, h, n, true, 1.f, lj);
-        double z = 0;
-        for (int t = 0; t < n; ++t) {
-          const double e = std::exp(static_cast<double>(lj[t]) - top[j]);
-          z += e;
-          lj[t] = static_cast<float>(e);
-        }
-        inv_z[j] = 1.0 / z;
-      }
-      for (int t = 0; t < n; ++t) {
-        double a = 0;
-        for (int j = 0; j < g; ++j)
-          a += static_cast<double>(lg_[static_cast<std::size_t>(j) * cfg_.shape.max_tokens + t]) *
-               inv_z[j];
-        row[t] = static_cast<float>(a);
-      }
-      return detail::max_non_nan(row, n);
-    }
-    const bool use_max = agg == gqa_aggregation::max_logit;
-    const float inv_g = 1.f / static_cast<float>(g);
-    if (!use_max && g > 1) {
-      // mean_logit: the mean of the group's dot products is the dot product with the group's mean
-      // query, so one multiply-add chain per tile instead of g (rounding differs only in order).
-      float* qm = qm_;
-      for (int c = 0; c < r; ++c) {
-        float sum = 0.f;
-        for (int j = 0; j < g; ++j) sum += qg[j * r + c];
-        qm[c] = sum * inv_g;
-      }
-      if constexpr (quantized)
-        return detail::host_score_quantized<1>(qm, r, st.cache, s, h, n, true, 1.f, row, qw_);
-      else
-        return detail::host_score_tiles<PkT, 1>(qm, r, st.cache, s, h, n, true, 1.f, row);
-    }
-    if constexpr (quantized) {
-      if (g <= 8) {
-        float top = 0.f;
-        detail::dispatch(detail::value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
-          top = detail::host_score_quantized<decltype(G)::value>(qg, r, st.cache, s, h, n, use_max,
-                                                                inv_g, row, qw_);
-        });
-        return top;
-      }
-      return detail::host_score_quantized<0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, qw_, g);
-    } else {
-      const bool pin = static_cast<std::size_t>(n) * static_cast<std::size_t>(r) * sizeof(PkT) <=
-                       detail::host_score_pin_row_bytes;
-      if (g <= 8) {
-        float top = 0.f;
-        detail::dispatch(detail::value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
-          constexpr int gv = decltype(G)::value;
-          top = pin ? detail::host_score_tiles<PkT, gv, true>(qg, r, st.cache, s, h, n, use_max,
-                                                              inv_g, row)
-                    : detail::host_score_tiles<PkT, gv, false>(qg, r, st.cache, s, h, n, use_max,
-                                                               inv_g, row);
-        });
-        return top;
-      }
-      return detail::host_score_tiles<PkT, 0>(qg, r, st.cache, s, h, n, use_max, inv_g, row, g);
-    }
+    return detail::host_score_row<PkT>(st.cache, qg, r, s, h, g, n, row, agg,
+                                       {lg_, qm_, qw_, cfg_.shape.max_tokens});
   }
 
-  static constexpr int query_block = 8;
+  static constexpr int query_block = mem_layout::query_block;
 
   config cfg_;
   host_buffer<std::byte> own_;  // the partial weights, where the caller gave no memory
@@ -660,29 +481,5 @@ class infinigen_policy_host {
 static_assert(speculation_policy<infinigen_policy_host<>>);
 static_assert(speculation_policy<infinigen_policy_host<half, bfloat16>>);
 static_assert(speculation_policy<infinigen_policy_host<quantized_keys<4>>>);
-
-/// An infinigen_policy_host's score_query as a policy of its own (needs_query = true): a pipeline's
-/// correction step, or the late ranking alone. Holds a reference; the policy outlives it. append()
-/// feeds the policy's partial keys.
-template <class P>
-class infinigen_query_scores_host {
- public:
-  static constexpr bool needs_query = true;
-  using config_type = typename P::config_type;
-  explicit infinigen_query_scores_host(P& policy) : p_(&policy) {}
-  void score(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out,
-             host_exec x = {}) {
-    p_->score_query(layer, ctx, out, x);
-  }
-  void append(int layer, int s, int t, const float* k_pre, const float* k_post, host_exec x = {}) {
-    p_->append(layer, s, t, k_pre, k_post, x);
-  }
-  [[nodiscard]] const config_type& configuration() const noexcept { return p_->configuration(); }
-
- private:
-  P* p_;
-};
-
-static_assert(speculation_policy<infinigen_query_scores_host<infinigen_policy_host<>>>);
 
 }  // namespace kvscout

@@ -22,11 +22,12 @@
 #include "kvscout/core/selection.hpp"
 #include "kvscout/core/shape.hpp"
 #include "kvscout/core/span.hpp"
-#include "kvscout/skew/plan.hpp"
 #include "kvscout/score/concepts.hpp"
-#include "kvscout/score/device_context.hpp"
 #include "kvscout/score/detail/aggregate.hpp"
+#include "kvscout/score/device_context.hpp"
 #include "kvscout/score/infinigen_config.hpp"
+#include "kvscout/skew/partial_query.hpp"
+#include "kvscout/skew/plan.hpp"
 
 namespace kvscout {
 

@@ -6,13 +6,18 @@
 // (max_logit's maximum, or the mean).
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 
+#include "kvscout/cache/partial_key_store.hpp"
 #include "kvscout/core/config.hpp"
+#include "kvscout/core/detail/host_vec.hpp"
+#include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/simd.hpp"
+#include "kvscout/score/concepts.hpp"
 #include "kvscout/score/detail/aggregate.hpp"
 
 namespace kvscout::detail {
@@ -322,6 +327,92 @@ float host_score_tiles(const float* qg, int r, const Store& cache, int s, int h,
                                 tail_top);
   for (int i = 0; i < W; ++i) tail_top = top[i] > tail_top ? top[i] : tail_top;
   return tail_top;
+}
+
+// A row's scratch for host_score_row: the group's logit rows (sum_prob), its mean query
+// (mean_logit) and the quantised scorer's per-query terms.
+struct host_score_scratch {
+  float* lg;       // [g, max_tokens], or null where no aggregation is sum_prob
+  float* qm;       // [r]
+  float* qw;       // the quantised keys' scratch, or null
+  int max_tokens;  // the stride of lg's rows
+};
+
+// One (s, h) row of n scores for the group's g partial queries qg [g, r], aggregated by agg:
+// sum_prob (the group's softmax mass, in double), mean_logit (one dot product with the mean
+// query) or max_logit. Returns the row's largest non-NaN score.
+template <class PkT, class Store>
+float host_score_row(const Store& cache, const float* qg, int r, int s, int h, int g, int n,
+                     float* row, gqa_aggregation agg, const host_score_scratch& x) {
+  constexpr bool quantized = is_quantized_keys_v<PkT>;
+  if (agg == gqa_aggregation::sum_prob) {
+    // sum over the heads of exp(logit - the head's max) / its normaliser, in double.
+    if (n == 0) return -std::numeric_limits<float>::infinity();
+    double inv_z[max_group];
+    float top[max_group];
+    for (int j = 0; j < g; ++j) {
+      float* lj = x.lg + static_cast<std::size_t>(j) * x.max_tokens;
+      const float* qj = qg + static_cast<std::size_t>(j) * r;
+      if constexpr (quantized)
+        top[j] = host_score_quantized<1>(qj, r, cache, s, h, n, true, 1.f, lj, x.qw);
+      else
+        top[j] = host_score_tiles<PkT, 1>(qj, r, cache, s, h, n, true, 1.f, lj);
+      double z = 0;
+      for (int t = 0; t < n; ++t) {
+        const double e = std::exp(static_cast<double>(lj[t]) - top[j]);
+        z += e;
+        lj[t] = static_cast<float>(e);
+      }
+      inv_z[j] = 1.0 / z;
+    }
+    for (int t = 0; t < n; ++t) {
+      double a = 0;
+      for (int j = 0; j < g; ++j)
+        a += static_cast<double>(x.lg[static_cast<std::size_t>(j) * x.max_tokens + t]) * inv_z[j];
+      row[t] = static_cast<float>(a);
+    }
+    return max_non_nan(row, n);
+  }
+  const bool use_max = agg == gqa_aggregation::max_logit;
+  const float inv_g = 1.f / static_cast<float>(g);
+  if (!use_max && g > 1) {
+    // mean_logit: the mean of the group's dot products is the dot product with the group's mean
+    // query, so one multiply-add chain per tile instead of g (rounding differs only in order).
+    float* qm = x.qm;
+    for (int c = 0; c < r; ++c) {
+      float sum = 0.f;
+      for (int j = 0; j < g; ++j) sum += qg[j * r + c];
+      qm[c] = sum * inv_g;
+    }
+    if constexpr (quantized)
+      return host_score_quantized<1>(qm, r, cache, s, h, n, true, 1.f, row, x.qw);
+    else
+      return host_score_tiles<PkT, 1>(qm, r, cache, s, h, n, true, 1.f, row);
+  }
+  if constexpr (quantized) {
+    if (g <= 8) {
+      float top = 0.f;
+      dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
+        top = host_score_quantized<decltype(G)::value>(qg, r, cache, s, h, n, use_max, inv_g, row,
+                                                       x.qw);
+      });
+      return top;
+    }
+    return host_score_quantized<0>(qg, r, cache, s, h, n, use_max, inv_g, row, x.qw, g);
+  } else {
+    const bool pin = static_cast<std::size_t>(n) * static_cast<std::size_t>(r) * sizeof(PkT) <=
+                     host_score_pin_row_bytes;
+    if (g <= 8) {
+      float top = 0.f;
+      dispatch(value_list<1, 2, 3, 4, 5, 6, 7, 8>{}, g, "GQA group", [&](auto G) {
+        constexpr int gv = decltype(G)::value;
+        top = pin ? host_score_tiles<PkT, gv, true>(qg, r, cache, s, h, n, use_max, inv_g, row)
+                  : host_score_tiles<PkT, gv, false>(qg, r, cache, s, h, n, use_max, inv_g, row);
+      });
+      return top;
+    }
+    return host_score_tiles<PkT, 0>(qg, r, cache, s, h, n, use_max, inv_g, row, g);
+  }
 }
 
 }  // namespace kvscout::detail
