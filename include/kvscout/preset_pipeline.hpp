@@ -4,14 +4,17 @@
 // calibration and the budget. The same parts by hand: docs/speculation.md.
 //
 //   const auto p = kvscout::presets::kvscout_default(64);
-//   const auto cal = kvscout::presets::calibrate(p, shape, rope, q, k, n);  // kvscout/calibrate.hpp
-//   kvscout::presets::pipeline_host<layout> pipe(p, shape, cal, 0.10, w_q, b_q, /*threads=*/2);
-//   pipe->speculate(i + 1, ctx, kv[i + 1]);  pipe->attend(i, ctx, kv[i], cur, out);  ...
+//   const auto cal = kvscout::presets::calibrate(p, shape, rope, q, k, n);  //
+//   kvscout/calibrate.hpp kvscout::presets::pipeline_host<layout> owned(p, shape, cal, 0.10, w_q,
+//   b_q, /*threads=*/2); auto& pipe = owned.pipeline();  // the decode_pipeline_host
+//   pipe.speculate(i + 1, ctx, kv[i + 1]);  pipe.attend(i, ctx, kv[i], cur, out);  ...
 
+#include <algorithm>
 #include <cstddef>
-#include <optional>
+#include <memory>
 #include <vector>
 
+#include "kvscout/core/detail/checked_size.hpp"
 #include "kvscout/core/error.hpp"
 #include "kvscout/core/shape.hpp"
 #include "kvscout/core/span.hpp"
@@ -26,22 +29,25 @@ namespace kvscout::presets {
 
 /// PkT: the policy's partial-key format, which must be the preset's (partial_keys_t<key_bits>).
 /// The presets that select by top-k (kvscout_default, kvscout_speculation_only); infinigen_paper's
-/// threshold selector is built by hand. Neither copyable nor movable: the pipeline holds its
-/// parts by reference.
+/// threshold selector is built by hand. Neither copyable nor movable (the pipeline holds its parts
+/// by reference): hold it in place or through a unique_ptr. The budget is fixed at construction.
 template <kv_layout Layout, partial_key_format PkT = partial_keys_t<2>>
 class pipeline_host {
  public:
   using policy_type = infinigen_policy_host<PkT>;
   using pipeline_type = decode_pipeline_host<Layout, policy_type, topk_selector_host>;
 
-  /// w_q: each layer's W_Q [num_q_heads * head_dim, d_model]; b_q: each layer's bias, or empty
-  /// (no biases). threads: the gather's and attention's, the caller's included.
+  /// cal: presets::calibrate(p, shape, ...) of this preset and shape. w_q: each layer's W_Q
+  /// [num_q_heads * head_dim, d_model]; b_q: each layer's bias [num_q_heads * head_dim], or no
+  /// entries (no biases); float, half or bfloat16. threads: the gather's and attention's, the
+  /// caller's included.
+  template <compute_element In>
   pipeline_host(const speculation_preset& p, const decode_shape& shape, const calibration& cal,
-                double budget, const std::vector<host_span<const float>>& w_q,
-                const std::vector<host_span<const float>>& b_q, int threads = 1)
-      : budgets_(checked_budgets(p, shape, cal, budget)),
+                double budget, const std::vector<host_span<const In>>& w_q,
+                const std::vector<host_span<const In>>& b_q, int threads = 1)
+      : budgets_(checked_budgets(p, shape, cal, budget, w_q, b_q)),
         policy_ws_(make_workspace<policy_type>(p.policy_config(shape))),
-        policy_built_(build_policy(p, shape, cal, w_q, b_q)),
+        policy_(make_policy(p, shape, cal, w_q, b_q, policy_ws_.span())),
         selectors_(shape, budgets_),
         cfg_{.shape = shape,
              .skip_layers = p.skip_layers,
@@ -56,17 +62,20 @@ class pipeline_host {
   pipeline_host(const pipeline_host&) = delete;
   pipeline_host& operator=(const pipeline_host&) = delete;
 
+  /// The decode_pipeline_host: speculate, attend, append, stats.
   [[nodiscard]] pipeline_type& pipeline() noexcept { return pipe_; }
   [[nodiscard]] const pipeline_type& pipeline() const noexcept { return pipe_; }
-  pipeline_type* operator->() noexcept { return &pipe_; }
-  const pipeline_type* operator->() const noexcept { return &pipe_; }
   [[nodiscard]] policy_type& policy() noexcept { return *policy_; }
+  [[nodiscard]] const policy_type& policy() const noexcept { return *policy_; }
   [[nodiscard]] const step_budgets& budgets() const noexcept { return budgets_; }
   [[nodiscard]] const host_pipeline_config& configuration() const noexcept { return cfg_; }
 
  private:
+  template <class In>
   static step_budgets checked_budgets(const speculation_preset& p, const decode_shape& shape,
-                                      const calibration& cal, double budget) {
+                                      const calibration& cal, double budget,
+                                      const std::vector<host_span<const In>>& w_q,
+                                      const std::vector<host_span<const In>>& b_q) {
     KVSCOUT_EXPECTS(p.selector == selector_kind::topk, "pipeline_host: ", p.name, " selects by ",
                     to_string(p.selector), "; it builds top-k selectors only (build ", p.name,
                     "'s parts by hand: docs/speculation.md)");
@@ -77,25 +86,56 @@ class pipeline_host {
                     p.name, " keeps its partial keys at ", p.key_bits,
                     " bits (0: the element type), the pipeline's PkT at ", bits,
                     ": use pipeline_host<Layout, presets::partial_keys_t<", p.key_bits, ">>");
+    KVSCOUT_EXPECTS(shape.head_dim == Layout::head_dim,
+                    "pipeline_host: shape.head_dim = ", shape.head_dim,
+                    ", expected the layout's head_dim ", Layout::head_dim);
+    const auto L = static_cast<std::size_t>(shape.num_layers);
+    KVSCOUT_EXPECTS(
+        cal.plans.size() == L && cal.first_layer == std::min(p.skip_layers, shape.num_layers),
+        "pipeline_host: the calibration covers ", cal.plans.size(), " layers from layer ",
+        cal.first_layer, ", expected the shape's ", shape.num_layers, " from ", p.name,
+        "'s skip_layers = ", p.skip_layers,
+        " (presets::calibrate(p, shape, ...) of this preset and shape)");
+    const bool wide = p.policy_config(shape).correction_r > 0;
+    KVSCOUT_EXPECTS(!wide || cal.correction_plans.size() == L, "pipeline_host: ", p.name,
+                    " corrects over ", p.correction_channels(),
+                    " channels but the calibration has no correction plans (calibrate with ",
+                    "presets::calibrate(p, ...) of this preset)");
+    const std::size_t rows = detail::checked_size("pipeline_host W_Q elements of a layer",
+                                                  shape.num_q_heads, shape.head_dim, shape.d_model);
+    const auto bias = static_cast<std::size_t>(shape.num_q_heads) * shape.head_dim;
+    KVSCOUT_EXPECTS(w_q.size() == L && (b_q.empty() || b_q.size() == L),
+                    "pipeline_host: ", w_q.size(), " W_Q and ", b_q.size(),
+                    " b_Q spans, expected one per layer (", shape.num_layers,
+                    "; no b_Q spans: no biases)");
+    for (std::size_t l = 0; l < L; ++l) {
+      KVSCOUT_EXPECTS(w_q[l].size() == rows, "pipeline_host: layer ", l, "'s W_Q has ",
+                      w_q[l].size(),
+                      " elements, expected num_q_heads * head_dim * d_model = ", rows);
+      KVSCOUT_EXPECTS(b_q.empty() || b_q[l].empty() || b_q[l].size() == bias,
+                      "pipeline_host: layer ", l, "'s b_Q has ", b_q.empty() ? 0 : b_q[l].size(),
+                      " elements, expected 0 or num_q_heads * head_dim = ", bias);
+    }
     return presets::budgets(p, shape, budget, cal.layer_shares(p, budget));
   }
-  bool build_policy(const speculation_preset& p, const decode_shape& shape, const calibration& cal,
-                    const std::vector<host_span<const float>>& w_q,
-                    const std::vector<host_span<const float>>& b_q) {
-    std::vector<host_span<const float>> bias = b_q;
+  template <class In>
+  static std::unique_ptr<policy_type> make_policy(const speculation_preset& p,
+                                                  const decode_shape& shape, const calibration& cal,
+                                                  const std::vector<host_span<const In>>& w_q,
+                                                  const std::vector<host_span<const In>>& b_q,
+                                                  host_span<std::byte> ws) {
+    std::vector<host_span<const In>> bias = b_q;
     if (bias.empty()) bias.resize(static_cast<std::size_t>(shape.num_layers));
-    if (cal.correction_plans.empty())
-      policy_.emplace(p.policy_config(shape), cal.plans, w_q, bias, policy_ws_.span());
-    else
-      policy_.emplace(p.policy_config(shape), cal.plans, cal.correction_plans, w_q, bias,
-                      policy_ws_.span());
-    return true;
+    // The correction's plans only where the preset corrects over more channels than it speculates.
+    if (p.policy_config(shape).correction_r == 0)
+      return std::make_unique<policy_type>(p.policy_config(shape), cal.plans, w_q, bias, ws);
+    return std::make_unique<policy_type>(p.policy_config(shape), cal.plans, cal.correction_plans,
+                                         w_q, bias, ws);
   }
 
   step_budgets budgets_;
   host_workspace policy_ws_;
-  std::optional<policy_type> policy_;  // built in place by build_policy, before the parts below
-  bool policy_built_;
+  std::unique_ptr<policy_type> policy_;
   detail::layer_selectors selectors_;
   host_pipeline_config cfg_;
   host_workspace gather_ws_;

@@ -919,14 +919,16 @@ TEST_CASE("presets::pipeline_host: a preset's pipeline in one call, the bits of 
     mb.step(pipe, hb, mb.embedding(500u + t));
     REQUIRE(ha == hb);
   }
-  // Sparse: the speculated layers moved fewer rows than a dense fetch would have.
-  const auto& st = owned->stats();
+  // Sparse: the decode steps (the prompt runs dense, around the pipeline) moved fewer rows at each
+  // speculated layer than a dense fetch of every cached row would have.
+  const auto& st = owned.pipeline().stats();
+  std::int64_t dense_rows = 0;
+  for (int t = 0; t < steps; ++t) dense_rows += static_cast<std::int64_t>(S) * H * (prompt + t);
   for (int l = p.skip_layers; l < L; ++l) {
     CAPTURE(l);
     REQUIRE(st.rows[static_cast<std::size_t>(l)] > 0);
     REQUIRE(st.rows[static_cast<std::size_t>(l)] == pipe.stats().rows[static_cast<std::size_t>(l)]);
-    const std::int64_t n = prompt + steps;  // every step's cached rows, fetched densely
-    REQUIRE(st.rows[static_cast<std::size_t>(l)] < S * H * n * (n + 1) / 2);
+    REQUIRE(st.rows[static_cast<std::size_t>(l)] < dense_rows);
   }
 
   // What it does not build names the preset and what it expected.
@@ -949,10 +951,69 @@ TEST_CASE("presets::pipeline_host: a preset's pipeline in one call, the bits of 
   std::vector<float> hc;
   for (int t = 0; t < prompt; ++t) mc.step(spec_only.pipeline(), hc, mc.embedding(100u + t), true);
   for (int t = 0; t < steps; ++t) mc.step(spec_only.pipeline(), hc, mc.embedding(500u + t));
-  REQUIRE(hc.size() == ha.size());
-  for (int l = only.skip_layers; l < L; ++l)
-    REQUIRE(spec_only->stats().rows[static_cast<std::size_t>(l)] > 0);
+  for (int l = only.skip_layers; l < L; ++l) {
+    const std::int64_t rows = spec_only.pipeline().stats().rows[static_cast<std::size_t>(l)];
+    REQUIRE((rows > 0 && rows < dense_rows));
+  }
   REQUIRE_THROWS_WITH(
       (kvscout::presets::pipeline_host<layout>(only, sh, cal_only, budget, wq, {}, 1)),
       Catch::Contains("kvscout_speculation_only keeps its partial keys at 0 bits"));
+
+  // Bad input: each refused by name, before anything is built.
+  using default_host = kvscout::presets::pipeline_host<layout>;
+  REQUIRE_THROWS_WITH(default_host(p, sh, cal_only, budget, wq, {}, 2),
+                      Catch::Contains("kvscout_default corrects over 64 channels but the "
+                                      "calibration has no correction plans"));
+  auto other_skip = p;
+  other_skip.skip_layers = 1;
+  REQUIRE_THROWS_WITH(default_host(other_skip, sh, cal, budget, wq, {}, 2),
+                      Catch::Contains("the calibration covers 4 layers from layer 2, expected the "
+                                      "shape's 4 from kvscout_default's skip_layers = 1"));
+  kvscout::decode_shape wide_head = sh;
+  wide_head.head_dim = 2 * D;
+  REQUIRE_THROWS_WITH(default_host(p, wide_head, cal, budget, wq, {}, 2),
+                      Catch::Contains("shape.head_dim = 128, expected the layout's head_dim 64"));
+  std::vector<kvscout::host_span<const float>> short_wq = wq;
+  short_wq[3] = short_wq[3].subspan(0, short_wq[3].size() - 1);
+  REQUIRE_THROWS_WITH(default_host(p, sh, cal, budget, short_wq, {}, 2),
+                      Catch::Contains("layer 3's W_Q has " + std::to_string(wq[3].size() - 1) +
+                                      " elements, expected num_q_heads * head_dim * d_model"));
+  REQUIRE_THROWS_WITH(
+      default_host(p, sh, cal, budget, std::vector(wq.begin(), wq.end() - 1), {}, 2),
+      Catch::Contains("3 W_Q and 0 b_Q spans, expected one per layer (4"));
+  const std::vector<float> short_bias(5, 0.f);
+  std::vector<kvscout::host_span<const float>> bad_bq(L);
+  bad_bq[1] = {short_bias.data(), short_bias.size()};
+  REQUIRE_THROWS_WITH(default_host(p, sh, cal, budget, wq, bad_bq, 2),
+                      Catch::Contains("layer 1's b_Q has 5 elements, expected 0 or num_q_heads * "
+                                      "head_dim = 384"));
+  REQUIRE_THROWS_WITH(default_host(p, sh, cal, 0.0, wq, {}, 2),
+                      Catch::Contains("budget = 0: expected a share of the"));
+  REQUIRE_THROWS_WITH(default_host(p, sh, cal, budget, wq, {}, 0),
+                      Catch::Contains("threads must be at least 1, got 0"));
+
+  // W_Q in half: the same bits as the float weights it widens to exactly.
+  std::vector<std::vector<kvscout::half>> wq_half(L);
+  std::vector<kvscout::host_span<const kvscout::half>> wqh;
+  std::vector<kvscout::host_span<const float>> wq_rounded;
+  std::vector<std::vector<float>> rounded(L);
+  for (int l = 0; l < L; ++l) {
+    for (const float x : ma.wq[l]) wq_half[l].push_back(kvscout::from_float<kvscout::half>(x));
+    for (const kvscout::half x : wq_half[l]) rounded[l].push_back(kvscout::to_float(x));
+    wqh.push_back({wq_half[l].data(), wq_half[l].size()});
+    wq_rounded.push_back({rounded[l].data(), rounded[l].size()});
+  }
+  kvscout::presets::pipeline_host<layout> from_half(p, sh, cal, budget, wqh, {}, 2);
+  kvscout::presets::pipeline_host<layout> from_float(p, sh, cal, budget, wq_rounded, {}, 2);
+  model mh(L, Hq, H, S, max_tokens, 91), mf(L, Hq, H, S, max_tokens, 91);
+  std::vector<float> hh, hf;
+  for (int t = 0; t < prompt; ++t) {
+    mh.step(from_half.pipeline(), hh, mh.embedding(100u + t), true);
+    mf.step(from_float.pipeline(), hf, mf.embedding(100u + t), true);
+  }
+  for (int t = 0; t < 2; ++t) {
+    mh.step(from_half.pipeline(), hh, mh.embedding(500u + t));
+    mf.step(from_float.pipeline(), hf, mf.embedding(500u + t));
+    REQUIRE(hh == hf);
+  }
 }

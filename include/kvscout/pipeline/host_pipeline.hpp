@@ -124,6 +124,9 @@ class decode_pipeline_host {
             std::vector<Selector*>(static_cast<std::size_t>(std::max(cfg.shape.num_layers, 0)),
                                    &selector),
             executor, workspace) {}
+  /// Not copyable: a copy would share the parts and the workspace the first one writes.
+  decode_pipeline_host(const decode_pipeline_host&) = delete;
+  decode_pipeline_host& operator=(const decode_pipeline_host&) = delete;
   /// selectors[i] selects layer i's rows (null below skip_layers; one may serve several).
   decode_pipeline_host(const host_pipeline_config& cfg, P& policy, std::vector<Selector*> selectors,
                        Executor& executor, host_span<std::byte> workspace)
