@@ -4,9 +4,9 @@
 // calibration and the budget. The same parts by hand: docs/speculation.md.
 //
 //   const auto p = kvscout::presets::kvscout_default(64);
-//   const auto cal = kvscout::presets::calibrate(p, shape, rope, q, k, n);  //
-//   kvscout/calibrate.hpp kvscout::presets::pipeline_host<layout> owned(p, shape, cal, 0.10, w_q,
-//   b_q, /*threads=*/2); auto& pipe = owned.pipeline();  // the decode_pipeline_host
+//   const auto cal = kvscout::presets::calibrate(p, shape, rope, q, k, n);  // calibrate.hpp
+//   kvscout::presets::pipeline_host<layout> owned(p, shape, cal, 0.10, w_q, b_q, /*threads=*/2);
+//   auto& pipe = owned.pipeline();  // the decode_pipeline_host
 //   pipe.speculate(i + 1, ctx, kv[i + 1]);  pipe.attend(i, ctx, kv[i], cur, out);  ...
 
 #include <algorithm>

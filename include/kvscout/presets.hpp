@@ -11,9 +11,8 @@
 // caller's: no preset fixes it.
 //
 //   const auto p = kvscout::presets::kvscout_default(head_dim);
-//   const auto cal = kvscout::presets::calibrate(p, shape, rope, q, k, n);  //
-//   kvscout/calibrate.hpp const auto b = kvscout::presets::budgets(p, shape, 0.10,
-//   cal.layer_shares(p, 0.10));
+//   const auto cal = kvscout::presets::calibrate(p, shape, rope, q, k, n);  // calibrate.hpp
+//   const auto b = kvscout::presets::budgets(p, shape, 0.10, cal.layer_shares(p, 0.10));
 //   // the policy: infinigen_policy_host<presets::partial_keys_t<2>> from cal.plans and
 //   //   cal.correction_plans, infinigen_config{.shape, .aggregation = p.aggregation,
 //   //   .query_aggregation = p.query_aggregation}
