@@ -4,9 +4,8 @@
 // a calibration text), the rows moved per step are re-divided among the layers at no extra bytes.
 //
 //   // curves: [L, bins]; q, k: per layer, n tokens of post-RoPE queries and keys
-//   std::vector<double> curves = kvscout::layer_mass_curves(shape, q, k, n, bins,
-//   /*first_layer=*/2); kvscout::layer_budget_shares({curves.data(), curves.size()}, L, bins,
-//   /*first_layer=*/2,
+//   std::vector<double> curves = kvscout::layer_mass_curves(shape, q, k, n, bins, /*first=*/2);
+//   kvscout::layer_budget_shares({curves.data(), curves.size()}, L, bins, /*first_layer=*/2,
 //                                /*budget=*/0.10, kvscout::layer_budget_rule::coverage, shares);
 //   // layer l's selector: budget * shares[l] of its cached rows (mean of shares = 1)
 //
