@@ -95,8 +95,7 @@ template <class WT = float, class PkT = float>
 struct fixture {
   std::vector<float> wq, x, scores;
   std::vector<int32_t> lens, pos, seq_ids;
-  kvscout::host_workspace policy_ws;  // the policy's scratch (declared first: it outlives policy)
-  std::unique_ptr<kvscout::infinigen_policy_host<PkT, WT>> policy;
+  std::unique_ptr<kvscout::policy_layers<kvscout::infinigen_policy_host<PkT, WT>>> policy;
   int n, seqs, layers, held;
 
   // `held` > num_seqs: the policy holds `held` sequences and the step scores num_seqs of them,
@@ -119,12 +118,11 @@ struct fixture {
                                    .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
                                    .d_model = d_model, .max_tokens = n, .scale = 0.125f},
                                   .aggregation = agg};
-    policy_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT, WT>>(cfg);
-    policy = std::make_unique<kvscout::infinigen_policy_host<PkT, WT>>(
-        cfg, std::vector<std::vector<kvscout::skew_plan>>(L, plans),
-        std::vector<kvscout::host_span<const float>>(L, {wq.data(), wq.size()}),
-        std::vector<kvscout::host_span<const float>>(L, kvscout::host_span<const float>{}),
-        policy_ws.span());
+    policy = std::make_unique<kvscout::policy_layers<kvscout::infinigen_policy_host<PkT, WT>>>(
+        kvscout::infinigen_policy_host<PkT, WT>::layers(
+            cfg, std::vector<std::vector<kvscout::skew_plan>>(L, plans),
+            std::vector<kvscout::host_span<const float>>(L, {wq.data(), wq.size()}),
+            std::vector<kvscout::host_span<const float>>(L, kvscout::host_span<const float>{})));
     std::vector<float> k(static_cast<std::size_t>(H) * D);
     for (int l = 0; l < layers; ++l)
       for (int s = 0; s < held; ++s)
@@ -140,7 +138,7 @@ struct fixture {
       for (int s = 0; s < seqs; ++s) seq_ids.push_back(held - 1 - 2 * s);
   }
   // The partial-key bytes a step scores: the scored sequences' (not every held one's).
-  std::size_t key_bytes() const { return policy->keys(0).bytes_for(n) / held * seqs; }
+  std::size_t key_bytes() const { return (*policy)[0].keys().bytes_for(n) / held * seqs; }
 };
 
 // The benchmarks' mode argument: 0 = post_rope_skew, 1 = rope_planes.
@@ -287,7 +285,7 @@ void stream_keys(benchmark::State& state, int seqs, std::size_t ahead_bytes, int
   const std::size_t count = f.key_bytes() / sizeof(float);
   for (auto _ : state)
     for (int l = 0; l < layers; ++l) {
-      const float* p = f.policy->keys(l).tile(0, 0, 0);
+      const float* p = (*f.policy)[l].keys().tile(0, 0, 0);
       if (ahead > 0) {
         stream_once<true>(p, count, ahead);
       } else {
@@ -318,7 +316,7 @@ void BM_stream_speculation_bytes(benchmark::State& state) {
   for (auto& w : weights) w = nd(rng);
   const std::size_t count = f.key_bytes() / sizeof(float);
   const std::size_t ahead = static_cast<std::size_t>(state.range(2)) / sizeof(float);
-  const float* keys = f.policy->keys(0).tile(0, 0, 0);
+  const float* keys = (*f.policy)[0].keys().tile(0, 0, 0);
   for (auto _ : state) {
     if (ahead > 0) {
       stream_once<true>(weights.data(), weights.size(), ahead);

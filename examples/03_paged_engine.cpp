@@ -75,31 +75,28 @@ int main() try {
   // ---- setup: policy, selector, executor and the step's buffers
   std::vector<int> planes(16);
   std::iota(planes.begin(), planes.end(), 0);
-  const std::vector<std::vector<ks::skew_plan>> plans{
-      std::vector<ks::skew_plan>(H, ks::rope_planes_plan(rope, planes))};
-  const std::vector<ks::host_span<const float>> w_q_of_layer{{w_q.data(), w_q.size()}};
-  const std::vector<ks::host_span<const float>> b_q_of_layer(1);  // no query bias
-  const ks::decode_shape shape{.num_layers = 1, .num_seqs = S, .num_kv_heads = H,
-                               .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
-                               .max_tokens = max_tokens, .scale = scale};
-  const ks::infinigen_config policy_cfg{.shape = shape};
-  // The policy's scratch, from the engine's memory (operator new's alignment covers
-  // workspace_alignment); its partial keys and weights it allocates itself, here, once.
-  std::vector<std::byte> policy_ws(ks::infinigen_policy_host<>::workspace_bytes(policy_cfg));
-  ks::infinigen_policy_host<> policy(policy_cfg, plans, w_q_of_layer, b_q_of_layer, policy_ws);
+  const std::vector<ks::skew_plan> plans(H, ks::rope_planes_plan(rope, planes));  // per KV head
+  const ks::decode_shape shape{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
+                               .d_model = d_model, .max_tokens = max_tokens, .scale = scale};
+  const ks::infinigen_config policy_cfg{.shape = shape, .r = plans[0].r,  // 16 planes: 32
+                                        .mode = ks::rope_mode::rope_planes};
+  // The policy's partial keys, partial W_Q rows and scratch, in one workspace it asks for.
+  using policy_t = ks::infinigen_policy_host<>;
+  const auto policy_ws = ks::make_workspace<policy_t>(policy_cfg);
+  policy_t policy(policy_cfg, plans, {w_q.data(), w_q.size()}, {}, policy_ws.span());
 
-  // ---- prefill: the engine writes its pages; the policy gets the keys before / after RoPE
-  std::vector<float> k_pre(H * D), k_post(H * D), v(H * D);
+  // ---- prefill: the engine writes its pages; the policy gets each token's keys after RoPE
+  std::vector<float> k(H * D), v(H * D);
   for (int s = 0; s < S; ++s)
     for (int t = 0; t < lens[s]; ++t) {
-      for (int i = 0; i < H * D; ++i) k_pre[i] = normal(rng), v[i] = normal(rng);
-      k_post = k_pre;
-      for (int h = 0; h < H; ++h) ks::apply_rope(k_post.data() + h * D, t, rope);
+      for (int i = 0; i < H * D; ++i) k[i] = normal(rng), v[i] = normal(rng);
+      for (int h = 0; h < H; ++h) ks::apply_rope(k.data() + h * D, t, rope);
       // Token t of sequence s into its page (checked: a slot s owns, inside the pool).
       ks::write_tokens_host(layout, ks::as_writable_bytes(ks::host_span<T>(k_pages)),
                             ks::as_writable_bytes(ks::host_span<T>(v_pages)), s, t, 1,
-                            ks::host_span<const float>(k_post), ks::host_span<const float>(v));
-      policy.append(/*layer=*/0, s, t, k_pre.data(), k_post.data());
+                            ks::host_span<const float>(k), ks::host_span<const float>(v));
+      const int32_t seq = s, token = t;  // rope_planes keys: after RoPE
+      policy.append(ks::host_span<const float>(k), {&seq, 1}, {&token, 1}, 1);
     }
 
   // ---- the decode step's inputs: the layer input x, the query (RoPE'd at the position), the
@@ -152,7 +149,7 @@ int main() try {
     // ---- the decode step: score, select, gather, attend
     // (.q stays empty: InfiniGen scores before layer i has a query. In an engine x is layer
     // i-1's normalised input, read while layer i-1 runs; here one x serves both, for brevity.)
-    policy.score(0, {.x = x, .q = {}, .positions = positions, .seq_lens = lens}, score_rows);
+    policy.score({.x = x, .q = {}, .positions = positions, .seq_lens = lens}, score_rows);
     topk.select(score_rows.view(lens), sel);
     gather.submit(kv, sel.view(), rows).wait();
     ks::decode_attention_host(ks::gathered_rows_host(layout, sel.view(), rows), cur, q, sparse, attn);
@@ -189,7 +186,7 @@ int main() try {
   }
   std::vector<float> live_scores(static_cast<std::size_t>(B) * H * max_tokens);
   const ks::score_buffer<ks::host_space> live_rows{live_scores, B, H, max_tokens};
-  policy.score(0, {.x = live_x, .q = {}, .positions = live_pos, .seq_lens = live_lens,
+  policy.score({.x = live_x, .q = {}, .positions = live_pos, .seq_lens = live_lens,
                    .seq_ids = live},
                live_rows);
   bool same_rows = true;

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <memory>
 #include <vector>
 
 #include "kvscout/core/detail/checked_size.hpp"
@@ -34,7 +33,7 @@ namespace kvscout::presets {
 template <kv_layout Layout, partial_key_format PkT = partial_keys_t<2>>
 class pipeline_host {
  public:
-  using policy_type = infinigen_policy_host<PkT>;
+  using policy_type = policy_layers<infinigen_policy_host<PkT>>;  // one per speculated layer
   using pipeline_type = decode_pipeline_host<Layout, policy_type, topk_selector_host>;
 
   /// cal: presets::calibrate(p, shape, ...) of this preset and shape. w_q: each layer's W_Q
@@ -46,8 +45,7 @@ class pipeline_host {
                 double budget, const std::vector<host_span<const In>>& w_q,
                 const std::vector<host_span<const In>>& b_q, int threads = 1)
       : budgets_(checked_budgets(p, shape, cal, budget, w_q, b_q)),
-        policy_ws_(make_workspace<policy_type>(p.policy_config(shape))),
-        policy_(make_policy(p, shape, cal, w_q, b_q, policy_ws_.span())),
+        policy_(make_policy(p, shape, cal, w_q, b_q)),
         selectors_(shape, budgets_),
         cfg_{.shape = shape,
              .skip_layers = p.skip_layers,
@@ -58,15 +56,15 @@ class pipeline_host {
         gather_ws_(make_workspace<gather_executor_host<Layout>>(cfg_.gather_config())),
         gather_(cfg_.gather_config(), gather_ws_.span()),
         pipe_ws_(make_workspace<pipeline_type>(cfg_)),
-        pipe_(cfg_, *policy_, selectors_.pointers(), gather_, pipe_ws_.span()) {}
+        pipe_(cfg_, policy_, selectors_.pointers(), gather_, pipe_ws_.span()) {}
   pipeline_host(const pipeline_host&) = delete;
   pipeline_host& operator=(const pipeline_host&) = delete;
 
   /// The decode_pipeline_host: speculate, attend, append, stats.
   [[nodiscard]] pipeline_type& pipeline() noexcept { return pipe_; }
   [[nodiscard]] const pipeline_type& pipeline() const noexcept { return pipe_; }
-  [[nodiscard]] policy_type& policy() noexcept { return *policy_; }
-  [[nodiscard]] const policy_type& policy() const noexcept { return *policy_; }
+  [[nodiscard]] policy_type& policy() noexcept { return policy_; }
+  [[nodiscard]] const policy_type& policy() const noexcept { return policy_; }
   [[nodiscard]] const step_budgets& budgets() const noexcept { return budgets_; }
   [[nodiscard]] const host_pipeline_config& configuration() const noexcept { return cfg_; }
 
@@ -119,23 +117,21 @@ class pipeline_host {
     return presets::budgets(p, shape, budget, cal.layer_shares(p, budget));
   }
   template <class In>
-  static std::unique_ptr<policy_type> make_policy(const speculation_preset& p,
-                                                  const decode_shape& shape, const calibration& cal,
-                                                  const std::vector<host_span<const In>>& w_q,
-                                                  const std::vector<host_span<const In>>& b_q,
-                                                  host_span<std::byte> ws) {
+  static policy_type make_policy(const speculation_preset& p, const decode_shape& shape,
+                                 const calibration& cal,
+                                 const std::vector<host_span<const In>>& w_q,
+                                 const std::vector<host_span<const In>>& b_q) {
     std::vector<host_span<const In>> bias = b_q;
     if (bias.empty()) bias.resize(static_cast<std::size_t>(shape.num_layers));
     // The correction's plans only where the preset corrects over more channels than it speculates.
-    if (p.policy_config(shape).correction_r == 0)
-      return std::make_unique<policy_type>(p.policy_config(shape), cal.plans, w_q, bias, ws);
-    return std::make_unique<policy_type>(p.policy_config(shape), cal.plans, cal.correction_plans,
-                                         w_q, bias, ws);
+    const std::vector<std::vector<skew_plan>> none;
+    const bool wide = p.policy_config(shape).correction_r > 0;
+    return infinigen_policy_host<PkT>::layers(p.policy_config(shape), cal.plans,
+                                              wide ? cal.correction_plans : none, w_q, bias);
   }
 
   step_budgets budgets_;
-  host_workspace policy_ws_;
-  std::unique_ptr<policy_type> policy_;
+  policy_type policy_;
   detail::layer_selectors selectors_;
   host_pipeline_config cfg_;
   host_workspace gather_ws_;

@@ -13,9 +13,8 @@
 //   const auto p = kvscout::presets::kvscout_default(head_dim);
 //   const auto cal = kvscout::presets::calibrate(p, shape, rope, q, k, n);  // calibrate.hpp
 //   const auto b = kvscout::presets::budgets(p, shape, 0.10, cal.layer_shares(p, 0.10));
-//   // the policy: infinigen_policy_host<presets::partial_keys_t<2>> from cal.plans and
-//   //   cal.correction_plans, infinigen_config{.shape, .aggregation = p.aggregation,
-//   //   .query_aggregation = p.query_aggregation}
+//   // the policies: infinigen_policy_host<presets::partial_keys_t<2>>::layers(
+//   //   p.policy_config(shape), cal.plans, cal.correction_plans, w_q, b_q)
 //   // layer l's selector: b.selector_config(shape, l); the pipeline: b.capacity,
 //   //   b.correction_capacity and b.correction_shares
 

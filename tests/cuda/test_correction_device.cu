@@ -72,9 +72,7 @@ void score_query_case(rope_mode mode, int g, std::uint32_t seed,
                                .max_tokens = max_tokens, .scale = scale},
                                .aggregation = kvscout::gqa_aggregation::max_logit};
   hc.query_aggregation = late;
-  auto host_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(hc);
-  kvscout::infinigen_policy_host<PkT> host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{}},
-                                      host_ws.span());
+  auto host = kvscout::infinigen_policy_host<PkT>::layers(hc, {plans}, {{w_q.data(), w_q.size()}}, {{}});
   kvscout::infinigen_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
                                     .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
                                     .scale = scale}, r, mode, kvscout::gqa_aggregation::max_logit};
@@ -309,9 +307,7 @@ void nested_case(rope_mode mode, int g, kvscout::gqa_aggregation agg, std::uint3
                                .num_q_heads = Hq, .head_dim = D, .d_model = dm,
                                .max_tokens = max_tokens, .scale = scale},
                                .aggregation = agg};
-  auto host_ws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(hc);
-  kvscout::infinigen_policy_host<PkT> host(hc, {narrow}, {wide}, {{w_q.data(), w_q.size()}}, {{}},
-                                           host_ws.span());
+  auto host = kvscout::infinigen_policy_host<PkT>::layers(hc, {narrow}, {wide}, {{w_q.data(), w_q.size()}}, {{}});
   kvscout::infinigen_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
                                     .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
                                     .scale = scale}, r, mode, agg};

@@ -70,8 +70,7 @@ std::vector<float> host_late_scores(const world& w, int l) {
                                      .num_q_heads = Hq, .head_dim = D, .d_model = dm,
                                      .max_tokens = max_tokens, .scale = scale},
                                      .aggregation = kvscout::gqa_aggregation::max_logit};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
-  kvscout::infinigen_policy_host<float> policy(pc, w.plans, wq, bq, pws.span());
+  auto policy = kvscout::infinigen_policy_host<float>::layers(pc, w.plans, wq, bq);
   for (int s = 0; s < S; ++s)
     for (int t = 0; t < w.lens_init[s]; ++t) {
       const auto kr = w.key_row(l, s, t);

@@ -84,8 +84,7 @@ void matches_host(int g, kvscout::gqa_aggregation agg, std::uint32_t seed) {
                                .num_q_heads = Hq, .head_dim = D, .d_model = dm,
                                .max_tokens = max_tokens, .scale = scale},
                                .aggregation = agg};
-  auto hws = kvscout::make_workspace<kvscout::infinigen_policy_host<fmt>>(hc);
-  kvscout::infinigen_policy_host<fmt> host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{}}, hws.span());
+  auto host = kvscout::infinigen_policy_host<fmt>::layers(hc, {plans}, {{w_q.data(), w_q.size()}}, {{}});
   const kvscout::infinigen_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
                                           .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
                                           .scale = scale}, r, rope_mode::rope_planes, agg};
@@ -119,7 +118,7 @@ void matches_host(int g, kvscout::gqa_aggregation agg, std::uint32_t seed) {
   const auto tiles = fetch(view.tile_data.data(), view.tile_data.size());
   const auto stage = fetch(view.staging.data(), view.staging.size());
   const auto counts = fetch(view.counts.data(), view.counts.size());
-  const auto& hk = host.keys(0);
+  const auto& hk = host[0].keys();
   int bad = 0;
   for (int s = 0; s < S; ++s)
     for (int h = 0; h < H; ++h) {

@@ -111,24 +111,15 @@ void run_case(const shape& sh, std::uint32_t seed) {
   std::vector<std::int32_t> positions(S), lens(sh.lens.begin(), sh.lens.end());
   for (int s = 0; s < S; ++s) positions[s] = lens[s] + 3 * s;
 
-  // Host reference.
-  using policy = kvscout::infinigen_policy_host<PkT, WT>;
-  typename policy::config hc{.shape = {.num_layers = 1,
-                                       .num_seqs = S,
-                                       .num_kv_heads = H,
-                                       .num_q_heads = Hq,
-                                       .head_dim = D,
-                                       .d_model = dm,
-                                       .max_tokens = max_tokens,
-                                       .scale = scale},
-                             .aggregation = sh.agg};
-  auto host_ws = kvscout::make_workspace<policy>(hc);
-  policy host(hc, {plans}, {{w_q.data(), w_q.size()}}, {{b_q.data(), b_q.size()}}, host_ws.span());
-
-  // Device.
+  // The host reference and the device policy: one config, the same constructor arguments.
   kvscout::infinigen_config dc{{.num_seqs = S, .num_kv_heads = H, .num_q_heads = Hq,
                                     .head_dim = D, .d_model = dm, .max_tokens = max_tokens,
                                     .scale = scale}, r, sh.mode, sh.agg};
+  using policy = kvscout::infinigen_policy_host<PkT, WT>;
+  auto host_ws = kvscout::make_workspace<policy>(dc);
+  policy host(dc, plans, {w_q.data(), w_q.size()}, {b_q.data(), b_q.size()}, host_ws.span());
+
+  // Device.
   using spec = kvscout::infinigen_policy_cuda<PkT, WT>;
   const std::size_t ws_bytes = spec::workspace_bytes(dc);
   gpu_test::device_vector<std::byte> ws(ws_bytes);
@@ -158,8 +149,9 @@ void run_case(const shape& sh, std::uint32_t seed) {
       for (auto& v : k_pre) v = nd(rng);
       k_post = k_pre;
       for (int h = 0; h < H; ++h) kvscout::apply_rope(k_post.data() + static_cast<std::size_t>(h) * D, t, plans[0].rope);
-      host.append(0, s, t, k_pre.data(), k_post.data());
       const std::vector<float>& k = sh.mode == rope_mode::pre_rope_folded ? k_pre : k_post;
+      const std::int32_t seq = s, tok = t;
+      host.append(kvscout::host_span<const float>(k), {&seq, 1}, {&tok, 1}, 1);
       keys.insert(keys.end(), k.begin(), k.end());
       seq_ids.push_back(s);
       token_ids.push_back(t);
@@ -181,7 +173,7 @@ void run_case(const shape& sh, std::uint32_t seed) {
         for (int c = 0; c < r; ++c)
           for (int t = 0; t < lens[s]; ++t) {
             const float d = kvscout::to_float(cache[view.offset(s, h, c, t)]);
-            const float e = kvscout::to_float(host.keys(0).at(s, h, c, t));
+            const float e = kvscout::to_float(host.keys().at(s, h, c, t));
             if (!(std::fabs(d - e) <= ulp * std::fabs(e) + 1e-30) && bad++ < 5)
               std::fprintf(stderr, "pk (%d,%d,%d,%d): device %g host %g\n", s, h, c, t, d, e);
           }
@@ -190,7 +182,7 @@ void run_case(const shape& sh, std::uint32_t seed) {
 
   // Score, host and device.
   std::vector<float> host_scores(static_cast<std::size_t>(S) * H * stride, 0.f);
-  host.score(0, {{x.data(), x.size()}, {}, {positions.data(), positions.size()}, {lens.data(), lens.size()}},
+  host.score({{x.data(), x.size()}, {}, {positions.data(), positions.size()}, {lens.data(), lens.size()}},
              {{host_scores.data(), host_scores.size()}, S, H, stride});
   gpu_test::device_vector<float> dx(x);
   gpu_test::device_vector<std::int32_t> dpos(positions), dlens(lens);
@@ -249,7 +241,7 @@ void run_case(const shape& sh, std::uint32_t seed) {
           const float* q = qh.data() + (static_cast<std::size_t>(s) * Hq + h * sh.g + j) * r;
           double a = 0;
           for (int c = 0; c < r; ++c)
-            a += std::fabs(q[c] * kvscout::to_float(host.keys(0).at(s, h, c, t)));
+            a += std::fabs(q[c] * kvscout::to_float(host.keys().at(s, h, c, t)));
           b = std::max(b, a);  // q is scaled already
         }
         const bool half = sizeof(PkT) == 2;

@@ -47,9 +47,8 @@ TEST_CASE("score_query is the layer's own query, projected as a key, against the
                                                      .max_tokens = 96,
                                                      .scale = 0.125f},
                                            .aggregation = kvscout::gqa_aggregation::max_logit};
-        auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
-        kvscout::infinigen_policy_host<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
-                                           {{m.bq.data(), m.bq.size()}}, pws.span());
+        auto p = kvscout::infinigen_policy_host<>::layers(pc, {plans}, {{m.wq.data(), m.wq.size()}},
+                                           {{m.bq.data(), m.bq.size()}});
         for (int s = 0; s < m.S; ++s)
           for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
         // Sequence 1 is shorter: its tail past seq_len is not written.
@@ -116,15 +115,14 @@ TEST_CASE("score_query refuses what it cannot score", "[spec][infinigen][correct
   const kvscout::infinigen_config pc{{.num_layers = 3, .num_seqs = 1, .num_kv_heads = m.H,
                                      .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
                                      .max_tokens = 32, .scale = 0.125f}};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
-  kvscout::infinigen_policy_host<> p(pc, {{}, folded, planes},
+  auto p = kvscout::infinigen_policy_host<>::layers(pc, {{}, folded, planes},
                                      {{}, {m.wq.data(), m.wq.size()}, {m.wq.data(), m.wq.size()}},
-                                     {{}, {}, {}}, pws.span());
+                                     {{}, {}, {}});
   std::vector<int32_t> lens{m.n}, pos{m.pos};
   std::vector<float> scores;
   const auto out = kvtest::nan_score_buffer(scores, 1, m.H, 32);
   const kvscout::score_context<kvscout::host_space> ctx{{}, {m.q.data(), m.q.size()}, {pos.data(), 1}, {lens.data(), 1}};
-  REQUIRE_THROWS_WITH(p.score_query(0, ctx, out), Catch::Contains("layer 0 has no skew plans"));
+  REQUIRE_THROWS_WITH(p.score_query(0, ctx, out), Catch::Contains("layer 0 has no policy (not speculated"));
   REQUIRE_THROWS_WITH(p.score_query(1, ctx, out), Catch::Contains("pre_rope_folded"));
   const kvscout::score_context<kvscout::host_space> short_q{{}, {m.q.data(), m.q.size() - 1}, {pos.data(), 1}, {lens.data(), 1}};
   REQUIRE_THROWS_WITH(p.score_query(2, short_q, out), Catch::Contains("q holds 255 floats, expected [1, 4, 64]"));
@@ -152,9 +150,8 @@ TEST_CASE("score_query aggregates the group by query_aggregation, score() by agg
                                  .max_tokens = 96, .scale = 0.125f},
                                  .aggregation = spec};
     pc.query_aggregation = late;
-    auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
-    kvscout::infinigen_policy_host<> p(pc, {plans}, {{m.wq.data(), m.wq.size()}},
-                                  {{m.bq.data(), m.bq.size()}}, pws.span());
+    auto p = kvscout::infinigen_policy_host<>::layers(pc, {plans}, {{m.wq.data(), m.wq.size()}},
+                                  {{m.bq.data(), m.bq.size()}});
     for (int s = 0; s < m.S; ++s)
       for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
     std::vector<float> early, late_scores;
@@ -392,9 +389,8 @@ TEST_CASE("the host policy checks the config's r, mode and correction_r against 
                                        .r = r,
                                        .mode = mode,
                                        .correction_r = correction_r};
-    auto ws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
-    kvscout::infinigen_policy_host<> p(pc, {plans}, {wide}, {{m.wq.data(), m.wq.size()}},
-                                       {{m.bq.data(), m.bq.size()}}, ws.span());
+    auto p = kvscout::infinigen_policy_host<>::layers(pc, {plans}, {wide}, {{m.wq.data(), m.wq.size()}},
+                                       {{m.bq.data(), m.bq.size()}});
   };
   const auto planes = kvscout::rope_mode::rope_planes;
   CHECK_NOTHROW(build(0, kvscout::rope_mode::post_rope_skew, 0));  // 0: the plans' own

@@ -169,15 +169,15 @@ TEST_CASE("infinigen_cuda layout with correction_r: the cache, rotation, channel
   std::vector<kvscout::skew_plan> wide_plans(4, identity_plan(128, 64, rope_mode::post_rope_skew));
   std::vector<float> w(static_cast<std::size_t>(16) * 128 * 512, 0.5f);
   const kvscout::host_span<const float> ws{w.data(), w.size()};
-  REQUIRE_NOTHROW(kvscout::detail::check_infinigen_cuda_plans(c, plans, ws, {}, &wide_plans));
-  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_plans(c, plans, ws, {}); }),
+  REQUIRE_NOTHROW(kvscout::detail::check_infinigen_plans(c, plans, ws, {}, &wide_plans));
+  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_plans(c, plans, ws, {}); }),
              Catch::Contains("correction_r = 64 needs correction plans"));
   wide_plans.pop_back();
-  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_plans(c, plans, ws, {}, &wide_plans); }),
+  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_plans(c, plans, ws, {}, &wide_plans); }),
              Catch::Contains("got 3 correction plans, expected one per kv head (4)"));
   c.correction_r = 0;
   wide_plans.push_back(wide_plans.back());
-  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_cuda_plans(c, plans, ws, {}, &wide_plans); }),
+  CHECK_THAT(error_of([&] { kvscout::detail::check_infinigen_plans(c, plans, ws, {}, &wide_plans); }),
              Catch::Contains("correction_r is 0"));
 }
 
@@ -251,22 +251,22 @@ TEST_CASE("infinigen_cuda setup and call checks name the bad value", "[cuda_faca
   c.r = 16;
   std::vector<kvscout::skew_plan> plans(2, identity_plan(64, 16, rope_mode::post_rope_skew));
   std::vector<float> w(4 * 64 * 32, 0.5f), b;
-  using kvscout::detail::check_infinigen_cuda_plans;
-  REQUIRE_NOTHROW(check_infinigen_cuda_plans(c, plans, {w.data(), w.size()}, {}));
-  CHECK_THAT(error_of([&] { check_infinigen_cuda_plans(c, {plans[0]}, {w.data(), w.size()}, {}); }),
+  using kvscout::detail::check_infinigen_plans;
+  REQUIRE_NOTHROW(check_infinigen_plans(c, plans, {w.data(), w.size()}, {}));
+  CHECK_THAT(error_of([&] { check_infinigen_plans(c, {plans[0]}, {w.data(), w.size()}, {}); }),
              Catch::Contains("got 1 skew plans"));
-  CHECK_THAT(error_of([&] { check_infinigen_cuda_plans(c, plans, {w.data(), 10}, {}); }),
+  CHECK_THAT(error_of([&] { check_infinigen_plans(c, plans, {w.data(), 10}, {}); }),
              Catch::Contains("W_Q holds 10"));
   b.assign(7, 0.f);
-  CHECK_THAT(error_of([&] { check_infinigen_cuda_plans(c, plans, {w.data(), w.size()}, {b.data(), 7}); }),
+  CHECK_THAT(error_of([&] { check_infinigen_plans(c, plans, {w.data(), w.size()}, {b.data(), 7}); }),
              Catch::Contains("b_Q holds 7"));
   auto other = plans;
   other[1] = identity_plan(64, 8, rope_mode::post_rope_skew);
-  CHECK_THAT(error_of([&] { check_infinigen_cuda_plans(c, other, {w.data(), w.size()}, {}); }),
+  CHECK_THAT(error_of([&] { check_infinigen_plans(c, other, {w.data(), w.size()}, {}); }),
              Catch::Contains("r = 8"));
   other = plans;
   other[1] = identity_plan(64, 16, rope_mode::rope_planes);
-  CHECK_THAT(error_of([&] { check_infinigen_cuda_plans(c, other, {w.data(), w.size()}, {}); }),
+  CHECK_THAT(error_of([&] { check_infinigen_plans(c, other, {w.data(), w.size()}, {}); }),
              Catch::Contains("rope_planes"));
 
   // score(): S = 2, stride 100, bound 90.

@@ -111,16 +111,15 @@ struct topk_pipeline {
   pipe_t pipe;
 };
 
-// An infinigen policy and its workspace.
+// An infinigen policy per speculated layer, their workspaces owned.
+using infinigen_layers = kvscout::policy_layers<kvscout::infinigen_policy_host<>>;
 struct owned_infinigen {
   owned_infinigen(const kvscout::infinigen_config& cfg,
                   const std::vector<std::vector<kvscout::skew_plan>>& plans,
                   const std::vector<kvscout::host_span<const float>>& wq,
                   const std::vector<kvscout::host_span<const float>>& bq)
-      : ws(kvscout::make_workspace<kvscout::infinigen_policy_host<>>(cfg)),
-        policy(cfg, plans, wq, bq, ws.span()) {}
-  kvscout::host_workspace ws;
-  kvscout::infinigen_policy_host<> policy;
+      : policy(kvscout::infinigen_policy_host<>::layers(cfg, plans, wq, bq)) {}
+  infinigen_layers policy;
 };
 
 // Skew plans from a calibration run of the same weights on another prompt.
@@ -241,7 +240,7 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
   owned_infinigen owned({shape_of(m.d)},
                         plans, wq, bq);
-  kvscout::infinigen_policy_host<>& ig = owned.policy;
+  infinigen_layers& ig = owned.policy;
   // At every speculated layer of every decode step: the true attention probabilities of the
   // cached tokens (dense, on the state the pipeline is decoding), the oracle's top-budget set by
   // those probabilities, and the mass each set covers.
@@ -260,7 +259,7 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
   // Rows each layer re-selects from its previous step, counted independently of the pipeline.
   std::vector<std::vector<std::vector<int32_t>>> previous(L, std::vector<std::vector<int32_t>>(S * H));
   std::vector<std::int64_t> reused(L, 0);
-  const kvscout::decode_pipeline_host<layout, kvscout::infinigen_policy_host<>, kvscout::topk_selector_host>* live = nullptr;
+  const kvscout::decode_pipeline_host<layout, infinigen_layers, kvscout::topk_selector_host>* live = nullptr;
   m.on_attend = [&](int l, const kvscout::score_context<kvscout::host_space>& ctx, const kvscout::current_token<T>&) {
     if (live == nullptr || l < 2) return;
     kvscout::decode_attention_host(kvscout::layout_rows_host(m.view(l)), kvscout::current_token<T>{}, ctx.q,
@@ -288,7 +287,7 @@ TEST_CASE("a small budget moves only the selected rows and the oracle carries th
         ++samples;
       }
   };
-  topk_pipeline<kvscout::infinigen_policy_host<>> tp(
+  topk_pipeline<infinigen_layers> tp(
       {shape,
        2,
        budget,
@@ -455,14 +454,14 @@ TEST_CASE("the correction step fetches the rows the layer's own query ranks and 
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
   owned_infinigen owned({shape_of(m.d)},
                         plans, wq, bq);
-  kvscout::infinigen_policy_host<>& ig = owned.policy;
+  infinigen_layers& ig = owned.policy;
   const kvscout::keep_set keep{1, 2};
   kvscout::host_pipeline_config pc{shape,
                                    2,
                                    budget,
                                    2};
   pc.correction_capacity = extra;
-  topk_pipeline<kvscout::infinigen_policy_host<>> tp(pc, ig, {shape, budget,
+  topk_pipeline<infinigen_layers> tp(pc, ig, {shape, budget,
                                                               budget, keep});
   auto& pipe = tp.pipe;
   // The test's own correction: the late scores of the same policy, the same selector semantics.
@@ -559,8 +558,8 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
   for (int l = 0; l < L; ++l) wq.push_back({m.wq[l].data(), m.wq[l].size()});
   owned_infinigen owned({shape_of(m.d)},
                         plans, wq, bq);
-  kvscout::infinigen_policy_host<>& ig = owned.policy;
-  kvscout::infinigen_query_scores_host<kvscout::infinigen_policy_host<>> late(ig);
+  infinigen_layers& ig = owned.policy;
+  kvscout::infinigen_query_scores_host<infinigen_layers> late(ig);
   const kvscout::topk_selector_host::config sc{shape, budget, budget, {}};
   topk_pipeline<decltype(late)> tp({shape,
                                     2, budget, 1}, late, sc);
@@ -597,9 +596,9 @@ TEST_CASE("the late ranking alone runs as a policy that needs the query, fed by 
   const auto& pl = plans[2][0];
   for (int c = 0; c < pl.r; ++c) {
     const float k = kvscout::to_float(m.kc[2][(static_cast<std::size_t>(0) * max_tokens + t_last) * D + pl.channels[static_cast<std::size_t>(c)]]);
-    REQUIRE(ig.keys(2).at(0, 0, c, t_last) == Approx(k).epsilon(2e-3).margin(2e-3));
+    REQUIRE(ig[2].keys().at(0, 0, c, t_last) == Approx(k).epsilon(2e-3).margin(2e-3));
   }
-  REQUIRE(late.configuration().shape.num_layers == L);
+  REQUIRE(ig.num_layers() == L);
 }
 
 namespace {
@@ -816,7 +815,7 @@ TEST_CASE(
             b.speculated[static_cast<std::size_t>(l)]);
     REQUIRE(per_layer[static_cast<std::size_t>(l)]->configuration().capacity == b.capacity);
   }
-  using pipe_t = kvscout::decode_pipeline_host<layout, kvscout::infinigen_policy_host<>,
+  using pipe_t = kvscout::decode_pipeline_host<layout, infinigen_layers,
                                                kvscout::topk_selector_host>;
   pipe_memory<pipe_t> mem(pc);
   pipe_t pipe(pc, owned.policy, per_layer, mem.gather, mem.ws.span());
@@ -893,11 +892,15 @@ TEST_CASE("presets::pipeline_host: a preset's pipeline in one call, the bits of 
   kvscout::presets::pipeline_host<layout> owned(p, sh, cal, budget, wq, {}, 2);
 
   // The same parts by hand.
-  using policy_t = kvscout::infinigen_policy_host<kvscout::presets::partial_keys_t<2>>;
+  using one_t = kvscout::infinigen_policy_host<kvscout::presets::partial_keys_t<2>>;
+  using policy_t = kvscout::policy_layers<one_t>;
   const kvscout::presets::step_budgets b =
       kvscout::presets::budgets(p, sh, budget, cal.layer_shares(p, budget));
-  auto policy_ws = kvscout::make_workspace<policy_t>(p.policy_config(sh));
-  policy_t policy(p.policy_config(sh), cal.plans, cal.correction_plans, wq, bq, policy_ws.span());
+  policy_t policy(L);  // one policy per speculated layer, each from the preset's config
+  for (int l = cal.first_layer; l < L; ++l) {
+    const auto lu = static_cast<std::size_t>(l);
+    policy.emplace(l, p.policy_config(sh), cal.plans[lu], cal.correction_plans[lu], wq[lu], bq[lu]);
+  }
   const kvscout::detail::layer_selectors selectors(sh, b);
   const kvscout::host_pipeline_config pc{.shape = sh, .skip_layers = p.skip_layers,
                                          .capacity = b.capacity, .threads = 2,

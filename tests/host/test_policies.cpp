@@ -223,9 +223,7 @@ TEST_CASE("infinigen with a full partial dimension scores exactly like the oracl
                                         .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
                                         .max_tokens = 128, .scale = 0.125f},
                                        .aggregation = kvscout::gqa_aggregation::max_logit};
-    auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
-    kvscout::infinigen_policy_host<> p(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}},
-                                       pws.span());
+    auto p = kvscout::infinigen_policy_host<>::layers(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}});
     // Keys of n tokens (pre-RoPE random; post-RoPE = rotated at their positions).
     std::vector<float> kpre(static_cast<std::size_t>(n) * H * D), kpost(kpre.size());
     for (auto& v : kpre) v = nd(rng);
@@ -257,9 +255,9 @@ TEST_CASE("infinigen with a full partial dimension scores exactly like the oracl
         }
         REQUIRE(out.row(0, h)[t] == Approx(best).margin(2e-3));
       }
-    REQUIRE(p.keys(0).r() == D);
+    REQUIRE(p[0].keys().r() == D);
     REQUIRE_THROWS_WITH(p.score(1, {{x.data(), x.size()}, {}, {pos.data(), pos.size()}, {lens.data(), lens.size()}}, out),
-                        Catch::Contains("layer 1 has no skew plans"));
+                        Catch::Contains("layer 1 is out of range [0, 1)"));
   }
   }
 }
@@ -283,8 +281,7 @@ void check_tiles_agree(int g, kvscout::gqa_aggregation agg) {
                                       .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
                                       .max_tokens = full, .scale = 0.125f},
                                      .aggregation = agg};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<PkT>>(pc);
-  kvscout::infinigen_policy_host<PkT> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
+  auto p = kvscout::infinigen_policy_host<PkT>::layers(pc, {plans}, {{wq.data(), wq.size()}}, {{}});
   std::vector<float> k(static_cast<std::size_t>(H) * D);
   for (int t = 0; t < full; ++t) {
     for (auto& v : k) v = nd(rng);
@@ -320,7 +317,7 @@ void check_tiles_agree(int g, kvscout::gqa_aggregation agg) {
           q[2 * i + 1] = a * s0 + b * c0;
         }
         double d = 0;
-        for (int c = 0; c < r; ++c) d += q[c] * static_cast<double>(kvscout::to_float(p.keys(0).at(0, h, c, t)));
+        for (int c = 0; c < r; ++c) d += q[c] * static_cast<double>(kvscout::to_float(p[0].keys().at(0, h, c, t)));
         d *= 0.125;
         agg_want = agg == kvscout::gqa_aggregation::max_logit ? std::max(agg_want, d) : agg_want + d / g;
       }
@@ -366,8 +363,7 @@ TEST_CASE("infinigen scores the same bits on rows past the register-pinning boun
                                       .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
                                       .max_tokens = full, .scale = 0.125f},
                                      .aggregation = kvscout::gqa_aggregation::max_logit};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
-  kvscout::infinigen_policy_host<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
+  auto p = kvscout::infinigen_policy_host<float>::layers(pc, {plans}, {{wq.data(), wq.size()}}, {{}});
   std::vector<float> k(static_cast<std::size_t>(H) * D);
   for (int t = 0; t < full; ++t) {
     for (auto& v : k) v = nd(rng);
@@ -494,8 +490,7 @@ TEST_CASE("infinigen, RoPE planes: each kv head's queries rotate its own planes"
                                       .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
                                       .max_tokens = n, .scale = 0.125f},
                                      .aggregation = kvscout::gqa_aggregation::max_logit};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
-  kvscout::infinigen_policy_host<> p(pc, plans, {W_Q, W_Q, W_Q}, {b_Q, b_Q, b_Q}, pws.span());
+  auto p = kvscout::infinigen_policy_host<>::layers(pc, plans, {W_Q, W_Q, W_Q}, {b_Q, b_Q, b_Q});
   std::vector<float> k(static_cast<std::size_t>(H) * D);
   for (int l = 0; l < L; ++l)
     for (int t = 0; t < n; ++t) {
@@ -520,7 +515,7 @@ TEST_CASE("infinigen, RoPE planes: each kv head's queries rotate its own planes"
           kvscout::partial_query(w, x.data(), rt, q.data());
           double d = 0;
           for (int c = 0; c < r; ++c)
-            d += static_cast<double>(q[c]) * kvscout::to_float(p.keys(l).at(0, h, c, t));
+            d += static_cast<double>(q[c]) * kvscout::to_float(p[l].keys().at(0, h, c, t));
           want = std::max(want, d * 0.125);
         }
         REQUIRE(out.row(0, h)[t] == Approx(want).margin(1e-5).epsilon(1e-5));
@@ -560,8 +555,7 @@ TEST_CASE("infinigen writes each row's maximum as it scores: tails, NaN keys, em
                                           .max_tokens = cap,
                                           .scale = 0.125f},
                                          .aggregation = agg};
-      auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<float>>(pc);
-      kvscout::infinigen_policy_host<float> p(pc, {plans}, {{wq.data(), wq.size()}}, {{}}, pws.span());
+      auto p = kvscout::infinigen_policy_host<float>::layers(pc, {plans}, {{wq.data(), wq.size()}}, {{}});
       std::vector<float> k(static_cast<std::size_t>(H) * D);
       for (int s = 0; s < S; ++s)
         for (int t = 0; t < lens[s]; ++t) {
@@ -613,20 +607,17 @@ TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
                     kvscout::rope_mode::pre_rope_folded}) {
     CAPTURE(kvscout::to_string(mode));
     const std::vector<kvscout::skew_plan> plans = calibrated_plans(qs, ks, H, g, r, mode, rope);
-    // ws: the policy's workspace, the caller's (it outlives the policy).
-    const auto make = [&](int seqs, kvscout::host_workspace& ws) {
+    const auto make = [&](int seqs) {
       const kvscout::infinigen_config pc{.shape = {.num_layers = 1, .num_seqs = seqs,
                                           .num_kv_heads = H, .num_q_heads = Hq, .head_dim = D,
                                           .d_model = d_model, .max_tokens = cap, .scale = 0.125f},
                                          .aggregation = kvscout::gqa_aggregation::max_logit};
-      ws = kvscout::make_workspace<policy>(pc);
-      return policy(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}}, ws.span());
+      return policy::layers(pc, {plans}, {{wq.data(), wq.size()}}, {{bq.data(), bq.size()}});
     };
     const auto key = [&](const std::vector<float>& k, int s, int t) {
       return &k[(static_cast<std::size_t>(s) * cap + t) * H * D];
     };
-    kvscout::host_workspace all_ws, one_ws;
-    policy all = make(S, all_ws);
+    auto all = make(S);
     for (int s = 0; s < S; ++s)
       for (int t = 0; t < lens[s]; ++t) all.append(0, s, t, key(kpre, s, t), key(kpost, s, t));
     std::vector<float> batch;
@@ -635,7 +626,7 @@ TEST_CASE("infinigen scores a batch of sequences with the bits each gets alone",
               out);
     for (int s = 0; s < S; ++s) {
       CAPTURE(s);
-      policy one = make(1, one_ws);
+      auto one = make(1);
       for (int t = 0; t < lens[s]; ++t) one.append(0, 0, t, key(kpre, s, t), key(kpost, s, t));
       std::vector<float> alone;
       const auto out1 = buffer_for(alone, 1, H, cap);
@@ -765,16 +756,12 @@ TEMPLATE_TEST_CASE("partial query weights in half or bfloat16 give the bits of f
       using narrow_t = kvscout::infinigen_policy_host<float, W>;
       using wide_t = kvscout::infinigen_policy_host<float, float>;
       const std::vector<kvscout::host_span<const float>> b_f{{bq.data(), bq.size()}};
-      // One workspace each: a workspace serves one policy (its scratch).
-      auto ws_a = kvscout::make_workspace<narrow_t>(cfg), ws_b = kvscout::make_workspace<wide_t>(cfg);
-      auto ws_c = kvscout::make_workspace<wide_t>(cfg), ws_m = kvscout::make_workspace<narrow_t>(cfg);
-      narrow_t narrow(cfg, {plans}, {{wq.data(), wq.size()}}, b_f, ws_a.span());
-      wide_t wide(cfg, {plans}, {{wq_w.data(), wq_w.size()}}, b_f, ws_b.span());
-      wide_t exact(cfg, {plans}, {{wq.data(), wq.size()}}, b_f, ws_c.span());
-      narrow_t model_typed(cfg, {plans},
-                           std::vector<kvscout::host_span<const W>>{{wq_in.data(), wq_in.size()}},
-                           std::vector<kvscout::host_span<const W>>{{bq_in.data(), bq_in.size()}},
-                           ws_m.span());
+      auto narrow = narrow_t::layers(cfg, {plans}, {{wq.data(), wq.size()}}, b_f);
+      auto wide = wide_t::layers(cfg, {plans}, {{wq_w.data(), wq_w.size()}}, b_f);
+      auto exact = wide_t::layers(cfg, {plans}, {{wq.data(), wq.size()}}, b_f);
+      auto model_typed = narrow_t::layers(
+          cfg, {plans}, std::vector<kvscout::host_span<const W>>{{wq_in.data(), wq_in.size()}},
+          std::vector<kvscout::host_span<const W>>{{bq_in.data(), bq_in.size()}});
       std::vector<float> k(static_cast<std::size_t>(H) * D);
       for (int s = 0; s < S; ++s)
         for (int t = 0; t < lens[s]; ++t) {

@@ -95,10 +95,8 @@ TEST_CASE("every policy scores batch row b from the sequence seq_ids[b] names", 
                                             .d_model = f.d_model, .max_tokens = f.cap,
                                             .scale = 0.125f},
                                            .aggregation = agg};
-        auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
-        kvscout::infinigen_policy_host<> p(pc, {{}, calibrated_plans(qs, ks, f.H, f.g, 16, mode, f.rope)},
-                                           {{}, {wq.data(), wq.size()}}, {{}, {bq.data(), bq.size()}},
-                                           pws.span());
+        auto p = kvscout::infinigen_policy_host<>::layers(pc, {{}, calibrated_plans(qs, ks, f.H, f.g, 16, mode, f.rope)},
+                                           {{}, {wq.data(), wq.size()}}, {{}, {bq.data(), bq.size()}});
         for (int s = 0; s < f.S; ++s)
           for (int t = 0; t < f.lens[s]; ++t)
             p.append(1, s, t, &f.kpre[f.key_at(s, t)], &f.kpost[f.key_at(s, t)]);
@@ -217,9 +215,8 @@ TEST_CASE("policies refuse seq_ids they do not hold, repeated or too few",
                                         .d_model = f.d_model,
                                         .max_tokens = f.cap,
                                         .scale = 0.125f}};
-    auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
-    kvscout::infinigen_policy_host<> p(pc, {{}, std::vector<kvscout::skew_plan>(f.H, identity_planes(16))},
-                                       {{}, {wq.data(), wq.size()}}, {{}, {}}, pws.span());
+    auto p = kvscout::infinigen_policy_host<>::layers(pc, {{}, std::vector<kvscout::skew_plan>(f.H, identity_planes(16))},
+                                       {{}, {wq.data(), wq.size()}}, {{}, {}});
     every_case(p, "the policy's");
   }
   SECTION("quest") {

@@ -200,31 +200,42 @@ TEST_CASE("streaming rejects a malformed score buffer", "[spec][streaming][error
   }
 }
 
-TEST_CASE("infinigen_policy_host takes its scratch in the caller's workspace and checks it",
+TEST_CASE("infinigen_policy_host keeps its state and scratch in the caller's workspace and checks it",
           "[spec][infinigen][errors][workspace]") {
-  // Two layers (0 dense), one sequence, GQA 2 (mean_logit: the group's mean query, qm_), r = 16.
-  const int d_model = 64, r = 16, n = 40;
+  // One layer, one sequence, GQA 2 (mean_logit: the group's mean query, qm_), r = 16.
+  const int d_model = 64, r = 16, n = 40, max_tokens = 64;
   using P = kvscout::infinigen_policy_host<>;
-  const kvscout::infinigen_config pc{.shape = {.num_layers = 2, .num_seqs = 1, .num_kv_heads = 1,
-                                      .num_q_heads = 2, .head_dim = D, .d_model = d_model,
-                                      .max_tokens = 64, .scale = 0.125f},
+  const kvscout::infinigen_config pc{.shape = {.num_seqs = 1, .num_kv_heads = 1, .num_q_heads = 2,
+                                      .head_dim = D, .d_model = d_model,
+                                      .max_tokens = max_tokens, .scale = 0.125f},
+                                     .r = r, .mode = kvscout::rope_mode::rope_planes,
                                      .aggregation = kvscout::gqa_aggregation::mean_logit};
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
   std::vector<float> wq(static_cast<std::size_t>(2) * D * d_model), x(d_model), k(D);
   for (auto& v : wq) v = nd(rng);
   for (auto& v : x) v = nd(rng);
-  const std::vector<std::vector<kvscout::skew_plan>> plans{{}, {identity_planes(r)}};
-  const std::vector<kvscout::host_span<const float>> w{{}, {wq.data(), wq.size()}}, b{{}, {}};
-  // Sized by the config alone, for r = head_dim: 8 (query_block) RoPE tables, the partial
-  // queries of 8 sequences of num_q_heads heads, one key, one mean query.
+  const std::vector<kvscout::skew_plan> plans{identity_planes(r)};
+  const kvscout::host_span<const float> w{wq.data(), wq.size()}, b{};
+  // Sized by the config alone, each piece at 64 bytes: the scratch (8 (query_block) RoPE tables,
+  // the partial queries of 8 sequences of num_q_heads heads at r = head_dim, one key, one mean
+  // query, one widened key), the partial key cache (r channels), and per query head its r W_Q
+  // rows, their bias and r / 2 planes.
+  const auto al = [](std::size_t bytes) { return (bytes + 63) / 64 * 64; };
   const std::size_t need = P::workspace_bytes(pc);
-  REQUIRE(need == 8 * sizeof(kvscout::rope_table) + sizeof(float) * (8 * 2 * D + 2 * D));
-  REQUIRE(P::workspace_alignment == alignof(float));
-  SECTION("make_workspace sizes it") {
+  const std::size_t keys = al(P::key_store::memory_bytes(1, 1, r, max_tokens));
+  REQUIRE(need == al(8 * sizeof(kvscout::rope_table) + sizeof(float) * (8 * 2 * D + 3 * D)) +
+                      keys +
+                      2 * (al(sizeof(float) * r * d_model) + al(sizeof(float) * r) +
+                           al(sizeof(int) * (r / 2))));
+  REQUIRE(P::workspace_alignment == 64);
+  SECTION("make_workspace sizes it; the partial keys live in it") {
     auto ws = kvscout::make_workspace<P>(pc);
     REQUIRE(ws.size() == need);
-    REQUIRE_NOTHROW(P(pc, plans, w, b, ws.span()));
+    const P p(pc, plans, w, b, ws.span());
+    const auto* first = reinterpret_cast<const std::byte*>(p.keys().tile(0, 0, 0));
+    REQUIRE(first >= ws.data());
+    REQUIRE(first < ws.data() + need);
   }
   SECTION("too small, misaligned, null: refused, naming the value and what was expected") {
     kvscout::host_workspace ws(need + 64, 64);
@@ -232,12 +243,12 @@ TEST_CASE("infinigen_policy_host takes its scratch in the caller's workspace and
                         Catch::Contains("workspace holds " + std::to_string(need - 1) +
                                         " bytes, expected at least workspace_bytes(config) = " +
                                         std::to_string(need)));
-    REQUIRE_THROWS_WITH(P(pc, plans, w, b, {ws.data() + 2, need}),
-                        Catch::Contains("workspace must be 4-byte aligned, got address"));
+    REQUIRE_THROWS_WITH(P(pc, plans, w, b, {ws.data() + 4, need}),
+                        Catch::Contains("workspace must be 64-byte aligned, got address"));
     REQUIRE_THROWS_WITH(P(pc, plans, w, b, {static_cast<std::byte*>(nullptr), need}),
                         Catch::Contains("workspace is null"));
-    // A larger one at any 4-byte aligned address serves.
-    REQUIRE_NOTHROW(P(pc, plans, w, b, {ws.data() + 4, need + 60}));
+    // A larger one serves.
+    REQUIRE_NOTHROW(P(pc, plans, w, b, {ws.data(), need + 64}));
   }
   SECTION("a bad config is refused by the size query too") {
     kvscout::infinigen_config bad = pc;
@@ -246,6 +257,13 @@ TEST_CASE("infinigen_policy_host takes its scratch in the caller's workspace and
     REQUIRE_THROWS_WITH(P::workspace_bytes(bad),
                         Catch::Contains("num_q_heads = 3 must be a positive multiple of "
                                         "num_kv_heads = 2"));
+    bad = pc;
+    bad.r = 0;
+    REQUIRE_THROWS_WITH(P::workspace_bytes(bad), Catch::Contains("r = 0 must be in [1, head_dim = "));
+    bad = pc;
+    bad.correction_r = 9;
+    REQUIRE_THROWS_WITH(P::workspace_bytes(bad),
+                        Catch::Contains("correction_r = 9 must be 0 or in [r = 16, head_dim = "));
   }
   SECTION("the scores do not depend on what the workspace held before") {
     kvscout::host_workspace zeros(need, P::workspace_alignment), ones(need, P::workspace_alignment);
@@ -254,15 +272,16 @@ TEST_CASE("infinigen_policy_host takes its scratch in the caller's workspace and
     P a(pc, plans, w, b, zeros.span()), c(pc, plans, w, b, ones.span());
     for (int t = 0; t < n; ++t) {
       for (auto& v : k) v = nd(rng);
-      a.append(1, 0, t, k.data(), k.data());
-      c.append(1, 0, t, k.data(), k.data());
+      const int32_t s0 = 0, tt = t;
+      a.append(kvscout::host_span<const float>(k), {&s0, 1}, {&tt, 1}, 1);
+      c.append(kvscout::host_span<const float>(k), {&s0, 1}, {&tt, 1}, 1);
     }
     std::vector<int32_t> lens{n}, pos{n};
     const kvscout::score_context<kvscout::host_space> ctx{{x.data(), x.size()}, {}, {pos.data(), 1}, {lens.data(), 1}};
     std::vector<float> sa, sc;
     const auto oa = buffer_for(sa, 1, 1, 64), oc = buffer_for(sc, 1, 1, 64);
-    a.score(1, ctx, oa);
-    c.score(1, ctx, oc);
+    a.score(ctx, oa);
+    c.score(ctx, oc);
     for (int t = 0; t < n; ++t) {
       CAPTURE(t);
       REQUIRE(std::isfinite(oa.row(0, 0)[t]));
@@ -279,23 +298,26 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
   const kvscout::infinigen_config pc{{.num_layers = 2, .num_seqs = 1, .num_kv_heads = 1,
                                       .num_q_heads = 1, .head_dim = D, .d_model = d_model,
                                       .max_tokens = 32, .scale = 0.125f}};
-  auto pws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
-  kvscout::infinigen_policy_host<> p(pc, {{}, {identity_planes(r)}}, {{}, {wq.data(), wq.size()}},
-                                     {{}, {}}, pws.span());
+  auto p = kvscout::infinigen_policy_host<>::layers(pc, {{}, {identity_planes(r)}}, {{}, {wq.data(), wq.size()}},
+                                     {{}, {}});
   std::vector<float> k(D, 1.f), scores;
   for (int t = 0; t < 8; ++t) p.append(1, 0, t, k.data(), k.data());
   SECTION("append: an untracked layer keeps nothing, a layer out of range throws") {
     p.append(0, 0, 0, k.data(), k.data());
-    REQUIRE(p.keys(0).bytes() == 0);
+    REQUIRE(!p.tracks(0));
+    REQUIRE(p.tracks(1));
     REQUIRE_THROWS_WITH(p.append(2, 0, 0, k.data(), k.data()),
                         Catch::Contains("layer 2 is out of range [0, 2)"));
     REQUIRE_THROWS_WITH(p.append(-1, 0, 0, k.data(), k.data()),
                         Catch::Contains("layer -1 is out of range [0, 2)"));
-    REQUIRE_THROWS_WITH(p.keys(2), Catch::Contains("layer 2 is out of range [0, 2)"));
+    REQUIRE_THROWS_WITH(p[2].keys(), Catch::Contains("layer 2 is out of range [0, 2)"));
     REQUIRE_THROWS_WITH(p.append(1, 1, 0, k.data(), k.data()),
-                        Catch::Contains("sequence 1 is out of range [0, 1)"));
+                        Catch::Contains("entry 0 (sequence 1, token 0) is outside [0, num_seqs = "
+                                        "1) x [0, max_tokens = 32)"));
     REQUIRE_THROWS_WITH(p.append(1, 0, 32, k.data(), k.data()),
-                        Catch::Contains("token 32 is out of range [0, max_tokens = 32)"));
+                        Catch::Contains("entry 0 (sequence 0, token 32) is outside [0, num_seqs "
+                                        "= 1) x [0, max_tokens = 32)"));
+    REQUIRE_THROWS_WITH(p.score(0, {}, {}), Catch::Contains("layer 0 has no policy (not speculated"));
     // RoPE planes read the post-RoPE key: a null one is refused (the pre-RoPE one is not read).
     REQUIRE_THROWS_WITH(p.append(1, 0, 9, k.data(), nullptr),
                         Catch::Contains("k_post is null (layer 1, token 9)"));
@@ -329,9 +351,7 @@ TEST_CASE("infinigen rejects layers and sequences it does not hold", "[spec][inf
                                              .d_model = dm, .max_tokens = 8, .scale = 0.125f},
                                             .aggregation = kvscout::gqa_aggregation::max_logit};
     REQUIRE_THROWS_WITH(
-        kvscout::infinigen_policy_host<>(big_cfg, plans, {{w.data(), w.size()}}, {{}},
-                                         kvscout::make_workspace<kvscout::infinigen_policy_host<>>(big_cfg)
-                                             .span()),
+        kvscout::infinigen_policy_host<>::layers(big_cfg, plans, {{w.data(), w.size()}}, {{}}),
         Catch::Contains("layer 0: head_dim 1024 exceeds the RoPE modes' limit 512"));
   }
 }

@@ -194,7 +194,7 @@ TEMPLATE_TEST_CASE("infinigen_policy_host over quantised partial keys scores the
                    (kvscout::quantized_keys<2, 16>), (kvscout::quantized_keys<8, 64>)) {
   using kvscout::gqa_aggregation;
   using P = kvscout::infinigen_policy_host<TestType>;
-  static_assert(kvscout::speculation_policy<P> && P::quantized);
+  static_assert(kvscout::speculation_policy<kvscout::policy_layers<P>> && P::quantized);
   constexpr int max_tokens = 96, scored = 100;  // scored: the score rows' stride
   for (const auto mode : {kvscout::rope_mode::post_rope_skew, kvscout::rope_mode::rope_planes})
     for (const int g : {1, 3})
@@ -213,11 +213,10 @@ TEMPLATE_TEST_CASE("infinigen_policy_host over quantised partial keys scores the
                                                .scale = 0.125f},
                                      .aggregation = agg};
         pc.query_aggregation = agg;
-        auto pws = kvscout::make_workspace<P>(pc);
-        P p(pc, {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}}, pws.span());
+        auto p = P::layers(pc, {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}});
         for (int s = 0; s < m.S; ++s)
           for (int t = 0; t < m.n; ++t) p.append(0, s, t, m.key_pre(s, t), m.key_post(s, t));
-        const auto& keys = p.keys(0);
+        const auto& keys = p[0].keys();
         constexpr int G = TestType::group;
         REQUIRE(keys.complete_groups(0, 0) == m.n / G);  // G = 32: 64 tokens quantised, 6 staged
         // Sequence 1 ends inside its second quantised group: rows stop at seq_len.
@@ -283,9 +282,7 @@ TEMPLATE_TEST_CASE("infinigen_policy_host over quantised partial keys scores the
           }
         if (mode != kvscout::rope_mode::rope_planes) continue;
         // The float policy fed the dequantised keys in the selected channels.
-        auto fws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(pc);
-        kvscout::infinigen_policy_host<> f(pc, {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}},
-                                      fws.span());
+        auto f = kvscout::infinigen_policy_host<>::layers(pc, {plans}, {{m.wq.data(), m.wq.size()}}, {{m.bq.data(), m.bq.size()}});
         for (int s = 0; s < m.S; ++s)
           for (int t = 0; t < m.n; ++t) {
             std::vector<float> k(m.key_post(s, t), m.key_post(s, t) + m.H * D);
@@ -314,12 +311,18 @@ TEST_CASE("infinigen_policy_host over quantised keys refuses an append whole", "
   const kvscout::infinigen_config pc{{.num_layers = 1, .num_seqs = 1, .num_kv_heads = m.H,
                                      .num_q_heads = m.Hq, .head_dim = D, .d_model = m.d_model,
                                      .max_tokens = 40, .scale = 0.125f}};
-  auto pws = kvscout::make_workspace<P>(pc);
-  REQUIRE(P::workspace_bytes(pc) == kvscout::infinigen_policy_host<>::workspace_bytes(pc) + sizeof(float) * 2 * D);
+  // The quantised cache's scratch adds a group's [g, head_dim] floats (qw_).
+  kvscout::infinigen_config one = pc;
+  one.r = 16;
+  one.mode = kvscout::rope_mode::rope_planes;
+  using mem = kvscout::detail::infinigen_host_memory<kvscout::quantized_keys<4>, kvscout::half>;
+  using float_mem = kvscout::detail::infinigen_host_memory<float, kvscout::half>;
+  REQUIRE(mem::scratch_bytes(one) == float_mem::scratch_bytes(one) + sizeof(float) * 2 * D);
   std::vector<kvscout::half> wh(m.wq.size());
   for (std::size_t i = 0; i < wh.size(); ++i) wh[i] = kvscout::from_float<kvscout::half>(m.wq[i]);
-  P p(pc, {plans}, std::vector<kvscout::host_span<const kvscout::half>>{{wh.data(), wh.size()}},
-      std::vector<kvscout::host_span<const kvscout::half>>{{}}, pws.span());
+  auto p = P::layers(pc, {plans},
+                     std::vector<kvscout::host_span<const kvscout::half>>{{wh.data(), wh.size()}},
+                     std::vector<kvscout::host_span<const kvscout::half>>{{}});
   for (int t = 0; t < 5; ++t) p.append(0, 0, t, m.key_pre(0, t), m.key_post(0, t));
   REQUIRE_THROWS_WITH(p.append(0, 0, 7, m.key_pre(0, 7), m.key_post(0, 7)),
                       Catch::Contains("sequence 0, kv_head 0 got token 7, expected token 5"));
@@ -328,6 +331,6 @@ TEST_CASE("infinigen_policy_host over quantised keys refuses an append whole", "
   k[D + plans[1].channels[3]] = nan_f;
   REQUIRE_THROWS_WITH(p.append(0, 0, 5, m.key_pre(0, 5), k),
                       Catch::Contains("of token 5, channel 3 (sequence 0, kv_head 1) is not finite"));
-  REQUIRE(p.keys(0).appended(0, 0) == 5);
-  REQUIRE(p.keys(0).appended(0, 1) == 5);
+  REQUIRE(p[0].keys().appended(0, 0) == 5);
+  REQUIRE(p[0].keys().appended(0, 1) == 5);
 }

@@ -202,16 +202,15 @@ struct infinigen_scorer {
 };
 template <class PkT>
 struct infinigen_scorer_of final : infinigen_scorer {
-  host_workspace ws;  // declared first: it outlives the policy
-  infinigen_policy_host<PkT> p;
+  policy_layers<infinigen_policy_host<PkT>> p;  // one per speculated layer
   infinigen_scorer_of(const infinigen_config& c, const std::vector<std::vector<skew_plan>>& plans,
                       const std::vector<host_span<const float>>& wq, const std::vector<host_span<const float>>& bq)
-      : ws(make_workspace<infinigen_policy_host<PkT>>(c)), p(c, plans, wq, bq, ws.span()) {}
+      : p(infinigen_policy_host<PkT>::layers(c, plans, wq, bq)) {}
   // One cache read at two widths: score() reads plans' channels, score_query() wide's.
   infinigen_scorer_of(const infinigen_config& c, const std::vector<std::vector<skew_plan>>& plans,
                       const std::vector<std::vector<skew_plan>>& wide,
                       const std::vector<host_span<const float>>& wq, const std::vector<host_span<const float>>& bq)
-      : ws(make_workspace<infinigen_policy_host<PkT>>(c)), p(c, plans, wide, wq, bq, ws.span()) {}
+      : p(infinigen_policy_host<PkT>::layers(c, plans, wide, wq, bq)) {}
   void score(int l, const score_context<host_space>& ctx, const score_buffer<host_space>& out) override {
     p.score(l, ctx, out);
   }

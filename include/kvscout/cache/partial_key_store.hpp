@@ -36,8 +36,11 @@ struct partial_key_store_of<quantized_keys<Bits, Group>> {
 };
 }  // namespace detail
 
+namespace detail {
+/// The cache a format is kept in (an InfiniGen policy's `key_store`).
 template <partial_key_format PkT>
-using partial_key_store = typename detail::partial_key_store_of<PkT>::type;
+using partial_key_store = typename partial_key_store_of<PkT>::type;
+}  // namespace detail
 
 static_assert(partial_key_format<float> && partial_key_format<quantized_keys<2>> &&
               !partial_key_format<fp8_e4m3> && !partial_key_format<quantized_keys<3>>);

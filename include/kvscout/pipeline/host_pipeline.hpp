@@ -403,7 +403,7 @@ class decode_pipeline_host {
     };
     KVSCOUT_EXPECTS(late, "correction_capacity = ", cfg_.correction_capacity,
                     " needs a policy that scores the layer's own query (score_query, e.g. "
-                    "infinigen_policy_host); this one has none");
+                    "policy_layers<infinigen_policy_host>); this one has none");
   }
 
   void correct(int layer, const score_context<host_space>& ctx, const kv_view<L, host_space>& kv,

@@ -98,7 +98,7 @@ class infinigen_policy_cuda {
                         device_span<std::byte> workspace)
       : cfg_(cfg), layout_(detail::infinigen_cuda_layout_of<PkT, WT>(cfg)) {
     detail::check_infinigen_cuda_workspace(workspace, layout_.total);
-    detail::check_infinigen_cuda_plans(cfg, plans, w_q, b_q, correction_plans);
+    detail::check_infinigen_plans(cfg, plans, w_q, b_q, correction_plans);
     base_ = workspace.data();
     rope_ = plans[0].rope;
     const int H = cfg.shape.num_kv_heads, Hq = cfg.shape.num_q_heads, g = Hq / H,

@@ -1,19 +1,21 @@
 #pragma once
-// infinigen: InfiniGen's speculation (Lee et al., OSDI'24). During layer i-1, layer i's partial
-// query q~ is computed from layer i-1's normalised input x with layer i's partial W_Q (skew/), and
-// scored against the partial keys of every cached token (cache/partial_key_cache.hpp):
+// infinigen: InfiniGen's speculation (Lee et al., OSDI'24) for one layer, on the host. During layer
+// i-1, layer i's partial query q~ is computed from layer i-1's normalised input x with layer i's
+// partial W_Q (skew/), and scored against the partial keys of every cached token:
 //
 //   logit~[s, qh, t] = scale * q~[s, qh] . pk[s, h, t],   h = qh / g
 //   score[s, h, t]   = aggregate over the g query heads of the group (score/concepts.hpp)
 //
-// Layers without plans (below skip_layers) are not tracked: append() to them does nothing, score()
-// of them throws. State (partial key caches, partial W_Q rows): the caller's where it passes
-// memory_bytes(...) bytes to the constructor that takes `memory` last; otherwise allocated here.
+// The same config, constructor, workspace query and calls as infinigen_policy_cuda (score/
+// infinigen.cuh), with host spans and host_exec. Its state (the partial key cache and the partial
+// W_Q rows) and scratch live in the caller's workspace. policy_layers (score/policy_layers.hpp)
+// holds one per speculated layer for the host pipeline; layers() builds them from calibrate_skew's
+// plans.
 //
 //   auto ws = kvscout::make_workspace<kvscout::infinigen_policy_host<>>(cfg);
-//   kvscout::infinigen_policy_host<> p(cfg, plans, w_q, b_q, ws.span());   // plans[layer][kv_head]
-//   p.append(layer, s, t, k_pre_rope, k_post_rope);        // as tokens enter the cache
-//   p.score(layer, {.x = x, .positions = pos, .seq_lens = lens}, out);   // during layer - 1
+//   kvscout::infinigen_policy_host<> p(cfg, plans, w_q, b_q, ws.span());   // plans[kv_head]
+//   p.append(keys, seq_ids, token_ids, count);                  // as tokens enter the cache
+//   p.score({.x = x, .positions = pos, .seq_lens = lens}, out);  // during layer i - 1
 
 #include <algorithm>
 #include <cmath>
@@ -35,11 +37,13 @@
 #include "kvscout/core/dispatch.hpp"
 #include "kvscout/core/shape.hpp"
 #include "kvscout/core/simd.hpp"
+#include "kvscout/core/workspace.hpp"
 #include "kvscout/score/concepts.hpp"
 #include "kvscout/score/detail/aggregate.hpp"
 #include "kvscout/score/detail/infinigen_host_kernels.hpp"
 #include "kvscout/score/detail/infinigen_host_memory.hpp"
 #include "kvscout/score/infinigen_config.hpp"
+#include "kvscout/score/policy_layers.hpp"
 #include "kvscout/skew/partial_query.hpp"
 #include "kvscout/skew/plan.hpp"
 
@@ -50,332 +54,132 @@ namespace kvscout {
 /// type (float, or the model's half / bfloat16: half the bytes the per-step GEMV reads).
 template <partial_key_format PkT = float, compute_element WT = float>
 class infinigen_policy_host {
+  using mem_layout = detail::infinigen_host_memory<PkT, WT>;
+
  public:
   using config = infinigen_config;
   using config_type = config;
-  static constexpr bool needs_query = false;
-  using key_store = partial_key_store<PkT>;
-  using mem_layout = detail::infinigen_host_memory<PkT, WT>;
+  using memory_space = host_space;
+  using key_format = PkT;
+  using key_store = detail::partial_key_store<PkT>;
   static constexpr bool quantized = detail::is_quantized_keys_v<PkT>;
 
-  /// Scratch of one score() / score_query() / append(), sized for r = head_dim. Checks the config.
+  /// The scratch, the partial key cache (cfg.key_r() channels) and the partial W_Q rows. Checks
+  /// the config.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     return mem_layout::workspace_bytes(cfg);
   }
-  static constexpr std::size_t workspace_alignment =
-      alignof(rope_table) > alignof(float) ? alignof(rope_table) : alignof(float);
+  static constexpr std::size_t workspace_alignment = mem_layout::memory_alignment;
 
-  /// plans[layer] is empty (layer not speculated) or holds one plan per KV head, all with the same
-  /// r. w_q[layer] / b_q[layer]: layer's W_Q [num_q_heads * head_dim, d_model] and bias (may be
-  /// empty), float or the model's half / bfloat16, read here only. workspace: at least
-  /// workspace_bytes(cfg) bytes, the caller's, used by every later call (one call at a time) and
-  /// not shared with anything else while the policy lives.
-  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-                        const std::vector<host_span<const float>>& w_q,
-                        const std::vector<host_span<const float>>& b_q,
+  /// plans: one per kv head (mode, r, head_dim as in cfg); w_q [num_q_heads * head_dim, d_model],
+  /// b_q [num_q_heads * head_dim] or empty, float or the model's half / bfloat16, read here only.
+  /// workspace: at least workspace_bytes(cfg) bytes at workspace_alignment, the caller's, not
+  /// shared with anything else while the policy lives (one call at a time).
+  infinigen_policy_host(const config& cfg, const std::vector<skew_plan>& plans,
+                        host_span<const float> w_q, host_span<const float> b_q,
                         host_span<std::byte> workspace)
       : infinigen_policy_host(build_tag{}, cfg, plans, nullptr, w_q, b_q, workspace) {}
   template <compute_element In>
     requires(!std::is_same_v<In, float>)
-  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-                        const std::vector<host_span<const In>>& w_q,
-                        const std::vector<host_span<const In>>& b_q,
+  infinigen_policy_host(const config& cfg, const std::vector<skew_plan>& plans,
+                        host_span<const In> w_q, host_span<const In> b_q,
                         host_span<std::byte> workspace)
       : infinigen_policy_host(build_tag{}, cfg, plans, nullptr, w_q, b_q, workspace) {}
 
-  /// One cache read at two widths (kvscout's, not InfiniGen's): score() speculates with `plans`
-  /// (r_s channels) and score_query() reads the wider `correction_plans` (r_c >= r_s channels,
-  /// [layer][kv head]). A layer's cache holds r_c channels per token, the speculation's r_s first,
-  /// so the speculation scores exactly as a policy built from `plans` alone. Each speculation
-  /// plan's channels must be among its correction plan's, with the same mode, RoPE and rotation A:
-  /// calibrate_skew with the same samples and a larger r gives such a plan.
-  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-                        const std::vector<std::vector<skew_plan>>& correction_plans,
-                        const std::vector<host_span<const float>>& w_q,
-                        const std::vector<host_span<const float>>& b_q,
-                        host_span<std::byte> workspace)
+  /// One cache read at two widths (kvscout's, not InfiniGen's): score() reads cfg.r channels,
+  /// score_query() all cfg.correction_r of `correction_plans` (one per kv head, each holding its
+  /// speculation plan's channels, with the same mode, RoPE and rotation: calibrate_skew with the
+  /// same samples and a larger r gives such a plan). The speculation scores exactly as a policy
+  /// built from `plans` alone.
+  infinigen_policy_host(const config& cfg, const std::vector<skew_plan>& plans,
+                        const std::vector<skew_plan>& correction_plans, host_span<const float> w_q,
+                        host_span<const float> b_q, host_span<std::byte> workspace)
       : infinigen_policy_host(build_tag{}, cfg, plans, &correction_plans, w_q, b_q, workspace) {}
   template <compute_element In>
     requires(!std::is_same_v<In, float>)
-  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-                        const std::vector<std::vector<skew_plan>>& correction_plans,
-                        const std::vector<host_span<const In>>& w_q,
-                        const std::vector<host_span<const In>>& b_q,
-                        host_span<std::byte> workspace)
+  infinigen_policy_host(const config& cfg, const std::vector<skew_plan>& plans,
+                        const std::vector<skew_plan>& correction_plans, host_span<const In> w_q,
+                        host_span<const In> b_q, host_span<std::byte> workspace)
       : infinigen_policy_host(build_tag{}, cfg, plans, &correction_plans, w_q, b_q, workspace) {}
 
-  /// The partial key caches (key_memory_bytes), then the partial W_Q rows (weight_memory_bytes),
-  /// each piece at memory_alignment. Checks the config and each speculated layer's first plan.
-  [[nodiscard]] static std::size_t memory_bytes(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-                                                const std::vector<std::vector<skew_plan>>& correction_plans = {}) {
-    return detail::checked_sum("infinigen_policy_host memory bytes", key_memory_bytes(cfg, plans, correction_plans),
-                               weight_memory_bytes(cfg, plans));
+  /// One policy per layer that has plans (a layer whose plans[l] is empty is not speculated), from
+  /// calibrate_skew's [layer][kv head] plans and each layer's W_Q / b_Q; each with its own
+  /// workspace. cfg.r, cfg.mode and cfg.correction_r may be 0 / any: each layer's are its plans'
+  /// own (where set, the plans must agree). correction_plans: none, or one entry per layer.
+  template <class In>  // unconstrained: clang 14 crashes on a constrained member alias
+  using layer_spans = std::vector<host_span<const In>>;  // [layer] a W_Q or b_Q
+  using layer_plans = std::vector<std::vector<skew_plan>>;  // [layer][kv head]
+  [[nodiscard]] static policy_layers<infinigen_policy_host> layers(
+      const config& cfg, const layer_plans& plans, const layer_plans& correction_plans,
+      const layer_spans<float>& w_q, const layer_spans<float>& b_q) {
+    return build_layers<float>(cfg, plans, correction_plans, w_q, b_q);
   }
-  static constexpr std::size_t memory_alignment = mem_layout::memory_alignment;
-
-  /// Every speculated layer's cache, at its correction plans' width where it has them.
-  [[nodiscard]] static std::size_t key_memory_bytes(
-      const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-      const std::vector<std::vector<skew_plan>>& correction_plans = {}) {
-    return mem_layout::key_memory_bytes(cfg, plans, correction_plans);
-  }
-  /// For every query head of every speculated layer: the rows, their bias, the rotation A[:, S] and
-  /// the planes.
-  [[nodiscard]] static std::size_t weight_memory_bytes(
-      const config& cfg, const std::vector<std::vector<skew_plan>>& plans) {
-    return mem_layout::weight_memory_bytes(cfg, plans);
-  }
-
-  /// The same policy with its state in the caller's memory: at least memory_bytes(cfg, plans,
-  /// correction_plans) bytes at memory_alignment, written here, never freed here, not shared with
-  /// anything else while the policy lives. correction_plans may be empty.
-  template <compute_element In>
-  infinigen_policy_host(const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-                        const std::vector<std::vector<skew_plan>>& correction_plans,
-                        const std::vector<host_span<const In>>& w_q,
-                        const std::vector<host_span<const In>>& b_q,
-                        host_span<std::byte> workspace, host_span<std::byte> memory)
-      : infinigen_policy_host(build_tag{}, cfg, plans, correction_plans.empty() ? nullptr : &correction_plans,
-                              w_q, b_q, workspace, &memory) {}
-
- private:
-  struct build_tag {};
-  void carve(host_span<std::byte> workspace) {
-    const std::size_t need = workspace_bytes(cfg_);
-    KVSCOUT_EXPECTS(workspace.size() >= need, "infinigen_policy_host: workspace holds ",
-                    workspace.size(), " bytes, expected at least workspace_bytes(config) = ", need);
-    KVSCOUT_EXPECTS(workspace.data() != nullptr, "infinigen_policy_host: workspace is null");
-    KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % workspace_alignment == 0,
-                    "infinigen_policy_host: workspace must be ", workspace_alignment,
-                    "-byte aligned, got address ", static_cast<const void*>(workspace.data()));
-    static_assert(std::is_trivially_destructible_v<rope_table>);
-    static_assert(sizeof(rope_table) % alignof(float) == 0);
-    rope_ = reinterpret_cast<rope_table*>(workspace.data());
-    std::uninitialized_default_construct_n(rope_, query_block);
-    qp_ = reinterpret_cast<float*>(workspace.data() + sizeof(rope_table) * query_block);
-    pk_ =
-        qp_ + static_cast<std::size_t>(query_block) * cfg_.shape.num_q_heads * cfg_.shape.head_dim;
-    qm_ = pk_ + cfg_.shape.head_dim;
-    lg_ = mem_layout::sum_prob_bytes(cfg_) > 0 ? qm_ + cfg_.shape.head_dim : nullptr;
-    if constexpr (quantized)
-      qw_ = qm_ + cfg_.shape.head_dim + mem_layout::sum_prob_bytes(cfg_) / sizeof(float);
+  [[nodiscard]] static policy_layers<infinigen_policy_host> layers(
+      const config& cfg, const layer_plans& plans, const layer_spans<float>& w_q,
+      const layer_spans<float>& b_q) {
+    return build_layers<float>(cfg, plans, {}, w_q, b_q);
   }
   template <compute_element In>
-  infinigen_policy_host(build_tag, const config& cfg,
-                        const std::vector<std::vector<skew_plan>>& plans,
-                        const std::vector<std::vector<skew_plan>>* correction_plans,
-                        const std::vector<host_span<const In>>& w_q,
-                        const std::vector<host_span<const In>>& b_q, host_span<std::byte> workspace,
-                        const host_span<std::byte>* caller_memory = nullptr)
-      : cfg_(cfg), layers_(static_cast<std::size_t>(cfg.shape.num_layers)) {
-    carve(workspace);  // checks the config too
-    KVSCOUT_EXPECTS(plans.size() == layers_.size() && w_q.size() == layers_.size() &&
-                        b_q.size() == layers_.size(),
-                    "expected one entry per layer (", cfg.shape.num_layers, ") in plans (",
-                    plans.size(), "), w_q (", w_q.size(), ") and b_q (", b_q.size(), ")");
-    KVSCOUT_EXPECTS(correction_plans == nullptr || correction_plans->size() == layers_.size(),
-                    "expected one entry per layer (", cfg.shape.num_layers,
-                    ") in correction_plans (", correction_plans ? correction_plans->size() : 0,
-                    ")");
-    static const std::vector<std::vector<skew_plan>> none;
-    const std::vector<std::vector<skew_plan>>& wide_plans = correction_plans ? *correction_plans : none;
-    // Owned: the weights in one allocation and each cache its own (fresh pages, untouched until
-    // written).
-    host_span<std::byte> memory;
-    std::size_t key_at = 0, weight_at = 0;  // the next layer's cache, the next head's weights
-    if (caller_memory != nullptr) {
-      memory = *caller_memory;
-      detail::check_cache_memory("infinigen_policy_host memory", memory, memory_bytes(cfg, plans, wide_plans),
-                                 memory_alignment);
-      weight_at = key_memory_bytes(cfg, plans, wide_plans);
-    } else {
-      own_ = host_buffer<std::byte>(weight_memory_bytes(cfg, plans));
-      memory = own_.span();
-    }
-    for (int l = 0; l < cfg.shape.num_layers; ++l) {
-      const auto lu = static_cast<std::size_t>(l);
-      const std::vector<skew_plan>* wide =
-          correction_plans && !(*correction_plans)[lu].empty() ? &(*correction_plans)[lu] : nullptr;
-      build_layer(l, plans[lu], wide, w_q[lu], b_q[lu], memory, caller_memory != nullptr, key_at,
-                  weight_at);
-    }
+    requires(!std::is_same_v<In, float>)
+  [[nodiscard]] static policy_layers<infinigen_policy_host> layers(
+      const config& cfg, const layer_plans& plans, const layer_plans& correction_plans,
+      const layer_spans<In>& w_q, const layer_spans<In>& b_q) {
+    return build_layers<In>(cfg, plans, correction_plans, w_q, b_q);
   }
-  /// Checks layer l's speculation plans (and its correction plans, where given) and sets its
-  /// plans, widths and key plans.
-  void set_plans(int l, const std::vector<skew_plan>& pl, const std::vector<skew_plan>* wide) {
-    auto& st = layers_[static_cast<std::size_t>(l)];
-    KVSCOUT_EXPECTS(static_cast<int>(pl.size()) == cfg_.shape.num_kv_heads, "layer ", l, " has ",
-                    pl.size(), " skew plans, expected one per kv head (", cfg_.shape.num_kv_heads,
-                    ")");
-    st.plans = pl;
-    st.r = pl[0].r;
-    for (const auto& p : pl) {
-      detail::check_plan(p);
-      KVSCOUT_EXPECTS(p.r == st.r, "layer ", l, " mixes partial dims ", st.r, " and ", p.r);
-      KVSCOUT_EXPECTS(p.head_dim == cfg_.shape.head_dim, "layer ", l, " plan head_dim ",
-                      p.head_dim, " differs from the model's ", cfg_.shape.head_dim);
-      KVSCOUT_EXPECTS(p.mode == pl[0].mode && p.rope.head_dim == pl[0].rope.head_dim &&
-                          p.rope.theta == pl[0].rope.theta && p.rope.style == pl[0].rope.style,
-                      "layer ", l, " mixes RoPE modes or configurations across kv heads");
-    }
-    st.spec_r = st.r;
-    KVSCOUT_EXPECTS(cfg_.r == 0 || (st.spec_r == cfg_.r && pl[0].mode == cfg_.mode), "layer ", l,
-                    "'s plans have r = ", st.spec_r, " and mode ", to_string(pl[0].mode),
-                    ", the config r = ", cfg_.r, " and mode ", to_string(cfg_.mode),
-                    " (r = 0: the plans' own)");
-    if (wide == nullptr) {
-      st.key_plans = pl;
-      return;
-    }
-    KVSCOUT_EXPECTS(static_cast<int>(wide->size()) == cfg_.shape.num_kv_heads, "layer ", l, " has ",
-                    wide->size(), " correction plans, expected one per kv head (",
-                    cfg_.shape.num_kv_heads, ")");
-    for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
-      const skew_plan& w = (*wide)[static_cast<std::size_t>(h)];
-      detail::check_plan(w);
-      KVSCOUT_EXPECTS(w.r == (*wide)[0].r, "layer ", l, " mixes correction partial dims ",
-                      (*wide)[0].r, " and ", w.r);
-      st.key_plans.push_back(
-          detail::nested_key_plan(pl[static_cast<std::size_t>(h)], w,
-                                  "layer " + std::to_string(l) + ", kv head " + std::to_string(h)));
-    }
-    st.r = (*wide)[0].r;
-    KVSCOUT_EXPECTS(cfg_.correction_r == 0 || st.r == cfg_.correction_r, "layer ", l,
-                    "'s correction plans have r = ", st.r, ", the config correction_r = ",
-                    cfg_.correction_r, " (0: the plans' own)");
-  }
-  /// Layer l's state: its plans, its partial W_Q rows placed in `memory` at weight_at, its RoPE
-  /// frequencies and planes, and its key cache (in `memory` at key_at where the caller gave it).
   template <compute_element In>
-  void build_layer(int l, const std::vector<skew_plan>& pl, const std::vector<skew_plan>* wide,
-                   host_span<const In> w_q, host_span<const In> b_q, host_span<std::byte> memory,
-                   bool caller_memory, std::size_t& key_at, std::size_t& weight_at) {
-    KVSCOUT_EXPECTS(!(pl.empty() && wide), "layer ", l,
-                    " has correction plans but no speculation plans; the correction reads the "
-                    "speculated layers' caches");
-    if (pl.empty()) return;
-    set_plans(l, pl, wide);
-    auto& st = layers_[static_cast<std::size_t>(l)];
-    const int g = cfg_.shape.num_q_heads / cfg_.shape.num_kv_heads;
-    const typename mem_layout::weight_sizes wz =
-        mem_layout::head_weight_sizes(cfg_, pl[0]);  // one r and mode per layer
-    for (int qh = 0; qh < cfg_.shape.num_q_heads; ++qh) {
-      st.weights.push_back(mem_layout::place_weights(
-          detail::make_partial_query_weights_from(pl[static_cast<std::size_t>(qh / g)], w_q, b_q,
-                                                  cfg_.shape.d_model, qh),
-          wz, memory.data(), weight_at));
-    }
-    if (st.plans[0].mode != rope_mode::pre_rope_folded) {
-      KVSCOUT_EXPECTS(cfg_.shape.head_dim <= 2 * rope_table::max_planes, "layer ", l,
-                      ": head_dim ", cfg_.shape.head_dim, " exceeds the RoPE modes' limit ",
-                      2 * rope_table::max_planes);
-      st.freq = rope_frequencies(st.plans[0].rope);
-    }
-    if (st.plans[0].mode == rope_mode::rope_planes) {
-      for (const auto& p : pl)
-        st.rope_planes.insert(st.rope_planes.end(), p.planes.begin(), p.planes.end());
-      std::sort(st.rope_planes.begin(), st.rope_planes.end());
-      st.rope_planes.erase(std::unique(st.rope_planes.begin(), st.rope_planes.end()),
-                           st.rope_planes.end());
-    }
+    requires(!std::is_same_v<In, float>)
+  [[nodiscard]] static policy_layers<infinigen_policy_host> layers(
+      const config& cfg, const layer_plans& plans, const layer_spans<In>& w_q,
+      const layer_spans<In>& b_q) {
+    return build_layers<In>(cfg, plans, {}, w_q, b_q);
+  }
+
+  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
+  /// Whether append() takes keys after RoPE (every mode but pre_rope_folded).
+  [[nodiscard]] bool rotated_keys() const noexcept { return cfg_.mode != rope_mode::pre_rope_folded; }
+  [[nodiscard]] const key_store& keys() const noexcept { return cache_; }
+  /// One plan per kv head whose channels are the cache's in order: the correction plans where
+  /// given (the speculation's channels first), else the speculation's.
+  [[nodiscard]] const std::vector<skew_plan>& key_plans() const noexcept { return key_plans_; }
+
+  /// Projects and stores `count` tokens' partial keys: keys [count, num_kv_heads, head_dim] (after
+  /// RoPE at their own positions unless the mode is pre_rope_folded); token n goes to sequence
+  /// seq_ids[n], position token_ids[n]. Every pair is checked before any is written. A quantised
+  /// cache takes each sequence's tokens in order and refuses a non-finite value; a token it
+  /// refuses is not written (the ones before it are).
+  template <class KSpan = const float>
+  void append(host_span<KSpan> keys, host_span<const int32_t> seq_ids,
+              host_span<const int32_t> token_ids, int count, host_exec = {}) {
+    using K = std::remove_const_t<KSpan>;
+    static_assert(compute_element<K>,
+                  "kvscout::infinigen_policy_host::append: keys must be float, half or bfloat16");
     const decode_shape& sh = cfg_.shape;
-    if (!caller_memory) {
-      st.cache = key_store(sh.num_seqs, sh.num_kv_heads, st.r, sh.max_tokens);
-    } else {
-      const std::size_t b = mem_layout::key_layer_bytes(cfg_, st.r);  // padded to the alignment
-      st.cache = key_store(sh.num_seqs, sh.num_kv_heads, st.r, sh.max_tokens,
-                           memory.subspan(key_at, b));
-      key_at += b;
-    }
+    const std::size_t row = static_cast<std::size_t>(sh.num_kv_heads) * sh.head_dim;
+    check_append(keys.size(), keys.data() != nullptr, row, seq_ids, token_ids, count);
+    for (int n = 0; n < count; ++n)
+      append_token(seq_ids[n], token_ids[n], keys.data() + static_cast<std::size_t>(n) * row);
   }
 
- public:
-
-  [[nodiscard]] bool tracks(int layer) const {
-    return layer >= 0 && layer < cfg_.shape.num_layers &&
-           !layers_[static_cast<std::size_t>(layer)].plans.empty();
-  }
-  [[nodiscard]] const key_store& keys(int layer) const {
-    check_layer(layer);
-    return state(layer).cache;
-  }
-  /// One plan per kv head whose channels are the cache's in order: the correction plans where the
-  /// layer has them (the speculation's channels first), else the speculation's.
-  [[nodiscard]] const std::vector<skew_plan>& key_plans(int layer) const {
-    check_layer(layer);
-    return state(layer).key_plans;
-  }
-  [[nodiscard]] int speculation_channels(int layer) const {
-    check_layer(layer);
-    return state(layer).spec_r;
-  }
-  [[nodiscard]] int correction_channels(int layer) const {
-    check_layer(layer);
-    return state(layer).r;
-  }
-
-  /// Token t of sequence s entered layer `layer`'s cache; k_pre / k_post are its keys before and
-  /// after RoPE, [num_kv_heads, head_dim] floats (equal for models without RoPE). A layer without
-  /// plans keeps no keys (appending does nothing); a layer outside [0, num_layers) throws.
-  void append(int layer, int s, int t, const float* k_pre, const float* k_post, host_exec = {}) {
-    check_layer(layer);
-    if (!tracks(layer)) return;
-    layer_state& st = state(layer);
-    const bool pre = st.plans[0].mode == rope_mode::pre_rope_folded;  // one mode per layer
-    KVSCOUT_EXPECTS((pre ? k_pre : k_post) != nullptr, "infinigen_policy_host::append: ",
-                    pre ? "k_pre" : "k_post", " is null (layer ", layer, ", token ", t, ")");
-    if constexpr (quantized) {
-      // A quantised cache refuses non-finite values: every head's key is projected and checked
-      // before any is written, so a refusal writes nothing.
-      const std::size_t r = static_cast<std::size_t>(st.r);
-      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
-        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.shape.head_dim;
-        detail::project_key_checked_plan(st.key_plans[static_cast<std::size_t>(h)], k, qp_ + h * r);
-        st.cache.check_append(s, h, t, qp_ + h * r);
-      }
-      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) st.cache.append(s, h, t, qp_ + h * r);
-    } else {
-      for (int h = 0; h < cfg_.shape.num_kv_heads; ++h) {
-        const skew_plan& p = st.key_plans[static_cast<std::size_t>(h)];
-        const float* k = (pre ? k_pre : k_post) + static_cast<std::size_t>(h) * cfg_.shape.head_dim;
-        detail::project_key_checked_plan(p, k, pk_);
-        st.cache.append(s, h, t, pk_);
-      }
-    }
-  }
-
-  void score(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out,
+  /// Writes out.scores[s, h, t] for t < seq_lens[s] and, where given, out.row_max.
+  void score(const score_context<host_space>& ctx, const score_buffer<host_space>& out,
              host_exec = {}) {
-    KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
-    detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads, cfg_.shape.num_seqs,
-                               cfg_.shape.max_tokens);
-    layer_state& st = state(layer);
+    check_scores(ctx, out);
     const int S = out.num_seqs, H = cfg_.shape.num_kv_heads, Hq = cfg_.shape.num_q_heads,
-              g = Hq / H, r = st.spec_r;
+              g = Hq / H, r = cfg_.r;
     KVSCOUT_EXPECTS(ctx.x.size() >= static_cast<std::size_t>(S) * cfg_.shape.d_model, "x holds ",
                     ctx.x.size(), " floats, expected [", S, ", ", cfg_.shape.d_model, "]");
     KVSCOUT_EXPECTS(ctx.positions.size() >= static_cast<std::size_t>(S), "positions holds ",
                     ctx.positions.size(), " entries, expected ", S);
     // Sequences in blocks of query_block, so each head's weights come from memory once per block.
-    const bool rope = st.plans[0].mode != rope_mode::pre_rope_folded;
-    const bool some_planes = !st.rope_planes.empty();
     const std::size_t ldq = static_cast<std::size_t>(Hq) * r;
     for (int s0 = 0; s0 < S; s0 += query_block) {
       const int count = std::min(query_block, S - s0);
-      if (rope)
-        for (int v = 0; v < count; ++v) {
-          rope_table& rt = rope_[v];
-          if (some_planes) {
-            rt.fill(st.freq, ctx.positions[s0 + v], st.rope_planes.data(),
-                    static_cast<int>(st.rope_planes.size()));
-          } else {
-            rt.fill(st.freq, ctx.positions[s0 + v]);
-          }
-        }
+      if (rotated_keys())
+        for (int v = 0; v < count; ++v) fill_rope(rope_[v], ctx.positions[s0 + v]);
       const float* x = ctx.x.data() + static_cast<std::size_t>(s0) * cfg_.shape.d_model;
       for (int qh = 0; qh < Hq; ++qh) {
         float* q = qp_ + static_cast<std::size_t>(qh) * r;
-        partial_queries(st.weights[static_cast<std::size_t>(qh)], x,
+        partial_queries(weights_[static_cast<std::size_t>(qh)], x,
                         static_cast<std::size_t>(cfg_.shape.d_model), count, rope_, q, ldq);
         for (int v = 0; v < count; ++v)
           for (int c = 0; c < r; ++c) q[v * ldq + static_cast<std::size_t>(c)] *= cfg_.shape.scale;
@@ -384,102 +188,247 @@ class infinigen_policy_host {
         for (int h = 0; h < H; ++h) {
           const int b = s0 + v;
           const float* qg = qp_ + v * ldq + static_cast<std::size_t>(h) * g * r;
-          const float top =
-              score_row(st, qg, r, detail::seq_of(ctx, b), h, g, ctx.seq_lens[b], out.row(b, h),
-                      cfg_.aggregation);
+          const float top = score_row(qg, r, detail::seq_of(ctx, b), h, g, ctx.seq_lens[b],
+                                      out.row(b, h), cfg_.aggregation);
           if (!out.row_max.empty()) out.row_max[static_cast<std::size_t>(b) * H + h] = top;
         }
     }
   }
 
-  /// The correction step's scores (kvscout's, not InfiniGen's): layer `layer`'s own query
-  /// ctx.q [num_seqs, num_q_heads, head_dim], after RoPE, projected by the layer's plans as a key
-  /// is and scored against the same partial keys, aggregated as score() does:
+  /// The correction step's scores (kvscout's, not InfiniGen's): the layer's own query
+  /// q [num_seqs, num_q_heads, head_dim], after RoPE, projected by the key plans as a key is and
+  /// scored against all cfg.key_r() cached channels, aggregated by cfg.late_aggregation():
   ///
   ///   logit[s, qh, t] = scale * ((q[s, qh] A_h)[S_h]) . pk[s, h, t],   h = qh / g
   ///
-  /// Runs at the start of layer `layer`, when its query exists. A pre_rope_folded layer keeps
-  /// pre-RoPE partial keys, which a query after RoPE does not match: refused. Allocates nothing.
-  void score_query(int layer, const score_context<host_space>& ctx,
+  /// A pre_rope_folded policy keeps pre-RoPE partial keys, which a query after RoPE does not
+  /// match: refused. Allocates nothing.
+  void score_query(host_span<const float> q, const score_context<host_space>& ctx,
                    const score_buffer<host_space>& out, host_exec = {}) {
-    KVSCOUT_EXPECTS(tracks(layer), "layer ", layer, " has no skew plans (below skip_layers?)");
-    detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads, cfg_.shape.num_seqs,
-                               cfg_.shape.max_tokens);
-    layer_state& st = state(layer);
-    KVSCOUT_EXPECTS(st.plans[0].mode != rope_mode::pre_rope_folded, "score_query: layer ", layer,
-                    "'s plans are pre_rope_folded (partial keys before RoPE); a query after RoPE "
-                    "needs post_rope_skew or rope_planes plans");
+    check_scores(ctx, out);
+    KVSCOUT_EXPECTS(rotated_keys(), "score_query: the plans are pre_rope_folded (partial keys "
+                    "before RoPE); a query after RoPE needs post_rope_skew or rope_planes plans");
     const int S = out.num_seqs, H = cfg_.shape.num_kv_heads, Hq = cfg_.shape.num_q_heads,
-              g = Hq / H, r = st.r;
+              g = Hq / H, r = cfg_.key_r();
     const std::size_t qrow = static_cast<std::size_t>(Hq) * cfg_.shape.head_dim;
-    KVSCOUT_EXPECTS(ctx.q.size() >= static_cast<std::size_t>(S) * qrow, "q holds ", ctx.q.size(),
+    KVSCOUT_EXPECTS(q.size() >= static_cast<std::size_t>(S) * qrow, "q holds ", q.size(),
                     " floats, expected [", S, ", ", Hq, ", ", cfg_.shape.head_dim, "]");
     float* qg = qp_;  // [g, r]: one group's scaled partial queries
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < H; ++h) {
-        const skew_plan& p = st.key_plans[static_cast<std::size_t>(h)];
+        const skew_plan& p = key_plans_[static_cast<std::size_t>(h)];
         for (int j = 0; j < g; ++j) {
-          const float* q = ctx.q.data() + static_cast<std::size_t>(s) * qrow +
-                           static_cast<std::size_t>(h * g + j) * cfg_.shape.head_dim;
+          const float* qh = q.data() + static_cast<std::size_t>(s) * qrow +
+                            static_cast<std::size_t>(h * g + j) * cfg_.shape.head_dim;
           float* out_q = qg + static_cast<std::size_t>(j) * r;
-          detail::project_key_checked_plan(p, q, out_q);
+          detail::project_key_checked_plan(p, qh, out_q);
           for (int c = 0; c < r; ++c) out_q[c] *= cfg_.shape.scale;
         }
-        const float top =
-            score_row(st, qg, r, detail::seq_of(ctx, s), h, g, ctx.seq_lens[s], out.row(s, h),
-                      cfg_.late_aggregation());
+        const float top = score_row(qg, r, detail::seq_of(ctx, s), h, g, ctx.seq_lens[s],
+                                    out.row(s, h), cfg_.late_aggregation());
         if (!out.row_max.empty()) out.row_max[static_cast<std::size_t>(s) * H + h] = top;
       }
   }
 
-  [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
-
  private:
-  struct layer_state {
-    std::vector<skew_plan> plans;                 // [num_kv_heads] the speculation's
-    std::vector<skew_plan> key_plans;             // [num_kv_heads] the cache's (the correction's)
-    std::vector<detail::partial_query_weights_view<WT>>
-        weights;  // [num_q_heads], in the state memory
-    key_store cache;
-    int r = 0;        // the cache's channels (score_query reads them all)
-    int spec_r = 0;   // the speculation's: the first spec_r of them
-    // rope_planes mode: the planes the kv heads' plans rotate (sorted, unique); empty otherwise.
-    std::vector<int> rope_planes;
-    rope_frequencies freq;   // the layer's RoPE (one per layer: layers may differ in theta)
-  };
+  static constexpr int query_block = mem_layout::query_block;
 
-  void check_layer(int layer) const {
-    KVSCOUT_EXPECTS(layer >= 0 && layer < cfg_.shape.num_layers, "layer ", layer,
-                    " is out of range [0, ", cfg_.shape.num_layers, ")");
+  struct build_tag {};
+  template <compute_element In>
+  static policy_layers<infinigen_policy_host> build_layers(const config& cfg,
+                                                           const layer_plans& plans,
+                                                           const layer_plans& correction_plans,
+                                                           const layer_spans<In>& w_q,
+                                                           const layer_spans<In>& b_q) {
+    const auto L = static_cast<std::size_t>(cfg.shape.num_layers);
+    KVSCOUT_EXPECTS(cfg.shape.num_layers > 0, "infinigen_policy_host::layers: shape.num_layers = ",
+                    cfg.shape.num_layers, " must be positive");
+    KVSCOUT_EXPECTS(plans.size() == L && w_q.size() == L && b_q.size() == L,
+                    "expected one entry per layer (", cfg.shape.num_layers, ") in plans (",
+                    plans.size(), "), w_q (", w_q.size(), ") and b_q (", b_q.size(), ")");
+    KVSCOUT_EXPECTS(correction_plans.empty() || correction_plans.size() == L,
+                    "expected no correction plans or one entry per layer (", cfg.shape.num_layers,
+                    ") in correction_plans, got ", correction_plans.size());
+    policy_layers<infinigen_policy_host> out(cfg.shape.num_layers);
+    for (std::size_t l = 0; l < L; ++l) {
+      const std::vector<skew_plan>* wide =
+          correction_plans.empty() || correction_plans[l].empty() ? nullptr : &correction_plans[l];
+      KVSCOUT_EXPECTS(!(plans[l].empty() && wide), "layer ", l,
+                      " has correction plans but no speculation plans; the correction reads the "
+                      "speculated layers' caches");
+      if (plans[l].empty()) continue;
+      config c = cfg;
+      const skew_plan& p = plans[l][0];
+      KVSCOUT_EXPECTS(cfg.r == 0 || (p.r == cfg.r && p.mode == cfg.mode), "layer ", l,
+                      "'s plans have r = ", p.r, " and mode ", to_string(p.mode), ", the config r = ",
+                      cfg.r, " and mode ", to_string(cfg.mode), " (r = 0: the plans' own)");
+      c.r = p.r;
+      c.mode = p.mode;
+      c.correction_r = wide ? (*wide)[0].r : 0;
+      KVSCOUT_EXPECTS(cfg.correction_r == 0 || wide == nullptr || c.correction_r == cfg.correction_r,
+                      "layer ", l, "'s correction plans have r = ", c.correction_r,
+                      ", the config correction_r = ", cfg.correction_r, " (0: the plans' own)");
+      detail::with_layer_context(static_cast<int>(l), [&] {
+        if (wide)
+          out.emplace(static_cast<int>(l), c, plans[l], *wide, w_q[l], b_q[l]);
+        else
+          out.emplace(static_cast<int>(l), c, plans[l], w_q[l], b_q[l]);
+      });
+    }
+    return out;
   }
-  layer_state& state(int layer) { return layers_[static_cast<std::size_t>(layer)]; }
-  const layer_state& state(int layer) const { return layers_[static_cast<std::size_t>(layer)]; }
 
+  template <compute_element In>
+  infinigen_policy_host(build_tag, const config& cfg, const std::vector<skew_plan>& plans,
+                        const std::vector<skew_plan>* correction_plans, host_span<const In> w_q,
+                        host_span<const In> b_q, host_span<std::byte> workspace)
+      : cfg_(cfg), plans_(plans) {
+    const std::size_t need = workspace_bytes(cfg);  // checks the config
+    detail::check_infinigen_plans(cfg, plans, w_q, b_q, correction_plans);
+    check_workspace(workspace, need);
+    std::size_t at = carve_scratch(workspace);
+    if (correction_plans == nullptr) {
+      key_plans_ = plans;
+    } else {
+      for (int h = 0; h < cfg.shape.num_kv_heads; ++h)
+        key_plans_.push_back(detail::nested_key_plan(
+            plans[static_cast<std::size_t>(h)], (*correction_plans)[static_cast<std::size_t>(h)],
+            "kv head " + std::to_string(h)));
+    }
+    const decode_shape& sh = cfg.shape;
+    const std::size_t kb = mem_layout::key_layer_bytes(cfg, cfg.key_r());
+    cache_ = key_store(sh.num_seqs, sh.num_kv_heads, cfg.key_r(), sh.max_tokens,
+                       workspace.subspan(at, kb));
+    at += kb;
+    const int g = sh.num_q_heads / sh.num_kv_heads;
+    const typename mem_layout::weight_sizes wz = mem_layout::head_weight_sizes(cfg);
+    for (int qh = 0; qh < sh.num_q_heads; ++qh)
+      weights_.push_back(mem_layout::place_weights(
+          detail::make_partial_query_weights_from(plans[static_cast<std::size_t>(qh / g)], w_q,
+                                                  b_q, sh.d_model, qh),
+          wz, workspace.data(), at));
+    if (rotated_keys()) freq_ = rope_frequencies(plans[0].rope);
+    if (cfg.mode == rope_mode::rope_planes) {
+      for (const auto& p : plans) rope_planes_.insert(rope_planes_.end(), p.planes.begin(), p.planes.end());
+      std::sort(rope_planes_.begin(), rope_planes_.end());
+      rope_planes_.erase(std::unique(rope_planes_.begin(), rope_planes_.end()), rope_planes_.end());
+    }
+  }
+
+  static void check_workspace(host_span<std::byte> workspace, std::size_t need) {
+    KVSCOUT_EXPECTS(workspace.size() >= need, "infinigen_policy_host: workspace holds ",
+                    workspace.size(), " bytes, expected at least workspace_bytes(config) = ", need);
+    KVSCOUT_EXPECTS(workspace.data() != nullptr, "infinigen_policy_host: workspace is null");
+    KVSCOUT_EXPECTS(reinterpret_cast<std::uintptr_t>(workspace.data()) % workspace_alignment == 0,
+                    "infinigen_policy_host: workspace must be ", workspace_alignment,
+                    "-byte aligned, got address ", static_cast<const void*>(workspace.data()));
+  }
+  // The scratch at the workspace's start; returns where the cache begins.
+  std::size_t carve_scratch(host_span<std::byte> workspace) {
+    static_assert(std::is_trivially_destructible_v<rope_table>);
+    static_assert(sizeof(rope_table) % alignof(float) == 0);
+    static_assert(alignof(rope_table) <= workspace_alignment);
+    const decode_shape& sh = cfg_.shape;
+    rope_ = reinterpret_cast<rope_table*>(workspace.data());
+    std::uninitialized_default_construct_n(rope_, query_block);
+    qp_ = reinterpret_cast<float*>(workspace.data() + sizeof(rope_table) * query_block);
+    pk_ = qp_ + static_cast<std::size_t>(query_block) * sh.num_q_heads * sh.head_dim;
+    qm_ = pk_ + sh.head_dim;
+    kw_ = qm_ + sh.head_dim;
+    lg_ = mem_layout::sum_prob_bytes(cfg_) > 0 ? kw_ + sh.head_dim : nullptr;
+    if constexpr (quantized) qw_ = kw_ + sh.head_dim + mem_layout::sum_prob_bytes(cfg_) / sizeof(float);
+    return mem_layout::scratch_bytes(cfg_);
+  }
+
+  void check_append(std::size_t key_elements, bool keys_present, std::size_t row,
+                    host_span<const int32_t> seq_ids, host_span<const int32_t> token_ids,
+                    int count) const {
+    KVSCOUT_EXPECTS(count >= 0, "infinigen_policy_host::append: count = ", count,
+                    " must be >= 0");
+    const auto n = static_cast<std::size_t>(count);
+    KVSCOUT_EXPECTS(key_elements >= n * row && (count == 0 || keys_present),
+                    "infinigen_policy_host::append: keys hold ", key_elements,
+                    " elements, expected [count = ", count, ", num_kv_heads, head_dim] = ", n * row);
+    KVSCOUT_EXPECTS(seq_ids.size() >= n && token_ids.size() >= n,
+                    "infinigen_policy_host::append: seq_ids and token_ids hold ", seq_ids.size(),
+                    " and ", token_ids.size(), " entries, expected count = ", count);
+    for (int i = 0; i < count; ++i)
+      KVSCOUT_EXPECTS(seq_ids[i] >= 0 && seq_ids[i] < cfg_.shape.num_seqs && token_ids[i] >= 0 &&
+                          token_ids[i] < cfg_.shape.max_tokens,
+                      "infinigen_policy_host::append: entry ", i, " (sequence ", seq_ids[i],
+                      ", token ", token_ids[i], ") is outside [0, num_seqs = ",
+                      cfg_.shape.num_seqs, ") x [0, max_tokens = ", cfg_.shape.max_tokens, ")");
+  }
+
+  template <class K>
+  void append_token(int s, int t, const K* key) {
+    const int H = cfg_.shape.num_kv_heads, D = cfg_.shape.head_dim;
+    const auto head = [&](int h) {
+      const K* k = key + static_cast<std::size_t>(h) * D;
+      if constexpr (std::is_same_v<K, float>) {
+        return k;
+      } else {
+        for (int d = 0; d < D; ++d) kw_[d] = to_float(k[d]);
+        return static_cast<const float*>(kw_);
+      }
+    };
+    if constexpr (quantized) {
+      // Every head's key is projected and checked before any is written, so a refusal writes
+      // nothing of the token.
+      const std::size_t r = static_cast<std::size_t>(cfg_.key_r());
+      for (int h = 0; h < H; ++h) {
+        detail::project_key_checked_plan(key_plans_[static_cast<std::size_t>(h)], head(h),
+                                         qp_ + h * r);
+        cache_.check_append(s, h, t, qp_ + h * r);
+      }
+      for (int h = 0; h < H; ++h) cache_.append(s, h, t, qp_ + h * r);
+    } else {
+      for (int h = 0; h < H; ++h) {
+        detail::project_key_checked_plan(key_plans_[static_cast<std::size_t>(h)], head(h), pk_);
+        cache_.append(s, h, t, pk_);
+      }
+    }
+  }
+
+  void check_scores(const score_context<host_space>& ctx, const score_buffer<host_space>& out) const {
+    detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads, cfg_.shape.num_seqs,
+                               cfg_.shape.max_tokens);
+  }
+  void fill_rope(rope_table& rt, int position) const {
+    if (rope_planes_.empty()) {
+      rt.fill(freq_, position);
+    } else {
+      rt.fill(freq_, position, rope_planes_.data(), static_cast<int>(rope_planes_.size()));
+    }
+  }
   // One (s, h) row. The g query heads of the group are scored together, so the loop is bound by
   // reading the keys. qg: [g, r]; r: the first r of the cache's channels. Returns the row's largest
   // non-NaN score (-inf if none).
-  float score_row(const layer_state& st, const float* qg, int r, int s, int h, int g, int n,
-                  float* row, gqa_aggregation agg) {
-    return detail::host_score_row<PkT>(st.cache, qg, r, s, h, g, n, row, agg,
+  float score_row(const float* qg, int r, int s, int h, int g, int n, float* row,
+                  gqa_aggregation agg) {
+    return detail::host_score_row<PkT>(cache_, qg, r, s, h, g, n, row, agg,
                                        {lg_, qm_, qw_, cfg_.shape.max_tokens});
   }
 
-  static constexpr int query_block = mem_layout::query_block;
-
   config cfg_;
-  host_buffer<std::byte> own_;  // the partial weights, where the caller gave no memory
-  std::vector<layer_state> layers_;
-  // Scratch in the caller's workspace, sized for r = head_dim; a layer uses the first r of each.
-  float* qp_ = nullptr;    // [query_block, num_q_heads, r] scaled partial queries
-  float* pk_ = nullptr;    // [r] one projected key
-  float* qm_ = nullptr;    // [r] a group's mean partial query (mean_logit)
-  float* lg_ = nullptr;    // [g, max_tokens] a group's logit rows (sum_prob; null otherwise)
-  float* qw_ = nullptr;    // quantized only: [g, r] a tile's products q_c step_c per query head
+  std::vector<skew_plan> plans_;      // [num_kv_heads] the speculation's
+  std::vector<skew_plan> key_plans_;  // [num_kv_heads] the cache's (the correction's)
+  std::vector<detail::partial_query_weights_view<WT>> weights_;  // [num_q_heads], in the workspace
+  key_store cache_;
+  std::vector<int> rope_planes_;  // rope_planes mode: the planes the kv heads rotate (sorted, unique)
+  rope_frequencies freq_;
+  // Scratch in the workspace, sized for r = head_dim; a call uses the first r of each.
+  float* qp_ = nullptr;          // [query_block, num_q_heads, r] scaled partial queries
+  float* pk_ = nullptr;          // [r] one projected key
+  float* qm_ = nullptr;          // [r] a group's mean partial query (mean_logit)
+  float* kw_ = nullptr;          // [head_dim] one key head widened to float
+  float* lg_ = nullptr;          // [g, max_tokens] a group's logit rows (sum_prob; null otherwise)
+  float* qw_ = nullptr;          // quantized only: [g, r] a tile's products q_c step_c per head
   rope_table* rope_ = nullptr;   // [query_block]: each sequence's rotation, shared by all heads
 };
 
-static_assert(speculation_policy<infinigen_policy_host<>>);
-static_assert(speculation_policy<infinigen_policy_host<half, bfloat16>>);
-static_assert(speculation_policy<infinigen_policy_host<quantized_keys<4>>>);
+static_assert(speculation_policy<policy_layers<infinigen_policy_host<>>>);
+static_assert(speculation_policy<policy_layers<infinigen_policy_host<half, bfloat16>>>);
+static_assert(speculation_policy<policy_layers<infinigen_policy_host<quantized_keys<4>>>>);
 
 }  // namespace kvscout

@@ -301,52 +301,6 @@ infinigen_cuda_layout infinigen_cuda_layout_of(const infinigen_config& c) {
   return l;
 }
 
-/// One plan per kv head, consistent with the config; W_Q and b_Q sizes (make_partial_query_weights
-/// checks their values).
-template <class In = float>
-void check_infinigen_cuda_plans(const infinigen_config& c,
-                                const std::vector<skew_plan>& plans, host_span<const In> w_q,
-                                host_span<const In> b_q,
-                                const std::vector<skew_plan>* correction_plans = nullptr) {
-  KVSCOUT_EXPECTS(static_cast<int>(plans.size()) == c.shape.num_kv_heads, "got ", plans.size(),
-                  " skew plans, expected one per kv head (", c.shape.num_kv_heads, ")");
-  for (std::size_t h = 0; h < plans.size(); ++h) {
-    const skew_plan& p = plans[h];
-    check_plan(p);
-    KVSCOUT_EXPECTS(p.mode == c.mode, "plan of kv head ", h, " has mode ", to_string(p.mode),
-                    ", the config ", to_string(c.mode));
-    KVSCOUT_EXPECTS(p.r == c.r, "plan of kv head ", h, " has r = ", p.r, ", the config ", c.r);
-    KVSCOUT_EXPECTS(p.head_dim == c.shape.head_dim, "plan of kv head ", h, " has head_dim ",
-                    p.head_dim, ", the config ", c.shape.head_dim);
-    KVSCOUT_EXPECTS(p.rope.head_dim == plans[0].rope.head_dim &&
-                        p.rope.theta == plans[0].rope.theta && p.rope.style == plans[0].rope.style,
-                    "plan of kv head ", h, " has another RoPE configuration than kv head 0");
-  }
-  if (correction_plans != nullptr) {
-    KVSCOUT_EXPECTS(static_cast<int>(correction_plans->size()) == c.shape.num_kv_heads, "got ",
-                    correction_plans->size(), " correction plans, expected one per kv head (",
-                    c.shape.num_kv_heads, ")");
-    KVSCOUT_EXPECTS(c.correction_r > 0, "correction plans were given but the config's "
-                    "correction_r is 0; set it to their r");
-    for (std::size_t h = 0; h < correction_plans->size(); ++h) {
-      const skew_plan& p = (*correction_plans)[h];
-      check_plan(p);
-      KVSCOUT_EXPECTS(p.r == c.correction_r, "correction plan of kv head ", h, " has r = ", p.r,
-                      ", the config's correction_r ", c.correction_r);
-    }
-  } else {
-    KVSCOUT_EXPECTS(c.correction_r == 0 || c.correction_r == c.r, "the config's correction_r = ",
-                    c.correction_r, " needs correction plans of that r (none were given)");
-  }
-  const std::size_t w_need =
-      static_cast<std::size_t>(c.shape.num_q_heads) * c.shape.head_dim * c.shape.d_model;
-  KVSCOUT_EXPECTS(w_q.size() == w_need, "W_Q holds ", w_q.size(),
-                  " elements, expected num_q_heads * head_dim * d_model = ", w_need);
-  const std::size_t b_need = static_cast<std::size_t>(c.shape.num_q_heads) * c.shape.head_dim;
-  KVSCOUT_EXPECTS(b_q.empty() || b_q.size() == b_need, "b_Q holds ", b_q.size(),
-                  " elements, expected 0 or num_q_heads * head_dim = ", b_need);
-}
-
 inline constexpr std::size_t infinigen_workspace_alignment = 256;
 
 /// Size, null, alignment; its contents are not read.

@@ -9,14 +9,13 @@
 
 namespace kvscout {
 
-/// An infinigen_policy_host's score_query as a policy of its own (needs_query = true): a pipeline's
+/// policy_layers<infinigen_policy_host>'s score_query as a policy of its own (needs_query = true): a pipeline's
 /// correction step, or the late ranking alone. Holds a reference; the policy outlives it. append()
 /// feeds the policy's partial keys.
 template <class P>
 class infinigen_query_scores_host {
  public:
   static constexpr bool needs_query = true;
-  using config_type = typename P::config_type;
   explicit infinigen_query_scores_host(P& policy) : p_(&policy) {}
   void score(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out,
              host_exec x = {}) {
@@ -25,12 +24,11 @@ class infinigen_query_scores_host {
   void append(int layer, int s, int t, const float* k_pre, const float* k_post, host_exec x = {}) {
     p_->append(layer, s, t, k_pre, k_post, x);
   }
-  [[nodiscard]] const config_type& configuration() const noexcept { return p_->configuration(); }
 
  private:
   P* p_;
 };
 
-static_assert(speculation_policy<infinigen_query_scores_host<infinigen_policy_host<>>>);
+static_assert(speculation_policy<infinigen_query_scores_host<policy_layers<infinigen_policy_host<>>>>);
 
 }  // namespace kvscout

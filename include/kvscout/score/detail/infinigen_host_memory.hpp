@@ -22,62 +22,30 @@ namespace kvscout::detail {
 template <partial_key_format PkT, compute_element WT>
 struct infinigen_host_memory {
   using config = infinigen_config;
-  using key_store = partial_key_store<PkT>;
+  using key_store = detail::partial_key_store<PkT>;
   static constexpr bool quantized = is_quantized_keys_v<PkT>;
   static constexpr std::size_t memory_alignment = 64;
   static constexpr int query_block = 8;  // sequences scored per block (score())
 
-  /// Scratch of one score() / score_query() / append(), sized for r = head_dim. Checks the config.
+  /// Scratch of one score() / score_query() / append(), sized for r = head_dim.
+  [[nodiscard]] static std::size_t scratch_bytes(const config& cfg) {
+    return aligned(sizeof(rope_table) * query_block +
+                   sizeof(float) * detail::checked_size(
+                                       "infinigen_policy_host's scratch floats (query_block x "
+                                       "num_q_heads x head_dim)",
+                                       query_block, cfg.shape.num_q_heads, cfg.shape.head_dim) +
+                   sizeof(float) * 3 * static_cast<std::size_t>(cfg.shape.head_dim) +
+                   sum_prob_bytes(cfg) + quantized_bytes(cfg));
+  }
+  /// The workspace: the scratch, the partial key cache (cfg.key_r() channels), then every query
+  /// head's partial W_Q rows, each piece at memory_alignment. Checks the config.
   [[nodiscard]] static std::size_t workspace_bytes(const config& cfg) {
     check_config(cfg);
-    return sizeof(rope_table) * query_block +
-           sizeof(float) * detail::checked_size(
-                               "infinigen_policy_host's scratch floats (query_block x "
-                               "num_q_heads x head_dim)",
-                               query_block, cfg.shape.num_q_heads, cfg.shape.head_dim) +
-           sizeof(float) * 2 * static_cast<std::size_t>(cfg.shape.head_dim) + sum_prob_bytes(cfg) +
-           quantized_bytes(cfg);
-  }
-  /// Every speculated layer's cache, at its correction plans' width where it has them.
-  [[nodiscard]] static std::size_t key_memory_bytes(
-      const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
-      const std::vector<std::vector<skew_plan>>& correction_plans = {}) {
-    check_config(cfg);
-    const auto L = static_cast<std::size_t>(cfg.shape.num_layers);
-    KVSCOUT_EXPECTS(plans.size() == L, "key_memory_bytes: expected one entry per layer (",
-                    cfg.shape.num_layers, ") in plans, got ", plans.size());
-    KVSCOUT_EXPECTS(correction_plans.empty() || correction_plans.size() == L,
-                    "key_memory_bytes: expected no correction plans or one entry per layer (",
-                    cfg.shape.num_layers, "), got ", correction_plans.size());
-    std::size_t total = 0;
-    for (std::size_t l = 0; l < L; ++l) {
-      if (plans[l].empty()) continue;
-      const skew_plan& widest = !correction_plans.empty() && !correction_plans[l].empty()
-                                    ? correction_plans[l][0]
-                                    : plans[l][0];
-      detail::check_plan(widest);
-      const int r = widest.r;
-      total = detail::checked_sum("infinigen_policy_host key_memory bytes", total,
-                                  key_layer_bytes(cfg, r));
-    }
-    return total;
-  }
-  /// For every query head of every speculated layer: the rows, their bias, the rotation A[:, S] and
-  /// the planes.
-  [[nodiscard]] static std::size_t weight_memory_bytes(
-      const config& cfg, const std::vector<std::vector<skew_plan>>& plans) {
-    check_config(cfg);
-    KVSCOUT_EXPECTS(plans.size() == static_cast<std::size_t>(cfg.shape.num_layers),
-                    "weight_memory_bytes: expected one entry per layer (", cfg.shape.num_layers,
-                    ") in plans, got ", plans.size());
-    std::size_t total = 0;
-    for (const auto& pl : plans)
-      if (!pl.empty())
-        total = detail::checked_sum(
-            "infinigen_policy_host weight memory bytes", total,
-            detail::checked_size("infinigen_policy_host weight memory bytes of a layer",
-                                 cfg.shape.num_q_heads, head_weight_sizes(cfg, pl[0]).total()));
-    return total;
+    const char* what = "infinigen_policy_host workspace bytes";
+    return detail::checked_sum(
+        what, detail::checked_sum(what, scratch_bytes(cfg), key_layer_bytes(cfg, cfg.key_r())),
+        detail::checked_size("infinigen_policy_host partial W_Q bytes", cfg.shape.num_q_heads,
+                             head_weight_sizes(cfg).total()));
   }
   static std::size_t aligned(std::size_t b) {
     return detail::checked_sum("infinigen_policy_host memory bytes", b, memory_alignment - 1) /
@@ -96,15 +64,14 @@ struct infinigen_host_memory {
              aligned(sizeof(int) * planes);
     }
   };
-  static weight_sizes head_weight_sizes(const config& cfg, const skew_plan& p) {
-    detail::check_plan(p);
-    const bool skew = p.mode == rope_mode::post_rope_skew;
-    const int rows = skew ? cfg.shape.head_dim : p.r;
+  static weight_sizes head_weight_sizes(const config& cfg) {
+    const bool skew = cfg.mode == rope_mode::post_rope_skew;
+    const int rows = skew ? cfg.shape.head_dim : cfg.r;
     return {detail::checked_size("infinigen_policy_host partial W_Q rows (rows x d_model)", rows,
                                  cfg.shape.d_model),
             static_cast<std::size_t>(rows),
-            skew ? static_cast<std::size_t>(cfg.shape.head_dim) * p.r : 0,
-            p.mode == rope_mode::rope_planes ? static_cast<std::size_t>(p.r / 2) : 0};
+            skew ? static_cast<std::size_t>(cfg.shape.head_dim) * cfg.r : 0,
+            cfg.mode == rope_mode::rope_planes ? static_cast<std::size_t>(cfg.r / 2) : 0};
   }
   // Writes w into memory at `at`, the rows narrowed to WT; returns the view and advances `at`.
   static detail::partial_query_weights_view<WT> place_weights(const partial_query_weights& w,
@@ -150,7 +117,8 @@ struct infinigen_host_memory {
       return 0;
   }
   static void check_config(const config& cfg) {
-    detail::check_policy_sizes("infinigen_policy_host", cfg.shape.num_layers, cfg.shape.num_seqs,
+    // One layer: shape.num_layers is not read.
+    detail::check_policy_sizes("infinigen_policy_host", 1, cfg.shape.num_seqs,
                                cfg.shape.num_kv_heads, cfg.shape.max_tokens);
     KVSCOUT_EXPECTS(cfg.shape.head_dim > 0 && cfg.shape.d_model > 0,
                     "head_dim and d_model must be positive, got ", cfg.shape.head_dim, " and ",
@@ -162,6 +130,23 @@ struct infinigen_host_memory {
     detail::check_scale(cfg.shape.scale);
     detail::check_aggregation(cfg.aggregation, "aggregation");
     detail::check_aggregation(cfg.late_aggregation(), "query_aggregation");
+    KVSCOUT_EXPECTS(cfg.r >= 1 && cfg.r <= cfg.shape.head_dim, "r = ", cfg.r,
+                    " must be in [1, head_dim = ", cfg.shape.head_dim, "]");
+    KVSCOUT_EXPECTS(cfg.correction_r == 0 ||
+                        (cfg.correction_r >= cfg.r && cfg.correction_r <= cfg.shape.head_dim),
+                    "correction_r = ", cfg.correction_r, " must be 0 or in [r = ", cfg.r,
+                    ", head_dim = ", cfg.shape.head_dim, "]");
+    KVSCOUT_EXPECTS(cfg.mode == rope_mode::post_rope_skew || cfg.mode == rope_mode::rope_planes ||
+                        cfg.mode == rope_mode::pre_rope_folded,
+                    "unsupported rope_mode ", static_cast<int>(cfg.mode),
+                    "; supported: post_rope_skew, rope_planes, pre_rope_folded");
+    KVSCOUT_EXPECTS(cfg.mode != rope_mode::rope_planes || (cfg.r % 2 == 0 && cfg.key_r() % 2 == 0),
+                    "rope_planes needs an even r and correction_r (whole planes), got ", cfg.r,
+                    " and ", cfg.correction_r);
+    KVSCOUT_EXPECTS(cfg.mode == rope_mode::pre_rope_folded ||
+                        cfg.shape.head_dim <= 2 * rope_table::max_planes,
+                    "head_dim ", cfg.shape.head_dim, " exceeds the RoPE modes' limit ",
+                    2 * rope_table::max_planes);
   }
 };
 
