@@ -62,11 +62,23 @@ int run() {
   const size_t cache_n = size_t(S) * H * max_tokens * D;
   const auto [k_host, k_dev] = mem.mapped<half>(cache_n);
   const auto [v_host, v_dev] = mem.mapped<half>(cache_n);
-  // Keys with a few large channels (0-7 and 32-39, i.e. RoPE planes 0-7), as real keys have.
-  for (size_t e = 0; e < cache_n; ++e) {
-    k_host[e] = from_float<half>(normal(rng) * (e % 32 < 8 ? 3.f : 1.f));
-    v_host[e] = from_float<half>(normal(rng));
-  }
+  // The prefill: the model's K / V of the cached tokens, [tokens, H, D] (keys after RoPE, with a
+  // few large channels, 0-7 and 32-39, i.e. RoPE planes 0-7, as real keys have), each token's
+  // sequence and position; the engine writes them into its cache (k_offset: the layout's address
+  // math, in bytes).
+  std::vector<half> k_prefill;
+  std::vector<int32_t> seq_ids, token_ids;
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < lens[s]; ++t) {
+      seq_ids.push_back(s);
+      token_ids.push_back(t);
+      for (int h = 0; h < H; ++h)
+        for (int c = 0; c < D; ++c) {
+          k_prefill.push_back(from_float<half>(normal(rng) * (c % 32 < 8 ? 3.f : 1.f)));
+          k_host[host_layout.k_offset(s, t, h) / sizeof(half) + c] = k_prefill.back();
+          v_host[host_layout.v_offset(s, t, h) / sizeof(half) + c] = from_float<half>(normal(rng));
+        }
+    }
 
   // ---- the layer's weights and this step's inputs -----------------------------------------------
   const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
@@ -105,19 +117,10 @@ int run() {
                                                 .mode = kvscout::rope_mode::rope_planes};
   speculator_t spec(spec_cfg, plans, {w_q.data(), w_q.size()}, {},
                     mem.alloc<std::byte>(speculator_t::workspace_bytes(spec_cfg)));
-  // Prefill: the speculator's partial key cache takes its r channels of every cached key.
-  std::vector<float> keys;  // [tokens, H, D]
-  std::vector<int32_t> seq_ids, token_ids;
-  for (int s = 0; s < S; ++s)
-    for (int t = 0; t < lens[s]; ++t) {
-      seq_ids.push_back(s);
-      token_ids.push_back(t);
-      for (int h = 0; h < H; ++h)  // k_offset: the layout's address math, in bytes
-        for (size_t c = 0; c < D; ++c)
-          keys.push_back(to_float(k_host[host_layout.k_offset(s, t, h) / sizeof(half) + c]));
-    }
-  spec.append(mem.upload(keys), mem.upload(seq_ids), mem.upload(token_ids), int(seq_ids.size()),
-              {stream});  // the execution argument (core/exec.hpp): a stream, a status word
+  // Prefill: the speculator's partial key cache takes its r channels of the prefill's keys (on the
+  // device in an engine; uploaded here).
+  spec.append(mem.upload(k_prefill), mem.upload(seq_ids), mem.upload(token_ids),
+              int(seq_ids.size()), {stream});  // the execution argument (core/exec.hpp)
 
   // Top-k keeps 4 attention sinks and the 16 most recent tokens, and fills the budget by score.
   const kvscout::topk_selector_cuda::config sel_cfg{.shape = shape, .capacity = budget,

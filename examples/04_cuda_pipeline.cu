@@ -70,21 +70,29 @@ int run() {
   for (int e = 0; e < S * H * D; ++e) in.k_new.push_back(from_float<half>(normal(rng)));
   in.v_new = in.k_new;
 
-  // Each layer's KV cache, in mapped pinned host memory: the host's view to fill, the device's
-  // view for the fetches.
+  // Each layer's KV cache, in mapped pinned host memory (the device's view for the fetches), and
+  // the prefill that fills it: each layer's K / V of the cached tokens, [tokens, H, D] (keys after
+  // RoPE, with large RoPE planes 0-7 as real keys have), each token's sequence and position.
   const layout lay = layout::padded(H, max_tokens, d_lens.data(), S);
+  const layout host_lay = layout::padded(H, max_tokens, lens.data(), S);
   const size_t cache_n = size_t(S) * H * max_tokens * D;
   std::vector<kvscout::kv_view<layout, kvscout::device_space>> sources;
-  std::vector<kvscout::host_span<half>> k_hosts;
+  std::vector<std::vector<half>> k_prefill(L);  // [L][tokens * H * D]
+  std::vector<int32_t> seq_ids, token_ids;      // [tokens], every layer alike
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < lens[s]; ++t) seq_ids.push_back(s), token_ids.push_back(t);
   for (int i = 0; i < L; ++i) {
     const auto [k_host, k_dev] = mem.mapped<half>(cache_n);
     const auto [v_host, v_dev] = mem.mapped<half>(cache_n);
-    for (size_t e = 0; e < cache_n; ++e) {  // keys with large RoPE planes 0-7, as real keys have
-      k_host[e] = from_float<half>(normal(rng) * (e % 32 < 8 ? 3.f : 1.f));
-      v_host[e] = from_float<half>(normal(rng));
-    }
+    for (size_t n = 0; n < seq_ids.size(); ++n)
+      for (int h = 0; h < H; ++h)
+        for (int c = 0; c < D; ++c) {
+          const int s = seq_ids[n], t = token_ids[n];  // k_offset: address math, in bytes
+          k_prefill[i].push_back(from_float<half>(normal(rng) * (c % 32 < 8 ? 3.f : 1.f)));
+          k_host[host_lay.k_offset(s, t, h) / sizeof(half) + c] = k_prefill[i].back();
+          v_host[host_lay.v_offset(s, t, h) / sizeof(half) + c] = from_float<half>(normal(rng));
+        }
     sources.push_back({lay, kvscout::as_bytes(k_dev), kvscout::as_bytes(v_dev)});
-    k_hosts.push_back(k_host);
   }
 
   // ---- set-up: the parts, their workspaces and buffers, the stages and the pipeline ------------
@@ -120,20 +128,11 @@ int run() {
       {.shape = shape, .max_rows = max_tokens + 1});  // dense: every cached row and the new one
   const auto attention_ws = mem.alloc<std::byte>(plan.workspace_bytes());
 
-  // ---- prefill: each speculator's partial key cache takes its channels of every cached key ----
-  for (int i = skip; i < L; ++i) {
-    std::vector<float> keys;  // [tokens, H, D]
-    std::vector<int32_t> seq_ids, token_ids;
-    for (int s = 0; s < S; ++s)
-      for (int t = 0; t < lens[s]; ++t) {
-        seq_ids.push_back(s), token_ids.push_back(t);
-        for (int h = 0; h < H; ++h)
-          for (int c = 0; c < D; ++c)
-            keys.push_back(kvscout::to_float(k_hosts[i][lay.k_offset(s, t, h) / sizeof(half) + c]));
-      }
-    spec[i]->append(mem.upload(keys), mem.upload(seq_ids), mem.upload(token_ids),
-                    int(seq_ids.size()), {compute, status.data()});
-  }
+  // ---- prefill: each speculator's partial key cache takes its channels of the layer's keys ------
+  const auto d_seq_ids = mem.upload(seq_ids), d_token_ids = mem.upload(token_ids);
+  for (int i = skip; i < L; ++i)
+    spec[i]->append(mem.upload(k_prefill[i]), d_seq_ids, d_token_ids, int(seq_ids.size()),
+                    {compute, status.data()});
 
   // ---- the model's per-layer inputs and outputs on the device ----------------------------------
   std::vector<kvscout::device_span<float>> d_x, d_q, out, ref;

@@ -35,6 +35,9 @@ namespace {
 using kvscout::half;
 
 static_assert(kvscout::configured<kvscout::streaming_policy_cuda>);
+// One config for both backends.
+static_assert(std::is_same_v<kvscout::streaming_policy_cuda::config,
+                             kvscout::streaming_policy_host::config>);
 
 template <class T>
 kvscout::device_span<T> dspan(const gpu_test::device_vector<std::remove_const_t<T>>& v) {

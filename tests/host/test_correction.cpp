@@ -132,7 +132,8 @@ TEST_CASE("score_query refuses what it cannot score", "[spec][infinigen][correct
   // Nothing was written by the refusals.
   for (float v : scores) REQUIRE(std::isnan(v));
   // The adaptor is a late policy.
-  static_assert(kvscout::infinigen_query_scores_host<kvscout::infinigen_policy_host<>>::needs_query);
+  static_assert(kvscout::infinigen_query_scores_host<
+                kvscout::policy_layers<kvscout::infinigen_policy_host<>>>::needs_query);
 }
 
 TEST_CASE("score_query aggregates the group by query_aggregation, score() by aggregation",

@@ -53,6 +53,14 @@ TEST_CASE("streaming scores keep the sinks and the most recent tokens on top", "
     for (int t = 4; t < 10; ++t) REQUIRE(out.row(0, h)[t] == static_cast<float>(t));
     for (int t = 0; t < 3; ++t) REQUIRE(std::isinf(out.row(1, h)[t]));
   }
+  // The call of the CUDA twin (no layer): the same scores.
+  std::vector<float> again;
+  const auto out2 = buffer_for(again, 2, 2, 12);
+  p.score({{}, {}, {}, {lens.data(), lens.size()}}, out2);
+  for (int s = 0; s < 2; ++s)
+    for (int h = 0; h < 2; ++h)
+      for (int t = 0; t < lens[static_cast<std::size_t>(s)]; ++t)
+        REQUIRE(out2.row(s, h)[t] == out.row(s, h)[t]);
 }
 
 TEST_CASE("h2o scores are the accumulated attention mass", "[spec][h2o]") {

@@ -282,7 +282,7 @@ class infinigen_policy_host {
   infinigen_policy_host(build_tag, const config& cfg, const std::vector<skew_plan>& plans,
                         const std::vector<skew_plan>* correction_plans, host_span<const In> w_q,
                         host_span<const In> b_q, host_span<std::byte> workspace)
-      : cfg_(cfg), plans_(plans) {
+      : cfg_(cfg) {
     const std::size_t need = workspace_bytes(cfg);  // checks the config
     detail::check_infinigen_plans(cfg, plans, w_q, b_q, correction_plans);
     check_workspace(workspace, need);
@@ -411,7 +411,6 @@ class infinigen_policy_host {
   }
 
   config cfg_;
-  std::vector<skew_plan> plans_;      // [num_kv_heads] the speculation's
   std::vector<skew_plan> key_plans_;  // [num_kv_heads] the cache's (the correction's)
   std::vector<detail::partial_query_weights_view<WT>> weights_;  // [num_q_heads], in the workspace
   key_store cache_;

@@ -9,7 +9,7 @@
 // query, no keys and no workspace, and one object serves every layer: the smallest example of a
 // speculation_policy_cuda.
 //
-//   kvscout::streaming_policy_cuda p({.num_kv_heads = 8, .sinks = 4});
+//   kvscout::streaming_policy_cuda p({.shape = {.num_kv_heads = 8}, .sinks = 4});
 //   p.score({.seq_lens = lens, .max_seq_len = max_len}, scores, {stream, d_status});
 
 #include <cuda_runtime.h>
@@ -26,6 +26,7 @@
 #include "kvscout/core/exec.hpp"
 #include "kvscout/core/shape.hpp"
 #include "kvscout/score/device_concepts.hpp"
+#include "kvscout/score/streaming.hpp"
 
 namespace kvscout {
 
@@ -68,10 +69,7 @@ __global__ void __launch_bounds__(streaming_block_threads)
 
 class streaming_policy_cuda {
  public:
-  struct config {
-    decode_shape shape{};  // num_kv_heads
-    int sinks = 4;
-  };
+  using config = detail::streaming_config;  // streaming_policy_host's
   using config_type = config;
 
   explicit streaming_policy_cuda(const config& cfg) : cfg_(cfg) {

@@ -10,12 +10,17 @@
 
 namespace kvscout {
 
+namespace detail {
+/// The config of both backends' streaming policies (streaming.cuh).
+struct streaming_config {
+  decode_shape shape{};  // num_kv_heads
+  int sinks = 4;
+};
+}  // namespace detail
+
 class streaming_policy_host {
  public:
-  struct config {
-    decode_shape shape{};  // num_kv_heads
-    int sinks = 4;
-  };
+  using config = detail::streaming_config;
   using config_type = config;
   static constexpr bool needs_query = false;
 
@@ -25,8 +30,14 @@ class streaming_policy_host {
     KVSCOUT_EXPECTS(cfg.sinks >= 0, "sinks must be non-negative, got ", cfg.sinks);
   }
 
+  /// Any layer alike: the same call as streaming_policy_cuda's, and the layer-indexed one the host
+  /// pipeline makes.
   void score(int /*layer*/, const score_context<host_space>& ctx,
-             const score_buffer<host_space>& out, host_exec = {}) const {
+             const score_buffer<host_space>& out, host_exec x = {}) const {
+    score(ctx, out, x);
+  }
+  void score(const score_context<host_space>& ctx, const score_buffer<host_space>& out,
+             host_exec = {}) const {
     detail::check_score_buffer(out, ctx, cfg_.shape.num_kv_heads);
     for (int s = 0; s < out.num_seqs; ++s) {
       for (int h = 0; h < out.num_kv_heads; ++h) {
