@@ -196,6 +196,16 @@ TEST_CASE("a correction plan that does not nest the speculation's is refused by 
                       Catch::Contains("layer 1: got 1 correction plans, expected one per kv head (2)"));
   REQUIRE_THROWS_WITH(P::layers(pc, plans_t{{}, planes}, plans_t{planes, {}}, w, b),
                       Catch::Contains("layer 0 has correction plans but no speculation plans"));
+  // A config that names a correction width needs correction plans for every speculated layer, as
+  // the one-layer policy and its CUDA twin do.
+  kvscout::infinigen_config wide_cfg = pc;
+  wide_cfg.correction_r = 24;
+  REQUIRE_THROWS_WITH(P::layers(wide_cfg, plans_t{{}, planes}, plans_t{{}, {}}, w, b),
+                      Catch::Contains("layer 1: the config's correction_r = 24 needs correction "
+                                      "plans, and the layer has none"));
+  REQUIRE_THROWS_WITH(P::layers(wide_cfg, plans_t{{}, planes}, w, b),
+                      Catch::Contains("layer 1: the config's correction_r = 24 needs correction "
+                                      "plans"));
   // A layer without correction plans keeps its own width.
   auto ok = P::layers(pc, plans_t{{}, planes}, plans_t{{}, {}}, w, b);
   REQUIRE(ok[1].configuration().r == 16);

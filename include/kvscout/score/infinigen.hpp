@@ -105,7 +105,8 @@ class infinigen_policy_host {
   /// One policy per layer that has plans (a layer whose plans[l] is empty is not speculated), from
   /// calibrate_skew's [layer][kv head] plans and each layer's W_Q / b_Q; each with its own
   /// workspace. cfg.r, cfg.mode and cfg.correction_r may be 0 / any: each layer's are its plans'
-  /// own (where set, the plans must agree). correction_plans: none, or one entry per layer.
+  /// own (where set, the plans must agree, and a correction_r needs correction plans for every
+  /// speculated layer). correction_plans: none, or one entry per layer.
   template <class In>  // unconstrained: clang 14 crashes on a constrained member alias
   using layer_spans = std::vector<host_span<const In>>;  // [layer] a W_Q or b_Q
   using layer_plans = std::vector<std::vector<skew_plan>>;  // [layer][kv head]
@@ -257,6 +258,9 @@ class infinigen_policy_host {
                       " has correction plans but no speculation plans; the correction reads the "
                       "speculated layers' caches");
       if (plans[l].empty()) continue;
+      KVSCOUT_EXPECTS(cfg.correction_r == 0 || wide != nullptr, "layer ", l,
+                      ": the config's correction_r = ", cfg.correction_r,
+                      " needs correction plans, and the layer has none (0: each layer's own)");
       config c = cfg;
       const skew_plan& p = plans[l][0];
       KVSCOUT_EXPECTS(cfg.r == 0 || (p.r == cfg.r && p.mode == cfg.mode), "layer ", l,
