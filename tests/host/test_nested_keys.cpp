@@ -180,7 +180,7 @@ TEST_CASE("a correction plan that does not nest the speculation's is refused by 
                           Catch::Contains("is not among the correction plan's 24 channels"));
   // Narrower than the speculation.
   REQUIRE_THROWS_WITH(P::layers(pc, plans_t{{}, planes}, plans_t{{}, m.plans(8, kvscout::rope_mode::rope_planes, 3u)}, w, b),
-                      Catch::Contains("layer 1: correction_r = 8 must be 0 or in [r = 16, head_dim = 64]"));
+                      Catch::Contains("layer 1: correction_r = 8 must be 0 (r) or in [r = 16, head_dim = 64]"));
   // Another mode.
   REQUIRE_THROWS_WITH(P::layers(pc, plans_t{{}, planes}, plans_t{{}, m.plans(32, kvscout::rope_mode::post_rope_skew, 3u)}, w, b),
                       Catch::Contains("the correction plan's mode post_rope_skew differs from the "

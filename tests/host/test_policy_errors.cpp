@@ -263,7 +263,7 @@ TEST_CASE("infinigen_policy_host keeps its state and scratch in the caller's wor
     bad = pc;
     bad.correction_r = 9;
     REQUIRE_THROWS_WITH(P::workspace_bytes(bad),
-                        Catch::Contains("correction_r = 9 must be 0 or in [r = 16, head_dim = "));
+                        Catch::Contains("correction_r = 9 must be 0 (r) or in [r = 16, head_dim = "));
   }
   SECTION("the scores do not depend on what the workspace held before") {
     kvscout::host_workspace zeros(need, P::workspace_alignment), ones(need, P::workspace_alignment);

@@ -11,6 +11,7 @@
 #include "kvscout/core/shape.hpp"
 #include "kvscout/core/span.hpp"
 #include "kvscout/score/concepts.hpp"
+#include "kvscout/score/detail/aggregate.hpp"
 #include "kvscout/skew/plan.hpp"
 
 namespace kvscout {
@@ -33,6 +34,34 @@ struct infinigen_config {
 };
 
 namespace detail {
+/// The checks of a config that both backends' policies make (each adds its own limits).
+inline void check_infinigen_config(const infinigen_config& c) {
+  KVSCOUT_EXPECTS(c.shape.head_dim > 0 && c.shape.d_model > 0,
+                  "head_dim and d_model must be positive, got ", c.shape.head_dim, " and ",
+                  c.shape.d_model);
+  check_gqa(c.shape.num_q_heads, c.shape.num_kv_heads);
+  const int g = c.shape.num_q_heads / c.shape.num_kv_heads;
+  KVSCOUT_EXPECTS(g <= max_group, "GQA group of ", g, " query heads exceeds ", max_group);
+  check_scale(c.shape.scale);
+  check_aggregation(c.aggregation, "aggregation");
+  check_aggregation(c.late_aggregation(), "query_aggregation");
+  KVSCOUT_EXPECTS(c.r >= 1 && c.r <= c.shape.head_dim, "r = ", c.r,
+                  " must be in [1, head_dim = ", c.shape.head_dim, "]");
+  KVSCOUT_EXPECTS(
+      c.correction_r == 0 || (c.correction_r >= c.r && c.correction_r <= c.shape.head_dim),
+      "correction_r = ", c.correction_r, " must be 0 (r) or in [r = ", c.r,
+      ", head_dim = ", c.shape.head_dim, "]");
+  KVSCOUT_EXPECTS(c.mode == rope_mode::post_rope_skew || c.mode == rope_mode::rope_planes ||
+                      c.mode == rope_mode::pre_rope_folded,
+                  "unsupported rope_mode ", static_cast<int>(c.mode),
+                  "; supported: post_rope_skew, rope_planes, pre_rope_folded");
+  if (c.mode == rope_mode::rope_planes) {
+    KVSCOUT_EXPECTS(c.r % 2 == 0, "rope_planes needs an even r (whole planes), got ", c.r);
+    KVSCOUT_EXPECTS(c.key_r() % 2 == 0,
+                    "rope_planes needs an even correction_r (whole planes), got ", c.correction_r);
+  }
+}
+
 /// One plan per kv head, consistent with the config; W_Q and b_Q sizes (make_partial_query_weights
 /// checks their values).
 template <class In = float>

@@ -212,38 +212,16 @@ inline void check_infinigen_cuda_config(const infinigen_config& c) {
   KVSCOUT_EXPECTS(c.shape.num_seqs > 0 && c.shape.num_kv_heads > 0 && c.shape.max_tokens > 0,
                   "infinigen_policy_cuda needs positive sizes, got seqs ", c.shape.num_seqs,
                   ", kv heads ", c.shape.num_kv_heads, ", max_tokens ", c.shape.max_tokens);
-  KVSCOUT_EXPECTS(c.shape.head_dim > 0 && c.shape.d_model > 0,
-                  "head_dim and d_model must be positive, got ", c.shape.head_dim, " and ",
-                  c.shape.d_model);
-  check_gqa(c.shape.num_q_heads, c.shape.num_kv_heads);
+  check_infinigen_config(c);  // what the host policy checks too (infinigen_config.hpp)
   const int g = c.shape.num_q_heads / c.shape.num_kv_heads;
   KVSCOUT_EXPECTS(c.shape.num_q_heads <= spec_max_grid_yz, "num_q_heads = ", c.shape.num_q_heads,
                   " exceeds the grid limit ", spec_max_grid_yz, " (the finish kernel's grid.y)");
-  KVSCOUT_EXPECTS(g <= max_group, "GQA group of ", g, " query heads exceeds ", max_group);
-  check_scale(c.shape.scale);
-  KVSCOUT_EXPECTS(c.r >= 1 && c.r <= c.shape.head_dim, "r = ", c.r,
-                  " must be in [1, head_dim = ", c.shape.head_dim, "]");
-  KVSCOUT_EXPECTS(
-      c.correction_r == 0 || (c.correction_r >= c.r && c.correction_r <= c.shape.head_dim),
-      "correction_r = ", c.correction_r, " must be 0 (r) or in [r = ", c.r,
-      ", head_dim = ", c.shape.head_dim, "]");
-  KVSCOUT_EXPECTS(c.mode == rope_mode::post_rope_skew || c.mode == rope_mode::rope_planes ||
-                      c.mode == rope_mode::pre_rope_folded,
-                  "unsupported rope_mode ", static_cast<int>(c.mode),
-                  "; supported: post_rope_skew, rope_planes, pre_rope_folded");
-  if (c.mode == rope_mode::rope_planes) {
-    KVSCOUT_EXPECTS(c.r % 2 == 0, "rope_planes needs an even r (whole planes), got ", c.r);
-    KVSCOUT_EXPECTS(c.key_r() % 2 == 0, "rope_planes needs an even correction_r (whole planes), got ",
-                    c.correction_r);
-  }
   KVSCOUT_EXPECTS(c.shape.head_dim <= 2 * rope_table::max_planes, "head_dim ", c.shape.head_dim,
                   " exceeds the device speculation's limit ", 2 * rope_table::max_planes);
   if (c.mode != rope_mode::pre_rope_folded) {
     KVSCOUT_EXPECTS(c.shape.head_dim % 2 == 0, "RoPE modes need an even head_dim, got ",
                     c.shape.head_dim);
   }
-  check_aggregation(c.aggregation, "aggregation");
-  check_aggregation(c.late_aggregation(), "query_aggregation");
   KVSCOUT_EXPECTS(c.shape.num_seqs <= spec_max_grid_yz && c.shape.num_kv_heads <= spec_max_grid_yz,
                   "num_seqs = ", c.shape.num_seqs, " and num_kv_heads = ", c.shape.num_kv_heads,
                   " must be at most ", spec_max_grid_yz, " (grid limit)");

@@ -120,33 +120,11 @@ struct infinigen_host_memory {
     // One layer: shape.num_layers is not read.
     detail::check_policy_sizes("infinigen_policy_host", 1, cfg.shape.num_seqs,
                                cfg.shape.num_kv_heads, cfg.shape.max_tokens);
-    KVSCOUT_EXPECTS(cfg.shape.head_dim > 0 && cfg.shape.d_model > 0,
-                    "head_dim and d_model must be positive, got ", cfg.shape.head_dim, " and ",
-                    cfg.shape.d_model);
-    detail::check_gqa(cfg.shape.num_q_heads, cfg.shape.num_kv_heads);
-    KVSCOUT_EXPECTS(cfg.shape.num_q_heads / cfg.shape.num_kv_heads <= detail::max_group,
-                    "GQA group of ", cfg.shape.num_q_heads / cfg.shape.num_kv_heads, " exceeds ",
-                    detail::max_group);
-    detail::check_scale(cfg.shape.scale);
-    detail::check_aggregation(cfg.aggregation, "aggregation");
-    detail::check_aggregation(cfg.late_aggregation(), "query_aggregation");
-    KVSCOUT_EXPECTS(cfg.r >= 1 && cfg.r <= cfg.shape.head_dim, "r = ", cfg.r,
-                    " must be in [1, head_dim = ", cfg.shape.head_dim, "]");
-    KVSCOUT_EXPECTS(cfg.correction_r == 0 ||
-                        (cfg.correction_r >= cfg.r && cfg.correction_r <= cfg.shape.head_dim),
-                    "correction_r = ", cfg.correction_r, " must be 0 or in [r = ", cfg.r,
-                    ", head_dim = ", cfg.shape.head_dim, "]");
-    KVSCOUT_EXPECTS(cfg.mode == rope_mode::post_rope_skew || cfg.mode == rope_mode::rope_planes ||
-                        cfg.mode == rope_mode::pre_rope_folded,
-                    "unsupported rope_mode ", static_cast<int>(cfg.mode),
-                    "; supported: post_rope_skew, rope_planes, pre_rope_folded");
-    KVSCOUT_EXPECTS(cfg.mode != rope_mode::rope_planes || (cfg.r % 2 == 0 && cfg.key_r() % 2 == 0),
-                    "rope_planes needs an even r and correction_r (whole planes), got ", cfg.r,
-                    " and ", cfg.correction_r);
-    KVSCOUT_EXPECTS(cfg.mode == rope_mode::pre_rope_folded ||
-                        cfg.shape.head_dim <= 2 * rope_table::max_planes,
-                    "head_dim ", cfg.shape.head_dim, " exceeds the RoPE modes' limit ",
-                    2 * rope_table::max_planes);
+    detail::check_infinigen_config(cfg);
+    KVSCOUT_EXPECTS(
+        cfg.mode == rope_mode::pre_rope_folded || cfg.shape.head_dim <= 2 * rope_table::max_planes,
+        "head_dim ", cfg.shape.head_dim, " exceeds the RoPE modes' limit ",
+        2 * rope_table::max_planes);
   }
 };
 
