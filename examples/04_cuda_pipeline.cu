@@ -1,31 +1,31 @@
-// A decode step over several layers on the CUDA backend, with the three streams an engine runs:
-// while the compute stream works on layer i, a side stream speculates which cached tokens layer
-// i + 1 will attend to (infinigen_policy_cuda, topk_selector_cuda) and a copy stream fetches
-// only those K/V rows from host memory (zero_copy_executor_cuda). decode_pipeline_cuda orders
-// the streams with events; speculation_stages_cuda binds the parts to it. Layers 0 and 1 attend
-// densely, as InfiniGen's do; the others attend over the fetched rows and the new token.
+// A decode step over several layers on the CUDA backend with kvscout's best measured configuration
+// (presets::kvscout_default) and the three streams an engine runs: while the compute stream works
+// on layer i, a side stream speculates which cached tokens layer i + 1 will attend to (its
+// InfiniGen policy and top-k selector at the layer's share of the budget) and a copy stream
+// fetches only those K/V rows from host memory (zero-copy). On the compute stream, layer i's own
+// query then tops its rows up (the correction step) and attention reads both sets. Layers 0 and 1
+// attend densely. presets::pipeline_cuda owns every part (preset_pipeline.cuh); the same parts by
+// hand: examples/02 (one layer) and pipeline/cuda_stages.cuh.
 //
-// The model's own work (its GEMMs, RoPE, appends) is stood in for by inputs drawn at random: the
-// compute stream copies layer i's input into the pipeline's slot where the model would write it.
-// The check: the same parts run in line on one stream, layer by layer, must give the pipelined
-// step's attention outputs bit for bit; on the host SIMT emulator (tests/simt), which runs the
-// streams in forward, reverse and shuffled orders at each synchronisation, a missing wait shows.
-// Exit code: 0 ok, 1 mismatch or error, 77 no CUDA device (ctest: skipped).
+// The model's own work (its GEMMs, RoPE, appends) is stood in for by inputs drawn at random. The
+// check: the same pipeline built with overlap off (every stage in line on the compute stream)
+// must give the pipelined step's attention outputs bit for bit; on the host SIMT emulator
+// (tests/simt), which runs the streams in forward, reverse and shuffled orders at each
+// synchronisation, a missing wait shows. Exit code: 0 ok, 1 mismatch or error, 77 no CUDA device
+// (ctest: skipped).
 
 #include <cuda_runtime.h>
 
 #include <array>
 #include <cstdio>
 #include <cstring>
-#include <deque>
+#include <numeric>
 #include <random>
 #include <vector>
 
 #include "kvscout/kvscout.hpp"
-#include "kvscout/attention/decode.cuh"
-#include "kvscout/pipeline/cuda_stages.cuh"
-#include "kvscout/select/topk.cuh"
-#include "cuda_memory.cuh"  // the example's allocations (examples/)
+#include "kvscout/preset_pipeline.cuh"  // presets::pipeline_cuda
+#include "cuda_memory.cuh"              // the example's allocations (examples/)
 
 namespace {
 
@@ -33,13 +33,12 @@ using kvscout::from_float, kvscout::half;
 using examples::cuda_memory, examples::download;
 using std::size_t;
 
-constexpr int L = 6, skip = 2;                        // layers; [0, skip) attend densely
+constexpr int L = 6;  // layers; kvscout_default attends densely in layers 0 and 1
 constexpr int S = 2, H = 2, Hq = 8, D = 64, d_model = 256;
-constexpr int max_tokens = 512, r = 16, budget = 48;  // cache slots, partial dim, rows per head
+constexpr int max_tokens = 512;  // cache slots per sequence
+constexpr double budget = 0.10;  // a tenth of the cached rows per step, the correction's included
 constexpr float scale = 0.125f;
 using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;
-using policy = kvscout::infinigen_policy_cuda<float>;
-using stages_t = kvscout::infinigen_stages_cuda<layout, kvscout::topk_selector_cuda>;
 
 struct model_inputs {  // what the model computes per layer; random here
   std::vector<std::vector<float>> x, q;  // [L][S * d_model], [L][S * Hq * D]
@@ -52,14 +51,8 @@ int run() {
   cuda_memory mem;
   const std::vector<int32_t> lens = {500, 301};
   const auto d_lens = mem.upload(lens), d_positions = mem.upload(lens);
-  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
-  // The RoPE planes the partial query keeps, per KV head (calibrate_skew ranks them on real
-  // activations; here planes 0-7, where the keys are large).
-  const std::vector<kvscout::skew_plan> plans(
-      H, kvscout::rope_planes_plan(rope, {0, 1, 2, 3, 4, 5, 6, 7}));
   std::vector<float> w_q(size_t(Hq) * D * d_model);  // every layer's W_Q alike, 1 / sqrt(d_model)
   for (float& w : w_q) w = normal(rng) / 16.f;
-  const kvscout::host_span<const float> w_q_span(w_q.data(), w_q.size());
   model_inputs in;
   for (int i = 0; i < L; ++i) {
     in.x.emplace_back(size_t(S) * d_model);
@@ -95,44 +88,49 @@ int run() {
     sources.push_back({lay, kvscout::as_bytes(k_dev), kvscout::as_bytes(v_dev)});
   }
 
-  // ---- set-up: the parts, their workspaces and buffers, the stages and the pipeline ------------
-  cudaStream_t compute{}, side{}, copy{};
-  for (cudaStream_t* st : {&compute, &side, &copy}) KVSCOUT_CUDA_CHECK(cudaStreamCreate(st));
-  const auto status = mem.upload(std::vector<int>{0});
+  // ---- calibration: what presets::calibrate (calibrate.hpp) measures offline on a calibration
+  // text's activations, stood in for here: the RoPE planes where the keys are large (0-15 of 32)
+  // for the speculation, every plane for the correction, and each layer's attention mass curve
+  // (the per-layer shares) from 64 of its cached keys against random queries.
+  const auto p = kvscout::presets::kvscout_default(D);
   const kvscout::decode_shape shape{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
                                     .num_q_heads = Hq, .head_dim = D, .d_model = d_model,
                                     .max_tokens = max_tokens, .scale = scale};
-  const kvscout::infinigen_config spec_cfg{.shape = shape, .r = r,
-                                                .mode = kvscout::rope_mode::rope_planes};
-  std::deque<policy> policies;            // one per speculated layer, never moved
-  std::vector<policy*> spec(L, nullptr);  // null: a dense layer
-  for (int i = skip; i < L; ++i)
-    spec[i] = &policies.emplace_back(spec_cfg, plans, w_q_span, kvscout::host_span<const float>{},
-                                     mem.alloc<std::byte>(policy::workspace_bytes(spec_cfg)));
-  const kvscout::topk_selector_cuda::config sel_cfg{.shape = shape, .capacity = budget,
-                                                    .budget = budget, .keep = {4, 16}};
-  kvscout::topk_selector_cuda selector(
-      sel_cfg, mem.alloc<std::byte>(kvscout::topk_selector_cuda::workspace_bytes(sel_cfg)));
-  kvscout::zero_copy_executor_cuda<layout> fetch({.shape = shape, .capacity = budget});
-  // The score buffer, the two layer-input slots and two sets of selected rows, in one allocation.
-  const size_t row = lay.k_row_bytes();  // the V rows are as long
-  const size_t bytes = kvscout::cuda_stage_memory::bytes(shape, budget, row, row);
-  const kvscout::cuda_stage_memory m =
-      kvscout::cuda_stage_memory::carve(shape, budget, row, row, mem.alloc<std::byte>(bytes));
-  stages_t stages(spec, selector, fetch, sources, m.scores, {d_positions, d_lens, max_tokens},
-                  m.inputs(), m.sets());
-  kvscout::decode_pipeline_cuda pipe({.shape = shape, .skip_layers = skip},
-                                     kvscout::stages_ref_cuda<stages_t>{&stages});
-  const kvscout::cuda_pipeline_exec x{compute, side, copy, status.data()};
-  const kvscout::decode_attention_plan plan = kvscout::plan_decode_attention_cuda(
-      {.shape = shape, .max_rows = max_tokens + 1});  // dense: every cached row and the new one
-  const auto attention_ws = mem.alloc<std::byte>(plan.workspace_bytes());
+  const kvscout::rope_config rope{D, 10000.f, kvscout::rope_style::split_half};
+  std::vector<int> planes(D / 2);
+  std::iota(planes.begin(), planes.end(), 0);
+  constexpr int n = 64;  // calibration tokens
+  kvscout::presets::calibration cal{.bins = p.layer_bins, .first_layer = p.skip_layers};
+  std::vector<std::vector<float>> q_cal(L), k_cal(L);  // [L][n * Hq * D], [L][n * H * D]
+  for (int i = 0; i < L; ++i) {
+    for (int e = 0; e < n * Hq * D; ++e) q_cal[i].push_back(2.f * normal(rng));
+    for (int e = 0; e < n * H * D; ++e) k_cal[i].push_back(kvscout::to_float(k_prefill[i][e]));
+    cal.plans.emplace_back(), cal.correction_plans.emplace_back();  // empty: a dense layer
+    if (i < p.skip_layers) continue;
+    const std::vector<int> large(planes.begin(), planes.begin() + p.r / 2);
+    cal.plans.back().assign(H, kvscout::rope_planes_plan(rope, large));
+    cal.correction_plans.back().assign(H, kvscout::rope_planes_plan(rope, planes));
+  }
+  cal.mass_curves = kvscout::layer_mass_curves(shape, q_cal, k_cal, n, cal.bins, cal.first_layer);
 
-  // ---- prefill: each speculator's partial key cache takes its channels of the layer's keys ------
+  // ---- set-up: the streams, the status word and the preset's pipeline with every part owned ----
+  cudaStream_t compute{}, side{}, copy{};
+  for (cudaStream_t* st : {&compute, &side, &copy}) KVSCOUT_CUDA_CHECK(cudaStreamCreate(st));
+  const auto status = mem.upload(std::vector<int>{0});
+  const std::vector<kvscout::host_span<const float>> w_q_layers(L, {w_q.data(), w_q.size()});
+  const kvscout::cuda_stage_lengths lengths{d_positions, d_lens, max_tokens};
+  kvscout::presets::pipeline_cuda<layout> owned(p, shape, cal, budget, w_q_layers, {}, sources,
+                                                lengths);
+  const kvscout::cuda_pipeline_exec x{compute, side, copy, status.data()};
+
+  // ---- prefill: each speculated layer's partial key cache takes its channels of the keys --------
   const auto d_seq_ids = mem.upload(seq_ids), d_token_ids = mem.upload(token_ids);
-  for (int i = skip; i < L; ++i)
-    spec[i]->append(mem.upload(k_prefill[i]), d_seq_ids, d_token_ids, int(seq_ids.size()),
-                    {compute, status.data()});
+  const auto prefill = [&](kvscout::presets::pipeline_cuda<layout>& pipe) {
+    for (int i = 0; i < L; ++i)  // a dense layer keeps none: a no-op
+      pipe.append(i, mem.upload(k_prefill[i]), d_seq_ids, d_token_ids, int(seq_ids.size()),
+                  {compute, status.data()});
+  };
+  prefill(owned);
 
   // ---- the model's per-layer inputs and outputs on the device ----------------------------------
   std::vector<kvscout::device_span<float>> d_x, d_q, out, ref;
@@ -143,44 +141,21 @@ int run() {
   }
   const kvscout::current_token<half, kvscout::device_space> current{mem.upload(in.k_new),
                                                                     mem.upload(in.v_new)};
-  // Layer i's attention: over its fetched rows (rows), or its whole cache in place (null).
-  const auto attend = [&](int i, const kvscout::cuda_stage_buffers* rows,
-                          kvscout::device_span<float> o, cudaStream_t st) {
-    const kvscout::cuda_exec ex{st, status.data()};
-    if (rows == nullptr)
-      kvscout::decode_attention_cuda(kvscout::layout_rows_cuda<layout>(sources[i]), current,
-                                     d_q[i], o, {Hq, scale}, plan, attention_ws, ex);
-    else
-      kvscout::decode_attention_cuda(
-          kvscout::gathered_rows_cuda<half, D>(rows->selection.view(), rows->rows), current,
-          d_q[i], o, {Hq, scale}, plan, attention_ws, ex);
-  };
 
-  // ---- the decode step: per layer, the model's input, two pipeline calls, the attention --------
+  // ---- the decode step: per layer, beside the model's own work, two calls ----------------------
   for (int i = 0; i < L; ++i) {
-    // x_i, the input the speculation of layer i + 1 reads (the model writes it in place).
-    KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(m.x[pipe.slot(i + 1)].data(), d_x[i].data(),
-                                       d_x[i].size_bytes(), cudaMemcpyDeviceToDevice, compute));
-    pipe.input_ready(i, x);  // side stream: speculate layer i + 1; copy stream: fetch its rows
-    pipe.wait_rows(i, x);    // the compute stream waits for layer i's rows
-    attend(i, pipe.sparse(i) ? &stages.buffers(i, pipe.slot(i)) : nullptr, out[i], compute);
+    owned.input_ready(i, d_x[i], x);               // side / copy streams: layer i + 1's rows
+    owned.attend(i, d_q[i], current, out[i], x);  // compute: layer i's rows, correction, attention
   }
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());  // only to check the results
 
-  // ---- the same parts in line on one stream: the reference ------------------------------------
-  const kvscout::cuda_stage_memory in_line =
-      kvscout::cuda_stage_memory::carve(shape, budget, row, row, mem.alloc<std::byte>(bytes));
-  const kvscout::cuda_stage_buffers& line = in_line.set[0];
-  const kvscout::cuda_exec one{compute, status.data()};
+  // ---- the same pipeline with every stage in line on the compute stream: the reference ---------
+  kvscout::presets::pipeline_cuda<layout> in_line(p, shape, cal, budget, w_q_layers, {}, sources,
+                                                  lengths, {.overlap = false});
+  prefill(in_line);
   for (int i = 0; i < L; ++i) {
-    if (i < skip) {
-      attend(i, nullptr, ref[i], compute);
-      continue;
-    }
-    spec[i]->score({d_x[i - 1], d_positions, d_lens, max_tokens}, in_line.scores, one);
-    selector.select(in_line.scores.view(d_lens), line.selection, one);
-    (void)fetch.submit(sources[i], line.selection.view(), line.rows, one);
-    attend(i, &line, ref[i], compute);
+    in_line.input_ready(i, d_x[i], x);
+    in_line.attend(i, d_q[i], current, ref[i], x);
   }
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   int mismatches = 0;
@@ -188,12 +163,15 @@ int run() {
     const std::vector<float> a = download(out[i]), b = download(ref[i]);
     const bool same = std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
     mismatches += same ? 0 : 1;
-    std::printf("layer %d (%s): pipelined attention %s the in-line step's\n", i,
-                pipe.sparse(i) ? "fetched rows" : "dense", same ? "equals" : "DIFFERS FROM");
+    const kvscout::presets::step_budgets& shares = owned.budgets();
+    if (i < p.skip_layers)
+      std::printf("layer %d (dense, every cached row): ", i);
+    else
+      std::printf("layer %d (%.1f%% of its rows by speculation, %.1f%% by correction): ", i,
+                  100 * shares.speculated[i], 100 * (shares.total[i] - shares.speculated[i]));
+    std::printf("pipelined attention %s the in-line step's\n", same ? "equals" : "DIFFERS FROM");
   }
   const int bits = download(status)[0];
-  std::printf("rows fetched per speculated layer: %d of up to %d cached per (sequence, KV head)\n",
-              budget, max_tokens);
   std::printf("device status: %s\n", kvscout::device_status::describe(bits).c_str());
   for (cudaStream_t st : {compute, side, copy}) KVSCOUT_CUDA_CHECK(cudaStreamDestroy(st));
   return mismatches == 0 && bits == 0 ? 0 : 1;

@@ -24,6 +24,73 @@
 #include "kvscout/score/infinigen.hpp"
 #include "kvscout/select/topk.hpp"
 
+namespace kvscout::detail {
+
+/// pipeline_host's and pipeline_cuda's checks of their inputs (`who` names the caller), then the
+/// preset's budgets at `budget` with the calibration's layer shares.
+template <class Layout, class PkT, class In>
+presets::step_budgets preset_pipeline_budgets(const char* who, const presets::speculation_preset& p,
+                                              const decode_shape& shape,
+                                              const presets::calibration& cal, double budget,
+                                              const std::vector<host_span<const In>>& w_q,
+                                              const std::vector<host_span<const In>>& b_q) {
+  KVSCOUT_EXPECTS(p.selector == presets::selector_kind::topk, who, ": ", p.name, " selects by ",
+                  to_string(p.selector), "; it builds top-k selectors only (build ", p.name,
+                  "'s parts by hand: docs/speculation.md)");
+  constexpr bool quantized = is_quantized_keys_v<PkT>;
+  int bits = 0;
+  if constexpr (quantized) bits = PkT::bits;
+  KVSCOUT_EXPECTS(p.key_bits == bits || (!quantized && p.key_bits == 0), who, ": ", p.name,
+                  " keeps its partial keys at ", p.key_bits,
+                  " bits (0: the element type), the pipeline's PkT at ", bits, ": use ", who,
+                  "<Layout, presets::partial_keys_t<", p.key_bits, ">>");
+  KVSCOUT_EXPECTS(shape.head_dim == Layout::head_dim, who, ": shape.head_dim = ", shape.head_dim,
+                  ", expected the layout's head_dim ", Layout::head_dim);
+  const auto L = static_cast<std::size_t>(shape.num_layers);
+  KVSCOUT_EXPECTS(
+      cal.plans.size() == L && cal.first_layer == std::min(p.skip_layers, shape.num_layers), who,
+      ": the calibration covers ", cal.plans.size(), " layers from layer ", cal.first_layer,
+      ", expected the shape's ", shape.num_layers, " from ", p.name,
+      "'s skip_layers = ", p.skip_layers, " (presets::calibrate(p, shape, ...) of this preset and shape)");
+  const bool wide = p.policy_config(shape).correction_r > 0;
+  KVSCOUT_EXPECTS(!wide || cal.correction_plans.size() == L, who, ": ", p.name,
+                  " corrects over ", p.correction_channels(),
+                  " channels but the calibration has no correction plans (calibrate with ",
+                  "presets::calibrate(p, ...) of this preset)");
+  const std::size_t rows = checked_size("W_Q elements of a layer", shape.num_q_heads,
+                                        shape.head_dim, shape.d_model);
+  const auto bias = static_cast<std::size_t>(shape.num_q_heads) * shape.head_dim;
+  KVSCOUT_EXPECTS(w_q.size() == L && (b_q.empty() || b_q.size() == L), who, ": ", w_q.size(),
+                  " W_Q and ", b_q.size(), " b_Q spans, expected one per layer (", shape.num_layers,
+                  "; no b_Q spans: no biases)");
+  for (std::size_t l = 0; l < L; ++l) {
+    KVSCOUT_EXPECTS(w_q[l].size() == rows, who, ": layer ", l, "'s W_Q has ", w_q[l].size(),
+                    " elements, expected num_q_heads * head_dim * d_model = ", rows);
+    KVSCOUT_EXPECTS(b_q.empty() || b_q[l].empty() || b_q[l].size() == bias, who, ": layer ", l,
+                    "'s b_Q has ", b_q.empty() ? 0 : b_q[l].size(),
+                    " elements, expected 0 or num_q_heads * head_dim = ", bias);
+  }
+  return presets::budgets(p, shape, budget, cal.layer_shares(p, budget));
+}
+
+/// The preset's InfiniGen policies (P: infinigen_policy_host or _cuda), one per speculated layer,
+/// with the correction's plans only where the preset corrects over more channels than it speculates.
+template <class P, class In>
+policy_layers<P> preset_policy_layers(const presets::speculation_preset& p,
+                                      const decode_shape& shape, const presets::calibration& cal,
+                                      const std::vector<host_span<const In>>& w_q,
+                                      const std::vector<host_span<const In>>& b_q) {
+  std::vector<host_span<const In>> bias = b_q;
+  if (bias.empty()) bias.resize(static_cast<std::size_t>(shape.num_layers));
+  const infinigen_config cfg = p.policy_config(shape);
+  return build_infinigen_layers<P, In>(cfg, cal.plans,
+                                       cfg.correction_r > 0 ? cal.correction_plans
+                                                            : std::vector<std::vector<skew_plan>>{},
+                                       w_q, bias);
+}
+
+}  // namespace kvscout::detail
+
 namespace kvscout::presets {
 
 /// PkT: the policy's partial-key format, which must be the preset's (partial_keys_t<key_bits>).
@@ -44,8 +111,9 @@ class pipeline_host {
   pipeline_host(const speculation_preset& p, const decode_shape& shape, const calibration& cal,
                 double budget, const std::vector<host_span<const In>>& w_q,
                 const std::vector<host_span<const In>>& b_q, int threads = 1)
-      : budgets_(checked_budgets(p, shape, cal, budget, w_q, b_q)),
-        policy_(make_policy(p, shape, cal, w_q, b_q)),
+      : budgets_(detail::preset_pipeline_budgets<Layout, PkT>("pipeline_host", p, shape, cal,
+                                                              budget, w_q, b_q)),
+        policy_(detail::preset_policy_layers<infinigen_policy_host<PkT>>(p, shape, cal, w_q, b_q)),
         selectors_(shape, budgets_),
         cfg_{.shape = shape,
              .skip_layers = p.skip_layers,
@@ -69,67 +137,6 @@ class pipeline_host {
   [[nodiscard]] const host_pipeline_config& configuration() const noexcept { return cfg_; }
 
  private:
-  template <class In>
-  static step_budgets checked_budgets(const speculation_preset& p, const decode_shape& shape,
-                                      const calibration& cal, double budget,
-                                      const std::vector<host_span<const In>>& w_q,
-                                      const std::vector<host_span<const In>>& b_q) {
-    KVSCOUT_EXPECTS(p.selector == selector_kind::topk, "pipeline_host: ", p.name, " selects by ",
-                    to_string(p.selector), "; it builds top-k selectors only (build ", p.name,
-                    "'s parts by hand: docs/speculation.md)");
-    constexpr bool quantized = detail::is_quantized_keys_v<PkT>;
-    int bits = 0;
-    if constexpr (quantized) bits = PkT::bits;
-    KVSCOUT_EXPECTS(p.key_bits == bits || (!quantized && p.key_bits == 0), "pipeline_host: ",
-                    p.name, " keeps its partial keys at ", p.key_bits,
-                    " bits (0: the element type), the pipeline's PkT at ", bits,
-                    ": use pipeline_host<Layout, presets::partial_keys_t<", p.key_bits, ">>");
-    KVSCOUT_EXPECTS(shape.head_dim == Layout::head_dim,
-                    "pipeline_host: shape.head_dim = ", shape.head_dim,
-                    ", expected the layout's head_dim ", Layout::head_dim);
-    const auto L = static_cast<std::size_t>(shape.num_layers);
-    KVSCOUT_EXPECTS(
-        cal.plans.size() == L && cal.first_layer == std::min(p.skip_layers, shape.num_layers),
-        "pipeline_host: the calibration covers ", cal.plans.size(), " layers from layer ",
-        cal.first_layer, ", expected the shape's ", shape.num_layers, " from ", p.name,
-        "'s skip_layers = ", p.skip_layers,
-        " (presets::calibrate(p, shape, ...) of this preset and shape)");
-    const bool wide = p.policy_config(shape).correction_r > 0;
-    KVSCOUT_EXPECTS(!wide || cal.correction_plans.size() == L, "pipeline_host: ", p.name,
-                    " corrects over ", p.correction_channels(),
-                    " channels but the calibration has no correction plans (calibrate with ",
-                    "presets::calibrate(p, ...) of this preset)");
-    const std::size_t rows = detail::checked_size("pipeline_host W_Q elements of a layer",
-                                                  shape.num_q_heads, shape.head_dim, shape.d_model);
-    const auto bias = static_cast<std::size_t>(shape.num_q_heads) * shape.head_dim;
-    KVSCOUT_EXPECTS(w_q.size() == L && (b_q.empty() || b_q.size() == L),
-                    "pipeline_host: ", w_q.size(), " W_Q and ", b_q.size(),
-                    " b_Q spans, expected one per layer (", shape.num_layers,
-                    "; no b_Q spans: no biases)");
-    for (std::size_t l = 0; l < L; ++l) {
-      KVSCOUT_EXPECTS(w_q[l].size() == rows, "pipeline_host: layer ", l, "'s W_Q has ",
-                      w_q[l].size(),
-                      " elements, expected num_q_heads * head_dim * d_model = ", rows);
-      KVSCOUT_EXPECTS(b_q.empty() || b_q[l].empty() || b_q[l].size() == bias,
-                      "pipeline_host: layer ", l, "'s b_Q has ", b_q.empty() ? 0 : b_q[l].size(),
-                      " elements, expected 0 or num_q_heads * head_dim = ", bias);
-    }
-    return presets::budgets(p, shape, budget, cal.layer_shares(p, budget));
-  }
-  template <class In>
-  static policy_type make_policy(const speculation_preset& p, const decode_shape& shape,
-                                 const calibration& cal,
-                                 const std::vector<host_span<const In>>& w_q,
-                                 const std::vector<host_span<const In>>& b_q) {
-    std::vector<host_span<const In>> bias = b_q;
-    if (bias.empty()) bias.resize(static_cast<std::size_t>(shape.num_layers));
-    // The correction's plans only where the preset corrects over more channels than it speculates.
-    const std::vector<std::vector<skew_plan>> none;
-    const bool wide = p.policy_config(shape).correction_r > 0;
-    return infinigen_policy_host<PkT>::layers(p.policy_config(shape), cal.plans,
-                                              wide ? cal.correction_plans : none, w_q, bias);
-  }
-
   step_budgets budgets_;
   policy_type policy_;
   detail::layer_selectors selectors_;

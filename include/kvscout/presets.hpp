@@ -208,10 +208,10 @@ inline constexpr double infinigen_paper_budget = 0.2;
 
 /// What presets::calibrate (kvscout/calibrate.hpp) measures on a calibration text, once.
 struct calibration {
-  std::vector<std::vector<skew_plan>> plans;  // [layer][kv head], empty below skip_layers
+  std::vector<std::vector<skew_plan>> plans{};  // [layer][kv head], empty below skip_layers
   std::vector<std::vector<skew_plan>>
-      correction_plans;             // the same at correction_channels(), or empty
-  std::vector<double> mass_curves;  // [num_layers, bins] (layer_mass_curves)
+      correction_plans{};             // the same at correction_channels(), or empty
+  std::vector<double> mass_curves{};  // [num_layers, bins] (layer_mass_curves)
   int bins = 0;
   int first_layer = 0;
 

@@ -37,6 +37,7 @@
 #include "kvscout/score/detail/infinigen_query_kernels.cuh"
 #include "kvscout/score/device_concepts.hpp"
 #include "kvscout/score/infinigen_device.hpp"
+#include "kvscout/score/policy_layers.hpp"
 #include "kvscout/skew/partial_query.hpp"
 #include "kvscout/skew/plan.hpp"
 
@@ -88,6 +89,24 @@ class infinigen_policy_cuda {
                         host_span<const In> w_q, host_span<const In> b_q,
                         device_span<std::byte> workspace)
       : infinigen_policy_cuda(build_tag{}, cfg, plans, &correction_plans, w_q, b_q, workspace) {}
+
+  /// One policy per layer that has plans, as infinigen_policy_host::layers builds them (each layer's
+  /// r, mode and correction_r its plans' own), each with a device workspace owned by the result.
+  /// w_q / b_q: [layer] on the host, b_q entries may be empty (no bias).
+  template <compute_element In>
+  [[nodiscard]] static policy_layers<infinigen_policy_cuda> layers(
+      const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+      const std::vector<std::vector<skew_plan>>& correction_plans,
+      const std::vector<host_span<const In>>& w_q, const std::vector<host_span<const In>>& b_q) {
+    return detail::build_infinigen_layers<infinigen_policy_cuda, In>(cfg, plans, correction_plans,
+                                                                     w_q, b_q);
+  }
+  template <compute_element In>
+  [[nodiscard]] static policy_layers<infinigen_policy_cuda> layers(
+      const config& cfg, const std::vector<std::vector<skew_plan>>& plans,
+      const std::vector<host_span<const In>>& w_q, const std::vector<host_span<const In>>& b_q) {
+    return detail::build_infinigen_layers<infinigen_policy_cuda, In>(cfg, plans, {}, w_q, b_q);
+  }
 
  private:
   struct build_tag {};

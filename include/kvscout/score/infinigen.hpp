@@ -113,26 +113,26 @@ class infinigen_policy_host {
   [[nodiscard]] static policy_layers<infinigen_policy_host> layers(
       const config& cfg, const layer_plans& plans, const layer_plans& correction_plans,
       const layer_spans<float>& w_q, const layer_spans<float>& b_q) {
-    return build_layers<float>(cfg, plans, correction_plans, w_q, b_q);
+    return detail::build_infinigen_layers<infinigen_policy_host, float>(cfg, plans, correction_plans, w_q, b_q);
   }
   [[nodiscard]] static policy_layers<infinigen_policy_host> layers(
       const config& cfg, const layer_plans& plans, const layer_spans<float>& w_q,
       const layer_spans<float>& b_q) {
-    return build_layers<float>(cfg, plans, {}, w_q, b_q);
+    return detail::build_infinigen_layers<infinigen_policy_host, float>(cfg, plans, {}, w_q, b_q);
   }
   template <compute_element In>
     requires(!std::is_same_v<In, float>)
   [[nodiscard]] static policy_layers<infinigen_policy_host> layers(
       const config& cfg, const layer_plans& plans, const layer_plans& correction_plans,
       const layer_spans<In>& w_q, const layer_spans<In>& b_q) {
-    return build_layers<In>(cfg, plans, correction_plans, w_q, b_q);
+    return detail::build_infinigen_layers<infinigen_policy_host, In>(cfg, plans, correction_plans, w_q, b_q);
   }
   template <compute_element In>
     requires(!std::is_same_v<In, float>)
   [[nodiscard]] static policy_layers<infinigen_policy_host> layers(
       const config& cfg, const layer_plans& plans, const layer_spans<In>& w_q,
       const layer_spans<In>& b_q) {
-    return build_layers<In>(cfg, plans, {}, w_q, b_q);
+    return detail::build_infinigen_layers<infinigen_policy_host, In>(cfg, plans, {}, w_q, b_q);
   }
 
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
@@ -235,52 +235,6 @@ class infinigen_policy_host {
   static constexpr int query_block = mem_layout::query_block;
 
   struct build_tag {};
-  template <compute_element In>
-  static policy_layers<infinigen_policy_host> build_layers(const config& cfg,
-                                                           const layer_plans& plans,
-                                                           const layer_plans& correction_plans,
-                                                           const layer_spans<In>& w_q,
-                                                           const layer_spans<In>& b_q) {
-    const auto L = static_cast<std::size_t>(cfg.shape.num_layers);
-    KVSCOUT_EXPECTS(cfg.shape.num_layers > 0, "infinigen_policy_host::layers: shape.num_layers = ",
-                    cfg.shape.num_layers, " must be positive");
-    KVSCOUT_EXPECTS(plans.size() == L && w_q.size() == L && b_q.size() == L,
-                    "expected one entry per layer (", cfg.shape.num_layers, ") in plans (",
-                    plans.size(), "), w_q (", w_q.size(), ") and b_q (", b_q.size(), ")");
-    KVSCOUT_EXPECTS(correction_plans.empty() || correction_plans.size() == L,
-                    "expected no correction plans or one entry per layer (", cfg.shape.num_layers,
-                    ") in correction_plans, got ", correction_plans.size());
-    policy_layers<infinigen_policy_host> out(cfg.shape.num_layers);
-    for (std::size_t l = 0; l < L; ++l) {
-      const std::vector<skew_plan>* wide =
-          correction_plans.empty() || correction_plans[l].empty() ? nullptr : &correction_plans[l];
-      KVSCOUT_EXPECTS(!(plans[l].empty() && wide), "layer ", l,
-                      " has correction plans but no speculation plans; the correction reads the "
-                      "speculated layers' caches");
-      if (plans[l].empty()) continue;
-      KVSCOUT_EXPECTS(cfg.correction_r == 0 || wide != nullptr, "layer ", l,
-                      ": the config's correction_r = ", cfg.correction_r,
-                      " needs correction plans, and the layer has none (0: each layer's own)");
-      config c = cfg;
-      const skew_plan& p = plans[l][0];
-      KVSCOUT_EXPECTS(cfg.r == 0 || (p.r == cfg.r && p.mode == cfg.mode), "layer ", l,
-                      "'s plans have r = ", p.r, " and mode ", to_string(p.mode), ", the config r = ",
-                      cfg.r, " and mode ", to_string(cfg.mode), " (r = 0: the plans' own)");
-      c.r = p.r;
-      c.mode = p.mode;
-      c.correction_r = wide ? (*wide)[0].r : 0;
-      KVSCOUT_EXPECTS(cfg.correction_r == 0 || wide == nullptr || c.correction_r == cfg.correction_r,
-                      "layer ", l, "'s correction plans have r = ", c.correction_r,
-                      ", the config correction_r = ", cfg.correction_r, " (0: the plans' own)");
-      detail::with_layer_context(static_cast<int>(l), [&] {
-        if (wide)
-          out.emplace(static_cast<int>(l), c, plans[l], *wide, w_q[l], b_q[l]);
-        else
-          out.emplace(static_cast<int>(l), c, plans[l], w_q[l], b_q[l]);
-      });
-    }
-    return out;
-  }
 
   template <compute_element In>
   infinigen_policy_host(build_tag, const config& cfg, const std::vector<skew_plan>& plans,

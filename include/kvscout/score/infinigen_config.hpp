@@ -12,6 +12,7 @@
 #include "kvscout/core/span.hpp"
 #include "kvscout/score/concepts.hpp"
 #include "kvscout/score/detail/aggregate.hpp"
+#include "kvscout/score/policy_layers.hpp"
 #include "kvscout/skew/plan.hpp"
 
 namespace kvscout {
@@ -107,6 +108,56 @@ void check_infinigen_plans(const infinigen_config& c,
   KVSCOUT_EXPECTS(b_q.empty() || b_q.size() == b_need, "b_Q holds ", b_q.size(),
                   " elements, expected 0 or num_q_heads * head_dim = ", b_need);
 }
+
+/// What infinigen_policy_host::layers and infinigen_policy_cuda::layers build: one P per layer that
+/// has plans, each layer's r, mode and correction_r its plans' own.
+template <class P, class In>
+policy_layers<P> build_infinigen_layers(const infinigen_config& cfg,
+                                        const std::vector<std::vector<skew_plan>>& plans,
+                                        const std::vector<std::vector<skew_plan>>& correction_plans,
+                                        const std::vector<host_span<const In>>& w_q,
+                                        const std::vector<host_span<const In>>& b_q) {
+  const auto L = static_cast<std::size_t>(cfg.shape.num_layers);
+  KVSCOUT_EXPECTS(cfg.shape.num_layers > 0, "infinigen policy layers(): shape.num_layers = ",
+                  cfg.shape.num_layers, " must be positive");
+  KVSCOUT_EXPECTS(plans.size() == L && w_q.size() == L && b_q.size() == L,
+                  "expected one entry per layer (", cfg.shape.num_layers, ") in plans (",
+                  plans.size(), "), w_q (", w_q.size(), ") and b_q (", b_q.size(), ")");
+  KVSCOUT_EXPECTS(correction_plans.empty() || correction_plans.size() == L,
+                  "expected no correction plans or one entry per layer (", cfg.shape.num_layers,
+                  ") in correction_plans, got ", correction_plans.size());
+  policy_layers<P> out(cfg.shape.num_layers);
+  for (std::size_t l = 0; l < L; ++l) {
+    const std::vector<skew_plan>* wide =
+        correction_plans.empty() || correction_plans[l].empty() ? nullptr : &correction_plans[l];
+    KVSCOUT_EXPECTS(!(plans[l].empty() && wide), "layer ", l,
+                    " has correction plans but no speculation plans; the correction reads the "
+                    "speculated layers' caches");
+    if (plans[l].empty()) continue;
+    KVSCOUT_EXPECTS(cfg.correction_r == 0 || wide != nullptr, "layer ", l,
+                    ": the config's correction_r = ", cfg.correction_r,
+                    " needs correction plans, and the layer has none (0: each layer's own)");
+    infinigen_config c = cfg;
+    const skew_plan& p = plans[l][0];
+    KVSCOUT_EXPECTS(cfg.r == 0 || (p.r == cfg.r && p.mode == cfg.mode), "layer ", l,
+                    "'s plans have r = ", p.r, " and mode ", to_string(p.mode), ", the config r = ",
+                    cfg.r, " and mode ", to_string(cfg.mode), " (r = 0: the plans' own)");
+    c.r = p.r;
+    c.mode = p.mode;
+    c.correction_r = wide ? (*wide)[0].r : 0;
+    KVSCOUT_EXPECTS(cfg.correction_r == 0 || wide == nullptr || c.correction_r == cfg.correction_r,
+                    "layer ", l, "'s correction plans have r = ", c.correction_r,
+                    ", the config correction_r = ", cfg.correction_r, " (0: the plans' own)");
+    with_layer_context(static_cast<int>(l), [&] {
+      if (wide)
+        out.emplace(static_cast<int>(l), c, plans[l], *wide, w_q[l], b_q[l]);
+      else
+        out.emplace(static_cast<int>(l), c, plans[l], w_q[l], b_q[l]);
+    });
+  }
+  return out;
+}
+
 }  // namespace detail
 
 }  // namespace kvscout

@@ -2,8 +2,8 @@
 // policy_layers<P>: one per-layer policy P for each speculated layer of a model, as the one
 // speculation_policy the host pipeline calls with a layer index. A layer without a policy (a dense
 // layer, below skip_layers) is not tracked: append() to it does nothing, score() of it throws. The
-// policies are the caller's (by pointer, as the CUDA stages take them) or built here with their
-// workspaces owned (emplace).
+// policies are the caller's (by pointer) or built here with their workspaces owned (emplace: host
+// memory for a host policy, device memory for a CUDA one); pointers() is what the CUDA stages take.
 //
 //   kvscout::policy_layers<P> layers(num_layers);
 //   layers.emplace(l, cfg, plans, w_q, b_q);      // P(cfg, plans, w_q, b_q, workspace)
@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "kvscout/core/span.hpp"
 #include "kvscout/core/workspace.hpp"
 #include "kvscout/score/concepts.hpp"
+#include "kvscout/skew/plan.hpp"
 
 namespace kvscout {
 
@@ -43,6 +45,8 @@ class policy_layers {
  public:
   using policy_type = P;
   static constexpr bool needs_query = false;
+  /// A host policy (else a CUDA one: emplace() gives it device memory, and only pointers() serves).
+  static constexpr bool host_policy = std::is_same_v<typename P::memory_space, host_space>;
 
   /// num_layers layers, none tracked until emplace().
   explicit policy_layers(int num_layers) : at_(checked_layers(num_layers), nullptr) {}
@@ -76,7 +80,9 @@ class policy_layers {
   /// Token t of sequence s entered layer `layer`'s cache; k_pre / k_post: its keys before and after
   /// RoPE, [num_kv_heads, head_dim] floats. The policy takes the ones its mode reads
   /// (P::rotated_keys()). A layer without a policy keeps no keys; one outside the model throws.
-  void append(int layer, int s, int t, const float* k_pre, const float* k_post, host_exec x = {}) {
+  void append(int layer, int s, int t, const float* k_pre, const float* k_post, host_exec x = {})
+    requires host_policy
+  {
     check_layer(layer);
     if (!tracks(layer)) return;
     P& p = get(layer);
@@ -89,22 +95,27 @@ class policy_layers {
              host_span<const std::int32_t>(&seq, 1), host_span<const std::int32_t>(&tok, 1), 1, x);
   }
   void score(int layer, const score_context<host_space>& ctx, const score_buffer<host_space>& out,
-             host_exec x = {}) {
+             host_exec x = {})
+    requires host_policy
+  {
     get(layer).score(ctx, out, x);
   }
   /// The correction step's scores of layer `layer` from its own query ctx.q.
   void score_query(int layer, const score_context<host_space>& ctx,
                    const score_buffer<host_space>& out, host_exec x = {})
-    requires requires(P& p, const score_context<host_space>& c, const score_buffer<host_space>& o) {
-      p.score_query(c.q, c, o, host_exec{});
-    }
+    requires host_policy &&
+             requires(P& p, const score_context<host_space>& c, const score_buffer<host_space>& o) {
+               p.score_query(c.q, c, o, host_exec{});
+             }
   {
     get(layer).score_query(ctx.q, ctx, out, x);
   }
+  /// [num_layers]: layer l's policy, null where it has none (what speculation_stages_cuda takes).
+  [[nodiscard]] const std::vector<P*>& pointers() const noexcept { return at_; }
 
  private:
   struct owned {
-    host_workspace workspace;
+    std::conditional_t<host_policy, host_workspace, device_workspace> workspace;
     P policy;
     template <class... A>
     explicit owned(const typename P::config_type& cfg, A&&... args)
