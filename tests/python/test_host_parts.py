@@ -1,0 +1,238 @@
+"""kvscout's Python package, host backend: each bound part against an independent NumPy reference
+(top-k with the library's tie rule, the gather as fancy indexing, attention in float64), and its
+refusals of bad input. Seeded."""
+
+import math
+
+import numpy as np
+import pytest
+
+import kvscout
+
+RNG_SEED = 2026
+
+
+def rng():
+    return np.random.default_rng(RNG_SEED)
+
+
+# ---- top-k ------------------------------------------------------------------------------------
+
+
+def row_budget(budget, share, keep, n):
+    """select/concepts.hpp's row_budget, restated."""
+    if not share > 0:
+        return budget
+    b = max(0, math.ceil(share * n - 1e-9))
+    return min(max(b, keep.sinks + keep.recent), budget)
+
+
+def topk_reference(scores, lens, budget, keep, share=0.0):
+    """Per row: every token if the row fits, else the keep-set and the best other tokens, ties to
+    the lower index, NaN never chosen by score; ascending."""
+    S, H, _ = scores.shape
+    out = {}
+    for s in range(S):
+        n = int(lens[s])
+        b = row_budget(budget, share, keep, n)
+        for h in range(H):
+            if n <= b:
+                out[s, h] = list(range(n))
+                continue
+            head = min(keep.sinks, n)
+            tail = max(head, n - keep.recent)
+            kept = list(range(head)) + list(range(tail, n))
+            cand = [t for t in range(head, tail) if not np.isnan(scores[s, h, t])]
+            cand.sort(key=lambda t: (-scores[s, h, t], t))
+            out[s, h] = sorted(kept + cand[: b - len(kept)])
+    return out
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3])
+def test_topk_matches_reference(share):
+    r = rng()
+    S, H, T = 3, 2, 200
+    scores = r.standard_normal((S, H, T)).astype(np.float32)
+    scores[0, 0, 50:60] = 1.5  # ties: the lower indices win
+    scores[1, 1, 7] = np.nan
+    scores[2, 0, 100] = -np.inf
+    lens = np.array([200, 37, 120], dtype=np.int32)
+    keep = kvscout.KeepSet(4, 16)
+    idx, cnt = kvscout.topk_select(scores, lens, budget=48, keep=keep, budget_share=share)
+    want = topk_reference(scores, lens, 48, keep, share)
+    for (s, h), rows in want.items():
+        assert cnt[s, h] == len(rows)
+        assert idx[s, h, : cnt[s, h]].tolist() == rows
+
+
+def test_topk_caller_buffers_and_workspace():
+    r = rng()
+    scores = r.standard_normal((1, 1, 64)).astype(np.float32)
+    lens = np.array([64], dtype=np.int32)
+    nbytes = kvscout.topk_workspace_bytes(1, 1, 64, 16, 8)
+    ws = kvscout.topk_workspace(nbytes)
+    idx = np.full((1, 1, 16), -7, dtype=np.int32)
+    cnt = np.zeros((1, 1), dtype=np.int32)
+    got = kvscout.topk_select(scores, lens, 8, indices=idx, counts=cnt, workspace=ws)
+    assert got[0] is idx and got[1] is cnt
+    assert cnt[0, 0] == 8 and (idx[0, 0, 8:] == -7).all()  # past the count: untouched
+    assert idx[0, 0, :8].tolist() == sorted(np.argsort(-scores[0, 0], kind="stable")[:8].tolist())
+
+
+# ---- the gather -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["hnd", "nhd"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gather_is_fancy_indexing(layout, dtype, D):
+    r = rng()
+    S, H, T, cap = 2, 3, 50, 12
+    shape = (S, H, T, D) if layout == "hnd" else (S, T, H, D)
+    k = r.standard_normal(shape).astype(dtype)
+    v = r.standard_normal(shape).astype(dtype)
+    lens = np.array([50, 20], dtype=np.int32)
+    idx = np.zeros((S, H, cap), dtype=np.int32)
+    cnt = np.zeros((S, H), dtype=np.int32)
+    for s in range(S):
+        for h in range(H):
+            n = int(r.integers(0, cap + 1))
+            idx[s, h, :n] = np.sort(r.choice(lens[s], size=n, replace=False))
+            cnt[s, h] = n
+    kr, vr = kvscout.gather(k, v, lens, idx, cnt, layout=layout, threads=2)
+    for s in range(S):
+        for h in range(H):
+            sel = idx[s, h, : cnt[s, h]]
+            ks = k[s, h, sel] if layout == "hnd" else k[s, sel, h]
+            vs = v[s, h, sel] if layout == "hnd" else v[s, sel, h]
+            assert np.array_equal(kr[s, h, : cnt[s, h]], ks)
+            assert np.array_equal(vr[s, h, : cnt[s, h]], vs)
+
+
+# ---- attention --------------------------------------------------------------------------------
+
+
+def attention_reference(kr, vr, cnt, q, scale, k_cur=None, v_cur=None):
+    S, Hq, D = q.shape
+    H = kr.shape[1]
+    g = Hq // H
+    out = np.zeros((S, Hq, D))
+    for s in range(S):
+        for qh in range(Hq):
+            h = qh // g
+            K = kr[s, h, : cnt[s, h]].astype(np.float64)
+            V = vr[s, h, : cnt[s, h]].astype(np.float64)
+            if k_cur is not None:
+                K = np.vstack([K, k_cur[s, h].astype(np.float64)])
+                V = np.vstack([V, v_cur[s, h].astype(np.float64)])
+            if len(K) == 0:
+                continue
+            logits = K @ q[s, qh].astype(np.float64) * scale
+            p = np.exp(logits - logits.max())
+            out[s, qh] = p @ V / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("current", [False, True])
+def test_attention_matches_float64(dtype, current):
+    r = rng()
+    S, H, g, cap, D = 2, 2, 4, 24, 64
+    kr = r.standard_normal((S, H, cap, D)).astype(dtype)
+    vr = r.standard_normal((S, H, cap, D)).astype(dtype)
+    idx = np.tile(np.arange(cap, dtype=np.int32), (S, H, 1))
+    cnt = np.array([[24, 5], [1, 17]], dtype=np.int32)
+    q = r.standard_normal((S, H * g, D)).astype(np.float32)
+    kc = r.standard_normal((S, H, D)).astype(dtype) if current else None
+    vc = r.standard_normal((S, H, D)).astype(dtype) if current else None
+    out = kvscout.decode_attention(kr, vr, idx, cnt, q, 0.125, k_cur=kc, v_cur=vc)
+    want = attention_reference(kr, vr, cnt, q, 0.125, kc, vc)
+    assert np.abs(out - want).max() < 1e-5
+
+
+def test_one_step_select_gather_attend():
+    """The three parts as a step: attention over the gathered top-k rows equals the reference
+    over the same rows read straight from the cache."""
+    r = rng()
+    S, H, g, T, D = 2, 2, 2, 300, 128
+    k = r.standard_normal((S, H, T, D)).astype(np.float16)
+    v = r.standard_normal((S, H, T, D)).astype(np.float16)
+    lens = np.array([300, 140], dtype=np.int32)
+    q = r.standard_normal((S, H * g, D)).astype(np.float32)
+    scores = np.einsum("shtd,shd->sht", k.astype(np.float32), q[:, ::g]).astype(np.float32)
+    idx, cnt = kvscout.topk_select(scores, lens, budget=32, keep=kvscout.KeepSet(4, 8))
+    kr, vr = kvscout.gather(k, v, lens, idx, cnt)
+    out = kvscout.decode_attention(kr, vr, idx, cnt, q, 1 / math.sqrt(D))
+    direct_k = np.zeros_like(kr)
+    direct_v = np.zeros_like(vr)
+    for s in range(S):
+        for h in range(H):
+            sel = idx[s, h, : cnt[s, h]]
+            direct_k[s, h, : len(sel)] = k[s, h, sel]
+            direct_v[s, h, : len(sel)] = v[s, h, sel]
+    want = attention_reference(direct_k, direct_v, cnt, q, 1 / math.sqrt(D))
+    assert (cnt == 32).all()
+    assert np.abs(out - want).max() < 1e-5
+
+
+# ---- bad input: an exception naming the value, never a crash ------------------------------------
+
+
+def small_case():
+    r = rng()
+    k = r.standard_normal((1, 1, 16, 64)).astype(np.float32)
+    lens = np.array([16], dtype=np.int32)
+    idx = np.zeros((1, 1, 4), dtype=np.int32)
+    cnt = np.zeros((1, 1), dtype=np.int32)
+    return k, lens, idx, cnt
+
+
+def test_bad_dtypes_raise_type_error():
+    k, lens, idx, cnt = small_case()
+    scores = np.zeros((1, 1, 16), dtype=np.float64)
+    with pytest.raises(TypeError, match="scores: dtype float64, expected float32"):
+        kvscout.topk_select(scores, lens, 4)
+    with pytest.raises(TypeError, match="seq_lens: dtype int64, expected int32"):
+        kvscout.topk_select(scores.astype(np.float32), lens.astype(np.int64), 4)
+    with pytest.raises(TypeError, match="k_cache: dtype int32, expected float32, float16 or"):
+        kvscout.gather(k.astype(np.int32), k.astype(np.int32), lens, idx, cnt)
+    with pytest.raises(TypeError, match="v_cache / k_rows / v_rows must be too, got float16"):
+        kvscout.gather(k, k.astype(np.float16), lens, idx, cnt)
+
+
+def test_bad_shapes_and_layouts_raise_value_error():
+    k, lens, idx, cnt = small_case()
+    with pytest.raises(ValueError, match=r"head_dim 32 was not built, expected 64 or 128"):
+        kvscout.gather(k[..., :32].copy(), k[..., :32].copy(), lens, idx, cnt)
+    with pytest.raises(ValueError, match=r"k_cache: not contiguous"):
+        kvscout.gather(k[:, :, ::2], k[:, :, ::2], lens, idx, cnt)
+    with pytest.raises(ValueError, match=r"seq_lens: shape \[2\], expected \[1\]"):
+        kvscout.gather(k, k, np.array([16, 16], dtype=np.int32), idx, cnt)
+    with pytest.raises(ValueError, match=r"layout 'nchw', expected 'hnd' or 'nhd'"):
+        kvscout.gather(k, k, lens, idx, cnt, layout="nchw")
+    with pytest.raises(ValueError, match=r"counts: shape \[1, 2\], expected \[1, 1\]"):
+        kvscout.gather(k, k, lens, idx, np.zeros((1, 2), dtype=np.int32))
+
+
+def test_library_errors_reach_python():
+    k, lens, idx, cnt = small_case()
+    scores = np.zeros((1, 1, 16), dtype=np.float32)
+    # The C++ part's own check, its message verbatim.
+    with pytest.raises(ValueError, match="budget"):
+        kvscout.topk_select(scores, lens, budget=2, keep=kvscout.KeepSet(4, 4))
+    with pytest.raises(ValueError, match="does not fit a 32-bit int"):
+        kvscout.topk_select(scores, lens, budget=2**40)
+    cnt[0, 0] = 1
+    idx[0, 0, 0] = 99  # past the sequence's 16 tokens
+    with pytest.raises(ValueError, match="99"):
+        kvscout.gather(k, k, lens, idx, cnt)
+    with pytest.raises(ValueError, match="workspace"):
+        kvscout.topk_select(scores, lens, 4, workspace=kvscout.topk_workspace(8))
+    with pytest.raises(ValueError, match="k_cur and v_cur"):
+        kvscout.decode_attention(k, k, idx, cnt, np.zeros((1, 1, 64), np.float32), 1.0,
+                                 k_cur=k[0, :, 0])
+
+
+def test_device_status_words():
+    assert kvscout.device_status_describe(0) == "ok"
+    assert "token index out of range" in kvscout.device_status_describe(1)
