@@ -89,9 +89,10 @@ int run() {
   }
 
   // ---- calibration: what presets::calibrate (calibrate.hpp) measures offline on a calibration
-  // text's activations, stood in for here: the RoPE planes where the keys are large (0-15 of 32)
-  // for the speculation, every plane for the correction, and each layer's attention mass curve
-  // (the per-layer shares) from 64 of its cached keys against random queries.
+  // text's activations, stood in for here: for the speculation the 16 planes kvscout_default
+  // keeps (r = 32), 0-15, which hold the large ones (0-7); every plane for the correction; and
+  // each layer's attention mass curve (the per-layer shares) from 64 of its cached keys against
+  // random queries.
   const auto p = kvscout::presets::kvscout_default(D);
   const kvscout::decode_shape shape{.num_layers = L, .num_seqs = S, .num_kv_heads = H,
                                     .num_q_heads = Hq, .head_dim = D, .d_model = d_model,

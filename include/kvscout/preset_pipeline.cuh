@@ -111,12 +111,21 @@ class pipeline_cuda {
       if (layer >= 0) pipe_->input_ready(layer, x);  // its checks; nothing to launch
       return;
     }
-    const device_span<float> slot = mem_.x[static_cast<std::size_t>(pipe_->slot(layer + 1))];
-    KVSCOUT_EXPECTS(input.data() != nullptr && input.size() >= slot.size(),
+    const int b = pipeline_type::slot(layer + 1);
+    const device_span<float> slot = mem_.x[static_cast<std::size_t>(b)];
+    KVSCOUT_EXPECTS(input.data() != nullptr && input.size() == slot.size(),
                     "pipeline_cuda::input_ready: the input holds ", input.size(),
                     " floats, expected [num_seqs, d_model] = ", slot.size(), ", not null");
+    // Refused before anything is enqueued: the slot's last launch must have been attended.
+    KVSCOUT_EXPECTS(pending_[b] < 0, "pipeline_cuda::input_ready(", layer, "): slot ", b,
+                    " still holds layer ", pending_[b], "'s rows; call attend(", pending_[b],
+                    ") first");
+    KVSCOUT_EXPECTS(!pipe_->configuration().overlap ||
+                        (x.speculate != x.compute && x.copy != x.compute && x.copy != x.speculate),
+                    "overlap needs three distinct streams (compute, speculate, copy)");
     KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(slot.data(), input.data(), slot.size_bytes(),
                                        cudaMemcpyDeviceToDevice, x.compute));
+    pending_[b] = layer + 1;
     if (layer < 0)
       pipe_->speculate_first(x);
     else
@@ -139,6 +148,7 @@ class pipeline_cuda {
       return;
     }
     const int b = pipeline_type::slot(layer);
+    pending_[b] = -1;
     const cuda_stage_buffers& got = stages_->buffers(layer, b);
     const rows_type rows(got.selection.view(), got.rows);
     if (!stages_->has_correction()) {
@@ -221,6 +231,7 @@ class pipeline_cuda {
   std::optional<stages_type> stages_;
   std::optional<pipeline_type> pipe_;
   decode_attention_plan sparse_plan_{}, dense_plan_{};
+  int pending_[2] = {-1, -1};  // the layer launched into each slot and not yet attended
   device_workspace attention_ws_;
 };
 

@@ -40,7 +40,7 @@ presets::step_budgets preset_pipeline_budgets(const char* who, const presets::sp
   constexpr bool quantized = is_quantized_keys_v<PkT>;
   int bits = 0;
   if constexpr (quantized) bits = PkT::bits;
-  KVSCOUT_EXPECTS(p.key_bits == bits || (!quantized && p.key_bits == 0), who, ": ", p.name,
+  KVSCOUT_EXPECTS(p.key_bits == bits, who, ": ", p.name,
                   " keeps its partial keys at ", p.key_bits,
                   " bits (0: the element type), the pipeline's PkT at ", bits, ": use ", who,
                   "<Layout, presets::partial_keys_t<", p.key_bits, ">>");
@@ -52,6 +52,11 @@ presets::step_budgets preset_pipeline_budgets(const char* who, const presets::sp
       ": the calibration covers ", cal.plans.size(), " layers from layer ", cal.first_layer,
       ", expected the shape's ", shape.num_layers, " from ", p.name,
       "'s skip_layers = ", p.skip_layers, " (presets::calibrate(p, shape, ...) of this preset and shape)");
+  for (std::size_t l = 0; l < std::min(L, cal.plans.size()); ++l)
+    KVSCOUT_EXPECTS(cal.plans[l].empty() == (static_cast<int>(l) < cal.first_layer), who,
+                    ": the calibration's layer ", l, cal.plans[l].empty() ? " has no" : " has",
+                    " plans; the layers from skip_layers = ", p.skip_layers,
+                    " on are speculated and need them, the ones before take none");
   const bool wide = p.policy_config(shape).correction_r > 0;
   KVSCOUT_EXPECTS(!wide || cal.correction_plans.size() == L, who, ": ", p.name,
                   " corrects over ", p.correction_channels(),

@@ -30,7 +30,7 @@ namespace {
 using kvscout::half;
 namespace presets = kvscout::presets;
 struct dims {
-  static constexpr int L = 3, skip = 1, S = 2, H = 2, Hq = 4, D = 64, dm = 64, r = 32,
+  static constexpr int L = 5, skip = 1, S = 2, H = 2, Hq = 4, D = 64, dm = 64, r = 32,
                        max_tokens = 256;
 };
 using world_t = gpu_test::pipeline_world<dims>;
@@ -144,9 +144,12 @@ struct streams {
   }
 };
 
-// One step through the owner: [L, S, Hq, D] outputs, and the rows each speculated layer held.
+// Two steps through the owner, enqueued back to back with no synchronisation between layers or
+// steps (so every slot and buffer set is reused while the side streams run ahead): each step's
+// [L, S, Hq, D] outputs, and the rows each speculated layer held at the first step, copied on the
+// compute stream after its attention.
 struct step_result {
-  std::vector<float> out;
+  std::vector<float> out, again;
   std::vector<std::vector<int32_t>> spec_counts, added_counts;  // [layer][S * H]
 };
 step_result owner_step(inputs& in, bool overlap) {
@@ -156,22 +159,30 @@ step_result owner_step(inputs& in, bool overlap) {
   in.prefill([&](int l, auto k, auto s, auto t, int n) {
     owned.append(l, k, s, t, n, {st.compute, in.status.data()});
   });
-  gpu_test::device_vector<float> out(std::size_t(L) * inputs::qn);
+  gpu_test::device_vector<float> out(std::size_t(L) * inputs::qn), again(out.size());
+  gpu_test::device_vector<int32_t> spec(std::size_t(L) * S * H), added(spec.size());
   const kvscout::cuda_pipeline_exec x{st.compute, st.side, st.copy, in.status.data()};
-  step_result r;
-  for (int i = 0; i < L; ++i) {
-    owned.input_ready(i, in.x_of(i), x);
-    owned.attend(i, in.q_of(i), in.cur(i), {out.data() + i * inputs::qn, inputs::qn}, x);
-    KVSCOUT_CUDA_CHECK(cudaStreamSynchronize(st.compute));  // to read this layer's rows below
-    if (!owned.pipeline().sparse(i)) continue;
-    const int b = owner_t::pipeline_type::slot(i);
-    r.spec_counts.resize(L), r.added_counts.resize(L);
-    r.spec_counts[i] = download(owned.stages().buffers(i, b).selection.counts);
-    r.added_counts[i] = download(owned.stages().added(i, b).selection.counts);
-  }
+  for (gpu_test::device_vector<float>* o : {&out, &again})
+    for (int i = 0; i < L; ++i) {
+      owned.input_ready(i, in.x_of(i), x);
+      owned.attend(i, in.q_of(i), in.cur(i), {o->data() + i * inputs::qn, inputs::qn}, x);
+      if (!owned.pipeline().sparse(i) || o != &out) continue;
+      const int b = owner_t::pipeline_type::slot(i);
+      const auto record = [&](int32_t* dst, kvscout::device_span<int32_t> src) {
+        KVSCOUT_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size_bytes(),
+                                           cudaMemcpyDeviceToDevice, st.compute));
+      };
+      record(spec.data() + i * S * H, owned.stages().buffers(i, b).selection.counts);
+      record(added.data() + i * S * H, owned.stages().added(i, b).selection.counts);
+    }
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
   GPU_CHECK(in.status.download()[0] == 0);
-  r.out = out.download();
+  step_result r{out.download(), again.download(), {}, {}};
+  const std::vector<int32_t> sc = spec.download(), ac = added.download();
+  for (int i = 0; i < L; ++i) {
+    r.spec_counts.emplace_back(sc.begin() + i * S * H, sc.begin() + (i + 1) * S * H);
+    r.added_counts.emplace_back(ac.begin() + i * S * H, ac.begin() + (i + 1) * S * H);
+  }
   return r;
 }
 
@@ -256,15 +267,16 @@ void matches_parts_by_hand() {
   const step_result owned = owner_step(in, true);
   const std::vector<float> hand = by_hand_step(in);
   GPU_CHECK(owned.out == hand);
+  GPU_CHECK(owned.again == owned.out);  // the second step, over reused slots: the same bits
   const step_result in_line = owner_step(in, false);
-  GPU_CHECK(in_line.out == owned.out);
+  GPU_CHECK(in_line.out == owned.out && in_line.again == owned.out);
   bool finite = true;
   for (float v : owned.out) finite = finite && std::isfinite(v);
   GPU_CHECK(finite);
 
   // The rows each (sequence, kv head) held: the budgets' counts at its cached length.
   const auto b = presets::budgets(in.p, shape, budget, in.cal.layer_shares(in.p, budget));
-  GPU_CHECK(b.total[1] != b.total[2]);  // the layer shares differ, so each layer's own is used
+  GPU_CHECK(b.total[1] != b.total[4]);  // the layer shares differ, so each layer's own is used
   for (int l = dims::skip; l < L; ++l)
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < H; ++h) {
@@ -312,7 +324,7 @@ void refuses_bad_input() {
                                                                    in.sources.begin() + 2);
   GPU_CHECK(throws_with(
       [&] { owner_t o(in.p, shape, in.cal, budget, in.w_q, {}, two, in.lengths); },
-      "2 sources, expected one host cache per layer (3)"));
+      "2 sources, expected one host cache per layer (5)"));
   kvscout::cuda_stage_lengths long_lens = in.lengths;
   long_lens.max_seq_len = dims::max_tokens + 1;
   GPU_CHECK(throws_with(
@@ -322,10 +334,14 @@ void refuses_bad_input() {
   streams st;
   owner_t owned(in.p, shape, in.cal, budget, in.w_q, {}, in.sources, in.lengths);
   const kvscout::cuda_pipeline_exec x{st.compute, st.side, st.copy, in.status.data()};
-  GPU_CHECK(throws_with([&] { owned.input_ready(3, in.x_of(0), x); },
-                        "layer 3 is out of range [-1, 3)"));
+  GPU_CHECK(throws_with([&] { owned.input_ready(5, in.x_of(0), x); },
+                        "layer 5 is out of range [-1, 5)"));
   GPU_CHECK(throws_with([&] { owned.input_ready(0, {in.x.data(), inputs::xn - 1}, x); },
                         "the input holds 127 floats, expected [num_seqs, d_model] = 128"));
+  presets::calibration dense_planned = in.cal;  // plans for layer 0, which is not speculated
+  dense_planned.plans[0] = dense_planned.plans[1];
+  GPU_CHECK(throws_with([&] { build(in.p, dense_planned); },
+                        "the calibration's layer 0 has plans; the layers from skip_layers = 1"));
   GPU_CHECK(throws_with([&] { owned.set_max_seq_len(dims::max_tokens + 1); },
                         "max_seq_len = 257 is more than shape.max_tokens = 256"));
   GPU_CHECK(throws_with(
@@ -334,6 +350,10 @@ void refuses_bad_input() {
         owned.attend(1, in.q_of(1), in.cur(1), dspan<float>(out), x);
       },
       "wait_rows(1)"));
+  owned.input_ready(0, in.x_of(0), x);  // launches layer 1 into slot 1
+  owned.input_ready(1, in.x_of(1), x);  // layer 2 into slot 0
+  GPU_CHECK(throws_with([&] { owned.input_ready(2, in.x_of(2), x); },
+                        "slot 1 still holds layer 1's rows; call attend(1) first"));
   KVSCOUT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

@@ -972,6 +972,15 @@ TEST_CASE("presets::pipeline_host: a preset's pipeline in one call, the bits of 
   REQUIRE_THROWS_WITH(default_host(other_skip, sh, cal, budget, wq, {}, 2),
                       Catch::Contains("the calibration covers 4 layers from layer 2, expected the "
                                       "shape's 4 from kvscout_default's skip_layers = 1"));
+  auto planned_dense = cal;  // plans for layer 1, below kvscout_default's skip_layers = 2
+  planned_dense.plans[1] = planned_dense.plans[2];
+  REQUIRE_THROWS_WITH(default_host(p, sh, planned_dense, budget, wq, {}, 2),
+                      Catch::Contains("the calibration's layer 1 has plans; the layers from "
+                                      "skip_layers = 2 on are speculated"));
+  auto unplanned = cal;  // no plans for layer 3, a speculated layer
+  unplanned.plans[3].clear();
+  REQUIRE_THROWS_WITH(default_host(p, sh, unplanned, budget, wq, {}, 2),
+                      Catch::Contains("the calibration's layer 3 has no plans"));
   kvscout::decode_shape wide_head = sh;
   wide_head.head_dim = 2 * D;
   REQUIRE_THROWS_WITH(default_host(p, wide_head, cal, budget, wq, {}, 2),
