@@ -66,8 +66,14 @@ took "ctest"
 echo "== kvscout: Python package (build/python-venv: pip install ., pytest tests/python)"
 venv="$root/build/python-venv"
 [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check "apache-tvm-ffi>=0.1.15,<0.2" \
-  "scikit-build-core>=0.10,<2" "numpy>=1.26,<3" "pytest>=8,<10"
-"$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation "$root"
-(cd "$root/build" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/python")
+if "$venv/bin/pip" install -q --disable-pip-version-check "apache-tvm-ffi>=0.1.15,<0.2" \
+     "scikit-build-core>=0.10,<2" "numpy>=1.26,<3" "pytest>=8,<10"; then
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation "$root"
+  (cd "$root/build" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/python")
+else
+  # No PyPI (an offline machine): the Python tests are skipped, as the [model] tests are without
+  # the model; in CI that is a failure.
+  echo "kvscout: could not install the Python package's dependencies; its tests are skipped" >&2
+  [[ -z "${CI:-}" ]] || exit 1
+fi
 took "Python package"

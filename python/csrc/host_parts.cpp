@@ -8,116 +8,17 @@
 // Instances built: K / V elements float32, float16, bfloat16; head_dim 64 and 128; contiguous
 // layouts NHD and HND. Others raise.
 
-#include <tvm/ffi/container/tensor.h>
-#include <tvm/ffi/dtype.h>
-#include <tvm/ffi/error.h>
-#include <tvm/ffi/function.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "kvscout/kvscout.hpp"
-
-namespace ffi = tvm::ffi;
 
 namespace {
 
-// ---- argument checks ---------------------------------------------------------------------------
-
-bool is(DLDataType t, int code, int bits) { return t.code == code && t.bits == bits && t.lanes == 1; }
-
-std::string dtype_name(DLDataType t) {
-  if (is(t, kDLFloat, 64)) return "float64";
-  if (is(t, kDLFloat, 32)) return "float32";
-  if (is(t, kDLFloat, 16)) return "float16";
-  if (is(t, kDLBfloat, 16)) return "bfloat16";
-  if (is(t, kDLInt, 32)) return "int32";
-  if (is(t, kDLInt, 64)) return "int64";
-  if (is(t, kDLUInt, 8)) return "uint8";
-  return "code " + std::to_string(t.code) + " bits " + std::to_string(t.bits);
-}
-
-std::string shape_of(const ffi::TensorView& t) {
-  std::string s = "[";
-  for (int i = 0; i < t.ndim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
-// A CPU tensor, C-contiguous, with `shape` (-1: any extent); returns it unchanged.
-const ffi::TensorView& expect(const ffi::TensorView& t, const char* name,
-                              std::initializer_list<std::int64_t> shape) {
-  if (t.device().device_type != kDLCPU)
-    TVM_FFI_THROW(ValueError) << name << ": a tensor on device type " << t.device().device_type
-                              << ", expected a CPU tensor (this build has the host backend only)";
-  std::string want = "[";
-  int i = 0;
-  bool ok = t.ndim() == static_cast<int>(shape.size());
-  for (std::int64_t e : shape) {
-    want += (i ? ", " : "") + (e < 0 ? std::string("*") : std::to_string(e));
-    if (ok && e >= 0 && t.size(i) != e) ok = false;
-    ++i;
-  }
-  want += "]";
-  if (!ok) TVM_FFI_THROW(ValueError) << name << ": shape " << shape_of(t) << ", expected " << want;
-  if (!t.IsContiguous())
-    TVM_FFI_THROW(ValueError) << name << ": not contiguous (shape " << shape_of(t)
-                              << "); pass a C-contiguous array (numpy.ascontiguousarray)";
-  return t;
-}
-
-void expect_dtype(const ffi::TensorView& t, const char* name, int code, int bits) {
-  if (!is(t.dtype(), code, bits))
-    TVM_FFI_THROW(TypeError) << name << ": dtype " << dtype_name(t.dtype()) << ", expected "
-                             << dtype_name(DLDataType{static_cast<std::uint8_t>(code),
-                                                      static_cast<std::uint8_t>(bits), 1});
-}
-
-int as_int(std::int64_t v, const char* name) {
-  if (v < INT32_MIN || v > INT32_MAX)
-    TVM_FFI_THROW(ValueError) << name << " = " << v << " does not fit a 32-bit int";
-  return static_cast<int>(v);
-}
-
-template <class T>
-kvscout::host_span<T> span_of(const ffi::TensorView& t) {
-  return {static_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel())};
-}
-
-// Runs f, a kvscout::error becoming ValueError with its message.
-template <class F>
-auto guarded(F&& f) {
-  try {
-    return f();
-  } catch (const kvscout::error& e) {
-    TVM_FFI_THROW(ValueError) << e.message();
-  }
-}
-
-// f.template operator()<T, D>() for the K / V element type of `t` and head_dim D.
-template <class F>
-void with_element(const ffi::TensorView& t, const char* name, std::int64_t head_dim, F&& f) {
-  const auto at_dim = [&]<class T>() {
-    if (head_dim == 64)
-      f.template operator()<T, 64>();
-    else if (head_dim == 128)
-      f.template operator()<T, 128>();
-    else
-      TVM_FFI_THROW(ValueError) << name << ": head_dim " << head_dim
-                                << " was not built, expected 64 or 128";
-  };
-  const DLDataType d = t.dtype();
-  if (is(d, kDLFloat, 32))
-    at_dim.template operator()<float>();
-  else if (is(d, kDLFloat, 16))
-    at_dim.template operator()<kvscout::half>();
-  else if (is(d, kDLBfloat, 16))
-    at_dim.template operator()<kvscout::bfloat16>();
-  else
-    TVM_FFI_THROW(TypeError) << name << ": dtype " << dtype_name(d)
-                             << ", expected float32, float16 or bfloat16";
-}
+using namespace kvscout_py;
 
 kvscout::selection_view<kvscout::host_space> selection_of(const ffi::TensorView& indices,
                                                           const ffi::TensorView& counts) {
@@ -167,6 +68,8 @@ void topk_select(ffi::TensorView scores, ffi::TensorView seq_lens, ffi::TensorVi
   if (indices.size(0) != scores.size(0) || indices.size(1) != scores.size(1))
     TVM_FFI_THROW(ValueError) << "indices: shape " << shape_of(indices) << ", expected ["
                               << scores.size(0) << ", " << scores.size(1) << ", capacity]";
+  expect_disjoint({{"indices", &indices}, {"counts", &counts}, {"workspace", &workspace}},
+                  {{"scores", &scores}, {"seq_lens", &seq_lens}});
   guarded([&] {
     const auto cfg = topk_config(scores.size(0), scores.size(1), scores.size(2), sel.capacity,
                                  budget, sinks, recent, budget_share);
@@ -209,7 +112,7 @@ void gather(std::int64_t order, ffi::TensorView k_cache, ffi::TensorView v_cache
       using layout = kvscout::contiguous_layout<T_, D_, O>;
       guarded([&] {
         const layout lay = layout::padded(as_int(H, "num_kv_heads"), as_int(T, "max_tokens"),
-                                          static_cast<const std::int32_t*>(seq_lens.data_ptr()),
+                                          span_of<const std::int32_t>(seq_lens).data(),
                                           as_int(S, "num_seqs"));
         const kvscout::host_gather_config cfg{
             .shape = {.num_seqs = sel.num_seqs, .num_kv_heads = sel.num_kv_heads},
@@ -232,6 +135,110 @@ void gather(std::int64_t order, ffi::TensorView k_cache, ffi::TensorView v_cache
     else
       run.template operator()<kvscout::nhd>();
   });
+}
+
+// ---- the host gather out of a paged cache --------------------------------------------------
+
+struct paged_args {
+  const ffi::TensorView *k_pages, *v_pages, *k_rows, *v_rows;
+  kvscout::selection_view<kvscout::host_space> sel;
+  std::int64_t num_kv_heads, page_size, threads;
+};
+
+template <class T, int D, class Order, class Table>
+void gather_pages(const paged_args& a, Table table) {
+  using layout = kvscout::paged_layout<T, D, Order, Table>;
+  guarded([&] {
+    const layout lay(table, as_int(a.num_kv_heads, "num_kv_heads"),
+                     as_int(a.page_size, "page_size"));
+    kvscout::host_gather_config cfg;
+    cfg.shape.num_seqs = a.sel.num_seqs;
+    cfg.shape.num_kv_heads = a.sel.num_kv_heads;
+    cfg.capacity = a.sel.capacity;
+    cfg.threads = as_int(a.threads, "threads");
+    using executor = kvscout::gather_executor_host<layout>;
+    std::vector<std::int64_t> ws(executor::workspace_bytes(cfg) / sizeof(std::int64_t) + 1);
+    executor g(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * sizeof(std::int64_t)});
+    g.submit({lay, kvscout::as_bytes(span_of<const T>(*a.k_pages)),
+              kvscout::as_bytes(span_of<const T>(*a.v_pages))},
+             a.sel,
+             {kvscout::as_writable_bytes(span_of<T>(*a.k_rows)),
+              kvscout::as_writable_bytes(span_of<T>(*a.v_rows))})
+        .wait();
+    return 0;
+  });
+}
+
+template <class T, int D, class Table>
+void gather_pages_in(std::int64_t order, const paged_args& a, Table table) {
+  if (order == 0)
+    gather_pages<T, D, kvscout::hnd>(a, table);
+  else
+    gather_pages<T, D, kvscout::nhd>(a, table);
+}
+
+const std::int32_t* int32_data(const ffi::TensorView& t, const char* name,
+                               std::initializer_list<std::int64_t> shape) {
+  expect_dtype(t, name, kDLInt, 32);
+  expect(t, name, shape);
+  return span_of<const std::int32_t>(t).data();
+}
+
+// order: 0 HND (pages [P, H, page_size, D]), 1 NHD ([P, page_size, H, D]). The page table: vLLM's
+// block table (table [S, max_blocks] and seq_lens [S], int32) when `indptr` is empty, else
+// FlashInfer's (indptr [S + 1], page_ids [nnz], last_page_len [S]). Rows out: [S, H, capacity, D].
+void gather_paged(std::int64_t order, ffi::TensorView k_pages, ffi::TensorView v_pages,
+                  ffi::TensorView table, ffi::TensorView seq_lens, ffi::TensorView indptr,
+                  ffi::TensorView page_ids, ffi::TensorView last_page_len,
+                  ffi::TensorView indices, ffi::TensorView counts, ffi::TensorView k_rows,
+                  ffi::TensorView v_rows, std::int64_t threads) {
+  if (order != 0 && order != 1)
+    TVM_FFI_THROW(ValueError) << "layout order " << order << ", expected 0 (HND) or 1 (NHD)";
+  expect(k_pages, "k_pages", {-1, -1, -1, -1});
+  expect(v_pages, "v_pages", {k_pages.size(0), k_pages.size(1), k_pages.size(2), k_pages.size(3)});
+  const std::int64_t H = order == 0 ? k_pages.size(1) : k_pages.size(2),
+                     page = order == 0 ? k_pages.size(2) : k_pages.size(1), D = k_pages.size(3);
+  const paged_args a{&k_pages, &v_pages, &k_rows, &v_rows, selection_of(indices, counts), H,
+                     page, threads};
+  const int S = a.sel.num_seqs;
+  if (a.sel.num_kv_heads != H)
+    TVM_FFI_THROW(ValueError) << "indices: shape " << shape_of(indices) << ", expected [S, " << H
+                              << ", capacity] (the pages' KV heads)";
+  expect(k_rows, "k_rows", {S, H, a.sel.capacity, D});
+  expect(v_rows, "v_rows", {S, H, a.sel.capacity, D});
+  for (const auto* t : {&v_pages, &k_rows, &v_rows})
+    if (!is(t->dtype(), k_pages.dtype().code, k_pages.dtype().bits))
+      TVM_FFI_THROW(TypeError) << "k_pages is " << dtype_name(k_pages.dtype())
+                               << ", v_pages / k_rows / v_rows must be too, got "
+                               << dtype_name(t->dtype());
+  if (indptr.numel() > 0) {
+    const std::int32_t* ip = int32_data(indptr, "indptr", {S + 1});
+    for (int i = 0; i < S; ++i)
+      if (ip[i] < 0 || ip[i] > ip[i + 1])
+        TVM_FFI_THROW(ValueError) << "indptr[" << i << "] = " << ip[i] << ", indptr[" << i + 1
+                                  << "] = " << ip[i + 1]
+                                  << ": expected non-negative and non-decreasing";
+    if (S > 0 && ip[S] > page_ids.numel())
+      TVM_FFI_THROW(ValueError) << "indptr[" << S << "] = " << ip[S] << " pages, page_ids holds "
+                                << page_ids.numel();
+    kvscout::flashinfer_page_table pt;
+    pt.indptr = ip;
+    pt.indices = int32_data(page_ids, "page_ids", {-1});
+    pt.last_page_len = int32_data(last_page_len, "last_page_len", {S});
+    pt.seqs = S;
+    with_element(k_pages, "k_pages", D, [&]<class T_, int D_>() {
+      gather_pages_in<T_, D_>(order, a, pt);
+    });
+  } else {
+    kvscout::block_table pt;
+    pt.table = int32_data(table, "block_table", {S, -1});
+    pt.seq_lens = int32_data(seq_lens, "seq_lens", {S});
+    pt.max_blocks_per_seq = as_int(table.size(1), "max_blocks_per_seq");
+    pt.seqs = S;
+    with_element(k_pages, "k_pages", D, [&]<class T_, int D_>() {
+      gather_pages_in<T_, D_>(order, a, pt);
+    });
+  }
 }
 
 // ---- decode attention over gathered rows -------------------------------------------------------
@@ -259,6 +266,9 @@ void decode_attention(ffi::TensorView k_rows, ffi::TensorView v_rows, ffi::Tenso
       TVM_FFI_THROW(TypeError) << "k_rows is " << dtype_name(k_rows.dtype())
                                << ", v_rows (and k_cur / v_cur) must be too, got "
                                << dtype_name(t->dtype());
+  expect_disjoint({{"out", &out}}, {{"k_rows", &k_rows}, {"v_rows", &v_rows}, {"indices", &indices},
+                                   {"counts", &counts}, {"q", &q}, {"k_cur", &k_cur},
+                                   {"v_cur", &v_cur}});
   with_element(k_rows, "k_rows", D, [&]<class T_, int D_>() {
     guarded([&] {
       const kvscout::gathered_rows_host<T_, D_> rows(sel, span_of<const T_>(k_rows),
@@ -283,5 +293,6 @@ std::string device_status_describe(std::int64_t bits) {
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_workspace_bytes, topk_workspace_bytes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_select, topk_select);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather, gather);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather_paged, gather_paged);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode_attention, decode_attention);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(device_status_describe, device_status_describe);

@@ -12,11 +12,13 @@ Every function checks its inputs and raises TypeError (a dtype) or ValueError (a
 naming the bad value and what was expected. docs/python.md has the rest.
 """
 
+from ._policy import DecodeShape, InfiniGenPolicy, RopeConfig, SkewPlans, rope_planes_plans
 from ._parts import (
     KeepSet,
     decode_attention,
     device_status_describe,
     gather,
+    gather_paged,
     topk_select,
     topk_workspace,
     topk_workspace_bytes,
@@ -24,10 +26,16 @@ from ._parts import (
 
 __version__ = "0.1.0"
 __all__ = [
+    "DecodeShape",
+    "InfiniGenPolicy",
+    "RopeConfig",
+    "SkewPlans",
+    "rope_planes_plans",
     "KeepSet",
     "decode_attention",
     "device_status_describe",
     "gather",
+    "gather_paged",
     "topk_select",
     "topk_workspace",
     "topk_workspace_bytes",

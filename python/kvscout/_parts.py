@@ -13,6 +13,7 @@ _lib = tvm_ffi.load_module(str(Path(__file__).resolve().parent / "libkvscout_hos
 _topk_workspace_bytes = _lib.topk_workspace_bytes
 _topk_select = _lib.topk_select
 _gather = _lib.gather
+_gather_paged = _lib.gather_paged
 _decode_attention = _lib.decode_attention
 _describe = _lib.device_status_describe
 
@@ -26,6 +27,22 @@ class KeepSet:
 
     sinks: int = 0
     recent: int = 0
+
+
+def _dims(x, names: str, what: str):
+    """x's shape, which must have len(names.split()) dimensions (else ValueError naming them)."""
+    want = names.split()
+    shape = tuple(getattr(x, "shape", ()))
+    if len(shape) != len(want):
+        raise ValueError(f"{what}: shape {list(shape)}, expected [{', '.join(want)}]")
+    return shape
+
+
+def _readonly(err, **arrays):
+    """The ValueError for a read-only NumPy array, which tvm-ffi cannot pass (BufferError)."""
+    names = [n for n, a in arrays.items() if isinstance(a, np.ndarray) and not a.flags.writeable]
+    return ValueError(f"{', '.join(names) or 'an argument'}: a read-only NumPy array; kvscout's "
+                      f"binding passes writeable arrays only (pass a writeable copy): {err}")
 
 
 def _is_torch(x) -> bool:
@@ -56,11 +73,16 @@ def topk_workspace_bytes(num_seqs: int, num_kv_heads: int, max_tokens: int, capa
                                  keep.recent, float(budget_share))
 
 
-def topk_workspace(nbytes: int) -> np.ndarray:
-    """A uint8 workspace of nbytes at the selectors' alignment (64 bytes)."""
+def _workspace(nbytes: int) -> np.ndarray:
+    """A uint8 array of nbytes starting on a 64-byte boundary (every host part's alignment)."""
     raw = np.empty(nbytes + _WORKSPACE_ALIGNMENT, dtype=np.uint8)
     off = (-raw.ctypes.data) % _WORKSPACE_ALIGNMENT
     return raw[off:off + nbytes]
+
+
+def topk_workspace(nbytes: int) -> np.ndarray:
+    """A uint8 workspace of nbytes at the selectors' alignment (64 bytes)."""
+    return _workspace(nbytes)
 
 
 def topk_select(scores, seq_lens, budget: int, keep: KeepSet = KeepSet(), *,
@@ -73,7 +95,7 @@ def topk_select(scores, seq_lens, budget: int, keep: KeepSet = KeepSet(), *,
     counts [S, H]), int32; entries past a row's count are not written. Ties go to the lower
     token index; NaN is never chosen by score.
     """
-    S, H, T = scores.shape
+    S, H, T = _dims(scores, "S H T", "scores")
     if capacity is None:
         capacity = indices.shape[2] if indices is not None else budget
     if indices is None or counts is None or workspace is None:  # check before allocating
@@ -84,8 +106,12 @@ def topk_select(scores, seq_lens, budget: int, keep: KeepSet = KeepSet(), *,
         counts = _empty(scores, (S, H), np.int32)
     if workspace is None:
         workspace = topk_workspace(nbytes)
-    _topk_select(scores, seq_lens, indices, counts, budget, keep.sinks, keep.recent,
-                 float(budget_share), workspace)
+    try:
+        _topk_select(scores, seq_lens, indices, counts, budget, keep.sinks, keep.recent,
+                     float(budget_share), workspace)
+    except BufferError as e:
+        raise _readonly(e, scores=scores, seq_lens=seq_lens, indices=indices, counts=counts,
+                        workspace=workspace) from None
     return indices, counts
 
 
@@ -95,14 +121,52 @@ def gather(k_cache, v_cache, seq_lens, indices, counts, layout: str = "hnd", *, 
     "nhd": [S, T, H, D]) into [S, H, capacity, D] row buffers. Returns (k_rows, v_rows)."""
     if layout not in _ORDERS:
         raise ValueError(f"layout {layout!r}, expected 'hnd' or 'nhd'")
-    S, H, cap = indices.shape
-    D = k_cache.shape[-1]
+    S, H, cap = _dims(indices, "S H capacity", "indices")
+    D = _dims(k_cache, "S H T D" if layout == "hnd" else "S T H D", "k_cache")[3]
     if k_rows is None:
         k_rows = _empty_same(k_cache, (S, H, cap, D))
     if v_rows is None:
         v_rows = _empty_same(v_cache, (S, H, cap, D))
-    _gather(_ORDERS[layout], k_cache, v_cache, seq_lens, indices, counts, k_rows, v_rows,
-            threads)
+    try:
+        _gather(_ORDERS[layout], k_cache, v_cache, seq_lens, indices, counts, k_rows, v_rows,
+                threads)
+    except BufferError as e:
+        raise _readonly(e, k_cache=k_cache, v_cache=v_cache, seq_lens=seq_lens, indices=indices,
+                        counts=counts, k_rows=k_rows, v_rows=v_rows) from None
+    return k_rows, v_rows
+
+
+def gather_paged(k_pages, v_pages, indices, counts, layout: str = "nhd", *, block_table=None,
+                 seq_lens=None, indptr=None, page_ids=None, last_page_len=None, k_rows=None,
+                 v_rows=None, threads: int = 1):
+    """The host gather out of a paged cache: pages [P, page_size, H, D] ("nhd", vLLM's and
+    FlashInfer's NHD) or [P, H, page_size, D] ("hnd"), with vLLM's page table (block_table
+    [S, max_blocks], seq_lens [S]) or FlashInfer's (indptr [S + 1], page_ids, last_page_len [S]),
+    all int32. Returns (k_rows, v_rows), [S, H, capacity, D]."""
+    if layout not in _ORDERS:
+        raise ValueError(f"layout {layout!r}, expected 'hnd' or 'nhd'")
+    vllm = block_table is not None or seq_lens is not None
+    flashinfer = indptr is not None or page_ids is not None or last_page_len is not None
+    if vllm == flashinfer or (vllm and (block_table is None or seq_lens is None)) or (
+            flashinfer and (indptr is None or page_ids is None or last_page_len is None)):
+        raise ValueError("the page table: pass block_table and seq_lens (vLLM), or indptr, "
+                         "page_ids and last_page_len (FlashInfer)")
+    S, H, cap = _dims(indices, "S H capacity", "indices")
+    D = _dims(k_pages, "pages page_size H D" if layout == "nhd" else "pages H page_size D",
+              "k_pages")[3]
+    if k_rows is None:
+        k_rows = _empty_same(k_pages, (S, H, cap, D))
+    if v_rows is None:
+        v_rows = _empty_same(v_pages, (S, H, cap, D))
+    none = np.zeros((0,), np.int32)
+    tables = ((block_table, seq_lens, none, none, none) if vllm else
+              (none, none, indptr, page_ids, last_page_len))
+    try:
+        _gather_paged(_ORDERS[layout], k_pages, v_pages, *tables, indices, counts, k_rows, v_rows,
+                      threads)
+    except BufferError as e:
+        raise _readonly(e, k_pages=k_pages, v_pages=v_pages, indices=indices, counts=counts,
+                        k_rows=k_rows, v_rows=v_rows) from None
     return k_rows, v_rows
 
 
@@ -112,12 +176,16 @@ def decode_attention(k_rows, v_rows, indices, counts, q, scale: float, *, k_cur=
     gathered rows [S, H, capacity, D] and, where given, the current token's k_cur / v_cur
     [S, H, D]; GQA groups Hq / H query heads per KV head. Returns out [S, Hq, D] float32."""
     if out is None:
-        out = _empty(q, tuple(q.shape), np.float32)
+        out = _empty(q, _dims(q, "S Hq D", "q"), np.float32)
     if (k_cur is None) != (v_cur is None):
         raise ValueError("k_cur and v_cur: pass both (the current token) or neither")
     if k_cur is None:
         k_cur = v_cur = _empty_same(k_rows, (0,))
-    _decode_attention(k_rows, v_rows, indices, counts, q, out, k_cur, v_cur, float(scale))
+    try:
+        _decode_attention(k_rows, v_rows, indices, counts, q, out, k_cur, v_cur, float(scale))
+    except BufferError as e:
+        raise _readonly(e, k_rows=k_rows, v_rows=v_rows, indices=indices, counts=counts, q=q,
+                        out=out, k_cur=k_cur, v_cur=v_cur) from None
     return out
 
 

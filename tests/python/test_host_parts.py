@@ -220,8 +220,9 @@ def test_library_errors_reach_python():
     # The C++ part's own check, its message verbatim.
     with pytest.raises(ValueError, match="budget"):
         kvscout.topk_select(scores, lens, budget=2, keep=kvscout.KeepSet(4, 4))
-    with pytest.raises(ValueError, match="does not fit a 32-bit int"):
-        kvscout.topk_select(scores, lens, budget=2**40)
+    with pytest.raises(ValueError, match="budget = 1099511627776 does not fit a 32-bit int"):
+        kvscout.topk_select(scores, lens, budget=2**40, capacity=4, indices=idx, counts=cnt,
+                            workspace=kvscout.topk_workspace(4096))
     cnt[0, 0] = 1
     idx[0, 0, 0] = 99  # past the sequence's 16 tokens
     with pytest.raises(ValueError, match="99"):
@@ -236,3 +237,130 @@ def test_library_errors_reach_python():
 def test_device_status_words():
     assert kvscout.device_status_describe(0) == "ok"
     assert "token index out of range" in kvscout.device_status_describe(1)
+
+
+def test_aliased_outputs_are_refused():
+    """An output that shares memory with an input or another output would change what was
+    checked while the part runs: refused, naming both."""
+    k, lens, idx, cnt = small_case()
+    scores = np.zeros((1, 1, 16), dtype=np.float32)
+    with pytest.raises(ValueError, match="the output counts shares memory with the input seq_lens"):
+        kvscout.topk_select(scores, lens, 4, indices=idx, counts=lens.reshape(1, 1),
+                            workspace=kvscout.topk_workspace(4096))
+    ws = kvscout.topk_workspace(4096)
+    with pytest.raises(ValueError, match="indices and workspace share memory"):
+        kvscout.topk_select(scores, lens, 4, indices=ws[:16].view(np.int32).reshape(1, 1, 4),
+                            counts=cnt, workspace=ws)
+    kr = np.zeros((1, 1, 4, 64), np.float32)
+    q = np.zeros((1, 1, 64), np.float32)
+    with pytest.raises(ValueError, match="the output out shares memory with the input k_rows"):
+        kvscout.decode_attention(kr, np.zeros_like(kr), idx, cnt, q, 1.0, out=kr[0, :, 0:1, :])
+    with pytest.raises(ValueError, match="destination K and V overlap"):
+        kvscout.gather(k, k, lens, idx, cnt, k_rows=kr, v_rows=kr)
+
+
+def test_read_only_and_empty_arrays():
+    k, lens, idx, cnt = small_case()
+    scores = np.zeros((1, 1, 16), dtype=np.float32)
+    scores.flags.writeable = False
+    with pytest.raises(ValueError, match="scores: a read-only NumPy array"):
+        kvscout.topk_select(scores, lens, 4)
+    with pytest.raises(ValueError, match=r"scores: shape \[16\], expected \[S, H, T\]"):
+        kvscout.topk_select(np.zeros(16, np.float32), lens, 4)
+    # No sequences: nothing to do, nothing written, no error.
+    i0, c0 = kvscout.topk_select(np.zeros((0, 1, 16), np.float32), np.zeros(0, np.int32), 4)
+    assert i0.shape == (0, 1, 4) and c0.shape == (0, 1)
+    kr, vr = kvscout.gather(np.zeros((0, 1, 16, 64), np.float32), np.zeros((0, 1, 16, 64), np.float32),
+                            np.zeros(0, np.int32), i0, c0)
+    assert kr.shape == (0, 1, 4, 64)
+
+
+def test_torch_tensors_where_torch_is_installed():
+    """CPU torch tensors take the same path as NumPy (DLPack), bfloat16 included; a CUDA tensor is
+    refused by name in this host-only build. Skipped where torch is not installed (CI installs
+    only NumPy)."""
+    torch = pytest.importorskip("torch")
+    r = rng()
+    k = torch.from_numpy(r.standard_normal((2, 2, 40, 64)).astype(np.float32)).to(torch.bfloat16)
+    lens = torch.tensor([40, 17], dtype=torch.int32)
+    scores = torch.from_numpy(r.standard_normal((2, 2, 40)).astype(np.float32))
+    idx, cnt = kvscout.topk_select(scores, lens, budget=8, keep=kvscout.KeepSet(1, 2))
+    assert isinstance(idx, torch.Tensor) and idx.dtype == torch.int32
+    kr, vr = kvscout.gather(k, k.clone(), lens, idx, cnt)
+    for s in range(2):
+        for h in range(2):
+            sel = idx[s, h, : cnt[s, h]].long()
+            assert torch.equal(kr[s, h, : cnt[s, h]], k[s, h, sel])
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="expected a CPU tensor"):
+            kvscout.topk_select(scores.cuda(), lens.cuda(), 8)
+
+
+# ---- the paged gather -------------------------------------------------------------------------
+
+
+def paged_case(layout, dtype, D, r):
+    """A cache of 9 pages of 8 tokens for 2 sequences (26 and 13 tokens), pages scattered, and a
+    random selection; the tokens as a dense [S, H, T, D] array for the reference."""
+    S, H, page, P = 2, 2, 8, 9
+    lens = np.array([26, 13], dtype=np.int32)
+    table = np.array([[7, 2, 5, 0], [3, 8, 0, 0]], dtype=np.int32)  # block table, 4 per sequence
+    shape = (P, page, H, D) if layout == "nhd" else (P, H, page, D)
+    k = r.standard_normal(shape).astype(dtype)
+    v = r.standard_normal(shape).astype(dtype)
+    dense_k = np.zeros((S, H, 32, D), dtype)
+    dense_v = np.zeros_like(dense_k)
+    for s in range(S):
+        for t in range(lens[s]):
+            p, o = table[s, t // page], t % page
+            dense_k[s, :, t] = k[p, o] if layout == "nhd" else k[p, :, o]
+            dense_v[s, :, t] = v[p, o] if layout == "nhd" else v[p, :, o]
+    cap = 6
+    idx = np.zeros((S, H, cap), np.int32)
+    cnt = np.zeros((S, H), np.int32)
+    for s in range(S):
+        for h in range(H):
+            n = int(r.integers(1, cap + 1))
+            idx[s, h, :n] = np.sort(r.choice(lens[s], size=n, replace=False))
+            cnt[s, h] = n
+    return k, v, lens, table, dense_k, dense_v, idx, cnt
+
+
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+@pytest.mark.parametrize("form", ["block_table", "indptr"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_paged_gather_is_fancy_indexing(layout, form, dtype):
+    r = rng()
+    k, v, lens, table, dk, dv, idx, cnt = paged_case(layout, dtype, 64, r)
+    if form == "block_table":
+        tables = dict(block_table=table, seq_lens=lens)
+    else:  # the same pages in FlashInfer's CSR form
+        pages = [table[s, : (lens[s] + 7) // 8] for s in range(2)]
+        tables = dict(indptr=np.array([0, len(pages[0]), len(pages[0]) + len(pages[1])], np.int32),
+                      page_ids=np.concatenate(pages).astype(np.int32),
+                      last_page_len=np.array([(n - 1) % 8 + 1 for n in lens], np.int32))
+    kr, vr = kvscout.gather_paged(k, v, idx, cnt, layout=layout, **tables)
+    for s in range(2):
+        for h in range(2):
+            sel = idx[s, h, : cnt[s, h]]
+            assert np.array_equal(kr[s, h, : cnt[s, h]], dk[s, h, sel])
+            assert np.array_equal(vr[s, h, : cnt[s, h]], dv[s, h, sel])
+
+
+def test_paged_gather_refuses_bad_tables():
+    r = rng()
+    k, v, lens, table, _, _, idx, cnt = paged_case("nhd", np.float32, 64, r)
+    with pytest.raises(ValueError, match="pass block_table and seq_lens"):
+        kvscout.gather_paged(k, v, idx, cnt, block_table=table)
+    bad = table.copy()
+    bad[0, 1] = 40  # a page id past the 9 pages
+    with pytest.raises(ValueError, match="40"):
+        kvscout.gather_paged(k, v, idx, cnt, block_table=bad, seq_lens=lens)
+    with pytest.raises(ValueError, match=r"indptr\[2\] = 9 pages, page_ids holds 5"):
+        kvscout.gather_paged(k, v, idx, cnt, indptr=np.array([0, 4, 9], np.int32),
+                             page_ids=np.zeros(5, np.int32),
+                             last_page_len=np.array([2, 5], np.int32))
+    with pytest.raises(ValueError, match=r"indptr\[0\] = 3, indptr\[1\] = 1"):
+        kvscout.gather_paged(k, v, idx, cnt, indptr=np.array([3, 1, 4], np.int32),
+                             page_ids=np.zeros(5, np.int32),
+                             last_page_len=np.array([2, 5], np.int32))
