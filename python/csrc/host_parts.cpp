@@ -82,6 +82,69 @@ void topk_select(ffi::TensorView scores, ffi::TensorView seq_lens, ffi::TensorVi
   });
 }
 
+// ---- the correction step's selection ---------------------------------------------------------
+
+kvscout::correction_selector_host::config correction_config(std::int64_t S, std::int64_t H,
+                                                            std::int64_t T, std::int64_t capacity,
+                                                            std::int64_t extra,
+                                                            double total_share) {
+  kvscout::correction_selector_host::config c;
+  c.shape.num_seqs = as_int(S, "num_seqs");
+  c.shape.num_kv_heads = as_int(H, "num_kv_heads");
+  c.shape.max_tokens = as_int(T, "max_tokens");
+  c.capacity = as_int(capacity, "capacity");
+  c.extra = as_int(extra, "extra");
+  c.total_share = total_share;
+  return c;
+}
+
+std::int64_t correction_workspace_bytes(std::int64_t S, std::int64_t H, std::int64_t T,
+                                        std::int64_t capacity, std::int64_t extra,
+                                        double total_share) {
+  return guarded([&] {
+    return static_cast<std::int64_t>(kvscout::correction_selector_host::workspace_bytes(
+        correction_config(S, H, T, capacity, extra, total_share)));
+  });
+}
+
+// scores [S, H, T] float32 (the late scores), seq_lens [S], the speculated selection
+// (spec_indices [S, H, spec_capacity], spec_counts [S, H]) -> the added rows (indices [S, H,
+// capacity], counts [S, H]): the best rows the speculation missed, `extra` at most per row (or up
+// to ceil(total_share * len) rows in all).
+void correction_select(ffi::TensorView scores, ffi::TensorView seq_lens,
+                       ffi::TensorView spec_indices, ffi::TensorView spec_counts,
+                       ffi::TensorView indices, ffi::TensorView counts, std::int64_t extra,
+                       double total_share, ffi::TensorView workspace) {
+  expect_dtype(scores, "scores", kDLFloat, 32);
+  expect(scores, "scores", {-1, -1, -1});
+  expect_dtype(seq_lens, "seq_lens", kDLInt, 32);
+  expect(seq_lens, "seq_lens", {scores.size(0)});
+  expect_dtype(workspace, "workspace", kDLUInt, 8);
+  expect(workspace, "workspace", {-1});
+  const auto spec = selection_of(spec_indices, spec_counts);
+  const auto sel = selection_of(indices, counts);
+  for (const auto* v : {&spec, &sel})
+    if (v->num_seqs != scores.size(0) || v->num_kv_heads != scores.size(1))
+      TVM_FFI_THROW(ValueError) << "a selection of [" << v->num_seqs << ", " << v->num_kv_heads
+                                << ", capacity] for scores of shape " << shape_of(scores)
+                                << ", expected [" << scores.size(0) << ", " << scores.size(1)
+                                << ", capacity]";
+  expect_disjoint({{"indices", &indices}, {"counts", &counts}, {"workspace", &workspace}},
+                  {{"scores", &scores}, {"seq_lens", &seq_lens}, {"spec_indices", &spec_indices},
+                   {"spec_counts", &spec_counts}});
+  guarded([&] {
+    const auto cfg = correction_config(scores.size(0), scores.size(1), scores.size(2),
+                                       sel.capacity, extra, total_share);
+    kvscout::correction_selector_host c(cfg, span_of<std::byte>(workspace));
+    c.select({span_of<const float>(scores), span_of<const std::int32_t>(seq_lens), sel.num_seqs,
+              sel.num_kv_heads, cfg.shape.max_tokens},
+             spec,
+             {span_of<std::int32_t>(indices), span_of<std::int32_t>(counts), sel.num_seqs,
+              sel.num_kv_heads, sel.capacity});
+    return 0;
+  });
+}
+
 // ---- the host gather ---------------------------------------------------------------------------
 
 // order: 0 HND (k_cache [S, H, T, D]), 1 NHD ([S, T, H, D]). Rows out: [S, H, capacity, D].
@@ -292,6 +355,8 @@ std::string device_status_describe(std::int64_t bits) {
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_workspace_bytes, topk_workspace_bytes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_select, topk_select);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(correction_workspace_bytes, correction_workspace_bytes);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(correction_select, correction_select);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather, gather);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather_paged, gather_paged);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode_attention, decode_attention);

@@ -13,8 +13,10 @@ naming the bad value and what was expected. docs/python.md has the rest.
 """
 
 from ._policy import DecodeShape, InfiniGenPolicy, RopeConfig, SkewPlans, rope_planes_plans
+from . import presets
 from ._parts import (
     KeepSet,
+    correction_select,
     decode_attention,
     device_status_describe,
     gather,
@@ -32,6 +34,8 @@ __all__ = [
     "SkewPlans",
     "rope_planes_plans",
     "KeepSet",
+    "presets",
+    "correction_select",
     "decode_attention",
     "device_status_describe",
     "gather",

@@ -13,6 +13,8 @@ _lib = tvm_ffi.load_module(str(Path(__file__).resolve().parent / "libkvscout_hos
 _topk_workspace_bytes = _lib.topk_workspace_bytes
 _topk_select = _lib.topk_select
 _gather = _lib.gather
+_correction_workspace_bytes = _lib.correction_workspace_bytes
+_correction_select = _lib.correction_select
 _gather_paged = _lib.gather_paged
 _decode_attention = _lib.decode_attention
 _describe = _lib.device_status_describe
@@ -111,6 +113,32 @@ def topk_select(scores, seq_lens, budget: int, keep: KeepSet = KeepSet(), *,
                      float(budget_share), workspace)
     except BufferError as e:
         raise _readonly(e, scores=scores, seq_lens=seq_lens, indices=indices, counts=counts,
+                        workspace=workspace) from None
+    return indices, counts
+
+
+def correction_select(scores, seq_lens, spec_indices, spec_counts, extra: int, *,
+                      total_share: float = 0.0, indices=None, counts=None, workspace=None):
+    """The correction step's selection (correction_selector_host): per (sequence, KV head) the
+    best-scoring rows the speculation did not select (spec_indices / spec_counts), `extra` at most,
+    or where total_share > 0 enough to bring the row to ceil(total_share * len) rows in all.
+    scores [S, H, T] float32 are the late scores (InfiniGenPolicy.score_query). Returns (indices
+    [S, H, extra], counts [S, H]), int32, ascending."""
+    S, H, T = _dims(scores, "S H T", "scores")
+    if indices is None or counts is None or workspace is None:  # check before allocating
+        nbytes = _correction_workspace_bytes(S, H, T, extra, extra, float(total_share))
+    if indices is None:
+        indices = _empty(scores, (S, H, extra), np.int32)
+    if counts is None:
+        counts = _empty(scores, (S, H), np.int32)
+    if workspace is None:
+        workspace = _workspace(nbytes)
+    try:
+        _correction_select(scores, seq_lens, spec_indices, spec_counts, indices, counts, extra,
+                           float(total_share), workspace)
+    except BufferError as e:
+        raise _readonly(e, scores=scores, seq_lens=seq_lens, spec_indices=spec_indices,
+                        spec_counts=spec_counts, indices=indices, counts=counts,
                         workspace=workspace) from None
     return indices, counts
 

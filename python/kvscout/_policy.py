@@ -28,10 +28,14 @@ class DecodeShape:
     d_model: int = 0
     max_tokens: int = 0
     scale: float = 0.0
+    num_layers: int = 1
 
     def dims(self):
         return [self.num_seqs, self.num_kv_heads, self.num_q_heads, self.head_dim, self.d_model,
                 self.max_tokens]
+
+    def model_dims(self):
+        return [self.num_layers] + self.dims()
 
 
 @dataclass(frozen=True)

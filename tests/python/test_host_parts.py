@@ -364,3 +364,55 @@ def test_paged_gather_refuses_bad_tables():
         kvscout.gather_paged(k, v, idx, cnt, indptr=np.array([3, 1, 4], np.int32),
                              page_ids=np.zeros(5, np.int32),
                              last_page_len=np.array([2, 5], np.int32))
+
+
+# ---- the correction step's selection ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("share", [0.0, 0.2])
+def test_correction_adds_the_best_missed_rows(share):
+    """The rows the speculation missed, best late score first (ties to the lower index, NaN
+    never), extra at most, or up to ceil(total_share * len) rows in all."""
+    r = rng()
+    S, H, T = 2, 2, 120
+    late = r.standard_normal((S, H, T)).astype(np.float32)
+    late[0, 1, 30:40] = 2.0  # ties
+    late[1, 0, 5] = np.nan
+    lens = np.array([120, 9], dtype=np.int32)
+    spec_scores = r.standard_normal((S, H, T)).astype(np.float32)
+    si, sc = kvscout.topk_select(spec_scores, lens, budget=16, keep=kvscout.KeepSet(2, 2))
+    extra = 8
+    idx, cnt = kvscout.correction_select(late, lens, si, sc, extra, total_share=share)
+    for s in range(S):
+        n = int(lens[s])
+        for h in range(H):
+            taken = set(si[s, h, : sc[s, h]].tolist())
+            want_n = extra if share == 0 else max(0, min(extra, row_budget(n, share,
+                                                                       kvscout.KeepSet(), n)
+                                                        - len(taken)))
+            missed = [t for t in range(n) if t not in taken]
+            if len(missed) > want_n:
+                missed = [t for t in missed if not np.isnan(late[s, h, t])]
+                missed.sort(key=lambda t: (-late[s, h, t], t))
+                missed = missed[:want_n]
+            assert idx[s, h, : cnt[s, h]].tolist() == sorted(missed)
+            assert not taken & set(idx[s, h, : cnt[s, h]].tolist())
+
+
+def test_correction_refuses_bad_input():
+    r = rng()
+    late = r.standard_normal((1, 1, 32)).astype(np.float32)
+    lens = np.array([32], np.int32)
+    si, sc = kvscout.topk_select(late, lens, budget=4)
+    with pytest.raises(ValueError, match="extra = 0 must be in"):
+        kvscout.correction_select(late, lens, si, sc, 0)
+    with pytest.raises(ValueError, match="total_share = 1.5"):
+        kvscout.correction_select(late, lens, si, sc, 4, total_share=1.5)
+    with pytest.raises(ValueError, match=r"a selection of \[2, 1, capacity\]"):
+        kvscout.correction_select(late, lens, np.zeros((2, 1, 4), np.int32),
+                                  np.zeros((2, 1), np.int32), 4)
+    with pytest.raises(ValueError, match="the output indices shares memory with the input "
+                                         "spec_indices"):
+        kvscout.correction_select(late, lens, si, sc, 4, indices=si,
+                                  counts=np.zeros((1, 1), np.int32),
+                                  workspace=kvscout.topk_workspace(1 << 16))

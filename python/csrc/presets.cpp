@@ -1,0 +1,260 @@
+// The presets for Python: a preset's fields by name (presets::infinigen_paper, kvscout_default,
+// kvscout_speculation_only), its budgets at a share of the rows (presets::budgets with the
+// calibration's layer shares), and, where the package was built with Eigen, presets::calibrate
+// on a calibration text's queries and keys, writing its plans into the caller's arrays.
+//
+// A preset crosses as a flat list of numbers, the order of `preset_fields` below; python/kvscout/
+// _presets.py gives them names.
+
+#include <tvm/ffi/any.h>
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/string.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checks.hpp"
+#include "kvscout/kvscout.hpp"
+#if KVSCOUT_PY_EIGEN
+#include "kvscout/calibrate.hpp"
+#endif
+
+namespace {
+
+using namespace kvscout_py;
+namespace presets = kvscout::presets;
+
+// mode, partial_ratio, r, union_with_keys, aggregation, query_aggregation (-1: none),
+// correction_r, selector, alpha, rule, sinks, recent, skip_layers, correction_share, key_bits,
+// layer_rule (-1: none), layer_floor, layer_bins.
+constexpr std::size_t preset_fields = 18;
+
+ffi::Array<double> fields_of(const presets::speculation_preset& p) {
+  return ffi::Array<double>{static_cast<double>(p.mode),
+                            p.partial_ratio,
+                            static_cast<double>(p.r),
+                            p.union_with_keys ? 1.0 : 0.0,
+                            static_cast<double>(p.aggregation),
+                            p.query_aggregation ? static_cast<double>(*p.query_aggregation) : -1.0,
+                            static_cast<double>(p.correction_r),
+                            static_cast<double>(p.selector),
+                            static_cast<double>(p.alpha),
+                            static_cast<double>(p.rule),
+                            static_cast<double>(p.keep.sinks),
+                            static_cast<double>(p.keep.recent),
+                            static_cast<double>(p.skip_layers),
+                            p.correction_share,
+                            static_cast<double>(p.key_bits),
+                            p.layer_rule ? static_cast<double>(*p.layer_rule) : -1.0,
+                            p.layer_floor,
+                            static_cast<double>(p.layer_bins)};
+}
+
+// The preset the fields describe; `name` labels it in errors (the C++ keeps a pointer to it).
+presets::speculation_preset preset_of(const std::string& name, const ffi::Array<double>& f) {
+  if (f.size() != preset_fields)
+    TVM_FFI_THROW(ValueError) << "a preset's fields hold " << f.size() << " numbers, expected "
+                              << preset_fields;
+  const auto whole = [&](std::size_t i, const char* what, int lo, int hi) {
+    const double v = f[i];
+    if (!(v >= lo && v <= hi) || v != static_cast<double>(static_cast<int>(v)))
+      TVM_FFI_THROW(ValueError) << what << " = " << v << ", expected a whole number in [" << lo
+                                << ", " << hi << "]";
+    return static_cast<int>(v);
+  };
+  presets::speculation_preset p;
+  static thread_local std::string label;  // speculation_preset::name is a const char*
+  label = name;
+  p.name = label.c_str();
+  p.mode = static_cast<kvscout::rope_mode>(whole(0, "mode", 0, 2));
+  p.partial_ratio = f[1];
+  p.r = whole(2, "r", 0, 1 << 20);
+  p.union_with_keys = whole(3, "union_with_keys", 0, 1) != 0;
+  p.aggregation = static_cast<kvscout::gqa_aggregation>(whole(4, "aggregation", 0, 2));
+  if (f[5] >= 0)
+    p.query_aggregation = static_cast<kvscout::gqa_aggregation>(whole(5, "query_aggregation", 0, 2));
+  p.correction_r = whole(6, "correction_r", 0, 1 << 20);
+  p.selector = static_cast<presets::selector_kind>(whole(7, "selector", 0, 1));
+  p.alpha = static_cast<float>(f[8]);
+  p.rule = static_cast<kvscout::threshold_rule>(whole(9, "rule", 0, 1));
+  p.keep = {whole(10, "sinks", 0, 1 << 30), whole(11, "recent", 0, 1 << 30)};
+  p.skip_layers = whole(12, "skip_layers", 0, 1 << 20);
+  p.correction_share = f[13];
+  p.key_bits = whole(14, "key_bits", 0, 8);
+  if (f[15] >= 0) p.layer_rule = static_cast<kvscout::layer_budget_rule>(whole(15, "layer_rule", 0, 1));
+  p.layer_floor = f[16];
+  p.layer_bins = whole(17, "layer_bins", 1, 1 << 20);
+  return p;
+}
+
+ffi::Array<double> preset_named(ffi::String name, std::int64_t head_dim) {
+  const std::string n = name;
+  const int D = as_int(head_dim, "head_dim");
+  return guarded([&] {
+    if (n == "infinigen_paper") return fields_of(presets::infinigen_paper(D));
+    if (n == "kvscout_default") return fields_of(presets::kvscout_default(D));
+    if (n == "kvscout_speculation_only") return fields_of(presets::kvscout_speculation_only(D));
+    TVM_FFI_THROW(ValueError) << "preset '" << n << "', expected infinigen_paper, "
+                              << "kvscout_default or kvscout_speculation_only";
+  });
+}
+
+kvscout::decode_shape shape_of_dims(const ffi::Array<std::int64_t>& d) {
+  if (d.size() != 7)
+    TVM_FFI_THROW(ValueError) << "dims holds " << d.size() << " numbers, expected [num_layers, "
+                              << "num_seqs, num_kv_heads, num_q_heads, head_dim, d_model, "
+                              << "max_tokens]";
+  kvscout::decode_shape s;
+  s.num_layers = as_int(d[0], "num_layers");
+  s.num_seqs = as_int(d[1], "num_seqs");
+  s.num_kv_heads = as_int(d[2], "num_kv_heads");
+  s.num_q_heads = as_int(d[3], "num_q_heads");
+  s.head_dim = as_int(d[4], "head_dim");
+  s.d_model = as_int(d[5], "d_model");
+  s.max_tokens = as_int(d[6], "max_tokens");
+  return s;
+}
+
+// presets::budgets at `budget` with layer_shares [L] float64 (or empty): writes speculated [L] and
+// total [L] float64; returns [capacity, correction_capacity].
+ffi::Array<std::int64_t> preset_budgets(ffi::String name, ffi::Array<double> fields,
+                                        ffi::Array<std::int64_t> dims, double budget,
+                                        ffi::TensorView layer_shares, ffi::TensorView speculated,
+                                        ffi::TensorView total) {
+  const presets::speculation_preset p = preset_of(name, fields);
+  const kvscout::decode_shape shape = shape_of_dims(dims);
+  std::vector<double> shares;
+  if (layer_shares.numel() > 0) {
+    expect_dtype(layer_shares, "layer_shares", kDLFloat, 64);
+    expect(layer_shares, "layer_shares", {shape.num_layers});
+    const auto v = span_of<const double>(layer_shares);
+    shares.assign(v.begin(), v.end());
+  }
+  for (const auto* t : {&speculated, &total}) {
+    expect_dtype(*t, "speculated / total", kDLFloat, 64);
+    expect(*t, "speculated / total", {shape.num_layers});
+  }
+  return guarded([&] {
+    const presets::step_budgets b = presets::budgets(p, shape, budget, shares);
+    const auto sp = span_of<double>(speculated), to = span_of<double>(total);
+    for (std::size_t l = 0; l < b.speculated.size(); ++l) sp[l] = b.speculated[l], to[l] = b.total[l];
+    return ffi::Array<std::int64_t>{b.capacity, b.correction_capacity};
+  });
+}
+
+// calibration::layer_shares of mass curves [L, bins] float64 at `budget`, into out [L] float64.
+void preset_layer_shares(ffi::String name, ffi::Array<double> fields, ffi::TensorView mass_curves,
+                         std::int64_t first_layer, double budget, ffi::TensorView out) {
+  const presets::speculation_preset p = preset_of(name, fields);
+  expect_dtype(mass_curves, "mass_curves", kDLFloat, 64);
+  expect(mass_curves, "mass_curves", {-1, -1});
+  expect_dtype(out, "out", kDLFloat, 64);
+  expect(out, "out", {mass_curves.size(0)});
+  presets::calibration c;
+  const auto m = span_of<const double>(mass_curves);
+  c.mass_curves.assign(m.begin(), m.end());
+  c.bins = as_int(mass_curves.size(1), "bins");
+  c.first_layer = as_int(first_layer, "first_layer");
+  guarded([&] {
+    const std::vector<double> s = c.layer_shares(p, budget);
+    if (s.size() != static_cast<std::size_t>(out.numel()))
+      TVM_FFI_THROW(ValueError) << p.name << " has no layer_rule: its layers share the budget evenly";
+    std::copy(s.begin(), s.end(), span_of<double>(out).begin());
+    return 0;
+  });
+}
+
+bool built_with_calibration() { return KVSCOUT_PY_EIGEN != 0; }
+
+// presets::calibrate on q [L, n, Hq, D] and k [L, n, H, D] float32 (after RoPE). Writes, for the
+// layers from first_layer on: rope_planes mode planes [L, H, r / 2] int32; the skew modes A
+// [L, H, D, D] float32 and channels [L, H, r] int32; the same for the correction (empty arrays
+// where the preset has none); mass_curves [L, bins] float64 where the preset has a layer rule.
+// Returns first_layer.
+std::int64_t preset_calibrate(ffi::String name, ffi::Array<double> fields,
+                              ffi::Array<std::int64_t> dims, double theta, std::int64_t style,
+                              ffi::TensorView q, ffi::TensorView k, ffi::TensorView planes,
+                              ffi::TensorView A, ffi::TensorView channels,
+                              ffi::TensorView corr_planes, ffi::TensorView corr_A,
+                              ffi::TensorView corr_channels, ffi::TensorView mass_curves) {
+#if KVSCOUT_PY_EIGEN
+  const presets::speculation_preset p = preset_of(name, fields);
+  const kvscout::decode_shape shape = shape_of_dims(dims);
+  const int L = shape.num_layers, H = shape.num_kv_heads, Hq = shape.num_q_heads,
+            D = shape.head_dim;
+  expect_dtype(q, "q", kDLFloat, 32);
+  expect(q, "q", {L, -1, Hq, D});
+  const std::int64_t n = q.size(1);
+  expect_dtype(k, "k", kDLFloat, 32);
+  expect(k, "k", {L, n, H, D});
+  if (style != 0 && style != 1)
+    TVM_FFI_THROW(ValueError) << "rope style " << style << ", expected 0 or 1";
+  const kvscout::rope_config rope{D, static_cast<float>(theta),
+                                  static_cast<kvscout::rope_style>(style)};
+  const auto per_layer = [](const ffi::TensorView& t, int L_, std::size_t each) {
+    std::vector<std::vector<float>> out(static_cast<std::size_t>(L_));
+    const auto all = span_of<const float>(t);
+    for (int l = 0; l < L_; ++l)
+      out[l].assign(all.begin() + l * each, all.begin() + (l + 1) * each);
+    return out;
+  };
+  const std::size_t qn = static_cast<std::size_t>(n) * Hq * D, kn = static_cast<std::size_t>(n) * H * D;
+  const presets::calibration c = guarded([&] {
+    return presets::calibrate(p, shape, rope, per_layer(q, L, qn), per_layer(k, L, kn),
+                              as_int(n, "n"));
+  });
+  const auto write = [&](const std::vector<std::vector<kvscout::skew_plan>>& plans, int r,
+                         const ffi::TensorView& pl, const ffi::TensorView& a,
+                         const ffi::TensorView& ch, const char* what) {
+    if (plans.empty()) return;
+    if (p.mode == kvscout::rope_mode::rope_planes) {
+      expect_dtype(pl, what, kDLInt, 32);
+      expect(pl, what, {L, H, r / 2});
+      std::int32_t* out = span_of<std::int32_t>(pl).data();
+      for (int l = c.first_layer; l < L; ++l)
+        for (int h = 0; h < H; ++h)
+          for (int i = 0; i < r / 2; ++i)
+            out[(static_cast<std::size_t>(l) * H + h) * (r / 2) + i] = plans[l][h].planes[i];
+      return;
+    }
+    expect_dtype(a, "A", kDLFloat, 32);
+    expect(a, "A", {L, H, D, D});
+    expect_dtype(ch, what, kDLInt, 32);
+    expect(ch, what, {L, H, r});
+    float* ao = span_of<float>(a).data();
+    std::int32_t* co = span_of<std::int32_t>(ch).data();
+    for (int l = c.first_layer; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        const kvscout::skew_plan& sp = plans[l][h];
+        std::copy(sp.A.begin(), sp.A.end(), ao + (static_cast<std::size_t>(l) * H + h) * D * D);
+        std::copy(sp.channels.begin(), sp.channels.end(),
+                  co + (static_cast<std::size_t>(l) * H + h) * r);
+      }
+  };
+  write(c.plans, p.r, planes, A, channels, "planes");
+  write(c.correction_plans, p.correction_channels(), corr_planes, corr_A, corr_channels,
+        "correction planes");
+  if (!c.mass_curves.empty()) {
+    expect_dtype(mass_curves, "mass_curves", kDLFloat, 64);
+    expect(mass_curves, "mass_curves", {L, c.bins});
+    std::copy(c.mass_curves.begin(), c.mass_curves.end(), span_of<double>(mass_curves).begin());
+  }
+  return c.first_layer;
+#else
+  (void)name, (void)fields, (void)dims, (void)theta, (void)style, (void)q, (void)k, (void)planes,
+      (void)A, (void)channels, (void)corr_planes, (void)corr_A, (void)corr_channels,
+      (void)mass_curves;
+  TVM_FFI_THROW(RuntimeError) << "kvscout was built without Eigen: calibration is not available "
+                              << "(install Eigen 3, e.g. libeigen3-dev, and reinstall)";
+#endif
+}
+
+}  // namespace
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(preset_named, preset_named);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(preset_budgets, preset_budgets);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(preset_layer_shares, preset_layer_shares);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(preset_calibrate, preset_calibrate);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(built_with_calibration, built_with_calibration);
