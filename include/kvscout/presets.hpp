@@ -269,6 +269,13 @@ struct step_budgets {
   KVSCOUT_EXPECTS(
       p.selector == selector_kind::topk, p.name,
       ": budgets() sizes top-k selectors; a threshold preset caps rows with its own rule");
+  KVSCOUT_EXPECTS(p.correction_share >= 0 && p.correction_share < 1, p.name,
+                  ": correction_share = ", p.correction_share,
+                  ", expected a share of the budget in [0, 1)");
+  KVSCOUT_EXPECTS(p.keep.sinks >= 0 && p.keep.recent >= 0 && p.keep.sinks < (1 << 30) &&
+                      p.keep.recent < (1 << 30),
+                  p.name, ": keep = {", p.keep.sinks, ", ", p.keep.recent,
+                  "}, expected sinks and recent in [0, 2^30)");
   KVSCOUT_EXPECTS(layer_shares.empty() || layer_shares.size() == static_cast<std::size_t>(L),
                   "got ", layer_shares.size(), " layer shares, expected none or one per layer (", L,
                   ")");

@@ -170,6 +170,9 @@ void gather(std::int64_t order, ffi::TensorView k_cache, ffi::TensorView v_cache
       TVM_FFI_THROW(TypeError) << "k_cache is " << dtype_name(k_cache.dtype())
                                << ", v_cache / k_rows / v_rows must be too, got "
                                << dtype_name(t->dtype());
+  expect_disjoint({{"k_rows", &k_rows}, {"v_rows", &v_rows}},
+                  {{"k_cache", &k_cache}, {"v_cache", &v_cache}, {"seq_lens", &seq_lens},
+                   {"indices", &indices}, {"counts", &counts}});
   with_element(k_cache, "k_cache", D, [&]<class T_, int D_>() {
     const auto run = [&]<class O>() {
       using layout = kvscout::contiguous_layout<T_, D_, O>;
@@ -274,6 +277,11 @@ void gather_paged(std::int64_t order, ffi::TensorView k_pages, ffi::TensorView v
       TVM_FFI_THROW(TypeError) << "k_pages is " << dtype_name(k_pages.dtype())
                                << ", v_pages / k_rows / v_rows must be too, got "
                                << dtype_name(t->dtype());
+  expect_disjoint({{"k_rows", &k_rows}, {"v_rows", &v_rows}},
+                  {{"k_pages", &k_pages}, {"v_pages", &v_pages}, {"block_table", &table},
+                   {"seq_lens", &seq_lens}, {"indptr", &indptr}, {"page_ids", &page_ids},
+                   {"last_page_len", &last_page_len}, {"indices", &indices},
+                   {"counts", &counts}});
   if (indptr.numel() > 0) {
     const std::int32_t* ip = int32_data(indptr, "indptr", {S + 1});
     for (int i = 0; i < S; ++i)

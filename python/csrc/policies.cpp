@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -122,10 +123,12 @@ std::vector<kvscout::skew_plan> plans_of(const kvscout::infinigen_config& c, int
   return out;
 }
 
+// tvm-ffi releases the GIL during a call, and a policy's calls share its scratch: one at a time.
 template <class P>
 struct held {
   ffi::Tensor workspace;  // the caller's memory the policy lives in, kept alive here
   std::optional<P> policy;
+  std::mutex one_call;
 };
 
 template <class P>
@@ -140,6 +143,10 @@ ffi::Array<ffi::Function> calls_of(std::shared_ptr<held<P>> h) {
     expect(seq_ids, "seq_ids", {keys.size(0)});
     expect_dtype(token_ids, "token_ids", kDLInt, 32);
     expect(token_ids, "token_ids", {keys.size(0)});
+    const ffi::TensorView ws = h->workspace;
+    expect_disjoint({{"the policy's workspace", &ws}},
+                    {{"keys", &keys}, {"seq_ids", &seq_ids}, {"token_ids", &token_ids}});
+    const std::lock_guard lock(h->one_call);
     const int n = as_int(keys.size(0), "tokens");
     const auto ids = span_of<const std::int32_t>(seq_ids);
     const auto toks = span_of<const std::int32_t>(token_ids);
@@ -183,8 +190,11 @@ ffi::Array<ffi::Function> calls_of(std::shared_ptr<held<P>> h) {
     expect(x, "x", {S, dm});
     expect_dtype(positions, "positions", kDLInt, 32);
     expect(positions, "positions", {S});
-    expect_disjoint({{"out", &out}}, {{"x", &x}, {"positions", &positions},
-                                     {"seq_lens", &seq_lens}, {"seq_ids", &seq_ids}});
+    const ffi::TensorView ws = h->workspace;
+    expect_disjoint({{"out", &out}, {"the policy's workspace", &ws}},
+                    {{"x", &x}, {"positions", &positions}, {"seq_lens", &seq_lens},
+                     {"seq_ids", &seq_ids}});
+    const std::lock_guard lock(h->one_call);
     auto ctx = context(seq_lens, seq_ids);
     ctx.x = span_of<const float>(x);
     ctx.positions = span_of<const std::int32_t>(positions);
@@ -199,7 +209,10 @@ ffi::Array<ffi::Function> calls_of(std::shared_ptr<held<P>> h) {
                                                        ffi::TensorView seq_ids, ffi::TensorView out) {
     expect_dtype(q, "q", kDLFloat, 32);
     expect(q, "q", {S, Hq, D});
-    expect_disjoint({{"out", &out}}, {{"q", &q}, {"seq_lens", &seq_lens}, {"seq_ids", &seq_ids}});
+    const ffi::TensorView ws = h->workspace;
+    expect_disjoint({{"out", &out}, {"the policy's workspace", &ws}},
+                    {{"q", &q}, {"seq_lens", &seq_lens}, {"seq_ids", &seq_ids}});
+    const std::lock_guard lock(h->one_call);
     auto ctx = context(seq_lens, seq_ids);
     const auto buf = scores_of(out);
     guarded([&] {

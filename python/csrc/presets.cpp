@@ -3,8 +3,8 @@
 // calibration's layer shares), and, where the package was built with Eigen, presets::calibrate
 // on a calibration text's queries and keys, writing its plans into the caller's arrays.
 //
-// A preset crosses as a flat list of numbers, the order of `preset_fields` below; python/kvscout/
-// _presets.py gives them names.
+// A preset crosses as a flat list of numbers, the order of `preset_fields` below;
+// python/kvscout/presets.py gives them names. Every field is checked here.
 
 #include <tvm/ffi/any.h>
 #include <tvm/ffi/container/array.h>
@@ -64,27 +64,36 @@ presets::speculation_preset preset_of(const std::string& name, const ffi::Array<
                                 << ", " << hi << "]";
     return static_cast<int>(v);
   };
+  const auto share = [&](std::size_t i, const char* what, double lo, double hi, bool open_hi) {
+    const double v = f[i];
+    if (!(v >= lo && (open_hi ? v < hi : v <= hi)))
+      TVM_FFI_THROW(ValueError) << what << " = " << v << ", expected a value in [" << lo << ", "
+                                << hi << (open_hi ? ")" : "]");
+    return v;
+  };
   presets::speculation_preset p;
   static thread_local std::string label;  // speculation_preset::name is a const char*
   label = name;
   p.name = label.c_str();
   p.mode = static_cast<kvscout::rope_mode>(whole(0, "mode", 0, 2));
-  p.partial_ratio = f[1];
-  p.r = whole(2, "r", 0, 1 << 20);
+  p.partial_ratio = share(1, "partial_ratio", 0, 1, false);
+  p.r = whole(2, "r", 1, 1 << 20);
   p.union_with_keys = whole(3, "union_with_keys", 0, 1) != 0;
   p.aggregation = static_cast<kvscout::gqa_aggregation>(whole(4, "aggregation", 0, 2));
   if (f[5] >= 0)
     p.query_aggregation = static_cast<kvscout::gqa_aggregation>(whole(5, "query_aggregation", 0, 2));
   p.correction_r = whole(6, "correction_r", 0, 1 << 20);
   p.selector = static_cast<presets::selector_kind>(whole(7, "selector", 0, 1));
-  p.alpha = static_cast<float>(f[8]);
+  p.alpha = static_cast<float>(share(8, "alpha", 0, 1e30, false));
   p.rule = static_cast<kvscout::threshold_rule>(whole(9, "rule", 0, 1));
-  p.keep = {whole(10, "sinks", 0, 1 << 30), whole(11, "recent", 0, 1 << 30)};
+  p.keep = {whole(10, "sinks", 0, (1 << 30) - 1), whole(11, "recent", 0, (1 << 30) - 1)};
   p.skip_layers = whole(12, "skip_layers", 0, 1 << 20);
-  p.correction_share = f[13];
+  p.correction_share = share(13, "correction_share", 0, 1, true);
   p.key_bits = whole(14, "key_bits", 0, 8);
+  if (p.key_bits != 0 && p.key_bits != 2 && p.key_bits != 4 && p.key_bits != 8)
+    TVM_FFI_THROW(ValueError) << "key_bits = " << p.key_bits << ", expected 0, 2, 4 or 8";
   if (f[15] >= 0) p.layer_rule = static_cast<kvscout::layer_budget_rule>(whole(15, "layer_rule", 0, 1));
-  p.layer_floor = f[16];
+  p.layer_floor = share(16, "layer_floor", 0, 1, false);
   p.layer_bins = whole(17, "layer_bins", 1, 1 << 20);
   return p;
 }
@@ -214,9 +223,13 @@ std::int64_t preset_calibrate(ffi::String name, ffi::Array<double> fields,
       expect(pl, what, {L, H, r / 2});
       std::int32_t* out = span_of<std::int32_t>(pl).data();
       for (int l = c.first_layer; l < L; ++l)
-        for (int h = 0; h < H; ++h)
-          for (int i = 0; i < r / 2; ++i)
-            out[(static_cast<std::size_t>(l) * H + h) * (r / 2) + i] = plans[l][h].planes[i];
+        for (int h = 0; h < H; ++h) {
+          const std::vector<int>& got = plans[l][h].planes;
+          if (got.size() != static_cast<std::size_t>(r / 2))
+            TVM_FFI_THROW(RuntimeError) << "calibration gave " << got.size() << " planes, expected "
+                                        << r / 2;
+          std::copy(got.begin(), got.end(), out + (static_cast<std::size_t>(l) * H + h) * (r / 2));
+        }
       return;
     }
     expect_dtype(a, "A", kDLFloat, 32);
@@ -228,6 +241,11 @@ std::int64_t preset_calibrate(ffi::String name, ffi::Array<double> fields,
     for (int l = c.first_layer; l < L; ++l)
       for (int h = 0; h < H; ++h) {
         const kvscout::skew_plan& sp = plans[l][h];
+        if (sp.A.size() != static_cast<std::size_t>(D) * D ||
+            sp.channels.size() != static_cast<std::size_t>(r))
+          TVM_FFI_THROW(RuntimeError) << "calibration gave a plan of " << sp.channels.size()
+                                      << " channels and " << sp.A.size() << " rotation entries, "
+                                      << "expected " << r << " and " << D * D;
         std::copy(sp.A.begin(), sp.A.end(), ao + (static_cast<std::size_t>(l) * H + h) * D * D);
         std::copy(sp.channels.begin(), sp.channels.end(),
                   co + (static_cast<std::size_t>(l) * H + h) * r);

@@ -125,8 +125,9 @@ def correction_select(scores, seq_lens, spec_indices, spec_counts, extra: int, *
     scores [S, H, T] float32 are the late scores (InfiniGenPolicy.score_query). Returns (indices
     [S, H, extra], counts [S, H]), int32, ascending."""
     S, H, T = _dims(scores, "S H T", "scores")
+    capacity = extra if indices is None else _dims(indices, "S H capacity", "indices")[2]
     if indices is None or counts is None or workspace is None:  # check before allocating
-        nbytes = _correction_workspace_bytes(S, H, T, extra, extra, float(total_share))
+        nbytes = _correction_workspace_bytes(S, H, T, capacity, extra, float(total_share))
     if indices is None:
         indices = _empty(scores, (S, H, extra), np.int32)
     if counts is None:

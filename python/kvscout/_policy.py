@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,6 +80,25 @@ def _plan_arrays(p: SkewPlans | None):
             p.channels if p.channels is not None else _NONE_I32)
 
 
+def _lookup(table, value, what):
+    """table[value], or ValueError naming the value and the choices."""
+    try:
+        return table[value]
+    except (KeyError, TypeError):
+        raise ValueError(f"{what} {value!r}, expected one of {sorted(table)}") from None
+
+
+def _address_range(a):
+    """[first byte, one past the last) of a NumPy array or torch tensor."""
+    if isinstance(a, np.ndarray):
+        return a.ctypes.data, a.ctypes.data + a.nbytes
+    start = a.data_ptr()
+    return start, start + a.numel() * a.element_size()
+
+
+_live = weakref.WeakSet()  # the policies alive now, each of which owns its workspace's bytes
+
+
 def _options(mode, r, aggregation, query_aggregation, correction_r):
     for name, value, table in (("mode", mode, _MODES), ("aggregation", aggregation, _AGGREGATIONS)):
         if value not in table:
@@ -108,25 +128,37 @@ class InfiniGenPolicy:
                                              or correction_plans.mode != plans.mode):
             raise ValueError("correction_plans: their mode and RoPE must be the speculation "
                              "plans' (one cache holds both)")
-        if plans.rope.style not in _STYLES:
-            raise ValueError(f"rope style {plans.rope.style!r}, expected one of {sorted(_STYLES)}")
+        style = _lookup(_STYLES, plans.rope.style, "rope style")
+        if plans.rope.head_dim != shape.head_dim:
+            raise ValueError(f"the plans' RoPE head_dim {plans.rope.head_dim}, expected the "
+                             f"shape's head_dim {shape.head_dim}")
         self.shape = shape
         cr = correction_plans.r if correction_plans is not None else 0
         self._opts = _options(plans.mode, plans.r, aggregation, query_aggregation, cr)
         self.key_bits = key_bits
         nbytes = _workspace_bytes(shape.dims(), float(shape.scale), self._opts, key_bits)
+        if workspace is not None:  # one policy per workspace: it holds the policy's state
+            lo, hi = _address_range(workspace)
+            for other in list(_live):
+                olo, ohi = _address_range(other.workspace)
+                if lo < ohi and olo < hi and hi > lo:
+                    raise ValueError("workspace: its memory holds another live InfiniGenPolicy's "
+                                     "state; give each policy its own")
         self.workspace = _workspace(nbytes) if workspace is None else workspace
         b = b_q if b_q is not None else np.zeros((0,), dtype=np.float32)
         self._append, self._score, self._score_query = _make(
             shape.dims(), float(shape.scale), self._opts, key_bits, float(plans.rope.theta),
-            _STYLES[plans.rope.style], *_plan_arrays(plans), *_plan_arrays(correction_plans),
-            w_q, b, self.workspace)
+            style, *_plan_arrays(plans), *_plan_arrays(correction_plans), w_q, b, self.workspace)
+        _live.add(self)
 
     @staticmethod
     def workspace_bytes(shape: DecodeShape, r: int, mode: str = "rope_planes", *,
-                        key_bits: int = 0, correction_r: int = 0) -> int:
+                        key_bits: int = 0, correction_r: int = 0,
+                        aggregation: str = "max_logit", query_aggregation: str | None = None) -> int:
+        """The bytes of the workspace of a policy configured so (sum_prob needs more)."""
         return _workspace_bytes(shape.dims(), float(shape.scale),
-                                _options(mode, r, "max_logit", None, correction_r), key_bits)
+                                _options(mode, r, aggregation, query_aggregation, correction_r),
+                                key_bits)
 
     def append(self, keys, seq_ids, token_ids):
         """Stores the partial keys of keys [n, H, D] (after RoPE unless pre_rope_folded): token j

@@ -9,7 +9,7 @@ import numpy as np
 
 from ._parts import KeepSet, _lib
 from ._policy import _AGGREGATIONS, _MODES, _STYLES, DecodeShape, InfiniGenPolicy, RopeConfig, \
-    SkewPlans
+    SkewPlans, _lookup
 
 _named = _lib.preset_named
 _budgets = _lib.preset_budgets
@@ -51,13 +51,16 @@ class SpeculationPreset:
     layer_bins: int
 
     def fields(self):
-        q = -1 if self.query_aggregation is None else _AGGREGATIONS[self.query_aggregation]
-        lr = -1 if self.layer_rule is None else _LAYER_RULES[self.layer_rule]
+        q = (-1 if self.query_aggregation is None else
+             _lookup(_AGGREGATIONS, self.query_aggregation, "query_aggregation"))
+        lr = -1 if self.layer_rule is None else _lookup(_LAYER_RULES, self.layer_rule, "layer_rule")
         return [float(v) for v in (
-            _MODES[self.mode], self.partial_ratio, self.r, self.union_with_keys,
-            _AGGREGATIONS[self.aggregation], q, self.correction_r, _SELECTORS[self.selector],
-            self.alpha, _RULES[self.rule], self.keep.sinks, self.keep.recent, self.skip_layers,
-            self.correction_share, self.key_bits, lr, self.layer_floor, self.layer_bins)]
+            _lookup(_MODES, self.mode, "mode"), self.partial_ratio, self.r, self.union_with_keys,
+            _lookup(_AGGREGATIONS, self.aggregation, "aggregation"), q, self.correction_r,
+            _lookup(_SELECTORS, self.selector, "selector"), self.alpha,
+            _lookup(_RULES, self.rule, "rule"), self.keep.sinks, self.keep.recent,
+            self.skip_layers, self.correction_share, self.key_bits, lr, self.layer_floor,
+            self.layer_bins)]
 
     def correction_channels(self) -> int:
         return self.correction_r if self.correction_r > 0 else self.r
@@ -141,6 +144,10 @@ def calibrate(p: SpeculationPreset, shape: DecodeShape, rope: RopeConfig, q, k) 
     """presets::calibrate on a calibration text's queries q [L, n, Hq, D] and keys k [L, n, H, D]
     (float32, after RoPE, as attention sees them)."""
     L, H, D = shape.num_layers, shape.num_kv_heads, shape.head_dim
+    style = _lookup(_STYLES, rope.style, "rope style")
+    if rope.head_dim != D:
+        raise ValueError(f"rope.head_dim {rope.head_dim}, expected the shape's head_dim {D}")
+    fields = p.fields()  # checks the names before anything is allocated
     wide = p.correction_share > 0 and p.correction_channels() > p.r
     rc = p.correction_channels()
 
@@ -155,8 +162,8 @@ def calibrate(p: SpeculationPreset, shape: DecodeShape, rope: RopeConfig, q, k) 
 
     spec_out, corr_out = outputs(p.r, True), outputs(rc, wide)
     curves = np.zeros((L, p.layer_bins)) if p.layer_rule is not None else np.zeros((0,))
-    first = int(_calibrate(p.name, p.fields(), shape.model_dims(), float(rope.theta),
-                           _STYLES[rope.style], q, k, *spec_out, *corr_out, curves))
+    first = int(_calibrate(p.name, fields, shape.model_dims(), float(rope.theta), style, q, k,
+                           *spec_out, *corr_out, curves))
 
     def plans_of(out, r):
         planes, A, ch = out

@@ -169,6 +169,14 @@ TEST_CASE("budgets(): each layer's shares, and capacities that hold every length
                     Catch::Contains("layer 3: budget 0.8 x layer share 1.3"));
   CHECK_THROWS_WITH(kvscout::presets::budgets(kvscout::presets::infinigen_paper(64), shape, 0.1),
                     Catch::Contains("infinigen_paper: budgets() sizes top-k selectors"));
+  auto edited = p;  // a caller's edits, checked: shares of the budget and a keep-set that fits
+  edited.correction_share = 1.5;
+  CHECK_THROWS_WITH(kvscout::presets::budgets(edited, shape, 0.1),
+                    Catch::Contains("correction_share = 1.5, expected a share of the budget in [0, 1)"));
+  edited = p;
+  edited.keep = {1 << 30, 1 << 30};
+  CHECK_THROWS_WITH(kvscout::presets::budgets(edited, shape, 0.1),
+                    Catch::Contains("expected sinks and recent in [0, 2^30)"));
 }
 
 TEST_CASE("layer_mass_curves: each layer's attention mass, as its definition computes it",

@@ -255,8 +255,17 @@ def test_aliased_outputs_are_refused():
     q = np.zeros((1, 1, 64), np.float32)
     with pytest.raises(ValueError, match="the output out shares memory with the input k_rows"):
         kvscout.decode_attention(kr, np.zeros_like(kr), idx, cnt, q, 1.0, out=kr[0, :, 0:1, :])
-    with pytest.raises(ValueError, match="destination K and V overlap"):
+    with pytest.raises(ValueError, match="k_rows and v_rows share memory"):
         kvscout.gather(k, k, lens, idx, cnt, k_rows=kr, v_rows=kr)
+    with pytest.raises(ValueError, match="the output v_rows shares memory with the input seq_lens"):
+        rows = np.zeros((1, 1, 4, 64), np.float32)
+        kvscout.gather(k, k, rows.reshape(-1)[:1].view(np.int32), idx, cnt, v_rows=rows)
+    table = np.zeros((1, 2), np.int32)
+    pages = np.zeros((2, 8, 1, 64), np.float32)
+    with pytest.raises(ValueError, match="the output k_rows shares memory with the input block_table"):
+        kr2 = np.zeros((1, 1, 4, 64), np.float32)
+        kvscout.gather_paged(pages, pages, idx, cnt, block_table=kr2.reshape(-1)[:2].view(np.int32)
+                             .reshape(1, 2), seq_lens=np.array([16], np.int32), k_rows=kr2)
 
 
 def test_read_only_and_empty_arrays():

@@ -182,3 +182,64 @@ def test_policy_refuses_bad_input():
     # Without correction plans score_query reads the speculation's channels.
     assert close(w.filled(policy).score_query(w.q, w.lens),
                  w.reference(w.planes, w.q.astype(np.float64), "max_logit"))
+
+
+def test_skew_plans_score_their_channels():
+    """A skew mode's plans (post_rope_skew with A = identity, any r channels): the partial query is
+    the RoPE'd full query's channels, the keys' the same channels."""
+    w = World()
+    chans = np.array([[0, 3, 8, 20, 33, 40, 51, 63], [1, 2, 9, 31, 32, 45, 50, 60]], np.int32)
+    A = np.tile(np.eye(D, dtype=np.float32), (H, 1, 1))
+    plans = kvscout.SkewPlans(mode="post_rope_skew", r=8, rope=w.rope, A=A, channels=chans)
+    policy = w.filled(kvscout.InfiniGenPolicy(w.shape, plans, w.w_q, w.b_q))
+    got = policy.score(w.x, w.positions, w.lens)
+    q = w.speculative_query()
+    want = np.full((S, H, T), np.nan)
+    for s in range(S):
+        n = int(w.lens[s])
+        for h in range(H):
+            k = w.keys[s, :n, h][:, chans[h]].astype(np.float64)
+            want[s, h, :n] = np.max([k @ q[s, h * G + i][chans[h]] * SCALE for i in range(G)], 0)
+    assert close(got, want)
+    with pytest.raises(ValueError, match=r"A: shape \[2, 64\], expected \[2, 64, 64\]"):
+        kvscout.InfiniGenPolicy(w.shape, kvscout.SkewPlans(mode="post_rope_skew", r=8,
+                                                           rope=w.rope, A=A[:, 0].copy(),
+                                                           channels=chans), w.w_q)
+
+
+def test_one_call_at_a_time_and_one_policy_per_workspace():
+    """Calls release the GIL; a policy's calls take turns (its scratch is shared): threads get
+    the bits a lone call gets. Two live policies cannot share a workspace."""
+    import threading
+
+    w = World()
+    plans = kvscout.rope_planes_plans(w.rope, w.planes)
+    policy = w.filled(kvscout.InfiniGenPolicy(w.shape, plans, w.w_q, w.b_q))
+    alone = policy.score(w.x, w.positions, w.lens)
+    bad = []
+
+    def work():
+        for _ in range(30):
+            got = policy.score(w.x, w.positions, w.lens)
+            if any(not np.array_equal(got[s, :, : w.lens[s]], alone[s, :, : w.lens[s]])
+                   for s in range(S)):
+                bad.append(1)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+    with pytest.raises(ValueError, match="holds another live InfiniGenPolicy's state"):
+        kvscout.InfiniGenPolicy(w.shape, plans, w.w_q, workspace=policy.workspace)
+    with pytest.raises(ValueError, match="out and the policy's workspace share memory"):
+        policy.score(w.x, w.positions, w.lens,
+                     out=policy.workspace[: S * H * T * 4].view(np.float32).reshape(S, H, T))
+    n = kvscout.InfiniGenPolicy.workspace_bytes(w.shape, plans.r, aggregation="sum_prob")
+    assert n > kvscout.InfiniGenPolicy.workspace_bytes(w.shape, plans.r)
+    kvscout.InfiniGenPolicy(w.shape, plans, w.w_q, aggregation="sum_prob",
+                            workspace=kvscout.topk_workspace(n))
+    with pytest.raises(ValueError, match="RoPE head_dim 128, expected the shape's head_dim 64"):
+        kvscout.InfiniGenPolicy(w.shape, kvscout.rope_planes_plans(kvscout.RopeConfig(128),
+                                                                   w.planes), w.w_q)

@@ -113,3 +113,55 @@ def test_calibrate_rope_planes_ranks_planes_by_norm():
         presets.policy_for_layer(p, shape32, cal, 1, w_q)
     with pytest.raises(ValueError, match=r"k: shape \[4, 47, 2, 64\], expected \[4, 48, 2, 64\]"):
         presets.calibrate(p, shape, kvscout.RopeConfig(D), q, k[:, :47].copy())
+
+
+@needs_calibration
+def test_policy_for_layer_is_the_preset_configured_by_hand():
+    """policy_for_layer gives the bits of the policy configured field by field from the preset
+    (plans, correction plans, 2-bit keys, both aggregations); the budgets' selector and
+    correction arguments run the step's selections."""
+    import dataclasses
+
+    r = np.random.default_rng(8)
+    L, n, H, G, D, DM, T = 3, 40, 2, 2, 64, 32, 96
+    q = r.standard_normal((L, n, H * G, D)).astype(np.float32)
+    k = r.standard_normal((L, n, H, D)).astype(np.float32)
+    p = dataclasses.replace(presets.preset("kvscout_default", D), skip_layers=1)
+    shape = kvscout.DecodeShape(num_seqs=1, num_kv_heads=H, num_q_heads=H * G, head_dim=D,
+                                d_model=DM, max_tokens=T, scale=0.125, num_layers=L)
+    cal = presets.calibrate(p, shape, kvscout.RopeConfig(D), q, k)
+    w_q = (r.standard_normal((H * G * D, DM)) / 6).astype(np.float32)
+    keys = r.standard_normal((70, H, D)).astype(np.float32)
+    ids, pos = np.zeros(70, np.int32), np.arange(70, dtype=np.int32)
+    lens = np.array([70], np.int32)
+    x = r.standard_normal((1, DM)).astype(np.float32)
+    a = presets.policy_for_layer(p, shape, cal, 2, w_q)
+    b = kvscout.InfiniGenPolicy(shape, cal.plans[2], w_q, correction_plans=cal.correction_plans[2],
+                                key_bits=2, aggregation="max_logit", query_aggregation="sum_prob")
+    for pol in (a, b):
+        pol.append(keys, ids, pos)
+    sa, sb = a.score(x, lens, lens), b.score(x, lens, lens)
+    assert np.array_equal(sa[..., :70], sb[..., :70])
+    la, lb = a.score_query(q[2, :1], lens), b.score_query(q[2, :1], lens)
+    assert np.array_equal(la[..., :70], lb[..., :70])
+    bud = presets.budgets(p, shape, 0.5, cal.layer_shares(p, 0.5))
+    si, sc = kvscout.topk_select(sa, lens, **bud.selector_args(2))
+    ai, ac = kvscout.correction_select(la, lens, si, sc, **bud.correction_args(2))
+    assert ac[0].min() > 0  # the correction added rows
+    assert (sc[0] + ac[0] == math.ceil(bud.total[2] * 70 - 1e-9)).all()
+
+
+def test_edited_presets_are_checked():
+    import dataclasses
+
+    d = presets.preset("kvscout_default", 64)
+    shape = kvscout.DecodeShape(num_seqs=1, num_kv_heads=1, num_q_heads=1, head_dim=64,
+                                max_tokens=256, num_layers=4)
+    for field, value, message in (("key_bits", 3, "key_bits = 3, expected 0, 2, 4 or 8"),
+                                  ("correction_share", 1.5, "correction_share = 1.5"),
+                                  ("r", 0, "r = 0, expected a whole number in"),
+                                  ("keep", kvscout.KeepSet(2**30, 2**30),
+                                   r"sinks = .* expected a whole number in \[0, 1073741823\]"),
+                                  ("mode", "skew", "mode 'skew', expected one of")):
+        with pytest.raises(ValueError, match=message):
+            presets.budgets(dataclasses.replace(d, **{field: value}), shape, 0.1)

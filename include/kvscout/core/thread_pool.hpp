@@ -21,21 +21,18 @@ class thread_pool {
     KVSCOUT_EXPECTS(threads >= 1 && threads <= 1024, "threads must be in [1, 1024], got ",
                     threads);
     workers_.reserve(static_cast<std::size_t>(threads - 1));
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
+    try {
+      for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
+    } catch (...) {  // a thread that could not start: stop and join the ones that did
+      stop();
+      throw;
+    }
   }
 
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;
 
-  ~thread_pool() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-      ++generation_;
-    }
-    wake_.notify_all();
-    for (auto& w : workers_) w.join();
-  }
+  ~thread_pool() { stop(); }
 
   [[nodiscard]] int size() const noexcept { return threads_; }
 
@@ -65,6 +62,15 @@ class thread_pool {
   }
 
  private:
+  void stop() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+      ++generation_;
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
   void worker(int part) {
     std::uint64_t seen = 0;
     for (;;) {
