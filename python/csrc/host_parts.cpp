@@ -31,6 +31,17 @@ kvscout::selection_view<kvscout::host_space> selection_of(const ffi::TensorView&
           as_int(indices.size(2), "capacity")};
 }
 
+// A selector's scores [S, H, T] float32, their lengths [S] int32 and its uint8 workspace.
+void expect_selector_inputs(const ffi::TensorView& scores, const ffi::TensorView& seq_lens,
+                            const ffi::TensorView& workspace) {
+  expect_dtype(scores, "scores", kDLFloat, 32);
+  expect(scores, "scores", {-1, -1, -1});
+  expect_dtype(seq_lens, "seq_lens", kDLInt, 32);
+  expect(seq_lens, "seq_lens", {scores.size(0)});
+  expect_dtype(workspace, "workspace", kDLUInt, 8);
+  expect(workspace, "workspace", {-1});
+}
+
 // ---- top-k selection ---------------------------------------------------------------------------
 
 kvscout::topk_selector_host::config topk_config(std::int64_t S, std::int64_t H, std::int64_t T,
@@ -58,12 +69,7 @@ std::int64_t topk_workspace_bytes(std::int64_t S, std::int64_t H, std::int64_t T
 void topk_select(ffi::TensorView scores, ffi::TensorView seq_lens, ffi::TensorView indices,
                  ffi::TensorView counts, std::int64_t budget, std::int64_t sinks,
                  std::int64_t recent, double budget_share, ffi::TensorView workspace) {
-  expect_dtype(scores, "scores", kDLFloat, 32);
-  expect(scores, "scores", {-1, -1, -1});
-  expect_dtype(seq_lens, "seq_lens", kDLInt, 32);
-  expect(seq_lens, "seq_lens", {scores.size(0)});
-  expect_dtype(workspace, "workspace", kDLUInt, 8);
-  expect(workspace, "workspace", {-1});
+  expect_selector_inputs(scores, seq_lens, workspace);
   const auto sel = selection_of(indices, counts);
   if (indices.size(0) != scores.size(0) || indices.size(1) != scores.size(1))
     TVM_FFI_THROW(ValueError) << "indices: shape " << shape_of(indices) << ", expected ["
@@ -115,12 +121,7 @@ void correction_select(ffi::TensorView scores, ffi::TensorView seq_lens,
                        ffi::TensorView spec_indices, ffi::TensorView spec_counts,
                        ffi::TensorView indices, ffi::TensorView counts, std::int64_t extra,
                        double total_share, ffi::TensorView workspace) {
-  expect_dtype(scores, "scores", kDLFloat, 32);
-  expect(scores, "scores", {-1, -1, -1});
-  expect_dtype(seq_lens, "seq_lens", kDLInt, 32);
-  expect(seq_lens, "seq_lens", {scores.size(0)});
-  expect_dtype(workspace, "workspace", kDLUInt, 8);
-  expect(workspace, "workspace", {-1});
+  expect_selector_inputs(scores, seq_lens, workspace);
   const auto spec = selection_of(spec_indices, spec_counts);
   const auto sel = selection_of(indices, counts);
   for (const auto* v : {&spec, &sel})
