@@ -68,6 +68,19 @@ def _empty_same(like, shape):
     return np.empty(shape, dtype=like.dtype)
 
 
+def _selection_buffers(scores, capacity, indices, counts, workspace, workspace_bytes):
+    """A selector's outputs and workspace where the caller gave none: indices [S, H, capacity]
+    and counts [S, H] int32 of the scores' kind, and the workspace. workspace_bytes() (which
+    checks the configuration) runs before anything is allocated."""
+    if indices is not None and counts is not None and workspace is not None:
+        return indices, counts, workspace
+    nbytes = workspace_bytes()
+    S, H = scores.shape[0], scores.shape[1]
+    return (_empty(scores, (S, H, capacity), np.int32) if indices is None else indices,
+            _empty(scores, (S, H), np.int32) if counts is None else counts,
+            _workspace(nbytes) if workspace is None else workspace)
+
+
 def topk_workspace_bytes(num_seqs: int, num_kv_heads: int, max_tokens: int, capacity: int,
                          budget: int, keep: KeepSet = KeepSet(), budget_share: float = 0.0) -> int:
     """topk_selector_host::workspace_bytes of this configuration (checks it)."""
@@ -100,14 +113,9 @@ def topk_select(scores, seq_lens, budget: int, keep: KeepSet = KeepSet(), *,
     S, H, T = _dims(scores, "S H T", "scores")
     if capacity is None:
         capacity = indices.shape[2] if indices is not None else budget
-    if indices is None or counts is None or workspace is None:  # check before allocating
-        nbytes = topk_workspace_bytes(S, H, T, capacity, budget, keep, budget_share)
-    if indices is None:
-        indices = _empty(scores, (S, H, capacity), np.int32)
-    if counts is None:
-        counts = _empty(scores, (S, H), np.int32)
-    if workspace is None:
-        workspace = topk_workspace(nbytes)
+    indices, counts, workspace = _selection_buffers(
+        scores, capacity, indices, counts, workspace,
+        lambda: topk_workspace_bytes(S, H, T, capacity, budget, keep, budget_share))
     try:
         _topk_select(scores, seq_lens, indices, counts, budget, keep.sinks, keep.recent,
                      float(budget_share), workspace)
@@ -126,14 +134,9 @@ def correction_select(scores, seq_lens, spec_indices, spec_counts, extra: int, *
     [S, H, extra], counts [S, H]), int32, ascending."""
     S, H, T = _dims(scores, "S H T", "scores")
     capacity = extra if indices is None else _dims(indices, "S H capacity", "indices")[2]
-    if indices is None or counts is None or workspace is None:  # check before allocating
-        nbytes = _correction_workspace_bytes(S, H, T, capacity, extra, float(total_share))
-    if indices is None:
-        indices = _empty(scores, (S, H, extra), np.int32)
-    if counts is None:
-        counts = _empty(scores, (S, H), np.int32)
-    if workspace is None:
-        workspace = _workspace(nbytes)
+    indices, counts, workspace = _selection_buffers(
+        scores, capacity, indices, counts, workspace,
+        lambda: _correction_workspace_bytes(S, H, T, capacity, extra, float(total_share)))
     try:
         _correction_select(scores, seq_lens, spec_indices, spec_counts, indices, counts, extra,
                            float(total_share), workspace)
