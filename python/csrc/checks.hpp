@@ -15,6 +15,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kvscout/core/dtype.hpp"
 #include "kvscout/core/error.hpp"
@@ -23,6 +24,13 @@
 namespace ffi = tvm::ffi;
 
 namespace kvscout_py {
+
+// A view of no elements (int32, shape [0]) for an argument that does not apply.
+inline ffi::TensorView no_tensor() {
+  static std::int64_t zero = 0;
+  static DLTensor none{nullptr, {kDLCPU, 0}, 1, {kDLInt, 32, 1}, &zero, nullptr, 0};
+  return ffi::TensorView(&none);
+}
 
 // ---- argument checks ---------------------------------------------------------------------------
 
@@ -138,11 +146,24 @@ auto guarded(F&& f) {
   } catch (const std::exception& e) {
     TVM_FFI_THROW(RuntimeError) << e.what();
   }
+  __builtin_unreachable();  // each handler throws (TVM_FFI_THROW throws at the statement's end)
 }
 
-// f.template operator()<T, D>() for the K / V element type of `t` and head_dim D.
+// The DLPack dtype of a K / V element type.
+template <class T>
+DLDataType element_dtype() {
+  if constexpr (std::is_same_v<T, float>)
+    return {kDLFloat, 32, 1};
+  else if constexpr (std::is_same_v<T, kvscout::half>)
+    return {kDLFloat, 16, 1};
+  else
+    return {kDLBfloat, 16, 1};
+}
+
+// f.template operator()<T, D>() for the K / V element type of dtype `d` and head_dim D; `name`
+// labels the errors.
 template <class F>
-void with_element(const ffi::TensorView& t, const char* name, std::int64_t head_dim, F&& f) {
+void with_element(DLDataType d, const char* name, std::int64_t head_dim, F&& f) {
   const auto at_dim = [&]<class T>() {
     if (head_dim == 64)
       f.template operator()<T, 64>();
@@ -152,7 +173,6 @@ void with_element(const ffi::TensorView& t, const char* name, std::int64_t head_
       TVM_FFI_THROW(ValueError) << name << ": head_dim " << head_dim
                                 << " was not built, expected 64 or 128";
   };
-  const DLDataType d = t.dtype();
   if (is(d, kDLFloat, 32))
     at_dim.template operator()<float>();
   else if (is(d, kDLFloat, 16))
@@ -162,6 +182,11 @@ void with_element(const ffi::TensorView& t, const char* name, std::int64_t head_
   else
     TVM_FFI_THROW(TypeError) << name << ": dtype " << dtype_name(d)
                              << ", expected float32, float16 or bfloat16";
+}
+
+template <class F>
+void with_element(const ffi::TensorView& t, const char* name, std::int64_t head_dim, F&& f) {
+  with_element(t.dtype(), name, head_dim, static_cast<F&&>(f));
 }
 
 }  // namespace kvscout_py

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "checks.hpp"
+#include "kv_args.hpp"
 #include "kvscout/kvscout.hpp"
 
 namespace {
@@ -148,107 +149,57 @@ void correction_select(ffi::TensorView scores, ffi::TensorView seq_lens,
 
 // ---- the host gather ---------------------------------------------------------------------------
 
-// order: 0 HND (k_cache [S, H, T, D]), 1 NHD ([S, T, H, D]). Rows out: [S, H, capacity, D].
-void gather(std::int64_t order, ffi::TensorView k_cache, ffi::TensorView v_cache,
-            ffi::TensorView seq_lens, ffi::TensorView indices, ffi::TensorView counts,
-            ffi::TensorView k_rows, ffi::TensorView v_rows, std::int64_t threads) {
-  if (order != 0 && order != 1)
-    TVM_FFI_THROW(ValueError) << "layout order " << order << ", expected 0 (HND) or 1 (NHD)";
-  expect(k_cache, "k_cache", {-1, -1, -1, -1});
-  expect(v_cache, "v_cache", {k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3)});
-  const std::int64_t S = k_cache.size(0), H = order == 0 ? k_cache.size(1) : k_cache.size(2),
-                     T = order == 0 ? k_cache.size(2) : k_cache.size(1), D = k_cache.size(3);
-  expect_dtype(seq_lens, "seq_lens", kDLInt, 32);
-  expect(seq_lens, "seq_lens", {S});
+// Rows out of the cache `kv` (kv_args.hpp's forms) into k_rows / v_rows [S, H, capacity, D].
+void gather_rows(kv_kind kind, std::int64_t order, const kv_tensors& kv, ffi::TensorView indices,
+                 ffi::TensorView counts, ffi::TensorView k_rows, ffi::TensorView v_rows,
+                 std::int64_t threads) {
+  expect(kv.k, "k_cache", {-1, -1, -1, -1});
   const auto sel = selection_of(indices, counts);
-  if (sel.num_seqs != S || sel.num_kv_heads != H)
-    TVM_FFI_THROW(ValueError) << "indices: shape " << shape_of(indices) << ", expected [" << S
+  const std::int64_t H = order == 0 ? kv.k.size(1) : kv.k.size(2), D = kv.k.size(3);
+  if (sel.num_kv_heads != H || (kind == kv_kind::contiguous && sel.num_seqs != kv.k.size(0)))
+    TVM_FFI_THROW(ValueError) << "indices: shape " << shape_of(indices) << ", expected ["
+                              << (kind == kv_kind::contiguous ? std::to_string(kv.k.size(0)) : "S")
                               << ", " << H << ", capacity] (the cache's sequences and KV heads)";
-  expect(k_rows, "k_rows", {S, H, sel.capacity, D});
-  expect(v_rows, "v_rows", {S, H, sel.capacity, D});
-  for (const auto* t : {&v_cache, &k_rows, &v_rows})
-    if (!is(t->dtype(), k_cache.dtype().code, k_cache.dtype().bits))
-      TVM_FFI_THROW(TypeError) << "k_cache is " << dtype_name(k_cache.dtype())
+  expect(k_rows, "k_rows", {sel.num_seqs, H, sel.capacity, D});
+  expect(v_rows, "v_rows", {sel.num_seqs, H, sel.capacity, D});
+  for (const ffi::TensorView* t : {&kv.v, static_cast<const ffi::TensorView*>(&k_rows),
+                                   static_cast<const ffi::TensorView*>(&v_rows)})
+    if (!is(t->dtype(), kv.k.dtype().code, kv.k.dtype().bits))
+      TVM_FFI_THROW(TypeError) << "k_cache is " << dtype_name(kv.k.dtype())
                                << ", v_cache / k_rows / v_rows must be too, got "
                                << dtype_name(t->dtype());
   expect_disjoint({{"k_rows", &k_rows}, {"v_rows", &v_rows}},
-                  {{"k_cache", &k_cache}, {"v_cache", &v_cache}, {"seq_lens", &seq_lens},
+                  {{"k_cache", &kv.k}, {"v_cache", &kv.v}, {"seq_lens", &kv.seq_lens},
+                   {"block_table", &kv.block_table}, {"indptr", &kv.indptr},
+                   {"page_ids", &kv.page_ids}, {"last_page_len", &kv.last_page_len},
                    {"indices", &indices}, {"counts", &counts}});
-  with_element(k_cache, "k_cache", D, [&]<class T_, int D_>() {
-    const auto run = [&]<class O>() {
-      using layout = kvscout::contiguous_layout<T_, D_, O>;
+  with_element(kv.k, "k_cache", D, [&]<class T, int D_>() {
+    with_layout<T, D_>(kind, order, [&]<class Layout>() {
+      const auto src = kv_view_of<Layout>(kv, sel.num_seqs, 0);
       guarded([&] {
-        const layout lay = layout::padded(as_int(H, "num_kv_heads"), as_int(T, "max_tokens"),
-                                          span_of<const std::int32_t>(seq_lens).data(),
-                                          as_int(S, "num_seqs"));
         const kvscout::host_gather_config cfg{
             .shape = {.num_seqs = sel.num_seqs, .num_kv_heads = sel.num_kv_heads},
             .capacity = sel.capacity,
             .threads = as_int(threads, "threads")};
-        using executor = kvscout::gather_executor_host<layout>;
-        std::vector<std::int64_t> ws(executor::workspace_bytes(cfg) / sizeof(std::int64_t) + 1);
-        executor g(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * sizeof(std::int64_t)});
-        g.submit({lay, kvscout::as_bytes(span_of<const T_>(k_cache)),
-                  kvscout::as_bytes(span_of<const T_>(v_cache))},
-                 sel,
-                 {kvscout::as_writable_bytes(span_of<T_>(k_rows)),
-                  kvscout::as_writable_bytes(span_of<T_>(v_rows))})
+        using executor = kvscout::gather_executor_host<Layout>;
+        kvscout::host_workspace ws(executor::workspace_bytes(cfg), executor::workspace_alignment);
+        executor g(cfg, ws.span());
+        g.submit(src, sel,
+                 {kvscout::as_writable_bytes(span_of<T>(k_rows)),
+                  kvscout::as_writable_bytes(span_of<T>(v_rows))})
             .wait();
         return 0;
       });
-    };
-    if (order == 0)
-      run.template operator()<kvscout::hnd>();
-    else
-      run.template operator()<kvscout::nhd>();
+    });
   });
 }
 
-// ---- the host gather out of a paged cache --------------------------------------------------
-
-struct paged_args {
-  const ffi::TensorView *k_pages, *v_pages, *k_rows, *v_rows;
-  kvscout::selection_view<kvscout::host_space> sel;
-  std::int64_t num_kv_heads, page_size, threads;
-};
-
-template <class T, int D, class Order, class Table>
-void gather_pages(const paged_args& a, Table table) {
-  using layout = kvscout::paged_layout<T, D, Order, Table>;
-  guarded([&] {
-    const layout lay(table, as_int(a.num_kv_heads, "num_kv_heads"),
-                     as_int(a.page_size, "page_size"));
-    kvscout::host_gather_config cfg;
-    cfg.shape.num_seqs = a.sel.num_seqs;
-    cfg.shape.num_kv_heads = a.sel.num_kv_heads;
-    cfg.capacity = a.sel.capacity;
-    cfg.threads = as_int(a.threads, "threads");
-    using executor = kvscout::gather_executor_host<layout>;
-    std::vector<std::int64_t> ws(executor::workspace_bytes(cfg) / sizeof(std::int64_t) + 1);
-    executor g(cfg, {reinterpret_cast<std::byte*>(ws.data()), ws.size() * sizeof(std::int64_t)});
-    g.submit({lay, kvscout::as_bytes(span_of<const T>(*a.k_pages)),
-              kvscout::as_bytes(span_of<const T>(*a.v_pages))},
-             a.sel,
-             {kvscout::as_writable_bytes(span_of<T>(*a.k_rows)),
-              kvscout::as_writable_bytes(span_of<T>(*a.v_rows))})
-        .wait();
-    return 0;
-  });
-}
-
-template <class T, int D, class Table>
-void gather_pages_in(std::int64_t order, const paged_args& a, Table table) {
-  if (order == 0)
-    gather_pages<T, D, kvscout::hnd>(a, table);
-  else
-    gather_pages<T, D, kvscout::nhd>(a, table);
-}
-
-const std::int32_t* int32_data(const ffi::TensorView& t, const char* name,
-                               std::initializer_list<std::int64_t> shape) {
-  expect_dtype(t, name, kDLInt, 32);
-  expect(t, name, shape);
-  return span_of<const std::int32_t>(t).data();
+// order: 0 HND (k_cache [S, H, T, D]), 1 NHD ([S, T, H, D]). Rows out: [S, H, capacity, D].
+void gather(std::int64_t order, ffi::TensorView k_cache, ffi::TensorView v_cache,
+            ffi::TensorView seq_lens, ffi::TensorView indices, ffi::TensorView counts,
+            ffi::TensorView k_rows, ffi::TensorView v_rows, std::int64_t threads) {
+  gather_rows(kv_kind::contiguous, order, {k_cache, v_cache, seq_lens, no_tensor(), no_tensor(), no_tensor(), no_tensor()}, indices,
+              counts, k_rows, v_rows, threads);
 }
 
 // order: 0 HND (pages [P, H, page_size, D]), 1 NHD ([P, page_size, H, D]). The page table: vLLM's
@@ -259,58 +210,9 @@ void gather_paged(std::int64_t order, ffi::TensorView k_pages, ffi::TensorView v
                   ffi::TensorView page_ids, ffi::TensorView last_page_len,
                   ffi::TensorView indices, ffi::TensorView counts, ffi::TensorView k_rows,
                   ffi::TensorView v_rows, std::int64_t threads) {
-  if (order != 0 && order != 1)
-    TVM_FFI_THROW(ValueError) << "layout order " << order << ", expected 0 (HND) or 1 (NHD)";
-  expect(k_pages, "k_pages", {-1, -1, -1, -1});
-  expect(v_pages, "v_pages", {k_pages.size(0), k_pages.size(1), k_pages.size(2), k_pages.size(3)});
-  const std::int64_t H = order == 0 ? k_pages.size(1) : k_pages.size(2),
-                     page = order == 0 ? k_pages.size(2) : k_pages.size(1), D = k_pages.size(3);
-  const paged_args a{&k_pages, &v_pages, &k_rows, &v_rows, selection_of(indices, counts), H,
-                     page, threads};
-  const int S = a.sel.num_seqs;
-  if (a.sel.num_kv_heads != H)
-    TVM_FFI_THROW(ValueError) << "indices: shape " << shape_of(indices) << ", expected [S, " << H
-                              << ", capacity] (the pages' KV heads)";
-  expect(k_rows, "k_rows", {S, H, a.sel.capacity, D});
-  expect(v_rows, "v_rows", {S, H, a.sel.capacity, D});
-  for (const auto* t : {&v_pages, &k_rows, &v_rows})
-    if (!is(t->dtype(), k_pages.dtype().code, k_pages.dtype().bits))
-      TVM_FFI_THROW(TypeError) << "k_pages is " << dtype_name(k_pages.dtype())
-                               << ", v_pages / k_rows / v_rows must be too, got "
-                               << dtype_name(t->dtype());
-  expect_disjoint({{"k_rows", &k_rows}, {"v_rows", &v_rows}},
-                  {{"k_pages", &k_pages}, {"v_pages", &v_pages}, {"block_table", &table},
-                   {"seq_lens", &seq_lens}, {"indptr", &indptr}, {"page_ids", &page_ids},
-                   {"last_page_len", &last_page_len}, {"indices", &indices},
-                   {"counts", &counts}});
-  if (indptr.numel() > 0) {
-    const std::int32_t* ip = int32_data(indptr, "indptr", {S + 1});
-    for (int i = 0; i < S; ++i)
-      if (ip[i] < 0 || ip[i] > ip[i + 1])
-        TVM_FFI_THROW(ValueError) << "indptr[" << i << "] = " << ip[i] << ", indptr[" << i + 1
-                                  << "] = " << ip[i + 1]
-                                  << ": expected non-negative and non-decreasing";
-    if (S > 0 && ip[S] > page_ids.numel())
-      TVM_FFI_THROW(ValueError) << "indptr[" << S << "] = " << ip[S] << " pages, page_ids holds "
-                                << page_ids.numel();
-    kvscout::flashinfer_page_table pt;
-    pt.indptr = ip;
-    pt.indices = int32_data(page_ids, "page_ids", {-1});
-    pt.last_page_len = int32_data(last_page_len, "last_page_len", {S});
-    pt.seqs = S;
-    with_element(k_pages, "k_pages", D, [&]<class T_, int D_>() {
-      gather_pages_in<T_, D_>(order, a, pt);
-    });
-  } else {
-    kvscout::block_table pt;
-    pt.table = int32_data(table, "block_table", {S, -1});
-    pt.seq_lens = int32_data(seq_lens, "seq_lens", {S});
-    pt.max_blocks_per_seq = as_int(table.size(1), "max_blocks_per_seq");
-    pt.seqs = S;
-    with_element(k_pages, "k_pages", D, [&]<class T_, int D_>() {
-      gather_pages_in<T_, D_>(order, a, pt);
-    });
-  }
+  gather_rows(indptr.numel() > 0 ? kv_kind::indptr : kv_kind::block_table, order,
+              {k_pages, v_pages, seq_lens, table, indptr, page_ids, last_page_len}, indices,
+              counts, k_rows, v_rows, threads);
 }
 
 // ---- decode attention over gathered rows -------------------------------------------------------

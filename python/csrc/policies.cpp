@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "checks.hpp"
+#include "policy_args.hpp"
 #include "kvscout/kvscout.hpp"
 
 namespace {
@@ -82,47 +83,6 @@ std::int64_t infinigen_workspace_bytes(ffi::Array<std::int64_t> dims, double sca
   return n;
 }
 
-// One plan per KV head from the arrays (see the header comment); `what` names them in errors.
-std::vector<kvscout::skew_plan> plans_of(const kvscout::infinigen_config& c, int r, double theta,
-                                         std::int64_t style, const ffi::TensorView& planes,
-                                         const ffi::TensorView& A, const ffi::TensorView& channels,
-                                         const char* what) {
-  const int H = c.shape.num_kv_heads, D = c.shape.head_dim;
-  if (style != 0 && style != 1)
-    TVM_FFI_THROW(ValueError) << "rope style " << style << ", expected 0 (split_half) or 1 "
-                              << "(interleaved)";
-  const kvscout::rope_config rope{D, static_cast<float>(theta),
-                                  static_cast<kvscout::rope_style>(style)};
-  std::vector<kvscout::skew_plan> out;
-  if (c.mode == kvscout::rope_mode::rope_planes) {
-    expect_dtype(planes, what, kDLInt, 32);
-    expect(planes, what, {H, r / 2});
-    const auto* p = span_of<const std::int32_t>(planes).data();
-    for (int h = 0; h < H; ++h)
-      out.push_back(guarded([&] {
-        return kvscout::rope_planes_plan(rope, std::vector<int>(p + h * (r / 2), p + (h + 1) * (r / 2)));
-      }));
-    return out;
-  }
-  expect_dtype(A, "A", kDLFloat, 32);
-  expect(A, "A", {H, D, D});
-  expect_dtype(channels, what, kDLInt, 32);
-  expect(channels, what, {H, r});
-  const auto* a = span_of<const float>(A).data();
-  const auto* ch = span_of<const std::int32_t>(channels).data();
-  for (int h = 0; h < H; ++h) {
-    kvscout::skew_plan p;
-    p.mode = c.mode;
-    p.head_dim = D;
-    p.r = r;
-    p.rope = rope;
-    p.A.assign(a + static_cast<std::size_t>(h) * D * D, a + static_cast<std::size_t>(h + 1) * D * D);
-    p.channels.assign(ch + static_cast<std::size_t>(h) * r, ch + static_cast<std::size_t>(h + 1) * r);
-    out.push_back(std::move(p));
-  }
-  return out;
-}
-
 // tvm-ffi releases the GIL during a call, and a policy's calls share its scratch: one at a time.
 template <class P>
 struct held {
@@ -138,31 +98,11 @@ ffi::Array<ffi::Function> calls_of(std::shared_ptr<held<P>> h) {
             D = c.shape.head_dim, dm = c.shape.d_model, T = c.shape.max_tokens;
   // keys [n, H, D] (float32 / float16 / bfloat16), seq_ids / token_ids [n] int32.
   auto append = [h, H, D](ffi::TensorView keys, ffi::TensorView seq_ids, ffi::TensorView token_ids) {
-    expect(keys, "keys", {-1, H, D});
-    expect_dtype(seq_ids, "seq_ids", kDLInt, 32);
-    expect(seq_ids, "seq_ids", {keys.size(0)});
-    expect_dtype(token_ids, "token_ids", kDLInt, 32);
-    expect(token_ids, "token_ids", {keys.size(0)});
     const ffi::TensorView ws = h->workspace;
     expect_disjoint({{"the policy's workspace", &ws}},
                     {{"keys", &keys}, {"seq_ids", &seq_ids}, {"token_ids", &token_ids}});
     const std::lock_guard lock(h->one_call);
-    const int n = as_int(keys.size(0), "tokens");
-    const auto ids = span_of<const std::int32_t>(seq_ids);
-    const auto toks = span_of<const std::int32_t>(token_ids);
-    const DLDataType d = keys.dtype();
-    guarded([&] {
-      if (is(d, kDLFloat, 32))
-        h->policy->append(span_of<const float>(keys), ids, toks, n);
-      else if (is(d, kDLFloat, 16))
-        h->policy->append(span_of<const kvscout::half>(keys), ids, toks, n);
-      else if (is(d, kDLBfloat, 16))
-        h->policy->append(span_of<const kvscout::bfloat16>(keys), ids, toks, n);
-      else
-        TVM_FFI_THROW(TypeError) << "keys: dtype " << dtype_name(d)
-                                 << ", expected float32, float16 or bfloat16";
-      return 0;
-    });
+    append_keys(*h->policy, H, D, keys, seq_ids, token_ids);
   };
   const auto context = [S](const ffi::TensorView& seq_lens, const ffi::TensorView& seq_ids) {
     expect_dtype(seq_lens, "seq_lens", kDLInt, 32);
@@ -239,10 +179,12 @@ ffi::Array<ffi::Function> make_infinigen_policy(
     kvscout::detail::check_infinigen_config(c);
     return 0;
   });
-  const auto plans = plans_of(c, c.r, theta, style, plan_planes, plan_A, plan_channels, "planes");
+  const auto plans = plans_of(c.mode, c.shape.num_kv_heads, c.shape.head_dim, c.r, theta, style, plan_planes,
+                               plan_A, plan_channels, "planes");
   const bool corrected = c.correction_r > 0;
-  const auto corr = corrected ? plans_of(c, c.correction_r, theta, style, corr_planes, corr_A,
-                                         corr_channels, "correction planes")
+  const auto corr = corrected ? plans_of(c.mode, c.shape.num_kv_heads, c.shape.head_dim, c.correction_r,
+                                         theta, style, corr_planes, corr_A, corr_channels,
+                                         "correction planes")
                               : std::vector<kvscout::skew_plan>{};
   const int rows = c.shape.num_q_heads * c.shape.head_dim;
   expect(w_q, "w_q", {rows, c.shape.d_model});

@@ -16,6 +16,7 @@ from ._policy import DecodeShape, InfiniGenPolicy, RopeConfig, SkewPlans, rope_p
 from . import presets
 from ._parts import (
     KeepSet,
+    KVView,
     correction_select,
     decode_attention,
     device_status_describe,
@@ -34,6 +35,7 @@ __all__ = [
     "SkewPlans",
     "rope_planes_plans",
     "KeepSet",
+    "KVView",
     "presets",
     "correction_select",
     "decode_attention",

@@ -221,6 +221,46 @@ def decode_attention(k_rows, v_rows, indices, counts, q, scale: float, *, k_cur=
     return out
 
 
+_PAGES = {None: 0, "block_table": 1, "indptr": 2}
+_NO_TABLE = np.zeros((0,), np.int32)
+
+
+class KVView:
+    """One layer's K and V as a part reads them (kvscout::kv_view): a contiguous cache
+    ([S, H, T, D] "hnd", [S, T, H, D] "nhd"; each sequence's length is the call's seq_lens), or
+    pages ([P, H, page_size, D] "hnd", [P, page_size, H, D] "nhd") with vLLM's block table
+    (block_table [S, max_blocks] int32, the lengths the call's seq_lens) or FlashInfer's page table
+    (indptr [S + 1], page_ids, last_page_len [S], int32).
+
+    Build one per layer and reuse it: it converts its arrays for the C++ calls once (they must
+    stay where they are; write into them in place)."""
+
+    __slots__ = ("k", "v", "layout", "pages", "_tensors")
+
+    def __init__(self, k, v, layout: str = "hnd", *, block_table=None, indptr=None, page_ids=None,
+                 last_page_len=None):
+        if layout not in _ORDERS:
+            raise ValueError(f"layout {layout!r}, expected 'hnd' or 'nhd'")
+        flashinfer = (indptr, page_ids, last_page_len)
+        if block_table is not None and any(t is not None for t in flashinfer):
+            raise ValueError("the page table: pass block_table (vLLM) or indptr, page_ids and "
+                             "last_page_len (FlashInfer), not both")
+        if any(t is not None for t in flashinfer) and any(t is None for t in flashinfer):
+            raise ValueError("FlashInfer's page table: pass indptr, page_ids and last_page_len")
+        self.k, self.v, self.layout = k, v, layout
+        self.pages = ("block_table" if block_table is not None else
+                      "indptr" if indptr is not None else None)
+        arrays = dict(k_cache=k, v_cache=v, block_table=block_table, indptr=indptr,
+                      page_ids=page_ids, last_page_len=last_page_len)
+        try:
+            self._tensors = [tvm_ffi.from_dlpack(_NO_TABLE if a is None else a)
+                             for a in arrays.values()]
+        except BufferError as e:
+            raise _readonly(e, **arrays) from None
+        except TypeError as e:
+            raise TypeError(f"KVView: expected NumPy arrays or torch tensors: {e}") from None
+
+
 def device_status_describe(bits: int) -> str:
     """The words for a device status word (kvscout::device_status::describe)."""
     return _describe(int(bits))

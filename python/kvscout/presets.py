@@ -188,4 +188,6 @@ def policy_for_layer(p: SpeculationPreset, shape: DecodeShape, cal: Calibration,
                            query_aggregation=p.query_aggregation)
 
 
+from ._pipeline import FetchStats, Pipeline  # noqa: E402  (it imports budgets from here)
+
 replace = dataclasses.replace
