@@ -69,7 +69,8 @@ venv="$root/build/python-venv"
 if "$venv/bin/pip" install -q --disable-pip-version-check "apache-tvm-ffi>=0.1.15,<0.2" \
      "scikit-build-core>=0.10,<2" "numpy>=1.26,<3" "pytest>=8,<10"; then
   "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation "$root"
-  (cd "$root/build" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/python")
+  (cd "$root/build" && KVSCOUT_PY_REFERENCE="$root/build/tests/kvscout_py_reference" \
+     "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/python")
 else
   # No PyPI (an offline machine): the Python tests are skipped, as the [model] tests are without
   # the model; in CI that is a failure.
