@@ -14,6 +14,7 @@ naming the bad value and what was expected. docs/python.md has the rest.
 
 from ._policy import DecodeShape, InfiniGenPolicy, RopeConfig, SkewPlans, rope_planes_plans
 from . import presets
+from ._kivi import KIVICache
 from ._parts import (
     KeepSet,
     KVView,
@@ -35,6 +36,7 @@ __all__ = [
     "SkewPlans",
     "rope_planes_plans",
     "KeepSet",
+    "KIVICache",
     "KVView",
     "presets",
     "correction_select",

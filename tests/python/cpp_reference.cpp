@@ -6,7 +6,8 @@
 //
 // Cases: topk (count and share budgets), correction, gather (contiguous HND float16 / NHD float32,
 // paged NHD block table float16 / HND indptr float32), attention, the InfiniGen policy (2-bit
-// rope_planes with a correction; float post_rope_skew), presets::budgets.
+// rope_planes with a correction; float post_rope_skew), a KIVI-4 cache (append, gather,
+// attention), presets::budgets.
 
 #include <algorithm>
 #include <cmath>
@@ -319,6 +320,75 @@ void policy(const std::string& c, kvscout::rope_mode mode) {
   save(c, "seq_lens", lens, {S});
 }
 
+// KIVI-4 over float16 rows, head_dim 64, G 32, R 64: two sequences appended in chunks; the five
+// buffers, the records of a selection of quantised tokens, and attention over them.
+void kivi() {
+  constexpr int D = 64, cap = 320;
+  using layout = kvscout::kivi_layout<half, D, 4>;
+  std::vector<std::int32_t> seq_lens(S, 0);
+  const layout l = layout::padded(H, cap, seq_lens.data(), S, {.group = 32, .residual = 64});
+  const kvscout::kivi_host_storage storage(l);
+  const auto b = storage.buffers();
+  kvscout::kivi_append_host<layout> w(l, b, seq_lens.data());
+  const std::vector<std::vector<int>> chunks{{37, 100, 1, 150}, {5, 200, 6}};
+  for (int s = 0; s < S; ++s) {
+    int n = 0;
+    for (int c : chunks[static_cast<std::size_t>(s)]) n += c;
+    const auto k = normal<half>(static_cast<std::size_t>(n) * H * D);
+    const auto v = normal<half>(k.size());
+    for (int at = 0; int c : chunks[static_cast<std::size_t>(s)]) {
+      const std::size_t off = static_cast<std::size_t>(at) * H * D, len = static_cast<std::size_t>(c) * H * D;
+      w.append(s, c, csp(k).subspan(off, len), csp(v).subspan(off, len));
+      at += c;
+    }
+    save("kivi", "k" + std::to_string(s), k, {std::size_t(n), H, D});
+    save("kivi", "v" + std::to_string(s), v, {std::size_t(n), H, D});
+  }
+  const char* names[5] = {"k_codes", "v_records", "k_params", "k_residual", "v_residual"};
+  const kvscout::host_span<std::byte> bufs[5] = {b.k_codes, b.v_records, b.k_params, b.k_residual,
+                                                 b.v_residual};
+  for (int i = 0; i < 5; ++i) {
+    const auto* p = reinterpret_cast<const std::int32_t*>(bufs[i].data());  // bytes, as int32 words
+    save("kivi", names[i], std::vector<std::int32_t>(p, p + bufs[i].size() / 4), {bufs[i].size() / 4});
+  }
+  // Every 7th quantised token, at most 30 per (sequence, head).
+  constexpr int C = 30;
+  selection sel{std::vector<std::int32_t>(S * H * C, 0), std::vector<std::int32_t>(S * H), C};
+  for (int s = 0; s < S; ++s)
+    for (int h = 0; h < H; ++h) {
+      int n = 0;
+      for (int t = h; t < l.seq_len(s) && n < C; t += 7) sel.indices[(s * H + h) * C + n++] = t;
+      sel.counts[static_cast<std::size_t>(s * H + h)] = n;
+    }
+  const kvscout::host_gather_config cfg{.shape = {.num_seqs = S, .num_kv_heads = H}, .capacity = C,
+                                        .threads = 1};
+  using executor = kvscout::gather_executor_host<layout>;
+  kvscout::host_workspace ws(executor::workspace_bytes(cfg), executor::workspace_alignment);
+  executor g(cfg, ws.span());
+  std::vector<std::int32_t> kr(static_cast<std::size_t>(S) * H * C * l.k_row_bytes() / 4),
+      vr(static_cast<std::size_t>(S) * H * C * l.v_row_bytes() / 4);
+  const auto kb = kvscout::as_writable_bytes(sp(kr)), vb = kvscout::as_writable_bytes(sp(vr));
+  g.submit(b.view(l).quantized(), sel.view(), {kb, vb}).wait();
+  const auto q = normal<float>(static_cast<std::size_t>(S) * HQ * D);
+  const auto kc = normal<half>(static_cast<std::size_t>(S) * H * D);
+  const auto vc = normal<half>(kc.size());
+  std::vector<float> out(q.size());
+  const kvscout::kivi_gathered_rows_host<layout> rows(l, sel.view(), kvscout::host_span<const std::byte>(kb),
+                                                       kvscout::host_span<const std::byte>(vb),
+                                                       b.view(l).resident);
+  kvscout::decode_attention_host(rows, kvscout::current_token<half>{csp(kc), csp(vc)}, csp(q),
+                                 sp(out), {.num_q_heads = HQ, .scale = 0.125f});
+  save("kivi", "indices", sel.indices, {S, H, C});
+  save("kivi", "counts", sel.counts, {S, H});
+  save("kivi", "k_rows", kr, {S, H, C, l.k_row_bytes() / 4});
+  save("kivi", "v_rows", vr, {S, H, C, l.v_row_bytes() / 4});
+  save("kivi", "q", q, {S, HQ, D});
+  save("kivi", "k_cur", kc, {S, H, D});
+  save("kivi", "v_cur", vc, {S, H, D});
+  save("kivi", "out", out, {S, HQ, D});
+  save("kivi", "seq_lens", seq_lens, {S});
+}
+
 void budgets() {
   const auto p = kvscout::presets::kvscout_default(64);
   kvscout::decode_shape shape;
@@ -355,6 +425,7 @@ int main(int argc, char** argv) {
   attention(spec);
   policy<kvscout::quantized_keys<2>>("policy_2bit", kvscout::rope_mode::rope_planes);
   policy<float>("policy_skew", kvscout::rope_mode::post_rope_skew);
+  kivi();
   budgets();
   std::printf("kvscout_py_reference: wrote %s\n", out_dir.c_str());
   return 0;

@@ -141,3 +141,24 @@ def test_budgets(ref):
     assert np.array_equal(b.speculated, ref("budgets", "speculated"))
     assert np.array_equal(b.total, ref("budgets", "total"))
     assert [b.capacity, b.correction_capacity] == ref("budgets", "capacities").tolist()
+
+
+def test_kivi(ref):
+    c = "kivi"
+    cache = kvscout.KIVICache(2, 3, 320, 64, 4, dtype=np.float16, group=32, residual=64)
+    for s, chunks in enumerate(([37, 100, 1, 150], [5, 200, 6])):
+        k, v = ref(c, f"k{s}"), ref(c, f"v{s}")
+        at = 0
+        for n in chunks:
+            cache.append(s, k[at:at + n], v[at:at + n])
+            at += n
+    assert np.array_equal(cache.seq_lens, ref(c, "seq_lens"))
+    for name in ("k_codes", "v_records", "k_params", "k_residual", "v_residual"):
+        assert np.array_equal(getattr(cache, name), ref(c, name).view(np.uint8)), name
+    idx, cnt = ref(c, "indices"), ref(c, "counts")
+    kr, vr = cache.gather(idx, cnt)
+    rows_equal(kr, ref(c, "k_rows").view(np.uint8), cnt)  # past a row's count nothing is written
+    rows_equal(vr, ref(c, "v_rows").view(np.uint8), cnt)
+    out = cache.attend(kr, vr, idx, cnt, ref(c, "q"), 0.125, k_cur=ref(c, "k_cur"),
+                       v_cur=ref(c, "v_cur"))
+    assert np.array_equal(out.view(np.uint32), ref(c, "out").view(np.uint32))
