@@ -89,6 +89,63 @@ void topk_select(ffi::TensorView scores, ffi::TensorView seq_lens, ffi::TensorVi
   });
 }
 
+// ---- threshold selection ------------------------------------------------------------------------
+
+kvscout::threshold_selector_host::config threshold_config(std::int64_t S, std::int64_t H,
+                                                          std::int64_t T, std::int64_t capacity,
+                                                          double alpha, std::int64_t budget,
+                                                          std::int64_t rule, std::int64_t sinks,
+                                                          std::int64_t recent,
+                                                          double budget_share) {
+  if (rule != 0 && rule != 1)
+    TVM_FFI_THROW(ValueError) << "rule " << rule << ", expected 0 (infinigen_mean) or 1 (per_head)";
+  kvscout::threshold_selector_host::config c;
+  c.shape.num_seqs = as_int(S, "num_seqs");
+  c.shape.num_kv_heads = as_int(H, "num_kv_heads");
+  c.shape.max_tokens = as_int(T, "max_tokens");
+  c.capacity = as_int(capacity, "capacity");
+  c.alpha = static_cast<float>(alpha);
+  c.budget = as_int(budget, "budget");
+  c.rule = static_cast<kvscout::threshold_rule>(rule);
+  c.keep = {.sinks = as_int(sinks, "sinks"), .recent = as_int(recent, "recent")};
+  c.budget_share = budget_share;
+  return c;
+}
+
+std::int64_t threshold_workspace_bytes(std::int64_t S, std::int64_t H, std::int64_t T,
+                                       std::int64_t capacity, double alpha, std::int64_t budget,
+                                       std::int64_t rule, std::int64_t sinks, std::int64_t recent,
+                                       double budget_share) {
+  return guarded([&] {
+    return static_cast<std::int64_t>(kvscout::threshold_selector_host::workspace_bytes(
+        threshold_config(S, H, T, capacity, alpha, budget, rule, sinks, recent, budget_share)));
+  });
+}
+
+// scores [S, H, T] float32, seq_lens [S] int32 -> indices [S, H, capacity], counts [S, H] int32.
+void threshold_select(ffi::TensorView scores, ffi::TensorView seq_lens, ffi::TensorView indices,
+                      ffi::TensorView counts, double alpha, std::int64_t budget, std::int64_t rule,
+                      std::int64_t sinks, std::int64_t recent, double budget_share,
+                      ffi::TensorView workspace) {
+  expect_selector_inputs(scores, seq_lens, workspace);
+  const auto sel = selection_of(indices, counts);
+  if (indices.size(0) != scores.size(0) || indices.size(1) != scores.size(1))
+    TVM_FFI_THROW(ValueError) << "indices: shape " << shape_of(indices) << ", expected ["
+                              << scores.size(0) << ", " << scores.size(1) << ", capacity]";
+  expect_disjoint({{"indices", &indices}, {"counts", &counts}, {"workspace", &workspace}},
+                  {{"scores", &scores}, {"seq_lens", &seq_lens}});
+  guarded([&] {
+    const auto cfg = threshold_config(scores.size(0), scores.size(1), scores.size(2), sel.capacity,
+                                      alpha, budget, rule, sinks, recent, budget_share);
+    kvscout::threshold_selector_host t(cfg, span_of<std::byte>(workspace));
+    t.select({span_of<const float>(scores), span_of<const std::int32_t>(seq_lens), sel.num_seqs,
+              sel.num_kv_heads, cfg.shape.max_tokens},
+             {span_of<std::int32_t>(indices), span_of<std::int32_t>(counts), sel.num_seqs,
+              sel.num_kv_heads, sel.capacity});
+    return 0;
+  });
+}
+
 // ---- the correction step's selection ---------------------------------------------------------
 
 kvscout::correction_selector_host::config correction_config(std::int64_t S, std::int64_t H,
@@ -266,6 +323,8 @@ std::string device_status_describe(std::int64_t bits) {
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_workspace_bytes, topk_workspace_bytes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_select, topk_select);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(threshold_workspace_bytes, threshold_workspace_bytes);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(threshold_select, threshold_select);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(correction_workspace_bytes, correction_workspace_bytes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(correction_select, correction_select);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather, gather);

@@ -13,6 +13,8 @@ _lib = tvm_ffi.load_module(str(Path(__file__).resolve().parent / "libkvscout_hos
 _topk_workspace_bytes = _lib.topk_workspace_bytes
 _topk_select = _lib.topk_select
 _gather = _lib.gather
+_threshold_workspace_bytes = _lib.threshold_workspace_bytes
+_threshold_select = _lib.threshold_select
 _correction_workspace_bytes = _lib.correction_workspace_bytes
 _correction_select = _lib.correction_select
 _gather_paged = _lib.gather_paged
@@ -119,6 +121,45 @@ def topk_select(scores, seq_lens, budget: int, keep: KeepSet = KeepSet(), *,
     try:
         _topk_select(scores, seq_lens, indices, counts, budget, keep.sinks, keep.recent,
                      float(budget_share), workspace)
+    except BufferError as e:
+        raise _readonly(e, scores=scores, seq_lens=seq_lens, indices=indices, counts=counts,
+                        workspace=workspace) from None
+    return indices, counts
+
+
+_THRESHOLD_RULES = {"infinigen_mean": 0, "per_head": 1}
+
+
+def threshold_workspace_bytes(num_seqs: int, num_kv_heads: int, max_tokens: int, capacity: int,
+                              alpha: float, budget: int, rule: str = "per_head",
+                              keep: KeepSet = KeepSet(), budget_share: float = 0.0) -> int:
+    """threshold_selector_host::workspace_bytes of this configuration (checks it)."""
+    if rule not in _THRESHOLD_RULES:
+        raise ValueError(f"rule {rule!r}, expected one of {sorted(_THRESHOLD_RULES)}")
+    return _threshold_workspace_bytes(num_seqs, num_kv_heads, max_tokens, capacity, float(alpha),
+                                      budget, _THRESHOLD_RULES[rule], keep.sinks, keep.recent,
+                                      float(budget_share))
+
+
+def threshold_select(scores, seq_lens, alpha: float, budget: int, keep: KeepSet = KeepSet(), *,
+                     rule: str = "per_head", capacity: int | None = None,
+                     budget_share: float = 0.0, indices=None, counts=None, workspace=None):
+    """Selection by threshold (threshold_selector_host): per (sequence, KV head) the keep-set and
+    the tokens scoring within `alpha` of the row's maximum, at most `budget` in all. rule
+    "per_head" (kvscout's): each row its own candidates; "infinigen_mean" (InfiniGen's): every
+    row takes the mean candidate count's best tokens. scores [S, H, T] float32, seq_lens [S]
+    int32. Returns (indices [S, H, capacity], counts [S, H]) int32, ascending."""
+    S, H, T = _dims(scores, "S H T", "scores")
+    if capacity is None:
+        capacity = indices.shape[2] if indices is not None else budget
+    indices, counts, workspace = _selection_buffers(
+        scores, capacity, indices, counts, workspace,
+        lambda: threshold_workspace_bytes(S, H, T, capacity, alpha, budget, rule, keep,
+                                          budget_share))
+    try:
+        _threshold_select(scores, seq_lens, indices, counts, float(alpha), budget,
+                          _THRESHOLD_RULES[rule], keep.sinks, keep.recent, float(budget_share),
+                          workspace)
     except BufferError as e:
         raise _readonly(e, scores=scores, seq_lens=seq_lens, indices=indices, counts=counts,
                         workspace=workspace) from None

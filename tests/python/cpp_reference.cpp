@@ -4,7 +4,7 @@
 //
 //   kvscout_py_reference OUT
 //
-// Cases: topk (count and share budgets), correction, gather (contiguous HND float16 / NHD float32,
+// Cases: topk (count and share budgets), threshold (both rules), correction, gather (contiguous HND float16 / NHD float32,
 // paged NHD block table float16 / HND indptr float32), attention, the InfiniGen policy (2-bit
 // rope_planes with a correction; float post_rope_skew), a KIVI-4 cache (append, gather,
 // attention), presets::budgets.
@@ -109,6 +109,27 @@ selection topk(const std::string& c, const std::vector<float>& scores, int budge
   save(c, "indices", out.indices, {S, H, CAP});
   save(c, "counts", out.counts, {S, H});
   return out;
+}
+
+// Both rules of threshold_selector_host on the same scores.
+void threshold(const std::vector<float>& scores) {
+  for (const auto rule : {kvscout::threshold_rule::per_head, kvscout::threshold_rule::infinigen_mean}) {
+    kvscout::threshold_selector_host::config cfg;
+    cfg.shape = {.num_seqs = S, .num_kv_heads = H, .max_tokens = T};
+    cfg.capacity = CAP;
+    cfg.alpha = 0.75f;
+    cfg.budget = CAP;
+    cfg.rule = rule;
+    cfg.keep = {.sinks = 4, .recent = 16};
+    kvscout::host_workspace ws(kvscout::threshold_selector_host::workspace_bytes(cfg), 64);
+    kvscout::threshold_selector_host sel(cfg, ws.span());
+    std::vector<std::int32_t> idx(S * H * CAP, -1), cnt(S * H);
+    sel.select({csp(scores), csp(lens), S, H, T}, {sp(idx), sp(cnt), S, H, CAP});
+    const std::string c = rule == kvscout::threshold_rule::per_head ? "threshold_per_head"
+                                                                   : "threshold_infinigen_mean";
+    save(c, "indices", idx, {S, H, CAP});
+    save(c, "counts", cnt, {S, H});
+  }
 }
 
 void correction(const std::vector<float>& late, const selection& spec) {
@@ -418,6 +439,7 @@ int main(int argc, char** argv) {
   const selection spec = topk("topk", scores, 40, 0);
   topk("topk_share", normal<float>(scores.size(), 1.f, 0.25f), CAP, 0.1);
   correction(normal<float>(scores.size(), 1.f, 0.25f), spec);
+  threshold(scores);
   gather_contiguous<half, 64, kvscout::hnd>("gather_hnd", spec);
   gather_contiguous<float, 128, kvscout::nhd>("gather_nhd", spec);
   gather_paged<half, 64, kvscout::nhd, kvscout::block_table>("gather_block_table", spec);

@@ -57,6 +57,14 @@ def test_topk(ref):
     assert len(set(ref("topk_share", "counts").ravel())) > 1  # the share gives each length its own
 
 
+@pytest.mark.parametrize("rule", ["per_head", "infinigen_mean"])
+def test_threshold(ref, rule):
+    c = f"threshold_{rule}"
+    idx, cnt = kvscout.threshold_select(ref("topk", "scores"), ref("topk", "seq_lens"), 0.75, 48,
+                                        kvscout.KeepSet(4, 16), rule=rule)
+    same_rows(idx, cnt, ref(c, "indices"), ref(c, "counts"))
+
+
 def test_correction(ref):
     lens = ref("topk", "seq_lens")
     idx, cnt = kvscout.correction_select(ref("correction", "scores"), lens, ref("topk", "indices"),
