@@ -276,9 +276,12 @@ void gather_paged(std::int64_t order, ffi::TensorView k_pages, ffi::TensorView v
 
 // k_rows / v_rows [S, H, capacity, D] (counts [S, H] rows each), q / out [S, Hq, D] float32, the
 // current token's k_cur / v_cur [S, H, D] or empty (none).
+// probs [S, H, stride] float32 or empty: each row's probability summed over its query group (the
+// current token's last), as H2O's observe reads it.
 void decode_attention(ffi::TensorView k_rows, ffi::TensorView v_rows, ffi::TensorView indices,
                       ffi::TensorView counts, ffi::TensorView q, ffi::TensorView out,
-                      ffi::TensorView k_cur, ffi::TensorView v_cur, double scale) {
+                      ffi::TensorView k_cur, ffi::TensorView v_cur, double scale,
+                      ffi::TensorView probs) {
   const auto sel = selection_of(indices, counts);
   expect(k_rows, "k_rows", {sel.num_seqs, sel.num_kv_heads, sel.capacity, -1});
   const std::int64_t D = k_rows.size(3);
@@ -297,9 +300,14 @@ void decode_attention(ffi::TensorView k_rows, ffi::TensorView v_rows, ffi::Tenso
       TVM_FFI_THROW(TypeError) << "k_rows is " << dtype_name(k_rows.dtype())
                                << ", v_rows (and k_cur / v_cur) must be too, got "
                                << dtype_name(t->dtype());
-  expect_disjoint({{"out", &out}}, {{"k_rows", &k_rows}, {"v_rows", &v_rows}, {"indices", &indices},
-                                   {"counts", &counts}, {"q", &q}, {"k_cur", &k_cur},
-                                   {"v_cur", &v_cur}});
+  const bool with_probs = probs.numel() > 0;
+  if (with_probs) {
+    expect_dtype(probs, "probs", kDLFloat, 32);
+    expect(probs, "probs", {sel.num_seqs, sel.num_kv_heads, -1});
+  }
+  expect_disjoint({{"out", &out}, {"probs", &probs}},
+                  {{"k_rows", &k_rows}, {"v_rows", &v_rows}, {"indices", &indices},
+                   {"counts", &counts}, {"q", &q}, {"k_cur", &k_cur}, {"v_cur", &v_cur}});
   with_element(k_rows, "k_rows", D, [&]<class T_, int D_>() {
     guarded([&] {
       const kvscout::gathered_rows_host<T_, D_> rows(sel, span_of<const T_>(k_rows),
@@ -307,9 +315,11 @@ void decode_attention(ffi::TensorView k_rows, ffi::TensorView v_rows, ffi::Tenso
       const kvscout::current_token<T_> cur =
           current ? kvscout::current_token<T_>{span_of<const T_>(k_cur), span_of<const T_>(v_cur)}
                   : kvscout::current_token<T_>{};
-      kvscout::decode_attention_host(rows, cur, span_of<const float>(q), span_of<float>(out),
-                                     {.num_q_heads = as_int(q.size(1), "num_q_heads"),
-                                      .scale = static_cast<float>(scale)});
+      kvscout::decode_attention_host(
+          rows, cur, span_of<const float>(q), span_of<float>(out),
+          {.num_q_heads = as_int(q.size(1), "num_q_heads"), .scale = static_cast<float>(scale)},
+          with_probs ? span_of<float>(probs) : kvscout::host_span<float>{},
+          with_probs ? as_int(probs.size(2), "stride") : 0);
       return 0;
     });
   });

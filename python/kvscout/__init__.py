@@ -15,6 +15,7 @@ naming the bad value and what was expected. docs/python.md has the rest.
 from ._policy import DecodeShape, InfiniGenPolicy, RopeConfig, SkewPlans, rope_planes_plans
 from . import presets
 from ._kivi import KIVICache
+from ._baselines import H2OPolicy, OraclePolicy, QuestPolicy, StreamingPolicy
 from ._parts import (
     KeepSet,
     KVView,
@@ -34,6 +35,10 @@ __version__ = "0.1.0"
 __all__ = [
     "DecodeShape",
     "InfiniGenPolicy",
+    "H2OPolicy",
+    "OraclePolicy",
+    "QuestPolicy",
+    "StreamingPolicy",
     "RopeConfig",
     "SkewPlans",
     "rope_planes_plans",

@@ -244,10 +244,13 @@ def gather_paged(k_pages, v_pages, indices, counts, layout: str = "nhd", *, bloc
 
 
 def decode_attention(k_rows, v_rows, indices, counts, q, scale: float, *, k_cur=None,
-                     v_cur=None, out=None):
+                     v_cur=None, out=None, probs=None):
     """Decode attention of q [S, Hq, D] (float32) over each (sequence, KV head)'s counts[s, h]
     gathered rows [S, H, capacity, D] and, where given, the current token's k_cur / v_cur
-    [S, H, D]; GQA groups Hq / H query heads per KV head. Returns out [S, Hq, D] float32."""
+    [S, H, D]; GQA groups Hq / H query heads per KV head. Returns out [S, Hq, D] float32.
+    probs [S, H, stride] float32 (stride >= capacity + 1), where given, receives each row's
+    attention probability summed over its query group, the current token's after the rows (what
+    H2OPolicy.observe takes)."""
     if out is None:
         out = _empty(q, _dims(q, "S Hq D", "q"), np.float32)
     if (k_cur is None) != (v_cur is None):
@@ -255,7 +258,8 @@ def decode_attention(k_rows, v_rows, indices, counts, q, scale: float, *, k_cur=
     if k_cur is None:
         k_cur = v_cur = _empty_same(k_rows, (0,))
     try:
-        _decode_attention(k_rows, v_rows, indices, counts, q, out, k_cur, v_cur, float(scale))
+        _decode_attention(k_rows, v_rows, indices, counts, q, out, k_cur, v_cur, float(scale),
+                          _NO_TABLE if probs is None else probs)
     except BufferError as e:
         raise _readonly(e, k_rows=k_rows, v_rows=v_rows, indices=indices, counts=counts, q=q,
                         out=out, k_cur=k_cur, v_cur=v_cur) from None

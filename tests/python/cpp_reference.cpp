@@ -7,7 +7,7 @@
 // Cases: topk (count and share budgets), threshold (both rules), correction, gather (contiguous HND float16 / NHD float32,
 // paged NHD block table float16 / HND indptr float32), attention, the InfiniGen policy (2-bit
 // rope_planes with a correction; float post_rope_skew), a KIVI-4 cache (append, gather,
-// attention), presets::budgets.
+// attention), the baselines (streaming, oracle, Quest, H2O), presets::budgets.
 
 #include <algorithm>
 #include <cmath>
@@ -410,6 +410,69 @@ void kivi() {
   save("kivi", "seq_lens", seq_lens, {S});
 }
 
+// The baselines: streaming, the oracle over a contiguous HND float16 cache, Quest (pages of 16)
+// and H2O (one observe of a selection with given probabilities).
+void baselines(const selection& spec) {
+  constexpr int D = 64, page = 16;
+  kvscout::decode_shape shape;
+  shape.num_layers = 1;
+  shape.num_seqs = S;
+  shape.num_kv_heads = H;
+  shape.num_q_heads = HQ;
+  shape.head_dim = D;
+  shape.max_tokens = T;
+  shape.scale = 0.125f;
+  kvscout::score_context<kvscout::host_space> ctx{};
+  ctx.seq_lens = csp(lens);
+  const auto scores_into = [&](std::vector<float>& v) {
+    return kvscout::score_buffer<kvscout::host_space>{sp(v), S, H, T};
+  };
+  std::vector<float> out(static_cast<std::size_t>(S) * H * T, 0.f);
+  kvscout::streaming_policy_host({.shape = shape, .sinks = 4}).score(ctx, scores_into(out));
+  save("streaming", "scores", out, {S, H, T});
+
+  using layout = kvscout::contiguous_layout<half, D, kvscout::hnd>;
+  const auto k = normal<half>(static_cast<std::size_t>(S) * H * T * D);
+  const auto q = normal<float>(static_cast<std::size_t>(S) * HQ * D);
+  ctx.q = csp(q);
+  const layout lay = layout::padded(H, T, lens.data(), S);
+  const kvscout::oracle_policy_host<layout> oracle(
+      {.shape = shape, .aggregation = kvscout::gqa_aggregation::sum_prob},
+      {{lay, kvscout::as_bytes(csp(k)), kvscout::as_bytes(csp(k))}});
+  std::fill(out.begin(), out.end(), 0.f);
+  oracle.score(0, ctx, scores_into(out));
+  save("oracle", "k", k, {S, H, T, D});
+  save("oracle", "q", q, {S, HQ, D});
+  save("oracle", "scores", out, {S, H, T});
+
+  using quest_t = kvscout::quest_policy_host<D>;
+  const quest_t::config qc{.shape = shape, .page_size = page};
+  kvscout::host_workspace qws(quest_t::workspace_bytes(qc), quest_t::workspace_alignment);
+  quest_t quest(qc, qws.span());
+  const auto keys = normal<float>(static_cast<std::size_t>(S) * T * H * D);  // [S, T, H, D]
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < lens[static_cast<std::size_t>(s)]; ++t)
+      quest.append(0, s, t, nullptr, keys.data() + (static_cast<std::size_t>(s) * T + t) * H * D);
+  std::fill(out.begin(), out.end(), 0.f);
+  quest.score(0, ctx, scores_into(out));
+  save("quest", "keys", keys, {S, T, H, D});
+  save("quest", "scores", out, {S, H, T});
+
+  kvscout::h2o_policy_host h2o({.shape = shape});
+  const int stride = CAP + 1;
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<float> probs(static_cast<std::size_t>(S) * H * stride);
+  for (auto& p : probs) p = u(rng);
+  // observe reads the selection's tokens only, not the rows.
+  const std::vector<float> no_rows(static_cast<std::size_t>(S) * H * CAP * D);
+  const kvscout::gathered_rows_host<float, D> rows(spec.view(), csp(no_rows), csp(no_rows));
+  h2o.observe(0, ctx, rows, csp(probs), stride, true);
+  std::fill(out.begin(), out.end(), 0.f);
+  h2o.score(0, ctx, scores_into(out));
+  save("h2o", "probs", probs, {S, H, std::size_t(stride)});
+  save("h2o", "scores", out, {S, H, T});
+}
+
 void budgets() {
   const auto p = kvscout::presets::kvscout_default(64);
   kvscout::decode_shape shape;
@@ -448,6 +511,7 @@ int main(int argc, char** argv) {
   policy<kvscout::quantized_keys<2>>("policy_2bit", kvscout::rope_mode::rope_planes);
   policy<float>("policy_skew", kvscout::rope_mode::post_rope_skew);
   kivi();
+  baselines(spec);
   budgets();
   std::printf("kvscout_py_reference: wrote %s\n", out_dir.c_str());
   return 0;

@@ -170,3 +170,25 @@ def test_kivi(ref):
     out = cache.attend(kr, vr, idx, cnt, ref(c, "q"), 0.125, k_cur=ref(c, "k_cur"),
                        v_cur=ref(c, "v_cur"))
     assert np.array_equal(out.view(np.uint32), ref(c, "out").view(np.uint32))
+
+
+def baseline_shape():
+    return kvscout.DecodeShape(num_seqs=2, num_kv_heads=3, num_q_heads=6, head_dim=64,
+                               max_tokens=300, scale=0.125, num_layers=1)
+
+
+def test_baselines(ref):
+    lens, shape = ref("topk", "seq_lens"), baseline_shape()
+    scores_equal(kvscout.StreamingPolicy(shape, 4).score(lens), ref("streaming", "scores"), lens)
+    k = ref("oracle", "k")
+    got = kvscout.OraclePolicy(shape, "sum_prob").score(ref("oracle", "q"), lens,
+                                                        kvscout.KVView(k, k.copy()))
+    scores_equal(got, ref("oracle", "scores"), lens)
+    quest = kvscout.QuestPolicy(shape, page_size=16)
+    keys = ref("quest", "keys")
+    for s, n in enumerate(lens):
+        quest.append(0, keys[s, :n], np.full(n, s, np.int32), np.arange(n, dtype=np.int32))
+    scores_equal(quest.score(0, ref("oracle", "q"), lens), ref("quest", "scores"), lens)
+    h2o = kvscout.H2OPolicy(shape)
+    h2o.observe(0, ref("topk", "indices"), ref("topk", "counts"), ref("h2o", "probs"), lens)
+    scores_equal(h2o.score(0, lens), ref("h2o", "scores"), lens)
