@@ -10,6 +10,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -206,10 +208,14 @@ void correction_select(ffi::TensorView scores, ffi::TensorView seq_lens,
 
 // ---- the host gather ---------------------------------------------------------------------------
 
-// Rows out of the cache `kv` (kv_args.hpp's forms) into k_rows / v_rows [S, H, capacity, D].
-void gather_rows(kv_kind kind, std::int64_t order, const kv_tensors& kv, ffi::TensorView indices,
-                 ffi::TensorView counts, ffi::TensorView k_rows, ffi::TensorView v_rows,
-                 std::int64_t threads) {
+// A gather's arguments checked against each other: the rows [S, H, capacity, D] against the
+// selection and the cache (kv_args.hpp's forms), their dtypes, that the rows alias nothing.
+kvscout::selection_view<kvscout::host_space> check_gather(kv_kind kind, std::int64_t order,
+                                                          const kv_tensors& kv,
+                                                          const ffi::TensorView& indices,
+                                                          const ffi::TensorView& counts,
+                                                          const ffi::TensorView& k_rows,
+                                                          const ffi::TensorView& v_rows) {
   expect(kv.k, "k_cache", {-1, -1, -1, -1});
   const auto sel = selection_of(indices, counts);
   const std::int64_t H = order == 0 ? kv.k.size(1) : kv.k.size(2), D = kv.k.size(3);
@@ -219,8 +225,7 @@ void gather_rows(kv_kind kind, std::int64_t order, const kv_tensors& kv, ffi::Te
                               << ", " << H << ", capacity] (the cache's sequences and KV heads)";
   expect(k_rows, "k_rows", {sel.num_seqs, H, sel.capacity, D});
   expect(v_rows, "v_rows", {sel.num_seqs, H, sel.capacity, D});
-  for (const ffi::TensorView* t : {&kv.v, static_cast<const ffi::TensorView*>(&k_rows),
-                                   static_cast<const ffi::TensorView*>(&v_rows)})
+  for (const ffi::TensorView* t : {&kv.v, &k_rows, &v_rows})
     if (!is(t->dtype(), kv.k.dtype().code, kv.k.dtype().bits))
       TVM_FFI_THROW(TypeError) << "k_cache is " << dtype_name(kv.k.dtype())
                                << ", v_cache / k_rows / v_rows must be too, got "
@@ -230,24 +235,106 @@ void gather_rows(kv_kind kind, std::int64_t order, const kv_tensors& kv, ffi::Te
                    {"block_table", &kv.block_table}, {"indptr", &kv.indptr},
                    {"page_ids", &kv.page_ids}, {"last_page_len", &kv.last_page_len},
                    {"indices", &indices}, {"counts", &counts}});
-  with_element(kv.k, "k_cache", D, [&]<class T, int D_>() {
+  return sel;
+}
+
+template <class Layout>
+void submit(kvscout::gather_executor_host<Layout>& g, const kv_tensors& kv,
+            const kvscout::selection_view<kvscout::host_space>& sel, const ffi::TensorView& k_rows,
+            const ffi::TensorView& v_rows) {
+  using T = typename Layout::element_type;
+  const auto src = kv_view_of<Layout>(kv, sel.num_seqs, 0);
+  guarded([&] {
+    g.submit(src, sel,
+             {kvscout::as_writable_bytes(span_of<T>(k_rows)),
+              kvscout::as_writable_bytes(span_of<T>(v_rows))})
+        .wait();
+    return 0;
+  });
+}
+
+kvscout::host_gather_config gather_config(int S, int H, int capacity, std::int64_t threads) {
+  return {.shape = {.num_seqs = S, .num_kv_heads = H},
+          .capacity = capacity,
+          .threads = as_int(threads, "threads")};
+}
+
+// Rows out of the cache `kv` into k_rows / v_rows [S, H, capacity, D], by an executor built for
+// this call (its thread pool too).
+void gather_rows(kv_kind kind, std::int64_t order, const kv_tensors& kv, ffi::TensorView indices,
+                 ffi::TensorView counts, ffi::TensorView k_rows, ffi::TensorView v_rows,
+                 std::int64_t threads) {
+  const auto sel = check_gather(kind, order, kv, indices, counts, k_rows, v_rows);
+  with_element(kv.k, "k_cache", kv.k.size(3), [&]<class T, int D_>() {
     with_layout<T, D_>(kind, order, [&]<class Layout>() {
-      const auto src = kv_view_of<Layout>(kv, sel.num_seqs, 0);
-      guarded([&] {
-        const kvscout::host_gather_config cfg{
-            .shape = {.num_seqs = sel.num_seqs, .num_kv_heads = sel.num_kv_heads},
-            .capacity = sel.capacity,
-            .threads = as_int(threads, "threads")};
-        using executor = kvscout::gather_executor_host<Layout>;
-        kvscout::host_workspace ws(executor::workspace_bytes(cfg), executor::workspace_alignment);
-        executor g(cfg, ws.span());
-        g.submit(src, sel,
-                 {kvscout::as_writable_bytes(span_of<T>(k_rows)),
-                  kvscout::as_writable_bytes(span_of<T>(v_rows))})
-            .wait();
-        return 0;
+      using executor = kvscout::gather_executor_host<Layout>;
+      const auto cfg = gather_config(sel.num_seqs, sel.num_kv_heads, sel.capacity, threads);
+      kvscout::host_workspace ws = guarded([&] { return kvscout::make_workspace<executor>(cfg); });
+      executor g = guarded([&] { return executor(cfg, ws.span()); });
+      submit(g, kv, sel, k_rows, v_rows);
+    });
+  });
+}
+
+// ---- a gather object: one executor (and its thread pool) for many calls -----------------------
+
+struct gather_calls {
+  virtual ~gather_calls() = default;
+  virtual void submit(const kv_tensors& kv, const kvscout::selection_view<kvscout::host_space>& sel,
+                      const ffi::TensorView& k_rows, const ffi::TensorView& v_rows) = 0;
+};
+
+template <class Layout>
+struct gather_of final : gather_calls {
+  using executor = kvscout::gather_executor_host<Layout>;
+  kvscout::host_workspace ws;
+  executor g;
+  explicit gather_of(const kvscout::host_gather_config& cfg)
+      : ws(kvscout::make_workspace<executor>(cfg)), g(cfg, ws.span()) {}
+  void submit(const kv_tensors& kv, const kvscout::selection_view<kvscout::host_space>& sel,
+              const ffi::TensorView& k_rows, const ffi::TensorView& v_rows) override {
+    ::submit(g, kv, sel, k_rows, v_rows);
+  }
+};
+
+// The gather_executor_host of one layout (kind, order, dtype, head_dim) for [S, H, capacity]
+// selections with `threads` threads; returns its submit(cache (6 tensors), seq_lens, indices,
+// counts, k_rows, v_rows). Calls take turns (the executor's pool serves one at a time).
+ffi::Function make_gather(std::int64_t kind, std::int64_t order, ffi::String dtype,
+                          std::int64_t head_dim, std::int64_t S, std::int64_t H,
+                          std::int64_t capacity, std::int64_t threads) {
+  struct held {
+    std::unique_ptr<gather_calls> gather;
+    std::mutex one_call;
+  };
+  auto h = std::make_shared<held>();
+  const kv_kind k = kv_kind_of(kind);
+  const std::string dt = dtype;
+  const DLDataType element = dt == "float32"    ? DLDataType{kDLFloat, 32, 1}
+                             : dt == "float16"  ? DLDataType{kDLFloat, 16, 1}
+                             : dt == "bfloat16" ? DLDataType{kDLBfloat, 16, 1}
+                                                : DLDataType{kDLOpaqueHandle, 0, 0};
+  if (element.code == kDLOpaqueHandle)
+    TVM_FFI_THROW(TypeError) << "dtype '" << dt << "', expected float32, float16 or bfloat16";
+  with_element(element, "dtype", head_dim, [&]<class T, int D>() {
+    with_layout<T, D>(k, order, [&]<class Layout>() {
+      const auto cfg = gather_config(as_int(S, "num_seqs"), as_int(H, "num_kv_heads"),
+                                             as_int(capacity, "capacity"), threads);
+      h->gather = guarded([&] {
+        return std::unique_ptr<gather_calls>(std::make_unique<gather_of<Layout>>(cfg));
       });
     });
+  });
+  return ffi::Function::FromTyped([h, k, order](ffi::Array<ffi::Tensor> cache,
+                                                ffi::TensorView seq_lens, ffi::TensorView indices,
+                                                ffi::TensorView counts, ffi::TensorView k_rows,
+                                                ffi::TensorView v_rows) {
+    if (cache.size() != 6)
+      TVM_FFI_THROW(ValueError) << "a cache crosses as 6 tensors, got " << cache.size();
+    const kv_tensors kv{cache[0], cache[1], seq_lens, cache[2], cache[3], cache[4], cache[5]};
+    const auto sel = check_gather(k, order, kv, indices, counts, k_rows, v_rows);
+    const std::lock_guard lock(h->one_call);
+    h->gather->submit(kv, sel, k_rows, v_rows);
   });
 }
 
@@ -339,5 +426,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(correction_workspace_bytes, correction_workspace_b
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(correction_select, correction_select);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather, gather);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather_paged, gather_paged);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(make_gather, make_gather);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode_attention, decode_attention);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(device_status_describe, device_status_describe);

@@ -17,6 +17,7 @@ from . import presets
 from ._kivi import KIVICache
 from ._baselines import H2OPolicy, OraclePolicy, QuestPolicy, StreamingPolicy
 from ._parts import (
+    Gather,
     KeepSet,
     KVView,
     correction_select,
@@ -42,6 +43,7 @@ __all__ = [
     "RopeConfig",
     "SkewPlans",
     "rope_planes_plans",
+    "Gather",
     "KeepSet",
     "KIVICache",
     "KVView",

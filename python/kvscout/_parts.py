@@ -19,6 +19,7 @@ _correction_workspace_bytes = _lib.correction_workspace_bytes
 _correction_select = _lib.correction_select
 _gather_paged = _lib.gather_paged
 _decode_attention = _lib.decode_attention
+_make_gather = _lib.make_gather
 _describe = _lib.device_status_describe
 
 _ORDERS = {"hnd": 0, "nhd": 1}
@@ -304,6 +305,48 @@ class KVView:
             raise _readonly(e, **arrays) from None
         except TypeError as e:
             raise TypeError(f"KVView: expected NumPy arrays or torch tensors: {e}") from None
+
+
+class Gather:
+    """The host gather kept across calls (gather_executor_host): built once for one cache form
+    (`layout`, `pages`, `dtype`, head_dim) and [num_seqs, num_kv_heads, capacity] selections, so
+    its thread pool starts once, not on every call as gather() / gather_paged() do.
+
+        g = kvscout.Gather(1, 8, 256, 128, dtype="float16", threads=4)
+        k_rows, v_rows = g(kv, idx, cnt, seq_lens=lens)   # kv: a KVView of that form"""
+
+    def __init__(self, num_seqs: int, num_kv_heads: int, capacity: int, head_dim: int, *, dtype,
+                 layout: str = "hnd", pages: str | None = None, threads: int = 1):
+        from ._pipeline import _dtype_name
+
+        if layout not in _ORDERS:
+            raise ValueError(f"layout {layout!r}, expected 'hnd' or 'nhd'")
+        if pages not in _PAGES:
+            raise ValueError(f"pages {pages!r}, expected None, 'block_table' or 'indptr'")
+        self.layout, self.pages, self.dtype = layout, pages, _dtype_name(dtype)
+        self._shape = (num_seqs, num_kv_heads, capacity, head_dim)
+        self._submit = _make_gather(_PAGES[pages], _ORDERS[layout], self.dtype, head_dim,
+                                    num_seqs, num_kv_heads, capacity, threads)
+
+    def __call__(self, kv: KVView, indices, counts, *, seq_lens=None, k_rows=None, v_rows=None):
+        """Copies the selected rows of kv into (k_rows, v_rows) [S, H, capacity, D] and returns
+        them. seq_lens [S] int32: the lengths of a contiguous cache or a block-table one."""
+        if not isinstance(kv, KVView):
+            raise TypeError(f"kv: {type(kv).__name__}, expected a kvscout.KVView")
+        if kv.layout != self.layout or kv.pages != self.pages:
+            raise ValueError(f"kv: a {kv.layout} cache with pages={kv.pages!r}, expected the "
+                             f"gather's {self.layout} with pages={self.pages!r}")
+        if k_rows is None:
+            k_rows = _empty_same(kv.k, self._shape)
+        if v_rows is None:
+            v_rows = _empty_same(kv.v, self._shape)
+        try:
+            self._submit(kv._tensors, _NO_TABLE if seq_lens is None else seq_lens, indices,
+                         counts, k_rows, v_rows)
+        except BufferError as e:
+            raise _readonly(e, indices=indices, counts=counts, k_rows=k_rows,
+                            v_rows=v_rows) from None
+        return k_rows, v_rows
 
 
 def device_status_describe(bits: int) -> str:

@@ -106,8 +106,8 @@ def test_attention_over_gathered_records_is_attention_over_the_rows():
         for hq in range(Hq):
             h = hq // 2
             rows = list(idx[s, h, :cnt[s, h]]) + list(range(qlens[s], cache.seq_lens[s]))
-            K = np.concatenate([keys[s, h, rows], kc[s, h][None].astype(np.float32)]).astype(float)
-            V = np.concatenate([values[s, h, rows], vc[s, h][None].astype(np.float32)]).astype(float)
+            K = np.concatenate([keys[s, h, rows], kc[s, h][None]]).astype(float)
+            V = np.concatenate([values[s, h, rows], vc[s, h][None]]).astype(float)
             logits = K @ q[s, hq].astype(float) * D ** -0.5
             p = np.exp(logits - logits.max())
             want = (p / p.sum()) @ V
