@@ -4,8 +4,8 @@
 #     kernels on the host SIMT emulator) compiled once, under AddressSanitizer +
 #     UndefinedBehaviorSanitizer (KVSCOUT_SANITIZE) at -O0, or -O1 where their time is their run,
 #     and run once;
-#   - the Python package (pip install . into a virtual environment, build/python-venv) and its
-#     tests (pytest, tests/python);
+#   - the Python package (pip install . into a virtual environment, build/python-venv, with torch
+#     and transformers for kvscout.hf) and its tests (pytest, tests/python);
 #   - the benchmarks (-O2), the header checks, compile-fail and packaging tests, uninstrumented
 #     (the demo and the accuracy harness are not built: they are programs, not tests); and where
 #     a GPU is
@@ -46,6 +46,23 @@ if command -v nvcc >/dev/null && command -v nvidia-smi >/dev/null 2>&1 &&
 fi
 enable_cuda=${KVSCOUT_ENABLE_CUDA:-$enable_cuda}
 
+# The Python package's dependencies from PyPI, at the tested ranges (pyproject.toml: the build
+# requirements, NumPy, pytest, and the hf extra: torch, transformers, gguf, accelerate), into a
+# virtual environment (Debian's Python refuses system-wide installs). Fetched in the background
+# while the C++ tree builds (torch's wheels are about 3 GB: minutes of download, little CPU).
+venv="$root/build/python-venv"
+mkdir -p "$root/build"
+[[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+hf_deps=$("$venv/bin/python" - "$root/pyproject.toml" <<'PY'
+import sys, tomllib
+print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["hf"]))
+PY
+)
+"$venv/bin/pip" install -q --disable-pip-version-check "apache-tvm-ffi>=0.1.15,<0.2" \
+  "scikit-build-core>=0.10,<2" "numpy>=1.26,<3" "pytest>=8,<10" $hf_deps \
+  > "$root/build/python-deps.log" 2>&1 &
+python_deps=$!
+
 echo "== kvscout: build (build/: host tests under address,undefined, the rest -O2; nvcc: $enable_cuda)"
 # -O2 as RelWithDebInfo, without its debug information: the same code, a third less compile time.
 cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -60,20 +77,17 @@ took "build"
 (cd "$root/build" && ctest -j "$jobs" --output-on-failure)
 took "ctest"
 
-# The Python package, host backend, in a virtual environment (Debian's Python refuses system-wide
-# installs): its build requirements and test tools from PyPI at the tested ranges, then the package
-# from this clone without build isolation (no second download), then its tests.
+# The Python package, host backend, from this clone without build isolation (its dependencies
+# are in the environment already), then its tests (tests/python; test_hf.py loads the model).
 echo "== kvscout: Python package (build/python-venv: pip install ., pytest tests/python)"
-venv="$root/build/python-venv"
-[[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
-if "$venv/bin/pip" install -q --disable-pip-version-check "apache-tvm-ffi>=0.1.15,<0.2" \
-     "scikit-build-core>=0.10,<2" "numpy>=1.26,<3" "pytest>=8,<10"; then
+if wait "$python_deps"; then
   "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation "$root"
   (cd "$root/build" && KVSCOUT_PY_REFERENCE="$root/build/tests/kvscout_py_reference" \
      "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/python")
 else
   # No PyPI (an offline machine): the Python tests are skipped, as the [model] tests are without
   # the model; in CI that is a failure.
+  cat "$root/build/python-deps.log" >&2
   echo "kvscout: could not install the Python package's dependencies; its tests are skipped" >&2
   [[ -z "${CI:-}" ]] || exit 1
 fi
