@@ -157,6 +157,8 @@ def _pre_hook(layer_idx: int):
         if kwargs.get("attention_mask") is not None:
             raise NotImplementedError("kvscout: decoding with an attention mask (padding) is "
                                       "not supported yet")
+        if state.cache.layers[nxt].length == 0:
+            return None  # nothing cached yet: the first token attends to itself only (sdpa)
         lens = _lengths(state, nxt)  # layer nxt has not stored this step's token yet
         xs = x[:, 0].float().contiguous()
         state.pipe.speculate(nxt, xs, lens.clone(), lens, state.cache.layers[nxt].view)

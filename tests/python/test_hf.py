@@ -69,3 +69,19 @@ def test_refusals_name_what_is_not_supported(smollm2):
     with pytest.raises(ValueError, match="attach\\(\\) needs calibration_ids"):
         kvscout.hf.attach(model, "kvscout_default", 0.1)
     model.set_attn_implementation("sdpa")
+
+
+def test_hf_generate_example_runs(smollm2, capsys, monkeypatch):
+    """examples/python/hf_generate.py end to end at 60 tokens: both perplexities, an answer and
+    the bytes fetched are printed."""
+    import runpy
+    import sys
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "hf_generate.py"
+    monkeypatch.setattr(sys, "argv", ["hf_generate.py", "--model", str(MODEL_DIR), "--gguf",
+                                      GGUF, "--tokens", "60",
+                                      "--calibration", str(TEXT)])
+    runpy.run_path(str(example), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "passage perplexity over 59 tokens: dense" in out
+    assert "answer (speculative):" in out and "of the rows a full fetch moves" in out
