@@ -52,7 +52,7 @@ def main():
          lambda: kvscout.topk_select(scores, lens, 1, indices=idx, counts=cnt, workspace=ws)),
         ("gather, bound entry point: 7 tensors (1 row of head_dim 64)",
          lambda: _parts._gather(0, k, k, lens, idx, cnt, kr, vr, 1)),
-        ("decode_attention, bound entry point: 8 tensors (0 rows)",
+        ("decode_attention, bound entry point: 9 tensors (0 rows)",
          lambda: _parts._decode_attention(kr, vr, idx, cnt, q, out, none, none, 0.125, none)),
     ]
     print(f"{'call':62s} median us/call ({calls} calls, batches of 1000)")
