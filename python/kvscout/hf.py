@@ -173,7 +173,12 @@ def kvscout_attention(module, query, key, value, attention_mask, scaling=None, d
     pipeline fetched for this layer (and every row below the preset's skip_layers); anything
     else (prefill, a model not attached) is sdpa's."""
     state = getattr(module, "_kvscout", None)
-    if state is None or query.shape[2] != 1 or state.cache is None or key.shape[2] < 2:
+    # The pipeline's path only for a decode step whose K is this layer's kvscout cache (a model
+    # attached once and then run with another cache, or none, attends densely, as sdpa).
+    own = (state is not None and state.cache is not None and
+           state.cache.layers[module.layer_idx].is_initialized and
+           key.data_ptr() == state.cache.layers[module.layer_idx].keys.data_ptr())
+    if not own or query.shape[2] != 1 or key.shape[2] < 2:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       scaling=scaling, dropout=dropout, **kwargs)
     if attention_mask is not None:

@@ -45,6 +45,9 @@ def test_every_row_selected_is_sdpa(smollm2):
     assert torch.equal(got.sequences, ref.sequences)
     diff = max((a - b).abs().max().item() for a, b in zip(got.scores, ref.scores))
     assert diff <= 1e-4, diff
+    # Attached, but run with transformers' own cache: every step is sdpa's, the pipeline idle.
+    again = model.generate(ids, max_new_tokens=16, do_sample=False)
+    assert torch.equal(again, ref.sequences[:, :ids.shape[1] + 16])
     st = cache.stats()
     # 63 decode steps through the pipeline; every cached row of the speculated layers fetched.
     lens = sum(range(300, 363))
