@@ -160,6 +160,15 @@ DLDataType element_dtype() {
     return {kDLBfloat, 16, 1};
 }
 
+// The K / V element dtype Python names ("float32", "float16", "bfloat16").
+inline DLDataType element_named(const std::string& name) {
+  if (name == "float32") return {kDLFloat, 32, 1};
+  if (name == "float16") return {kDLFloat, 16, 1};
+  if (name == "bfloat16") return {kDLBfloat, 16, 1};
+  TVM_FFI_THROW(TypeError) << "dtype '" << name << "', expected float32, float16 or bfloat16";
+  __builtin_unreachable();  // TVM_FFI_THROW throws at the statement's end
+}
+
 // f.template operator()<T, D>() for the K / V element type of dtype `d` and head_dim D; `name`
 // labels the errors.
 template <class F>

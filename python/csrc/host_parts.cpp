@@ -309,13 +309,7 @@ ffi::Function make_gather(std::int64_t kind, std::int64_t order, ffi::String dty
   };
   auto h = std::make_shared<held>();
   const kv_kind k = kv_kind_of(kind);
-  const std::string dt = dtype;
-  const DLDataType element = dt == "float32"    ? DLDataType{kDLFloat, 32, 1}
-                             : dt == "float16"  ? DLDataType{kDLFloat, 16, 1}
-                             : dt == "bfloat16" ? DLDataType{kDLBfloat, 16, 1}
-                                                : DLDataType{kDLOpaqueHandle, 0, 0};
-  if (element.code == kDLOpaqueHandle)
-    TVM_FFI_THROW(TypeError) << "dtype '" << dt << "', expected float32, float16 or bfloat16";
+  const DLDataType element = element_named(dtype);
   with_element(element, "dtype", head_dim, [&]<class T, int D>() {
     with_layout<T, D>(k, order, [&]<class Layout>() {
       const auto cfg = gather_config(as_int(S, "num_seqs"), as_int(H, "num_kv_heads"),

@@ -36,12 +36,7 @@ kivi_args kivi_args_of(const ffi::Array<std::int64_t>& c, const std::string& dty
   kivi_args a{as_int(c[0], "num_seqs"), as_int(c[1], "num_kv_heads"), as_int(c[2], "capacity"),
               as_int(c[3], "head_dim"),  as_int(c[4], "key_bits"),     as_int(c[5], "value_bits"),
               as_int(c[6], "group"),     as_int(c[7], "residual"),     {}};
-  a.element = dtype == "float32"    ? DLDataType{kDLFloat, 32, 1}
-              : dtype == "float16"  ? DLDataType{kDLFloat, 16, 1}
-              : dtype == "bfloat16" ? DLDataType{kDLBfloat, 16, 1}
-                                    : DLDataType{kDLOpaqueHandle, 0, 0};
-  if (a.element.code == kDLOpaqueHandle)
-    TVM_FFI_THROW(TypeError) << "dtype '" << dtype << "', expected float32, float16 or bfloat16";
+  a.element = element_named(dtype);
   return a;
 }
 

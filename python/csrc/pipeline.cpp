@@ -235,13 +235,7 @@ ffi::Array<ffi::Function> make_pipeline(ffi::String name, ffi::Array<double> fie
   const presets::calibration cal =
       calibration_of(p, shape, theta, style, first_layer, plans, corr, mass_curves);
   if (w_q.size() == 0) TVM_FFI_THROW(ValueError) << "w_q: no layers, expected one per layer";
-  const std::string dt = dtype;
-  const DLDataType element = dt == "float32"    ? DLDataType{kDLFloat, 32, 1}
-                             : dt == "float16"  ? DLDataType{kDLFloat, 16, 1}
-                             : dt == "bfloat16" ? DLDataType{kDLBfloat, 16, 1}
-                                                : DLDataType{kDLOpaqueHandle, 0, 0};
-  if (element.code == kDLOpaqueHandle)
-    TVM_FFI_THROW(TypeError) << "dtype '" << dt << "', expected float32, float16 or bfloat16";
+  const DLDataType element = element_named(dtype);
   const pipeline_args args{p,  shape, cal, budget, w_q, b_q, as_int(threads, "threads"), element,
                            k, order};
   auto h = std::make_shared<held>();
